@@ -1,0 +1,1 @@
+"""prodip stage: conformance (see README.md)."""

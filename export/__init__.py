@@ -1,0 +1,1 @@
+"""prodip stage: export (see README.md)."""

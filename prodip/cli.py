@@ -1,0 +1,75 @@
+"""The ``prodip`` command: one subcommand per stage, plus ``prodip run CONFIG`` for all of them.
+
+Each stage package registers its own subcommands through ``<pkg>.cli.add_subcommands``; this
+module only assembles them, so that ``prodip serve`` never imports torch.
+
+    prodip --help
+    prodip run configs/demo.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from prodip import __version__
+from prodip.config import ConfigError
+
+# (subcommand, package providing it, one-line help). Packages are imported lazily so that
+# `prodip serve --help` does not pay for (or need) torch.
+_STAGES = [
+    ("tokenizer", "tokenizer", "train, audit and gate a Bangla-aware BPE tokenizer"),
+    ("data", "tokenizer", "encode a corpus into token shards with a tokenizer dir"),
+    ("train", "train", "train a Llama-style model on token shards (torchrun for several GPUs)"),
+    ("eval", "train", "held-out NLL and bits/char of a checkpoint vs its random-initialised twin"),
+    ("export", "export", "checkpoint -> HF safetensors + ONNX (fp32/fp16/int8/int4) + manifest"),
+    ("conformance", "conformance", "prove every exported artifact computes what the training model computes"),
+    ("serve", "serve", "HTTP generation (OpenAI-compatible) from an export dir on ONNX Runtime"),
+    ("run", "prodip.pipeline", "run the whole pipeline from one TOML config"),
+]
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser. Only the stage named in ``argv`` is imported and registered."""
+    parser = argparse.ArgumentParser(
+        prog="prodip", description="Train small LMs in PyTorch, export, verify and serve them on device.")
+    parser.add_argument("--version", action="version", version=f"prodip {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in (argv or []) if not a.startswith("-")), None)
+    for name, package, help_text in _STAGES:
+        if wanted == name:
+            module = importlib.import_module(package if package.startswith("prodip") else f"{package}.cli")
+            module.add_subcommands(sub, only=name)
+        else:
+            sub.add_parser(name, help=help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``prodip`` console script; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    func = getattr(args, "func", None)
+    if func is None:
+        if args.command:  # a stage group without its verb, e.g. `prodip tokenizer`
+            parser.parse_args([args.command, "--help"])
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"prodip {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"prodip {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

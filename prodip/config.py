@@ -1,0 +1,283 @@
+"""Stage configs: dataclasses filled from TOML files and command-line flags.
+
+Every stage has one run-config dataclass whose fields are declared with :func:`opt`, which
+records a help text (with units). This module turns such a dataclass into ``--kebab-case``
+argparse flags, reads a TOML table into it (unknown keys and wrong types are errors naming the
+key), lets flags given on the command line override the file, and writes the resolved config
+back as TOML next to the stage's output.
+
+    python -c "from prodip.config import dump_toml; print(dump_toml({'train': {'lr': 3e-4}}))"
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+import tomli_w
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or flag is wrong; the message names the file, the key and the fix."""
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None,
+        choices: tuple | None = None) -> Any:
+    """Declare a config field with its help text (state units in the text).
+
+    Args:
+        default: the default value (immutable); use ``factory`` for dicts and lists.
+        help: one line shown by ``--help``; say the unit (tokens, seconds, bytes, ...).
+        factory: zero-argument callable making a mutable default.
+        choices: allowed values, checked on load.
+    """
+    meta = {"help": help, "choices": choices}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` (from TOML or a flag string already parsed) against type ``tp``.
+
+    Ints are accepted where floats are expected; nothing else is converted silently.
+
+    Raises:
+        ConfigError: naming ``where`` (e.g. ``"configs/demo.toml [train] lr"``) and the expected type.
+    """
+    tp, optional = _strip_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where}: a value is required (expected {_type_name(tp)})")
+    origin = typing.get_origin(tp)
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp) or (str, Any)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table like {{bn = 0.6, en = 0.4}}, got {value!r}")
+        return {coerce(k, key_tp, f"{where}.{k}"): coerce(v, val_tp, f"{where}.{k}")
+                for k, v in value.items()}
+    if origin in (list, tuple):
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        items = [coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int and isinstance(value, bool):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if not isinstance(value, tp):
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], *, source: str) -> T:
+    """Build dataclass ``cls`` from a mapping, refusing unknown keys and wrong types.
+
+    Args:
+        cls: a dataclass whose fields were declared with :func:`opt`.
+        data: key -> value, e.g. one TOML table.
+        source: where ``data`` came from, used in messages (``"configs/demo.toml [train]"``).
+
+    Raises:
+        ConfigError: an unknown key (with the closest known names), a wrong type, a value not
+            among the field's choices, or a required field missing.
+    """
+    hints = _field_types(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            import difflib
+            close = difflib.get_close_matches(key, list(fields), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(fields)}"
+            raise ConfigError(f"{source}: unknown key {key!r}{hint}")
+        where = f"{source} {key}"
+        kwargs[key] = coerce(value, hints[key], where)
+        choices = fields[key].metadata.get("choices")
+        if choices and kwargs[key] not in choices:
+            raise ConfigError(f"{where}: {kwargs[key]!r} is not one of {', '.join(map(str, choices))}")
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a required field is missing
+        raise ConfigError(f"{source}: {err}") from None
+    except ValueError as err:  # __post_init__ validation
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def _parse_flag(text: str, tp: Any, flag: str) -> Any:
+    """Parse one flag string: dicts as ``bn=0.6,en=0.4``, lists as ``a,b``, bools as true/false."""
+    tp, optional = _strip_optional(tp)
+    if optional and text.lower() in ("none", "null", ""):
+        return None
+    origin = typing.get_origin(tp)
+    try:
+        if origin is dict:
+            _, val_tp = typing.get_args(tp)
+            out = {}
+            for part in filter(None, text.split(",")):
+                k, sep, v = part.partition("=")
+                if not sep:
+                    raise ValueError(f"{part!r} has no '='")
+                out[k.strip()] = _parse_flag(v.strip(), val_tp, flag)
+            return out
+        if origin in (list, tuple):
+            (item_tp, *_) = typing.get_args(tp) or (str,)
+            return [_parse_flag(p.strip(), item_tp, flag) for p in text.split(",") if p.strip()]
+        if tp is bool:
+            low = text.lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError("expected true or false")
+            return low in ("true", "1", "yes")
+        if tp in (int, float, str):
+            return tp(text)
+        return text
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{flag}: cannot read {text!r} as {_type_name(tp)} ({err})")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--kebab-case`` flag per field of dataclass ``cls`` to ``parser``.
+
+    Flags default to "not given" (``argparse.SUPPRESS``) so that :func:`resolve` can tell a
+    flag from a file value. Dicts are written ``key=value,key=value``, lists ``a,b``.
+    """
+    hints = _field_types(cls)
+    group = parser.add_argument_group(f"{cls.__name__} options (override the config file)")
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        help_text = f.metadata.get("help", "")
+        if isinstance(default, dict):
+            shown = ",".join(f"{k}={v}" for k, v in default.items()) or "none"
+        elif isinstance(default, (list, tuple)):
+            shown = ",".join(map(str, default)) or "none"
+        else:
+            shown = default
+        group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=_metavar(hints[f.name]),
+                           type=lambda s, tp=hints[f.name], fl=flag: _parse_flag(s, tp, fl),
+                           help=f"{help_text} (default: {shown})")
+
+
+def _metavar(tp: Any) -> str:
+    tp, _ = _strip_optional(tp)
+    origin = typing.get_origin(tp)
+    if origin is dict:
+        return "K=V,.."
+    if origin in (list, tuple):
+        return "A,B,.."
+    return {int: "INT", float: "FLOAT", bool: "BOOL", str: "STR"}.get(tp, "VALUE")
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a TOML file.
+
+    Raises:
+        ConfigError: the file is missing or not valid TOML (with the parser's line and column).
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+
+
+def resolve(cls: type[T], args: argparse.Namespace | None = None, *, toml_path: str | None = None,
+            section: str | None = None, base: dict[str, Any] | None = None) -> T:
+    """Resolve a stage config: dataclass defaults < ``base`` < TOML table < command-line flags.
+
+    Args:
+        cls: the stage's config dataclass.
+        args: parsed flags (only flags the user gave are present, see :func:`add_arguments`).
+        toml_path: optional TOML file; ``section`` names its table (``None`` = the top level).
+        base: values filled in by the caller before the file (e.g. paths chosen by ``prodip run``).
+
+    Raises:
+        ConfigError: see :func:`from_dict`; also a missing table ``section`` is fine (defaults).
+    """
+    data: dict[str, Any] = dict(base or {})
+    source = cls.__name__
+    if toml_path:
+        doc = read_toml(toml_path)
+        table = doc.get(section, {}) if section else doc
+        if not isinstance(table, dict):
+            raise ConfigError(f"{toml_path}: [{section}] must be a table")
+        data.update(table)
+        source = f"{toml_path} [{section}]" if section else str(toml_path)
+    obj = from_dict(cls, data, source=source)  # validate file values first, with the file named
+    if args is not None:
+        names = {f.name for f in dataclasses.fields(cls)}
+        flags = {k: v for k, v in vars(args).items() if k in names}
+        if flags:
+            obj = from_dict(cls, {**data, **flags}, source=f"{source} + command-line flags")
+    return obj
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A dataclass as a plain dict that TOML and JSON can hold (None values dropped for TOML)."""
+    return dataclasses.asdict(obj)
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """Serialise a mapping to TOML with ``tomli_w``; ``None`` values are left out (TOML has no null)."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items() if v is not None}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        return value
+    return tomli_w.dumps(clean(data))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via ``path.tmp`` + fsync + rename, so readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

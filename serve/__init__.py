@@ -1,0 +1,1 @@
+"""prodip stage: serve (see README.md)."""

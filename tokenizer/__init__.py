@@ -1,0 +1,1 @@
+"""prodip stage: tokenizer (see README.md)."""

@@ -1,0 +1,1 @@
+"""prodip stage: train (see README.md)."""

@@ -1,0 +1,120 @@
+"""Model configuration with Hugging Face ``LlamaConfig`` field names.
+
+The checkpoint's ``config.json`` is ``dataclasses.asdict(ModelConfig)``; the export's
+``config.json`` is the same dict plus the fixed HF keys (``architectures``, ``model_type``,
+``torch_dtype``), so there is no renaming layer anywhere (see shared/STYLE.md "Naming").
+
+    python -c "from train.config import ModelConfig; print(ModelConfig(vocab_size=8192).num_parameters())"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from prodip.config import opt
+
+#: Keys every export's config.json carries besides the ModelConfig fields.
+HF_FIXED_KEYS = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only Llama model. Field names and meanings are those of HF ``LlamaConfig``."""
+
+    vocab_size: int = opt(32000, "vocabulary size (tokens), must match the tokenizer")
+    hidden_size: int = opt(512, "model width D (features)")
+    intermediate_size: int = opt(1408, "SwiGLU MLP width (features)")
+    num_hidden_layers: int = opt(8, "number of decoder layers")
+    num_attention_heads: int = opt(8, "query heads H")
+    num_key_value_heads: int = opt(8, "key/value heads Hkv for grouped-query attention (divides H)")
+    head_dim: Optional[int] = opt(None, "per-head width Dh (features); default hidden_size / num_attention_heads")
+    max_position_embeddings: int = opt(1024, "longest sequence the model is trained and served at (tokens)")
+    rms_norm_eps: float = opt(1e-5, "epsilon inside RMSNorm")
+    rope_theta: float = opt(10000.0, "RoPE base frequency (Su et al. 2021, arXiv:2104.09864)")
+    tie_word_embeddings: bool = opt(False, "share the input embedding and lm_head weight")
+    initializer_range: float = opt(0.02, "std of the normal init of Linear/Embedding weights (HF Llama)")
+    hidden_act: str = opt("silu", "MLP activation (SwiGLU uses SiLU)", choices=("silu",))
+    attention_bias: bool = opt(False, "bias in q/k/v/o projections (Llama: none)", choices=(False,))
+    mlp_bias: bool = opt(False, "bias in MLP projections (Llama: none)", choices=(False,))
+    bos_token_id: int = opt(1, "id of <|bos|> in the tokenizer")
+    eos_token_id: int = opt(2, "id of <|eos|> in the tokenizer")
+    pad_token_id: int = opt(0, "id of <|pad|> in the tokenizer")
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a "
+                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"ModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                                 f"num_attention_heads ({self.num_attention_heads}), or set head_dim")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)} is outside the vocabulary "
+                                 f"[0, {self.vocab_size})")
+
+    # ---- derived figures -------------------------------------------------------------------
+    def num_parameters(self, *, include_embedding: bool = True) -> int:
+        """Trainable parameter count (tied weights counted once)."""
+        D, L, V, Dh = self.hidden_size, self.num_hidden_layers, self.vocab_size, self.head_dim
+        attn = D * Dh * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
+        mlp = 3 * D * self.intermediate_size
+        per_layer = attn + mlp + 2 * D
+        emb = V * D
+        head = 0 if self.tie_word_embeddings else V * D
+        total = L * per_layer + D + head + (emb if include_embedding else 0)
+        return total
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward) for a sequence of ``seq_len`` tokens.
+
+        ``6 * N + 12 * L * H * Dh * T`` with N the non-embedding parameters plus the lm_head, from
+        Chowdhery et al. 2022 (PaLM, arXiv:2204.02311, appendix B) as used by nanoGPT's MFU.
+        Causal masking is not discounted (the usual convention).
+        """
+        n = self.num_parameters(include_embedding=False)
+        if self.tie_word_embeddings:  # the tied matrix still does the lm_head matmul
+            n += self.vocab_size * self.hidden_size
+        attn = 12 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * seq_len
+        return 6.0 * n + attn
+
+    # ---- (de)serialisation -----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "ModelConfig":
+        """Build from a dict holding exactly the ModelConfig fields (HF-only keys are ignored
+        when ``source`` is an export ``config.json``: pass ``hf=True`` via :meth:`from_hf_dict`)."""
+        from prodip.config import from_dict
+        return from_dict(cls, data, source=source)
+
+    @classmethod
+    def from_hf_dict(cls, data: dict[str, Any], *, source: str = "config.json") -> "ModelConfig":
+        """Build from an HF ``config.json`` dict: keys that are not ModelConfig fields are dropped."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls.from_dict({k: v for k, v in data.items() if k in names}, source=source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        """Read a checkpoint ``config.json`` (exact fields; an unknown key is an error)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: model config not found (written by `prodip train`)") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON: {err}") from None
+        return cls.from_dict(data, source=str(path))

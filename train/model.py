@@ -1,0 +1,230 @@
+"""Decoder-only Llama model: RMSNorm, rotate-half RoPE, SwiGLU, grouped-query attention.
+
+Module names follow the Hugging Face Llama layout, so ``model.state_dict()`` keys are the export
+keys (``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``, ...,
+``model.norm.weight``, ``lm_head.weight``). The same forward serves training (no mask, no cache:
+SDPA ``is_causal``, so flash/efficient kernels on GPU) and inference (attention mask + KV cache,
+used by the ONNX export and the eager reference in benchmarks).
+
+    python -c "from train.model import LlamaForCausalLM; from train.config import ModelConfig as C; \
+print(LlamaForCausalLM(C(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)))"
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.config import ModelConfig
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class LlamaRMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467), computed in fp32 then cast back, as HF does."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for rotate-half RoPE (Su et al. 2021; HF ``LlamaRotaryEmbedding`` layout).
+
+    Args:
+        position_ids: (B, T) int64 absolute positions.
+    Returns:
+        cos, sin: (B, 1, T, Dh) in ``dtype``; angles computed in fp32 for accuracy at long positions.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
+                                             dtype=torch.int64).float() / head_dim))
+    freqs = position_ids.float()[..., None] * inv_freq  # (B, T, Dh/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, Dh): halves repeated, the "rotate half" layout
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, Dh) queries or keys by their positions."""
+    return x * cos + rotate_half(x) * sin
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query causal self-attention with an optional KV cache."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        D, Dh = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
+                                                            config.num_key_value_heads, Dh)
+        self.q_proj = nn.Linear(D, self.num_heads * Dh, bias=False)
+        self.k_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
+        self.v_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * Dh, D, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: Optional[torch.Tensor], past: Optional[tuple[torch.Tensor, torch.Tensor]]
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past is not None:
+            k = torch.cat((past[0], k), dim=2)  # (B, Hkv, P+T, Dh)
+            v = torch.cat((past[1], v), dim=2)
+        present = (k, v)
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:  # repeat kv heads (explicit, so SDPA's enable_gqa is not required)
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        return self.o_proj(y), present
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU MLP (Shazeer 2020, arXiv:2002.05202): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, past):
+        h, present = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, present
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+def build_attention_mask(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:
+    """Boolean SDPA mask from a padding mask, causal with the cache offset.
+
+    Args:
+        attention_mask: (B, P+T) int64/bool, 1 for real tokens, 0 for padding (left or right).
+        query_len: T, the number of new tokens; they are the last T of the P+T positions.
+    Returns:
+        (B, 1, T, P+T) bool, True where attention is allowed. A query row with no allowed key
+        (a padding query) is allowed to attend to itself so that SDPA never yields NaN.
+    """
+    B, S = attention_mask.shape
+    T = query_len
+    q_pos = torch.arange(S - T, S, device=attention_mask.device)[:, None]  # (T, 1)
+    k_pos = torch.arange(S, device=attention_mask.device)[None, :]  # (1, S)
+    causal = k_pos <= q_pos  # (T, S)
+    allowed = causal[None] & attention_mask.bool()[:, None, :]  # (B, T, S)
+    allowed = allowed | (k_pos == q_pos)[None]  # keep every row non-empty (padding queries)
+    return allowed[:, None]
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama causal LM. ``forward(input_ids) -> logits``; see :meth:`forward` for the cache path."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.reset_parameters()
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_parameters(self, seed: Optional[int] = None) -> None:
+        """Initialise as HF ``LlamaPreTrainedModel._init_weights``: Linear and Embedding weights
+        ~ N(0, initializer_range), RMSNorm weights = 1 (transformers/models/llama/modeling_llama.py).
+
+        Args:
+            seed: if given, a private generator seeded with it is used (the random twin in eval).
+        """
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+        std = self.config.initializer_range
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    w = torch.empty(module.weight.shape, dtype=torch.float32)
+                    w.normal_(0.0, std, generator=gen)
+                    module.weight.copy_(w)
+                elif isinstance(module, LlamaRMSNorm):
+                    module.weight.fill_(1.0)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None,
+                past_key_values: Optional[KVCache] = None, use_cache: bool = False):
+        """Next-token logits.
+
+        Args:
+            input_ids: (B, T) int64 token ids.
+            position_ids: (B, T) int64 positions; default ``P + arange(T)`` with P the cache length.
+            attention_mask: (B, P+T) int64 1/0 padding mask; ``None`` means all real tokens.
+            past_key_values: per layer ``(key, value)``, each (B, Hkv, P, Dh); ``None`` means P=0.
+            use_cache: also return the updated cache.
+
+        Returns:
+            logits (B, T, V) in the parameter dtype (fp32 for fp32 weights); with ``use_cache``
+            a tuple ``(logits, present)`` where present is per layer ``(key, value)``, each
+            (B, Hkv, P+T, Dh).
+        """
+        B, T = input_ids.shape
+        P = 0 if past_key_values is None else past_key_values[0][0].shape[2]
+        if position_ids is None:
+            position_ids = torch.arange(P, P + T, device=input_ids.device).expand(B, T)
+        x = self.model.embed_tokens(input_ids)  # (B, T, D)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        mask = None
+        if attention_mask is not None or P > 0:
+            if attention_mask is None:
+                attention_mask = torch.ones(B, P + T, dtype=torch.int64, device=input_ids.device)
+            mask = build_attention_mask(attention_mask, T)
+        present: KVCache = []
+        for i, layer in enumerate(self.model.layers):
+            past = None if past_key_values is None else past_key_values[i]
+            x, kv = layer(x, cos, sin, mask, past)
+            present.append(kv)
+        logits = self.lm_head(self.model.norm(x))
+        return (logits, present) if use_cache else logits
+
+    def num_parameters(self) -> int:
+        """Unique trainable parameters (a tied matrix counted once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
