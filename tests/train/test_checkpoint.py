@@ -1,0 +1,136 @@
+"""Checkpoint layout, round trips and tamper detection (train/checkpoint.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from train import checkpoint as ck
+from train.model import LlamaForCausalLM
+
+
+def _model(cfg, seed=0):
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_round_trip_identical_logits(tmp_path, tiny_tokenizer_dir, tiny_model_config, tiny_tied_config, tied):
+    cfg = tiny_tied_config if tied else tiny_model_config
+    model = _model(cfg)
+    step_dir = ck.save_checkpoint(tmp_path / "checkpoints", step=5, model=model, model_config=cfg,
+                                  tokenizer_dir=tiny_tokenizer_dir, tokens_seen=123)
+    assert step_dir.name == "step_0000005"
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_0000005"
+    with safe_open(str(step_dir / "model.safetensors"), framework="pt") as fh:
+        keys = set(fh.keys())
+    assert ("lm_head.weight" in keys) is (not tied)
+    assert "model.embed_tokens.weight" in keys and not any(k.startswith(("_orig", "module")) for k in keys)
+    for where in (tmp_path, tmp_path / "checkpoints", step_dir):  # run dir, checkpoints dir, step dir
+        loaded, lcfg, info = ck.load_model(where)
+        assert lcfg == cfg and info["step"] == 5 and info["checkpoint_dir"] == step_dir
+    assert info["model_sha256"] == ck.model_sha256(tmp_path) == ck.file_sha256(step_dir / "model.safetensors")
+    assert (info["tokenizer_dir"] / "tokenizer.json").read_bytes() == \
+        (tiny_tokenizer_dir / "tokenizer.json").read_bytes()
+    if tied:
+        assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert set(manifest["files"]) >= {"model.safetensors", "config.json", "trainer_state.json",
+                                      "tokenizer/tokenizer.json", "rng.safetensors"}
+
+
+def test_compiled_and_ddp_prefixes_removed(tiny_model_config):
+    model = _model(tiny_model_config)
+    wrapped = torch.nn.Module()
+    wrapped._orig_mod = model  # what torch.compile's OptimizedModule holds
+    sd = ck.clean_state_dict(wrapped, False)
+    assert set(sd) == set(model.state_dict())
+
+
+def test_keep_last_and_latest(tmp_path, tiny_tokenizer_dir, tiny_model_config):
+    model = _model(tiny_model_config)
+    for step in (1, 2, 3, 4):
+        ck.save_checkpoint(tmp_path, step=step, model=model, model_config=tiny_model_config,
+                           tokenizer_dir=tiny_tokenizer_dir, keep_last=2)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["latest", "step_0000003", "step_0000004"]
+    assert ck.resolve_checkpoint(tmp_path).name == "step_0000004"
+
+
+def test_tampered_file_named(tmp_path, tiny_tokenizer_dir, tiny_model_config):
+    step_dir = ck.save_checkpoint(tmp_path, step=1, model=_model(tiny_model_config),
+                                  model_config=tiny_model_config, tokenizer_dir=tiny_tokenizer_dir)
+    path = step_dir / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="model.safetensors: sha256 differs"):
+        ck.load_model(step_dir)
+
+
+def _rewrite_model(step_dir, tensors):
+    """Replace model.safetensors and re-hash the manifest, so only the tensor check can catch it."""
+    save_file(tensors, str(step_dir / "model.safetensors"))
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    path = step_dir / "model.safetensors"
+    manifest["files"]["model.safetensors"] = {"bytes": path.stat().st_size, "sha256": ck.file_sha256(path)}
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("defect", ["shape", "missing", "extra"])
+def test_wrong_tensors_named(tmp_path, tiny_tokenizer_dir, tiny_model_config, defect):
+    step_dir = ck.save_checkpoint(tmp_path, step=1, model=_model(tiny_model_config),
+                                  model_config=tiny_model_config, tokenizer_dir=tiny_tokenizer_dir)
+    tensors = load_file(str(step_dir / "model.safetensors"))
+    key = "model.layers.1.mlp.up_proj.weight"
+    if defect == "shape":
+        tensors[key] = torch.zeros(65, 32)
+        match = r"up_proj.weight has shape \(65, 32\), config.json implies \(64, 32\)"
+    elif defect == "missing":
+        del tensors[key]
+        match = "missing tensor.*up_proj.weight"
+    else:
+        tensors["model.layers.2.mlp.up_proj.weight"] = torch.zeros(64, 32)
+        match = "unexpected tensor.*layers.2.mlp.up_proj.weight"
+    _rewrite_model(step_dir, tensors)
+    with pytest.raises(ValueError, match=match):
+        ck.load_model(step_dir)
+
+
+def test_foreign_file_and_missing(tmp_path, tiny_tokenizer_dir, tiny_model_config):
+    step_dir = ck.save_checkpoint(tmp_path, step=1, model=_model(tiny_model_config),
+                                  model_config=tiny_model_config, tokenizer_dir=tiny_tokenizer_dir)
+    (step_dir / "evil.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="evil.bin: not listed"):
+        ck.load_model(step_dir)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ck.resolve_checkpoint(tmp_path / "nowhere")
+
+
+def test_optimizer_state_round_trip(tmp_path, tiny_tokenizer_dir, tiny_model_config):
+    model = _model(tiny_model_config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        model(torch.randint(0, 320, (2, 8))).float().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    ck.save_checkpoint(tmp_path, step=2, model=model, model_config=tiny_model_config,
+                       tokenizer_dir=tiny_tokenizer_dir, optimizer=opt, data_state={"pos": 7})
+    model2 = _model(tiny_model_config, seed=1)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+    state = ck.load_training_state(tmp_path, model2, opt2)
+    assert state["step"] == 2 and state["data_state"] == {"pos": 7}
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+    sd, sd2 = opt.state_dict(), opt2.state_dict()
+    assert sd["param_groups"] == sd2["param_groups"]
+    for idx in sd["state"]:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(sd["state"][idx][name], sd2["state"][idx][name])
