@@ -1,0 +1,41 @@
+# prodip: the two commands of the README.
+#   make demo   installs what it needs, then runs the whole pipeline on the bundled corpus (CPU, ~15 min)
+#   make test   installs what it needs, then runs the test suite
+# Everything goes into a virtual environment (.venv). On a machine without an NVIDIA GPU the CPU
+# build of torch is installed (PyTorch's CPU wheel index, or a local wheel that pip already knows);
+# with a GPU, torch comes from PyPI the standard way (CUDA build).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_CPU_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+CONFIG ?= configs/demo.toml
+PYTEST_ARGS ?=
+
+.PHONY: install demo test clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "torch already installed in $(VENV)"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "NVIDIA GPU found: installing CUDA torch from PyPI"; \
+		$(BIN)/python -m pip install torch; \
+	else \
+		echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_CPU_VERSION)"; \
+		$(BIN)/python -m pip install "torch==$(TORCH_CPU_VERSION)" --extra-index-url $(TORCH_CPU_INDEX); \
+	fi
+	$(BIN)/python -m pip install -e ".[test]"
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/prodip run $(CONFIG)
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

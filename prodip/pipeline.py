@@ -1,0 +1,143 @@
+"""``prodip run CONFIG``: the whole pipeline, stage after stage, through artifacts on disk.
+
+corpus -> tokenizer dir (+ fertility audit and gate) -> token shards -> training run dir ->
+eval.json -> export dir -> conformance report -> HTTP completions from ``prodip serve``.
+Every stage reads only the artifacts of the stages above it. A stage whose artifact is already
+complete is skipped, so an interrupted run resumes where it stopped; the resolved config is
+saved as ``OUT_DIR/config.toml`` and a re-run with a different config is refused (``--force``
+starts over).
+
+    prodip run configs/demo.toml
+    prodip run configs/demo.toml --out-dir runs/try2 --stages tokenizer,data
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prodip import stages
+from prodip.config import ConfigError, add_arguments, dump_toml, from_dict, opt, read_toml, write_text_atomic
+from prodip.summary import print_summary
+
+log = logging.getLogger("prodip.run")
+
+
+@dataclass
+class RunConfig:
+    """Top-level keys of a pipeline TOML file (stage settings live in its tables)."""
+
+    out_dir: str = opt("runs/demo", "folder receiving every artifact of the run")
+    stages: list[str] = opt(help="stages to run, in order (default: all)", factory=lambda: list(stages.ORDER))
+    force: bool = opt(False, "start over even if OUT_DIR holds a run made with a different config")
+    completion_prompts: dict[str, str] = opt(
+        help="language -> prompt sent to the HTTP endpoint at the end of the run",
+        factory=lambda: {"bn": "আমার সোনার বাংলা, ", "en": "It was a bright cold day in April, and "})
+    completion_max_tokens: int = opt(40, "new tokens per completion fetched over HTTP (tokens)")
+    serve_timeout_s: float = opt(120.0, "how long to wait for the server to come up (seconds)")
+
+
+def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[RunConfig, dict[str, dict]]:
+    """Split a pipeline TOML file into the top-level RunConfig and the per-stage tables.
+
+    Raises:
+        ConfigError: an unknown table, an unknown key or a wrong type, naming the file and key.
+    """
+    doc = read_toml(path)
+    top = {k: v for k, v in doc.items() if not isinstance(v, dict) or k == "completion_prompts"}
+    tables = {k: v for k, v in doc.items() if k not in top}
+    for name in tables:
+        if name not in stages.SECTIONS:
+            raise ConfigError(f"{path}: unknown table [{name}]; known tables: {', '.join(stages.SECTIONS)}")
+    if args is not None:
+        names = {f.name for f in dataclasses.fields(RunConfig)}
+        top.update({k: v for k, v in vars(args).items() if k in names})
+    run = from_dict(RunConfig, top, source=str(path))
+    unknown = [s for s in run.stages if s not in stages.ORDER]
+    if unknown:
+        raise ConfigError(f"{path}: unknown stage(s) {unknown}; stages are {', '.join(stages.ORDER)}")
+    return run, tables
+
+
+def _check_out_dir(out_dir: Path, resolved_toml: str, force: bool) -> None:
+    """Refuse to mix two different runs in one folder (nothing is overwritten without --force)."""
+    saved = out_dir / "config.toml"
+    if not saved.exists():
+        if out_dir.exists() and any(out_dir.iterdir()):
+            if not force:
+                raise FileExistsError(f"{out_dir} is not empty and holds no prodip run (no config.toml); "
+                                      f"choose another --out-dir or pass --force")
+        return
+    if saved.read_text(encoding="utf-8") == resolved_toml:
+        return
+    if not force:
+        raise FileExistsError(f"{out_dir} holds a run made with a different config ({saved}); "
+                              f"use another --out-dir, or --force to start over there")
+    log.warning("--force: removing the earlier run in %s", out_dir)
+    shutil.rmtree(out_dir)
+
+
+def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
+    """Run every configured stage of the pipeline described by ``config_path``.
+
+    Returns:
+        the summary dict (also written as ``OUT_DIR/summary.json``).
+
+    Raises:
+        ConfigError, FileExistsError, FileNotFoundError, ValueError: from the stages, naming the
+        file or key at fault; the artifacts of completed stages are kept.
+    """
+    run, tables = load_run_config(config_path, args)
+    out_dir = Path(run.out_dir)
+    plan = stages.resolve_all(config_path, tables, out_dir)
+    resolved = dump_toml({**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
+                          **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()}})
+    _check_out_dir(out_dir, resolved, run.force)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out_dir / "config.toml", resolved)
+
+    timings: dict[str, float] = {}
+    wanted = [s for s in stages.ORDER if s in run.stages]
+    for i, name in enumerate(wanted, 1):
+        stage: stages.Stage = stages.STAGES[name]
+        if name != "serve" and stage.done(plan):
+            print(f"[{i}/{len(wanted)}] {name}: already complete, skipped ({stage.describe(plan)})", flush=True)
+            continue
+        print(f"[{i}/{len(wanted)}] {name}: {stage.describe(plan)}", flush=True)
+        t0 = time.perf_counter()
+        if name == "serve":
+            stage.run(plan, prompts=run.completion_prompts, max_tokens=run.completion_max_tokens,
+                      timeout_s=run.serve_timeout_s, out_dir=out_dir)
+        else:
+            stage.run(plan)
+        timings[name] = time.perf_counter() - t0
+        print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
+    summary = print_summary(plan, out_dir, timings)
+    write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
+    return summary
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
+    """Register ``prodip run`` on the ``prodip`` parser."""
+    p = subparsers.add_parser(
+        "run", help="run the whole pipeline from one TOML config",
+        description="Run tokenizer -> data -> train -> eval -> export -> conformance -> serve from one "
+                    "TOML file whose tables ([tokenizer], [audit], [data], [model], [train], [eval], "
+                    "[export], [conformance], [serve]) hold each stage's settings. Completed stages are "
+                    "skipped, so an interrupted run resumes.")
+    p.add_argument("config", help="pipeline TOML file, e.g. configs/demo.toml")
+    add_arguments(p, RunConfig)
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    summary = run_pipeline(args.config, args)
+    return 0 if summary.get("ok", False) else 1
+

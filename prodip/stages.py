@@ -1,0 +1,254 @@
+"""The pipeline's stages as ``prodip run`` sees them: config table, artifact paths, completeness, entry.
+
+Each stage is called through its package's public Python entry with its own config dataclass
+(torchtitan-style: a stage receives only its own config). Paths between stages are derived
+from the run's ``out_dir`` unless the TOML table sets them.
+
+    python -c "from prodip import stages; print(stages.ORDER)"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from prodip.config import from_dict
+
+ORDER = ["tokenizer", "data", "train", "eval", "export", "conformance", "serve"]
+
+# table name -> "module:ConfigClass"
+CONFIG_CLASSES = {
+    "tokenizer": "tokenizer.bpe:TokenizerTrainConfig",
+    "audit": "tokenizer.audit:AuditConfig",
+    "data": "tokenizer.encode:DataPrepareConfig",
+    "model": "train.config:ModelConfig",
+    "train": "train.trainer:TrainConfig",
+    "eval": "train.eval:EvalConfig",
+    "export": "export:ExportConfig",
+    "conformance": "conformance:ConformanceConfig",
+    "serve": "serve.config:ServeConfig",
+}
+SECTIONS = list(CONFIG_CLASSES)
+
+
+def _load(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def paths(out_dir: Path) -> dict[str, Path]:
+    """Where each artifact of a run lives, relative to the run's ``out_dir``."""
+    return {
+        "tokenizer": out_dir / "tokenizer",
+        "shards": out_dir / "shards",
+        "train": out_dir / "train",
+        "eval": out_dir / "train" / "eval.json",
+        "export": out_dir / "export",
+        "conformance": out_dir / "conformance",
+    }
+
+
+def _defaults(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Values ``prodip run`` fills in before the TOML table (the table may override them)."""
+    p = {k: str(v) for k, v in paths(out_dir).items()}
+    return {
+        "tokenizer": {"out_dir": p["tokenizer"]},
+        "audit": {"tokenizer_dir": p["tokenizer"]},
+        "data": {"tokenizer_dir": p["tokenizer"], "out_dir": p["shards"]},
+        "model": {},
+        "train": {"shards_dir": p["shards"], "tokenizer_dir": p["tokenizer"], "out_dir": p["train"]},
+        "eval": {"checkpoint": p["train"], "shards_dir": p["shards"], "out": p["eval"]},
+        "export": {"checkpoint": p["train"], "out": p["export"]},
+        "conformance": {"export_dir": p["export"], "checkpoint": p["train"], "out": p["conformance"]},
+        "serve": {"export_dir": p["export"]},
+    }
+
+
+def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dict[str, Any]:
+    """Build every stage's config dataclass: run defaults < TOML table.
+
+    Raises:
+        ConfigError: an unknown key or wrong type in a table, naming the file and table.
+    """
+    base = _defaults(out_dir)
+    plan = {}
+    for name, ref in CONFIG_CLASSES.items():
+        cls = _load(ref)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in base[name].items() if k in fields}
+        data.update(tables.get(name, {}))
+        plan[name] = from_dict(cls, data, source=f"{config_path} [{name}]")
+    return plan
+
+
+@dataclass
+class Stage:
+    """One pipeline stage: ``run(plan)`` produces its artifact; ``done(plan)`` says it is complete."""
+
+    describe: Callable[[dict], str]
+    done: Callable[[dict], bool]
+    run: Callable[..., Any]
+
+
+# ---- tokenizer ------------------------------------------------------------------------------
+
+def _tokenizer_done(plan: dict) -> bool:
+    d = Path(plan["tokenizer"].out_dir)
+    return (d / "tokenizer.json").exists() and (d / "fertility.json").exists()
+
+
+def _tokenizer_run(plan: dict) -> None:
+    from tokenizer import audit, bpe
+    bpe.train_tokenizer(plan["tokenizer"])
+    audit.run_audit(plan["audit"])  # writes fertility.json; raises ValueError if the gate fails
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+def _data_run(plan: dict) -> None:
+    from tokenizer import encode
+    encode.prepare_shards(plan["data"])
+
+
+# ---- train ----------------------------------------------------------------------------------
+
+def _train_done(plan: dict) -> bool:
+    from train import checkpoint
+    try:
+        ckpt = checkpoint.resolve_checkpoint(plan["train"].out_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+    state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+    return int(state["step"]) >= plan["train"].steps
+
+
+def _train_run(plan: dict) -> None:
+    from train import trainer
+    cfg = plan["train"]
+    if (Path(cfg.out_dir) / "checkpoints" / "latest").exists():
+        cfg = dataclasses.replace(cfg, resume=True)  # an interrupted run continues
+    trainer.train(cfg, plan["model"])
+
+
+# ---- eval, export, conformance --------------------------------------------------------------
+
+def _eval_run(plan: dict) -> None:
+    from train import eval as evaluation
+    evaluation.evaluate(plan["eval"])
+
+
+def _export_run(plan: dict) -> None:
+    import export
+    export.export_checkpoint(plan["export"])
+
+
+def _conformance_done(plan: dict) -> bool:
+    return (Path(plan["conformance"].out) / "report.json").exists()
+
+
+def _conformance_run(plan: dict) -> None:
+    import conformance
+    report = conformance.run_conformance(plan["conformance"])
+    if not report.get("passed"):
+        raise ValueError(f"conformance failed: see {Path(plan['conformance'].out) / 'report.md'}")
+
+
+# ---- serve ----------------------------------------------------------------------------------
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound then released; a tiny race is acceptable here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> dict:
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read().decode("utf-8"))
+
+
+def _serve_run(plan: dict, *, prompts: dict[str, str], max_tokens: int, timeout_s: float,
+               out_dir: Path) -> dict[str, Any]:
+    """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt, stop it.
+
+    Writes ``OUT_DIR/completions.json``. Raises RuntimeError if the server does not come up.
+    """
+    cfg = plan["serve"]
+    port = free_port()
+    cmd = [sys.executable, "-m", "prodip", "serve", str(cfg.export_dir), "--variant", cfg.variant,
+           "--host", "127.0.0.1", "--port", str(port)]
+    log_path = out_dir / "serve.log"
+    with open(log_path, "w", encoding="utf-8") as log_fh:
+        proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env={**os.environ})
+        try:
+            base = f"http://127.0.0.1:{port}"
+            _wait_healthy(base, proc, timeout_s, log_path)
+            results = {}
+            for lang, prompt in prompts.items():
+                t0 = time.perf_counter()
+                body = {"model": "prodip", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+                resp = _http_json(f"{base}/v1/completions", body)
+                results[lang] = {"prompt": prompt, "completion": resp["choices"][0]["text"],
+                                 "finish_reason": resp["choices"][0].get("finish_reason"),
+                                 "usage": resp.get("usage"), "seconds": time.perf_counter() - t0}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    doc = {"format_version": 1, "variant": cfg.variant, "url": f"http://127.0.0.1:{port}/v1/completions",
+           "completions": results}
+    (out_dir / "completions.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
+    return doc
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prodip serve exited with code {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"prodip serve did not become healthy within {timeout_s:.0f} s; see {log_path}")
+
+
+def _exists(path_of: Callable[[dict], Any]) -> Callable[[dict], bool]:
+    return lambda plan: Path(path_of(plan)).exists()
+
+
+STAGES: dict[str, Stage] = {
+    "tokenizer": Stage(lambda p: f"train BPE + fertility audit -> {p['tokenizer'].out_dir}",
+                       _tokenizer_done, _tokenizer_run),
+    "data": Stage(lambda p: f"encode corpus -> {p['data'].out_dir}",
+                  _exists(lambda p: Path(p["data"].out_dir) / "meta.json"), _data_run),
+    "train": Stage(lambda p: f"{p['train'].steps} steps -> {p['train'].out_dir}", _train_done, _train_run),
+    "eval": Stage(lambda p: f"held-out NLL and bits/char vs random twin -> {p['eval'].out}",
+                  _exists(lambda p: p["eval"].out), _eval_run),
+    "export": Stage(lambda p: f"safetensors + ONNX variants -> {p['export'].out}",
+                    _exists(lambda p: Path(p["export"].out) / "manifest.json"), _export_run),
+    "conformance": Stage(lambda p: f"compare every artifact with the training model -> {p['conformance'].out}",
+                         _conformance_done, _conformance_run),
+    "serve": Stage(lambda p: f"HTTP completions from {p['serve'].export_dir} ({p['serve'].variant})",
+                   lambda p: False, _serve_run),
+}
+

@@ -1,0 +1,125 @@
+"""The table ``prodip run`` prints at the end, read back from the run's artifacts on disk.
+
+Tokenizer fertility per language, held-out bits/char and per-token NLL of the trained model
+against its random-initialised twin, export sizes per variant, conformance per variant, and the
+completions fetched over HTTP.
+
+    python -c "from prodip.summary import summarise; import json; print(json.dumps(summarise('runs/demo'), indent=1))"
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _rule(title: str) -> str:
+    return f"\n── {title} " + "─" * max(0, 74 - len(title))
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join("  " + line for line in lines)
+
+
+def summarise(plan: dict, out_dir: Path) -> dict[str, Any]:
+    """Collect the summary figures from the artifacts of a run (missing artifacts are left out)."""
+    tok_dir = Path(plan["tokenizer"].out_dir)
+    export_dir = Path(plan["export"].out)
+    summary: dict[str, Any] = {"format_version": 1, "out_dir": str(out_dir)}
+    summary["fertility"] = _read_json(tok_dir / "fertility.json")
+    summary["eval"] = _read_json(Path(plan["eval"].out))
+    summary["export_manifest"] = _read_json(export_dir / "manifest.json")
+    summary["conformance"] = _read_json(Path(plan["conformance"].out) / "report.json")
+    summary["completions"] = _read_json(out_dir / "completions.json")
+    return summary
+
+
+def _fertility_rows(fert: dict) -> list[list[Any]]:
+    rows = []
+    for lang, m in sorted(fert.get("languages", {}).items()):
+        rows.append([lang, f"{m['chars_per_token']:.2f}", f"{m['bytes_per_token']:.2f}",
+                     f"{m['tokens_per_word']:.2f}", f"{m.get('min_chars_per_token', float('nan')):.2f}",
+                     "pass" if m.get("passed", True) else "FAIL"])
+    return rows
+
+
+def _eval_rows(ev: dict) -> list[list[Any]]:
+    rows = []
+    for lang, m in sorted(ev.get("languages", {}).items()):
+        t, r = m["trained"], m["random"]
+        rows.append([lang, f"{t['bits_per_char']:.3f}", f"{r['bits_per_char']:.3f}",
+                     f"{t['nll_per_token']:.3f}", f"{r['nll_per_token']:.3f}", m.get("tokens", "")])
+    return rows
+
+
+def _export_rows(manifest: dict, conformance: dict | None) -> list[list[Any]]:
+    files = manifest.get("files", {})
+    variants = manifest.get("variants", {})
+    base = None
+    if "fp32" in variants:
+        base = _variant_bytes(variants["fp32"], files)
+    verdicts = (conformance or {}).get("variants", {})
+    rows = []
+    for name, v in variants.items():
+        size = _variant_bytes(v, files)
+        ratio = f"{size / base:.2f}x" if base and v.get("format") == "onnx" else ""
+        verdict = verdicts.get(name, {})
+        passed = verdict.get("passed") if isinstance(verdict, dict) else verdict
+        rows.append([name, v.get("format", ""), v.get("dtype", ""), f"{size / 2**20:.2f}", ratio,
+                     "" if passed is None else ("pass" if passed else "FAIL")])
+    return rows
+
+
+def _variant_bytes(variant: dict, files: dict) -> int:
+    path = variant.get("path", "")
+    total = sum(f["bytes"] for rel, f in files.items() if rel == path or rel.startswith(path + "."))
+    for extra in variant.get("external_data", []) or []:
+        total += files.get(extra, {}).get("bytes", 0)
+    return total
+
+
+def print_summary(plan: dict, out_dir: Path, timings: dict[str, float]) -> dict[str, Any]:
+    """Print the run's summary table to stdout and return it as a dict (with an ``ok`` verdict)."""
+    s = summarise(plan, out_dir)
+    ok = True
+    print(_rule(f"prodip run summary: {out_dir}"))
+    if s["fertility"]:
+        print(_rule("tokenizer fertility (held-out text)"))
+        print(_table(["lang", "chars/token", "bytes/token", "tokens/word", "gate min", "gate"],
+                     _fertility_rows(s["fertility"])))
+    if s["eval"]:
+        print(_rule("held-out quality: trained model vs random-initialised twin"))
+        print(_table(["lang", "bits/char", "twin bits/char", "NLL/token (nats)", "twin NLL/token", "tokens"],
+                     _eval_rows(s["eval"])))
+    if s["export_manifest"]:
+        print(_rule("export variants and conformance"))
+        print(_table(["variant", "format", "dtype", "MiB", "vs fp32", "conformance"],
+                     _export_rows(s["export_manifest"], s["conformance"])))
+    if s["conformance"] is not None:
+        ok = ok and bool(s["conformance"].get("passed"))
+    if s["completions"]:
+        print(_rule(f"completions over HTTP ({s['completions'].get('variant')})"))
+        for lang, c in s["completions"]["completions"].items():
+            text = c["completion"].replace("\n", " ⏎ ")
+            print(f"  [{lang}] {c['prompt']}\u2502{text}")
+            ok = ok and bool(c["completion"].strip())
+    if timings:
+        print(_rule("stage wall time (seconds)"))
+        print(_table(list(timings), [[f"{t:.1f}" for t in timings.values()]]))
+    s["timings_s"] = timings
+    s["ok"] = ok
+    print()
+    return s

@@ -1,0 +1,81 @@
+"""prodip.config: TOML + flags into dataclasses, with errors that name the key."""
+
+import argparse
+import dataclasses
+from typing import Optional
+
+import pytest
+
+from prodip.config import ConfigError, add_arguments, dump_toml, from_dict, read_toml, resolve, opt
+
+
+@dataclasses.dataclass
+class Cfg:
+    steps: int = opt(10, "optimizer steps")
+    lr: float = opt(1e-3, "peak learning rate")
+    name: str = opt("x", "a name", choices=("x", "y"))
+    compile: bool = opt(False, "torch.compile")
+    mixture: dict[str, float] = opt(help="language weights", factory=lambda: {"bn": 0.6, "en": 0.4})
+    files: list[str] = opt(help="inputs", factory=list)
+    seed: Optional[int] = opt(None, "seed")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser()
+    add_arguments(p, Cfg)
+    return p.parse_args(argv)
+
+
+def test_unknown_key_is_named_with_suggestion():
+    with pytest.raises(ConfigError, match=r"demo.toml \[train\]: unknown key 'setps'.*did you mean steps"):
+        from_dict(Cfg, {"setps": 3}, source="demo.toml [train]")
+
+
+def test_wrong_type_names_key_and_type():
+    with pytest.raises(ConfigError, match=r"\[train\] steps: expected int, got str '3'"):
+        from_dict(Cfg, {"steps": "3"}, source="[train]")
+    with pytest.raises(ConfigError, match="compile: expected true or false"):
+        from_dict(Cfg, {"compile": 1}, source="[train]")
+    with pytest.raises(ConfigError, match="name: 'z' is not one of x, y"):
+        from_dict(Cfg, {"name": "z"}, source="[train]")
+
+
+def test_int_promoted_to_float_but_not_bool_to_int():
+    assert from_dict(Cfg, {"lr": 1}, source="s").lr == 1.0
+    assert isinstance(from_dict(Cfg, {"lr": 1}, source="s").lr, float)
+    with pytest.raises(ConfigError):
+        from_dict(Cfg, {"steps": True}, source="s")
+
+
+def test_flags_override_file_and_file_overrides_defaults(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\nsteps = 50\nlr = 0.01\nmixture = {bn = 0.5, en = 0.5}\n")
+    cfg = resolve(Cfg, _parse(["--lr", "0.5", "--files", "a.txt,b.txt"]), toml_path=str(path), section="train")
+    assert cfg.steps == 50 and cfg.lr == 0.5 and cfg.files == ["a.txt", "b.txt"]
+    assert cfg.mixture == {"bn": 0.5, "en": 0.5}
+    cfg = resolve(Cfg, _parse(["--mixture", "bn=0.9,en=0.1", "--seed", "7"]))
+    assert cfg.mixture == {"bn": 0.9, "en": 0.1} and cfg.seed == 7 and cfg.steps == 10
+
+
+def test_bad_flag_value_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--steps", "many"])
+    assert "--steps: cannot read 'many' as int" in capsys.readouterr().err
+
+
+def test_toml_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        read_toml(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = = 3\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: not valid TOML"):
+        read_toml(bad)
+
+
+def test_dump_toml_round_trips_and_drops_none(tmp_path):
+    cfg = Cfg(steps=3, files=["a"], seed=None)
+    text = dump_toml({"train": dataclasses.asdict(cfg)})
+    path = tmp_path / "out.toml"
+    path.write_text(text)
+    back = resolve(Cfg, None, toml_path=str(path), section="train")
+    assert back == cfg
