@@ -1,0 +1,164 @@
+"""ONNX decoder export with a KV cache: the training model, traced once, run by ONNX Runtime.
+
+:class:`DecoderWithCache` flattens the model's per-layer ``(key, value)`` cache into the named
+inputs and outputs of the contract in CONTRACTS.md ("ONNX decoder I/O", the names optimum and
+ONNX Runtime GenAI use). :func:`export_onnx` traces it with ``torch.onnx.export(dynamo=True)``
+(torch.export + onnxscript) at opset :data:`DEFAULT_OPSET`, with dynamic batch, sequence and
+past axes, and checks the file with ``onnx.checker``.
+
+    python -c "from export.onnx import io_names; print(io_names(2))"
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+#: ONNX opset of every exported decoder (default opset of torch.onnx's dynamo exporter; needs
+#: ONNX Runtime >= 1.14).
+DEFAULT_OPSET = 18
+#: protobuf's hard limit on one message; bigger models must keep weights in an external file.
+PROTOBUF_LIMIT_BYTES = 2 * 1024**3
+#: Symbolic dimension names (optimum's names), written into the ONNX graph's value_info.
+BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+
+
+def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """Input and output names of the decoder, in graph order.
+
+    Args:
+        num_layers: number of decoder layers L.
+    Returns:
+        (inputs, outputs): ``input_ids, attention_mask, position_ids, past_key_values.{i}.key,
+        past_key_values.{i}.value, ...`` and ``logits, present.{i}.key, present.{i}.value, ...``.
+    """
+    past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+    present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+    return ["input_ids", "attention_mask", "position_ids", *past], ["logits", *present]
+
+
+class DecoderWithCache(nn.Module):
+    """Export wrapper: flat named tensors in, flat named tensors out; the model is unchanged.
+
+    ``forward(input_ids (B, T) int64, attention_mask (B, P+T) int64, position_ids (B, T) int64,
+    past: list of 2L tensors (B, Hkv, P, Dh) float32 [k0, v0, k1, v1, ...])
+    -> (logits (B, T, V) float32, present k0, v0, ... each (B, Hkv, P+T, Dh))``.
+
+    The attention mask is always passed, so the traced graph takes the model's padding-mask
+    path (``build_attention_mask``) for every shape, prefill (P = 0) included, and is never
+    specialised to SDPA's ``is_causal`` branch.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.num_layers = model.config.num_hidden_layers
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        cache = [(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)]
+        logits, present = self.model(input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                     past_key_values=cache, use_cache=True)
+        flat = [logits.float()]
+        for k, v in present:
+            flat += [k.float(), v.float()]
+        return tuple(flat)
+
+
+def example_inputs(config: Any, *, batch: int = 2, seq: int = 3, past: int = 4,
+                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Tracing inputs. Sizes are >= 2 on purpose: torch.export specialises dimensions of size 0/1.
+
+    Returns:
+        input_ids (B, T) int64, attention_mask (B, P+T) int64 with the first row left-padded,
+        position_ids (B, T) int64 = cumsum(mask) - 1 clipped at 0, past: 2L x (B, Hkv, P, Dh) float32.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
+    attention_mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    attention_mask[0, :2] = 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+    shape = (batch, config.num_key_value_heads, past, config.head_dim)
+    cache = [torch.randn(shape, generator=gen) for _ in range(2 * config.num_hidden_layers)]
+    return input_ids, attention_mask, position_ids, cache
+
+
+def _dynamic_shapes(num_layers: int) -> dict[str, Any]:
+    from torch.export import Dim
+    batch, seq, past, total = Dim(BATCH), Dim(SEQ), Dim(PAST), Dim(TOTAL)
+    return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
+            "position_ids": {0: batch, 1: seq}, "past": [{0: batch, 2: past} for _ in range(2 * num_layers)]}
+
+
+def export_onnx(model: nn.Module, path: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
+                external_data: bool | None = None) -> Path:
+    """Trace ``model`` (a ``train.model.LlamaForCausalLM``) into an ONNX decoder with KV cache.
+
+    The model is exported in float32 whatever its parameter dtype (quantised and fp16 variants
+    are derived from this file by :mod:`export.quantize`).
+
+    Args:
+        model: the training model; it is copied to float32 and put in eval mode, not modified.
+        path: destination ``.onnx`` file; weights go to ``<path>.data`` beside it when external.
+        opset: ONNX opset (default :data:`DEFAULT_OPSET`).
+        external_data: keep weights in an external file; ``None`` = only when the parameters
+            exceed protobuf's 2 GB limit.
+    Returns:
+        ``path``.
+    Raises:
+        RuntimeError: the exporter failed or ``onnx.checker`` rejected the graph.
+    """
+    import copy
+
+    import onnx
+    path = Path(path)
+    model = copy.deepcopy(model).float().eval()
+    L = model.config.num_hidden_layers
+    n_bytes = sum(p.numel() * 4 for p in model.parameters())
+    if external_data is None:
+        external_data = n_bytes >= PROTOBUF_LIMIT_BYTES - 64 * 1024**2  # leave room for the graph
+    inputs, outputs = io_names(L)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            DecoderWithCache(model), example_inputs(model.config), dynamo=True, opset_version=opset,
+            input_names=inputs, output_names=outputs, dynamic_shapes=_dynamic_shapes(L),
+            optimize=True, verbose=False)
+    program.save(str(path), external_data=external_data)
+    if external_data:
+        onnx.checker.check_model(str(path))  # path form: the checker reads the external weights
+    else:
+        onnx.checker.check_model(onnx.load(str(path)))
+    logger.info("ONNX decoder (opset %d, %s) -> %s", opset,
+                "external data" if external_data else "single file", path)
+    return path
+
+
+def check_io(path: str | os.PathLike, config: Any) -> None:
+    """Assert that the ONNX file at ``path`` has exactly the contract's inputs and outputs.
+
+    Raises:
+        ValueError: naming the first input/output whose name, dtype or static dims differ.
+    """
+    import onnx
+    graph = onnx.load(str(path), load_external_data=False).graph
+    want_in, want_out = io_names(config.num_hidden_layers)
+    got_in, got_out = [i.name for i in graph.input], [o.name for o in graph.output]
+    if got_in != want_in or got_out != want_out:
+        raise ValueError(f"{path}: ONNX I/O names {got_in} -> {got_out} differ from the contract "
+                         f"{want_in} -> {want_out} (re-run `prodip export`)")
+    kv = [config.num_key_value_heads, config.head_dim]
+    for value in list(graph.input)[3:] + list(graph.output)[1:]:
+        t = value.type.tensor_type
+        dims = [d.dim_value for d in t.shape.dim]
+        if t.elem_type != onnx.TensorProto.FLOAT or dims[1] != kv[0] or dims[3] != kv[1]:
+            raise ValueError(f"{path}: {value.name} is {onnx.TensorProto.DataType.Name(t.elem_type)} "
+                             f"dims {dims}, expected FLOAT [batch, {kv[0]}, past, {kv[1]}]")
