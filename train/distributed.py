@@ -1,0 +1,73 @@
+"""torch.distributed set-up for runs launched by ``torchrun`` (DDP; gloo on CPU, NCCL on CUDA).
+
+A plain ``python -m train train`` is a world of one and touches no process group.
+
+    torchrun --nproc_per_node 2 -m train train --config configs/demo.toml --device cpu
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place: ``rank`` of ``world_size``, on ``device``."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: str) -> DistInfo:
+    """Join the process group if launched by torchrun (``WORLD_SIZE`` > 1 in the environment).
+
+    Args:
+        device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``.
+    Returns:
+        DistInfo; under torchrun with CUDA each rank gets ``cuda:{LOCAL_RANK}``.
+    Raises:
+        ValueError: ``device="cuda"`` without CUDA, or an unknown device.
+    """
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("TrainConfig.device = 'cuda' but torch sees no CUDA device; use --device cpu")
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return DistInfo(rank, world, local, dev)
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_gather_strings(value: str) -> list[str]:
+    """Every rank's ``value`` (a world of one returns ``[value]``)."""
+    if not dist.is_initialized():
+        return [value]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,167 @@
+"""The training step and its pieces: AdamW groups, warmup + cosine lr, accumulation, clipping, MFU.
+
+Plain PyTorch, nothing hidden: ``train_step`` runs N micro-batches (loss of each divided by N,
+so the gradient equals that of one N-times-bigger batch), clips, checks finiteness, steps.
+
+    python -c "from train.loop import lr_at; print([round(lr_at(s, lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=10), 5) for s in range(10)])"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Peak dense bf16 tensor-core throughput (FLOP/s, no sparsity) by device-name substring; first
+# match wins, so more specific names come first. Sources: NVIDIA datasheets - H100 SXM5/H200
+# 989.4 TFLOPS, H100 PCIe 756 TFLOPS (H100 datasheet, 2023; H200 datasheet, 2024), A100 312
+# TFLOPS (A100 datasheet, 2021), L40S 362.05 TFLOPS, L4 121 TFLOPS, A10 125 TFLOPS (product
+# datasheets), B200 2.25 PFLOPS dense (DGX B200 datasheet, 72 PF sparse FP8/8 GPUs, bf16 = 1/4).
+PEAK_BF16_FLOPS = (
+    ("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12), ("GH200", 989.4e12),
+    ("B200", 2250e12), ("A100", 312e12), ("L40S", 362.05e12), ("L4", 121e12), ("A10", 125e12),
+)
+
+
+def peak_flops(device: torch.device) -> Optional[float]:
+    """Peak dense bf16 FLOP/s of a CUDA device from :data:`PEAK_BF16_FLOPS`; ``None`` if unknown/CPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
+
+
+def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup then cosine to ``min_lr``.
+
+    Warmup: ``lr * (step + 1) / warmup_steps`` for ``step < warmup_steps`` (never 0, so step 0
+    already moves every parameter). Then ``min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * p))``
+    with ``p`` going 0 -> 1 over the remaining steps (Loshchilov & Hutter 2017, SGDR,
+    arXiv:1608.03983; the schedule of nanoGPT's ``get_lr``).
+    """
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on 2-D+ weights (matmuls, embeddings), none on norms/biases.
+
+    Each trainable parameter appears exactly once (tied weights are one Parameter).
+    """
+    seen, decay, no_decay = set(), [], []
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+                    eps: float, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`, the fused CUDA kernel on GPU, the foreach path on CPU."""
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps,
+                             fused=fused or None)
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats/token.
+
+    Args:
+        logits: (B, T, V) any float dtype (upcast to fp32 for the softmax).
+        targets: (B, T) int64.
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+               micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, lr: float,
+               grad_clip: float, device: torch.device, autocast_dtype: Optional[torch.dtype],
+               step: int = 0, check_finite: bool = True) -> dict[str, float]:
+    """One optimizer step over N micro-batches.
+
+    Each micro-batch loss is divided by N before ``backward``, so the accumulated gradient is
+    that of the mean loss over all N micro-batches (equal token counts), i.e. of one batch N
+    times bigger. Under DDP only the last micro-batch all-reduces (``no_sync`` for the rest).
+
+    Args:
+        model: the (possibly compiled / DDP-wrapped) model; ``model(x) -> logits (B, T, V)``.
+        optimizer: its optimizer; ``lr`` is written into every group.
+        micro_batches: N pairs (inputs (B, T) int64, targets (B, T) int64), any device.
+        lr: learning rate for this step.
+        grad_clip: clip the global L2 gradient norm to this (<= 0: no clipping, norm still measured).
+        device: where the model lives.
+        autocast_dtype: ``torch.bfloat16`` for mixed precision on CUDA, ``None`` for fp32.
+        step: 0-based step number, for error messages.
+        check_finite: stop on a NaN/inf loss or gradient before the weights are touched.
+
+    Returns:
+        {"loss": mean loss (nats/token), "grad_norm": pre-clip L2 norm, "lr": lr}.
+    Raises:
+        train.guards.NonFiniteError: NaN/inf loss or gradient (the optimizer step is skipped).
+    """
+    batches = list(micro_batches)
+    n = len(batches)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    total = torch.zeros((), device=device)
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        sync = i == n - 1 or not hasattr(model, "no_sync")
+        with (contextlib.nullcontext() if sync else model.no_sync()):
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = causal_lm_loss(model(x), y) / n
+            loss.backward()
+        total += loss.detach()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    if check_finite:
+        from train.guards import check_finite as _check
+        _check(total, grad_norm, step=step, model=model)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss_v, norm_v = torch.stack([total, grad_norm.to(total.device)]).tolist()  # one device sync
+    return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *,
+             device: torch.device, autocast_dtype: Optional[torch.dtype]) -> float:
+    """Mean next-token NLL (nats/token) over fixed batches; the model is put back in train mode."""
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = model(x)
+        total += float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum"))
+        count += y.numel()
+    model.train()
+    return total / max(1, count)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward (``torch.utils.checkpoint``,
+    non-reentrant), trading ~1/3 more compute for O(layers) less activation memory.
+
+    The layer's ``forward`` is wrapped on the instance, so parameter names (and checkpoint
+    keys) stay unchanged.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in model.model.layers:
+        inner = layer.forward
+
+        def forward(*args, _inner=inner):
+            return checkpoint(_inner, *args, use_reentrant=False)
+
+        layer.forward = forward
