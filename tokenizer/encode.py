@@ -1,0 +1,195 @@
+"""Encode a language-tagged corpus into token shards with a tokenizer dir (``prodip data prepare``).
+
+Per language, documents (see tokenizer/corpus.py) are encoded with the ``tokenizers`` batch encoder
+(all cores), each followed by ``<|eos|>``, and sent to ``train`` or ``val`` by a seeded hash of
+(language, file name, document index): deterministic, independent of batch size and core count. If a
+language's hash draw puts no document in ``val`` (a tiny corpus), its last document goes there. Output is
+built in a temp dir and renamed into place, so a failed run leaves nothing behind.
+
+    prodip data prepare --tokenizer-dir runs/tok --inputs bn=data/bn,en=data/en --out-dir runs/shards
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from prodip.config import dump_toml, opt, to_dict
+from tokenizer import shards
+from tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
+from tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DataPrepareConfig:
+    """``prodip data prepare`` (TOML section ``[data]``)."""
+
+    tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
+    inputs: dict[str, list[str]] = opt(factory=dict, help="language -> files/folders of text to encode, "
+                                       "e.g. bn=data/bn,en=data/en")
+    out_dir: str = opt("runs/shards", "output shards dir (refused if it holds shards, unless overwrite)")
+    val_fraction: float = opt(0.02, "share of documents sent to the validation split (0-0.5)")
+    seed: int = opt(0, "seed of the train/val document split")
+    shard_tokens: int = opt(50_000_000, "maximum tokens per shard file")
+    doc_chars: int = opt(20000, ".txt files: a document ends at the first blank line after this many characters")
+    batch_chars: int = opt(4_000_000, "characters sent to the batch encoder at once (memory vs overhead)")
+    errors: str = opt("strict", "invalid UTF-8: strict = error naming file and byte offset; skip = drop and "
+                      "count the bytes", choices=ERROR_POLICIES)
+    overwrite: bool = opt(False, "replace existing shards in out_dir")
+    progress: bool = opt(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction <= 0.5:
+            raise ValueError(f"val_fraction must be in [0, 0.5], got {self.val_fraction}")
+        if self.shard_tokens < 1 or self.batch_chars < 1:
+            raise ValueError("shard_tokens and batch_chars must be positive")
+
+
+class _SplitWriter:
+    """Buffers one language/split's tokens and writes numbered shards of at most ``shard_tokens``."""
+
+    def __init__(self, root: Path, lang: str, split: str, token_dtype: str, shard_tokens: int):
+        self.root, self.lang, self.split = root, lang, split
+        self.token_dtype, self.shard_tokens = token_dtype, shard_tokens
+        self.buf: list[np.ndarray] = []
+        self.n_buf = 0
+        self.entries: list[dict] = []
+        self.documents = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self.buf.append(ids)
+        self.n_buf += ids.size
+        self.documents += 1
+        while self.n_buf >= self.shard_tokens:
+            self._flush(self.shard_tokens)
+
+    def _flush(self, n: int) -> None:
+        tokens = np.concatenate(self.buf) if self.buf else np.zeros(0, np.uint32)
+        head, rest = tokens[:n], tokens[n:]
+        rel = f"{self.lang}/{shards.shard_name(self.split, len(self.entries))}"
+        shards.write_shard(self.root / rel, head, self.token_dtype)
+        self.entries.append({"file": rel, "n_tokens": int(head.size)})
+        self.buf, self.n_buf = ([rest] if rest.size else []), int(rest.size)
+
+    def close(self) -> list[dict]:
+        if self.n_buf or not self.entries:
+            self._flush(self.n_buf)
+        return self.entries
+
+
+def _uncompressed_size(path: Path) -> int:
+    """Bytes of text in ``path`` (a .gz file's ISIZE trailer: exact below 4 GiB)."""
+    if path.name.endswith(".gz"):
+        with open(path, "rb") as fh:
+            fh.seek(-4, os.SEEK_END)
+            return struct.unpack("<I", fh.read(4))[0]
+    return path.stat().st_size
+
+
+def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster
+    return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+
+def _encode_language(tok, lang: str, files: list[Path], cfg: DataPrepareConfig, tmp: Path, token_dtype: str,
+                     bar, stats: ReadStats) -> dict:
+    (tmp / lang).mkdir()
+    writers = {s: _SplitWriter(tmp, lang, s, token_dtype, cfg.shard_tokens) for s in shards.SPLITS}
+    np_dtype = np.dtype(token_dtype)
+    eos = np.array([EOS_ID], dtype=np_dtype)
+    pending: np.ndarray | None = None  # last train document, held back in case val ends up empty
+
+    def flush(batch: list[tuple[str, str]]) -> None:
+        nonlocal pending
+        for (split, text), ids in zip(batch, _encode_batch(tok, [t for _, t in batch])):
+            doc = np.concatenate([np.asarray(ids, dtype=np_dtype), eos])
+            if split == "train":
+                if pending is not None:
+                    writers["train"].add(pending)
+                pending = doc
+            else:
+                writers["val"].add(doc)
+            bar.update(len(text.encode("utf-8")))
+
+    batch: list[tuple[str, str]] = []
+    size = 0
+    for path, index, text in iter_language(files, lang, errors=cfg.errors, doc_chars=cfg.doc_chars, stats=stats):
+        split = "val" if _doc_unit(cfg.seed, lang, path, index) < cfg.val_fraction else "train"
+        batch.append((split, text))
+        size += len(text)
+        if size >= cfg.batch_chars:
+            flush(batch)
+            batch, size = [], 0
+    flush(batch)
+    if pending is not None:
+        move = cfg.val_fraction > 0 and writers["val"].documents == 0 and writers["train"].documents >= 1
+        writers["val" if move else "train"].add(pending)
+    return {s: w.close() for s, w in writers.items()} | {
+        "documents": {s: w.documents for s, w in writers.items()}}
+
+
+def prepare_shards(cfg: DataPrepareConfig) -> Path:
+    """Encode ``cfg.inputs`` into a shards dir (layout in tokenizer/shards.py); returns its path.
+
+    Raises:
+        FileNotFoundError: tokenizer dir or an input missing.
+        ValueError: no inputs, an empty file, invalid UTF-8 (strict), bad JSONL/TSV.
+        FileExistsError: ``out_dir`` already holds shards and ``overwrite`` is false.
+    """
+    tok = load_tokenizer(cfg.tokenizer_dir)
+    sha = tokenizer_sha256(cfg.tokenizer_dir)
+    vocab_size = tok.get_vocab_size()
+    token_dtype = shards.token_dtype_for(vocab_size)
+    files = expand_inputs(cfg.inputs)
+    out = Path(cfg.out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not (out / shards.META_NAME).exists():
+            raise FileExistsError(f"{out}: exists and is not a shards dir; refusing to replace it")
+        if not cfg.overwrite:
+            raise FileExistsError(f"{out}: already holds shards; choose another out_dir or pass --overwrite true")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    start = time.perf_counter()
+    total_bytes = sum(_uncompressed_size(f) for fs in files.values() for f in fs)
+    languages, read = {}, {}
+    try:
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="encode", disable=not cfg.progress) as bar:
+            for lang, lang_files in files.items():
+                read[lang] = ReadStats()
+                languages[lang] = _encode_language(tok, lang, lang_files, cfg, tmp, token_dtype, bar, read[lang])
+                languages[lang].update(chars=read[lang].chars, bytes=read[lang].bytes,
+                                       skipped_bytes=read[lang].skipped_bytes)
+        elapsed = time.perf_counter() - start
+        text_mb = sum(r.bytes for r in read.values()) / 1e6
+        meta = {"tokenizer_sha256": sha, "vocab_size": vocab_size, "token_dtype": token_dtype,
+                "bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID, "eos_between_documents": True,
+                "val_fraction": cfg.val_fraction, "seed": cfg.seed, "languages": languages,
+                "skipped_bytes": sum(r.skipped_bytes for r in read.values()),
+                "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
+                "encode_s": round(elapsed, 2), "mb_per_s": round(text_mb / max(elapsed, 1e-9), 2)}
+        shards.write_meta(tmp, meta)
+        (tmp / "data_config.toml").write_text(dump_toml({"data": to_dict(cfg)}), encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    n_tokens = sum(e["n_tokens"] for l in languages.values() for s in shards.SPLITS for e in l[s])
+    log.info("%d tokens from %.1f MB of text in %.1f s (%.2f MB/s) -> %s", n_tokens, text_mb, elapsed,
+             meta["mb_per_s"], out)
+    if meta["skipped_bytes"]:
+        log.warning("skipped %d undecodable bytes (first at %s)", meta["skipped_bytes"], meta["skipped_where"][:3])
+    return out

@@ -1,0 +1,206 @@
+"""The token-shard format: the only reader and writer of shard files and the shards dir's meta.json.
+
+A shard is a 256 x int32 header followed by the tokens (the llm.c layout):
+``header[0] = 20240520`` (magic), ``header[1]`` = version (1: uint16 tokens, 2: uint32 tokens),
+``header[2]`` = number of tokens, ``header[3]`` = bytes per token; the rest is zero.
+A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``.
+
+    python -m tokenizer.shards runs/demo/shards      # print meta.json and check every shard
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = 20240520
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+FORMAT_VERSION = 1
+META_NAME = "meta.json"
+SPLITS = ("train", "val")
+# header version -> token dtype (version 1 is llm.c's uint16 layout; 2 is the same with uint32)
+_VERSION_DTYPE = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
+_DTYPE_VERSION = {"uint16": 1, "uint32": 2}
+_PRODUCER = "prodip data prepare --tokenizer-dir TOKENIZER_DIR --out-dir SHARDS_DIR"
+
+
+def token_dtype_for(vocab_size: int) -> str:
+    """``"uint16"`` when every id fits (vocab_size <= 65536), else ``"uint32"``."""
+    return "uint16" if vocab_size <= 65536 else "uint32"
+
+
+def shard_name(split: str, index: int) -> str:
+    """File name of shard ``index`` of ``split``, e.g. ``train_000000.bin``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return f"{split}_{index:06d}.bin"
+
+
+def write_shard(path: str | os.PathLike, tokens: np.ndarray | list[int], token_dtype: str) -> int:
+    """Write one shard atomically (``path.tmp`` then rename).
+
+    Args:
+        path: destination ``.bin`` file.
+        tokens: (N,) integer token ids, all in range of ``token_dtype``.
+        token_dtype: ``"uint16"`` or ``"uint32"``.
+
+    Returns:
+        the number of tokens written.
+
+    Raises:
+        ValueError: unknown ``token_dtype`` or an id that does not fit in it.
+    """
+    if token_dtype not in _DTYPE_VERSION:
+        raise ValueError(f"token_dtype must be 'uint16' or 'uint32', got {token_dtype!r}")
+    version = _DTYPE_VERSION[token_dtype]
+    dtype = _VERSION_DTYPE[version]
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(dtype).max):
+        raise ValueError(f"token ids in [{arr.min()}, {arr.max()}] do not fit {token_dtype}")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:4] = (MAGIC, version, arr.size, dtype.itemsize)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(header.tobytes())
+        fh.write(arr.astype(dtype, copy=False).tobytes())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return int(arr.size)
+
+
+def read_header(path: str | os.PathLike) -> tuple[int, np.dtype]:
+    """Read and check a shard header; returns ``(n_tokens, dtype)``.
+
+    Raises:
+        FileNotFoundError: no such shard.
+        ValueError: wrong magic/version, or the file size disagrees with the header.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such shard; produce shards with `{_PRODUCER}`")
+    with open(path, "rb") as fh:
+        raw = fh.read(HEADER_BYTES)
+    if len(raw) < HEADER_BYTES:
+        raise ValueError(f"{path}: {len(raw)} bytes, shorter than the 1024-byte shard header")
+    header = np.frombuffer(raw, dtype="<i4")
+    if int(header[0]) != MAGIC:
+        raise ValueError(f"{path}: magic {int(header[0])}, expected {MAGIC}: not a prodip/llm.c token shard")
+    version = int(header[1])
+    if version not in _VERSION_DTYPE:
+        raise ValueError(f"{path}: shard version {version}, expected 1 (uint16) or 2 (uint32)")
+    dtype = _VERSION_DTYPE[version]
+    n_tokens = int(header[2])
+    expected = HEADER_BYTES + n_tokens * dtype.itemsize
+    size = path.stat().st_size
+    if size != expected:
+        raise ValueError(f"{path}: {size} bytes, header says {n_tokens} tokens = {expected} bytes "
+                         f"(truncated or corrupt shard; re-run `{_PRODUCER}`)")
+    return n_tokens, dtype
+
+
+def read_shard(path: str | os.PathLike) -> np.ndarray:
+    """Memory-map one shard's tokens.
+
+    Returns:
+        (N,) read-only ``np.memmap`` of dtype uint16 or uint32 (N may be 0: an empty array).
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`read_header`.
+    """
+    n_tokens, dtype = read_header(path)
+    if n_tokens == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
+
+
+def write_meta(shards_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
+    """Write ``meta.json`` atomically, adding ``format_version``."""
+    path = Path(shards_dir) / META_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, ensure_ascii=False) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | None = None) -> dict[str, Any]:
+    """Read and check a shards dir's ``meta.json``.
+
+    Args:
+        shards_dir: a dir written by ``prodip data prepare``.
+        expected_tokenizer_sha256: when given, the sha256 of the tokenizer.json the run was configured
+            with (``tokenizer.bpe.tokenizer_sha256(dir)``); a different hash is refused.
+
+    Returns:
+        the meta dict: ``{format_version, tokenizer_sha256, vocab_size, token_dtype, bos_id, eos_id, pad_id,
+        languages: {lang: {train: [{file, n_tokens}], val: [...]}}, ...}``.
+
+    Raises:
+        FileNotFoundError: no ``meta.json``.
+        ValueError: wrong ``format_version``, missing keys, or tokenizer hash mismatch.
+    """
+    path = Path(shards_dir) / META_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; {shards_dir} is not a shards dir (make one with `{_PRODUCER}`)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}; "
+                         f"re-run `{_PRODUCER}`")
+    for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "eos_id", "languages"):
+        if key not in meta:
+            raise ValueError(f"{path}: missing key {key!r}")
+    if expected_tokenizer_sha256 is not None and meta["tokenizer_sha256"] != expected_tokenizer_sha256:
+        raise ValueError(
+            f"{path}: shards were encoded with tokenizer sha256 {meta['tokenizer_sha256'][:16]}…, but this run "
+            f"uses tokenizer sha256 {expected_tokenizer_sha256[:16]}…; re-encode with `{_PRODUCER}` using the "
+            "run's tokenizer dir")
+    return meta
+
+
+def shard_paths(shards_dir: str | os.PathLike, lang: str, split: str) -> list[Path]:
+    """Paths of the shards of ``lang``/``split`` listed in meta.json, in order.
+
+    Raises:
+        ValueError: unknown language or split (the message lists the known ones).
+        FileNotFoundError: meta.json or a listed shard is missing.
+    """
+    meta = load_meta(shards_dir)
+    langs = meta["languages"]
+    if lang not in langs:
+        raise ValueError(f"{shards_dir}: no language {lang!r} in meta.json (has {', '.join(sorted(langs))})")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    paths = [Path(shards_dir) / entry["file"] for entry in langs[lang].get(split, [])]
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: listed in {shards_dir}/meta.json but missing; re-run `{_PRODUCER}`")
+    return paths
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tokenizer.shards SHARDS_DIR", file=sys.stderr)
+        return 2
+    meta = load_meta(argv[0])
+    print(json.dumps({k: v for k, v in meta.items() if k != "languages"}, indent=2))
+    for lang, splits in meta["languages"].items():
+        for split in SPLITS:
+            n = sum(int(read_shard(p).shape[0]) for p in shard_paths(argv[0], lang, split))
+            print(f"{lang:>6} {split:>5}: {n:>12,d} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
