@@ -1,0 +1,23 @@
+"""``python -m train train|eval ...`` (same as ``prodip train|eval``; torchrun-friendly: ``-m train``).
+
+    python -m train train --config configs/demo.toml
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from prodip.cli import main as prodip_main
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("train", "eval"):
+        argv = ["--help"] if not argv else argv
+        print("usage: python -m train {train,eval} ...", file=sys.stderr)
+        return 2
+    return prodip_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""``prodip train``: TrainConfig and :func:`train`, the training run from shards to checkpoints.
+
+Order of a run: distributed set-up -> tokenizer gate + shard/tokenizer hash check -> model,
+AdamW -> resume (weights, Adam moments, RNG, data position) -> optional activation
+checkpointing / torch.compile -> gradient-flow arbiter (and update-flow probe on a fresh run)
+-> steps with per-step metrics -> checkpoints -> ``loss.png``. A NaN/inf loss or gradient stops
+the run before the weights are touched; the last good checkpoint stays as it was.
+
+    python -m train train --config configs/demo.toml
+    torchrun --nproc_per_node 2 -m train train --config configs/demo.toml --device cpu
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from prodip.config import dump_toml, opt, write_text_atomic
+from train import checkpoint, distributed
+from train.config import ModelConfig
+from train.data import MixtureBatches, val_batches
+from train.loop import (build_optimizer, enable_activation_checkpointing, evaluate, lr_at, peak_flops,
+                        train_step)
+
+log = logging.getLogger("prodip.train")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. A "step" is one optimizer step; sizes are per rank unless stated."""
+
+    shards_dir: str = opt("runs/demo/shards", "shards dir from `prodip data prepare`")
+    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir the shards were encoded with")
+    out_dir: str = opt("runs/demo/train", "run dir: config.toml, metrics.jsonl, loss.png, checkpoints/")
+    steps: int = opt(200, "total optimizer steps of the run (the lr schedule spans these)")
+    max_steps_this_run: int = opt(0, "stop after this many steps in this invocation, 0 = run to `steps` "
+                                     "(time-sliced jobs; resume later with --resume)")
+    batch_size: int = opt(8, "sequences per micro-batch per rank")
+    seq_len: int = opt(256, "tokens per sequence (<= max_position_embeddings)")
+    grad_accum_steps: int = opt(1, "micro-batches per optimizer step (loss divided by this)")
+    lr: float = opt(3e-4, "peak learning rate (after warmup)")
+    min_lr: float = opt(3e-5, "learning rate at the end of the cosine decay")
+    warmup_steps: int = opt(20, "linear warmup (optimizer steps)")
+    weight_decay: float = opt(0.1, "AdamW decoupled weight decay on 2-D weights only")
+    beta1: float = opt(0.9, "AdamW beta1")
+    beta2: float = opt(0.95, "AdamW beta2")
+    adam_eps: float = opt(1e-8, "AdamW epsilon")
+    grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this, 0 = no clipping")
+    mixture: dict[str, float] = opt(help="language -> sampling weight, e.g. {bn = 0.7, en = 0.3}; "
+                                         "empty = by token count", factory=dict)
+    seed: int = opt(1234, "seed for init and data order")
+    checkpoint_every_steps: int = opt(100, "save a checkpoint every N steps (and at the end), 0 = end only")
+    keep_last: int = opt(3, "checkpoints kept (newest)")
+    eval_every_steps: int = opt(0, "held-out loss every N steps, 0 = never during training")
+    eval_tokens: int = opt(16384, "validation tokens per language for that held-out loss (tokens)")
+    log_every_steps: int = opt(1, "write a metrics.jsonl line every N steps")
+    device: str = opt("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
+    dtype: str = opt("auto", "auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16",
+                     choices=("auto", "float32", "bfloat16"))
+    compile: bool = opt(False, "torch.compile the model (CUDA; slow first step)")
+    activation_checkpointing: bool = opt(False, "recompute layer activations in backward (saves memory)")
+    guards: bool = opt(True, "run the gradient-flow arbiter before step 1 and the update-flow probe")
+    resume: bool = opt(False, "continue from OUT_DIR/checkpoints/latest (weights, Adam, RNG, data)")
+    force: bool = opt(False, "train even if the tokenizer failed its fertility gate")
+    progress: bool = opt(True, "show a tqdm progress bar with ETA")
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "grad_accum_steps", "keep_last", "log_every_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_lr > self.lr:
+            raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
+    """bf16 autocast on CUDA (auto/bfloat16), none (fp32) otherwise; weights stay fp32."""
+    if cfg.dtype == "float32" or (cfg.dtype == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+def _check_inputs(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[str, dict]:
+    """Tokenizer gate, shard/tokenizer hash and vocab checks. Returns (tokenizer sha256, meta)."""
+    from tokenizer.shards import load_meta
+
+    tok_json = Path(cfg.tokenizer_dir) / "tokenizer.json"
+    if not tok_json.is_file():
+        raise FileNotFoundError(f"{tok_json}: not found (TrainConfig.tokenizer_dir; made by "
+                                "`prodip tokenizer train`)")
+    tok_sha = checkpoint.file_sha256(tok_json)
+    _check_gate(cfg)
+    meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tok_sha)
+    if meta["vocab_size"] > model_cfg.vocab_size:
+        raise ValueError(f"{cfg.shards_dir}/meta.json: vocab_size {meta['vocab_size']} exceeds "
+                         f"[model] vocab_size {model_cfg.vocab_size}")
+    if cfg.seq_len > model_cfg.max_position_embeddings:
+        raise ValueError(f"TrainConfig.seq_len {cfg.seq_len} exceeds [model] max_position_embeddings "
+                         f"{model_cfg.max_position_embeddings}")
+    return tok_sha, meta
+
+
+def _check_gate(cfg: TrainConfig) -> None:
+    """Refuse a tokenizer whose fertility audit failed, unless ``force`` (tokenizer.audit owns the gate)."""
+    try:
+        from tokenizer.audit import check_gate
+    except ImportError:
+        log.warning("tokenizer.audit.check_gate is not available; tokenizer gate not checked")
+        return
+    try:
+        result = check_gate(cfg.tokenizer_dir)
+    except ValueError as err:
+        if not cfg.force:
+            raise ValueError(f"{err} (pass --force to train anyway)") from None
+        log.warning("tokenizer gate failed, training anyway (--force): %s", err)
+        return
+    passed = getattr(result, "passed", result if isinstance(result, bool) else True)
+    if not passed and not cfg.force:
+        raise ValueError(f"{cfg.tokenizer_dir}: tokenizer failed its fertility gate "
+                         f"({result}); pass --force to train anyway")
+
+
+def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device):
+    from train.model import LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(model_cfg).to(device)
+    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, device=device)
+    return model, optimizer
+
+
+def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh: bool) -> None:
+    """Gradient-flow arbiter (every run, after compile) and update-flow probe (fresh runs)."""
+    from train import guards
+    from train.loop import causal_lm_loss
+
+    x, y = batches[0]
+    x, y = x.to(device), y.to(device)
+
+    def loss_fn(m):
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            return causal_lm_loss(m(x), y)
+
+    report = guards.check_gradient_flow(model, loss_fn)
+    log.info("gradient-flow arbiter: %s", "ok" if getattr(report, "ok", True) else report)
+    if fresh:
+        def step_fn(m, opt):
+            train_step(m, opt, batches, lr=cfg.lr, grad_clip=cfg.grad_clip, device=device,
+                       autocast_dtype=amp)
+        guards.check_update_flow(model, optimizer, step_fn, restore=True)
+        log.info("update-flow probe: every parameter moved and stayed finite")
+
+
+def _write_run_config(run_dir: Path, cfg: TrainConfig, model_cfg: ModelConfig) -> None:
+    text = dump_toml({"model": model_cfg.to_dict(), "train": dataclasses.asdict(cfg)})
+    write_text_atomic(run_dir / "config.toml", text)
+
+
+def train(cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
+    """Train (or resume) a run; see the module docstring for the order of events.
+
+    Args:
+        cfg: the run's TrainConfig.
+        model_cfg: the [model] table as ModelConfig.
+    Returns:
+        The run dir (``cfg.out_dir``) holding config.toml, metrics.jsonl, loss.png, checkpoints/.
+    Raises:
+        FileNotFoundError: tokenizer dir / shards / resume checkpoint missing.
+        ValueError: shards from another tokenizer, a failed tokenizer gate (without ``force``),
+            vocab/seq_len mismatch, a resume checkpoint from another model config.
+        train.guards.GuardError: a parameter gets no gradient / no update before step 1.
+        train.guards.NonFiniteError: NaN/inf loss or gradient at some step.
+    """
+    return run_training(cfg, model_cfg)["run_dir"]
+
+
+def run_training(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
+    """:func:`train`, returning {"run_dir", "model", "step", "last"} (for tests and benches)."""
+    info = distributed.setup(cfg.device)
+    try:
+        return _Run(cfg, model_cfg, info).execute()
+    finally:
+        distributed.teardown()
+
+
+class _Run:
+    """State of one invocation; :meth:`execute` is the whole run."""
+
+    def __init__(self, cfg: TrainConfig, model_cfg: ModelConfig, info: distributed.DistInfo) -> None:
+        self.cfg, self.model_cfg, self.info = cfg, model_cfg, info
+        self.run_dir = Path(cfg.out_dir)
+        self.ckpt_dir = self.run_dir / checkpoint.CHECKPOINTS_DIRNAME
+        self.device = info.device
+        self.amp = autocast_dtype(cfg, self.device)
+        self.step, self.tokens_seen = 0, 0
+
+    def execute(self) -> dict[str, Any]:
+        cfg, info = self.cfg, self.info
+        self.tok_sha, _ = _check_inputs(cfg, self.model_cfg)
+        if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
+            raise FileExistsError(f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
+                                  "that run, or choose another --out-dir")
+        if self.device.type == "cpu":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        model, self.optimizer = _build(cfg, self.model_cfg, self.device)
+        self.model = model
+        self.data = MixtureBatches(cfg.shards_dir, cfg.mixture, cfg.batch_size, cfg.seq_len, seed=cfg.seed,
+                                   rank=info.rank, world_size=info.world_size,
+                                   expected_tokenizer_sha256=self.tok_sha)
+        if cfg.resume:
+            self._resume()
+        if info.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            _write_run_config(self.run_dir, cfg, self.model_cfg)
+            self._trim_metrics()
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        self.fwd = torch.compile(model) if cfg.compile else model
+        if info.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            self.fwd = DDP(self.fwd, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if cfg.guards:
+            saved = self.data.state_dict()
+            probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
+            self.data.load_state_dict(saved)  # the probe does not consume the stream
+            _run_guards(cfg, self.fwd, self.optimizer, probe, self.device, self.amp, fresh=self.step == 0)
+        last = self._loop()
+        if info.is_main:
+            plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png")
+        return {"run_dir": self.run_dir, "model": model, "step": self.step, "last": last}
+
+    def _resume(self) -> None:
+        state = checkpoint.load_training_state(self.ckpt_dir, self.model, self.optimizer)
+        if state["tokenizer_sha256"] != self.tok_sha:
+            raise ValueError(f"{state['checkpoint_dir']}: trained with tokenizer sha256 "
+                             f"{state['tokenizer_sha256'][:12]}, this run's tokenizer is {self.tok_sha[:12]}")
+        if state.get("world_size", 1) * state["train_config"].get("batch_size", 0) != \
+                self.info.world_size * self.cfg.batch_size:
+            log.warning("global batch differs from the checkpoint's; the token stream continues but "
+                        "the run is no longer bitwise comparable")
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        self.data.load_state_dict(state["data_state"])
+        log.info("resumed from %s at step %d", state["checkpoint_dir"], self.step)
+
+    def _trim_metrics(self) -> None:
+        """Drop metrics lines past the resume step (written by a killed run after its last save)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = [line for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line)["step"] <= self.step]
+        write_text_atomic(path, "".join(line + "\n" for line in keep))
+
+    def _loop(self) -> dict[str, float]:
+        cfg, info = self.cfg, self.info
+        from tqdm import tqdm
+
+        end = cfg.steps if cfg.max_steps_this_run <= 0 else min(cfg.steps, self.step + cfg.max_steps_this_run)
+        tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps * info.world_size
+        flops_per_token = self.model_cfg.flops_per_token(cfg.seq_len)
+        peak = peak_flops(self.device)
+        val = self._val_sets() if cfg.eval_every_steps and info.is_main else {}
+        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True,
+                   disable=not (cfg.progress and info.is_main))
+        metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if info.is_main else None
+        last: dict[str, float] = {}
+        try:
+            while self.step < end:
+                t0 = time.perf_counter()
+                batches = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
+                lr = lr_at(self.step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
+                           total_steps=cfg.steps)
+                out = train_step(self.fwd, self.optimizer, batches, lr=lr, grad_clip=cfg.grad_clip,
+                                 device=self.device, autocast_dtype=self.amp, step=self.step + 1)
+                dt = time.perf_counter() - t0
+                self.step += 1
+                self.tokens_seen += tokens_per_step
+                last = {"step": self.step, **out, "tokens_seen": self.tokens_seen,
+                        "tokens_per_s": tokens_per_step / dt, "step_time_s": dt}
+                if peak:  # MFU = achieved FLOP/s / peak (PaLM appendix B); per-rank peak x ranks
+                    last["mfu"] = flops_per_token * last["tokens_per_s"] / (peak * info.world_size)
+                if val and self.step % cfg.eval_every_steps == 0:
+                    last["val_loss"] = {lang: evaluate(self.model, b, device=self.device, autocast_dtype=self.amp)
+                                        for lang, b in val.items()}
+                if metrics and (self.step % cfg.log_every_steps == 0 or self.step == end):
+                    metrics.write(json.dumps(last) + "\n")
+                    metrics.flush()
+                bar.update(1)
+                bar.set_postfix(loss=f"{out['loss']:.3f}", lr=f"{lr:.2e}",
+                                tok_s=f"{last['tokens_per_s']:.0f}", refresh=False)
+                every = cfg.checkpoint_every_steps
+                if self.step == end or (every and self.step % every == 0):
+                    self._save()
+        finally:
+            bar.close()
+            if metrics:
+                metrics.close()
+        return last
+
+    def _val_sets(self) -> dict[str, list]:
+        return {lang: val_batches(self.cfg.shards_dir, lang, self.cfg.seq_len, self.cfg.batch_size,
+                                  self.cfg.eval_tokens) for lang in self.data.langs}
+
+    def _save(self) -> None:
+        extra = {"world_size": self.info.world_size}
+        if self.info.world_size > 1:  # ranks must hold identical weights; record and check it
+            hashes = distributed.all_gather_strings(param_sha256(self.model))
+            extra["param_sha256_by_rank"] = hashes
+            if len(set(hashes)) != 1:
+                raise RuntimeError(f"step {self.step}: DDP ranks hold different parameters "
+                                   f"(sha256 per rank: {hashes}); not saving")
+        if self.info.is_main:
+            checkpoint.save_checkpoint(
+                self.ckpt_dir, step=self.step, model=self.model, model_config=self.model_cfg,
+                tokenizer_dir=self.cfg.tokenizer_dir, optimizer=self.optimizer, tokens_seen=self.tokens_seen,
+                train_config=dataclasses.asdict(self.cfg), data_state=self.data.state_dict(),
+                extra_state=extra, keep_last=self.cfg.keep_last)
+        distributed.barrier()
+
+
+def param_sha256(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's bytes (CPU copies, in ``named_parameters`` order)."""
+    import hashlib
+    h = hashlib.sha256()
+    for name, p in checkpoint.unwrap_model(model).named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def plot_loss(metrics_path: Path, out_path: Path) -> None:
+    """Write ``loss.png``: train loss (and held-out loss per language) against step."""
+    if not metrics_path.exists():
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train", lw=1)
+    for lang in sorted({k for r in rows for k in r.get("val_loss", {})}):
+        pts = [(r["step"], r["val_loss"][lang]) for r in rows if lang in r.get("val_loss", {})]
+        ax.plot(*zip(*pts), marker="o", label=f"val {lang}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    tmp = out_path.with_name(out_path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, out_path)
