@@ -1,0 +1,8 @@
+"""``python -m serve serve EXPORT_DIR [flags]``: the same as ``prodip serve``."""
+import argparse
+import sys
+
+from prodip.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,306 @@
+"""Continuous batching on one background thread: prefill arrivals together, decode all rows as one batch.
+
+Requests that arrive together (within ``batch_wait_ms`` of an idle engine, or during any decode
+step) are prefilled as one left-padded batch and then merged into the running batch: KV caches of
+different lengths are left-padded with zeros and masked out (``attention_mask`` 0, positions
+``cumsum(mask) - 1``), so each row sees exactly its own tokens. Finished or cancelled rows leave
+the batch after the step in which they finish; leading columns that are padding in every row are
+trimmed. Results go back through each sequence's ``emit`` callback (called on this thread).
+
+    python -c "from serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence as Seq
+
+import numpy as np
+
+from serve.engine import OnnxDecoder
+from serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
+from serve.text import IncrementalDetokenizer, StopMatcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-sequence generation settings (validated by the HTTP layer)."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+    stop: tuple[str, ...] = ()
+    logprobs: Optional[int] = None  # top-n alternatives per generated token; None = no logprobs
+    prompt_logprobs: bool = False  # also score the prompt tokens (echo)
+    ignore_eos: bool = False
+
+
+@dataclass
+class TokenOut:
+    """One event for a sequence: a generated token and/or the end of the sequence."""
+
+    token_id: Optional[int]  # None for a final event that carries no token (e.g. max_new_tokens=0)
+    text: str  # newly complete text (may be "" while bytes or a possible stop string are held)
+    logprob: Optional[float] = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | "error"
+    error: Optional[str] = None
+
+
+@dataclass
+class PromptScores:
+    """Per-token logprobs of the prompt (first token has none), for echo."""
+
+    logprobs: list[Optional[float]]
+    top: list[list[tuple[int, float]]]
+
+
+class Sequence:
+    """One prompt being generated (one OpenAI "choice").
+
+    Args:
+        prompt_ids: the prompt's token ids (>= 1 id).
+        params: sampling settings.
+        tokenizer: the export's tokenizer, for text deltas and stop strings.
+        emit: called on the engine thread with each :class:`TokenOut` or :class:`PromptScores`.
+        stream_index: choice index within the request, used to derive the seeded RNG stream.
+    """
+
+    def __init__(self, prompt_ids: Seq[int], params: SamplingParams, tokenizer: Any,
+                 emit: Callable[[Any], None], eos_id: int, stream_index: int = 0) -> None:
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.emit = emit
+        self.eos_id = eos_id
+        self.rng = make_rng(params.seed, stream_index)
+        self.detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
+        self.stopper = StopMatcher(params.stop)
+        self.generated: list[int] = []
+        self.cancelled = threading.Event()
+        self.finished = False
+        self.submitted_s = time.perf_counter()
+
+    def cancel(self) -> None:
+        """Ask the engine to drop this sequence at its next step (thread-safe)."""
+        self.cancelled.set()
+
+    def finish(self, reason: str, error: Optional[str] = None) -> None:
+        """Emit the final event once: reason "eos" | "length" | "stop" | "cancelled" | "error".
+
+        On "eos"/"length" the held-back text is flushed (a stop string found in it turns the
+        reason into "stop"); "eos" is reported as OpenAI's "stop".
+        """
+        if self.finished:
+            return
+        self.finished = True
+        tail = ""
+        if reason in ("eos", "length"):
+            tail = self.stopper.feed(self.detok.flush())
+            if self.stopper.stopped:
+                reason = "stop"
+            else:
+                tail += self.stopper.flush()
+        self.emit(TokenOut(None, tail, finish_reason="stop" if reason == "eos" else reason, error=error))
+
+    def step(self, logits: np.ndarray) -> None:
+        """Choose the next token from this row's last logits (V,) float32 and emit it."""
+        p = self.params
+        token = sample_token(logits, p.temperature, p.top_k, p.top_p, self.rng)
+        lp, top = None, []
+        if p.logprobs is not None:
+            row = log_softmax(logits)
+            lp, top = float(row[token]), top_logprobs(row, p.logprobs)
+        self.generated.append(token)
+        if token == self.eos_id and not p.ignore_eos:
+            self.emit(TokenOut(token, "", lp, top))
+            self.finish("eos")
+            return
+        text = self.stopper.feed(self.detok.add(token))
+        self.emit(TokenOut(token, text, lp, top))
+        if self.stopper.stopped:
+            self.finish("stop")
+        elif len(self.generated) >= p.max_new_tokens:
+            self.finish("length")
+
+
+def _left_pad(arr: np.ndarray, axis: int, width: int) -> np.ndarray:
+    if width == 0:
+        return arr
+    pad = [(0, 0)] * arr.ndim
+    pad[axis] = (width, 0)
+    return np.pad(arr, pad)
+
+
+@dataclass
+class _Batch:
+    """The running batch: rows = sequences; KV cache left-padded to a common length P."""
+
+    seqs: list[Sequence]
+    past: list[np.ndarray]  # 2 * layers arrays (B, Hkv, P, Dh) float32
+    mask: np.ndarray  # (B, P) int64
+    lengths: np.ndarray  # (B,) int64 real tokens per row = next position id
+    next_ids: np.ndarray  # (B,) int64 last sampled token (fed at the next step)
+
+    def select(self, keep: list[int]) -> "_Batch":
+        mask = self.mask[keep]
+        real = np.flatnonzero(mask.any(axis=0))
+        start = int(real[0]) if real.size else mask.shape[1]  # drop all-padding leading columns
+        return _Batch([self.seqs[i] for i in keep], [p[keep][:, :, start:] for p in self.past],
+                      mask[:, start:], self.lengths[keep], self.next_ids[keep])
+
+    @staticmethod
+    def merge(a: Optional["_Batch"], b: "_Batch") -> "_Batch":
+        if a is None or not a.seqs:
+            return b
+        P = max(a.mask.shape[1], b.mask.shape[1])
+        pa, pb = P - a.mask.shape[1], P - b.mask.shape[1]
+        past = [np.concatenate([_left_pad(x, 2, pa), _left_pad(y, 2, pb)]) for x, y in zip(a.past, b.past)]
+        mask = np.concatenate([_left_pad(a.mask, 1, pa), _left_pad(b.mask, 1, pb)])
+        return _Batch(a.seqs + b.seqs, past, mask, np.concatenate([a.lengths, b.lengths]),
+                      np.concatenate([a.next_ids, b.next_ids]))
+
+
+class BatchScheduler:
+    """Owns the decoder and a worker thread; sequences go in with :meth:`submit`.
+
+    Args:
+        decoder: the ONNX decoder.
+        max_batch_size: most rows decoded together (rows); further arrivals wait in a queue.
+        batch_wait_ms: when idle, wait this long (milliseconds) after the first arrival for others.
+        on_queue_depth: called with the number of waiting sequences whenever it changes.
+    """
+
+    def __init__(self, decoder: OnnxDecoder, max_batch_size: int = 32, batch_wait_ms: float = 5.0,
+                 on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None) -> None:
+        self.decoder = decoder
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.on_queue_depth = on_queue_depth
+        self._waiting: deque[Sequence] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._batch: Optional[_Batch] = None
+        self._thread = threading.Thread(target=self._run, name="prodip-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue sequences (thread-safe); they are prefilled together at the next step."""
+        with self._cond:
+            if self._stop:
+                raise RuntimeError("the engine is shutting down")
+            self._waiting.extend(seqs)
+            self._cond.notify()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Cancel everything, stop the worker thread and wait for it (seconds)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _take_waiting(self) -> list[Sequence]:
+        with self._cond:
+            running = 0 if self._batch is None else len(self._batch.seqs)
+            while not self._waiting and running == 0 and not self._stop:
+                self._cond.wait()
+            if self._waiting and running == 0 and self.batch_wait_s > 0:
+                deadline = time.monotonic() + self.batch_wait_s
+                while len(self._waiting) < self.max_batch_size and not self._stop:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cond.wait(left):
+                        break
+            room = self.max_batch_size - running
+            taken = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            self.on_queue_depth(len(self._waiting), running + len(taken))
+            return taken
+
+    def _run(self) -> None:
+        while True:
+            new = self._take_waiting()
+            if self._stop:
+                break
+            try:
+                new = [s for s in new if not self._drop_if_cancelled(s)]
+                if new:
+                    self._batch = _Batch.merge(self._batch, self._prefill(new))
+                if self._batch is not None and self._batch.seqs:
+                    self._decode()
+            except Exception as err:  # never let one bad step kill the server: fail the rows in flight
+                log.exception("engine step failed")
+                for seq in (self._batch.seqs if self._batch else []) + new:
+                    seq.finish("error", error=f"{type(err).__name__}: {err}")
+                self._batch = None
+        for seq in list(self._waiting) + (self._batch.seqs if self._batch else []):
+            seq.finish("cancelled")
+        self._waiting.clear()
+        self._batch = None
+
+    @staticmethod
+    def _drop_if_cancelled(seq: Sequence) -> bool:
+        if seq.cancelled.is_set():
+            seq.finish("cancelled")
+            return True
+        return False
+
+    def _prefill(self, seqs: list[Sequence]) -> _Batch:
+        """Run the prompts of ``seqs`` as one left-padded batch; sample each row's first token."""
+        lens = np.array([len(s.prompt_ids) for s in seqs], np.int64)
+        T = int(lens.max())
+        ids = np.zeros((len(seqs), T), np.int64)
+        mask = np.zeros((len(seqs), T), np.int64)
+        for r, s in enumerate(seqs):
+            ids[r, T - lens[r]:] = s.prompt_ids
+            mask[r, T - lens[r]:] = 1
+        pos = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+        logits, present = self.decoder.forward(ids, mask, pos, self.decoder.empty_past(len(seqs)))
+        keep = []
+        for r, s in enumerate(seqs):
+            if s.params.prompt_logprobs:
+                s.emit(_prompt_scores(logits[r, T - lens[r]:], s.prompt_ids, s.params.logprobs or 0))
+            if s.params.max_new_tokens == 0:
+                s.finish("length")
+                continue
+            s.step(logits[r, -1])
+            if not s.finished:
+                keep.append(r)
+        next_ids = np.array([s.generated[-1] if s.generated else 0 for s in seqs], np.int64)
+        return _Batch(seqs, present, mask, lens.copy(), next_ids).select(keep)
+
+    def _decode(self) -> None:
+        """One decode step for every running row; drop rows that finished or were cancelled."""
+        b = self._batch
+        keep = [i for i, s in enumerate(b.seqs) if not self._drop_if_cancelled(s)]
+        if len(keep) < len(b.seqs):
+            b = b.select(keep)
+            if not b.seqs:
+                self._batch = None
+                return
+        mask = np.concatenate([b.mask, np.ones((len(b.seqs), 1), np.int64)], axis=1)
+        logits, present = self.decoder.forward(b.next_ids[:, None], mask, b.lengths[:, None], b.past)
+        b = _Batch(b.seqs, present, mask, b.lengths + 1, b.next_ids.copy())
+        for r, s in enumerate(b.seqs):
+            s.step(logits[r, -1])
+            b.next_ids[r] = s.generated[-1]
+        self._batch = b.select([i for i, s in enumerate(b.seqs) if not s.finished])
+
+
+def _prompt_scores(logits: np.ndarray, prompt_ids: list[int], n_top: int) -> PromptScores:
+    """Logprob of each prompt token given the ones before it (logits: (T, V) for the prompt rows)."""
+    lps: list[Optional[float]] = [None]
+    tops: list[list[tuple[int, float]]] = [[]]
+    rows = log_softmax(logits[:-1])  # (T-1, V): row t predicts token t+1
+    for t, tok in enumerate(prompt_ids[1:]):
+        lps.append(float(rows[t, tok]))
+        tops.append(top_logprobs(rows[t], n_top))
+    return PromptScores(lps, tops)

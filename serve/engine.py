@@ -1,0 +1,210 @@
+"""ONNX Runtime decoder over an export dir: token ids in, logits and KV cache out (no HTTP).
+
+:func:`load_export` reads and checks an export dir (manifest, conformance verdict, file hashes,
+config.json, tokenizer.json); :class:`OnnxDecoder` runs one forward step of the exported graph
+with the I/O of CONTRACTS.md ("ONNX decoder I/O"): ``input_ids``, ``attention_mask``,
+``position_ids``, ``past_key_values.{i}.key|value`` -> ``logits``, ``present.{i}.key|value``.
+This module imports neither torch nor ``train/``.
+
+    python -c "from serve.engine import load_export; print(load_export('EXPORT_DIR', 'fp32').onnx_path)"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+_MAKE = "`prodip export CHECKPOINT EXPORT_DIR`"
+
+
+@dataclass
+class ExportInfo:
+    """What serve needs from an export dir (paths resolved, verdict checked)."""
+
+    export_dir: Path
+    variant: str
+    onnx_path: Path
+    config: dict[str, Any]
+    manifest: dict[str, Any]
+    tokenizer_path: Path
+    tokenizer_sha256: str
+    verified: bool
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def max_model_len(self) -> int:
+        """Context window (tokens): config.json ``max_position_embeddings``."""
+        return int(self.config["max_position_embeddings"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing; an export dir is written by {_MAKE}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); re-run {_MAKE}") from None
+
+
+def conformance_ok(manifest: dict[str, Any], variant: str) -> tuple[bool, str]:
+    """Whether the manifest's conformance verdict passes ``variant``, and why not.
+
+    Returns:
+        (ok, reason): reason is "" when ok, else a sentence naming the fix.
+    """
+    verdict = manifest.get("conformance")
+    fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
+    if not verdict:
+        return False, f"manifest.json has no conformance verdict; {fix}"
+    per_variant = verdict.get("variants") or {}
+    ok = per_variant.get(variant, verdict.get("passed") if not per_variant else None)
+    if ok is None:
+        return False, f"the conformance verdict does not cover variant {variant!r}; {fix}"
+    if not ok:
+        return False, f"variant {variant!r} FAILED conformance (see {verdict.get('report')}); {fix}"
+    return True, ""
+
+
+def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool = False,
+                verify_hashes: bool = True) -> ExportInfo:
+    """Read and check an export dir for serving ``variant``.
+
+    Checks ``format_version``, that the variant is an ONNX variant in manifest.json, its
+    conformance verdict, the sha256 of every file serve reads (the variant's ``.onnx`` and
+    external-data files, config.json, tokenizer.json) against manifest.json ``files``.
+
+    Args:
+        export_dir: dir written by ``prodip export``.
+        variant: "fp32" | "fp16" | "int8" | "int4".
+        allow_unverified: serve even if the verdict is missing or failing (a warning is kept).
+        verify_hashes: compare file hashes with the manifest (hashing reads every byte once).
+    Returns:
+        :class:`ExportInfo`.
+    Raises:
+        FileNotFoundError: the dir, manifest.json, config.json, tokenizer.json or the ONNX file is missing.
+        ValueError: unknown variant, wrong format_version, hash mismatch, or a missing/failing
+            conformance verdict without ``allow_unverified``.
+    """
+    root = Path(export_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: export dir not found; it is written by {_MAKE}")
+    manifest = _read_json(root / "manifest.json")
+    if manifest.get("format_version") != 1:
+        raise ValueError(f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r}, "
+                         f"expected 1; re-run {_MAKE}")
+    variants = manifest.get("variants") or {}
+    entry = variants.get(variant)
+    if not entry or entry.get("format") != "onnx":
+        onnx_names = [k for k, v in variants.items() if (v or {}).get("format") == "onnx"]
+        raise ValueError(f"{root / 'manifest.json'}: no ONNX variant {variant!r}; this export has "
+                         f"{', '.join(onnx_names) or 'none'}")
+    ok, reason = conformance_ok(manifest, variant)
+    warnings = []
+    if not ok and not allow_unverified:
+        raise ValueError(f"{root}: refusing to serve: {reason}")
+    if not ok:
+        warnings.append(f"serving unverified variant {variant!r}: {reason}")
+    onnx_path = root / entry["path"]
+    if not onnx_path.is_file():
+        raise FileNotFoundError(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
+    files = manifest.get("files") or {}
+    if verify_hashes:
+        wanted = [p for p in files if p in ("config.json", "tokenizer.json") or p.startswith(entry["path"])]
+        for rel in wanted:
+            got = _sha256(root / rel)
+            if got != files[rel].get("sha256"):
+                raise ValueError(f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
+                                 f"({str(files[rel].get('sha256'))[:12]}...); the export was modified, re-run {_MAKE}")
+    config = _read_json(root / "config.json")
+    for key in ("num_hidden_layers", "num_key_value_heads", "max_position_embeddings", "vocab_size"):
+        if key not in config:
+            raise ValueError(f"{root / 'config.json'}: missing {key!r}; re-run {_MAKE}")
+    tok_path = root / "tokenizer.json"
+    if not tok_path.is_file():
+        raise FileNotFoundError(f"{tok_path}: missing; re-run {_MAKE}")
+    tok_sha = _sha256(tok_path)
+    if manifest.get("tokenizer_sha256") and manifest["tokenizer_sha256"] != tok_sha:
+        raise ValueError(f"{tok_path}: sha256 differs from manifest.json tokenizer_sha256; re-run {_MAKE}")
+    return ExportInfo(root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings)
+
+
+def load_tokenizer(info: ExportInfo) -> Tokenizer:
+    """The export's tokenizer (its NFC normaliser included), checked against config.json vocab_size.
+
+    Raises:
+        ValueError: the tokenizer has more ids than the model's vocab_size.
+    """
+    tok = Tokenizer.from_file(str(info.tokenizer_path))
+    if tok.get_vocab_size() > int(info.config["vocab_size"]):
+        raise ValueError(f"{info.tokenizer_path}: {tok.get_vocab_size()} tokens but config.json "
+                         f"vocab_size is {info.config['vocab_size']}; re-run {_MAKE}")
+    return tok
+
+
+class OnnxDecoder:
+    """One ONNX Runtime session of the exported decoder.
+
+    Args:
+        onnx_path: the variant's ``.onnx`` file.
+        config: export config.json (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim`` or
+            ``hidden_size``/``num_attention_heads``).
+        intra_op_threads: ONNX Runtime intra-op threads, 0 = its default.
+    Raises:
+        ValueError: the graph's inputs/outputs differ from the CONTRACTS.md names.
+    """
+
+    def __init__(self, onnx_path: str | Path, config: dict[str, Any], intra_op_threads: int = 0) -> None:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if intra_op_threads:
+            opts.intra_op_num_threads = intra_op_threads
+        self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        self.num_layers = int(config["num_hidden_layers"])
+        self.num_kv_heads = int(config["num_key_value_heads"])
+        self.head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
+        self.present_names = [f"present.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
+        want_in = {"input_ids", "attention_mask", "position_ids", *self.past_names}
+        have_in = {i.name for i in self.session.get_inputs()}
+        have_out = {o.name for o in self.session.get_outputs()}
+        if want_in != have_in or not {"logits", *self.present_names} <= have_out:
+            raise ValueError(f"{onnx_path}: graph I/O {sorted(have_in)} -> {sorted(have_out)} is not the "
+                             f"CONTRACTS.md decoder I/O for {self.num_layers} layers; re-run {_MAKE}")
+        self._outputs = ["logits", *self.present_names]
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        """Zero-length KV cache for prefill: 2 * layers arrays of (B, Hkv, 0, Dh) float32."""
+        shape = (batch, self.num_kv_heads, 0, self.head_dim)
+        return [np.zeros(shape, np.float32) for _ in self.past_names]
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+                past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run the graph once.
+
+        Args:
+            input_ids: (B, T) int64.
+            attention_mask: (B, P+T) int64, 0 for (left) padding.
+            position_ids: (B, T) int64.
+            past: 2 * layers arrays (B, Hkv, P, Dh) float32 in (layer, key|value) order.
+        Returns:
+            logits (B, T, V) float32 and present, 2 * layers arrays (B, Hkv, P+T, Dh) float32.
+        """
+        feed = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        feed.update(zip(self.past_names, past))
+        logits, *present = self.session.run(self._outputs, feed)
+        return logits, present

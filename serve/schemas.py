@@ -1,0 +1,77 @@
+"""Request bodies of the HTTP API (pydantic, ``extra="forbid"``: an unknown field is a 400).
+
+Ranges are checked here (-> 400 in OpenAI's error form, see ``serve.app``); limits that need the
+model (context window, vocabulary) are checked in ``serve.service``.
+
+    python -c "from serve.schemas import CompletionRequest as C; print(C(prompt='hi', max_tokens=4))"
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: prompt forms OpenAI accepts: text, several texts, token ids, several token-id lists.
+Prompt = Union[str, list[str], list[int], list[list[int]]]
+Stop = Optional[Union[str, list[str]]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="keep the k most likely tokens; -1 or 0 = all (extension)")
+    seed: Optional[int] = Field(None, description="same seed, same output")
+    stop: Stop = Field(None, description="stop strings, never included in the output")
+    stream: bool = False
+    ignore_eos: bool = Field(False, description="keep generating after <|eos|> (benchmarks)")
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions`` (OpenAI legacy completions, plus ``top_k``/``ignore_eos``)."""
+
+    model: Optional[str] = None
+    prompt: Prompt
+    max_tokens: Optional[int] = Field(None, ge=0, description="tokens to generate; default 16")
+    n: int = Field(1, ge=1)
+    logprobs: Optional[int] = Field(None, ge=0, le=20, description="top-n logprobs per token")
+    echo: bool = False
+    stream_options: Optional[StreamOptions] = None
+    best_of: Optional[int] = Field(None, ge=1)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
+    suffix: Optional[str] = None
+    user: Optional[str] = None
+
+
+class GenerateRequest(_Sampling):
+    """``POST /v1/generate``: the native form (one prompt, one sequence)."""
+
+    prompt: Union[str, list[int]]
+    max_new_tokens: int = Field(64, ge=0, description="tokens to generate")
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+
+
+class TokenizeRequest(_Strict):
+    text: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    tokens: list[int]
+    skip_special_tokens: bool = True
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
+               code: Optional[Any] = None) -> dict[str, Any]:
+    """OpenAI's error form: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,216 @@
+"""The model behind the routes: loads the export, validates requests, streams engine events.
+
+:class:`Service` owns the tokenizer, the ONNX decoder and the :class:`~serve.batching.BatchScheduler`
+thread. Routes call :meth:`Service.prepare` (request -> token ids + :class:`SamplingParams`, or an
+:class:`APIError`) and iterate :meth:`Service.stream` (engine events, on the event loop; leaving the
+iteration early cancels the sequences, so a disconnected client stops its generation).
+
+    python -c "from serve.service import APIError; print(APIError(400, 'bad').body)"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from functools import lru_cache
+from typing import Any, AsyncIterator, Optional, Sequence as Seq, Union
+
+from serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
+from serve.config import ServeConfig
+from serve.engine import ExportInfo, OnnxDecoder, load_tokenizer
+from serve.metrics import ServeMetrics
+from serve.schemas import error_body
+
+log = logging.getLogger(__name__)
+#: most sequences (prompts x n) one request may start.
+MAX_SEQUENCES_PER_REQUEST = 256
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's form with HTTP ``status``."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = error_body(message, type_, param, code)
+
+
+class Service:
+    """Everything a request needs; :meth:`load` runs once, off the event loop.
+
+    Args:
+        info: the checked export (``serve.engine.load_export``).
+        config: server settings.
+        metrics: where counters go.
+    """
+
+    def __init__(self, info: ExportInfo, config: ServeConfig, metrics: ServeMetrics) -> None:
+        self.info = info
+        self.config = config
+        self.metrics = metrics
+        self.model_name = config.model_name or info.export_dir.resolve().name
+        self.tokenizer: Any = None
+        self.scheduler: Optional[BatchScheduler] = None
+        self.ready = threading.Event()
+        self.load_error: Optional[str] = None
+        self.created = int(time.time())
+        self.eos_id = int(info.config.get("eos_token_id", 2))
+        self.bos_id = int(info.config.get("bos_token_id", 1))
+        self.vocab_size = int(info.config["vocab_size"])
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load tokenizer and ONNX session, start the engine thread; errors go to ``load_error``."""
+        try:
+            self.tokenizer = load_tokenizer(self.info)
+            decoder = OnnxDecoder(self.info.onnx_path, self.info.config, self.config.intra_op_threads)
+            self.scheduler = BatchScheduler(decoder, self.config.max_batch_size, self.config.batch_wait_ms,
+                                            self.metrics.set_queue)
+            self.scheduler.start()
+            self._token_text = lru_cache(maxsize=65536)(self._token_text_uncached)
+            self.ready.set()
+            log.info("serving %s variant %s from %s", self.model_name, self.info.variant, self.info.onnx_path)
+        except Exception as err:  # reported by /health; the process stays up to say why
+            log.exception("loading the export failed")
+            self.load_error = f"{type(err).__name__}: {err}"
+
+    def shutdown(self) -> None:
+        """Stop the engine thread; running sequences end with finish_reason "cancelled"."""
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+
+    def require_ready(self) -> None:
+        """Raises: APIError 503 while the model is loading or after a failed load."""
+        if not self.ready.is_set():
+            raise APIError(503, self.load_error or "the model is still loading; retry shortly",
+                           "service_unavailable", code="model_not_ready")
+
+    # ---- text helpers -----------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Seq[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _token_text_uncached(self, token_id: int) -> str:
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.tokenizer.id_to_token(token_id) if "\ufffd" in text or not text else text
+
+    def token_text(self, token_id: int) -> str:
+        """How one token is shown in ``logprobs.tokens`` (its own decode, or its vocab string
+        when it is a partial UTF-8 character)."""
+        return self._token_text(token_id)
+
+    # ---- request checks ---------------------------------------------------------------------
+    def check_model(self, model: Optional[str]) -> None:
+        """Raises: APIError 404 for a model id that is not this server's."""
+        if model and model != self.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r} "
+                                f"(GET /v1/models)", param="model", code="model_not_found")
+
+    def prompt_ids(self, prompt: Union[str, list[str], list[int], list[list[int]]]) -> list[list[int]]:
+        """Token ids of each prompt (an empty prompt becomes ``[<|bos|>]``).
+
+        Raises:
+            APIError 400: an empty prompt list or a token id outside [0, vocab_size).
+        """
+        if isinstance(prompt, str):
+            prompts: list[Any] = [prompt]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        if not prompts:
+            raise APIError(400, "prompt is an empty list", param="prompt")
+        out = []
+        for p in prompts:
+            ids = self.encode(p) if isinstance(p, str) else list(p)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                               param="prompt")
+            out.append(ids or [self.bos_id])
+        return out
+
+    def sampling_params(self, req: Any, max_new_tokens: int, prompts: list[list[int]], n: int = 1,
+                        logprobs: Optional[int] = None, echo: bool = False) -> SamplingParams:
+        """Check limits that need the model, then build :class:`SamplingParams`.
+
+        Raises:
+            APIError 400: prompt + max tokens beyond the context window (both numbers named),
+                too many sequences, bad stop strings.
+        """
+        limit = self.info.max_model_len
+        for ids in prompts:
+            if len(ids) + max_new_tokens > limit:
+                raise APIError(400, f"this model's context window is {limit} tokens, but the request asks for "
+                                    f"{len(ids) + max_new_tokens} tokens ({len(ids)} prompt tokens + "
+                                    f"{max_new_tokens} max tokens); shorten the prompt or lower max_tokens",
+                               param="max_tokens", code="context_length_exceeded")
+        if n > self.config.max_n or len(prompts) * n > MAX_SEQUENCES_PER_REQUEST:
+            raise APIError(400, f"n={n} x {len(prompts)} prompts exceeds the limit (n <= {self.config.max_n}, "
+                                f"n x prompts <= {MAX_SEQUENCES_PER_REQUEST})", param="n")
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stop) > 16 or any(not s for s in stop):
+            raise APIError(400, "stop must be at most 16 non-empty strings", param="stop")
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=req.temperature, top_p=req.top_p,
+                              top_k=req.top_k, seed=req.seed, stop=tuple(stop), logprobs=logprobs,
+                              prompt_logprobs=echo and logprobs is not None, ignore_eos=req.ignore_eos)
+
+    # ---- generation -------------------------------------------------------------------------
+    async def stream(self, prompts: list[list[int]], params: SamplingParams, n: int = 1
+                     ) -> AsyncIterator[tuple[int, Union[TokenOut, PromptScores]]]:
+        """Run ``n`` sequences per prompt as one batch of arrivals; yield ``(choice_index, event)``.
+
+        Choice ``index = prompt_index * n + j``. Every sequence ends with a :class:`TokenOut`
+        whose ``finish_reason`` is set. Closing the iterator early cancels all its sequences.
+        """
+        self.require_ready()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def emitter(index: int):
+            def emit(event: Any) -> None:
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+                except RuntimeError:  # the loop is gone (server stopping); nobody is listening
+                    pass
+            return emit
+
+        seqs = [Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.eos_id, stream_index=j)
+                for p, ids in enumerate(prompts) for j in range(n)]
+        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts) * n)
+        first_token_s: dict[int, float] = {}
+        counts = [0] * len(seqs)
+        start = time.perf_counter()
+        try:
+            self.scheduler.submit(seqs)
+        except RuntimeError as err:
+            raise APIError(503, str(err), "service_unavailable") from None
+        remaining = len(seqs)
+        try:
+            while remaining:
+                index, event = await queue.get()
+                if isinstance(event, TokenOut):
+                    now = time.perf_counter()
+                    if event.token_id is not None:
+                        counts[index] += 1
+                        self.metrics.generated_tokens.inc()
+                        if index not in first_token_s:
+                            first_token_s[index] = now
+                            self.metrics.time_to_first_token.observe(now - start)
+                    if event.finish_reason:
+                        remaining -= 1
+                        self.metrics.request_latency.observe(now - start)
+                        if counts[index] > 1:
+                            self.metrics.tokens_per_second.observe(
+                                (counts[index] - 1) / max(now - first_token_s[index], 1e-9))
+                        if event.finish_reason == "error":
+                            raise APIError(500, f"generation failed: {event.error}", "server_error")
+                yield index, event
+        finally:
+            for seq in seqs:
+                seq.cancel()
