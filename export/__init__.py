@@ -1,1 +1,31 @@
-"""prodip stage: export (see README.md)."""
+"""prodip stage ``export``: checkpoint -> HF safetensors + ONNX decoder (fp32/fp16/int8/int4) + manifest.
+
+Python entry points (imported lazily, so ``import export`` stays cheap)::
+
+    export.ExportConfig              run config (``[export]`` TOML table, ``prodip export`` flags)
+    export.export_checkpoint(cfg)    checkpoint dir -> export dir (what ``prodip run`` calls)
+    export.export_model(model, cfg, tokenizer_dir=..., source_checkpoint=..., tokenizer_sha256=...)
+    export.build_tiny_export(tmp_dir, tie=False, vocab_size=..., variants=...)  test fixtures
+
+    prodip export runs/demo/train --out runs/demo/export
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ExportConfig": "export.config", "VARIANTS": "export.config",
+    "export_checkpoint": "export.core", "export_model": "export.core", "size_table": "export.core",
+    "build_tiny_export": "export.testing", "build_tiny_checkpoint": "export.testing",
+    "read_manifest": "export.manifest", "verify_files": "export.manifest", "set_conformance": "export.manifest",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'export' has no attribute {name!r}")

@@ -1,0 +1,47 @@
+"""ExportConfig: the settings of ``prodip export`` (flags, the ``[export]`` TOML table).
+
+    python -c "from export.config import ExportConfig; print(ExportConfig(checkpoint='runs/demo/train'))"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prodip.config import opt
+
+#: Every artifact ``prodip export`` can write, in build order.
+VARIANTS = ("safetensors", "fp32", "fp16", "int8", "int4")
+SAFETENSORS_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ExportConfig:
+    """Settings of one export: checkpoint in, export dir out (see CONTRACTS.md "Export dir")."""
+
+    checkpoint: str = opt("", "checkpoint step dir, checkpoints dir or run dir (follows `latest`)")
+    out: str = opt("", "export dir to create (refused if it exists and is not empty, unless --force)")
+    variants: list[str] = opt(help="artifacts to write, any of " + ", ".join(VARIANTS) + " (default: all)",
+                              factory=lambda: list(VARIANTS))
+    safetensors_dtype: str = opt("float32", "dtype of model.safetensors", choices=SAFETENSORS_DTYPES)
+    opset: int = opt(18, "ONNX opset of the decoder graphs (torch.onnx dynamo exporter)")
+    int8_per_channel: bool = opt(True, "int8: one scale per output channel instead of per tensor")
+    int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")
+    int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (power of 2, >= 16)")
+    int4_symmetric: bool = opt(False, "int4: symmetric blocks (no zero points, smaller, less accurate)")
+    int4_quantize_embeddings: bool = opt(True, "int4: quantise the token embedding too (GatherBlockQuantized)")
+    int4_quantize_lm_head: bool = opt(True, "int4: quantise the lm_head MatMul too (else it stays fp32)")
+    int4_accuracy_level: int = opt(0, "int4: MatMulNBits accuracy_level (0 = unset, 1 fp32 .. 4 int8 compute)")
+    force: bool = opt(False, "replace an existing, non-empty export dir")
+
+    def __post_init__(self) -> None:
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown:
+            raise ValueError(f"ExportConfig.variants: unknown variant(s) {', '.join(map(repr, unknown))}; "
+                             f"choose from {', '.join(VARIANTS)}")
+        if not self.variants:
+            raise ValueError("ExportConfig.variants: empty; choose from " + ", ".join(VARIANTS))
+        bs = self.int4_block_size
+        if bs < 16 or bs & (bs - 1):
+            raise ValueError(f"ExportConfig.int4_block_size must be a power of 2 >= 16, got {bs}")
+        if not 0 <= self.int4_accuracy_level <= 4:
+            raise ValueError(f"ExportConfig.int4_accuracy_level must be in 0..4, got {self.int4_accuracy_level}")

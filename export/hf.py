@@ -1,0 +1,149 @@
+"""Hugging Face Llama layout: ``config.json``, ``generation_config.json``, ``model.safetensors``
+and the tokenizer files, so ``transformers.AutoModelForCausalLM.from_pretrained(dir)`` loads it.
+
+The state-dict keys of ``train.model.LlamaForCausalLM`` already are the HF keys (no renaming, no
+RoPE permutation: the model uses rotate-half RoPE like HF). A tied ``lm_head.weight`` is stored
+once, as ``model.embed_tokens.weight``, with ``tie_word_embeddings: true`` in the config: HF
+re-ties it on load, and safetensors never sees two tensors sharing memory.
+
+    python -c "from export.hf import hf_config; from train.config import ModelConfig; \
+print(hf_config(ModelConfig(vocab_size=8192), 'float32'))"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+WEIGHTS_FILE = "model.safetensors"
+TIED_ALIAS = "lm_head.weight"
+#: Tokenizer files copied into the export (HF's names); others in the tokenizer dir are ignored.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hf_config(config: Any, dtype: str) -> dict[str, Any]:
+    """The export's ``config.json``: ModelConfig fields + the fixed HF keys, no renaming.
+
+    Args:
+        config: a ``train.config.ModelConfig``.
+        dtype: dtype name of ``model.safetensors`` (``float32``, ``bfloat16``, ``float16``).
+    Returns:
+        A JSON-able dict with ``architectures``, ``model_type``, ``torch_dtype`` and ``dtype``
+        (transformers 4.x reads the former, 5.x the latter), token ids and ``use_cache``.
+    """
+    from train.config import HF_FIXED_KEYS
+    out = {**HF_FIXED_KEYS, **config.to_dict()}
+    out.update(torch_dtype=dtype, dtype=dtype, use_cache=True)
+    return out
+
+
+def generation_config(config: Any) -> dict[str, Any]:
+    """``generation_config.json``: token ids and greedy decoding up to the trained context."""
+    return {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+            "pad_token_id": config.pad_token_id, "max_length": config.max_position_embeddings,
+            "do_sample": False}
+
+
+def export_state_dict(model: torch.nn.Module, dtype: str) -> dict[str, torch.Tensor]:
+    """Tensors to store: HF keys, contiguous CPU tensors in ``dtype``, a tied lm_head dropped.
+
+    Args:
+        model: ``train.model.LlamaForCausalLM``.
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+    Returns:
+        key -> tensor; ``lm_head.weight`` is absent when ``config.tie_word_embeddings``.
+    Raises:
+        ValueError: an unknown dtype.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"safetensors dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    tied = model.config.tie_word_embeddings
+    out = {}
+    for key, tensor in model.state_dict().items():
+        if tied and key == TIED_ALIAS:
+            continue
+        # .clone() so no two tensors share storage (safetensors refuses shared memory)
+        out[key] = tensor.detach().to("cpu", DTYPES[dtype]).contiguous().clone()
+    return out
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_hf(model: torch.nn.Module, out_dir: str | os.PathLike, *, dtype: str = "float32",
+             tokenizer_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Write the HF-layout files of ``model`` into ``out_dir`` (an existing, private temp dir).
+
+    Args:
+        model: ``train.model.LlamaForCausalLM`` (any parameter dtype).
+        out_dir: destination folder (the caller renames it into place when complete).
+        dtype: ``model.safetensors`` dtype: ``float32``, ``bfloat16`` or ``float16``.
+        tokenizer_dir: folder holding ``tokenizer.json`` (+ ``tokenizer_config.json``,
+            ``special_tokens_map.json``); ``None`` writes no tokenizer files.
+    Returns:
+        Paths written.
+    Raises:
+        FileNotFoundError: ``tokenizer_dir`` has no ``tokenizer.json``.
+        ValueError: an unknown dtype.
+    """
+    from safetensors.torch import save_file
+    out = Path(out_dir)
+    written = []
+    save_file(export_state_dict(model, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    written.append(out / WEIGHTS_FILE)
+    _write_json(out / CONFIG_FILE, hf_config(model.config, dtype))
+    _write_json(out / GENERATION_CONFIG_FILE, generation_config(model.config))
+    written += [out / CONFIG_FILE, out / GENERATION_CONFIG_FILE]
+    if tokenizer_dir is not None:
+        written += copy_tokenizer(tokenizer_dir, out)
+    return written
+
+
+def copy_tokenizer(tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    """Copy the tokenizer files (:data:`TOKENIZER_FILES` that exist) from ``tokenizer_dir``.
+
+    Raises:
+        FileNotFoundError: no ``tokenizer.json`` in ``tokenizer_dir`` (made by `prodip tokenizer train`).
+    """
+    src = Path(tokenizer_dir)
+    if not (src / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{src / 'tokenizer.json'}: not found; a checkpoint's tokenizer/ copy is "
+                                "written by `prodip train`, a tokenizer dir by `prodip tokenizer train`")
+    written = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, Path(out_dir) / name)
+            written.append(Path(out_dir) / name)
+    return written
+
+
+def load_hf_state(export_dir: str | os.PathLike) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Read an export's ``config.json`` and ``model.safetensors`` back (for round-trip checks).
+
+    Returns:
+        (ModelConfig, tensors) with the tied ``lm_head.weight`` re-added when tied.
+    Raises:
+        FileNotFoundError: a file is missing.
+    """
+    from safetensors.torch import load_file
+
+    from train.config import ModelConfig
+    root = Path(export_dir)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (root / name).is_file():
+            raise FileNotFoundError(f"{root / name}: not found (written by `prodip export`)")
+    config = ModelConfig.from_hf_dict(json.loads((root / CONFIG_FILE).read_text(encoding="utf-8")),
+                                      source=str(root / CONFIG_FILE))
+    tensors = load_file(str(root / WEIGHTS_FILE))
+    if config.tie_word_embeddings:
+        tensors[TIED_ALIAS] = tensors["model.embed_tokens.weight"]
+    return config, tensors
