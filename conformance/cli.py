@@ -1,0 +1,43 @@
+"""``prodip conformance EXPORT_DIR --checkpoint CKPT``: check every artifact of an export.
+
+Exit code 0 when every check passes, 1 when any fails (report written, verdict recorded in the
+manifest), 2 on bad input (no export, wrong checkpoint, bad tolerance file; nothing written).
+
+    prodip conformance runs/demo/export --checkpoint runs/demo/train
+    python -m conformance runs/demo/export --variants fp32,int8 --out /tmp/conformance
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from prodip.config import add_arguments, resolve
+
+
+def _run(args: argparse.Namespace) -> int:
+    from conformance.config import ConformanceConfig
+    from conformance.suite import run_conformance
+
+    if getattr(args, "export_dir_positional", None):
+        args.export_dir = args.export_dir_positional
+    cfg = resolve(ConformanceConfig, args, toml_path=args.config, section="conformance")
+    report = run_conformance(cfg)
+    md = report["report_json"].replace("report.json", "report.md")
+    print(open(md, encoding="utf-8").read())
+    return 0 if report["passed"] else 1
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
+    """Register ``conformance`` on the ``prodip`` parser (``only`` = the one subcommand wanted)."""
+    from conformance.config import ConformanceConfig
+
+    if only not in (None, "conformance"):
+        return
+    p = subparsers.add_parser("conformance", help="prove every exported artifact computes what the training "
+                                                  "model computes",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("export_dir_positional", nargs="?", metavar="EXPORT_DIR",
+                   help="export dir (same as --export-dir)")
+    p.add_argument("--config", metavar="TOML", default=None, help="TOML file with a [conformance] table")
+    add_arguments(p, ConformanceConfig)
+    p.set_defaults(func=_run)

@@ -1,0 +1,46 @@
+"""ConformanceConfig: the settings of ``prodip conformance`` (flags, the ``[conformance]`` TOML table).
+
+    python -c "from conformance.config import ConformanceConfig; print(ConformanceConfig(export_dir='runs/demo/export'))"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from prodip.config import opt
+
+#: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
+DEFAULT_TOLERANCES = Path(__file__).with_name("tolerances.toml")
+
+
+@dataclass
+class ConformanceConfig:
+    """What to check and where to write the report (see CONTRACTS.md "Conformance report")."""
+
+    export_dir: str = opt("", "export dir to check (made by `prodip export`)")
+    checkpoint: Optional[str] = opt(None, "checkpoint the export was made from (step, checkpoints or run dir); "
+                                          "default: the manifest's source_checkpoint.path")
+    out: Optional[str] = opt(None, "report dir for report.json + report.md (default: EXPORT_DIR/conformance)")
+    tolerances: Optional[str] = opt(None, "tolerance TOML file (default: conformance/tolerances.toml, "
+                                          "set from the trained demo model)")
+    shards_dir: Optional[str] = opt(None, "shards dir whose validation split gives held-out text "
+                                          "(perplexity and bits/char per language); default: none")
+    heldout_tokens: int = opt(1024, "held-out tokens per language read from the validation shards (tokens)")
+    greedy_tokens: int = opt(64, "new tokens decoded greedily per prompt (tokens)")
+    kv_tokens: int = opt(32, "length of the KV-cache check sequence: prefill, a 4-token chunk, then "
+                             "single steps (tokens)")
+    kv_steps: int = opt(8, "single-token decode steps in the KV-cache check (steps)")
+    variants: list[str] = opt(help="candidates to check: safetensors, transformers, or manifest variant "
+                                   "names (fp32, fp16, int8, int4); default: every one in the manifest",
+                              factory=list)
+    threads: int = opt(0, "CPU threads for torch and ONNX Runtime (0 = library default)")
+    write_manifest: bool = opt(True, "record the verdict in the export's manifest.json conformance slot")
+
+    def __post_init__(self) -> None:
+        for name in ("greedy_tokens", "kv_tokens", "kv_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.heldout_tokens < 0 or self.threads < 0:
+            raise ValueError("ConformanceConfig.heldout_tokens and threads must be >= 0")

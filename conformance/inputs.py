@@ -1,0 +1,166 @@
+"""The fixed conformance inputs: prompt texts, how they become batches, and held-out windows.
+
+The prompt set is fixed in this file (so every report compares like with like): Bangla,
+English, mixed script, a single token, a prompt that fills the context window, and a left-padded
+batch of unequal lengths. Held-out text comes from the validation shards when a shards dir is
+given. All token ids come from the *training* tokenizer (the checkpoint's ``tokenizer/``).
+
+    python -c "from conformance.inputs import PROMPTS; print(list(PROMPTS))"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+#: Prompt texts (NFC). Short on purpose: long-position behaviour is covered by the context prompt.
+PROMPTS = {
+    "bn": "বাংলাদেশের রাজধানী ঢাকা। নদীমাতৃক এই দেশে পদ্মা, মেঘনা আর যমুনা বয়ে চলে, "
+          "আর বর্ষায় গ্রামের মাঠ সবুজ হয়ে ওঠে।",
+    "en": "The old ferry crosses the wide river every morning, carrying farmers, students and "
+          "baskets of fresh fish to the market town.",
+    "mixed": "আমি Python দিয়ে একটি small language model train করছি; loss এখন 2.5, "
+             "আর Dhaka-র weather আজ বেশ ভালো।",
+}
+#: Rows of the left-padded batch: (prompt, number of leading tokens kept); unequal on purpose.
+PADDED_ROWS = (("bn", None), ("en", 5), ("mixed", 12))
+#: Prompts decoded greedily (as one left-padded batch).
+GREEDY_PROMPTS = ("bn", "en", "mixed")
+
+
+@dataclass
+class Item:
+    """One batch fed to every runner.
+
+    Attributes:
+        name: label in the report (``prompt:bn``, ``padded_batch``, ``heldout:en``).
+        input_ids: (B, T) int64, left-padded with ``pad_id``.
+        attention_mask: (B, T) int64, 0 on padding.
+        targets: (B, T) int64 next tokens for NLL (-1 where there is none), held-out items only.
+        n_chars: characters of the text the targets spell (held-out items only).
+    """
+
+    name: str
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    targets: Optional[np.ndarray] = None
+    n_chars: int = 0
+    lang: str = ""
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        """(B, T) int64: ``cumsum(mask) - 1`` clipped at 0 (CONTRACTS.md left-padding rule)."""
+        return np.clip(np.cumsum(self.attention_mask, axis=-1) - 1, 0, None).astype(np.int64)
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.attention_mask.astype(bool)
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists into ``(input_ids (B, T) int64, attention_mask (B, T) int64)``."""
+    T = max(len(r) for r in rows)
+    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, T - len(r):] = r
+            mask[i, T - len(r):] = 1
+    return ids, mask
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens (the model sees exactly these)."""
+    return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+@dataclass
+class InputSet:
+    """Everything the suite feeds the runners, built once from the training tokenizer."""
+
+    items: list[Item]
+    padded_rows: list[list[int]]
+    greedy: Item
+    kv_ids: np.ndarray
+    texts: dict[str, str] = field(default_factory=dict)
+    heldout: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def build_inputs(tokenizer: Any, *, context_tokens: int, pad_id: int, greedy_tokens: int,
+                 kv_tokens: int, shards_dir: Optional[str | Path] = None, heldout_tokens: int = 0,
+                 tokenizer_sha256: Optional[str] = None) -> InputSet:
+    """Build the prompt items, the greedy batch, the KV-cache sequence and held-out windows.
+
+    Args:
+        tokenizer: the training tokenizer (``tokenizers.Tokenizer``).
+        context_tokens: the model's ``max_position_embeddings`` (tokens); the context prompt
+            has exactly this many tokens and no prompt is longer.
+        pad_id: id used for left padding.
+        greedy_tokens: new tokens to decode; greedy prompts are cut to leave room for them.
+        kv_tokens: length (tokens) of the KV-cache check sequence (capped by the context).
+        shards_dir: optional shards dir; its ``val`` split gives held-out windows per language.
+        heldout_tokens: tokens per language taken from the start of the validation shards.
+        tokenizer_sha256: the training tokenizer's hash; shards encoded with another are refused.
+    Raises:
+        ValueError: a prompt encodes to no tokens, or the shards' tokenizer differs.
+    """
+    ids = {name: encode(tokenizer, text)[:context_tokens] for name, text in PROMPTS.items()}
+    for name, row in ids.items():
+        if not row:
+            raise ValueError(f"conformance prompt {name!r} encodes to no tokens with the training tokenizer")
+    stream: list[int] = []
+    while len(stream) < context_tokens:
+        for name in PROMPTS:
+            stream += ids[name]
+    items = [Item(f"prompt:{n}", *left_pad([row], pad_id)) for n, row in ids.items()]
+    items.append(Item("prompt:single", *left_pad([ids["bn"][:1]], pad_id)))
+    items.append(Item("prompt:context", *left_pad([stream[:context_tokens]], pad_id)))
+    padded_rows = [ids[n][:k] if k else ids[n] for n, k in PADDED_ROWS]
+    items.append(Item("padded_batch", *left_pad(padded_rows, pad_id)))
+    room = max(1, context_tokens - greedy_tokens)
+    greedy = Item("greedy", *left_pad([ids[n][:room] for n in GREEDY_PROMPTS], pad_id))
+    kv_ids = np.asarray([stream[:max(2, min(kv_tokens, context_tokens))]], dtype=np.int64)
+    heldout: dict[str, dict[str, int]] = {}
+    if shards_dir and heldout_tokens > 0:
+        for item in heldout_items(tokenizer, shards_dir, context_tokens=context_tokens,
+                                  heldout_tokens=heldout_tokens, tokenizer_sha256=tokenizer_sha256):
+            items.append(item)
+            heldout[item.lang] = {"tokens": int(item.attention_mask.sum()), "chars": item.n_chars}
+    return InputSet(items, padded_rows, greedy, kv_ids, texts=dict(PROMPTS), heldout=heldout)
+
+
+def heldout_items(tokenizer: Any, shards_dir: str | Path, *, context_tokens: int, heldout_tokens: int,
+                  tokenizer_sha256: Optional[str]) -> list[Item]:
+    """One item per language: the first ``heldout_tokens`` validation tokens cut into windows.
+
+    Windows are ``min(context_tokens, heldout_tokens)`` long (a shorter last window is dropped,
+    unless it is the only one). The targets are each window's next tokens; characters are
+    counted on the decoded target text, for bits per character.
+
+    Raises:
+        FileNotFoundError, ValueError: from ``tokenizer.shards`` (missing/corrupt shards, hash mismatch).
+    """
+    from tokenizer.shards import load_meta, read_shard, shard_paths
+
+    meta = load_meta(shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
+    out = []
+    for lang in sorted(meta["languages"]):
+        tokens = []
+        for path in shard_paths(shards_dir, lang, "val"):
+            tokens.append(np.asarray(read_shard(path)[:heldout_tokens - sum(map(len, tokens))], dtype=np.int64))
+            if sum(map(len, tokens)) >= heldout_tokens:
+                break
+        flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
+        W = min(context_tokens, heldout_tokens, len(flat))
+        if W < 2:
+            continue
+        windows = flat[: (len(flat) // W) * W].reshape(-1, W)
+        targets = np.full_like(windows, -1)
+        targets[:, :-1] = windows[:, 1:]
+        n_chars = sum(len(tokenizer.decode([int(t) for t in w[1:]], skip_special_tokens=False)) for w in windows)
+        out.append(Item(f"heldout:{lang}", windows, np.ones_like(windows), targets=targets,
+                        n_chars=n_chars, lang=lang))
+    return out

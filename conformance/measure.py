@@ -1,0 +1,175 @@
+"""Measurements on one runner: logits on the input set, greedy decoding, KV-cache and padding checks.
+
+Each function drives a :class:`conformance.runners.Runner`, so the reference and every
+candidate go through exactly the same code. ``measure_candidate`` runs every phase, records a
+phase that raises as an error (never a crash), and returns plain numbers for the report.
+
+    python -m conformance EXPORT_DIR --checkpoint CKPT   # uses these
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from conformance.compare import LogitAccumulator, bits_per_char, identical_prefix, logit_stats, nll_per_position
+from conformance.inputs import InputSet, Item
+from conformance.runners import Runner
+
+
+def run_item(runner: Runner, item: Item) -> np.ndarray:
+    """Logits (B, T, V) float32 of one item in a single pass (no cache)."""
+    return runner.forward(item.input_ids, item.attention_mask, item.position_ids)[0]
+
+
+def greedy_decode(runner: Runner, item: Item, new_tokens: int) -> np.ndarray:
+    """Greedy decoding with the runner's KV cache: one prefill, then one token per step.
+
+    Args:
+        runner: any runner.
+        item: left-padded prompts (B, T).
+        new_tokens: tokens to generate per row (no stopping at <|eos|>, so lengths are equal).
+    Returns:
+        (B, new_tokens) int64 generated ids.
+    """
+    mask = item.attention_mask
+    logits, state = runner.forward(item.input_ids, mask, item.position_ids)
+    nxt = logits[:, -1].argmax(-1).astype(np.int64)
+    out = [nxt]
+    for _ in range(new_tokens - 1):
+        mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
+        pos = mask.sum(-1, keepdims=True).astype(np.int64) - 1
+        logits, state = runner.forward(nxt[:, None], mask, pos, state)
+        nxt = logits[:, -1].argmax(-1).astype(np.int64)
+        out.append(nxt)
+    return np.stack(out, axis=1)
+
+
+def kv_cache_logits(runner: Runner, ids: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Full recomputation vs incremental decoding of one sequence.
+
+    The sequence (1, L) is fed once whole, and once as a prefill, then a chunk of up to 4
+    tokens with past > 0 (a causal mask that ignores the cache offset shows here), then
+    ``steps`` single tokens.
+
+    Returns:
+        (full (L, V), incremental (L, V)) float32 logits of the same positions.
+    """
+    L = ids.shape[1]
+    steps = max(0, min(steps, L - 2))
+    chunk = max(1, min(4, L - steps - 1))
+    prefill = L - steps - chunk
+    full = runner.forward(ids, np.ones_like(ids), np.arange(L, dtype=np.int64)[None])[0][0]
+    parts, state, start = [], None, 0
+    for length in [prefill, chunk] + [1] * steps:
+        seg = ids[:, start:start + length]
+        pos = np.arange(start, start + length, dtype=np.int64)[None]
+        logits, state = runner.forward(seg, np.ones((1, start + length), np.int64), pos, state)
+        parts.append(logits[0])
+        start += length
+    return full, np.concatenate(parts, axis=0)
+
+
+@dataclass
+class ReferenceOutputs:
+    """What every candidate is compared with, computed once from the reference runner."""
+
+    logits: dict[str, np.ndarray]
+    greedy: np.ndarray
+    nll: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def heldout_nll(item: Item, logits: np.ndarray) -> float:
+    """Total NLL (nats) of an held-out item's targets under ``logits`` (B, T, V)."""
+    sel = item.targets >= 0
+    return float(nll_per_position(logits[sel], item.targets[sel]).sum())
+
+
+def reference_outputs(runner: Runner, inputs: InputSet, greedy_tokens: int) -> ReferenceOutputs:
+    """Run the reference on every item and decode the greedy batch."""
+    t0 = time.perf_counter()
+    logits = {item.name: run_item(runner, item) for item in inputs.items}
+    nll = {item.lang: heldout_nll(item, logits[item.name]) for item in inputs.items if item.targets is not None}
+    greedy = greedy_decode(runner, inputs.greedy, greedy_tokens)
+    return ReferenceOutputs(logits, greedy, nll, time.perf_counter() - t0)
+
+
+def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: dict, keep: dict) -> None:
+    acc = LogitAccumulator()
+    by_input, heldout = {}, {}
+    for item in inputs.items:
+        cand = run_item(runner, item)
+        keep[item.name] = cand
+        r, c = ref.logits[item.name][item.valid], cand[item.valid]
+        acc.add(r, c)
+        s = logit_stats(r, c)
+        by_input[item.name] = {k: s[k] for k in ("max_abs_logit", "kl_mean", "top1")}
+        if item.targets is not None:
+            n_tok = int((item.targets >= 0).sum())
+            nll_r, nll_c = ref.nll[item.lang], heldout_nll(item, cand)
+            bpc_r, bpc_c = bits_per_char(nll_r, item.n_chars), bits_per_char(nll_c, item.n_chars)
+            ppl_r, ppl_c = math.exp(nll_r / n_tok), math.exp(min(nll_c / n_tok, 700.0))
+            heldout[item.lang] = {"tokens": n_tok, "chars": item.n_chars, "bpc_ref": bpc_r, "bpc": bpc_c,
+                                  "bpc_delta": bpc_c - bpc_r, "ppl_ref": ppl_r, "ppl": ppl_c,
+                                  "ppl_rel_delta": ppl_c / ppl_r - 1.0}
+    out.update(acc.result())
+    out["by_input"] = by_input
+    if heldout:
+        out["heldout"] = heldout
+        out["bpc_delta_max"] = max(abs(h["bpc_delta"]) for h in heldout.values())
+
+
+def _phase_greedy(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: dict, n: int) -> None:
+    toks = greedy_decode(runner, inputs.greedy, n)
+    prefix = [identical_prefix(r, c) for r, c in zip(ref.greedy, toks)]
+    out.update(greedy_tokens=n, greedy_prefix=prefix, greedy_prefix_min=min(prefix),
+               greedy_identical=bool(min(prefix) == n))
+
+
+def _phase_kv(runner: Runner, inputs: InputSet, out: dict, steps: int) -> None:
+    full, inc = kv_cache_logits(runner, inputs.kv_ids, steps)
+    s = logit_stats(full, inc)
+    out.update(kv_cache_max_abs=s["max_abs_logit"], kv_cache_kl_mean=s["kl_mean"], kv_cache_top1=s["top1"])
+
+
+def _phase_padded(runner: Runner, inputs: InputSet, out: dict, keep: dict) -> None:
+    batch = next(i for i in inputs.items if i.name == "padded_batch")
+    padded = keep["padded_batch"] if "padded_batch" in keep else run_item(runner, batch)
+    acc = LogitAccumulator()
+    for r, row in enumerate(inputs.padded_rows):
+        ids = np.asarray([row], np.int64)
+        alone = runner.forward(ids, np.ones_like(ids), np.arange(len(row), dtype=np.int64)[None])[0][0]
+        acc.add(alone, padded[r][batch.valid[r]])
+    s = acc.result()
+    out.update(padded_batch_max_abs=s["max_abs_logit"], padded_batch_kl_mean=s["kl_mean"],
+               padded_batch_top1=s["top1"])
+
+
+def measure_candidate(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, *, greedy_tokens: int,
+                      kv_steps: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every metric of one candidate.
+
+    Returns:
+        (metrics, errors): metrics as in the report (see ``conformance/report.py``); errors maps
+        a phase name (logits, greedy, kv_cache, padded_batch) to the exception text it raised.
+    """
+    out: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    keep: dict[str, np.ndarray] = {}
+    phases = [("logits", lambda: _phase_logits(runner, inputs, ref, out, keep)),
+              ("greedy", lambda: _phase_greedy(runner, inputs, ref, out, greedy_tokens)),
+              ("kv_cache", lambda: _phase_kv(runner, inputs, out, kv_steps)),
+              ("padded_batch", lambda: _phase_padded(runner, inputs, out, keep))]
+    t0 = time.perf_counter()
+    for name, fn in phases:
+        try:
+            fn()
+        except Exception as err:  # a broken artifact must become a failed check, not a crash
+            errors[name] = f"{type(err).__name__}: {str(err).strip()[:400]}"
+    out["measure_s"] = time.perf_counter() - t0
+    return out, errors

@@ -1,0 +1,132 @@
+"""The conformance report: ``report.json`` (every metric, tolerance, pass) and ``report.md`` (one table).
+
+Owner of the report layout (CONTRACTS.md "Conformance report"). report.json::
+
+    {format_version: 1, entry, passed, variants: {name: bool}, export_dir, export_manifest_sha256,
+     checkpoint: {path, step, model_sha256}, tolerances_file, tolerances_sha256, config, versions,
+     model, inputs, reference, global: {metrics, checks, passed},
+     candidates: {name: {variant, kind, path, metrics, errors, checks: [{metric, value, tolerance,
+                  passed}], passed, seconds}}, seconds}
+
+Non-finite numbers are written as the strings "inf", "-inf", "nan" (strict JSON).
+
+    python -c "import json; r = json.load(open('runs/demo/export/conformance/report.json')); print(r['passed'])"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from prodip.config import dump_toml, to_dict, write_text_atomic
+
+COLUMNS = [  # (header, metric key, format)
+    ("max abs dlogit", "max_abs_logit", "{:.1e}"),
+    ("rel", "rel_max_abs_logit", "{:.1e}"),
+    ("mean KL", "kl_mean", "{:.1e}"),
+    ("KL p99.9", "kl_p999", "{:.1e}"),
+    ("top-1", "top1", "{:.2%}"),
+    ("greedy prefix", "greedy_prefix_min", "{}"),
+    ("KV-cache max abs / KL", None, None),
+    ("padded max abs / KL", None, None),
+    ("max abs dbpc", "bpc_delta_max", "{:.1e}"),
+]
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to strings, paths to str."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def _cell(metrics: dict[str, Any], key: str | None, fmt: str | None, header: str) -> str:
+    if key is not None:
+        return _fmt(metrics.get(key), fmt)
+    prefix = "kv_cache" if header.startswith("KV") else "padded_batch"
+    return f"{_fmt(metrics.get(prefix + '_max_abs'), '{:.1e}')} / {_fmt(metrics.get(prefix + '_kl_mean'), '{:.1e}')}"
+
+
+def _failed_lines(name: str, checks: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for c in checks:
+        if c["passed"] is False:
+            lines.append(f"- **{name}** `{c['metric']}` = {_fmt(c['value'], '{:.3g}')} "
+                         f"(tolerance {c['tolerance']}){' - ' + c['note'] if c.get('note') else ''}")
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The ten-second view: verdict, one row per candidate, then what failed and why."""
+    verdict = "PASSED" if report["passed"] else "FAILED"
+    ck = report["checkpoint"]
+    lines = [f"# Conformance {verdict}", "",
+             f"Export `{report['export_dir']}` vs checkpoint step {ck['step']} "
+             f"(`{ck['model_sha256'][:12]}`), tolerances `{report['tolerances_file']}`, "
+             f"{report['seconds']:.1f} s.", "",
+             "| candidate | verdict | " + " | ".join(h for h, _, _ in COLUMNS) + " | s |",
+             "|---|---|" + "---|" * len(COLUMNS) + "---|"]
+    for name, res in report["candidates"].items():
+        m = res["metrics"]
+        cells = [_cell(m, key, fmt, h) for h, key, fmt in COLUMNS]
+        lines.append(f"| {name} | {'pass' if res['passed'] else '**FAIL**'} | " + " | ".join(cells)
+                     + f" | {res['seconds']:.1f} |")
+    g = report["global"]
+    lines += ["", "Export-wide: " + ", ".join(
+        f"{c['metric']} = {_fmt(c['value'], '{}')} ({'ok' if c['passed'] else 'FAIL'})" for c in g["checks"])]
+    failed = _failed_lines("export", g["checks"])
+    for name, res in report["candidates"].items():
+        failed += _failed_lines(name, res["checks"])
+        failed += [f"- **{name}** error in {phase}: `{msg[:200]}`" for phase, msg in res["errors"].items()]
+        for problem in res["metrics"].get("axes_problems", []):
+            failed.append(f"- **{name}** {problem}")
+    if failed:
+        lines += ["", "## Failed", *failed]
+    lines += ["", "Variants: " + ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in report["variants"].items()),
+              "", "KL in nats per position (reference || candidate); greedy prefix = identical leading tokens "
+              f"of {report['config'].get('greedy_tokens')} (min over prompts); KV-cache and padded columns "
+              "compare the candidate with itself (cache vs full pass, batch vs alone). Full figures in "
+              "report.json.", ""]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out_dir: str | os.PathLike, cfg: Any = None) -> dict[str, Any]:
+    """Write ``report.json``, ``report.md`` (and the resolved ``config.toml``) atomically.
+
+    Returns:
+        ``{"json": Path, "md": Path, "sha256": hex of report.json's bytes}``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_clean(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    write_text_atomic(out / "report.json", text)
+    write_text_atomic(out / "report.md", render_markdown(report))
+    if cfg is not None:
+        write_text_atomic(out / "config.toml", dump_toml({"conformance": to_dict(cfg)}))
+    return {"json": out / "report.json", "md": out / "report.md",
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}

@@ -1,0 +1,150 @@
+"""One calling convention for every implementation under test: the decoder I/O contract.
+
+A runner maps ``(input_ids, attention_mask, position_ids, state)`` to ``(logits, state)`` on
+numpy arrays, where ``state`` is the runner's own KV cache (``None`` = empty, past = 0). The
+same conformance code then drives prodip's training model, transformers' ``LlamaForCausalLM``
+and ONNX Runtime sessions, with no per-variant copy of the comparison loop.
+
+    python -c "from conformance.runners import onnx_axes_problems; print(onnx_axes_problems('export/onnx/model.onnx'))"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+
+class Runner:
+    """Base class: ``forward`` is the contract; ``name`` labels the candidate in the report."""
+
+    name = "runner"
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+                state: Any = None) -> tuple[np.ndarray, Any]:
+        """Next-token logits for ``input_ids`` given the cache ``state``.
+
+        Args:
+            input_ids: (B, T) int64 token ids.
+            attention_mask: (B, P+T) int64, 1 for real tokens, 0 for (left) padding.
+            position_ids: (B, T) int64, ``cumsum(mask) - 1`` clipped at 0 for the new tokens.
+            state: the cache returned by the previous call, or ``None`` for P = 0.
+        Returns:
+            (logits (B, T, V) float32, new state holding P+T positions).
+        """
+        raise NotImplementedError
+
+
+class TorchRunner(Runner):
+    """prodip's ``train.model.LlamaForCausalLM`` (the reference, or the safetensors reload)."""
+
+    def __init__(self, model: Any, name: str) -> None:
+        self.model = model.eval()
+        self.name = name
+
+    def forward(self, input_ids, attention_mask, position_ids, state=None):
+        import torch
+        with torch.inference_mode():
+            logits, present = self.model(torch.from_numpy(input_ids), position_ids=torch.from_numpy(position_ids),
+                                         attention_mask=torch.from_numpy(attention_mask),
+                                         past_key_values=state, use_cache=True)
+        return logits.float().numpy(), present
+
+
+class TransformersRunner(Runner):
+    """``transformers.LlamaForCausalLM.from_pretrained(export_dir)`` in float32, eager attention.
+
+    Eager attention is used so that a fully padded query row is computed like the others (SDPA
+    kernels may differ only on such rows, which are never compared anyway).
+    """
+
+    def __init__(self, export_dir: str | Path, name: str = "transformers") -> None:
+        import torch
+        from transformers import LlamaForCausalLM
+        self.model = LlamaForCausalLM.from_pretrained(str(export_dir), dtype=torch.float32,
+                                                      attn_implementation="eager").eval()
+        self.name = name
+
+    def forward(self, input_ids, attention_mask, position_ids, state=None):
+        import torch
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask),
+                             position_ids=torch.from_numpy(position_ids), past_key_values=state, use_cache=True)
+        return out.logits.float().numpy(), out.past_key_values
+
+
+class OrtRunner(Runner):
+    """An ONNX decoder under ONNX Runtime's CPU execution provider (CONTRACTS.md "ONNX decoder I/O")."""
+
+    def __init__(self, path: str | Path, name: str, *, num_layers: int, num_kv_heads: int, head_dim: int,
+                 threads: int = 0) -> None:
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.name = name
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        expected = {"input_ids", "attention_mask", "position_ids"} | {
+            f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")}
+        got = {i.name for i in self.session.get_inputs()}
+        if got != expected:
+            raise ValueError(f"{path}: ONNX inputs {sorted(got ^ expected)} differ from the decoder contract "
+                             "(CONTRACTS.md 'ONNX decoder I/O'; re-export with `prodip export`)")
+
+    def forward(self, input_ids, attention_mask, position_ids, state=None):
+        B = input_ids.shape[0]
+        if state is None:
+            empty = np.zeros((B, self.num_kv_heads, 0, self.head_dim), dtype=np.float32)
+            state = [empty] * (2 * self.num_layers)
+        feed = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        for i in range(self.num_layers):
+            feed[f"past_key_values.{i}.key"] = state[2 * i]
+            feed[f"past_key_values.{i}.value"] = state[2 * i + 1]
+        outs = dict(zip(self.output_names, self.session.run(None, feed)))
+        present = [outs[f"present.{i}.{kv}"] for i in range(self.num_layers) for kv in ("key", "value")]
+        return outs["logits"].astype(np.float32, copy=False), present
+
+
+def _dims(value_info: Any) -> list:
+    return [d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else None)
+            for d in value_info.type.tensor_type.shape.dim]
+
+
+def onnx_axes_problems(path: str | Path, *, num_kv_heads: Optional[int] = None,
+                       head_dim: Optional[int] = None) -> list[str]:
+    """Inputs/outputs of an ONNX decoder whose batch, sequence or past axis is baked to a number.
+
+    A traced graph with a fixed sequence length runs only at that length; ONNX Runtime then
+    rejects (or worse, mis-reshapes) every other length. Reads only the graph, not the weights.
+
+    Args:
+        path: the ``.onnx`` file.
+        num_kv_heads, head_dim: if given, the cache tensors' fixed axes are checked too.
+    Returns:
+        Human-readable problems, empty when every dynamic axis is symbolic.
+    """
+    import onnx
+    model = onnx.load(str(path), load_external_data=False)
+    problems = []
+    for vi in list(model.graph.input) + list(model.graph.output):
+        dims = _dims(vi)
+        if vi.name in ("input_ids", "attention_mask", "position_ids", "logits"):
+            dynamic = [0, 1]
+        elif vi.name.startswith(("past_key_values.", "present.")):
+            dynamic = [0, 2]
+            fixed = {1: num_kv_heads, 3: head_dim}
+            for axis, want in fixed.items():
+                if want is not None and len(dims) > axis and dims[axis] != want:
+                    problems.append(f"{vi.name} axis {axis} is {dims[axis]!r}, expected {want}")
+        else:
+            continue
+        for axis in dynamic:
+            if len(dims) <= axis or not isinstance(dims[axis], str) or not dims[axis]:
+                shown = dims[axis] if len(dims) > axis else "missing"
+                problems.append(f"{vi.name} axis {axis} is {shown!r}, expected a symbolic (dynamic) size")
+    return problems

@@ -1,0 +1,282 @@
+"""The conformance suite: load the reference and every candidate, measure, gate on tolerances.
+
+:func:`evaluate` computes the whole report dict without writing anything (the pytest plugin
+uses it); :func:`run_conformance` also writes ``report.json`` + ``report.md`` and records the
+verdict in the export's manifest (``prodip run`` and the CLI use it).
+
+    python -m conformance runs/demo/export --checkpoint runs/demo/train
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from conformance.compare import check_value, load_tolerances
+from conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
+
+logger = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+#: Metrics that only exist when their input was requested (no shards dir: no held-out text).
+OPTIONAL_METRICS = {"bpc_delta_max"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One implementation under test: ``name`` (report label and tolerance table), the manifest
+    ``variant`` it belongs to, its ``kind`` (prodip | transformers | onnx) and file ``path``."""
+
+    name: str
+    variant: str
+    kind: str
+    path: str
+
+
+def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) -> list[Candidate]:
+    """Candidates of an export: the safetensors variant twice (prodip's model, transformers),
+    and each ONNX variant once.
+
+    Args:
+        manifest: the export manifest.
+        only: candidate or variant names to keep (empty/None = all).
+    Raises:
+        ValueError: a variant of unknown format, or a name in ``only`` that matches nothing.
+    """
+    out = []
+    for vname, v in manifest["variants"].items():
+        if v.get("format") == "safetensors":
+            out += [Candidate("safetensors", vname, "prodip", v["path"]),
+                    Candidate("transformers", vname, "transformers", v["path"])]
+        elif v.get("format") == "onnx":
+            out.append(Candidate(vname, vname, "onnx", v["path"]))
+        else:
+            raise ValueError(f"manifest variant {vname!r} has format {v.get('format')!r}; expected "
+                             "'safetensors' or 'onnx'")
+    if only:
+        unknown = set(only) - {c.name for c in out} - {c.variant for c in out}
+        if unknown:
+            raise ValueError(f"ConformanceConfig.variants: {sorted(unknown)} not in this export "
+                             f"(has {sorted({c.name for c in out})})")
+        out = [c for c in out if c.name in only or c.variant in only]
+    return out
+
+
+def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """Load the training model from the checkpoint the manifest names, refusing another one.
+
+    Raises:
+        ValueError: the checkpoint's model sha256 differs from ``source_checkpoint.model_sha256``.
+        FileNotFoundError: no checkpoint at the path.
+    """
+    from train.checkpoint import load_model
+
+    src = manifest.get("source_checkpoint") or {}
+    path = cfg.checkpoint or src.get("path")
+    if not path:
+        raise ValueError(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
+    model, model_cfg, info = load_model(path)
+    if info["model_sha256"] != src.get("model_sha256"):
+        raise ValueError(
+            f"checkpoint {info['checkpoint_dir']} has model sha256 {info['model_sha256'][:16]}.., but "
+            f"{cfg.export_dir}/manifest.json says the export was made from {str(src.get('model_sha256'))[:16]}.. "
+            f"({src.get('path')}); refusing to compare an export with a different checkpoint. Pass the "
+            "checkpoint it was exported from, or re-export this one with `prodip export`.")
+    return model.float().eval(), model_cfg, info
+
+
+def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int):
+    """Build the runner of one candidate (loading its file)."""
+    from conformance import runners
+    if cand.kind == "prodip":
+        from conformance.reload import load_safetensors_model
+        return runners.TorchRunner(load_safetensors_model(export_dir, cand.path), cand.name)
+    if cand.kind == "transformers":
+        return runners.TransformersRunner(export_dir, cand.name)
+    return runners.OrtRunner(export_dir / cand.path, cand.name, num_layers=model_cfg.num_hidden_layers,
+                             num_kv_heads=model_cfg.num_key_value_heads, head_dim=model_cfg.head_dim,
+                             threads=threads)
+
+
+def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[str, Any]],
+         not_applicable: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Compare metrics with a tolerance table.
+
+    Returns:
+        Checks ``{metric, value, tolerance, passed}``; ``passed`` is None for a metric that does
+        not apply (e.g. held-out bpc without a shards dir). A missing table, a missing metric or
+        any phase error is a failed check.
+    """
+    checks = [{"metric": "run_errors", "value": len(errors), "tolerance": {"equals": 0},
+               "passed": not errors}]
+    if table is None:
+        checks.append({"metric": "tolerances", "value": None, "tolerance": None, "passed": False,
+                       "note": "no table for this candidate in the tolerance file"})
+        return checks
+    for metric, tol in table.items():
+        if isinstance(tol, str):
+            continue
+        value = metrics.get(metric)
+        if value is None and metric in not_applicable:
+            checks.append({"metric": metric, "value": None, "tolerance": tol, "passed": None})
+            continue
+        checks.append({"metric": metric, "value": value, "tolerance": tol, "passed": check_value(value, tol)})
+    return checks
+
+
+def global_metrics(export_dir: Path, manifest: dict[str, Any], info: dict[str, Any], texts: list[str],
+                   train_tokenizer: Any) -> dict[str, Any]:
+    """Export-wide facts: file hashes, tokenizer identity, and tokenizer ids on the prompt texts."""
+    from tokenizers import Tokenizer
+
+    from export.manifest import file_sha256, verify_files
+
+    out: dict[str, Any] = {}
+    try:
+        verify_files(export_dir)
+        out["manifest_files_ok"] = True
+    except (ValueError, FileNotFoundError) as err:
+        out["manifest_files_ok"], out["manifest_files_error"] = False, str(err)
+    tok_path = export_dir / "tokenizer.json"
+    if not tok_path.is_file():
+        out.update(tokenizer_sha256_match=False, tokenizer_mismatches=len(texts),
+                   tokenizer_error=f"{tok_path}: missing")
+        return out
+    sha = file_sha256(tok_path)
+    out["tokenizer_sha256_match"] = sha == info["tokenizer_sha256"] == manifest.get("tokenizer_sha256")
+    exported = Tokenizer.from_file(str(tok_path))
+    bad = [t[:40] for t in texts
+           if exported.encode(t, add_special_tokens=False).ids != train_tokenizer.encode(t, add_special_tokens=False).ids
+           or exported.encode(t).ids != train_tokenizer.encode(t).ids]
+    out["tokenizer_mismatches"] = len(bad)
+    if bad:
+        out["tokenizer_mismatched_texts"] = bad
+    return out
+
+
+def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
+    """Run every check and return the report dict (nothing is written).
+
+    Raises:
+        ValueError / FileNotFoundError: the export or checkpoint is missing or unreadable, the
+            checkpoint differs from the one the manifest names, or the tolerance file is bad.
+    """
+    import torch
+    from tokenizers import Tokenizer
+
+    from conformance import measure
+    from conformance.inputs import build_inputs
+    from conformance.runners import TorchRunner, onnx_axes_problems
+    from export.manifest import file_sha256, read_manifest, tool_versions
+
+    t_start = time.perf_counter()
+    if not cfg.export_dir:
+        raise ValueError("ConformanceConfig.export_dir is empty: give the export dir made by `prodip export`")
+    export_dir = Path(cfg.export_dir)
+    manifest = read_manifest(export_dir)
+    tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
+    tolerances = load_tolerances(tol_path)
+    candidates = plan_candidates(manifest, cfg.variants)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    ref_model, model_cfg, info = load_reference(cfg, manifest)
+    train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
+    inputs = build_inputs(train_tok, context_tokens=model_cfg.max_position_embeddings,
+                          pad_id=model_cfg.pad_token_id, greedy_tokens=cfg.greedy_tokens, kv_tokens=cfg.kv_tokens,
+                          shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens,
+                          tokenizer_sha256=info["tokenizer_sha256"])
+    g = global_metrics(export_dir, manifest, info, list(inputs.texts.values()), train_tok)
+    g_checks = gate(g, {}, tolerances.get("global", {}))[1:]
+    ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
+    results = {}
+    for cand in candidates:
+        logger.info("conformance: measuring %s (%s)", cand.name, cand.path)
+        t0 = time.perf_counter()
+        metrics: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        if cand.kind == "onnx":
+            problems = onnx_axes_problems(export_dir / cand.path, num_kv_heads=model_cfg.num_key_value_heads,
+                                          head_dim=model_cfg.head_dim)
+            metrics["dynamic_axes"] = not problems
+            if problems:
+                metrics["axes_problems"] = problems
+        try:
+            runner = make_runner(cand, export_dir, model_cfg, cfg.threads)
+        except Exception as err:  # an unloadable artifact fails, it does not crash the suite
+            errors["load"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
+        else:
+            m, errors = measure.measure_candidate(runner, inputs, ref, greedy_tokens=cfg.greedy_tokens,
+                                                  kv_steps=cfg.kv_steps)
+            metrics.update(m)
+            del runner
+        n_a = OPTIONAL_METRICS if not inputs.heldout else set()
+        checks = gate(metrics, errors, tolerances.get(cand.name), n_a)
+        results[cand.name] = {"variant": cand.variant, "kind": cand.kind, "path": cand.path,
+                              "metrics": metrics, "errors": errors, "checks": checks,
+                              "passed": all(c["passed"] is not False for c in checks),
+                              "seconds": time.perf_counter() - t0}
+    g_passed = all(c["passed"] is not False for c in g_checks)
+    variants = {}
+    for cand in candidates:
+        variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
+    return {
+        "format_version": FORMAT_VERSION,
+        "entry": "conformance.run_conformance",
+        "passed": bool(variants) and all(variants.values()) and g_passed,
+        "variants": variants,
+        "export_dir": str(export_dir.resolve()),
+        "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),
+        "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"],
+                       "model_sha256": info["model_sha256"]},
+        "tolerances_file": str(tol_path.resolve()), "tolerances_sha256": file_sha256(tol_path),
+        "config": {k: v for k, v in vars(cfg).items()},
+        "versions": tool_versions(),
+        "model": {k: getattr(model_cfg, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                                    "num_attention_heads", "num_key_value_heads",
+                                                    "max_position_embeddings")},
+        "inputs": {"items": {i.name: list(i.input_ids.shape) for i in inputs.items},
+                   "greedy_batch": list(inputs.greedy.input_ids.shape), "kv_sequence_tokens": int(inputs.kv_ids.shape[1]),
+                   "heldout": inputs.heldout},
+        "reference": {"seconds": ref.seconds,
+                      "heldout_bpc": {lang: r["bpc_ref"] for lang, r in _first_heldout(results).items()}},
+        "global": {"metrics": g, "checks": g_checks, "passed": g_passed},
+        "candidates": results,
+        "seconds": time.perf_counter() - t_start,
+    }
+
+
+def _first_heldout(results: dict[str, Any]) -> dict[str, Any]:
+    for r in results.values():
+        if "heldout" in r["metrics"]:
+            return r["metrics"]["heldout"]
+    return {}
+
+
+def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
+    """Check an export, write ``report.json`` + ``report.md`` and the manifest verdict.
+
+    Args:
+        cfg: the resolved config; ``out`` defaults to ``EXPORT_DIR/conformance``.
+    Returns:
+        The report dict (``report["passed"]`` is the verdict; ``report["report_json"]`` its path).
+    Raises:
+        ValueError / FileNotFoundError: see :func:`evaluate` (nothing is written then).
+    """
+    from conformance.report import write_report
+
+    report = evaluate(cfg)
+    out = Path(cfg.out) if cfg.out else Path(cfg.export_dir) / "conformance"
+    paths = write_report(report, out, cfg)
+    report["report_json"] = str(paths["json"])
+    if cfg.write_manifest:
+        from export.manifest import set_conformance
+        export_dir = Path(cfg.export_dir).resolve()
+        rj = paths["json"].resolve()
+        rel = rj.relative_to(export_dir).as_posix() if rj.is_relative_to(export_dir) else str(rj)
+        set_conformance(export_dir, {"passed": report["passed"], "variants": report["variants"],
+                                     "report": rel, "report_sha256": paths["sha256"]})
+    logger.info("conformance %s: %s", "PASSED" if report["passed"] else "FAILED", paths["md"])
+    return report
