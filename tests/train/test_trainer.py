@@ -1,0 +1,114 @@
+"""train/trainer.py: bitwise resume on CPU, guards leave no trace, NaN stop, refusals, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from prodip.cli import main as prodip_main
+from tests.train.conftest import make_shards, tiny_config
+from train import checkpoint as ck
+from train.guards import NonFiniteError
+from train.trainer import TrainConfig, run_training, train
+
+
+def _cfg(tok, shards, out, **kw) -> TrainConfig:
+    base = dict(shards_dir=str(shards), tokenizer_dir=str(tok), out_dir=str(out), steps=8, batch_size=2,
+                seq_len=16, grad_accum_steps=2, lr=3e-3, min_lr=3e-4, warmup_steps=2,
+                checkpoint_every_steps=4, device="cpu", mixture={"bn": 0.6, "en": 0.4}, progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(run_dir):
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_resume_is_bitwise_identical(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    mcfg = tiny_config()
+    straight = train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "a"), mcfg)
+    half = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "b", max_steps_this_run=4)
+    assert run_training(half, mcfg)["step"] == 4
+    # a killed run's metrics past its last checkpoint are trimmed on resume
+    with open(tmp_path / "b" / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 5, "loss": 99.0}) + "\n")
+    resumed = train(dataclasses.replace(half, max_steps_this_run=0, resume=True), mcfg)
+    assert _losses(resumed) == _losses(straight) and len(_losses(straight)) == 8
+    a = load_file(str(ck.resolve_checkpoint(straight) / "model.safetensors"))
+    b = load_file(str(ck.resolve_checkpoint(resumed) / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa = load_file(str(ck.resolve_checkpoint(straight) / "optimizer.safetensors"))
+    ob = load_file(str(ck.resolve_checkpoint(resumed) / "optimizer.safetensors"))
+    assert all(torch.equal(oa[k], ob[k]) for k in oa) and any(k.endswith("exp_avg_sq") for k in oa)
+    state = json.loads((ck.resolve_checkpoint(resumed) / "trainer_state.json").read_text())
+    assert state["step"] == 8 and state["tokens_seen"] == 8 * 2 * 2 * 16
+    assert (resumed / "loss.png").stat().st_size > 1000
+    assert "[train]" in (resumed / "config.toml").read_text()
+
+
+def test_guards_leave_no_trace(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    mcfg = tiny_config(tie_word_embeddings=True)
+    on = run_training(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "on", steps=3), mcfg)["model"]
+    off = run_training(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "off", steps=3, guards=False),
+                       mcfg)["model"]
+    for (name, p), q in zip(on.named_parameters(), off.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_nan_stops_and_keeps_last_checkpoint(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    cfg = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "run", steps=30, lr=1e30, min_lr=1e30,
+               warmup_steps=0, grad_clip=0.0, checkpoint_every_steps=1, guards=False)
+    with pytest.raises(NonFiniteError, match="non-finite"):
+        train(cfg, tiny_config())
+    model, _, info = ck.load_model(tmp_path / "run")  # latest still loads and is finite
+    assert info["step"] >= 1 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_refusals(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    other = make_shards(tmp_path / "other", "f" * 64, 320, {"bn": 2000})
+    with pytest.raises(ValueError, match="tokenizer sha256"):
+        train(_cfg(tiny_tokenizer_dir, other, tmp_path / "x"), tiny_config())
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "x", seq_len=65), tiny_config())
+    cfg = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "y", steps=1)
+    train(cfg, tiny_config())
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(cfg, tiny_config())
+    with pytest.raises(ValueError, match="min_lr"):
+        dataclasses.replace(cfg, min_lr=1.0)
+
+
+def test_cli_reads_model_and_train_tables(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text(f"""
+[model]
+vocab_size = 320
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 2
+max_position_embeddings = 32
+
+[train]
+shards_dir = "{tiny_shards_dir}"
+tokenizer_dir = "{tiny_tokenizer_dir}"
+out_dir = "{tmp_path / 'run'}"
+steps = 2
+batch_size = 2
+seq_len = 16
+device = "cpu"
+progress = false
+""")
+    assert prodip_main(["train", "--config", str(toml), "--steps", "3"]) == 0
+    _, cfg, info = ck.load_model(tmp_path / "run")
+    assert info["step"] == 3 and cfg.num_hidden_layers == 1
+    assert prodip_main(["train", "--config", str(toml), "--steps", "4", "--resume"]) == 0
+    assert ck.load_model(tmp_path / "run")[2]["step"] == 4
+    assert prodip_main(["train", "--config", str(toml), "--steps", "5"]) == 2  # exists, no --resume
+    assert "--resume" in capsys.readouterr().err
