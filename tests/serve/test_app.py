@@ -1,0 +1,232 @@
+"""HTTP tests of every endpoint and error through fastapi's TestClient (fp32 tiny export)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.serve.conftest import wait_ready
+
+PROMPT = "আমি বাংলায়"
+
+
+def torch_greedy(model, ids, steps, eos_id=2):
+    """Reference: the PyTorch training model's KV-cache greedy decode (stops after eos)."""
+    import torch
+    out = []
+    with torch.no_grad():
+        logits, past = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(steps):
+            tok = int(logits[0, -1].argmax())
+            out.append(tok)
+            if tok == eos_id:
+                break
+            logits, past = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+    return out
+
+
+def sse_events(text):
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_health_models_tokenizer_info(client):
+    assert client.get("/health").json()["status"] == "ok"
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "export"
+    assert models["data"][0]["max_model_len"] == 128
+    info = client.get("/tokenizer_info").json()
+    assert info["special_tokens"]["eos"] == {"id": 2, "text": "<|eos|>"}
+    assert info["special_tokens"]["pad"]["id"] == 0 and info["normalizer"] == "NFC"
+
+
+def test_health_503_until_loaded(tiny_export):
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+    c = TestClient(create_app(tiny_export[0]))  # lifespan not entered: nothing loaded
+    r = c.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "loading"
+    r = c.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready"
+
+
+def test_tokenize_detokenize_round_trip(client):
+    text = "ক্ষুধার্ত মানুষ স্বপ্ন দেখে 😀"
+    r = client.post("/tokenize", json={"text": text}).json()
+    assert r["count"] == len(r["tokens"]) > 0
+    assert client.post("/detokenize", json={"tokens": r["tokens"]}).json()["text"] == text
+    # NFD input comes back NFC: the tokenizer's normaliser runs for every consumer
+    import unicodedata
+    nfd = client.post("/tokenize", json={"text": unicodedata.normalize("NFD", "কো")}).json()["tokens"]
+    assert client.post("/detokenize", json={"tokens": nfd}).json()["text"] == "কো"
+    bad = client.post("/detokenize", json={"tokens": [10**6]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_greedy_equals_pytorch(client, tiny_export):
+    ids = client.post("/tokenize", json={"text": PROMPT}).json()["tokens"]
+    want = torch_greedy(tiny_export[1], ids, 40)
+    r = client.post("/v1/generate", json={"prompt": ids, "max_new_tokens": 40, "temperature": 0}).json()
+    assert r["token_ids"] == want
+    assert r["finish_reason"] == ("stop" if want[-1] == 2 else "length")
+    r2 = client.post("/v1/completions", json={"model": "export", "prompt": PROMPT, "max_tokens": 40,
+                                              "temperature": 0}).json()
+    assert r2["choices"][0]["text"] == r["text"]
+    assert r2["usage"] == {"prompt_tokens": len(ids), "completion_tokens": len(want),
+                           "total_tokens": len(ids) + len(want)}
+
+
+def test_stream_concatenates_to_non_stream(client):
+    body = {"prompt": PROMPT, "max_tokens": 40, "temperature": 0.9, "seed": 3, "ignore_eos": True}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    chunks = sse_events(client.post("/v1/completions", json={**body, "stream": True}).text)
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert text == whole["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"] == "length"
+    for c in chunks:
+        assert "\ufffd" not in c["choices"][0]["text"] or "\ufffd" in whole["text"]
+    gen = sse_events(client.post("/v1/generate", json={"prompt": PROMPT, "max_new_tokens": 40, "temperature": 0.9,
+                                                       "seed": 3, "ignore_eos": True, "stream": True}).text)
+    assert "".join(e["text"] for e in gen) == text and gen[-1]["usage"]["completion_tokens"] == 40
+
+
+def test_seed_n_and_prompt_forms(client):
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "seed": 11, "n": 3, "ignore_eos": True}
+    a = client.post("/v1/completions", json=body).json()
+    b = client.post("/v1/completions", json=body).json()
+    assert [c["text"] for c in a["choices"]] == [c["text"] for c in b["choices"]]
+    assert [c["index"] for c in a["choices"]] == [0, 1, 2]
+    assert len({c["text"] for c in a["choices"]}) > 1  # choices use different RNG streams
+    other = client.post("/v1/completions", json={**body, "seed": 12}).json()
+    assert [c["text"] for c in other["choices"]] != [c["text"] for c in a["choices"]]
+    ids = client.post("/tokenize", json={"text": PROMPT}).json()["tokens"]
+    greedy = {"max_tokens": 8, "temperature": 0}
+    by_text = client.post("/v1/completions", json={"prompt": [PROMPT, "hello"], **greedy}).json()
+    by_ids = client.post("/v1/completions", json={"prompt": [ids], **greedy}).json()
+    flat_ids = client.post("/v1/completions", json={"prompt": ids, **greedy}).json()
+    assert len(by_text["choices"]) == 2
+    assert by_text["choices"][0]["text"] == by_ids["choices"][0]["text"] == flat_ids["choices"][0]["text"]
+
+
+def test_stop_strings_cut_and_never_leak(client):
+    body = {"prompt": PROMPT, "max_tokens": 40, "temperature": 0.8, "seed": 5, "ignore_eos": True}
+    full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = full[10:13]  # a stop string that spans token boundaries in the middle of the output
+    assert len(stop) == 3
+    cut = full[:full.find(stop)]
+    r = client.post("/v1/completions", json={**body, "stop": [stop, "never-there"]}).json()["choices"][0]
+    assert r["text"] == cut and r["finish_reason"] == "stop"
+    chunks = sse_events(client.post("/v1/completions", json={**body, "stop": stop, "stream": True}).text)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == cut
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_logprobs_and_echo_match_pytorch(client, tiny_export):
+    import torch
+    ids = client.post("/tokenize", json={"text": PROMPT}).json()["tokens"]
+    with torch.no_grad():
+        ref = torch.log_softmax(tiny_export[1](torch.tensor([ids])).double(), -1)[0].numpy()
+    want = [None] + [ref[t, ids[t + 1]] for t in range(len(ids) - 1)]
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 2}).json()
+    ch = r["choices"][0]
+    assert ch["text"] == PROMPT and r["usage"]["completion_tokens"] == 0
+    lp = ch["logprobs"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    np.testing.assert_allclose(lp["token_logprobs"][1:], want[1:], atol=1e-4)
+    assert all(len(t) <= 2 and max(t.values()) >= v - 1e-9 for t, v in zip(lp["top_logprobs"][1:],
+                                                                        lp["token_logprobs"][1:]))
+    assert len(lp["tokens"]) == len(lp["text_offset"]) == len(ids)
+    # lm-evaluation-harness local-completions form: echo + max_tokens 1 + logprobs 1; greedy token is top-1
+    r = client.post("/v1/completions", json={"prompt": [ids], "max_tokens": 1, "echo": True, "logprobs": 1,
+                                             "temperature": 0, "seed": 1234}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == len(ids) + 1
+    assert lp["token_logprobs"][-1] == max(lp["top_logprobs"][-1].values())
+    np.testing.assert_allclose(lp["token_logprobs"][1:-1], want[1:], atol=1e-4)
+    streamed = sse_events(client.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "echo": True,
+                                                               "logprobs": 1, "stream": True}).text)
+    assert "".join(c["choices"][0]["text"] for c in streamed).startswith(PROMPT)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
+    ({"prompt": "x", "temperature": 2.5}, 400, "temperature"),
+    ({"prompt": "x", "temperature": -0.1}, 400, "temperature"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ({"prompt": "x", "top_k": -2}, 400, "top_k"),
+    ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
+    ({"prompt": "x", "n": 100}, 400, "n"),
+    ({"prompt": "x", "logprobs": 99}, 400, "logprobs"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "x", "bogus": 1}, 400, "bogus"),
+    ({"max_tokens": 3}, 400, "prompt"),
+    ({"prompt": []}, 400, "prompt"),
+    ({"prompt": [10**6]}, 400, "prompt"),
+    ({"prompt": "x", "stop": ["", "a"]}, 400, "stop"),
+    ({"prompt": "x", "presence_penalty": 1.0}, 400, "presence_penalty"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
+])
+def test_completion_errors_openai_form(client, body, status, param):
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] is not None and err["param"].split(".")[0] == param
+    if param == "max_tokens" and status == 400 and body.get("max_tokens") == 1000:
+        assert "128" in err["message"] and "1001" in err["message"]  # window and request, both named
+
+
+def test_malformed_json_wrong_method_unknown_route(client):
+    r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+    assert client.get("/v1/completions").status_code == 405
+    r = client.get("/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = client.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 500})
+    assert r.status_code == 400 and "128" in r.json()["error"]["message"]
+
+
+def test_body_cap_auth_and_metrics(tiny_export):
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+    app = create_app(tiny_export[0], "int8", api_key="sekret", max_body_bytes=2000)
+    with TestClient(app) as c:
+        wait_ready(c)
+        assert c.get("/health").status_code == 200  # open for probes
+        r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        bad = {"Authorization": "Bearer wrong"}
+        assert c.get("/v1/models", headers=bad).status_code == 401
+        ok = {"Authorization": "Bearer sekret"}
+        r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 0}, headers=ok)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        r = c.post("/v1/completions", json={"prompt": "x" * 5000}, headers=ok)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        text = c.get("/metrics", headers=ok).text
+        assert 'prodip_requests_total{route="/v1/completions",status="200"} 1.0' in text
+        assert 'status="401"' in text and 'status="413"' in text
+        for name in ("prodip_generated_tokens_total", "prodip_time_to_first_token_seconds_count",
+                     "prodip_decode_tokens_per_second", "prodip_queue_depth"):
+            assert name in text
+
+
+def test_create_app_refuses_unverified(tiny_export, tmp_path):
+    import shutil
+
+    from serve.app import create_app
+    d = tmp_path / "e"
+    shutil.copytree(tiny_export[0], d)
+    m = json.loads((d / "manifest.json").read_text())
+    m["conformance"] = None
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="allow-unverified"):
+        create_app(d)
+    assert create_app(d, allow_unverified=True).state.service.info.verified is False

@@ -1,0 +1,145 @@
+"""Unit tests of serve's pieces without HTTP: sampling, detokenising, stop strings, export checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
+from serve.text import IncrementalDetokenizer, StopMatcher
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+def test_greedy_edge_cases_pick_argmax():
+    logits = np.array([0.1, 3.0, 2.9, -1.0], np.float32)
+    rng = make_rng(0)
+    assert sample_token(logits, 0.0, 0, 1.0, rng) == 1  # temperature 0
+    assert all(sample_token(logits, 1.5, 1, 1.0, rng) == 1 for _ in range(50))  # top_k 1
+    assert all(sample_token(logits, 1.5, 0, 1e-6, rng) == 1 for _ in range(50))  # tiny top_p
+
+
+def test_sampling_matches_softmax_frequencies():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
+    rng = make_rng(1)
+    draws = np.bincount([sample_token(logits, 1.0, 0, 1.0, rng) for _ in range(20000)], minlength=4) / 20000
+    np.testing.assert_allclose(draws, [0.5, 0.3, 0.15, 0.05], atol=0.015)
+    # top_p 0.8 keeps {0, 1} (0.5 + 0.3 reaches 0.8), renormalised to 0.625 / 0.375
+    draws = np.bincount([sample_token(logits, 1.0, 0, 0.8, rng) for _ in range(20000)], minlength=4) / 20000
+    np.testing.assert_allclose(draws, [0.625, 0.375, 0, 0], atol=0.015)
+    # top_k 3 keeps the three largest, renormalised by 0.95
+    draws = np.bincount([sample_token(logits, 1.0, 3, 1.0, rng) for _ in range(20000)], minlength=4) / 20000
+    np.testing.assert_allclose(draws, np.array([0.5, 0.3, 0.15, 0]) / 0.95, atol=0.015)
+    # temperature 2 flattens: p ~ sqrt(p)
+    want = np.sqrt([0.5, 0.3, 0.15, 0.05]); want /= want.sum()
+    draws = np.bincount([sample_token(logits, 2.0, 0, 1.0, rng) for _ in range(20000)], minlength=4) / 20000
+    np.testing.assert_allclose(draws, want, atol=0.015)
+
+
+def test_seeded_rng_reproducible_and_streams_differ():
+    logits = np.zeros(1000, np.float32)
+    a = [sample_token(logits, 1.0, 0, 1.0, r) for r in [make_rng(7)] for _ in range(20)]
+    b = [sample_token(logits, 1.0, 0, 1.0, r) for r in [make_rng(7)] for _ in range(20)]
+    c = [sample_token(logits, 1.0, 0, 1.0, r) for r in [make_rng(7, 1)] for _ in range(20)]
+    assert a == b and a != c
+    with pytest.raises(ValueError):
+        sample_token(logits, -1.0, 0, 1.0, None)
+
+
+def test_log_softmax_and_top_logprobs():
+    logits = np.array([1.0, 2.0, 3.0], np.float32)
+    lp = log_softmax(logits)
+    np.testing.assert_allclose(np.exp(lp).sum(), 1.0)
+    np.testing.assert_allclose(lp, np.log(np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum()))
+    assert [t for t, _ in top_logprobs(lp, 2)] == [2, 1] and top_logprobs(lp, 0) == []
+
+
+# ---- text -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer(tiny_export):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(tiny_export[0] / "tokenizer.json"))
+
+
+BANGLA = "ক্ষুধার্ত মানুষ স্বপ্ন দেখে। বিজ্ঞান 😀 আর প্রযুক্তি এগিয়ে চলে — নতুন শব্দ: ঋদ্ধি ঔজ্জ্বল্য"
+
+
+def test_detokenizer_never_splits_characters(tokenizer):
+    ids = tokenizer.encode(BANGLA, add_special_tokens=False).ids
+    assert any(tokenizer.id_to_token(i).startswith("<0x") for i in ids)  # byte-fallback pieces present
+    detok = IncrementalDetokenizer(tokenizer)
+    chunks = [detok.add(i) for i in ids] + [detok.flush()]
+    assert all("\ufffd" not in c for c in chunks)
+    assert "".join(chunks) == tokenizer.decode(ids) == BANGLA
+    for c in chunks:  # each chunk is whole UTF-8 characters
+        assert c.encode("utf-8").decode("utf-8") == c
+
+
+def test_detokenizer_with_prompt_context(tokenizer):
+    ids = tokenizer.encode(BANGLA, add_special_tokens=False).ids
+    for cut in (1, 5, len(ids) // 2):
+        detok = IncrementalDetokenizer(tokenizer, ids[:cut])
+        text = "".join(detok.add(i) for i in ids[cut:]) + detok.flush()
+        assert tokenizer.decode(ids[:cut]) + text == BANGLA
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="abEND\n", max_size=4), max_size=12),
+       stops=st.lists(st.sampled_from(["END", "\n\n", "ab", "bEa"]), min_size=1, max_size=3))
+def test_stop_matcher_equals_reference(pieces, stops):
+    m = StopMatcher(stops)
+    out = "".join(m.feed(p) for p in pieces) + m.flush()
+    full = "".join(pieces)
+    hits = [full.find(s) for s in stops if s in full]
+    assert out == (full[:min(hits)] if hits else full)
+    assert m.stopped == bool(hits)
+
+
+# ---- export checks ----------------------------------------------------------------------------
+def _copy_export(src, dst, edit=None):
+    import shutil
+    shutil.copytree(src, dst)
+    if edit:
+        data = json.loads((dst / "manifest.json").read_text())
+        edit(data)
+        (dst / "manifest.json").write_text(json.dumps(data))
+    return dst
+
+
+def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
+    from serve.engine import load_export
+    root = tiny_export[0]
+    assert load_export(root, "int8").verified
+    none = _copy_export(root, tmp_path / "none", lambda m: m.update(conformance=None))
+    with pytest.raises(ValueError, match="no conformance verdict"):
+        load_export(none, "fp32")
+    assert not load_export(none, "fp32", allow_unverified=True).verified
+    bad = _copy_export(root, tmp_path / "bad", lambda m: m["conformance"]["variants"].update(int8=False))
+    with pytest.raises(ValueError, match="FAILED conformance"):
+        load_export(bad, "int8")
+    assert load_export(bad, "fp32").verified
+    with pytest.raises(ValueError, match="no ONNX variant 'int4'"):
+        load_export(root, "int4")
+    with pytest.raises(FileNotFoundError):
+        load_export(tmp_path / "missing", "fp32")
+
+
+def test_load_export_detects_tampering(tiny_export, tmp_path):
+    from serve.engine import load_export
+    d = _copy_export(tiny_export[0], tmp_path / "t")
+    with open(d / "onnx" / "model_int8.onnx", "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(ValueError, match="does not match manifest"):
+        load_export(d, "int8")
+
+
+def test_serve_imports_no_torch():
+    code = ("import sys, serve.app, serve.cli, serve.engine, serve.batching, serve.service; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'train'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
