@@ -1,0 +1,269 @@
+"""Known-answer tests for train/eval.py (``prodip eval``).
+
+A tiny checkpoint (2 layers, hidden 32) is trained for a few steps on real Bangla/English text
+encoded with the conftest's tiny tokenizer, saved with ``train.checkpoint.save_checkpoint``, and
+scored on validation shards written with ``tokenizer.shards``. Checked: bits/char equals total
+NLL / ln 2 / characters of the independently decoded tokens; the batched NLL equals a plain
+per-window loop; the random twin (init std 0.002) scores ln V; MC log-likelihoods equal the
+closed form of a hand-made uniform model.
+
+    python -m pytest tests/train/test_eval.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from train import eval as ev
+from train.config import ModelConfig
+from train.model import LlamaForCausalLM
+
+DOCS = {
+    "bn": ["আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।", "চিরদিন তোমার আকাশ, তোমার বাতাস, আমার প্রাণে বাজায় বাঁশি।",
+           "ওগো মা, তোমার কোলে জনম আমার, মরণ তোমার বুকে।", "রবীন্দ্রনাথ ঠাকুর বাংলা ভাষার কবি।"],
+    "en": ["The quick brown fox jumps over the lazy dog.", "A stitch in time saves nine.",
+           "All that glitters is not gold; the early bird catches the worm.", "Rome was not built in a day."],
+}
+EOS = 2
+
+
+def _encode_stream(tok, docs: list[str], repeat: int) -> np.ndarray:
+    ids: list[int] = []
+    for _ in range(repeat):
+        for doc in docs:
+            ids += tok.encode(doc, add_special_tokens=False).ids + [EOS]
+    return np.asarray(ids, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def eval_env(tmp_path_factory, tiny_tokenizer_dir):
+    """(run_dir, shards_dir, tokenizer, vocab_size): a trained tiny checkpoint + real-text shards."""
+    from tokenizer.bpe import load_tokenizer, tokenizer_sha256
+    from tokenizer.shards import write_meta, write_shard
+    from train.checkpoint import save_checkpoint
+
+    tok = load_tokenizer(tiny_tokenizer_dir)
+    vocab = tok.get_vocab_size()
+    root = tmp_path_factory.mktemp("eval")
+    shards = root / "shards"
+    langs = {}
+    for lang, docs in DOCS.items():
+        stream = _encode_stream(tok, docs, repeat=6)
+        (shards / lang).mkdir(parents=True)
+        write_shard(shards / lang / "val_000000.bin", stream, "uint16")
+        write_shard(shards / lang / "train_000000.bin", stream, "uint16")
+        langs[lang] = {split: [{"file": f"{lang}/{split}_000000.bin", "n_tokens": len(stream)}]
+                       for split in ("train", "val")}
+    write_meta(shards, {"tokenizer_sha256": tokenizer_sha256(tiny_tokenizer_dir), "vocab_size": vocab,
+                        "token_dtype": "uint16", "bos_id": 1, "eos_id": 2, "pad_id": 0, "languages": langs})
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      initializer_range=0.002, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    data = torch.from_numpy(np.concatenate([_encode_stream(tok, d, 6) for d in DOCS.values()]))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(40):  # a little training: the checkpoint must beat its random twin
+        starts = torch.randint(0, len(data) - 33, (8,), generator=torch.Generator().manual_seed(step))
+        rows = torch.stack([data[s:s + 33] for s in starts])
+        loss = F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    run = root / "run"
+    save_checkpoint(run / "checkpoints", step=40, model=model, model_config=cfg, tokenizer_dir=tiny_tokenizer_dir)
+    return run, shards, tok, vocab
+
+
+def _cfg(eval_env, **kw) -> ev.EvalConfig:
+    run, shards, _, _ = eval_env
+    base = dict(checkpoint=str(run), shards_dir=str(shards), eval_tokens=300, seq_len=64, batch_size=3)
+    return ev.EvalConfig(**{**base, **kw})
+
+
+def test_bits_per_char_known_answer(eval_env) -> None:
+    run, shards, tok, vocab = eval_env
+    from tokenizer.shards import read_shard
+
+    stream = np.asarray(read_shard(shards / "bn" / "val_000000.bin"), dtype=np.int64)
+    two_docs = int(np.flatnonzero(stream == EOS)[1]) + 1  # a budget ending exactly after 2 documents
+    result = ev.evaluate(_cfg(eval_env, eval_tokens=two_docs))
+    assert result["languages"]["bn"]["chars"] == len(DOCS["bn"][0]) + len(DOCS["bn"][1])
+    result = ev.evaluate(_cfg(eval_env))  # budget 300 tokens: cuts a document (and maybe a letter)
+    assert (run / "eval.json").is_file() and not list(run.glob("*.tmp"))
+    assert json.loads((run / "eval.json").read_text()) == json.loads(json.dumps(result))
+    assert result["format_version"] == 1 and result["checkpoint"]["step"] == 40
+    for lang in DOCS:
+        row = result["languages"][lang]
+        stream = np.asarray(read_shard(shards / lang / "val_000000.bin"), dtype=np.int64)
+        assert row["tokens"] == 300
+        text = tok.decode(stream[:300].tolist(), skip_special_tokens=True)
+        assert text.startswith(DOCS[lang][0])  # a clean start: no cut character in front
+        assert row["chars"] == len(text.rstrip("\ufffd")) + ("\ufffd" in text[-1:])
+        for name in ("trained", "random_init"):
+            m = row[name]
+            assert m["bits_per_char"] == pytest.approx(m["nll_nats_total"] / math.log(2) / row["chars"],
+                                                       rel=1e-12)
+            assert m["nll_nats_per_token"] == pytest.approx(m["nll_nats_total"] / 300, rel=1e-12)
+        # the trained model beats the random twin, whose NLL is ln V for init std 0.002
+        assert row["random_init"]["nll_nats_per_token"] == pytest.approx(math.log(vocab), abs=0.01)
+        assert row["trained"]["nll_nats_per_token"] < row["random_init"]["nll_nats_per_token"] - 0.5
+
+
+def test_batched_nll_equals_plain_window_loop(eval_env) -> None:
+    run, shards, _, _ = eval_env
+    from train.checkpoint import load_model
+
+    result = ev.evaluate(_cfg(eval_env, out=str(run / "other" / "e.json"), languages=["bn"]))
+    assert list(result["languages"]) == ["bn"] and (run / "other" / "e.json").is_file()
+    model, _, _ = load_model(run)
+    tokens = torch.from_numpy(ev.read_val_tokens(shards, "bn", 300))
+    assert tokens.shape == (300,)
+    stream = torch.cat([torch.tensor([EOS]), tokens])
+    total = 0.0
+    with torch.no_grad():
+        for s in range(0, 300, 64):  # 4 full windows of 64 + a tail of 44, one at a time
+            x = stream[s:min(s + 65, 301)]
+            total += F.cross_entropy(model(x[None, :-1])[0], x[1:], reduction="sum").item()
+    assert result["languages"]["bn"]["trained"]["nll_nats_total"] == pytest.approx(total, rel=1e-5)
+
+
+def test_random_twin_depends_on_seed_only(eval_env) -> None:
+    a = ev.evaluate(_cfg(eval_env, seed=3, languages=["en"], eval_tokens=64))
+    b = ev.evaluate(_cfg(eval_env, seed=3, languages=["en"], eval_tokens=64, batch_size=1))
+    c = ev.evaluate(_cfg(eval_env, seed=4, languages=["en"], eval_tokens=64))
+    nll = lambda r: r["languages"]["en"]["random_init"]["nll_nats_total"]  # noqa: E731
+    assert nll(a) == pytest.approx(nll(b), rel=1e-6) and nll(a) != nll(c)
+
+
+# ---- multiple choice ---------------------------------------------------------------------------
+
+def _uniform_model(vocab: int) -> LlamaForCausalLM:
+    """lm_head = 0: every next-token distribution is uniform, log p = -ln V exactly."""
+    model = LlamaForCausalLM(ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64))
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    return model.eval()
+
+
+def _favouring_model(vocab: int, favoured: list[int], c: float) -> LlamaForCausalLM:
+    """Context-free model: logit c for ``favoured`` tokens, 0 for the rest (attention/MLP outputs
+    zeroed, constant embedding, so the final hidden state is the same at every position)."""
+    model = _uniform_model(vocab)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.fill_(1.0)  # RMSNorm(ones) = ones / sqrt(1 + eps)
+        scale = 1.0 / math.sqrt(1.0 + model.config.rms_norm_eps)
+        model.lm_head.weight[favoured] = c / (32 * scale)
+    return model
+
+
+def test_continuation_logprobs_closed_form() -> None:
+    V, S, c = 50, [5, 7, 9], 3.0
+    model = _favouring_model(V, S, c)
+    log_z = math.log(len(S) * math.exp(c) + V - len(S))
+    pairs = [([2, 11], [5, 7]), ([2, 11, 12, 13], [20]), ([2], [9, 20, 21, 5])]
+    want = [2 * (c - log_z), -log_z, 2 * (c - log_z) - 2 * log_z]
+    got = ev.continuation_logprobs(model, pairs, torch.device("cpu"), max_len=64, batch_size=2)
+    assert got == pytest.approx(want, abs=1e-4)
+    # truncation from the left keeps the continuation scored in full
+    long_ctx = ([2] + [11] * 100, [5])
+    assert ev.continuation_logprobs(model, [long_ctx], torch.device("cpu"), max_len=64) == pytest.approx(
+        [c - log_z], abs=1e-4)
+
+
+def test_mc_accuracy_known_answer(eval_env, tmp_path) -> None:
+    _, _, tok, vocab = eval_env
+    model = _uniform_model(vocab)  # log-likelihood = -n_tokens * ln V
+    items = [{"context": "Q: ", "choices": ["the lazy dog", "ab", "আমার সোনার বাংলা"], "answer": 0},
+             {"context": "Q: ", "choices": ["Rome", "zq"], "answer": 1},
+             {"context": "Q: ", "choices": ["gold", "zq"], "answer": 0}]
+    n_tok = lambda ctx, ch: len(ev.encode_choice(tok, ctx, ch, EOS)[1])  # noqa: E731
+    exp_acc = exp_norm = 0
+    for it in items:
+        ll = [-n_tok(it["context"], ch) * math.log(vocab) for ch in it["choices"]]
+        norm = [v / len(ch) for v, ch in zip(ll, it["choices"])]
+        exp_acc += int(int(np.argmax(ll)) == it["answer"])  # np.argmax: first maximum, like score_mc
+        exp_norm += int(int(np.argmax(norm)) == it["answer"])
+    got = ev.score_mc(model, tok, items, torch.device("cpu"), max_len=64, prefix_id=EOS)
+    assert got == {"n_items": 3, "acc": exp_acc / 3, "acc_norm": exp_norm / 3,
+                   "chance": pytest.approx((1 / 3 + 1 / 2 + 1 / 2) / 3)}
+    assert got["acc"] != got["acc_norm"]  # the two criteria really differ on these items
+
+
+def test_mc_favoured_answer_is_picked(eval_env) -> None:
+    _, _, tok, vocab = eval_env
+    items = [{"context": "x: ", "choices": ["dog", "আমার"], "answer": 1},
+             {"context": "x: ", "choices": ["আমার", "fox"], "answer": 0}]
+    favoured = sorted(set(ev.encode_choice(tok, "x: ", "আমার", EOS)[1]))
+    others = set(ev.encode_choice(tok, "x: ", "dog", EOS)[1]) | set(ev.encode_choice(tok, "x: ", "fox", EOS)[1])
+    assert not others & set(favoured)
+    model = _favouring_model(vocab, favoured, 5.0)
+    got = ev.score_mc(model, tok, items, torch.device("cpu"), max_len=64, prefix_id=EOS)
+    assert got["acc"] == 1.0 and got["acc_norm"] == 1.0
+
+
+def test_read_mc_validates_and_accepts_hellaswag(tmp_path) -> None:
+    good = tmp_path / "mc.jsonl"
+    good.write_text(json.dumps({"context": "a", "choices": ["b", "c"], "answer": 1}) + "\n\n"
+                    + json.dumps({"ctx": "A man", "endings": ["runs.", "sits."], "label": 0}) + "\n")
+    items = ev.read_mc(good)
+    assert items[1] == {"context": "A man", "choices": [" runs.", " sits."], "answer": 0}
+    for line, match in [("{bad", r"mc\.jsonl:1: not valid JSON"),
+                        (json.dumps({"context": "a", "choices": ["b", "c"], "answer": 2}), "answer"),
+                        (json.dumps({"context": "a", "choices": ["b"], "answer": 0}), "choices")]:
+        (tmp_path / "mc.jsonl").write_text(line + "\n")
+        with pytest.raises(ValueError, match=match):
+            ev.read_mc(tmp_path / "mc.jsonl")
+    with pytest.raises(FileNotFoundError):
+        ev.read_mc(tmp_path / "missing.jsonl")
+
+
+# ---- errors and the command line ----------------------------------------------------------------
+
+def test_bad_inputs_are_refused(eval_env, tmp_path) -> None:
+    with pytest.raises(ValueError, match="seq_len=512 exceeds"):
+        ev.evaluate(_cfg(eval_env, seq_len=512))
+    with pytest.raises(ValueError, match="languages"):
+        ev.evaluate(_cfg(eval_env, languages=["xx"]))
+    with pytest.raises(ValueError, match="nothing to score"):
+        ev.evaluate(_cfg(eval_env, shards_dir=""))
+    with pytest.raises(ValueError, match="eval_tokens"):
+        _cfg(eval_env, eval_tokens=0)
+    run, shards, _, _ = eval_env
+    other = tmp_path / "shards"
+    other.mkdir()
+    meta = json.loads((shards / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "tokenizer_sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="tokenizer sha256"):
+        ev.evaluate(_cfg(eval_env, shards_dir=str(other)))
+
+
+def test_prodip_eval_command(eval_env, tmp_path, capsys) -> None:
+    from prodip.cli import main
+
+    run, shards, _, _ = eval_env
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text(json.dumps({"context": "Q: ", "choices": ["dog", "fox"], "answer": 0}) + "\n")
+    toml = tmp_path / "eval.toml"
+    toml.write_text(f'[eval]\nshards_dir = "{shards}"\neval_tokens = 100\nseq_len = 32\n')
+    out = tmp_path / "e.json"
+    rc = main(["eval", "--config", str(toml), "--checkpoint", str(run), "--mc", str(mc),
+               "--out", str(out), "--batch-size", "2"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "bits/char" in printed and "multiple choice (1 items" in printed
+    result = json.loads(out.read_text())
+    assert result["config"]["eval_tokens"] == 100 and result["config"]["batch_size"] == 2
+    assert set(result["languages"]) == {"bn", "en"} and result["mc"]["trained"]["n_items"] == 1
+    assert main(["eval", "--checkpoint", str(tmp_path / "nope"), "--shards-dir", str(shards)]) == 2
