@@ -1,0 +1,176 @@
+"""A real server: `python -m serve serve` on a free loopback port, the `openai` client against it,
+32 concurrent requests, client disconnects, CLI refusal, and graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float = 60.0, proc=None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_export):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "serve", "serve", str(tiny_export[0]), "--port", str(port),
+                             "--variant", "int8", "--api-key", KEY, "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_openai_client_plain_and_streaming(server):
+    import openai
+    base, _ = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["export"]
+    r = client.completions.create(model="export", prompt="আমি বাংলায়", max_tokens=24, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
+    stream = client.completions.create(model="export", prompt="আমি বাংলায়", max_tokens=24, temperature=0,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in stream) == r.choices[0].text
+    r = client.completions.create(model="export", prompt="hello", max_tokens=0, echo=True, logprobs=1)
+    assert r.choices[0].text == "hello" and r.choices[0].logprobs.token_logprobs[0] is None
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="export", prompt="x", max_tokens=10_000)
+    assert "128" in str(err.value)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_32_concurrent_requests(server):
+    base, _ = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as c:
+            bodies = [{"prompt": f"আমি {i}", "max_tokens": 32, "temperature": 0.7, "seed": i, "ignore_eos": True,
+                       "stream": i % 2 == 1} for i in range(32)]
+            return await asyncio.gather(*(c.post("/v1/completions", json=b) for b in bodies))
+
+    start = time.perf_counter()
+    responses = asyncio.run(main())
+    elapsed = time.perf_counter() - start
+    assert [r.status_code for r in responses] == [200] * 32
+    for i, r in enumerate(responses):
+        if i % 2 == 0:
+            assert r.json()["usage"]["completion_tokens"] == 32
+        else:
+            assert r.text.rstrip().endswith("data: [DONE]")
+    assert elapsed < 30
+
+
+def test_cli_refuses_unverified_export(tiny_export, tmp_path):
+    d = tmp_path / "unverified"
+    shutil.copytree(tiny_export[0], d)
+    m = json.loads((d / "manifest.json").read_text())
+    m["conformance"]["variants"]["fp32"] = False
+    (d / "manifest.json").write_text(json.dumps(m))
+    r = subprocess.run([sys.executable, "-m", "serve", "serve", str(d), "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "FAILED conformance" in r.stderr and "--allow-unverified" in r.stderr
+
+
+def test_graceful_shutdown_on_sigterm(tiny_export):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "serve", "serve", str(tiny_export[0]), "--port", str(port),
+                             "--log-level", "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down (lifespan end: engine thread stopped), then re-raises the signal
+        assert proc.wait(15) in (0, -signal.SIGTERM)
+        log = proc.stderr.read().decode()
+        assert "Application shutdown complete" in log and "Finished server process" in log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+class _SlowDecoder:
+    """Wraps the ONNX decoder so that each step takes >= 20 ms (makes a disconnect observable)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, *args):
+        self.calls += 1
+        time.sleep(0.02)
+        return self.inner.forward(*args)
+
+
+def test_client_disconnect_stops_generation(tiny_export):
+    import uvicorn
+
+    from serve.app import create_app
+    app = create_app(tiny_export[0])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health")
+        sched = app.state.service.scheduler
+        sched.decoder = slow = _SlowDecoder(sched.decoder)
+        body = {"prompt": "আমি", "max_tokens": 120, "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+        calls_at_close = slow.calls
+        time.sleep(0.3)  # ~15 steps' time if it kept going
+        assert slow.calls - calls_at_close <= 3
+        assert sched._batch is None or not sched._batch.seqs
+        # same for a non-streamed request whose client times out
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={**body, "stream": False}, timeout=0.3)
+        calls_at_close = slow.calls
+        time.sleep(0.4)
+        assert slow.calls - calls_at_close <= 4
+    finally:
+        server.should_exit = True
+        thread.join(15)
