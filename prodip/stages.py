@@ -36,8 +36,8 @@ CONFIG_CLASSES = {
     "model": "train.config:ModelConfig",
     "train": "train.trainer:TrainConfig",
     "eval": "train.eval:EvalConfig",
-    "export": "export:ExportConfig",
-    "conformance": "conformance:ConformanceConfig",
+    "export": "export.config:ExportConfig",
+    "conformance": "conformance.config:ConformanceConfig",
     "serve": "serve.config:ServeConfig",
 }
 SECTIONS = list(CONFIG_CLASSES)
@@ -110,9 +110,15 @@ def _tokenizer_done(plan: dict) -> bool:
 
 
 def _tokenizer_run(plan: dict) -> None:
+    """Train the tokenizer (unless an earlier, interrupted run already did), audit it, apply the gate."""
     from tokenizer import audit, bpe
-    bpe.train_tokenizer(plan["tokenizer"])
-    audit.run_audit(plan["audit"])  # writes fertility.json; raises ValueError if the gate fails
+    if not (Path(plan["tokenizer"].out_dir) / "tokenizer.json").exists():
+        bpe.train_tokenizer(plan["tokenizer"])
+    report = audit.run_audit(plan["audit"])  # writes fertility.json
+    print(audit.format_table(report), flush=True)
+    if not report["gate"]["passed"]:
+        raise ValueError("tokenizer fertility gate failed: " + "; ".join(report["gate"]["failures"])
+                         + f" (see {Path(plan['tokenizer'].out_dir) / 'fertility.json'})")
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -175,10 +181,14 @@ def free_port() -> int:
 
 
 def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> dict:
+    """GET (no body) or POST JSON; an HTTP error raises RuntimeError with the server's error body."""
     data = None if body is None else json.dumps(body).encode("utf-8")
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read().decode("utf-8"))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as err:
+        raise RuntimeError(f"{url}: HTTP {err.code}: {err.read().decode('utf-8', 'replace')[:500]}") from None
 
 
 def _serve_run(plan: dict, *, prompts: dict[str, str], max_tokens: int, timeout_s: float,
@@ -197,10 +207,11 @@ def _serve_run(plan: dict, *, prompts: dict[str, str], max_tokens: int, timeout_
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_healthy(base, proc, timeout_s, log_path)
+            model_id = _http_json(f"{base}/v1/models")["data"][0]["id"]
             results = {}
             for lang, prompt in prompts.items():
                 t0 = time.perf_counter()
-                body = {"model": "prodip", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+                body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
                 resp = _http_json(f"{base}/v1/completions", body)
                 results[lang] = {"prompt": prompt, "completion": resp["choices"][0]["text"],
                                  "finish_reason": resp["choices"][0].get("finish_reason"),

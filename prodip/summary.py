@@ -48,20 +48,26 @@ def summarise(plan: dict, out_dir: Path) -> dict[str, Any]:
 
 
 def _fertility_rows(fert: dict) -> list[list[Any]]:
+    gate = fert.get("gate", {})
+    mins = gate.get("min_chars_per_token", {})
+    failed = {f.split(":", 1)[0] for f in gate.get("failures", [])}
+    naive = (fert.get("baseline") or {}).get("languages", {})
     rows = []
     for lang, m in sorted(fert.get("languages", {}).items()):
+        verdict = "" if lang not in mins else ("FAIL" if lang in failed else "pass")
         rows.append([lang, f"{m['chars_per_token']:.2f}", f"{m['bytes_per_token']:.2f}",
-                     f"{m['tokens_per_word']:.2f}", f"{m.get('min_chars_per_token', float('nan')):.2f}",
-                     "pass" if m.get("passed", True) else "FAIL"])
+                     f"{m['tokens_per_word']:.2f}",
+                     f"{naive[lang]['chars_per_token']:.2f}" if lang in naive else "",
+                     f"{mins[lang]:.2f}" if lang in mins else "", verdict])
     return rows
 
 
 def _eval_rows(ev: dict) -> list[list[Any]]:
     rows = []
     for lang, m in sorted(ev.get("languages", {}).items()):
-        t, r = m["trained"], m["random"]
+        t, r = m["trained"], m["random_init"]
         rows.append([lang, f"{t['bits_per_char']:.3f}", f"{r['bits_per_char']:.3f}",
-                     f"{t['nll_per_token']:.3f}", f"{r['nll_per_token']:.3f}", m.get("tokens", "")])
+                     f"{t['nll_nats_per_token']:.3f}", f"{r['nll_nats_per_token']:.3f}", m.get("tokens", "")])
     return rows
 
 
@@ -98,7 +104,8 @@ def print_summary(plan: dict, out_dir: Path, timings: dict[str, float]) -> dict[
     print(_rule(f"prodip run summary: {out_dir}"))
     if s["fertility"]:
         print(_rule("tokenizer fertility (held-out text)"))
-        print(_table(["lang", "chars/token", "bytes/token", "tokens/word", "gate min", "gate"],
+        print(_table(["lang", "chars/token", "bytes/token", "tokens/word", "naive BPE chars/token",
+                      "gate min", "gate"],
                      _fertility_rows(s["fertility"])))
     if s["eval"]:
         print(_rule("held-out quality: trained model vs random-initialised twin"))
