@@ -1,0 +1,103 @@
+"""Real processes: SIGKILL at random moments never leaves a bad `latest`; torchrun DDP on gloo.
+
+    python -m pytest tests/train/test_kill_ddp.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from prodip.config import dump_toml
+from tests.train.conftest import tiny_config
+from train import checkpoint as ck
+from train.loop import build_optimizer
+from train.model import LlamaForCausalLM
+from train.trainer import TrainConfig, train
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _toml(path, tok, shards, out, **train_kw):
+    base = dict(shards_dir=str(shards), tokenizer_dir=str(tok), out_dir=str(out), batch_size=2, seq_len=16,
+                device="cpu", progress=False, lr=3e-3, warmup_steps=2)
+    base.update(train_kw)
+    path.write_text(dump_toml({"model": tiny_config().to_dict(), "train": base}))
+    return path
+
+
+def _read(path):
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_sigkill_never_leaves_bad_latest(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    out = tmp_path / "run"
+    toml = _toml(tmp_path / "run.toml", tiny_tokenizer_dir, tiny_shards_dir, out, steps=100000,
+                 checkpoint_every_steps=1, keep_last=2)
+    rng = random.Random(0)
+    kills_after_a_checkpoint, last_step = 0, 0
+    for attempt in range(4):
+        cmd = [sys.executable, "-m", "train", "train", "--config", str(toml)]
+        if (out / "checkpoints" / "latest").exists():
+            cmd.append("--resume")
+        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        latest, before = out / "checkpoints" / "latest", _read(out / "checkpoints" / "latest")
+        deadline = time.time() + 60
+        while _read(latest) == before and time.time() < deadline:  # this process saved once
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.5))  # somewhere in the step/save cycle
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        model, cfg, info = ck.load_model(out)  # what `latest` names must verify and load
+        assert cfg == tiny_config() and all(torch.isfinite(p).all() for p in model.parameters())
+        fresh = LlamaForCausalLM(cfg)
+        opt = build_optimizer(fresh, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8,
+                              device=torch.device("cpu"))
+        state = ck.load_training_state(out, fresh, opt)
+        assert state["step"] == info["step"] >= last_step  # resumes never go backwards
+        kills_after_a_checkpoint += info["step"] > last_step
+        last_step = info["step"]
+    assert kills_after_a_checkpoint >= 3 and last_step > 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_torchrun_ddp_matches_single_process(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    kw = dict(steps=4, grad_accum_steps=2, checkpoint_every_steps=0, mixture={"bn": 0.5, "en": 0.5})
+    toml = _toml(tmp_path / "ddp.toml", tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "ddp", **kw)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "train", "train", "--config", str(toml)]
+    res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=110)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ddp_ckpt = ck.resolve_checkpoint(tmp_path / "ddp")
+    state = json.loads((ddp_ckpt / "trainer_state.json").read_text())
+    hashes = state["param_sha256_by_rank"]
+    assert state["world_size"] == 2 and len(hashes) == 2 and hashes[0] == hashes[1]  # ranks identical
+    single = TrainConfig(shards_dir=str(tiny_shards_dir), tokenizer_dir=str(tiny_tokenizer_dir),
+                         out_dir=str(tmp_path / "single"), batch_size=4, seq_len=16, device="cpu",
+                         progress=False, lr=3e-3, warmup_steps=2, **kw)  # same global batch: 2 x 2
+    single_dir = train(single, tiny_config())
+    a = load_file(str(ddp_ckpt / "model.safetensors"))
+    b = load_file(str(ck.resolve_checkpoint(single_dir) / "model.safetensors"))
+    start = LlamaForCausalLM(tiny_config()).state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # it trained
+    la = [json.loads(x)["loss"] for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x)["loss"] for x in (single_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(la) == len(lb) == 4
