@@ -108,23 +108,14 @@ def _check_inputs(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[str, dict]:
 
 
 def _check_gate(cfg: TrainConfig) -> None:
-    """Refuse a tokenizer whose fertility audit failed, unless ``force`` (tokenizer.audit owns the gate)."""
-    try:
-        from tokenizer.audit import check_gate
-    except ImportError:
-        log.warning("tokenizer.audit.check_gate is not available; tokenizer gate not checked")
-        return
-    try:
-        result = check_gate(cfg.tokenizer_dir)
-    except ValueError as err:
-        if not cfg.force:
-            raise ValueError(f"{err} (pass --force to train anyway)") from None
-        log.warning("tokenizer gate failed, training anyway (--force): %s", err)
-        return
-    passed = getattr(result, "passed", result if isinstance(result, bool) else True)
-    if not passed and not cfg.force:
-        raise ValueError(f"{cfg.tokenizer_dir}: tokenizer failed its fertility gate "
-                         f"({result}); pass --force to train anyway")
+    """Refuse a tokenizer whose fertility audit failed, unless ``force`` (tokenizer.audit owns the gate).
+
+    Raises:
+        ValueError: the audit failed (and not ``force``), or its fertility.json is stale.
+    """
+    from tokenizer.audit import check_gate
+
+    check_gate(cfg.tokenizer_dir, force=cfg.force)
 
 
 def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device):
@@ -272,6 +263,7 @@ class _Run:
                    disable=not (cfg.progress and info.is_main))
         metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if info.is_main else None
         last: dict[str, float] = {}
+        loop_start = time.perf_counter()
         try:
             while self.step < end:
                 t0 = time.perf_counter()
@@ -284,7 +276,8 @@ class _Run:
                 self.step += 1
                 self.tokens_seen += tokens_per_step
                 last = {"step": self.step, **out, "tokens_seen": self.tokens_seen,
-                        "tokens_per_s": tokens_per_step / dt, "step_time_s": dt}
+                        "tokens_per_s": tokens_per_step / dt, "step_time_s": dt,
+                        "elapsed_s": time.perf_counter() - loop_start}
                 if peak:  # MFU = achieved FLOP/s / peak (PaLM appendix B); per-rank peak x ranks
                     last["mfu"] = flops_per_token * last["tokens_per_s"] / (peak * info.world_size)
                 if val and self.step % cfg.eval_every_steps == 0:

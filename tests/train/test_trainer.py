@@ -112,3 +112,17 @@ progress = false
     assert ck.load_model(tmp_path / "run")[2]["step"] == 4
     assert prodip_main(["train", "--config", str(toml), "--steps", "5"]) == 2  # exists, no --resume
     assert "--resume" in capsys.readouterr().err
+
+
+def test_failed_tokenizer_gate_refused_unless_forced(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    import shutil
+    from tokenizer.bpe import tokenizer_sha256
+    tok = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer_dir, tok)
+    (tok / "fertility.json").write_text(json.dumps({
+        "format_version": 1, "tokenizer_sha256": tokenizer_sha256(tok),
+        "gate": {"passed": False, "failures": ["bn: 1.2 chars/token < 2.0"]}}))
+    cfg = _cfg(tok, tiny_shards_dir, tmp_path / "run", steps=1)
+    with pytest.raises(ValueError, match="fertility"):
+        train(cfg, tiny_config())
+    assert ck.load_model(train(dataclasses.replace(cfg, force=True), tiny_config()))[2]["step"] == 1
