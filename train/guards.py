@@ -143,6 +143,8 @@ def check_gradient_flow(model: nn.Module, loss_fn: Callable[[nn.Module], torch.T
             gradient, a zero-norm gradient, a non-finite gradient, or is unexpectedly frozen.
     """
     params = trainable_parameters(model)
+    if not params:
+        raise GuardError("gradient flow: the model has no trainable parameters")
     frozen_ok = tuple(frozen_ok)
     problems: dict[str, str] = {}
     for name, p in model.named_parameters():
@@ -314,8 +316,10 @@ def check_update_flow(model: nn.Module, optimizer: torch.optim.Optimizer,
         GuardError: a parameter is in no group or in several, the optimizer holds foreign
             tensors, or a parameter is unchanged or non-finite after the step.
     """
-    report = UpdateFlowReport(problems=optimizer_membership(model, optimizer), restored=restore)
     params = trainable_parameters(model)
+    if not params:
+        raise GuardError("update flow: the model has no trainable parameters")
+    report = UpdateFlowReport(problems=optimizer_membership(model, optimizer), restored=restore)
     snap = _snapshot(model, optimizer, scheduler)
     before = {id(live): saved for live, saved in snap.tensors}
     try:
@@ -325,7 +329,7 @@ def check_update_flow(model: nn.Module, optimizer: torch.optim.Optimizer,
                     group["lr"] = probe_lr
             step_fn(model, optimizer)
         with torch.no_grad():
-            deltas = [(p.detach() - before[id(p)]).abs().max() for _, p in params]
+            deltas = [(p.detach() - before[id(p)]).abs().max().float() for _, p in params]
             finite = [torch.isfinite(p.detach()).all() for _, p in params]
             deltas = torch.stack(deltas).float().cpu().tolist()
             finite = torch.stack(finite).cpu().tolist()

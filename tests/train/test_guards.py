@@ -339,3 +339,33 @@ def test_guards_under_ddp_strip_module_prefix(tmp_path) -> None:
         assert report.ok and "lm_head.weight" in report.max_abs_update
     finally:
         dist.destroy_process_group()
+
+
+class _GradCapture(torch.optim.SGD):
+    """An 'optimizer' that leaves the weights and the accumulated gradients in place."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+
+    def step(self, closure=None):
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+
+def test_trainer_train_step_accumulation_passes_the_guard() -> None:
+    loop = pytest.importorskip("train.loop")
+    model = tiny_model()
+    tokens = batch(b=8)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def run(micro: int):
+        def fn(m):
+            pairs = list(zip(x.chunk(micro), y.chunk(micro)))
+            loop.train_step(m, _GradCapture(m.parameters()), pairs, lr=0.0, grad_clip=0.0,
+                            device=torch.device("cpu"), autocast_dtype=None)
+        return fn
+
+    report = guards.check_accumulation(model, run(1), run(4))
+    assert report.ok and report.norm_ratio == pytest.approx(1.0, abs=1e-5)
