@@ -27,6 +27,23 @@ ONNX_FILES = {"fp32": "onnx/model.onnx", "fp16": "onnx/model_fp16.onnx",
 CONFIG_TOML = "export_config.toml"
 
 
+#: Third-party loggers that narrate every node at INFO; kept at WARNING during an export.
+_CHATTY_LOGGERS = ("onnxscript", "onnx_ir", "onnxruntime", "torch.onnx", "torch.export", "torch._export",
+                   "torch._dynamo", "torch.fx")
+
+
+@contextmanager
+def _quiet_third_party() -> Iterator[None]:
+    saved = {name: logging.getLogger(name).level for name in _CHATTY_LOGGERS}
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR if name.startswith("torch") else logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
 @contextmanager
 def _phase(index: int, total: int, name: str) -> Iterator[None]:
     """Print ``[export i/n] name ...`` and the phase's wall time when it ends."""
@@ -61,9 +78,13 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 
 def _onnx_variant(name: str, path: str, dtype: str, quantization: Optional[dict[str, Any]],
                   root: Path) -> dict[str, Any]:
+    import onnx
     extra = [f"{path}.data"] if (root / f"{path}.data").is_file() else []
+    opsets = {o.domain or "ai.onnx": o.version
+              for o in onnx.load(str(root / path), load_external_data=False).opset_import}
     return {"path": path, "format": "onnx", "dtype": dtype, "quantization": quantization,
-            "external_data": extra, "io_dtype": "float32", "kv_cache_dtype": "float32"}
+            "external_data": extra, "io_dtype": "float32", "kv_cache_dtype": "float32",
+            "opset": opsets.get("ai.onnx"), "opset_imports": opsets}
 
 
 def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, dict[str, Any]]:
@@ -79,7 +100,6 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
         export_onnx(model, fp32, opset=cfg.opset)
         check_io(fp32, model.config)
     out = {"fp32": _onnx_variant("fp32", ONNX_FILES["fp32"], "float32", None, root)}
-    out["fp32"]["opset"] = cfg.opset
     builders = {
         "fp16": ("float16", lambda dst: quantize.to_fp16(fp32, dst)),
         "int8": ("int8", lambda dst: quantize.to_int8(fp32, dst, per_channel=cfg.int8_per_channel,
@@ -95,7 +115,6 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
             params = build(root / ONNX_FILES[name])
             check_io(root / ONNX_FILES[name], model.config)
         out[name] = _onnx_variant(name, ONNX_FILES[name], dtype, params, root)
-        out[name]["opset"] = cfg.opset
     if "fp32" not in cfg.variants:  # built only as the source of the others
         for rel in [ONNX_FILES["fp32"], *out.pop("fp32")["external_data"]]:
             (root / rel).unlink()
@@ -118,9 +137,6 @@ def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path]
         FileExistsError: ``cfg.out`` is not empty and ``cfg.force`` is false.
         FileNotFoundError: ``tokenizer_dir`` lacks ``tokenizer.json``.
     """
-    from export import hf
-    from export.manifest import write_manifest
-    from prodip.config import dump_toml, to_dict
     out = Path(cfg.out)
     check_out_dir(out, cfg.force)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,17 +149,8 @@ def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path]
     step = lambda name: _phase(next(counter), total, name)  # noqa: E731
     t0 = time.perf_counter()
     try:
-        with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
-            hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
-        variants = {"safetensors": {"path": hf.WEIGHTS_FILE, "format": "safetensors",
-                                    "dtype": cfg.safetensors_dtype, "quantization": None}}
-        if "safetensors" not in cfg.variants:
-            variants = {}
-        variants.update(_build_onnx(model, tmp, cfg, step))
-        with step("manifest.json (sha256 of every file)"):
-            (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
-            write_manifest(tmp, source_checkpoint=source_checkpoint, tokenizer_sha256=tokenizer_sha256,
-                           variants=variants, export_config=dataclasses.asdict(cfg))
+        with _quiet_third_party():
+            _build_all(model, cfg, tmp, tokenizer_dir, source_checkpoint, tokenizer_sha256, step)
         check_out_dir(out, cfg.force)  # again: someone may have written there meanwhile
         _swap_into_place(tmp, out)
     except BaseException:
@@ -152,6 +159,25 @@ def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path]
     print(size_table(out), flush=True)
     print(f"[export] done in {time.perf_counter() - t0:.1f} s -> {out}", flush=True)
     return out
+
+
+def _build_all(model: Any, cfg: ExportConfig, tmp: Path, tokenizer_dir: Optional[Path],
+               source_checkpoint: dict[str, Any], tokenizer_sha256: Optional[str], step) -> None:
+    """Write every requested artifact and the manifest into the private folder ``tmp``."""
+    from export import hf
+    from export.manifest import write_manifest
+    from prodip.config import dump_toml, to_dict
+    with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
+        hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
+    variants = {"safetensors": {"path": hf.WEIGHTS_FILE, "format": "safetensors",
+                                "dtype": cfg.safetensors_dtype, "quantization": None}}
+    if "safetensors" not in cfg.variants:
+        variants = {}
+    variants.update(_build_onnx(model, tmp, cfg, step))
+    with step("manifest.json (sha256 of every file)"):
+        (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
+        write_manifest(tmp, source_checkpoint=source_checkpoint, tokenizer_sha256=tokenizer_sha256,
+                       variants=variants, export_config=dataclasses.asdict(cfg))
 
 
 def export_checkpoint(cfg: ExportConfig) -> Path:

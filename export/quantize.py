@@ -135,9 +135,14 @@ def to_int8(src: str | os.PathLike, dst: str | os.PathLike, *, per_channel: bool
     folded = materialize_transposed_weights(model)
     ops = ["MatMul", "Gather"] if quantize_embeddings else ["MatMul"]
     large = model.ByteSize() >= PROTOBUF_LIMIT_BYTES - 64 * 1024**2
-    quantize_dynamic(model, dst, op_types_to_quantize=ops, per_channel=per_channel, reduce_range=False,
-                     weight_type=QuantType.QInt8, use_external_data_format=large,
-                     extra_options={"MatMulConstBOnly": True})
+    root, level = logging.getLogger(), logging.getLogger().level
+    root.setLevel(max(level, logging.ERROR))  # quantize_dynamic narrates every tensor on the root logger
+    try:
+        quantize_dynamic(model, dst, op_types_to_quantize=ops, per_channel=per_channel, reduce_range=False,
+                         weight_type=QuantType.QInt8, use_external_data_format=large,
+                         extra_options={"MatMulConstBOnly": True})
+    finally:
+        root.setLevel(level)
     onnx.checker.check_model(str(dst))
     return {"tool": "onnxruntime.quantization.quantize_dynamic", "format": "QOperator",
             "weight_type": "QInt8", "activation_type": "QUInt8 (dynamic, per tensor)",
