@@ -10,6 +10,7 @@ and ONNX Runtime sessions, with no per-variant copy of the comparison loop.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,25 +54,26 @@ class TorchRunner(Runner):
 
 
 class TransformersRunner(Runner):
-    """``transformers.LlamaForCausalLM.from_pretrained(export_dir)`` in float32, eager attention.
-
-    Eager attention is used so that a fully padded query row is computed like the others (SDPA
-    kernels may differ only on such rows, which are never compared anyway).
-    """
+    """``transformers.LlamaForCausalLM.from_pretrained(export_dir)`` in float32, SDPA attention
+    (transformers' default, i.e. what a user of the export runs)."""
 
     def __init__(self, export_dir: str | Path, name: str = "transformers") -> None:
         import torch
         from transformers import LlamaForCausalLM
         self.model = LlamaForCausalLM.from_pretrained(str(export_dir), dtype=torch.float32,
-                                                      attn_implementation="eager").eval()
+                                                      attn_implementation="sdpa").eval()
         self.name = name
+        # transformers 5 renamed the cache argument ``past_key_values`` -> ``cache``.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def forward(self, input_ids, attention_mask, position_ids, state=None):
         import torch
         with torch.inference_mode():
             out = self.model(input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask),
-                             position_ids=torch.from_numpy(position_ids), past_key_values=state, use_cache=True)
-        return out.logits.float().numpy(), out.past_key_values
+                             position_ids=torch.from_numpy(position_ids), use_cache=True,
+                             **{self._cache_kw: state})
+        return out.logits.float().numpy(), getattr(out, "cache", None) or out.past_key_values
 
 
 class OrtRunner(Runner):

@@ -165,12 +165,8 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
             checkpoint differs from the one the manifest names, or the tolerance file is bad.
     """
     import torch
-    from tokenizers import Tokenizer
 
-    from conformance import measure
-    from conformance.inputs import build_inputs
-    from conformance.runners import TorchRunner, onnx_axes_problems
-    from export.manifest import file_sha256, read_manifest, tool_versions
+    from export.manifest import read_manifest
 
     t_start = time.perf_counter()
     if not cfg.export_dir:
@@ -180,8 +176,23 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
     tolerances = load_tolerances(tol_path)
     candidates = plan_candidates(manifest, cfg.variants)
+    threads_before = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    try:
+        return _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_start)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_start) -> dict[str, Any]:
+    from tokenizers import Tokenizer
+
+    from conformance import measure
+    from conformance.inputs import build_inputs
+    from conformance.runners import TorchRunner, onnx_axes_problems
+    from export.manifest import file_sha256, tool_versions
+
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
     inputs = build_inputs(train_tok, context_tokens=model_cfg.max_position_embeddings,
@@ -280,3 +291,40 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
                                      "report": rel, "report_sha256": paths["sha256"]})
     logger.info("conformance %s: %s", "PASSED" if report["passed"] else "FAILED", paths["md"])
     return report
+
+
+def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
+    """The (candidate, metric) pairs :func:`evaluate` will gate, known before anything runs.
+
+    Export-wide checks have candidate ``"export"``. Used by the pytest plugin to name one test
+    per check at collection time.
+
+    Raises:
+        ValueError / FileNotFoundError: unreadable manifest or tolerance file.
+    """
+    from export.manifest import read_manifest
+
+    manifest = read_manifest(cfg.export_dir)
+    tolerances = load_tolerances(Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES)
+    out = [("export", m) for m, t in tolerances.get("global", {}).items() if not isinstance(t, str)]
+    for cand in plan_candidates(manifest, cfg.variants):
+        table = tolerances.get(cand.name)
+        out.append((cand.name, "run_errors"))
+        if table is None:
+            out.append((cand.name, "tolerances"))
+        else:
+            out += [(cand.name, m) for m, t in table.items() if not isinstance(t, str)]
+    return out
+
+
+def find_check(report: dict[str, Any], candidate: str, metric: str) -> dict[str, Any]:
+    """The check record of ``candidate``/``metric`` in a report (``"export"`` = export-wide).
+
+    Raises:
+        KeyError: no such check.
+    """
+    checks = report["global"]["checks"] if candidate == "export" else report["candidates"][candidate]["checks"]
+    for c in checks:
+        if c["metric"] == metric:
+            return c
+    raise KeyError(f"no check {candidate}/{metric} in the report")

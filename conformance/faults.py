@@ -1,0 +1,204 @@
+"""Planted faults: broken copies of a good export that the conformance suite must reject.
+
+Each ``plant_*`` function copies a good export dir and edits the copy the way a real exporter
+bug would leave it (safetensors edits, ONNX graph surgery with the ``onnx`` library), then
+refreshes the manifest's file hashes so that only the planted defect differs. Production code
+is never changed. Used by ``tests/conformance`` and runnable on any export:
+
+    python -m conformance.faults runs/demo/export /tmp/faults   # writes one dir per fault
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+
+def copy_export(src: str | Path, dst: str | Path) -> Path:
+    """Copy an export dir (without its ``conformance/`` report) to ``dst`` (must not exist)."""
+    dst = Path(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("conformance"))
+    return dst
+
+
+def refresh_manifest(export_dir: Path, **updates) -> None:
+    """Re-hash every file into ``manifest.json`` (and apply top-level ``updates``); clears the verdict."""
+    from export.manifest import list_files
+    path = export_dir / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest.update(files=list_files(export_dir), conformance=None, **updates)
+    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+
+
+def _config(export_dir: Path) -> dict:
+    return json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
+
+
+def to_interleaved(w, n_heads: int):
+    """Rows of a q/k projection from rotate-half to the interleaved (Meta/GPT-J) RoPE layout.
+
+    The inverse of the ``permute`` in transformers' ``convert_llama_weights_to_hf.py``: per head,
+    row ``j`` (first half) and ``j + Dh/2`` (second half) become rows ``2j`` and ``2j + 1``.
+    """
+    out_dim, in_dim = w.shape
+    return w.reshape(n_heads, 2, out_dim // n_heads // 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def plant_rope_interleaved(src: Path, dst: Path) -> Path:
+    """model.safetensors with q/k rows in the interleaved RoPE layout (export forgot to convert)."""
+    from safetensors.torch import load_file, save_file
+    dst = copy_export(src, dst)
+    cfg = _config(dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    for key in list(tensors):
+        if key.endswith("self_attn.q_proj.weight"):
+            tensors[key] = to_interleaved(tensors[key], cfg["num_attention_heads"]).contiguous()
+        elif key.endswith("self_attn.k_proj.weight"):
+            tensors[key] = to_interleaved(tensors[key], cfg["num_key_value_heads"]).contiguous()
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    refresh_manifest(dst)
+    return dst
+
+
+def _edit_onnx(dst: Path, rel: str, edit: Callable) -> Path:
+    import onnx
+    path = dst / rel
+    model = onnx.load(str(path))
+    edit(model)
+    onnx.save(model, str(path))
+    return dst
+
+
+def _const(model, name: str, value: int) -> str:
+    from onnx import numpy_helper
+    model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    return name
+
+
+def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 3) -> Path:
+    """The decoder's sequence axis baked to ``seq`` (as a trace without dynamic axes leaves it)."""
+    def edit(model):
+        for vi in model.graph.input:
+            if vi.name in ("input_ids", "position_ids"):
+                dim = vi.type.tensor_type.shape.dim[1]
+                dim.Clear()
+                dim.dim_value = seq
+    dst = _edit_onnx(copy_export(src, dst), rel, edit)
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
+    """Causal mask built as if past = 0: query positions ``arange(T)`` instead of ``arange(P, P+T)``.
+
+    Surgery on the mask subgraph: the ``Range(S - T, S)`` of query positions becomes ``Range(0, T)``.
+    Correct for a prefill, wrong for every call with a cache.
+
+    Raises:
+        ValueError: no ``Range`` whose start is a ``Sub`` (the graph is not the expected export).
+    """
+    def edit(model):
+        producers = {o: n for n in model.graph.node for o in n.output}
+        for node in model.graph.node:
+            start = producers.get(node.input[0]) if node.op_type == "Range" else None
+            if start is not None and start.op_type == "Sub":
+                node.input[0] = _const(model, "planted_zero", 0)
+                node.input[1] = start.input[1]  # T
+                return
+        raise ValueError(f"{dst / rel}: no Range(S - T, S) node found to plant the mask fault")
+    dst = _edit_onnx(copy_export(src, dst), rel, edit)
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
+    """position_ids + 1 whenever more than one token is fed (1-based prefill, 0-based decode steps).
+
+    A uniform shift of every position is invisible to RoPE (it depends on position differences
+    only), so the planted bug is the realistic inconsistent one: prefill and decode disagree.
+    """
+    from onnx import helper
+
+    def edit(model):
+        g = model.graph
+        for node in g.node:
+            for i, name in enumerate(node.input):
+                if name == "position_ids":
+                    node.input[i] = "planted_position_ids"
+        one = _const(model, "planted_one", 1)
+        axis = _const(model, "planted_axis", 1)
+        new = [helper.make_node("Shape", ["input_ids"], ["planted_shape"]),
+               helper.make_node("Gather", ["planted_shape", axis], ["planted_seq"], axis=0),
+               helper.make_node("Greater", ["planted_seq", one], ["planted_multi"]),
+               helper.make_node("Cast", ["planted_multi"], ["planted_offset"], to=7),
+               helper.make_node("Add", ["position_ids", "planted_offset"], ["planted_position_ids"])]
+        for n in reversed(new):
+            g.node.insert(0, n)
+    dst = _edit_onnx(copy_export(src, dst), rel, edit)
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", layer: int = 1) -> Path:
+    """A quantised model whose decoder layer ``layer`` has all weights zeroed (scales set to 0).
+
+    Layer membership comes from graph order: the quantised MatMuls (MatMulInteger for int8,
+    MatMulNBits for int4) are 7 per layer (q, k, v, o, gate, up, down) then the lm_head.
+
+    Raises:
+        ValueError: the count of quantised MatMuls is not 7 per layer (+ lm_head).
+    """
+    from onnx import numpy_helper
+    L = _config(Path(src))["num_hidden_layers"]
+
+    def edit(model):
+        g = model.graph
+        inits = {i.name: i for i in g.initializer}
+        mm = [n for n in g.node if n.op_type in ("MatMulInteger", "MatMulNBits") and n.input[1] in inits]
+        if len(mm) not in (7 * L, 7 * L + 1):
+            raise ValueError(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 7 per layer x {L} (+ lm_head)")
+        zeroed = 0
+        for node in mm[7 * layer: 7 * layer + 7]:
+            base = node.input[1].rsplit("_", 1)[0]
+            for name, init in inits.items():
+                if name.startswith(base + "_") and name.endswith(("scale", "scales")):
+                    arr = numpy_helper.to_array(init)
+                    init.CopyFrom(numpy_helper.from_array(np.zeros_like(arr), name))
+                    zeroed += 1
+        if zeroed < 7:
+            raise ValueError(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected 7")
+    dst = _edit_onnx(copy_export(src, dst), rel, edit)
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_other_weights(src: Path, dst: Path, other_checkpoint: Path) -> Path:
+    """model.safetensors replaced by another checkpoint's weights, manifest still naming the original."""
+    dst = copy_export(src, dst)
+    shutil.copyfile(Path(other_checkpoint) / "model.safetensors", dst / "model.safetensors")
+    refresh_manifest(dst)
+    return dst
+
+
+FAULTS = {"rope_interleaved": plant_rope_interleaved, "static_seq": plant_static_seq,
+          "mask_ignores_past": plant_mask_ignores_past, "position_off_by_one": plant_position_off_by_one,
+          "zeroed_layer_int8": plant_zeroed_layer,
+          "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx")}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m conformance.faults EXPORT_DIR OUT_DIR", file=sys.stderr)
+        return 2
+    for name, fn in FAULTS.items():
+        print(fn(Path(argv[0]), Path(argv[1]) / name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
