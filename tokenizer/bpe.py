@@ -3,7 +3,8 @@
 The prodip tokenizer is a character-level BPE with byte fallback (the 256 ``<0xNN>`` tokens, so no
 ``<unk>`` and ``decode(encode(x)) == NFC(x)`` for any string), an NFC normaliser stored inside
 ``tokenizer.json``, and a pre-tokeniser that keeps every Bengali grapheme cluster whole (see
-``PRETOKENIZE_PATTERN``). The sample is streamed to configured per-language proportions.
+``WORD_PATTERN``), plus optional multi-word tokens (tokenizer/superword.py). The sample is streamed to
+configured per-language proportions.
 ``kind = "naive"`` trains the GPT-2-style byte-level baseline on the natural (unbalanced) mix instead.
 
     prodip tokenizer train --inputs bn=data/bn,en=data/en --vocab-size 8192 --out-dir runs/tok
@@ -17,7 +18,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from prodip.config import dump_toml, opt, to_dict
 from tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
+from tokenizer.superword import learn_superwords
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +37,25 @@ FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FORMAT_VERSION = 1
 
 _MARKS = r"\p{M}\x{200C}\x{200D}"  # combining marks (matras, virama, nukta, candrabindu, ...) + ZWNJ/ZWJ
-# Pre-tokeniser, tried left to right (Oniguruma syntax, as HF tokenizers uses):
+# Pre-tokeniser pieces (Oniguruma syntax, as HF tokenizers uses), tried left to right:
 #  1. a word: letters and marks (incl. ZWJ/ZWNJ) together, so no Bengali vowel sign, hasanta, nukta,
 #     candrabindu/anusvara/visarga or joiner is ever cut from its cluster (GPT-2's ``\p{L}+`` cuts at
-#     every matra, which is the report's 1.4 chars/token trap); one optional leading space or
-#     punctuation mark, as GPT-4's pattern, but never a danda;
-#  2. digits, Bengali ০-৯ treated like ASCII 0-9: runs of at most 3 (GPT-4's choice, so numbers get a
+#     every matra: the report's 1.4 chars/token trap); in-word apostrophes kept (don't, it's); one
+#     optional leading space or punctuation mark, as GPT-4's pattern, but never a danda; trailing
+#     sentence punctuation (. , ! ? ; : and the danda । ॥) may stay on the word, so the very frequent
+#     sentence-final "verb + danda" can become one token while a danda never starts a word;
+#  2. digits, Bengali ০-৯ treated like ASCII 0-9: runs of at most 3 (GPT-4's choice: numbers get a
 #     small closed set of pieces), with any following marks kept on;
-#  3. danda ।/double danda ॥ (optionally after one space): their own piece, never glued to a word, so
-#     sentence-final words reuse the same tokens as mid-sentence words;
-#  4. other symbols/punctuation (with marks following them), 5. newlines, 6. other whitespace.
-PRETOKENIZE_PATTERN = (
-    rf"[^\r\n\p{{L}}\p{{N}}{_MARKS}।॥]?[\p{{L}}{_MARKS}]+"
-    rf"|\p{{N}}{{1,3}}[{_MARKS}]*"
-    rf"| ?[।॥]+[{_MARKS}]*"
-    rf"| ?[^\s\p{{L}}\p{{N}}।॥]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+#  3. a danda on its own (after a number or a space), 4. other symbols, 5. newlines, 6. whitespace.
+_WORD = rf"[\p{{L}}{_MARKS}]+(?:['’][\p{{L}}{_MARKS}]+)*"
+_PREFIX = rf"[^\r\n\p{{L}}\p{{N}}{_MARKS}।॥]?"
+_END = r"[.,!?;:।॥]*"
+_REST = (rf"|\p{{N}}{{1,3}}[{_MARKS}]*| ?[।॥]+[{_MARKS}]*| ?[^\s\p{{L}}\p{{N}}।॥]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+WORD_PATTERN = _PREFIX + _WORD + _END + _REST
+# With superwords (tokenizer/superword.py) a piece is a phrase: words joined by single spaces, up to
+# sentence punctuation; everything else is as in WORD_PATTERN.
+PHRASE_PATTERN = _PREFIX + _WORD + rf"(?: {_WORD})*" + _END + _REST
 
 
 @dataclass
@@ -69,6 +73,8 @@ class TokenizerTrainConfig:
     limit_alphabet: int = opt(1000, "at most this many distinct characters enter the vocabulary; rarer "
                               "characters are encoded as byte-fallback tokens")
     model_max_length: int = opt(2048, "model_max_length written to tokenizer_config.json (tokens)")
+    superword_share: float = opt(0.25, "share of the learned vocabulary given to multi-word tokens (SuperBPE-"
+                                 "style second stage; 0 = word-level only)")
     kind: str = opt("prodip", "prodip: Bangla-aware; naive: GPT-2 byte-level BPE on the unbalanced mix "
                     "(the baseline)", choices=("prodip", "naive"))
     seed: int = opt(0, "seed of the per-document sampling")
@@ -149,15 +155,16 @@ def count_chars(files_by_lang: dict[str, list[Path]], errors: str) -> dict[str, 
 
 # ------------------------------------------------------------------------------------------ building
 
-def _prodip_pipeline(tok: Tokenizer) -> Tokenizer:
+def _prodip_pipeline(tok: Tokenizer, pattern: str) -> Tokenizer:
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
     return tok
 
 
-def _with_byte_fallback(trained: Tokenizer) -> Tokenizer:
-    """Rebuild a trained BPE with ids: specials 0-2, ``<0x00>``..``<0xFF>`` 3-258, then the learned vocab."""
+def _with_byte_fallback(trained: Tokenizer, vocab_size: int, extra_merges: list[tuple[str, str]] = ()) -> Tokenizer:
+    """Rebuild a trained BPE with ids: specials 0-2, ``<0x00>``..``<0xFF>`` 3-258, then the learned vocab,
+    then the tokens of ``extra_merges`` (superwords; the phrase pre-tokeniser is used if there are any)."""
     model = json.loads(trained.to_str())["model"]
     vocab: dict[str, int] = {}
     for token in (*SPECIAL_TOKENS, *BYTE_TOKENS):
@@ -166,8 +173,16 @@ def _with_byte_fallback(trained: Tokenizer) -> Tokenizer:
         if token not in vocab:
             vocab[token] = len(vocab)
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    n_extra = 0
+    for a, b in extra_merges:
+        if len(vocab) >= vocab_size:
+            break
+        if a in vocab and b in vocab:
+            vocab.setdefault(a + b, len(vocab))
+            merges.append((a, b))
+            n_extra += 1
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=False))
-    _prodip_pipeline(tok)
+    _prodip_pipeline(tok, PHRASE_PATTERN if n_extra else WORD_PATTERN)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tok
 
@@ -180,17 +195,19 @@ def check_vocab_size(vocab_size: int, kind: str) -> None:
                          f"{len(SPECIAL_TOKENS)} special + 256 byte tokens + at least 1 learned token = {need}")
 
 
-def train_from_iterator(texts: Iterator[str], *, vocab_size: int, kind: str = "prodip", min_frequency: int = 2,
-                        limit_alphabet: int = 1000) -> Tokenizer:
-    """Fit a tokenizer on an iterator of documents.
+def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, kind: str = "prodip",
+                        min_frequency: int = 2, limit_alphabet: int = 1000, superword_share: float = 0.0) -> Tokenizer:
+    """Fit a tokenizer on documents.
 
     Args:
-        texts: documents (raw; NFC is applied by the tokenizer's normaliser).
+        texts: zero-argument callable returning an iterator of documents (raw; NFC is applied by the
+            tokenizer's normaliser). Called twice when ``superword_share > 0``.
         vocab_size: final vocabulary size in tokens (may come out smaller on a tiny corpus).
         kind: ``"prodip"`` or ``"naive"`` (GPT-2 byte-level BPE, no normaliser).
+        superword_share: share of the learned vocabulary given to multi-word tokens (0 = none).
 
     Raises:
-        ValueError: ``vocab_size`` too small, or unknown ``kind``.
+        ValueError: ``vocab_size`` too small, unknown ``kind``, ``superword_share`` outside [0, 0.9].
     """
     check_vocab_size(vocab_size, kind)
     specials = [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
@@ -200,17 +217,25 @@ def train_from_iterator(texts: Iterator[str], *, vocab_size: int, kind: str = "p
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-        tok.train_from_iterator(texts, trainer=trainer)
+        tok.train_from_iterator(texts(), trainer=trainer)
         return tok
     if kind != "prodip":
         raise ValueError(f"kind must be 'prodip' or 'naive', got {kind!r}")
+    if not 0.0 <= superword_share <= 0.9:
+        raise ValueError(f"superword_share must be in [0, 0.9], got {superword_share}")
     learned = vocab_size - 256  # the byte tokens are added after training
-    tok = _prodip_pipeline(Tokenizer(models.BPE()))
-    trainer = trainers.BpeTrainer(vocab_size=learned, min_frequency=min_frequency, special_tokens=specials,
+    n_super = int(superword_share * (learned - len(SPECIAL_TOKENS)))
+    tok = _prodip_pipeline(Tokenizer(models.BPE()), WORD_PATTERN)
+    trainer = trainers.BpeTrainer(vocab_size=learned - n_super, min_frequency=min_frequency, special_tokens=specials,
                                   limit_alphabet=max(1, min(limit_alphabet, learned - len(SPECIAL_TOKENS))),
                                   show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return _with_byte_fallback(tok)
+    tok.train_from_iterator(texts(), trainer=trainer)
+    extra: list[tuple[str, str]] = []
+    if n_super:
+        stage1 = _with_byte_fallback(tok, vocab_size)
+        # ask for 10% more: a merged phrase may already be a stage-1 token and then adds no id
+        extra = learn_superwords(stage1, texts, int(n_super * 1.1) + 1, min_frequency=max(2, min_frequency))
+    return _with_byte_fallback(tok, vocab_size, extra)
 
 
 def save_tokenizer_dir(tok: Tokenizer, out_dir: str | os.PathLike, *, model_max_length: int = 2048,
@@ -274,9 +299,13 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     budget = plan_sample(chars, proportions, cfg.sample_chars)
     drawn: dict[str, int] = {}
     log.info("sampling %s characters per language (available %s)", budget, chars)
-    texts = sample_documents(files, budget, chars, seed=cfg.seed, errors=cfg.errors, drawn=drawn)
+
+    def texts() -> Iterator[str]:  # deterministic, so the superword stage sees the same sample
+        drawn.clear()
+        return sample_documents(files, budget, chars, seed=cfg.seed, errors=cfg.errors, drawn=drawn)
     tok = train_from_iterator(texts, vocab_size=cfg.vocab_size, kind=cfg.kind, min_frequency=cfg.min_frequency,
-                              limit_alphabet=cfg.limit_alphabet)
+                              limit_alphabet=cfg.limit_alphabet,
+                              superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0)
     elapsed = time.perf_counter() - start
     info = {"format_version": FORMAT_VERSION, "kind": cfg.kind, "vocab_size": tok.get_vocab_size(),
             "sample_chars": drawn, "available_chars": chars, "train_s": round(elapsed, 2),
@@ -290,7 +319,7 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
 
 
 def train_tokenizer_from_texts(texts_by_lang: dict[str, list[str]], vocab_size: int, out_dir: str | os.PathLike,
-                               *, kind: str = "prodip", min_frequency: int = 1) -> Path:
+                               *, kind: str = "prodip", min_frequency: int = 1, superword_share: float = 0.0) -> Path:
     """Build a valid tokenizer dir quickly from in-memory text (test fixtures of every package).
 
     Args:
@@ -304,7 +333,8 @@ def train_tokenizer_from_texts(texts_by_lang: dict[str, list[str]], vocab_size: 
     def texts() -> Iterator[str]:
         for docs in texts_by_lang.values():
             yield from docs
-    tok = train_from_iterator(texts(), vocab_size=vocab_size, kind=kind, min_frequency=min_frequency)
+    tok = train_from_iterator(texts, vocab_size=vocab_size, kind=kind, min_frequency=min_frequency,
+                              superword_share=superword_share)
     return save_tokenizer_dir(tok, out_dir, overwrite=True)
 
 

@@ -1,0 +1,309 @@
+"""Fertility audit and gate of a tokenizer on held-out text, per language (``prodip tokenizer audit``).
+
+Per language: characters/token, UTF-8 bytes/token, tokens/word, the share of tokens that end inside a
+grapheme cluster (Unicode extended grapheme clusters, ``regex``'s ``\\X``), the share of byte-fallback
+tokens (``<0xNN>``, or any token that is not whole UTF-8 characters), whether every document round-trips,
+and the language's share of the token stream against its share of the characters. Written to
+``TOKENIZER_DIR/fertility.json`` and printed as a table; ``--baseline naive`` trains (or reuses) the
+GPT-2-style byte-level baseline on the same training inputs and vocabulary and prints it alongside.
+The gate (``min_chars_per_token``) fails the command, and :func:`check_gate` lets ``prodip train``
+refuse an audited-failing tokenizer.
+
+    prodip tokenizer audit --tokenizer-dir runs/tok --heldout bn=data/heldout/udhr_ben.txt \
+        --min-chars-per-token bn=3.0,en=3.0 --baseline naive
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import unicodedata
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prodip.config import from_dict, opt, read_toml
+from tokenizer.bpe import (FORMAT_VERSION, SPECIAL_TOKENS, TokenizerTrainConfig, load_tokenizer, tokenizer_sha256,
+                           train_tokenizer)
+from tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
+
+log = logging.getLogger(__name__)
+FERTILITY_NAME = "fertility.json"
+
+
+@dataclass
+class AuditConfig:
+    """``prodip tokenizer audit`` (TOML section ``[audit]``)."""
+
+    tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
+    heldout: dict[str, list[str]] = opt(factory=dict, help="language -> held-out files/folders never used in "
+                                        "training (.tsv: the column named after the language)")
+    min_chars_per_token: dict[str, float] = opt(factory=dict, help="gate: minimum characters/token per "
+                                                "language, e.g. bn=4.0,en=3.8 (empty: no gate)")
+    baseline: str = opt("none", "naive: also audit a GPT-2-style byte-level BPE trained on the same inputs and "
+                        "vocabulary with the unbalanced mix, side by side", choices=("none", "naive"))
+    baseline_dir: str = opt("", "where the naive baseline lives or is trained (default: TOKENIZER_DIR-naive)")
+    max_chars: int = opt(3_000_000, "at most this many held-out characters per language")
+    errors: str = opt("strict", "invalid UTF-8 in held-out files: strict or skip", choices=ERROR_POLICIES)
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (as in openai/gpt-2 encoder.py), used by ByteLevel."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def token_bytes(tok) -> tuple[list[bytes], np.ndarray]:
+    """Per token id: the UTF-8 bytes it stands for, and whether it is a byte-fallback token.
+
+    Works for the prodip tokenizer (``<0xNN>`` byte tokens) and for byte-level (GPT-2) tokenizers.
+    Special tokens stand for no text (b"").
+    """
+    config = json.loads(tok.to_str())
+    byte_level = "ByteLevel" in json.dumps(config.get("decoder"))
+    inverse = {c: b for b, c in _bytes_to_unicode().items()}
+    table: list[bytes] = []
+    fallback = np.zeros(tok.get_vocab_size(), dtype=bool)
+    for i in range(tok.get_vocab_size()):
+        piece = tok.id_to_token(i)
+        if piece in SPECIAL_TOKENS:
+            data = b""
+        elif byte_level:
+            data = bytes(inverse[c] for c in piece)
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            data, fallback[i] = bytes([int(piece[3:5], 16)]), True
+        else:
+            data = piece.encode("utf-8")
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            fallback[i] = True
+        table.append(data)
+    return table, fallback
+
+
+def _char_byte_offsets(text: str) -> np.ndarray:
+    """(len(text)+1,) int64: UTF-8 byte offset of every character boundary."""
+    cps = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+    lens = 1 + (cps >= 0x80) + (cps >= 0x800) + (cps >= 0x10000)
+    return np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
+
+
+def grapheme_end_offsets(text: str) -> np.ndarray:
+    """UTF-8 byte offsets where extended grapheme clusters end (Unicode UAX #29 via ``regex``'s ``\\X``)."""
+    import regex
+    ends = [m.end() for m in regex.finditer(r"\X", text)]
+    return _char_byte_offsets(text)[np.asarray(ends, dtype=np.int64)] if ends else np.zeros(0, np.int64)
+
+
+def measure(tok, docs: list[str], table: tuple[list[bytes], np.ndarray] | None = None) -> dict[str, Any]:
+    """Fertility figures of ``tok`` on ``docs`` (NFC-normalised first, as the prodip tokenizer does).
+
+    Returns:
+        {chars, bytes, words, tokens, chars_per_token, bytes_per_token, tokens_per_word,
+         inside_cluster_share, byte_fallback_share, lossless}.
+    """
+    pieces, fallback = table or token_bytes(tok)
+    docs = [unicodedata.normalize("NFC", d) for d in docs]
+    encodings = tok.encode_batch(docs, add_special_tokens=False)
+    n_tok = n_inside = n_fallback = 0
+    lossless = True
+    for doc, enc in zip(docs, encodings):
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        lens = np.fromiter((len(pieces[i]) for i in enc.ids), dtype=np.int64, count=len(enc.ids))
+        ends = np.cumsum(lens)
+        n_inside += int((~np.isin(ends[lens > 0], grapheme_end_offsets(doc))).sum())
+        n_fallback += int(fallback[ids].sum()) if ids.size else 0
+        n_tok += ids.size
+        lossless = lossless and b"".join(pieces[i] for i in enc.ids) == doc.encode("utf-8")
+    chars = sum(map(len, docs))
+    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    words = sum(len(d.split()) for d in docs)
+    per = max(n_tok, 1)
+    return {"chars": chars, "bytes": n_bytes, "words": words, "tokens": n_tok,
+            "chars_per_token": round(chars / per, 4), "bytes_per_token": round(n_bytes / per, 4),
+            "tokens_per_word": round(n_tok / max(words, 1), 4),
+            "inside_cluster_share": round(n_inside / per, 5), "byte_fallback_share": round(n_fallback / per, 5),
+            "lossless": lossless}
+
+
+def measure_languages(tok, docs_by_lang: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """:func:`measure` per language plus token share vs character share across the languages."""
+    table = token_bytes(tok)
+    out = {lang: measure(tok, docs, table) for lang, docs in docs_by_lang.items()}
+    total_tok = sum(m["tokens"] for m in out.values()) or 1
+    total_chars = sum(m["chars"] for m in out.values()) or 1
+    for m in out.values():
+        m["token_share"] = round(m["tokens"] / total_tok, 4)
+        m["char_share"] = round(m["chars"] / total_chars, 4)
+        m["token_share_over_char_share"] = round(m["token_share"] / max(m["char_share"], 1e-12), 4)
+    return out
+
+
+def gate_failures(languages: dict[str, dict], min_chars_per_token: dict[str, float]) -> list[str]:
+    """One message per language below its minimum chars/token (or without held-out text)."""
+    failures = []
+    for lang, minimum in min_chars_per_token.items():
+        if lang not in languages:
+            failures.append(f"{lang}: no held-out text audited, so chars/token is unknown (minimum {minimum})")
+        elif languages[lang]["chars_per_token"] < minimum:
+            failures.append(f"{lang}: {languages[lang]['chars_per_token']:.3f} chars/token is below the minimum "
+                            f"{minimum} (fertility gate)")
+    return failures
+
+
+# --------------------------------------------------------------------------------------------- audit
+
+def load_heldout(heldout: dict[str, list[str]], *, max_chars: int, errors: str,
+                 training_files: list[str] = ()) -> dict[str, list[str]]:
+    """Documents per language, at most ``max_chars`` characters each.
+
+    Raises:
+        ValueError: a held-out file was among the tokenizer's training files, or no held-out text.
+        FileNotFoundError: a missing held-out path.
+    """
+    files = expand_inputs(heldout, what="heldout")
+    trained = {os.path.realpath(f) for f in training_files}
+    docs_by_lang: dict[str, list[str]] = {}
+    for lang, lang_files in files.items():
+        for f in lang_files:
+            if os.path.realpath(f) in trained:
+                raise ValueError(f"heldout.{lang}: {f} was used to train this tokenizer; audit on text it never saw")
+        docs, size = [], 0
+        for _, _, doc in iter_language(lang_files, lang, errors=errors, doc_chars=2000):
+            docs.append(doc[: max_chars - size])
+            size += len(docs[-1])
+            if size >= max_chars:
+                break
+        docs_by_lang[lang] = docs
+    return docs_by_lang
+
+
+def _training_info(tokenizer_dir: Path) -> dict:
+    path = tokenizer_dir / "train_info.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
+    """Reuse or train the naive (GPT-2 byte-level, unbalanced) baseline for ``tokenizer_dir``.
+
+    Raises:
+        FileNotFoundError: ``tokenizer_dir`` lacks ``train_config.toml`` (it was not made by
+            ``prodip tokenizer train``), so the training inputs are unknown.
+    """
+    out = Path(baseline_dir) if baseline_dir else tokenizer_dir.with_name(tokenizer_dir.name + "-naive")
+    config_path = tokenizer_dir / "train_config.toml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: missing, so the baseline's training inputs are unknown; train with "
+                                "`prodip tokenizer train` or pass --baseline-dir of an existing naive tokenizer")
+    cfg = from_dict(TokenizerTrainConfig, read_toml(config_path).get("tokenizer", {}), source=str(config_path))
+    info = _training_info(out)
+    if (out / "tokenizer.json").is_file() and info.get("kind") == "naive" and \
+            info.get("files") == _training_info(tokenizer_dir).get("files"):
+        return out
+    return train_tokenizer(dataclasses.replace(cfg, kind="naive", out_dir=str(out), overwrite=True))
+
+
+def run_audit(cfg: AuditConfig) -> dict[str, Any]:
+    """Audit ``cfg.tokenizer_dir``, write ``fertility.json`` into it and return the report.
+
+    Returns:
+        {format_version, tokenizer_sha256, vocab_size, heldout, languages: {lang: figures}, gate: {
+         min_chars_per_token, passed, failures}, baseline: null | {kind, tokenizer_dir, languages}}.
+
+    Raises:
+        FileNotFoundError / ValueError: missing tokenizer or held-out files, a held-out file used in
+            training, invalid UTF-8 (strict). The gate failing is *not* an exception: see ``gate.passed``.
+    """
+    tok_dir = Path(cfg.tokenizer_dir)
+    tok = load_tokenizer(tok_dir)
+    training = [f for fs in _training_info(tok_dir).get("files", {}).values() for f in fs]
+    docs = load_heldout(cfg.heldout, max_chars=cfg.max_chars, errors=cfg.errors, training_files=training)
+    languages = measure_languages(tok, docs)
+    failures = gate_failures(languages, cfg.min_chars_per_token)
+    report: dict[str, Any] = {
+        "format_version": FORMAT_VERSION, "tokenizer_sha256": tokenizer_sha256(tok_dir),
+        "vocab_size": tok.get_vocab_size(), "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": dataclasses.asdict(cfg), "languages": languages,
+        "gate": {"min_chars_per_token": dict(cfg.min_chars_per_token), "passed": not failures, "failures": failures},
+        "baseline": None}
+    if cfg.baseline == "naive":
+        base_dir = naive_baseline(tok_dir, cfg.baseline_dir)
+        base = load_tokenizer(base_dir)
+        report["baseline"] = {"kind": "naive", "tokenizer_dir": str(base_dir), "vocab_size": base.get_vocab_size(),
+                              "tokenizer_sha256": tokenizer_sha256(base_dir),
+                              "languages": measure_languages(base, docs)}
+    path = tok_dir / FERTILITY_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The audit as a fixed-width text table (ours, and the baseline's figures beside them)."""
+    base = (report.get("baseline") or {}).get("languages", {})
+    head = f"{'lang':<5} {'chars/tok':>9} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} " \
+           f"{'tok/char share':>14} {'lossless':>8}"
+    if base:
+        head += f" | {'naive c/t':>9} {'naive t/w':>9} {'naive in%':>9} {'naive share':>11}"
+    lines = [f"tokenizer {report['tokenizer_sha256'][:12]} (vocab {report['vocab_size']})", head, "-" * len(head)]
+    for lang, m in report["languages"].items():
+        line = (f"{lang:<5} {m['chars_per_token']:>9.3f} {m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
+                f"{100 * m['inside_cluster_share']:>9.2f} {100 * m['byte_fallback_share']:>8.3f} "
+                f"{m['token_share_over_char_share']:>14.3f} {str(m['lossless']):>8}")
+        if lang in base:
+            b = base[lang]
+            line += (f" | {b['chars_per_token']:>9.3f} {b['tokens_per_word']:>9.3f} "
+                     f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}")
+        lines.append(line)
+    gate = report["gate"]
+    if gate["min_chars_per_token"]:
+        lines.append("gate: " + ("PASSED" if gate["passed"] else "FAILED: " + "; ".join(gate["failures"])))
+    return "\n".join(lines)
+
+
+def check_gate(tokenizer_dir: str | os.PathLike, *, force: bool = False, require_audit: bool = False) -> dict | None:
+    """Refuse a tokenizer whose fertility audit failed (``prodip train`` calls this).
+
+    Args:
+        tokenizer_dir: the tokenizer dir the run uses.
+        force: log a warning instead of raising when the audit failed.
+        require_audit: also refuse a tokenizer that was never audited.
+
+    Returns:
+        the fertility report, or None when there is none (and ``require_audit`` is false).
+
+    Raises:
+        ValueError: the audit's gate failed (message names language, figure and threshold), the
+            fertility.json belongs to a different tokenizer.json, or no audit while ``require_audit``.
+    """
+    path = Path(tokenizer_dir) / FERTILITY_NAME
+    fix = f"run `prodip tokenizer audit --tokenizer-dir {tokenizer_dir}`"
+    if not path.is_file():
+        if require_audit:
+            raise ValueError(f"{path}: tokenizer was never audited; {fix}")
+        log.warning("%s: tokenizer not audited (no fertility gate applied)", tokenizer_dir)
+        return None
+    report = json.loads(path.read_text(encoding="utf-8"))
+    if report.get("tokenizer_sha256") != tokenizer_sha256(tokenizer_dir):
+        raise ValueError(f"{path}: audits a different tokenizer.json (stale audit); {fix}")
+    if not report["gate"]["passed"]:
+        message = f"{tokenizer_dir}: tokenizer failed its fertility audit: " + "; ".join(report["gate"]["failures"])
+        if not force:
+            raise ValueError(message + " (retrain the tokenizer, or force to train anyway)")
+        log.warning("%s (forced)", message)
+    return report
