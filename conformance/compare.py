@@ -103,6 +103,8 @@ class LogitAccumulator:
             return {"n_positions": 0, "max_abs_logit": nan, "mean_abs_logit": nan, "rel_max_abs_logit": nan,
                     "kl_mean": nan, "kl_p999": nan, "top1": nan}
         kl = np.concatenate(self.kl)
+        with np.errstate(invalid="ignore"):  # inf - inf when interpolating between two inf KLs
+            p999 = float(np.percentile(kl, 99.9))
         span = self.ref_max - self.ref_min
         return {
             "n_positions": self.n_positions,
@@ -110,7 +112,7 @@ class LogitAccumulator:
             "mean_abs_logit": self.sum_abs / self.n_positions,
             "rel_max_abs_logit": self.max_abs / span if span > 0 else math.inf,
             "kl_mean": float(kl.mean()),
-            "kl_p999": float(np.percentile(kl, 99.9)),
+            "kl_p999": math.inf if math.isnan(p999) else p999,
             "top1": self.top1_equal / self.n_positions,
         }
 

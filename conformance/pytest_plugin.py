@@ -21,6 +21,7 @@ _OPTIONS = [  # (flag, env var, ConformanceConfig field, help)
     ("--tolerances", "PRODIP_TOLERANCES", "tolerances", "tolerance TOML (default: conformance/tolerances.toml)"),
     ("--shards-dir", "PRODIP_SHARDS_DIR", "shards_dir", "shards dir for held-out text (optional)"),
     ("--conformance-threads", "PRODIP_CONFORMANCE_THREADS", "threads", "CPU threads (0 = default)"),
+    ("--conformance-variants", "PRODIP_CONFORMANCE_VARIANTS", "variants", "comma-separated candidates (default: all)"),
 ]
 SKIP_REASON = "no export dir: pass --export-dir DIR (or set PRODIP_EXPORT_DIR) to run the conformance checks"
 
@@ -38,7 +39,8 @@ def conformance_config(config: pytest.Config):
     for flag, env, field, _ in _OPTIONS:
         value = config.getoption(flag.lstrip("-").replace("-", "_")) or os.environ.get(env)
         if value:
-            values[field] = int(value) if field == "threads" else value
+            values[field] = (int(value) if field == "threads" else
+                             [v.strip() for v in value.split(",") if v.strip()] if field == "variants" else value)
     if not values.get("export_dir"):
         return None
     return ConformanceConfig(write_manifest=False, **values)

@@ -1,0 +1,87 @@
+"""Known answers for the metric functions and the tolerance file.
+
+    python -m pytest tests/conformance/test_compare.py -q
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from conformance.compare import (LogitAccumulator, bits_per_char, check_value, identical_prefix,
+                                 kl_per_position, load_tolerances, logit_stats, nll_per_position)
+from conformance.config import DEFAULT_TOLERANCES
+
+
+def test_kl_closed_form():
+    # p = (1/2, 1/2), q = (1/4, 3/4): KL = 1/2 ln 2 + 1/2 ln(2/3)
+    ref = np.log(np.array([[0.5, 0.5]]))
+    cand = np.log(np.array([[0.25, 0.75]])) + 7.0  # softmax is shift-invariant
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert kl_per_position(ref, cand)[0] == pytest.approx(expected, rel=1e-12)
+    assert kl_per_position(ref, ref + 3.0)[0] == pytest.approx(0.0, abs=1e-15)
+
+
+def test_nll_and_bits_per_char():
+    logits = np.log(np.array([[0.25, 0.75], [0.5, 0.5]]))
+    nll = nll_per_position(logits, np.array([1, 0]))
+    np.testing.assert_allclose(nll, [-math.log(0.75), math.log(2)])
+    assert bits_per_char(2 * math.log(2), 4) == pytest.approx(0.5)
+
+
+def test_logit_stats_known_values():
+    ref = np.array([[0.0, 2.0, 1.0], [3.0, 0.0, -1.0]], np.float32)
+    cand = ref.copy()
+    cand[0, 0] = 2.5  # flips the argmax of row 0, |delta| = 2.5
+    s = logit_stats(ref, cand)
+    assert s["max_abs_logit"] == pytest.approx(2.5)
+    assert s["mean_abs_logit"] == pytest.approx(2.5 / 3 / 2)
+    assert s["rel_max_abs_logit"] == pytest.approx(2.5 / 4.0)  # ref range 3 - (-1)
+    assert s["top1"] == 0.5
+    assert s["kl_mean"] > 0 and s["kl_p999"] >= s["kl_mean"]
+
+
+def test_accumulator_nonfinite_candidate_is_infinite_difference():
+    acc = LogitAccumulator()
+    acc.add(np.zeros((2, 3), np.float32), np.array([[0, np.nan, 0], [0, 0, 0]], np.float32))
+    r = acc.result()
+    assert math.isinf(r["max_abs_logit"]) and math.isinf(r["kl_mean"])
+    assert not check_value(r["max_abs_logit"], {"max": 1e9})
+
+
+def test_identical_prefix():
+    assert identical_prefix(np.array([1, 2, 3, 4]), np.array([1, 2, 9, 4])) == 2
+    assert identical_prefix(np.array([1, 2]), np.array([1, 2])) == 2
+    assert identical_prefix(np.array([5]), np.array([6])) == 0
+
+
+def test_check_value():
+    assert check_value(1e-5, {"max": 1e-4}) and not check_value(2e-4, {"max": 1e-4})
+    assert check_value(0.99, {"min": 0.97}) and not check_value(float("nan"), {"min": 0.0})
+    assert check_value(True, {"equals": True}) and not check_value(None, {"max": 1.0})
+    with pytest.raises(ValueError, match="max, min, equals"):
+        check_value(1.0, {"below": 2})
+
+
+def test_shipped_tolerances_cover_every_candidate():
+    from export.config import VARIANTS
+    tol = load_tolerances(DEFAULT_TOLERANCES)
+    names = {"transformers", *VARIANTS}
+    assert names <= set(tol)
+    for exact in ("safetensors", "transformers", "fp32"):  # issue 6: exact candidates
+        assert tol[exact]["max_abs_logit"] == {"max": 1e-4}
+        assert tol[exact]["greedy_identical"] == {"equals": True}
+    assert tol["fp16"]["top1"] == {"min": 0.995} and tol["fp16"]["kl_mean"] == {"max": 1e-3}
+    assert tol["int8"]["top1"] == {"min": 0.97} and tol["int8"]["kl_mean"] == {"max": 2e-2}
+    assert tol["int4"]["top1"] == {"min": 0.95} and tol["int4"]["kl_mean"] == {"max": 5e-2}
+
+
+def test_bad_tolerance_file(tmp_path):
+    p = tmp_path / "t.toml"
+    p.write_text("format_version = 1\n[fp32]\nmax_abs_logit = 1e-4\n")
+    with pytest.raises(ValueError, match=r"\[fp32\] max_abs_logit"):
+        load_tolerances(p)
+    with pytest.raises(FileNotFoundError):
+        load_tolerances(tmp_path / "missing.toml")

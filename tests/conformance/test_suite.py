@@ -1,0 +1,110 @@
+"""The conformance suite end to end on a tiny export: report, manifest verdict, CLI, pytest plugin.
+
+    python -m pytest tests/conformance/test_suite.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.faults import copy_export
+from tests.conformance.conftest import TINY_TOLERANCES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_good_export_passes_and_records_verdict(tiny_artifacts, conf_cfg, tmp_path):
+    from conformance import run_conformance
+    from export.manifest import file_sha256, read_manifest, verify_files
+
+    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
+    report = run_conformance(conf_cfg(export, shards_dir=str(tiny_artifacts["shards"]), write_manifest=True))
+    assert report["passed"], json.dumps({k: v["checks"] for k, v in report["candidates"].items()}, default=str)
+    assert set(report["candidates"]) == {"safetensors", "transformers", "fp32", "fp16", "int8", "int4"}
+    fp32 = report["candidates"]["fp32"]["metrics"]
+    assert fp32["max_abs_logit"] < 1e-4 and fp32["greedy_identical"] and fp32["top1"] == 1.0
+    assert report["candidates"]["safetensors"]["metrics"]["max_abs_logit"] == 0.0  # same weights, same code
+    assert set(fp32["heldout"]) == {"bn", "en"} and fp32["heldout"]["bn"]["bpc_ref"] > 0
+    assert report["inputs"]["items"]["prompt:context"] == [1, 96]  # fills the context window
+    assert report["inputs"]["items"]["prompt:single"] == [1, 1]
+    out = export / "conformance"
+    strict = json.loads((out / "report.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert strict["passed"] is True and "versions" in strict and strict["entry"] == "conformance.run_conformance"
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Conformance PASSED") and "| int4 | pass |" in md
+    verdict = read_manifest(export)["conformance"]
+    assert verdict["passed"] is True and verdict["report"] == "conformance/report.json"
+    assert verdict["variants"] == {"safetensors": True, "fp32": True, "fp16": True, "int8": True, "int4": True}
+    assert verdict["report_sha256"] == file_sha256(out / "report.json")
+    verify_files(export)  # the report dir is not part of the hashed export
+
+
+def test_refuses_checkpoint_other_than_the_manifests(tiny_artifacts, conf_cfg, tmp_path):
+    """Planted fault: an export made from a different checkpoint than the one given."""
+    from conformance import evaluate
+    from prodip.cli import main
+
+    cfg = conf_cfg(tiny_artifacts["export"], checkpoint=str(tiny_artifacts["other_checkpoint"]))
+    with pytest.raises(ValueError, match="refusing to compare"):
+        evaluate(cfg)
+    rc = main(["conformance", str(tiny_artifacts["export"]), "--checkpoint", str(tiny_artifacts["other_checkpoint"]),
+               "--out", str(tmp_path / "rep"), "--threads", "1"])
+    assert rc == 2 and not (tmp_path / "rep").exists()  # refused: nothing written
+
+
+@pytest.mark.slow
+def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
+    """`prodip conformance` exits 1 on a failing check and still writes the report + verdict."""
+    from conformance.faults import plant_mask_ignores_past
+    from export.manifest import read_manifest
+    from prodip.cli import main
+
+    export = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
+    rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "fp32",
+               "--tolerances", str(TINY_TOLERANCES), "--threads", "1", "--greedy-tokens", "8"])
+    assert rc == 1
+    assert "# Conformance FAILED" in capsys.readouterr().out
+    assert read_manifest(export)["conformance"]["variants"] == {"fp32": False}
+    assert (export / "conformance" / "config.toml").is_file()
+
+
+def _pytest(args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("PRODIP_EXPORT_DIR", "PRODIP_CHECKPOINT", "PRODIP_TOLERANCES", "PRODIP_SHARDS_DIR",
+                "PRODIP_CONFORMANCE_VARIANTS"):
+        env.pop(var, None)
+    return subprocess.run([sys.executable, "-m", "pytest", str(REPO / "conformance"), "-q", "-p", "no:cacheprovider",
+                           "--conformance-threads", "1", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=300)
+
+
+@pytest.mark.slow
+def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
+    """`pytest conformance/ --export-dir DIR` runs one test per check; a planted fault fails its tests."""
+    from conformance.faults import plant_position_off_by_one
+
+    good = _pytest(["--export-dir", str(tiny_artifacts["export"]), "--checkpoint", str(tiny_artifacts["checkpoint"]),
+                    "--tolerances", str(TINY_TOLERANCES)])
+    assert good.returncode == 0, good.stdout[-3000:]
+    assert "test_check[fp32::kv_cache_max_abs]" not in good.stdout  # -q: passing tests are not listed
+    n_passed = int(good.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+    assert n_passed >= 40  # 6 candidates x ~6 metrics + export-wide checks
+
+    bad = plant_position_off_by_one(tiny_artifacts["export"], tmp_path / "bad")
+    failed = _pytest(["--export-dir", str(bad), "--checkpoint", str(tiny_artifacts["checkpoint"]),
+                      "--tolerances", str(TINY_TOLERANCES), "--conformance-variants", "fp32,int8"])
+    assert failed.returncode == 1
+    assert "FAILED conformance/test_conformance.py::test_check[fp32::kv_cache_max_abs]" in failed.stdout
+    assert "FAILED conformance/test_conformance.py::test_check[int8::" not in failed.stdout  # fault is in fp32 only
+
+
+def test_pytest_collection_skips_without_export_dir():
+    res = _pytest([])
+    assert res.returncode == 0 and "1 skipped" in res.stdout and "no export dir" in res.stdout
