@@ -97,7 +97,9 @@ class Service:
 
     def _token_text_uncached(self, token_id: int) -> str:
         text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return self.tokenizer.id_to_token(token_id) if "\ufffd" in text or not text else text
+        if "\ufffd" in text or not text:  # a byte piece of a character, or an id the tokenizer lacks
+            return self.tokenizer.id_to_token(token_id) or f"<|id_{token_id}|>"
+        return text
 
     def token_text(self, token_id: int) -> str:
         """How one token is shown in ``logprobs.tokens`` (its own decode, or its vocab string

@@ -29,14 +29,17 @@ class IncrementalDetokenizer:
         tokenizer: the export's ``tokenizers.Tokenizer``.
         context_ids: ids that precede the generated ones (the prompt's tail), decoded only as
             context so the first generated token is rendered as in ``decode(prompt + generated)``
-            minus ``decode(prompt)``; pass ``()`` to decode the generated ids on their own.
+            minus ``decode(prompt)``; pass ``()`` to decode the generated ids on their own. If the
+            prompt ends inside a UTF-8 character, the text starts with that whole character.
     """
 
     def __init__(self, tokenizer: Tokenizer, context_ids: Sequence[int] = ()) -> None:
         self._tok = tokenizer
-        self._ids = list(context_ids[-_CONTEXT_TOKENS:]) if context_ids else []
+        self._ids: list[int] = []
         self._prefix = 0  # start of the window re-decoded each step
-        self._read = len(self._ids)  # ids before this are already turned into emitted text
+        self._read = 0  # ids before this are already turned into emitted text
+        if context_ids:
+            self._ids, self._read = _clean_context(self._decode, list(context_ids))
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -59,6 +62,25 @@ class IncrementalDetokenizer:
         full_text = self._decode(self._ids[self._prefix:])
         self._prefix = self._read = len(self._ids)
         return full_text[len(prefix_text):]
+
+
+def _clean_context(decode, ids: list[int]) -> tuple[list[int], int]:
+    """Up to :data:`_CONTEXT_TOKENS` prompt-tail ids that decode with no U+FFFD, and where they end.
+
+    Byte-fallback decoders turn a whole run of byte tokens into U+FFFD when any part of it is
+    incomplete, so the window must start and end on character boundaries. Ids after the window's
+    end (a character the prompt left unfinished) stay unread and come out with the first generated
+    token that completes them.
+
+    Returns:
+        (window ids + the unread tail, index where the unread part starts).
+    """
+    for end in range(len(ids), max(0, len(ids) - 8), -1):
+        for start in range(max(0, end - _CONTEXT_TOKENS), end):
+            text = decode(ids[start:end])
+            if text and "\ufffd" not in text:
+                return ids[start:], end - start
+    return [], 0
 
 
 class StopMatcher:

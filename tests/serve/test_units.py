@@ -82,10 +82,12 @@ def test_detokenizer_never_splits_characters(tokenizer):
 
 def test_detokenizer_with_prompt_context(tokenizer):
     ids = tokenizer.encode(BANGLA, add_special_tokens=False).ids
-    for cut in (1, 5, len(ids) // 2):
+    for cut in range(1, len(ids)):  # some cuts fall inside a character: it is emitted whole
         detok = IncrementalDetokenizer(tokenizer, ids[:cut])
-        text = "".join(detok.add(i) for i in ids[cut:]) + detok.flush()
-        assert tokenizer.decode(ids[:cut]) + text == BANGLA
+        chunks = [detok.add(i) for i in ids[cut:]] + [detok.flush()]
+        text = "".join(chunks)
+        assert BANGLA.endswith(text) and len(text) >= len(BANGLA) - len(tokenizer.decode(ids[:cut]))
+        assert all("\ufffd" not in c for c in chunks)
 
 
 @settings(max_examples=200, deadline=None)
