@@ -49,7 +49,7 @@ _MARKS = r"\p{M}\x{200C}\x{200D}"  # combining marks (matras, virama, nukta, can
 #  3. a danda on its own (after a number or a space), 4. other symbols, 5. newlines, 6. whitespace.
 _WORD = rf"[\p{{L}}{_MARKS}]+(?:['’][\p{{L}}{_MARKS}]+)*"
 _PREFIX = rf"[^\r\n\p{{L}}\p{{N}}{_MARKS}।॥]?"
-_END = r"[.,!?;:।॥]*"
+_END = rf"(?:[.,!?;:।॥][{_MARKS}]*)*"  # marks stay with the punctuation they follow
 _REST = (rf"|\p{{N}}{{1,3}}[{_MARKS}]*| ?[।॥]+[{_MARKS}]*| ?[^\s\p{{L}}\p{{N}}।॥]+[\r\n]*"
          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 WORD_PATTERN = _PREFIX + _WORD + _END + _REST

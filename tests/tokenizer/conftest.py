@@ -1,0 +1,57 @@
+"""Fixtures of the tokenizer tests: a small real corpus (slices of the bundled demo corpus) and a tokenizer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from tokenizer.bpe import TokenizerTrainConfig, train_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bn_docs(n_chars: int) -> list[str]:
+    docs, size = [], 0
+    with gzip.open(REPO / "data/bn/bn_pd_literature_majantali_site.jsonl.gz", "rt", encoding="utf-8") as fh:
+        for line in fh:
+            docs.append(json.loads(line)["text"][:4000])
+            size += len(docs[-1])
+            if size >= n_chars:
+                break
+    return docs
+
+
+def _en_text(n_chars: int) -> str:
+    with gzip.open(REPO / "data/en/pg1342_Pride-and-Prejudice.txt.gz", "rt", encoding="utf-8") as fh:
+        return fh.read(n_chars)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """{bn: folder with a .jsonl, en: folder with a .txt}: ~60k characters each of the demo corpus."""
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "bn").mkdir()
+    (root / "en").mkdir()
+    with open(root / "bn/part.jsonl", "w", encoding="utf-8") as fh:
+        for doc in _bn_docs(60_000):
+            fh.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+    (root / "en/part.txt").write_text(_en_text(60_000), encoding="utf-8")
+    return {"bn": root / "bn", "en": root / "en"}
+
+
+@pytest.fixture(scope="session")
+def tok_dir(corpus, tmp_path_factory) -> Path:
+    """A prodip tokenizer (vocab 1024, 20% superwords) trained on ``corpus``."""
+    out = tmp_path_factory.mktemp("tok") / "tok"
+    cfg = TokenizerTrainConfig(inputs={k: [str(v)] for k, v in corpus.items()}, out_dir=str(out), vocab_size=1024,
+                               proportions={"bn": 0.6, "en": 0.4}, superword_share=0.2)
+    return train_tokenizer(cfg)
+
+
+@pytest.fixture(scope="session")
+def heldout(tmp_path_factory) -> dict[str, Path]:
+    """Held-out files: the bundled UDHR texts (never in ``corpus``)."""
+    return {"bn": REPO / "data/heldout/udhr_ben.txt", "en": REPO / "data/heldout/udhr_eng.txt"}
