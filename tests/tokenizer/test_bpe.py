@@ -57,7 +57,8 @@ BANGLA = st.characters(min_codepoint=0x0980, max_codepoint=0x09FF)
 MIXED = st.one_of(BANGLA, st.sampled_from(list(" \n\t.,!?।॥'’-\u200c\u200d") + list("abcXYZ019")))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.one_of(st.text(), st.text(MIXED)))
 def test_lossless_property(tok_dir, text):
     assert _round_trip(load_tokenizer(tok_dir), text) == unicodedata.normalize("NFC", text)
@@ -65,7 +66,7 @@ def test_lossless_property(tok_dir, text):
 
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(MIXED, max_size=40))
-@pytest.mark.parametrize("pattern", [WORD_PATTERN, PHRASE_PATTERN])
+@pytest.mark.parametrize("pattern", [WORD_PATTERN, PHRASE_PATTERN], ids=["word", "phrase"])
 def test_pretokenizer_never_splits_a_grapheme_cluster(pattern, text):
     from tokenizers import Regex, pre_tokenizers
     text = unicodedata.normalize("NFC", text)
@@ -83,6 +84,7 @@ def test_danda_and_digits_pretokenization():
     assert [p for p, _ in split("আমি ।")] == ["আমি", " ।"]
 
 
+@pytest.mark.slow  # importing transformers takes ~10 s
 def test_loads_in_transformers(tok_dir):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer, PreTrainedTokenizerFast

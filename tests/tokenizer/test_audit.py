@@ -1,0 +1,71 @@
+"""Audit figures against independent counts, the naive baseline's Bangla trap, the gate and check_gate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prodip.cli import main as prodip_main
+from tokenizer.audit import AuditConfig, check_gate, measure, run_audit
+from tokenizer.bpe import load_tokenizer, train_tokenizer_from_texts
+
+
+def test_measure_known_answers(tok_dir):
+    tok = load_tokenizer(tok_dir)
+    docs = ["আমার সোনার বাংলা।", "Hello there, world!"]
+    m = measure(tok, docs)
+    n_tokens = sum(len(tok.encode(d, add_special_tokens=False).ids) for d in docs)
+    assert m["tokens"] == n_tokens and m["chars"] == sum(map(len, docs)) and m["words"] == 6
+    assert m["chars_per_token"] == pytest.approx(m["chars"] / n_tokens, abs=1e-4)
+    assert m["bytes_per_token"] == pytest.approx(sum(len(d.encode()) for d in docs) / n_tokens, abs=1e-4)
+    assert m["lossless"] and m["byte_fallback_share"] == 0.0
+    assert measure(tok, ["🙂"])["byte_fallback_share"] == 1.0  # 4 byte tokens for an unseen emoji
+    # a byte-level tokenizer with no merges cuts every Bangla character into 3 byte tokens:
+    naive = load_tokenizer(train_tokenizer_from_texts({"x": ["ab"]}, 300, tok_dir.parent / "bytes", kind="naive"))
+    m = measure(naive, ["কা"])  # 2 code points, 1 grapheme cluster, 6 bytes -> 6 tokens, 5 end inside it
+    assert (m["tokens"], m["inside_cluster_share"], m["byte_fallback_share"]) == (6, pytest.approx(5 / 6, abs=1e-4),
+                                                                               1.0)
+
+
+def test_audit_with_naive_baseline_shows_the_trap(tok_dir, heldout, tmp_path, capsys):
+    cfg = AuditConfig(tokenizer_dir=str(tok_dir), heldout={k: [str(v)] for k, v in heldout.items()},
+                      min_chars_per_token={"bn": 0.5, "en": 0.5}, baseline="naive",
+                      baseline_dir=str(tmp_path / "naive"))
+    report = run_audit(cfg)
+    ours, naive = report["languages"], report["baseline"]["languages"]
+    assert report["gate"]["passed"] and ours["bn"]["lossless"] and naive["bn"]["lossless"]
+    assert naive["bn"]["chars_per_token"] < 0.8 * ours["bn"]["chars_per_token"]
+    assert naive["bn"]["inside_cluster_share"] > ours["bn"]["inside_cluster_share"]
+    assert naive["bn"]["token_share_over_char_share"] > ours["bn"]["token_share_over_char_share"]
+    assert json.loads((tok_dir / "fertility.json").read_text())["tokenizer_sha256"] == report["tokenizer_sha256"]
+    assert check_gate(tok_dir)["gate"]["passed"]
+
+
+def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
+    args = ["tokenizer", "audit", "--tokenizer-dir", str(tok_dir), "--heldout", f"bn={heldout['bn']}",
+            "--min-chars-per-token", "bn=50"]
+    assert prodip_main(args) == 1
+    captured = capsys.readouterr()
+    assert "chars/tok" in captured.out
+    assert "bn: " in captured.err and "below the minimum 50" in captured.err
+    with pytest.raises(ValueError, match=r"bn: \d+\.\d+ chars/token is below the minimum 50"):
+        check_gate(tok_dir)
+    assert check_gate(tok_dir, force=True)["gate"]["passed"] is False
+    # a re-audit that passes lifts the refusal; a changed tokenizer.json makes the audit stale
+    assert prodip_main(["tokenizer", "audit", "--tokenizer-dir", str(tok_dir), "--heldout", f"bn={heldout['bn']}"]) == 0
+
+
+def test_check_gate_stale_and_unaudited(tmp_path):
+    d = train_tokenizer_from_texts({"en": ["hello world"] * 3}, 300, tmp_path / "t")
+    assert check_gate(d) is None
+    with pytest.raises(ValueError, match="never audited"):
+        check_gate(d, require_audit=True)
+    (d / "fertility.json").write_text(json.dumps({"tokenizer_sha256": "0" * 64, "gate": {"passed": True}}))
+    with pytest.raises(ValueError, match="stale"):
+        check_gate(d)
+
+
+def test_heldout_must_not_be_training_text(tok_dir, corpus):
+    with pytest.raises(ValueError, match="was used to train this tokenizer"):
+        run_audit(AuditConfig(tokenizer_dir=str(tok_dir), heldout={"bn": [str(corpus["bn"])]}))

@@ -1,0 +1,87 @@
+"""Corpus -> shards: the shards decode back to exactly the corpus's documents, the split is deterministic
+and seedable, and a failing run leaves nothing behind."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from prodip.cli import main as prodip_main
+from tokenizer.bpe import EOS_ID, load_tokenizer, tokenizer_sha256
+from tokenizer.corpus import expand_inputs, iter_language
+from tokenizer.encode import DataPrepareConfig, prepare_shards
+from tokenizer.shards import load_meta, read_shard, shard_paths
+
+
+def _cfg(corpus, tok_dir, out, **kw):
+    return DataPrepareConfig(tokenizer_dir=str(tok_dir), inputs={k: [str(v)] for k, v in corpus.items()},
+                             out_dir=str(out), doc_chars=3000, val_fraction=0.1, progress=False, **kw)
+
+
+def _docs(tok, shards_dir, lang, split):
+    tokens = np.concatenate([np.asarray(read_shard(p)) for p in shard_paths(shards_dir, lang, split)])
+    assert tokens[-1] == EOS_ID
+    cuts = np.flatnonzero(tokens == EOS_ID)
+    starts = np.concatenate([[0], cuts[:-1] + 1])
+    return [tok.decode(tokens[s:e].tolist(), skip_special_tokens=False) for s, e in zip(starts, cuts)]
+
+
+def test_shards_hold_exactly_the_documents(corpus, tok_dir, tmp_path):
+    out = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "shards"))
+    meta = load_meta(out, expected_tokenizer_sha256=tokenizer_sha256(tok_dir))
+    assert meta["token_dtype"] == "uint16" and meta["eos_id"] == 2 and meta["vocab_size"] == 1024
+    tok = load_tokenizer(tok_dir)
+    files = expand_inputs({k: [str(v)] for k, v in corpus.items()})
+    for lang in ("bn", "en"):
+        want = [unicodedata.normalize("NFC", d) for _, _, d in iter_language(files[lang], lang, doc_chars=3000)]
+        train, val = _docs(tok, out, lang, "train"), _docs(tok, out, lang, "val")
+        assert Counter(train + val) == Counter(want)
+        assert len(val) >= 1 and len(train) > len(val)
+        info = meta["languages"][lang]
+        assert info["documents"] == {"train": len(train), "val": len(val)}
+        assert sum(e["n_tokens"] for e in info["train"]) == sum(read_shard(p).size
+                                                              for p in shard_paths(out, lang, "train"))
+
+
+def test_split_is_deterministic_and_seeded(corpus, tok_dir, tmp_path):
+    a = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "a", batch_chars=5000))
+    b = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "b", batch_chars=10**7, shard_tokens=5000))
+    c = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "c", seed=1))
+    for lang in ("bn", "en"):
+        va = np.asarray(read_shard(shard_paths(a, lang, "val")[0]))
+        vb = np.concatenate([np.asarray(read_shard(p)) for p in shard_paths(b, lang, "val")])
+        np.testing.assert_array_equal(va, vb)
+    assert len(shard_paths(b, "en", "train")) > 1  # shard_tokens respected
+    assert any(not np.array_equal(read_shard(shard_paths(a, lang, "val")[0]),
+                                  read_shard(shard_paths(c, lang, "val")[0])) for lang in ("bn", "en"))
+
+
+def test_bad_input_leaves_nothing(corpus, tok_dir, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.txt").write_bytes(b"hello\nworld \xc3\x28 again\n")
+    cfg = DataPrepareConfig(tokenizer_dir=str(tok_dir), inputs={"en": [str(bad)]}, out_dir=str(tmp_path / "out"),
+                            progress=False)
+    with pytest.raises(ValueError, match=r"x.txt: invalid UTF-8 at byte offset 12"):
+        prepare_shards(cfg)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp*"))
+    out = prepare_shards(DataPrepareConfig(**{**cfg.__dict__, "errors": "skip"}))
+    meta = load_meta(out)
+    assert meta["skipped_bytes"] == 1 and "x.txt@12" in meta["skipped_where"][0]
+    with pytest.raises(FileExistsError, match="already holds shards"):
+        prepare_shards(cfg)
+
+
+def test_cli_prepare_and_errors(corpus, tok_dir, tmp_path, capsys):
+    out = tmp_path / "cli"
+    args = ["data", "prepare", "--tokenizer-dir", str(tok_dir), "--inputs", f"bn={corpus['bn']},en={corpus['en']}",
+            "--out-dir", str(out), "--progress", "false"]
+    assert prodip_main(args) == 0
+    assert "MB/s" in capsys.readouterr().out and (out / "data_config.toml").is_file()
+    assert prodip_main(args) == 2  # refuses to overwrite
+    assert "already holds shards" in capsys.readouterr().err
+    assert prodip_main(["data", "prepare", "--tokenizer-dir", str(tmp_path / "nope"), "--out-dir", str(out)]) == 2
+    assert "prodip tokenizer train" in capsys.readouterr().err
