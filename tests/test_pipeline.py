@@ -1,0 +1,194 @@
+"""End to end: `prodip run` on a tiny config over real text cut from the bundled corpus.
+
+Every stage runs for real (tokenizer + audit + gate, shards, training, eval, export with all
+variants, conformance, HTTP serving); the test then checks that each artifact exists and is
+valid by loading it with its owner's reader, and that re-running resumes / refuses as documented.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenizer.corpus import expand_inputs, iter_language
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_TOML = """\
+out_dir = "{out}"
+completion_max_tokens = 8
+
+[tokenizer]
+inputs = {{bn = ["{corpus}/bn_train.txt"], en = ["{corpus}/en_train.txt"]}}
+vocab_size = 1024
+proportions = {{bn = 0.6, en = 0.4}}
+
+[audit]
+heldout = {{bn = ["{corpus}/bn_heldout.txt"], en = ["{corpus}/en_heldout.txt"]}}
+min_chars_per_token = {{bn = 1.5, en = 1.5}}
+
+[data]
+inputs = {{bn = ["{corpus}/bn_train.txt"], en = ["{corpus}/en_train.txt"]}}
+val_fraction = 0.1
+doc_chars = 2000
+
+[model]
+vocab_size = 1024
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+max_position_embeddings = 128
+
+[train]
+steps = 30
+batch_size = 4
+seq_len = 64
+warmup_steps = 3
+lr = 3e-3
+mixture = {{bn = 0.6, en = 0.4}}
+checkpoint_every_steps = 15
+progress = false
+
+[eval]
+eval_tokens = 2048
+seq_len = 64
+
+[conformance]
+greedy_tokens = 16
+"""
+
+
+def _cut_corpus(dest: Path, lang: str, train_chars: int, heldout_chars: int) -> None:
+    """Real text from the bundled data/<lang> files: the first documents for training, later
+    ones (never seen in training) as held-out text. Documents are separated by blank lines."""
+    files = expand_inputs({lang: [str(REPO / "data" / lang)]})[lang]
+    train, heldout, n_train, n_held = [], [], 0, 0
+    for _, _, doc in iter_language(files, lang):
+        doc = doc.strip()
+        if not doc:
+            continue
+        if n_train < train_chars:
+            train.append(doc)
+            n_train += len(doc)
+        elif n_held < heldout_chars:
+            heldout.append(doc)
+            n_held += len(doc)
+        else:
+            break
+    assert n_train >= train_chars // 2 and n_held > 0, f"data/{lang} has too little text"
+    (dest / f"{lang}_train.txt").write_text("\n\n".join(train) + "\n", encoding="utf-8")
+    (dest / f"{lang}_heldout.txt").write_text("\n\n".join(heldout) + "\n", encoding="utf-8")
+
+
+def _prodip(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prodip", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    _cut_corpus(corpus, "bn", 250_000, 30_000)
+    _cut_corpus(corpus, "en", 250_000, 30_000)
+    config = root / "tiny.toml"
+    config.write_text(TINY_TOML.format(out=root / "run", corpus=corpus), encoding="utf-8")
+    proc = _prodip("run", str(config))
+    assert proc.returncode == 0, f"prodip run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return config, root / "run", proc.stdout
+
+
+@pytest.mark.slow
+def test_every_artifact_exists_and_is_valid(tiny_run):
+    from export.manifest import read_manifest, verify_files
+    from tokenizer.bpe import load_tokenizer, tokenizer_sha256
+    from tokenizer.shards import load_meta, read_shard, shard_paths
+    from train.checkpoint import load_model
+
+    _, run, stdout = tiny_run
+    tok = load_tokenizer(run / "tokenizer")
+    text = "আমার সোনার বাংলা, আমি তোমায় ভালোবাসি। Hello, world!"
+    assert tok.decode(tok.encode(text).ids) == text
+    fert = json.loads((run / "tokenizer" / "fertility.json").read_text())
+    assert fert["gate"]["passed"] and set(fert["languages"]) == {"bn", "en"}
+
+    meta = load_meta(run / "shards", expected_tokenizer_sha256=tokenizer_sha256(run / "tokenizer"))
+    for lang in ("bn", "en"):
+        for split in ("train", "val"):
+            tokens = read_shard(shard_paths(run / "shards", lang, split)[0])
+            assert tokens.size > 0 and int(tokens.max()) < meta["vocab_size"]
+
+    model, cfg, info = load_model(run / "train")  # verifies the checkpoint's sha256 manifest
+    assert info["step"] == 30 and cfg.hidden_size == 64
+    assert (run / "train" / "loss.png").stat().st_size > 1000
+    assert len((run / "train" / "metrics.jsonl").read_text().splitlines()) >= 30
+
+    ev = json.loads((run / "train" / "eval.json").read_text())
+    for lang in ("bn", "en"):
+        trained, twin = ev["languages"][lang]["trained"], ev["languages"][lang]["random_init"]
+        assert trained["bits_per_char"] < twin["bits_per_char"], lang
+
+    manifest = read_manifest(run / "export")
+    verify_files(run / "export")
+    assert manifest["source_checkpoint"]["model_sha256"] == info["model_sha256"]
+    assert {"fp32", "fp16", "int8", "int4"} <= set(manifest["variants"])
+    assert manifest["conformance"]["passed"] is True
+
+    report = json.loads((run / "conformance" / "report.json").read_text())
+    assert report["passed"] is True and all(report["variants"].values())
+
+    completions = json.loads((run / "completions.json").read_text())["completions"]
+    assert set(completions) == {"bn", "en"} and all(c["completion"] for c in completions.values())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ok"] is True
+    for heading in ("tokenizer fertility", "trained model vs random-initialised twin",
+                    "export variants and conformance", "completions over HTTP"):
+        assert heading in stdout
+
+
+@pytest.mark.slow
+def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_path):
+    config, run, _ = tiny_run
+    again = _prodip("run", str(config), "--stages", "tokenizer,data,train,eval,export,conformance")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("already complete, skipped") == 6
+
+    changed = tmp_path / "changed.toml"
+    changed.write_text(config.read_text().replace("steps = 30", "steps = 31"), encoding="utf-8")
+    refused = _prodip("run", str(changed))
+    assert refused.returncode == 2
+    assert "holds a run made with a different config" in refused.stderr
+
+
+def test_typo_in_config_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('out_dir = "x"\n[train]\nstesp = 3\n', encoding="utf-8")
+    proc = _prodip("run", str(bad), timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "[train]: unknown key 'stesp'" in proc.stderr and "did you mean steps" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_corpus_is_named(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'out_dir = "{tmp_path / "run"}"\nstages = ["tokenizer"]\n'
+                   f'[tokenizer]\ninputs = {{bn = ["{tmp_path / "nope"}"]}}\n', encoding="utf-8")
+    proc = _prodip("run", str(cfg), timeout=120)
+    assert proc.returncode == 2
+    assert str(tmp_path / "nope") in proc.stderr
+    assert not (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_unknown_table_is_named(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[trian]\nsteps = 3\n', encoding="utf-8")
+    proc = _prodip("run", str(cfg), timeout=120)
+    assert proc.returncode == 2 and "unknown table [trian]" in proc.stderr
