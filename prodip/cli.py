@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     func = getattr(args, "func", None)
     if func is None:
-        if args.command:  # a stage group without its verb, e.g. `prodip tokenizer`
-            parser.parse_args([args.command, "--help"])
-        parser.print_help()
+        try:  # a stage group without its verb, e.g. `prodip tokenizer`: show that group's help
+            parser.parse_args([args.command, "--help"] if args.command else ["--help"])
+        except SystemExit:
+            pass
         return 2
     try:
         return int(func(args) or 0)

@@ -192,9 +192,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
             shown = ",".join(map(str, default)) or "none"
         else:
             shown = default
+        parse = (lambda s, tp=hints[f.name], fl=flag: _parse_flag(s, tp, fl))
+        if _strip_optional(hints[f.name])[0] is bool:  # `--force` alone means true; `--force false` too
+            group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, nargs="?", const=True,
+                               metavar="BOOL", type=parse, help=f"{help_text} (default: {shown})")
+            continue
         group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=_metavar(hints[f.name]),
-                           type=lambda s, tp=hints[f.name], fl=flag: _parse_flag(s, tp, fl),
-                           help=f"{help_text} (default: {shown})")
+                           type=parse, help=f"{help_text} (default: {shown})")
 
 
 def _metavar(tp: Any) -> str:
@@ -270,6 +274,11 @@ def dump_toml(data: dict[str, Any]) -> str:
             return str(value)
         return value
     return tomli_w.dumps(clean(data))
+
+
+def toml_roundtrip(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as it reads back from a TOML file (tuples become lists, ``None`` values vanish)."""
+    return tomllib.loads(dump_toml(data))
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

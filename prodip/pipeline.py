@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from prodip import stages
-from prodip.config import ConfigError, add_arguments, dump_toml, from_dict, opt, read_toml, write_text_atomic
+from prodip.config import (ConfigError, add_arguments, dump_toml, from_dict, opt, read_toml, toml_roundtrip,
+                           write_text_atomic)
 from prodip.summary import print_summary
 
 log = logging.getLogger("prodip.run")
@@ -35,7 +36,7 @@ class RunConfig:
     """Top-level keys of a pipeline TOML file (stage settings live in its tables)."""
 
     out_dir: str = opt("runs/demo", "folder receiving every artifact of the run")
-    stages: list[str] = opt(help="stages to run, in order (default: all)", factory=lambda: list(stages.ORDER))
+    stages: list[str] = opt(help="stages to run, in pipeline order", factory=lambda: list(stages.ORDER))
     force: bool = opt(False, "start over even if OUT_DIR holds a run made with a different config")
     completion_prompts: dict[str, str] = opt(
         help="language -> prompt sent to the HTTP endpoint at the end of the run",
@@ -66,20 +67,32 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
     return run, tables
 
 
-def _check_out_dir(out_dir: Path, resolved_toml: str, force: bool) -> None:
+# Settings that change what a run *does* but not what its artifacts *are*: they may differ between
+# an interrupted run and its re-run without making the output folder "a different run".
+_NOT_IDENTITY = ("stages", "force", "completion_prompts", "completion_max_tokens", "serve_timeout_s", "serve")
+
+
+def _identity(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in _NOT_IDENTITY}
+
+
+def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool) -> None:
     """Refuse to mix two different runs in one folder (nothing is overwritten without --force)."""
     saved = out_dir / "config.toml"
     if not saved.exists():
-        if out_dir.exists() and any(out_dir.iterdir()):
-            if not force:
-                raise FileExistsError(f"{out_dir} is not empty and holds no prodip run (no config.toml); "
-                                      f"choose another --out-dir or pass --force")
+        if out_dir.exists() and any(out_dir.iterdir()) and not force:
+            raise FileExistsError(f"{out_dir} is not empty and holds no prodip run (no config.toml); "
+                                  f"choose another --out-dir or pass --force")
         return
-    if saved.read_text(encoding="utf-8") == resolved_toml:
+    before = _identity(read_toml(saved))
+    now = _identity(toml_roundtrip(resolved))
+    if before == now:
         return
+    changed = sorted({k for k in set(before) | set(now) if before.get(k) != now.get(k)})
     if not force:
-        raise FileExistsError(f"{out_dir} holds a run made with a different config ({saved}); "
-                              f"use another --out-dir, or --force to start over there")
+        raise FileExistsError(f"{out_dir} holds a run made with a different config (tables/keys "
+                              f"{', '.join(changed)} differ from {saved}); use another --out-dir, "
+                              f"or --force to start over there")
     log.warning("--force: removing the earlier run in %s", out_dir)
     shutil.rmtree(out_dir)
 
@@ -97,11 +110,11 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     run, tables = load_run_config(config_path, args)
     out_dir = Path(run.out_dir)
     plan = stages.resolve_all(config_path, tables, out_dir)
-    resolved = dump_toml({**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
-                          **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()}})
+    resolved = {**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
+                **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()}}
     _check_out_dir(out_dir, resolved, run.force)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "config.toml", resolved)
+    write_text_atomic(out_dir / "config.toml", dump_toml(resolved))
 
     timings: dict[str, float] = {}
     wanted = [s for s in stages.ORDER if s in run.stages]

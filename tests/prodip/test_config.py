@@ -79,3 +79,8 @@ def test_dump_toml_round_trips_and_drops_none(tmp_path):
     path.write_text(text)
     back = resolve(Cfg, None, toml_path=str(path), section="train")
     assert back == cfg
+
+
+def test_bool_flag_alone_means_true():
+    assert _parse(["--compile"]).compile is True
+    assert _parse(["--compile", "false"]).compile is False
