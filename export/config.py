@@ -24,6 +24,8 @@ class ExportConfig:
                               factory=lambda: list(VARIANTS))
     safetensors_dtype: str = opt("float32", "dtype of model.safetensors", choices=SAFETENSORS_DTYPES)
     opset: int = opt(18, "ONNX opset of the decoder graphs (torch.onnx dynamo exporter)")
+    onnx_external_data: bool = opt(False, "keep every ONNX file's weights in <file>.data beside it "
+                                          "(always done when a model exceeds protobuf's 2 GB limit)")
     int8_per_channel: bool = opt(True, "int8: one scale per output channel instead of per tensor")
     int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")
     int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (power of 2, >= 16)")

@@ -97,17 +97,19 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     (root / ONNX_DIR).mkdir()
     fp32 = root / ONNX_FILES["fp32"]
     with step(f"ONNX fp32 decoder (opset {cfg.opset})"):
-        export_onnx(model, fp32, opset=cfg.opset)
+        export_onnx(model, fp32, opset=cfg.opset, external_data=cfg.onnx_external_data or None)
         check_io(fp32, model.config)
     out = {"fp32": _onnx_variant("fp32", ONNX_FILES["fp32"], "float32", None, root)}
+    ext = bool(out["fp32"]["external_data"])  # the derived files follow the fp32 file's layout
     builders = {
-        "fp16": ("float16", lambda dst: quantize.to_fp16(fp32, dst)),
+        "fp16": ("float16", lambda dst: quantize.to_fp16(fp32, dst, external_data=ext)),
         "int8": ("int8", lambda dst: quantize.to_int8(fp32, dst, per_channel=cfg.int8_per_channel,
-                                                       quantize_embeddings=cfg.int8_quantize_embeddings)),
+                                                       quantize_embeddings=cfg.int8_quantize_embeddings,
+                                                       external_data=ext)),
         "int4": ("int4", lambda dst: quantize.to_int4(
             fp32, dst, block_size=cfg.int4_block_size, symmetric=cfg.int4_symmetric,
             quantize_embeddings=cfg.int4_quantize_embeddings, quantize_lm_head=cfg.int4_quantize_lm_head,
-            accuracy_level=cfg.int4_accuracy_level)),
+            accuracy_level=cfg.int4_accuracy_level, external_data=ext)),
     }
     for name in [w for w in wanted if w != "fp32"]:
         dtype, build = builders[name]
@@ -176,6 +178,8 @@ def _build_all(model: Any, cfg: ExportConfig, tmp: Path, tokenizer_dir: Optional
     variants.update(_build_onnx(model, tmp, cfg, step))
     with step("manifest.json (sha256 of every file)"):
         (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
+        for path in tmp.rglob("*"):  # onnx/safetensors create some files 0600; exports are shared
+            path.chmod(0o755 if path.is_dir() else 0o644)
         write_manifest(tmp, source_checkpoint=source_checkpoint, tokenizer_sha256=tokenizer_sha256,
                        variants=variants, export_config=dataclasses.asdict(cfg))
 

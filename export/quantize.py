@@ -42,9 +42,13 @@ def _fp16_block_list() -> list[str]:
 FP16_OP_BLOCK_LIST = FP16_EXTRA_BLOCKED_OPS  # documented subset; the full list is _fp16_block_list()
 
 
-def _save(model: onnx.ModelProto, path: Path) -> bool:
-    """Save, with weights in ``<name>.data`` beside it when the model exceeds 2 GB; True if external."""
-    external = model.ByteSize() >= PROTOBUF_LIMIT_BYTES - 64 * 1024**2 if _all_inline(model) else True
+def _too_big(model: onnx.ModelProto) -> bool:
+    return not _all_inline(model) or model.ByteSize() >= PROTOBUF_LIMIT_BYTES - 64 * 1024**2
+
+
+def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> bool:
+    """Save, with weights in ``<name>.data`` beside it if asked or over 2 GB; True if external."""
+    external = external or _too_big(model)
     if external:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data", size_threshold=1024)
@@ -99,8 +103,11 @@ def materialize_transposed_weights(model: onnx.ModelProto) -> int:
     return folded
 
 
-def to_fp16(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str, Any]:
+def to_fp16(src: str | os.PathLike, dst: str | os.PathLike, *, external_data: bool = False) -> dict[str, Any]:
     """Write an fp16 copy of the fp32 decoder ``src`` to ``dst``; float32 inputs and outputs.
+
+    Args:
+        external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
 
     Returns:
         Quantisation parameters: tool, keep_io_types, blocked op types and the number of nodes
@@ -114,18 +121,21 @@ def to_fp16(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str, Any]:
     model16 = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
                                        node_block_list=rope_nodes, disable_shape_infer=False)
     OnnxModel(model16).topological_sort()  # the converter appends its input Casts at the end
-    external = _save(model16, Path(dst))
+    del model16.graph.value_info[:]  # some of the converter's value_info entries are stale; re-infer
+    model16 = onnx.shape_inference.infer_shapes(model16)
+    external = _save(model16, Path(dst), external_data)
     return {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
             "op_block_list": blocked, "rope_nodes_kept_fp32": len(rope_nodes), "external_data": external}
 
 
 def to_int8(src: str | os.PathLike, dst: str | os.PathLike, *, per_channel: bool = True,
-            quantize_embeddings: bool = True) -> dict[str, Any]:
+            quantize_embeddings: bool = True, external_data: bool = False) -> dict[str, Any]:
     """Dynamic int8 quantisation of the fp32 decoder ``src`` into ``dst``.
 
     Args:
         per_channel: one scale per output channel of each MatMul weight.
         quantize_embeddings: also quantise the token embedding (Gather, per tensor).
+        external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
     Returns:
         Quantisation parameters (tool, weight type, per_channel, op types, reduce_range).
     """
@@ -134,7 +144,7 @@ def to_int8(src: str | os.PathLike, dst: str | os.PathLike, *, per_channel: bool
     model = onnx.load(str(src))
     folded = materialize_transposed_weights(model)
     ops = ["MatMul", "Gather"] if quantize_embeddings else ["MatMul"]
-    large = model.ByteSize() >= PROTOBUF_LIMIT_BYTES - 64 * 1024**2
+    large = external_data or _too_big(model)
     root, level = logging.getLogger(), logging.getLogger().level
     root.setLevel(max(level, logging.ERROR))  # quantize_dynamic narrates every tensor on the root logger
     try:
@@ -157,7 +167,7 @@ def _lm_head_node(graph: onnx.GraphProto) -> str | None:
 
 def to_int4(src: str | os.PathLike, dst: str | os.PathLike, *, block_size: int = 32,
             symmetric: bool = False, quantize_embeddings: bool = True, quantize_lm_head: bool = True,
-            accuracy_level: int = 0) -> dict[str, Any]:
+            accuracy_level: int = 0, external_data: bool = False) -> dict[str, Any]:
     """Weight-only 4-bit blockwise quantisation (MatMulNBits) of the fp32 decoder ``src``.
 
     Args:
@@ -166,6 +176,7 @@ def to_int4(src: str | os.PathLike, dst: str | os.PathLike, *, block_size: int =
         quantize_embeddings: embedding Gather -> GatherBlockQuantized (blocks along hidden).
         quantize_lm_head: quantise the MatMul producing ``logits``; otherwise it stays fp32.
         accuracy_level: MatMulNBits ``accuracy_level`` (0 = unset; see ORT ContribOperators.md).
+        external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
     Returns:
         Quantisation parameters.
     """
@@ -181,7 +192,7 @@ def to_int4(src: str | os.PathLike, dst: str | os.PathLike, *, block_size: int =
         accuracy_level=accuracy_level or None, nodes_to_exclude=exclude, quant_format=QuantFormat.QOperator,
         op_types_to_quantize=ops, quant_axes=(("MatMul", 0), ("Gather", 1)))
     quant.process()
-    external = _save(quant.model.model, Path(dst))
+    external = _save(quant.model.model, Path(dst), external_data)
     return {"tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
             "algorithm": "RTN (DEFAULT)", "format": "QOperator", "bits": 4, "block_size": block_size,
             "symmetric": symmetric, "op_types": list(ops), "embedding_quantized": quantize_embeddings,

@@ -2,7 +2,7 @@
 
 They go through the real APIs: ``tokenizer.bpe.train_tokenizer_from_texts``,
 ``train.checkpoint.save_checkpoint`` and :func:`export.core.export_checkpoint`. Weights are
-random (seeded) but scaled up, so logits are far from flat and argmax comparisons mean something.
+random (seeded) with unit-gain scale, so logits are far from flat and argmax comparisons mean something.
 
     python -c "import tempfile, export; print(export.build_tiny_export(tempfile.mkdtemp(), variants=['fp32']))"
 """
@@ -33,16 +33,18 @@ def tiny_model_config(*, vocab_size: int = 512, tie: bool = False, hidden_size: 
                        tie_word_embeddings=tie)
 
 
-def tiny_model(config: Any, *, seed: int = 0, std: float = 0.2) -> Any:
+def tiny_model(config: Any, *, seed: int = 0, std: Optional[float] = None) -> Any:
     """``LlamaForCausalLM(config)`` with N(0, std) weights and norms near 1 (eval mode).
 
-    ``std`` is 10x the training init so logits spread out (random-init logits are almost flat,
-    which makes argmax agreement between variants meaningless).
+    The default ``std = 1 / sqrt(hidden_size)`` (unit gain per matmul, logit std ~ 1) is several
+    times the training init, so logits spread out (random-init logits are almost flat, which
+    makes argmax agreement between variants meaningless), but not chaotic.
     """
     import torch
 
     from train.model import LlamaForCausalLM
     model = LlamaForCausalLM(config)
+    std = config.hidden_size ** -0.5 if std is None else std
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -79,13 +81,15 @@ def build_tiny_checkpoint(tmp_dir: str | os.PathLike, *, tie: bool = False, voca
 
 
 def build_tiny_export(tmp_dir: str | os.PathLike, *, tie: bool = False, vocab_size: int = 512,
-                      variants: Optional[Sequence[str]] = None, seed: int = 0, **config_kwargs: Any) -> Path:
+                      variants: Optional[Sequence[str]] = None, seed: int = 0,
+                      export_options: Optional[dict[str, Any]] = None, **config_kwargs: Any) -> Path:
     """A complete export dir of a tiny random model, built by the real ``prodip export`` path.
 
     Args:
         tmp_dir: empty scratch folder; gets ``tokenizer/``, ``run/`` and ``export/``.
         tie, vocab_size, seed, **config_kwargs: see :func:`build_tiny_checkpoint`.
-        variants: subset of ``export.config.VARIANTS`` (default all: ~5-8 s on 2 cores).
+        variants: subset of ``export.config.VARIANTS`` (default all: ~5-10 s on 2 cores).
+        export_options: more ExportConfig fields, e.g. ``{"onnx_external_data": True}``.
     Returns:
         The export dir (``tmp_dir/export``).
     """
@@ -93,5 +97,5 @@ def build_tiny_export(tmp_dir: str | os.PathLike, *, tie: bool = False, vocab_si
     from export.core import export_checkpoint
     run = build_tiny_checkpoint(tmp_dir, tie=tie, vocab_size=vocab_size, seed=seed, **config_kwargs)
     cfg = ExportConfig(checkpoint=str(run), out=str(Path(tmp_dir) / "export"),
-                       variants=list(variants or VARIANTS))
+                       variants=list(variants or VARIANTS), **(export_options or {}))
     return export_checkpoint(cfg)

@@ -1,0 +1,95 @@
+"""HF-layout export: safetensors round trip, tied weights stored once, transformers loads it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from export.hf import load_hf_state
+from tests.export.conftest import source_model
+
+
+def _ids(vocab: int, T: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, min(vocab, 512), (2, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_safetensors_round_trip_identical_logits(any_export):
+    from train.model import LlamaForCausalLM
+    ref = source_model(any_export)
+    config, tensors = load_hf_state(any_export)
+    assert config == ref.config
+    model = LlamaForCausalLM(config)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.load_state_dict(tensors, strict=True)
+    model.eval()
+    ids = _ids(config.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(model(ids), ref(ids))
+
+
+def test_config_json_and_tied_weight_stored_once(any_export):
+    cfg = json.loads((any_export / "config.json").read_text())
+    ref = source_model(any_export).config
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
+    assert cfg["torch_dtype"] == cfg["dtype"] == "float32"
+    for key, value in ref.to_dict().items():
+        assert cfg[key] == value, key
+    with safe_open(str(any_export / "model.safetensors"), framework="pt") as fh:
+        keys = set(fh.keys())
+    assert ("lm_head.weight" in keys) == (not ref.tie_word_embeddings)
+    assert "model.embed_tokens.weight" in keys
+    gen = json.loads((any_export / "generation_config.json").read_text())
+    assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (1, 2, 0)
+
+
+def test_transformers_loads_offline_without_key_warnings(any_export, monkeypatch, caplog):
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    ref = source_model(any_export)
+    with caplog.at_level(logging.WARNING):
+        hf, info = transformers.AutoModelForCausalLM.from_pretrained(str(any_export), output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    text = caplog.text.lower()
+    for word in ("missing", "unexpected", "newly initialized", "not initialized", "mismatch"):
+        assert word not in text, caplog.text
+    hf.eval()
+    V = ref.config.vocab_size
+    ids = _ids(V, T=10)
+    # positions near max_position_embeddings too: RoPE mistakes hide at small positions
+    for start in (0, ref.config.max_position_embeddings - 10):
+        pos = torch.arange(start, start + 10).expand(2, 10)
+        with torch.no_grad():
+            got = hf(input_ids=ids, position_ids=pos).logits
+            want = ref(ids, position_ids=pos)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if ref.config.tie_word_embeddings:
+        assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+
+
+def test_auto_tokenizer_matches_tokenizer_json(any_export, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from tokenizer.bpe import load_tokenizer
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(any_export))
+    ours = load_tokenizer(any_export)
+    text = "আমার সোনার বাংলা, the quick brown fox"
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
+    assert (hf_tok.pad_token_id, hf_tok.bos_token_id, hf_tok.eos_token_id) == (0, 1, 2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_safetensors(gqa_export, tmp_path, dtype):
+    from export.hf import write_hf
+    ref = source_model(gqa_export)
+    write_hf(ref, tmp_path, dtype=dtype)
+    config, tensors = load_hf_state(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == dtype
+    for key, value in ref.state_dict().items():
+        assert tensors[key].dtype == getattr(torch, dtype) and tensors[key].is_contiguous()
+        assert torch.equal(tensors[key], value.to(getattr(torch, dtype)))

@@ -1,0 +1,89 @@
+"""manifest.json: contents, verify_files naming the bad file, set_conformance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from export.manifest import read_manifest, set_conformance, verify_files
+
+
+def test_manifest_contents(any_export):
+    from train.checkpoint import model_sha256
+    m = read_manifest(any_export)
+    assert m["format_version"] == 1 and m["conformance"] is None
+    run = any_export.parent / "run"
+    assert m["source_checkpoint"]["model_sha256"] == model_sha256(run)
+    assert m["source_checkpoint"]["step"] == 10
+    assert m["tokenizer_sha256"] == m["files"]["tokenizer.json"]["sha256"]
+    for key in ("prodip", "torch", "onnx", "onnxruntime"):
+        assert m["versions"][key]
+    listed = {p.relative_to(any_export).as_posix() for p in any_export.rglob("*") if p.is_file()}
+    assert set(m["files"]) == listed - {"manifest.json"}
+    assert set(m["variants"]) == {"safetensors", "fp32", "fp16", "int8", "int4"}
+    assert m["variants"]["fp32"]["path"] == "onnx/model.onnx" and m["variants"]["fp32"]["quantization"] is None
+    q8, q4 = m["variants"]["int8"]["quantization"], m["variants"]["int4"]["quantization"]
+    assert q8["weight_type"] == "QInt8" and q8["per_channel"] is True
+    assert q4["bits"] == 4 and q4["block_size"] == 32 and q4["embedding_quantized"] is True
+    assert "Softmax" in m["variants"]["fp16"]["quantization"]["op_block_list"]
+    verify_files(any_export)
+
+
+def test_verify_files_names_the_tampered_file(gqa_export, tmp_path):
+    copy = shutil.copytree(gqa_export, tmp_path / "export")
+    verify_files(copy)
+    target = copy / "onnx" / "model_int8.onnx"
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 1
+    target.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="model_int8.onnx.*sha256"):
+        verify_files(copy)
+    target.write_bytes(bytes(data[:-1]))
+    with pytest.raises(ValueError, match="model_int8.onnx.*bytes"):
+        verify_files(copy)
+    target.unlink()
+    with pytest.raises(FileNotFoundError, match="model_int8.onnx"):
+        verify_files(copy)
+
+
+def test_verify_files_refuses_unlisted_files(gqa_export, tmp_path):
+    copy = shutil.copytree(gqa_export, tmp_path / "export")
+    (copy / "onnx" / "stray.onnx").write_bytes(b"x")
+    with pytest.raises(ValueError, match="stray.onnx"):
+        verify_files(copy)
+    verify_files(copy, allow_unlisted=True)
+    (copy / "onnx" / "stray.onnx").unlink()
+    (copy / "conformance").mkdir()
+    (copy / "conformance" / "report.json").write_text("{}")  # written after the export: not listed
+    verify_files(copy)
+
+
+def test_set_conformance_atomic_rewrite(gqa_export, tmp_path):
+    copy = shutil.copytree(gqa_export, tmp_path / "export")
+    before = read_manifest(copy)
+    verdict = {"passed": False, "variants": {"fp32": True, "int4": False}, "report": "conformance/report.json",
+               "report_sha256": "0" * 64}
+    set_conformance(copy, verdict)
+    after = read_manifest(copy)
+    assert after["conformance"]["passed"] is False and after["conformance"]["variants"]["int4"] is False
+    assert after["conformance"]["checked_utc"].endswith("Z")
+    assert {k: v for k, v in after.items() if k != "conformance"} == {k: v for k, v in before.items()
+                                                                      if k != "conformance"}
+    assert not list(copy.glob(".manifest.json.tmp*"))
+    verify_files(copy)  # the verdict does not invalidate the file hashes
+    with pytest.raises(ValueError, match="int3"):
+        set_conformance(copy, {"passed": True, "variants": {"int3": True}})
+    with pytest.raises(ValueError, match="passed"):
+        set_conformance(copy, {"variants": {}})
+    set_conformance(copy, None)
+    assert read_manifest(copy)["conformance"] is None
+
+
+def test_read_manifest_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prodip export"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 2}))
+    with pytest.raises(ValueError, match="format_version"):
+        read_manifest(tmp_path)

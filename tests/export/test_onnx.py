@@ -1,0 +1,155 @@
+"""ONNX decoder: the I/O contract, and ONNX Runtime runs every variant for prefill and decode."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export.onnx import io_names
+from tests.export.conftest import ort_session, positions, run_ort, source_model
+
+ONNX_VARIANTS = ["fp32", "fp16", "int8", "int4"]
+#: max |logit diff| vs the torch model, relative to the torch logits' std, for fp32/fp16; for the
+#: quantised variants, the least Pearson correlation of their logits with torch's. Random
+#: weights have no structure for 4 bits to preserve, so int4 moves logits a lot (int4 is checked
+#: exactly against an independent fake-quantised torch model in test_quantize.py).
+REL_TOL = {"fp32": 1e-5, "fp16": 2e-2}
+MIN_CORR = {"int8": 0.99, "int4": 0.75}
+
+
+def _check(variant, got, want, scale, what):
+    if variant in REL_TOL:
+        err = np.abs(got - want).max() / scale
+        assert err < REL_TOL[variant], f"{variant}: {what} max|diff|/std = {err:.3g}"
+    else:
+        corr = np.corrcoef(got.ravel(), want.ravel())[0, 1]
+        assert corr > MIN_CORR[variant], f"{variant}: {what} logits correlation {corr:.3f}"
+
+
+def _batch(config, seed=0):
+    """Left-padded batch: row 0 has 3 pads, row 1 none; (ids (2, 8), mask (2, 8))."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, min(config.vocab_size, 512), size=(2, 8))
+    mask = np.ones((2, 8), np.int64)
+    mask[0, :3] = 0
+    ids[0, :3] = 0
+    return ids, mask
+
+
+def _torch_logits(model, ids, mask):
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), position_ids=torch.from_numpy(positions(mask)),
+                     attention_mask=torch.from_numpy(mask)).numpy()
+
+
+@pytest.mark.parametrize("variant", ONNX_VARIANTS)
+def test_io_contract(any_export, variant):
+    from export.manifest import read_manifest
+    config = source_model(any_export).config
+    rel = read_manifest(any_export)["variants"][variant]["path"]
+    graph = onnx.load(str(any_export / rel)).graph
+    want_in, want_out = io_names(config.num_hidden_layers)
+    assert [i.name for i in graph.input] == want_in
+    assert [o.name for o in graph.output] == want_out
+
+    def dims(v):
+        return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+
+    def dtype(v):
+        return v.type.tensor_type.elem_type
+
+    inputs = {i.name: i for i in graph.input}
+    outputs = {o.name: o for o in graph.output}
+    assert dims(inputs["input_ids"]) == ["batch_size", "sequence_length"]
+    assert dims(inputs["attention_mask"]) == ["batch_size", "total_sequence_length"]
+    assert dims(inputs["position_ids"]) == ["batch_size", "sequence_length"]
+    for name in ("input_ids", "attention_mask", "position_ids"):
+        assert dtype(inputs[name]) == onnx.TensorProto.INT64
+    Hkv, Dh = config.num_key_value_heads, config.head_dim
+    for name in want_in[3:]:
+        assert dims(inputs[name]) == ["batch_size", Hkv, "past_sequence_length", Dh]
+        assert dtype(inputs[name]) == onnx.TensorProto.FLOAT
+    assert dims(outputs["logits"]) == ["batch_size", "sequence_length", config.vocab_size]
+    for name in want_out:
+        assert dtype(outputs[name]) == onnx.TensorProto.FLOAT
+    for name in want_out[1:]:
+        d = dims(outputs[name])
+        assert d[0] == "batch_size" and d[1:] == [Hkv, d[2], Dh] and isinstance(d[2], str)
+
+
+@pytest.mark.parametrize("variant", ONNX_VARIANTS)
+def test_prefill_and_decode_match_torch(any_export, variant):
+    """Prefill (past = 0, left-padded batch) then 3 decode steps (seq = 1) vs the torch model."""
+    model = source_model(any_export)
+    config = model.config
+    sess = ort_session(any_export, variant)
+    ids, mask = _batch(config)
+    logits, present = run_ort(sess, config, ids, mask, positions(mask))
+    want = _torch_logits(model, ids, mask)
+    real = mask.astype(bool)
+    scale = want[real].std()
+    _check(variant, logits[real], want[real], scale, "prefill")
+    assert present[0].shape == (2, config.num_key_value_heads, 8, config.head_dim)
+    for step in range(3):
+        nxt = logits[:, -1].argmax(-1)[:, None]
+        ids = np.concatenate([ids, nxt], axis=1)
+        mask = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+        logits, present = run_ort(sess, config, nxt, mask, positions(mask)[:, -1:], present)
+        assert logits.shape == (2, 1, config.vocab_size)
+        assert present[0].shape[2] == 9 + step
+        want = _torch_logits(model, ids, mask)[:, -1:]
+        _check(variant, logits, want, scale, f"decode step {step}")
+    if variant == "fp32":
+        top1 = (logits.argmax(-1) == want.argmax(-1)).all()
+        assert top1
+
+
+@pytest.mark.parametrize("variant", ONNX_VARIANTS)
+def test_kv_cache_decode_equals_full_recompute_in_ort(gqa_export, variant):
+    config = source_model(gqa_export).config
+    sess = ort_session(gqa_export, variant)
+    ids, mask = _batch(config, seed=3)
+    full, _ = run_ort(sess, config, ids, mask, positions(mask))
+    _, present = run_ort(sess, config, ids[:, :5], mask[:, :5], positions(mask)[:, :5])
+    pos = positions(mask)
+    for t in range(5, 8):
+        step, present = run_ort(sess, config, ids[:, t:t + 1], mask[:, :t + 1], pos[:, t:t + 1], present)
+        scale = full[:, t].std()
+        # int8 quantises activations per call (dynamic, per tensor), so its tolerance is looser
+        tol = {"fp32": 1e-5, "fp16": 2e-3, "int8": 0.5, "int4": 1e-3}[variant]
+        err = np.abs(step[:, 0] - full[:, t])[mask[:, t] == 1].max() / scale
+        assert err < tol, f"{variant}: cached step {t} differs from full recompute by {err:.3g} std"
+
+
+def test_left_padding_does_not_change_real_rows(gqa_export):
+    config = source_model(gqa_export).config
+    sess = ort_session(gqa_export, "fp32")
+    ids, mask = _batch(config, seed=5)
+    padded, _ = run_ort(sess, config, ids, mask, positions(mask))
+    alone, _ = run_ort(sess, config, ids[:1, 3:], mask[:1, 3:], positions(mask[:1, 3:]))
+    np.testing.assert_allclose(padded[0, 3:], alone[0], rtol=1e-4, atol=1e-5)
+
+
+def test_batch1_seq1_prefill(tied_export):
+    """The smallest shapes (batch 1, seq 1, past 0) — dims of size 0/1 are not specialised away."""
+    model = source_model(tied_export)
+    sess = ort_session(tied_export, "fp32")
+    ids, mask = np.array([[70_000 - 1]]), np.ones((1, 1), np.int64)  # the last id of a > 65,536 vocab
+    logits, present = run_ort(sess, model.config, ids, mask, positions(mask))
+    np.testing.assert_allclose(logits, _torch_logits(model, ids, mask), rtol=1e-4, atol=1e-5)
+    assert present[0].shape == (1, model.config.num_key_value_heads, 1, model.config.head_dim)
+
+
+def test_external_data_layout(tied_export, gqa_export):
+    """Over 2 GB (forced here via onnx_external_data) every variant keeps weights in ``<file>.data``."""
+    from export.manifest import read_manifest
+    for export_dir, external in ((tied_export, True), (gqa_export, False)):
+        m = read_manifest(export_dir)
+        for name in ONNX_VARIANTS:
+            v = m["variants"][name]
+            assert v["external_data"] == ([v["path"] + ".data"] if external else [])
+            for rel in v["external_data"]:
+                assert m["files"][rel]["bytes"] > 0
+        onnx.checker.check_model(str(export_dir / m["variants"]["fp32"]["path"]))
