@@ -25,7 +25,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from prodip.config import dump_toml, opt, to_dict
-from tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
+from tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
 from tokenizer.superword import learn_superwords
 
 log = logging.getLogger(__name__)
@@ -147,10 +147,15 @@ def sample_documents(files_by_lang: dict[str, list[Path]], budget: dict[str, int
                 del streams[lang]
 
 
-def count_chars(files_by_lang: dict[str, list[Path]], errors: str) -> dict[str, int]:
-    """Characters per language (one streamed pass)."""
-    return {lang: sum(len(doc) for _, _, doc in iter_language(files, lang, errors=errors))
-            for lang, files in files_by_lang.items()}
+def count_chars(files_by_lang: dict[str, list[Path]], errors: str,
+                stats: dict[str, ReadStats] | None = None) -> dict[str, int]:
+    """Characters per language (one streamed pass); ``stats`` receives each language's read counters."""
+    stats = {} if stats is None else stats
+    out = {}
+    for lang, files in files_by_lang.items():
+        stats[lang] = ReadStats()
+        out[lang] = sum(len(doc) for _, _, doc in iter_language(files, lang, errors=errors, stats=stats[lang]))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -294,7 +299,12 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
         raise FileExistsError(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
     start = time.perf_counter()
     files = expand_inputs(cfg.inputs)
-    chars = count_chars(files, cfg.errors)
+    read: dict[str, ReadStats] = {}
+    chars = count_chars(files, cfg.errors, read)
+    skipped = sum(r.skipped_bytes for r in read.values())
+    if skipped:
+        log.warning("skipping %d undecodable bytes (first at %s)", skipped,
+                    [w for r in read.values() for w in r.skipped_where][:3])
     proportions = {} if cfg.kind == "naive" else cfg.proportions  # the baseline takes the natural mix
     budget = plan_sample(chars, proportions, cfg.sample_chars)
     drawn: dict[str, int] = {}
@@ -308,7 +318,8 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
                               superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0)
     elapsed = time.perf_counter() - start
     info = {"format_version": FORMAT_VERSION, "kind": cfg.kind, "vocab_size": tok.get_vocab_size(),
-            "sample_chars": drawn, "available_chars": chars, "train_s": round(elapsed, 2),
+            "sample_chars": drawn, "available_chars": chars, "skipped_bytes": skipped,
+            "skipped_where": [w for r in read.values() for w in r.skipped_where][:10], "train_s": round(elapsed, 2),
             "peak_rss_mb": round(_peak_rss_mb(), 1),
             "files": {lang: [str(f) for f in fs] for lang, fs in files.items()}}
     extra = {"train_config.toml": dump_toml({"tokenizer": to_dict(cfg)}),

@@ -131,5 +131,7 @@ def test_bad_inputs_leave_nothing(tmp_path, corpus):
     assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
     out = train_tokenizer(cfg(inputs={"bn": [str(tmp_path / "bad.txt")]}, errors="skip"))
     assert load_tokenizer(out).get_vocab_size() <= 300
+    info = json.loads((out / "train_info.json").read_text())
+    assert info["skipped_bytes"] == 1 and info["skipped_where"][0].endswith("bad.txt@15")
     with pytest.raises(FileExistsError, match="already holds a tokenizer"):
         train_tokenizer(cfg())
