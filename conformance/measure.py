@@ -165,11 +165,13 @@ def measure_candidate(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, *
               ("greedy", lambda: _phase_greedy(runner, inputs, ref, out, greedy_tokens)),
               ("kv_cache", lambda: _phase_kv(runner, inputs, out, kv_steps)),
               ("padded_batch", lambda: _phase_padded(runner, inputs, out, keep))]
-    t0 = time.perf_counter()
+    phase_s = {}
     for name, fn in phases:
+        t0 = time.perf_counter()
         try:
             fn()
         except Exception as err:  # a broken artifact must become a failed check, not a crash
             errors[name] = f"{type(err).__name__}: {str(err).strip()[:400]}"
-    out["measure_s"] = time.perf_counter() - t0
+        phase_s[name] = round(time.perf_counter() - t0, 3)
+    out["phase_s"] = phase_s
     return out, errors

@@ -87,6 +87,9 @@ class OrtRunner(Runner):
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        # No spin-waiting: torch's threads run between ORT calls in this process, and spinning
+        # pool threads would steal their cores (and vice versa).
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
         self.name = name
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim

@@ -202,10 +202,12 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     g = global_metrics(export_dir, manifest, info, list(inputs.texts.values()), train_tok)
     g_checks = gate(g, {}, tolerances.get("global", {}))[1:]
     ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
+    from tqdm import tqdm
+
     results = {}
-    for cand in candidates:
+    for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None):
         logger.info("conformance: measuring %s (%s)", cand.name, cand.path)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         metrics: dict[str, Any] = {}
         errors: dict[str, str] = {}
         if cand.kind == "onnx":
@@ -228,7 +230,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         results[cand.name] = {"variant": cand.variant, "kind": cand.kind, "path": cand.path,
                               "metrics": metrics, "errors": errors, "checks": checks,
                               "passed": all(c["passed"] is not False for c in checks),
-                              "seconds": time.perf_counter() - t0}
+                              "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
     g_passed = all(c["passed"] is not False for c in g_checks)
     variants = {}
     for cand in candidates:
