@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from prodip.config import add_arguments, opt, resolve, write_text_atomic
+
+log = logging.getLogger("prodip.eval")
 
 FORMAT_VERSION = 1
 EVAL_FILE = "eval.json"
@@ -57,7 +60,8 @@ class EvalConfig:
     batch_size: int = opt(8, "windows per forward pass (sequences)")
     seed: int = opt(0, "seed of the random-initialised twin (reset_parameters(seed=...))")
     mc_file: Optional[str] = opt(None, "multiple-choice JSONL {context, choices, answer} to score (optional)")
-    languages: list[str] = opt(help="languages to score (default: every language in the shards' meta.json)",
+    languages: list[str] = opt(help="languages to score (default: every language in the shards' meta.json "
+                                    "that has validation tokens)",
                                factory=list)
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
 
@@ -314,6 +318,10 @@ def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: An
                          f"(has {', '.join(sorted(meta['languages']))})")
     results = {}
     for lang in langs:
+        if not cfg.languages and not any(e["n_tokens"] for e in meta["languages"][lang].get("val", [])):
+            log.warning("%s: language %r has no validation tokens; skipped", cfg.shards_dir, lang)
+            results[lang] = {"tokens": 0, "chars": 0, "skipped": "no validation tokens"}
+            continue
         tokens = torch.from_numpy(read_val_tokens(cfg.shards_dir, lang, cfg.eval_tokens))
         n_chars = count_chars(tokenizer, tokens.tolist())
         row: dict[str, Any] = {"tokens": tokens.numel(), "chars": n_chars}
@@ -395,6 +403,9 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{'lang':<6}{'tokens':>9}{'chars':>10} | {'NLL nats/tok':>12}{'bits/char':>10} | "
                      f"{'random NLL':>11}{'bits/char':>10}")
         for lang, row in result["languages"].items():
+            if "skipped" in row:
+                lines.append(f"{lang:<6}  skipped: {row['skipped']}")
+                continue
             t, r = row["trained"], row["random_init"]
             lines.append(f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
                          f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}")

@@ -267,3 +267,24 @@ def test_prodip_eval_command(eval_env, tmp_path, capsys) -> None:
     assert result["config"]["eval_tokens"] == 100 and result["config"]["batch_size"] == 2
     assert set(result["languages"]) == {"bn", "en"} and result["mc"]["trained"]["n_items"] == 1
     assert main(["eval", "--checkpoint", str(tmp_path / "nope"), "--shards-dir", str(shards)]) == 2
+
+
+def test_language_without_validation_tokens_is_skipped(eval_env, tmp_path) -> None:
+    import shutil
+
+    from tokenizer.shards import write_shard
+
+    _, shards, _, _ = eval_env
+    other = tmp_path / "shards"
+    shutil.copytree(shards, other)
+    (other / "ta").mkdir()
+    write_shard(other / "ta" / "val_000000.bin", np.zeros(0, dtype=np.int64), "uint16")
+    meta = json.loads((other / "meta.json").read_text())
+    meta["languages"]["ta"] = {"train": [], "val": [{"file": "ta/val_000000.bin", "n_tokens": 0}]}
+    (other / "meta.json").write_text(json.dumps(meta))
+    result = ev.evaluate(_cfg(eval_env, shards_dir=str(other), eval_tokens=64, out=str(tmp_path / "e.json")))
+    assert result["languages"]["ta"] == {"tokens": 0, "chars": 0, "skipped": "no validation tokens"}
+    assert result["languages"]["bn"]["tokens"] == 64
+    assert "ta" in ev.format_table(result) and "skipped" in ev.format_table(result)
+    with pytest.raises(ValueError, match="no validation tokens"):  # asked for explicitly: an error
+        ev.evaluate(_cfg(eval_env, shards_dir=str(other), languages=["ta"], out=str(tmp_path / "f.json")))
