@@ -73,7 +73,7 @@ class TokenizerTrainConfig:
     limit_alphabet: int = opt(1000, "at most this many distinct characters enter the vocabulary; rarer "
                               "characters are encoded as byte-fallback tokens")
     model_max_length: int = opt(2048, "model_max_length written to tokenizer_config.json (tokens)")
-    superword_share: float = opt(0.25, "share of the learned vocabulary given to multi-word tokens (SuperBPE-"
+    superword_share: float = opt(0.2, "share of the learned vocabulary given to multi-word tokens (SuperBPE-"
                                  "style second stage; 0 = word-level only)")
     kind: str = opt("prodip", "prodip: Bangla-aware; naive: GPT-2 byte-level BPE on the unbalanced mix "
                     "(the baseline)", choices=("prodip", "naive"))
@@ -81,6 +81,7 @@ class TokenizerTrainConfig:
     errors: str = opt("strict", "invalid UTF-8: strict = error naming file and byte offset; skip = drop and "
                       "count the bytes", choices=ERROR_POLICIES)
     overwrite: bool = opt(False, "replace an existing tokenizer in out_dir")
+    progress: bool = opt(True, "show the trainer's progress bars")
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -201,7 +202,8 @@ def check_vocab_size(vocab_size: int, kind: str) -> None:
 
 
 def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, kind: str = "prodip",
-                        min_frequency: int = 2, limit_alphabet: int = 1000, superword_share: float = 0.0) -> Tokenizer:
+                        min_frequency: int = 2, limit_alphabet: int = 1000, superword_share: float = 0.0,
+                        progress: bool = False) -> Tokenizer:
     """Fit a tokenizer on documents.
 
     Args:
@@ -210,6 +212,7 @@ def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, 
         vocab_size: final vocabulary size in tokens (may come out smaller on a tiny corpus).
         kind: ``"prodip"`` or ``"naive"`` (GPT-2 byte-level BPE, no normaliser).
         superword_share: share of the learned vocabulary given to multi-word tokens (0 = none).
+        progress: show the ``tokenizers`` trainer's progress bars (stderr).
 
     Raises:
         ValueError: ``vocab_size`` too small, unknown ``kind``, ``superword_share`` outside [0, 0.9].
@@ -221,7 +224,7 @@ def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, 
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
         tok.train_from_iterator(texts(), trainer=trainer)
         return tok
     if kind != "prodip":
@@ -233,13 +236,14 @@ def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, 
     tok = _prodip_pipeline(Tokenizer(models.BPE()), WORD_PATTERN)
     trainer = trainers.BpeTrainer(vocab_size=learned - n_super, min_frequency=min_frequency, special_tokens=specials,
                                   limit_alphabet=max(1, min(limit_alphabet, learned - len(SPECIAL_TOKENS))),
-                                  show_progress=False)
+                                  show_progress=progress)
     tok.train_from_iterator(texts(), trainer=trainer)
     extra: list[tuple[str, str]] = []
     if n_super:
         stage1 = _with_byte_fallback(tok, vocab_size)
         # ask for 10% more: a merged phrase may already be a stage-1 token and then adds no id
-        extra = learn_superwords(stage1, texts, int(n_super * 1.1) + 1, min_frequency=max(2, min_frequency))
+        extra = learn_superwords(stage1, texts, int(n_super * 1.1) + 1, min_frequency=max(2, min_frequency),
+                                 progress=progress)
     return _with_byte_fallback(tok, vocab_size, extra)
 
 
@@ -315,7 +319,8 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
         return sample_documents(files, budget, chars, seed=cfg.seed, errors=cfg.errors, drawn=drawn)
     tok = train_from_iterator(texts, vocab_size=cfg.vocab_size, kind=cfg.kind, min_frequency=cfg.min_frequency,
                               limit_alphabet=cfg.limit_alphabet,
-                              superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0)
+                              superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0,
+                              progress=cfg.progress)
     elapsed = time.perf_counter() - start
     info = {"format_version": FORMAT_VERSION, "kind": cfg.kind, "vocab_size": tok.get_vocab_size(),
             "sample_chars": drawn, "available_chars": chars, "skipped_bytes": skipped,

@@ -85,7 +85,7 @@ def phrases(tok: Tokenizer, roles: np.ndarray, docs: Iterator[str], batch: int =
 
 
 def learn_superwords(stage1: Tokenizer, docs: Callable[[], Iterator[str]], n_new: int,
-                     min_frequency: int = 2) -> list[tuple[str, str]]:
+                     min_frequency: int = 2, progress: bool = False) -> list[tuple[str, str]]:
     """Learn up to ``n_new`` stage-2 merges on the phrases of ``docs()``; returns them as text pairs.
 
     Raises:
@@ -96,7 +96,7 @@ def learn_superwords(stage1: Tokenizer, docs: Callable[[], Iterator[str]], n_new
     roles = token_roles(stage1)
     alphabet = [_pua(i) for i in np.flatnonzero(roles)]
     trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + n_new, min_frequency=min_frequency,
-                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet), show_progress=False)
+                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet), show_progress=progress)
     stage2 = Tokenizer(models.BPE())  # no normaliser, no pre-tokeniser: a phrase is one "word"
     stage2.train_from_iterator(phrases(stage1, roles, docs()), trainer=trainer)
     merges = json.loads(stage2.to_str())["model"]["merges"]
