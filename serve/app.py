@@ -239,6 +239,9 @@ class _GuardMiddleware:
             if error is not None:
                 await error(scope, receive, send_counted)
                 return
+            headers = dict(scope.get("headers") or [])
+            if b"content-length" not in headers and scope["method"] in ("POST", "PUT", "PATCH"):
+                receive = await self._buffered(receive)  # chunked: read (up to the cap) before parsing
             await self.app(scope, self._capped(receive), send_counted)
         except _TooLarge:
             await self._too_large()(scope, receive, send_counted)
@@ -262,6 +265,26 @@ class _GuardMiddleware:
                                                "authentication_error", code="invalid_api_key"),
                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
         return None
+
+    async def _buffered(self, receive: Any) -> Any:
+        """Read a body of unknown length whole; raise _TooLarge past the cap; replay it after."""
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.config.max_body_bytes:
+                raise _TooLarge()
+        replayed = {"done": False}
+
+        async def replay() -> dict:
+            if not replayed["done"]:
+                replayed["done"] = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+        return replay
 
     def _capped(self, receive: Any) -> Any:
         seen = {"bytes": 0}

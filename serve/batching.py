@@ -150,6 +150,8 @@ class _Batch:
     next_ids: np.ndarray  # (B,) int64 last sampled token (fed at the next step)
 
     def select(self, keep: list[int]) -> "_Batch":
+        if len(keep) == len(self.seqs):  # nobody left: keep the arrays, no copy of the cache
+            return self
         mask = self.mask[keep]
         real = np.flatnonzero(mask.any(axis=0))
         start = int(real[0]) if real.size else mask.shape[1]  # drop all-padding leading columns

@@ -230,3 +230,30 @@ def test_create_app_refuses_unverified(tiny_export, tmp_path):
     with pytest.raises(ValueError, match="allow-unverified"):
         create_app(d)
     assert create_app(d, allow_unverified=True).state.service.info.verified is False
+
+
+def test_chunked_body_over_cap_is_413(tiny_export):
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+    with TestClient(create_app(tiny_export[0], max_body_bytes=100)) as c:
+        wait_ready(c)
+
+        def chunks():  # no Content-Length: the cap is enforced while reading
+            yield b'{"prompt": "'
+            for _ in range(20):
+                yield b"x" * 10
+            yield b'"}'
+        r = c.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_stream_usage_and_generate_logprobs(client):
+    body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    chunks = sse_events(client.post("/v1/completions", json=body).text)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    r = client.post("/v1/generate", json={"prompt": PROMPT, "max_new_tokens": 5, "temperature": 0,
+                                          "ignore_eos": True, "logprobs": 0}).json()
+    assert len(r["logprobs"]) == len(r["token_ids"]) == 5 and all(lp <= 0 for lp in r["logprobs"])
+    assert r["finish_reason"] == "length"

@@ -1,0 +1,163 @@
+"""Serving throughput: ONNX Runtime engine (each variant) vs a plain PyTorch eager KV-cache loop.
+
+For each ONNX variant of an export it measures, through serve's own batch scheduler:
+single-stream decode tokens/s and the aggregate decode tokens/s of 8 concurrent streams; and
+for the same weights in PyTorch eager (``train.model`` with its KV cache, ``torch.no_grad``) the
+single-stream decode tokens/s. Decode rates count tokens after the first one (prefill excluded),
+greedy, ``ignore_eos``. Each figure is the median of ``--repeats`` runs. Ratios printed:
+variant single / eager single (target int8 >= 3x) and 8-concurrent / single (target >= 4x).
+
+    python bench/serve.py                       # builds a bench-size random export in a temp dir
+    python bench/serve.py --export-dir runs/demo/export --tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+
+def build_export(tmp: Path, args: argparse.Namespace) -> Path:
+    """A random model of the requested size through the real export path (verdict set to passed)."""
+    import export
+    out = export.build_tiny_export(tmp, vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+                                   num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                                   num_key_value_heads=args.kv_heads, max_position_embeddings=1024)
+    variants = [k for k, v in export.read_manifest(out)["variants"].items() if v.get("format") == "onnx"]
+    export.set_conformance(out, {"passed": True, "variants": {k: True for k in variants},
+                                 "report": "bench (not checked)", "report_sha256": "0" * 64})
+    return out
+
+
+def engine_decode_rate(export_dir: Path, variant: str, prompt: list[int], tokens: int, streams: int,
+                       threads: int = 0) -> float:
+    """Aggregate decode tokens/s of ``streams`` sequences submitted together to serve's scheduler."""
+    from serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
+    from serve.engine import OnnxDecoder, load_export, load_tokenizer
+    info = load_export(export_dir, variant, allow_unverified=True, verify_hashes=False)
+    sched = BatchScheduler(OnnxDecoder(info.onnx_path, info.config, threads), max_batch_size=streams, batch_wait_ms=50)
+    tok = load_tokenizer(info)
+    params = SamplingParams(max_new_tokens=tokens, temperature=0, ignore_eos=True)
+    last, done = [], threading.Event()
+    lock, left = threading.Lock(), [streams]
+
+    def emit(ev):
+        if isinstance(ev, TokenOut):
+            now = time.perf_counter()
+            if ev.finish_reason:
+                with lock:
+                    last.append(now)
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+
+    sched.start()
+    try:
+        seqs = [Sequence(prompt, params, tok, emit, 2) for _ in range(streams)]
+        # first token time = end of the (shared) prefill: measure it with a first-token hook
+        orig_step = Sequence.step
+        t_first: list[float] = []
+
+        def step_hook(self, logits):
+            orig_step(self, logits)
+            if len(self.generated) == 1:
+                t_first.append(time.perf_counter())
+        for s in seqs:
+            s.step = step_hook.__get__(s)
+        sched.submit(seqs)
+        assert done.wait(600)
+    finally:
+        sched.shutdown()
+    return streams * (tokens - 1) / (max(last) - max(t_first))
+
+
+def eager_decode_rate(model, prompt: list[int], tokens: int, streams: int) -> float:
+    """PyTorch eager KV-cache greedy loop (the training model), aggregate decode tokens/s."""
+    import torch
+    with torch.no_grad():
+        ids = torch.tensor([prompt] * streams)
+        logits, past = model(ids, use_cache=True)
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        start = time.perf_counter()
+        for _ in range(tokens - 1):
+            logits, past = model(nxt, past_key_values=past, use_cache=True)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+        return streams * (tokens - 1) / (time.perf_counter() - start)
+
+
+def median_of(fn, repeats: int) -> float:
+    fn()  # warm-up (session creation, allocator)
+    return statistics.median(fn() for _ in range(repeats))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--export-dir", help="existing export dir (default: build a random one of the size below)")
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per stream")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (tokens)")
+    p.add_argument("--concurrency", type=int, default=8, help="streams decoded together")
+    p.add_argument("--repeats", type=int, default=3, help="runs per figure (median reported)")
+    p.add_argument("--variants", default="fp32,fp16,int8,int4")
+    p.add_argument("--hidden-size", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads for both torch and ONNX Runtime (0 = each library's default)")
+    args = p.parse_args(argv)
+
+    import os
+
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        export_dir = Path(args.export_dir) if args.export_dir else build_export(Path(tmp), args)
+        model = _model_from_export(export_dir)
+        prompt = list(np.random.default_rng(0).integers(3, 300, args.prompt_tokens))
+        n_params = sum(p.numel() for p in model.parameters()) / 1e6
+        print(f"model: {n_params:.1f} M parameters; {args.prompt_tokens} prompt tokens, {args.tokens} generated, "
+              f"median of {args.repeats}; torch threads {torch.get_num_threads()}, ONNX Runtime threads "
+              f"{args.threads or 'default'}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+        eager1 = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, 1), args.repeats)
+        eagerc = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, args.concurrency), args.repeats)
+        c = args.concurrency
+        print(f"{'backend':<16}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>16}{'1-stream/eager':>16}{f'{c}-conc/1':>12}")
+        print(f"{'torch eager':<16}{eager1:>16.1f}{eagerc:>16.1f}{1.0:>15.2f}x{eagerc / eager1:>11.2f}x")
+        for variant in args.variants.split(","):
+            one = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, 1, args.threads), args.repeats)
+            many = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, c, args.threads), args.repeats)
+            print(f"{'onnx ' + variant:<16}{one:>16.1f}{many:>16.1f}{one / eager1:>15.2f}x{many / one:>11.2f}x")
+    return 0
+
+
+def _model_from_export(export_dir: Path):
+    """The PyTorch model from an export's config.json + model.safetensors."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from train.config import ModelConfig
+    from train.model import LlamaForCausalLM
+    cfg = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text()))
+    model = LlamaForCausalLM(cfg)
+    state = load_file(str(export_dir / "model.safetensors"))
+    if cfg.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.eval()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
