@@ -85,3 +85,13 @@ def test_cli_prepare_and_errors(corpus, tok_dir, tmp_path, capsys):
     assert "already holds shards" in capsys.readouterr().err
     assert prodip_main(["data", "prepare", "--tokenizer-dir", str(tmp_path / "nope"), "--out-dir", str(out)]) == 2
     assert "prodip tokenizer train" in capsys.readouterr().err
+
+
+def test_python_m_tokenizer_entry_point(corpus, tmp_path, capsys):
+    from tokenizer.__main__ import main
+    out = tmp_path / "tok"
+    assert main(["train", "--inputs", f"en={corpus['en']}", "--vocab-size", "300", "--out-dir", str(out),
+                 "--superword-share", "0", "--progress", "false"]) == 0
+    assert (out / "train_config.toml").is_file() and (out / "special_tokens_map.json").is_file()
+    assert main(["train", "--inputs", f"en={corpus['en']}", "--vocab-size", "300", "--out-dir", str(out)]) == 2
+    assert "already holds a tokenizer" in capsys.readouterr().err
