@@ -29,8 +29,9 @@ class ConformanceConfig:
                                           "(perplexity and bits/char per language); default: none")
     heldout_tokens: int = opt(1024, "held-out tokens per language read from the validation shards (tokens)")
     greedy_tokens: int = opt(64, "new tokens decoded greedily per prompt (tokens)")
-    kv_tokens: int = opt(32, "length of the KV-cache check sequence: prefill, a 4-token chunk, then "
-                             "single steps (tokens)")
+    kv_tokens: int = opt(0, "length of the KV-cache check sequence: prefill, a 4-token chunk, then "
+                            "single steps, so the cache is checked at the far positions (tokens; 0 = the "
+                            "whole context window)")
     kv_steps: int = opt(8, "single-token decode steps in the KV-cache check (steps)")
     variants: list[str] = opt(help="candidates to check: safetensors, transformers, or manifest variant "
                                    "names (fp32, fp16, int8, int4); default: every one in the manifest",
@@ -41,8 +42,9 @@ class ConformanceConfig:
     write_manifest: bool = opt(True, "record the verdict in the export's manifest.json conformance slot")
 
     def __post_init__(self) -> None:
-        for name in ("greedy_tokens", "kv_tokens", "kv_steps"):
+        for name in ("greedy_tokens", "kv_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.heldout_tokens < 0 or self.threads < 0:
-            raise ValueError("ConformanceConfig.heldout_tokens and threads must be >= 0")
+        for name in ("heldout_tokens", "kv_tokens", "threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ConformanceConfig.{name} must be >= 0, got {getattr(self, name)}")

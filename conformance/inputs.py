@@ -100,7 +100,8 @@ def build_inputs(tokenizer: Any, *, context_tokens: int, pad_id: int, greedy_tok
             has exactly this many tokens and no prompt is longer.
         pad_id: id used for left padding.
         greedy_tokens: new tokens to decode; greedy prompts are cut to leave room for them.
-        kv_tokens: length (tokens) of the KV-cache check sequence (capped by the context).
+        kv_tokens: length (tokens) of the KV-cache check sequence (capped by the context; 0 = the
+            whole context window).
         shards_dir: optional shards dir; its ``val`` split gives held-out windows per language.
         heldout_tokens: tokens per language taken from the start of the validation shards.
         tokenizer_sha256: the training tokenizer's hash; shards encoded with another are refused.
@@ -122,7 +123,8 @@ def build_inputs(tokenizer: Any, *, context_tokens: int, pad_id: int, greedy_tok
     items.append(Item("padded_batch", *left_pad(padded_rows, pad_id)))
     room = max(1, context_tokens - greedy_tokens)
     greedy = Item("greedy", *left_pad([ids[n][:room] for n in GREEDY_PROMPTS], pad_id))
-    kv_ids = np.asarray([stream[:max(2, min(kv_tokens, context_tokens))]], dtype=np.int64)
+    kv_len = context_tokens if kv_tokens == 0 else min(kv_tokens, context_tokens)
+    kv_ids = np.asarray([stream[:max(2, kv_len)]], dtype=np.int64)
     heldout: dict[str, dict[str, int]] = {}
     if shards_dir and heldout_tokens > 0:
         for item in heldout_items(tokenizer, shards_dir, context_tokens=context_tokens,
