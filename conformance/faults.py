@@ -185,10 +185,32 @@ def plant_other_weights(src: Path, dst: Path, other_checkpoint: Path) -> Path:
     return dst
 
 
+def plant_config_rope_theta(src: Path, dst: Path, rope_theta: float = 500000.0) -> Path:
+    """config.json with another ``rope_theta`` than the model was trained with."""
+    dst = copy_export(src, dst)
+    cfg = _config(dst)
+    cfg["rope_theta"] = rope_theta
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
+    """tokenizer.json with its NFC normaliser dropped (NFD input then tokenizes differently)."""
+    dst = copy_export(src, dst)
+    tok = json.loads((dst / "tokenizer.json").read_text(encoding="utf-8"))
+    tok["normalizer"] = None
+    (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+    from export.manifest import file_sha256
+    refresh_manifest(dst, tokenizer_sha256=file_sha256(dst / "tokenizer.json"))
+    return dst
+
+
 FAULTS = {"rope_interleaved": plant_rope_interleaved, "static_seq": plant_static_seq,
           "mask_ignores_past": plant_mask_ignores_past, "position_off_by_one": plant_position_off_by_one,
           "zeroed_layer_int8": plant_zeroed_layer,
-          "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx")}
+          "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx"),
+          "config_rope_theta": plant_config_rope_theta, "tokenizer_without_nfc": plant_tokenizer_without_nfc}
 
 
 def main(argv: list[str]) -> int:

@@ -59,7 +59,12 @@ class TransformersRunner(Runner):
 
     def __init__(self, export_dir: str | Path, name: str = "transformers") -> None:
         import torch
-        from transformers import LlamaForCausalLM
+        try:
+            from transformers import LlamaForCausalLM
+        except ImportError:
+            raise ImportError("transformers is not installed, so the export cannot be checked against an "
+                              "independent implementation: pip install 'transformers>=4.45' (or prodip[test])"
+                              ) from None
         self.model = LlamaForCausalLM.from_pretrained(str(export_dir), dtype=torch.float32,
                                                       attn_implementation="sdpa").eval()
         self.name = name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -128,13 +129,24 @@ def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[s
 
 
 def global_metrics(export_dir: Path, manifest: dict[str, Any], info: dict[str, Any], texts: list[str],
-                   train_tokenizer: Any) -> dict[str, Any]:
-    """Export-wide facts: file hashes, tokenizer identity, and tokenizer ids on the prompt texts."""
+                   train_tokenizer: Any, model_cfg: Any) -> dict[str, Any]:
+    """Export-wide facts: config.json vs the checkpoint's ModelConfig, file hashes, tokenizer
+    identity, and the exported vs training tokenizer's ids on the prompt texts."""
     from tokenizers import Tokenizer
+
+    from train.config import ModelConfig
 
     from export.manifest import file_sha256, verify_files
 
     out: dict[str, Any] = {}
+    try:
+        exported = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text(encoding="utf-8")))
+        diff = {k: [v, getattr(exported, k)] for k, v in model_cfg.to_dict().items() if getattr(exported, k) != v}
+        out["config_matches"] = not diff
+        if diff:
+            out["config_differences"] = diff  # field: [checkpoint, export]
+    except (ValueError, FileNotFoundError) as err:
+        out["config_matches"], out["config_error"] = False, str(err)
     try:
         verify_files(export_dir)
         out["manifest_files_ok"] = True
@@ -199,7 +211,9 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
                           pad_id=model_cfg.pad_token_id, greedy_tokens=cfg.greedy_tokens, kv_tokens=cfg.kv_tokens,
                           shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens,
                           tokenizer_sha256=info["tokenizer_sha256"])
-    g = global_metrics(export_dir, manifest, info, list(inputs.texts.values()), train_tok)
+    texts = list(inputs.texts.values())
+    texts += [t for t in (unicodedata.normalize("NFD", x) for x in texts) if t not in texts]  # NFC inside?
+    g = global_metrics(export_dir, manifest, info, texts, train_tok, model_cfg)
     g_checks = gate(g, {}, tolerances.get("global", {}))[1:]
     ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
     from tqdm import tqdm

@@ -78,3 +78,20 @@ def test_tampered_file_fails_every_variant(tiny_artifacts, conf_cfg, tmp_path):
     report = evaluate(conf_cfg(bad, variants=["fp32"]))
     assert find_check(report, "export", "manifest_files_ok")["passed"] is False
     assert report["variants"] == {"fp32": False} and not report["passed"]
+
+
+def test_config_with_wrong_rope_theta(tiny_artifacts, conf_cfg, tmp_path):
+    bad = faults.plant_config_rope_theta(tiny_artifacts["export"], tmp_path / "bad")
+    report = evaluate(conf_cfg(bad, variants=["safetensors", "transformers"]))
+    assert find_check(report, "export", "config_matches")["passed"] is False
+    assert report["global"]["metrics"]["config_differences"] == {"rope_theta": [10000.0, 500000.0]}
+    assert "max_abs_logit" in _failed(report, "transformers")  # it reads config.json
+
+
+def test_tokenizer_without_normaliser(tiny_artifacts, conf_cfg, tmp_path):
+    """The exported tokenizer lost NFC: NFD Bangla input tokenizes differently from training."""
+    bad = faults.plant_tokenizer_without_nfc(tiny_artifacts["export"], tmp_path / "bad")
+    report = evaluate(conf_cfg(bad, variants=["fp32"]))
+    assert find_check(report, "export", "tokenizer_mismatches")["passed"] is False
+    assert find_check(report, "export", "tokenizer_sha256_match")["passed"] is False
+    assert report["variants"] == {"fp32": False}
