@@ -343,8 +343,9 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         The dict written to ``eval.json``: ``{format_version, created_utc, out, checkpoint: {path,
         step, model_sha256}, tokenizer_sha256, shards_dir, config, units, languages: {lang:
         {tokens, chars, trained: {nll_nats_total, nll_nats_per_token, perplexity, bits_per_char},
-        random_init: {...}}}, mc: null | {file, normalisation, trained: {n_items, acc, acc_norm,
-        chance}, random_init: {...}}, elapsed_s}``.
+        random_init: {...}}} (a language without validation tokens, not asked for by name, is
+        ``{tokens: 0, chars: 0, skipped: reason}``), mc: null | {file, normalisation, trained:
+        {n_items, acc, acc_norm, chance}, random_init: {...}}, elapsed_s}``.
 
     Raises:
         ValueError: no checkpoint / nothing to score, ``seq_len`` > ``max_position_embeddings``,

@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from train import guards
 from train.config import ModelConfig
