@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import numpy_helper
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 #: where fp16's spacing (0.5 at 1024) would scramble positions.
 FP16_EXTRA_BLOCKED_OPS = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Cos", "Sin")
 PROTOBUF_LIMIT_BYTES = 2 * 1024**3
+#: ONNX opset introducing the INT4/UINT4 tensor types GatherBlockQuantized's weights use.
+INT4_MIN_OPSET = 21
 
 
 def _fp16_block_list() -> list[str]:
@@ -57,6 +60,10 @@ def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> bool:
         onnx.save_model(model, str(path))
         onnx.checker.check_model(model)
     return external
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def _all_inline(model: onnx.ModelProto) -> bool:
@@ -184,6 +191,10 @@ def to_int4(src: str | os.PathLike, dst: str | os.PathLike, *, block_size: int =
     from onnxruntime.quantization.quant_utils import QuantFormat
     model = onnx.load(str(src))
     folded = materialize_transposed_weights(model)
+    if _opset(model) < INT4_MIN_OPSET and not _too_big(model):
+        # int4/uint4 tensors need opset 21: convert properly rather than let ORT relabel the opset
+        # (the converter serialises the model, so above 2 GB ORT's relabelling is what happens)
+        model = onnx.version_converter.convert_version(model, INT4_MIN_OPSET)
     ops = ("MatMul", "Gather") if quantize_embeddings else ("MatMul",)
     lm_head = _lm_head_node(model.graph)
     exclude = [] if quantize_lm_head or lm_head is None else [lm_head]
@@ -197,4 +208,5 @@ def to_int4(src: str | os.PathLike, dst: str | os.PathLike, *, block_size: int =
             "algorithm": "RTN (DEFAULT)", "format": "QOperator", "bits": 4, "block_size": block_size,
             "symmetric": symmetric, "op_types": list(ops), "embedding_quantized": quantize_embeddings,
             "lm_head_quantized": quantize_lm_head, "accuracy_level": accuracy_level,
-            "materialized_transposes": folded, "external_data": external}
+            "materialized_transposes": folded, "external_data": external,
+            "opset": _opset(quant.model.model)}

@@ -47,6 +47,7 @@ def test_config_json_and_tied_weight_stored_once(any_export):
     assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (1, 2, 0)
 
 
+@pytest.mark.slow
 def test_transformers_loads_offline_without_key_warnings(any_export, monkeypatch, caplog):
     transformers = pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,154 @@
+"""Bad input: a clear error naming the problem, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from export.config import ExportConfig
+from export.core import export_checkpoint
+
+
+def _copy_run(export_dir: Path, tmp_path: Path) -> Path:
+    return shutil.copytree(export_dir.parent / "run", tmp_path / "run")
+
+
+def _step_dir(run: Path) -> Path:
+    ckpt = run / "checkpoints"
+    return ckpt / (ckpt / "latest").read_text().strip()
+
+
+def _rewrite_weights(run: Path, edit) -> None:
+    """Apply ``edit(tensors)`` to the checkpoint's model.safetensors and re-hash its manifest,
+    so that only the tensor problem remains."""
+    from train.checkpoint import file_sha256
+    step = _step_dir(run)
+    tensors = load_file(str(step / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(step / "model.safetensors"), metadata={"format": "pt"})
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = {"bytes": (step / "model.safetensors").stat().st_size,
+                                              "sha256": file_sha256(step / "model.safetensors")}
+    (step / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _nothing_written(out: Path) -> None:
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}.*")), "temporary export dir left behind"
+
+
+def _cfg(run: Path, out: Path, **kw) -> ExportConfig:
+    return ExportConfig(checkpoint=str(run), out=str(out), **kw)
+
+
+def test_checkpoint_hash_mismatch(gqa_export, tmp_path):
+    run = _copy_run(gqa_export, tmp_path)
+    weights = _step_dir(run) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x40  # inside the last tensor's data: same size, different bytes
+    weights.write_bytes(bytes(data))
+    out = tmp_path / "export"
+    with pytest.raises(ValueError, match=r"model\.safetensors.*sha256"):
+        export_checkpoint(_cfg(run, out))
+    _nothing_written(out)
+
+
+@pytest.mark.parametrize("problem", ["missing", "extra", "shape"])
+def test_bad_tensor_is_named_with_shapes(gqa_export, tmp_path, problem):
+    run = _copy_run(gqa_export, tmp_path)
+    key = "model.layers.1.mlp.up_proj.weight"
+
+    def edit(tensors):
+        if problem == "missing":
+            del tensors[key]
+        elif problem == "extra":
+            tensors["model.layers.9.mlp.up_proj.weight"] = tensors[key].clone()
+        else:
+            tensors[key] = torch.zeros(tensors[key].shape[0], tensors[key].shape[1] + 1)
+
+    _rewrite_weights(run, edit)
+    out = tmp_path / "export"
+    pattern = {"missing": key, "extra": "model.layers.9.mlp.up_proj.weight",
+               "shape": rf"{key}.*\(256, 129\).*\(256, 128\)"}[problem]
+    with pytest.raises(ValueError, match=pattern):
+        export_checkpoint(_cfg(run, out))
+    _nothing_written(out)
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prodip train"):
+        export_checkpoint(_cfg(tmp_path / "nope", tmp_path / "export"))
+    with pytest.raises(ValueError, match="checkpoint"):
+        export_checkpoint(ExportConfig(out=str(tmp_path / "export")))
+
+
+def test_unknown_variant():
+    with pytest.raises(ValueError, match="'int3'.*safetensors, fp32, fp16, int8, int4"):
+        ExportConfig(checkpoint="x", out="y", variants=["fp32", "int3"])
+    with pytest.raises(ValueError, match="int4_block_size"):
+        ExportConfig(checkpoint="x", out="y", int4_block_size=24)
+
+
+def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
+    run = gqa_export.parent / "run"
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="--force"):
+        export_checkpoint(_cfg(run, out, variants=["safetensors"]))
+    assert (out / "keep.txt").read_text() == "precious"
+    export_checkpoint(_cfg(run, out, variants=["safetensors"], force=True))
+    assert not (out / "keep.txt").exists()
+    from export.manifest import verify_files
+    assert set(verify_files(out)["variants"]) == {"safetensors"}
+
+
+def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypatch):
+    """The exporter crashing after the HF files were written leaves no trace (and an old export)."""
+    import export.onnx
+    run = gqa_export.parent / "run"
+    out = tmp_path / "export"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter crashed")
+
+    monkeypatch.setattr(export.onnx, "export_onnx", broken)
+    with pytest.raises(RuntimeError, match="exporter crashed"):
+        export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"]))
+    _nothing_written(out)
+    out.mkdir()
+    (out / "old.txt").write_text("old export")
+    with pytest.raises(RuntimeError):
+        export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"], force=True))
+    assert (out / "old.txt").read_text() == "old export"
+    assert not list(tmp_path.glob(".export.*"))
+
+
+def test_cli_errors_exit_2(gqa_export, tmp_path, capsys):
+    from prodip.cli import main
+    run = gqa_export.parent / "run"
+    assert main(["export", str(run), "--out", str(tmp_path / "e"), "--variants", "fp32,int3"]) == 2
+    assert "int3" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    assert main(["export", str(run), "--out", str(tmp_path / "full")]) == 2
+    assert "not empty" in capsys.readouterr().err
+
+
+def test_cli_toml_and_flags(gqa_export, tmp_path, capsys):
+    from prodip.cli import main
+    run = gqa_export.parent / "run"
+    toml = tmp_path / "cfg.toml"
+    toml.write_text(f'[export]\ncheckpoint = "{run}"\nout = "{tmp_path / "e"}"\nvariants = ["fp32"]\n'
+                    'safetensors_dtype = "bfloat16"\n')
+    assert main(["export", "--config", str(toml), "--variants", "safetensors"]) == 0
+    from export.manifest import read_manifest
+    m = read_manifest(tmp_path / "e")
+    assert set(m["variants"]) == {"safetensors"} and m["variants"]["safetensors"]["dtype"] == "bfloat16"
+    assert m["export_config"]["safetensors_dtype"] == "bfloat16"
+    assert "variant" in capsys.readouterr().out  # the size table
