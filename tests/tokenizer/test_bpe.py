@@ -58,13 +58,13 @@ MIXED = st.one_of(BANGLA, st.sampled_from(list(" \n\t.,!?।॥'’-\u200c\u200d
 
 
 @pytest.mark.slow
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.one_of(st.text(), st.text(MIXED)))
 def test_lossless_property(tok_dir, text):
     assert _round_trip(load_tokenizer(tok_dir), text) == unicodedata.normalize("NFC", text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(text=st.text(MIXED, max_size=40))
 @pytest.mark.parametrize("pattern", [WORD_PATTERN, PHRASE_PATTERN], ids=["word", "phrase"])
 def test_pretokenizer_never_splits_a_grapheme_cluster(pattern, text):
