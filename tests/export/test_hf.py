@@ -47,19 +47,34 @@ def test_config_json_and_tied_weight_stored_once(any_export):
     assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (1, 2, 0)
 
 
+def _hf_load(export_dir, caplog):
+    """AutoModelForCausalLM.from_pretrained with transformers' log records routed to caplog.
+
+    Returns:
+        (model, loading_info, captured log text).
+    """
+    import transformers
+    from transformers.utils import logging as hf_logging
+    hf_logging.enable_propagation()  # transformers' own handler does not reach pytest otherwise
+    try:
+        with caplog.at_level(logging.INFO):
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir),
+                                                                           output_loading_info=True)
+    finally:
+        hf_logging.disable_propagation()
+    return model.eval(), info, caplog.text
+
+
 @pytest.mark.slow
 def test_transformers_loads_offline_without_key_warnings(any_export, monkeypatch, caplog):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     ref = source_model(any_export)
-    with caplog.at_level(logging.WARNING):
-        hf, info = transformers.AutoModelForCausalLM.from_pretrained(str(any_export), output_loading_info=True)
+    hf, info, text = _hf_load(any_export, caplog)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    text = caplog.text.lower()
     for word in ("missing", "unexpected", "newly initialized", "not initialized", "mismatch"):
-        assert word not in text, caplog.text
-    hf.eval()
+        assert word not in text.lower(), text
     V = ref.config.vocab_size
     ids = _ids(V, T=10)
     # positions near max_position_embeddings too: RoPE mistakes hide at small positions
@@ -71,6 +86,22 @@ def test_transformers_loads_offline_without_key_warnings(any_export, monkeypatch
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     if ref.config.tie_word_embeddings:
         assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+
+
+def test_transformers_key_check_is_not_vacuous(gqa_export, tmp_path, monkeypatch, caplog):
+    """Negative control: the same log capture does see a missing and an unexpected key."""
+    pytest.importorskip("transformers")
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    broken = shutil.copytree(gqa_export, tmp_path / "broken")
+    tensors = load_file(str(broken / "model.safetensors"))
+    tensors["extra.weight"] = tensors.pop("model.norm.weight")
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    _, info, text = _hf_load(broken, caplog)
+    assert "model.norm.weight" in info["missing_keys"] and "extra.weight" in info["unexpected_keys"]
+    assert "missing" in text.lower() and "unexpected" in text.lower()
 
 
 def test_auto_tokenizer_matches_tokenizer_json(any_export, monkeypatch):
