@@ -112,34 +112,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--threads", type=int, default=0,
-                   help="threads for both torch and ONNX Runtime (0 = each library's default)")
+    p.add_argument("--threads", default="1,2",
+                   help="comma list: for each, torch and ONNX Runtime both get this many intra-op threads")
     args = p.parse_args(argv)
 
     import os
 
     import torch
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
     with tempfile.TemporaryDirectory() as tmp:
         export_dir = Path(args.export_dir) if args.export_dir else build_export(Path(tmp), args)
         model = _model_from_export(export_dir)
-        prompt = list(np.random.default_rng(0).integers(3, 300, args.prompt_tokens))
+        prompt = [int(t) for t in np.random.default_rng(0).integers(3, 300, args.prompt_tokens)]
         n_params = sum(p.numel() for p in model.parameters()) / 1e6
-        print(f"model: {n_params:.1f} M parameters; {args.prompt_tokens} prompt tokens, {args.tokens} generated, "
-              f"median of {args.repeats}; torch threads {torch.get_num_threads()}, ONNX Runtime threads "
-              f"{args.threads or 'default'}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-        eager1 = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, 1), args.repeats)
-        eagerc = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, args.concurrency), args.repeats)
-        c = args.concurrency
-        print(f"{'backend':<16}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>16}{'1-stream/eager':>16}{f'{c}-conc/1':>12}")
-        print(f"{'torch eager':<16}{eager1:>16.1f}{eagerc:>16.1f}{1.0:>15.2f}x{eagerc / eager1:>11.2f}x")
-        for variant in args.variants.split(","):
-            one = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, 1, args.threads), args.repeats)
-            many = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, c, args.threads), args.repeats)
-            print(f"{'onnx ' + variant:<16}{one:>16.1f}{many:>16.1f}{one / eager1:>15.2f}x{many / one:>11.2f}x")
+        print(f"model: {n_params:.1f} M parameters; {args.prompt_tokens} prompt tokens, {args.tokens} generated "
+              f"per stream, greedy; decode tokens/s (prefill excluded), median of {args.repeats}; "
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            _table(export_dir, model, prompt, args, threads)
     return 0
+
+
+def _table(export_dir: Path, model, prompt: list[int], args: argparse.Namespace, threads: int) -> None:
+    c, r = args.concurrency, args.repeats
+    eager1 = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, 1), r)
+    eagerc = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, c), r)
+    print(f"\n{threads} thread(s) for torch and ONNX Runtime")
+    print(f"{'backend':<16}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>16}{'1-stream/eager':>16}{f'{c}-conc/1':>12}")
+    print(f"{'torch eager':<16}{eager1:>16.1f}{eagerc:>16.1f}{1.0:>15.2f}x{eagerc / eager1:>11.2f}x")
+    for variant in args.variants.split(","):
+        one = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, 1, threads), r)
+        many = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, c, threads), r)
+        print(f"{'onnx ' + variant:<16}{one:>16.1f}{many:>16.1f}{one / eager1:>15.2f}x{many / one:>11.2f}x",
+              flush=True)
 
 
 def _model_from_export(export_dir: Path):

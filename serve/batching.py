@@ -231,6 +231,8 @@ class BatchScheduler:
         while True:
             new = self._take_waiting()
             if self._stop:
+                for seq in new:
+                    seq.finish("cancelled")
                 break
             try:
                 new = [s for s in new if not self._drop_if_cancelled(s)]

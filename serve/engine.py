@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-_MAKE = "`prodip export CHECKPOINT EXPORT_DIR`"
+_MAKE = "`prodip export CHECKPOINT --out EXPORT_DIR`"
 
 
 @dataclass
