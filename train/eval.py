@@ -304,7 +304,9 @@ def default_out(checkpoint_dir: Path) -> Path:
 
 
 def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: Any, tokenizer_sha256: str,
-                    vocab_size: int, eos_id: int, device: torch.device) -> dict[str, Any]:
+                    vocab_size: int, eos_id: int, device: torch.device
+                    ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
     from tokenizer.shards import load_meta
 
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
@@ -316,11 +318,11 @@ def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: An
     if unknown:
         raise ValueError(f"EvalConfig.languages: {unknown} not in {cfg.shards_dir}/meta.json "
                          f"(has {', '.join(sorted(meta['languages']))})")
-    results = {}
+    results, skipped = {}, {}
     for lang in langs:
         if not cfg.languages and not any(e["n_tokens"] for e in meta["languages"][lang].get("val", [])):
             log.warning("%s: language %r has no validation tokens; skipped", cfg.shards_dir, lang)
-            results[lang] = {"tokens": 0, "chars": 0, "skipped": "no validation tokens"}
+            skipped[lang] = "no validation tokens"
             continue
         tokens = torch.from_numpy(read_val_tokens(cfg.shards_dir, lang, cfg.eval_tokens))
         n_chars = count_chars(tokenizer, tokens.tolist())
@@ -333,7 +335,10 @@ def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: An
             assert count == row["tokens"]
             row[name] = nll_summary(total, count, n_chars)
         results[lang] = row
-    return results
+    if not results:
+        raise ValueError(f"{cfg.shards_dir}: no language has validation tokens (re-run `prodip data prepare` "
+                         "with a larger --val-fraction)")
+    return results, skipped
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
@@ -343,8 +348,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         The dict written to ``eval.json``: ``{format_version, created_utc, out, checkpoint: {path,
         step, model_sha256}, tokenizer_sha256, shards_dir, config, units, languages: {lang:
         {tokens, chars, trained: {nll_nats_total, nll_nats_per_token, perplexity, bits_per_char},
-        random_init: {...}}} (a language without validation tokens, not asked for by name, is
-        ``{tokens: 0, chars: 0, skipped: reason}``), mc: null | {file, normalisation, trained:
+        random_init: {...}}}, skipped_languages: {lang: reason} (languages without validation
+        tokens, when ``languages`` is not given), mc: null | {file, normalisation, trained:
         {n_items, acc, acc_norm, chance}, random_init: {...}}, elapsed_s}``.
 
     Raises:
@@ -382,10 +387,10 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "units": {"nll_nats_per_token": "nats/token", "nll_nats_total": "nats",
                   "bits_per_char": "bits per Unicode character of the decoded scored tokens "
                                    "(special tokens skipped)", "tokens": "target tokens scored"},
-        "languages": {}, "mc": None}
+        "languages": {}, "skipped_languages": {}, "mc": None}
     if cfg.shards_dir:
-        result["languages"] = _eval_languages(cfg, models, tokenizer, info["tokenizer_sha256"],
-                                              mcfg.vocab_size, mcfg.eos_token_id, device)
+        result["languages"], result["skipped_languages"] = _eval_languages(
+            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, mcfg.eos_token_id, device)
     if cfg.mc_file:
         items = read_mc(cfg.mc_file)
         result["mc"] = {"file": str(cfg.mc_file), "normalisation": "characters of the choice (NFC code points)",
@@ -404,12 +409,11 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{'lang':<6}{'tokens':>9}{'chars':>10} | {'NLL nats/tok':>12}{'bits/char':>10} | "
                      f"{'random NLL':>11}{'bits/char':>10}")
         for lang, row in result["languages"].items():
-            if "skipped" in row:
-                lines.append(f"{lang:<6}  skipped: {row['skipped']}")
-                continue
             t, r = row["trained"], row["random_init"]
             lines.append(f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
                          f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}")
+    for lang, why in result.get("skipped_languages", {}).items():
+        lines.append(f"{lang:<6}  skipped: {why}")
     if result["mc"]:
         mc = result["mc"]
         lines.append(f"multiple choice ({mc['trained']['n_items']} items, chance {mc['trained']['chance']:.3f}): "
