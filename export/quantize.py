@@ -2,7 +2,8 @@
 
 * fp16: ``onnxruntime.transformers.float16.convert_float_to_float16`` with ``keep_io_types``
   (inputs, outputs and the KV cache stay float32); ops that overflow or lose too much in fp16
-  stay fp32 (:data:`FP16_OP_BLOCK_LIST`), and so does the RoPE angle computation.
+  stay fp32 (:func:`fp16_op_block_list`), and so does the RoPE angle computation (every node
+  upstream of Cos/Sin: positions * inverse frequencies).
 * int8: ``onnxruntime.quantization.quantize_dynamic`` (QOperator, per-channel QInt8 weights,
   activations quantised at run time); MatMul weights and the embedding Gather.
 * int4: ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` (weight-only,
@@ -10,7 +11,7 @@
 
 Each function returns the quantisation parameters recorded in the manifest.
 
-    python -c "from export.quantize import FP16_OP_BLOCK_LIST; print(FP16_OP_BLOCK_LIST)"
+    python -c "from export.quantize import fp16_op_block_list; print(fp16_op_block_list())"
 """
 
 from __future__ import annotations
@@ -37,12 +38,10 @@ PROTOBUF_LIMIT_BYTES = 2 * 1024**3
 INT4_MIN_OPSET = 21
 
 
-def _fp16_block_list() -> list[str]:
+def fp16_op_block_list() -> list[str]:
+    """Op types the fp16 variant keeps in fp32: ORT's DEFAULT_OP_BLOCK_LIST + :data:`FP16_EXTRA_BLOCKED_OPS`."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
     return sorted(set(DEFAULT_OP_BLOCK_LIST) | set(FP16_EXTRA_BLOCKED_OPS))
-
-
-FP16_OP_BLOCK_LIST = FP16_EXTRA_BLOCKED_OPS  # documented subset; the full list is _fp16_block_list()
 
 
 def _too_big(model: onnx.ModelProto) -> bool:
@@ -124,7 +123,7 @@ def to_fp16(src: str | os.PathLike, dst: str | os.PathLike, *, external_data: bo
     from onnxruntime.transformers.onnx_model import OnnxModel
     model = onnx.load(str(src))
     rope_nodes = sorted(_ancestors(model.graph, {"Cos", "Sin"}))
-    blocked = _fp16_block_list()
+    blocked = fp16_op_block_list()
     model16 = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
                                        node_block_list=rope_nodes, disable_shape_infer=False)
     OnnxModel(model16).topological_sort()  # the converter appends its input Casts at the end
