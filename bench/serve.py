@@ -3,9 +3,10 @@
 For each ONNX variant of an export it measures, through serve's own batch scheduler:
 single-stream decode tokens/s and the aggregate decode tokens/s of 8 concurrent streams; and
 for the same weights in PyTorch eager (``train.model`` with its KV cache, ``torch.no_grad``) the
-single-stream decode tokens/s. Decode rates count tokens after the first one (prefill excluded),
-greedy, ``ignore_eos``. Each figure is the median of ``--repeats`` runs. Ratios printed:
-variant single / eager single (target int8 >= 3x) and 8-concurrent / single (target >= 4x).
+single-stream decode tokens/s, measured back to back with each engine run. Decode rates count
+tokens after the first one (prefill excluded), greedy, ``ignore_eos``. Figures and ratios are
+medians over ``--repeats`` runs, for each ``--threads`` setting (the same for torch and ORT).
+Ratios: variant single / eager single (target int8 >= 3x), 8-concurrent / single (target >= 4x).
 
     python bench/serve.py                       # builds a bench-size random export in a temp dir
     python bench/serve.py --export-dir runs/demo/export --tokens 128
@@ -95,7 +96,8 @@ def eager_decode_rate(model, prompt: list[int], tokens: int, streams: int) -> fl
 
 
 def median_of(fn, repeats: int) -> float:
-    fn()  # warm-up (session creation, allocator)
+    """Median of ``repeats`` calls after one warm-up call."""
+    fn()
     return statistics.median(fn() for _ in range(repeats))
 
 
@@ -134,16 +136,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(export_dir: Path, model, prompt: list[int], args: argparse.Namespace, threads: int) -> None:
-    c, r = args.concurrency, args.repeats
-    eager1 = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, 1), r)
-    eagerc = median_of(lambda: eager_decode_rate(model, prompt, args.tokens, c), r)
-    print(f"\n{threads} thread(s) for torch and ONNX Runtime")
-    print(f"{'backend':<16}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>16}{'1-stream/eager':>16}{f'{c}-conc/1':>12}")
-    print(f"{'torch eager':<16}{eager1:>16.1f}{eagerc:>16.1f}{1.0:>15.2f}x{eagerc / eager1:>11.2f}x")
+    """One table. Each repeat runs eager, then the variant alone, then it with ``c`` streams, back
+    to back, and the ratios are taken within the repeat (median over repeats), so that load from
+    other processes drifting over minutes does not land on one side of a ratio only."""
+    c, r, n = args.concurrency, args.repeats, args.tokens
+    eager_c = median_of(lambda: eager_decode_rate(model, prompt, n, c), r)
+    print(f"\n{threads} thread(s) for torch and ONNX Runtime; torch eager {c}-concurrent: {eager_c:.1f} tok/s")
+    print(f"{'backend':<12}{'eager tok/s':>13}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>15}"
+          f"{'1-stream/eager':>16}{f'{c}-conc/1':>11}")
     for variant in args.variants.split(","):
-        one = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, 1, threads), r)
-        many = median_of(lambda: engine_decode_rate(export_dir, variant, prompt, args.tokens, c, threads), r)
-        print(f"{'onnx ' + variant:<16}{one:>16.1f}{many:>16.1f}{one / eager1:>15.2f}x{many / one:>11.2f}x",
+        engine_decode_rate(export_dir, variant, prompt, n, 1, threads)  # warm-up
+        runs = []
+        for _ in range(r):
+            e = eager_decode_rate(model, prompt, n, 1)
+            one = engine_decode_rate(export_dir, variant, prompt, n, 1, threads)
+            many = engine_decode_rate(export_dir, variant, prompt, n, c, threads)
+            runs.append((e, one, many, one / e, many / one))
+        med = [statistics.median(col) for col in zip(*runs)]
+        print(f"{'onnx ' + variant:<12}{med[0]:>13.1f}{med[1]:>16.1f}{med[2]:>15.1f}{med[3]:>15.2f}x{med[4]:>10.2f}x",
               flush=True)
 
 

@@ -1,5 +1,4 @@
 """``python -m serve serve EXPORT_DIR [flags]``: the same as ``prodip serve``."""
-import argparse
 import sys
 
 from prodip.cli import main

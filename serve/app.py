@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
