@@ -135,3 +135,14 @@ def test_bad_inputs_leave_nothing(tmp_path, corpus):
     assert info["skipped_bytes"] == 1 and info["skipped_where"][0].endswith("bad.txt@15")
     with pytest.raises(FileExistsError, match="already holds a tokenizer"):
         train_tokenizer(cfg())
+
+
+def test_training_is_deterministic_and_learns_superwords(corpus, tok_dir, tmp_path):
+    cfg = TokenizerTrainConfig(inputs={k: [str(v)] for k, v in corpus.items()}, out_dir=str(tmp_path / "again"),
+                               vocab_size=1024, proportions={"bn": 0.6, "en": 0.4}, superword_share=0.2)
+    assert tokenizer_sha256(train_tokenizer(cfg)) == tokenizer_sha256(tok_dir)
+    vocab = load_tokenizer(tok_dir).get_vocab()
+    multi = [t for t in vocab if " " in t.strip() and not t.startswith("<")]
+    assert len(multi) >= 5  # multi-word tokens from the second stage (e.g. " in the", " to be")
+    tok = load_tokenizer(tok_dir)
+    assert any(" " in t.strip() for t in tok.encode("She was going to be in the room.").tokens)
