@@ -146,3 +146,25 @@ def test_training_is_deterministic_and_learns_superwords(corpus, tok_dir, tmp_pa
     assert len(multi) >= 5  # multi-word tokens from the second stage (e.g. " in the", " to be")
     tok = load_tokenizer(tok_dir)
     assert any(" " in t.strip() for t in tok.encode("She was going to be in the room.").tokens)
+
+
+def test_superwords_only_join_stage1_tokens(corpus, heldout):
+    """The phrase pre-tokeniser + appended stage-2 merges must coarsen stage 1's segmentation, never change it."""
+    from tokenizer.bpe import SPECIAL_TOKENS, train_from_iterator
+    from tokenizer.corpus import expand_inputs, iter_language
+    files = expand_inputs({k: [str(v)] for k, v in corpus.items()})
+
+    def texts():
+        for lang, fs in files.items():
+            for _, _, doc in iter_language(fs, lang):
+                yield doc
+    vocab, share = 1024, 0.2
+    n_super = int(share * (vocab - 256 - len(SPECIAL_TOKENS)))
+    final = train_from_iterator(texts, vocab_size=vocab, superword_share=share)
+    stage1 = train_from_iterator(texts, vocab_size=vocab - n_super, superword_share=0.0)
+    for path in heldout.values():
+        text = unicodedata.normalize("NFC", path.read_text(encoding="utf-8"))
+        ends_final = {e for _, e in final.encode(text).offsets}
+        ends_stage1 = {e for _, e in stage1.encode(text).offsets}
+        assert ends_final <= ends_stage1
+        assert len(ends_final) < len(ends_stage1)
