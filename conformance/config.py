@@ -38,7 +38,8 @@ class ConformanceConfig:
                               factory=list)
     threads: int = opt(1, "CPU threads for torch and ONNX Runtime (0 = library default); 1 is the default "
                           "because the work is many small latency-bound calls and two thread pools in one "
-                          "process contend (demo-size export, 2 loaded cores: 37 s at 1 thread, 266 s at 2)")
+                          "process contend (bench/conformance_threads.py, demo-size export on 2 busy cores: "
+                          "31 s at 1 thread, 166 s at 2)")
     write_manifest: bool = opt(True, "record the verdict in the export's manifest.json conformance slot")
 
     def __post_init__(self) -> None:
