@@ -197,12 +197,49 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
         torch.set_num_threads(threads_before)
 
 
+def check_candidate(cand: Candidate, export_dir: Path, model_cfg: Any, inputs: Any, ref: Any,
+                    cfg: ConformanceConfig, table: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """Load one candidate, measure it against the reference outputs and gate it.
+
+    Returns:
+        ``{variant, kind, path, metrics, errors, checks, passed, seconds, cpu_seconds}``; a
+        candidate that cannot be loaded or run fails with the error recorded, it does not raise.
+    """
+    from conformance import measure
+    from conformance.runners import onnx_axes_problems
+
+    logger.info("conformance: measuring %s (%s)", cand.name, cand.path)
+    t0, c0 = time.perf_counter(), time.process_time()
+    metrics: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    if cand.kind == "onnx":
+        problems = onnx_axes_problems(export_dir / cand.path, num_kv_heads=model_cfg.num_key_value_heads,
+                                      head_dim=model_cfg.head_dim)
+        metrics["dynamic_axes"] = not problems
+        if problems:
+            metrics["axes_problems"] = problems
+    try:
+        runner = make_runner(cand, export_dir, model_cfg, cfg.threads)
+    except Exception as err:  # an unloadable artifact fails, it does not crash the suite
+        errors["load"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
+    else:
+        m, errors = measure.measure_candidate(runner, inputs, ref, greedy_tokens=cfg.greedy_tokens,
+                                              kv_steps=cfg.kv_steps)
+        metrics.update(m)
+    checks = gate(metrics, errors, table, OPTIONAL_METRICS if not inputs.heldout else set())
+    return {"variant": cand.variant, "kind": cand.kind, "path": cand.path, "metrics": metrics, "errors": errors,
+            "checks": checks, "passed": all(c["passed"] is not False for c in checks),
+            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+
+
 def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_start) -> dict[str, Any]:
     from tokenizers import Tokenizer
+    from tqdm import tqdm
 
     from conformance import measure
+    from conformance.compare import bits_per_char
     from conformance.inputs import build_inputs
-    from conformance.runners import TorchRunner, onnx_axes_problems
+    from conformance.runners import TorchRunner
     from export.manifest import file_sha256, tool_versions
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
@@ -215,71 +252,33 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     texts += [t for t in (unicodedata.normalize("NFD", x) for x in texts) if t not in texts]  # NFC inside?
     g = global_metrics(export_dir, manifest, info, texts, train_tok, model_cfg)
     g_checks = gate(g, {}, tolerances.get("global", {}))[1:]
-    ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
-    from tqdm import tqdm
-
-    results = {}
-    for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None):
-        logger.info("conformance: measuring %s (%s)", cand.name, cand.path)
-        t0, c0 = time.perf_counter(), time.process_time()
-        metrics: dict[str, Any] = {}
-        errors: dict[str, str] = {}
-        if cand.kind == "onnx":
-            problems = onnx_axes_problems(export_dir / cand.path, num_kv_heads=model_cfg.num_key_value_heads,
-                                          head_dim=model_cfg.head_dim)
-            metrics["dynamic_axes"] = not problems
-            if problems:
-                metrics["axes_problems"] = problems
-        try:
-            runner = make_runner(cand, export_dir, model_cfg, cfg.threads)
-        except Exception as err:  # an unloadable artifact fails, it does not crash the suite
-            errors["load"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
-        else:
-            m, errors = measure.measure_candidate(runner, inputs, ref, greedy_tokens=cfg.greedy_tokens,
-                                                  kv_steps=cfg.kv_steps)
-            metrics.update(m)
-            del runner
-        n_a = OPTIONAL_METRICS if not inputs.heldout else set()
-        checks = gate(metrics, errors, tolerances.get(cand.name), n_a)
-        results[cand.name] = {"variant": cand.variant, "kind": cand.kind, "path": cand.path,
-                              "metrics": metrics, "errors": errors, "checks": checks,
-                              "passed": all(c["passed"] is not False for c in checks),
-                              "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
     g_passed = all(c["passed"] is not False for c in g_checks)
-    variants = {}
+    ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
+    results = {cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg, tolerances.get(cand.name))
+               for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None)}
+    variants: dict[str, bool] = {}
     for cand in candidates:
         variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
     return {
-        "format_version": FORMAT_VERSION,
-        "entry": "conformance.run_conformance",
-        "passed": bool(variants) and all(variants.values()) and g_passed,
-        "variants": variants,
+        "format_version": FORMAT_VERSION, "entry": "conformance.run_conformance",
+        "passed": bool(variants) and all(variants.values()) and g_passed, "variants": variants,
         "export_dir": str(export_dir.resolve()),
         "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),
-        "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"],
-                       "model_sha256": info["model_sha256"]},
+        "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
         "tolerances_file": str(tol_path.resolve()), "tolerances_sha256": file_sha256(tol_path),
-        "config": {k: v for k, v in vars(cfg).items()},
-        "versions": tool_versions(),
+        "config": dict(vars(cfg)), "versions": tool_versions(),
         "model": {k: getattr(model_cfg, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                                                     "num_attention_heads", "num_key_value_heads",
                                                     "max_position_embeddings")},
         "inputs": {"items": {i.name: list(i.input_ids.shape) for i in inputs.items},
-                   "greedy_batch": list(inputs.greedy.input_ids.shape), "kv_sequence_tokens": int(inputs.kv_ids.shape[1]),
-                   "heldout": inputs.heldout},
+                   "greedy_batch": list(inputs.greedy.input_ids.shape),
+                   "kv_sequence_tokens": int(inputs.kv_ids.shape[1]), "heldout": inputs.heldout},
         "reference": {"seconds": ref.seconds,
-                      "heldout_bpc": {lang: r["bpc_ref"] for lang, r in _first_heldout(results).items()}},
+                      "heldout_bpc": {lang: bits_per_char(ref.nll[lang], h["chars"]) for lang, h in inputs.heldout.items()}},
         "global": {"metrics": g, "checks": g_checks, "passed": g_passed},
         "candidates": results,
         "seconds": time.perf_counter() - t_start,
     }
-
-
-def _first_heldout(results: dict[str, Any]) -> dict[str, Any]:
-    for r in results.values():
-        if "heldout" in r["metrics"]:
-            return r["metrics"]["heldout"]
-    return {}
 
 
 def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
