@@ -15,10 +15,10 @@ stage-2 merges then join whole words.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable, Iterator
 
 import numpy as np
-import regex
 from tokenizers import Tokenizer, models, trainers
 
 PUA_BASE = 0xF0000  # supplementary private use areas A and B: 2 x 65534 code points
@@ -39,15 +39,18 @@ def token_roles(tok: Tokenizer) -> np.ndarray:
     """Per stage-1 token id: 0 = breaks a phrase, 1 = word token, 2 = word token ending a phrase,
     3 = word token starting a phrase (it begins with punctuation, e.g. ``-word``: the phrase pattern only
     joins words across single spaces)."""
-    letter = regex.compile(r"\p{L}")
-    word_start = regex.compile(r"[ \p{L}\p{M}\u200c\u200d]")
+    def letter(c: str) -> bool:
+        return unicodedata.category(c).startswith("L")
+
+    def word_start(c: str) -> bool:
+        return c in " \u200c\u200d" or unicodedata.category(c)[0] in "LM"
     roles = np.zeros(tok.get_vocab_size(), dtype=np.int8)
     for i in range(tok.get_vocab_size()):
         piece = tok.id_to_token(i)
-        if piece.startswith("<0x") or piece.startswith("<|") or not letter.search(piece):
+        if piece.startswith("<0x") or piece.startswith("<|") or not any(map(letter, piece)):
             continue
         roles[i] = 2 if piece.endswith(_SENTENCE_END) else 1
-        if not word_start.match(piece):
+        if not word_start(piece[0]):
             roles[i] = 3 if roles[i] == 1 else 0
     return roles
 
@@ -58,7 +61,8 @@ def phrases(tok: Tokenizer, roles: np.ndarray, docs: Iterator[str], batch: int =
     buf: list[str] = []
 
     def emit(texts: list[str]) -> Iterator[str]:
-        for enc in tok.encode_batch_fast(texts, add_special_tokens=False):
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster (tokenizers >= 0.20.1)
+        for enc in encode(texts, add_special_tokens=False):
             run: list[str] = []
             for i in enc.ids:
                 role = roles[i]
