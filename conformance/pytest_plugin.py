@@ -2,7 +2,7 @@
 
     pytest conformance/ --export-dir runs/demo/export --checkpoint runs/demo/train
     PRODIP_EXPORT_DIR=runs/demo/export pytest conformance/
-    pytest -p conformance.pytest_plugin --pyargs conformance --export-dir DIR   # from anywhere
+    pytest -p conformance.pytest_plugin --pyargs conformance --export-dir DIR   # from any directory
 
 Without an export dir every test is skipped with the reason. The checks are computed once per
 session by :func:`conformance.evaluate` (nothing is written to the export); a refusal (e.g. the

@@ -108,3 +108,9 @@ def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
 def test_pytest_collection_skips_without_export_dir():
     res = _pytest([])
     assert res.returncode == 0 and "1 skipped" in res.stdout and "no export dir" in res.stdout
+
+
+def test_module_entry_help():
+    res = subprocess.run([sys.executable, "-m", "conformance", "--help"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert res.returncode == 0 and "EXPORT_DIR" in res.stdout and "--tolerances" in res.stdout
