@@ -2,7 +2,8 @@
 
 Owner of the report layout (CONTRACTS.md "Conformance report"). report.json::
 
-    {format_version: 1, entry, passed, variants: {name: bool}, export_dir, export_manifest_sha256,
+    {format_version: 1, entry, passed, variants: {name: bool}, export_dir, export_manifest_sha256
+     (before the verdict was written), export_files_sha256 (of the manifest's files table),
      checkpoint: {path, step, model_sha256}, tolerances_file, tolerances_sha256, config, versions,
      model, inputs, reference, global: {metrics, checks, passed},
      candidates: {name: {variant, kind, path, metrics, errors, checks: [{metric, value, tolerance,

@@ -9,6 +9,7 @@ verdict in the export's manifest (``prodip run`` and the CLI use it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -263,14 +264,16 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         "format_version": FORMAT_VERSION, "entry": "conformance.run_conformance",
         "passed": bool(variants) and all(variants.values()) and g_passed, "variants": variants,
         "export_dir": str(export_dir.resolve()),
-        "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),
+        "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),  # before the verdict is written
+        # stable under the verdict rewrite: sha256 of the manifest's "files" table as canonical JSON
+        "export_files_sha256": hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest(),
         "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
         "tolerances_file": str(tol_path.resolve()), "tolerances_sha256": file_sha256(tol_path),
         "config": dict(vars(cfg)), "versions": tool_versions(),
         "model": {k: getattr(model_cfg, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                                                     "num_attention_heads", "num_key_value_heads",
                                                     "max_position_embeddings")},
-        "inputs": {"items": {i.name: list(i.input_ids.shape) for i in inputs.items},
+        "inputs": {"prompts": inputs.texts, "items": {i.name: list(i.input_ids.shape) for i in inputs.items},
                    "greedy_batch": list(inputs.greedy.input_ids.shape),
                    "kv_sequence_tokens": int(inputs.kv_ids.shape[1]), "heldout": inputs.heldout},
         "reference": {"seconds": ref.seconds,
