@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence as Seq
 
 import numpy as np
 
-from serve.engine import OnnxDecoder
+from serve.engine import OnnxDecoder, to_numpy
 from serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
 from serve.text import IncrementalDetokenizer, StopMatcher
 
@@ -144,7 +144,7 @@ class _Batch:
     """The running batch: rows = sequences; KV cache left-padded to a common length P."""
 
     seqs: list[Sequence]
-    past: list[np.ndarray]  # 2 * layers arrays (B, Hkv, P, Dh) float32
+    past: list[Any]  # 2 * layers caches (B, Hkv, P, Dh) float32: numpy arrays or OrtValues
     mask: np.ndarray  # (B, P) int64
     lengths: np.ndarray  # (B,) int64 real tokens per row = next position id
     next_ids: np.ndarray  # (B,) int64 last sampled token (fed at the next step)
@@ -155,7 +155,7 @@ class _Batch:
         mask = self.mask[keep]
         real = np.flatnonzero(mask.any(axis=0))
         start = int(real[0]) if real.size else mask.shape[1]  # drop all-padding leading columns
-        return _Batch([self.seqs[i] for i in keep], [p[keep][:, :, start:] for p in self.past],
+        return _Batch([self.seqs[i] for i in keep], [to_numpy(p)[keep][:, :, start:] for p in self.past],
                       mask[:, start:], self.lengths[keep], self.next_ids[keep])
 
     @staticmethod
@@ -164,7 +164,8 @@ class _Batch:
             return b
         P = max(a.mask.shape[1], b.mask.shape[1])
         pa, pb = P - a.mask.shape[1], P - b.mask.shape[1]
-        past = [np.concatenate([_left_pad(x, 2, pa), _left_pad(y, 2, pb)]) for x, y in zip(a.past, b.past)]
+        past = [np.concatenate([_left_pad(to_numpy(x), 2, pa), _left_pad(to_numpy(y), 2, pb)])
+                for x, y in zip(a.past, b.past)]
         mask = np.concatenate([_left_pad(a.mask, 1, pa), _left_pad(b.mask, 1, pb)])
         return _Batch(a.seqs + b.seqs, past, mask, np.concatenate([a.lengths, b.lengths]),
                       np.concatenate([a.next_ids, b.next_ids]))
