@@ -26,15 +26,15 @@ from typing import Any
 from prodip.config import dump_toml, to_dict, write_text_atomic
 
 COLUMNS = [  # (header, metric key, format)
-    ("max abs dlogit", "max_abs_logit", "{:.1e}"),
+    ("max Δlogit", "max_abs_logit", "{:.1e}"),
     ("rel", "rel_max_abs_logit", "{:.1e}"),
     ("mean KL", "kl_mean", "{:.1e}"),
     ("KL p99.9", "kl_p999", "{:.1e}"),
     ("top-1", "top1", "{:.2%}"),
     ("greedy prefix", "greedy_prefix_min", "{}"),
-    ("KV-cache max abs / KL", None, None),
-    ("padded max abs / KL", None, None),
-    ("max abs dbpc", "bpc_delta_max", "{:.1e}"),
+    ("KV cache max Δ / KL", None, None),
+    ("padded max Δ / KL", None, None),
+    ("max Δbpc", "bpc_delta_max", "{:.1e}"),
 ]
 
 
