@@ -93,6 +93,33 @@ def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: in
     return dst
 
 
+def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 7) -> Path:
+    """Inputs still declared dynamic, but the first attention reshape baked to batch 1, ``seq``
+    tokens (as a trace that captured concrete sizes leaves it): only a run at other lengths shows it.
+
+    Raises:
+        ValueError: no Reshape of a MatMul output found (the graph is not the expected export).
+    """
+    from onnx import numpy_helper
+    cfg = _config(Path(src))
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+
+    def edit(model):
+        producers = {o: n for n in model.graph.node for o in n.output}
+        for node in model.graph.node:
+            src_node = producers.get(node.input[0]) if node.op_type == "Reshape" else None
+            if src_node is not None and src_node.op_type == "MatMul":
+                shape = np.array([1, seq, heads, head_dim], dtype=np.int64)
+                model.graph.initializer.append(numpy_helper.from_array(shape, "planted_shape"))
+                node.input[1] = "planted_shape"
+                return
+        raise ValueError(f"{dst / rel}: no Reshape of a MatMul output to bake")
+    dst = _edit_onnx(copy_export(src, dst), rel, edit)
+    refresh_manifest(dst)
+    return dst
+
+
 def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
     """Causal mask built as if past = 0: query positions ``arange(T)`` instead of ``arange(P, P+T)``.
 
@@ -207,6 +234,7 @@ def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
 
 
 FAULTS = {"rope_interleaved": plant_rope_interleaved, "static_seq": plant_static_seq,
+          "baked_reshape": plant_baked_reshape,
           "mask_ignores_past": plant_mask_ignores_past, "position_off_by_one": plant_position_off_by_one,
           "zeroed_layer_int8": plant_zeroed_layer,
           "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx"),

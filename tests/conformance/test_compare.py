@@ -85,3 +85,19 @@ def test_bad_tolerance_file(tmp_path):
         load_tolerances(p)
     with pytest.raises(FileNotFoundError):
         load_tolerances(tmp_path / "missing.toml")
+
+
+def test_config_from_toml_table(tmp_path):
+    """`prodip run`'s [conformance] table and flags resolve into ConformanceConfig; unknown keys fail."""
+    from conformance import ConformanceConfig
+    from prodip.config import ConfigError, resolve
+
+    p = tmp_path / "c.toml"
+    p.write_text('[conformance]\nexport_dir = "e"\nvariants = ["fp32", "int8"]\ngreedy_tokens = 16\n')
+    cfg = resolve(ConformanceConfig, toml_path=str(p), section="conformance")
+    assert cfg.variants == ["fp32", "int8"] and cfg.greedy_tokens == 16 and cfg.out is None
+    p.write_text('[conformance]\ngreedy_token = 16\n')
+    with pytest.raises(ConfigError, match="greedy_tokens"):
+        resolve(ConformanceConfig, toml_path=str(p), section="conformance")
+    with pytest.raises(ValueError, match="greedy_tokens"):
+        ConformanceConfig(greedy_tokens=0)

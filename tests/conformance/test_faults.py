@@ -95,3 +95,11 @@ def test_tokenizer_without_normaliser(tiny_artifacts, conf_cfg, tmp_path):
     assert find_check(report, "export", "tokenizer_mismatches")["passed"] is False
     assert find_check(report, "export", "tokenizer_sha256_match")["passed"] is False
     assert report["variants"] == {"fp32": False}
+
+
+def test_baked_reshape_behind_dynamic_inputs(tiny_artifacts, conf_cfg, tmp_path):
+    """Declared axes look dynamic; only running other lengths exposes the baked size."""
+    bad = faults.plant_baked_reshape(tiny_artifacts["export"], tmp_path / "bad")
+    report = evaluate(conf_cfg(bad, variants=["fp32"]))
+    assert report["candidates"]["fp32"]["metrics"]["dynamic_axes"] is True
+    assert {"run_errors", "max_abs_logit", "kv_cache_max_abs"} <= _failed(report, "fp32")
