@@ -124,11 +124,13 @@ def to_fp16(src: str | os.PathLike, dst: str | os.PathLike, *, external_data: bo
     model = onnx.load(str(src))
     rope_nodes = sorted(_ancestors(model.graph, {"Cos", "Sin"}))
     blocked = fp16_op_block_list()
+    big = _too_big(model)  # onnx.shape_inference serialises the model: impossible above 2 GB
     model16 = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
-                                       node_block_list=rope_nodes, disable_shape_infer=False)
+                                       node_block_list=rope_nodes, disable_shape_infer=big)
     OnnxModel(model16).topological_sort()  # the converter appends its input Casts at the end
-    del model16.graph.value_info[:]  # some of the converter's value_info entries are stale; re-infer
-    model16 = onnx.shape_inference.infer_shapes(model16)
+    del model16.graph.value_info[:]  # some of the converter's value_info entries are stale
+    if not big:
+        model16 = onnx.shape_inference.infer_shapes(model16)
     external = _save(model16, Path(dst), external_data)
     return {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
             "op_block_list": blocked, "rope_nodes_kept_fp32": len(rope_nodes), "external_data": external}
