@@ -292,12 +292,17 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     Returns:
         The report dict (``report["passed"]`` is the verdict; ``report["report_json"]`` its path).
     Raises:
-        ValueError / FileNotFoundError: see :func:`evaluate` (nothing is written then).
+        ValueError / FileNotFoundError: see :func:`evaluate`; also ``out`` inside the export but
+            outside its ``conformance/`` folder (nothing is written then).
     """
     from conformance.report import write_report
 
-    report = evaluate(cfg)
     out = Path(cfg.out) if cfg.out else Path(cfg.export_dir) / "conformance"
+    export_root = Path(cfg.export_dir).resolve()
+    if out.resolve().is_relative_to(export_root) and not out.resolve().is_relative_to(export_root / "conformance"):
+        raise ValueError(f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
+                         "folder; files there would break the export's manifest (leave --out unset)")
+    report = evaluate(cfg)
     paths = write_report(report, out, cfg)
     report["report_json"] = str(paths["json"])
     if cfg.write_manifest:
