@@ -30,12 +30,18 @@ OPTIONAL_METRICS = {"bpc_delta_max"}
 @dataclass(frozen=True)
 class Candidate:
     """One implementation under test: ``name`` (report label and tolerance table), the manifest
-    ``variant`` it belongs to, its ``kind`` (prodip | transformers | onnx) and file ``path``."""
+    ``variant`` it belongs to, its ``kind`` (prodip | transformers | onnx), file ``path``, and
+    the tolerance ``table`` (``safetensors_bfloat16`` etc. for a reduced-precision safetensors file)."""
 
     name: str
     variant: str
     kind: str
     path: str
+    table: str = ""  # tolerance table; default ``name``
+
+    @property
+    def tolerance_table(self) -> str:
+        return self.table or self.name
 
 
 def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) -> list[Candidate]:
@@ -51,8 +57,11 @@ def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) 
     out = []
     for vname, v in manifest["variants"].items():
         if v.get("format") == "safetensors":
-            out += [Candidate("safetensors", vname, "prodip", v["path"]),
-                    Candidate("transformers", vname, "transformers", v["path"])]
+            # a bf16/fp16 file is not exact: it needs its own table (fail closed until one exists)
+            dtype = v.get("dtype") or "float32"
+            suffix = "" if dtype == "float32" else f"_{dtype}"
+            out += [Candidate("safetensors", vname, "prodip", v["path"], "safetensors" + suffix),
+                    Candidate("transformers", vname, "transformers", v["path"], "transformers" + suffix)]
         elif v.get("format") == "onnx":
             out.append(Candidate(vname, vname, "onnx", v["path"]))
         else:
@@ -228,6 +237,8 @@ def check_candidate(cand: Candidate, export_dir: Path, model_cfg: Any, inputs: A
                                               kv_steps=cfg.kv_steps)
         metrics.update(m)
     checks = gate(metrics, errors, table, OPTIONAL_METRICS if not inputs.heldout else set())
+    if table is None:
+        checks[-1]["note"] = f"no [{cand.tolerance_table}] table in the tolerance file"
     return {"variant": cand.variant, "kind": cand.kind, "path": cand.path, "metrics": metrics, "errors": errors,
             "checks": checks, "passed": all(c["passed"] is not False for c in checks),
             "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
@@ -255,7 +266,8 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     g_checks = gate(g, {}, tolerances.get("global", {}))[1:]
     g_passed = all(c["passed"] is not False for c in g_checks)
     ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
-    results = {cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg, tolerances.get(cand.name))
+    results = {cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg,
+                                          tolerances.get(cand.tolerance_table))
                for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None)}
     variants: dict[str, bool] = {}
     for cand in candidates:
@@ -331,7 +343,7 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
     tolerances = load_tolerances(Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES)
     out = [("export", m) for m, t in tolerances.get("global", {}).items() if not isinstance(t, str)]
     for cand in plan_candidates(manifest, cfg.variants):
-        table = tolerances.get(cand.name)
+        table = tolerances.get(cand.tolerance_table)
         out.append((cand.name, "run_errors"))
         if table is None:
             out.append((cand.name, "tolerances"))

@@ -101,3 +101,18 @@ def test_config_from_toml_table(tmp_path):
         resolve(ConformanceConfig, toml_path=str(p), section="conformance")
     with pytest.raises(ValueError, match="greedy_tokens"):
         ConformanceConfig(greedy_tokens=0)
+
+
+def test_candidates_of_a_manifest():
+    from conformance.suite import plan_candidates
+    manifest = {"variants": {"safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"},
+                             "fp32": {"path": "onnx/model.onnx", "format": "onnx"},
+                             "int8": {"path": "onnx/model_int8.onnx", "format": "onnx"}}}
+    cands = plan_candidates(manifest)
+    assert [(c.name, c.variant, c.kind, c.tolerance_table) for c in cands] == [
+        ("safetensors", "safetensors", "prodip", "safetensors_bfloat16"),
+        ("transformers", "safetensors", "transformers", "transformers_bfloat16"),
+        ("fp32", "fp32", "onnx", "fp32"), ("int8", "int8", "onnx", "int8")]
+    assert [c.name for c in plan_candidates(manifest, ["safetensors", "int8"])] == ["safetensors", "transformers", "int8"]
+    with pytest.raises(ValueError, match="int4"):
+        plan_candidates(manifest, ["int4"])
