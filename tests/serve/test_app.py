@@ -257,3 +257,32 @@ def test_stream_usage_and_generate_logprobs(client):
                                           "ignore_eos": True, "logprobs": 0}).json()
     assert len(r["logprobs"]) == len(r["token_ids"]) == 5 and all(lp <= 0 for lp in r["logprobs"])
     assert r["finish_reason"] == "length"
+
+
+class _BrokenDecoder:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, *args):
+        raise RuntimeError("planted failure")
+
+
+def test_engine_failure_is_500_and_server_recovers(client):
+    sched = client.app.state.service.scheduler
+    good = sched.decoder
+    sched.decoder = _BrokenDecoder(good)
+    try:
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "planted failure" in r.json()["error"]["message"]
+        events = [json.loads(line[6:]) for line in client.post(
+            "/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True}).text.splitlines()
+            if line.startswith("data: {")]
+        assert events[-1]["error"]["type"] == "server_error"
+    finally:
+        sched.decoder = good
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
