@@ -1,8 +1,8 @@
 """Training batches from token shards: memory-mapped, per-language mixture, exactly resumable.
 
 Each language's train shards are one contiguous token stream (``tokenizer.shards.read_shard``
-memmaps, in meta.json order). Sequence ``j`` of global batch ``k`` draws its language from a
-generator seeded with ``(seed, k)`` and the mixture weights, then takes the next ``T + 1``
+memmaps, in meta.json order). Sequence ``j`` of global batch ``k`` draws its language from the
+mixture weights with a generator seeded with ``(seed, k // 256)`` (a pure function of ``k``), then takes the next ``T + 1``
 tokens of that language's stream (inputs ``[:T]``, targets ``[1:]``) and advances it by ``T``
 (nanoGPT/llm.c style), wrapping around at the end (counted as an epoch). The whole state is
 ``{"batch_index", "positions": {lang: token offset}}``, JSON in the checkpoint, so a resume
@@ -22,6 +22,9 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+
+
+_BLOCK = 256  # global batches whose language draws are made at once
 
 
 class _LangStream:
@@ -95,10 +98,22 @@ class MixtureBatches:
         self.rank, self.world_size = rank, world_size
         self.batch_index = 0
         self.positions = {lang: 0 for lang in self.langs}
+        self._block_cache: tuple[int, np.ndarray] = (-1, np.empty(0))
 
     def _languages(self, batch_index: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, batch_index])
-        return rng.choice(len(self.langs), size=self.batch_size * self.world_size, p=self.weights)
+        """Language index of each of the W*B sequences of global batch ``batch_index``.
+
+        Drawn per block of ``_BLOCK`` batches from a generator seeded with ``(seed, block)``
+        (cheap per batch, yet a pure function of the batch index, so resuming needs no RNG state).
+        """
+        block, row = divmod(batch_index, _BLOCK)
+        if self._block_cache[0] != block:
+            rng = np.random.default_rng([self.seed, block])
+            u = rng.random((_BLOCK, self.batch_size * self.world_size))
+            cdf = np.cumsum(self.weights)
+            cdf[-1] = 1.0  # guard against rounding: every u in [0, 1) maps to a language
+            self._block_cache = (block, np.searchsorted(cdf, u, side="right").astype(np.int32))
+        return self._block_cache[1][row]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next micro-batch of this rank.

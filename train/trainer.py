@@ -263,7 +263,7 @@ class _Run:
                    disable=not (cfg.progress and info.is_main))
         metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if info.is_main else None
         last: dict[str, float] = {}
-        loop_start = time.perf_counter()
+        loop_start, cpu_start = time.perf_counter(), time.process_time()
         try:
             while self.step < end:
                 t0 = time.perf_counter()
@@ -277,9 +277,12 @@ class _Run:
                 self.tokens_seen += tokens_per_step
                 last = {"step": self.step, **out, "tokens_seen": self.tokens_seen,
                         "tokens_per_s": tokens_per_step / dt, "step_time_s": dt,
-                        "elapsed_s": time.perf_counter() - loop_start}
+                        "elapsed_s": time.perf_counter() - loop_start,
+                        "process_cpu_s": time.process_time() - cpu_start}
                 if peak:  # MFU = achieved FLOP/s / peak (PaLM appendix B); per-rank peak x ranks
                     last["mfu"] = flops_per_token * last["tokens_per_s"] / (peak * info.world_size)
+                if self.device.type == "cuda":
+                    last["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 if val and self.step % cfg.eval_every_steps == 0:
                     last["val_loss"] = {lang: evaluate(self.model, b, device=self.device, autocast_dtype=self.amp)
                                         for lang, b in val.items()}
