@@ -77,3 +77,34 @@ def test_non_finite_loss_stops_before_update():
 def test_peak_table_specific_first():
     names = [k for k, _ in PEAK_BF16_FLOPS]
     assert names.index("H100 PCIe") < names.index("H100")
+
+
+def test_activation_checkpointing_same_grads_and_keys():
+    from train.loop import enable_activation_checkpointing
+    x = torch.randint(0, 320, (2, 16))
+    grads = []
+    for ac in (False, True):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(tiny_config())
+        if ac:
+            keys = list(model.state_dict())
+            enable_activation_checkpointing(model)
+            assert list(model.state_dict()) == keys  # checkpoint keys unchanged
+        torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_compiled_step_is_finite_and_fused():
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config()).to(device)
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, device=device)
+    assert all(g["fused"] for g in opt.param_groups)
+    x = torch.randint(0, 320, (2, 16), device=device)
+    out = train_step(torch.compile(model), opt, [(x, x)], lr=1e-3, grad_clip=1.0, device=device,
+                     autocast_dtype=torch.bfloat16)
+    assert math.isfinite(out["loss"]) and out["grad_norm"] > 0
