@@ -71,7 +71,8 @@ def _defaults(out_dir: Path) -> dict[str, dict[str, Any]]:
         "train": {"shards_dir": p["shards"], "tokenizer_dir": p["tokenizer"], "out_dir": p["train"]},
         "eval": {"checkpoint": p["train"], "shards_dir": p["shards"], "out": p["eval"]},
         "export": {"checkpoint": p["train"], "out": p["export"]},
-        "conformance": {"export_dir": p["export"], "checkpoint": p["train"], "out": p["conformance"]},
+        "conformance": {"export_dir": p["export"], "checkpoint": p["train"], "out": p["conformance"],
+                        "shards_dir": p["shards"]},
         "serve": {"export_dir": p["export"]},
     }
 
