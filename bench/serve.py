@@ -8,7 +8,7 @@ tokens after the first one (prefill excluded), greedy, ``ignore_eos``. Figures a
 medians over ``--repeats`` runs, for each ``--threads`` setting (the same for torch and ORT).
 Ratios: variant single / eager single (target int8 >= 3x), 8-concurrent / single (target >= 4x).
 
-    python bench/serve.py                       # builds a bench-size random export in a temp dir
+    python bench/serve.py                 # builds a random ~108 M-parameter export in a temp dir (~1 min)
     python bench/serve.py --export-dir runs/demo/export --tokens 128
 """
 
@@ -104,16 +104,16 @@ def median_of(fn, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--export-dir", help="existing export dir (default: build a random one of the size below)")
-    p.add_argument("--tokens", type=int, default=128, help="tokens generated per stream")
+    p.add_argument("--tokens", type=int, default=64, help="tokens generated per stream")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (tokens)")
     p.add_argument("--concurrency", type=int, default=8, help="streams decoded together")
     p.add_argument("--repeats", type=int, default=3, help="runs per figure (median reported)")
     p.add_argument("--variants", default="fp32,fp16,int8,int4")
-    p.add_argument("--hidden-size", type=int, default=512)
+    p.add_argument("--hidden-size", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--vocab-size", type=int, default=16384)
     p.add_argument("--threads", default="1,2",
                    help="comma list: for each, torch and ONNX Runtime both get this many intra-op threads")
     args = p.parse_args(argv)
