@@ -170,7 +170,7 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
         prompts = svc.prompt_ids(req.prompt)
         max_tokens = svc.config.default_max_tokens if req.max_tokens is None else req.max_tokens
         if req.echo and req.max_tokens is None:
-            max_tokens = min(max_tokens, svc.info.max_model_len - max(map(len, prompts)))
+            max_tokens = max(0, min(max_tokens, svc.info.max_model_len - max(map(len, prompts))))
         params = svc.sampling_params(req, max_tokens, prompts, req.n, req.logprobs, req.echo)
         events = svc.stream(prompts, params, req.n)
         want_lp = req.logprobs is not None

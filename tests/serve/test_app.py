@@ -154,6 +154,7 @@ def test_logprobs_and_echo_match_pytorch(client, tiny_export):
 
 @pytest.mark.parametrize("body, status, param", [
     ({"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
+    ({"prompt": [5] * 130, "echo": True}, 400, "max_tokens"),
     ({"prompt": "x", "temperature": 2.5}, 400, "temperature"),
     ({"prompt": "x", "temperature": -0.1}, 400, "temperature"),
     ({"prompt": "x", "top_p": 0}, 400, "top_p"),
