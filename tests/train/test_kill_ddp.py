@@ -97,6 +97,7 @@ def test_torchrun_ddp_matches_single_process(tmp_path, tiny_tokenizer_dir, tiny_
     start = LlamaForCausalLM(tiny_config()).state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+    print("DDP vs single max |diff|:", max(float((a[k] - b[k]).abs().max()) for k in a))
     assert any(not torch.equal(a[k], start[k]) for k in a)  # it trained
     la = [json.loads(x)["loss"] for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     lb = [json.loads(x)["loss"] for x in (single_dir / "metrics.jsonl").read_text().splitlines()]

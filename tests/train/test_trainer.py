@@ -83,6 +83,7 @@ def test_refusals(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
         dataclasses.replace(cfg, min_lr=1.0)
 
 
+@pytest.mark.slow
 def test_cli_reads_model_and_train_tables(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text(f"""
@@ -114,6 +115,7 @@ progress = false
     assert "--resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_failed_tokenizer_gate_refused_unless_forced(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     import shutil
     from tokenizer.bpe import tokenizer_sha256
