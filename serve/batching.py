@@ -178,15 +178,18 @@ class BatchScheduler:
         decoder: the ONNX decoder.
         max_batch_size: most rows decoded together (rows); further arrivals wait in a queue.
         batch_wait_ms: when idle, wait this long (milliseconds) after the first arrival for others.
-        on_queue_depth: called with the number of waiting sequences whenever it changes.
+        on_queue_depth: called (engine thread) with the waiting and running sequence counts.
+        on_decode_step: called (engine thread) with the number of rows of each decode step.
     """
 
     def __init__(self, decoder: OnnxDecoder, max_batch_size: int = 32, batch_wait_ms: float = 5.0,
-                 on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None) -> None:
+                 on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None,
+                 on_decode_step: Callable[[int], None] = lambda rows: None) -> None:
         self.decoder = decoder
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.on_queue_depth = on_queue_depth
+        self.on_decode_step = on_decode_step
         self._waiting: deque[Sequence] = deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -291,6 +294,7 @@ class BatchScheduler:
             if not b.seqs:
                 self._batch = None
                 return
+        self.on_decode_step(len(b.seqs))
         mask = np.concatenate([b.mask, np.ones((len(b.seqs), 1), np.int64)], axis=1)
         logits, present = self.decoder.forward(b.next_ids[:, None], mask, b.lengths[:, None], b.past)
         b = _Batch(b.seqs, present, mask, b.lengths + 1, b.next_ids.copy())

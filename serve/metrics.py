@@ -30,6 +30,8 @@ class ServeMetrics:
         self.tokens_per_second = Histogram("prodip_decode_tokens_per_second",
                                            "per-sequence decode rate after the first token (tokens/s)",
                                            buckets=_RATE_BUCKETS, registry=r)
+        self.batch_rows = Histogram("prodip_decode_batch_rows", "sequences decoded together per decode step (rows)",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.queue_depth = Gauge("prodip_queue_depth", "sequences waiting for a batch slot", registry=r)
         self.running = Gauge("prodip_running_sequences", "sequences in the running batch", registry=r)
 

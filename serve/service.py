@@ -68,7 +68,7 @@ class Service:
             self.tokenizer = load_tokenizer(self.info)
             decoder = OnnxDecoder(self.info.onnx_path, self.info.config, self.config.intra_op_threads)
             self.scheduler = BatchScheduler(decoder, self.config.max_batch_size, self.config.batch_wait_ms,
-                                            self.metrics.set_queue)
+                                            self.metrics.set_queue, self.metrics.batch_rows.observe)
             self.scheduler.start()
             self._token_text = lru_cache(maxsize=65536)(self._token_text_uncached)
             self.ready.set()

@@ -97,6 +97,11 @@ def test_32_concurrent_requests(server):
         else:
             assert r.text.rstrip().endswith("data: [DONE]")
     assert elapsed < 30
+    # they were decoded together: some decode steps carried more than 8 rows
+    metrics = httpx.get(f"{base}/metrics", headers=headers).text
+    buckets = {line.split('le="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+               for line in metrics.splitlines() if line.startswith("prodip_decode_batch_rows_bucket")}
+    assert buckets["+Inf"] > buckets["8.0"]
 
 
 def test_cli_refuses_unverified_export(tiny_export, tmp_path):
