@@ -124,8 +124,10 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
         raise FileNotFoundError(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
     files = manifest.get("files") or {}
     if verify_hashes:
-        wanted = [p for p in files if p in ("config.json", "tokenizer.json") or p.startswith(entry["path"])]
+        wanted = ["config.json", "tokenizer.json", entry["path"], *entry.get("external_data", [])]
         for rel in wanted:
+            if rel not in files:
+                raise ValueError(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")
             got = _sha256(root / rel)
             if got != files[rel].get("sha256"):
                 raise ValueError(f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
