@@ -15,7 +15,7 @@ A checkpoint is written into a hidden temporary folder, every file fsynced, the 
 into place, and only then ``latest`` is rewritten (atomically), so a process killed at any moment
 never leaves ``latest`` pointing at a partial checkpoint. Nothing here unpickles.
 
-    python -c "from train.checkpoint import load_model; print(load_model('runs/demo')[2])"
+    python -c "from train.checkpoint import load_model; print(load_model('runs/demo/train')[2])"
 """
 
 from __future__ import annotations

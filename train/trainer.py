@@ -246,8 +246,13 @@ class _Run:
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [line for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["step"] <= self.step]
+        keep = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["step"] <= self.step:
+                    keep.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut short by a kill
         write_text_atomic(path, "".join(line + "\n" for line in keep))
 
     def _loop(self) -> dict[str, float]:

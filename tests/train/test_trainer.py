@@ -36,7 +36,7 @@ def test_resume_is_bitwise_identical(tmp_path, tiny_tokenizer_dir, tiny_shards_d
     assert run_training(half, mcfg)["step"] == 4
     # a killed run's metrics past its last checkpoint are trimmed on resume
     with open(tmp_path / "b" / "metrics.jsonl", "a") as fh:
-        fh.write(json.dumps({"step": 5, "loss": 99.0}) + "\n")
+        fh.write(json.dumps({"step": 5, "loss": 99.0}) + "\n" + '{"step": 6, "lo')  # cut by a kill
     resumed = train(dataclasses.replace(half, max_steps_this_run=0, resume=True), mcfg)
     assert _losses(resumed) == _losses(straight) and len(_losses(straight)) == 8
     a = load_file(str(ck.resolve_checkpoint(straight) / "model.safetensors"))
