@@ -127,9 +127,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     if check_finite:
         from train.guards import check_finite as _check
         _check(total, grad_norm, step=step, model=model)
+    # Read the scalars before optimizer.step: they are ready (the finite check synced on them), so
+    # the host does not wait for the optimizer kernels and can queue the next step behind them.
+    loss_v, norm_v = torch.stack([total, grad_norm.to(total.device)]).tolist()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    loss_v, norm_v = torch.stack([total, grad_norm.to(total.device)]).tolist()  # one device sync
     return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
 
 

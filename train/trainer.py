@@ -201,6 +201,8 @@ class _Run:
                                   "that run, or choose another --out-dir")
         if self.device.type == "cpu":
             torch.use_deterministic_algorithms(True, warn_only=True)
+        else:  # TF32 for the few fp32 matmuls left outside bf16 autocast (nanoGPT does the same)
+            torch.set_float32_matmul_precision("high")
         model, self.optimizer = _build(cfg, self.model_cfg, self.device)
         self.model = model
         self.data = MixtureBatches(cfg.shards_dir, cfg.mixture, cfg.batch_size, cfg.seq_len, seed=cfg.seed,
