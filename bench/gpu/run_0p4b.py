@@ -12,6 +12,7 @@ Budget: about 5 minutes on one H100/H200.
 
     python3 bench/gpu/run_0p4b.py                 # on the GPU machine, from the repo root
     python3 bench/gpu/run_0p4b.py --smoke         # CPU plumbing check: tiny model, few steps
+    (device tool: carry [".whl"], timeout_s 540; add --no-compile if torch.compile fails there)
 
 Needs tomli-w (pure Python; the GPU image lacks it): if ``import tomli_w`` fails, a wheel under
 ``.whl/`` is installed into /tmp/site (fetch one here with ``pip download --no-deps tomli-w -d .whl``
@@ -101,6 +102,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/prodip_gpu_work")
     ap.add_argument("--tokenizer-dir"), ap.add_argument("--shards-dir")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the plumbing only")
+    ap.add_argument("--no-compile", action="store_true", help="eager mode (fallback if torch.compile fails)")
     args = ap.parse_args()
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,6 +123,8 @@ def main() -> int:
     if args.smoke:
         overrides += SMOKE_MODEL + ["--device", "cpu", "--dtype", "float32", "--compile", "false",
                                     "--seq-len", "64", "--batch-size", "2", "--vocab-size", "2048"]
+    if args.no_compile:
+        overrides += ["--compile", "false"]
     train_s = _run([sys.executable, "-m", "train", "train", "--config", str(CONFIG), *overrides], env,
                    out / "train.log")
     summary = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "config": str(CONFIG.name),
@@ -135,19 +139,20 @@ def main() -> int:
     print(json.dumps(summary, indent=2), flush=True)
     if args.bench_steps:
         bench_cfg = out / "bench_config.toml"
-        _write_bench_config(bench_cfg, args.smoke)
+        _write_bench_config(bench_cfg, args.smoke, compile_=not args.no_compile)
         _run([sys.executable, "bench/train_throughput.py", "--config", str(bench_cfg), "--tokenizer-dir",
               str(tok), "--shards-dir", str(shards), "--steps", str(args.bench_steps), "--skip", "10",
               "--repeats", "1", "--json", str(out / "throughput.json")], env, out / "throughput.log")
     return 0
 
 
-def _write_bench_config(path: Path, smoke: bool) -> None:
+def _write_bench_config(path: Path, smoke: bool, compile_: bool = True) -> None:
     """configs/h100-0.4b.toml with accumulation 1 (and the tiny model for --smoke)."""
     import tomllib
     import tomli_w
     doc = tomllib.loads(CONFIG.read_text())
     doc["train"]["grad_accum_steps"] = 1
+    doc["train"]["compile"] = compile_ and doc["train"]["compile"]
     if smoke:
         flags = dict(zip(SMOKE_MODEL[::2], SMOKE_MODEL[1::2]))
         doc["model"].update({k[2:].replace("-", "_"): int(v) for k, v in flags.items()}, vocab_size=2048)
