@@ -84,6 +84,69 @@ def _ancestors(graph: onnx.GraphProto, targets: set[str]) -> set[str]:
     return seen
 
 
+def _rmsnorm_nodes(graph: onnx.GraphProto) -> set[str]:
+    """Names of the nodes between each ReduceMean (RMSNorm's mean of squares) and the Mul that
+    applies 1/rms: the ``+ eps`` Add, Sqrt, Reciprocal (or Div) and that Mul.
+
+    Blocking op *types* is not enough: the ``mean + eps`` Add would run in fp16, and a mean of
+    squares above 65504 (rms > 256, which trained models reach at "massive activation" tokens)
+    becomes inf, 1/rms becomes 0 and the whole row of logits collapses to 0.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    chain_ops = {"Add", "Sqrt", "Reciprocal", "Div", "Mul"}
+    seen: set[str] = set()
+    for start in (n for n in graph.node if n.op_type == "ReduceMean"):
+        frontier = [start]
+        for _ in range(4):  # ReduceMean -> Add -> Sqrt -> Reciprocal -> Mul
+            nxt = [c for n in frontier for out in n.output for c in consumers.get(out, [])
+                   if c.op_type in chain_ops and c.name not in seen]
+            seen.update(c.name for c in nxt)
+            frontier = [c for c in nxt if c.op_type != "Mul"]
+    return seen
+
+
+def fold_fp16_round_trips(model: onnx.ModelProto) -> int:
+    """Drop ``Cast(to=float16) -> Cast(to=float)`` pairs left between two fp32 (blocked) nodes, in place.
+
+    ORT's converter wraps every blocked node in its own casts, so RMSNorm's Pow (fp32) hands
+    its result to ReduceMean (fp32) through fp16: a square above 65504 (|x| > 256) becomes inf,
+    1/rms becomes 0 and the row's logits collapse to 0. Consumers of the second Cast read the
+    fp32 tensor directly instead (exact); the fp16 Cast stays only if something else uses it.
+
+    Returns:
+        Number of round trips removed.
+    """
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    outputs = {o.name for o in graph.output}
+
+    def cast_to(node: onnx.NodeProto) -> int:
+        return next((a.i for a in node.attribute if a.name == "to"), -1)
+
+    rename: dict[str, str] = {}
+    for node in graph.node:
+        parent = producer.get(node.input[0]) if node.op_type == "Cast" and node.input else None
+        if (parent is not None and parent.op_type == "Cast" and cast_to(node) == onnx.TensorProto.FLOAT
+                and cast_to(parent) == onnx.TensorProto.FLOAT16 and node.output[0] not in outputs):
+            rename[node.output[0]] = parent.input[0]
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = rename[name]
+    used = {name for node in graph.node for name in node.input} | outputs
+    while True:  # prune casts nobody reads any more
+        dead = [n for n in graph.node if n.op_type == "Cast" and not any(o in used for o in n.output)]
+        if not dead:
+            break
+        for n in dead:
+            graph.node.remove(n)
+        used = {name for node in graph.node for name in node.input} | outputs
+    return len(rename)
+
+
 def materialize_transposed_weights(model: onnx.ModelProto) -> int:
     """Replace ``Transpose(initializer)`` by a transposed initializer, in place.
 
@@ -123,17 +186,21 @@ def to_fp16(src: str | os.PathLike, dst: str | os.PathLike, *, external_data: bo
     from onnxruntime.transformers.onnx_model import OnnxModel
     model = onnx.load(str(src))
     rope_nodes = sorted(_ancestors(model.graph, {"Cos", "Sin"}))
+    norm_nodes = sorted(_rmsnorm_nodes(model.graph))
     blocked = fp16_op_block_list()
     big = _too_big(model)  # onnx.shape_inference serialises the model: impossible above 2 GB
     model16 = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
-                                       node_block_list=rope_nodes, disable_shape_infer=big)
+                                       node_block_list=rope_nodes + norm_nodes, disable_shape_infer=big)
+    folded = fold_fp16_round_trips(model16)
     OnnxModel(model16).topological_sort()  # the converter appends its input Casts at the end
     del model16.graph.value_info[:]  # some of the converter's value_info entries are stale
     if not big:
         model16 = onnx.shape_inference.infer_shapes(model16)
     external = _save(model16, Path(dst), external_data)
     return {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
-            "op_block_list": blocked, "rope_nodes_kept_fp32": len(rope_nodes), "external_data": external}
+            "op_block_list": blocked, "rope_nodes_kept_fp32": len(rope_nodes),
+            "rmsnorm_nodes_kept_fp32": len(norm_nodes), "fp16_round_trips_removed": folded,
+            "external_data": external}
 
 
 def to_int8(src: str | os.PathLike, dst: str | os.PathLike, *, per_channel: bool = True,

@@ -100,3 +100,33 @@ def test_int4_matches_independent_fake_quant(gqa_export, tmp_path):
     scale = exact.std()
     assert np.abs(got - want).max() / scale < 0.05  # vs the fake-quant reference: rounding ties only
     assert np.abs(exact - want).max() / scale > 0.2  # ... while 4-bit rounding itself moves logits a lot
+
+
+def test_fp16_survives_activations_above_256(gqa_export, tmp_path):
+    """Regression (found by conformance on the demo model): a residual value above 256 squares to
+    more than fp16's 65504. ORT's converter used to hand RMSNorm's Pow result (fp32) to
+    ReduceMean through an fp16 Cast, so the row's 1/rms became 0 and every logit 0."""
+    import onnxruntime as ort
+    import torch
+    from onnx import numpy_helper
+
+    model = source_model(gqa_export)
+    fp32 = onnx.load(str(gqa_export / "onnx" / "model.onnx"))
+    emb = next(t for t in fp32.graph.initializer if t.name.endswith("embed_tokens.weight"))
+    weight = numpy_helper.to_array(emb).copy()
+    weight[7] = 300.0 * np.sign(weight[7] + 1e-12)  # token 7: |x| = 300 in every channel
+    emb.CopyFrom(numpy_helper.from_array(weight, emb.name))
+    with torch.no_grad():
+        model.model.embed_tokens.weight[7] = torch.from_numpy(weight[7])
+    src, dst = tmp_path / "model.onnx", tmp_path / "model_fp16.onnx"
+    onnx.save(fp32, str(src))
+    params = quantize.to_fp16(src, dst)
+    assert params["fp16_round_trips_removed"] > 0
+    ids, mask = np.array([[5, 7, 9, 7]]), np.ones((1, 4), np.int64)
+    sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    logits, _ = run_ort(sess, model.config, ids, mask, positions(mask))
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids)).numpy()
+    spread = ref.max() - ref.min()
+    assert np.abs(logits[0, 1]).max() > 0.1 * spread  # not the collapsed all-zero row
+    np.testing.assert_allclose(logits, ref, atol=0.02 * spread)
