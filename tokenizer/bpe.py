@@ -291,7 +291,9 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     """``prodip tokenizer train``: sample the corpus, fit, write the tokenizer dir; returns its path.
 
     Writes ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``, the resolved
-    ``train_config.toml`` and ``train_info.json`` (sample characters per language, time, peak memory).
+    ``train_config.toml`` and ``train_info.json`` (sample characters per language, time, peak memory;
+    ``vocab_size`` = the size obtained, ``requested_vocab_size`` = ``cfg.vocab_size``). A corpus with
+    fewer merges than requested gives a smaller vocabulary and a warning naming both sizes.
 
     Raises:
         ValueError: no inputs, a language without text, invalid UTF-8 (strict), bad proportions,
@@ -322,7 +324,14 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
                               superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0,
                               progress=cfg.progress)
     elapsed = time.perf_counter() - start
-    info = {"format_version": FORMAT_VERSION, "kind": cfg.kind, "vocab_size": tok.get_vocab_size(),
+    obtained = tok.get_vocab_size()
+    if obtained < cfg.vocab_size:
+        log.warning("requested vocab_size %d but the corpus sample only supports %d tokens (%d merges short; "
+                    "too little or too uniform text for the requested size); writing the %d-token tokenizer, "
+                    "its real size is in train_info.json", cfg.vocab_size, obtained, cfg.vocab_size - obtained,
+                    obtained)
+    info = {"format_version": FORMAT_VERSION, "kind": cfg.kind, "vocab_size": obtained,
+            "requested_vocab_size": cfg.vocab_size,
             "sample_chars": drawn, "available_chars": chars, "skipped_bytes": skipped,
             "skipped_where": [w for r in read.values() for w in r.skipped_where][:10], "train_s": round(elapsed, 2),
             "peak_rss_mb": round(_peak_rss_mb(), 1),

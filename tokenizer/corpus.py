@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,13 +78,14 @@ def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
 
     Raises:
         ValueError: invalid UTF-8 under ``errors="strict"``, naming the file and the byte offset
-            (in the decompressed stream for ``.gz``); or an unknown policy.
+            (in the decompressed stream for ``.gz``); a ``.gz`` that is not gzip, truncated or
+            corrupt (named); or an unknown policy.
     """
     if errors not in ERROR_POLICIES:
         raise ValueError(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
     offset = 0
     with _open_binary(path) as fh:
-        for raw in fh:
+        for raw in _read_raw_lines(fh, path):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -95,6 +97,29 @@ def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
             offset += len(raw)
             yield line
     stats.bytes += offset
+
+
+def _read_raw_lines(fh, path: Path) -> Iterator[bytes]:
+    """Yield the raw lines of ``fh``; a broken ``.gz`` becomes a ValueError naming ``path``.
+
+    Raises:
+        ValueError: ``path`` is not gzip data (``gzip.BadGzipFile``), is truncated (``EOFError``)
+            or its deflate stream is corrupt (``zlib.error``).
+    """
+    it = iter(fh)
+    while True:
+        try:
+            raw = next(it)
+        except StopIteration:
+            return
+        except gzip.BadGzipFile as err:
+            raise ValueError(f"{path}: not a gzip file (BadGzipFile: {err}); rename it without .gz if it is "
+                             "plain text, or re-compress it with gzip") from None
+        except EOFError as err:
+            raise ValueError(f"{path}: truncated gzip file (EOFError: {err}); re-copy or re-compress it") from None
+        except zlib.error as err:
+            raise ValueError(f"{path}: corrupt gzip data (zlib.error: {err}); re-copy or re-compress it") from None
+        yield raw
 
 
 def _decode_skipping(raw: bytes, path: Path, offset: int, stats: ReadStats) -> str:
@@ -167,7 +192,7 @@ def iter_documents(path: str | os.PathLike, lang: str, *, errors: str = "strict"
         stats: counters updated in place.
 
     Raises:
-        ValueError: invalid UTF-8 (strict), bad JSON, a missing ``text`` field or TSV column, or a file
+        ValueError: invalid UTF-8 (strict), a broken ``.gz`` file, bad JSON, a missing ``text`` field or TSV column, or a file
             with no text at all (empty files are refused so a wrong path is not silently ignored).
     """
     path = Path(path)
