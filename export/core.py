@@ -1,7 +1,8 @@
 """``prodip export``: checkpoint -> HF safetensors + ONNX fp32/fp16/int8/int4 + manifest.json.
 
 Everything is built in a hidden temporary folder beside the target and renamed into place at
-the end, so an export dir either is complete (with its manifest) or does not exist.
+the end, so an export dir either is complete (with its manifest) or does not exist. Temporary
+folders left by a killed export (``.OUT.tmp.<pid>`` whose process is gone) are removed by the next one.
 
     prodip export runs/demo/train --out runs/demo/export
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -63,6 +65,70 @@ def check_out_dir(out: Path, force: bool) -> None:
         raise FileExistsError(f"{out}: is a file; --out must name a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out}: exists and is not empty; choose another --out or pass --force")
+
+
+def _pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this machine (``os.kill(pid, 0)``; EPERM counts as alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(out: Path) -> list[Path]:
+    """Delete ``.{out.name}.tmp.<pid>`` / ``.{out.name}.old.<pid>`` folders beside ``out`` left by a
+    killed export (SIGKILL skips the cleanup), when process ``pid`` no longer exists.
+
+    A folder whose pid is alive (another export running now, or pid reuse) is kept.
+
+    Args:
+        out: the export dir about to be written.
+    Returns:
+        The folders removed (each logged at WARNING with its size in MiB).
+    """
+    parent = out.parent
+    if not parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)\.(\d+)$")
+    removed = []
+    for path in sorted(parent.iterdir()):
+        m = pattern.match(path.name)
+        if not m or not path.is_dir() or path.is_symlink() or _pid_alive(int(m.group(2))):
+            continue
+        mib = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+        shutil.rmtree(path, ignore_errors=True)
+        logger.warning("removed %s (%.1f MiB) left by export process %s, which no longer runs",
+                       path, mib, m.group(2))
+        removed.append(path)
+    return removed
+
+
+def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
+    """Resolve a checkpoint and check it holds its ``tokenizer/tokenizer.json`` copy.
+
+    Args:
+        checkpoint: a step dir, checkpoints dir or run dir.
+    Returns:
+        The resolved step dir.
+    Raises:
+        FileNotFoundError: no checkpoint there, or its ``tokenizer/tokenizer.json`` is missing
+            (named, with the command that writes it).
+    """
+    from train.checkpoint import TOKENIZER_SUBDIR, resolve_checkpoint
+    ckpt = resolve_checkpoint(checkpoint)
+    tok = ckpt / TOKENIZER_SUBDIR / "tokenizer.json"
+    if not tok.is_file():
+        raise FileNotFoundError(
+            f"{tok}: missing; a checkpoint must carry its tokenizer copy (written by `prodip train`, "
+            "which copies the dir made by `prodip tokenizer train`). Re-save the checkpoint with `prodip train`, "
+            f"or copy tokenizer.json, tokenizer_config.json and special_tokens_map.json of the tokenizer it was "
+            f"trained with into {tok.parent}/ and list them in {ckpt / 'manifest.json'}")
+    return ckpt
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -142,6 +208,7 @@ def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path]
     out = Path(cfg.out)
     check_out_dir(out, cfg.force)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(out)
     tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -195,7 +262,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         ValueError: empty ``checkpoint``/``out``; a checkpoint file whose sha256 differs from its
             manifest, or a missing/extra/mis-shaped tensor (named, with both shapes), from
             ``train.checkpoint.load_model``.
-        FileNotFoundError: no checkpoint at ``cfg.checkpoint``.
+        FileNotFoundError: no checkpoint at ``cfg.checkpoint``, or it lacks ``tokenizer/tokenizer.json``.
         FileExistsError: ``cfg.out`` is not empty and ``cfg.force`` is false.
     """
     from train.checkpoint import load_model
@@ -204,7 +271,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
     if not cfg.out:
         raise ValueError("ExportConfig.out is empty: give the export dir to create (--out DIR)")
     check_out_dir(Path(cfg.out), cfg.force)  # fail before the (slow) load
-    model, _, info = load_model(cfg.checkpoint)
+    model, _, info = load_model(require_checkpoint_tokenizer(cfg.checkpoint))
     source = {"path": str(Path(info["checkpoint_dir"]).resolve()), "step": info["step"],
               "model_sha256": info["model_sha256"]}
     return export_model(model, cfg, tokenizer_dir=Path(info["tokenizer_dir"]), source_checkpoint=source,
@@ -229,4 +296,5 @@ def size_table(export_dir: str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ExportConfig", "VARIANTS", "export_checkpoint", "export_model", "size_table", "check_out_dir"]
+__all__ = ["ExportConfig", "VARIANTS", "export_checkpoint", "export_model", "size_table", "check_out_dir",
+           "remove_stale_temp_dirs", "require_checkpoint_tokenizer"]

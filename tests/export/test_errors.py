@@ -152,3 +152,43 @@ def test_cli_toml_and_flags(gqa_export, tmp_path, capsys):
     assert set(m["variants"]) == {"safetensors"} and m["variants"]["safetensors"]["dtype"] == "bfloat16"
     assert m["export_config"]["safetensors_dtype"] == "bfloat16"
     assert "variant" in capsys.readouterr().out  # the size table
+
+
+def test_checkpoint_without_tokenizer_is_named(gqa_export, tmp_path):
+    run = _copy_run(gqa_export, tmp_path)
+    shutil.rmtree(_step_dir(run) / "tokenizer")
+    out = tmp_path / "export"
+    with pytest.raises(FileNotFoundError, match=r"tokenizer/tokenizer\.json: missing.*`prodip train`"):
+        export_checkpoint(_cfg(run, out, variants=["safetensors"]))
+    _nothing_written(out)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temp_dirs_of_killed_exports_are_removed(gqa_export, tmp_path, caplog):
+    """A SIGKILLed export leaves ``.OUT.tmp.<pid>``; the next export deletes it when ``pid`` is gone."""
+    import logging
+    import os
+    run = gqa_export.parent / "run"
+    out = tmp_path / "export"
+    dead = _dead_pid()
+    stale = [tmp_path / f".export.tmp.{dead}", tmp_path / f".export.old.{dead}"]
+    live = tmp_path / f".export.tmp.{os.getppid()}"  # the parent process runs: another export, keep it
+    other = tmp_path / f".other.tmp.{dead}"  # another target's folder: not ours to judge
+    for d in [*stale, live, other]:
+        (d / "onnx").mkdir(parents=True)
+        (d / "onnx" / "model.onnx").write_bytes(b"\0" * 4096)
+    with caplog.at_level(logging.WARNING, logger="export"):
+        export_checkpoint(_cfg(run, out, variants=["safetensors"]))
+    assert [d.exists() for d in stale] == [False, False]
+    assert live.is_dir() and other.is_dir()
+    removed = [r.getMessage() for r in caplog.records if "no longer runs" in r.getMessage()]
+    assert len(removed) == 2 and all(str(dead) in m for m in removed)
+    from export.manifest import verify_files
+    assert set(verify_files(out)["variants"]) == {"safetensors"}
