@@ -82,6 +82,25 @@ def _failed_lines(name: str, checks: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: Export-wide metrics whose failure has a detail field naming the file/field/text at fault.
+_DETAILS = {"manifest_files_ok": ("manifest_files_error",), "config_matches": ("config_error", "config_differences"),
+            "tokenizer_sha256_match": ("tokenizer_error",),
+            "tokenizer_mismatches": ("tokenizer_error", "tokenizer_mismatched_texts")}
+
+
+def _global_details(g: dict[str, Any]) -> list[str]:
+    """One line per failed export-wide check with its detail (e.g. the file whose sha256 differs)."""
+    lines = []
+    for c in g["checks"]:
+        if c["passed"] is not False:
+            continue
+        for key in _DETAILS.get(c["metric"], ()):
+            if g["metrics"].get(key):
+                detail = str(g["metrics"][key]).replace("`", "'").replace("\n", " ")
+                lines.append(f"- **export** `{c['metric']}`: {key} = `{detail[:600]}`")
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The ten-second view: verdict, one row per candidate, then what failed and why."""
     verdict = "PASSED" if report["passed"] else "FAILED"
@@ -100,7 +119,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     g = report["global"]
     lines += ["", "Export-wide: " + ", ".join(
         f"{c['metric']} = {_fmt(c['value'], '{}')} ({'ok' if c['passed'] else 'FAIL'})" for c in g["checks"])]
-    failed = _failed_lines("export", g["checks"])
+    failed = _failed_lines("export", g["checks"]) + _global_details(g)
     for name, res in report["candidates"].items():
         failed += _failed_lines(name, res["checks"])
         failed += [f"- **{name}** error in {phase}: `{msg[:200]}`" for phase, msg in res["errors"].items()]

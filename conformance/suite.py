@@ -81,7 +81,7 @@ def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[An
 
     Raises:
         ValueError: the checkpoint's model sha256 differs from ``source_checkpoint.model_sha256``.
-        FileNotFoundError: no checkpoint at the path.
+        FileNotFoundError: no checkpoint at the path, or it lacks ``tokenizer/tokenizer.json`` (named).
     """
     from train.checkpoint import load_model
 
@@ -89,7 +89,8 @@ def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[An
     path = cfg.checkpoint or src.get("path")
     if not path:
         raise ValueError(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
-    model, model_cfg, info = load_model(path)
+    from export.core import require_checkpoint_tokenizer
+    model, model_cfg, info = load_model(require_checkpoint_tokenizer(path))
     if info["model_sha256"] != src.get("model_sha256"):
         raise ValueError(
             f"checkpoint {info['checkpoint_dir']} has model sha256 {info['model_sha256'][:16]}.., but "
@@ -299,6 +300,9 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
 def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     """Check an export, write ``report.json`` + ``report.md`` and the manifest verdict.
 
+    The verdict is merged into the manifest's slot (:func:`merge_verdict`): a run on some variants
+    keeps the earlier verdicts of the others for the same export files.
+
     Args:
         cfg: the resolved config; ``out`` defaults to ``EXPORT_DIR/conformance``.
     Returns:
@@ -322,10 +326,49 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         export_dir = Path(cfg.export_dir).resolve()
         rj = paths["json"].resolve()
         rel = rj.relative_to(export_dir).as_posix() if rj.is_relative_to(export_dir) else str(rj)
-        set_conformance(export_dir, {"passed": report["passed"], "variants": report["variants"],
-                                     "report": rel, "report_sha256": paths["sha256"]})
+        from export.manifest import read_manifest
+        manifest = read_manifest(export_dir)
+        set_conformance(export_dir, merge_verdict(manifest.get("conformance"), report, list(manifest["variants"]),
+                                                  rel, paths["sha256"]))
     logger.info("conformance %s: %s", "PASSED" if report["passed"] else "FAILED", paths["md"])
     return report
+
+
+def merge_verdict(previous: Optional[dict[str, Any]], report: dict[str, Any], manifest_variants: list[str],
+                  report_path: str, report_sha256: str, checked_utc: Optional[str] = None) -> dict[str, Any]:
+    """The manifest ``conformance`` slot after a run that checked ``report["variants"]``.
+
+    Per-variant results of an earlier run are kept when that slot belongs to the same export files
+    (equal ``export_files_sha256``, the sha256 of the manifest's ``files`` table); otherwise the slot
+    starts afresh (a re-export starts with ``conformance: null`` anyway). A variant checked again is
+    replaced. Top-level ``passed`` is true only when every manifest variant has a verdict and all pass,
+    so a subset run (``--variants fp32``) never vouches for variants it did not check.
+
+    Args:
+        previous: the manifest's current ``conformance`` slot (or None).
+        report: this run's report (``variants`` {name: bool}, ``export_files_sha256``).
+        manifest_variants: the export's variant names.
+        report_path / report_sha256: this run's report.json (path as recorded, sha256 of its bytes).
+        checked_utc: time stamp of this run (default: now, ISO 8601 UTC).
+    Returns:
+        ``{passed, variants: {name: bool}, checks: {name: {passed, checked_utc, report,
+        report_sha256}}, export_files_sha256, report, report_sha256, checked_utc}`` (``report`` and
+        ``checked_utc`` are those of this latest run; ``checks`` says which run checked each variant).
+    """
+    from export.manifest import utc_now
+
+    now = checked_utc or utc_now()
+    files_sha = report["export_files_sha256"]
+    checks: dict[str, Any] = {}
+    if previous and previous.get("export_files_sha256") == files_sha:
+        checks = {k: v for k, v in (previous.get("checks") or {}).items() if k in manifest_variants}
+    for name, ok in report["variants"].items():
+        checks[name] = {"passed": bool(ok), "checked_utc": now, "report": report_path, "report_sha256": report_sha256}
+    variants = {k: checks[k]["passed"] for k in manifest_variants if k in checks}
+    passed = bool(variants) and len(variants) == len(manifest_variants) and all(variants.values())
+    return {"passed": passed, "variants": variants, "checks": {k: checks[k] for k in variants},
+            "export_files_sha256": files_sha, "report": report_path, "report_sha256": report_sha256,
+            "checked_utc": now}
 
 
 def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:

@@ -8,7 +8,9 @@ Layout (CONTRACTS.md "Export dir")::
      files: {relpath: {bytes, sha256}},          # every file of the export but manifest.json
      variants: {name: {path, format, dtype, quantization, external_data: [relpath, ...]}},
      export_config: {...},                       # the resolved ExportConfig
-     conformance: null | {passed, variants: {name: bool}, report, report_sha256, checked_utc}}
+     conformance: null | {passed, variants: {name: bool}, report, report_sha256, checked_utc,
+                         checks: {name: {passed, checked_utc, report, report_sha256}},
+                         export_files_sha256}}  (merged per variant by conformance.suite.merge_verdict)
 
 Files under ``conformance/`` (the conformance report, written after the export) are not
 listed and not checked.

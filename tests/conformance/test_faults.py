@@ -78,6 +78,11 @@ def test_tampered_file_fails_every_variant(tiny_artifacts, conf_cfg, tmp_path):
     report = evaluate(conf_cfg(bad, variants=["fp32"]))
     assert find_check(report, "export", "manifest_files_ok")["passed"] is False
     assert report["variants"] == {"fp32": False} and not report["passed"]
+    from conformance.report import render_markdown
+    md = render_markdown(report)
+    assert "manifest_files_ok = NO" in md  # the summary line, and the file at fault in the Failed list:
+    assert any("manifest_files_ok" in line and "tokenizer_config.json" in line and "bytes" in line
+               for line in md.split("## Failed")[1].splitlines()), md
 
 
 def test_config_with_wrong_rope_theta(tiny_artifacts, conf_cfg, tmp_path):
