@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(func(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as err:
+    except (ConfigError, ValueError, OSError, EOFError, RuntimeError) as err:
+        # User errors (bad config, corpus, checkpoint, export, a server that would not start) are
+        # one line naming the file or key; --verbose shows the traceback for a bug report.
+        if args.verbose:
+            raise
         print(f"prodip {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -198,7 +198,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
                                metavar="BOOL", type=parse, help=f"{help_text} (default: {shown})")
             continue
         group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=_metavar(hints[f.name]),
-                           type=parse, help=f"{help_text} (default: {shown})")
+                           type=parse, help=help_text if "default" in help_text else f"{help_text} (default: {shown})")
 
 
 def _metavar(tp: Any) -> str:
@@ -223,7 +223,9 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as err:
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; give a TOML file such as configs/demo.toml") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
 
 

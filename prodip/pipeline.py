@@ -40,7 +40,7 @@ class RunConfig:
     force: bool = opt(False, "start over even if OUT_DIR holds a run made with a different config")
     completion_prompts: dict[str, str] = opt(
         help="language -> prompt sent to the HTTP endpoint at the end of the run",
-        factory=lambda: {"bn": "আমার সোনার বাংলা, ", "en": "It was a bright cold day in April, and "})
+        factory=lambda: {"bn": "একদিন সকালে", "en": "It was a bright cold day in April, and"})
     completion_max_tokens: int = opt(40, "new tokens per completion fetched over HTTP (tokens)")
     serve_timeout_s: float = opt(120.0, "how long to wait for the server to come up (seconds)")
 
@@ -67,32 +67,52 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
     return run, tables
 
 
-# Settings that change what a run *does* but not what its artifacts *are*: they may differ between
-# an interrupted run and its re-run without making the output folder "a different run".
+# Settings that change how a run goes but not what its artifacts are: they may differ between an
+# interrupted run and its re-run without making the output folder "a different run".
 _NOT_IDENTITY = ("stages", "force", "completion_prompts", "completion_max_tokens", "serve_timeout_s", "serve")
+_RUNTIME_KEYS = ("progress", "max_steps_this_run", "resume", "force", "overwrite", "threads", "write_manifest")
+RUN_MARKER = "prodip_run.json"  # written by `prodip run` only: --force deletes nothing without it
 
 
 def _identity(doc: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in doc.items() if k not in _NOT_IDENTITY}
+    return {k: ({kk: vv for kk, vv in v.items() if kk not in _RUNTIME_KEYS} if isinstance(v, dict) else v)
+            for k, v in doc.items() if k not in _NOT_IDENTITY}
 
 
-def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool) -> None:
-    """Refuse to mix two different runs in one folder (nothing is overwritten without --force)."""
-    saved = out_dir / "config.toml"
-    if not saved.exists():
-        if out_dir.exists() and any(out_dir.iterdir()) and not force:
-            raise FileExistsError(f"{out_dir} is not empty and holds no prodip run (no config.toml); "
-                                  f"choose another --out-dir or pass --force")
+def _changed_keys(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    keys = []
+    for k in sorted(set(before) | set(now)):
+        a, b = before.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += [f"[{k}] {kk}" for kk in sorted(set(a) | set(b)) if a.get(kk) != b.get(kk)]
+        elif a != b:
+            keys.append(k)
+    return keys
+
+
+def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started: bool) -> None:
+    """Refuse to mix two different runs in one folder (nothing is overwritten without --force).
+
+    Args:
+        started: whether any stage of the earlier run completed; a run that never completed a
+            stage (e.g. a typo'd corpus path) is simply replaced.
+    Raises:
+        FileExistsError: OUT_DIR is not a prodip run, or holds one made with another config.
+    """
+    saved, marker = out_dir / "config.toml", out_dir / RUN_MARKER
+    if not marker.exists():
+        if out_dir.exists() and not out_dir.is_dir():
+            raise FileExistsError(f"--out-dir {out_dir} is a file, not a folder")
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise FileExistsError(f"{out_dir} is not empty and is not a prodip run (no {RUN_MARKER}); "
+                                  f"choose another --out-dir (--force never deletes a folder prodip did not make)")
         return
-    before = _identity(read_toml(saved))
-    now = _identity(toml_roundtrip(resolved))
-    if before == now:
+    changed = _changed_keys(_identity(read_toml(saved)), _identity(toml_roundtrip(resolved)))
+    if not changed or not started:
         return
-    changed = sorted({k for k in set(before) | set(now) if before.get(k) != now.get(k)})
     if not force:
-        raise FileExistsError(f"{out_dir} holds a run made with a different config (tables/keys "
-                              f"{', '.join(changed)} differ from {saved}); use another --out-dir, "
-                              f"or --force to start over there")
+        raise FileExistsError(f"{out_dir} holds a run made with a different config ({', '.join(changed[:6])} "
+                              f"differ from {saved}); use another --out-dir, or --force to start over there")
     log.warning("--force: removing the earlier run in %s", out_dir)
     shutil.rmtree(out_dir)
 
@@ -112,8 +132,10 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     plan = stages.resolve_all(config_path, tables, out_dir)
     resolved = {**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
                 **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()}}
-    _check_out_dir(out_dir, resolved, run.force)
+    stages.check_plan(plan, run.stages, source=str(config_path))
+    _check_out_dir(out_dir, resolved, run.force, started=any(stages.STAGES[n].done(plan) for n in stages.ORDER[:-1]))
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out_dir / RUN_MARKER, json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
     write_text_atomic(out_dir / "config.toml", dump_toml(resolved))
 
     timings: dict[str, float] = {}
@@ -131,6 +153,10 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         else:
             stage.run(plan)
         timings[name] = time.perf_counter() - t0
+        if name != "serve" and not stage.done(plan):  # e.g. training stopped at max_steps_this_run
+            print(f"[{i}/{len(wanted)}] {name}: stopped before completion after {timings[name]:.1f} s; "
+                  f"re-run the same command to continue", flush=True)
+            return {"ok": False, "paused_at": name}
         print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
     summary = print_summary(plan, out_dir, timings)
     write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
@@ -152,5 +178,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = N
 
 def _main(args: argparse.Namespace) -> int:
     summary = run_pipeline(args.config, args)
+    if summary.get("paused_at"):
+        return 0  # a time-sliced run (max_steps_this_run): not a failure
     return 0 if summary.get("ok", False) else 1
 

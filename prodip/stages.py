@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from prodip.config import from_dict
+from prodip.config import ConfigError, from_dict
 
 ORDER = ["tokenizer", "data", "train", "eval", "export", "conformance", "serve"]
 
@@ -94,6 +94,38 @@ def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dic
     return plan
 
 
+# stage -> the stage whose artifact it reads
+DEPENDS = {"data": "tokenizer", "train": "data", "eval": "train", "export": "train",
+           "conformance": "export", "serve": "conformance"}
+
+
+def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
+    """Checks that span several tables, made before any stage runs (not hours into training).
+
+    Raises:
+        ConfigError: a sequence longer than the context window, a model vocabulary that differs
+            from the tokenizer's, a served variant that is not exported, or a requested stage whose
+            input stage is neither requested nor complete.
+    """
+    model = plan["model"]
+    for table in ("train", "eval"):
+        if plan[table].seq_len > model.max_position_embeddings:
+            raise ConfigError(f"{source} [{table}] seq_len = {plan[table].seq_len} exceeds [model] "
+                              f"max_position_embeddings = {model.max_position_embeddings}")
+    if plan["tokenizer"].vocab_size != model.vocab_size:
+        raise ConfigError(f"{source} [model] vocab_size = {model.vocab_size} differs from [tokenizer] "
+                          f"vocab_size = {plan['tokenizer'].vocab_size}; they must be equal")
+    exported = plan["export"].variants
+    if "serve" in wanted and exported and plan["serve"].variant not in exported:
+        raise ConfigError(f"{source} [serve] variant = {plan['serve'].variant!r} is not among [export] "
+                          f"variants {exported}")
+    for name in wanted:
+        dep = DEPENDS.get(name)
+        if dep and dep not in wanted and not STAGES[dep].done(plan):
+            raise ConfigError(f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
+                              f"in {plan['tokenizer'].out_dir.rsplit('/', 1)[0]} nor among --stages")
+
+
 @dataclass
 class Stage:
     """One pipeline stage: ``run(plan)`` produces its artifact; ``done(plan)`` says it is complete."""
@@ -105,16 +137,43 @@ class Stage:
 
 # ---- tokenizer ------------------------------------------------------------------------------
 
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
 def _tokenizer_done(plan: dict) -> bool:
-    d = Path(plan["tokenizer"].out_dir)
-    return (d / "tokenizer.json").exists() and (d / "fertility.json").exists()
+    """Trained, audited and through the fertility gate."""
+    fert = _read_json(Path(plan["tokenizer"].out_dir) / "fertility.json")
+    return bool(fert and fert.get("gate", {}).get("passed"))
+
+
+def _data_done(plan: dict) -> bool:
+    """Shards exist and were encoded with the current tokenizer."""
+    from tokenizer.bpe import tokenizer_sha256
+    meta = _read_json(Path(plan["data"].out_dir) / "meta.json")
+    try:
+        return bool(meta) and meta.get("tokenizer_sha256") == tokenizer_sha256(plan["data"].tokenizer_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def _latest_model_sha256(plan: dict) -> str | None:
+    from train import checkpoint
+    try:
+        return checkpoint.model_sha256(checkpoint.resolve_checkpoint(plan["train"].out_dir))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def _tokenizer_run(plan: dict) -> None:
     """Train the tokenizer (unless an earlier, interrupted run already did), audit it, apply the gate."""
     from tokenizer import audit, bpe
-    if not (Path(plan["tokenizer"].out_dir) / "tokenizer.json").exists():
-        bpe.train_tokenizer(plan["tokenizer"])
+    # Not done means never trained, or audited and failed: (re)train, since the [tokenizer] table
+    # may have changed since (a run that never passed this stage takes the new config).
+    bpe.train_tokenizer(dataclasses.replace(plan["tokenizer"], overwrite=True))
     report = audit.run_audit(plan["audit"])  # writes fertility.json
     print(audit.format_table(report), flush=True)
     if not report["gate"]["passed"]:
@@ -126,7 +185,9 @@ def _tokenizer_run(plan: dict) -> None:
 
 def _data_run(plan: dict) -> None:
     from tokenizer import encode
-    encode.prepare_shards(plan["data"])
+    cfg = plan["data"]
+    stale = (Path(cfg.out_dir) / "meta.json").exists()  # shards of an earlier tokenizer of this run
+    encode.prepare_shards(dataclasses.replace(cfg, overwrite=True) if stale else cfg)
 
 
 # ---- train ----------------------------------------------------------------------------------
@@ -158,11 +219,28 @@ def _eval_run(plan: dict) -> None:
 
 def _export_run(plan: dict) -> None:
     import export
-    export.export_checkpoint(plan["export"])
+    cfg = plan["export"]
+    stale = (Path(cfg.out) / "manifest.json").exists()  # an export of an earlier checkpoint of this run
+    export.export_checkpoint(dataclasses.replace(cfg, force=True) if stale else cfg)
+
+
+def _eval_done(plan: dict) -> bool:
+    """eval.json exists and scores the newest checkpoint."""
+    ev = _read_json(Path(plan["eval"].out))
+    return bool(ev) and ev.get("checkpoint", {}).get("model_sha256") == _latest_model_sha256(plan)
+
+
+def _export_done(plan: dict) -> bool:
+    """The export exists and was made from the newest checkpoint."""
+    manifest = _read_json(Path(plan["export"].out) / "manifest.json")
+    return bool(manifest) and manifest["source_checkpoint"].get("model_sha256") == _latest_model_sha256(plan)
 
 
 def _conformance_done(plan: dict) -> bool:
-    return (Path(plan["conformance"].out) / "report.json").exists()
+    """The current export carries a passing verdict (a re-export clears it)."""
+    manifest = _read_json(Path(plan["export"].out) / "manifest.json")
+    verdict = (manifest or {}).get("conformance") or {}
+    return bool(verdict.get("passed")) and (Path(plan["conformance"].out) / "report.json").exists()
 
 
 def _conformance_run(plan: dict) -> None:
@@ -182,9 +260,15 @@ def free_port() -> int:
 
 
 def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> dict:
-    """GET (no body) or POST JSON; an HTTP error raises RuntimeError with the server's error body."""
+    """GET (no body) or POST JSON; an HTTP error raises RuntimeError with the server's error body.
+
+    Sends ``Authorization: Bearer $PRODIP_API_KEY`` when that variable is set (the server reads it too).
+    """
     data = None if body is None else json.dumps(body).encode("utf-8")
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("PRODIP_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['PRODIP_API_KEY']}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read().decode("utf-8"))
@@ -233,7 +317,8 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, log_path:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"prodip serve exited with code {proc.returncode}; see {log_path}")
+            last = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or [""]
+            raise RuntimeError(f"prodip serve exited with code {proc.returncode}: {last[0]} (log: {log_path})")
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -244,20 +329,15 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, log_path:
     raise RuntimeError(f"prodip serve did not become healthy within {timeout_s:.0f} s; see {log_path}")
 
 
-def _exists(path_of: Callable[[dict], Any]) -> Callable[[dict], bool]:
-    return lambda plan: Path(path_of(plan)).exists()
-
-
 STAGES: dict[str, Stage] = {
     "tokenizer": Stage(lambda p: f"train BPE + fertility audit -> {p['tokenizer'].out_dir}",
                        _tokenizer_done, _tokenizer_run),
-    "data": Stage(lambda p: f"encode corpus -> {p['data'].out_dir}",
-                  _exists(lambda p: Path(p["data"].out_dir) / "meta.json"), _data_run),
+    "data": Stage(lambda p: f"encode corpus -> {p['data'].out_dir}", _data_done, _data_run),
     "train": Stage(lambda p: f"{p['train'].steps} steps -> {p['train'].out_dir}", _train_done, _train_run),
     "eval": Stage(lambda p: f"held-out NLL and bits/char vs random twin -> {p['eval'].out}",
-                  _exists(lambda p: p["eval"].out), _eval_run),
+                  _eval_done, _eval_run),
     "export": Stage(lambda p: f"safetensors + ONNX variants -> {p['export'].out}",
-                    _exists(lambda p: Path(p["export"].out) / "manifest.json"), _export_run),
+                    _export_done, _export_run),
     "conformance": Stage(lambda p: f"compare every artifact with the training model -> {p['conformance'].out}",
                          _conformance_done, _conformance_run),
     "serve": Stage(lambda p: f"HTTP completions from {p['serve'].export_dir} ({p['serve'].variant})",

@@ -4,7 +4,7 @@ Tokenizer fertility per language, held-out bits/char and per-token NLL of the tr
 against its random-initialised twin, export sizes per variant, conformance per variant, and the
 completions fetched over HTTP.
 
-    python -c "from prodip.summary import summarise; import json; print(json.dumps(summarise('runs/demo'), indent=1))"
+    python -c "import json; print(json.dumps(json.load(open('runs/demo/summary.json')), indent=1))"
 """
 
 from __future__ import annotations
@@ -100,7 +100,6 @@ def _variant_bytes(variant: dict, files: dict) -> int:
 def print_summary(plan: dict, out_dir: Path, timings: dict[str, float]) -> dict[str, Any]:
     """Print the run's summary table to stdout and return it as a dict (with an ``ok`` verdict)."""
     s = summarise(plan, out_dir)
-    ok = True
     print(_rule(f"prodip run summary: {out_dir}"))
     if s["fertility"]:
         print(_rule("tokenizer fertility (held-out text)"))
@@ -115,18 +114,23 @@ def print_summary(plan: dict, out_dir: Path, timings: dict[str, float]) -> dict[
         print(_rule("export variants and conformance"))
         print(_table(["variant", "format", "dtype", "MiB", "vs fp32", "conformance"],
                      _export_rows(s["export_manifest"], s["conformance"])))
-    if s["conformance"] is not None:
-        ok = ok and bool(s["conformance"].get("passed"))
+    problems = []
+    if s["conformance"] is not None and not s["conformance"].get("passed"):
+        problems.append(f"conformance failed (see {Path(plan['conformance'].out) / 'report.md'})")
     if s["completions"]:
         print(_rule(f"completions over HTTP ({s['completions'].get('variant')})"))
         for lang, c in s["completions"]["completions"].items():
             text = c["completion"].replace("\n", " ⏎ ")
             print(f"  [{lang}] {c['prompt']}\u2502{text}")
-            ok = ok and bool(c["completion"].strip())
+            if not c["completion"].strip():
+                problems.append(f"the {lang} completion is empty or blank")
     if timings:
         print(_rule("stage wall time (seconds)"))
         print(_table(list(timings), [[f"{t:.1f}" for t in timings.values()]]))
     s["timings_s"] = timings
-    s["ok"] = ok
+    s["ok"] = not problems
+    s["problems"] = problems
+    print(_rule("verdict"))
+    print("  OK" if s["ok"] else "  FAILED: " + "; ".join(problems))
     print()
     return s

@@ -61,6 +61,7 @@ seq_len = 64
 
 [conformance]
 greedy_tokens = 16
+tolerances = "{repo}/tests/conformance/tiny_tolerances.toml"   # a 30-step model: see that file
 """
 
 
@@ -99,7 +100,7 @@ def tiny_run(tmp_path_factory):
     _cut_corpus(corpus, "bn", 250_000, 30_000)
     _cut_corpus(corpus, "en", 250_000, 30_000)
     config = root / "tiny.toml"
-    config.write_text(TINY_TOML.format(out=root / "run", corpus=corpus), encoding="utf-8")
+    config.write_text(TINY_TOML.format(out=root / "run", corpus=corpus, repo=REPO), encoding="utf-8")
     proc = _prodip("run", str(config))
     assert proc.returncode == 0, f"prodip run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return config, root / "run", proc.stdout
@@ -192,3 +193,25 @@ def test_unknown_table_is_named(tmp_path):
     cfg.write_text('[trian]\nsteps = 3\n', encoding="utf-8")
     proc = _prodip("run", str(cfg), timeout=120)
     assert proc.returncode == 2 and "unknown table [trian]" in proc.stderr
+
+
+def test_force_never_deletes_a_folder_prodip_did_not_make(tmp_path):
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "config.toml").write_text('name = "not a prodip run"\n', encoding="utf-8")
+    (project / "src" / "main.py").write_text("print(1)\n", encoding="utf-8")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('stages = ["tokenizer"]\n', encoding="utf-8")
+    proc = _prodip("run", str(cfg), "--out-dir", str(project), "--force", timeout=120)
+    assert proc.returncode == 2 and "is not a prodip run" in proc.stderr
+    assert (project / "src" / "main.py").read_text() == "print(1)\n"
+
+
+def test_cross_table_errors_come_before_any_stage(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'out_dir = "{tmp_path / "run"}"\n[model]\nmax_position_embeddings = 64\n'
+                   f'[train]\nseq_len = 128\n', encoding="utf-8")
+    proc = _prodip("run", str(cfg), timeout=120)
+    assert proc.returncode == 2
+    assert "[train] seq_len = 128 exceeds [model] max_position_embeddings = 64" in proc.stderr
+    assert not (tmp_path / "run").exists()
