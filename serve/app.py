@@ -88,9 +88,15 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":  # loc = ("body", json's pos): a position, not a parameter
+            pos = first.get("loc", ("body", "?"))[-1]  # index into the UTF-8-decoded body (= byte for ASCII)
+            msg = f"invalid JSON body: {first.get('ctx', {}).get('error', 'JSON decode error')} at character {pos}"
+            return JSONResponse(error_body(msg, code="invalid_json"), status_code=400)
+        loc = [_printable(str(p)) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
-        msg = f"{param}: {first.get('msg', 'invalid request')}" if param else first.get("msg", "invalid request")
+        msg = first.get("msg", "invalid request")
+        if param and not msg.startswith(f"{param} "):
+            msg = f"{param}: {msg}"
         return JSONResponse(error_body(msg, param=param, code="invalid_value"), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -102,6 +108,11 @@ def _install_errors(app: FastAPI) -> None:
     async def internal_error(_: Request, err: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return JSONResponse(error_body(f"internal error: {type(err).__name__}", "server_error"), status_code=500)
+
+
+def _printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\ud800``) so the JSON answer can be UTF-8 encoded."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 async def _until_disconnect(request: Request, work: Any) -> Any:
@@ -120,18 +131,29 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
             task.cancel()
 
 
-async def _sse_guard(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Errors after the stream started cannot change the status: send them as an error event."""
+async def _sse_guard(chunks: AsyncIterator[str], request: Request) -> AsyncIterator[str]:
+    """Errors after the stream started cannot change the status: send them as an error event.
+
+    Stops (closing ``chunks``, which cancels the sequences) as soon as the client is gone. Between
+    chunks it yields to the event loop once, so the server learns of a failed socket write before
+    the next chunk: without that, a burst of queued events is written to a dead socket, and asyncio
+    logs "socket.send() raised exception." for every write past the fifth.
+    """
     try:
         async for chunk in chunks:
             yield chunk
+            await asyncio.sleep(0)
+            if await request.is_disconnected():
+                break
     except APIError as err:
         yield fmt.sse(err.body)
         yield fmt.sse("[DONE]")
+    finally:
+        await chunks.aclose()
 
 
-def _sse(chunks: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(_sse_guard(chunks), media_type="text/event-stream",
+def _sse(chunks: AsyncIterator[str], request: Request) -> StreamingResponse:
+    return StreamingResponse(_sse_guard(chunks, request), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -176,7 +198,8 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
         want_lp = req.logprobs is not None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage))
+            return _sse(fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage),
+                        request)
         return await _until_disconnect(request, fmt.completion(svc, events, prompts, req.n, req.echo, want_lp))
 
     @app.post("/v1/generate")
@@ -186,7 +209,7 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
         params = svc.sampling_params(req, req.max_new_tokens, prompts, 1, req.logprobs)
         events = svc.stream(prompts, params, 1)
         if req.stream:
-            return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None))
+            return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None), request)
         return await _until_disconnect(request, fmt.generate(svc, events, prompts[0], req.logprobs is not None))
 
     @app.post("/tokenize")

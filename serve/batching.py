@@ -249,10 +249,18 @@ class BatchScheduler:
                 for seq in (self._batch.seqs if self._batch else []) + new:
                     seq.finish("error", error=f"{type(err).__name__}: {err}")
                 self._batch = None
+            self._report_depth()  # rows that finished or were cancelled this step have left
         for seq in list(self._waiting) + (self._batch.seqs if self._batch else []):
             seq.finish("cancelled")
         self._waiting.clear()
         self._batch = None
+        self._report_depth()
+
+    def _report_depth(self) -> None:
+        """Tell ``on_queue_depth`` the current waiting and running counts (engine thread)."""
+        with self._cond:
+            waiting = len(self._waiting)
+        self.on_queue_depth(waiting, 0 if self._batch is None else len(self._batch.seqs))
 
     @staticmethod
     def _drop_if_cancelled(seq: Sequence) -> bool:

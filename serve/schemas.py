@@ -1,7 +1,9 @@
 """Request bodies of the HTTP API (pydantic, ``extra="forbid"``: an unknown field is a 400).
 
 Ranges are checked here (-> 400 in OpenAI's error form, see ``serve.app``); limits that need the
-model (context window, vocabulary) are checked in ``serve.service``.
+model (context window, vocabulary) are checked in ``serve.service``. As in OpenAI's API, ``null`` for
+an optional field means its default, and every text (prompt, stop, model, ...) must be valid Unicode:
+a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's json accepts) is a 400 naming the field.
 
     python -c "from serve.schemas import CompletionRequest as C; print(C(prompt='hi', max_tokens=4))"
 """
@@ -10,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 #: prompt forms OpenAI accepts: text, several texts, token ids, several token-id lists.
 Prompt = Union[str, list[str], list[int], list[list[int]]]
@@ -19,6 +22,25 @@ Stop = Optional[Union[str, list[str]]]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """``"temperature": null`` etc. = the field's default (OpenAI accepts null for optional fields)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if not (v is None and k in cls.model_fields and not cls.model_fields[k].is_required())}
+        return data
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any, info: ValidationInfo) -> Any:
+        """Raises: a validation error (-> 400, param = the field) for a lone surrogate in any text."""
+        bad = _lone_surrogate(value)
+        if bad is not None:
+            raise PydanticCustomError("lone_surrogate", "{field} contains a lone UTF-16 surrogate U+{code} "
+                                      "(not valid Unicode)", {"field": info.field_name, "code": f"{bad:04X}"})
+        return value
 
 
 class StreamOptions(_Strict):
@@ -69,6 +91,26 @@ class TokenizeRequest(_Strict):
 class DetokenizeRequest(_Strict):
     tokens: list[int]
     skip_special_tokens: bool = True
+
+
+def _lone_surrogate(value: Any) -> Optional[int]:
+    """The first code point in U+D800..U+DFFF found in ``value`` (str, or lists/dicts/models of them)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return None
+        except UnicodeEncodeError as err:
+            return ord(value[err.start])
+    items: Any = ()
+    if isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    for item in items:
+        bad = _lone_surrogate(item)
+        if bad is not None:
+            return bad
+    return None
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: Optional[str] = None,

@@ -287,3 +287,100 @@ def test_engine_failure_is_500_and_server_recovers(client):
         sched.decoder = good
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/v1/completions", b'{"model": "export", "prompt": "\\ud800abc", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", b'{"prompt": ["ok", "x\\udfff"], "max_tokens": 2}', "prompt"),
+    ("/v1/completions", b'{"prompt": "ok", "stop": ["\\ud800"], "max_tokens": 2}', "stop"),
+    ("/v1/generate", b'{"prompt": "\\ud800abc", "max_new_tokens": 2}', "prompt"),
+    ("/tokenize", b'{"text": "\\ud800"}', "text"),
+])
+def test_lone_surrogate_is_400_naming_the_field(client, route, body, param):
+    r = client.post(route, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+    assert err["message"].startswith(f"{param} contains a lone UTF-16 surrogate U+D")
+    # an unknown field whose *name* is a lone surrogate: still 400, the name escaped in the answer
+    r = client.post(route, content=b'{"\\ud800": 1}', headers={"content-type": "application/json"})
+    assert r.status_code == 400
+
+
+def test_null_optional_fields_mean_default(client):
+    nulls = {"temperature": None, "top_p": None, "top_k": None, "n": None, "seed": None, "stop": None,
+             "stream": None, "logprobs": None, "echo": None, "best_of": None, "presence_penalty": None,
+             "frequency_penalty": None, "logit_bias": None, "user": None, "max_tokens": None,
+             "stream_options": None, "ignore_eos": None}
+    base = {"prompt": PROMPT, "temperature": 0, "max_tokens": 4}
+    want = client.post("/v1/completions", json=base).json()
+    r = client.post("/v1/completions", json={**nulls, **base})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want["choices"][0]["text"] and len(r.json()["choices"]) == 1
+    r = client.post("/v1/completions", json={**nulls, "prompt": "x"})  # max_tokens null = default 16
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
+    r = client.post("/v1/generate", json={"prompt": "x", "max_new_tokens": None, "temperature": None,
+                                          "top_p": None, "logprobs": None})
+    assert r.status_code == 200, r.text
+    r = client.post("/v1/completions", json={"prompt": None})  # a required field is still required
+    assert r.status_code == 400 and r.json()["error"]["param"].split(".")[0] == "prompt"
+
+
+def test_malformed_json_names_the_position_not_a_param(client):
+    r = client.post("/v1/completions", content=b'{"prompt": x}', headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] is None and err["code"] == "invalid_json"
+    assert err["message"] == "invalid JSON body: Expecting value at character 11"
+
+
+def test_running_gauge_returns_to_zero(client):
+    import re
+    import time
+    r = client.post("/v1/completions", json={"prompt": "x", "n": 4, "max_tokens": 6, "ignore_eos": True})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 4
+    deadline = time.monotonic() + 5
+    while True:  # the engine thread reports after the step in which the rows finished
+        text = client.get("/metrics").text
+        running = float(re.search(r"^prodip_running_sequences (\S+)$", text, re.M).group(1))
+        queued = float(re.search(r"^prodip_queue_depth (\S+)$", text, re.M).group(1))
+        if (running, queued) == (0.0, 0.0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert (running, queued) == (0.0, 0.0)
+
+
+def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
+    """The mechanism behind "one disconnect, 88 asyncio 'socket.send() raised exception' lines": a burst
+    of queued chunks written without yielding to the event loop, so the transport's connection_lost
+    (scheduled with call_soon after the first failed write) never ran in between. The SSE wrapper now
+    yields once per chunk, and stops pulling (closing the generator, so its sequences are cancelled)
+    as soon as the request reports a disconnect."""
+    import asyncio
+
+    from serve.app import _sse_guard
+    state = {"pulled": 0, "closed": False, "lost": False}
+
+    async def chunks():
+        try:
+            for i in range(100):
+                state["pulled"] += 1
+                yield f"data: {i}\n\n"  # never awaits: a burst of already-queued events
+        finally:
+            state["closed"] = True
+
+    class FakeRequest:
+        async def is_disconnected(self):
+            return state["lost"]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sent = []
+        async for chunk in _sse_guard(chunks(), FakeRequest()):
+            sent.append(chunk)
+            if len(sent) == 3:  # the write of chunk 3 fails: the transport schedules connection_lost
+                loop.call_soon(state.__setitem__, "lost", True)
+        return sent
+
+    sent = asyncio.run(main())
+    assert len(sent) == 3 and state["pulled"] == 3 and state["closed"]

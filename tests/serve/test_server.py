@@ -178,3 +178,4 @@ def test_client_disconnect_stops_generation(tiny_export):
     finally:
         server.should_exit = True
         thread.join(15)
+
