@@ -123,7 +123,7 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
         dep = DEPENDS.get(name)
         if dep and dep not in wanted and not STAGES[dep].done(plan):
             raise ConfigError(f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
-                              f"in {plan['tokenizer'].out_dir.rsplit('/', 1)[0]} nor among --stages")
+                              f"in this run's out_dir nor among the stages to run")
 
 
 @dataclass
@@ -169,7 +169,11 @@ def _latest_model_sha256(plan: dict) -> str | None:
 
 
 def _tokenizer_run(plan: dict) -> None:
-    """Train the tokenizer (unless an earlier, interrupted run already did), audit it, apply the gate."""
+    """Train the tokenizer, audit it on held-out text and apply the fertility gate.
+
+    Raises:
+        ValueError: the gate failed (the message names each language, its figure and the minimum).
+    """
     from tokenizer import audit, bpe
     # Not done means never trained, or audited and failed: (re)train, since the [tokenizer] table
     # may have changed since (a run that never passed this stage takes the new config).
