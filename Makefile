@@ -24,7 +24,7 @@ $(BIN)/.installed: pyproject.toml
 		$(BIN)/python -m pip install torch; \
 	else \
 		echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_CPU_VERSION)"; \
-		$(BIN)/python -m pip install "torch==$(TORCH_CPU_VERSION)" --extra-index-url $(TORCH_CPU_INDEX); \
+		$(BIN)/python -m pip install --retries 1 "torch==$(TORCH_CPU_VERSION)" --extra-index-url $(TORCH_CPU_INDEX); \
 	fi
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
