@@ -80,6 +80,18 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
 
 
+#: TrainConfig fields that shape the optimisation trajectory: a resume that changes one of them
+#: continues, but is no longer the run an uninterrupted job would have produced.
+TRAJECTORY_FIELDS = ("steps", "seq_len", "grad_accum_steps", "lr", "min_lr", "warmup_steps", "weight_decay",
+                     "beta1", "beta2", "adam_eps", "grad_clip", "mixture", "seed", "dtype")
+
+
+def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """``"lr 0.003 -> 0.001"`` for each trajectory field that differs from the checkpoint's config."""
+    return [f"{name} {saved[name]!r} -> {getattr(cfg, name)!r}" for name in TRAJECTORY_FIELDS
+            if name in saved and saved[name] != getattr(cfg, name)]
+
+
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
     """bf16 autocast on CUDA (auto/bfloat16), none (fp32) otherwise; weights stay fp32."""
     if cfg.dtype == "float32" or (cfg.dtype == "auto" and device.type != "cuda"):
@@ -239,6 +251,10 @@ class _Run:
                 self.info.world_size * self.cfg.batch_size:
             log.warning("global batch differs from the checkpoint's; the token stream continues but "
                         "the run is no longer bitwise comparable")
+        changed = resume_differences(state["train_config"], self.cfg)
+        if changed:  # legitimate (e.g. a lower lr after a spike), but never silent
+            log.warning("resuming with changed training settings (%s); the run is no longer bitwise "
+                        "comparable to an uninterrupted one", "; ".join(changed))
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.data.load_state_dict(state["data_state"])
         log.info("resumed from %s at step %d", state["checkpoint_dir"], self.step)

@@ -51,6 +51,16 @@ def test_resume_is_bitwise_identical(tmp_path, tiny_tokenizer_dir, tiny_shards_d
     assert "[train]" in (resumed / "config.toml").read_text()
 
 
+def test_resume_with_changed_lr_warns_naming_it(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, caplog):
+    mcfg = tiny_config()
+    half = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "r", steps=4, max_steps_this_run=2)
+    run_training(half, mcfg)
+    with caplog.at_level("WARNING", logger="prodip.train"):
+        train(dataclasses.replace(half, max_steps_this_run=0, resume=True, lr=half.lr / 2), mcfg)
+    warned = [r.getMessage() for r in caplog.records if "changed training settings" in r.getMessage()]
+    assert len(warned) == 1 and f"lr {half.lr!r} -> {half.lr / 2!r}" in warned[0]
+
+
 def test_guards_leave_no_trace(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     mcfg = tiny_config(tie_word_embeddings=True)
     on = run_training(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "on", steps=3), mcfg)["model"]
