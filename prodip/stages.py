@@ -10,6 +10,7 @@ from the run's ``out_dir`` unless the TOML table sets them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -161,11 +162,22 @@ def _data_done(plan: dict) -> bool:
 
 
 def _latest_model_sha256(plan: dict) -> str | None:
+    """sha256 of the newest checkpoint's weights (None if there is none yet)."""
     from train import checkpoint
     try:
-        return checkpoint.model_sha256(checkpoint.resolve_checkpoint(plan["train"].out_dir))
+        weights = checkpoint.resolve_checkpoint(plan["train"].out_dir) / "model.safetensors"
+        st = weights.stat()
     except (FileNotFoundError, ValueError):
         return None
+    return _file_sha256_cached(str(weights), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256_cached(path: str, mtime_ns: int, size: int) -> str:
+    """The done-checks ask for the same checkpoint hash several times per run (GBs at 0.4B scale):
+    hash each (path, mtime, size) once."""
+    from train.checkpoint import file_sha256
+    return file_sha256(path)
 
 
 def _tokenizer_run(plan: dict) -> None:

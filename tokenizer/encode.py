@@ -11,7 +11,6 @@ built in a temp dir and renamed into place, so a failed run leaves nothing behin
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import shutil
