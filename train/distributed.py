@@ -68,6 +68,22 @@ def all_gather_strings(value: str) -> list[str]:
     return out
 
 
-def teardown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def teardown(clean: bool = True) -> None:
+    """Leave the process group.
+
+    After a clean run every rank first frees what still references the group (DDP reducers hold
+    gloo work whose destruction at interpreter exit can abort the process: "terminate called
+    without an active exception", pytorch/pytorch#190489), meets the others at a barrier, and then
+    destroys the group together with them. After an error the group is left alone: destroying it
+    while another rank waits inside a collective can deadlock (pytorch/torchtitan#1342); torchrun
+    tears the other ranks down.
+
+    Args:
+        clean: True when this rank's run finished without an exception.
+    """
+    if not dist.is_initialized() or not clean:
+        return
+    import gc
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()

@@ -188,10 +188,15 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
 def run_training(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
     """:func:`train`, returning {"run_dir", "model", "step", "last"} (for tests and benches)."""
     info = distributed.setup(cfg.device)
+    clean = False
     try:
-        return _Run(cfg, model_cfg, info).execute()
+        run = _Run(cfg, model_cfg, info)
+        result = run.execute()
+        del run  # drop the DDP wrapper (its reducer holds process-group work) before the group goes
+        clean = True
+        return result
     finally:
-        distributed.teardown()
+        distributed.teardown(clean=clean)
 
 
 class _Run:
@@ -240,6 +245,7 @@ class _Run:
         last = self._loop()
         if info.is_main:
             plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png")
+        self.fwd = None  # the compiled / DDP wrappers die here, while the process group is alive
         return {"run_dir": self.run_dir, "model": model, "step": self.step, "last": last}
 
     def _resume(self) -> None:
