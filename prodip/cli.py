@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from prodip import __version__
@@ -53,8 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 logs progress; others warn
+    level = logging.DEBUG if args.verbose else (logging.INFO if rank == 0 else logging.WARNING)
+    prefix = f"[rank {rank}] " if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    logging.basicConfig(level=level, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
     func = getattr(args, "func", None)
     if func is None:
         try:  # a stage group without its verb, e.g. `prodip tokenizer`: show that group's help

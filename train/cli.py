@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from prodip.config import add_arguments, resolve
 from train.config import ModelConfig
@@ -18,7 +19,8 @@ def _train_main(args: argparse.Namespace) -> int:
     model_cfg = resolve(ModelConfig, args, toml_path=args.config, section="model")
     train_cfg = resolve(TrainConfig, args, toml_path=args.config, section="train")
     run_dir = train(train_cfg, model_cfg)
-    print(f"run dir: {run_dir}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run dir: {run_dir}")
     return 0
 
 
