@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import types
 import typing
@@ -140,8 +141,15 @@ def from_dict(cls: type[T], data: dict[str, Any], *, source: str) -> T:
         raise ConfigError(f"{source}: {err}") from None
 
 
+_DICT_ENTRY_SPLIT = re.compile(r",(?=\s*[^\s,=]+\s*=)")  # a comma that starts the next `key=`
+
+
 def _parse_flag(text: str, tp: Any, flag: str) -> Any:
-    """Parse one flag string: dicts as ``bn=0.6,en=0.4``, lists as ``a,b``, bools as true/false."""
+    """Parse one flag string: dicts as ``bn=0.6,en=0.4``, lists as ``a,b``, bools as true/false.
+
+    A dict entry ends only at a comma followed by the next ``key=``, so a value may hold commas
+    (``en=It was cold, and``) and a list value may be given inline (``bn=a.txt,b.txt,en=c.txt``).
+    """
     tp, optional = _strip_optional(tp)
     if optional and text.lower() in ("none", "null", ""):
         return None
@@ -150,7 +158,7 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
         if origin is dict:
             _, val_tp = typing.get_args(tp)
             out = {}
-            for part in filter(None, text.split(",")):
+            for part in filter(None, (p.strip() for p in _DICT_ENTRY_SPLIT.split(text))):
                 k, sep, v = part.partition("=")
                 if not sep:
                     raise ValueError(f"{part!r} has no '='")

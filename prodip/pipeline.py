@@ -42,6 +42,11 @@ class RunConfig:
         help="language -> prompt sent to the HTTP endpoint at the end of the run",
         factory=lambda: {"bn": "একদিন সকালে", "en": "It was a bright cold day in April, and"})
     completion_max_tokens: int = opt(40, "new tokens per completion fetched over HTTP (tokens)")
+    completion_temperature: float = opt(0.0, "sampling temperature of those completions (0 = greedy)")
+    completion_top_p: float = opt(1.0, "nucleus sampling mass of those completions, in (0, 1]")
+    completion_frequency_penalty: float = opt(
+        0.0, "OpenAI frequency_penalty of those completions, -2..2 (nats per earlier occurrence)")
+    completion_seed: int = opt(0, "sampling seed of those completions (same seed, same text)")
     serve_timeout_s: float = opt(120.0, "how long to wait for the server to come up (seconds)")
 
 
@@ -69,7 +74,8 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
 
 # Settings that change how a run goes but not what its artifacts are: they may differ between an
 # interrupted run and its re-run without making the output folder "a different run".
-_NOT_IDENTITY = ("stages", "force", "completion_prompts", "completion_max_tokens", "serve_timeout_s", "serve")
+_NOT_IDENTITY = ("stages", "force", "completion_prompts", "completion_max_tokens", "completion_temperature",
+                 "completion_top_p", "completion_frequency_penalty", "completion_seed", "serve_timeout_s", "serve")
 _RUNTIME_KEYS = ("progress", "max_steps_this_run", "resume", "force", "overwrite", "threads", "write_manifest")
 RUN_MARKER = "prodip_run.json"  # written by `prodip run` only: --force deletes nothing without it
 
@@ -148,8 +154,10 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         print(f"[{i}/{len(wanted)}] {name}: {stage.describe(plan)}", flush=True)
         t0 = time.perf_counter()
         if name == "serve":
+            sampling = {"temperature": run.completion_temperature, "top_p": run.completion_top_p,
+                        "frequency_penalty": run.completion_frequency_penalty, "seed": run.completion_seed}
             stage.run(plan, prompts=run.completion_prompts, max_tokens=run.completion_max_tokens,
-                      timeout_s=run.serve_timeout_s, out_dir=out_dir)
+                      sampling=sampling, timeout_s=run.serve_timeout_s, out_dir=out_dir)
         else:
             stage.run(plan)
         timings[name] = time.perf_counter() - t0

@@ -293,11 +293,20 @@ def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> 
 
 
 def _serve_run(plan: dict, *, prompts: dict[str, str], max_tokens: int, timeout_s: float,
-               out_dir: Path) -> dict[str, Any]:
+               out_dir: Path, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt, stop it.
 
-    Writes ``OUT_DIR/completions.json``. Raises RuntimeError if the server does not come up.
+    Args:
+        prompts: language -> prompt text.
+        max_tokens: new tokens per completion.
+        timeout_s: how long to wait for ``/health`` (seconds).
+        out_dir: where ``completions.json`` and ``serve.log`` go.
+        sampling: extra OpenAI completion parameters (``temperature``, ``top_p``,
+            ``frequency_penalty``, ``seed``); default greedy.
+    Writes ``OUT_DIR/completions.json`` (with the parameters used). Raises RuntimeError if the
+    server does not come up or refuses a request (its message and status are in the error).
     """
+    sampling = {"temperature": 0.0, **(sampling or {})}
     cfg = plan["serve"]
     port = free_port()
     cmd = [sys.executable, "-m", "prodip", "serve", str(cfg.export_dir), "--variant", cfg.variant,
@@ -312,7 +321,7 @@ def _serve_run(plan: dict, *, prompts: dict[str, str], max_tokens: int, timeout_
             results = {}
             for lang, prompt in prompts.items():
                 t0 = time.perf_counter()
-                body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+                body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, **sampling}
                 resp = _http_json(f"{base}/v1/completions", body)
                 results[lang] = {"prompt": prompt, "completion": resp["choices"][0]["text"],
                                  "finish_reason": resp["choices"][0].get("finish_reason"),
@@ -324,7 +333,7 @@ def _serve_run(plan: dict, *, prompts: dict[str, str], max_tokens: int, timeout_
             except subprocess.TimeoutExpired:
                 proc.kill()
     doc = {"format_version": 1, "variant": cfg.variant, "url": f"http://127.0.0.1:{port}/v1/completions",
-           "completions": results}
+           "sampling": {"max_tokens": max_tokens, **sampling}, "completions": results}
     (out_dir / "completions.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
     return doc
 

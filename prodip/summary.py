@@ -118,7 +118,12 @@ def print_summary(plan: dict, out_dir: Path, timings: dict[str, float]) -> dict[
     if s["conformance"] is not None and not s["conformance"].get("passed"):
         problems.append(f"conformance failed (see {Path(plan['conformance'].out) / 'report.md'})")
     if s["completions"]:
-        print(_rule(f"completions over HTTP ({s['completions'].get('variant')})"))
+        samp = s["completions"].get("sampling") or {}
+        how = ("greedy" if not samp.get("temperature") else
+               ", ".join(f"{k} {samp[k]}" for k in ("temperature", "top_p", "seed") if k in samp))
+        if samp.get("frequency_penalty"):
+            how += f", frequency_penalty {samp['frequency_penalty']}"
+        print(_rule(f"completions over HTTP ({s['completions'].get('variant')}, {how})"))
         for lang, c in s["completions"]["completions"].items():
             text = c["completion"].replace("\n", " ⏎ ")
             print(f"  [{lang}] {c['prompt']}\u2502{text}")

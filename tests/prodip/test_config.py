@@ -84,3 +84,19 @@ def test_dump_toml_round_trips_and_drops_none(tmp_path):
 def test_bool_flag_alone_means_true():
     assert _parse(["--compile"]).compile is True
     assert _parse(["--compile", "false"]).compile is False
+
+
+def test_dict_flag_values_may_hold_commas_and_inline_lists():
+    @dataclasses.dataclass
+    class Run:
+        prompts: dict[str, str] = opt(help="prompts", factory=dict)
+        inputs: dict[str, list[str]] = opt(help="files per language", factory=dict)
+
+    p = argparse.ArgumentParser()
+    add_arguments(p, Run)
+    cfg = resolve(Run, p.parse_args(["--prompts", "bn=একদিন, সকালে,en=It was cold, and x",
+                                     "--inputs", "bn=a.txt,b.txt, en=c.txt"]))
+    assert cfg.prompts == {"bn": "একদিন, সকালে", "en": "It was cold, and x"}
+    assert cfg.inputs == {"bn": ["a.txt", "b.txt"], "en": ["c.txt"]}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--prompts", "no-equals-sign"])
