@@ -35,7 +35,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = N
         return
     p = subparsers.add_parser("conformance", help="prove every exported artifact computes what the training "
                                                   "model computes",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__.replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir_positional", nargs="?", metavar="EXPORT_DIR",
                    help="export dir (same as --export-dir)")
     p.add_argument("--config", metavar="TOML", default=None, help="TOML file with a [conformance] table")
