@@ -144,6 +144,11 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     write_text_atomic(out_dir / RUN_MARKER, json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
     write_text_atomic(out_dir / "config.toml", dump_toml(resolved))
 
+    times_path = out_dir / "stage_times.json"  # wall time per stage, summed over invocations
+    try:
+        times = json.loads(times_path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        times = {}
     timings: dict[str, float] = {}
     wanted = [s for s in stages.ORDER if s in run.stages]
     for i, name in enumerate(wanted, 1):
@@ -161,12 +166,18 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         else:
             stage.run(plan)
         timings[name] = time.perf_counter() - t0
-        if name != "serve" and not stage.done(plan):  # e.g. training stopped at max_steps_this_run
+        finished = name == "serve" or stage.done(plan)
+        prev = times.get(name, {})
+        carried = 0.0 if prev.get("complete", True) else float(prev.get("seconds", 0.0))  # a resumed stage
+        times[name] = {"seconds": carried + timings[name], "complete": finished,
+                       "invocations": (0 if prev.get("complete", True) else int(prev.get("invocations", 0))) + 1}
+        write_text_atomic(times_path, json.dumps(times, indent=2) + "\n")
+        if not finished:  # e.g. training stopped at max_steps_this_run
             print(f"[{i}/{len(wanted)}] {name}: stopped before completion after {timings[name]:.1f} s; "
                   f"re-run the same command to continue", flush=True)
             return {"ok": False, "paused_at": name}
         print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
-    summary = print_summary(plan, out_dir, timings)
+    summary = print_summary(plan, out_dir, timings, {k: v for k, v in times.items() if k in run.stages})
     write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
     return summary
 

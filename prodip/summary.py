@@ -97,7 +97,11 @@ def _variant_bytes(variant: dict, files: dict) -> int:
     return total
 
 
-def print_summary(plan: dict, out_dir: Path, timings: dict[str, float]) -> dict[str, Any]:
+_STAGE_ORDER = ("tokenizer", "data", "train", "eval", "export", "conformance", "serve")
+
+
+def print_summary(plan: dict, out_dir: Path, timings: dict[str, float],
+                  stage_times: dict[str, dict] | None = None) -> dict[str, Any]:
     """Print the run's summary table to stdout and return it as a dict (with an ``ok`` verdict)."""
     s = summarise(plan, out_dir)
     print(_rule(f"prodip run summary: {out_dir}"))
@@ -129,10 +133,14 @@ def print_summary(plan: dict, out_dir: Path, timings: dict[str, float]) -> dict[
             print(f"  [{lang}] {c['prompt']}\u2502{text}")
             if not c["completion"].strip():
                 problems.append(f"the {lang} completion is empty or blank")
-    if timings:
-        print(_rule("stage wall time (seconds)"))
-        print(_table(list(timings), [[f"{t:.1f}" for t in timings.values()]]))
+    shown = {n: t["seconds"] for n, t in (stage_times or {}).items()} or dict(timings)
+    if shown:
+        print(_rule("stage wall time (seconds; * = an earlier invocation)"))
+        names = [n for n in _STAGE_ORDER if n in shown] + [n for n in shown if n not in _STAGE_ORDER]
+        earlier = {n for n in names if n not in timings or (stage_times or {}).get(n, {}).get("invocations", 1) > 1}
+        print(_table([n + ("*" if n in earlier else "") for n in names], [[f"{shown[n]:.1f}" for n in names]]))
     s["timings_s"] = timings
+    s["stage_times"] = stage_times or {}
     s["ok"] = not problems
     s["problems"] = problems
     print(_rule("verdict"))

@@ -160,6 +160,10 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
     again = _prodip("run", str(config), "--stages", "tokenizer,data,train,eval,export,conformance")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already complete, skipped") == 6
+    times = json.loads((run / "stage_times.json").read_text())
+    assert set(times) == {"tokenizer", "data", "train", "eval", "export", "conformance", "serve"}
+    assert all(t["complete"] and t["seconds"] > 0 for t in times.values())
+    assert "train*" in again.stdout  # the summary shows earlier invocations' times, marked
 
     changed = tmp_path / "changed.toml"
     changed.write_text(config.read_text().replace("steps = 30", "steps = 31"), encoding="utf-8")
