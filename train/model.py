@@ -12,6 +12,7 @@ print(LlamaForCausalLM(C(vocab_size=256, hidden_size=64, num_hidden_layers=2, nu
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -52,6 +53,80 @@ def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
     freqs = position_ids.float()[..., None] * inv_freq  # (B, T, Dh/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, Dh): halves repeated, the "rotate half" layout
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def _is_exporting() -> bool:
+    f = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.6; is_compiling covers export too
+    return bool(f and f())
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    """RoPE cos/sin for positions ``0 .. max_position_embeddings - 1``, computed once, not per forward.
+
+    The tables are :func:`rope_cos_sin` of ``arange(max_position_embeddings)`` (same formula, so a
+    looked-up row is bitwise the row computed from scratch), in float32 with autocast off, and
+    cast to the activation dtype at use, as HF's ``LlamaRotaryEmbedding`` does with its
+    per-forward computation. They are non-persistent buffers: never in ``state_dict``,
+    checkpoints or safetensors; ``.to(device)`` moves them and any ``_apply`` (``.to(dtype)``,
+    ``.half()``, ``.float()``, ``to_empty``) recomputes them in float32 on their device, so a
+    cast model never holds rounded tables (a bf16 -> fp32 round trip restores exact values).
+
+    Lookups: the default positions ``offset + arange(T)`` (training, KV-cache decode without
+    explicit positions) are a slice of the tables; explicit ``position_ids`` are gathered when
+    all lie in the table (one host sync to check); otherwise, and while torch.compile or
+    torch.export traces explicit positions (the ONNX export's graph is therefore unchanged),
+    cos/sin are computed from scratch as before, so positions beyond
+    ``max_position_embeddings`` keep working (no error), exactly as without the cache.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.max_position_embeddings = config.max_position_embeddings
+        cos, sin = self._tables(None)
+        self.register_buffer("cos_cached", cos, persistent=False)  # (N, Dh) float32
+        self.register_buffer("sin_cached", sin, persistent=False)
+
+    def _tables(self, device: Optional[torch.device]) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(self.max_position_embeddings, device=device)[None]  # (1, N)
+        kind = positions.device.type
+        with torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else nullcontext():
+            cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, torch.float32)
+        return cos[0, 0], sin[0, 0]
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)  # moves (and perhaps casts or empties) the tables ...
+        cos, sin = self._tables(self.cos_cached.device)  # ... then they are recomputed in fp32 there
+        self.cos_cached, self.sin_cached = cos, sin
+        return self
+
+    def forward(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for ``x`` (B, T, D) at ``position_ids`` (B, T), default ``offset + arange(T)``.
+
+        Returns:
+            cos, sin: (B, 1, T, Dh) in ``x.dtype``; (1, 1, T, Dh) for the default positions.
+        """
+        T, N = x.shape[1], self.cos_cached.shape[0]
+        if position_ids is None:
+            if offset + T <= N:
+                return (self.cos_cached[offset:offset + T].to(x.dtype)[None, None],
+                        self.sin_cached[offset:offset + T].to(x.dtype)[None, None])
+            position_ids = torch.arange(offset, offset + T, device=x.device)[None]
+        elif self._in_table(position_ids, N):
+            return (self.cos_cached[position_ids].to(x.dtype)[:, None],
+                    self.sin_cached[position_ids].to(x.dtype)[:, None])
+        return rope_cos_sin(position_ids, self.head_dim, self.theta, x.dtype)
+
+    @staticmethod
+    def _in_table(position_ids: torch.Tensor, n: int) -> bool:
+        """Eager only (a data-dependent check, never baked into a traced graph): integer
+        positions, all in ``[0, n)``."""
+        if (torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing()
+                or position_ids.numel() == 0 or position_ids.dtype not in (torch.int64, torch.int32)):
+            return False
+        lo, hi = torch.aminmax(position_ids)
+        return bool(((lo >= 0) & (hi < n)).item())
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -135,6 +210,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)  # buffers only: no state_dict keys
 
 
 def build_attention_mask(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:
@@ -208,10 +284,8 @@ class LlamaForCausalLM(nn.Module):
         """
         B, T = input_ids.shape
         P = 0 if past_key_values is None else past_key_values[0][0].shape[2]
-        if position_ids is None:
-            position_ids = torch.arange(P, P + T, device=input_ids.device).expand(B, T)
         x = self.model.embed_tokens(input_ids)  # (B, T, D)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = self.model.rotary_emb(x, position_ids, offset=P)  # default positions P + arange(T)
         mask = None
         if attention_mask is not None or P > 0:
             if attention_mask is None:

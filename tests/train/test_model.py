@@ -6,6 +6,11 @@ near ``max_position_embeddings``, where RoPE mistakes show (torchtitan #1441: un
 gave KL of only 3e-6..1e-5 at short positions). Also: KV-cache decode == full recompute, a
 left-padded batch == each row alone, and the planted defect "interleaved RoPE layout" is caught.
 
+Also: the cached RoPE cos/sin tables (non-persistent buffers) give bitwise the from-scratch
+cos/sin and logits for any positions (left-padded, random, cache offsets, beyond the table,
+negative), never enter ``state_dict``, stay exact fp32 across ``.to(dtype)`` round trips, and
+work under torch.compile.
+
     python -m pytest tests/train/test_model.py -q
 """
 
@@ -167,6 +172,10 @@ def test_interleaved_rope_is_caught_by_parity(monkeypatch: pytest.MonkeyPatch) -
     assert max_logit_diff(ours, hf, ids, far) <= ATOL  # correct layout passes
     monkeypatch.setattr(tm, "rope_cos_sin", _interleaved_cos_sin)
     monkeypatch.setattr(tm, "rotate_half", _rotate_interleaved)
+    # the cos/sin tables are built once, at construction: rebuild the model with the defect planted
+    weights = ours.state_dict()
+    ours = LlamaForCausalLM(ours.config).eval()
+    ours.load_state_dict(weights)
     # sanity: the defect is a valid rotation (norm-preserving), so the loss curve would look fine
     x = torch.randn(1, 1, 3, 8)
     cos, sin = _interleaved_cos_sin(torch.arange(3)[None], 8, 10000.0, torch.float32)
@@ -195,3 +204,135 @@ def test_reset_parameters_seed_is_deterministic() -> None:
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
     assert a.lm_head.weight.std().item() == pytest.approx(0.2, rel=0.1)
+
+
+# ---- cached RoPE tables == the from-scratch computation ---------------------------------------
+
+def _scratch_rope(self, x, position_ids=None, offset=0):
+    """The pre-cache computation: rope_cos_sin of the positions on every forward."""
+    B, T = x.shape[:2]
+    if position_ids is None:
+        position_ids = torch.arange(offset, offset + T, device=x.device).expand(B, T)
+    return tm.rope_cos_sin(position_ids, self.head_dim, self.theta, x.dtype)
+
+
+def _positions_cases(T: int = 10) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(8)
+    mask = torch.ones(3, T, dtype=torch.int64)
+    mask[0, :4], mask[1, :7] = 0, 0
+    return {"left_padded": (mask.cumsum(-1) - 1).clamp(min=0),
+            "random_non_contiguous": torch.randint(0, MAX_POS, (3, T), generator=g),
+            "descending": torch.arange(MAX_POS - 1, MAX_POS - 1 - T, -1).expand(3, T),
+            "last_in_table": torch.arange(MAX_POS - T, MAX_POS).expand(3, T),
+            "beyond_table": torch.arange(MAX_POS - 3, MAX_POS - 3 + T).expand(3, T),
+            "negative": torch.arange(-4, T - 4).expand(3, T),
+            "int32": torch.arange(5, 5 + T, dtype=torch.int32).expand(3, T)}
+
+
+@pytest.mark.parametrize("case", list(_positions_cases()))
+def test_rope_cache_equals_from_scratch(case: str) -> None:
+    ours, _ = make_pair(kv_heads=2)
+    rope = ours.model.rotary_emb
+    pos = _positions_cases()[case]
+    x = torch.randn(3, pos.shape[1], 32)
+    cos, sin = rope(x, pos)
+    ref = _scratch_rope(rope, x, pos)
+    assert torch.equal(cos, ref[0]) and torch.equal(sin, ref[1])  # bitwise, not just close
+    for dtype in (torch.bfloat16, torch.float16):  # fp32 table, cast at use, as before
+        got, want = rope(x.to(dtype), pos), _scratch_rope(rope, x.to(dtype), pos)
+        assert got[0].dtype == dtype and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ids = torch.randint(0, 97, pos.shape, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        cached = ours(ids, position_ids=pos)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tm.LlamaRotaryEmbedding, "forward", _scratch_rope)
+            scratch = ours(ids, position_ids=pos)
+    assert torch.equal(cached, scratch)
+
+
+@pytest.mark.parametrize("T", [1, 7, MAX_POS], ids=["1", "7", "max"])
+@pytest.mark.parametrize("offset", [0, 5, MAX_POS - 1, MAX_POS + 3])
+def test_rope_default_positions_with_cache_offset_equal_from_scratch(T: int, offset: int) -> None:
+    rope = tm.LlamaRotaryEmbedding(tiny_config())
+    x = torch.randn(2, T, 32)
+    cos, sin = rope(x, None, offset=offset)  # a table slice while offset + T <= MAX_POS
+    ref = _scratch_rope(rope, x, None, offset)
+    assert torch.equal(cos.expand_as(ref[0]), ref[0]) and torch.equal(sin.expand_as(ref[1]), ref[1])
+
+
+def test_rope_cache_matches_from_scratch_in_training_and_kv_decode() -> None:
+    ours, _ = make_pair(kv_heads=2)
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(10))
+
+    def run():
+        torch.manual_seed(0)
+        logits = ours(ids)
+        grads = torch.autograd.grad(logits.square().mean(), list(ours.parameters()))
+        with torch.no_grad():  # prefill 5, then decode with the default positions P + arange(T)
+            out, cache = ours(ids[:, :5], use_cache=True)
+            steps = [out]
+            for t in range(5, 12):
+                out, cache = ours(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+                steps.append(out)
+        return logits, grads, torch.cat(steps, dim=1)
+
+    cached = run()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tm.LlamaRotaryEmbedding, "forward", _scratch_rope)
+        scratch = run()
+    assert torch.equal(cached[0], scratch[0]) and torch.equal(cached[2], scratch[2])
+    assert all(torch.equal(a, b) for a, b in zip(cached[1], scratch[1]))
+
+
+def test_rope_tables_are_not_in_state_dict() -> None:
+    ours = LlamaForCausalLM(tiny_config())
+    buffers = dict(ours.named_buffers())
+    assert set(buffers) == {"model.rotary_emb.cos_cached", "model.rotary_emb.sin_cached"}
+    assert buffers["model.rotary_emb.cos_cached"].shape == (MAX_POS, 8)
+    assert not any("rotary" in k or "cached" in k or "inv_freq" in k for k in ours.state_dict())
+    fresh = LlamaForCausalLM(tiny_config())
+    fresh.load_state_dict(ours.state_dict(), strict=True)
+
+
+def _fresh_tables() -> tuple[torch.Tensor, torch.Tensor]:
+    pos = torch.arange(MAX_POS)[None]
+    cos, sin = tm.rope_cos_sin(pos, 8, 10000.0, torch.float32)
+    return cos[0, 0], sin[0, 0]
+
+
+def _assert_exact_tables(model: LlamaForCausalLM) -> None:
+    rope = model.model.rotary_emb
+    cos, sin = _fresh_tables()
+    assert rope.cos_cached.dtype == rope.sin_cached.dtype == torch.float32
+    assert torch.equal(rope.cos_cached.cpu(), cos) and torch.equal(rope.sin_cached.cpu(), sin)
+
+
+def test_rope_tables_stay_exact_float32_across_dtype_casts() -> None:
+    ours, _ = make_pair(kv_heads=2)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(11))
+    pos = torch.arange(MAX_POS - 16, MAX_POS).expand(2, 16)
+    with torch.no_grad():
+        ours.to(torch.bfloat16)
+        _assert_exact_tables(ours)  # not rounded to bf16
+        assert ours(ids).dtype == torch.bfloat16
+        ours.half().float()  # a round trip through fp16 leaves exact tables ...
+        _assert_exact_tables(ours)
+        never_cast = LlamaForCausalLM(ours.config).eval()  # ... so the logits are those of a model
+        never_cast.load_state_dict(ours.state_dict())  # built in fp32 with the (rounded) weights
+        assert torch.equal(ours(ids, position_ids=pos), never_cast(ids, position_ids=pos))
+        assert torch.equal(ours(ids), never_cast(ids))
+    with torch.device("meta"):  # meta init then to_empty: the tables are recomputed, not garbage
+        lazy = LlamaForCausalLM(tiny_config())
+    lazy.to_empty(device="cpu")
+    _assert_exact_tables(lazy)
+
+
+def test_rope_cache_under_torch_compile() -> None:
+    ours, _ = make_pair(kv_heads=2)
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)  # no graph break
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(12))
+    pos = _positions_cases(12)["left_padded"][:2]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids), ours(ids), atol=ATOL, rtol=0)
+        torch.testing.assert_close(compiled(ids, position_ids=pos), ours(ids, position_ids=pos),
+                                   atol=ATOL, rtol=0)
