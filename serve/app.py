@@ -104,11 +104,6 @@ def _install_errors(app: FastAPI) -> None:
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
         return JSONResponse(error_body(str(err.detail), kind), status_code=err.status_code)
 
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, err: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal error: {type(err).__name__}", "server_error"), status_code=500)
-
 
 def _printable(text: str) -> str:
     """``text`` with lone surrogates escaped (``\\ud800``) so the JSON answer can be UTF-8 encoded."""
@@ -240,7 +235,14 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
 
 class _GuardMiddleware:
     """Pure ASGI middleware (so streaming and disconnects pass through untouched): body-size cap
-    (413), bearer auth (401, constant-time compare), per-route request counter."""
+    (413), bearer auth (401, constant-time compare), per-route request counter, and the 500 answer.
+
+    An unhandled error is logged here, once, and answered with a 500 in OpenAI's form. It is not
+    left to Starlette's ``ServerErrorMiddleware``: that one always re-raises after answering, so the
+    server (uvicorn: "Exception in ASGI application") logged a second traceback of the same error.
+    Only when the response has already started (a stream) is the error re-raised unlogged: the
+    status line is gone, so the server must abort the connection, and its log is then the only one.
+    """
 
     def __init__(self, app: Any, config: ServeConfig, metrics: ServeMetrics) -> None:
         self.app, self.config, self.metrics = app, config, metrics
@@ -249,11 +251,11 @@ class _GuardMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         route = scope["path"] if scope["path"] in _ROUTES else "other"
-        status = {"code": 500}
+        status = {"code": 500, "started": False}
 
         async def send_counted(message: dict) -> None:
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                status["code"], status["started"] = message["status"], True
             await send(message)
 
         try:
@@ -267,6 +269,12 @@ class _GuardMiddleware:
             await self.app(scope, self._capped(receive), send_counted)
         except _TooLarge:
             await self._too_large()(scope, receive, send_counted)
+        except Exception as err:
+            if status["started"]:
+                raise
+            log.exception("unhandled error in %s %s", scope.get("method"), _printable(scope["path"]))
+            await JSONResponse(error_body(f"internal error: {type(err).__name__}", "server_error"),
+                               status_code=500)(scope, receive, send_counted)
         finally:
             self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
 

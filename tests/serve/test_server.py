@@ -179,3 +179,66 @@ def test_client_disconnect_stops_generation(tiny_export):
         server.should_exit = True
         thread.join(15)
 
+
+
+def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
+    """A bug in a route: a 500 in OpenAI's form, and one traceback in the logs. (Starlette's
+    ServerErrorMiddleware re-raises after answering, so uvicorn's "Exception in ASGI application"
+    used to log the same error a second time after serve.app's own.) Once a stream has started the
+    status cannot change: then the server's log is the only one and the connection is cut."""
+    import logging
+
+    import uvicorn
+
+    from serve.app import create_app
+    app = create_app(tiny_export[0])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    seen: dict[int, logging.LogRecord] = {}
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info:
+                seen[id(record)] = record  # a record reaching several of the loggers counts once
+
+    def tracebacks() -> list:
+        time.sleep(0.3)  # uvicorn logs after the app returns
+        out = [r for r in seen.values() if "planted" in str(r.exc_info[1])]
+        seen.clear()
+        return out
+
+    handler = Collect(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "serve", "serve.app")]
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health")  # uvicorn has configured its loggers by now
+        for lg in loggers:
+            lg.addHandler(handler)
+
+        def boom(*args, **kwargs):
+            raise RuntimeError("planted")
+        svc = app.state.service
+        monkeypatch.setattr(svc, "prompt_ids", boom)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x"}, timeout=10)
+        assert r.status_code == 500
+        assert r.json()["error"] == {"message": "internal error: RuntimeError", "type": "server_error",
+                                     "param": None, "code": None}
+        logged = tracebacks()
+        assert len(logged) == 1 and logged[0].name == "serve.app", [(x.name, x.getMessage()) for x in logged]
+        assert "POST /v1/completions" in logged[0].getMessage()
+        monkeypatch.undo()
+        monkeypatch.setattr(svc, "token_text", boom)  # fails after the stream's 200 went out
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x", "stream": True,
+                                                                       "logprobs": 1}, timeout=10)
+        logged = tracebacks()
+        assert len(logged) == 1 and logged[0].name == "uvicorn.error", [(x.name, x.getMessage()) for x in logged]
+        monkeypatch.undo()
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                          timeout=10).status_code == 200
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+        server.should_exit = True
+        thread.join(15)
