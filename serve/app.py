@@ -201,7 +201,8 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
     async def generate(req: GenerateRequest, request: Request) -> Any:
         svc.require_ready()
         prompts = svc.prompt_ids(req.prompt if isinstance(req.prompt, str) else [req.prompt])
-        params = svc.sampling_params(req, req.max_new_tokens, prompts, 1, req.logprobs)
+        max_new = svc.config.default_max_tokens if req.max_new_tokens is None else req.max_new_tokens
+        params = svc.sampling_params(req, max_new, prompts, 1, req.logprobs)
         events = svc.stream(prompts, params, 1)
         if req.stream:
             return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None), request)

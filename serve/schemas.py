@@ -79,7 +79,8 @@ class GenerateRequest(_Sampling):
     """``POST /v1/generate``: the native form (one prompt, one sequence)."""
 
     prompt: Union[str, list[int]]
-    max_new_tokens: int = Field(64, ge=0, description="tokens to generate")
+    max_new_tokens: Optional[int] = Field(None, ge=0, description="tokens to generate; default (None): the "
+                                          "server's default_max_tokens, as for /v1/completions")
     logprobs: Optional[int] = Field(None, ge=0, le=20)
 
 

@@ -326,6 +326,26 @@ def test_null_optional_fields_mean_default(client):
     assert r.status_code == 400 and r.json()["error"]["param"].split(".")[0] == "prompt"
 
 
+def test_generate_default_max_new_tokens_is_the_server_default(client):
+    import dataclasses
+    svc = client.app.state.service
+    original = svc.config
+    svc.config = dataclasses.replace(original, default_max_tokens=5)
+    try:
+        r = client.post("/v1/generate", json={"prompt": PROMPT, "ignore_eos": True})
+        assert r.status_code == 200 and len(r.json()["token_ids"]) == 5
+        r = client.post("/v1/generate", json={"prompt": PROMPT, "ignore_eos": True, "max_new_tokens": None})
+        assert len(r.json()["token_ids"]) == 5
+        r = client.post("/v1/completions", json={"prompt": PROMPT, "ignore_eos": True})
+        assert r.json()["usage"]["completion_tokens"] == 5
+    finally:
+        svc.config = original
+    r = client.post("/v1/generate", json={"prompt": PROMPT, "ignore_eos": True})
+    assert len(r.json()["token_ids"]) == original.default_max_tokens == 16
+    r = client.post("/v1/generate", json={"prompt": PROMPT, "ignore_eos": True, "max_new_tokens": 3})
+    assert len(r.json()["token_ids"]) == 3
+
+
 def test_malformed_json_names_the_position_not_a_param(client):
     r = client.post("/v1/completions", content=b'{"prompt": x}', headers={"content-type": "application/json"})
     assert r.status_code == 400
