@@ -176,12 +176,8 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
     async def completions(req: CompletionRequest, request: Request) -> Any:
         svc.require_ready()
         svc.check_model(req.model)
-        for name, value in (("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)):
-            if value:
-                raise APIError(400, f"{name} is not supported (must be 0)", param=name, code="unsupported")
-        if req.logit_bias or req.suffix:
-            raise APIError(400, "logit_bias and suffix are not supported", param="logit_bias" if req.logit_bias
-                           else "suffix", code="unsupported")
+        if req.suffix:
+            raise APIError(400, "suffix is not supported (no fill-in-the-middle)", param="suffix", code="unsupported")
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of must equal n (no server-side reranking)", param="best_of")
         prompts = svc.prompt_ids(req.prompt)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence as Seq
 import numpy as np
 
 from serve.engine import OnnxDecoder, to_numpy
-from serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
+from serve.sampling import TokenPenalties, log_softmax, make_rng, sample_token, top_logprobs
 from serve.text import IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ class SamplingParams:
     logprobs: Optional[int] = None  # top-n alternatives per generated token; None = no logprobs
     prompt_logprobs: bool = False  # also score the prompt tokens (echo)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # OpenAI's, [-2, 2]: see serve.sampling.adjust_logits
+    frequency_penalty: float = 0.0  # OpenAI's, [-2, 2]
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]), distinct ids < V
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Sequence:
         self.detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
         self.stopper = StopMatcher(params.stop)
         self.generated: list[int] = []
+        self.penalties = TokenPenalties(params.presence_penalty, params.frequency_penalty, params.logit_bias)
         self.cancelled = threading.Event()
         self.finished = False
         self.submitted_s = time.perf_counter()
@@ -111,14 +115,20 @@ class Sequence:
         self.emit(TokenOut(None, tail, finish_reason="stop" if reason == "eos" else reason, error=error))
 
     def step(self, logits: np.ndarray) -> None:
-        """Choose the next token from this row's last logits (V,) float32 and emit it."""
+        """Choose the next token from this row's last logits (V,) float32 and emit it.
+
+        The token is sampled from the logits after this sequence's penalties and logit_bias
+        (:class:`~serve.sampling.TokenPenalties`); its logprobs are those of the raw logits, the
+        model's own distribution.
+        """
         p = self.params
-        token = sample_token(logits, p.temperature, p.top_k, p.top_p, self.rng)
+        token = sample_token(self.penalties.apply(logits), p.temperature, p.top_k, p.top_p, self.rng)
         lp, top = None, []
         if p.logprobs is not None:
             row = log_softmax(logits)
             lp, top = float(row[token]), top_logprobs(row, p.logprobs)
         self.generated.append(token)
+        self.penalties.observe(token)
         if token == self.eos_id and not p.ignore_eos:
             self.emit(TokenOut(token, "", lp, top))
             self.finish("eos")

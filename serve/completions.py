@@ -5,7 +5,8 @@ always join to exactly the non-streamed text. ``logprobs`` follow the legacy com
 (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``); with ``echo`` the prompt comes
 first, its first token scored ``null``, which is what lm-evaluation-harness ``local-completions``
 reads for log-likelihood tasks (``echo=True, max_tokens=0|1, logprobs=1``).
-Logprobs are natural logs of the model's own distribution (before temperature/top-k/top-p).
+Logprobs are natural logs of the model's own distribution (before penalties, logit_bias,
+temperature, top-k and top-p).
 
     python -c "from serve.completions import sse; print(sse({'a': 1}))"
 """

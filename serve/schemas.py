@@ -55,10 +55,46 @@ class _Sampling(_Strict):
     stop: Stop = Field(None, description="stop strings, never included in the output")
     stream: bool = False
     ignore_eos: bool = Field(False, description="keep generating after <|eos|> (benchmarks)")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="subtracted once from the logit of "
+                                    "every token generated so far (OpenAI)")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="subtracted from a token's logit "
+                                     "per time it was generated so far (OpenAI)")
+    logit_bias: Optional[dict[str, float]] = Field(None, description='{"token id": bias in [-100, 100]} added '
+                                                   "to the logits before sampling (OpenAI)")
+
+    @field_validator("logit_bias", mode="after")
+    @classmethod
+    def _logit_bias_form(cls, value: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+        """Keys: token ids in ASCII decimal ("50256"), one entry per id; values in [-100, 100].
+        Whether an id is inside the vocabulary is checked in ``serve.service`` (it needs the model).
+
+        Raises: a validation error (-> 400, param ``logit_bias``) naming the offending key.
+        """
+        if value is None:
+            return None
+        seen: dict[int, str] = {}
+        for key, bias in value.items():
+            shown = repr(key[:40].encode("utf-8", "backslashreplace").decode("utf-8"))
+            if not (key.isascii() and key.isdigit()):
+                raise PydanticCustomError("logit_bias_key", "logit_bias keys must be token ids written as "
+                                          "non-negative decimal integers (e.g. \"50256\"); got {key}", {"key": shown})
+            if len(key.lstrip("0")) > 18:
+                raise PydanticCustomError("logit_bias_key", "logit_bias key {key} is too large to be a token id",
+                                          {"key": shown})
+            tid = int(key)
+            if tid in seen:
+                raise PydanticCustomError("logit_bias_key", "logit_bias names token id {tid} twice ({a} and {b})",
+                                          {"tid": tid, "a": seen[tid], "b": shown})
+            seen[tid] = shown
+            if not -100.0 <= bias <= 100.0:  # NaN fails too
+                raise PydanticCustomError("logit_bias_value", "logit_bias for token id {tid} must be in "
+                                          "[-100, 100]; got {bias}", {"tid": tid, "bias": bias})
+        return value
 
 
 class CompletionRequest(_Sampling):
-    """``POST /v1/completions`` (OpenAI legacy completions, plus ``top_k``/``ignore_eos``)."""
+    """``POST /v1/completions`` (OpenAI legacy completions, plus ``top_k``/``ignore_eos``; ``suffix`` and
+    ``best_of != n`` are refused by the route)."""
 
     model: Optional[str] = None
     prompt: Prompt
@@ -68,15 +104,12 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     stream_options: Optional[StreamOptions] = None
     best_of: Optional[int] = Field(None, ge=1)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = None
     suffix: Optional[str] = None
     user: Optional[str] = None
 
 
 class GenerateRequest(_Sampling):
-    """``POST /v1/generate``: the native form (one prompt, one sequence)."""
+    """``POST /v1/generate``: the native form (one prompt, one sequence; same sampling fields)."""
 
     prompt: Union[str, list[int]]
     max_new_tokens: Optional[int] = Field(None, ge=0, description="tokens to generate; default (None): the "

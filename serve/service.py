@@ -1,9 +1,10 @@
 """The model behind the routes: loads the export, validates requests, streams engine events.
 
 :class:`Service` owns the tokenizer, the ONNX decoder and the :class:`~serve.batching.BatchScheduler`
-thread. Routes call :meth:`Service.prepare` (request -> token ids + :class:`SamplingParams`, or an
-:class:`APIError`) and iterate :meth:`Service.stream` (engine events, on the event loop; leaving the
-iteration early cancels the sequences, so a disconnected client stops its generation).
+thread. Routes call :meth:`Service.prompt_ids` and :meth:`Service.sampling_params` (request -> token
+ids + :class:`SamplingParams`, or an :class:`APIError`) and iterate :meth:`Service.stream` (engine
+events, on the event loop; leaving the iteration early cancels the sequences, so a disconnected
+client stops its generation).
 
     python -c "from serve.service import APIError; print(APIError(400, 'bad').body)"
 """
@@ -141,9 +142,13 @@ class Service:
                         logprobs: Optional[int] = None, echo: bool = False) -> SamplingParams:
         """Check limits that need the model, then build :class:`SamplingParams`.
 
+        ``req`` is a :class:`~serve.schemas.CompletionRequest` or :class:`~serve.schemas.GenerateRequest`
+        (ranges and the form of ``logit_bias`` already checked there); ``presence_penalty``,
+        ``frequency_penalty`` and ``logit_bias`` (string keys -> int ids) pass to the sequences.
+
         Raises:
             APIError 400: prompt + max tokens beyond the context window (both numbers named),
-                too many sequences, bad stop strings.
+                too many sequences, bad stop strings, a ``logit_bias`` id outside [0, vocab_size).
         """
         limit = self.info.max_model_len
         for ids in prompts:
@@ -158,9 +163,16 @@ class Service:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 16 or any(not s for s in stop):
             raise APIError(400, "stop must be at most 16 non-empty strings", param="stop")
+        bias = tuple(sorted((int(key), float(value)) for key, value in (req.logit_bias or {}).items()))
+        outside = [tid for tid, _ in bias if tid >= self.vocab_size]
+        if outside:
+            raise APIError(400, f"logit_bias token id {outside[0]} is outside the vocabulary [0, {self.vocab_size})",
+                           param="logit_bias", code="invalid_value")
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=req.temperature, top_p=req.top_p,
                               top_k=req.top_k, seed=req.seed, stop=tuple(stop), logprobs=logprobs,
-                              prompt_logprobs=echo and logprobs is not None, ignore_eos=req.ignore_eos)
+                              prompt_logprobs=echo and logprobs is not None, ignore_eos=req.ignore_eos,
+                              presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                              logit_bias=bias)
 
     # ---- generation -------------------------------------------------------------------------
     async def stream(self, prompts: list[list[int]], params: SamplingParams, n: int = 1

@@ -170,7 +170,9 @@ def test_logprobs_and_echo_match_pytorch(client, tiny_export):
     ({"prompt": []}, 400, "prompt"),
     ({"prompt": [10**6]}, 400, "prompt"),
     ({"prompt": "x", "stop": ["", "a"]}, 400, "stop"),
-    ({"prompt": "x", "presence_penalty": 1.0}, 400, "presence_penalty"),
+    ({"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -2.01}, 400, "frequency_penalty"),
+    ({"prompt": "x", "suffix": "tail"}, 400, "suffix"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
 ])
