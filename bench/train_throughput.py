@@ -15,6 +15,13 @@ appendix B) x tokens/s / peak bf16 FLOP/s (train.loop.PEAK_BF16_FLOPS) and peak 
 
     python bench/train_throughput.py                                   # CPU, small model, ~1 min
     python bench/train_throughput.py --config configs/h100-0.4b.toml --shards-dir S --tokenizer-dir T
+
+``--rope-ab`` instead times the bare loop with the cached RoPE tables (``train.model``) against
+the pre-cache path (cos/sin recomputed from the positions on every forward, patched in), runs
+alternating, plus the two RoPE computations alone; ``--compile`` compiles the model whatever the
+config says (the first step, compile included, is reported as ``first_step_s``).
+
+    python bench/train_throughput.py --config configs/demo.toml --rope-ab --steps 8 --skip 2 --repeats 3
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import json
 import sys
 import tempfile
 import time
+import os
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +86,7 @@ def _rates(wall: list[float], cpu: list[float], tokens_per_step: int, skip: int)
     for name, stamps in (("wall", wall), ("cpu", cpu)):
         dt = float(np.median(np.diff(np.asarray(stamps[skip:]))))
         out[name] = tokens_per_step / dt
+        out[f"step_ms_{name}"] = dt * 1e3
     return out
 
 
@@ -95,6 +105,7 @@ def bare_loop(cfg: TrainConfig, model_cfg: ModelConfig, steps: int, skip: int) -
     batches = [tuple(t.to(device) for t in data.next_batch()) for _ in range(cfg.grad_accum_steps)]
     n = cfg.grad_accum_steps
     wall, cpu = [], []
+    t0 = time.perf_counter()
     for _ in range(steps):
         for x, y in batches:
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
@@ -107,7 +118,77 @@ def bare_loop(cfg: TrainConfig, model_cfg: ModelConfig, steps: int, skip: int) -
         wall.append(time.perf_counter())
         cpu.append(time.process_time())
     del model, opt, fwd
-    return _rates(wall, cpu, cfg.batch_size * cfg.seq_len * n, skip)
+    return {**_rates(wall, cpu, cfg.batch_size * cfg.seq_len * n, skip), "first_step_s": wall[0] - t0}
+
+
+@contextmanager
+def rope_recomputed():
+    """The pre-cache RoPE path, patched in: cos/sin recomputed from the positions every forward."""
+    import train.model as tm
+
+    def forward(self, x, position_ids=None, offset=0):
+        B, T = x.shape[:2]
+        if position_ids is None:
+            position_ids = torch.arange(offset, offset + T, device=x.device).expand(B, T)
+        return tm.rope_cos_sin(position_ids, self.head_dim, self.theta, x.dtype)
+
+    saved = tm.LlamaRotaryEmbedding.forward
+    tm.LlamaRotaryEmbedding.forward = forward
+    try:
+        yield
+    finally:
+        tm.LlamaRotaryEmbedding.forward = saved
+
+
+def rope_alone_us(cfg: TrainConfig, model_cfg: ModelConfig, n: int = 50, repeat: int = 7) -> dict[str, float]:
+    """Microseconds per forward of the RoPE cos/sin alone at the training shape (CPU), cached vs
+    recomputed: the best of ``repeat`` rounds of ``n`` calls (other load on the machine only adds)."""
+    import timeit
+
+    from train.model import LlamaRotaryEmbedding
+
+    rope = LlamaRotaryEmbedding(model_cfg)
+    x = torch.empty(cfg.batch_size, cfg.seq_len, model_cfg.hidden_size)
+    out = {}
+    for name in ("cached", "recomputed", "cached_again"):
+        with rope_recomputed() if name == "recomputed" else nullcontext():
+            rope(x)  # warm-up
+            out[name] = min(timeit.repeat(lambda: rope(x), number=n, repeat=repeat)) / n * 1e6
+    return out
+
+
+def rope_ab(cfg: TrainConfig, model_cfg: ModelConfig, args: argparse.Namespace) -> dict:
+    """Bare-loop step times, cached RoPE tables vs recomputed per forward, alternating runs."""
+    variants = args.rope_ab.split(",")
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for r in range(args.repeats):
+        for name in variants if r % 2 == 0 else variants[::-1]:
+            if name == "cached":
+                runs[name].append(bare_loop(cfg, model_cfg, args.steps, args.skip))
+            else:
+                with rope_recomputed():
+                    runs[name].append(bare_loop(cfg, model_cfg, args.steps, args.skip))
+        print(f"repeat {r}: " + "; ".join(f"{k} {v[-1]['step_ms_wall']:.1f} ms/step wall, "
+                                          f"{v[-1]['step_ms_cpu']:.1f} CPU" for k, v in runs.items()),
+              flush=True)
+    tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
+    summary = {}
+    for name, rs in runs.items():
+        med = {k: float(np.median([x[k] for x in rs])) for k in ("step_ms_wall", "step_ms_cpu", "first_step_s")}
+        summary[name] = {**med, "tokens_per_s_wall": tokens / med["step_ms_wall"] * 1e3,
+                         "tokens_per_s_cpu": tokens / med["step_ms_cpu"] * 1e3,
+                         "best_step_ms_wall": min(x["step_ms_wall"] for x in rs),
+                         "best_step_ms_cpu": min(x["step_ms_cpu"] for x in rs),
+                         "runs_first_step_s": [round(x["first_step_s"], 2) for x in rs],
+                         "runs_step_ms_wall": [round(x["step_ms_wall"], 2) for x in rs],
+                         "runs_step_ms_cpu": [round(x["step_ms_cpu"], 2) for x in rs]}
+    if len(variants) == 2:
+        summary["cached_over_recomputed_tokens_per_s"] = {
+            f"{stat}{k}": summary["recomputed"][f"{stat}step_ms_{k}"] / summary["cached"][f"{stat}step_ms_{k}"]
+            for stat in ("", "best_") for k in ("wall", "cpu")}
+    summary["rope_alone_us_per_forward"] = rope_alone_us(cfg, model_cfg)
+    summary["forwards_per_step"] = cfg.grad_accum_steps
+    return summary
 
 
 def trainer_run(cfg: TrainConfig, model_cfg: ModelConfig, steps: int, skip: int, out: Path) -> dict[str, float]:
@@ -153,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="alternating runs of each; best kept")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--json", help="also write the figures to this JSON file")
+    ap.add_argument("--rope-ab", nargs="?", const="cached,recomputed", choices=(
+        "cached,recomputed", "cached", "recomputed"), help="bare loop only: cached RoPE tables vs cos/sin "
+        "recomputed per forward (or only one of them)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (overrides the config)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="prodip_bench_"))
@@ -165,10 +250,25 @@ def main(argv: list[str] | None = None) -> int:
         tok, shards = Path(args.tokenizer_dir), Path(args.shards_dir)
     else:
         tok, shards = synthetic_inputs(tmp, model_cfg.vocab_size)
-    cfg = dataclasses.replace(cfg, shards_dir=str(shards), tokenizer_dir=str(tok), progress=False)
+    cfg = dataclasses.replace(cfg, shards_dir=str(shards), tokenizer_dir=str(tok), progress=False,
+                              compile=cfg.compile or args.compile)
     device = torch.device("cuda" if cfg.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
     if device.type == "cpu":  # the trainer sets this for CPU determinism; same setting for both
         torch.use_deterministic_algorithms(True, warn_only=True)
+    if args.rope_ab:
+        load_before = os.getloadavg()
+        result = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "params": model_cfg.num_parameters(), "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+                  "tokens_per_step": cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps,
+                  "compile": cfg.compile, "steps": args.steps, "skip": args.skip, "repeats": args.repeats,
+                  **rope_ab(cfg, model_cfg, args)}
+        result["loadavg_1_5_15_before_after"] = [list(load_before), list(os.getloadavg())]
+        print(json.dumps(result, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     bare, ours = [], []
     for r in range(args.repeats):
         bare.append(bare_loop(cfg, model_cfg, args.steps, args.skip))
