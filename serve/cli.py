@@ -16,7 +16,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = N
     if only not in (None, "serve"):
         return
     p = subparsers.add_parser("serve", help="HTTP generation (OpenAI-compatible) from an export dir on ONNX Runtime",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__.replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir", metavar="EXPORT_DIR", help="dir written by `prodip export`")
     p.add_argument("--config", metavar="TOML", help="TOML file; its [serve] table sets ServeConfig fields")
     p.add_argument("--allow-unverified", dest="allow_unverified", action="store_const", const=True,
