@@ -176,15 +176,16 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
 def test_serve_stage_samples_with_the_configured_seed(tiny_run):
     config, run, _ = tiny_run
     flags = ["--stages", "serve", "--completion-temperature", "0.9", "--completion-top-p", "0.95",
-             "--completion-seed", "7", "--completion-prompts", "en=It was a cold day, and"]
+             "--completion-seed", "7", "--completion-frequency-penalty", "0.5",
+             "--completion-prompts", "en=It was a cold day, and"]
     texts = []
     for _ in range(2):
         proc = _prodip("run", str(config), *flags)
         assert proc.returncode == 0, proc.stderr
-        assert "temperature 0.9, top_p 0.95, seed 7" in proc.stdout  # the summary names the decoding
+        assert "temperature 0.9, top_p 0.95, seed 7, frequency_penalty 0.5" in proc.stdout  # names the decoding
         doc = json.loads((run / "completions.json").read_text())
         assert doc["sampling"] == {"max_tokens": 8, "temperature": 0.9, "top_p": 0.95,
-                                   "frequency_penalty": 0.0, "seed": 7}
+                                   "frequency_penalty": 0.5, "seed": 7}
         assert set(doc["completions"]) == {"en"} and doc["completions"]["en"]["prompt"] == "It was a cold day, and"
         texts.append(doc["completions"]["en"]["completion"])
     assert texts[0] == texts[1] and texts[0].strip()  # same seed, same text
