@@ -24,10 +24,12 @@ TINY_TEXTS = {
 
 def tiny_model_config(*, vocab_size: int = 512, tie: bool = False, hidden_size: int = 64,
                       num_hidden_layers: int = 2, num_attention_heads: int = 4,
-                      num_key_value_heads: int = 2, max_position_embeddings: int = 256) -> Any:
-    """A ``ModelConfig`` for tests: hidden 64, 2 layers, GQA 4/2 by default."""
+                      num_key_value_heads: int = 2, max_position_embeddings: int = 256,
+                      intermediate_size: Optional[int] = None) -> Any:
+    """A ``ModelConfig`` for tests: hidden 64, 2 layers, GQA 4/2, intermediate 2 * hidden by default."""
     from train.config import ModelConfig
-    return ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+    intermediate_size = 2 * hidden_size if intermediate_size is None else intermediate_size
+    return ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                        num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
                        tie_word_embeddings=tie)
