@@ -10,6 +10,7 @@ folders left by a killed export (``.OUT.tmp.<pid>`` whose process is gone) are r
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -56,15 +57,30 @@ def _phase(index: int, total: int, name: str) -> Iterator[None]:
 
 
 def check_out_dir(out: Path, force: bool) -> None:
-    """Refuse to overwrite a non-empty ``out`` without ``force``.
+    """Refuse to overwrite a non-empty ``out`` without ``force``, and with it unless ``out`` is an export.
+
+    ``--force`` replaces an earlier export only: a folder whose ``manifest.json`` is an export
+    manifest (it has ``variants``). Any other non-empty folder is refused even with ``force``, so a
+    mistyped ``--out`` never deletes files prodip did not write.
 
     Raises:
-        FileExistsError: ``out`` exists and is not empty (pass --force to replace it), or is a file.
+        FileExistsError: ``out`` exists and is not empty (pass --force to replace an export), holds
+            something that is not an export, or is a file.
     """
     if out.is_file():
         raise FileExistsError(f"{out}: is a file; --out must name a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
         raise FileExistsError(f"{out}: exists and is not empty; choose another --out or pass --force")
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        is_export = isinstance(manifest, dict) and "variants" in manifest
+    except (OSError, ValueError):
+        is_export = False
+    if not is_export:
+        raise FileExistsError(f"{out}: is not empty and holds no export manifest.json; --force only replaces an "
+                              f"earlier export. Choose another --out, or empty that folder yourself")
 
 
 def _pid_alive(pid: int) -> bool:

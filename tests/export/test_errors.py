@@ -102,8 +102,14 @@ def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
     with pytest.raises(FileExistsError, match="--force"):
         export_checkpoint(_cfg(run, out, variants=["safetensors"]))
     assert (out / "keep.txt").read_text() == "precious"
-    export_checkpoint(_cfg(run, out, variants=["safetensors"], force=True))
-    assert not (out / "keep.txt").exists()
+    with pytest.raises(FileExistsError, match="holds no export manifest.json"):  # not an export: never deleted
+        export_checkpoint(_cfg(run, out, variants=["safetensors"], force=True))
+    assert (out / "keep.txt").read_text() == "precious"
+    out = tmp_path / "export2"
+    export_checkpoint(_cfg(run, out, variants=["safetensors"]))
+    (out / "stale.txt").write_text("left by hand in an export")
+    export_checkpoint(_cfg(run, out, variants=["safetensors"], force=True))  # an export: replaced whole
+    assert not (out / "stale.txt").exists()
     from export.manifest import verify_files
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
@@ -123,6 +129,7 @@ def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypat
     _nothing_written(out)
     out.mkdir()
     (out / "old.txt").write_text("old export")
+    (out / "manifest.json").write_text('{"format_version": 1, "variants": {}}')
     with pytest.raises(RuntimeError):
         export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"], force=True))
     assert (out / "old.txt").read_text() == "old export"
