@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sys
 import zlib
 from collections.abc import Iterator
@@ -39,16 +40,26 @@ def _suffix_ok(path: Path) -> bool:
     return any(path.name.endswith(s) for s in SUFFIXES)
 
 
+#: A language tag: it becomes a shard folder name and a key in meta.json, mixtures and reports.
+LANG_TAG = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+
 def expand_inputs(inputs: dict[str, list[str]], *, what: str = "inputs") -> dict[str, list[Path]]:
     """Resolve ``{lang: [file or folder]}`` into ``{lang: [files]}`` (folders searched recursively).
 
     Raises:
-        ValueError: empty mapping, a language with no files, or a file with an unsupported suffix.
+        ValueError: empty mapping, a language tag that is not a plain code (it names folders and
+            keys downstream: letters, digits, ``_`` and ``-``, starting with a letter, <= 32 chars,
+            e.g. ``bn``, ``en``, ``zh-Hans``), a language with no files, or an unsupported suffix.
         FileNotFoundError: a listed path does not exist.
     """
     if not inputs:
         raise ValueError(f"{what}: no languages given; expected e.g. {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
     out: dict[str, list[Path]] = {}
+    for lang in inputs:
+        if not LANG_TAG.fullmatch(str(lang)):
+            raise ValueError(f"{what}: language tag {lang!r} is not a plain code (letters, digits, '_', '-', "
+                             f"starting with a letter, at most 32 characters; e.g. bn, en, zh-Hans)")
     for lang, paths in inputs.items():
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]

@@ -56,3 +56,19 @@ def test_short_vocabulary_warns_and_records_real_size(tmp_path, caplog):
     assert info["vocab_size"] == obtained and info["requested_vocab_size"] == 512
     msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("512" in m and str(obtained) in m for m in msgs), msgs
+
+
+@pytest.mark.parametrize("lang", ["../x", "a/b", "a b", "", "1bn", "x" * 33])
+def test_language_tag_that_is_not_a_plain_code_is_refused(tmp_path, tok_dir, lang):
+    """A language tag names shard folders: '../x' once wrote shards outside --out-dir."""
+    from tokenizer.encode import DataPrepareConfig, prepare_shards
+    text = tmp_path / "t.txt"
+    text.write_text("আমার সোনার বাংলা\n\nhello world\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"language tag .* is not a plain code"):
+        train_tokenizer(TokenizerTrainConfig(inputs={lang: [str(text)]}, out_dir=str(tmp_path / "tok"),
+                                             vocab_size=300))
+    assert not (tmp_path / "tok").exists()
+    with pytest.raises(ValueError, match=r"language tag .* is not a plain code"):
+        prepare_shards(DataPrepareConfig(inputs={lang: [str(text)]}, tokenizer_dir=str(tok_dir),
+                                          out_dir=str(tmp_path / "shards" / "out"), progress=False))
+    assert not (tmp_path / "shards").exists() and not (tmp_path / "x").exists()
