@@ -246,6 +246,8 @@ def resolve(cls: type[T], args: argparse.Namespace | None = None, *, toml_path: 
         args: parsed flags (only flags the user gave are present, see :func:`add_arguments`).
         toml_path: optional TOML file; ``section`` names its table (``None`` = the top level).
         base: values filled in by the caller before the file (e.g. paths chosen by ``prodip run``).
+            Without it, a file with a top-level ``out_dir`` (a pipeline file such as
+            ``configs/demo.toml``) supplies the paths ``prodip run`` would use for ``section``.
 
     Raises:
         ConfigError: see :func:`from_dict`; also a missing table ``section`` is fine (defaults).
@@ -254,6 +256,11 @@ def resolve(cls: type[T], args: argparse.Namespace | None = None, *, toml_path: 
     source = cls.__name__
     if toml_path:
         doc = read_toml(toml_path)
+        if base is None and section and isinstance(doc.get("out_dir"), str):
+            # a pipeline file: its out_dir places each stage's artifacts, as under `prodip run`
+            from prodip.stages import stage_defaults
+            names = {f.name for f in dataclasses.fields(cls)}
+            data = {k: v for k, v in stage_defaults(Path(doc["out_dir"])).get(section, {}).items() if k in names}
         table = doc.get(section, {}) if section else doc
         if not isinstance(table, dict):
             raise ConfigError(f"{toml_path}: [{section}] must be a table")

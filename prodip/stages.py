@@ -61,8 +61,12 @@ def paths(out_dir: Path) -> dict[str, Path]:
     }
 
 
-def _defaults(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Values ``prodip run`` fills in before the TOML table (the table may override them)."""
+def stage_defaults(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Values ``prodip run`` fills in before the TOML table (the table may override them).
+
+    Also used by the stage commands (``prodip train --config PIPELINE.toml``): a file with a
+    top-level ``out_dir`` places every stage's artifacts under it, whichever command reads it.
+    """
     p = {k: str(v) for k, v in paths(out_dir).items()}
     return {
         "tokenizer": {"out_dir": p["tokenizer"]},
@@ -84,7 +88,7 @@ def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dic
     Raises:
         ConfigError: an unknown key or wrong type in a table, naming the file and table.
     """
-    base = _defaults(out_dir)
+    base = stage_defaults(out_dir)
     plan = {}
     for name, ref in CONFIG_CLASSES.items():
         cls = _load(ref)

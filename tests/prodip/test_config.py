@@ -100,3 +100,18 @@ def test_dict_flag_values_may_hold_commas_and_inline_lists():
     assert cfg.inputs == {"bn": ["a.txt", "b.txt"], "en": ["c.txt"]}
     with pytest.raises(SystemExit):
         p.parse_args(["--prompts", "no-equals-sign"])
+
+
+def test_stage_command_reading_a_pipeline_file_uses_its_out_dir(tmp_path):
+    """`prodip train --config configs/h100-0.4b.toml` must find what `prodip run ... --stages
+    tokenizer,data` wrote under that file's out_dir, not runs/demo/."""
+    from train.trainer import TrainConfig
+    path = tmp_path / "pipe.toml"
+    path.write_text(f'out_dir = "{tmp_path / "big"}"\n[train]\nsteps = 5\n')
+    cfg = resolve(TrainConfig, toml_path=str(path), section="train")
+    assert (cfg.shards_dir, cfg.tokenizer_dir, cfg.out_dir, cfg.steps) == (
+        str(tmp_path / "big" / "shards"), str(tmp_path / "big" / "tokenizer"), str(tmp_path / "big" / "train"), 5)
+    path.write_text(f'out_dir = "{tmp_path / "big"}"\n[train]\nshards_dir = "elsewhere"\n')
+    assert resolve(TrainConfig, toml_path=str(path), section="train").shards_dir == "elsewhere"  # table wins
+    path.write_text("[train]\nsteps = 5\n")  # a stage-only file keeps the stage's own defaults
+    assert resolve(TrainConfig, toml_path=str(path), section="train").out_dir == TrainConfig().out_dir
