@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prodip.config import ConfigError, from_dict
+
+log = logging.getLogger("prodip.run")
 
 ORDER = ["tokenizer", "data", "train", "eval", "export", "conformance", "serve"]
 
@@ -251,9 +254,23 @@ def _eval_done(plan: dict) -> bool:
 
 
 def _export_done(plan: dict) -> bool:
-    """The export exists and was made from the newest checkpoint."""
-    manifest = _read_json(Path(plan["export"].out) / "manifest.json")
-    return bool(manifest) and manifest["source_checkpoint"].get("model_sha256") == _latest_model_sha256(plan)
+    """The export exists, every file its manifest lists is there at its recorded size (a deleted
+    or truncated ONNX file means redo; ``prodip serve`` checks the sha256 of what it loads), and
+    it was made from the newest checkpoint."""
+    out = Path(plan["export"].out)
+    manifest = _read_json(out / "manifest.json")
+    if not manifest:
+        return False
+    for rel, entry in (manifest.get("files") or {}).items():
+        try:
+            if (out / rel).stat().st_size != entry.get("bytes"):
+                log.warning("%s: %d bytes, the export manifest says %s; exporting again",
+                            out / rel, (out / rel).stat().st_size, entry.get("bytes"))
+                return False
+        except OSError:
+            log.warning("%s: missing from the export; exporting again", out / rel)
+            return False
+    return manifest["source_checkpoint"].get("model_sha256") == _latest_model_sha256(plan)
 
 
 def _conformance_done(plan: dict) -> bool:

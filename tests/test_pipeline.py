@@ -173,6 +173,18 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
 
 
 @pytest.mark.slow
+def test_a_deleted_export_file_is_exported_again(tiny_run):
+    config, run, _ = tiny_run
+    from export.manifest import verify_files
+    onnx_int8 = next((run / "export" / "onnx").glob("*int8*.onnx"))
+    onnx_int8.unlink()
+    again = _prodip("run", str(config), "--stages", "export,conformance")
+    assert again.returncode == 0, again.stderr
+    assert "already complete" not in again.stdout and "missing from the export" in again.stderr
+    assert onnx_int8.exists() and verify_files(run / "export")
+
+
+@pytest.mark.slow
 def test_serve_stage_samples_with_the_configured_seed(tiny_run):
     config, run, _ = tiny_run
     flags = ["--stages", "serve", "--completion-temperature", "0.9", "--completion-top-p", "0.95",
