@@ -236,7 +236,9 @@ class _Run:
         self.fwd = torch.compile(model) if cfg.compile else model
         if info.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            self.fwd = DDP(self.fwd, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            # broadcast_buffers=False: the only buffers are the RoPE tables, identical on every rank
+            self.fwd = DDP(self.fwd, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                           broadcast_buffers=False)
         if cfg.guards:
             saved = self.data.state_dict()
             probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
