@@ -115,7 +115,10 @@ class Service:
                                 f"(GET /v1/models)", param="model", code="model_not_found")
 
     def prompt_ids(self, prompt: Union[str, list[str], list[int], list[list[int]]]) -> list[list[int]]:
-        """Token ids of each prompt (an empty prompt becomes ``[<|bos|>]``).
+        """Token ids of each prompt. An empty prompt becomes ``[<|eos|>]`` (``eos_token_id`` of the
+        export's config.json): training shards separate documents with ``<|eos|>`` and never contain
+        ``<|bos|>``, so a document start is what the model saw after ``<|eos|>`` (GPT-2 likewise
+        starts from ``<|endoftext|>``).
 
         Raises:
             APIError 400: an empty prompt list or a token id outside [0, vocab_size).
@@ -135,7 +138,7 @@ class Service:
             if bad:
                 raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
                                param="prompt")
-            out.append(ids or [self.bos_id])
+            out.append(ids or [self.eos_id])
         return out
 
     def sampling_params(self, req: Any, max_new_tokens: int, prompts: list[list[int]], n: int = 1,
