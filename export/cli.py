@@ -16,6 +16,10 @@ def _export_main(args: argparse.Namespace) -> int:
     from export.core import export_checkpoint
 
     if getattr(args, "checkpoint_pos", None):
+        given = getattr(args, "checkpoint", None)
+        if given is not None and given != args.checkpoint_pos:
+            raise ValueError(f"two checkpoints given: {args.checkpoint_pos} (positional) and --checkpoint {given}; "
+                             f"give one")
         args.checkpoint = args.checkpoint_pos
     if getattr(args, "force_flag", False):
         args.force = True

@@ -423,6 +423,11 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _eval_main(args: argparse.Namespace) -> int:
+    alias = getattr(args, "mc_alias", None)
+    if alias is not None:
+        if getattr(args, "mc_file", None) not in (None, alias):
+            raise ValueError(f"two multiple-choice files given: --mc {alias} and --mc-file {args.mc_file}; give one")
+        args.mc_file = alias
     cfg = resolve(EvalConfig, args, toml_path=args.config, section="eval")
     result = evaluate(cfg)
     print(format_table(result))
@@ -438,7 +443,7 @@ def add_eval_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                     "of its random-initialised twin, plus optional multiple-choice accuracy; writes eval.json.")
     parser.add_argument("--config", metavar="TOML", help="file with an [eval] table")
     add_arguments(parser, EvalConfig)
-    parser.add_argument("--mc", dest="mc_file", metavar="JSONL", default=argparse.SUPPRESS,
+    parser.add_argument("--mc", dest="mc_alias", metavar="JSONL", default=argparse.SUPPRESS,
                         help="same as --mc-file")
     parser.set_defaults(func=_eval_main)
     return parser

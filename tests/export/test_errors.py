@@ -199,3 +199,9 @@ def test_stale_temp_dirs_of_killed_exports_are_removed(gqa_export, tmp_path, cap
     assert len(removed) == 2 and all(str(dead) in m for m in removed)
     from export.manifest import verify_files
     assert set(verify_files(out)["variants"]) == {"safetensors"}
+
+
+def test_conflicting_checkpoints_are_refused(tmp_path, capsys):
+    from prodip.cli import main
+    assert main(["export", str(tmp_path / "a"), "--checkpoint", str(tmp_path / "b"), "--out", str(tmp_path / "e")]) == 2
+    assert "two checkpoints given" in capsys.readouterr().err and not (tmp_path / "e").exists()

@@ -287,3 +287,9 @@ def test_language_without_validation_tokens_is_skipped(eval_env, tmp_path) -> No
     assert "ta" in ev.format_table(result) and "skipped" in ev.format_table(result)
     with pytest.raises(ValueError, match="no validation tokens"):  # asked for explicitly: an error
         ev.evaluate(_cfg(eval_env, shards_dir=str(other), languages=["ta"], out=str(tmp_path / "f.json")))
+
+
+def test_conflicting_mc_files_are_refused(tmp_path, capsys):
+    from prodip.cli import main
+    assert main(["eval", "--mc", str(tmp_path / "a.jsonl"), "--mc-file", str(tmp_path / "b.jsonl")]) == 2
+    assert "two multiple-choice files given" in capsys.readouterr().err
