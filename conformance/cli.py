@@ -1,7 +1,8 @@
 """``prodip conformance EXPORT_DIR --checkpoint CKPT``: check every artifact of an export.
 
 Exit code 0 when every check passes, 1 when any fails (report written, verdict recorded in the
-manifest), 2 on bad input (no export, wrong checkpoint, bad tolerance file; nothing written).
+manifest), 2 on bad input (no export, wrong checkpoint, bad or incomplete tolerance file, a missing
+file of a checked variant; nothing measured or written).
 
     prodip conformance runs/demo/export --checkpoint runs/demo/train
     python -m conformance runs/demo/export --variants fp32,int8 --out /tmp/conformance

@@ -165,34 +165,17 @@ def check_value(value, tolerance: dict) -> bool:
 
 
 def load_tolerances(path) -> dict:
-    """Read a tolerance TOML file: ``{candidate: {metric: {"max"|"min"|"equals": value}}}``.
+    """Read a tolerance TOML file, strictly validated: ``{candidate: {metric: {"max"|"min"|"equals": value}}}``.
 
-    String values (``note = "..."``) are kept under the key as written and are not gated.
+    See :mod:`conformance.tolerances` for the schema (known tables and metrics, the bound kind of
+    each, the checks every table requires).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not TOML, wrong ``format_version``, or an entry without max/min/equals.
+        ValueError (``prodip.config.ConfigError``): not TOML, wrong ``format_version``, an unknown
+            table/metric/bound key, a bound of the wrong kind or type, or a missing required check;
+            the message names the file, the table and the key.
     """
-    import tomllib
-    from pathlib import Path
+    from conformance.tolerances import load_tolerances as _load
 
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: tolerance file not found (see conformance/tolerances.toml)") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: not valid TOML: {err}") from None
-    if data.pop("format_version", None) != 1:
-        raise ValueError(f"{path}: format_version must be 1")
-    for table, entries in data.items():
-        if not isinstance(entries, dict):
-            raise ValueError(f"{path}: [{table}] must be a table of metric = {{max|min|equals = value}}")
-        for metric, tol in entries.items():
-            if isinstance(tol, str):
-                continue
-            if not isinstance(tol, dict) or not tol or set(tol) - {"max", "min", "equals"}:
-                raise ValueError(f"{path}: [{table}] {metric} = {tol!r}; expected {{max = x}}, {{min = y}} "
-                                 "or {equals = z}")
-    return data
+    return _load(path)

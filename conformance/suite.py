@@ -185,7 +185,9 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
 
     Raises:
         ValueError / FileNotFoundError: the export or checkpoint is missing or unreadable, the
-            checkpoint differs from the one the manifest names, or the tolerance file is bad.
+            checkpoint differs from the one the manifest names, the tolerance file is bad or lacks
+            a checked candidate's table, or a checked variant's file is missing (:func:`preflight`;
+            all raised before anything is measured).
     """
     import torch
 
@@ -197,8 +199,7 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     export_dir = Path(cfg.export_dir)
     manifest = read_manifest(export_dir)
     tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
-    tolerances = load_tolerances(tol_path)
-    candidates = plan_candidates(manifest, cfg.variants)
+    tolerances, candidates = preflight(export_dir, manifest, tol_path, cfg.variants)
     threads_before = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -206,6 +207,35 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
         return _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_start)
     finally:
         torch.set_num_threads(threads_before)
+
+
+def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
+              only: Optional[list[str]] = None) -> tuple[dict[str, Any], list[Candidate]]:
+    """Everything that can be refused before measuring: the tolerance file (strictly validated, a
+    complete table for every candidate being checked) and each checked variant's files present.
+
+    Returns:
+        ``(tolerances, candidates)``.
+    Raises:
+        ValueError (``ConfigError``): a bad tolerance file or a missing table (named).
+        FileNotFoundError: a file of a checked variant is missing (file and variant named).
+    """
+    from conformance.tolerances import require_tables
+
+    tolerances = load_tolerances(tol_path)
+    candidates = plan_candidates(manifest, only)
+    require_tables(tolerances, [c.tolerance_table for c in candidates], tol_path)
+    missing: dict[str, str] = {}
+    for cand in candidates:
+        for rel in [cand.path, *(manifest["variants"][cand.variant].get("external_data") or [])]:
+            if rel not in missing and not (export_dir / rel).is_file():
+                missing[rel] = cand.variant
+    if missing:
+        what = "; ".join(f"{rel} of variant {v!r}" for rel, v in missing.items())
+        raise FileNotFoundError(
+            f"{export_dir}: missing file(s) listed in manifest.json: {what}. Re-run `prodip export`, or "
+            "check the other variants only with --variants (nothing was measured or written)")
+    return tolerances, candidates
 
 
 def check_candidate(cand: Candidate, export_dir: Path, model_cfg: Any, inputs: Any, ref: Any,
@@ -378,14 +408,16 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
     per check at collection time.
 
     Raises:
-        ValueError / FileNotFoundError: unreadable manifest or tolerance file.
+        ValueError / FileNotFoundError: unreadable manifest, bad tolerance file, missing file
+            (see :func:`preflight`).
     """
     from export.manifest import read_manifest
 
     manifest = read_manifest(cfg.export_dir)
-    tolerances = load_tolerances(Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES)
+    tolerances, candidates = preflight(Path(cfg.export_dir), manifest,
+                                       Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES, cfg.variants)
     out = [("export", m) for m, t in tolerances.get("global", {}).items() if not isinstance(t, str)]
-    for cand in plan_candidates(manifest, cfg.variants):
+    for cand in candidates:
         table = tolerances.get(cand.tolerance_table)
         out.append((cand.name, "run_errors"))
         if table is None:
