@@ -2,7 +2,8 @@
 
 Ranges are checked here (-> 400 in OpenAI's error form, see ``serve.app``); limits that need the
 model (context window, vocabulary) are checked in ``serve.service``. As in OpenAI's API, ``null`` for
-an optional field means its default, and every text (prompt, stop, model, ...) must be valid Unicode:
+an optional field means its default, types are strict (a number sent as a string, an integer field
+sent as ``2.0`` or a boolean sent as ``1`` is a 400; integers are fine for float fields), and every text (prompt, stop, model, ...) must be valid Unicode:
 a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's json accepts) is a 400 naming the field.
 
     python -c "from serve.schemas import CompletionRequest as C; print(C(prompt='hi', max_tokens=4))"
@@ -21,7 +22,9 @@ Stop = Optional[Union[str, list[str]]]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    #: strict types, as OpenAI: ``"max_tokens": "5"``, ``"n": 2.0`` or ``"echo": 1`` are 400s naming the
+    #: field; a float field still takes an integer (``"temperature": 1``).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod
