@@ -115,6 +115,12 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
             from the tokenizer's, a served variant that is not exported, or a requested stage whose
             input stage is neither requested nor complete.
     """
+    if not wanted:
+        raise ConfigError(f"{source}: no stages to run; stages are {', '.join(ORDER)}")
+    for name, table in (("tokenizer", "tokenizer"), ("data", "data")):
+        if name in wanted and not plan[table].inputs:
+            raise ConfigError(f"{source} [{table}] inputs: no corpus given; expected e.g. "
+                              f"inputs = {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
     model = plan["model"]
     for table in ("train", "eval"):
         if plan[table].seq_len > model.max_position_embeddings:

@@ -250,3 +250,13 @@ def test_cross_table_errors_come_before_any_stage(tmp_path):
     assert proc.returncode == 2
     assert "[train] seq_len = 128 exceeds [model] max_position_embeddings = 64" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_empty_config_or_no_stages_is_refused_before_writing(tmp_path):
+    empty = tmp_path / "empty.toml"
+    empty.write_text(f'out_dir = "{tmp_path / "run"}"\n', encoding="utf-8")
+    proc = _prodip("run", str(empty), "--stages", "tokenizer", timeout=120)
+    assert proc.returncode == 2 and "[tokenizer] inputs: no corpus given" in proc.stderr
+    proc = _prodip("run", str(empty), "--stages", "", timeout=120)
+    assert proc.returncode == 2 and "no stages to run" in proc.stderr
+    assert not (tmp_path / "run").exists()

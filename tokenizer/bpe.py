@@ -300,6 +300,11 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
             vocab_size too small. FileNotFoundError: a missing input. FileExistsError: see save.
     """
     check_vocab_size(cfg.vocab_size, cfg.kind)
+    if cfg.sample_chars < 1 or cfg.min_frequency < 1:
+        raise ValueError(f"TokenizerTrainConfig.sample_chars and min_frequency must be >= 1, got "
+                         f"{cfg.sample_chars}, {cfg.min_frequency}")
+    if cfg.kind == "prodip" and not 0.0 <= cfg.superword_share <= 0.9:  # before reading the corpus
+        raise ValueError(f"TokenizerTrainConfig.superword_share must be in [0, 0.9], got {cfg.superword_share}")
     out = Path(cfg.out_dir)
     if (out / "tokenizer.json").exists() and not cfg.overwrite:
         raise FileExistsError(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")

@@ -76,13 +76,20 @@ class TrainConfig:
         for name in ("steps", "batch_size", "seq_len", "grad_accum_steps", "keep_last", "log_every_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr}")
+        if self.min_lr < 0 or self.warmup_steps < 0:
+            raise ValueError(f"TrainConfig.min_lr and warmup_steps must be >= 0, got {self.min_lr}, {self.warmup_steps}")
         if self.min_lr > self.lr:
             raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
+        if self.warmup_steps >= self.steps:
+            log.warning("TrainConfig.warmup_steps (%d) >= steps (%d): the learning rate never reaches lr",
+                        self.warmup_steps, self.steps)
 
 
 #: TrainConfig fields that shape the optimisation trajectory: a resume that changes one of them
 #: continues, but is no longer the run an uninterrupted job would have produced.
-TRAJECTORY_FIELDS = ("steps", "seq_len", "grad_accum_steps", "lr", "min_lr", "warmup_steps", "weight_decay",
+TRAJECTORY_FIELDS = ("steps", "batch_size", "seq_len", "grad_accum_steps", "lr", "min_lr", "warmup_steps", "weight_decay",
                      "beta1", "beta2", "adam_eps", "grad_clip", "mixture", "seed", "dtype")
 
 

@@ -242,3 +242,17 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
             lg.removeHandler(handler)
         server.should_exit = True
         thread.join(15)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "no-such-host.invalid", "203.0.113.7"])
+def test_cli_bind_failure_is_one_line_exit_2(tiny_export, host):
+    with socket.socket() as held:  # the port is in use (only matters for the loopback case)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "serve", "serve", str(tiny_export[0]), "--host", host,
+                            "--port", str(port), "--log-level", "warning"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"prodip serve: error: cannot bind {host}:{port} ("), r.stderr
+    assert "Traceback" not in r.stderr and "Errno" not in r.stderr

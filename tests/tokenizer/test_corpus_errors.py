@@ -72,3 +72,12 @@ def test_language_tag_that_is_not_a_plain_code_is_refused(tmp_path, tok_dir, lan
         prepare_shards(DataPrepareConfig(inputs={lang: [str(text)]}, tokenizer_dir=str(tok_dir),
                                           out_dir=str(tmp_path / "shards" / "out"), progress=False))
     assert not (tmp_path / "shards").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kw, match", [({"sample_chars": 0}, "sample_chars"), ({"superword_share": 1.0}, "superword_share"),
+                                       ({"min_frequency": 0}, "min_frequency")])
+def test_settings_that_cannot_train_are_refused_before_reading(tmp_path, kw, match):
+    missing = tmp_path / "not-read.txt"  # never opened: the settings are checked first
+    with pytest.raises(ValueError, match=match):
+        train_tokenizer(_cfg(tmp_path, missing, **kw))
+    assert not (tmp_path / "out").exists()

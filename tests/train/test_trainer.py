@@ -91,6 +91,8 @@ def test_refusals(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
         train(cfg, tiny_config())
     with pytest.raises(ValueError, match="min_lr"):
         dataclasses.replace(cfg, min_lr=1.0)
+    with pytest.raises(ValueError, match=r"lr must be > 0, got -1"):  # named as lr, not via min_lr
+        dataclasses.replace(cfg, lr=-1.0)
 
 
 @pytest.mark.slow
