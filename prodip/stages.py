@@ -117,10 +117,6 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
     """
     if not wanted:
         raise ConfigError(f"{source}: no stages to run; stages are {', '.join(ORDER)}")
-    for name, table in (("tokenizer", "tokenizer"), ("data", "data")):
-        if name in wanted and not plan[table].inputs:
-            raise ConfigError(f"{source} [{table}] inputs: no corpus given; expected e.g. "
-                              f"inputs = {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
     model = plan["model"]
     for table in ("train", "eval"):
         if plan[table].seq_len > model.max_position_embeddings:
@@ -138,6 +134,10 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
         if dep and dep not in wanted and not STAGES[dep].done(plan):
             raise ConfigError(f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
                               f"in this run's out_dir nor among the stages to run")
+    for name, table in (("tokenizer", "tokenizer"), ("data", "data")):
+        if name in wanted and not plan[table].inputs:
+            raise ConfigError(f"{source} [{table}] inputs: no corpus given; expected e.g. "
+                              f"inputs = {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
 
 
 @dataclass

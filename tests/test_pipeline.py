@@ -236,7 +236,7 @@ def test_force_never_deletes_a_folder_prodip_did_not_make(tmp_path):
     (project / "config.toml").write_text('name = "not a prodip run"\n', encoding="utf-8")
     (project / "src" / "main.py").write_text("print(1)\n", encoding="utf-8")
     cfg = tmp_path / "c.toml"
-    cfg.write_text('stages = ["tokenizer"]\n', encoding="utf-8")
+    cfg.write_text('stages = ["tokenizer"]\n[tokenizer]\ninputs = {bn = ["data/bn"]}\n', encoding="utf-8")
     proc = _prodip("run", str(cfg), "--out-dir", str(project), "--force", timeout=120)
     assert proc.returncode == 2 and "is not a prodip run" in proc.stderr
     assert (project / "src" / "main.py").read_text() == "print(1)\n"
