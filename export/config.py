@@ -20,7 +20,8 @@ class ExportConfig:
 
     checkpoint: str = opt("", "checkpoint step dir, checkpoints dir or run dir (follows `latest`)")
     out: str = opt("", "export dir to create (refused if it exists and is not empty, unless --force)")
-    variants: list[str] = opt(help="artifacts to write, any of " + ", ".join(VARIANTS) + " (default: all)",
+    variants: list[str] = opt(help="variants to write, any of " + ", ".join(VARIANTS) + " (default: all; "
+                              "model.safetensors, the HF base, is always written)",
                               factory=lambda: list(VARIANTS))
     safetensors_dtype: str = opt("float32", "dtype of model.safetensors", choices=SAFETENSORS_DTYPES)
     opset: int = opt(18, "ONNX opset of the decoder graphs (torch.onnx dynamo exporter)")

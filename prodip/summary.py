@@ -138,7 +138,7 @@ def print_summary(plan: dict, out_dir: Path, timings: dict[str, float],
         print(_rule("stage wall time (seconds; * = an earlier invocation)"))
         names = [n for n in _STAGE_ORDER if n in shown] + [n for n in shown if n not in _STAGE_ORDER]
         earlier = {n for n in names if n not in timings or (stage_times or {}).get(n, {}).get("invocations", 1) > 1}
-        print(_table([n + ("*" if n in earlier else "") for n in names], [[f"{shown[n]:.1f}" for n in names]]))
+        print(_table(["stage", "seconds"], [[n + ("*" if n in earlier else ""), f"{shown[n]:.1f}"] for n in names]))
     s["timings_s"] = timings
     s["stage_times"] = stage_times or {}
     s["ok"] = not problems
