@@ -330,6 +330,32 @@ class _TooLarge(Exception):
     pass
 
 
+def check_bind(host: str, port: int) -> None:
+    """Bind (and release) every address ``host`` resolves to, as uvicorn will (``SO_REUSEADDR``).
+
+    Raises:
+        OSError: ``cannot bind HOST:PORT (reason)``.
+    """
+    import socket
+
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise OSError(f"cannot bind {where} (host does not resolve: {reason})") from None
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+        except OSError as err:
+            reason = err.strerror or str(err)
+            raise OSError(f"cannot bind {where} ({reason})") from None
+
+
 def run_server(config: ServeConfig) -> int:
     """Serve ``config.export_dir`` with uvicorn until SIGINT/SIGTERM (graceful shutdown).
 
@@ -337,10 +363,13 @@ def run_server(config: ServeConfig) -> int:
         0 after a clean shutdown.
     Raises:
         FileNotFoundError / ValueError: see :func:`create_app` (raised before binding the port).
+        OSError: "cannot bind HOST:PORT (reason)" when the address is in use, not local or does not
+            resolve (checked before uvicorn starts, so ``prodip serve`` reports it in one line, exit 2).
     """
     import uvicorn
 
     app = create_app(config=config)
+    check_bind(config.host, config.port)
     if config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding to %s: the server is reachable from other machines%s", config.host,
                     "" if app.state.config.api_key else " and has no API key")
