@@ -227,7 +227,11 @@ def _train_done(plan: dict) -> bool:
         ckpt = checkpoint.resolve_checkpoint(plan["train"].out_dir)
     except (FileNotFoundError, ValueError):
         return False
-    state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # damaged: training resumes, and names what is wrong
+        log.warning("%s: unreadable trainer_state.json (%s); the checkpoint is not complete", ckpt, err)
+        return False
     return int(state["step"]) >= plan["train"].steps
 
 

@@ -255,7 +255,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         FileNotFoundError: nothing checkpoint-like at ``path``, or ``latest`` names a missing dir.
     """
     path = Path(path)
-    if (path / MANIFEST_FILE).is_file() and (path / MODEL_FILE).is_file():
+    if (path / MANIFEST_FILE).is_file():  # a step dir (loading it verifies every listed file)
         return path
     for root in (path, path / CHECKPOINTS_DIRNAME):
         latest = root / LATEST_FILE

@@ -112,6 +112,10 @@ def test_foreign_file_and_missing(tmp_path, tiny_tokenizer_dir, tiny_model_confi
         ck.load_model(step_dir)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         ck.resolve_checkpoint(tmp_path / "nowhere")
+    (step_dir / "evil.bin").unlink()
+    (step_dir / "model.safetensors").unlink()  # the step dir is still found; the missing file is named
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors: listed in .* but missing"):
+        ck.load_model(step_dir)
 
 
 def test_optimizer_state_round_trip(tmp_path, tiny_tokenizer_dir, tiny_model_config):
