@@ -187,11 +187,13 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
         params = svc.sampling_params(req, max_tokens, prompts, req.n, req.logprobs, req.echo)
         events = svc.stream(prompts, params, req.n)
         want_lp = req.logprobs is not None
+        texts = svc.prompt_texts(req.prompt) if req.echo else None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage),
-                        request)
-        return await _until_disconnect(request, fmt.completion(svc, events, prompts, req.n, req.echo, want_lp))
+            return _sse(fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage,
+                                              texts), request)
+        return await _until_disconnect(request, fmt.completion(svc, events, prompts, req.n, req.echo, want_lp,
+                                                               texts))
 
     @app.post("/v1/generate")
     async def generate(req: GenerateRequest, request: Request) -> Any:

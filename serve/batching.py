@@ -56,6 +56,11 @@ class TokenOut:
     top: list[tuple[int, float]] = field(default_factory=list)
     finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | "error"
     error: Optional[str] = None
+    #: the detokeniser's text for this token, before stop strings are held back or cut ("" while the
+    #: token only completes part of a character); the pieces of a sequence join to its full text.
+    piece: str = ""
+    #: on the final event: a stop string was found, and the text was cut where it starts.
+    stop_string: bool = False
 
 
 @dataclass
@@ -112,7 +117,8 @@ class Sequence:
                 reason = "stop"
             else:
                 tail += self.stopper.flush()
-        self.emit(TokenOut(None, tail, finish_reason="stop" if reason == "eos" else reason, error=error))
+        self.emit(TokenOut(None, tail, finish_reason="stop" if reason == "eos" else reason, error=error,
+                           stop_string=self.stopper.stopped))
 
     def step(self, logits: np.ndarray) -> None:
         """Choose the next token from this row's last logits (V,) float32 and emit it.
@@ -133,8 +139,9 @@ class Sequence:
             self.emit(TokenOut(token, "", lp, top))
             self.finish("eos")
             return
-        text = self.stopper.feed(self.detok.add(token))
-        self.emit(TokenOut(token, text, lp, top))
+        piece = self.detok.add(token)
+        text = self.stopper.feed(piece)
+        self.emit(TokenOut(token, text, lp, top, piece=piece))
         if self.stopper.stopped:
             self.finish("stop")
         elif len(self.generated) >= p.max_new_tokens:

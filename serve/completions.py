@@ -4,7 +4,10 @@ Each choice's text is the concatenation of the engine's text deltas, so the stre
 always join to exactly the non-streamed text. ``logprobs`` follow the legacy completions form
 (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``); with ``echo`` the prompt comes
 first, its first token scored ``null``, which is what lm-evaluation-harness ``local-completions``
-reads for log-likelihood tasks (``echo=True, max_tokens=0|1, logprobs=1``).
+reads for log-likelihood tasks (``echo=True, max_tokens=0|1, logprobs=1``). ``text_offset`` indexes
+the returned text (echo included, cumulative over a stream), ``tokens`` are the pieces of that text
+(``bytes:\\xNN`` for a byte token of part of a character, ``""`` for a special token), and tokens
+from a stop string on are left out (serve/README.md). A text prompt is echoed as sent.
 Logprobs are natural logs of the model's own distribution (before penalties, logit_bias,
 temperature, top-k and top-p).
 
@@ -31,50 +34,73 @@ def sse(payload: Any) -> str:
 
 @dataclass
 class _Choice:
-    """What one choice accumulated."""
+    """What one choice accumulated.
 
+    ``logprobs`` of generated tokens are released only once the text they start is returned:
+    a token whose text is still held back (a possible stop string, an unfinished character) waits
+    in ``pending``; when a stop string is found, the tokens starting at or after it are dropped.
+    """
+
+    base: int = 0  # characters before the completion in the returned text (the echoed prompt)
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+    all_logprobs: list[Optional[float]] = field(default_factory=list)  # every generated token (/v1/generate)
     tokens: list[str] = field(default_factory=list)
     token_logprobs: list[Optional[float]] = field(default_factory=list)
     top_logprobs: list[Optional[dict[str, float]]] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+    pending: list[tuple[str, Optional[float], dict[str, float], int]] = field(default_factory=list)
+    produced: int = 0  # characters the detokeniser produced for the generated tokens so far
+    returned: int = 0  # characters of completion text returned so far
     finish_reason: Optional[str] = None
+
+    def add(self, tokens: list[str], lps: list, tops: list, offsets: list[int]) -> dict[str, Any]:
+        self.tokens += tokens
+        self.token_logprobs += lps
+        self.top_logprobs += tops
+        self.text_offset += offsets
+        return _logprobs_block(tokens, lps, tops, offsets)
+
+    def release(self, final: bool, cut: bool) -> dict[str, Any]:
+        """Move the pending tokens whose text is returned into the logprobs (all of them at the
+        end, unless a stop string cut the text); returns them as a logprobs block."""
+        if final and not cut:
+            n = len(self.pending)
+        else:
+            n = next((i for i, p in enumerate(self.pending) if p[3] >= self.returned), len(self.pending))
+        out, self.pending = self.pending[:n], ([] if final else self.pending[n:])
+        return self.add([p[0] for p in out], [p[1] for p in out], [p[2] for p in out],
+                        [self.base + p[3] for p in out])
 
 
 def _top_dict(svc: Service, top: list[tuple[int, float]]) -> dict[str, float]:
     return {svc.token_text(t): lp for t, lp in top}
 
 
-def _logprobs_block(tokens: list[str], lps: list, tops: list, offset0: int) -> dict[str, Any]:
-    offsets, pos = [], offset0
-    for tok in tokens:
-        offsets.append(pos)
-        pos += len(tok)
+def _logprobs_block(tokens: list[str], lps: list, tops: list, offsets: list[int]) -> dict[str, Any]:
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _apply(svc: Service, choice: _Choice, event: Any, prompt_ids: list[int], want_lp: bool) -> tuple[str, dict]:
-    """Fold one event into ``choice``; return (text delta, logprobs delta) for streaming."""
+def _apply(svc: Service, choice: _Choice, event: Any, echo: Optional[tuple[str, list[str], list[int]]],
+           want_lp: bool) -> tuple[str, Optional[dict]]:
+    """Fold one event into ``choice``; return (text delta, logprobs delta or None) for streaming."""
     if isinstance(event, PromptScores):
-        toks = [svc.token_text(t) for t in prompt_ids]
+        text, pieces, offsets = echo
         tops = [None] + [_top_dict(svc, t) for t in event.top[1:]]
-        choice.tokens += toks
-        choice.token_logprobs += event.logprobs
-        choice.top_logprobs += tops
-        return "", _logprobs_block(toks, event.logprobs, tops, 0)
+        return text, choice.add(pieces, list(event.logprobs), tops, offsets)
     choice.text.append(event.text)
-    lp_delta: dict = {}
+    choice.returned += len(event.text)
     if event.token_id is not None:
         choice.token_ids.append(event.token_id)
+        choice.all_logprobs.append(event.logprob)
         if want_lp:
-            tok, top = svc.token_text(event.token_id), _top_dict(svc, event.top)
-            choice.tokens.append(tok)
-            choice.token_logprobs.append(event.logprob)
-            choice.top_logprobs.append(top)
-            lp_delta = _logprobs_block([tok], [event.logprob], [top], 0)
+            choice.pending.append((svc.token_piece(event.token_id, event.piece), event.logprob,
+                                   _top_dict(svc, event.top), choice.produced))
+            choice.produced += len(event.piece)
     if event.finish_reason:
         choice.finish_reason = "stop" if event.finish_reason == "stop" else "length"
-    return event.text, lp_delta
+    lp = choice.release(bool(event.finish_reason), event.stop_string) if want_lp else None
+    return event.text, lp
 
 
 def _usage(prompts: list[list[int]], choices: list[_Choice]) -> dict[str, int]:
@@ -83,28 +109,45 @@ def _usage(prompts: list[list[int]], choices: list[_Choice]) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
+def _echoes(svc: Service, prompts: list[list[int]], texts: Optional[list[Optional[str]]], echo: bool
+            ) -> list[Optional[tuple[str, list[str], list[int]]]]:
+    """Per prompt: (echoed text, logprobs pieces, offsets) with ``echo``, else None."""
+    if not echo:
+        return [None] * len(prompts)
+    texts = texts or [None] * len(prompts)
+    return [svc.echo(ids, raw) for ids, raw in zip(prompts, texts)]
+
+
 async def completion(svc: Service, events: AsyncIterator, prompts: list[list[int]], n: int, echo: bool,
-                     want_lp: bool) -> dict[str, Any]:
-    """The whole (non-streamed) ``text_completion`` object."""
-    choices = [_Choice() for _ in range(len(prompts) * n)]
+                     want_lp: bool, prompt_texts: Optional[list[Optional[str]]] = None) -> dict[str, Any]:
+    """The whole (non-streamed) ``text_completion`` object.
+
+    ``prompt_texts``: each prompt as sent when it was text (echoed verbatim), else None.
+    """
+    echoes = _echoes(svc, prompts, prompt_texts, echo)
+    choices = [_Choice(base=len(echoes[i // n][0]) if echo else 0) for i in range(len(prompts) * n)]
     async for index, event in events:
-        _apply(svc, choices[index], event, prompts[index // n], want_lp)
+        _apply(svc, choices[index], event, echoes[index // n], want_lp)
     out = []
     for i, ch in enumerate(choices):
-        text = "".join(ch.text)
-        if echo:
-            text = svc.decode(prompts[i // n]) + text
-        lp = _logprobs_block(ch.tokens, ch.token_logprobs, ch.top_logprobs, 0) if want_lp else None
+        text = (echoes[i // n][0] if echo else "") + "".join(ch.text)
+        lp = _logprobs_block(ch.tokens, ch.token_logprobs, ch.top_logprobs, ch.text_offset) if want_lp else None
         out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": ch.finish_reason})
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": svc.model_name, "choices": out, "usage": _usage(prompts, choices)}
 
 
 async def completion_stream(svc: Service, events: AsyncIterator, prompts: list[list[int]], n: int, echo: bool,
-                            want_lp: bool, include_usage: bool) -> AsyncIterator[str]:
-    """SSE chunks of a ``text_completion`` stream, then ``data: [DONE]``."""
+                            want_lp: bool, include_usage: bool,
+                            prompt_texts: Optional[list[Optional[str]]] = None) -> AsyncIterator[str]:
+    """SSE chunks of a ``text_completion`` stream, then ``data: [DONE]``.
+
+    ``text_offset`` counts from the start of the choice's text over the whole stream (the echoed
+    prompt included), so the offsets of all chunks equal those of the non-streamed answer.
+    """
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    choices = [_Choice() for _ in range(len(prompts) * n)]
+    echoes = _echoes(svc, prompts, prompt_texts, echo)
+    choices = [_Choice(base=len(echoes[i // n][0]) if echo else 0) for i in range(len(prompts) * n)]
 
     def chunk(index: int, text: str, lp: Any, finish: Optional[str]) -> str:
         return sse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
@@ -113,15 +156,13 @@ async def completion_stream(svc: Service, events: AsyncIterator, prompts: list[l
     if echo:
         for i in range(len(choices)):
             if not want_lp:  # with logprobs the prompt comes with its scores (PromptScores event)
-                yield chunk(i, svc.decode(prompts[i // n]), None, None)
+                yield chunk(i, echoes[i // n][0], None, None)
     async with _closing(events):
         async for index, event in events:
-            text, lp = _apply(svc, choices[index], event, prompts[index // n], want_lp)
-            if isinstance(event, PromptScores):
-                text = svc.decode(prompts[index // n])
+            text, lp = _apply(svc, choices[index], event, echoes[index // n], want_lp)
             finish = choices[index].finish_reason if isinstance(event, TokenOut) and event.finish_reason else None
-            if text or lp or finish:
-                yield chunk(index, text, lp or None, finish)
+            if text or (lp and lp["tokens"]) or finish:
+                yield chunk(index, text, lp, finish)
     if include_usage:
         yield sse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
                    "choices": [], "usage": _usage(prompts, choices)})
@@ -132,9 +173,9 @@ async def generate(svc: Service, events: AsyncIterator, prompt: list[int], want_
     """The native ``/v1/generate`` body."""
     ch = _Choice()
     async for _, event in events:
-        _apply(svc, ch, event, prompt, want_lp)
+        _apply(svc, ch, event, None, False)
     return {"model": svc.model_name, "text": "".join(ch.text), "token_ids": ch.token_ids,
-            "finish_reason": ch.finish_reason, "logprobs": ch.token_logprobs if want_lp else None,
+            "finish_reason": ch.finish_reason, "logprobs": ch.all_logprobs if want_lp else None,
             "usage": _usage([prompt], [ch])}
 
 
@@ -144,7 +185,7 @@ async def generate_stream(svc: Service, events: AsyncIterator, prompt: list[int]
     ch = _Choice()
     async with _closing(events):
         async for _, event in events:
-            text, _ = _apply(svc, ch, event, prompt, want_lp)
+            text, _ = _apply(svc, ch, event, None, False)
             if isinstance(event, TokenOut) and (text or event.token_id is not None or event.finish_reason):
                 body = {"text": text, "token_id": event.token_id, "logprob": event.logprob if want_lp else None,
                         "finish_reason": ch.finish_reason if event.finish_reason else None}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from functools import lru_cache
@@ -23,10 +24,12 @@ from serve.config import ServeConfig
 from serve.engine import ExportInfo, OnnxDecoder, load_tokenizer
 from serve.metrics import ServeMetrics
 from serve.schemas import error_body
+from serve.text import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 #: most sequences (prompts x n) one request may start.
 MAX_SEQUENCES_PER_REQUEST = 256
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte-fallback token's vocabulary form
 
 
 class APIError(Exception):
@@ -72,6 +75,8 @@ class Service:
                                             self.metrics.set_queue, self.metrics.batch_rows.observe)
             self.scheduler.start()
             self._token_text = lru_cache(maxsize=65536)(self._token_text_uncached)
+            self._special_ids = frozenset(i for i, tok in self.tokenizer.get_added_tokens_decoder().items()
+                                          if tok.special)
             self.ready.set()
             log.info("serving %s variant %s from %s", self.model_name, self.info.variant, self.info.onnx_path)
         except Exception as err:  # reported by /health; the process stays up to say why
@@ -96,16 +101,62 @@ class Service:
     def decode(self, ids: Seq[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def _partial_byte(self, token_id: int) -> Optional[str]:
+        """``bytes:\\xNN`` (OpenAI's form for a token that is not valid UTF-8 on its own) for a
+        byte-fallback token of a byte >= 0x80, else None."""
+        byte = _BYTE_TOKEN.fullmatch(self.tokenizer.id_to_token(token_id) or "")
+        return f"bytes:\\x{byte.group(1).lower()}" if byte and int(byte.group(1), 16) >= 0x80 else None
+
     def _token_text_uncached(self, token_id: int) -> str:
+        partial = self._partial_byte(token_id)
+        if partial:
+            return partial
         text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        if "\ufffd" in text or not text:  # a byte piece of a character, or an id the tokenizer lacks
+        if "\ufffd" in text or not text:  # an id the tokenizer lacks, or another non-UTF-8 piece
             return self.tokenizer.id_to_token(token_id) or f"<|id_{token_id}|>"
         return text
 
     def token_text(self, token_id: int) -> str:
-        """How one token is shown in ``logprobs.tokens`` (its own decode, or its vocab string
-        when it is a partial UTF-8 character)."""
+        """How one token is named in ``logprobs.top_logprobs``: its own decode, OpenAI's
+        ``bytes:\\xc3`` for a byte-fallback token of a non-ASCII byte, ``<|eos|>`` for a special token."""
         return self._token_text(token_id)
+
+    def token_piece(self, token_id: int, text: str) -> str:
+        """How one token is shown in ``logprobs.tokens``, given ``text``, what it added to the
+        returned text: ``bytes:\\xNN`` for a byte token >= 0x80 (part of a character), "" for a
+        special token (skipped in the text), else ``text``."""
+        if token_id in self._special_ids:
+            return ""
+        return self._partial_byte(token_id) or text
+
+    def echo(self, ids: list[int], raw: Optional[str]) -> tuple[str, list[str], list[int]]:
+        """The echoed prompt and its ``logprobs`` pieces and character offsets into it.
+
+        A text prompt comes back exactly as sent (not NFC-normalised): each token's piece is the
+        slice of the prompt it was encoded from (the tokenizer's offsets), a byte token shows as
+        ``bytes:\\xNN`` at the offset of its character. A token-id prompt (or a text whose offsets do
+        not line up, e.g. the empty prompt that became ``[<|eos|>]``) is decoded, each token's piece
+        being the text it added. Either way ``text[offset[i]:]`` starts with every non-byte piece.
+        """
+        if raw is not None:
+            enc = self.tokenizer.encode(raw)
+            starts = [a for a, _ in enc.offsets]
+            if (enc.ids == list(ids) and all(0 <= a <= b <= len(raw) for a, b in enc.offsets)
+                    and starts == sorted(starts)):
+                pieces = [self.token_piece(t, raw[a:b]) if t not in self._special_ids else raw[a:b]
+                          for t, (a, b) in zip(ids, enc.offsets)]
+                return raw, pieces, starts
+        detok = IncrementalDetokenizer(self.tokenizer)
+        pieces, offsets, pos = [], [], 0
+        parts = []
+        for t in ids:
+            delta = detok.add(t)
+            pieces.append(self.token_piece(t, delta))
+            offsets.append(pos)
+            parts.append(delta)
+            pos += len(delta)
+        parts.append(detok.flush())
+        return "".join(parts), pieces, offsets
 
     # ---- request checks ---------------------------------------------------------------------
     def check_model(self, model: Optional[str]) -> None:
@@ -123,12 +174,7 @@ class Service:
         Raises:
             APIError 400: an empty prompt list or a token id outside [0, vocab_size).
         """
-        if isinstance(prompt, str):
-            prompts: list[Any] = [prompt]
-        elif prompt and all(isinstance(p, int) for p in prompt):
-            prompts = [prompt]
-        else:
-            prompts = list(prompt)
+        prompts = self._prompt_list(prompt)
         if not prompts:
             raise APIError(400, "prompt is an empty list", param="prompt")
         out = []
@@ -140,6 +186,18 @@ class Service:
                                param="prompt")
             out.append(ids or [self.eos_id])
         return out
+
+    @staticmethod
+    def _prompt_list(prompt: Any) -> list[Any]:
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return [prompt]
+        return list(prompt)
+
+    def prompt_texts(self, prompt: Any) -> list[Optional[str]]:
+        """Each prompt as sent when it is text (for echo), ``None`` for a token-id prompt."""
+        return [p if isinstance(p, str) else None for p in self._prompt_list(prompt)]
 
     def sampling_params(self, req: Any, max_new_tokens: int, prompts: list[list[int]], n: int = 1,
                         logprobs: Optional[int] = None, echo: bool = False) -> SamplingParams:

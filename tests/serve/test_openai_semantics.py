@@ -44,3 +44,114 @@ def test_integers_are_fine_for_float_fields(client):
                                              "presence_penalty": 0, "frequency_penalty": 1,
                                              "logit_bias": {"5": 3}})
     assert r.status_code == 200, r.text
+
+
+def _echo(client, prompt, **extra):
+    body = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0, **extra}
+    ch = client.post("/v1/completions", json=body).json()["choices"][0]
+    return ch["text"], ch["logprobs"]["tokens"], ch["logprobs"]["text_offset"]
+
+
+def _check_offsets(text, tokens, offsets):
+    """text_offset[i] indexes the returned text where token i's piece starts; offsets never decrease;
+    the non-byte pieces join to the text (a byte token stands where its character starts)."""
+    assert len(tokens) == len(offsets)
+    assert offsets == sorted(offsets) and all(0 <= o <= len(text) for o in offsets)
+    for tok, off in zip(tokens, offsets):
+        if not tok.startswith("bytes:"):
+            assert text[off:].startswith(tok), (tok, off, text)
+
+
+def test_text_offset_known_answers_ascii_bangla_byte_fallback(client):
+    assert _echo(client, "hello world") == ("hello world", list("hello world"), list(range(11)))
+    # Bangla (3 UTF-8 bytes a character): offsets from the token bytes, computed independently
+    tok = client.app.state.service.tokenizer
+    for prompt in ("আমি বাংলায় গান গাই", "ক্ষুধার্ত মানুষ ৺"):
+        ids = client.post("/tokenize", json={"text": prompt}).json()["tokens"]
+        want_tokens, want_offsets, done = [], [], b""
+        for t in ids:
+            form = tok.id_to_token(t)
+            raw = bytes([int(form[3:5], 16)]) if form.startswith("<0x") else form.encode()
+            want_offsets.append(len(done.decode("utf-8", "ignore")))  # start of the character it begins in
+            want_tokens.append(f"bytes:\\x{raw[0]:02x}" if form.startswith("<0x") and raw[0] >= 0x80
+                               else raw.decode())
+            done += raw
+        assert _echo(client, prompt) == (prompt, want_tokens, want_offsets)
+    # ৺ (U+09FA, not in the tiny corpus) falls back to its 3 bytes, all at the character's offset
+    assert want_tokens[-3:] == ["bytes:\\xe0", "bytes:\\xa7", "bytes:\\xba"]
+    assert want_offsets[-3:] == [len(prompt) - 1] * 3
+    # byte fallback: é is <0xC3><0xA9>; " a" starts at 4 (the breaker saw 15: vocab-form lengths)
+    text, tokens, offsets = _echo(client, "café au lait")
+    assert tokens == ["c", "a", "f", "bytes:\\xc3", "bytes:\\xa9", " ", "a", "u", " ", "l", "a", "i", "t"]
+    assert offsets == [0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    # special tokens add no text (decoded with skip_special_tokens): "" at the current length
+    ids = client.post("/tokenize", json={"text": "ab"}).json()["tokens"]
+    assert len(ids) == 2
+    text, tokens, offsets = _echo(client, [1, ids[0], 2, ids[1]])
+    assert (text, tokens, offsets) == ("ab", ["", "a", "", "b"], [0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "আমি বাংলায়", "max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True},
+    {"prompt": "café", "max_tokens": 24, "temperature": 0.9, "seed": 8, "ignore_eos": True, "echo": True},
+    {"prompt": ["hello", "ক্ষুধা"], "max_tokens": 16, "temperature": 0.7, "seed": 1, "n": 2, "echo": True},
+    {"prompt": "the", "max_tokens": 20, "temperature": 0},
+])
+def test_offsets_index_the_returned_text_and_streaming_matches(client, body):
+    whole = client.post("/v1/completions", json={**body, "logprobs": 2}).json()
+    chunks = sse_events(client.post("/v1/completions", json={**body, "logprobs": 2, "stream": True}).text)
+    for ch in whole["choices"]:
+        lp = ch["logprobs"]
+        _check_offsets(ch["text"], lp["tokens"], lp["text_offset"])
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == ch["index"]]
+        assert "".join(c["text"] for c in mine) == ch["text"]
+        streamed = {k: [v for c in mine if c["logprobs"] for v in c["logprobs"][k]] for k in lp}
+        assert streamed == lp  # offsets continue over the stream (echoed prompt included)
+
+
+def test_stop_string_tokens_are_not_in_logprobs(client):
+    body = {"prompt": "আমি বাংলায়", "max_tokens": 40, "temperature": 0.8, "seed": 5, "ignore_eos": True,
+            "logprobs": 1}
+    full = client.post("/v1/completions", json=body).json()["choices"][0]
+    at = full["logprobs"]["text_offset"]
+    # a stop string that starts inside a token (straddling) and one that starts on a token boundary
+    starts = [o for o in at if 8 <= o < len(full["text"]) - 3]
+    for cut in (starts[0], starts[0] + 1):
+        stop = full["text"][cut:cut + 3]
+        cut = full["text"].find(stop)
+        for stream in (False, True):
+            r = client.post("/v1/completions", json={**body, "stop": [stop], "stream": stream})
+            if stream:
+                chunks = [c["choices"][0] for c in sse_events(r.text)]
+                text = "".join(c["text"] for c in chunks)
+                lp = {k: [v for c in chunks if c["logprobs"] for v in c["logprobs"][k]]
+                      for k in full["logprobs"]}
+            else:
+                ch = r.json()["choices"][0]
+                text, lp = ch["text"], ch["logprobs"]
+                assert r.json()["usage"]["completion_tokens"] > len(lp["tokens"])  # generated, stop included
+            assert text == full["text"][:cut]
+            keep = sum(1 for o in at if o < cut)  # tokens with any of their text returned
+            assert lp == {k: v[:keep] for k, v in full["logprobs"].items()}
+            _check_offsets(text, lp["tokens"], lp["text_offset"])
+
+
+def test_echo_returns_the_prompt_as_sent(client):
+    """The tokenizer normalises to NFC; echo still returns the prompt verbatim, offsets into it."""
+    import unicodedata
+    for prompt in ("cafe\u0301 au lait", unicodedata.normalize("NFD", "কো বই"), "\u09df"):
+        assert unicodedata.normalize("NFC", prompt) != prompt
+        text, tokens, offsets = _echo(client, prompt)
+        assert text == prompt
+        _check_offsets(text, tokens, offsets)
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "echo": True,
+                                                 "temperature": 0}).json()["choices"][0]
+        plain = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3,
+                                                     "temperature": 0}).json()["choices"][0]
+        assert r["text"] == prompt + plain["text"]
+        chunks = sse_events(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "echo": True,
+                                                                 "temperature": 0, "stream": True}).text)
+        assert "".join(c["choices"][0]["text"] for c in chunks) == r["text"]
+    text, tokens, offsets = _echo(client, "cafe\u0301 au")
+    assert offsets[tokens.index(" ")] == 5  # after "e" + U+0301 of the prompt as sent
