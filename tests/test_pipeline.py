@@ -182,6 +182,13 @@ def test_a_deleted_export_file_is_exported_again(tiny_run):
     assert again.returncode == 0, again.stderr
     assert "already complete" not in again.stdout and "missing from the export" in again.stderr
     assert onnx_int8.exists() and verify_files(run / "export")
+    fp16 = next((run / "export" / "onnx").glob("*fp16*.onnx"))  # same size, other bytes
+    data = bytearray(fp16.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    fp16.write_bytes(bytes(data))
+    again = _prodip("run", str(config), "--stages", "export,conformance")
+    assert again.returncode == 0, again.stderr
+    assert "sha256 differs from the export manifest" in again.stderr and verify_files(run / "export")
 
 
 @pytest.mark.slow
