@@ -60,13 +60,18 @@ def check_out_dir(out: Path, force: bool) -> None:
     """Refuse to overwrite a non-empty ``out`` without ``force``, and with it unless ``out`` is an export.
 
     ``--force`` replaces an earlier export only: a folder whose ``manifest.json`` is an export
-    manifest (it has ``variants``). Any other non-empty folder is refused even with ``force``, so a
-    mistyped ``--out`` never deletes files prodip did not write.
+    manifest (``format_version``, ``source_checkpoint``, ``files``, ``variants``) and that holds no
+    file the manifest does not list (``conformance/`` reports aside). Any other non-empty folder, or a
+    symbolic link, is refused even with ``force``, so a mistyped ``--out`` never deletes files
+    prodip did not write.
 
     Raises:
         FileExistsError: ``out`` exists and is not empty (pass --force to replace an export), holds
             something that is not an export, or is a file.
     """
+    if out.is_symlink():
+        raise FileExistsError(f"{out}: is a symbolic link; give --out as the real folder path "
+                              f"(the export replaces the folder, not what a link points to)")
     if out.is_file():
         raise FileExistsError(f"{out}: is a file; --out must name a folder")
     if not out.is_dir() or not any(out.iterdir()):
@@ -75,12 +80,22 @@ def check_out_dir(out: Path, force: bool) -> None:
         raise FileExistsError(f"{out}: exists and is not empty; choose another --out or pass --force")
     try:
         manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-        is_export = isinstance(manifest, dict) and "variants" in manifest
+        is_export = (isinstance(manifest, dict) and isinstance(manifest.get("variants"), dict)
+                     and isinstance(manifest.get("files"), dict) and "source_checkpoint" in manifest
+                     and "format_version" in manifest)
+        listed = set(manifest["files"]) if is_export else set()
+        # every file there must be one the export wrote (its manifest lists it), or the manifest itself
+        strays = [p for p in out.rglob("*") if p.is_file() and p.relative_to(out).as_posix() not in listed
+                  and p.name != "manifest.json" and not p.relative_to(out).as_posix().startswith("conformance/")]
     except (OSError, ValueError):
         is_export = False
     if not is_export:
         raise FileExistsError(f"{out}: is not empty and holds no export manifest.json; --force only replaces an "
                               f"earlier export. Choose another --out, or empty that folder yourself")
+    if strays:
+        raise FileExistsError(f"{out}: holds files its export manifest does not list ({strays[0].relative_to(out)}"
+                              f"{f' and {len(strays) - 1} more' if len(strays) > 1 else ''}); --force only "
+                              f"replaces an export as written. Move those files, or choose another --out")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -287,7 +302,12 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
     if not cfg.out:
         raise ValueError("ExportConfig.out is empty: give the export dir to create (--out DIR)")
     check_out_dir(Path(cfg.out), cfg.force)  # fail before the (slow) load
-    model, _, info = load_model(require_checkpoint_tokenizer(cfg.checkpoint))
+    ckpt = require_checkpoint_tokenizer(cfg.checkpoint).resolve()
+    out_real = Path(cfg.out).resolve()
+    if ckpt == out_real or out_real in ckpt.parents:
+        raise ValueError(f"--out {cfg.out} contains the checkpoint {cfg.checkpoint}; replacing it would delete "
+                         f"the checkpoint being exported. Choose another --out")
+    model, _, info = load_model(ckpt)
     source = {"path": str(Path(info["checkpoint_dir"]).resolve()), "step": info["step"],
               "model_sha256": info["model_sha256"]}
     return export_model(model, cfg, tokenizer_dir=Path(info["tokenizer_dir"]), source_checkpoint=source,

@@ -107,9 +107,27 @@ def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
     assert (out / "keep.txt").read_text() == "precious"
     out = tmp_path / "export2"
     export_checkpoint(_cfg(run, out, variants=["safetensors"]))
-    (out / "stale.txt").write_text("left by hand in an export")
-    export_checkpoint(_cfg(run, out, variants=["safetensors"], force=True))  # an export: replaced whole
-    assert not (out / "stale.txt").exists()
+    export_checkpoint(_cfg(run, out, variants=["safetensors"], force=True))  # an export as written: replaced
+    (out / "notes.txt").write_text("left by hand in an export")
+    with pytest.raises(FileExistsError, match=r"does not list \(notes.txt\)"):  # never deleted silently
+        export_checkpoint(_cfg(run, out, variants=["safetensors"], force=True))
+    assert (out / "notes.txt").read_text() == "left by hand in an export"
+    (out / "notes.txt").unlink()
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "thesis.tex").write_text("precious")
+    (fake / "manifest.json").write_text('{"variants": {}}')  # looks like a manifest, is not an export's
+    with pytest.raises(FileExistsError, match="holds no export manifest.json"):
+        export_checkpoint(_cfg(run, fake, variants=["safetensors"], force=True))
+    assert (fake / "thesis.tex").read_text() == "precious"
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    with pytest.raises(FileExistsError, match="symbolic link"):
+        export_checkpoint(_cfg(run, link, variants=["safetensors"], force=True))
+    for above in (run, run.parent):  # --out holding the checkpoint being exported
+        with pytest.raises((FileExistsError, ValueError)):
+            export_checkpoint(_cfg(run, above, variants=["safetensors"], force=True))
+    assert (run / "checkpoints" / "latest").exists()
     from export.manifest import verify_files
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
@@ -129,7 +147,8 @@ def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypat
     _nothing_written(out)
     out.mkdir()
     (out / "old.txt").write_text("old export")
-    (out / "manifest.json").write_text('{"format_version": 1, "variants": {}}')
+    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "source_checkpoint": {}, "variants": {},
+                                                   "files": {"old.txt": {}}}))
     with pytest.raises(RuntimeError):
         export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"], force=True))
     assert (out / "old.txt").read_text() == "old export"
