@@ -54,7 +54,8 @@ class _Sampling(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, description="keep the k most likely tokens; -1 or 0 = all (extension)")
-    seed: Optional[int] = Field(None, description="same seed, same output")
+    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1,
+                                description="same seed, same output (a signed 64-bit integer, as OpenAI)")
     stop: Stop = Field(None, description="stop strings, never included in the output")
     stream: bool = False
     ignore_eos: bool = Field(False, description="keep generating after <|eos|> (benchmarks)")
