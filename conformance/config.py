@@ -26,7 +26,9 @@ class ConformanceConfig:
     tolerances: Optional[str] = opt(None, "tolerance TOML file (default: conformance/tolerances.toml, "
                                           "set from the trained demo model)")
     shards_dir: Optional[str] = opt(None, "shards dir whose validation split gives held-out text "
-                                          "(perplexity and bits/char per language); default: none")
+                                          "(perplexity and bits/char per language): required, since every "
+                                          "candidate table gates bpc_delta_max (`prodip run` passes the run's "
+                                          "shards; without it nothing is measured, exit 2)")
     heldout_tokens: int = opt(1024, "held-out tokens per language read from the validation shards (tokens)")
     greedy_tokens: int = opt(64, "new tokens decoded greedily per prompt (tokens)")
     kv_tokens: int = opt(0, "length of the KV-cache check sequence: prefill, a 4-token chunk, then "

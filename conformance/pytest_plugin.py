@@ -1,6 +1,6 @@
 """pytest plugin: the conformance checks of one export, one test per (candidate, metric).
 
-    pytest conformance/ --export-dir runs/demo/export --checkpoint runs/demo/train
+    pytest conformance/ --export-dir runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
     PRODIP_EXPORT_DIR=runs/demo/export pytest conformance/
     pytest -p conformance.pytest_plugin --pyargs conformance --export-dir DIR   # from any directory
 
@@ -19,7 +19,7 @@ _OPTIONS = [  # (flag, env var, ConformanceConfig field, help)
     ("--export-dir", "PRODIP_EXPORT_DIR", "export_dir", "export dir to check"),
     ("--checkpoint", "PRODIP_CHECKPOINT", "checkpoint", "checkpoint it was exported from (default: manifest's)"),
     ("--tolerances", "PRODIP_TOLERANCES", "tolerances", "tolerance TOML (default: conformance/tolerances.toml)"),
-    ("--shards-dir", "PRODIP_SHARDS_DIR", "shards_dir", "shards dir for held-out text (optional)"),
+    ("--shards-dir", "PRODIP_SHARDS_DIR", "shards_dir", "shards dir for held-out text (required: bpc_delta_max)"),
     ("--conformance-threads", "PRODIP_CONFORMANCE_THREADS", "threads", "CPU threads (0 = default)"),
     ("--conformance-variants", "PRODIP_CONFORMANCE_VARIANTS", "variants", "comma-separated candidates (default: all)"),
 ]

@@ -4,7 +4,10 @@ Owner of the report layout (CONTRACTS.md "Conformance report"). report.json::
 
     {format_version: 1, entry, passed, variants: {name: bool}, export_dir, export_manifest_sha256
      (before the verdict was written), export_files_sha256 (of the manifest's files table),
-     checkpoint: {path, step, model_sha256}, tolerances_file, tolerances_sha256, config, versions,
+     checkpoint: {path, step, model_sha256}, tolerances_file, tolerances_sha256,
+     tolerances: {path, sha256, shipped (byte-identical to conformance/tolerances.toml),
+                  loosened: [{table, metric, shipped, used}] (bounds looser than the shipped ones,
+                  over the tables this run gated)}, config, versions,
      model, inputs, reference, global: {metrics, checks, passed},
      candidates: {name: {variant, kind, path, metrics, errors, checks: [{metric, value, tolerance,
                   passed}], passed, seconds}}, seconds}
@@ -101,6 +104,22 @@ def _global_details(g: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _tolerance_lines(tol: dict[str, Any] | None) -> list[str]:
+    """A LOOSENED TOLERANCES section listing every bound looser than the shipped file's."""
+    from conformance.tolerances import bound_change
+
+    if not tol:
+        return []
+    if not tol["loosened"]:
+        return [] if tol["shipped"] else [f"Tolerances: `{tol['path']}` (not the shipped file; no bound is "
+                                          "looser than the shipped conformance/tolerances.toml).", ""]
+    rows = [f"- [{b['table']}] `{b['metric']}`: {bound_change(b)}" for b in tol["loosened"]]
+    return ["## LOOSENED TOLERANCES", "",
+            f"**{len(tol['loosened'])} bound(s) of `{tol['path']}` are looser than the shipped "
+            "conformance/tolerances.toml** (shipped -> used); a pass below is a pass against these bounds:",
+            "", *rows, ""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The ten-second view: verdict, one row per candidate, then what failed and why."""
     verdict = "PASSED" if report["passed"] else "FAILED"
@@ -109,6 +128,7 @@ def render_markdown(report: dict[str, Any]) -> str:
              f"Export `{report['export_dir']}` vs checkpoint step {ck['step']} "
              f"(`{ck['model_sha256'][:12]}`), tolerances `{report['tolerances_file']}`, "
              f"{report['seconds']:.1f} s.", "",
+             *_tolerance_lines(report.get("tolerances")),
              "| candidate | verdict | " + " | ".join(h for h, _, _ in COLUMNS) + " | s |",
              "|---|---|" + "---|" * len(COLUMNS) + "---|"]
     for name, res in report["candidates"].items():

@@ -4,12 +4,11 @@
 uses it); :func:`run_conformance` also writes ``report.json`` + ``report.md`` and records the
 verdict in the export's manifest (``prodip run`` and the CLI use it).
 
-    python -m conformance runs/demo/export --checkpoint runs/demo/train
+    python -m conformance runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -23,8 +22,8 @@ from conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-#: Metrics that only exist when their input was requested (no shards dir: no held-out text).
-OPTIONAL_METRICS = {"bpc_delta_max"}
+#: Metrics measured on held-out text, which only a shards dir gives: gating one without it is refused.
+HELDOUT_METRICS = ("bpc_delta_max",)
 
 
 @dataclass(frozen=True)
@@ -113,14 +112,12 @@ def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int)
                              threads=threads)
 
 
-def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[str, Any]],
-         not_applicable: set[str] = frozenset()) -> list[dict[str, Any]]:
+def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
     """Compare metrics with a tolerance table.
 
     Returns:
-        Checks ``{metric, value, tolerance, passed}``; ``passed`` is None for a metric that does
-        not apply (e.g. held-out bpc without a shards dir). A missing table, a missing metric or
-        any phase error is a failed check.
+        Checks ``{metric, value, tolerance, passed}``. A missing table, a gated metric that was not
+        measured (value None) or any phase error is a failed check: a gated check never passes unmeasured.
     """
     checks = [{"metric": "run_errors", "value": len(errors), "tolerance": {"equals": 0},
                "passed": not errors}]
@@ -132,9 +129,6 @@ def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[s
         if isinstance(tol, str):
             continue
         value = metrics.get(metric)
-        if value is None and metric in not_applicable:
-            checks.append({"metric": metric, "value": None, "tolerance": tol, "passed": None})
-            continue
         checks.append({"metric": metric, "value": value, "tolerance": tol, "passed": check_value(value, tol)})
     return checks
 
@@ -199,7 +193,8 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     export_dir = Path(cfg.export_dir)
     manifest = read_manifest(export_dir)
     tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
-    tolerances, candidates = preflight(export_dir, manifest, tol_path, cfg.variants)
+    tolerances, candidates = preflight(export_dir, manifest, tol_path, cfg.variants, shards_dir=cfg.shards_dir,
+                                       heldout_tokens=cfg.heldout_tokens)
     threads_before = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -210,21 +205,35 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
 
 
 def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
-              only: Optional[list[str]] = None) -> tuple[dict[str, Any], list[Candidate]]:
+              only: Optional[list[str]] = None, *, shards_dir: Optional[str] = None,
+              heldout_tokens: int = 1) -> tuple[dict[str, Any], list[Candidate]]:
     """Everything that can be refused before measuring: the tolerance file (strictly validated, a
-    complete table for every candidate being checked) and each checked variant's files present.
+    complete table for every candidate being checked), the held-out text a gated held-out metric
+    (bpc_delta_max, required in every candidate table) needs, and each checked variant's files present.
 
     Returns:
         ``(tolerances, candidates)``.
     Raises:
-        ValueError (``ConfigError``): a bad tolerance file or a missing table (named).
+        ValueError (``ConfigError``): a bad tolerance file, a missing table (named), or a gated
+            held-out metric without ``shards_dir`` (or with ``heldout_tokens`` 0).
         FileNotFoundError: a file of a checked variant is missing (file and variant named).
     """
     from conformance.tolerances import require_tables
+    from prodip.config import ConfigError
 
     tolerances = load_tolerances(tol_path)
     candidates = plan_candidates(manifest, only)
     require_tables(tolerances, [c.tolerance_table for c in candidates], tol_path)
+    if not shards_dir or heldout_tokens < 1:
+        needs = sorted({f"[{c.tolerance_table}] {m}" for c in candidates for m in HELDOUT_METRICS
+                        if m in (tolerances.get(c.tolerance_table) or {})})
+        if needs:
+            why = "no shards dir was given" if not shards_dir else "heldout_tokens is 0"
+            raise ConfigError(
+                f"{needs[0].split('] ')[1]} is a required check ({', '.join(needs)} in {tol_path}) and needs "
+                f"held-out text, but {why}: pass --shards-dir SHARDS (the run's shards, e.g. runs/demo/shards; "
+                "`prodip run` passes its own) and heldout_tokens >= 1. A required check is never passed "
+                "unmeasured (nothing was measured or written)")
     missing: dict[str, str] = {}
     for cand in candidates:
         for rel in [cand.path, *(manifest["variants"][cand.variant].get("external_data") or [])]:
@@ -267,10 +276,11 @@ def check_candidate(cand: Candidate, export_dir: Path, model_cfg: Any, inputs: A
         m, errors = measure.measure_candidate(runner, inputs, ref, greedy_tokens=cfg.greedy_tokens,
                                               kv_steps=cfg.kv_steps)
         metrics.update(m)
-    checks = gate(metrics, errors, table, OPTIONAL_METRICS if not inputs.heldout else set())
+    checks = gate(metrics, errors, table)
     if table is None:
         checks[-1]["note"] = f"no [{cand.tolerance_table}] table in the tolerance file"
-    return {"variant": cand.variant, "kind": cand.kind, "path": cand.path, "metrics": metrics, "errors": errors,
+    return {"variant": cand.variant, "kind": cand.kind, "path": cand.path, "tolerance_table": cand.tolerance_table,
+            "metrics": metrics, "errors": errors,
             "checks": checks, "passed": all(c["passed"] is not False for c in checks),
             "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
 
@@ -283,7 +293,8 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     from conformance.compare import bits_per_char
     from conformance.inputs import build_inputs
     from conformance.runners import TorchRunner
-    from export.manifest import file_sha256, tool_versions
+    from conformance.tolerances import compare_with_shipped
+    from export.manifest import file_sha256, files_table_sha256, tool_versions
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
@@ -309,9 +320,12 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         "export_dir": str(export_dir.resolve()),
         "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),  # before the verdict is written
         # stable under the verdict rewrite: sha256 of the manifest's "files" table as canonical JSON
-        "export_files_sha256": hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest(),
+        "export_files_sha256": files_table_sha256(manifest["files"]),
         "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
         "tolerances_file": str(tol_path.resolve()), "tolerances_sha256": file_sha256(tol_path),
+        # the file vs the shipped conformance/tolerances.toml, over the tables this run gated
+        "tolerances": compare_with_shipped(tolerances, tol_path,
+                                           ["global", *dict.fromkeys(c.tolerance_table for c in candidates)]),
         "config": dict(vars(cfg)), "versions": tool_versions(),
         "model": {k: getattr(model_cfg, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                                                     "num_attention_heads", "num_key_value_heads",
@@ -382,8 +396,12 @@ def merge_verdict(previous: Optional[dict[str, Any]], report: dict[str, Any], ma
         checked_utc: time stamp of this run (default: now, ISO 8601 UTC).
     Returns:
         ``{passed, variants: {name: bool}, checks: {name: {passed, checked_utc, report,
-        report_sha256}}, export_files_sha256, report, report_sha256, checked_utc}`` (``report`` and
-        ``checked_utc`` are those of this latest run; ``checks`` says which run checked each variant).
+        report_sha256, tolerances}}, export_files_sha256, report, report_sha256, checked_utc,
+        tolerances}`` (``report``, ``checked_utc`` and ``tolerances`` are those of this latest run;
+        ``checks`` says which run checked each variant, and with which tolerance file:
+        ``tolerances = {path, sha256, shipped, loosened: [{table, metric, shipped, used}]}``, loosened
+        filtered to the tables that gated that variant, ``[global]`` included). A report without
+        ``tolerances`` gives checks without it, which ``prodip serve`` does not accept.
     """
     from export.manifest import utc_now
 
@@ -392,13 +410,21 @@ def merge_verdict(previous: Optional[dict[str, Any]], report: dict[str, Any], ma
     checks: dict[str, Any] = {}
     if previous and previous.get("export_files_sha256") == files_sha:
         checks = {k: v for k, v in (previous.get("checks") or {}).items() if k in manifest_variants}
+    tol = report.get("tolerances")
     for name, ok in report["variants"].items():
         checks[name] = {"passed": bool(ok), "checked_utc": now, "report": report_path, "report_sha256": report_sha256}
+        if tol is not None:
+            tables = {"global", *(c.get("tolerance_table") for c in (report.get("candidates") or {}).values()
+                                  if c.get("variant") == name)}
+            checks[name]["tolerances"] = {**tol, "loosened": [b for b in tol["loosened"] if b["table"] in tables]}
     variants = {k: checks[k]["passed"] for k in manifest_variants if k in checks}
     passed = bool(variants) and len(variants) == len(manifest_variants) and all(variants.values())
-    return {"passed": passed, "variants": variants, "checks": {k: checks[k] for k in variants},
-            "export_files_sha256": files_sha, "report": report_path, "report_sha256": report_sha256,
-            "checked_utc": now}
+    out = {"passed": passed, "variants": variants, "checks": {k: checks[k] for k in variants},
+           "export_files_sha256": files_sha, "report": report_path, "report_sha256": report_sha256,
+           "checked_utc": now}
+    if tol is not None:
+        out["tolerances"] = tol
+    return out
 
 
 def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
@@ -415,7 +441,8 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
 
     manifest = read_manifest(cfg.export_dir)
     tolerances, candidates = preflight(Path(cfg.export_dir), manifest,
-                                       Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES, cfg.variants)
+                                       Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES, cfg.variants,
+                                       shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens)
     out = [("export", m) for m, t in tolerances.get("global", {}).items() if not isinstance(t, str)]
     for cand in candidates:
         table = tolerances.get(cand.tolerance_table)

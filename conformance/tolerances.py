@@ -212,3 +212,69 @@ def require_tables(tolerances: dict[str, Any], tables: Iterable[str], path: str 
         raise ConfigError(f"{path}: no tolerance table for the candidate(s) being checked: {'; '.join(hints)}. "
                           "Add the table with bounds set from a measured run, or leave the variant out "
                           "with --variants")
+
+
+def is_looser(kind: str, used: dict[str, Any], shipped: dict[str, Any]) -> bool:
+    """Whether bound ``used`` admits a value that bound ``shipped`` (both valid for ``kind``) refuses."""
+    if kind == "true":
+        return used != shipped
+    if kind in ("max", "count"):  # {max = x} or (count) {equals = n}: the largest value admitted
+        return float(next(iter(used.values()))) > float(next(iter(shipped.values())))
+    return float(used["min"]) < float(shipped["min"])  # min, min_tokens
+
+
+def compare_with_shipped(used: dict[str, Any], path: str | Path, tables: Iterable[str] | None = None,
+                         shipped_path: str | Path = DEFAULT) -> dict[str, Any]:
+    """How a validated tolerance file compares with the shipped ``conformance/tolerances.toml``.
+
+    Args:
+        used: the loaded tolerance file (:func:`load_tolerances`).
+        path: its path.
+        tables: only these tables (those gated in a run); None = every table of either file.
+        shipped_path: the shipped file.
+    Returns:
+        ``{path, sha256, shipped: bool (byte-identical to the shipped file), loosened: [{table, metric,
+        shipped, used}]}``: ``loosened`` lists each bound that admits a value the shipped file refuses
+        (``shipped`` None: the shipped file has no such table/bound and so refuses the candidate;
+        ``used`` None: a check the shipped file gates is left out). Tightened bounds are not listed.
+    """
+    import hashlib
+
+    sha = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    shipped_sha = hashlib.sha256(Path(shipped_path).read_bytes()).hexdigest()
+    ref = load_tolerances(shipped_path)
+    names = list(dict.fromkeys([*used, *ref])) if tables is None else list(dict.fromkeys(tables))
+    loosened = []
+    for table in names:
+        spec = table_spec(table)
+        if spec is None or (table not in used and table not in ref):
+            continue
+        _, kinds = spec
+        u_tab, s_tab = used.get(table), ref.get(table)
+        if u_tab is None:
+            continue  # not gated by the used file: such a candidate is refused (require_tables)
+        metrics = [m for m in dict.fromkeys([*u_tab, *(s_tab or {})]) if m != NOTE_KEY]
+        for metric in metrics:
+            u, s = u_tab.get(metric), (s_tab or {}).get(metric)
+            if s_tab is not None and s is None:
+                continue  # gated in addition to the shipped checks: stricter
+            if s is None or u is None or is_looser(kinds[metric], u, s):
+                loosened.append({"table": table, "metric": metric, "shipped": s, "used": u})
+    return {"path": str(Path(path).resolve()), "sha256": sha, "shipped": sha == shipped_sha, "loosened": loosened}
+
+
+def _bound_text(bound: Any) -> str:
+    if isinstance(bound, dict) and len(bound) == 1:
+        (key, value), = bound.items()
+        return f"{key} {value}"
+    return "none (not gated)" if bound is None else str(bound)
+
+
+def bound_change(entry: dict[str, Any]) -> str:
+    """``min 0.95 -> min 0.0`` for a loosened entry (shipped -> used)."""
+    return f"{_bound_text(entry['shipped'])} -> {_bound_text(entry['used'])}"
+
+
+def loosened_text(loosened: Iterable[dict[str, Any]]) -> str:
+    """``[int8] top1 min 0.95 -> min 0.0; ...`` (shipped -> used; "none" where there is no bound)."""
+    return "; ".join(f"[{b['table']}] {b['metric']} {bound_change(b)}" for b in loosened)

@@ -44,6 +44,13 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def files_table_sha256(files: dict[str, Any]) -> str:
+    """sha256 of a manifest ``files`` table as canonical JSON (sorted keys): what a conformance verdict
+    records as ``export_files_sha256`` and what ``prodip serve`` compares it with (stable under the
+    verdict rewrite, changed by any file's new bytes or sha256)."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
 def utc_now() -> str:
     """Current UTC time as ISO 8601 with a ``Z`` suffix, e.g. ``2026-11-29T21:50:00Z``."""
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")

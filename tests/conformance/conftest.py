@@ -28,12 +28,14 @@ def tiny_artifacts(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def conf_cfg(tiny_artifacts):
-    """Factory: a ConformanceConfig for an export dir, with the tiny tolerances and 1 thread."""
+    """Factory: a ConformanceConfig for an export dir, with the tiny tolerances, the tiny shards (held-out
+    text: 192 tokens per language, two context windows) and 1 thread."""
     from conformance import ConformanceConfig
 
     def make(export_dir, **kw):
         base = dict(export_dir=str(export_dir), checkpoint=str(tiny_artifacts["checkpoint"]),
-                    tolerances=str(TINY_TOLERANCES), threads=1, greedy_tokens=24, write_manifest=False)
+                    tolerances=str(TINY_TOLERANCES), threads=1, greedy_tokens=24, write_manifest=False,
+                    shards_dir=str(tiny_artifacts["shards"]), heldout_tokens=192)
         base.update(kw)
         return ConformanceConfig(**base)
     return make

@@ -55,7 +55,7 @@ def test_refuses_checkpoint_other_than_the_manifests(tiny_artifacts, conf_cfg, t
     with pytest.raises(ValueError, match="refusing to compare"):
         evaluate(cfg)
     rc = main(["conformance", str(tiny_artifacts["export"]), "--checkpoint", str(tiny_artifacts["other_checkpoint"]),
-               "--out", str(tmp_path / "rep"), "--threads", "1"])
+               "--shards-dir", str(tiny_artifacts["shards"]), "--out", str(tmp_path / "rep"), "--threads", "1"])
     assert rc == 2 and not (tmp_path / "rep").exists()  # refused: nothing written
 
 
@@ -68,7 +68,8 @@ def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
 
     export = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
     rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "fp32",
-               "--tolerances", str(TINY_TOLERANCES), "--threads", "1", "--greedy-tokens", "8"])
+               "--tolerances", str(TINY_TOLERANCES), "--shards-dir", str(tiny_artifacts["shards"]),
+               "--heldout-tokens", "96", "--threads", "1", "--greedy-tokens", "8"])
     assert rc == 1
     assert "# Conformance FAILED" in capsys.readouterr().out
     assert read_manifest(export)["conformance"]["variants"] == {"fp32": False}
@@ -90,8 +91,9 @@ def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
     """`pytest conformance/ --export-dir DIR` runs one test per check; a planted fault fails its tests."""
     from conformance.faults import plant_position_off_by_one
 
+    shards = ["--shards-dir", str(tiny_artifacts["shards"])]
     good = _pytest(["--export-dir", str(tiny_artifacts["export"]), "--checkpoint", str(tiny_artifacts["checkpoint"]),
-                    "--tolerances", str(TINY_TOLERANCES)])
+                    "--tolerances", str(TINY_TOLERANCES), *shards])
     assert good.returncode == 0, good.stdout[-3000:]
     assert "test_check[fp32::kv_cache_max_abs]" not in good.stdout  # -q: passing tests are not listed
     n_passed = int(good.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
@@ -99,7 +101,7 @@ def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
 
     bad = plant_position_off_by_one(tiny_artifacts["export"], tmp_path / "bad")
     failed = _pytest(["--export-dir", str(bad), "--checkpoint", str(tiny_artifacts["checkpoint"]),
-                      "--tolerances", str(TINY_TOLERANCES), "--conformance-variants", "fp32,int8"])
+                      "--tolerances", str(TINY_TOLERANCES), "--conformance-variants", "fp32,int8", *shards])
     assert failed.returncode == 1
     assert "FAILED conformance/test_conformance.py::test_check[fp32::kv_cache_max_abs]" in failed.stdout
     assert "FAILED conformance/test_conformance.py::test_check[int8::" not in failed.stdout  # fault is in fp32 only
@@ -114,3 +116,45 @@ def test_module_entry_help():
     res = subprocess.run([sys.executable, "-m", "conformance", "--help"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert res.returncode == 0 and "EXPORT_DIR" in res.stdout and "--tolerances" in res.stdout
+
+
+@pytest.mark.slow
+def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, capsys):
+    """breaker2 D1: a run with bounds looser than the shipped file still passes, but report.md lists
+    them under LOOSENED TOLERANCES, report.json and the manifest verdict record them, the CLI warns,
+    and `prodip serve` (serve.engine.load_export) carries them; a run with the shipped file lists none."""
+    from conformance.tolerances import compare_with_shipped, load_tolerances
+    from export.manifest import read_manifest
+    from prodip.cli import main
+    from serve.engine import load_export
+
+    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
+    rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "int8",
+               "--tolerances", str(TINY_TOLERANCES), "--shards-dir", str(tiny_artifacts["shards"]),
+               "--heldout-tokens", "96", "--threads", "1", "--greedy-tokens", "8"])
+    out, err = capsys.readouterr()
+    assert rc == 0, out
+    want = compare_with_shipped(load_tolerances(TINY_TOLERANCES), TINY_TOLERANCES, ["global", "int8"])
+    assert [(b["table"], b["metric"]) for b in want["loosened"]] == [("int8", "top1"), ("int8", "bpc_delta_max")]
+    assert "## LOOSENED TOLERANCES" in out and "- [int8] `top1`: min 0.95 -> min 0.8" in out
+    assert "WARNING: 2 tolerance bound(s) looser than the shipped" in err and "[int8] top1 min 0.95 -> min 0.8" in err
+    report = json.loads((export / "conformance" / "report.json").read_text())
+    assert report["tolerances"] == want and report["candidates"]["int8"]["tolerance_table"] == "int8"
+    verdict = read_manifest(export)["conformance"]
+    assert verdict["tolerances"] == want and verdict["checks"]["int8"]["tolerances"] == want
+    # serve: verified (the other variants have no verdict), with the loosened bounds named
+    info = load_export(export, "int8")
+    assert info.verified and info.loosened_tolerances == want["loosened"]
+    assert any("LOOSENED tolerances" in w and "[int8] top1 min 0.95 -> min 0.8" in w for w in info.warnings)
+
+    # the shipped file (fp32 only: its bounds hold for the tiny model): no section, no warning
+    rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "fp32",
+               "--shards-dir", str(tiny_artifacts["shards"]), "--heldout-tokens", "96", "--threads", "1",
+               "--greedy-tokens", "8"])
+    out, err = capsys.readouterr()
+    assert rc == 0, out
+    assert "LOOSENED" not in out and "WARNING" not in err
+    verdict = read_manifest(export)["conformance"]
+    assert verdict["checks"]["fp32"]["tolerances"]["shipped"] is True
+    assert verdict["checks"]["int8"]["tolerances"] == want  # kept from the earlier run
+    assert load_export(export, "fp32").loosened_tolerances == []

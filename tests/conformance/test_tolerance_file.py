@@ -113,7 +113,8 @@ def test_missing_table_for_a_checked_candidate(tiny_artifacts, conf_cfg, tmp_pat
     with pytest.raises(ConfigError, match=r"tol.toml: no tolerance table .*\[int4\]"):
         evaluate(conf_cfg(tiny_artifacts["export"], tolerances=str(path), variants=["int4"]))
     from export.manifest import read_manifest
-    preflight(tiny_artifacts["export"], read_manifest(tiny_artifacts["export"]), path, ["fp32"])  # fine without int4
+    preflight(tiny_artifacts["export"], read_manifest(tiny_artifacts["export"]), path, ["fp32"],
+              shards_dir=str(tiny_artifacts["shards"]))  # fine without int4
 
 
 def _seed_verdict(export: Path) -> bytes:
@@ -126,8 +127,10 @@ def _seed_verdict(export: Path) -> bytes:
 
 
 def _cli(export: Path, tolerances: Path, checkpoint: Path, *extra: str) -> list[str]:
+    # tiny.build_all puts the run (holding the checkpoint) and the shards side by side
+    shards = next(p / "shards" for p in Path(checkpoint).parents if (p / "shards").is_dir())
     return ["conformance", str(export), "--checkpoint", str(checkpoint), "--tolerances", str(tolerances),
-            "--threads", "1", "--greedy-tokens", "4", *extra]
+            "--shards-dir", str(shards), "--heldout-tokens", "96", "--threads", "1", "--greedy-tokens", "4", *extra]
 
 
 @pytest.mark.parametrize("case", ["typo_table", "typo_metric", "omitted_check", "wrong_bound_kind", "lax"])
@@ -181,4 +184,72 @@ def test_cli_missing_onnx_file_exit_2_before_measuring(tiny_artifacts, tmp_path,
     # the same export checked without the broken variant gets as far as measuring
     with pytest.raises(pytest.fail.Exception, match="measured before"):
         suite.evaluate(suite.ConformanceConfig(export_dir=str(export), checkpoint=str(tiny_artifacts["checkpoint"]),
-                                               tolerances=str(TINY_TOLERANCES), variants=["fp32"]))
+                                               tolerances=str(TINY_TOLERANCES), variants=["fp32"],
+                                               shards_dir=str(tiny_artifacts["shards"])))
+
+
+# ---- breaker2 D1: loosened bounds are compared with the shipped file and recorded -------------
+def test_compare_with_shipped_known_answers(tmp_path):
+    from conformance.tolerances import compare_with_shipped, loosened_text
+
+    shipped = compare_with_shipped(load_tolerances(DEFAULT_TOLERANCES), DEFAULT_TOLERANCES)
+    assert shipped["shipped"] is True and shipped["loosened"] == []
+    text = DEFAULT_TOLERANCES.read_text(encoding="utf-8")
+    text = (text.replace("top1 = { min = 0.95 }", "top1 = { min = 0 }")           # int8: loosened
+                .replace("kl_mean = { max = 2e-2 }\ndynamic_axes", "kl_mean = { max = 1e300 }\ndynamic_axes", 1)
+                .replace("tokenizer_mismatches = { equals = 0 }", "tokenizer_mismatches = { max = 3 }")
+                .replace("top1 = { min = 0.995 }", "top1 = { min = 0.999 }")       # fp16: tightened
+                .replace("[int4]\n", "[int4]\nkl_p999 = { max = 1.0 }\n"))          # extra check: stricter
+    path = tmp_path / "loose.toml"
+    path.write_text(text, encoding="utf-8")
+    got = compare_with_shipped(load_tolerances(path), path)
+    assert got["shipped"] is False and got["path"] == str(path.resolve()) and len(got["sha256"]) == 64
+    assert got["loosened"] == [
+        {"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 3}},
+        {"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0}},
+        {"table": "int8", "metric": "kl_mean", "shipped": {"max": 2e-2}, "used": {"max": 1e300}}]
+    assert loosened_text(got["loosened"][1:2]) == "[int8] top1 min 0.95 -> min 0"
+    only = compare_with_shipped(load_tolerances(path), path, ["global", "fp32", "fp16"])
+    assert [(b["table"], b["metric"]) for b in only["loosened"]] == [("global", "tokenizer_mismatches")]
+    # a table the shipped file lacks (it refuses such a candidate): every bound is loosened from "none"
+    bf16 = path.read_text() + ("\n[safetensors_bfloat16]\ntop1 = { min = 0.9 }\nkl_mean = { max = 1.0 }\n"
+                               "kv_cache_kl_mean = { max = 1.0 }\npadded_batch_kl_mean = { max = 1.0 }\n"
+                               "bpc_delta_max = { max = 1.0 }\n")
+    path.write_text(bf16)
+    extra = compare_with_shipped(load_tolerances(path), path, ["safetensors_bfloat16"])["loosened"]
+    assert len(extra) == 5 and extra[0] == {"table": "safetensors_bfloat16", "metric": "top1", "shipped": None,
+                                             "used": {"min": 0.9}}
+    # the test model's file is looser in its quantised tables only
+    tiny = compare_with_shipped(load_tolerances(TINY_TOLERANCES), TINY_TOLERANCES)["loosened"]
+    assert {b["table"] for b in tiny} == {"fp16", "int8", "int4"}
+
+
+# ---- breaker2 D4: a required check is never passed unmeasured ----------------------------------
+def test_unmeasured_gated_metric_fails():
+    from conformance.suite import gate
+
+    checks = gate({"max_abs_logit": 0.0}, {}, {"max_abs_logit": {"max": 1e-4}, "bpc_delta_max": {"max": 1e-4}})
+    assert [(c["metric"], c["passed"]) for c in checks] == [("run_errors", True), ("max_abs_logit", True),
+                                                             ("bpc_delta_max", False)]
+
+
+def test_no_shards_dir_is_refused_before_measuring(tiny_artifacts, conf_cfg, tmp_path, capsys, monkeypatch):
+    """bpc_delta_max is required in every candidate table and needs held-out text: without --shards-dir
+    the run is refused (exit 2, nothing measured or written), not passed with the check unmeasured."""
+    from conformance import suite
+    from prodip.cli import main
+
+    monkeypatch.setattr(suite, "load_reference", lambda *a, **k: pytest.fail("measured without shards"))
+    with pytest.raises(ConfigError, match=r"bpc_delta_max is a required check .*\[int8\] bpc_delta_max.*"
+                                          r"no shards dir was given: pass --shards-dir"):
+        suite.evaluate(conf_cfg(tiny_artifacts["export"], shards_dir=None, variants=["int8"]))
+    with pytest.raises(ConfigError, match="heldout_tokens is 0"):
+        suite.evaluate(conf_cfg(tiny_artifacts["export"], heldout_tokens=0))
+    with pytest.raises(ConfigError, match="--shards-dir"):
+        suite.plan_checks(conf_cfg(tiny_artifacts["export"], shards_dir=None))
+    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
+    before = (export / "manifest.json").read_bytes()
+    rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--threads", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "pass --shards-dir" in err, err
+    assert (export / "manifest.json").read_bytes() == before and not (export / "conformance").exists()

@@ -71,8 +71,32 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
     bad = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
     seed_full_pass(bad)
     rc = main(["conformance", str(bad), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "fp32",
-               "--tolerances", str(TINY_TOLERANCES), "--threads", "1", "--greedy-tokens", "8"])
+               "--tolerances", str(TINY_TOLERANCES), "--shards-dir", str(tiny_artifacts["shards"]),
+               "--heldout-tokens", "96", "--threads", "1", "--greedy-tokens", "8"])
     assert rc == 1
     verdict = read_manifest(bad)["conformance"]
     assert verdict["passed"] is False and verdict["variants"]["fp32"] is False
     assert all(verdict["variants"][v] for v in names if v != "fp32")
+
+
+def test_merge_records_the_tolerances_each_variant_was_checked_with():
+    """breaker2 D1: each variant's slot says which tolerance file checked it and which of its bounds
+    (its own tables and [global]) were looser than the shipped ones; a later subset run keeps them."""
+    loose = [{"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 3}},
+             {"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0}},
+             {"table": "transformers", "metric": "max_abs_logit", "shipped": {"max": 1e-4}, "used": {"max": 1}}]
+    tol = {"path": "/t/loose.toml", "sha256": "1" * 64, "shipped": False, "loosened": loose}
+    cands = {"safetensors": {"variant": "safetensors", "tolerance_table": "safetensors"},
+             "transformers": {"variant": "safetensors", "tolerance_table": "transformers"},
+             **{v: {"variant": v, "tolerance_table": v} for v in ALL[1:]}}
+    report = {**_report({v: True for v in ALL}), "tolerances": tol, "candidates": cands}
+    full = merge_verdict(None, report, ALL, "r.json", "a" * 64)
+    assert full["tolerances"] == tol
+    assert full["checks"]["int8"]["tolerances"] == {**tol, "loosened": loose[:2]}
+    assert full["checks"]["safetensors"]["tolerances"]["loosened"] == [loose[0], loose[2]]
+    assert full["checks"]["fp32"]["tolerances"]["loosened"] == loose[:1]
+    shipped = {"path": "/p/tolerances.toml", "sha256": "2" * 64, "shipped": True, "loosened": []}
+    sub = merge_verdict(full, {**_report({"int8": True}), "tolerances": shipped,
+                               "candidates": {"int8": cands["int8"]}}, ALL, "r.json", "b" * 64)
+    assert sub["checks"]["int8"]["tolerances"] == shipped and sub["tolerances"] == shipped
+    assert sub["checks"]["int4"]["tolerances"]["loosened"] == loose[:1]  # kept from the full run
