@@ -152,11 +152,19 @@ def _sse(chunks: AsyncIterator[str], request: Request) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+def _conformance_body(svc: Service) -> dict[str, Any]:
+    """``{verified, loosened_tolerances: [{table, metric, shipped, used}]}`` of the served variant:
+    loosened = bounds of the tolerance file its verdict was made with that are looser than the shipped
+    conformance/tolerances.toml (empty: the shipped bounds or stricter)."""
+    return {"verified": svc.info.verified, "loosened_tolerances": svc.info.loosened_tolerances}
+
+
 def _add_routes(app: FastAPI, svc: Service) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         body = {"status": "ok" if svc.ready.is_set() else ("error" if svc.load_error else "loading"),
-                "model": svc.model_name, "variant": svc.info.variant, "verified": svc.info.verified}
+                "model": svc.model_name, "variant": svc.info.variant, "verified": svc.info.verified,
+                "conformance": _conformance_body(svc)}
         if svc.load_error:
             body["error"] = svc.load_error
         return JSONResponse(body, status_code=200 if svc.ready.is_set() else 503)
@@ -165,7 +173,8 @@ def _add_routes(app: FastAPI, svc: Service) -> None:
     async def models() -> dict:
         return {"object": "list", "data": [{
             "id": svc.model_name, "object": "model", "created": svc.created, "owned_by": "prodip",
-            "variant": svc.info.variant, "max_model_len": svc.info.max_model_len}]}
+            "variant": svc.info.variant, "max_model_len": svc.info.max_model_len,
+            "conformance": _conformance_body(svc)}]}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ class ExportInfo:
     tokenizer_sha256: str
     verified: bool
     warnings: list[str] = field(default_factory=list)
+    #: bounds of the tolerance file the variant's verdict was made with that are looser than the
+    #: shipped conformance/tolerances.toml: ``[{table, metric, shipped, used}]`` (empty: none)
+    loosened_tolerances: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def max_model_len(self) -> int:
@@ -61,23 +65,101 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid JSON ({err}); re-run {_MAKE}") from None
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
+def _verdict_shape_problem(verdict: dict[str, Any], variant: str) -> str | None:
+    """What is missing from a verdict as ``conformance.suite.merge_verdict`` writes it (None: complete)."""
+    if not isinstance(verdict, dict):
+        return f"is {type(verdict).__name__}, not an object"
+    if not isinstance(verdict.get("passed"), bool):
+        return "has no boolean 'passed'"
+    for key in ("variants", "checks"):
+        if not isinstance(verdict.get(key), dict):
+            return f"has no per-variant {key!r} table"
+    for key in ("export_files_sha256", "report_sha256"):
+        if not _is_sha256(verdict.get(key)):
+            return f"has no {key!r} (64 hex digits)"
+    if not isinstance(verdict.get("report"), str) or not verdict["report"]:
+        return "names no report"
+    per_variant, checks = verdict["variants"], verdict["checks"]
+    if variant not in per_variant and variant not in checks:
+        return None  # "does not cover the variant" is said by the caller
+    ok, check = per_variant.get(variant), checks.get(variant)
+    if not isinstance(ok, bool) or not isinstance(check, dict) or check.get("passed") is not ok:
+        return f"has no consistent entry for variant {variant!r} in 'variants' and 'checks'"
+    if not _is_sha256(check.get("report_sha256")) or not isinstance(check.get("report"), str):
+        return f"names no report for variant {variant!r}"
+    tol = check.get("tolerances")
+    if not isinstance(tol, dict) or not isinstance(tol.get("shipped"), bool) \
+            or not isinstance(tol.get("loosened"), list) or not _is_sha256(tol.get("sha256")):
+        return (f"does not record the tolerances variant {variant!r} was checked with "
+                "(made by an older prodip conformance)")
+    return None
+
+
+def conformance_check(manifest: dict[str, Any], variant: str) -> tuple[bool, str, dict[str, Any]]:
+    """Whether the manifest's conformance verdict passes ``variant`` for the export's CURRENT files.
+
+    A variant is verified only when the verdict has the structure ``conformance.suite.merge_verdict``
+    writes (per-variant ``variants`` and ``checks``, ``export_files_sha256``, ``report``,
+    ``report_sha256``, the tolerances each variant was checked with), the variant's own entry passed,
+    and ``export_files_sha256`` equals the sha256 of the manifest's current ``files`` table
+    (:func:`export.manifest.files_table_sha256`): a verdict does not survive a file being swapped.
+
+    Returns:
+        ``(ok, reason, check)``: reason is "" when ok, else a sentence naming the fix; ``check`` is
+        the variant's entry of ``verdict["checks"]`` (``{}`` when there is none), whose
+        ``tolerances.loosened`` lists bounds looser than the shipped tolerance file.
+    """
+    from export.manifest import files_table_sha256
+
+    verdict = manifest.get("conformance")
+    fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
+    if not verdict:
+        return False, f"manifest.json has no conformance verdict; {fix}", {}
+    problem = _verdict_shape_problem(verdict, variant)
+    if problem:
+        return False, f"the conformance verdict in manifest.json {problem}; {fix}", {}
+    check = verdict["checks"].get(variant) or {}
+    if variant not in verdict["variants"]:
+        return False, f"the conformance verdict does not cover variant {variant!r}; {fix}", {}
+    files = manifest.get("files")
+    current = files_table_sha256(files) if isinstance(files, dict) else None
+    if current != verdict["export_files_sha256"]:
+        return False, (f"the export's files changed after conformance ran (files table sha256 "
+                       f"{str(current)[:12]}..., the verdict measured {verdict['export_files_sha256'][:12]}...): "
+                       f"{fix}"), check
+    if not verdict["variants"][variant]:
+        return False, f"variant {variant!r} FAILED conformance (see {check.get('report') or verdict['report']}); {fix}", check
+    return True, "", check
+
+
 def conformance_ok(manifest: dict[str, Any], variant: str) -> tuple[bool, str]:
-    """Whether the manifest's conformance verdict passes ``variant``, and why not.
+    """Whether the manifest's conformance verdict passes ``variant``, and why not (see :func:`conformance_check`).
 
     Returns:
         (ok, reason): reason is "" when ok, else a sentence naming the fix.
     """
-    verdict = manifest.get("conformance")
-    fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
-    if not verdict:
-        return False, f"manifest.json has no conformance verdict; {fix}"
-    per_variant = verdict.get("variants") or {}
-    ok = per_variant.get(variant, verdict.get("passed") if not per_variant else None)
-    if ok is None:
-        return False, f"the conformance verdict does not cover variant {variant!r}; {fix}"
-    if not ok:
-        return False, f"variant {variant!r} FAILED conformance (see {verdict.get('report')}); {fix}"
-    return True, ""
+    ok, reason, _ = conformance_check(manifest, variant)
+    return ok, reason
+
+
+def loosened_text(loosened: list[dict[str, Any]]) -> str:
+    """``[int8] top1 min 0.95 -> 0.02, ...`` for a list of loosened bounds."""
+    return ", ".join(f"[{b.get('table')}] {b.get('metric')} {_bound_str(b.get('shipped'))} -> {_bound_str(b.get('used'))}"
+                     for b in loosened)
+
+
+def _bound_str(bound: Any) -> str:
+    if isinstance(bound, dict) and len(bound) == 1:
+        (key, value), = bound.items()
+        return f"{key} {value}"
+    return str(bound)
 
 
 def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool = False,
@@ -97,8 +179,8 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
         :class:`ExportInfo`.
     Raises:
         FileNotFoundError: the dir, manifest.json, config.json, tokenizer.json or the ONNX file is missing.
-        ValueError: unknown variant, wrong format_version, hash mismatch, or a missing/failing
-            conformance verdict without ``allow_unverified``.
+        ValueError: unknown variant, wrong format_version, hash mismatch, or a missing, failing,
+            incomplete or stale (files changed since) conformance verdict without ``allow_unverified``.
     """
     root = Path(export_dir)
     if not root.is_dir():
@@ -113,12 +195,17 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
         onnx_names = [k for k, v in variants.items() if (v or {}).get("format") == "onnx"]
         raise ValueError(f"{root / 'manifest.json'}: no ONNX variant {variant!r}; this export has "
                          f"{', '.join(onnx_names) or 'none'}")
-    ok, reason = conformance_ok(manifest, variant)
+    ok, reason, check = conformance_check(manifest, variant)
     warnings = []
     if not ok and not allow_unverified:
         raise ValueError(f"{root}: refusing to serve: {reason}")
     if not ok:
         warnings.append(f"serving unverified variant {variant!r}: {reason}")
+    loosened = list(((check.get("tolerances") or {}).get("loosened") or [])) if ok else []
+    if loosened:
+        tol = check["tolerances"]
+        warnings.append(f"variant {variant!r} passed conformance with LOOSENED tolerances ({tol.get('path')}, "
+                        f"looser than the shipped conformance/tolerances.toml): {loosened_text(loosened)}")
     onnx_path = root / entry["path"]
     if not onnx_path.is_file():
         raise FileNotFoundError(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
@@ -142,7 +229,7 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
     tok_sha = _sha256(tok_path)
     if manifest.get("tokenizer_sha256") and manifest["tokenizer_sha256"] != tok_sha:
         raise ValueError(f"{tok_path}: sha256 differs from manifest.json tokenizer_sha256; re-run {_MAKE}")
-    return ExportInfo(root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings)
+    return ExportInfo(root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings, loosened)
 
 
 def load_tokenizer(info: ExportInfo) -> Tokenizer:

@@ -34,10 +34,13 @@ def sse_events(text):
 
 
 def test_health_models_tokenizer_info(client):
-    assert client.get("/health").json()["status"] == "ok"
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["verified"] is True
+    assert health["conformance"] == {"verified": True, "loosened_tolerances": []}
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "export"
     assert models["data"][0]["max_model_len"] == 128
+    assert models["data"][0]["conformance"] == {"verified": True, "loosened_tolerances": []}
     info = client.get("/tokenizer_info").json()
     assert info["special_tokens"]["eos"] == {"id": 2, "text": "<|eos|>"}
     assert info["special_tokens"]["pad"]["id"] == 0 and info["normalizer"] == "NFC"
@@ -233,6 +236,29 @@ def test_create_app_refuses_unverified(tiny_export, tmp_path):
     with pytest.raises(ValueError, match="allow-unverified"):
         create_app(d)
     assert create_app(d, allow_unverified=True).state.service.info.verified is False
+
+
+def test_loosened_tolerances_in_health_models_and_startup_log(tiny_export, tmp_path, caplog):
+    """breaker2 D1: a variant verified with bounds looser than the shipped file is served, visibly."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    import export
+    from serve.app import create_app
+    from tests.serve.conftest import make_verdict
+    d = tmp_path / "loose"
+    shutil.copytree(tiny_export[0], d)
+    loose = [{"table": "int8", "metric": "kl_mean", "shipped": {"max": 0.02}, "used": {"max": 1e300}}]
+    export.set_conformance(d, make_verdict(d, {"fp32": True, "int8": True}, loose))
+    with caplog.at_level("WARNING", logger="serve.app"):
+        app = create_app(d, "int8")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("LOOSENED tolerances" in w and "[int8] kl_mean max 0.02 -> max 1e+300" in w for w in warned), warned
+    c = TestClient(app)  # lifespan not entered: /health is 503 but still says what would be served
+    want = {"verified": True, "loosened_tolerances": loose}
+    assert c.get("/health").json()["conformance"] == want
+    assert c.get("/v1/models").json()["data"][0]["conformance"] == want
 
 
 def test_chunked_body_over_cap_is_413(tiny_export):

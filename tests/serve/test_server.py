@@ -108,7 +108,7 @@ def test_cli_refuses_unverified_export(tiny_export, tmp_path):
     d = tmp_path / "unverified"
     shutil.copytree(tiny_export[0], d)
     m = json.loads((d / "manifest.json").read_text())
-    m["conformance"]["variants"]["fp32"] = False
+    m["conformance"]["variants"]["fp32"] = m["conformance"]["checks"]["fp32"]["passed"] = False
     (d / "manifest.json").write_text(json.dumps(m))
     r = subprocess.run([sys.executable, "-m", "serve", "serve", str(d), "--port", str(free_port())],
                        capture_output=True, text=True, timeout=60)

@@ -113,6 +113,10 @@ def _copy_export(src, dst, edit=None):
     return dst
 
 
+def _fail_int8(m):
+    m["conformance"]["variants"]["int8"] = m["conformance"]["checks"]["int8"]["passed"] = False
+
+
 def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
     from serve.engine import load_export
     root = tiny_export[0]
@@ -121,7 +125,7 @@ def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
     with pytest.raises(ValueError, match="no conformance verdict"):
         load_export(none, "fp32")
     assert not load_export(none, "fp32", allow_unverified=True).verified
-    bad = _copy_export(root, tmp_path / "bad", lambda m: m["conformance"]["variants"].update(int8=False))
+    bad = _copy_export(root, tmp_path / "bad", _fail_int8)
     with pytest.raises(ValueError, match="FAILED conformance"):
         load_export(bad, "int8")
     assert load_export(bad, "fp32").verified
@@ -129,6 +133,68 @@ def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
         load_export(root, "int4")
     with pytest.raises(FileNotFoundError):
         load_export(tmp_path / "missing", "fp32")
+
+
+def test_verdict_is_void_once_the_files_change(tiny_export, tmp_path):
+    """breaker2 D2: swapping a variant's file and updating its size/sha256 in manifest.json (as a
+    re-quantisation tool would) voids the verdict: it measured other files."""
+    from export.manifest import file_sha256, files_table_sha256
+    from serve.engine import load_export
+
+    d = _copy_export(tiny_export[0], tmp_path / "swapped")
+    onnx = d / "onnx" / "model_int8.onnx"
+    onnx.write_bytes(onnx.read_bytes() + b"\0")  # stands in for new weights
+    m = json.loads((d / "manifest.json").read_text())
+    measured = m["conformance"]["export_files_sha256"]
+    m["files"]["onnx/model_int8.onnx"] = {"bytes": onnx.stat().st_size, "sha256": file_sha256(onnx)}
+    (d / "manifest.json").write_text(json.dumps(m))
+    now = files_table_sha256(m["files"])
+    for variant in ("int8", "fp32"):  # the verdict is of the whole export's files
+        with pytest.raises(ValueError, match=rf"files changed after conformance ran \(files table sha256 "
+                                             rf"{now[:12]}\.\.\., the verdict measured {measured[:12]}"):
+            load_export(d, variant)
+    info = load_export(d, "int8", allow_unverified=True)
+    assert not info.verified and "files changed" in info.warnings[0]
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda m: m.update(conformance={"passed": True}), "no per-variant 'variants'"),
+    (lambda m: m.update(conformance={"passed": True, "variants": {"fp32": True, "int8": True}}), "no per-variant"),
+    (lambda m: m["conformance"].pop("export_files_sha256"), "no 'export_files_sha256'"),
+    (lambda m: m["conformance"].update(export_files_sha256="x"), "no 'export_files_sha256'"),
+    (lambda m: m["conformance"].pop("report_sha256"), "no 'report_sha256'"),
+    (lambda m: m["conformance"]["checks"].pop("fp32"), "no consistent entry for variant 'fp32'"),
+    (lambda m: m["conformance"]["checks"]["fp32"].update(passed=False), "no consistent entry"),
+    (lambda m: m["conformance"]["checks"]["fp32"].pop("tolerances"), "does not record the tolerances"),
+    (lambda m: m["conformance"]["variants"].pop("fp32") and m["conformance"]["checks"].pop("fp32"),
+     "does not cover variant 'fp32'"),
+])
+def test_incomplete_verdict_is_refused(tiny_export, tmp_path, edit, why):
+    """breaker2 D2: a bare {"passed": true} (or any verdict lacking what merge_verdict writes) verifies nothing."""
+    from serve.engine import load_export
+
+    d = _copy_export(tiny_export[0], tmp_path / "v", edit)
+    with pytest.raises(ValueError, match=why):
+        load_export(d, "fp32")
+    assert not load_export(d, "fp32", allow_unverified=True).verified
+
+
+def test_loosened_tolerances_are_carried_per_variant(tiny_export, tmp_path):
+    """breaker2 D1: a verdict made with loosened bounds verifies, but says so (warning + ExportInfo)."""
+    from tests.serve.conftest import make_verdict
+    from serve.engine import load_export
+
+    import export
+    d = _copy_export(tiny_export[0], tmp_path / "loose")
+    loose = [{"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0.0}},
+             {"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 9}}]
+    export.set_conformance(d, make_verdict(d, {"fp32": True, "int8": True}, loose))
+    int8 = load_export(d, "int8")
+    assert int8.verified and int8.loosened_tolerances == loose
+    assert "LOOSENED tolerances" in int8.warnings[0] and "[int8] top1 min 0.95 -> min 0.0" in int8.warnings[0]
+    fp32 = load_export(d, "fp32")  # only [global] gated fp32 among the loosened tables
+    assert fp32.verified and fp32.loosened_tolerances == loose[1:]
+    assert load_export(tiny_export[0], "int8").loosened_tolerances == []
 
 
 def test_load_export_detects_tampering(tiny_export, tmp_path):
