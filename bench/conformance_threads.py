@@ -2,7 +2,7 @@
 
 Prints seconds per setting and the ratio to the 1-thread baseline; nothing is written to the export.
 
-    python bench/conformance_threads.py runs/demo/export [--shards-dir runs/demo/shards] [--checkpoint CKPT]
+    python bench/conformance_threads.py runs/demo/export --shards-dir runs/demo/shards [--checkpoint CKPT]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("export_dir")
     p.add_argument("--checkpoint", default=None)
-    p.add_argument("--shards-dir", default=None)
+    p.add_argument("--shards-dir", required=True, help="the run's shards (held-out text for bits/char)")
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts; the first is the baseline")
     args = p.parse_args()
     results = []

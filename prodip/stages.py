@@ -289,9 +289,14 @@ def _export_done(plan: dict) -> bool:
 
 
 def _conformance_done(plan: dict) -> bool:
-    """The current export carries a passing verdict (a re-export clears it)."""
+    """The current export carries a passing verdict (a re-export clears it) that was measured on
+    the export's current files (the sha256 of its manifest's files table)."""
+    from export.manifest import files_table_sha256
     manifest = _read_json(Path(plan["export"].out) / "manifest.json")
     verdict = (manifest or {}).get("conformance") or {}
+    if verdict.get("passed") and verdict.get("export_files_sha256") != files_table_sha256(manifest.get("files") or {}):
+        log.warning("%s: the conformance verdict was measured on other files; checking again", plan["export"].out)
+        return False
     return bool(verdict.get("passed")) and (Path(plan["conformance"].out) / "report.json").exists()
 
 
