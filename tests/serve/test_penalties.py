@@ -225,12 +225,13 @@ def test_logit_bias_minus_100_takes_the_runner_up_and_logprobs_stay_raw(client):
     plain = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
     first = _generate(client, PROMPT, 1)["token_ids"][0]
     (best, best_lp), (second, second_lp) = plain["top_logprobs"][0].items()
-    assert plain["tokens"][0] == best
+    svc = client.app.state.service
+    # the greedy token is the top one ("" in tokens when the tiny tokenizer lacks its id)
+    assert svc.token_text(first) == best and plain["tokens"][0] == svc.token_piece(first, svc.decode([first]))
     r = client.post("/v1/completions", json={**body, "logit_bias": {str(first): -100}}).json()["choices"][0]
     lp = r["logprobs"]
     gen = _generate(client, PROMPT, 1, logit_bias={str(first): -100})
     runner_up = gen["token_ids"][0]
-    svc = client.app.state.service
     assert runner_up != first and svc.token_text(runner_up) == second != best  # changed, to the runner-up
     # (tokens shows the text the token adds: "" for an id the tiny tokenizer lacks, as for specials)
     assert lp["tokens"][0] == svc.token_piece(runner_up, svc.decode([runner_up]))
