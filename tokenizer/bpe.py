@@ -201,6 +201,29 @@ def check_vocab_size(vocab_size: int, kind: str) -> None:
                          f"{len(SPECIAL_TOKENS)} special + 256 byte tokens + at least 1 learned token = {need}")
 
 
+def top_characters(texts: Callable[[], Iterator[str]], limit: int) -> list[str] | None:
+    """The ``limit`` most frequent characters of the (NFC) text, ties broken by code point; None
+    when the text has at most ``limit`` distinct characters (nothing is cut).
+
+    ``tokenizers``' BpeTrainer cuts an alphabet larger than ``limit_alphabet`` after an unstable
+    sort of a hash map by count, so which of the equally rare characters survive differs from run
+    to run, and so does the tokenizer. Passing this list as ``initial_alphabet`` (those characters
+    rank above every counted one) makes the cut deterministic: exactly the others are removed.
+
+    Args:
+        texts: zero-argument callable returning an iterator of documents (one extra pass).
+        limit: alphabet size in characters.
+    """
+    import unicodedata
+    from collections import Counter
+    counts: Counter[str] = Counter()
+    for doc in texts():
+        counts.update(unicodedata.normalize("NFC", doc))
+    if len(counts) <= limit:
+        return None
+    return [ch for ch, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
+
+
 def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, kind: str = "prodip",
                         min_frequency: int = 2, limit_alphabet: int = 1000, superword_share: float = 0.0,
                         progress: bool = False) -> Tokenizer:
@@ -234,8 +257,9 @@ def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, 
     learned = vocab_size - 256  # the byte tokens are added after training
     n_super = int(superword_share * (learned - len(SPECIAL_TOKENS)))
     tok = _prodip_pipeline(Tokenizer(models.BPE()), WORD_PATTERN)
+    limit = max(1, min(limit_alphabet, learned - len(SPECIAL_TOKENS)))
     trainer = trainers.BpeTrainer(vocab_size=learned - n_super, min_frequency=min_frequency, special_tokens=specials,
-                                  limit_alphabet=max(1, min(limit_alphabet, learned - len(SPECIAL_TOKENS))),
+                                  limit_alphabet=limit, initial_alphabet=top_characters(texts, limit) or [],
                                   show_progress=progress)
     tok.train_from_iterator(texts(), trainer=trainer)
     extra: list[tuple[str, str]] = []

@@ -178,3 +178,17 @@ def test_superwords_only_join_stage1_tokens(corpus, heldout):
         ends_stage1 = {e for _, e in stage1.encode(text).offsets}
         assert ends_final <= ends_stage1
         assert len(ends_final) < len(ends_stage1)
+
+
+def test_training_twice_gives_the_same_tokenizer_when_the_alphabet_is_cut(tmp_path):
+    """tokenizers' BpeTrainer cut a too-large alphabet at ties in hash-map order, so equally rare
+    characters survived at random and two trainings on the same text differed (tokenizer sha,
+    shard checks, test fixtures). bpe.top_characters fixes the cut."""
+    from tokenizer.bpe import top_characters, train_tokenizer_from_texts
+    texts = {"bn": ["আমার সোনার বাংলা আমি তোমায় ভালোবাসি। " * 3, "ঋ ঌ ৠ ৡ ঽ ৎ ৺ ৻ ৼ"],
+             "en": ["the quick brown fox jumps over the lazy dog " * 3, "é è ê ë ï î ô û ù ç ß ø å"]}
+    shas = {(train_tokenizer_from_texts(texts, 280, tmp_path / f"t{i}") / "tokenizer.json").read_bytes()
+            for i in range(4)}
+    assert len(shas) == 1
+    assert top_characters(lambda: iter(["bba", "ca"]), 2) == ["a", "b"]  # count, then code point
+    assert top_characters(lambda: iter(["bba", "ca"]), 3) is None  # nothing cut
