@@ -29,19 +29,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from prodip.files import file_sha256
+
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 #: Sub-folder written by `prodip conformance` after the export; not part of the hashed files.
 UNLISTED_DIRS = ("conformance/",)
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def files_table_sha256(files: dict[str, Any]) -> str:

@@ -189,7 +189,7 @@ def _latest_model_sha256(plan: dict) -> str | None:
 def _file_sha256_cached(path: str, mtime_ns: int, size: int) -> str:
     """The done-checks ask for the same hashes several times per run (GBs at 0.4B scale): hash
     each (path, mtime, size) once per invocation."""
-    from train.checkpoint import file_sha256
+    from prodip.files import file_sha256
     return file_sha256(path)
 
 

@@ -11,7 +11,6 @@ This module imports neither torch nor ``train/``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -21,6 +20,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
+
+from prodip.files import file_sha256
 
 _MAKE = "`prodip export CHECKPOINT --out EXPORT_DIR`"
 
@@ -46,14 +47,6 @@ class ExportInfo:
     def max_model_len(self) -> int:
         """Context window (tokens): config.json ``max_position_embeddings``."""
         return int(self.config["max_position_embeddings"])
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -215,7 +208,7 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
         for rel in wanted:
             if rel not in files:
                 raise ValueError(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")
-            got = _sha256(root / rel)
+            got = file_sha256(root / rel)
             if got != files[rel].get("sha256"):
                 raise ValueError(f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
                                  f"({str(files[rel].get('sha256'))[:12]}...); the export was modified, re-run {_MAKE}")
@@ -226,7 +219,7 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
     tok_path = root / "tokenizer.json"
     if not tok_path.is_file():
         raise FileNotFoundError(f"{tok_path}: missing; re-run {_MAKE}")
-    tok_sha = _sha256(tok_path)
+    tok_sha = file_sha256(tok_path)
     if manifest.get("tokenizer_sha256") and manifest["tokenizer_sha256"] != tok_sha:
         raise ValueError(f"{tok_path}: sha256 differs from manifest.json tokenizer_sha256; re-run {_MAKE}")
     return ExportInfo(root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings, loosened)

@@ -25,6 +25,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from prodip.config import dump_toml, opt, to_dict
+from prodip.files import file_sha256
 from tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
 from tokenizer.superword import learn_superwords
 
@@ -421,4 +422,4 @@ def tokenizer_sha256(tokenizer_dir: str | os.PathLike) -> str:
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found; train a tokenizer with `prodip tokenizer train`")
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return file_sha256(path)

@@ -20,7 +20,6 @@ never leaves ``latest`` pointing at a partial checkpoint. Nothing here unpickles
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from prodip.files import file_sha256
 from train.config import ModelConfig
 
 FORMAT_VERSION = 1
@@ -50,15 +50,6 @@ _PREFIXES = ("_orig_mod.", "module.")  # torch.compile and DDP wrappers
 def step_dir_name(step: int) -> str:
     """``step_0000100`` for step 100 (7 digits, so names sort by step)."""
     return f"step_{step:07d}"
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_sha256(ckpt_dir: str | os.PathLike) -> str:
