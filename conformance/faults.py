@@ -65,12 +65,16 @@ def plant_rope_interleaved(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _edit_onnx(dst: Path, rel: str, edit: Callable) -> Path:
+def _plant_onnx(src: Path, dst: Path, rel: str, edit: Callable) -> Path:
+    """Copy the export ``src`` to ``dst``, apply ``edit`` to the ONNX graph ``rel`` in place, and
+    refresh the manifest hashes (the planted fault must be found by measuring, not by a hash)."""
     import onnx
+    dst = copy_export(src, dst)
     path = dst / rel
     model = onnx.load(str(path))
     edit(model)
     onnx.save(model, str(path))
+    refresh_manifest(dst)
     return dst
 
 
@@ -88,9 +92,7 @@ def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: in
                 dim = vi.type.tensor_type.shape.dim[1]
                 dim.Clear()
                 dim.dim_value = seq
-    dst = _edit_onnx(copy_export(src, dst), rel, edit)
-    refresh_manifest(dst)
-    return dst
+    return _plant_onnx(src, dst, rel, edit)
 
 
 def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 7) -> Path:
@@ -115,9 +117,7 @@ def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq:
                 node.input[1] = "planted_shape"
                 return
         raise ValueError(f"{dst / rel}: no Reshape of a MatMul output to bake")
-    dst = _edit_onnx(copy_export(src, dst), rel, edit)
-    refresh_manifest(dst)
-    return dst
+    return _plant_onnx(src, dst, rel, edit)
 
 
 def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
@@ -138,9 +138,7 @@ def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") 
                 node.input[1] = start.input[1]  # T
                 return
         raise ValueError(f"{dst / rel}: no Range(S - T, S) node found to plant the mask fault")
-    dst = _edit_onnx(copy_export(src, dst), rel, edit)
-    refresh_manifest(dst)
-    return dst
+    return _plant_onnx(src, dst, rel, edit)
 
 
 def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
@@ -166,9 +164,7 @@ def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx"
                helper.make_node("Add", ["position_ids", "planted_offset"], ["planted_position_ids"])]
         for n in reversed(new):
             g.node.insert(0, n)
-    dst = _edit_onnx(copy_export(src, dst), rel, edit)
-    refresh_manifest(dst)
-    return dst
+    return _plant_onnx(src, dst, rel, edit)
 
 
 def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", layer: int = 1) -> Path:
@@ -199,9 +195,7 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
                     zeroed += 1
         if zeroed < 7:
             raise ValueError(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected 7")
-    dst = _edit_onnx(copy_export(src, dst), rel, edit)
-    refresh_manifest(dst)
-    return dst
+    return _plant_onnx(src, dst, rel, edit)
 
 
 def plant_other_weights(src: Path, dst: Path, other_checkpoint: Path) -> Path:
