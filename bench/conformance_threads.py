@@ -12,7 +12,7 @@ import time
 
 
 def main() -> None:
-    from conformance import ConformanceConfig, evaluate
+    from prodip.conformance import ConformanceConfig, evaluate
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("export_dir")

@@ -2,7 +2,7 @@
 
 For each ONNX variant of an export it measures, through serve's own batch scheduler:
 single-stream decode tokens/s and the aggregate decode tokens/s of 8 concurrent streams; and
-for the same weights in PyTorch eager (``train.model`` with its KV cache, ``torch.no_grad``) the
+for the same weights in PyTorch eager (``prodip.train.model`` with its KV cache, ``torch.no_grad``) the
 single-stream decode tokens/s, measured back to back with each engine run. Decode rates count
 tokens after the first one (prefill excluded), greedy, ``ignore_eos``. Figures and ratios are
 medians over ``--repeats`` runs, for each ``--threads`` setting (the same for torch and ORT).
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 def build_export(tmp: Path, args: argparse.Namespace) -> Path:
     """A random model of the requested size through the real export path (verdict set to passed)."""
-    import export
+    from prodip import export
     out = export.build_tiny_export(tmp, vocab_size=args.vocab_size, hidden_size=args.hidden_size,
                                    num_hidden_layers=args.layers, num_attention_heads=args.heads,
                                    num_key_value_heads=args.kv_heads, max_position_embeddings=1024)
@@ -42,8 +42,8 @@ def build_export(tmp: Path, args: argparse.Namespace) -> Path:
 def engine_decode_rate(export_dir: Path, variant: str, prompt: list[int], tokens: int, streams: int,
                        threads: int = 0) -> float:
     """Aggregate decode tokens/s of ``streams`` sequences submitted together to serve's scheduler."""
-    from serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
-    from serve.engine import OnnxDecoder, load_export, load_tokenizer
+    from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
+    from prodip.serve.engine import OnnxDecoder, load_export, load_tokenizer
     info = load_export(export_dir, variant, allow_unverified=True, verify_hashes=False)
     sched = BatchScheduler(OnnxDecoder(info.onnx_path, info.config, threads), max_batch_size=streams, batch_wait_ms=50)
     tok = load_tokenizer(info)
@@ -163,8 +163,8 @@ def _model_from_export(export_dir: Path):
 
     from safetensors.torch import load_file
 
-    from train.config import ModelConfig
-    from train.model import LlamaForCausalLM
+    from prodip.train.config import ModelConfig
+    from prodip.train.model import LlamaForCausalLM
     cfg = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text()))
     model = LlamaForCausalLM(cfg)
     state = load_file(str(export_dir / "model.safetensors"))

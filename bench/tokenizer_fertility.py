@@ -63,7 +63,7 @@ def _train(train: dict, kind: str, out: Path, work: Path) -> dict:
 
 
 def _audit(tok_dir: Path, heldout: dict, baseline_dir: Path) -> dict:
-    from tokenizer.audit import AuditConfig, run_audit
+    from prodip.tokenizer.audit import AuditConfig, run_audit
     return run_audit(AuditConfig(tokenizer_dir=str(tok_dir), heldout=heldout, baseline="naive",
                                  baseline_dir=str(baseline_dir), max_chars=3_000_000))
 
@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo8k")
     parser.add_argument("--work-dir", default=None, help="where the tokenizers go (default: a temp dir)")
     args = parser.parse_args()
-    from tokenizer.audit import format_table
+    from prodip.tokenizer.audit import format_table
     preset = PRESETS[args.preset]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix=f"bench_tok_{args.preset}_"))
     work.mkdir(parents=True, exist_ok=True)

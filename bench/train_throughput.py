@@ -3,7 +3,7 @@
 Both run in this process on the same ModelConfig, batch shape, accumulation, dtype/autocast and
 (optional) torch.compile. The bare loop is the minimal nanoGPT-style loop: forward, loss / N,
 backward per micro-batch, clip, AdamW step, zero_grad, ``loss.item()``, on one fixed batch
-already on the device. The trainer run is ``train.trainer.run_training`` with its data loader,
+already on the device. The trainer run is ``prodip.train.trainer.run_training`` with its data loader,
 guards, per-step finiteness check, metrics.jsonl and progress bar; its per-step times are the
 differences of consecutive ``elapsed_s`` / ``process_cpu_s`` stamps in metrics.jsonl (set-up,
 guards before step 1 and the final checkpoint are excluded; everything done per step is
@@ -16,7 +16,7 @@ appendix B) x tokens/s / peak bf16 FLOP/s (train.loop.PEAK_BF16_FLOPS) and peak 
     python bench/train_throughput.py                                   # CPU, small model, ~1 min
     python bench/train_throughput.py --config configs/h100-0.4b.toml --shards-dir S --tokenizer-dir T
 
-``--rope-ab`` instead times the bare loop with the cached RoPE tables (``train.model``) against
+``--rope-ab`` instead times the bare loop with the cached RoPE tables (``prodip.train.model``) against
 the pre-cache path (cos/sin recomputed from the positions on every forward, patched in), runs
 alternating, plus the two RoPE computations alone; ``--compile`` compiles the model whatever the
 config says (the first step, compile included, is reported as ``first_step_s``).
@@ -42,10 +42,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prodip.config import resolve  # noqa: E402
-from train.config import ModelConfig  # noqa: E402
-from train.data import MixtureBatches  # noqa: E402
-from train.loop import build_optimizer, causal_lm_loss, peak_flops  # noqa: E402
-from train.trainer import TrainConfig, autocast_dtype, run_training  # noqa: E402
+from prodip.train.config import ModelConfig  # noqa: E402
+from prodip.train.data import MixtureBatches  # noqa: E402
+from prodip.train.loop import build_optimizer, causal_lm_loss, peak_flops  # noqa: E402
+from prodip.train.trainer import TrainConfig, autocast_dtype, run_training  # noqa: E402
 
 CPU_MODEL = dict(vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -54,8 +54,8 @@ CPU_TRAIN = dict(batch_size=2, seq_len=128, grad_accum_steps=2, device="cpu", wa
 
 def synthetic_inputs(root: Path, vocab_size: int) -> tuple[Path, Path]:
     """A tiny tokenizer dir and random-token shards (bn, en) for a self-contained CPU run."""
-    from tokenizer.bpe import tokenizer_sha256, train_tokenizer_from_texts
-    from tokenizer.shards import write_meta, write_shard
+    from prodip.tokenizer.bpe import tokenizer_sha256, train_tokenizer_from_texts
+    from prodip.tokenizer.shards import write_meta, write_shard
 
     tok = train_tokenizer_from_texts({"bn": ["আমার সোনার বাংলা, আমি তোমায় ভালোবাসি। " * 50],
                                       "en": ["The quick brown fox jumps over the lazy dog. " * 50]},
@@ -92,7 +92,7 @@ def _rates(wall: list[float], cpu: list[float], tokens_per_step: int, skip: int)
 
 def bare_loop(cfg: TrainConfig, model_cfg: ModelConfig, steps: int, skip: int) -> dict[str, float]:
     """Rates of the minimal loop over one fixed batch: {"wall": tokens/s, "cpu": tokens/s}."""
-    from train.model import LlamaForCausalLM
+    from prodip.train.model import LlamaForCausalLM
 
     device = torch.device("cuda" if cfg.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
     amp = autocast_dtype(cfg, device)
@@ -124,7 +124,7 @@ def bare_loop(cfg: TrainConfig, model_cfg: ModelConfig, steps: int, skip: int) -
 @contextmanager
 def rope_recomputed():
     """The pre-cache RoPE path, patched in: cos/sin recomputed from the positions every forward."""
-    import train.model as tm
+    import prodip.train.model as tm
 
     def forward(self, x, position_ids=None, offset=0):
         B, T = x.shape[:2]
@@ -145,7 +145,7 @@ def rope_alone_us(cfg: TrainConfig, model_cfg: ModelConfig, n: int = 50, repeat:
     recomputed: the best of ``repeat`` rounds of ``n`` calls (other load on the machine only adds)."""
     import timeit
 
-    from train.model import LlamaRotaryEmbedding
+    from prodip.train.model import LlamaRotaryEmbedding
 
     rope = LlamaRotaryEmbedding(model_cfg)
     x = torch.empty(cfg.batch_size, cfg.seq_len, model_cfg.hidden_size)
@@ -206,8 +206,8 @@ def per_step_extras_us(cfg: TrainConfig, n: int = 500) -> dict[str, float]:
     drawing the micro-batches from the shards, the NaN/inf check, one metrics.jsonl line."""
     import timeit
 
-    from train.guards import check_finite
-    from train.loop import lr_at
+    from prodip.train.guards import check_finite
+    from prodip.train.loop import lr_at
 
     data = MixtureBatches(cfg.shards_dir, cfg.mixture, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
     loss, norm = torch.tensor(2.5), torch.tensor(0.7)

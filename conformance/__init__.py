@@ -7,7 +7,7 @@ onnxruntime, transformers) happen when a check runs, not here.
     prodip conformance runs/demo/export --checkpoint runs/demo/train
 """
 
-from conformance.config import ConformanceConfig
-from conformance.suite import evaluate, run_conformance
+from prodip.conformance.config import ConformanceConfig
+from prodip.conformance.suite import evaluate, run_conformance
 
 __all__ = ["ConformanceConfig", "evaluate", "run_conformance"]

@@ -1,4 +1,4 @@
-"""``python -m conformance EXPORT_DIR --checkpoint CKPT`` is ``prodip conformance ...``."""
+"""``python -m prodip.conformance EXPORT_DIR --checkpoint CKPT`` is ``prodip conformance ...``."""
 import sys
 
 from prodip.cli import main

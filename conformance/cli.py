@@ -8,7 +8,7 @@ conformance/tolerances.toml is allowed, but each such bound is listed under LOOS
 report.md, recorded in report.json and the manifest verdict, warned about here and by `prodip serve`.
 
     prodip conformance runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
-    python -m conformance runs/demo/export --shards-dir runs/demo/shards --variants fp32,int8 --out /tmp/conformance
+    python -m prodip.conformance runs/demo/export --shards-dir runs/demo/shards --variants fp32,int8 --out /tmp/conformance
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from prodip.config import add_arguments, resolve
 
 
 def _run(args: argparse.Namespace) -> int:
-    from conformance.config import ConformanceConfig
-    from conformance.suite import run_conformance
+    from prodip.conformance.config import ConformanceConfig
+    from prodip.conformance.suite import run_conformance
 
     if getattr(args, "export_dir_positional", None):
         args.export_dir = args.export_dir_positional
@@ -31,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
     print(open(md, encoding="utf-8").read())
     loosened = report["tolerances"]["loosened"]
     if loosened:
-        from conformance.tolerances import loosened_text
+        from prodip.conformance.tolerances import loosened_text
         print(f"prodip conformance: WARNING: {len(loosened)} tolerance bound(s) looser than the shipped "
               f"conformance/tolerances.toml ({report['tolerances']['path']}): {loosened_text(loosened)}",
               file=sys.stderr)
@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
     """Register ``conformance`` on the ``prodip`` parser (``only`` = the one subcommand wanted)."""
-    from conformance.config import ConformanceConfig
+    from prodip.conformance.config import ConformanceConfig
 
     if only not in (None, "conformance"):
         return

@@ -167,7 +167,7 @@ def check_value(value, tolerance: dict) -> bool:
 def load_tolerances(path) -> dict:
     """Read a tolerance TOML file, strictly validated: ``{candidate: {metric: {"max"|"min"|"equals": value}}}``.
 
-    See :mod:`conformance.tolerances` for the schema (known tables and metrics, the bound kind of
+    See :mod:`prodip.conformance.tolerances` for the schema (known tables and metrics, the bound kind of
     each, the checks every table requires).
 
     Raises:
@@ -176,6 +176,6 @@ def load_tolerances(path) -> dict:
             table/metric/bound key, a bound of the wrong kind or type, or a missing required check;
             the message names the file, the table and the key.
     """
-    from conformance.tolerances import load_tolerances as _load
+    from prodip.conformance.tolerances import load_tolerances as _load
 
     return _load(path)

@@ -1,12 +1,12 @@
 """Makes ``pytest conformance/ --export-dir DIR --checkpoint CKPT`` work: registers the plugin.
 
-Registration (rather than re-exporting the hooks) lets ``-p conformance.pytest_plugin`` and this
+Registration (rather than re-exporting the hooks) lets ``-p prodip.conformance.pytest_plugin`` and this
 conftest coexist without registering the options twice.
 
     pytest conformance/ --export-dir runs/demo/export --checkpoint runs/demo/train
 """
 
-PLUGIN = "conformance.pytest_plugin"
+PLUGIN = "prodip.conformance.pytest_plugin"
 
 
 def pytest_addoption(parser, pluginmanager):

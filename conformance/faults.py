@@ -5,7 +5,7 @@ bug would leave it (safetensors edits, ONNX graph surgery with the ``onnx`` libr
 refreshes the manifest's file hashes so that only the planted defect differs. Production code
 is never changed. Used by ``tests/conformance`` and runnable on any export:
 
-    python -m conformance.faults runs/demo/export /tmp/faults   # writes one dir per fault
+    python -m prodip.conformance.faults runs/demo/export /tmp/faults   # writes one dir per fault
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def copy_export(src: str | Path, dst: str | Path) -> Path:
 
 def refresh_manifest(export_dir: Path, **updates) -> None:
     """Re-hash every file into ``manifest.json`` (and apply top-level ``updates``); clears the verdict."""
-    from export.manifest import list_files
+    from prodip.export.manifest import list_files
     path = export_dir / "manifest.json"
     manifest = json.loads(path.read_text(encoding="utf-8"))
     manifest.update(files=list_files(export_dir), conformance=None, **updates)
@@ -222,7 +222,7 @@ def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
     tok = json.loads((dst / "tokenizer.json").read_text(encoding="utf-8"))
     tok["normalizer"] = None
     (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
-    from export.manifest import file_sha256
+    from prodip.export.manifest import file_sha256
     refresh_manifest(dst, tokenizer_sha256=file_sha256(dst / "tokenizer.json"))
     return dst
 
@@ -237,7 +237,7 @@ FAULTS = {"rope_interleaved": plant_rope_interleaved, "static_seq": plant_static
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m conformance.faults EXPORT_DIR OUT_DIR", file=sys.stderr)
+        print("usage: python -m prodip.conformance.faults EXPORT_DIR OUT_DIR", file=sys.stderr)
         return 2
     for name, fn in FAULTS.items():
         print(fn(Path(argv[0]), Path(argv[1]) / name))

@@ -143,9 +143,9 @@ def heldout_items(tokenizer: Any, shards_dir: str | Path, *, context_tokens: int
     counted on the decoded target text, for bits per character.
 
     Raises:
-        FileNotFoundError, ValueError: from ``tokenizer.shards`` (missing/corrupt shards, hash mismatch).
+        FileNotFoundError, ValueError: from ``prodip.tokenizer.shards`` (missing/corrupt shards, hash mismatch).
     """
-    from tokenizer.shards import load_meta, read_shard, shard_paths
+    from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
 
     meta = load_meta(shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     out = []

@@ -1,10 +1,10 @@
 """Measurements on one runner: logits on the input set, greedy decoding, KV-cache and padding checks.
 
-Each function drives a :class:`conformance.runners.Runner`, so the reference and every
+Each function drives a :class:`prodip.conformance.runners.Runner`, so the reference and every
 candidate go through exactly the same code. ``measure_candidate`` runs every phase, records a
 phase that raises as an error (never a crash), and returns plain numbers for the report.
 
-    python -m conformance EXPORT_DIR --checkpoint CKPT   # uses these
+    python -m prodip.conformance EXPORT_DIR --checkpoint CKPT   # uses these
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from conformance.compare import LogitAccumulator, bits_per_char, identical_prefix, logit_stats, nll_per_position
-from conformance.inputs import InputSet, Item
-from conformance.runners import Runner
+from prodip.conformance.compare import LogitAccumulator, bits_per_char, identical_prefix, logit_stats, nll_per_position
+from prodip.conformance.inputs import InputSet, Item
+from prodip.conformance.runners import Runner
 
 
 def run_item(runner: Runner, item: Item) -> np.ndarray:

@@ -2,7 +2,7 @@
 
     pytest conformance/ --export-dir runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
     PRODIP_EXPORT_DIR=runs/demo/export pytest conformance/
-    pytest -p conformance.pytest_plugin --pyargs conformance --export-dir DIR   # from any directory
+    pytest -p prodip.conformance.pytest_plugin --pyargs prodip.conformance --export-dir DIR   # from any directory
 
 Without an export dir every test is skipped with the reason. The checks are computed once per
 session by :func:`conformance.evaluate` (nothing is written to the export); a refusal (e.g. the
@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def conformance_config(config: pytest.Config):
     """The ConformanceConfig from options/env, or None when no export dir is given."""
-    from conformance.config import ConformanceConfig
+    from prodip.conformance.config import ConformanceConfig
     values = {}
     for flag, env, field, _ in _OPTIONS:
         value = config.getoption(flag.lstrip("-").replace("-", "_")) or os.environ.get(env)
@@ -54,7 +54,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("conformance_check", [pytest.param(None, marks=pytest.mark.skip(reason=SKIP_REASON))],
                              ids=["no-export"])
         return
-    from conformance.suite import plan_checks
+    from prodip.conformance.suite import plan_checks
     plan = plan_checks(cfg)
     metafunc.parametrize("conformance_check", plan, ids=[f"{c}::{m}" for c, m in plan])
 
@@ -62,7 +62,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def conformance_report(request: pytest.FixtureRequest) -> dict:
     """The report dict of :func:`conformance.evaluate`, computed once per session."""
-    from conformance.suite import evaluate
+    from prodip.conformance.suite import evaluate
     cfg = conformance_config(request.config)
     if cfg is None:
         pytest.skip(SKIP_REASON)

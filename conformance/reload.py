@@ -15,7 +15,7 @@ import torch
 
 
 def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safetensors") -> torch.nn.Module:
-    """Build ``train.model.LlamaForCausalLM`` from an export's config.json and safetensors weights.
+    """Build ``prodip.train.model.LlamaForCausalLM`` from an export's config.json and safetensors weights.
 
     Weights stored in bf16/fp16 are upcast to float32. A tied ``lm_head.weight`` may be absent
     from the file (stored once as ``model.embed_tokens.weight``).
@@ -31,8 +31,8 @@ def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safete
     """
     from safetensors.torch import load_file
 
-    from train.config import ModelConfig
-    from train.model import LlamaForCausalLM
+    from prodip.train.config import ModelConfig
+    from prodip.train.model import LlamaForCausalLM
 
     export_dir = Path(export_dir)
     cfg_path = export_dir / "config.json"

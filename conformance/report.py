@@ -106,7 +106,7 @@ def _global_details(g: dict[str, Any]) -> list[str]:
 
 def _tolerance_lines(tol: dict[str, Any] | None) -> list[str]:
     """A LOOSENED TOLERANCES section listing every bound looser than the shipped file's."""
-    from conformance.tolerances import bound_change
+    from prodip.conformance.tolerances import bound_change
 
     if not tol:
         return []

@@ -38,7 +38,7 @@ class Runner:
 
 
 class TorchRunner(Runner):
-    """prodip's ``train.model.LlamaForCausalLM`` (the reference, or the safetensors reload)."""
+    """prodip's ``prodip.train.model.LlamaForCausalLM`` (the reference, or the safetensors reload)."""
 
     def __init__(self, model: Any, name: str) -> None:
         self.model = model.eval()

@@ -4,7 +4,7 @@
 uses it); :func:`run_conformance` also writes ``report.json`` + ``report.md`` and records the
 verdict in the export's manifest (``prodip run`` and the CLI use it).
 
-    python -m conformance runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
+    python -m prodip.conformance runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from conformance.compare import check_value, load_tolerances
-from conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
+from prodip.conformance.compare import check_value, load_tolerances
+from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -82,13 +82,13 @@ def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[An
         ValueError: the checkpoint's model sha256 differs from ``source_checkpoint.model_sha256``.
         FileNotFoundError: no checkpoint at the path, or it lacks ``tokenizer/tokenizer.json`` (named).
     """
-    from train.checkpoint import load_model
+    from prodip.train.checkpoint import load_model
 
     src = manifest.get("source_checkpoint") or {}
     path = cfg.checkpoint or src.get("path")
     if not path:
         raise ValueError(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
-    from export.core import require_checkpoint_tokenizer
+    from prodip.export.core import require_checkpoint_tokenizer
     model, model_cfg, info = load_model(require_checkpoint_tokenizer(path))
     if info["model_sha256"] != src.get("model_sha256"):
         raise ValueError(
@@ -101,9 +101,9 @@ def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[An
 
 def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int):
     """Build the runner of one candidate (loading its file)."""
-    from conformance import runners
+    from prodip.conformance import runners
     if cand.kind == "prodip":
-        from conformance.reload import load_safetensors_model
+        from prodip.conformance.reload import load_safetensors_model
         return runners.TorchRunner(load_safetensors_model(export_dir, cand.path), cand.name)
     if cand.kind == "transformers":
         return runners.TransformersRunner(export_dir, cand.name)
@@ -139,9 +139,9 @@ def global_metrics(export_dir: Path, manifest: dict[str, Any], info: dict[str, A
     identity, and the exported vs training tokenizer's ids on the prompt texts."""
     from tokenizers import Tokenizer
 
-    from train.config import ModelConfig
+    from prodip.train.config import ModelConfig
 
-    from export.manifest import file_sha256, verify_files
+    from prodip.export.manifest import file_sha256, verify_files
 
     out: dict[str, Any] = {}
     try:
@@ -185,7 +185,7 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     """
     import torch
 
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
 
     t_start = time.perf_counter()
     if not cfg.export_dir:
@@ -218,7 +218,7 @@ def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
             held-out metric without ``shards_dir`` (or with ``heldout_tokens`` 0).
         FileNotFoundError: a file of a checked variant is missing (file and variant named).
     """
-    from conformance.tolerances import require_tables
+    from prodip.conformance.tolerances import require_tables
     from prodip.config import ConfigError
 
     tolerances = load_tolerances(tol_path)
@@ -255,8 +255,8 @@ def check_candidate(cand: Candidate, export_dir: Path, model_cfg: Any, inputs: A
         ``{variant, kind, path, metrics, errors, checks, passed, seconds, cpu_seconds}``; a
         candidate that cannot be loaded or run fails with the error recorded, it does not raise.
     """
-    from conformance import measure
-    from conformance.runners import onnx_axes_problems
+    from prodip.conformance import measure
+    from prodip.conformance.runners import onnx_axes_problems
 
     logger.info("conformance: measuring %s (%s)", cand.name, cand.path)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -289,12 +289,12 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     from tokenizers import Tokenizer
     from tqdm import tqdm
 
-    from conformance import measure
-    from conformance.compare import bits_per_char
-    from conformance.inputs import build_inputs
-    from conformance.runners import TorchRunner
-    from conformance.tolerances import compare_with_shipped
-    from export.manifest import file_sha256, files_table_sha256, tool_versions
+    from prodip.conformance import measure
+    from prodip.conformance.compare import bits_per_char
+    from prodip.conformance.inputs import build_inputs
+    from prodip.conformance.runners import TorchRunner
+    from prodip.conformance.tolerances import compare_with_shipped
+    from prodip.export.manifest import file_sha256, files_table_sha256, tool_versions
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
@@ -355,7 +355,7 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         ValueError / FileNotFoundError: see :func:`evaluate`; also ``out`` inside the export but
             outside its ``conformance/`` folder (nothing is written then).
     """
-    from conformance.report import write_report
+    from prodip.conformance.report import write_report
 
     out = Path(cfg.out) if cfg.out else Path(cfg.export_dir) / "conformance"
     export_root = Path(cfg.export_dir).resolve()
@@ -366,11 +366,11 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     paths = write_report(report, out, cfg)
     report["report_json"] = str(paths["json"])
     if cfg.write_manifest:
-        from export.manifest import set_conformance
+        from prodip.export.manifest import set_conformance
         export_dir = Path(cfg.export_dir).resolve()
         rj = paths["json"].resolve()
         rel = rj.relative_to(export_dir).as_posix() if rj.is_relative_to(export_dir) else str(rj)
-        from export.manifest import read_manifest
+        from prodip.export.manifest import read_manifest
         manifest = read_manifest(export_dir)
         set_conformance(export_dir, merge_verdict(manifest.get("conformance"), report, list(manifest["variants"]),
                                                   rel, paths["sha256"]))
@@ -403,7 +403,7 @@ def merge_verdict(previous: Optional[dict[str, Any]], report: dict[str, Any], ma
         filtered to the tables that gated that variant, ``[global]`` included). A report without
         ``tolerances`` gives checks without it, which ``prodip serve`` does not accept.
     """
-    from export.manifest import utc_now
+    from prodip.export.manifest import utc_now
 
     now = checked_utc or utc_now()
     files_sha = report["export_files_sha256"]
@@ -437,7 +437,7 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
         ValueError / FileNotFoundError: unreadable manifest, bad tolerance file, missing file
             (see :func:`preflight`).
     """
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
 
     manifest = read_manifest(cfg.export_dir)
     tolerances, candidates = preflight(Path(cfg.export_dir), manifest,

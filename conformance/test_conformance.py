@@ -8,7 +8,7 @@ from __future__ import annotations
 
 def test_check(conformance_check, conformance_report):
     """One gated metric of one candidate is within its tolerance (``export::*`` = export-wide)."""
-    from conformance.suite import find_check
+    from prodip.conformance.suite import find_check
 
     candidate, metric = conformance_check
     check = find_check(conformance_report, candidate, metric)

@@ -65,7 +65,7 @@ _BOUND_HELP = {
 
 def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
     """``(required metrics, allowed metrics -> bound kind)`` of a tolerance table, None if unknown."""
-    from export.config import SAFETENSORS_DTYPES, VARIANTS
+    from prodip.export.config import SAFETENSORS_DTYPES, VARIANTS
 
     if table == "global":
         return REQUIRED_GLOBAL, GLOBAL_METRICS
@@ -82,7 +82,7 @@ def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
 
 
 def known_tables() -> list[str]:
-    from export.config import SAFETENSORS_DTYPES, VARIANTS
+    from prodip.export.config import SAFETENSORS_DTYPES, VARIANTS
     return ["global", "safetensors", "transformers", *[v for v in VARIANTS if v != "safetensors"],
             *[f"{b}_{d}" for b in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES if d != "float32"]]
 

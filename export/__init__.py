@@ -16,10 +16,10 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "ExportConfig": "export.config", "VARIANTS": "export.config",
-    "export_checkpoint": "export.core", "export_model": "export.core", "size_table": "export.core",
-    "build_tiny_export": "export.testing", "build_tiny_checkpoint": "export.testing",
-    "read_manifest": "export.manifest", "verify_files": "export.manifest", "set_conformance": "export.manifest",
+    "ExportConfig": "prodip.export.config", "VARIANTS": "prodip.export.config",
+    "export_checkpoint": "prodip.export.core", "export_model": "prodip.export.core", "size_table": "prodip.export.core",
+    "build_tiny_export": "prodip.export.testing", "build_tiny_checkpoint": "prodip.export.testing",
+    "read_manifest": "prodip.export.manifest", "verify_files": "prodip.export.manifest", "set_conformance": "prodip.export.manifest",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,6 +1,6 @@
-"""``python -m export export CHECKPOINT --out DIR``: the export stage without the ``prodip`` wrapper.
+"""``python -m prodip.export export CHECKPOINT --out DIR``: the export stage without the ``prodip`` wrapper.
 
-    python -m export export runs/demo/train --out runs/demo/export
+    python -m prodip.export export runs/demo/train --out runs/demo/export
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from export.cli import add_subcommands
+    from prodip.export.cli import add_subcommands
     from prodip.config import ConfigError
 
-    parser = argparse.ArgumentParser(prog="python -m export")
+    parser = argparse.ArgumentParser(prog="python -m prodip.export")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_subcommands(sub)
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """``prodip export`` subcommand registration.
 
     prodip export runs/demo/train --out runs/demo/export
-    python -m export export runs/demo/train --out /tmp/export --variants fp32,int4 --force
+    python -m prodip.export export runs/demo/train --out /tmp/export --variants fp32,int4 --force
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from prodip.config import add_arguments, resolve
 
 
 def _export_main(args: argparse.Namespace) -> int:
-    from export.config import ExportConfig
-    from export.core import export_checkpoint
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
 
     if getattr(args, "checkpoint_pos", None):
         given = getattr(args, "checkpoint", None)
@@ -33,7 +33,7 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
     """Register ``export`` on the ``prodip`` subparsers (``only`` other than export/None: nothing)."""
     if only not in (None, "export"):
         return
-    from export.config import VARIANTS, ExportConfig
+    from prodip.export.config import VARIANTS, ExportConfig
 
     parser = subparsers.add_parser(
         "export", help="checkpoint -> HF safetensors + ONNX (fp32/fp16/int8/int4) + manifest",

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from export.config import VARIANTS, ExportConfig
+from prodip.export.config import VARIANTS, ExportConfig
 
 logger = logging.getLogger("export")
 
@@ -150,7 +150,7 @@ def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
         FileNotFoundError: no checkpoint there, or its ``tokenizer/tokenizer.json`` is missing
             (named, with the command that writes it).
     """
-    from train.checkpoint import TOKENIZER_SUBDIR, resolve_checkpoint
+    from prodip.train.checkpoint import TOKENIZER_SUBDIR, resolve_checkpoint
     ckpt = resolve_checkpoint(checkpoint)
     tok = ckpt / TOKENIZER_SUBDIR / "tokenizer.json"
     if not tok.is_file():
@@ -186,8 +186,8 @@ def _onnx_variant(name: str, path: str, dtype: str, quantization: Optional[dict[
 
 def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, dict[str, Any]]:
     """Write the requested ONNX variants into ``root/onnx``; returns their manifest entries."""
-    from export import quantize
-    from export.onnx import check_io, export_onnx
+    from prodip.export import quantize
+    from prodip.export.onnx import check_io, export_onnx
     wanted = [v for v in ("fp32", "fp16", "int8", "int4") if v in cfg.variants]
     if not wanted:
         return {}
@@ -222,7 +222,7 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
 
 def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path],
                  source_checkpoint: dict[str, Any], tokenizer_sha256: Optional[str]) -> Path:
-    """Export an in-memory ``train.model.LlamaForCausalLM`` into ``cfg.out`` (atomically).
+    """Export an in-memory ``prodip.train.model.LlamaForCausalLM`` into ``cfg.out`` (atomically).
 
     Args:
         model: the model (eval mode; any parameter dtype, ONNX is traced in float32).
@@ -264,8 +264,8 @@ def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path]
 def _build_all(model: Any, cfg: ExportConfig, tmp: Path, tokenizer_dir: Optional[Path],
                source_checkpoint: dict[str, Any], tokenizer_sha256: Optional[str], step) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
-    from export import hf
-    from export.manifest import write_manifest
+    from prodip.export import hf
+    from prodip.export.manifest import write_manifest
     from prodip.config import dump_toml, to_dict
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
@@ -292,11 +292,11 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
     Raises:
         ValueError: empty ``checkpoint``/``out``; a checkpoint file whose sha256 differs from its
             manifest, or a missing/extra/mis-shaped tensor (named, with both shapes), from
-            ``train.checkpoint.load_model``.
+            ``prodip.train.checkpoint.load_model``.
         FileNotFoundError: no checkpoint at ``cfg.checkpoint``, or it lacks ``tokenizer/tokenizer.json``.
         FileExistsError: ``cfg.out`` is not empty and ``cfg.force`` is false.
     """
-    from train.checkpoint import load_model
+    from prodip.train.checkpoint import load_model
     if not cfg.checkpoint:
         raise ValueError("ExportConfig.checkpoint is empty: give a checkpoint/run dir made by `prodip train`")
     if not cfg.out:
@@ -319,7 +319,7 @@ def size_table(export_dir: str | os.PathLike) -> str:
 
     Targets from issue 5: int8 <= 0.30x, int4 <= 0.20x with embeddings quantised.
     """
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
     manifest = read_manifest(export_dir)
     files = manifest["files"]
     sizes = {name: sum(files[rel]["bytes"] for rel in [v["path"], *v.get("external_data", [])])

@@ -1,7 +1,7 @@
 """Hugging Face Llama layout: ``config.json``, ``generation_config.json``, ``model.safetensors``
 and the tokenizer files, so ``transformers.AutoModelForCausalLM.from_pretrained(dir)`` loads it.
 
-The state-dict keys of ``train.model.LlamaForCausalLM`` already are the HF keys (no renaming, no
+The state-dict keys of ``prodip.train.model.LlamaForCausalLM`` already are the HF keys (no renaming, no
 RoPE permutation: the model uses rotate-half RoPE like HF). A tied ``lm_head.weight`` is stored
 once, as ``model.embed_tokens.weight``, with ``tie_word_embeddings: true`` in the config: HF
 re-ties it on load, and safetensors never sees two tensors sharing memory.
@@ -33,13 +33,13 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
     """The export's ``config.json``: ModelConfig fields + the fixed HF keys, no renaming.
 
     Args:
-        config: a ``train.config.ModelConfig``.
+        config: a ``prodip.train.config.ModelConfig``.
         dtype: dtype name of ``model.safetensors`` (``float32``, ``bfloat16``, ``float16``).
     Returns:
         A JSON-able dict with ``architectures``, ``model_type``, ``torch_dtype`` and ``dtype``
         (transformers 4.x reads the former, 5.x the latter), token ids and ``use_cache``.
     """
-    from train.config import HF_FIXED_KEYS
+    from prodip.train.config import HF_FIXED_KEYS
     out = {**HF_FIXED_KEYS, **config.to_dict()}
     out.update(torch_dtype=dtype, dtype=dtype, use_cache=True)
     return out
@@ -56,7 +56,7 @@ def export_state_dict(model: torch.nn.Module, dtype: str) -> dict[str, torch.Ten
     """Tensors to store: HF keys, contiguous CPU tensors in ``dtype``, a tied lm_head dropped.
 
     Args:
-        model: ``train.model.LlamaForCausalLM``.
+        model: ``prodip.train.model.LlamaForCausalLM``.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
     Returns:
         key -> tensor; ``lm_head.weight`` is absent when ``config.tie_word_embeddings``.
@@ -84,7 +84,7 @@ def write_hf(model: torch.nn.Module, out_dir: str | os.PathLike, *, dtype: str =
     """Write the HF-layout files of ``model`` into ``out_dir`` (an existing, private temp dir).
 
     Args:
-        model: ``train.model.LlamaForCausalLM`` (any parameter dtype).
+        model: ``prodip.train.model.LlamaForCausalLM`` (any parameter dtype).
         out_dir: destination folder (the caller renames it into place when complete).
         dtype: ``model.safetensors`` dtype: ``float32``, ``bfloat16`` or ``float16``.
         tokenizer_dir: folder holding ``tokenizer.json`` (+ ``tokenizer_config.json``,
@@ -136,7 +136,7 @@ def load_hf_state(export_dir: str | os.PathLike) -> tuple[Any, dict[str, torch.T
     """
     from safetensors.torch import load_file
 
-    from train.config import ModelConfig
+    from prodip.train.config import ModelConfig
     root = Path(export_dir)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (root / name).is_file():

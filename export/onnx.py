@@ -100,10 +100,10 @@ def _dynamic_shapes(num_layers: int) -> dict[str, Any]:
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
                 external_data: bool | None = None) -> Path:
-    """Trace ``model`` (a ``train.model.LlamaForCausalLM``) into an ONNX decoder with KV cache.
+    """Trace ``model`` (a ``prodip.train.model.LlamaForCausalLM``) into an ONNX decoder with KV cache.
 
     The model is exported in float32 whatever its parameter dtype (quantised and fp16 variants
-    are derived from this file by :mod:`export.quantize`).
+    are derived from this file by :mod:`prodip.export.quantize`).
 
     Args:
         model: the training model; it is copied to float32 and put in eval mode, not modified.

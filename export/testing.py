@@ -1,7 +1,7 @@
 """Tiny checkpoints and exports for the test fixtures of every package (export, conformance, serve).
 
-They go through the real APIs: ``tokenizer.bpe.train_tokenizer_from_texts``,
-``train.checkpoint.save_checkpoint`` and :func:`export.core.export_checkpoint`. Weights are
+They go through the real APIs: ``prodip.tokenizer.bpe.train_tokenizer_from_texts``,
+``prodip.train.checkpoint.save_checkpoint`` and :func:`prodip.export.core.export_checkpoint`. Weights are
 random (seeded) with unit-gain scale, so logits are far from flat and argmax comparisons mean something.
 
     python -c "import tempfile, export; print(export.build_tiny_export(tempfile.mkdtemp(), variants=['fp32']))"
@@ -27,7 +27,7 @@ def tiny_model_config(*, vocab_size: int = 512, tie: bool = False, hidden_size: 
                       num_key_value_heads: int = 2, max_position_embeddings: int = 256,
                       intermediate_size: Optional[int] = None) -> Any:
     """A ``ModelConfig`` for tests: hidden 64, 2 layers, GQA 4/2, intermediate 2 * hidden by default."""
-    from train.config import ModelConfig
+    from prodip.train.config import ModelConfig
     intermediate_size = 2 * hidden_size if intermediate_size is None else intermediate_size
     return ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
@@ -44,7 +44,7 @@ def tiny_model(config: Any, *, seed: int = 0, std: Optional[float] = None) -> An
     """
     import torch
 
-    from train.model import LlamaForCausalLM
+    from prodip.train.model import LlamaForCausalLM
     model = LlamaForCausalLM(config)
     std = config.hidden_size ** -0.5 if std is None else std
     gen = torch.Generator().manual_seed(seed)
@@ -71,8 +71,8 @@ def build_tiny_checkpoint(tmp_dir: str | os.PathLike, *, tie: bool = False, voca
     Returns:
         The run dir (``tmp_dir/run``); its ``checkpoints/latest`` names the step dir.
     """
-    from tokenizer.bpe import train_tokenizer_from_texts
-    from train.checkpoint import save_checkpoint
+    from prodip.tokenizer.bpe import train_tokenizer_from_texts
+    from prodip.train.checkpoint import save_checkpoint
     root = Path(tmp_dir)
     tok_dir = train_tokenizer_from_texts(TINY_TEXTS, min(vocab_size, 300), root / "tokenizer")
     config = tiny_model_config(vocab_size=vocab_size, tie=tie, **config_kwargs)
@@ -90,13 +90,13 @@ def build_tiny_export(tmp_dir: str | os.PathLike, *, tie: bool = False, vocab_si
     Args:
         tmp_dir: empty scratch folder; gets ``tokenizer/``, ``run/`` and ``export/``.
         tie, vocab_size, seed, **config_kwargs: see :func:`build_tiny_checkpoint`.
-        variants: subset of ``export.config.VARIANTS`` (default all: ~5-10 s on 2 cores).
+        variants: subset of ``prodip.export.config.VARIANTS`` (default all: ~5-10 s on 2 cores).
         export_options: more ExportConfig fields, e.g. ``{"onnx_external_data": True}``.
     Returns:
         The export dir (``tmp_dir/export``).
     """
-    from export.config import VARIANTS, ExportConfig
-    from export.core import export_checkpoint
+    from prodip.export.config import VARIANTS, ExportConfig
+    from prodip.export.core import export_checkpoint
     run = build_tiny_checkpoint(tmp_dir, tie=tie, vocab_size=vocab_size, seed=seed, **config_kwargs)
     cfg = ExportConfig(checkpoint=str(run), out=str(Path(tmp_dir) / "export"),
                        variants=list(variants or VARIANTS), **(export_options or {}))

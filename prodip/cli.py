@@ -21,13 +21,13 @@ from prodip.config import ConfigError
 # (subcommand, package providing it, one-line help). Packages are imported lazily so that
 # `prodip serve --help` does not pay for (or need) torch.
 _STAGES = [
-    ("tokenizer", "tokenizer", "train, audit and gate a Bangla-aware BPE tokenizer"),
-    ("data", "tokenizer", "encode a corpus into token shards with a tokenizer dir"),
-    ("train", "train", "train a Llama-style model on token shards (torchrun for several GPUs)"),
-    ("eval", "train", "held-out NLL and bits/char of a checkpoint vs its random-initialised twin"),
-    ("export", "export", "checkpoint -> HF safetensors + ONNX (fp32/fp16/int8/int4) + manifest"),
-    ("conformance", "conformance", "prove every exported artifact computes what the training model computes"),
-    ("serve", "serve", "HTTP generation (OpenAI-compatible) from an export dir on ONNX Runtime"),
+    ("tokenizer", "prodip.tokenizer", "train, audit and gate a Bangla-aware BPE tokenizer"),
+    ("data", "prodip.tokenizer", "encode a corpus into token shards with a tokenizer dir"),
+    ("train", "prodip.train", "train a Llama-style model on token shards (torchrun for several GPUs)"),
+    ("eval", "prodip.train", "held-out NLL and bits/char of a checkpoint vs its random-initialised twin"),
+    ("export", "prodip.export", "checkpoint -> HF safetensors + ONNX (fp32/fp16/int8/int4) + manifest"),
+    ("conformance", "prodip.conformance", "prove every exported artifact computes what the training model computes"),
+    ("serve", "prodip.serve", "HTTP generation (OpenAI-compatible) from an export dir on ONNX Runtime"),
     ("run", "prodip.pipeline", "run the whole pipeline from one TOML config"),
 ]
 
@@ -42,7 +42,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     wanted = next((a for a in (argv or []) if not a.startswith("-")), None)
     for name, package, help_text in _STAGES:
         if wanted == name:
-            module = importlib.import_module(package if package.startswith("prodip") else f"{package}.cli")
+            module = importlib.import_module(package if package == "prodip.pipeline" else f"{package}.cli")
             module.add_subcommands(sub, only=name)
         else:
             sub.add_parser(name, help=help_text)

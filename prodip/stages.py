@@ -34,15 +34,15 @@ ORDER = ["tokenizer", "data", "train", "eval", "export", "conformance", "serve"]
 
 # table name -> "module:ConfigClass"
 CONFIG_CLASSES = {
-    "tokenizer": "tokenizer.bpe:TokenizerTrainConfig",
-    "audit": "tokenizer.audit:AuditConfig",
-    "data": "tokenizer.encode:DataPrepareConfig",
-    "model": "train.config:ModelConfig",
-    "train": "train.trainer:TrainConfig",
-    "eval": "train.eval:EvalConfig",
-    "export": "export.config:ExportConfig",
-    "conformance": "conformance.config:ConformanceConfig",
-    "serve": "serve.config:ServeConfig",
+    "tokenizer": "prodip.tokenizer.bpe:TokenizerTrainConfig",
+    "audit": "prodip.tokenizer.audit:AuditConfig",
+    "data": "prodip.tokenizer.encode:DataPrepareConfig",
+    "model": "prodip.train.config:ModelConfig",
+    "train": "prodip.train.trainer:TrainConfig",
+    "eval": "prodip.train.eval:EvalConfig",
+    "export": "prodip.export.config:ExportConfig",
+    "conformance": "prodip.conformance.config:ConformanceConfig",
+    "serve": "prodip.serve.config:ServeConfig",
 }
 SECTIONS = list(CONFIG_CLASSES)
 
@@ -166,7 +166,7 @@ def _tokenizer_done(plan: dict) -> bool:
 
 def _data_done(plan: dict) -> bool:
     """Shards exist and were encoded with the current tokenizer."""
-    from tokenizer.bpe import tokenizer_sha256
+    from prodip.tokenizer.bpe import tokenizer_sha256
     meta = _read_json(Path(plan["data"].out_dir) / "meta.json")
     try:
         return bool(meta) and meta.get("tokenizer_sha256") == tokenizer_sha256(plan["data"].tokenizer_dir)
@@ -176,7 +176,7 @@ def _data_done(plan: dict) -> bool:
 
 def _latest_model_sha256(plan: dict) -> str | None:
     """sha256 of the newest checkpoint's weights (None if there is none yet)."""
-    from train import checkpoint
+    from prodip.train import checkpoint
     try:
         weights = checkpoint.resolve_checkpoint(plan["train"].out_dir) / "model.safetensors"
         st = weights.stat()
@@ -199,7 +199,7 @@ def _tokenizer_run(plan: dict) -> None:
     Raises:
         ValueError: the gate failed (the message names each language, its figure and the minimum).
     """
-    from tokenizer import audit, bpe
+    from prodip.tokenizer import audit, bpe
     # Not done means never trained, or audited and failed: (re)train, since the [tokenizer] table
     # may have changed since (a run that never passed this stage takes the new config).
     bpe.train_tokenizer(dataclasses.replace(plan["tokenizer"], overwrite=True))
@@ -213,7 +213,7 @@ def _tokenizer_run(plan: dict) -> None:
 # ---- data -----------------------------------------------------------------------------------
 
 def _data_run(plan: dict) -> None:
-    from tokenizer import encode
+    from prodip.tokenizer import encode
     cfg = plan["data"]
     stale = (Path(cfg.out_dir) / "meta.json").exists()  # shards of an earlier tokenizer of this run
     encode.prepare_shards(dataclasses.replace(cfg, overwrite=True) if stale else cfg)
@@ -222,7 +222,7 @@ def _data_run(plan: dict) -> None:
 # ---- train ----------------------------------------------------------------------------------
 
 def _train_done(plan: dict) -> bool:
-    from train import checkpoint
+    from prodip.train import checkpoint
     try:
         ckpt = checkpoint.resolve_checkpoint(plan["train"].out_dir)
     except (FileNotFoundError, ValueError):
@@ -236,7 +236,7 @@ def _train_done(plan: dict) -> bool:
 
 
 def _train_run(plan: dict) -> None:
-    from train import trainer
+    from prodip.train import trainer
     cfg = plan["train"]
     if (Path(cfg.out_dir) / "checkpoints" / "latest").exists():
         cfg = dataclasses.replace(cfg, resume=True)  # an interrupted run continues
@@ -246,12 +246,12 @@ def _train_run(plan: dict) -> None:
 # ---- eval, export, conformance --------------------------------------------------------------
 
 def _eval_run(plan: dict) -> None:
-    from train import eval as evaluation
+    from prodip.train import eval as evaluation
     evaluation.evaluate(plan["eval"])
 
 
 def _export_run(plan: dict) -> None:
-    import export
+    from prodip import export
     cfg = plan["export"]
     stale = (Path(cfg.out) / "manifest.json").exists()  # an export of an earlier checkpoint of this run
     export.export_checkpoint(dataclasses.replace(cfg, force=True) if stale else cfg)
@@ -291,7 +291,7 @@ def _export_done(plan: dict) -> bool:
 def _conformance_done(plan: dict) -> bool:
     """The current export carries a passing verdict (a re-export clears it) that was measured on
     the export's current files (the sha256 of its manifest's files table)."""
-    from export.manifest import files_table_sha256
+    from prodip.export.manifest import files_table_sha256
     manifest = _read_json(Path(plan["export"].out) / "manifest.json")
     verdict = (manifest or {}).get("conformance") or {}
     if verdict.get("passed") and verdict.get("export_files_sha256") != files_table_sha256(manifest.get("files") or {}):
@@ -301,7 +301,7 @@ def _conformance_done(plan: dict) -> bool:
 
 
 def _conformance_run(plan: dict) -> None:
-    import conformance
+    from prodip import conformance
     report = conformance.run_conformance(plan["conformance"])
     if not report.get("passed"):
         raise ValueError(f"conformance failed: see {Path(plan['conformance'].out) / 'report.md'}")

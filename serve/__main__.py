@@ -1,4 +1,4 @@
-"""``python -m serve serve EXPORT_DIR [flags]``: the same as ``prodip serve``."""
+"""``python -m prodip.serve serve EXPORT_DIR [flags]``: the same as ``prodip serve``."""
 import sys
 
 from prodip.cli import main

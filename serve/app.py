@@ -1,4 +1,4 @@
-"""FastAPI app over an export dir: ``create_app(export_dir)``; thin routes over ``serve.service``.
+"""FastAPI app over an export dir: ``create_app(export_dir)``; thin routes over ``prodip.serve.service``.
 
 Endpoints: ``POST /v1/completions`` (OpenAI), ``POST /v1/generate`` (native), ``GET /v1/models``,
 ``GET /health`` (503 until the model is loaded), ``GET /metrics`` (Prometheus), ``POST /tokenize``,
@@ -24,13 +24,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve import completions as fmt
-from serve.config import ServeConfig
-from serve.engine import load_export
-from serve.metrics import ServeMetrics
-from serve.schemas import (CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest,
+from prodip.serve import completions as fmt
+from prodip.serve.config import ServeConfig
+from prodip.serve.engine import load_export
+from prodip.serve.metrics import ServeMetrics
+from prodip.serve.schemas import (CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest,
                            error_body)
-from serve.service import APIError, Service
+from prodip.serve.service import APIError, Service
 
 log = logging.getLogger(__name__)
 _ROUTES = ("/v1/completions", "/v1/generate", "/v1/models", "/health", "/metrics", "/tokenize",
@@ -51,7 +51,7 @@ def create_app(export_dir: str | os.PathLike | None = None, variant: str = "fp32
     Returns:
         The FastAPI app, with ``app.state.service`` (:class:`Service`).
     Raises:
-        FileNotFoundError / ValueError: from ``serve.engine.load_export`` (missing files, hash
+        FileNotFoundError / ValueError: from ``prodip.serve.engine.load_export`` (missing files, hash
             mismatch, missing or failing conformance verdict without ``allow_unverified``).
     """
     if config is None:

@@ -21,9 +21,9 @@ from typing import Any, Callable, Optional, Sequence as Seq
 
 import numpy as np
 
-from serve.engine import OnnxDecoder, to_numpy
-from serve.sampling import TokenPenalties, log_softmax, make_rng, sample_token, top_logprobs
-from serve.text import IncrementalDetokenizer, StopMatcher
+from prodip.serve.engine import OnnxDecoder, to_numpy
+from prodip.serve.sampling import TokenPenalties, log_softmax, make_rng, sample_token, top_logprobs
+from prodip.serve.text import IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
 

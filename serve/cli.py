@@ -1,4 +1,4 @@
-"""``prodip serve EXPORT_DIR`` (and ``python -m serve serve EXPORT_DIR``): run the HTTP server.
+"""``prodip serve EXPORT_DIR`` (and ``python -m prodip.serve serve EXPORT_DIR``): run the HTTP server.
 
     prodip serve exports/demo --variant int8 --port 8000
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from prodip.config import add_arguments, resolve
-from serve.config import ServeConfig
+from prodip.serve.config import ServeConfig
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
@@ -32,6 +32,6 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from serve.app import run_server  # fastapi/uvicorn only when actually serving
+    from prodip.serve.app import run_server  # fastapi/uvicorn only when actually serving
 
     return run_server(config_from_args(args))

@@ -22,8 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
-from serve.batching import PromptScores, TokenOut
-from serve.service import Service
+from prodip.serve.batching import PromptScores, TokenOut
+from prodip.serve.service import Service
 
 
 def sse(payload: Any) -> str:

@@ -66,7 +66,7 @@ def _is_sha256(value: Any) -> bool:
 
 
 def _verdict_shape_problem(verdict: dict[str, Any], variant: str) -> str | None:
-    """What is missing from a verdict as ``conformance.suite.merge_verdict`` writes it (None: complete)."""
+    """What is missing from a verdict as ``prodip.conformance.suite.merge_verdict`` writes it (None: complete)."""
     if not isinstance(verdict, dict):
         return f"is {type(verdict).__name__}, not an object"
     if not isinstance(verdict.get("passed"), bool):
@@ -98,18 +98,18 @@ def _verdict_shape_problem(verdict: dict[str, Any], variant: str) -> str | None:
 def conformance_check(manifest: dict[str, Any], variant: str) -> tuple[bool, str, dict[str, Any]]:
     """Whether the manifest's conformance verdict passes ``variant`` for the export's CURRENT files.
 
-    A variant is verified only when the verdict has the structure ``conformance.suite.merge_verdict``
+    A variant is verified only when the verdict has the structure ``prodip.conformance.suite.merge_verdict``
     writes (per-variant ``variants`` and ``checks``, ``export_files_sha256``, ``report``,
     ``report_sha256``, the tolerances each variant was checked with), the variant's own entry passed,
     and ``export_files_sha256`` equals the sha256 of the manifest's current ``files`` table
-    (:func:`export.manifest.files_table_sha256`): a verdict does not survive a file being swapped.
+    (:func:`prodip.export.manifest.files_table_sha256`): a verdict does not survive a file being swapped.
 
     Returns:
         ``(ok, reason, check)``: reason is "" when ok, else a sentence naming the fix; ``check`` is
         the variant's entry of ``verdict["checks"]`` (``{}`` when there is none), whose
         ``tolerances.loosened`` lists bounds looser than the shipped tolerance file.
     """
-    from export.manifest import files_table_sha256
+    from prodip.export.manifest import files_table_sha256
 
     verdict = manifest.get("conformance")
     fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"

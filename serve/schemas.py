@@ -1,7 +1,7 @@
 """Request bodies of the HTTP API (pydantic, ``extra="forbid"``: an unknown field is a 400).
 
-Ranges are checked here (-> 400 in OpenAI's error form, see ``serve.app``); limits that need the
-model (context window, vocabulary) are checked in ``serve.service``. As in OpenAI's API, ``null`` for
+Ranges are checked here (-> 400 in OpenAI's error form, see ``prodip.serve.app``); limits that need the
+model (context window, vocabulary) are checked in ``prodip.serve.service``. As in OpenAI's API, ``null`` for
 an optional field means its default, types are strict (a number sent as a string, an integer field
 sent as ``2.0`` or a boolean sent as ``1`` is a 400; integers are fine for float fields), and every text (prompt, stop, model, ...) must be valid Unicode:
 a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's json accepts) is a 400 naming the field.
@@ -70,7 +70,7 @@ class _Sampling(_Strict):
     @classmethod
     def _logit_bias_form(cls, value: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
         """Keys: token ids in ASCII decimal ("50256"), one entry per id; values in [-100, 100].
-        Whether an id is inside the vocabulary is checked in ``serve.service`` (it needs the model).
+        Whether an id is inside the vocabulary is checked in ``prodip.serve.service`` (it needs the model).
 
         Raises: a validation error (-> 400, param ``logit_bias``) naming the offending key.
         """

@@ -19,12 +19,12 @@ import time
 from functools import lru_cache
 from typing import Any, AsyncIterator, Optional, Sequence as Seq, Union
 
-from serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
-from serve.config import ServeConfig
-from serve.engine import ExportInfo, OnnxDecoder, load_tokenizer
-from serve.metrics import ServeMetrics
-from serve.schemas import error_body
-from serve.text import IncrementalDetokenizer
+from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
+from prodip.serve.config import ServeConfig
+from prodip.serve.engine import ExportInfo, OnnxDecoder, load_tokenizer
+from prodip.serve.metrics import ServeMetrics
+from prodip.serve.schemas import error_body
+from prodip.serve.text import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 #: most sequences (prompts x n) one request may start.
@@ -46,7 +46,7 @@ class Service:
     """Everything a request needs; :meth:`load` runs once, off the event loop.
 
     Args:
-        info: the checked export (``serve.engine.load_export``).
+        info: the checked export (``prodip.serve.engine.load_export``).
         config: server settings.
         metrics: where counters go.
     """

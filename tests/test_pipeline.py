@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenizer.corpus import expand_inputs, iter_language
+from prodip.tokenizer.corpus import expand_inputs, iter_language
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,10 +108,10 @@ def tiny_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_every_artifact_exists_and_is_valid(tiny_run):
-    from export.manifest import read_manifest, verify_files
-    from tokenizer.bpe import load_tokenizer, tokenizer_sha256
-    from tokenizer.shards import load_meta, read_shard, shard_paths
-    from train.checkpoint import load_model
+    from prodip.export.manifest import read_manifest, verify_files
+    from prodip.tokenizer.bpe import load_tokenizer, tokenizer_sha256
+    from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
+    from prodip.train.checkpoint import load_model
 
     _, run, stdout = tiny_run
     tok = load_tokenizer(run / "tokenizer")
@@ -175,7 +175,7 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
 @pytest.mark.slow
 def test_a_deleted_export_file_is_exported_again(tiny_run):
     config, run, _ = tiny_run
-    from export.manifest import verify_files
+    from prodip.export.manifest import verify_files
     onnx_int8 = next((run / "export" / "onnx").glob("*int8*.onnx"))
     onnx_int8.unlink()
     again = _prodip("run", str(config), "--stages", "export,conformance")

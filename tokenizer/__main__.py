@@ -1,6 +1,6 @@
-"""``python -m tokenizer train|audit|prepare``: the tokenizer stage without the ``prodip`` wrapper.
+"""``python -m prodip.tokenizer train|audit|prepare``: the tokenizer stage without the ``prodip`` wrapper.
 
-    python -m tokenizer audit --tokenizer-dir runs/tok --heldout bn=data/heldout/udhr_ben.txt
+    python -m prodip.tokenizer audit --tokenizer-dir runs/tok --heldout bn=data/heldout/udhr_ben.txt
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import logging
 import sys
 
 from prodip.config import ConfigError
-from tokenizer.cli import add_subcommands
+from prodip.tokenizer.cli import add_subcommands
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (``train``/``audit`` of ``prodip tokenizer``, or ``prepare`` of ``prodip data``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m tokenizer")
+    parser = argparse.ArgumentParser(prog="python -m prodip.tokenizer")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_subcommands(sub)
     if argv and argv[0] in ("train", "audit"):

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from prodip.config import from_dict, opt, read_toml
-from tokenizer.bpe import (FORMAT_VERSION, SPECIAL_TOKENS, TokenizerTrainConfig, load_tokenizer, tokenizer_sha256,
+from prodip.tokenizer.bpe import (FORMAT_VERSION, SPECIAL_TOKENS, TokenizerTrainConfig, load_tokenizer, tokenizer_sha256,
                            train_tokenizer)
-from tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
+from prodip.tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
 
 log = logging.getLogger(__name__)
 FERTILITY_NAME = "fertility.json"

@@ -26,8 +26,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from prodip.config import dump_toml, opt, to_dict
 from prodip.files import file_sha256
-from tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
-from tokenizer.superword import learn_superwords
+from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
+from prodip.tokenizer.superword import learn_superwords
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Each verb reads an optional ``--config TOML`` (sections ``[tokenizer]``, ``[audit]``, ``[data]``) and
 ``--kebab-case`` flags generated from its config dataclass; flags override the file.
 
-    python -m tokenizer train --inputs bn=data/bn,en=data/en --vocab-size 8192 --out-dir runs/tok
+    python -m prodip.tokenizer train --inputs bn=data/bn,en=data/en --vocab-size 8192 --out-dir runs/tok
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from prodip.config import add_arguments, resolve
 
 # (group, verb, module, config class, TOML section, one-line help)
 _VERBS = [
-    ("tokenizer", "train", "tokenizer.bpe", "TokenizerTrainConfig", "tokenizer",
+    ("tokenizer", "train", "prodip.tokenizer.bpe", "TokenizerTrainConfig", "tokenizer",
      "train the Bangla-aware BPE tokenizer (or the naive baseline) into a tokenizer dir"),
-    ("tokenizer", "audit", "tokenizer.audit", "AuditConfig", "audit",
+    ("tokenizer", "audit", "prodip.tokenizer.audit", "AuditConfig", "audit",
      "fertility per language on held-out text -> fertility.json + table; exit 1 if the gate fails"),
-    ("data", "prepare", "tokenizer.encode", "DataPrepareConfig", "data",
+    ("data", "prepare", "prodip.tokenizer.encode", "DataPrepareConfig", "data",
      "encode a corpus into per-language train/val token shards + meta.json"),
 ]
 _GROUP_HELP = {"tokenizer": "train, audit and gate a Bangla-aware BPE tokenizer",
@@ -33,14 +33,14 @@ def _cfg(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tokenizer.bpe import train_tokenizer
+    from prodip.tokenizer.bpe import train_tokenizer
     out = train_tokenizer(_cfg(args))
     print(f"tokenizer written to {out}")
     return 0
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from tokenizer.audit import format_table, run_audit
+    from prodip.tokenizer.audit import format_table, run_audit
     report = run_audit(_cfg(args))
     print(format_table(report))
     if not report["gate"]["passed"]:
@@ -50,8 +50,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from tokenizer.encode import prepare_shards
-    from tokenizer.shards import load_meta
+    from prodip.tokenizer.encode import prepare_shards
+    from prodip.tokenizer.shards import load_meta
     out = prepare_shards(_cfg(args))
     meta = load_meta(out)
     for lang, info in meta["languages"].items():

@@ -5,7 +5,7 @@ recursively, sorted by path): ``.txt`` / ``.txt.gz`` (documents = runs of paragr
 line once ``doc_chars`` characters are reached), ``.jsonl`` / ``.jsonl.gz`` (one document per line,
 its ``text`` field) and ``.tsv`` (header row; the column named after the language, one document per row).
 
-    python -m tokenizer.corpus data/bn        # count files, documents and characters
+    python -m prodip.tokenizer.corpus data/bn        # count files, documents and characters
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from prodip.config import dump_toml, opt, to_dict
-from tokenizer import shards
-from tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
-from tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
+from prodip.tokenizer import shards
+from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
+from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
 
 log = logging.getLogger(__name__)
 

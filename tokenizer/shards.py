@@ -5,7 +5,7 @@ A shard is a 256 x int32 header followed by the tokens (the llm.c layout):
 ``header[2]`` = number of tokens, ``header[3]`` = bytes per token; the rest is zero.
 A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``.
 
-    python -m tokenizer.shards runs/demo/shards      # print meta.json and check every shard
+    python -m prodip.tokenizer.shards runs/demo/shards      # print meta.json and check every shard
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
     Args:
         shards_dir: a dir written by ``prodip data prepare``.
         expected_tokenizer_sha256: when given, the sha256 of the tokenizer.json the run was configured
-            with (``tokenizer.bpe.tokenizer_sha256(dir)``); a different hash is refused.
+            with (``prodip.tokenizer.bpe.tokenizer_sha256(dir)``); a different hash is refused.
 
     Returns:
         the meta dict: ``{format_version, tokenizer_sha256, vocab_size, token_dtype, bos_id, eos_id, pad_id,
@@ -191,7 +191,7 @@ def shard_paths(shards_dir: str | os.PathLike, lang: str, split: str) -> list[Pa
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tokenizer.shards SHARDS_DIR", file=sys.stderr)
+        print("usage: python -m prodip.tokenizer.shards SHARDS_DIR", file=sys.stderr)
         return 2
     meta = load_meta(argv[0])
     print(json.dumps({k: v for k, v in meta.items() if k != "languages"}, indent=2))

@@ -1,6 +1,6 @@
-"""``python -m train train|eval ...`` (same as ``prodip train|eval``; torchrun-friendly: ``-m train``).
+"""``python -m prodip.train train|eval ...`` (same as ``prodip train|eval``; torchrun-friendly: ``-m prodip.train``).
 
-    python -m train train --config configs/demo.toml
+    python -m prodip.train train --config configs/demo.toml
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("train", "eval"):
         argv = ["--help"] if not argv else argv
-        print("usage: python -m train {train,eval} ...", file=sys.stderr)
+        print("usage: python -m prodip.train {train,eval} ...", file=sys.stderr)
         return 2
     return prodip_main(argv)
 

@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from prodip.files import file_sha256
-from train.config import ModelConfig
+from prodip.train.config import ModelConfig
 
 FORMAT_VERSION = 1
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -169,7 +169,7 @@ def save_checkpoint(checkpoints_dir: str | os.PathLike, *, step: int, model: tor
         optimizer: if given, its full state (AdamW moments, step counts, param groups).
         tokens_seen: training tokens consumed so far (all ranks).
         train_config: the resolved TrainConfig as a JSON-able dict.
-        data_state: the data loader's exact position (JSON-able), see ``train.data``.
+        data_state: the data loader's exact position (JSON-able), see ``prodip.train.data``.
         extra_state: more JSON-able fields for ``trainer_state.json`` (e.g. python/numpy RNG).
         keep_last: keep this many newest complete checkpoints (>= 1); older ones are removed.
 
@@ -317,7 +317,7 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         ValueError: a hash mismatch naming the file; a missing/extra/mis-shaped tensor naming it
             and both shapes; a bad config.json; the tokenizer copy not matching trainer_state.json.
     """
-    from train.model import LlamaForCausalLM
+    from prodip.train.model import LlamaForCausalLM
 
     ckpt = resolve_checkpoint(path)
     manifest = verify_manifest(ckpt)

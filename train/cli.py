@@ -1,7 +1,7 @@
 """``prodip train`` (and ``prodip eval``, provided by train/eval.py) subcommand registration.
 
     prodip train --config configs/demo.toml --steps 50
-    python -m train train --config configs/demo.toml --resume true
+    python -m prodip.train train --config configs/demo.toml --resume true
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import argparse
 import os
 
 from prodip.config import add_arguments, resolve
-from train.config import ModelConfig
+from prodip.train.config import ModelConfig
 
 
 def _train_main(args: argparse.Namespace) -> int:
-    from train.trainer import TrainConfig, train
+    from prodip.train.trainer import TrainConfig, train
 
     model_cfg = resolve(ModelConfig, args, toml_path=args.config, section="model")
     train_cfg = resolve(TrainConfig, args, toml_path=args.config, section="train")
@@ -25,7 +25,7 @@ def _train_main(args: argparse.Namespace) -> int:
 
 
 def _add_train(subparsers) -> None:
-    from train.trainer import TrainConfig
+    from prodip.train.trainer import TrainConfig
 
     parser = subparsers.add_parser(
         "train", help="train a Llama-style model on token shards (torchrun for several GPUs)",
@@ -45,5 +45,5 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
     if only in (None, "train"):
         _add_train(subparsers)
     if only in (None, "eval"):
-        from train.eval import add_eval_subcommand
+        from prodip.train.eval import add_eval_subcommand
         add_eval_subcommand(subparsers)

@@ -1,6 +1,6 @@
 """Training batches from token shards: memory-mapped, per-language mixture, exactly resumable.
 
-Each language's train shards are one contiguous token stream (``tokenizer.shards.read_shard``
+Each language's train shards are one contiguous token stream (``prodip.tokenizer.shards.read_shard``
 memmaps, in meta.json order). Sequence ``j`` of global batch ``k`` draws its language from the
 mixture weights with a generator seeded with ``(seed, k // 256)`` (a pure function of ``k``), then takes the next ``T + 1``
 tokens of that language's stream (inputs ``[:T]``, targets ``[1:]``) and advances it by ``T``
@@ -31,7 +31,7 @@ class _LangStream:
     """One language's train (or val) shards as a single virtual token array."""
 
     def __init__(self, shards_dir: str | os.PathLike, lang: str, split: str) -> None:
-        from tokenizer.shards import read_shard, shard_paths
+        from prodip.tokenizer.shards import read_shard, shard_paths
 
         self.arrays = [a for a in (read_shard(p) for p in shard_paths(shards_dir, lang, split)) if len(a)]
         self.starts = np.cumsum([0] + [len(a) for a in self.arrays])
@@ -67,14 +67,14 @@ class MixtureBatches:
 
     Raises:
         ValueError: unknown language, no positive weight, a language with fewer than T+1
-            tokens, tokenizer hash mismatch (from ``tokenizer.shards.load_meta``).
+            tokens, tokenizer hash mismatch (from ``prodip.tokenizer.shards.load_meta``).
         FileNotFoundError: meta.json or a shard missing.
     """
 
     def __init__(self, shards_dir: str | os.PathLike, mixture: dict[str, float], batch_size: int,
                  seq_len: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
                  split: str = "train", expected_tokenizer_sha256: Optional[str] = None) -> None:
-        from tokenizer.shards import load_meta
+        from prodip.tokenizer.shards import load_meta
 
         self.meta = load_meta(shards_dir, expected_tokenizer_sha256=expected_tokenizer_sha256)
         known = self.meta["languages"]

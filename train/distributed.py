@@ -1,8 +1,8 @@
 """torch.distributed set-up for runs launched by ``torchrun`` (DDP; gloo on CPU, NCCL on CUDA).
 
-A plain ``python -m train train`` is a world of one and touches no process group.
+A plain ``python -m prodip.train train`` is a world of one and touches no process group.
 
-    torchrun --nproc_per_node 2 -m train train --config configs/demo.toml --device cpu
+    torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --device cpu
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``prodip eval``: held-out NLL and bits per character of a checkpoint vs its random-initialised twin.
 
-Per language, the first ``eval_tokens`` validation tokens (``tokenizer.shards``; a shard starts at
+Per language, the first ``eval_tokens`` validation tokens (``prodip.tokenizer.shards``; a shard starts at
 a document start, and ``<|eos|>`` is prepended as the first token's context, as in training) are
 cut into non-overlapping windows of ``seq_len`` target tokens (each window is a fresh context),
 scored in batches under ``torch.no_grad``. Reported per language and model:
@@ -117,7 +117,7 @@ def read_val_tokens(shards_dir: str | Path, lang: str, budget_tokens: int) -> np
     Raises:
         ValueError: the language has no validation tokens.
     """
-    from tokenizer.shards import read_shard, shard_paths
+    from prodip.tokenizer.shards import read_shard, shard_paths
 
     parts, have = [], 0
     for path in shard_paths(shards_dir, lang, "val"):
@@ -307,7 +307,7 @@ def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: An
                     vocab_size: int, eos_id: int, device: torch.device
                     ) -> tuple[dict[str, Any], dict[str, str]]:
     """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
-    from tokenizer.shards import load_meta
+    from prodip.tokenizer.shards import load_meta
 
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     if meta["vocab_size"] > vocab_size:
@@ -357,9 +357,9 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             shards from another tokenizer or vocabulary, an unknown language, a bad MC file.
         FileNotFoundError: checkpoint, shards or MC file missing.
     """
-    from tokenizer.bpe import load_tokenizer
-    from train.checkpoint import load_model
-    from train.model import LlamaForCausalLM
+    from prodip.tokenizer.bpe import load_tokenizer
+    from prodip.train.checkpoint import load_model
+    from prodip.train.model import LlamaForCausalLM
 
     if not cfg.checkpoint:
         raise ValueError("EvalConfig.checkpoint is required (--checkpoint RUN_DIR, made by `prodip train`)")
@@ -450,8 +450,8 @@ def add_eval_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m train.eval ...`` (same flags as ``prodip eval``)."""
-    parser = argparse.ArgumentParser(prog="python -m train.eval")
+    """``python -m prodip.train.eval ...`` (same flags as ``prodip eval``)."""
+    parser = argparse.ArgumentParser(prog="python -m prodip.train.eval")
     sub = parser.add_subparsers(dest="command")
     add_eval_subcommand(sub)
     args = parser.parse_args(["eval", *(argv or [])])

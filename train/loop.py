@@ -125,7 +125,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     if check_finite:
-        from train.guards import check_finite as _check
+        from prodip.train.guards import check_finite as _check
         _check(total, grad_norm, step=step, model=model)
     # Read the scalars before optimizer.step: they are ready (the finite check synced on them), so
     # the host does not wait for the optimizer kernels and can queue the next step behind them.

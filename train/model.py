@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.config import ModelConfig
+from prodip.train.config import ModelConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -6,8 +6,8 @@ checkpointing / torch.compile -> gradient-flow arbiter (and update-flow probe on
 -> steps with per-step metrics -> checkpoints -> ``loss.png``. A NaN/inf loss or gradient stops
 the run before the weights are touched; the last good checkpoint stays as it was.
 
-    python -m train train --config configs/demo.toml
-    torchrun --nproc_per_node 2 -m train train --config configs/demo.toml --device cpu
+    python -m prodip.train train --config configs/demo.toml
+    torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --device cpu
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any, Optional
 import torch
 
 from prodip.config import dump_toml, opt, write_text_atomic
-from train import checkpoint, distributed
-from train.config import ModelConfig
-from train.data import MixtureBatches, val_batches
-from train.loop import (build_optimizer, enable_activation_checkpointing, evaluate, lr_at, peak_flops,
+from prodip.train import checkpoint, distributed
+from prodip.train.config import ModelConfig
+from prodip.train.data import MixtureBatches, val_batches
+from prodip.train.loop import (build_optimizer, enable_activation_checkpointing, evaluate, lr_at, peak_flops,
                         train_step)
 
 log = logging.getLogger("prodip.train")
@@ -108,7 +108,7 @@ def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dty
 
 def _check_inputs(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[str, dict]:
     """Tokenizer gate, shard/tokenizer hash and vocab checks. Returns (tokenizer sha256, meta)."""
-    from tokenizer.shards import load_meta
+    from prodip.tokenizer.shards import load_meta
 
     tok_json = Path(cfg.tokenizer_dir) / "tokenizer.json"
     if not tok_json.is_file():
@@ -132,13 +132,13 @@ def _check_gate(cfg: TrainConfig) -> None:
     Raises:
         ValueError: the audit failed (and not ``force``), or its fertility.json is stale.
     """
-    from tokenizer.audit import check_gate
+    from prodip.tokenizer.audit import check_gate
 
     check_gate(cfg.tokenizer_dir, force=cfg.force)
 
 
 def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device):
-    from train.model import LlamaForCausalLM
+    from prodip.train.model import LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(model_cfg).to(device)
@@ -149,8 +149,8 @@ def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device):
 
 def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh: bool) -> None:
     """Gradient-flow arbiter (every run, after compile) and update-flow probe (fresh runs)."""
-    from train import guards
-    from train.loop import causal_lm_loss
+    from prodip.train import guards
+    from prodip.train.loop import causal_lm_loss
 
     x, y = batches[0]
     x, y = x.to(device), y.to(device)

@@ -30,7 +30,7 @@ def tiny_artifacts(tmp_path_factory) -> dict[str, Path]:
 def conf_cfg(tiny_artifacts):
     """Factory: a ConformanceConfig for an export dir, with the tiny tolerances, the tiny shards (held-out
     text: 192 tokens per language, two context windows) and 1 thread."""
-    from conformance import ConformanceConfig
+    from prodip.conformance import ConformanceConfig
 
     def make(export_dir, **kw):
         base = dict(export_dir=str(export_dir), checkpoint=str(tiny_artifacts["checkpoint"]),

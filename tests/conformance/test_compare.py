@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from conformance.compare import (LogitAccumulator, bits_per_char, check_value, identical_prefix,
+from prodip.conformance.compare import (LogitAccumulator, bits_per_char, check_value, identical_prefix,
                                  kl_per_position, load_tolerances, logit_stats, nll_per_position)
-from conformance.config import DEFAULT_TOLERANCES
+from prodip.conformance.config import DEFAULT_TOLERANCES
 
 
 def test_kl_closed_form():
@@ -66,7 +66,7 @@ def test_check_value():
 
 
 def test_shipped_tolerances_cover_every_candidate():
-    from export.config import VARIANTS
+    from prodip.export.config import VARIANTS
     tol = load_tolerances(DEFAULT_TOLERANCES)
     names = {"transformers", *VARIANTS}
     assert names <= set(tol)
@@ -89,7 +89,7 @@ def test_bad_tolerance_file(tmp_path):
 
 def test_config_from_toml_table(tmp_path):
     """`prodip run`'s [conformance] table and flags resolve into ConformanceConfig; unknown keys fail."""
-    from conformance import ConformanceConfig
+    from prodip.conformance import ConformanceConfig
     from prodip.config import ConfigError, resolve
 
     p = tmp_path / "c.toml"
@@ -104,7 +104,7 @@ def test_config_from_toml_table(tmp_path):
 
 
 def test_candidates_of_a_manifest():
-    from conformance.suite import plan_candidates
+    from prodip.conformance.suite import plan_candidates
     manifest = {"variants": {"safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"},
                              "fp32": {"path": "onnx/model.onnx", "format": "onnx"},
                              "int8": {"path": "onnx/model_int8.onnx", "format": "onnx"}}}

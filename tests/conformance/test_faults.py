@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import evaluate, faults
-from conformance.suite import find_check
+from prodip.conformance import evaluate, faults
+from prodip.conformance.suite import find_check
 
 
 def _failed(report: dict, candidate: str) -> set[str]:
@@ -78,7 +78,7 @@ def test_tampered_file_fails_every_variant(tiny_artifacts, conf_cfg, tmp_path):
     report = evaluate(conf_cfg(bad, variants=["fp32"]))
     assert find_check(report, "export", "manifest_files_ok")["passed"] is False
     assert report["variants"] == {"fp32": False} and not report["passed"]
-    from conformance.report import render_markdown
+    from prodip.conformance.report import render_markdown
     md = render_markdown(report)
     assert "manifest_files_ok = NO" in md  # the summary line, and the file at fault in the Failed list:
     assert any("manifest_files_ok" in line and "tokenizer_config.json" in line and "bytes" in line

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.faults import copy_export
+from prodip.conformance.faults import copy_export
 from tests.conformance.conftest import TINY_TOLERANCES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_good_export_passes_and_records_verdict(tiny_artifacts, conf_cfg, tmp_path):
-    from conformance import run_conformance
-    from export.manifest import file_sha256, read_manifest, verify_files
+    from prodip.conformance import run_conformance
+    from prodip.export.manifest import file_sha256, read_manifest, verify_files
 
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
     report = run_conformance(conf_cfg(export, shards_dir=str(tiny_artifacts["shards"]), write_manifest=True))
@@ -48,7 +48,7 @@ def test_good_export_passes_and_records_verdict(tiny_artifacts, conf_cfg, tmp_pa
 
 def test_refuses_checkpoint_other_than_the_manifests(tiny_artifacts, conf_cfg, tmp_path):
     """Planted fault: an export made from a different checkpoint than the one given."""
-    from conformance import evaluate
+    from prodip.conformance import evaluate
     from prodip.cli import main
 
     cfg = conf_cfg(tiny_artifacts["export"], checkpoint=str(tiny_artifacts["other_checkpoint"]))
@@ -62,8 +62,8 @@ def test_refuses_checkpoint_other_than_the_manifests(tiny_artifacts, conf_cfg, t
 @pytest.mark.slow
 def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
     """`prodip conformance` exits 1 on a failing check and still writes the report + verdict."""
-    from conformance.faults import plant_mask_ignores_past
-    from export.manifest import read_manifest
+    from prodip.conformance.faults import plant_mask_ignores_past
+    from prodip.export.manifest import read_manifest
     from prodip.cli import main
 
     export = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
@@ -89,7 +89,7 @@ def _pytest(args: list[str]) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
     """`pytest conformance/ --export-dir DIR` runs one test per check; a planted fault fails its tests."""
-    from conformance.faults import plant_position_off_by_one
+    from prodip.conformance.faults import plant_position_off_by_one
 
     shards = ["--shards-dir", str(tiny_artifacts["shards"])]
     good = _pytest(["--export-dir", str(tiny_artifacts["export"]), "--checkpoint", str(tiny_artifacts["checkpoint"]),
@@ -123,10 +123,10 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
     """breaker2 D1: a run with bounds looser than the shipped file still passes, but report.md lists
     them under LOOSENED TOLERANCES, report.json and the manifest verdict record them, the CLI warns,
     and `prodip serve` (serve.engine.load_export) carries them; a run with the shipped file lists none."""
-    from conformance.tolerances import compare_with_shipped, load_tolerances
-    from export.manifest import read_manifest
+    from prodip.conformance.tolerances import compare_with_shipped, load_tolerances
+    from prodip.export.manifest import read_manifest
     from prodip.cli import main
-    from serve.engine import load_export
+    from prodip.serve.engine import load_export
 
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
     rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "int8",

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.compare import load_tolerances
-from conformance.config import DEFAULT_TOLERANCES
-from conformance.faults import copy_export
+from prodip.conformance.compare import load_tolerances
+from prodip.conformance.config import DEFAULT_TOLERANCES
+from prodip.conformance.faults import copy_export
 from prodip.config import ConfigError
 from tests.conformance.conftest import TINY_TOLERANCES
 
@@ -99,9 +99,9 @@ def test_onnx_only_metric_in_a_safetensors_table(tmp_path):
 
 def test_missing_table_for_a_checked_candidate(tiny_artifacts, conf_cfg, tmp_path):
     """A bfloat16 model.safetensors needs [safetensors_bfloat16]: refused up front, not measured."""
-    from conformance import evaluate
-    from conformance.suite import plan_candidates, preflight
-    from conformance.tolerances import require_tables
+    from prodip.conformance import evaluate
+    from prodip.conformance.suite import plan_candidates, preflight
+    from prodip.conformance.tolerances import require_tables
 
     manifest = {"variants": {"safetensors": {"path": "model.safetensors", "format": "safetensors",
                                              "dtype": "bfloat16"}}}
@@ -112,14 +112,14 @@ def test_missing_table_for_a_checked_candidate(tiny_artifacts, conf_cfg, tmp_pat
     path.write_text(TINY.split("[int4]")[0], encoding="utf-8")  # no [int4] table
     with pytest.raises(ConfigError, match=r"tol.toml: no tolerance table .*\[int4\]"):
         evaluate(conf_cfg(tiny_artifacts["export"], tolerances=str(path), variants=["int4"]))
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
     preflight(tiny_artifacts["export"], read_manifest(tiny_artifacts["export"]), path, ["fp32"],
               shards_dir=str(tiny_artifacts["shards"]))  # fine without int4
 
 
 def _seed_verdict(export: Path) -> bytes:
     """Give the export a (pretend) earlier passing verdict; return the manifest bytes."""
-    from export.manifest import read_manifest, set_conformance
+    from prodip.export.manifest import read_manifest, set_conformance
     m = read_manifest(export)
     set_conformance(export, {"passed": True, "variants": {v: True for v in m["variants"]},
                              "report": "conformance/old.json", "checked_utc": "2026-01-01T00:00:00Z"})
@@ -168,7 +168,7 @@ def test_cli_subprocess_typo_table_exit_2(tiny_artifacts, tmp_path):
 
 def test_cli_missing_onnx_file_exit_2_before_measuring(tiny_artifacts, tmp_path, capsys, monkeypatch):
     """M7: a checked variant's file is missing: named with its variant, nothing measured or written."""
-    from conformance import suite
+    from prodip.conformance import suite
     from prodip.cli import main
 
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
@@ -190,7 +190,7 @@ def test_cli_missing_onnx_file_exit_2_before_measuring(tiny_artifacts, tmp_path,
 
 # ---- breaker2 D1: loosened bounds are compared with the shipped file and recorded -------------
 def test_compare_with_shipped_known_answers(tmp_path):
-    from conformance.tolerances import compare_with_shipped, loosened_text
+    from prodip.conformance.tolerances import compare_with_shipped, loosened_text
 
     shipped = compare_with_shipped(load_tolerances(DEFAULT_TOLERANCES), DEFAULT_TOLERANCES)
     assert shipped["shipped"] is True and shipped["loosened"] == []
@@ -226,7 +226,7 @@ def test_compare_with_shipped_known_answers(tmp_path):
 
 # ---- breaker2 D4: a required check is never passed unmeasured ----------------------------------
 def test_unmeasured_gated_metric_fails():
-    from conformance.suite import gate
+    from prodip.conformance.suite import gate
 
     checks = gate({"max_abs_logit": 0.0}, {}, {"max_abs_logit": {"max": 1e-4}, "bpc_delta_max": {"max": 1e-4}})
     assert [(c["metric"], c["passed"]) for c in checks] == [("run_errors", True), ("max_abs_logit", True),
@@ -236,7 +236,7 @@ def test_unmeasured_gated_metric_fails():
 def test_no_shards_dir_is_refused_before_measuring(tiny_artifacts, conf_cfg, tmp_path, capsys, monkeypatch):
     """bpc_delta_max is required in every candidate table and needs held-out text: without --shards-dir
     the run is refused (exit 2, nothing measured or written), not passed with the check unmeasured."""
-    from conformance import suite
+    from prodip.conformance import suite
     from prodip.cli import main
 
     monkeypatch.setattr(suite, "load_reference", lambda *a, **k: pytest.fail("measured without shards"))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.faults import copy_export
-from conformance.suite import merge_verdict
+from prodip.conformance.faults import copy_export
+from prodip.conformance.suite import merge_verdict
 from tests.conformance.conftest import TINY_TOLERANCES
 
 ALL = ["safetensors", "fp32", "fp16", "int8", "int4"]
@@ -46,9 +46,9 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
     import hashlib
     import json
 
-    from conformance import run_conformance
-    from conformance.faults import plant_mask_ignores_past
-    from export.manifest import read_manifest, set_conformance
+    from prodip.conformance import run_conformance
+    from prodip.conformance.faults import plant_mask_ignores_past
+    from prodip.export.manifest import read_manifest, set_conformance
     from prodip.cli import main
 
     def seed_full_pass(export):  # stands in for an earlier full run (same export files)

@@ -47,8 +47,8 @@ def build_shards(out: Path, tokenizer_dir: Path) -> Path:
     """Validation (and train) shards per language: the texts above, encoded, <|eos|> between."""
     from tokenizers import Tokenizer
 
-    from tokenizer.shards import write_meta, write_shard
-    from train.checkpoint import file_sha256
+    from prodip.tokenizer.shards import write_meta, write_shard
+    from prodip.train.checkpoint import file_sha256
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     langs = {}
@@ -67,9 +67,9 @@ def build_shards(out: Path, tokenizer_dir: Path) -> Path:
 
 def build_checkpoint(run_dir: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
     """A 2-layer hidden-48 GQA model with a sharp random init, saved as a prodip checkpoint."""
-    from train.checkpoint import save_checkpoint
-    from train.config import ModelConfig
-    from train.model import LlamaForCausalLM
+    from prodip.train.checkpoint import save_checkpoint
+    from prodip.train.config import ModelConfig
+    from prodip.train.model import LlamaForCausalLM
 
     kw = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
@@ -84,8 +84,8 @@ def build_checkpoint(run_dir: Path, tokenizer_dir: Path, seed: int = 0, **overri
 
 
 def build_export(ckpt: Path, out: Path, variants=None) -> Path:
-    from export.config import VARIANTS, ExportConfig
-    from export.core import export_checkpoint
+    from prodip.export.config import VARIANTS, ExportConfig
+    from prodip.export.core import export_checkpoint
 
     cfg = ExportConfig(checkpoint=str(ckpt), out=str(out), variants=list(variants or VARIANTS))
     return export_checkpoint(cfg)

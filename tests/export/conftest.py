@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from export.onnx import io_names
+from prodip.export.onnx import io_names
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -30,14 +30,14 @@ def _two_threads():
 
 @pytest.fixture(scope="session")
 def gqa_export(tmp_path_factory) -> Path:
-    from export.testing import build_tiny_export
+    from prodip.export.testing import build_tiny_export
     return build_tiny_export(tmp_path_factory.mktemp("gqa"), tie=False, vocab_size=4096, hidden_size=128,
                              num_attention_heads=4, num_key_value_heads=2, seed=1)
 
 
 @pytest.fixture(scope="session")
 def tied_export(tmp_path_factory) -> Path:
-    from export.testing import build_tiny_export
+    from prodip.export.testing import build_tiny_export
     return build_tiny_export(tmp_path_factory.mktemp("tied"), tie=True, vocab_size=70_000,
                              num_attention_heads=4, num_key_value_heads=4, seed=2,
                              export_options={"onnx_external_data": True})
@@ -51,14 +51,14 @@ def any_export(request) -> Path:
 @functools.lru_cache(maxsize=4)
 def source_model(export_dir: Path):
     """The training model the export was made from (loaded by train.checkpoint from the run dir)."""
-    from train.checkpoint import load_model
+    from prodip.train.checkpoint import load_model
     return load_model(export_dir.parent / "run")[0]
 
 
 def ort_session(export_dir: Path, variant: str):
     import onnxruntime as ort
 
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.log_severity_level = 3

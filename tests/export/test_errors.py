@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from export.config import ExportConfig
-from export.core import export_checkpoint
+from prodip.export.config import ExportConfig
+from prodip.export.core import export_checkpoint
 
 
 def _copy_run(export_dir: Path, tmp_path: Path) -> Path:
@@ -26,7 +26,7 @@ def _step_dir(run: Path) -> Path:
 def _rewrite_weights(run: Path, edit) -> None:
     """Apply ``edit(tensors)`` to the checkpoint's model.safetensors and re-hash its manifest,
     so that only the tensor problem remains."""
-    from train.checkpoint import file_sha256
+    from prodip.train.checkpoint import file_sha256
     step = _step_dir(run)
     tensors = load_file(str(step / "model.safetensors"))
     edit(tensors)
@@ -128,20 +128,20 @@ def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
         with pytest.raises((FileExistsError, ValueError)):
             export_checkpoint(_cfg(run, above, variants=["safetensors"], force=True))
     assert (run / "checkpoints" / "latest").exists()
-    from export.manifest import verify_files
+    from prodip.export.manifest import verify_files
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
 
 def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypatch):
     """The exporter crashing after the HF files were written leaves no trace (and an old export)."""
-    import export.onnx
+    import prodip.export.onnx
     run = gqa_export.parent / "run"
     out = tmp_path / "export"
 
     def broken(*args, **kwargs):
         raise RuntimeError("exporter crashed")
 
-    monkeypatch.setattr(export.onnx, "export_onnx", broken)
+    monkeypatch.setattr(prodip.export.onnx, "export_onnx", broken)
     with pytest.raises(RuntimeError, match="exporter crashed"):
         export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"]))
     _nothing_written(out)
@@ -173,7 +173,7 @@ def test_cli_toml_and_flags(gqa_export, tmp_path, capsys):
     toml.write_text(f'[export]\ncheckpoint = "{run}"\nout = "{tmp_path / "e"}"\nvariants = ["fp32"]\n'
                     'safetensors_dtype = "bfloat16"\n')
     assert main(["export", "--config", str(toml), "--variants", "safetensors"]) == 0
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
     m = read_manifest(tmp_path / "e")
     assert set(m["variants"]) == {"safetensors"} and m["variants"]["safetensors"]["dtype"] == "bfloat16"
     assert m["export_config"]["safetensors_dtype"] == "bfloat16"
@@ -216,7 +216,7 @@ def test_stale_temp_dirs_of_killed_exports_are_removed(gqa_export, tmp_path, cap
     assert live.is_dir() and other.is_dir()
     removed = [r.getMessage() for r in caplog.records if "no longer runs" in r.getMessage()]
     assert len(removed) == 2 and all(str(dead) in m for m in removed)
-    from export.manifest import verify_files
+    from prodip.export.manifest import verify_files
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
 

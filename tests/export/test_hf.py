@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from export.hf import load_hf_state
+from prodip.export.hf import load_hf_state
 from tests.export.conftest import source_model
 
 
@@ -18,7 +18,7 @@ def _ids(vocab: int, T: int = 12, seed: int = 0) -> torch.Tensor:
 
 
 def test_safetensors_round_trip_identical_logits(any_export):
-    from train.model import LlamaForCausalLM
+    from prodip.train.model import LlamaForCausalLM
     ref = source_model(any_export)
     config, tensors = load_hf_state(any_export)
     assert config == ref.config
@@ -106,7 +106,7 @@ def test_transformers_key_check_is_not_vacuous(gqa_export, tmp_path, monkeypatch
 
 def test_auto_tokenizer_matches_tokenizer_json(any_export, monkeypatch):
     transformers = pytest.importorskip("transformers")
-    from tokenizer.bpe import load_tokenizer
+    from prodip.tokenizer.bpe import load_tokenizer
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(any_export))
     ours = load_tokenizer(any_export)
@@ -117,7 +117,7 @@ def test_auto_tokenizer_matches_tokenizer_json(any_export, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_safetensors(gqa_export, tmp_path, dtype):
-    from export.hf import write_hf
+    from prodip.export.hf import write_hf
     ref = source_model(gqa_export)
     write_hf(ref, tmp_path, dtype=dtype)
     config, tensors = load_hf_state(tmp_path)

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from export.manifest import read_manifest, set_conformance, verify_files
+from prodip.export.manifest import read_manifest, set_conformance, verify_files
 
 
 def test_manifest_contents(any_export):
-    from train.checkpoint import model_sha256
+    from prodip.train.checkpoint import model_sha256
     m = read_manifest(any_export)
     assert m["format_version"] == 1 and m["conformance"] is None
     run = any_export.parent / "run"

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from export import quantize
+from prodip.export import quantize
 from tests.export.conftest import positions, run_ort, source_model
 
 
@@ -58,7 +58,7 @@ def test_int4_flags(gqa_export, tmp_path, embeddings, lm_head):
 
 def test_size_ratios_with_embeddings_quantised(gqa_export):
     """Issue 5 targets, on the untied fixture where weights dominate: int8 <= 0.30x, int4 <= 0.20x."""
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
     m = read_manifest(gqa_export)
     size = {name: m["files"][m["variants"][name]["path"]]["bytes"] for name in ("fp32", "fp16", "int8", "int4")}
     assert size["fp16"] / size["fp32"] <= 0.55
@@ -153,7 +153,7 @@ def _big_initializers(model: onnx.ModelProto, min_bytes: int) -> dict[str, int]:
 def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     """Tied fixture (vocab 70,000, hidden 64, external data): int4 and int8 hold the table once, and
     the embedding lookup reads the lm_head's quantised tensors (same codes, scales, zero points)."""
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
     m = read_manifest(tied_export)
     V, H = 70_000, 64
     for name in ("int8", "int4"):
@@ -185,7 +185,7 @@ def tied_demo_shape(tmp_path_factory):
     """A tied model shaped like configs/demo.toml (vocab 8192, hidden 256, 4 layers, MHA 4/4,
     intermediate 768), where the embedding is ~40% of the weights; fp32/int8/int4 exported by the
     real path, plus the old duplicated int8/int4 (``share_tied_embedding=False``) for comparison."""
-    from export.testing import build_tiny_export
+    from prodip.export.testing import build_tiny_export
     root = tmp_path_factory.mktemp("tied_demo")
     export_dir = build_tiny_export(root, tie=True, vocab_size=8192, hidden_size=256, num_hidden_layers=4,
                                    intermediate_size=768, num_attention_heads=4, num_key_value_heads=4,
@@ -200,7 +200,7 @@ def tied_demo_shape(tmp_path_factory):
 def test_tied_size_ratios(tied_demo_shape):
     """Issue 5 targets on a tied demo-shaped model: int8 <= 0.30x, int4 <= 0.20x of fp32 (the old
     duplicated table gave ~0.36x / ~0.22x); dropping the copy saves at least one quantised table."""
-    from export.manifest import read_manifest
+    from prodip.export.manifest import read_manifest
     export_dir, dup = tied_demo_shape
     m = read_manifest(export_dir)
     size = {name: m["files"][m["variants"][name]["path"]]["bytes"] for name in ("fp32", "int8", "int4")}
@@ -222,7 +222,7 @@ def _logits(path, config, ids):
 
 
 def _kl_mean(ref, cand):
-    from conformance.compare import kl_per_position
+    from prodip.conformance.compare import kl_per_position
     return float(kl_per_position(ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])).mean())
 
 
@@ -231,7 +231,7 @@ def test_tied_shared_int4_logits_identical(tied_demo_shape):
     the embedding now reads the lm_head's codes, which equal the old Gather copy's except at
     rounding ties (ORT's numpy vs C++ RTN); on tokens away from those rows the logits are identical."""
     from onnx import numpy_helper
-    from train.checkpoint import load_model
+    from prodip.train.checkpoint import load_model
     export_dir, dup = tied_demo_shape
     config = load_model(export_dir.parent / "run")[0].config
     old = onnx.load(str(dup["int4"]))
@@ -254,10 +254,10 @@ def test_tied_shared_int8_logits_close(tied_demo_shape):
     weights) instead of per-tensor uint8, so it is closer to fp32. Logits move by quantisation
     noise only: KL vs fp32 within conformance/tolerances.toml's int8 kl_mean and no worse than
     the duplicated variant's (+10%)."""
-    from conformance.compare import load_tolerances
-    from conformance.config import DEFAULT_TOLERANCES
+    from prodip.conformance.compare import load_tolerances
+    from prodip.conformance.config import DEFAULT_TOLERANCES
     from onnx import numpy_helper
-    from train.checkpoint import load_model
+    from prodip.train.checkpoint import load_model
     export_dir, dup = tied_demo_shape
     model = load_model(export_dir.parent / "run")[0]
     weight = model.model.embed_tokens.weight.detach().numpy()

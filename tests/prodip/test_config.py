@@ -105,7 +105,7 @@ def test_dict_flag_values_may_hold_commas_and_inline_lists():
 def test_stage_command_reading_a_pipeline_file_uses_its_out_dir(tmp_path):
     """`prodip train --config configs/h100-0.4b.toml` must find what `prodip run ... --stages
     tokenizer,data` wrote under that file's out_dir, not runs/demo/."""
-    from train.trainer import TrainConfig
+    from prodip.train.trainer import TrainConfig
     path = tmp_path / "pipe.toml"
     path.write_text(f'out_dir = "{tmp_path / "big"}"\n[train]\nsteps = 5\n')
     cfg = resolve(TrainConfig, toml_path=str(path), section="train")

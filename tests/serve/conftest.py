@@ -11,8 +11,8 @@ def make_verdict(export_dir: Path, variants: dict[str, bool], loosened: list | N
                  files_sha256: str | None = None) -> dict:
     """A manifest verdict as ``prodip conformance`` writes it (conformance.suite.merge_verdict) for the
     export's current files, checked with the shipped tolerances (plus ``loosened`` bounds, if any)."""
-    from conformance.suite import merge_verdict
-    from export.manifest import files_table_sha256, read_manifest
+    from prodip.conformance.suite import merge_verdict
+    from prodip.export.manifest import files_table_sha256, read_manifest
 
     m = read_manifest(export_dir)
     tol = {"path": "/x/tolerances.toml", "sha256": "1" * 64, "shipped": not loosened, "loosened": loosened or []}
@@ -26,8 +26,8 @@ def build_export(tmp_dir: Path, *, variants=("fp32", "int8"), verdict: bool | No
     """A tiny export through the real ``export.build_tiny_export`` path (vocab 512 > the tokenizer's
     ~300 tokens, as in padded training vocabularies), max_position_embeddings 128, plus a conformance
     verdict; returns (export_dir, the PyTorch model loaded from its checkpoint)."""
-    import export
-    from train.checkpoint import load_model
+    from prodip import export
+    from prodip.train.checkpoint import load_model
     kwargs.setdefault("max_position_embeddings", 128)
     out = export.build_tiny_export(tmp_dir, variants=list(variants), **kwargs)
     if verdict is not None:
@@ -56,7 +56,7 @@ def client(tiny_export):
     """A TestClient of the fp32 variant, model loaded."""
     from fastapi.testclient import TestClient
 
-    from serve.app import create_app
+    from prodip.serve.app import create_app
     with TestClient(create_app(tiny_export[0], "fp32", batch_wait_ms=2.0)) as c:
         wait_ready(c)
         yield c

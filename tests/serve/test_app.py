@@ -49,7 +49,7 @@ def test_health_models_tokenizer_info(client):
 def test_health_503_until_loaded(tiny_export):
     from fastapi.testclient import TestClient
 
-    from serve.app import create_app
+    from prodip.serve.app import create_app
     c = TestClient(create_app(tiny_export[0]))  # lifespan not entered: nothing loaded
     r = c.get("/health")
     assert r.status_code == 503 and r.json()["status"] == "loading"
@@ -202,7 +202,7 @@ def test_malformed_json_wrong_method_unknown_route(client):
 def test_body_cap_auth_and_metrics(tiny_export):
     from fastapi.testclient import TestClient
 
-    from serve.app import create_app
+    from prodip.serve.app import create_app
     app = create_app(tiny_export[0], "int8", api_key="sekret", max_body_bytes=2000)
     with TestClient(app) as c:
         wait_ready(c)
@@ -227,7 +227,7 @@ def test_body_cap_auth_and_metrics(tiny_export):
 def test_create_app_refuses_unverified(tiny_export, tmp_path):
     import shutil
 
-    from serve.app import create_app
+    from prodip.serve.app import create_app
     d = tmp_path / "e"
     shutil.copytree(tiny_export[0], d)
     m = json.loads((d / "manifest.json").read_text())
@@ -244,14 +244,14 @@ def test_loosened_tolerances_in_health_models_and_startup_log(tiny_export, tmp_p
 
     from fastapi.testclient import TestClient
 
-    import export
-    from serve.app import create_app
+    from prodip import export
+    from prodip.serve.app import create_app
     from tests.serve.conftest import make_verdict
     d = tmp_path / "loose"
     shutil.copytree(tiny_export[0], d)
     loose = [{"table": "int8", "metric": "kl_mean", "shipped": {"max": 0.02}, "used": {"max": 1e300}}]
     export.set_conformance(d, make_verdict(d, {"fp32": True, "int8": True}, loose))
-    with caplog.at_level("WARNING", logger="serve.app"):
+    with caplog.at_level("WARNING", logger="prodip.serve.app"):
         app = create_app(d, "int8")
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("LOOSENED tolerances" in w and "[int8] kl_mean max 0.02 -> max 1e+300" in w for w in warned), warned
@@ -264,7 +264,7 @@ def test_loosened_tolerances_in_health_models_and_startup_log(tiny_export, tmp_p
 def test_chunked_body_over_cap_is_413(tiny_export):
     from fastapi.testclient import TestClient
 
-    from serve.app import create_app
+    from prodip.serve.app import create_app
     with TestClient(create_app(tiny_export[0], max_body_bytes=100)) as c:
         wait_ready(c)
 
@@ -406,7 +406,7 @@ def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
     as soon as the request reports a disconnect."""
     import asyncio
 
-    from serve.app import _sse_guard
+    from prodip.serve.app import _sse_guard
     state = {"pulled": 0, "closed": False, "lost": False}
 
     async def chunks():

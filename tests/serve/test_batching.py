@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
-from serve.engine import OnnxDecoder, load_export, load_tokenizer
+from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
+from prodip.serve.engine import OnnxDecoder, load_export, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve.sampling import TokenPenalties, adjust_logits, log_softmax, sample_token
+from prodip.serve.sampling import TokenPenalties, adjust_logits, log_softmax, sample_token
 
 PROMPT = "আমি বাংলায়"
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -109,7 +109,7 @@ def test_sequence_samples_penalised_but_reports_raw_logprobs(tiny_export):
     leads id 11 by 0.1 and frequency_penalty 0.2, greedy alternates 10, 11, 10, 11, ..."""
     from tokenizers import Tokenizer
 
-    from serve.batching import SamplingParams, Sequence, TokenOut
+    from prodip.serve.batching import SamplingParams, Sequence, TokenOut
     tok = Tokenizer.from_file(str(tiny_export[0] / "tokenizer.json"))
     row = np.zeros(512, np.float32)
     row[10], row[11] = 1.0, 0.9

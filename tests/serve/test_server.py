@@ -1,4 +1,4 @@
-"""A real server: `python -m serve serve` on a free loopback port, the `openai` client against it,
+"""A real server: `python -m prodip.serve serve` on a free loopback port, the `openai` client against it,
 32 concurrent requests, client disconnects, CLI refusal, and graceful shutdown on SIGTERM."""
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class _SlowDecoder:
 def test_client_disconnect_stops_generation(tiny_export):
     import uvicorn
 
-    from serve.app import create_app
+    from prodip.serve.app import create_app
     app = create_app(tiny_export[0])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -190,7 +190,7 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
 
     import uvicorn
 
-    from serve.app import create_app
+    from prodip.serve.app import create_app
     app = create_app(tiny_export[0])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -210,7 +210,7 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
         return out
 
     handler = Collect(logging.ERROR)
-    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "serve", "serve.app")]
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "serve", "prodip.serve.app")]
     try:
         wait_http(f"http://127.0.0.1:{port}/health")  # uvicorn has configured its loggers by now
         for lg in loggers:
@@ -225,7 +225,7 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
         assert r.json()["error"] == {"message": "internal error: RuntimeError", "type": "server_error",
                                      "param": None, "code": None}
         logged = tracebacks()
-        assert len(logged) == 1 and logged[0].name == "serve.app", [(x.name, x.getMessage()) for x in logged]
+        assert len(logged) == 1 and logged[0].name == "prodip.serve.app", [(x.name, x.getMessage()) for x in logged]
         assert "POST /v1/completions" in logged[0].getMessage()
         monkeypatch.undo()
         monkeypatch.setattr(svc, "token_text", boom)  # fails after the stream's 200 went out

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
-from serve.text import IncrementalDetokenizer, StopMatcher
+from prodip.serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
+from prodip.serve.text import IncrementalDetokenizer, StopMatcher
 
 
 # ---- sampling ---------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def _fail_int8(m):
 
 
 def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
-    from serve.engine import load_export
+    from prodip.serve.engine import load_export
     root = tiny_export[0]
     assert load_export(root, "int8").verified
     none = _copy_export(root, tmp_path / "none", lambda m: m.update(conformance=None))
@@ -138,8 +138,8 @@ def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
 def test_verdict_is_void_once_the_files_change(tiny_export, tmp_path):
     """breaker2 D2: swapping a variant's file and updating its size/sha256 in manifest.json (as a
     re-quantisation tool would) voids the verdict: it measured other files."""
-    from export.manifest import file_sha256, files_table_sha256
-    from serve.engine import load_export
+    from prodip.export.manifest import file_sha256, files_table_sha256
+    from prodip.serve.engine import load_export
 
     d = _copy_export(tiny_export[0], tmp_path / "swapped")
     onnx = d / "onnx" / "model_int8.onnx"
@@ -171,7 +171,7 @@ def test_verdict_is_void_once_the_files_change(tiny_export, tmp_path):
 ])
 def test_incomplete_verdict_is_refused(tiny_export, tmp_path, edit, why):
     """breaker2 D2: a bare {"passed": true} (or any verdict lacking what merge_verdict writes) verifies nothing."""
-    from serve.engine import load_export
+    from prodip.serve.engine import load_export
 
     d = _copy_export(tiny_export[0], tmp_path / "v", edit)
     with pytest.raises(ValueError, match=why):
@@ -182,9 +182,9 @@ def test_incomplete_verdict_is_refused(tiny_export, tmp_path, edit, why):
 def test_loosened_tolerances_are_carried_per_variant(tiny_export, tmp_path):
     """breaker2 D1: a verdict made with loosened bounds verifies, but says so (warning + ExportInfo)."""
     from tests.serve.conftest import make_verdict
-    from serve.engine import load_export
+    from prodip.serve.engine import load_export
 
-    import export
+    from prodip import export
     d = _copy_export(tiny_export[0], tmp_path / "loose")
     loose = [{"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0.0}},
              {"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 9}}]
@@ -198,7 +198,7 @@ def test_loosened_tolerances_are_carried_per_variant(tiny_export, tmp_path):
 
 
 def test_load_export_detects_tampering(tiny_export, tmp_path):
-    from serve.engine import load_export
+    from prodip.serve.engine import load_export
     d = _copy_export(tiny_export[0], tmp_path / "t")
     with open(d / "onnx" / "model_int8.onnx", "ab") as fh:
         fh.write(b"\0")

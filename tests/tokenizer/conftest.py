@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenizer.bpe import TokenizerTrainConfig, train_tokenizer
+from prodip.tokenizer.bpe import TokenizerTrainConfig, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from prodip.cli import main as prodip_main
-from tokenizer.audit import AuditConfig, check_gate, measure, run_audit
-from tokenizer.bpe import load_tokenizer, train_tokenizer_from_texts
+from prodip.tokenizer.audit import AuditConfig, check_gate, measure, run_audit
+from prodip.tokenizer.bpe import load_tokenizer, train_tokenizer_from_texts
 
 
 def test_measure_known_answers(tok_dir):

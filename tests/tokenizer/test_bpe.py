@@ -12,7 +12,7 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenizer.bpe import (PHRASE_PATTERN, WORD_PATTERN, TokenizerTrainConfig, load_tokenizer, plan_sample,
+from prodip.tokenizer.bpe import (PHRASE_PATTERN, WORD_PATTERN, TokenizerTrainConfig, load_tokenizer, plan_sample,
                            tokenizer_sha256, train_tokenizer, train_tokenizer_from_texts)
 
 TRICKY = [
@@ -160,8 +160,8 @@ def test_training_is_deterministic_and_learns_superwords(corpus, tok_dir, tmp_pa
 
 def test_superwords_only_join_stage1_tokens(corpus, heldout):
     """The phrase pre-tokeniser + appended stage-2 merges must coarsen stage 1's segmentation, never change it."""
-    from tokenizer.bpe import SPECIAL_TOKENS, train_from_iterator
-    from tokenizer.corpus import expand_inputs, iter_language
+    from prodip.tokenizer.bpe import SPECIAL_TOKENS, train_from_iterator
+    from prodip.tokenizer.corpus import expand_inputs, iter_language
     files = expand_inputs({k: [str(v)] for k, v in corpus.items()})
 
     def texts():
@@ -184,7 +184,7 @@ def test_training_twice_gives_the_same_tokenizer_when_the_alphabet_is_cut(tmp_pa
     """tokenizers' BpeTrainer cut a too-large alphabet at ties in hash-map order, so equally rare
     characters survived at random and two trainings on the same text differed (tokenizer sha,
     shard checks, test fixtures). bpe.top_characters fixes the cut."""
-    from tokenizer.bpe import top_characters, train_tokenizer_from_texts
+    from prodip.tokenizer.bpe import top_characters, train_tokenizer_from_texts
     texts = {"bn": ["আমার সোনার বাংলা আমি তোমায় ভালোবাসি। " * 3, "ঋ ঌ ৠ ৡ ঽ ৎ ৺ ৻ ৼ"],
              "en": ["the quick brown fox jumps over the lazy dog " * 3, "é è ê ë ï î ô û ù ç ß ø å"]}
     shas = {(train_tokenizer_from_texts(texts, 280, tmp_path / f"t{i}") / "tokenizer.json").read_bytes()

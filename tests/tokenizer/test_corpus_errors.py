@@ -9,8 +9,8 @@ import zlib
 
 import pytest
 
-from tokenizer.bpe import TokenizerTrainConfig, load_tokenizer, train_tokenizer
-from tokenizer.corpus import iter_documents
+from prodip.tokenizer.bpe import TokenizerTrainConfig, load_tokenizer, train_tokenizer
+from prodip.tokenizer.corpus import iter_documents
 
 
 def _cfg(tmp_path, path, **kw) -> TokenizerTrainConfig:
@@ -61,7 +61,7 @@ def test_short_vocabulary_warns_and_records_real_size(tmp_path, caplog):
 @pytest.mark.parametrize("lang", ["../x", "a/b", "a b", "", "1bn", "x" * 33])
 def test_language_tag_that_is_not_a_plain_code_is_refused(tmp_path, tok_dir, lang):
     """A language tag names shard folders: '../x' once wrote shards outside --out-dir."""
-    from tokenizer.encode import DataPrepareConfig, prepare_shards
+    from prodip.tokenizer.encode import DataPrepareConfig, prepare_shards
     text = tmp_path / "t.txt"
     text.write_text("আমার সোনার বাংলা\n\nhello world\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"language tag .* is not a plain code"):

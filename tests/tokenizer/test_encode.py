@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from prodip.cli import main as prodip_main
-from tokenizer.bpe import EOS_ID, load_tokenizer, tokenizer_sha256
-from tokenizer.corpus import expand_inputs, iter_language
-from tokenizer.encode import DataPrepareConfig, prepare_shards
-from tokenizer.shards import load_meta, read_shard, shard_paths
+from prodip.tokenizer.bpe import EOS_ID, load_tokenizer, tokenizer_sha256
+from prodip.tokenizer.corpus import expand_inputs, iter_language
+from prodip.tokenizer.encode import DataPrepareConfig, prepare_shards
+from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
 
 
 def _cfg(corpus, tok_dir, out, **kw):
@@ -88,7 +88,7 @@ def test_cli_prepare_and_errors(corpus, tok_dir, tmp_path, capsys):
 
 
 def test_python_m_tokenizer_entry_point(corpus, tmp_path, capsys):
-    from tokenizer.__main__ import main
+    from prodip.tokenizer.__main__ import main
     out = tmp_path / "tok"
     assert main(["train", "--inputs", f"en={corpus['en']}", "--vocab-size", "300", "--out-dir", str(out),
                  "--superword-share", "0", "--progress", "false"]) == 0

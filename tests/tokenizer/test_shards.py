@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tokenizer import shards
+from prodip.tokenizer import shards
 
 
 @pytest.mark.parametrize("dtype,maxval", [("uint16", 65535), ("uint32", 2**32 - 1)])

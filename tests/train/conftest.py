@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.config import ModelConfig
+from prodip.train.config import ModelConfig
 
 TINY_VOCAB = 320  # byte-level BPE: 256 bytes + 3 specials + a few merges
 _TEXT = {
@@ -53,7 +53,7 @@ def tiny_tokenizer_dir(tmp_path_factory) -> Path:
 def _write_shard(path: Path, tokens: np.ndarray) -> None:
     """Shard writer: tokenizer.shards if present, else the llm.c layout it documents."""
     try:
-        from tokenizer.shards import write_shard
+        from prodip.tokenizer.shards import write_shard
     except ImportError:
         path.parent.mkdir(parents=True, exist_ok=True)
         header = np.zeros(256, dtype=np.int32)
@@ -88,7 +88,7 @@ def make_shards(out: Path, tokenizer_sha256: str, vocab_size: int, n_tokens: dic
 @pytest.fixture(scope="session")
 def tiny_shards_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     """Shards for bn (20k tokens) and en (12k tokens) matching ``tiny_tokenizer_dir``'s hash."""
-    from train.checkpoint import file_sha256
+    from prodip.train.checkpoint import file_sha256
     out = tmp_path_factory.mktemp("shards")
     return make_shards(out, file_sha256(tiny_tokenizer_dir / "tokenizer.json"), TINY_VOCAB,
                        {"bn": 20_000, "en": 12_000})

@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from train import checkpoint as ck
-from train.model import LlamaForCausalLM
+from prodip.train import checkpoint as ck
+from prodip.train.model import LlamaForCausalLM
 
 
 def _model(cfg, seed=0):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tokenizer.shards import read_shard
-from train.data import MixtureBatches, val_batches
+from prodip.tokenizer.shards import read_shard
+from prodip.train.data import MixtureBatches, val_batches
 
 
 def test_batches_are_shifted_stream_windows(tiny_shards_dir):

@@ -1,8 +1,8 @@
 """Known-answer tests for train/eval.py (``prodip eval``).
 
 A tiny checkpoint (2 layers, hidden 32) is trained for a few steps on real Bangla/English text
-encoded with the conftest's tiny tokenizer, saved with ``train.checkpoint.save_checkpoint``, and
-scored on validation shards written with ``tokenizer.shards``. Checked: bits/char equals total
+encoded with the conftest's tiny tokenizer, saved with ``prodip.train.checkpoint.save_checkpoint``, and
+scored on validation shards written with ``prodip.tokenizer.shards``. Checked: bits/char equals total
 NLL / ln 2 / characters of the independently decoded tokens; the batched NLL equals a plain
 per-window loop; the random twin (init std 0.002) scores ln V; MC log-likelihoods equal the
 closed form of a hand-made uniform model.
@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train import eval as ev
-from train.config import ModelConfig
-from train.model import LlamaForCausalLM
+from prodip.train import eval as ev
+from prodip.train.config import ModelConfig
+from prodip.train.model import LlamaForCausalLM
 
 DOCS = {
     "bn": ["আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।", "চিরদিন তোমার আকাশ, তোমার বাতাস, আমার প্রাণে বাজায় বাঁশি।",
@@ -44,9 +44,9 @@ def _encode_stream(tok, docs: list[str], repeat: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def eval_env(tmp_path_factory, tiny_tokenizer_dir):
     """(run_dir, shards_dir, tokenizer, vocab_size): a trained tiny checkpoint + real-text shards."""
-    from tokenizer.bpe import load_tokenizer, tokenizer_sha256
-    from tokenizer.shards import write_meta, write_shard
-    from train.checkpoint import save_checkpoint
+    from prodip.tokenizer.bpe import load_tokenizer, tokenizer_sha256
+    from prodip.tokenizer.shards import write_meta, write_shard
+    from prodip.train.checkpoint import save_checkpoint
 
     tok = load_tokenizer(tiny_tokenizer_dir)
     vocab = tok.get_vocab_size()
@@ -89,7 +89,7 @@ def _cfg(eval_env, **kw) -> ev.EvalConfig:
 
 def test_bits_per_char_known_answer(eval_env) -> None:
     run, shards, tok, vocab = eval_env
-    from tokenizer.shards import read_shard
+    from prodip.tokenizer.shards import read_shard
 
     stream = np.asarray(read_shard(shards / "bn" / "val_000000.bin"), dtype=np.int64)
     two_docs = int(np.flatnonzero(stream == EOS)[1]) + 1  # a budget ending exactly after 2 documents
@@ -118,7 +118,7 @@ def test_bits_per_char_known_answer(eval_env) -> None:
 
 def test_batched_nll_equals_plain_window_loop(eval_env) -> None:
     run, shards, _, _ = eval_env
-    from train.checkpoint import load_model
+    from prodip.train.checkpoint import load_model
 
     result = ev.evaluate(_cfg(eval_env, out=str(run / "other" / "e.json"), languages=["bn"]))
     assert list(result["languages"]) == ["bn"] and (run / "other" / "e.json").is_file()
@@ -271,7 +271,7 @@ def test_prodip_eval_command(eval_env, tmp_path, capsys) -> None:
 def test_language_without_validation_tokens_is_skipped(eval_env, tmp_path) -> None:
     import shutil
 
-    from tokenizer.shards import write_shard
+    from prodip.tokenizer.shards import write_shard
 
     _, shards, _, _ = eval_env
     other = tmp_path / "shards"

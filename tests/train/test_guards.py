@@ -14,10 +14,10 @@ import math
 import pytest
 import torch
 
-from train import guards
-from train.config import ModelConfig
-from train.guards import GuardError, NonFiniteError
-from train.model import LlamaForCausalLM
+from prodip.train import guards
+from prodip.train.config import ModelConfig
+from prodip.train.guards import GuardError, NonFiniteError
+from prodip.train.model import LlamaForCausalLM
 
 V = 64
 
@@ -354,7 +354,7 @@ class _GradCapture(torch.optim.SGD):
 
 
 def test_trainer_train_step_accumulation_passes_the_guard() -> None:
-    loop = pytest.importorskip("train.loop")
+    loop = pytest.importorskip("prodip.train.loop")
     model = tiny_model()
     tokens = batch(b=8)
     x, y = tokens[:, :-1], tokens[:, 1:]

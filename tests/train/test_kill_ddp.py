@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 
 from prodip.config import dump_toml
 from tests.train.conftest import tiny_config
-from train import checkpoint as ck
-from train.loop import build_optimizer
-from train.model import LlamaForCausalLM
-from train.trainer import TrainConfig, train
+from prodip.train import checkpoint as ck
+from prodip.train.loop import build_optimizer
+from prodip.train.model import LlamaForCausalLM
+from prodip.train.trainer import TrainConfig, train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.train.conftest import tiny_config
-from train.guards import NonFiniteError
-from train.loop import PEAK_BF16_FLOPS, build_optimizer, lr_at, param_groups, train_step
-from train.model import LlamaForCausalLM
+from prodip.train.guards import NonFiniteError
+from prodip.train.loop import PEAK_BF16_FLOPS, build_optimizer, lr_at, param_groups, train_step
+from prodip.train.model import LlamaForCausalLM
 
 CPU = torch.device("cpu")
 
@@ -80,7 +80,7 @@ def test_peak_table_specific_first():
 
 
 def test_activation_checkpointing_same_grads_and_keys():
-    from train.loop import enable_activation_checkpointing
+    from prodip.train.loop import enable_activation_checkpointing
     x = torch.randint(0, 320, (2, 16))
     grads = []
     for ac in (False, True):

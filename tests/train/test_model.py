@@ -21,9 +21,9 @@ import inspect
 import pytest
 import torch
 
-import train.model as tm
-from train.config import ModelConfig
-from train.model import LlamaForCausalLM
+import prodip.train.model as tm
+from prodip.train.config import ModelConfig
+from prodip.train.model import LlamaForCausalLM
 
 transformers = pytest.importorskip("transformers")
 

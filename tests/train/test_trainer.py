@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 
 from prodip.cli import main as prodip_main
 from tests.train.conftest import make_shards, tiny_config
-from train import checkpoint as ck
-from train.guards import NonFiniteError
-from train.trainer import TrainConfig, run_training, train
+from prodip.train import checkpoint as ck
+from prodip.train.guards import NonFiniteError
+from prodip.train.trainer import TrainConfig, run_training, train
 
 
 def _cfg(tok, shards, out, **kw) -> TrainConfig:
@@ -130,7 +130,7 @@ progress = false
 @pytest.mark.slow
 def test_failed_tokenizer_gate_refused_unless_forced(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     import shutil
-    from tokenizer.bpe import tokenizer_sha256
+    from prodip.tokenizer.bpe import tokenizer_sha256
     tok = tmp_path / "tok"
     shutil.copytree(tiny_tokenizer_dir, tok)
     (tok / "fertility.json").write_text(json.dumps({
