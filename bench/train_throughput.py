@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prodip.config import resolve  # noqa: E402
+from prodip.base.config import resolve  # noqa: E402
 from prodip.train.config import ModelConfig  # noqa: E402
 from prodip.train.data import MixtureBatches  # noqa: E402
 from prodip.train.loop import build_optimizer, causal_lm_loss, peak_flops  # noqa: E402

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prodip.config import add_arguments, resolve
+from prodip.base.config import add_arguments, resolve
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prodip.base.errors import InvalidInput
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float64.
@@ -40,7 +42,7 @@ def kl_per_position(ref_logits: np.ndarray, cand_logits: np.ndarray) -> np.ndarr
         ValueError: shapes differ.
     """
     if ref_logits.shape != cand_logits.shape:
-        raise ValueError(f"logits shapes differ: reference {ref_logits.shape}, candidate {cand_logits.shape}")
+        raise InvalidInput(f"logits shapes differ: reference {ref_logits.shape}, candidate {cand_logits.shape}")
     lp, lq = log_softmax(ref_logits), log_softmax(cand_logits)
     return np.maximum((np.exp(lp) * (lp - lq)).sum(axis=-1), 0.0)
 
@@ -78,7 +80,7 @@ class LogitAccumulator:
 
     def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
         if ref.shape != cand.shape:
-            raise ValueError(f"logits shapes differ: reference {ref.shape}, candidate {cand.shape}")
+            raise InvalidInput(f"logits shapes differ: reference {ref.shape}, candidate {cand.shape}")
         if ref.size == 0:
             return
         diff = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
@@ -151,7 +153,7 @@ def check_value(value, tolerance: dict) -> bool:
         ValueError: the tolerance has none of the keys max, min, equals.
     """
     if not any(k in tolerance for k in ("max", "min", "equals")):
-        raise ValueError(f"tolerance {tolerance!r} needs one of max, min, equals")
+        raise InvalidInput(f"tolerance {tolerance!r} needs one of max, min, equals")
     if value is None:
         return False
     ok = True
@@ -172,7 +174,7 @@ def load_tolerances(path) -> dict:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError (``prodip.config.ConfigError``): not TOML, wrong ``format_version``, an unknown
+        ValueError (``prodip.base.config.ConfigError``): not TOML, wrong ``format_version``, an unknown
             table/metric/bound key, a bound of the wrong kind or type, or a missing required check;
             the message names the file, the table and the key.
     """

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from prodip.config import opt
+from prodip.base.errors import InvalidInput
+from prodip.base.config import opt
 
 #: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
 DEFAULT_TOLERANCES = Path(__file__).with_name("tolerances.toml")
@@ -47,7 +48,7 @@ class ConformanceConfig:
     def __post_init__(self) -> None:
         for name in ("greedy_tokens", "kv_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise InvalidInput(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("heldout_tokens", "kv_tokens", "threads"):
             if getattr(self, name) < 0:
-                raise ValueError(f"ConformanceConfig.{name} must be >= 0, got {getattr(self, name)}")
+                raise InvalidInput(f"ConformanceConfig.{name} must be >= 0, got {getattr(self, name)}")

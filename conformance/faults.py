@@ -18,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 
+from prodip.base.errors import InvalidInput
+
 
 def copy_export(src: str | Path, dst: str | Path) -> Path:
     """Copy an export dir (without its ``conformance/`` report) to ``dst`` (must not exist)."""
@@ -28,7 +30,7 @@ def copy_export(src: str | Path, dst: str | Path) -> Path:
 
 def refresh_manifest(export_dir: Path, **updates) -> None:
     """Re-hash every file into ``manifest.json`` (and apply top-level ``updates``); clears the verdict."""
-    from prodip.export.manifest import list_files
+    from prodip.base.manifest import list_files
     path = export_dir / "manifest.json"
     manifest = json.loads(path.read_text(encoding="utf-8"))
     manifest.update(files=list_files(export_dir), conformance=None, **updates)
@@ -116,7 +118,7 @@ def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq:
                 model.graph.initializer.append(numpy_helper.from_array(shape, "planted_shape"))
                 node.input[1] = "planted_shape"
                 return
-        raise ValueError(f"{dst / rel}: no Reshape of a MatMul output to bake")
+        raise InvalidInput(f"{dst / rel}: no Reshape of a MatMul output to bake")
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -137,7 +139,7 @@ def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") 
                 node.input[0] = _const(model, "planted_zero", 0)
                 node.input[1] = start.input[1]  # T
                 return
-        raise ValueError(f"{dst / rel}: no Range(S - T, S) node found to plant the mask fault")
+        raise InvalidInput(f"{dst / rel}: no Range(S - T, S) node found to plant the mask fault")
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -184,7 +186,7 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
         inits = {i.name: i for i in g.initializer}
         mm = [n for n in g.node if n.op_type in ("MatMulInteger", "MatMulNBits") and n.input[1] in inits]
         if len(mm) not in (7 * L, 7 * L + 1):
-            raise ValueError(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 7 per layer x {L} (+ lm_head)")
+            raise InvalidInput(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 7 per layer x {L} (+ lm_head)")
         zeroed = 0
         for node in mm[7 * layer: 7 * layer + 7]:
             base = node.input[1].rsplit("_", 1)[0]
@@ -194,7 +196,7 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
                     init.CopyFrom(numpy_helper.from_array(np.zeros_like(arr), name))
                     zeroed += 1
         if zeroed < 7:
-            raise ValueError(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected 7")
+            raise InvalidInput(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected 7")
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -222,7 +224,7 @@ def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
     tok = json.loads((dst / "tokenizer.json").read_text(encoding="utf-8"))
     tok["normalizer"] = None
     (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
-    from prodip.export.manifest import file_sha256
+    from prodip.base.manifest import file_sha256
     refresh_manifest(dst, tokenizer_sha256=file_sha256(dst / "tokenizer.json"))
     return dst
 

@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from prodip.base.errors import InvalidInput
+
 #: Prompt texts (NFC). Short on purpose: long-position behaviour is covered by the context prompt.
 PROMPTS = {
     "bn": "বাংলাদেশের রাজধানী ঢাকা। নদীমাতৃক এই দেশে পদ্মা, মেঘনা আর যমুনা বয়ে চলে, "
@@ -111,7 +113,7 @@ def build_inputs(tokenizer: Any, *, context_tokens: int, pad_id: int, greedy_tok
     ids = {name: encode(tokenizer, text)[:context_tokens] for name, text in PROMPTS.items()}
     for name, row in ids.items():
         if not row:
-            raise ValueError(f"conformance prompt {name!r} encodes to no tokens with the training tokenizer")
+            raise InvalidInput(f"conformance prompt {name!r} encodes to no tokens with the training tokenizer")
     stream: list[int] = []
     while len(stream) < context_tokens:
         for name in PROMPTS:

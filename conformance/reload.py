@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from prodip.base.errors import InvalidInput, MissingInput
+
 
 def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safetensors") -> torch.nn.Module:
     """Build ``prodip.train.model.LlamaForCausalLM`` from an export's config.json and safetensors weights.
@@ -37,7 +39,7 @@ def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safete
     export_dir = Path(export_dir)
     cfg_path = export_dir / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"{cfg_path}: missing (written by `prodip export`)")
+        raise MissingInput(f"{cfg_path}: missing (written by `prodip export`)")
     config = ModelConfig.from_hf_dict(json.loads(cfg_path.read_text(encoding="utf-8")), source=str(cfg_path))
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -47,10 +49,10 @@ def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safete
     expected = model.state_dict()
     missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or extra:
-        raise ValueError(f"{export_dir / rel_path}: missing tensors {missing}, unexpected tensors {extra}")
+        raise InvalidInput(f"{export_dir / rel_path}: missing tensors {missing}, unexpected tensors {extra}")
     for key, ref in expected.items():
         if tuple(tensors[key].shape) != tuple(ref.shape):
-            raise ValueError(f"{export_dir / rel_path}: {key} has shape {tuple(tensors[key].shape)}, "
+            raise InvalidInput(f"{export_dir / rel_path}: {key} has shape {tuple(tensors[key].shape)}, "
                              f"config.json implies {tuple(ref.shape)}")
     model = model.to_empty(device="cpu")
     if config.tie_word_embeddings:

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prodip.config import dump_toml, to_dict, write_text_atomic
+from prodip.base.config import dump_toml, to_dict, write_text_atomic
 
 COLUMNS = [  # (header, metric key, format)
     ("max Δlogit", "max_abs_logit", "{:.1e}"),

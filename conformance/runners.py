@@ -16,6 +16,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from prodip.base.errors import InvalidInput
+from prodip.base import onnx_io
+
 
 class Runner:
     """Base class: ``forward`` is the contract; ``name`` labels the candidate in the report."""
@@ -82,7 +85,7 @@ class TransformersRunner(Runner):
 
 
 class OrtRunner(Runner):
-    """An ONNX decoder under ONNX Runtime's CPU execution provider (CONTRACTS.md "ONNX decoder I/O")."""
+    """An ONNX decoder under ONNX Runtime's CPU execution provider (:mod:`prodip.base.onnx_io`)."""
 
     def __init__(self, path: str | Path, name: str, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  threads: int = 0) -> None:
@@ -99,12 +102,11 @@ class OrtRunner(Runner):
         self.name = name
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.output_names = [o.name for o in self.session.get_outputs()]
-        expected = {"input_ids", "attention_mask", "position_ids"} | {
-            f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")}
+        expected = set(onnx_io.io_names(num_layers)[0])
         got = {i.name for i in self.session.get_inputs()}
         if got != expected:
-            raise ValueError(f"{path}: ONNX inputs {sorted(got ^ expected)} differ from the decoder contract "
-                             "(CONTRACTS.md 'ONNX decoder I/O'; re-export with `prodip export`)")
+            raise InvalidInput(f"{path}: ONNX inputs {sorted(got ^ expected)} differ from the decoder contract "
+                             "(prodip.base.onnx_io; re-export with `prodip export`)")
 
     def forward(self, input_ids, attention_mask, position_ids, state=None):
         B = input_ids.shape[0]
@@ -112,11 +114,9 @@ class OrtRunner(Runner):
             empty = np.zeros((B, self.num_kv_heads, 0, self.head_dim), dtype=np.float32)
             state = [empty] * (2 * self.num_layers)
         feed = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        for i in range(self.num_layers):
-            feed[f"past_key_values.{i}.key"] = state[2 * i]
-            feed[f"past_key_values.{i}.value"] = state[2 * i + 1]
+        feed.update(zip(onnx_io.past_names(self.num_layers), state))
         outs = dict(zip(self.output_names, self.session.run(None, feed)))
-        present = [outs[f"present.{i}.{kv}"] for i in range(self.num_layers) for kv in ("key", "value")]
+        present = [outs[name] for name in onnx_io.present_names(self.num_layers)]
         return outs["logits"].astype(np.float32, copy=False), present
 
 

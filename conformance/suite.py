@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.conformance.compare import check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 
@@ -64,12 +65,12 @@ def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) 
         elif v.get("format") == "onnx":
             out.append(Candidate(vname, vname, "onnx", v["path"]))
         else:
-            raise ValueError(f"manifest variant {vname!r} has format {v.get('format')!r}; expected "
+            raise InvalidInput(f"manifest variant {vname!r} has format {v.get('format')!r}; expected "
                              "'safetensors' or 'onnx'")
     if only:
         unknown = set(only) - {c.name for c in out} - {c.variant for c in out}
         if unknown:
-            raise ValueError(f"ConformanceConfig.variants: {sorted(unknown)} not in this export "
+            raise InvalidInput(f"ConformanceConfig.variants: {sorted(unknown)} not in this export "
                              f"(has {sorted({c.name for c in out})})")
         out = [c for c in out if c.name in only or c.variant in only]
     return out
@@ -87,11 +88,11 @@ def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[An
     src = manifest.get("source_checkpoint") or {}
     path = cfg.checkpoint or src.get("path")
     if not path:
-        raise ValueError(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
+        raise InvalidInput(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
     from prodip.export.core import require_checkpoint_tokenizer
     model, model_cfg, info = load_model(require_checkpoint_tokenizer(path))
     if info["model_sha256"] != src.get("model_sha256"):
-        raise ValueError(
+        raise InvalidInput(
             f"checkpoint {info['checkpoint_dir']} has model sha256 {info['model_sha256'][:16]}.., but "
             f"{cfg.export_dir}/manifest.json says the export was made from {str(src.get('model_sha256'))[:16]}.. "
             f"({src.get('path')}); refusing to compare an export with a different checkpoint. Pass the "
@@ -141,7 +142,7 @@ def global_metrics(export_dir: Path, manifest: dict[str, Any], info: dict[str, A
 
     from prodip.train.config import ModelConfig
 
-    from prodip.export.manifest import file_sha256, verify_files
+    from prodip.base.manifest import file_sha256, verify_files
 
     out: dict[str, Any] = {}
     try:
@@ -185,11 +186,11 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     """
     import torch
 
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
 
     t_start = time.perf_counter()
     if not cfg.export_dir:
-        raise ValueError("ConformanceConfig.export_dir is empty: give the export dir made by `prodip export`")
+        raise InvalidInput("ConformanceConfig.export_dir is empty: give the export dir made by `prodip export`")
     export_dir = Path(cfg.export_dir)
     manifest = read_manifest(export_dir)
     tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
@@ -219,7 +220,7 @@ def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
         FileNotFoundError: a file of a checked variant is missing (file and variant named).
     """
     from prodip.conformance.tolerances import require_tables
-    from prodip.config import ConfigError
+    from prodip.base.config import ConfigError
 
     tolerances = load_tolerances(tol_path)
     candidates = plan_candidates(manifest, only)
@@ -241,7 +242,7 @@ def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
                 missing[rel] = cand.variant
     if missing:
         what = "; ".join(f"{rel} of variant {v!r}" for rel, v in missing.items())
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{export_dir}: missing file(s) listed in manifest.json: {what}. Re-run `prodip export`, or "
             "check the other variants only with --variants (nothing was measured or written)")
     return tolerances, candidates
@@ -294,7 +295,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     from prodip.conformance.inputs import build_inputs
     from prodip.conformance.runners import TorchRunner
     from prodip.conformance.tolerances import compare_with_shipped
-    from prodip.export.manifest import file_sha256, files_table_sha256, tool_versions
+    from prodip.base.manifest import file_sha256, files_table_sha256, tool_versions
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
@@ -360,17 +361,17 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     out = Path(cfg.out) if cfg.out else Path(cfg.export_dir) / "conformance"
     export_root = Path(cfg.export_dir).resolve()
     if out.resolve().is_relative_to(export_root) and not out.resolve().is_relative_to(export_root / "conformance"):
-        raise ValueError(f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
+        raise InvalidInput(f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
                          "folder; files there would break the export's manifest (leave --out unset)")
     report = evaluate(cfg)
     paths = write_report(report, out, cfg)
     report["report_json"] = str(paths["json"])
     if cfg.write_manifest:
-        from prodip.export.manifest import set_conformance
+        from prodip.base.manifest import set_conformance
         export_dir = Path(cfg.export_dir).resolve()
         rj = paths["json"].resolve()
         rel = rj.relative_to(export_dir).as_posix() if rj.is_relative_to(export_dir) else str(rj)
-        from prodip.export.manifest import read_manifest
+        from prodip.base.manifest import read_manifest
         manifest = read_manifest(export_dir)
         set_conformance(export_dir, merge_verdict(manifest.get("conformance"), report, list(manifest["variants"]),
                                                   rel, paths["sha256"]))
@@ -403,7 +404,7 @@ def merge_verdict(previous: Optional[dict[str, Any]], report: dict[str, Any], ma
         filtered to the tables that gated that variant, ``[global]`` included). A report without
         ``tolerances`` gives checks without it, which ``prodip serve`` does not accept.
     """
-    from prodip.export.manifest import utc_now
+    from prodip.base.manifest import utc_now
 
     now = checked_utc or utc_now()
     files_sha = report["export_files_sha256"]
@@ -437,7 +438,7 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
         ValueError / FileNotFoundError: unreadable manifest, bad tolerance file, missing file
             (see :func:`preflight`).
     """
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
 
     manifest = read_manifest(cfg.export_dir)
     tolerances, candidates = preflight(Path(cfg.export_dir), manifest,

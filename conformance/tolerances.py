@@ -30,7 +30,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable
 
-from prodip.config import ConfigError
+from prodip.base.errors import MissingInput
+from prodip.base.config import ConfigError
+from prodip.base.variants import ONNX_VARIANTS, SAFETENSORS_DTYPES
 
 DEFAULT = Path(__file__).with_name("tolerances.toml")
 FORMAT_VERSION = 1
@@ -65,8 +67,6 @@ _BOUND_HELP = {
 
 def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
     """``(required metrics, allowed metrics -> bound kind)`` of a tolerance table, None if unknown."""
-    from prodip.export.config import SAFETENSORS_DTYPES, VARIANTS
-
     if table == "global":
         return REQUIRED_GLOBAL, GLOBAL_METRICS
     if table in ("safetensors", "transformers"):
@@ -75,15 +75,14 @@ def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
                   if d != "float32"}
     if table in reduced_st:
         return REQUIRED_REDUCED, CANDIDATE_METRICS
-    if table in VARIANTS:  # the ONNX variants
+    if table in ONNX_VARIANTS:
         required = REQUIRED_EXACT if table == "fp32" else REQUIRED_REDUCED
         return required + tuple(ONNX_METRICS), {**CANDIDATE_METRICS, **ONNX_METRICS}
     return None
 
 
 def known_tables() -> list[str]:
-    from prodip.export.config import SAFETENSORS_DTYPES, VARIANTS
-    return ["global", "safetensors", "transformers", *[v for v in VARIANTS if v != "safetensors"],
+    return ["global", "safetensors", "transformers", *ONNX_VARIANTS,
             *[f"{b}_{d}" for b in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES if d != "float32"]]
 
 
@@ -187,7 +186,7 @@ def load_tolerances(path: str | Path) -> dict[str, Any]:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: tolerance file not found (see conformance/tolerances.toml)") from None
+        raise MissingInput(f"{path}: tolerance file not found (see conformance/tolerances.toml)") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     errors = validate_tolerances(data, str(path))

@@ -19,7 +19,7 @@ _LAZY = {
     "ExportConfig": "prodip.export.config", "VARIANTS": "prodip.export.config",
     "export_checkpoint": "prodip.export.core", "export_model": "prodip.export.core", "size_table": "prodip.export.core",
     "build_tiny_export": "prodip.export.testing", "build_tiny_checkpoint": "prodip.export.testing",
-    "read_manifest": "prodip.export.manifest", "verify_files": "prodip.export.manifest", "set_conformance": "prodip.export.manifest",
+    "read_manifest": "prodip.base.manifest", "verify_files": "prodip.base.manifest", "set_conformance": "prodip.base.manifest",
 }
 
 __all__ = sorted(_LAZY)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from prodip.config import add_arguments, resolve
+from prodip.base.errors import InvalidInput
+from prodip.base.config import add_arguments, resolve
 
 
 def _export_main(args: argparse.Namespace) -> int:
@@ -18,7 +19,7 @@ def _export_main(args: argparse.Namespace) -> int:
     if getattr(args, "checkpoint_pos", None):
         given = getattr(args, "checkpoint", None)
         if given is not None and given != args.checkpoint_pos:
-            raise ValueError(f"two checkpoints given: {args.checkpoint_pos} (positional) and --checkpoint {given}; "
+            raise InvalidInput(f"two checkpoints given: {args.checkpoint_pos} (positional) and --checkpoint {given}; "
                              f"give one")
         args.checkpoint = args.checkpoint_pos
     if getattr(args, "force_flag", False):

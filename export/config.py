@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prodip.config import opt
+from prodip.base.errors import InvalidInput
+from prodip.base.config import opt
+from prodip.base.variants import SAFETENSORS_DTYPES, VARIANT_NAMES
 
-#: Every artifact ``prodip export`` can write, in build order.
-VARIANTS = ("safetensors", "fp32", "fp16", "int8", "int4")
-SAFETENSORS_DTYPES = ("float32", "bfloat16", "float16")
+# The variant table is a stage-to-stage contract: it lives in prodip.base.variants.
+VARIANTS = VARIANT_NAMES
 
 
 @dataclass
 class ExportConfig:
-    """Settings of one export: checkpoint in, export dir out (see CONTRACTS.md "Export dir")."""
+    """Settings of one export: checkpoint in, export dir out (layout: CONTRACTS.md "Export dir")."""
 
     checkpoint: str = opt("", "checkpoint step dir, checkpoints dir or run dir (follows `latest`)")
     out: str = opt("", "export dir to create (refused if it exists and is not empty, unless --force)")
@@ -39,12 +40,12 @@ class ExportConfig:
     def __post_init__(self) -> None:
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:
-            raise ValueError(f"ExportConfig.variants: unknown variant(s) {', '.join(map(repr, unknown))}; "
+            raise InvalidInput(f"ExportConfig.variants: unknown variant(s) {', '.join(map(repr, unknown))}; "
                              f"choose from {', '.join(VARIANTS)}")
         if not self.variants:
-            raise ValueError("ExportConfig.variants: empty; choose from " + ", ".join(VARIANTS))
+            raise InvalidInput("ExportConfig.variants: empty; choose from " + ", ".join(VARIANTS))
         bs = self.int4_block_size
         if bs < 16 or bs & (bs - 1):
-            raise ValueError(f"ExportConfig.int4_block_size must be a power of 2 >= 16, got {bs}")
+            raise InvalidInput(f"ExportConfig.int4_block_size must be a power of 2 >= 16, got {bs}")
         if not 0 <= self.int4_accuracy_level <= 4:
-            raise ValueError(f"ExportConfig.int4_accuracy_level must be in 0..4, got {self.int4_accuracy_level}")
+            raise InvalidInput(f"ExportConfig.int4_accuracy_level must be in 0..4, got {self.int4_accuracy_level}")

@@ -20,13 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.variants import ONNX_DIR, ONNX_VARIANTS, onnx_files
 from prodip.export.config import VARIANTS, ExportConfig
 
 logger = logging.getLogger("export")
 
-ONNX_DIR = "onnx"
-ONNX_FILES = {"fp32": "onnx/model.onnx", "fp16": "onnx/model_fp16.onnx",
-              "int8": "onnx/model_int8.onnx", "int4": "onnx/model_int4.onnx"}
+ONNX_FILES = onnx_files()
 CONFIG_TOML = "export_config.toml"
 
 
@@ -70,14 +70,14 @@ def check_out_dir(out: Path, force: bool) -> None:
             something that is not an export, or is a file.
     """
     if out.is_symlink():
-        raise FileExistsError(f"{out}: is a symbolic link; give --out as the real folder path "
+        raise OutputExists(f"{out}: is a symbolic link; give --out as the real folder path "
                               f"(the export replaces the folder, not what a link points to)")
     if out.is_file():
-        raise FileExistsError(f"{out}: is a file; --out must name a folder")
+        raise OutputExists(f"{out}: is a file; --out must name a folder")
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not force:
-        raise FileExistsError(f"{out}: exists and is not empty; choose another --out or pass --force")
+        raise OutputExists(f"{out}: exists and is not empty; choose another --out or pass --force")
     try:
         manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
         is_export = (isinstance(manifest, dict) and isinstance(manifest.get("variants"), dict)
@@ -90,10 +90,10 @@ def check_out_dir(out: Path, force: bool) -> None:
     except (OSError, ValueError):
         is_export = False
     if not is_export:
-        raise FileExistsError(f"{out}: is not empty and holds no export manifest.json; --force only replaces an "
+        raise OutputExists(f"{out}: is not empty and holds no export manifest.json; --force only replaces an "
                               f"earlier export. Choose another --out, or empty that folder yourself")
     if strays:
-        raise FileExistsError(f"{out}: holds files its export manifest does not list ({strays[0].relative_to(out)}"
+        raise OutputExists(f"{out}: holds files its export manifest does not list ({strays[0].relative_to(out)}"
                               f"{f' and {len(strays) - 1} more' if len(strays) > 1 else ''}); --force only "
                               f"replaces an export as written. Move those files, or choose another --out")
 
@@ -154,7 +154,7 @@ def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
     ckpt = resolve_checkpoint(checkpoint)
     tok = ckpt / TOKENIZER_SUBDIR / "tokenizer.json"
     if not tok.is_file():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{tok}: missing; a checkpoint must carry its tokenizer copy (written by `prodip train`, "
             "which copies the dir made by `prodip tokenizer train`). Re-save the checkpoint with `prodip train`, "
             f"or copy tokenizer.json, tokenizer_config.json and special_tokens_map.json of the tokenizer it was "
@@ -188,7 +188,7 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     """Write the requested ONNX variants into ``root/onnx``; returns their manifest entries."""
     from prodip.export import quantize
     from prodip.export.onnx import check_io, export_onnx
-    wanted = [v for v in ("fp32", "fp16", "int8", "int4") if v in cfg.variants]
+    wanted = [v for v in ONNX_VARIANTS if v in cfg.variants]
     if not wanted:
         return {}
     (root / ONNX_DIR).mkdir()
@@ -265,8 +265,8 @@ def _build_all(model: Any, cfg: ExportConfig, tmp: Path, tokenizer_dir: Optional
                source_checkpoint: dict[str, Any], tokenizer_sha256: Optional[str], step) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
     from prodip.export import hf
-    from prodip.export.manifest import write_manifest
-    from prodip.config import dump_toml, to_dict
+    from prodip.base.manifest import write_manifest
+    from prodip.base.config import dump_toml, to_dict
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
     variants = {"safetensors": {"path": hf.WEIGHTS_FILE, "format": "safetensors",
@@ -298,14 +298,14 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
     """
     from prodip.train.checkpoint import load_model
     if not cfg.checkpoint:
-        raise ValueError("ExportConfig.checkpoint is empty: give a checkpoint/run dir made by `prodip train`")
+        raise InvalidInput("ExportConfig.checkpoint is empty: give a checkpoint/run dir made by `prodip train`")
     if not cfg.out:
-        raise ValueError("ExportConfig.out is empty: give the export dir to create (--out DIR)")
+        raise InvalidInput("ExportConfig.out is empty: give the export dir to create (--out DIR)")
     check_out_dir(Path(cfg.out), cfg.force)  # fail before the (slow) load
     ckpt = require_checkpoint_tokenizer(cfg.checkpoint).resolve()
     out_real = Path(cfg.out).resolve()
     if ckpt == out_real or out_real in ckpt.parents:
-        raise ValueError(f"--out {cfg.out} contains the checkpoint {cfg.checkpoint}; replacing it would delete "
+        raise InvalidInput(f"--out {cfg.out} contains the checkpoint {cfg.checkpoint}; replacing it would delete "
                          f"the checkpoint being exported. Choose another --out")
     model, _, info = load_model(ckpt)
     source = {"path": str(Path(info["checkpoint_dir"]).resolve()), "step": info["step"],
@@ -319,7 +319,7 @@ def size_table(export_dir: str | os.PathLike) -> str:
 
     Targets from issue 5: int8 <= 0.30x, int4 <= 0.20x with embeddings quantised.
     """
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     manifest = read_manifest(export_dir)
     files = manifest["files"]
     sizes = {name: sum(files[rel]["bytes"] for rel in [v["path"], *v.get("external_data", [])])

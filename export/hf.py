@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from prodip.base.errors import InvalidInput, MissingInput
+
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -64,7 +66,7 @@ def export_state_dict(model: torch.nn.Module, dtype: str) -> dict[str, torch.Ten
         ValueError: an unknown dtype.
     """
     if dtype not in DTYPES:
-        raise ValueError(f"safetensors dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise InvalidInput(f"safetensors dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     tied = model.config.tie_word_embeddings
     out = {}
     for key, tensor in model.state_dict().items():
@@ -116,7 +118,7 @@ def copy_tokenizer(tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike)
     """
     src = Path(tokenizer_dir)
     if not (src / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{src / 'tokenizer.json'}: not found; a checkpoint's tokenizer/ copy is "
+        raise MissingInput(f"{src / 'tokenizer.json'}: not found; a checkpoint's tokenizer/ copy is "
                                 "written by `prodip train`, a tokenizer dir by `prodip tokenizer train`")
     written = []
     for name in TOKENIZER_FILES:
@@ -140,7 +142,7 @@ def load_hf_state(export_dir: str | os.PathLike) -> tuple[Any, dict[str, torch.T
     root = Path(export_dir)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (root / name).is_file():
-            raise FileNotFoundError(f"{root / name}: not found (written by `prodip export`)")
+            raise MissingInput(f"{root / name}: not found (written by `prodip export`)")
     config = ModelConfig.from_hf_dict(json.loads((root / CONFIG_FILE).read_text(encoding="utf-8")),
                                       source=str(root / CONFIG_FILE))
     tensors = load_file(str(root / WEIGHTS_FILE))

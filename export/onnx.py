@@ -1,12 +1,12 @@
 """ONNX decoder export with a KV cache: the training model, traced once, run by ONNX Runtime.
 
 :class:`DecoderWithCache` flattens the model's per-layer ``(key, value)`` cache into the named
-inputs and outputs of the contract in CONTRACTS.md ("ONNX decoder I/O", the names optimum and
+inputs and outputs of the contract in :mod:`prodip.base.onnx_io` (the names optimum and
 ONNX Runtime GenAI use). :func:`export_onnx` traces it with ``torch.onnx.export(dynamo=True)``
 (torch.export + onnxscript) at opset :data:`DEFAULT_OPSET`, with dynamic batch, sequence and
 past axes, and checks the file with ``onnx.checker``.
 
-    python -c "from export.onnx import io_names; print(io_names(2))"
+    python -c "from prodip.export.onnx import io_names; print(io_names(2))"
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from prodip.base.errors import InvalidInput
+from prodip.base.onnx_io import io_names
+
 logger = logging.getLogger(__name__)
 
 #: ONNX opset of every exported decoder (default opset of torch.onnx's dynamo exporter; needs
@@ -29,20 +32,6 @@ DEFAULT_OPSET = 18
 PROTOBUF_LIMIT_BYTES = 2 * 1024**3
 #: Symbolic dimension names (optimum's names), written into the ONNX graph's value_info.
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
-
-
-def io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """Input and output names of the decoder, in graph order.
-
-    Args:
-        num_layers: number of decoder layers L.
-    Returns:
-        (inputs, outputs): ``input_ids, attention_mask, position_ids, past_key_values.{i}.key,
-        past_key_values.{i}.value, ...`` and ``logits, present.{i}.key, present.{i}.value, ...``.
-    """
-    past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    return ["input_ids", "attention_mask", "position_ids", *past], ["logits", *present]
 
 
 class DecoderWithCache(nn.Module):
@@ -153,12 +142,12 @@ def check_io(path: str | os.PathLike, config: Any) -> None:
     want_in, want_out = io_names(config.num_hidden_layers)
     got_in, got_out = [i.name for i in graph.input], [o.name for o in graph.output]
     if got_in != want_in or got_out != want_out:
-        raise ValueError(f"{path}: ONNX I/O names {got_in} -> {got_out} differ from the contract "
+        raise InvalidInput(f"{path}: ONNX I/O names {got_in} -> {got_out} differ from the contract "
                          f"{want_in} -> {want_out} (re-run `prodip export`)")
     kv = [config.num_key_value_heads, config.head_dim]
     for value in list(graph.input)[3:] + list(graph.output)[1:]:
         t = value.type.tensor_type
         dims = [d.dim_value for d in t.shape.dim]
         if t.elem_type != onnx.TensorProto.FLOAT or dims[1] != kv[0] or dims[3] != kv[1]:
-            raise ValueError(f"{path}: {value.name} is {onnx.TensorProto.DataType.Name(t.elem_type)} "
+            raise InvalidInput(f"{path}: {value.name} is {onnx.TensorProto.DataType.Name(t.elem_type)} "
                              f"dims {dims}, expected FLOAT [batch, {kv[0]}, past, {kv[1]}]")

@@ -34,6 +34,8 @@ import onnx
 import onnx.version_converter
 from onnx import numpy_helper
 
+from prodip.base.errors import InvalidInput
+
 logger = logging.getLogger(__name__)
 
 #: Ops kept in fp32 in the fp16 variant, on top of ORT's DEFAULT_OP_BLOCK_LIST. Pow/ReduceMean/
@@ -250,7 +252,7 @@ def _replace_embedding_nodes(graph: onnx.GraphProto, tied: TiedEmbedding, new_no
             break
         name = node.input[0]
     else:
-        raise ValueError(f"no path from {tied.indices!r} to {tied.embedding!r}")
+        raise InvalidInput(f"no path from {tied.indices!r} to {tied.embedding!r}")
     position = min(list(graph.node).index(n) for n in chain)
     read = {i for n in chain for i in n.input}
     for node in chain:

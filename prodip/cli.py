@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
-import os
 import sys
 
 from prodip import __version__
-from prodip.config import ConfigError
+from prodip.base.cli import run_command, setup_logging
 
 # (subcommand, package providing it, one-line help). Packages are imported lazily so that
 # `prodip serve --help` does not pay for (or need) torch.
@@ -54,11 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 logs progress; others warn
-    level = logging.DEBUG if args.verbose else (logging.INFO if rank == 0 else logging.WARNING)
-    prefix = f"[rank {rank}] " if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-    logging.basicConfig(level=level, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")
+    setup_logging(args.verbose)
     func = getattr(args, "func", None)
     if func is None:
         try:  # a stage group without its verb, e.g. `prodip tokenizer`: show that group's help
@@ -66,18 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit:
             pass
         return 2
-    try:
-        return int(func(args) or 0)
-    except (ConfigError, ValueError, OSError, EOFError, RuntimeError) as err:
-        # User errors (bad config, corpus, checkpoint, export, a server that would not start) are
-        # one line naming the file or key; --verbose shows the traceback for a bug report.
-        if args.verbose:
-            raise
-        print(f"prodip {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"prodip {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(func, args, args.command)
 
 
 if __name__ == "__main__":

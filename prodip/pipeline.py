@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import logging
 import shutil
@@ -23,12 +24,81 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prodip import stages
-from prodip.config import (ConfigError, add_arguments, dump_toml, from_dict, opt, read_toml, toml_roundtrip,
+from prodip.base.errors import OutputExists
+from prodip.base.config import (ConfigError, add_arguments, dump_toml, from_dict, opt, read_toml, toml_roundtrip,
                            write_text_atomic)
+from prodip.base.layout import stage_defaults
+from prodip.base.stage import Stage
+from prodip.conformance.stage import STAGES as _CONFORMANCE
+from prodip.export.stage import STAGES as _EXPORT
+from prodip.serve.stage import STAGES as _SERVE
 from prodip.summary import print_summary
+from prodip.tokenizer.stage import STAGES as _TOKENIZER
+from prodip.train.stage import STAGES as _TRAIN
 
 log = logging.getLogger("prodip.run")
+
+
+#: Every stage, in pipeline order; each package's ``stage`` module owns its records.
+STAGES: dict[str, Stage] = {s.name: s for s in (*_TOKENIZER, *_TRAIN, *_EXPORT, *_CONFORMANCE, *_SERVE)}
+ORDER: list[str] = list(STAGES)
+#: Config table -> "module:ConfigClass", in pipeline order.
+CONFIG_CLASSES: dict[str, str] = {t: ref for s in STAGES.values() for t, ref in s.tables.items()}
+SECTIONS: list[str] = list(CONFIG_CLASSES)
+
+
+def _load(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dict[str, Any]:
+    """Build every stage's config dataclass: run defaults < TOML table.
+
+    Raises:
+        ConfigError: an unknown key or wrong type in a table, naming the file and table.
+    """
+    base = stage_defaults(out_dir)
+    plan = {}
+    for name, ref in CONFIG_CLASSES.items():
+        cls = _load(ref)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in base[name].items() if k in fields}
+        data.update(tables.get(name, {}))
+        plan[name] = from_dict(cls, data, source=f"{config_path} [{name}]")
+    return plan
+
+
+def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
+    """Checks that span several tables, made before any stage runs (not hours into training).
+
+    The model's vocabulary is not among them: it comes from the tokenizer dir when training starts
+    (``ModelConfig.with_vocab_size``), the one place it is checked.
+
+    Raises:
+        ConfigError: a sequence longer than the context window, a served variant that is not
+            exported, or a requested stage whose input stage is neither requested nor complete.
+    """
+    if not wanted:
+        raise ConfigError(f"{source}: no stages to run; stages are {', '.join(ORDER)}")
+    model = plan["model"]
+    for table in ("train", "eval"):
+        if plan[table].seq_len > model.max_position_embeddings:
+            raise ConfigError(f"{source} [{table}] seq_len = {plan[table].seq_len} exceeds [model] "
+                              f"max_position_embeddings = {model.max_position_embeddings}")
+    exported = plan["export"].variants
+    if "serve" in wanted and exported and plan["serve"].variant not in exported:
+        raise ConfigError(f"{source} [serve] variant = {plan['serve'].variant!r} is not among [export] "
+                          f"variants {exported}")
+    for name in wanted:
+        dep = STAGES[name].needs
+        if dep and dep not in wanted and not STAGES[dep].done(plan):
+            raise ConfigError(f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
+                              f"in this run's out_dir nor among the stages to run")
+    for name, table in (("tokenizer", "tokenizer"), ("data", "data")):
+        if name in wanted and not plan[table].inputs:
+            raise ConfigError(f"{source} [{table}] inputs: no corpus given; expected e.g. "
+                              f"inputs = {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
 
 
 @dataclass
@@ -36,7 +106,7 @@ class RunConfig:
     """Top-level keys of a pipeline TOML file (stage settings live in its tables)."""
 
     out_dir: str = opt("runs/demo", "folder receiving every artifact of the run")
-    stages: list[str] = opt(help="stages to run, in pipeline order", factory=lambda: list(stages.ORDER))
+    stages: list[str] = opt(help="stages to run, in pipeline order", factory=lambda: list(ORDER))
     force: bool = opt(False, "start over even if OUT_DIR holds a run made with a different config")
     completion_prompts: dict[str, str] = opt(
         help="language -> prompt sent to the HTTP endpoint at the end of the run",
@@ -60,15 +130,15 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
     top = {k: v for k, v in doc.items() if not isinstance(v, dict) or k == "completion_prompts"}
     tables = {k: v for k, v in doc.items() if k not in top}
     for name in tables:
-        if name not in stages.SECTIONS:
-            raise ConfigError(f"{path}: unknown table [{name}]; known tables: {', '.join(stages.SECTIONS)}")
+        if name not in SECTIONS:
+            raise ConfigError(f"{path}: unknown table [{name}]; known tables: {', '.join(SECTIONS)}")
     if args is not None:
         names = {f.name for f in dataclasses.fields(RunConfig)}
         top.update({k: v for k, v in vars(args).items() if k in names})
     run = from_dict(RunConfig, top, source=str(path))
-    unknown = [s for s in run.stages if s not in stages.ORDER]
+    unknown = [s for s in run.stages if s not in ORDER]
     if unknown:
-        raise ConfigError(f"{path}: unknown stage(s) {unknown}; stages are {', '.join(stages.ORDER)}")
+        raise ConfigError(f"{path}: unknown stage(s) {unknown}; stages are {', '.join(ORDER)}")
     return run, tables
 
 
@@ -108,16 +178,16 @@ def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started
     saved, marker = out_dir / "config.toml", out_dir / RUN_MARKER
     if not marker.exists():
         if out_dir.exists() and not out_dir.is_dir():
-            raise FileExistsError(f"--out-dir {out_dir} is a file, not a folder")
+            raise OutputExists(f"--out-dir {out_dir} is a file, not a folder")
         if out_dir.exists() and any(out_dir.iterdir()):
-            raise FileExistsError(f"{out_dir} is not empty and is not a prodip run (no {RUN_MARKER}); "
+            raise OutputExists(f"{out_dir} is not empty and is not a prodip run (no {RUN_MARKER}); "
                                   f"choose another --out-dir (--force never deletes a folder prodip did not make)")
         return
     changed = _changed_keys(_identity(read_toml(saved)), _identity(toml_roundtrip(resolved)))
     if not changed or not started:
         return
     if not force:
-        raise FileExistsError(f"{out_dir} holds a run made with a different config ({', '.join(changed[:6])} "
+        raise OutputExists(f"{out_dir} holds a run made with a different config ({', '.join(changed[:6])} "
                               f"differ from {saved}); use another --out-dir, or --force to start over there")
     log.warning("--force: removing the earlier run in %s", out_dir)
     shutil.rmtree(out_dir)
@@ -135,11 +205,11 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     """
     run, tables = load_run_config(config_path, args)
     out_dir = Path(run.out_dir)
-    plan = stages.resolve_all(config_path, tables, out_dir)
+    plan = resolve_all(config_path, tables, out_dir)
     resolved = {**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
                 **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()}}
-    stages.check_plan(plan, run.stages, source=str(config_path))
-    _check_out_dir(out_dir, resolved, run.force, started=any(stages.STAGES[n].done(plan) for n in stages.ORDER[:-1]))
+    check_plan(plan, run.stages, source=str(config_path))
+    _check_out_dir(out_dir, resolved, run.force, started=any(STAGES[n].done(plan) for n in ORDER[:-1]))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out_dir / RUN_MARKER, json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
     write_text_atomic(out_dir / "config.toml", dump_toml(resolved))
@@ -150,9 +220,9 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     except (FileNotFoundError, ValueError):
         times = {}
     timings: dict[str, float] = {}
-    wanted = [s for s in stages.ORDER if s in run.stages]
+    wanted = [s for s in ORDER if s in run.stages]
     for i, name in enumerate(wanted, 1):
-        stage: stages.Stage = stages.STAGES[name]
+        stage: Stage = STAGES[name]
         if name != "serve" and stage.done(plan):
             print(f"[{i}/{len(wanted)}] {name}: already complete, skipped ({stage.describe(plan)})", flush=True)
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from prodip.config import add_arguments, resolve
+from prodip.base.config import add_arguments, resolve
 from prodip.serve.config import ServeConfig
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from prodip.config import opt
+from prodip.base.errors import InvalidInput
+from prodip.base.config import opt
+from prodip.base.variants import SERVABLE_VARIANTS
 
-#: ONNX variants an export dir may hold (keys of manifest.json "variants"), see CONTRACTS.md.
-VARIANTS = ("fp32", "fp16", "int8", "int4")
+VARIANTS = SERVABLE_VARIANTS  # prodip.base.variants owns the table
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_body_bytes", "max_n"):
             if getattr(self, name) < 1:
-                raise ValueError(f"ServeConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise InvalidInput(f"ServeConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
-            raise ValueError(f"ServeConfig.port must be in [0, 65535], got {self.port}")
+            raise InvalidInput(f"ServeConfig.port must be in [0, 65535], got {self.port}")
         if self.batch_wait_ms < 0 or self.default_max_tokens < 0 or self.intra_op_threads < 0:
-            raise ValueError("ServeConfig.batch_wait_ms, default_max_tokens and intra_op_threads must be >= 0")
+            raise InvalidInput("ServeConfig.batch_wait_ms, default_max_tokens and intra_op_threads must be >= 0")

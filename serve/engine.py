@@ -2,7 +2,7 @@
 
 :func:`load_export` reads and checks an export dir (manifest, conformance verdict, file hashes,
 config.json, tokenizer.json); :class:`OnnxDecoder` runs one forward step of the exported graph
-with the I/O of CONTRACTS.md ("ONNX decoder I/O"): ``input_ids``, ``attention_mask``,
+with the I/O of :mod:`prodip.base.onnx_io`: ``input_ids``, ``attention_mask``,
 ``position_ids``, ``past_key_values.{i}.key|value`` -> ``logits``, ``present.{i}.key|value``.
 This module imports neither torch nor ``train/``.
 
@@ -21,7 +21,9 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from prodip.files import file_sha256
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base import onnx_io
+from prodip.base.files import file_sha256
 
 _MAKE = "`prodip export CHECKPOINT --out EXPORT_DIR`"
 
@@ -53,9 +55,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: missing; an export dir is written by {_MAKE}") from None
+        raise MissingInput(f"{path}: missing; an export dir is written by {_MAKE}") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); re-run {_MAKE}") from None
+        raise InvalidInput(f"{path}: not valid JSON ({err}); re-run {_MAKE}") from None
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -102,14 +104,14 @@ def conformance_check(manifest: dict[str, Any], variant: str) -> tuple[bool, str
     writes (per-variant ``variants`` and ``checks``, ``export_files_sha256``, ``report``,
     ``report_sha256``, the tolerances each variant was checked with), the variant's own entry passed,
     and ``export_files_sha256`` equals the sha256 of the manifest's current ``files`` table
-    (:func:`prodip.export.manifest.files_table_sha256`): a verdict does not survive a file being swapped.
+    (:func:`prodip.base.manifest.files_table_sha256`): a verdict does not survive a file being swapped.
 
     Returns:
         ``(ok, reason, check)``: reason is "" when ok, else a sentence naming the fix; ``check`` is
         the variant's entry of ``verdict["checks"]`` (``{}`` when there is none), whose
         ``tolerances.loosened`` lists bounds looser than the shipped tolerance file.
     """
-    from prodip.export.manifest import files_table_sha256
+    from prodip.base.manifest import files_table_sha256
 
     verdict = manifest.get("conformance")
     fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
@@ -177,21 +179,21 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
     """
     root = Path(export_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: export dir not found; it is written by {_MAKE}")
+        raise MissingInput(f"{root}: export dir not found; it is written by {_MAKE}")
     manifest = _read_json(root / "manifest.json")
     if manifest.get("format_version") != 1:
-        raise ValueError(f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r}, "
+        raise InvalidInput(f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r}, "
                          f"expected 1; re-run {_MAKE}")
     variants = manifest.get("variants") or {}
     entry = variants.get(variant)
     if not entry or entry.get("format") != "onnx":
         onnx_names = [k for k, v in variants.items() if (v or {}).get("format") == "onnx"]
-        raise ValueError(f"{root / 'manifest.json'}: no ONNX variant {variant!r}; this export has "
+        raise InvalidInput(f"{root / 'manifest.json'}: no ONNX variant {variant!r}; this export has "
                          f"{', '.join(onnx_names) or 'none'}")
     ok, reason, check = conformance_check(manifest, variant)
     warnings = []
     if not ok and not allow_unverified:
-        raise ValueError(f"{root}: refusing to serve: {reason}")
+        raise InvalidInput(f"{root}: refusing to serve: {reason}")
     if not ok:
         warnings.append(f"serving unverified variant {variant!r}: {reason}")
     loosened = list(((check.get("tolerances") or {}).get("loosened") or [])) if ok else []
@@ -201,27 +203,27 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
                         f"looser than the shipped conformance/tolerances.toml): {loosened_text(loosened)}")
     onnx_path = root / entry["path"]
     if not onnx_path.is_file():
-        raise FileNotFoundError(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
+        raise MissingInput(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
     files = manifest.get("files") or {}
     if verify_hashes:
         wanted = ["config.json", "tokenizer.json", entry["path"], *entry.get("external_data", [])]
         for rel in wanted:
             if rel not in files:
-                raise ValueError(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")
+                raise InvalidInput(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")
             got = file_sha256(root / rel)
             if got != files[rel].get("sha256"):
-                raise ValueError(f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
+                raise InvalidInput(f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
                                  f"({str(files[rel].get('sha256'))[:12]}...); the export was modified, re-run {_MAKE}")
     config = _read_json(root / "config.json")
     for key in ("num_hidden_layers", "num_key_value_heads", "max_position_embeddings", "vocab_size"):
         if key not in config:
-            raise ValueError(f"{root / 'config.json'}: missing {key!r}; re-run {_MAKE}")
+            raise InvalidInput(f"{root / 'config.json'}: missing {key!r}; re-run {_MAKE}")
     tok_path = root / "tokenizer.json"
     if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path}: missing; re-run {_MAKE}")
+        raise MissingInput(f"{tok_path}: missing; re-run {_MAKE}")
     tok_sha = file_sha256(tok_path)
     if manifest.get("tokenizer_sha256") and manifest["tokenizer_sha256"] != tok_sha:
-        raise ValueError(f"{tok_path}: sha256 differs from manifest.json tokenizer_sha256; re-run {_MAKE}")
+        raise InvalidInput(f"{tok_path}: sha256 differs from manifest.json tokenizer_sha256; re-run {_MAKE}")
     return ExportInfo(root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings, loosened)
 
 
@@ -233,7 +235,7 @@ def load_tokenizer(info: ExportInfo) -> Tokenizer:
     """
     tok = Tokenizer.from_file(str(info.tokenizer_path))
     if tok.get_vocab_size() > int(info.config["vocab_size"]):
-        raise ValueError(f"{info.tokenizer_path}: {tok.get_vocab_size()} tokens but config.json "
+        raise InvalidInput(f"{info.tokenizer_path}: {tok.get_vocab_size()} tokens but config.json "
                          f"vocab_size is {info.config['vocab_size']}; re-run {_MAKE}")
     return tok
 
@@ -247,7 +249,7 @@ class OnnxDecoder:
             ``hidden_size``/``num_attention_heads``).
         intra_op_threads: ONNX Runtime intra-op threads, 0 = its default.
     Raises:
-        ValueError: the graph's inputs/outputs differ from the CONTRACTS.md names.
+        ValueError: the graph's inputs/outputs differ from the names of :mod:`prodip.base.onnx_io`.
     """
 
     def __init__(self, onnx_path: str | Path, config: dict[str, Any], intra_op_threads: int = 0) -> None:
@@ -259,14 +261,14 @@ class OnnxDecoder:
         self.num_layers = int(config["num_hidden_layers"])
         self.num_kv_heads = int(config["num_key_value_heads"])
         self.head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
-        self.present_names = [f"present.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
-        want_in = {"input_ids", "attention_mask", "position_ids", *self.past_names}
+        self.past_names = onnx_io.past_names(self.num_layers)
+        self.present_names = onnx_io.present_names(self.num_layers)
+        want_in = set(onnx_io.io_names(self.num_layers)[0])
         have_in = {i.name for i in self.session.get_inputs()}
         have_out = {o.name for o in self.session.get_outputs()}
         if want_in != have_in or not {"logits", *self.present_names} <= have_out:
-            raise ValueError(f"{onnx_path}: graph I/O {sorted(have_in)} -> {sorted(have_out)} is not the "
-                             f"CONTRACTS.md decoder I/O for {self.num_layers} layers; re-run {_MAKE}")
+            raise InvalidInput(f"{onnx_path}: graph I/O {sorted(have_in)} -> {sorted(have_out)} is not the "
+                             f"decoder I/O of prodip.base.onnx_io for {self.num_layers} layers; re-run {_MAKE}")
         self._outputs = ["logits", *self.present_names]
 
     def empty_past(self, batch: int) -> list[np.ndarray]:

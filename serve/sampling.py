@@ -16,6 +16,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from prodip.base.errors import InvalidInput
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Natural-log probabilities along the last axis, computed in float64 for stable sums.
@@ -61,7 +63,7 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: int, top_p: floa
         ValueError: temperature < 0 or top_p outside (0, 1].
     """
     if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
+        raise InvalidInput(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
     if temperature == 0 or top_k == 1:
         return int(np.argmax(logits))
     x = logits.astype(np.float64) / temperature

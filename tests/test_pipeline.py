@@ -108,7 +108,7 @@ def tiny_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_every_artifact_exists_and_is_valid(tiny_run):
-    from prodip.export.manifest import read_manifest, verify_files
+    from prodip.base.manifest import read_manifest, verify_files
     from prodip.tokenizer.bpe import load_tokenizer, tokenizer_sha256
     from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
     from prodip.train.checkpoint import load_model
@@ -175,7 +175,7 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
 @pytest.mark.slow
 def test_a_deleted_export_file_is_exported_again(tiny_run):
     config, run, _ = tiny_run
-    from prodip.export.manifest import verify_files
+    from prodip.base.manifest import verify_files
     onnx_int8 = next((run / "export" / "onnx").glob("*int8*.onnx"))
     onnx_int8.unlink()
     again = _prodip("run", str(config), "--stages", "export,conformance")

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from prodip.config import from_dict, opt, read_toml
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.config import from_dict, opt, read_toml
 from prodip.tokenizer.bpe import (FORMAT_VERSION, SPECIAL_TOKENS, TokenizerTrainConfig, load_tokenizer, tokenizer_sha256,
                            train_tokenizer)
 from prodip.tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
@@ -181,7 +182,7 @@ def load_heldout(heldout: dict[str, list[str]], *, max_chars: int, errors: str,
     for lang, lang_files in files.items():
         for f in lang_files:
             if os.path.realpath(f) in trained:
-                raise ValueError(f"heldout.{lang}: {f} was used to train this tokenizer; audit on text it never saw")
+                raise InvalidInput(f"heldout.{lang}: {f} was used to train this tokenizer; audit on text it never saw")
         docs, size = [], 0
         for _, _, doc in iter_language(lang_files, lang, errors=errors, doc_chars=2000):
             docs.append(doc[: max_chars - size])
@@ -207,7 +208,7 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
     out = Path(baseline_dir) if baseline_dir else tokenizer_dir.with_name(tokenizer_dir.name + "-naive")
     config_path = tokenizer_dir / "train_config.toml"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: missing, so the baseline's training inputs are unknown; train with "
+        raise MissingInput(f"{config_path}: missing, so the baseline's training inputs are unknown; train with "
                                 "`prodip tokenizer train` or pass --baseline-dir of an existing naive tokenizer")
     cfg = from_dict(TokenizerTrainConfig, read_toml(config_path).get("tokenizer", {}), source=str(config_path))
     info = _training_info(out)
@@ -295,15 +296,15 @@ def check_gate(tokenizer_dir: str | os.PathLike, *, force: bool = False, require
     fix = f"run `prodip tokenizer audit --tokenizer-dir {tokenizer_dir}`"
     if not path.is_file():
         if require_audit:
-            raise ValueError(f"{path}: tokenizer was never audited; {fix}")
+            raise InvalidInput(f"{path}: tokenizer was never audited; {fix}")
         log.warning("%s: tokenizer not audited (no fertility gate applied)", tokenizer_dir)
         return None
     report = json.loads(path.read_text(encoding="utf-8"))
     if report.get("tokenizer_sha256") != tokenizer_sha256(tokenizer_dir):
-        raise ValueError(f"{path}: audits a different tokenizer.json (stale audit); {fix}")
+        raise InvalidInput(f"{path}: audits a different tokenizer.json (stale audit); {fix}")
     if not report["gate"]["passed"]:
         message = f"{tokenizer_dir}: tokenizer failed its fertility audit: " + "; ".join(report["gate"]["failures"])
         if not force:
-            raise ValueError(message + " (retrain the tokenizer, or force to train anyway)")
+            raise InvalidInput(message + " (retrain the tokenizer, or force to train anyway)")
         log.warning("%s (forced)", message)
     return report

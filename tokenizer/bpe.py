@@ -24,8 +24,9 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from prodip.config import dump_toml, opt, to_dict
-from prodip.files import file_sha256
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.config import dump_toml, opt, to_dict
+from prodip.base.files import file_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.superword import learn_superwords
 
@@ -106,13 +107,13 @@ def plan_sample(chars_by_lang: dict[str, int], proportions: dict[str, float], sa
     """
     for lang, n in chars_by_lang.items():
         if n == 0:
-            raise ValueError(f"inputs.{lang}: language {lang!r} has no text")
+            raise InvalidInput(f"inputs.{lang}: language {lang!r} has no text")
     if not proportions:
         proportions = dict(chars_by_lang)
     if set(proportions) != set(chars_by_lang):
-        raise ValueError(f"proportions: languages {sorted(proportions)} must match inputs {sorted(chars_by_lang)}")
+        raise InvalidInput(f"proportions: languages {sorted(proportions)} must match inputs {sorted(chars_by_lang)}")
     if any(p < 0 for p in proportions.values()) or sum(proportions.values()) <= 0:
-        raise ValueError(f"proportions: expected non-negative shares with a positive sum, got {proportions}")
+        raise InvalidInput(f"proportions: expected non-negative shares with a positive sum, got {proportions}")
     total_p = sum(proportions.values())
     shares = {lang: p / total_p for lang, p in proportions.items()}
     # the largest total whose every language share is available
@@ -198,7 +199,7 @@ def check_vocab_size(vocab_size: int, kind: str) -> None:
     """Raise ValueError when ``vocab_size`` cannot hold the special tokens plus the base alphabet."""
     need = len(SPECIAL_TOKENS) + 256 + 1
     if vocab_size < need:
-        raise ValueError(f"vocab_size {vocab_size} is too small: the {kind} tokenizer needs "
+        raise InvalidInput(f"vocab_size {vocab_size} is too small: the {kind} tokenizer needs "
                          f"{len(SPECIAL_TOKENS)} special + 256 byte tokens + at least 1 learned token = {need}")
 
 
@@ -252,9 +253,9 @@ def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, 
         tok.train_from_iterator(texts(), trainer=trainer)
         return tok
     if kind != "prodip":
-        raise ValueError(f"kind must be 'prodip' or 'naive', got {kind!r}")
+        raise InvalidInput(f"kind must be 'prodip' or 'naive', got {kind!r}")
     if not 0.0 <= superword_share <= 0.9:
-        raise ValueError(f"superword_share must be in [0, 0.9], got {superword_share}")
+        raise InvalidInput(f"superword_share must be in [0, 0.9], got {superword_share}")
     learned = vocab_size - 256  # the byte tokens are added after training
     n_super = int(superword_share * (learned - len(SPECIAL_TOKENS)))
     tok = _prodip_pipeline(Tokenizer(models.BPE()), WORD_PATTERN)
@@ -281,9 +282,9 @@ def save_tokenizer_dir(tok: Tokenizer, out_dir: str | os.PathLike, *, model_max_
     """
     out = Path(out_dir)
     if (out / "tokenizer.json").exists() and not overwrite:
-        raise FileExistsError(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
+        raise OutputExists(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
     if out.exists() and any(out.iterdir()) and not (out / "tokenizer.json").exists():
-        raise FileExistsError(f"{out}: exists and is not a tokenizer dir; refusing to replace it")
+        raise OutputExists(f"{out}: exists and is not a tokenizer dir; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -326,13 +327,13 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     """
     check_vocab_size(cfg.vocab_size, cfg.kind)
     if cfg.sample_chars < 1 or cfg.min_frequency < 1:
-        raise ValueError(f"TokenizerTrainConfig.sample_chars and min_frequency must be >= 1, got "
+        raise InvalidInput(f"TokenizerTrainConfig.sample_chars and min_frequency must be >= 1, got "
                          f"{cfg.sample_chars}, {cfg.min_frequency}")
     if cfg.kind == "prodip" and not 0.0 <= cfg.superword_share <= 0.9:  # before reading the corpus
-        raise ValueError(f"TokenizerTrainConfig.superword_share must be in [0, 0.9], got {cfg.superword_share}")
+        raise InvalidInput(f"TokenizerTrainConfig.superword_share must be in [0, 0.9], got {cfg.superword_share}")
     out = Path(cfg.out_dir)
     if (out / "tokenizer.json").exists() and not cfg.overwrite:
-        raise FileExistsError(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
+        raise OutputExists(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
     start = time.perf_counter()
     files = expand_inputs(cfg.inputs)
     read: dict[str, ReadStats] = {}
@@ -404,12 +405,12 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
     """
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found; train a tokenizer with `prodip tokenizer train --out-dir "
+        raise MissingInput(f"{path}: not found; train a tokenizer with `prodip tokenizer train --out-dir "
                                 f"{tokenizer_dir}`")
     tok = Tokenizer.from_file(str(path))
     for want_id, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want_id:
-            raise ValueError(f"{path}: {token} has id {tok.token_to_id(token)}, expected {want_id}")
+            raise InvalidInput(f"{path}: {token} has id {tok.token_to_id(token)}, expected {want_id}")
     return tok
 
 
@@ -421,5 +422,5 @@ def tokenizer_sha256(tokenizer_dir: str | os.PathLike) -> str:
     """
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found; train a tokenizer with `prodip tokenizer train`")
+        raise MissingInput(f"{path}: not found; train a tokenizer with `prodip tokenizer train`")
     return file_sha256(path)

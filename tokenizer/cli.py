@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prodip.config import add_arguments, resolve
+from prodip.base.config import add_arguments, resolve
 
 # (group, verb, module, config class, TOML section, one-line help)
 _VERBS = [

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prodip.base.errors import InvalidInput, MissingInput
+
 SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv")
 ERROR_POLICIES = ("strict", "skip")
 
@@ -54,11 +56,11 @@ def expand_inputs(inputs: dict[str, list[str]], *, what: str = "inputs") -> dict
         FileNotFoundError: a listed path does not exist.
     """
     if not inputs:
-        raise ValueError(f"{what}: no languages given; expected e.g. {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
+        raise InvalidInput(f"{what}: no languages given; expected e.g. {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
     out: dict[str, list[Path]] = {}
     for lang in inputs:
         if not LANG_TAG.fullmatch(str(lang)):
-            raise ValueError(f"{what}: language tag {lang!r} is not a plain code (letters, digits, '_', '-', "
+            raise InvalidInput(f"{what}: language tag {lang!r} is not a plain code (letters, digits, '_', '-', "
                              f"starting with a letter, at most 32 characters; e.g. bn, en, zh-Hans)")
     for lang, paths in inputs.items():
         if isinstance(paths, (str, os.PathLike)):
@@ -70,12 +72,12 @@ def expand_inputs(inputs: dict[str, list[str]], *, what: str = "inputs") -> dict
                 files.extend(sorted(f for f in p.rglob("*") if f.is_file() and _suffix_ok(f)))
             elif p.is_file():
                 if not _suffix_ok(p):
-                    raise ValueError(f"{what}.{lang}: {p} has an unsupported suffix; expected one of {SUFFIXES}")
+                    raise InvalidInput(f"{what}.{lang}: {p} has an unsupported suffix; expected one of {SUFFIXES}")
                 files.append(p)
             else:
-                raise FileNotFoundError(f"{what}.{lang}: {p} does not exist")
+                raise MissingInput(f"{what}.{lang}: {p} does not exist")
         if not files:
-            raise ValueError(f"{what}.{lang}: no text files ({', '.join(SUFFIXES)}) under {list(map(str, paths))}")
+            raise InvalidInput(f"{what}.{lang}: no text files ({', '.join(SUFFIXES)}) under {list(map(str, paths))}")
         out[lang] = files
     return out
 
@@ -93,7 +95,7 @@ def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
             corrupt (named); or an unknown policy.
     """
     if errors not in ERROR_POLICIES:
-        raise ValueError(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
+        raise InvalidInput(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
     offset = 0
     with _open_binary(path) as fh:
         for raw in _read_raw_lines(fh, path):
@@ -101,7 +103,7 @@ def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 if errors == "strict":
-                    raise ValueError(
+                    raise InvalidInput(
                         f"{path}: invalid UTF-8 at byte offset {offset + err.start} ({raw[err.start:err.end]!r}); "
                         "fix the file or pass --errors skip to drop undecodable bytes (they are counted)") from None
                 line = _decode_skipping(raw, path, offset, stats)
@@ -124,12 +126,12 @@ def _read_raw_lines(fh, path: Path) -> Iterator[bytes]:
         except StopIteration:
             return
         except gzip.BadGzipFile as err:
-            raise ValueError(f"{path}: not a gzip file (BadGzipFile: {err}); rename it without .gz if it is "
+            raise InvalidInput(f"{path}: not a gzip file (BadGzipFile: {err}); rename it without .gz if it is "
                              "plain text, or re-compress it with gzip") from None
         except EOFError as err:
-            raise ValueError(f"{path}: truncated gzip file (EOFError: {err}); re-copy or re-compress it") from None
+            raise InvalidInput(f"{path}: truncated gzip file (EOFError: {err}); re-copy or re-compress it") from None
         except zlib.error as err:
-            raise ValueError(f"{path}: corrupt gzip data (zlib.error: {err}); re-copy or re-compress it") from None
+            raise InvalidInput(f"{path}: corrupt gzip data (zlib.error: {err}); re-copy or re-compress it") from None
         yield raw
 
 
@@ -173,17 +175,17 @@ def _jsonl_documents(path: Path, lines: Iterator[str]) -> Iterator[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg}); expected one object per line") from None
+            raise InvalidInput(f"{path}:{lineno}: not valid JSON ({err.msg}); expected one object per line") from None
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str):
-            raise ValueError(f"{path}:{lineno}: expected an object with a string field \"text\"")
+            raise InvalidInput(f"{path}:{lineno}: expected an object with a string field \"text\"")
         yield text
 
 
 def _tsv_documents(path: Path, lines: Iterator[str], lang: str) -> Iterator[str]:
     header = next(lines, "").rstrip("\r\n").split("\t")
     if lang not in header:
-        raise ValueError(f"{path}: TSV header {header} has no column {lang!r}; name the column after the language")
+        raise InvalidInput(f"{path}: TSV header {header} has no column {lang!r}; name the column after the language")
     col = header.index(lang)
     for line in lines:
         cells = line.rstrip("\r\n").split("\t")
@@ -224,7 +226,7 @@ def iter_documents(path: str | os.PathLike, lang: str, *, errors: str = "strict"
             stats.chars += len(doc)
             yield doc
     if n == 0:
-        raise ValueError(f"{path}: empty file (no text for language {lang!r}); remove it from the inputs")
+        raise InvalidInput(f"{path}: empty file (no text for language {lang!r}); remove it from the inputs")
 
 
 def iter_language(files: list[Path], lang: str, **kwargs) -> Iterator[tuple[Path, int, str]]:

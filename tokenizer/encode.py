@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from prodip.config import dump_toml, opt, to_dict
+from prodip.base.errors import InvalidInput, OutputExists
+from prodip.base.config import dump_toml, opt, to_dict
 from prodip.tokenizer import shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
@@ -50,9 +51,9 @@ class DataPrepareConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction <= 0.5:
-            raise ValueError(f"val_fraction must be in [0, 0.5], got {self.val_fraction}")
+            raise InvalidInput(f"val_fraction must be in [0, 0.5], got {self.val_fraction}")
         if self.shard_tokens < 1 or self.batch_chars < 1:
-            raise ValueError("shard_tokens and batch_chars must be positive")
+            raise InvalidInput("shard_tokens and batch_chars must be positive")
 
 
 class _SplitWriter:
@@ -154,9 +155,9 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
     out = Path(cfg.out_dir)
     if out.exists() and any(out.iterdir()):
         if not (out / shards.META_NAME).exists():
-            raise FileExistsError(f"{out}: exists and is not a shards dir; refusing to replace it")
+            raise OutputExists(f"{out}: exists and is not a shards dir; refusing to replace it")
         if not cfg.overwrite:
-            raise FileExistsError(f"{out}: already holds shards; choose another out_dir or pass --overwrite true")
+            raise OutputExists(f"{out}: already holds shards; choose another out_dir or pass --overwrite true")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

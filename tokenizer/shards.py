@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from prodip.base.errors import InvalidInput, MissingInput
+
 MAGIC = 20240520
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -38,7 +40,7 @@ def token_dtype_for(vocab_size: int) -> str:
 def shard_name(split: str, index: int) -> str:
     """File name of shard ``index`` of ``split``, e.g. ``train_000000.bin``."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise InvalidInput(f"split must be one of {SPLITS}, got {split!r}")
     return f"{split}_{index:06d}.bin"
 
 
@@ -57,14 +59,14 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray | list[int], token_d
         ValueError: unknown ``token_dtype`` or an id that does not fit in it.
     """
     if token_dtype not in _DTYPE_VERSION:
-        raise ValueError(f"token_dtype must be 'uint16' or 'uint32', got {token_dtype!r}")
+        raise InvalidInput(f"token_dtype must be 'uint16' or 'uint32', got {token_dtype!r}")
     version = _DTYPE_VERSION[token_dtype]
     dtype = _VERSION_DTYPE[version]
     arr = np.asarray(tokens)
     if arr.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
+        raise InvalidInput(f"tokens must be 1-D, got shape {arr.shape}")
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(dtype).max):
-        raise ValueError(f"token ids in [{arr.min()}, {arr.max()}] do not fit {token_dtype}")
+        raise InvalidInput(f"token ids in [{arr.min()}, {arr.max()}] do not fit {token_dtype}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:4] = (MAGIC, version, arr.size, dtype.itemsize)
     path = Path(path)
@@ -87,23 +89,23 @@ def read_header(path: str | os.PathLike) -> tuple[int, np.dtype]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such shard; produce shards with `{_PRODUCER}`")
+        raise MissingInput(f"{path}: no such shard; produce shards with `{_PRODUCER}`")
     with open(path, "rb") as fh:
         raw = fh.read(HEADER_BYTES)
     if len(raw) < HEADER_BYTES:
-        raise ValueError(f"{path}: {len(raw)} bytes, shorter than the 1024-byte shard header")
+        raise InvalidInput(f"{path}: {len(raw)} bytes, shorter than the 1024-byte shard header")
     header = np.frombuffer(raw, dtype="<i4")
     if int(header[0]) != MAGIC:
-        raise ValueError(f"{path}: magic {int(header[0])}, expected {MAGIC}: not a prodip/llm.c token shard")
+        raise InvalidInput(f"{path}: magic {int(header[0])}, expected {MAGIC}: not a prodip/llm.c token shard")
     version = int(header[1])
     if version not in _VERSION_DTYPE:
-        raise ValueError(f"{path}: shard version {version}, expected 1 (uint16) or 2 (uint32)")
+        raise InvalidInput(f"{path}: shard version {version}, expected 1 (uint16) or 2 (uint32)")
     dtype = _VERSION_DTYPE[version]
     n_tokens = int(header[2])
     expected = HEADER_BYTES + n_tokens * dtype.itemsize
     size = path.stat().st_size
     if size != expected:
-        raise ValueError(f"{path}: {size} bytes, header says {n_tokens} tokens = {expected} bytes "
+        raise InvalidInput(f"{path}: {size} bytes, header says {n_tokens} tokens = {expected} bytes "
                          f"(truncated or corrupt shard; re-run `{_PRODUCER}`)")
     return n_tokens, dtype
 
@@ -150,19 +152,19 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
     """
     path = Path(shards_dir) / META_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found; {shards_dir} is not a shards dir (make one with `{_PRODUCER}`)")
+        raise MissingInput(f"{path}: not found; {shards_dir} is not a shards dir (make one with `{_PRODUCER}`)")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
+        raise InvalidInput(f"{path}: not valid JSON ({err})") from None
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}; "
+        raise InvalidInput(f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}; "
                          f"re-run `{_PRODUCER}`")
     for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "eos_id", "languages"):
         if key not in meta:
-            raise ValueError(f"{path}: missing key {key!r}")
+            raise InvalidInput(f"{path}: missing key {key!r}")
     if expected_tokenizer_sha256 is not None and meta["tokenizer_sha256"] != expected_tokenizer_sha256:
-        raise ValueError(
+        raise InvalidInput(
             f"{path}: shards were encoded with tokenizer sha256 {meta['tokenizer_sha256'][:16]}…, but this run "
             f"uses tokenizer sha256 {expected_tokenizer_sha256[:16]}…; re-encode with `{_PRODUCER}` using the "
             "run's tokenizer dir")
@@ -179,13 +181,13 @@ def shard_paths(shards_dir: str | os.PathLike, lang: str, split: str) -> list[Pa
     meta = load_meta(shards_dir)
     langs = meta["languages"]
     if lang not in langs:
-        raise ValueError(f"{shards_dir}: no language {lang!r} in meta.json (has {', '.join(sorted(langs))})")
+        raise InvalidInput(f"{shards_dir}: no language {lang!r} in meta.json (has {', '.join(sorted(langs))})")
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise InvalidInput(f"split must be one of {SPLITS}, got {split!r}")
     paths = [Path(shards_dir) / entry["file"] for entry in langs[lang].get(split, [])]
     for p in paths:
         if not p.is_file():
-            raise FileNotFoundError(f"{p}: listed in {shards_dir}/meta.json but missing; re-run `{_PRODUCER}`")
+            raise MissingInput(f"{p}: listed in {shards_dir}/meta.json but missing; re-run `{_PRODUCER}`")
     return paths
 
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, models, trainers
 
+from prodip.base.errors import InvalidInput
+
 PUA_BASE = 0xF0000  # supplementary private use areas A and B: 2 x 65534 code points
 _MAX_IDS = 2 * 65534
 _SENTENCE_END = tuple(".,!?;:।॥")
@@ -96,7 +98,7 @@ def learn_superwords(stage1: Tokenizer, docs: Callable[[], Iterator[str]], n_new
         ValueError: the stage-1 vocabulary exceeds the private-use range (131,068 tokens).
     """
     if stage1.get_vocab_size() > _MAX_IDS:
-        raise ValueError(f"superword stage supports at most {_MAX_IDS} stage-1 tokens")
+        raise InvalidInput(f"superword stage supports at most {_MAX_IDS} stage-1 tokens")
     roles = token_roles(stage1)
     alphabet = [_pua(i) for i in np.flatnonzero(roles)]
     trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + n_new, min_frequency=min_frequency,

@@ -1,23 +1,13 @@
 """``python -m prodip.train train|eval ...`` (same as ``prodip train|eval``; torchrun-friendly: ``-m prodip.train``).
 
     python -m prodip.train train --config configs/demo.toml
+    torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --device cpu
 """
-
-from __future__ import annotations
 
 import sys
 
-
-def main(argv: list[str] | None = None) -> int:
-    from prodip.cli import main as prodip_main
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "eval"):
-        argv = ["--help"] if not argv else argv
-        print("usage: python -m prodip.train {train,eval} ...", file=sys.stderr)
-        return 2
-    return prodip_main(argv)
-
+from prodip.base.cli import stage_main
+from prodip.train.cli import add_subcommands
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage_main("python -m prodip.train", add_subcommands, sys.argv[1:]))

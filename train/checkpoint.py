@@ -30,7 +30,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from prodip.files import file_sha256
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.files import file_sha256
 from prodip.train.config import ModelConfig
 
 FORMAT_VERSION = 1
@@ -143,7 +144,7 @@ def _write_model_files(dest: Path, model: torch.nn.Module, model_config: ModelCo
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> str:
     src = Path(tokenizer_dir)
     if not (src / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{src}/tokenizer.json: tokenizer dir not found "
+        raise MissingInput(f"{src}/tokenizer.json: tokenizer dir not found "
                                 "(made by `prodip tokenizer train`)")
     dest.mkdir()
     for item in sorted(src.iterdir()):
@@ -180,7 +181,7 @@ def save_checkpoint(checkpoints_dir: str | os.PathLike, *, step: int, model: tor
         ValueError: ``keep_last`` < 1.
     """
     if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        raise InvalidInput(f"keep_last must be >= 1, got {keep_last}")
     root = Path(checkpoints_dir)
     root.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(step)
@@ -254,9 +255,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             name = latest.read_text(encoding="utf-8").strip()
             step = root / name
             if not (step / MANIFEST_FILE).is_file():
-                raise FileNotFoundError(f"{latest} names {name!r} but {step} holds no {MANIFEST_FILE}")
+                raise MissingInput(f"{latest} names {name!r} but {step} holds no {MANIFEST_FILE}")
             return step
-    raise FileNotFoundError(f"{path}: no checkpoint (expected a step dir with {MANIFEST_FILE}, or a "
+    raise MissingInput(f"{path}: no checkpoint (expected a step dir with {MANIFEST_FILE}, or a "
                             f"run/checkpoints dir with a '{LATEST_FILE}' file; made by `prodip train`)")
 
 
@@ -270,22 +271,22 @@ def verify_manifest(ckpt_dir: Path) -> dict[str, Any]:
     mpath = ckpt_dir / MANIFEST_FILE
     manifest = json.loads(mpath.read_text(encoding="utf-8"))
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{mpath}: format_version {manifest.get('format_version')!r}, "
+        raise InvalidInput(f"{mpath}: format_version {manifest.get('format_version')!r}, "
                          f"expected {FORMAT_VERSION}")
     files = manifest["files"]
     for rel, meta in files.items():
         path = ckpt_dir / rel
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: listed in {mpath} but missing")
+            raise MissingInput(f"{path}: listed in {mpath} but missing")
         if path.stat().st_size != meta["bytes"]:
-            raise ValueError(f"{path}: {path.stat().st_size} bytes, manifest says {meta['bytes']} "
+            raise InvalidInput(f"{path}: {path.stat().st_size} bytes, manifest says {meta['bytes']} "
                              "(truncated or tampered)")
         if file_sha256(path) != meta["sha256"]:
-            raise ValueError(f"{path}: sha256 differs from {mpath} (tampered or corrupted)")
+            raise InvalidInput(f"{path}: sha256 differs from {mpath} (tampered or corrupted)")
     for path in ckpt_dir.rglob("*"):
         rel = path.relative_to(ckpt_dir).as_posix()
         if path.is_file() and rel != MANIFEST_FILE and rel not in files:
-            raise ValueError(f"{path}: not listed in {mpath} (foreign file in a checkpoint)")
+            raise InvalidInput(f"{path}: not listed in {mpath} (foreign file in a checkpoint)")
     return manifest
 
 
@@ -293,12 +294,12 @@ def _check_tensors(path: Path, expected: dict[str, torch.Tensor], got: dict[str,
     missing = sorted(set(expected) - set(got))
     extra = sorted(set(got) - set(expected))
     if missing:
-        raise ValueError(f"{path}: missing tensor(s) {', '.join(missing)} for this config.json")
+        raise InvalidInput(f"{path}: missing tensor(s) {', '.join(missing)} for this config.json")
     if extra:
-        raise ValueError(f"{path}: unexpected tensor(s) {', '.join(extra)} for this config.json")
+        raise InvalidInput(f"{path}: unexpected tensor(s) {', '.join(extra)} for this config.json")
     for key, ref in expected.items():
         if tuple(got[key].shape) != tuple(ref.shape):
-            raise ValueError(f"{path}: tensor {key} has shape {tuple(got[key].shape)}, "
+            raise InvalidInput(f"{path}: tensor {key} has shape {tuple(got[key].shape)}, "
                              f"config.json implies {tuple(ref.shape)}")
 
 
@@ -325,7 +326,7 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     tok_sha = file_sha256(ckpt / TOKENIZER_SUBDIR / "tokenizer.json")
     if state.get("tokenizer_sha256") != tok_sha:
-        raise ValueError(f"{ckpt / TOKENIZER_SUBDIR}: tokenizer.json sha256 {tok_sha[:12]} differs from "
+        raise InvalidInput(f"{ckpt / TOKENIZER_SUBDIR}: tokenizer.json sha256 {tok_sha[:12]} differs from "
                          f"{TRAINER_STATE_FILE}'s {str(state.get('tokenizer_sha256'))[:12]}")
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -366,7 +367,7 @@ def load_training_state(path: str | os.PathLike, model: torch.nn.Module,
     inner = unwrap_model(model)
     config = ModelConfig.load(ckpt / CONFIG_FILE)
     if getattr(inner, "config", config) != config:
-        raise ValueError(f"{ckpt / CONFIG_FILE}: model config differs from the run's [model] config; "
+        raise InvalidInput(f"{ckpt / CONFIG_FILE}: model config differs from the run's [model] config; "
                          "resume needs the same architecture")
     tensors = load_file(str(ckpt / MODEL_FILE))
     expected = clean_state_dict(inner, config.tie_word_embeddings)
@@ -389,7 +390,7 @@ def load_training_state(path: str | os.PathLike, model: torch.nn.Module,
 
 def _load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: checkpoint has no optimizer state; cannot resume from it")
+        raise MissingInput(f"{path}: checkpoint has no optimizer state; cannot resume from it")
     with safe_open(str(path), framework="pt") as fh:
         meta = json.loads(fh.metadata()["optimizer"])
     tensors = load_file(str(path))

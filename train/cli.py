@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from prodip.config import add_arguments, resolve
+from prodip.base.config import add_arguments, resolve
 from prodip.train.config import ModelConfig
 
 

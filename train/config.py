@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from prodip.config import opt
+from prodip.base.config import opt
+from prodip.base.errors import InvalidInput, MissingInput
 
 #: Keys every export's config.json carries besides the ModelConfig fields.
 HF_FIXED_KEYS = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
@@ -25,7 +26,11 @@ HF_FIXED_KEYS = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
 class ModelConfig:
     """A decoder-only Llama model. Field names and meanings are those of HF ``LlamaConfig``."""
 
-    vocab_size: int = opt(32000, "vocabulary size (tokens), must match the tokenizer")
+    vocab_size: Optional[int] = opt(
+        None,
+        "vocabulary size (tokens); default: the tokenizer's (tokenizer.json in the tokenizer dir). "
+        "Set it only to pin it: a tokenizer of another size is then an error",
+    )
     hidden_size: int = opt(512, "model width D (features)")
     intermediate_size: int = opt(1408, "SwiGLU MLP width (features)")
     num_hidden_layers: int = opt(8, "number of decoder layers")
@@ -45,29 +50,63 @@ class ModelConfig:
     pad_token_id: int = opt(0, "id of <|pad|> in the tokenizer")
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise InvalidInput(f"ModelConfig.vocab_size must be > 0, got {self.vocab_size}")
+        positive = ("hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
+                raise InvalidInput(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a "
+            raise InvalidInput(f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a "
                              f"multiple of num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
-                raise ValueError(f"ModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                raise InvalidInput(f"ModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
                                  f"num_attention_heads ({self.num_attention_heads}), or set head_dim")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+            raise InvalidInput(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if not 0 <= getattr(self, name) < self.vocab_size:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)} is outside the vocabulary "
+            if self.vocab_size is not None and not 0 <= getattr(self, name) < self.vocab_size:
+                raise InvalidInput(f"ModelConfig.{name}={getattr(self, name)} is outside the vocabulary "
                                  f"[0, {self.vocab_size})")
+
+    # ---- the vocabulary comes from the tokenizer ---------------------------------------------
+    def with_vocab_size(self, tokenizer_vocab_size: int, *, source: str) -> "ModelConfig":
+        """This config with the tokenizer's vocabulary size: the one place the two are reconciled.
+
+        Args:
+            tokenizer_vocab_size: tokens in the tokenizer (``tokenizer.json``, added tokens included).
+            source: the tokenizer file or shards ``meta.json`` the size was read from (for the error).
+        Returns:
+            ``self`` when ``vocab_size`` already equals it, else a copy with ``vocab_size`` set.
+        Raises:
+            InvalidInput: ``vocab_size`` was pinned in the config to another size.
+        """
+        if self.vocab_size is None:
+            return dataclasses.replace(self, vocab_size=int(tokenizer_vocab_size))
+        if self.vocab_size != tokenizer_vocab_size:
+            raise InvalidInput(
+                f"[model] vocab_size = {self.vocab_size} differs from the tokenizer's {tokenizer_vocab_size} "
+                f"({source}); remove vocab_size from [model] to take the tokenizer's"
+            )
+        return self
+
+    def _vocab(self) -> int:
+        if self.vocab_size is None:
+            raise InvalidInput("ModelConfig.vocab_size is not known yet: it comes from the tokenizer "
+                               "(ModelConfig.with_vocab_size)")
+        return self.vocab_size
 
     # ---- derived figures -------------------------------------------------------------------
     def num_parameters(self, *, include_embedding: bool = True) -> int:
-        """Trainable parameter count (tied weights counted once)."""
+        """Trainable parameter count (tied weights counted once).
+
+        Raises:
+            InvalidInput: the vocabulary size is not resolved yet (see :meth:`with_vocab_size`).
+        """
+        self._vocab()
         D, L, V, Dh = self.hidden_size, self.num_hidden_layers, self.vocab_size, self.head_dim
         attn = D * Dh * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
         mlp = 3 * D * self.intermediate_size
@@ -86,7 +125,7 @@ class ModelConfig:
         """
         n = self.num_parameters(include_embedding=False)
         if self.tie_word_embeddings:  # the tied matrix still does the lm_head matmul
-            n += self.vocab_size * self.hidden_size
+            n += self._vocab() * self.hidden_size
         attn = 12 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * seq_len
         return 6.0 * n + attn
 
@@ -98,7 +137,7 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "ModelConfig":
         """Build from a dict holding exactly the ModelConfig fields (HF-only keys are ignored
         when ``source`` is an export ``config.json``: pass ``hf=True`` via :meth:`from_hf_dict`)."""
-        from prodip.config import from_dict
+        from prodip.base.config import from_dict
         return from_dict(cls, data, source=source)
 
     @classmethod
@@ -114,7 +153,7 @@ class ModelConfig:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: model config not found (written by `prodip train`)") from None
+            raise MissingInput(f"{path}: model config not found (written by `prodip train`)") from None
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON: {err}") from None
+            raise InvalidInput(f"{path}: not valid JSON: {err}") from None
         return cls.from_dict(data, source=str(path))

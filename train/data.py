@@ -23,6 +23,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from prodip.base.errors import InvalidInput
+
 
 _BLOCK = 256  # global batches whose language draws are made at once
 
@@ -82,17 +84,17 @@ class MixtureBatches:
             mixture = {lang: float(sum(e["n_tokens"] for e in v.get(split, []))) for lang, v in known.items()}
         unknown = sorted(set(mixture) - set(known))
         if unknown:
-            raise ValueError(f"mixture names language(s) {', '.join(unknown)} absent from "
+            raise InvalidInput(f"mixture names language(s) {', '.join(unknown)} absent from "
                              f"{shards_dir}/meta.json (has {', '.join(sorted(known))})")
         self.langs = sorted(lang for lang, w in mixture.items() if w > 0)
         if not self.langs:
-            raise ValueError(f"mixture {mixture} has no language with a positive weight")
+            raise InvalidInput(f"mixture {mixture} has no language with a positive weight")
         weights = np.array([mixture[lang] for lang in self.langs], dtype=np.float64)
         self.weights = weights / weights.sum()
         self.streams = {lang: _LangStream(shards_dir, lang, split) for lang in self.langs}
         for lang, stream in self.streams.items():
             if stream.n_tokens < seq_len + 1:
-                raise ValueError(f"{shards_dir}: language {lang!r} split {split!r} has {stream.n_tokens} "
+                raise InvalidInput(f"{shards_dir}: language {lang!r} split {split!r} has {stream.n_tokens} "
                                  f"tokens, fewer than seq_len + 1 = {seq_len + 1}")
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.rank, self.world_size = rank, world_size
@@ -145,7 +147,7 @@ class MixtureBatches:
             ValueError: the state was made with other languages or another seed.
         """
         if state.get("langs") != self.langs or state.get("seed") != self.seed:
-            raise ValueError(f"data state was saved for languages {state.get('langs')} seed "
+            raise InvalidInput(f"data state was saved for languages {state.get('langs')} seed "
                              f"{state.get('seed')}, this run uses {self.langs} seed {self.seed}; "
                              "resume with the same mixture and seed")
         self.batch_index = int(state["batch_index"])

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from prodip.base.errors import InvalidInput
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -39,9 +41,9 @@ def setup(device: str) -> DistInfo:
         ValueError: ``device="cuda"`` without CUDA, or an unknown device.
     """
     if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {device!r}")
+        raise InvalidInput(f"TrainConfig.device must be auto, cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("TrainConfig.device = 'cuda' but torch sees no CUDA device; use --device cpu")
+        raise InvalidInput("TrainConfig.device = 'cuda' but torch sees no CUDA device; use --device cpu")
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

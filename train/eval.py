@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prodip.config import add_arguments, opt, resolve, write_text_atomic
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.config import add_arguments, opt, resolve, write_text_atomic
 
 log = logging.getLogger("prodip.eval")
 
@@ -66,11 +67,11 @@ class EvalConfig:
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
 
     def __post_init__(self) -> None:
-        # Required-ness of checkpoint/shards_dir is checked in evaluate(): prodip.config.resolve
+        # Required-ness of checkpoint/shards_dir is checked in evaluate(): prodip.base.config.resolve
         # builds the file-only config before flags are merged in.
         for name in ("eval_tokens", "seq_len", "batch_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"EvalConfig.{name} must be > 0, got {getattr(self, name)}")
+                raise InvalidInput(f"EvalConfig.{name} must be > 0, got {getattr(self, name)}")
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ def read_val_tokens(shards_dir: str | Path, lang: str, budget_tokens: int) -> np
         have += take
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     if len(tokens) == 0:
-        raise ValueError(f"{shards_dir}: language {lang!r} has no validation tokens "
+        raise InvalidInput(f"{shards_dir}: language {lang!r} has no validation tokens "
                          "(re-run `prodip data prepare` with more validation documents)")
     return tokens
 
@@ -169,7 +170,7 @@ def read_mc(path: str | Path) -> list[dict[str, Any]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: multiple-choice file not found (JSONL of {{context, choices, answer}})")
+        raise MissingInput(f"{path}: multiple-choice file not found (JSONL of {{context, choices, answer}})")
     items = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -178,24 +179,24 @@ def read_mc(path: str | Path) -> list[dict[str, Any]]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not valid JSON ({err})") from None
+            raise InvalidInput(f"{where}: not valid JSON ({err})") from None
         if isinstance(item, dict) and "context" not in item and {"ctx", "endings", "label"} <= item.keys():
             # HellaSwag's own layout (data/eval/hellaswag_val_en.jsonl): endings follow a space
             item = {"context": item["ctx"], "choices": [" " + str(e) for e in item["endings"]],
                     "answer": item["label"]}
         if not isinstance(item, dict) or not isinstance(item.get("context"), str):
-            raise ValueError(f"{where}: expected an object with a string 'context'")
+            raise InvalidInput(f"{where}: expected an object with a string 'context'")
         choices = item.get("choices")
         if not (isinstance(choices, list) and len(choices) >= 2
                 and all(isinstance(c, str) and c for c in choices)):
-            raise ValueError(f"{where}: 'choices' must be a list of >= 2 non-empty strings")
+            raise InvalidInput(f"{where}: 'choices' must be a list of >= 2 non-empty strings")
         answer = item.get("answer")
         if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
-            raise ValueError(f"{where}: 'answer' must be an index into choices (0..{len(choices) - 1}), "
+            raise InvalidInput(f"{where}: 'answer' must be an index into choices (0..{len(choices) - 1}), "
                              f"got {answer!r}")
         items.append({"context": item["context"], "choices": choices, "answer": answer})
     if not items:
-        raise ValueError(f"{path}: no multiple-choice items")
+        raise InvalidInput(f"{path}: no multiple-choice items")
     return items
 
 
@@ -237,9 +238,9 @@ def continuation_logprobs(model: nn.Module, pairs: Sequence[tuple[Sequence[int],
     seqs, starts = [], []
     for i, (ctx, cont) in enumerate(pairs):
         if not ctx or not cont:
-            raise ValueError(f"multiple-choice pair {i}: empty context or continuation tokens")
+            raise InvalidInput(f"multiple-choice pair {i}: empty context or continuation tokens")
         if len(cont) > max_len:
-            raise ValueError(f"multiple-choice pair {i}: continuation of {len(cont)} tokens exceeds "
+            raise InvalidInput(f"multiple-choice pair {i}: continuation of {len(cont)} tokens exceeds "
                              f"max_position_embeddings={max_len}")
         seq = (list(ctx) + list(cont))[-(max_len + 1):]
         seqs.append(seq)
@@ -311,12 +312,12 @@ def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: An
 
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     if meta["vocab_size"] > vocab_size:
-        raise ValueError(f"{cfg.shards_dir}/meta.json: vocab_size {meta['vocab_size']} exceeds the model's "
+        raise InvalidInput(f"{cfg.shards_dir}/meta.json: vocab_size {meta['vocab_size']} exceeds the model's "
                          f"{vocab_size}; these shards are not for this checkpoint")
     langs = list(cfg.languages) or sorted(meta["languages"])
     unknown = [lang for lang in langs if lang not in meta["languages"]]
     if unknown:
-        raise ValueError(f"EvalConfig.languages: {unknown} not in {cfg.shards_dir}/meta.json "
+        raise InvalidInput(f"EvalConfig.languages: {unknown} not in {cfg.shards_dir}/meta.json "
                          f"(has {', '.join(sorted(meta['languages']))})")
     results, skipped = {}, {}
     for lang in langs:
@@ -336,7 +337,7 @@ def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: An
             row[name] = nll_summary(total, count, n_chars)
         results[lang] = row
     if not results:
-        raise ValueError(f"{cfg.shards_dir}: no language has validation tokens (re-run `prodip data prepare` "
+        raise InvalidInput(f"{cfg.shards_dir}: no language has validation tokens (re-run `prodip data prepare` "
                          "with a larger --val-fraction)")
     return results, skipped
 
@@ -362,14 +363,14 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     from prodip.train.model import LlamaForCausalLM
 
     if not cfg.checkpoint:
-        raise ValueError("EvalConfig.checkpoint is required (--checkpoint RUN_DIR, made by `prodip train`)")
+        raise InvalidInput("EvalConfig.checkpoint is required (--checkpoint RUN_DIR, made by `prodip train`)")
     if not cfg.shards_dir and not cfg.mc_file:
-        raise ValueError("nothing to score: give --shards-dir (validation NLL/bpc) and/or --mc FILE.jsonl")
+        raise InvalidInput("nothing to score: give --shards-dir (validation NLL/bpc) and/or --mc FILE.jsonl")
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
     model, mcfg, info = load_model(cfg.checkpoint, map_location=device)
     if cfg.shards_dir and cfg.seq_len > mcfg.max_position_embeddings:
-        raise ValueError(f"EvalConfig.seq_len={cfg.seq_len} exceeds the checkpoint's "
+        raise InvalidInput(f"EvalConfig.seq_len={cfg.seq_len} exceeds the checkpoint's "
                          f"max_position_embeddings={mcfg.max_position_embeddings}")
     twin = LlamaForCausalLM(mcfg)
     twin.reset_parameters(seed=cfg.seed)
@@ -426,7 +427,7 @@ def _eval_main(args: argparse.Namespace) -> int:
     alias = getattr(args, "mc_alias", None)
     if alias is not None:
         if getattr(args, "mc_file", None) not in (None, alias):
-            raise ValueError(f"two multiple-choice files given: --mc {alias} and --mc-file {args.mc_file}; give one")
+            raise InvalidInput(f"two multiple-choice files given: --mc {alias} and --mc-file {args.mc_file}; give one")
         args.mc_file = alias
     cfg = resolve(EvalConfig, args, toml_path=args.config, section="eval")
     result = evaluate(cfg)

@@ -32,11 +32,13 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 from torch import nn
 
+from prodip.base.errors import StageFailed
+
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
-class GuardError(RuntimeError):
-    """A training guard found a defect; the message names every offending parameter."""
+class GuardError(StageFailed):
+    """A training guard found a defect; the message names every offending parameter (a RuntimeError)."""
 
     def __init__(self, message: str, report: Any = None) -> None:
         super().__init__(message)

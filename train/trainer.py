@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from prodip.config import dump_toml, opt, write_text_atomic
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.train import checkpoint, distributed
 from prodip.train.config import ModelConfig
 from prodip.train.data import MixtureBatches, val_batches
@@ -75,13 +76,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "grad_accum_steps", "keep_last", "log_every_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise InvalidInput(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
-            raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr}")
+            raise InvalidInput(f"TrainConfig.lr must be > 0, got {self.lr}")
         if self.min_lr < 0 or self.warmup_steps < 0:
-            raise ValueError(f"TrainConfig.min_lr and warmup_steps must be >= 0, got {self.min_lr}, {self.warmup_steps}")
+            raise InvalidInput(f"TrainConfig.min_lr and warmup_steps must be >= 0, got {self.min_lr}, {self.warmup_steps}")
         if self.min_lr > self.lr:
-            raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
+            raise InvalidInput(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
         if self.warmup_steps >= self.steps:
             log.warning("TrainConfig.warmup_steps (%d) >= steps (%d): the learning rate never reaches lr",
                         self.warmup_steps, self.steps)
@@ -112,16 +113,13 @@ def _check_inputs(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[str, dict]:
 
     tok_json = Path(cfg.tokenizer_dir) / "tokenizer.json"
     if not tok_json.is_file():
-        raise FileNotFoundError(f"{tok_json}: not found (TrainConfig.tokenizer_dir; made by "
+        raise MissingInput(f"{tok_json}: not found (TrainConfig.tokenizer_dir; made by "
                                 "`prodip tokenizer train`)")
     tok_sha = checkpoint.file_sha256(tok_json)
     _check_gate(cfg)
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tok_sha)
-    if meta["vocab_size"] > model_cfg.vocab_size:
-        raise ValueError(f"{cfg.shards_dir}/meta.json: vocab_size {meta['vocab_size']} exceeds "
-                         f"[model] vocab_size {model_cfg.vocab_size}")
     if cfg.seq_len > model_cfg.max_position_embeddings:
-        raise ValueError(f"TrainConfig.seq_len {cfg.seq_len} exceeds [model] max_position_embeddings "
+        raise InvalidInput(f"TrainConfig.seq_len {cfg.seq_len} exceeds [model] max_position_embeddings "
                          f"{model_cfg.max_position_embeddings}")
     return tok_sha, meta
 
@@ -219,9 +217,11 @@ class _Run:
 
     def execute(self) -> dict[str, Any]:
         cfg, info = self.cfg, self.info
-        self.tok_sha, _ = _check_inputs(cfg, self.model_cfg)
+        self.tok_sha, meta = _check_inputs(cfg, self.model_cfg)
+        # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
+        self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{cfg.shards_dir}/meta.json")
         if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
-            raise FileExistsError(f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
+            raise OutputExists(f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
                                   "that run, or choose another --out-dir")
         if self.device.type == "cpu":
             torch.use_deterministic_algorithms(True, warn_only=True)
@@ -260,7 +260,7 @@ class _Run:
     def _resume(self) -> None:
         state = checkpoint.load_training_state(self.ckpt_dir, self.model, self.optimizer)
         if state["tokenizer_sha256"] != self.tok_sha:
-            raise ValueError(f"{state['checkpoint_dir']}: trained with tokenizer sha256 "
+            raise InvalidInput(f"{state['checkpoint_dir']}: trained with tokenizer sha256 "
                              f"{state['tokenizer_sha256'][:12]}, this run's tokenizer is {self.tok_sha[:12]}")
         if state.get("world_size", 1) * state["train_config"].get("batch_size", 0) != \
                 self.info.world_size * self.cfg.batch_size:

@@ -90,7 +90,7 @@ def test_bad_tolerance_file(tmp_path):
 def test_config_from_toml_table(tmp_path):
     """`prodip run`'s [conformance] table and flags resolve into ConformanceConfig; unknown keys fail."""
     from prodip.conformance import ConformanceConfig
-    from prodip.config import ConfigError, resolve
+    from prodip.base.config import ConfigError, resolve
 
     p = tmp_path / "c.toml"
     p.write_text('[conformance]\nexport_dir = "e"\nvariants = ["fp32", "int8"]\ngreedy_tokens = 16\n')

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_good_export_passes_and_records_verdict(tiny_artifacts, conf_cfg, tmp_path):
     from prodip.conformance import run_conformance
-    from prodip.export.manifest import file_sha256, read_manifest, verify_files
+    from prodip.base.manifest import file_sha256, read_manifest, verify_files
 
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
     report = run_conformance(conf_cfg(export, shards_dir=str(tiny_artifacts["shards"]), write_manifest=True))
@@ -63,7 +63,7 @@ def test_refuses_checkpoint_other_than_the_manifests(tiny_artifacts, conf_cfg, t
 def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
     """`prodip conformance` exits 1 on a failing check and still writes the report + verdict."""
     from prodip.conformance.faults import plant_mask_ignores_past
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     from prodip.cli import main
 
     export = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
@@ -124,7 +124,7 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
     them under LOOSENED TOLERANCES, report.json and the manifest verdict record them, the CLI warns,
     and `prodip serve` (serve.engine.load_export) carries them; a run with the shipped file lists none."""
     from prodip.conformance.tolerances import compare_with_shipped, load_tolerances
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     from prodip.cli import main
     from prodip.serve.engine import load_export
 

@@ -18,7 +18,7 @@ import pytest
 from prodip.conformance.compare import load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES
 from prodip.conformance.faults import copy_export
-from prodip.config import ConfigError
+from prodip.base.config import ConfigError
 from tests.conformance.conftest import TINY_TOLERANCES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,14 +112,14 @@ def test_missing_table_for_a_checked_candidate(tiny_artifacts, conf_cfg, tmp_pat
     path.write_text(TINY.split("[int4]")[0], encoding="utf-8")  # no [int4] table
     with pytest.raises(ConfigError, match=r"tol.toml: no tolerance table .*\[int4\]"):
         evaluate(conf_cfg(tiny_artifacts["export"], tolerances=str(path), variants=["int4"]))
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     preflight(tiny_artifacts["export"], read_manifest(tiny_artifacts["export"]), path, ["fp32"],
               shards_dir=str(tiny_artifacts["shards"]))  # fine without int4
 
 
 def _seed_verdict(export: Path) -> bytes:
     """Give the export a (pretend) earlier passing verdict; return the manifest bytes."""
-    from prodip.export.manifest import read_manifest, set_conformance
+    from prodip.base.manifest import read_manifest, set_conformance
     m = read_manifest(export)
     set_conformance(export, {"passed": True, "variants": {v: True for v in m["variants"]},
                              "report": "conformance/old.json", "checked_utc": "2026-01-01T00:00:00Z"})

@@ -48,7 +48,7 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
 
     from prodip.conformance import run_conformance
     from prodip.conformance.faults import plant_mask_ignores_past
-    from prodip.export.manifest import read_manifest, set_conformance
+    from prodip.base.manifest import read_manifest, set_conformance
     from prodip.cli import main
 
     def seed_full_pass(export):  # stands in for an earlier full run (same export files)

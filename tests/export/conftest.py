@@ -58,7 +58,7 @@ def source_model(export_dir: Path):
 def ort_session(export_dir: Path, variant: str):
     import onnxruntime as ort
 
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.log_severity_level = 3

@@ -128,7 +128,7 @@ def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
         with pytest.raises((FileExistsError, ValueError)):
             export_checkpoint(_cfg(run, above, variants=["safetensors"], force=True))
     assert (run / "checkpoints" / "latest").exists()
-    from prodip.export.manifest import verify_files
+    from prodip.base.manifest import verify_files
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
 
@@ -173,7 +173,7 @@ def test_cli_toml_and_flags(gqa_export, tmp_path, capsys):
     toml.write_text(f'[export]\ncheckpoint = "{run}"\nout = "{tmp_path / "e"}"\nvariants = ["fp32"]\n'
                     'safetensors_dtype = "bfloat16"\n')
     assert main(["export", "--config", str(toml), "--variants", "safetensors"]) == 0
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     m = read_manifest(tmp_path / "e")
     assert set(m["variants"]) == {"safetensors"} and m["variants"]["safetensors"]["dtype"] == "bfloat16"
     assert m["export_config"]["safetensors_dtype"] == "bfloat16"
@@ -216,7 +216,7 @@ def test_stale_temp_dirs_of_killed_exports_are_removed(gqa_export, tmp_path, cap
     assert live.is_dir() and other.is_dir()
     removed = [r.getMessage() for r in caplog.records if "no longer runs" in r.getMessage()]
     assert len(removed) == 2 and all(str(dead) in m for m in removed)
-    from prodip.export.manifest import verify_files
+    from prodip.base.manifest import verify_files
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from prodip.export.manifest import read_manifest, set_conformance, verify_files
+from prodip.base.manifest import read_manifest, set_conformance, verify_files
 
 
 def test_manifest_contents(any_export):

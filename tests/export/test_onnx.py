@@ -46,7 +46,7 @@ def _torch_logits(model, ids, mask):
 
 @pytest.mark.parametrize("variant", ONNX_VARIANTS)
 def test_io_contract(any_export, variant):
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     config = source_model(any_export).config
     rel = read_manifest(any_export)["variants"][variant]["path"]
     graph = onnx.load(str(any_export / rel)).graph
@@ -144,7 +144,7 @@ def test_batch1_seq1_prefill(tied_export):
 
 def test_external_data_layout(tied_export, gqa_export):
     """Over 2 GB (forced here via onnx_external_data) every variant keeps weights in ``<file>.data``."""
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     for export_dir, external in ((tied_export, True), (gqa_export, False)):
         m = read_manifest(export_dir)
         for name in ONNX_VARIANTS:

@@ -58,7 +58,7 @@ def test_int4_flags(gqa_export, tmp_path, embeddings, lm_head):
 
 def test_size_ratios_with_embeddings_quantised(gqa_export):
     """Issue 5 targets, on the untied fixture where weights dominate: int8 <= 0.30x, int4 <= 0.20x."""
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     m = read_manifest(gqa_export)
     size = {name: m["files"][m["variants"][name]["path"]]["bytes"] for name in ("fp32", "fp16", "int8", "int4")}
     assert size["fp16"] / size["fp32"] <= 0.55
@@ -153,7 +153,7 @@ def _big_initializers(model: onnx.ModelProto, min_bytes: int) -> dict[str, int]:
 def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     """Tied fixture (vocab 70,000, hidden 64, external data): int4 and int8 hold the table once, and
     the embedding lookup reads the lm_head's quantised tensors (same codes, scales, zero points)."""
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     m = read_manifest(tied_export)
     V, H = 70_000, 64
     for name in ("int8", "int4"):
@@ -200,7 +200,7 @@ def tied_demo_shape(tmp_path_factory):
 def test_tied_size_ratios(tied_demo_shape):
     """Issue 5 targets on a tied demo-shaped model: int8 <= 0.30x, int4 <= 0.20x of fp32 (the old
     duplicated table gave ~0.36x / ~0.22x); dropping the copy saves at least one quantised table."""
-    from prodip.export.manifest import read_manifest
+    from prodip.base.manifest import read_manifest
     export_dir, dup = tied_demo_shape
     m = read_manifest(export_dir)
     size = {name: m["files"][m["variants"][name]["path"]]["bytes"] for name in ("fp32", "int8", "int4")}

@@ -1,4 +1,4 @@
-"""prodip.config: TOML + flags into dataclasses, with errors that name the key."""
+"""prodip.base.config: TOML + flags into dataclasses, with errors that name the key."""
 
 import argparse
 import dataclasses
@@ -6,7 +6,7 @@ from typing import Optional
 
 import pytest
 
-from prodip.config import ConfigError, add_arguments, dump_toml, from_dict, read_toml, resolve, opt
+from prodip.base.config import ConfigError, add_arguments, dump_toml, from_dict, read_toml, resolve, opt
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ def make_verdict(export_dir: Path, variants: dict[str, bool], loosened: list | N
     """A manifest verdict as ``prodip conformance`` writes it (conformance.suite.merge_verdict) for the
     export's current files, checked with the shipped tolerances (plus ``loosened`` bounds, if any)."""
     from prodip.conformance.suite import merge_verdict
-    from prodip.export.manifest import files_table_sha256, read_manifest
+    from prodip.base.manifest import files_table_sha256, read_manifest
 
     m = read_manifest(export_dir)
     tol = {"path": "/x/tolerances.toml", "sha256": "1" * 64, "shipped": not loosened, "loosened": loosened or []}

@@ -138,7 +138,7 @@ def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
 def test_verdict_is_void_once_the_files_change(tiny_export, tmp_path):
     """breaker2 D2: swapping a variant's file and updating its size/sha256 in manifest.json (as a
     re-quantisation tool would) voids the verdict: it measured other files."""
-    from prodip.export.manifest import file_sha256, files_table_sha256
+    from prodip.base.manifest import file_sha256, files_table_sha256
     from prodip.serve.engine import load_export
 
     d = _copy_export(tiny_export[0], tmp_path / "swapped")

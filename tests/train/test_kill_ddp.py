@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from prodip.config import dump_toml
+from prodip.base.config import dump_toml
 from tests.train.conftest import tiny_config
 from prodip.train import checkpoint as ck
 from prodip.train.loop import build_optimizer

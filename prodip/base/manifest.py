@@ -15,7 +15,7 @@ Layout (CONTRACTS.md "Export dir")::
 Files under ``conformance/`` (the conformance report, written after the export) are not
 listed and not checked.
 
-    python -c "from export.manifest import verify_files; verify_files('runs/demo/export')"
+    python -c "from prodip.base.manifest import verify_files; verify_files('runs/demo/export')"
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from prodip.files import file_sha256
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.files import file_sha256
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -107,7 +108,7 @@ def write_manifest(export_dir: str | os.PathLike, *, source_checkpoint: dict[str
     for name, variant in variants.items():
         for rel in [variant["path"], *variant.get("external_data", [])]:
             if rel not in files:
-                raise FileNotFoundError(f"{root / rel}: file of variant {name!r} missing from the export")
+                raise MissingInput(f"{root / rel}: file of variant {name!r} missing from the export")
     manifest = {
         "format_version": FORMAT_VERSION, "prodip_version": __version__, "created_utc": utc_now(),
         "source_checkpoint": source_checkpoint, "tokenizer_sha256": tokenizer_sha256,
@@ -129,24 +130,26 @@ def read_manifest(export_dir: str | os.PathLike) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: export manifest not found (made by `prodip export`)") from None
+        raise MissingInput(f"{path}: export manifest not found (made by `prodip export`)") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from None
+        raise InvalidInput(f"{path}: not valid JSON: {err}") from None
     if data.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {data.get('format_version')!r}, expected {FORMAT_VERSION} "
+        raise InvalidInput(f"{path}: format_version {data.get('format_version')!r}, expected {FORMAT_VERSION} "
                          "(re-export with this prodip's `prodip export`)")
     for key in ("files", "variants", "source_checkpoint"):
         if key not in data:
-            raise ValueError(f"{path}: missing key {key!r} (re-run `prodip export`)")
+            raise InvalidInput(f"{path}: missing key {key!r} (re-run `prodip export`)")
     return data
 
 
-def verify_files(export_dir: str | os.PathLike, *, allow_unlisted: bool = False) -> dict[str, Any]:
+def verify_files(export_dir: str | os.PathLike, *, allow_unlisted: bool = False,
+                 hash_file: Callable[[Path], str] = file_sha256) -> dict[str, Any]:
     """Check every listed file's size and sha256, and that no unlisted file was added.
 
     Args:
         export_dir: an export dir.
         allow_unlisted: accept files the manifest does not list (outside ``conformance/``).
+        hash_file: path -> hex sha256 (the pipeline passes a cached one).
     Returns:
         The manifest dict.
     Raises:
@@ -159,18 +162,18 @@ def verify_files(export_dir: str | os.PathLike, *, allow_unlisted: bool = False)
     for rel, meta in manifest["files"].items():
         path = root / rel
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: listed in {root / MANIFEST_FILE} but missing")
+            raise MissingInput(f"{path}: listed in {root / MANIFEST_FILE} but missing")
         size = path.stat().st_size
         if size != meta["bytes"]:
-            raise ValueError(f"{path}: {size} bytes, manifest says {meta['bytes']} (truncated or replaced)")
-        digest = file_sha256(path)
+            raise InvalidInput(f"{path}: {size} bytes, manifest says {meta['bytes']} (truncated or replaced)")
+        digest = hash_file(path)
         if digest != meta["sha256"]:
-            raise ValueError(f"{path}: sha256 {digest[:16]}.. differs from the manifest's "
+            raise InvalidInput(f"{path}: sha256 {digest[:16]}.. differs from the manifest's "
                              f"{meta['sha256'][:16]}.. (modified after export)")
     if not allow_unlisted:
         extra = sorted(set(list_files(root)) - set(manifest["files"]))
         if extra:
-            raise ValueError(f"{root}: file(s) not listed in {MANIFEST_FILE}: {', '.join(extra)}")
+            raise InvalidInput(f"{root}: file(s) not listed in {MANIFEST_FILE}: {', '.join(extra)}")
     return manifest
 
 
@@ -193,13 +196,28 @@ def set_conformance(export_dir: str | os.PathLike, verdict: dict[str, Any] | Non
     manifest = read_manifest(root)
     if verdict is not None:
         if not isinstance(verdict.get("passed"), bool) or not isinstance(verdict.get("variants"), dict):
-            raise ValueError("conformance verdict needs 'passed' (bool) and 'variants' ({name: bool}), "
+            raise InvalidInput("conformance verdict needs 'passed' (bool) and 'variants' ({name: bool}), "
                              f"got keys {sorted(verdict)}")
         unknown = sorted(set(verdict["variants"]) - set(manifest["variants"]))
         if unknown:
-            raise ValueError(f"conformance verdict names variant(s) {unknown} not in {root / MANIFEST_FILE} "
+            raise InvalidInput(f"conformance verdict names variant(s) {unknown} not in {root / MANIFEST_FILE} "
                              f"(has {sorted(manifest['variants'])})")
         verdict = {**verdict, "checked_utc": verdict.get("checked_utc") or utc_now()}
     manifest["conformance"] = verdict
     _write_json_atomic(root / MANIFEST_FILE, manifest)
     return manifest
+
+
+def verdict_is_current(manifest: dict[str, Any]) -> bool:
+    """Whether the manifest's conformance verdict was measured on the export's current files.
+
+    A verdict records ``export_files_sha256`` (:func:`files_table_sha256` of the files table it
+    checked); a re-export or a changed file changes the table, which voids the verdict.
+
+    Args:
+        manifest: a manifest dict (:func:`read_manifest`).
+    Returns:
+        True when there is a verdict and it names the current files table (passed or not).
+    """
+    verdict = manifest.get("conformance") or {}
+    return bool(verdict) and verdict.get("export_files_sha256") == files_table_sha256(manifest.get("files") or {})

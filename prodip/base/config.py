@@ -6,7 +6,7 @@ argparse flags, reads a TOML table into it (unknown keys and wrong types are err
 key), lets flags given on the command line override the file, and writes the resolved config
 back as TOML next to the stage's output.
 
-    python -c "from prodip.config import dump_toml; print(dump_toml({'train': {'lr': 3e-4}}))"
+    python -c "from prodip.base.config import dump_toml; print(dump_toml({'train': {'lr': 3e-4}}))"
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 import tomli_w
 
+from prodip.base.errors import ConfigError, InvalidInput
+from prodip.base.layout import stage_defaults
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """A config file or flag is wrong; the message names the file, the key and the fix."""
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None,
@@ -161,7 +162,7 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
             for part in filter(None, (p.strip() for p in _DICT_ENTRY_SPLIT.split(text))):
                 k, sep, v = part.partition("=")
                 if not sep:
-                    raise ValueError(f"{part!r} has no '='")
+                    raise InvalidInput(f"{part!r} has no '='")
                 out[k.strip()] = _parse_flag(v.strip(), val_tp, flag)
             return out
         if origin in (list, tuple):
@@ -170,7 +171,7 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
         if tp is bool:
             low = text.lower()
             if low not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError("expected true or false")
+                raise InvalidInput("expected true or false")
             return low in ("true", "1", "yes")
         if tp in (int, float, str):
             return tp(text)
@@ -258,7 +259,6 @@ def resolve(cls: type[T], args: argparse.Namespace | None = None, *, toml_path: 
         doc = read_toml(toml_path)
         if base is None and section and isinstance(doc.get("out_dir"), str):
             # a pipeline file: its out_dir places each stage's artifacts, as under `prodip run`
-            from prodip.stages import stage_defaults
             names = {f.name for f in dataclasses.fields(cls)}
             data = {k: v for k, v in stage_defaults(Path(doc["out_dir"])).get(section, {}).items() if k in names}
         table = doc.get(section, {}) if section else doc

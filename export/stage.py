@@ -1,0 +1,54 @@
+"""The export package's pipeline stage: checkpoint -> export dir.
+
+    python -c "from prodip.export.stage import STAGES; print([s.name for s in STAGES])"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from prodip.base.files import file_sha256_cached
+from prodip.base.manifest import MANIFEST_FILE, verify_files
+from prodip.base.stage import Plan, Stage
+from prodip.export.core import export_checkpoint
+from prodip.train.stage import latest_model_sha256
+
+log = logging.getLogger(__name__)
+
+
+def export_done(plan: Plan) -> bool:
+    """Every file the export manifest lists is there with its recorded size and sha256 (a deleted,
+    truncated or altered file means export again), and the export was made from the newest
+    checkpoint. Hashing reads the whole export once per invocation (~10 s at the 0.4B scale)."""
+    out = Path(plan["export"].out)
+    if not (out / MANIFEST_FILE).is_file():
+        return False
+    try:
+        manifest = verify_files(out, allow_unlisted=True, hash_file=file_sha256_cached)
+    except (OSError, ValueError) as err:
+        log.warning("%s; exporting again", err)
+        return False
+    return manifest["source_checkpoint"].get("model_sha256") == latest_model_sha256(plan["train"].out_dir)
+
+
+def export_run(plan: Plan) -> None:
+    """Export the newest checkpoint (replacing an export of an earlier checkpoint of this run)."""
+    cfg = plan["export"]
+    stale = (Path(cfg.out) / MANIFEST_FILE).exists()
+    export_checkpoint(dataclasses.replace(cfg, force=True) if stale else cfg)
+
+
+STAGES = (
+    Stage(
+        name="export",
+        tables={"export": "prodip.export.config:ExportConfig"},
+        reads=("train",),
+        writes="export",
+        needs="train",
+        describe=lambda p: f"safetensors + ONNX variants -> {p['export'].out}",
+        done=export_done,
+        run=export_run,
+    ),
+)

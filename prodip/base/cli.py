@@ -1,0 +1,79 @@
+"""Running a command: logging, and the line between a user's mistake and a bug.
+
+``prodip`` and each stage's ``python -m prodip.<stage>`` share this. A
+:class:`~prodip.base.errors.UserError` (bad config, corpus, checkpoint, export, a gate that said no)
+is printed as one line naming the file or key, exit code 2; ``--verbose`` shows its traceback.
+Anything else is a bug in prodip or a library: its traceback is shown, with a request to report it.
+
+    python -m prodip.tokenizer --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Callable
+
+from prodip.base.errors import UserError
+
+BUG_HINT = ("prodip {command}: unexpected error (a bug, not a problem with your input, unless the message "
+            "says otherwise); please report it with the traceback above and the command line")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """INFO logging (DEBUG with ``verbose``); under torchrun only rank 0 logs progress, the others warn."""
+    rank = int(os.environ.get("RANK", "0"))
+    level = logging.DEBUG if verbose else (logging.INFO if rank == 0 else logging.WARNING)
+    prefix = f"[rank {rank}] " if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    logging.basicConfig(level=level, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace, command: str) -> int:
+    """Call ``func(args)`` and turn its outcome into an exit code.
+
+    Returns:
+        ``func``'s code (0 if it returned None); 2 for a :class:`UserError` or an ``OSError``
+        (one line on stderr, naming the file); 130 on Ctrl-C; 1 for anything else (a bug: traceback).
+    """
+    verbose = bool(getattr(args, "verbose", False))
+    try:
+        return int(func(args) or 0)
+    except (UserError, OSError) as err:  # OSError: the file system said no (path, permission, disk), named
+        if verbose:
+            raise
+        print(f"prodip {command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"prodip {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        import traceback  # only on the error path
+
+        traceback.print_exc()
+        print(BUG_HINT.format(command=command), file=sys.stderr)
+        return 1
+
+
+def stage_main(prog: str, register: Callable[[argparse._SubParsersAction], None], argv: list[str]) -> int:
+    """``python -m prodip.<stage> VERB ...``: parse ``argv`` with the stage's subcommands and run it.
+
+    Args:
+        prog: program name for usage lines, e.g. ``python -m prodip.export``.
+        register: the stage's ``add_subcommands``.
+        argv: arguments after the program name.
+    Returns:
+        The exit code (see :func:`run_command`); 2 with the usage when no verb is given.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging; tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    register(sub)
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return run_command(args.func, args, args.command)

@@ -1,0 +1,65 @@
+"""Where each artifact of a ``prodip run`` lives under the run's ``out_dir``.
+
+Both ``prodip run`` and the stage commands read this: a stage command given a pipeline file
+(a TOML file with a top-level ``out_dir``, such as ``configs/demo.toml``) reads and writes the
+same paths ``prodip run`` would, so ``prodip tokenizer train --config configs/demo.toml`` and
+then ``prodip train --config configs/demo.toml`` chain.
+
+    python -c "from prodip.base.layout import paths; print(paths('runs/demo'))"
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+#: Default ``out_dir`` of a pipeline file that names none.
+DEFAULT_OUT_DIR = Path("runs") / "demo"
+
+
+def paths(out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Artifact paths of a run: ``{"tokenizer", "shards", "train", "eval", "export", "conformance"}``.
+
+    Args:
+        out_dir: the run's folder (``out_dir`` of the pipeline file).
+    Returns:
+        Stage artifact name -> path (folders, except ``eval``: ``train/eval.json``).
+    """
+    out = Path(out_dir)
+    return {
+        "tokenizer": out / "tokenizer",
+        "shards": out / "shards",
+        "train": out / "train",
+        "eval": out / "train" / "eval.json",
+        "export": out / "export",
+        "conformance": out / "conformance",
+    }
+
+
+def stage_defaults(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """Path fields each config table gets before its TOML table is applied (the table may override them).
+
+    Args:
+        out_dir: the run's folder.
+    Returns:
+        Table name (``tokenizer``, ``audit``, ``data``, ``model``, ``train``, ``eval``, ``export``,
+        ``conformance``, ``serve``) -> ``{field: path string}``.
+    """
+    p = {k: str(v) for k, v in paths(out_dir).items()}
+    return {
+        "tokenizer": {"out_dir": p["tokenizer"]},
+        "audit": {"tokenizer_dir": p["tokenizer"]},
+        "data": {"tokenizer_dir": p["tokenizer"], "out_dir": p["shards"]},
+        "model": {},
+        "train": {"shards_dir": p["shards"], "tokenizer_dir": p["tokenizer"], "out_dir": p["train"]},
+        "eval": {"checkpoint": p["train"], "shards_dir": p["shards"], "out": p["eval"]},
+        "export": {"checkpoint": p["train"], "out": p["export"]},
+        "conformance": {
+            "export_dir": p["export"],
+            "checkpoint": p["train"],
+            "out": p["conformance"],
+            "shards_dir": p["shards"],
+        },
+        "serve": {"export_dir": p["export"]},
+    }

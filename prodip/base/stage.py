@@ -1,0 +1,49 @@
+"""The record each stage gives the pipeline driver: what it reads, what it writes, when it is done,
+how to run it.
+
+A stage package (``prodip.tokenizer``, ``prodip.train``, ...) lists its stages in its ``stage``
+module as :class:`Stage` records; ``prodip run`` (:mod:`prodip.pipeline`) chains them. The
+done-check lives beside the code that writes the artifact, so the rule "this artifact is complete
+and made from the current upstream artifact" has one owner. (torchtitan's train-spec registry is
+the model, kept simpler: a plain tuple per package, no global registration side effects.)
+
+A ``plan`` is the resolved configuration of one run: config table name (``tokenizer``, ``audit``,
+``data``, ``model``, ``train``, ``eval``, ``export``, ``conformance``, ``serve``) -> that
+table's config dataclass instance.
+
+    python -c "from prodip.base.stage import Stage; help(Stage)"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Plan = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage.
+
+    Attributes:
+        name: the stage's name in ``stages = [...]`` and ``--stages``.
+        tables: config tables this stage owns -> ``"module:ConfigClass"`` (imported by the driver).
+        reads: artifact names (keys of :func:`prodip.base.layout.paths`) the stage reads.
+        writes: the artifact name it writes (``""`` for none: serve only answers HTTP).
+        needs: the stage whose artifact must be complete before this one runs (``None`` for the first).
+        describe: ``plan -> str``, one line for the progress log.
+        done: ``plan -> bool``: the artifact is complete, passed its gate, and was made from the
+            current upstream artifact. Must not raise for a missing or damaged artifact (that is "not done").
+        run: ``plan -> Any`` (serve takes keyword options too): produce the artifact. Raises
+            :class:`prodip.base.errors.UserError` for what the user can fix.
+    """
+
+    name: str
+    tables: dict[str, str]
+    reads: tuple[str, ...]
+    writes: str
+    needs: str | None
+    describe: Callable[[Plan], str]
+    done: Callable[[Plan], bool]
+    run: Callable[..., Any] = field(repr=False)

@@ -1,0 +1,126 @@
+"""The serve package's pipeline stage: start ``prodip serve`` on the export, fetch completions, stop it.
+
+Uses the standard library only (an HTTP client and a subprocess): the driver's serve stage is a
+client of the real server, as a user would be.
+
+    python -c "from prodip.serve.stage import STAGES; print([s.name for s in STAGES])"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prodip.base.errors import StageFailed
+from prodip.base.stage import Plan, Stage
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound then released; a tiny race is acceptable here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> dict:
+    """GET (no body) or POST JSON; an HTTP error raises StageFailed with the server's error body.
+
+    Sends ``Authorization: Bearer $PRODIP_API_KEY`` when that variable is set (the server reads it too).
+    """
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("PRODIP_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['PRODIP_API_KEY']}"
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as err:
+        raise StageFailed(f"{url}: HTTP {err.code}: {err.read().decode('utf-8', 'replace')[:500]}") from None
+
+
+def serve_run(plan: Plan, *, prompts: dict[str, str], max_tokens: int, timeout_s: float,
+               out_dir: Path, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt, stop it.
+
+    Args:
+        prompts: language -> prompt text.
+        max_tokens: new tokens per completion.
+        timeout_s: how long to wait for ``/health`` (seconds).
+        out_dir: where ``completions.json`` and ``serve.log`` go.
+        sampling: extra OpenAI completion parameters (``temperature``, ``top_p``,
+            ``frequency_penalty``, ``seed``); default greedy.
+    Writes ``OUT_DIR/completions.json`` (with the parameters used). Raises StageFailed if the
+    server does not come up or refuses a request (its message and status are in the error).
+    """
+    sampling = {"temperature": 0.0, **(sampling or {})}
+    cfg = plan["serve"]
+    port = free_port()
+    cmd = [sys.executable, "-m", "prodip", "serve", str(cfg.export_dir), "--variant", cfg.variant,
+           "--host", "127.0.0.1", "--port", str(port)]
+    log_path = out_dir / "serve.log"
+    with open(log_path, "w", encoding="utf-8") as log_fh:
+        # PYTHONSAFEPATH (Python >= 3.11): `-m` must not put the current folder first on sys.path,
+        # where a folder named prodip/ (say, the parent of a clone) would shadow the package.
+        proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONSAFEPATH": "1"})
+        try:
+            base = f"http://127.0.0.1:{port}"
+            _wait_healthy(base, proc, timeout_s, log_path)
+            model_id = _http_json(f"{base}/v1/models")["data"][0]["id"]
+            results = {}
+            for lang, prompt in prompts.items():
+                t0 = time.perf_counter()
+                body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, **sampling}
+                resp = _http_json(f"{base}/v1/completions", body)
+                results[lang] = {"prompt": prompt, "completion": resp["choices"][0]["text"],
+                                 "finish_reason": resp["choices"][0].get("finish_reason"),
+                                 "usage": resp.get("usage"), "seconds": time.perf_counter() - t0}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    doc = {"format_version": 1, "variant": cfg.variant, "url": f"http://127.0.0.1:{port}/v1/completions",
+           "sampling": {"max_tokens": max_tokens, **sampling}, "completions": results}
+    (out_dir / "completions.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
+    return doc
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            last = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or [""]
+            raise StageFailed(f"prodip serve exited with code {proc.returncode}: {last[0]} (log: {log_path})")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    raise StageFailed(f"prodip serve did not become healthy within {timeout_s:.0f} s; see {log_path}")
+
+
+STAGES = (
+    Stage(
+        name="serve",
+        tables={"serve": "prodip.serve.config:ServeConfig"},
+        reads=("export",),
+        writes="",
+        needs="conformance",
+        describe=lambda p: f"HTTP completions from {p['serve'].export_dir} ({p['serve'].variant})",
+        done=lambda p: False,  # always runs: it fetches this invocation's completions
+        run=serve_run,
+    ),
+)
