@@ -1,4 +1,4 @@
-# prodip: the two commands of the README.
+# prodip: the two commands of the README, plus the developer habits (make lint, make test-fast).
 #   make demo   installs what it needs, then runs the whole pipeline on the bundled corpus (2-core CPU: about 8 min)
 #   make test   installs what it needs, then runs the test suite
 # Everything goes into a virtual environment (.venv). On a machine without an NVIDIA GPU the CPU
@@ -13,7 +13,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 CONFIG ?= configs/demo.toml
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-fast lint clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,20 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 tests $(PYTEST_ARGS)
+
+# the fast tier: every test not marked slow (under a minute on 2 cores)
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 -m "not slow" tests $(PYTEST_ARGS)
+
+# ruff (lint + format check), then the import contracts of pyproject.toml's [tool.importlinter]
+# checked on a regular (non-editable) install, where the stage folders sit inside prodip/ as
+# they do for users.
+LINT_DIR := build/lint
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	rm -rf $(LINT_DIR) && $(BIN)/python -m pip install -q --no-deps --target $(LINT_DIR) .
+	cd $(LINT_DIR) && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -22,8 +22,13 @@ def main() -> None:
     args = p.parse_args()
     results = []
     for n in [int(x) for x in args.threads.split(",")]:
-        cfg = ConformanceConfig(export_dir=args.export_dir, checkpoint=args.checkpoint, shards_dir=args.shards_dir,
-                                threads=n, write_manifest=False)
+        cfg = ConformanceConfig(
+            export_dir=args.export_dir,
+            checkpoint=args.checkpoint,
+            shards_dir=args.shards_dir,
+            threads=n,
+            write_manifest=False,
+        )
         t0, c0 = time.perf_counter(), time.process_time()
         report = evaluate(cfg)
         results.append((n, time.perf_counter() - t0, time.process_time() - c0, report["passed"]))

@@ -30,20 +30,37 @@ import numpy as np  # noqa: E402
 def build_export(tmp: Path, args: argparse.Namespace) -> Path:
     """A random model of the requested size through the real export path (verdict set to passed)."""
     from prodip import export
-    out = export.build_tiny_export(tmp, vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                                   num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                                   num_key_value_heads=args.kv_heads, max_position_embeddings=1024)
+    from tests.fixtures import build_tiny_export
+
+    out = build_tiny_export(
+        tmp,
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=1024,
+    )
     variants = [k for k, v in export.read_manifest(out)["variants"].items() if v.get("format") == "onnx"]
-    export.set_conformance(out, {"passed": True, "variants": {k: True for k in variants},
-                                 "report": "bench (not checked)", "report_sha256": "0" * 64})
+    export.set_conformance(
+        out,
+        {
+            "passed": True,
+            "variants": {k: True for k in variants},
+            "report": "bench (not checked)",
+            "report_sha256": "0" * 64,
+        },
+    )
     return out
 
 
-def engine_decode_rate(export_dir: Path, variant: str, prompt: list[int], tokens: int, streams: int,
-                       threads: int = 0) -> float:
+def engine_decode_rate(
+    export_dir: Path, variant: str, prompt: list[int], tokens: int, streams: int, threads: int = 0
+) -> float:
     """Aggregate decode tokens/s of ``streams`` sequences submitted together to serve's scheduler."""
     from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
     from prodip.serve.engine import OnnxDecoder, load_export, load_tokenizer
+
     info = load_export(export_dir, variant, allow_unverified=True, verify_hashes=False)
     sched = BatchScheduler(OnnxDecoder(info.onnx_path, info.config, threads), max_batch_size=streams, batch_wait_ms=50)
     tok = load_tokenizer(info)
@@ -72,6 +89,7 @@ def engine_decode_rate(export_dir: Path, variant: str, prompt: list[int], tokens
             orig_step(self, logits)
             if len(self.generated) == 1:
                 t_first.append(time.perf_counter())
+
         for s in seqs:
             s.step = step_hook.__get__(s)
         sched.submit(seqs)
@@ -84,6 +102,7 @@ def engine_decode_rate(export_dir: Path, variant: str, prompt: list[int], tokens
 def eager_decode_rate(model, prompt: list[int], tokens: int, streams: int) -> float:
     """PyTorch eager KV-cache greedy loop (the training model), aggregate decode tokens/s."""
     import torch
+
     with torch.no_grad():
         ids = torch.tensor([prompt] * streams)
         logits, past = model(ids, use_cache=True)
@@ -114,21 +133,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=16384)
-    p.add_argument("--threads", default="1,2",
-                   help="comma list: for each, torch and ONNX Runtime both get this many intra-op threads")
+    p.add_argument(
+        "--threads",
+        default="1,2",
+        help="comma list: for each, torch and ONNX Runtime both get this many intra-op threads",
+    )
     args = p.parse_args(argv)
 
     import os
 
     import torch
+
     with tempfile.TemporaryDirectory() as tmp:
         export_dir = Path(args.export_dir) if args.export_dir else build_export(Path(tmp), args)
         model = _model_from_export(export_dir)
         prompt = [int(t) for t in np.random.default_rng(0).integers(3, 300, args.prompt_tokens)]
         n_params = sum(p.numel() for p in model.parameters()) / 1e6
-        print(f"model: {n_params:.1f} M parameters; {args.prompt_tokens} prompt tokens, {args.tokens} generated "
-              f"per stream, greedy; decode tokens/s (prefill excluded), median of {args.repeats}; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+        print(
+            f"model: {n_params:.1f} M parameters; {args.prompt_tokens} prompt tokens, {args.tokens} generated "
+            f"per stream, greedy; decode tokens/s (prefill excluded), median of {args.repeats}; "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start"
+        )
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             _table(export_dir, model, prompt, args, threads)
@@ -142,8 +167,10 @@ def _table(export_dir: Path, model, prompt: list[int], args: argparse.Namespace,
     c, r, n = args.concurrency, args.repeats, args.tokens
     eager_c = median_of(lambda: eager_decode_rate(model, prompt, n, c), r)
     print(f"\n{threads} thread(s) for torch and ONNX Runtime; torch eager {c}-concurrent: {eager_c:.1f} tok/s")
-    print(f"{'backend':<12}{'eager tok/s':>13}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>15}"
-          f"{'1-stream/eager':>16}{f'{c}-conc/1':>11}")
+    print(
+        f"{'backend':<12}{'eager tok/s':>13}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>15}"
+        f"{'1-stream/eager':>16}{f'{c}-conc/1':>11}"
+    )
     for variant in args.variants.split(","):
         engine_decode_rate(export_dir, variant, prompt, n, 1, threads)  # warm-up
         runs = []
@@ -153,8 +180,10 @@ def _table(export_dir: Path, model, prompt: list[int], args: argparse.Namespace,
             many = engine_decode_rate(export_dir, variant, prompt, n, c, threads)
             runs.append((e, one, many, one / e, many / one))
         med = [statistics.median(col) for col in zip(*runs)]
-        print(f"{'onnx ' + variant:<12}{med[0]:>13.1f}{med[1]:>16.1f}{med[2]:>15.1f}{med[3]:>15.2f}x{med[4]:>10.2f}x",
-              flush=True)
+        print(
+            f"{'onnx ' + variant:<12}{med[0]:>13.1f}{med[1]:>16.1f}{med[2]:>15.1f}{med[3]:>15.2f}x{med[4]:>10.2f}x",
+            flush=True,
+        )
 
 
 def _model_from_export(export_dir: Path):
@@ -165,6 +194,7 @@ def _model_from_export(export_dir: Path):
 
     from prodip.train.config import ModelConfig
     from prodip.train.model import LlamaForCausalLM
+
     cfg = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text()))
     model = LlamaForCausalLM(cfg)
     state = load_file(str(export_dir / "model.safetensors"))

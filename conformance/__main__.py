@@ -1,6 +1,6 @@
 """``python -m prodip.conformance EXPORT_DIR --checkpoint CKPT`` is ``prodip conformance ...``.
 
-    python -m prodip.conformance runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
+python -m prodip.conformance runs/demo/export --checkpoint runs/demo/train --shards-dir runs/demo/shards
 """
 
 import sys

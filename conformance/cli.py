@@ -17,11 +17,12 @@ import argparse
 import sys
 
 from prodip.base.config import add_arguments, resolve
+from prodip.conformance.config import ConformanceConfig
+from prodip.conformance.suite import run_conformance
+from prodip.conformance.tolerances import loosened_text
 
 
 def _run(args: argparse.Namespace) -> int:
-    from prodip.conformance.config import ConformanceConfig
-    from prodip.conformance.suite import run_conformance
 
     if getattr(args, "export_dir_positional", None):
         args.export_dir = args.export_dir_positional
@@ -31,24 +32,26 @@ def _run(args: argparse.Namespace) -> int:
     print(open(md, encoding="utf-8").read())
     loosened = report["tolerances"]["loosened"]
     if loosened:
-        from prodip.conformance.tolerances import loosened_text
-        print(f"prodip conformance: WARNING: {len(loosened)} tolerance bound(s) looser than the shipped "
-              f"conformance/tolerances.toml ({report['tolerances']['path']}): {loosened_text(loosened)}",
-              file=sys.stderr)
+        print(
+            f"prodip conformance: WARNING: {len(loosened)} tolerance bound(s) looser than the shipped "
+            f"conformance/tolerances.toml ({report['tolerances']['path']}): {loosened_text(loosened)}",
+            file=sys.stderr,
+        )
     return 0 if report["passed"] else 1
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
     """Register ``conformance`` on the ``prodip`` parser (``only`` = the one subcommand wanted)."""
-    from prodip.conformance.config import ConformanceConfig
 
     if only not in (None, "conformance"):
         return
-    p = subparsers.add_parser("conformance", help="prove every exported artifact computes what the training "
-                                                  "model computes",
-                              description=__doc__.replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("export_dir_positional", nargs="?", metavar="EXPORT_DIR",
-                   help="export dir (same as --export-dir)")
+    p = subparsers.add_parser(
+        "conformance",
+        help="prove every exported artifact computes what the training model computes",
+        description=__doc__.replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("export_dir_positional", nargs="?", metavar="EXPORT_DIR", help="export dir (same as --export-dir)")
     p.add_argument("--config", metavar="TOML", default=None, help="TOML file with a [conformance] table")
     add_arguments(p, ConformanceConfig)
     p.set_defaults(func=_run)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prodip.base.errors import InvalidInput
+from prodip.conformance.tolerances import load_tolerances as _load
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -102,8 +103,15 @@ class LogitAccumulator:
         """
         if not self.n_positions:
             nan = float("nan")
-            return {"n_positions": 0, "max_abs_logit": nan, "mean_abs_logit": nan, "rel_max_abs_logit": nan,
-                    "kl_mean": nan, "kl_p999": nan, "top1": nan}
+            return {
+                "n_positions": 0,
+                "max_abs_logit": nan,
+                "mean_abs_logit": nan,
+                "rel_max_abs_logit": nan,
+                "kl_mean": nan,
+                "kl_p999": nan,
+                "top1": nan,
+            }
         kl = np.concatenate(self.kl)
         with np.errstate(invalid="ignore"):  # inf - inf when interpolating between two inf KLs
             p999 = float(np.percentile(kl, 99.9))
@@ -178,6 +186,5 @@ def load_tolerances(path) -> dict:
             table/metric/bound key, a bound of the wrong kind or type, or a missing required check;
             the message names the file, the table and the key.
     """
-    from prodip.conformance.tolerances import load_tolerances as _load
 
     return _load(path)

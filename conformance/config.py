@@ -1,6 +1,6 @@
 """ConformanceConfig: the settings of ``prodip conformance`` (flags, the ``[conformance]`` TOML table).
 
-    python -c "from conformance.config import ConformanceConfig; print(ConformanceConfig(export_dir='runs/demo/export'))"
+python -c "from conformance.config import ConformanceConfig; print(ConformanceConfig(export_dir='runs/demo/export'))"
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from prodip.base.errors import InvalidInput
 from prodip.base.config import opt
+from prodip.base.errors import InvalidInput
 
 #: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
 DEFAULT_TOLERANCES = Path(__file__).with_name("tolerances.toml")
@@ -21,28 +21,43 @@ class ConformanceConfig:
     """What to check and where to write the report (see CONTRACTS.md "Conformance report")."""
 
     export_dir: str = opt("", "export dir to check (made by `prodip export`)")
-    checkpoint: Optional[str] = opt(None, "checkpoint the export was made from (step, checkpoints or run dir); "
-                                          "default: the manifest's source_checkpoint.path")
+    checkpoint: Optional[str] = opt(
+        None,
+        "checkpoint the export was made from (step, checkpoints or run dir); "
+        "default: the manifest's source_checkpoint.path",
+    )
     out: Optional[str] = opt(None, "report dir for report.json + report.md (default: EXPORT_DIR/conformance)")
-    tolerances: Optional[str] = opt(None, "tolerance TOML file (default: conformance/tolerances.toml, "
-                                          "set from the trained demo model)")
-    shards_dir: Optional[str] = opt(None, "shards dir whose validation split gives held-out text "
-                                          "(perplexity and bits/char per language): required, since every "
-                                          "candidate table gates bpc_delta_max (`prodip run` passes the run's "
-                                          "shards; without it nothing is measured, exit 2)")
+    tolerances: Optional[str] = opt(
+        None, "tolerance TOML file (default: conformance/tolerances.toml, set from the trained demo model)"
+    )
+    shards_dir: Optional[str] = opt(
+        None,
+        "shards dir whose validation split gives held-out text "
+        "(perplexity and bits/char per language): required, since every "
+        "candidate table gates bpc_delta_max (`prodip run` passes the run's "
+        "shards; without it nothing is measured, exit 2)",
+    )
     heldout_tokens: int = opt(1024, "held-out tokens per language read from the validation shards (tokens)")
     greedy_tokens: int = opt(64, "new tokens decoded greedily per prompt (tokens)")
-    kv_tokens: int = opt(0, "length of the KV-cache check sequence: prefill, a 4-token chunk, then "
-                            "single steps, so the cache is checked at the far positions (tokens; 0 = the "
-                            "whole context window)")
+    kv_tokens: int = opt(
+        0,
+        "length of the KV-cache check sequence: prefill, a 4-token chunk, then "
+        "single steps, so the cache is checked at the far positions (tokens; 0 = the "
+        "whole context window)",
+    )
     kv_steps: int = opt(8, "single-token decode steps in the KV-cache check (steps)")
-    variants: list[str] = opt(help="candidates to check: safetensors, transformers, or manifest variant "
-                                   "names (fp32, fp16, int8, int4); default: every one in the manifest",
-                              factory=list)
-    threads: int = opt(1, "CPU threads for torch and ONNX Runtime (0 = library default); 1 is the default "
-                          "because the work is many small latency-bound calls and two thread pools in one "
-                          "process contend (bench/conformance_threads.py, demo-size export on 2 busy cores: "
-                          "31 s at 1 thread, 166 s at 2)")
+    variants: list[str] = opt(
+        help="candidates to check: safetensors, transformers, or manifest variant "
+        "names (fp32, fp16, int8, int4); default: every one in the manifest",
+        factory=list,
+    )
+    threads: int = opt(
+        1,
+        "CPU threads for torch and ONNX Runtime (0 = library default); 1 is the default "
+        "because the work is many small latency-bound calls and two thread pools in one "
+        "process contend (bench/conformance_threads.py, demo-size export on 2 busy cores: "
+        "31 s at 1 thread, 166 s at 2)",
+    )
     write_manifest: bool = opt(True, "record the verdict in the export's manifest.json conformance slot")
 
     def __post_init__(self) -> None:

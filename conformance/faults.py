@@ -13,12 +13,16 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput
+from prodip.base.manifest import file_sha256, list_files
 
 
 def copy_export(src: str | Path, dst: str | Path) -> Path:
@@ -30,7 +34,6 @@ def copy_export(src: str | Path, dst: str | Path) -> Path:
 
 def refresh_manifest(export_dir: Path, **updates) -> None:
     """Re-hash every file into ``manifest.json`` (and apply top-level ``updates``); clears the verdict."""
-    from prodip.base.manifest import list_files
     path = export_dir / "manifest.json"
     manifest = json.loads(path.read_text(encoding="utf-8"))
     manifest.update(files=list_files(export_dir), conformance=None, **updates)
@@ -53,7 +56,6 @@ def to_interleaved(w, n_heads: int):
 
 def plant_rope_interleaved(src: Path, dst: Path) -> Path:
     """model.safetensors with q/k rows in the interleaved RoPE layout (export forgot to convert)."""
-    from safetensors.torch import load_file, save_file
     dst = copy_export(src, dst)
     cfg = _config(dst)
     tensors = load_file(str(dst / "model.safetensors"))
@@ -70,7 +72,6 @@ def plant_rope_interleaved(src: Path, dst: Path) -> Path:
 def _plant_onnx(src: Path, dst: Path, rel: str, edit: Callable) -> Path:
     """Copy the export ``src`` to ``dst``, apply ``edit`` to the ONNX graph ``rel`` in place, and
     refresh the manifest hashes (the planted fault must be found by measuring, not by a hash)."""
-    import onnx
     dst = copy_export(src, dst)
     path = dst / rel
     model = onnx.load(str(path))
@@ -81,19 +82,20 @@ def _plant_onnx(src: Path, dst: Path, rel: str, edit: Callable) -> Path:
 
 
 def _const(model, name: str, value: int) -> str:
-    from onnx import numpy_helper
     model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
     return name
 
 
 def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 3) -> Path:
     """The decoder's sequence axis baked to ``seq`` (as a trace without dynamic axes leaves it)."""
+
     def edit(model):
         for vi in model.graph.input:
             if vi.name in ("input_ids", "position_ids"):
                 dim = vi.type.tensor_type.shape.dim[1]
                 dim.Clear()
                 dim.dim_value = seq
+
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -104,7 +106,6 @@ def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq:
     Raises:
         ValueError: no Reshape of a MatMul output found (the graph is not the expected export).
     """
-    from onnx import numpy_helper
     cfg = _config(Path(src))
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -119,6 +120,7 @@ def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq:
                 node.input[1] = "planted_shape"
                 return
         raise InvalidInput(f"{dst / rel}: no Reshape of a MatMul output to bake")
+
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -131,6 +133,7 @@ def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") 
     Raises:
         ValueError: no ``Range`` whose start is a ``Sub`` (the graph is not the expected export).
     """
+
     def edit(model):
         producers = {o: n for n in model.graph.node for o in n.output}
         for node in model.graph.node:
@@ -140,6 +143,7 @@ def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") 
                 node.input[1] = start.input[1]  # T
                 return
         raise InvalidInput(f"{dst / rel}: no Range(S - T, S) node found to plant the mask fault")
+
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -149,7 +153,6 @@ def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx"
     A uniform shift of every position is invisible to RoPE (it depends on position differences
     only), so the planted bug is the realistic inconsistent one: prefill and decode disagree.
     """
-    from onnx import helper
 
     def edit(model):
         g = model.graph
@@ -159,13 +162,16 @@ def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx"
                     node.input[i] = "planted_position_ids"
         one = _const(model, "planted_one", 1)
         axis = _const(model, "planted_axis", 1)
-        new = [helper.make_node("Shape", ["input_ids"], ["planted_shape"]),
-               helper.make_node("Gather", ["planted_shape", axis], ["planted_seq"], axis=0),
-               helper.make_node("Greater", ["planted_seq", one], ["planted_multi"]),
-               helper.make_node("Cast", ["planted_multi"], ["planted_offset"], to=7),
-               helper.make_node("Add", ["position_ids", "planted_offset"], ["planted_position_ids"])]
+        new = [
+            helper.make_node("Shape", ["input_ids"], ["planted_shape"]),
+            helper.make_node("Gather", ["planted_shape", axis], ["planted_seq"], axis=0),
+            helper.make_node("Greater", ["planted_seq", one], ["planted_multi"]),
+            helper.make_node("Cast", ["planted_multi"], ["planted_offset"], to=7),
+            helper.make_node("Add", ["position_ids", "planted_offset"], ["planted_position_ids"]),
+        ]
         for n in reversed(new):
             g.node.insert(0, n)
+
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -178,7 +184,6 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
     Raises:
         ValueError: the count of quantised MatMuls is not 7 per layer (+ lm_head).
     """
-    from onnx import numpy_helper
     L = _config(Path(src))["num_hidden_layers"]
 
     def edit(model):
@@ -188,7 +193,7 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
         if len(mm) not in (7 * L, 7 * L + 1):
             raise InvalidInput(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 7 per layer x {L} (+ lm_head)")
         zeroed = 0
-        for node in mm[7 * layer: 7 * layer + 7]:
+        for node in mm[7 * layer : 7 * layer + 7]:
             base = node.input[1].rsplit("_", 1)[0]
             for name, init in inits.items():
                 if name.startswith(base + "_") and name.endswith(("scale", "scales")):
@@ -197,6 +202,7 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
                     zeroed += 1
         if zeroed < 7:
             raise InvalidInput(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected 7")
+
     return _plant_onnx(src, dst, rel, edit)
 
 
@@ -224,17 +230,21 @@ def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
     tok = json.loads((dst / "tokenizer.json").read_text(encoding="utf-8"))
     tok["normalizer"] = None
     (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
-    from prodip.base.manifest import file_sha256
     refresh_manifest(dst, tokenizer_sha256=file_sha256(dst / "tokenizer.json"))
     return dst
 
 
-FAULTS = {"rope_interleaved": plant_rope_interleaved, "static_seq": plant_static_seq,
-          "baked_reshape": plant_baked_reshape,
-          "mask_ignores_past": plant_mask_ignores_past, "position_off_by_one": plant_position_off_by_one,
-          "zeroed_layer_int8": plant_zeroed_layer,
-          "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx"),
-          "config_rope_theta": plant_config_rope_theta, "tokenizer_without_nfc": plant_tokenizer_without_nfc}
+FAULTS = {
+    "rope_interleaved": plant_rope_interleaved,
+    "static_seq": plant_static_seq,
+    "baked_reshape": plant_baked_reshape,
+    "mask_ignores_past": plant_mask_ignores_past,
+    "position_off_by_one": plant_position_off_by_one,
+    "zeroed_layer_int8": plant_zeroed_layer,
+    "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx"),
+    "config_rope_theta": plant_config_rope_theta,
+    "tokenizer_without_nfc": plant_tokenizer_without_nfc,
+}
 
 
 def main(argv: list[str]) -> int:

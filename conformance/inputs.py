@@ -17,15 +17,14 @@ from typing import Any, Optional
 import numpy as np
 
 from prodip.base.errors import InvalidInput
+from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
 
 #: Prompt texts (NFC). Short on purpose: long-position behaviour is covered by the context prompt.
 PROMPTS = {
-    "bn": "বাংলাদেশের রাজধানী ঢাকা। নদীমাতৃক এই দেশে পদ্মা, মেঘনা আর যমুনা বয়ে চলে, "
-          "আর বর্ষায় গ্রামের মাঠ সবুজ হয়ে ওঠে।",
+    "bn": "বাংলাদেশের রাজধানী ঢাকা। নদীমাতৃক এই দেশে পদ্মা, মেঘনা আর যমুনা বয়ে চলে, আর বর্ষায় গ্রামের মাঠ সবুজ হয়ে ওঠে।",
     "en": "The old ferry crosses the wide river every morning, carrying farmers, students and "
-          "baskets of fresh fish to the market town.",
-    "mixed": "আমি Python দিয়ে একটি small language model train করছি; loss এখন 2.5, "
-             "আর Dhaka-র weather আজ বেশ ভালো।",
+    "baskets of fresh fish to the market town.",
+    "mixed": "আমি Python দিয়ে একটি small language model train করছি; loss এখন 2.5, আর Dhaka-র weather আজ বেশ ভালো।",
 }
 #: Rows of the left-padded batch: (prompt, number of leading tokens kept); unequal on purpose.
 PADDED_ROWS = (("bn", None), ("en", 5), ("mixed", 12))
@@ -69,8 +68,8 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray
     mask = np.zeros((len(rows), T), dtype=np.int64)
     for i, r in enumerate(rows):
         if r:
-            ids[i, T - len(r):] = r
-            mask[i, T - len(r):] = 1
+            ids[i, T - len(r) :] = r
+            mask[i, T - len(r) :] = 1
     return ids, mask
 
 
@@ -91,9 +90,17 @@ class InputSet:
     heldout: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def build_inputs(tokenizer: Any, *, context_tokens: int, pad_id: int, greedy_tokens: int,
-                 kv_tokens: int, shards_dir: Optional[str | Path] = None, heldout_tokens: int = 0,
-                 tokenizer_sha256: Optional[str] = None) -> InputSet:
+def build_inputs(
+    tokenizer: Any,
+    *,
+    context_tokens: int,
+    pad_id: int,
+    greedy_tokens: int,
+    kv_tokens: int,
+    shards_dir: Optional[str | Path] = None,
+    heldout_tokens: int = 0,
+    tokenizer_sha256: Optional[str] = None,
+) -> InputSet:
     """Build the prompt items, the greedy batch, the KV-cache sequence and held-out windows.
 
     Args:
@@ -126,18 +133,24 @@ def build_inputs(tokenizer: Any, *, context_tokens: int, pad_id: int, greedy_tok
     room = max(1, context_tokens - greedy_tokens)
     greedy = Item("greedy", *left_pad([ids[n][:room] for n in GREEDY_PROMPTS], pad_id))
     kv_len = context_tokens if kv_tokens == 0 else min(kv_tokens, context_tokens)
-    kv_ids = np.asarray([stream[:max(2, kv_len)]], dtype=np.int64)
+    kv_ids = np.asarray([stream[: max(2, kv_len)]], dtype=np.int64)
     heldout: dict[str, dict[str, int]] = {}
     if shards_dir and heldout_tokens > 0:
-        for item in heldout_items(tokenizer, shards_dir, context_tokens=context_tokens,
-                                  heldout_tokens=heldout_tokens, tokenizer_sha256=tokenizer_sha256):
+        for item in heldout_items(
+            tokenizer,
+            shards_dir,
+            context_tokens=context_tokens,
+            heldout_tokens=heldout_tokens,
+            tokenizer_sha256=tokenizer_sha256,
+        ):
             items.append(item)
             heldout[item.lang] = {"tokens": int(item.attention_mask.sum()), "chars": item.n_chars}
     return InputSet(items, padded_rows, greedy, kv_ids, texts=dict(PROMPTS), heldout=heldout)
 
 
-def heldout_items(tokenizer: Any, shards_dir: str | Path, *, context_tokens: int, heldout_tokens: int,
-                  tokenizer_sha256: Optional[str]) -> list[Item]:
+def heldout_items(
+    tokenizer: Any, shards_dir: str | Path, *, context_tokens: int, heldout_tokens: int, tokenizer_sha256: Optional[str]
+) -> list[Item]:
     """One item per language: the first ``heldout_tokens`` validation tokens cut into windows.
 
     Windows are ``min(context_tokens, heldout_tokens)`` long (a shorter last window is dropped,
@@ -147,14 +160,13 @@ def heldout_items(tokenizer: Any, shards_dir: str | Path, *, context_tokens: int
     Raises:
         FileNotFoundError, ValueError: from ``prodip.tokenizer.shards`` (missing/corrupt shards, hash mismatch).
     """
-    from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
 
     meta = load_meta(shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     out = []
     for lang in sorted(meta["languages"]):
         tokens = []
         for path in shard_paths(shards_dir, lang, "val"):
-            tokens.append(np.asarray(read_shard(path)[:heldout_tokens - sum(map(len, tokens))], dtype=np.int64))
+            tokens.append(np.asarray(read_shard(path)[: heldout_tokens - sum(map(len, tokens))], dtype=np.int64))
             if sum(map(len, tokens)) >= heldout_tokens:
                 break
         flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
@@ -165,6 +177,5 @@ def heldout_items(tokenizer: Any, shards_dir: str | Path, *, context_tokens: int
         targets = np.full_like(windows, -1)
         targets[:, :-1] = windows[:, 1:]
         n_chars = sum(len(tokenizer.decode([int(t) for t in w[1:]], skip_special_tokens=False)) for w in windows)
-        out.append(Item(f"heldout:{lang}", windows, np.ones_like(windows), targets=targets,
-                        n_chars=n_chars, lang=lang))
+        out.append(Item(f"heldout:{lang}", windows, np.ones_like(windows), targets=targets, n_chars=n_chars, lang=lang))
     return out

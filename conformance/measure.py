@@ -66,7 +66,7 @@ def kv_cache_logits(runner: Runner, ids: np.ndarray, steps: int) -> tuple[np.nda
     full = runner.forward(ids, np.ones_like(ids), np.arange(L, dtype=np.int64)[None])[0][0]
     parts, state, start = [], None, 0
     for length in [prefill, chunk] + [1] * steps:
-        seg = ids[:, start:start + length]
+        seg = ids[:, start : start + length]
         pos = np.arange(start, start + length, dtype=np.int64)[None]
         logits, state = runner.forward(seg, np.ones((1, start + length), np.int64), pos, state)
         parts.append(logits[0])
@@ -114,9 +114,16 @@ def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: 
             nll_r, nll_c = ref.nll[item.lang], heldout_nll(item, cand)
             bpc_r, bpc_c = bits_per_char(nll_r, item.n_chars), bits_per_char(nll_c, item.n_chars)
             ppl_r, ppl_c = math.exp(nll_r / n_tok), math.exp(min(nll_c / n_tok, 700.0))
-            heldout[item.lang] = {"tokens": n_tok, "chars": item.n_chars, "bpc_ref": bpc_r, "bpc": bpc_c,
-                                  "bpc_delta": bpc_c - bpc_r, "ppl_ref": ppl_r, "ppl": ppl_c,
-                                  "ppl_rel_delta": ppl_c / ppl_r - 1.0}
+            heldout[item.lang] = {
+                "tokens": n_tok,
+                "chars": item.n_chars,
+                "bpc_ref": bpc_r,
+                "bpc": bpc_c,
+                "bpc_delta": bpc_c - bpc_r,
+                "ppl_ref": ppl_r,
+                "ppl": ppl_c,
+                "ppl_rel_delta": ppl_c / ppl_r - 1.0,
+            }
     out.update(acc.result())
     out["by_input"] = by_input
     if heldout:
@@ -127,8 +134,9 @@ def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: 
 def _phase_greedy(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: dict, n: int) -> None:
     toks = greedy_decode(runner, inputs.greedy, n)
     prefix = [identical_prefix(r, c) for r, c in zip(ref.greedy, toks)]
-    out.update(greedy_tokens=n, greedy_prefix=prefix, greedy_prefix_min=min(prefix),
-               greedy_identical=bool(min(prefix) == n))
+    out.update(
+        greedy_tokens=n, greedy_prefix=prefix, greedy_prefix_min=min(prefix), greedy_identical=bool(min(prefix) == n)
+    )
 
 
 def _phase_kv(runner: Runner, inputs: InputSet, out: dict, steps: int) -> None:
@@ -146,12 +154,12 @@ def _phase_padded(runner: Runner, inputs: InputSet, out: dict, keep: dict) -> No
         alone = runner.forward(ids, np.ones_like(ids), np.arange(len(row), dtype=np.int64)[None])[0][0]
         acc.add(alone, padded[r][batch.valid[r]])
     s = acc.result()
-    out.update(padded_batch_max_abs=s["max_abs_logit"], padded_batch_kl_mean=s["kl_mean"],
-               padded_batch_top1=s["top1"])
+    out.update(padded_batch_max_abs=s["max_abs_logit"], padded_batch_kl_mean=s["kl_mean"], padded_batch_top1=s["top1"])
 
 
-def measure_candidate(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, *, greedy_tokens: int,
-                      kv_steps: int) -> tuple[dict[str, Any], dict[str, str]]:
+def measure_candidate(
+    runner: Runner, inputs: InputSet, ref: ReferenceOutputs, *, greedy_tokens: int, kv_steps: int
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Every metric of one candidate.
 
     Returns:
@@ -161,10 +169,12 @@ def measure_candidate(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, *
     out: dict[str, Any] = {}
     errors: dict[str, str] = {}
     keep: dict[str, np.ndarray] = {}
-    phases = [("logits", lambda: _phase_logits(runner, inputs, ref, out, keep)),
-              ("greedy", lambda: _phase_greedy(runner, inputs, ref, out, greedy_tokens)),
-              ("kv_cache", lambda: _phase_kv(runner, inputs, out, kv_steps)),
-              ("padded_batch", lambda: _phase_padded(runner, inputs, out, keep))]
+    phases = [
+        ("logits", lambda: _phase_logits(runner, inputs, ref, out, keep)),
+        ("greedy", lambda: _phase_greedy(runner, inputs, ref, out, greedy_tokens)),
+        ("kv_cache", lambda: _phase_kv(runner, inputs, out, kv_steps)),
+        ("padded_batch", lambda: _phase_padded(runner, inputs, out, keep)),
+    ]
     phase_s = {}
     for name, fn in phases:
         t0 = time.perf_counter()

@@ -15,6 +15,10 @@ import os
 
 import pytest
 
+from prodip.conformance.checks import plan_checks
+from prodip.conformance.config import ConformanceConfig
+from prodip.conformance.suite import evaluate
+
 _OPTIONS = [  # (flag, env var, ConformanceConfig field, help)
     ("--export-dir", "PRODIP_EXPORT_DIR", "export_dir", "export dir to check"),
     ("--checkpoint", "PRODIP_CHECKPOINT", "checkpoint", "checkpoint it was exported from (default: manifest's)"),
@@ -34,13 +38,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def conformance_config(config: pytest.Config):
     """The ConformanceConfig from options/env, or None when no export dir is given."""
-    from prodip.conformance.config import ConformanceConfig
     values = {}
     for flag, env, field, _ in _OPTIONS:
         value = config.getoption(flag.lstrip("-").replace("-", "_")) or os.environ.get(env)
         if value:
-            values[field] = (int(value) if field == "threads" else
-                             [v.strip() for v in value.split(",") if v.strip()] if field == "variants" else value)
+            values[field] = (
+                int(value)
+                if field == "threads"
+                else [v.strip() for v in value.split(",") if v.strip()]
+                if field == "variants"
+                else value
+            )
     if not values.get("export_dir"):
         return None
     return ConformanceConfig(write_manifest=False, **values)
@@ -51,10 +59,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     cfg = conformance_config(metafunc.config)
     if cfg is None:
-        metafunc.parametrize("conformance_check", [pytest.param(None, marks=pytest.mark.skip(reason=SKIP_REASON))],
-                             ids=["no-export"])
+        metafunc.parametrize(
+            "conformance_check", [pytest.param(None, marks=pytest.mark.skip(reason=SKIP_REASON))], ids=["no-export"]
+        )
         return
-    from prodip.conformance.suite import plan_checks
     plan = plan_checks(cfg)
     metafunc.parametrize("conformance_check", plan, ids=[f"{c}::{m}" for c, m in plan])
 
@@ -62,7 +70,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def conformance_report(request: pytest.FixtureRequest) -> dict:
     """The report dict of :func:`conformance.evaluate`, computed once per session."""
-    from prodip.conformance.suite import evaluate
     cfg = conformance_config(request.config)
     if cfg is None:
         pytest.skip(SKIP_REASON)

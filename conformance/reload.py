@@ -12,8 +12,11 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.train.config import ModelConfig
+from prodip.train.model import LlamaForCausalLM
 
 
 def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safetensors") -> torch.nn.Module:
@@ -31,10 +34,6 @@ def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safete
         FileNotFoundError: config.json or the weights are missing.
         ValueError: a bad config, or a missing/extra/mis-shaped tensor (named).
     """
-    from safetensors.torch import load_file
-
-    from prodip.train.config import ModelConfig
-    from prodip.train.model import LlamaForCausalLM
 
     export_dir = Path(export_dir)
     cfg_path = export_dir / "config.json"
@@ -52,8 +51,10 @@ def load_safetensors_model(export_dir: str | Path, rel_path: str = "model.safete
         raise InvalidInput(f"{export_dir / rel_path}: missing tensors {missing}, unexpected tensors {extra}")
     for key, ref in expected.items():
         if tuple(tensors[key].shape) != tuple(ref.shape):
-            raise InvalidInput(f"{export_dir / rel_path}: {key} has shape {tuple(tensors[key].shape)}, "
-                             f"config.json implies {tuple(ref.shape)}")
+            raise InvalidInput(
+                f"{export_dir / rel_path}: {key} has shape {tuple(tensors[key].shape)}, "
+                f"config.json implies {tuple(ref.shape)}"
+            )
     model = model.to_empty(device="cpu")
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

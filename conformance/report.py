@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from prodip.base.config import dump_toml, to_dict, write_text_atomic
+from prodip.conformance.tolerances import bound_change
 
 COLUMNS = [  # (header, metric key, format)
     ("max Δlogit", "max_abs_logit", "{:.1e}"),
@@ -80,15 +81,20 @@ def _failed_lines(name: str, checks: list[dict[str, Any]]) -> list[str]:
     lines = []
     for c in checks:
         if c["passed"] is False:
-            lines.append(f"- **{name}** `{c['metric']}` = {_fmt(c['value'], '{:.3g}')} "
-                         f"(tolerance {c['tolerance']}){' - ' + c['note'] if c.get('note') else ''}")
+            lines.append(
+                f"- **{name}** `{c['metric']}` = {_fmt(c['value'], '{:.3g}')} "
+                f"(tolerance {c['tolerance']}){' - ' + c['note'] if c.get('note') else ''}"
+            )
     return lines
 
 
 #: Export-wide metrics whose failure has a detail field naming the file/field/text at fault.
-_DETAILS = {"manifest_files_ok": ("manifest_files_error",), "config_matches": ("config_error", "config_differences"),
-            "tokenizer_sha256_match": ("tokenizer_error",),
-            "tokenizer_mismatches": ("tokenizer_error", "tokenizer_mismatched_texts")}
+_DETAILS = {
+    "manifest_files_ok": ("manifest_files_error",),
+    "config_matches": ("config_error", "config_differences"),
+    "tokenizer_sha256_match": ("tokenizer_error",),
+    "tokenizer_mismatches": ("tokenizer_error", "tokenizer_mismatched_texts"),
+}
 
 
 def _global_details(g: dict[str, Any]) -> list[str]:
@@ -106,39 +112,62 @@ def _global_details(g: dict[str, Any]) -> list[str]:
 
 def _tolerance_lines(tol: dict[str, Any] | None) -> list[str]:
     """A LOOSENED TOLERANCES section listing every bound looser than the shipped file's."""
-    from prodip.conformance.tolerances import bound_change
 
     if not tol:
         return []
     if not tol["loosened"]:
-        return [] if tol["shipped"] else [f"Tolerances: `{tol['path']}` (not the shipped file; no bound is "
-                                          "looser than the shipped conformance/tolerances.toml).", ""]
+        return (
+            []
+            if tol["shipped"]
+            else [
+                f"Tolerances: `{tol['path']}` (not the shipped file; no bound is "
+                "looser than the shipped conformance/tolerances.toml).",
+                "",
+            ]
+        )
     rows = [f"- [{b['table']}] `{b['metric']}`: {bound_change(b)}" for b in tol["loosened"]]
-    return ["## LOOSENED TOLERANCES", "",
-            f"**{len(tol['loosened'])} bound(s) of `{tol['path']}` are looser than the shipped "
-            "conformance/tolerances.toml** (shipped -> used); a pass below is a pass against these bounds:",
-            "", *rows, ""]
+    return [
+        "## LOOSENED TOLERANCES",
+        "",
+        f"**{len(tol['loosened'])} bound(s) of `{tol['path']}` are looser than the shipped "
+        "conformance/tolerances.toml** (shipped -> used); a pass below is a pass against these bounds:",
+        "",
+        *rows,
+        "",
+    ]
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     """The ten-second view: verdict, one row per candidate, then what failed and why."""
     verdict = "PASSED" if report["passed"] else "FAILED"
     ck = report["checkpoint"]
-    lines = [f"# Conformance {verdict}", "",
-             f"Export `{report['export_dir']}` vs checkpoint step {ck['step']} "
-             f"(`{ck['model_sha256'][:12]}`), tolerances `{report['tolerances_file']}`, "
-             f"{report['seconds']:.1f} s.", "",
-             *_tolerance_lines(report.get("tolerances")),
-             "| candidate | verdict | " + " | ".join(h for h, _, _ in COLUMNS) + " | s |",
-             "|---|---|" + "---|" * len(COLUMNS) + "---|"]
+    lines = [
+        f"# Conformance {verdict}",
+        "",
+        f"Export `{report['export_dir']}` vs checkpoint step {ck['step']} "
+        f"(`{ck['model_sha256'][:12]}`), tolerances `{report['tolerances_file']}`, "
+        f"{report['seconds']:.1f} s.",
+        "",
+        *_tolerance_lines(report.get("tolerances")),
+        "| candidate | verdict | " + " | ".join(h for h, _, _ in COLUMNS) + " | s |",
+        "|---|---|" + "---|" * len(COLUMNS) + "---|",
+    ]
     for name, res in report["candidates"].items():
         m = res["metrics"]
         cells = [_cell(m, key, fmt, h) for h, key, fmt in COLUMNS]
-        lines.append(f"| {name} | {'pass' if res['passed'] else '**FAIL**'} | " + " | ".join(cells)
-                     + f" | {res['seconds']:.1f} |")
+        lines.append(
+            f"| {name} | {'pass' if res['passed'] else '**FAIL**'} | "
+            + " | ".join(cells)
+            + f" | {res['seconds']:.1f} |"
+        )
     g = report["global"]
-    lines += ["", "Export-wide: " + ", ".join(
-        f"{c['metric']} = {_fmt(c['value'], '{}')} ({'ok' if c['passed'] else 'FAIL'})" for c in g["checks"])]
+    lines += [
+        "",
+        "Export-wide: "
+        + ", ".join(
+            f"{c['metric']} = {_fmt(c['value'], '{}')} ({'ok' if c['passed'] else 'FAIL'})" for c in g["checks"]
+        ),
+    ]
     failed = _failed_lines("export", g["checks"]) + _global_details(g)
     for name, res in report["candidates"].items():
         failed += _failed_lines(name, res["checks"])
@@ -147,11 +176,16 @@ def render_markdown(report: dict[str, Any]) -> str:
             failed.append(f"- **{name}** {problem}")
     if failed:
         lines += ["", "## Failed", *failed]
-    lines += ["", "Variants: " + ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in report["variants"].items()),
-              "", "KL in nats per position (reference || candidate); greedy prefix = identical leading tokens "
-              f"of {report['config'].get('greedy_tokens')} (min over prompts); KV-cache and padded columns "
-              "compare the candidate with itself (cache vs full pass, batch vs alone). Full figures in "
-              "report.json.", ""]
+    lines += [
+        "",
+        "Variants: " + ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in report["variants"].items()),
+        "",
+        "KL in nats per position (reference || candidate); greedy prefix = identical leading tokens "
+        f"of {report['config'].get('greedy_tokens')} (min over prompts); KV-cache and padded columns "
+        "compare the candidate with itself (cache vs full pass, batch vs alone). Full figures in "
+        "report.json.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -168,5 +202,8 @@ def write_report(report: dict[str, Any], out_dir: str | os.PathLike, cfg: Any = 
     write_text_atomic(out / "report.md", render_markdown(report))
     if cfg is not None:
         write_text_atomic(out / "config.toml", dump_toml({"conformance": to_dict(cfg)}))
-    return {"json": out / "report.json", "md": out / "report.md",
-            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+    return {
+        "json": out / "report.json",
+        "md": out / "report.md",
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+    }

@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
 
-from prodip.base.errors import InvalidInput
 from prodip.base import onnx_io
+from prodip.base.errors import InvalidInput
 
 
 class Runner:
@@ -25,8 +28,9 @@ class Runner:
 
     name = "runner"
 
-    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-                state: Any = None) -> tuple[np.ndarray, Any]:
+    def forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, state: Any = None
+    ) -> tuple[np.ndarray, Any]:
         """Next-token logits for ``input_ids`` given the cache ``state``.
 
         Args:
@@ -48,11 +52,14 @@ class TorchRunner(Runner):
         self.name = name
 
     def forward(self, input_ids, attention_mask, position_ids, state=None):
-        import torch
         with torch.inference_mode():
-            logits, present = self.model(torch.from_numpy(input_ids), position_ids=torch.from_numpy(position_ids),
-                                         attention_mask=torch.from_numpy(attention_mask),
-                                         past_key_values=state, use_cache=True)
+            logits, present = self.model(
+                torch.from_numpy(input_ids),
+                position_ids=torch.from_numpy(position_ids),
+                attention_mask=torch.from_numpy(attention_mask),
+                past_key_values=state,
+                use_cache=True,
+            )
         return logits.float().numpy(), present
 
 
@@ -61,35 +68,39 @@ class TransformersRunner(Runner):
     (transformers' default, i.e. what a user of the export runs)."""
 
     def __init__(self, export_dir: str | Path, name: str = "transformers") -> None:
-        import torch
         try:
-            from transformers import LlamaForCausalLM
+            from transformers import LlamaForCausalLM  # noqa: PLC0415 (optional: transformers is the independent reference)
         except ImportError:
-            raise ImportError("transformers is not installed, so the export cannot be checked against an "
-                              "independent implementation: pip install 'transformers>=4.45' (or prodip[test])"
-                              ) from None
-        self.model = LlamaForCausalLM.from_pretrained(str(export_dir), dtype=torch.float32,
-                                                      attn_implementation="sdpa").eval()
+            raise ImportError(
+                "transformers is not installed, so the export cannot be checked against an "
+                "independent implementation: pip install 'transformers>=4.45' (or prodip[test])"
+            ) from None
+        self.model = LlamaForCausalLM.from_pretrained(
+            str(export_dir), dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
         self.name = name
         # transformers 5 renamed the cache argument ``past_key_values`` -> ``cache``.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def forward(self, input_ids, attention_mask, position_ids, state=None):
-        import torch
         with torch.inference_mode():
-            out = self.model(input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask),
-                             position_ids=torch.from_numpy(position_ids), use_cache=True,
-                             **{self._cache_kw: state})
+            out = self.model(
+                input_ids=torch.from_numpy(input_ids),
+                attention_mask=torch.from_numpy(attention_mask),
+                position_ids=torch.from_numpy(position_ids),
+                use_cache=True,
+                **{self._cache_kw: state},
+            )
         return out.logits.float().numpy(), getattr(out, "cache", None) or out.past_key_values
 
 
 class OrtRunner(Runner):
     """An ONNX decoder under ONNX Runtime's CPU execution provider (:mod:`prodip.base.onnx_io`)."""
 
-    def __init__(self, path: str | Path, name: str, *, num_layers: int, num_kv_heads: int, head_dim: int,
-                 threads: int = 0) -> None:
-        import onnxruntime as ort
+    def __init__(
+        self, path: str | Path, name: str, *, num_layers: int, num_kv_heads: int, head_dim: int, threads: int = 0
+    ) -> None:
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
@@ -105,8 +116,10 @@ class OrtRunner(Runner):
         expected = set(onnx_io.io_names(num_layers)[0])
         got = {i.name for i in self.session.get_inputs()}
         if got != expected:
-            raise InvalidInput(f"{path}: ONNX inputs {sorted(got ^ expected)} differ from the decoder contract "
-                             "(prodip.base.onnx_io; re-export with `prodip export`)")
+            raise InvalidInput(
+                f"{path}: ONNX inputs {sorted(got ^ expected)} differ from the decoder contract "
+                "(prodip.base.onnx_io; re-export with `prodip export`)"
+            )
 
     def forward(self, input_ids, attention_mask, position_ids, state=None):
         B = input_ids.shape[0]
@@ -121,12 +134,15 @@ class OrtRunner(Runner):
 
 
 def _dims(value_info: Any) -> list:
-    return [d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else None)
-            for d in value_info.type.tensor_type.shape.dim]
+    return [
+        d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else None)
+        for d in value_info.type.tensor_type.shape.dim
+    ]
 
 
-def onnx_axes_problems(path: str | Path, *, num_kv_heads: Optional[int] = None,
-                       head_dim: Optional[int] = None) -> list[str]:
+def onnx_axes_problems(
+    path: str | Path, *, num_kv_heads: Optional[int] = None, head_dim: Optional[int] = None
+) -> list[str]:
     """Inputs/outputs of an ONNX decoder whose batch, sequence or past axis is baked to a number.
 
     A traced graph with a fixed sequence length runs only at that length; ONNX Runtime then
@@ -138,7 +154,6 @@ def onnx_axes_problems(path: str | Path, *, num_kv_heads: Optional[int] = None,
     Returns:
         Human-readable problems, empty when every dynamic axis is symbolic.
     """
-    import onnx
     model = onnx.load(str(path), load_external_data=False)
     problems = []
     for vi in list(model.graph.input) + list(model.graph.output):

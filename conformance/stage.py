@@ -1,6 +1,6 @@
 """The conformance package's pipeline stage: export dir + checkpoint -> report and manifest verdict.
 
-    python -c "from prodip.conformance.stage import STAGES; print([s.name for s in STAGES])"
+python -c "from prodip.conformance.stage import STAGES; print([s.name for s in STAGES])"
 """
 
 from __future__ import annotations

@@ -17,9 +17,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from prodip.base.config import ConfigError
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.conformance.compare import check_value, load_tolerances
+from prodip.base.manifest import (
+    file_sha256,
+    files_table_sha256,
+    read_manifest,
+    set_conformance,
+    tool_versions,
+    verify_files,
+)
+from prodip.conformance import measure, runners
+from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
+from prodip.conformance.inputs import build_inputs
+from prodip.conformance.reload import load_safetensors_model
+from prodip.conformance.report import write_report
+from prodip.conformance.runners import TorchRunner, onnx_axes_problems
+from prodip.conformance.tolerances import compare_with_shipped, require_tables
+from prodip.conformance.verdict import merge_verdict
+from prodip.export.core import require_checkpoint_tokenizer
+from prodip.train.checkpoint import load_model
+from prodip.train.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -60,18 +83,23 @@ def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) 
             # a bf16/fp16 file is not exact: it needs its own table (fail closed until one exists)
             dtype = v.get("dtype") or "float32"
             suffix = "" if dtype == "float32" else f"_{dtype}"
-            out += [Candidate("safetensors", vname, "prodip", v["path"], "safetensors" + suffix),
-                    Candidate("transformers", vname, "transformers", v["path"], "transformers" + suffix)]
+            out += [
+                Candidate("safetensors", vname, "prodip", v["path"], "safetensors" + suffix),
+                Candidate("transformers", vname, "transformers", v["path"], "transformers" + suffix),
+            ]
         elif v.get("format") == "onnx":
             out.append(Candidate(vname, vname, "onnx", v["path"]))
         else:
-            raise InvalidInput(f"manifest variant {vname!r} has format {v.get('format')!r}; expected "
-                             "'safetensors' or 'onnx'")
+            raise InvalidInput(
+                f"manifest variant {vname!r} has format {v.get('format')!r}; expected 'safetensors' or 'onnx'"
+            )
     if only:
         unknown = set(only) - {c.name for c in out} - {c.variant for c in out}
         if unknown:
-            raise InvalidInput(f"ConformanceConfig.variants: {sorted(unknown)} not in this export "
-                             f"(has {sorted({c.name for c in out})})")
+            raise InvalidInput(
+                f"ConformanceConfig.variants: {sorted(unknown)} not in this export "
+                f"(has {sorted({c.name for c in out})})"
+            )
         out = [c for c in out if c.name in only or c.variant in only]
     return out
 
@@ -83,34 +111,36 @@ def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[An
         ValueError: the checkpoint's model sha256 differs from ``source_checkpoint.model_sha256``.
         FileNotFoundError: no checkpoint at the path, or it lacks ``tokenizer/tokenizer.json`` (named).
     """
-    from prodip.train.checkpoint import load_model
 
     src = manifest.get("source_checkpoint") or {}
     path = cfg.checkpoint or src.get("path")
     if not path:
         raise InvalidInput(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
-    from prodip.export.core import require_checkpoint_tokenizer
     model, model_cfg, info = load_model(require_checkpoint_tokenizer(path))
     if info["model_sha256"] != src.get("model_sha256"):
         raise InvalidInput(
             f"checkpoint {info['checkpoint_dir']} has model sha256 {info['model_sha256'][:16]}.., but "
             f"{cfg.export_dir}/manifest.json says the export was made from {str(src.get('model_sha256'))[:16]}.. "
             f"({src.get('path')}); refusing to compare an export with a different checkpoint. Pass the "
-            "checkpoint it was exported from, or re-export this one with `prodip export`.")
+            "checkpoint it was exported from, or re-export this one with `prodip export`."
+        )
     return model.float().eval(), model_cfg, info
 
 
 def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int):
     """Build the runner of one candidate (loading its file)."""
-    from prodip.conformance import runners
     if cand.kind == "prodip":
-        from prodip.conformance.reload import load_safetensors_model
         return runners.TorchRunner(load_safetensors_model(export_dir, cand.path), cand.name)
     if cand.kind == "transformers":
         return runners.TransformersRunner(export_dir, cand.name)
-    return runners.OrtRunner(export_dir / cand.path, cand.name, num_layers=model_cfg.num_hidden_layers,
-                             num_kv_heads=model_cfg.num_key_value_heads, head_dim=model_cfg.head_dim,
-                             threads=threads)
+    return runners.OrtRunner(
+        export_dir / cand.path,
+        cand.name,
+        num_layers=model_cfg.num_hidden_layers,
+        num_kv_heads=model_cfg.num_key_value_heads,
+        head_dim=model_cfg.head_dim,
+        threads=threads,
+    )
 
 
 def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,11 +150,17 @@ def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[s
         Checks ``{metric, value, tolerance, passed}``. A missing table, a gated metric that was not
         measured (value None) or any phase error is a failed check: a gated check never passes unmeasured.
     """
-    checks = [{"metric": "run_errors", "value": len(errors), "tolerance": {"equals": 0},
-               "passed": not errors}]
+    checks = [{"metric": "run_errors", "value": len(errors), "tolerance": {"equals": 0}, "passed": not errors}]
     if table is None:
-        checks.append({"metric": "tolerances", "value": None, "tolerance": None, "passed": False,
-                       "note": "no table for this candidate in the tolerance file"})
+        checks.append(
+            {
+                "metric": "tolerances",
+                "value": None,
+                "tolerance": None,
+                "passed": False,
+                "note": "no table for this candidate in the tolerance file",
+            }
+        )
         return checks
     for metric, tol in table.items():
         if isinstance(tol, str):
@@ -134,15 +170,16 @@ def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[s
     return checks
 
 
-def global_metrics(export_dir: Path, manifest: dict[str, Any], info: dict[str, Any], texts: list[str],
-                   train_tokenizer: Any, model_cfg: Any) -> dict[str, Any]:
+def global_metrics(
+    export_dir: Path,
+    manifest: dict[str, Any],
+    info: dict[str, Any],
+    texts: list[str],
+    train_tokenizer: Any,
+    model_cfg: Any,
+) -> dict[str, Any]:
     """Export-wide facts: config.json vs the checkpoint's ModelConfig, file hashes, tokenizer
     identity, and the exported vs training tokenizer's ids on the prompt texts."""
-    from tokenizers import Tokenizer
-
-    from prodip.train.config import ModelConfig
-
-    from prodip.base.manifest import file_sha256, verify_files
 
     out: dict[str, Any] = {}
     try:
@@ -160,15 +197,19 @@ def global_metrics(export_dir: Path, manifest: dict[str, Any], info: dict[str, A
         out["manifest_files_ok"], out["manifest_files_error"] = False, str(err)
     tok_path = export_dir / "tokenizer.json"
     if not tok_path.is_file():
-        out.update(tokenizer_sha256_match=False, tokenizer_mismatches=len(texts),
-                   tokenizer_error=f"{tok_path}: missing")
+        out.update(
+            tokenizer_sha256_match=False, tokenizer_mismatches=len(texts), tokenizer_error=f"{tok_path}: missing"
+        )
         return out
     sha = file_sha256(tok_path)
     out["tokenizer_sha256_match"] = sha == info["tokenizer_sha256"] == manifest.get("tokenizer_sha256")
     exported = Tokenizer.from_file(str(tok_path))
-    bad = [t[:40] for t in texts
-           if exported.encode(t, add_special_tokens=False).ids != train_tokenizer.encode(t, add_special_tokens=False).ids
-           or exported.encode(t).ids != train_tokenizer.encode(t).ids]
+    bad = [
+        t[:40]
+        for t in texts
+        if exported.encode(t, add_special_tokens=False).ids != train_tokenizer.encode(t, add_special_tokens=False).ids
+        or exported.encode(t).ids != train_tokenizer.encode(t).ids
+    ]
     out["tokenizer_mismatches"] = len(bad)
     if bad:
         out["tokenizer_mismatched_texts"] = bad
@@ -184,9 +225,6 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
             a checked candidate's table, or a checked variant's file is missing (:func:`preflight`;
             all raised before anything is measured).
     """
-    import torch
-
-    from prodip.base.manifest import read_manifest
 
     t_start = time.perf_counter()
     if not cfg.export_dir:
@@ -194,8 +232,9 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     export_dir = Path(cfg.export_dir)
     manifest = read_manifest(export_dir)
     tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
-    tolerances, candidates = preflight(export_dir, manifest, tol_path, cfg.variants, shards_dir=cfg.shards_dir,
-                                       heldout_tokens=cfg.heldout_tokens)
+    tolerances, candidates = preflight(
+        export_dir, manifest, tol_path, cfg.variants, shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens
+    )
     threads_before = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -205,9 +244,15 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
         torch.set_num_threads(threads_before)
 
 
-def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
-              only: Optional[list[str]] = None, *, shards_dir: Optional[str] = None,
-              heldout_tokens: int = 1) -> tuple[dict[str, Any], list[Candidate]]:
+def preflight(
+    export_dir: Path,
+    manifest: dict[str, Any],
+    tol_path: Path,
+    only: Optional[list[str]] = None,
+    *,
+    shards_dir: Optional[str] = None,
+    heldout_tokens: int = 1,
+) -> tuple[dict[str, Any], list[Candidate]]:
     """Everything that can be refused before measuring: the tolerance file (strictly validated, a
     complete table for every candidate being checked), the held-out text a gated held-out metric
     (bpc_delta_max, required in every candidate table) needs, and each checked variant's files present.
@@ -219,22 +264,27 @@ def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
             held-out metric without ``shards_dir`` (or with ``heldout_tokens`` 0).
         FileNotFoundError: a file of a checked variant is missing (file and variant named).
     """
-    from prodip.conformance.tolerances import require_tables
-    from prodip.base.config import ConfigError
 
     tolerances = load_tolerances(tol_path)
     candidates = plan_candidates(manifest, only)
     require_tables(tolerances, [c.tolerance_table for c in candidates], tol_path)
     if not shards_dir or heldout_tokens < 1:
-        needs = sorted({f"[{c.tolerance_table}] {m}" for c in candidates for m in HELDOUT_METRICS
-                        if m in (tolerances.get(c.tolerance_table) or {})})
+        needs = sorted(
+            {
+                f"[{c.tolerance_table}] {m}"
+                for c in candidates
+                for m in HELDOUT_METRICS
+                if m in (tolerances.get(c.tolerance_table) or {})
+            }
+        )
         if needs:
             why = "no shards dir was given" if not shards_dir else "heldout_tokens is 0"
             raise ConfigError(
                 f"{needs[0].split('] ')[1]} is a required check ({', '.join(needs)} in {tol_path}) and needs "
                 f"held-out text, but {why}: pass --shards-dir SHARDS (the run's shards, e.g. runs/demo/shards; "
                 "`prodip run` passes its own) and heldout_tokens >= 1. A required check is never passed "
-                "unmeasured (nothing was measured or written)")
+                "unmeasured (nothing was measured or written)"
+            )
     missing: dict[str, str] = {}
     for cand in candidates:
         for rel in [cand.path, *(manifest["variants"][cand.variant].get("external_data") or [])]:
@@ -244,28 +294,35 @@ def preflight(export_dir: Path, manifest: dict[str, Any], tol_path: Path,
         what = "; ".join(f"{rel} of variant {v!r}" for rel, v in missing.items())
         raise MissingInput(
             f"{export_dir}: missing file(s) listed in manifest.json: {what}. Re-run `prodip export`, or "
-            "check the other variants only with --variants (nothing was measured or written)")
+            "check the other variants only with --variants (nothing was measured or written)"
+        )
     return tolerances, candidates
 
 
-def check_candidate(cand: Candidate, export_dir: Path, model_cfg: Any, inputs: Any, ref: Any,
-                    cfg: ConformanceConfig, table: Optional[dict[str, Any]]) -> dict[str, Any]:
+def check_candidate(
+    cand: Candidate,
+    export_dir: Path,
+    model_cfg: Any,
+    inputs: Any,
+    ref: Any,
+    cfg: ConformanceConfig,
+    table: Optional[dict[str, Any]],
+) -> dict[str, Any]:
     """Load one candidate, measure it against the reference outputs and gate it.
 
     Returns:
         ``{variant, kind, path, metrics, errors, checks, passed, seconds, cpu_seconds}``; a
         candidate that cannot be loaded or run fails with the error recorded, it does not raise.
     """
-    from prodip.conformance import measure
-    from prodip.conformance.runners import onnx_axes_problems
 
     logger.info("conformance: measuring %s (%s)", cand.name, cand.path)
     t0, c0 = time.perf_counter(), time.process_time()
     metrics: dict[str, Any] = {}
     errors: dict[str, str] = {}
     if cand.kind == "onnx":
-        problems = onnx_axes_problems(export_dir / cand.path, num_kv_heads=model_cfg.num_key_value_heads,
-                                      head_dim=model_cfg.head_dim)
+        problems = onnx_axes_problems(
+            export_dir / cand.path, num_kv_heads=model_cfg.num_key_value_heads, head_dim=model_cfg.head_dim
+        )
         metrics["dynamic_axes"] = not problems
         if problems:
             metrics["axes_problems"] = problems
@@ -274,68 +331,94 @@ def check_candidate(cand: Candidate, export_dir: Path, model_cfg: Any, inputs: A
     except Exception as err:  # an unloadable artifact fails, it does not crash the suite
         errors["load"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
     else:
-        m, errors = measure.measure_candidate(runner, inputs, ref, greedy_tokens=cfg.greedy_tokens,
-                                              kv_steps=cfg.kv_steps)
+        m, errors = measure.measure_candidate(
+            runner, inputs, ref, greedy_tokens=cfg.greedy_tokens, kv_steps=cfg.kv_steps
+        )
         metrics.update(m)
     checks = gate(metrics, errors, table)
     if table is None:
         checks[-1]["note"] = f"no [{cand.tolerance_table}] table in the tolerance file"
-    return {"variant": cand.variant, "kind": cand.kind, "path": cand.path, "tolerance_table": cand.tolerance_table,
-            "metrics": metrics, "errors": errors,
-            "checks": checks, "passed": all(c["passed"] is not False for c in checks),
-            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+    return {
+        "variant": cand.variant,
+        "kind": cand.kind,
+        "path": cand.path,
+        "tolerance_table": cand.tolerance_table,
+        "metrics": metrics,
+        "errors": errors,
+        "checks": checks,
+        "passed": all(c["passed"] is not False for c in checks),
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0,
+    }
 
 
 def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_start) -> dict[str, Any]:
-    from tokenizers import Tokenizer
-    from tqdm import tqdm
-
-    from prodip.conformance import measure
-    from prodip.conformance.compare import bits_per_char
-    from prodip.conformance.inputs import build_inputs
-    from prodip.conformance.runners import TorchRunner
-    from prodip.conformance.tolerances import compare_with_shipped
-    from prodip.base.manifest import file_sha256, files_table_sha256, tool_versions
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
-    inputs = build_inputs(train_tok, context_tokens=model_cfg.max_position_embeddings,
-                          pad_id=model_cfg.pad_token_id, greedy_tokens=cfg.greedy_tokens, kv_tokens=cfg.kv_tokens,
-                          shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens,
-                          tokenizer_sha256=info["tokenizer_sha256"])
+    inputs = build_inputs(
+        train_tok,
+        context_tokens=model_cfg.max_position_embeddings,
+        pad_id=model_cfg.pad_token_id,
+        greedy_tokens=cfg.greedy_tokens,
+        kv_tokens=cfg.kv_tokens,
+        shards_dir=cfg.shards_dir,
+        heldout_tokens=cfg.heldout_tokens,
+        tokenizer_sha256=info["tokenizer_sha256"],
+    )
     texts = list(inputs.texts.values())
     texts += [t for t in (unicodedata.normalize("NFD", x) for x in texts) if t not in texts]  # NFC inside?
     g = global_metrics(export_dir, manifest, info, texts, train_tok, model_cfg)
     g_checks = gate(g, {}, tolerances.get("global", {}))[1:]
     g_passed = all(c["passed"] is not False for c in g_checks)
     ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
-    results = {cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg,
-                                          tolerances.get(cand.tolerance_table))
-               for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None)}
+    results = {
+        cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg, tolerances.get(cand.tolerance_table))
+        for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None)
+    }
     variants: dict[str, bool] = {}
     for cand in candidates:
         variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
     return {
-        "format_version": FORMAT_VERSION, "entry": "conformance.run_conformance",
-        "passed": bool(variants) and all(variants.values()) and g_passed, "variants": variants,
+        "format_version": FORMAT_VERSION,
+        "entry": "conformance.run_conformance",
+        "passed": bool(variants) and all(variants.values()) and g_passed,
+        "variants": variants,
         "export_dir": str(export_dir.resolve()),
         "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),  # before the verdict is written
         # stable under the verdict rewrite: sha256 of the manifest's "files" table as canonical JSON
         "export_files_sha256": files_table_sha256(manifest["files"]),
         "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
-        "tolerances_file": str(tol_path.resolve()), "tolerances_sha256": file_sha256(tol_path),
+        "tolerances_file": str(tol_path.resolve()),
+        "tolerances_sha256": file_sha256(tol_path),
         # the file vs the shipped conformance/tolerances.toml, over the tables this run gated
-        "tolerances": compare_with_shipped(tolerances, tol_path,
-                                           ["global", *dict.fromkeys(c.tolerance_table for c in candidates)]),
-        "config": dict(vars(cfg)), "versions": tool_versions(),
-        "model": {k: getattr(model_cfg, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                                                    "num_attention_heads", "num_key_value_heads",
-                                                    "max_position_embeddings")},
-        "inputs": {"prompts": inputs.texts, "items": {i.name: list(i.input_ids.shape) for i in inputs.items},
-                   "greedy_batch": list(inputs.greedy.input_ids.shape),
-                   "kv_sequence_tokens": int(inputs.kv_ids.shape[1]), "heldout": inputs.heldout},
-        "reference": {"seconds": ref.seconds,
-                      "heldout_bpc": {lang: bits_per_char(ref.nll[lang], h["chars"]) for lang, h in inputs.heldout.items()}},
+        "tolerances": compare_with_shipped(
+            tolerances, tol_path, ["global", *dict.fromkeys(c.tolerance_table for c in candidates)]
+        ),
+        "config": dict(vars(cfg)),
+        "versions": tool_versions(),
+        "model": {
+            k: getattr(model_cfg, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "max_position_embeddings",
+            )
+        },
+        "inputs": {
+            "prompts": inputs.texts,
+            "items": {i.name: list(i.input_ids.shape) for i in inputs.items},
+            "greedy_batch": list(inputs.greedy.input_ids.shape),
+            "kv_sequence_tokens": int(inputs.kv_ids.shape[1]),
+            "heldout": inputs.heldout,
+        },
+        "reference": {
+            "seconds": ref.seconds,
+            "heldout_bpc": {lang: bits_per_char(ref.nll[lang], h["chars"]) for lang, h in inputs.heldout.items()},
+        },
         "global": {"metrics": g, "checks": g_checks, "passed": g_passed},
         "candidates": results,
         "seconds": time.perf_counter() - t_start,
@@ -356,113 +439,25 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         ValueError / FileNotFoundError: see :func:`evaluate`; also ``out`` inside the export but
             outside its ``conformance/`` folder (nothing is written then).
     """
-    from prodip.conformance.report import write_report
 
     out = Path(cfg.out) if cfg.out else Path(cfg.export_dir) / "conformance"
     export_root = Path(cfg.export_dir).resolve()
     if out.resolve().is_relative_to(export_root) and not out.resolve().is_relative_to(export_root / "conformance"):
-        raise InvalidInput(f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
-                         "folder; files there would break the export's manifest (leave --out unset)")
+        raise InvalidInput(
+            f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
+            "folder; files there would break the export's manifest (leave --out unset)"
+        )
     report = evaluate(cfg)
     paths = write_report(report, out, cfg)
     report["report_json"] = str(paths["json"])
     if cfg.write_manifest:
-        from prodip.base.manifest import set_conformance
         export_dir = Path(cfg.export_dir).resolve()
         rj = paths["json"].resolve()
         rel = rj.relative_to(export_dir).as_posix() if rj.is_relative_to(export_dir) else str(rj)
-        from prodip.base.manifest import read_manifest
         manifest = read_manifest(export_dir)
-        set_conformance(export_dir, merge_verdict(manifest.get("conformance"), report, list(manifest["variants"]),
-                                                  rel, paths["sha256"]))
+        set_conformance(
+            export_dir,
+            merge_verdict(manifest.get("conformance"), report, list(manifest["variants"]), rel, paths["sha256"]),
+        )
     logger.info("conformance %s: %s", "PASSED" if report["passed"] else "FAILED", paths["md"])
     return report
-
-
-def merge_verdict(previous: Optional[dict[str, Any]], report: dict[str, Any], manifest_variants: list[str],
-                  report_path: str, report_sha256: str, checked_utc: Optional[str] = None) -> dict[str, Any]:
-    """The manifest ``conformance`` slot after a run that checked ``report["variants"]``.
-
-    Per-variant results of an earlier run are kept when that slot belongs to the same export files
-    (equal ``export_files_sha256``, the sha256 of the manifest's ``files`` table); otherwise the slot
-    starts afresh (a re-export starts with ``conformance: null`` anyway). A variant checked again is
-    replaced. Top-level ``passed`` is true only when every manifest variant has a verdict and all pass,
-    so a subset run (``--variants fp32``) never vouches for variants it did not check.
-
-    Args:
-        previous: the manifest's current ``conformance`` slot (or None).
-        report: this run's report (``variants`` {name: bool}, ``export_files_sha256``).
-        manifest_variants: the export's variant names.
-        report_path / report_sha256: this run's report.json (path as recorded, sha256 of its bytes).
-        checked_utc: time stamp of this run (default: now, ISO 8601 UTC).
-    Returns:
-        ``{passed, variants: {name: bool}, checks: {name: {passed, checked_utc, report,
-        report_sha256, tolerances}}, export_files_sha256, report, report_sha256, checked_utc,
-        tolerances}`` (``report``, ``checked_utc`` and ``tolerances`` are those of this latest run;
-        ``checks`` says which run checked each variant, and with which tolerance file:
-        ``tolerances = {path, sha256, shipped, loosened: [{table, metric, shipped, used}]}``, loosened
-        filtered to the tables that gated that variant, ``[global]`` included). A report without
-        ``tolerances`` gives checks without it, which ``prodip serve`` does not accept.
-    """
-    from prodip.base.manifest import utc_now
-
-    now = checked_utc or utc_now()
-    files_sha = report["export_files_sha256"]
-    checks: dict[str, Any] = {}
-    if previous and previous.get("export_files_sha256") == files_sha:
-        checks = {k: v for k, v in (previous.get("checks") or {}).items() if k in manifest_variants}
-    tol = report.get("tolerances")
-    for name, ok in report["variants"].items():
-        checks[name] = {"passed": bool(ok), "checked_utc": now, "report": report_path, "report_sha256": report_sha256}
-        if tol is not None:
-            tables = {"global", *(c.get("tolerance_table") for c in (report.get("candidates") or {}).values()
-                                  if c.get("variant") == name)}
-            checks[name]["tolerances"] = {**tol, "loosened": [b for b in tol["loosened"] if b["table"] in tables]}
-    variants = {k: checks[k]["passed"] for k in manifest_variants if k in checks}
-    passed = bool(variants) and len(variants) == len(manifest_variants) and all(variants.values())
-    out = {"passed": passed, "variants": variants, "checks": {k: checks[k] for k in variants},
-           "export_files_sha256": files_sha, "report": report_path, "report_sha256": report_sha256,
-           "checked_utc": now}
-    if tol is not None:
-        out["tolerances"] = tol
-    return out
-
-
-def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
-    """The (candidate, metric) pairs :func:`evaluate` will gate, known before anything runs.
-
-    Export-wide checks have candidate ``"export"``. Used by the pytest plugin to name one test
-    per check at collection time.
-
-    Raises:
-        ValueError / FileNotFoundError: unreadable manifest, bad tolerance file, missing file
-            (see :func:`preflight`).
-    """
-    from prodip.base.manifest import read_manifest
-
-    manifest = read_manifest(cfg.export_dir)
-    tolerances, candidates = preflight(Path(cfg.export_dir), manifest,
-                                       Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES, cfg.variants,
-                                       shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens)
-    out = [("export", m) for m, t in tolerances.get("global", {}).items() if not isinstance(t, str)]
-    for cand in candidates:
-        table = tolerances.get(cand.tolerance_table)
-        out.append((cand.name, "run_errors"))
-        if table is None:
-            out.append((cand.name, "tolerances"))
-        else:
-            out += [(cand.name, m) for m, t in table.items() if not isinstance(t, str)]
-    return out
-
-
-def find_check(report: dict[str, Any], candidate: str, metric: str) -> dict[str, Any]:
-    """The check record of ``candidate``/``metric`` in a report (``"export"`` = export-wide).
-
-    Raises:
-        KeyError: no such check.
-    """
-    checks = report["global"]["checks"] if candidate == "export" else report["candidates"][candidate]["checks"]
-    for c in checks:
-        if c["metric"] == metric:
-            return c
-    raise KeyError(f"no check {candidate}/{metric} in the report")

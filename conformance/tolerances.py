@@ -25,13 +25,16 @@ gated in addition. ``note = "..."`` is allowed in any table and is not gated.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import math
-import tomllib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from prodip.base.errors import MissingInput
+import tomllib
+
 from prodip.base.config import ConfigError
+from prodip.base.errors import MissingInput
 from prodip.base.variants import ONNX_VARIANTS, SAFETENSORS_DTYPES
 
 DEFAULT = Path(__file__).with_name("tolerances.toml")
@@ -41,13 +44,27 @@ NOTE_KEY = "note"
 #: metric -> its bound kind: "max" (lower is better), "min" (higher is better, a fraction in [0, 1]
 #: unless noted), "true" (a boolean that must hold: ``{equals = true}``), "count" (a non-negative
 #: integer: ``{equals = n}`` or ``{max = n}``).
-GLOBAL_METRICS = {"tokenizer_mismatches": "count", "tokenizer_sha256_match": "true", "manifest_files_ok": "true",
-                  "config_matches": "true"}
+GLOBAL_METRICS = {
+    "tokenizer_mismatches": "count",
+    "tokenizer_sha256_match": "true",
+    "manifest_files_ok": "true",
+    "config_matches": "true",
+}
 CANDIDATE_METRICS = {
-    "max_abs_logit": "max", "mean_abs_logit": "max", "rel_max_abs_logit": "max", "kl_mean": "max",
-    "kl_p999": "max", "top1": "min", "greedy_identical": "true", "greedy_prefix_min": "min_tokens",
-    "kv_cache_max_abs": "max", "kv_cache_kl_mean": "max", "kv_cache_top1": "min",
-    "padded_batch_max_abs": "max", "padded_batch_kl_mean": "max", "padded_batch_top1": "min",
+    "max_abs_logit": "max",
+    "mean_abs_logit": "max",
+    "rel_max_abs_logit": "max",
+    "kl_mean": "max",
+    "kl_p999": "max",
+    "top1": "min",
+    "greedy_identical": "true",
+    "greedy_prefix_min": "min_tokens",
+    "kv_cache_max_abs": "max",
+    "kv_cache_kl_mean": "max",
+    "kv_cache_top1": "min",
+    "padded_batch_max_abs": "max",
+    "padded_batch_kl_mean": "max",
+    "padded_batch_top1": "min",
     "bpc_delta_max": "max",
 }
 ONNX_METRICS = {"dynamic_axes": "true"}
@@ -71,8 +88,9 @@ def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
         return REQUIRED_GLOBAL, GLOBAL_METRICS
     if table in ("safetensors", "transformers"):
         return REQUIRED_EXACT, CANDIDATE_METRICS
-    reduced_st = {f"{base}_{d}" for base in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES
-                  if d != "float32"}
+    reduced_st = {
+        f"{base}_{d}" for base in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES if d != "float32"
+    }
     if table in reduced_st:
         return REQUIRED_REDUCED, CANDIDATE_METRICS
     if table in ONNX_VARIANTS:
@@ -82,8 +100,13 @@ def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
 
 
 def known_tables() -> list[str]:
-    return ["global", "safetensors", "transformers", *ONNX_VARIANTS,
-            *[f"{b}_{d}" for b in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES if d != "float32"]]
+    return [
+        "global",
+        "safetensors",
+        "transformers",
+        *ONNX_VARIANTS,
+        *[f"{b}_{d}" for b in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES if d != "float32"],
+    ]
 
 
 def _did_you_mean(word: str, choices: Iterable[str], what: str) -> str:
@@ -100,7 +123,7 @@ def _bound_problem(tol: Any, kind: str) -> str | None:
     """Why ``tol`` is not a valid bound of ``kind`` (None when it is)."""
     if not isinstance(tol, dict) or len(tol) != 1:
         return f"{tol!r} is not a bound; expected {_BOUND_HELP[kind]}"
-    (key, value), = tol.items()
+    ((key, value),) = tol.items()
     if key not in ("max", "min", "equals"):
         return f"unknown bound key {key!r}{_did_you_mean(key, ('max', 'min', 'equals'), 'bound keys')}"
     if kind == "true":
@@ -137,8 +160,10 @@ def validate_tolerances(data: dict[str, Any], source: str) -> list[str]:
         if table == "format_version":
             continue
         if not isinstance(entries, dict):
-            errors.append(f"{source}: top-level key {table!r} = {entries!r}: expected format_version or a "
-                          f"[table] of metric = {{max|min|equals = value}}{_did_you_mean(table, tables, 'tables')}")
+            errors.append(
+                f"{source}: top-level key {table!r} = {entries!r}: expected format_version or a "
+                f"[table] of metric = {{max|min|equals = value}}{_did_you_mean(table, tables, 'tables')}"
+            )
             continue
         spec = table_spec(table)
         if spec is None:
@@ -162,11 +187,14 @@ def validate_tolerances(data: dict[str, Any], source: str) -> list[str]:
                 errors.append(f"{source}: [{table}] {metric}: {problem}")
         missing = [m for m in required if m not in entries]
         if missing:
-            errors.append(f"{source}: [{table}] lacks required check(s) {', '.join(missing)}; a check cannot be "
-                          "dropped by leaving it out (loosen its bound instead, with a note saying why)")
+            errors.append(
+                f"{source}: [{table}] lacks required check(s) {', '.join(missing)}; a check cannot be "
+                "dropped by leaving it out (loosen its bound instead, with a note saying why)"
+            )
     if "global" not in data:
-        errors.append(f"{source}: no [global] table; the export-wide checks ({', '.join(REQUIRED_GLOBAL)}) are "
-                      "always required")
+        errors.append(
+            f"{source}: no [global] table; the export-wide checks ({', '.join(REQUIRED_GLOBAL)}) are always required"
+        )
     return errors
 
 
@@ -208,9 +236,11 @@ def require_tables(tolerances: dict[str, Any], tables: Iterable[str], path: str 
         for t in missing:
             spec = table_spec(t)
             hints.append(f"[{t}] (required: {', '.join(spec[0])})" if spec else f"[{t}] (no such table is known)")
-        raise ConfigError(f"{path}: no tolerance table for the candidate(s) being checked: {'; '.join(hints)}. "
-                          "Add the table with bounds set from a measured run, or leave the variant out "
-                          "with --variants")
+        raise ConfigError(
+            f"{path}: no tolerance table for the candidate(s) being checked: {'; '.join(hints)}. "
+            "Add the table with bounds set from a measured run, or leave the variant out "
+            "with --variants"
+        )
 
 
 def is_looser(kind: str, used: dict[str, Any], shipped: dict[str, Any]) -> bool:
@@ -222,8 +252,9 @@ def is_looser(kind: str, used: dict[str, Any], shipped: dict[str, Any]) -> bool:
     return float(used["min"]) < float(shipped["min"])  # min, min_tokens
 
 
-def compare_with_shipped(used: dict[str, Any], path: str | Path, tables: Iterable[str] | None = None,
-                         shipped_path: str | Path = DEFAULT) -> dict[str, Any]:
+def compare_with_shipped(
+    used: dict[str, Any], path: str | Path, tables: Iterable[str] | None = None, shipped_path: str | Path = DEFAULT
+) -> dict[str, Any]:
     """How a validated tolerance file compares with the shipped ``conformance/tolerances.toml``.
 
     Args:
@@ -237,7 +268,6 @@ def compare_with_shipped(used: dict[str, Any], path: str | Path, tables: Iterabl
         (``shipped`` None: the shipped file has no such table/bound and so refuses the candidate;
         ``used`` None: a check the shipped file gates is left out). Tightened bounds are not listed.
     """
-    import hashlib
 
     sha = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     shipped_sha = hashlib.sha256(Path(shipped_path).read_bytes()).hexdigest()
@@ -264,7 +294,7 @@ def compare_with_shipped(used: dict[str, Any], path: str | Path, tables: Iterabl
 
 def _bound_text(bound: Any) -> str:
     if isinstance(bound, dict) and len(bound) == 1:
-        (key, value), = bound.items()
+        ((key, value),) = bound.items()
         return f"{key} {value}"
     return "none (not gated)" if bound is None else str(bound)
 

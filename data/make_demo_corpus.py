@@ -4,7 +4,7 @@ Only files that ../shared/data/PROVENANCE.md allows shipping are used, and only 
 domain everywhere (first published before 1930). Records/texts are copied verbatim, gzip'd with mtime 0
 so the output is byte-reproducible.
 
-    python data/make_demo_corpus.py /work/shared/data data
+    python data/make_demo_corpus.py ../shared/data data
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ Python entry points (imported lazily, so ``import export`` stays cheap)::
     export.ExportConfig              run config (``[export]`` TOML table, ``prodip export`` flags)
     export.export_checkpoint(cfg)    checkpoint dir -> export dir (what ``prodip run`` calls)
     export.export_model(model, cfg, tokenizer_dir=..., source_checkpoint=..., tokenizer_sha256=...)
-    export.build_tiny_export(tmp_dir, tie=False, vocab_size=..., variants=...)  test fixtures
 
     prodip export runs/demo/train --out runs/demo/export
 """
@@ -16,10 +15,14 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "ExportConfig": "prodip.export.config", "VARIANTS": "prodip.export.config",
-    "export_checkpoint": "prodip.export.core", "export_model": "prodip.export.core", "size_table": "prodip.export.core",
-    "build_tiny_export": "prodip.export.testing", "build_tiny_checkpoint": "prodip.export.testing",
-    "read_manifest": "prodip.base.manifest", "verify_files": "prodip.base.manifest", "set_conformance": "prodip.base.manifest",
+    "ExportConfig": "prodip.export.config",
+    "VARIANTS": "prodip.export.config",
+    "export_checkpoint": "prodip.export.core",
+    "export_model": "prodip.export.core",
+    "size_table": "prodip.export.core",
+    "read_manifest": "prodip.base.manifest",
+    "verify_files": "prodip.base.manifest",
+    "set_conformance": "prodip.base.manifest",
 }
 
 __all__ = sorted(_LAZY)

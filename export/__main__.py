@@ -1,6 +1,6 @@
 """``python -m prodip.export export CHECKPOINT --out DIR``: the export stage without the ``prodip`` wrapper.
 
-    python -m prodip.export export runs/demo/train --out runs/demo/export
+python -m prodip.export export runs/demo/train --out runs/demo/export
 """
 
 import sys

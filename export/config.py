@@ -1,14 +1,14 @@
 """ExportConfig: the settings of ``prodip export`` (flags, the ``[export]`` TOML table).
 
-    python -c "from export.config import ExportConfig; print(ExportConfig(checkpoint='runs/demo/train'))"
+python -c "from export.config import ExportConfig; print(ExportConfig(checkpoint='runs/demo/train'))"
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prodip.base.errors import InvalidInput
 from prodip.base.config import opt
+from prodip.base.errors import InvalidInput
 from prodip.base.variants import SAFETENSORS_DTYPES, VARIANT_NAMES
 
 # The variant table is a stage-to-stage contract: it lives in prodip.base.variants.
@@ -21,13 +21,18 @@ class ExportConfig:
 
     checkpoint: str = opt("", "checkpoint step dir, checkpoints dir or run dir (follows `latest`)")
     out: str = opt("", "export dir to create (refused if it exists and is not empty, unless --force)")
-    variants: list[str] = opt(help="variants to write, any of " + ", ".join(VARIANTS) + " (default: all; "
-                              "model.safetensors, the HF base, is always written)",
-                              factory=lambda: list(VARIANTS))
+    variants: list[str] = opt(
+        help="variants to write, any of " + ", ".join(VARIANTS) + " (default: all; "
+        "model.safetensors, the HF base, is always written)",
+        factory=lambda: list(VARIANTS),
+    )
     safetensors_dtype: str = opt("float32", "dtype of model.safetensors", choices=SAFETENSORS_DTYPES)
     opset: int = opt(18, "ONNX opset of the decoder graphs (torch.onnx dynamo exporter)")
-    onnx_external_data: bool = opt(False, "keep every ONNX file's weights in <file>.data beside it "
-                                          "(always done when a model exceeds protobuf's 2 GB limit)")
+    onnx_external_data: bool = opt(
+        False,
+        "keep every ONNX file's weights in <file>.data beside it "
+        "(always done when a model exceeds protobuf's 2 GB limit)",
+    )
     int8_per_channel: bool = opt(True, "int8: one scale per output channel instead of per tensor")
     int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")
     int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (power of 2, >= 16)")
@@ -40,8 +45,10 @@ class ExportConfig:
     def __post_init__(self) -> None:
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:
-            raise InvalidInput(f"ExportConfig.variants: unknown variant(s) {', '.join(map(repr, unknown))}; "
-                             f"choose from {', '.join(VARIANTS)}")
+            raise InvalidInput(
+                f"ExportConfig.variants: unknown variant(s) {', '.join(map(repr, unknown))}; "
+                f"choose from {', '.join(VARIANTS)}"
+            )
         if not self.variants:
             raise InvalidInput("ExportConfig.variants: empty; choose from " + ", ".join(VARIANTS))
         bs = self.int4_block_size

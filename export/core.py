@@ -16,13 +16,21 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
+import onnx
+
+from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.manifest import read_manifest, write_manifest
 from prodip.base.variants import ONNX_DIR, ONNX_VARIANTS, onnx_files
+from prodip.export import hf, quantize
 from prodip.export.config import VARIANTS, ExportConfig
+from prodip.export.onnx import check_io, export_onnx
+from prodip.train.checkpoint import TOKENIZER_SUBDIR, load_model, resolve_checkpoint
 
 logger = logging.getLogger("export")
 
@@ -31,8 +39,16 @@ CONFIG_TOML = "export_config.toml"
 
 
 #: Third-party loggers that narrate every node at INFO; kept at WARNING during an export.
-_CHATTY_LOGGERS = ("onnxscript", "onnx_ir", "onnxruntime", "torch.onnx", "torch.export", "torch._export",
-                   "torch._dynamo", "torch.fx")
+_CHATTY_LOGGERS = (
+    "onnxscript",
+    "onnx_ir",
+    "onnxruntime",
+    "torch.onnx",
+    "torch.export",
+    "torch._export",
+    "torch._dynamo",
+    "torch.fx",
+)
 
 
 @contextmanager
@@ -70,8 +86,10 @@ def check_out_dir(out: Path, force: bool) -> None:
             something that is not an export, or is a file.
     """
     if out.is_symlink():
-        raise OutputExists(f"{out}: is a symbolic link; give --out as the real folder path "
-                              f"(the export replaces the folder, not what a link points to)")
+        raise OutputExists(
+            f"{out}: is a symbolic link; give --out as the real folder path "
+            f"(the export replaces the folder, not what a link points to)"
+        )
     if out.is_file():
         raise OutputExists(f"{out}: is a file; --out must name a folder")
     if not out.is_dir() or not any(out.iterdir()):
@@ -80,22 +98,36 @@ def check_out_dir(out: Path, force: bool) -> None:
         raise OutputExists(f"{out}: exists and is not empty; choose another --out or pass --force")
     try:
         manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-        is_export = (isinstance(manifest, dict) and isinstance(manifest.get("variants"), dict)
-                     and isinstance(manifest.get("files"), dict) and "source_checkpoint" in manifest
-                     and "format_version" in manifest)
+        is_export = (
+            isinstance(manifest, dict)
+            and isinstance(manifest.get("variants"), dict)
+            and isinstance(manifest.get("files"), dict)
+            and "source_checkpoint" in manifest
+            and "format_version" in manifest
+        )
         listed = set(manifest["files"]) if is_export else set()
         # every file there must be one the export wrote (its manifest lists it), or the manifest itself
-        strays = [p for p in out.rglob("*") if p.is_file() and p.relative_to(out).as_posix() not in listed
-                  and p.name != "manifest.json" and not p.relative_to(out).as_posix().startswith("conformance/")]
+        strays = [
+            p
+            for p in out.rglob("*")
+            if p.is_file()
+            and p.relative_to(out).as_posix() not in listed
+            and p.name != "manifest.json"
+            and not p.relative_to(out).as_posix().startswith("conformance/")
+        ]
     except (OSError, ValueError):
         is_export = False
     if not is_export:
-        raise OutputExists(f"{out}: is not empty and holds no export manifest.json; --force only replaces an "
-                              f"earlier export. Choose another --out, or empty that folder yourself")
+        raise OutputExists(
+            f"{out}: is not empty and holds no export manifest.json; --force only replaces an "
+            f"earlier export. Choose another --out, or empty that folder yourself"
+        )
     if strays:
-        raise OutputExists(f"{out}: holds files its export manifest does not list ({strays[0].relative_to(out)}"
-                              f"{f' and {len(strays) - 1} more' if len(strays) > 1 else ''}); --force only "
-                              f"replaces an export as written. Move those files, or choose another --out")
+        raise OutputExists(
+            f"{out}: holds files its export manifest does not list ({strays[0].relative_to(out)}"
+            f"{f' and {len(strays) - 1} more' if len(strays) > 1 else ''}); --force only "
+            f"replaces an export as written. Move those files, or choose another --out"
+        )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -133,8 +165,7 @@ def remove_stale_temp_dirs(out: Path) -> list[Path]:
             continue
         mib = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
         shutil.rmtree(path, ignore_errors=True)
-        logger.warning("removed %s (%.1f MiB) left by export process %s, which no longer runs",
-                       path, mib, m.group(2))
+        logger.warning("removed %s (%.1f MiB) left by export process %s, which no longer runs", path, mib, m.group(2))
         removed.append(path)
     return removed
 
@@ -150,7 +181,6 @@ def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
         FileNotFoundError: no checkpoint there, or its ``tokenizer/tokenizer.json`` is missing
             (named, with the command that writes it).
     """
-    from prodip.train.checkpoint import TOKENIZER_SUBDIR, resolve_checkpoint
     ckpt = resolve_checkpoint(checkpoint)
     tok = ckpt / TOKENIZER_SUBDIR / "tokenizer.json"
     if not tok.is_file():
@@ -158,7 +188,8 @@ def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
             f"{tok}: missing; a checkpoint must carry its tokenizer copy (written by `prodip train`, "
             "which copies the dir made by `prodip tokenizer train`). Re-save the checkpoint with `prodip train`, "
             f"or copy tokenizer.json, tokenizer_config.json and special_tokens_map.json of the tokenizer it was "
-            f"trained with into {tok.parent}/ and list them in {ckpt / 'manifest.json'}")
+            f"trained with into {tok.parent}/ and list them in {ckpt / 'manifest.json'}"
+        )
     return ckpt
 
 
@@ -173,21 +204,28 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
 
 
-def _onnx_variant(name: str, path: str, dtype: str, quantization: Optional[dict[str, Any]],
-                  root: Path) -> dict[str, Any]:
-    import onnx
+def _onnx_variant(
+    name: str, path: str, dtype: str, quantization: Optional[dict[str, Any]], root: Path
+) -> dict[str, Any]:
     extra = [f"{path}.data"] if (root / f"{path}.data").is_file() else []
-    opsets = {o.domain or "ai.onnx": o.version
-              for o in onnx.load(str(root / path), load_external_data=False).opset_import}
-    return {"path": path, "format": "onnx", "dtype": dtype, "quantization": quantization,
-            "external_data": extra, "io_dtype": "float32", "kv_cache_dtype": "float32",
-            "opset": opsets.get("ai.onnx"), "opset_imports": opsets}
+    opsets = {
+        o.domain or "ai.onnx": o.version for o in onnx.load(str(root / path), load_external_data=False).opset_import
+    }
+    return {
+        "path": path,
+        "format": "onnx",
+        "dtype": dtype,
+        "quantization": quantization,
+        "external_data": extra,
+        "io_dtype": "float32",
+        "kv_cache_dtype": "float32",
+        "opset": opsets.get("ai.onnx"),
+        "opset_imports": opsets,
+    }
 
 
 def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, dict[str, Any]]:
     """Write the requested ONNX variants into ``root/onnx``; returns their manifest entries."""
-    from prodip.export import quantize
-    from prodip.export.onnx import check_io, export_onnx
     wanted = [v for v in ONNX_VARIANTS if v in cfg.variants]
     if not wanted:
         return {}
@@ -200,13 +238,29 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     ext = bool(out["fp32"]["external_data"])  # the derived files follow the fp32 file's layout
     builders = {
         "fp16": ("float16", lambda dst: quantize.to_fp16(fp32, dst, external_data=ext)),
-        "int8": ("int8", lambda dst: quantize.to_int8(fp32, dst, per_channel=cfg.int8_per_channel,
-                                                       quantize_embeddings=cfg.int8_quantize_embeddings,
-                                                       external_data=ext)),
-        "int4": ("int4", lambda dst: quantize.to_int4(
-            fp32, dst, block_size=cfg.int4_block_size, symmetric=cfg.int4_symmetric,
-            quantize_embeddings=cfg.int4_quantize_embeddings, quantize_lm_head=cfg.int4_quantize_lm_head,
-            accuracy_level=cfg.int4_accuracy_level, external_data=ext)),
+        "int8": (
+            "int8",
+            lambda dst: quantize.to_int8(
+                fp32,
+                dst,
+                per_channel=cfg.int8_per_channel,
+                quantize_embeddings=cfg.int8_quantize_embeddings,
+                external_data=ext,
+            ),
+        ),
+        "int4": (
+            "int4",
+            lambda dst: quantize.to_int4(
+                fp32,
+                dst,
+                block_size=cfg.int4_block_size,
+                symmetric=cfg.int4_symmetric,
+                quantize_embeddings=cfg.int4_quantize_embeddings,
+                quantize_lm_head=cfg.int4_quantize_lm_head,
+                accuracy_level=cfg.int4_accuracy_level,
+                external_data=ext,
+            ),
+        ),
     }
     for name in [w for w in wanted if w != "fp32"]:
         dtype, build = builders[name]
@@ -220,8 +274,14 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     return out
 
 
-def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path],
-                 source_checkpoint: dict[str, Any], tokenizer_sha256: Optional[str]) -> Path:
+def export_model(
+    model: Any,
+    cfg: ExportConfig,
+    *,
+    tokenizer_dir: Optional[Path],
+    source_checkpoint: dict[str, Any],
+    tokenizer_sha256: Optional[str],
+) -> Path:
     """Export an in-memory ``prodip.train.model.LlamaForCausalLM`` into ``cfg.out`` (atomically).
 
     Args:
@@ -261,16 +321,26 @@ def export_model(model: Any, cfg: ExportConfig, *, tokenizer_dir: Optional[Path]
     return out
 
 
-def _build_all(model: Any, cfg: ExportConfig, tmp: Path, tokenizer_dir: Optional[Path],
-               source_checkpoint: dict[str, Any], tokenizer_sha256: Optional[str], step) -> None:
+def _build_all(
+    model: Any,
+    cfg: ExportConfig,
+    tmp: Path,
+    tokenizer_dir: Optional[Path],
+    source_checkpoint: dict[str, Any],
+    tokenizer_sha256: Optional[str],
+    step,
+) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
-    from prodip.export import hf
-    from prodip.base.manifest import write_manifest
-    from prodip.base.config import dump_toml, to_dict
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
-    variants = {"safetensors": {"path": hf.WEIGHTS_FILE, "format": "safetensors",
-                                "dtype": cfg.safetensors_dtype, "quantization": None}}
+    variants = {
+        "safetensors": {
+            "path": hf.WEIGHTS_FILE,
+            "format": "safetensors",
+            "dtype": cfg.safetensors_dtype,
+            "quantization": None,
+        }
+    }
     if "safetensors" not in cfg.variants:
         variants = {}
     variants.update(_build_onnx(model, tmp, cfg, step))
@@ -278,8 +348,13 @@ def _build_all(model: Any, cfg: ExportConfig, tmp: Path, tokenizer_dir: Optional
         (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
         for path in tmp.rglob("*"):  # onnx/safetensors create some files 0600; exports are shared
             path.chmod(0o755 if path.is_dir() else 0o644)
-        write_manifest(tmp, source_checkpoint=source_checkpoint, tokenizer_sha256=tokenizer_sha256,
-                       variants=variants, export_config=dataclasses.asdict(cfg))
+        write_manifest(
+            tmp,
+            source_checkpoint=source_checkpoint,
+            tokenizer_sha256=tokenizer_sha256,
+            variants=variants,
+            export_config=dataclasses.asdict(cfg),
+        )
 
 
 def export_checkpoint(cfg: ExportConfig) -> Path:
@@ -296,7 +371,6 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         FileNotFoundError: no checkpoint at ``cfg.checkpoint``, or it lacks ``tokenizer/tokenizer.json``.
         FileExistsError: ``cfg.out`` is not empty and ``cfg.force`` is false.
     """
-    from prodip.train.checkpoint import load_model
     if not cfg.checkpoint:
         raise InvalidInput("ExportConfig.checkpoint is empty: give a checkpoint/run dir made by `prodip train`")
     if not cfg.out:
@@ -305,13 +379,23 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
     ckpt = require_checkpoint_tokenizer(cfg.checkpoint).resolve()
     out_real = Path(cfg.out).resolve()
     if ckpt == out_real or out_real in ckpt.parents:
-        raise InvalidInput(f"--out {cfg.out} contains the checkpoint {cfg.checkpoint}; replacing it would delete "
-                         f"the checkpoint being exported. Choose another --out")
+        raise InvalidInput(
+            f"--out {cfg.out} contains the checkpoint {cfg.checkpoint}; replacing it would delete "
+            f"the checkpoint being exported. Choose another --out"
+        )
     model, _, info = load_model(ckpt)
-    source = {"path": str(Path(info["checkpoint_dir"]).resolve()), "step": info["step"],
-              "model_sha256": info["model_sha256"]}
-    return export_model(model, cfg, tokenizer_dir=Path(info["tokenizer_dir"]), source_checkpoint=source,
-                        tokenizer_sha256=info["tokenizer_sha256"])
+    source = {
+        "path": str(Path(info["checkpoint_dir"]).resolve()),
+        "step": info["step"],
+        "model_sha256": info["model_sha256"],
+    }
+    return export_model(
+        model,
+        cfg,
+        tokenizer_dir=Path(info["tokenizer_dir"]),
+        source_checkpoint=source,
+        tokenizer_sha256=info["tokenizer_sha256"],
+    )
 
 
 def size_table(export_dir: str | os.PathLike) -> str:
@@ -319,11 +403,12 @@ def size_table(export_dir: str | os.PathLike) -> str:
 
     Targets from issue 5: int8 <= 0.30x, int4 <= 0.20x with embeddings quantised.
     """
-    from prodip.base.manifest import read_manifest
     manifest = read_manifest(export_dir)
     files = manifest["files"]
-    sizes = {name: sum(files[rel]["bytes"] for rel in [v["path"], *v.get("external_data", [])])
-             for name, v in manifest["variants"].items()}
+    sizes = {
+        name: sum(files[rel]["bytes"] for rel in [v["path"], *v.get("external_data", [])])
+        for name, v in manifest["variants"].items()
+    }
     base = sizes.get("fp32")
     lines = [f"{'variant':<12} {'file':<26} {'MiB':>9} {'vs fp32':>8}"]
     for name, v in manifest["variants"].items():
@@ -332,5 +417,13 @@ def size_table(export_dir: str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ExportConfig", "VARIANTS", "export_checkpoint", "export_model", "size_table", "check_out_dir",
-           "remove_stale_temp_dirs", "require_checkpoint_tokenizer"]
+__all__ = [
+    "ExportConfig",
+    "VARIANTS",
+    "export_checkpoint",
+    "export_model",
+    "size_table",
+    "check_out_dir",
+    "remove_stale_temp_dirs",
+    "require_checkpoint_tokenizer",
+]

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.train.config import HF_FIXED_KEYS, ModelConfig
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -41,7 +43,6 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
         A JSON-able dict with ``architectures``, ``model_type``, ``torch_dtype`` and ``dtype``
         (transformers 4.x reads the former, 5.x the latter), token ids and ``use_cache``.
     """
-    from prodip.train.config import HF_FIXED_KEYS
     out = {**HF_FIXED_KEYS, **config.to_dict()}
     out.update(torch_dtype=dtype, dtype=dtype, use_cache=True)
     return out
@@ -49,9 +50,13 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
 
 def generation_config(config: Any) -> dict[str, Any]:
     """``generation_config.json``: token ids and greedy decoding up to the trained context."""
-    return {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
-            "pad_token_id": config.pad_token_id, "max_length": config.max_position_embeddings,
-            "do_sample": False}
+    return {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "max_length": config.max_position_embeddings,
+        "do_sample": False,
+    }
 
 
 def export_state_dict(model: torch.nn.Module, dtype: str) -> dict[str, torch.Tensor]:
@@ -81,8 +86,13 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def write_hf(model: torch.nn.Module, out_dir: str | os.PathLike, *, dtype: str = "float32",
-             tokenizer_dir: str | os.PathLike | None = None) -> list[Path]:
+def write_hf(
+    model: torch.nn.Module,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    tokenizer_dir: str | os.PathLike | None = None,
+) -> list[Path]:
     """Write the HF-layout files of ``model`` into ``out_dir`` (an existing, private temp dir).
 
     Args:
@@ -97,7 +107,6 @@ def write_hf(model: torch.nn.Module, out_dir: str | os.PathLike, *, dtype: str =
         FileNotFoundError: ``tokenizer_dir`` has no ``tokenizer.json``.
         ValueError: an unknown dtype.
     """
-    from safetensors.torch import save_file
     out = Path(out_dir)
     written = []
     save_file(export_state_dict(model, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -118,8 +127,10 @@ def copy_tokenizer(tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike)
     """
     src = Path(tokenizer_dir)
     if not (src / "tokenizer.json").is_file():
-        raise MissingInput(f"{src / 'tokenizer.json'}: not found; a checkpoint's tokenizer/ copy is "
-                                "written by `prodip train`, a tokenizer dir by `prodip tokenizer train`")
+        raise MissingInput(
+            f"{src / 'tokenizer.json'}: not found; a checkpoint's tokenizer/ copy is "
+            "written by `prodip train`, a tokenizer dir by `prodip tokenizer train`"
+        )
     written = []
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
@@ -136,15 +147,14 @@ def load_hf_state(export_dir: str | os.PathLike) -> tuple[Any, dict[str, torch.T
     Raises:
         FileNotFoundError: a file is missing.
     """
-    from safetensors.torch import load_file
 
-    from prodip.train.config import ModelConfig
     root = Path(export_dir)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (root / name).is_file():
             raise MissingInput(f"{root / name}: not found (written by `prodip export`)")
-    config = ModelConfig.from_hf_dict(json.loads((root / CONFIG_FILE).read_text(encoding="utf-8")),
-                                      source=str(root / CONFIG_FILE))
+    config = ModelConfig.from_hf_dict(
+        json.loads((root / CONFIG_FILE).read_text(encoding="utf-8")), source=str(root / CONFIG_FILE)
+    )
     tensors = load_file(str(root / WEIGHTS_FILE))
     if config.tie_word_embeddings:
         tensors[TIED_ALIAS] = tensors["model.embed_tokens.weight"]

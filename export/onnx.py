@@ -11,14 +11,17 @@ past axes, and checks the file with ``onnx.checker``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+import onnx
 import torch
 from torch import nn
+from torch.export import Dim
 
 from prodip.base.errors import InvalidInput
 from prodip.base.onnx_io import io_names
@@ -51,19 +54,26 @@ class DecoderWithCache(nn.Module):
         self.model = model
         self.num_layers = model.config.num_hidden_layers
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
         cache = [(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)]
-        logits, present = self.model(input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                                     past_key_values=cache, use_cache=True)
+        logits, present = self.model(
+            input_ids, position_ids=position_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True
+        )
         flat = [logits.float()]
         for k, v in present:
             flat += [k.float(), v.float()]
         return tuple(flat)
 
 
-def example_inputs(config: Any, *, batch: int = 2, seq: int = 3, past: int = 4,
-                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def example_inputs(
+    config: Any, *, batch: int = 2, seq: int = 3, past: int = 4, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Tracing inputs. Sizes are >= 2 on purpose: torch.export specialises dimensions of size 0/1.
 
     Returns:
@@ -81,14 +91,18 @@ def example_inputs(config: Any, *, batch: int = 2, seq: int = 3, past: int = 4,
 
 
 def _dynamic_shapes(num_layers: int) -> dict[str, Any]:
-    from torch.export import Dim
     batch, seq, past, total = Dim(BATCH), Dim(SEQ), Dim(PAST), Dim(TOTAL)
-    return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
-            "position_ids": {0: batch, 1: seq}, "past": [{0: batch, 2: past} for _ in range(2 * num_layers)]}
+    return {
+        "input_ids": {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: total},
+        "position_ids": {0: batch, 1: seq},
+        "past": [{0: batch, 2: past} for _ in range(2 * num_layers)],
+    }
 
 
-def export_onnx(model: nn.Module, path: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
-                external_data: bool | None = None) -> Path:
+def export_onnx(
+    model: nn.Module, path: str | os.PathLike, *, opset: int = DEFAULT_OPSET, external_data: bool | None = None
+) -> Path:
     """Trace ``model`` (a ``prodip.train.model.LlamaForCausalLM``) into an ONNX decoder with KV cache.
 
     The model is exported in float32 whatever its parameter dtype (quantised and fp16 variants
@@ -105,9 +119,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, opset: int = DEFAU
     Raises:
         RuntimeError: the exporter failed or ``onnx.checker`` rejected the graph.
     """
-    import copy
 
-    import onnx
     path = Path(path)
     model = copy.deepcopy(model).float().eval()
     L = model.config.num_hidden_layers
@@ -118,16 +130,22 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, opset: int = DEFAU
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            DecoderWithCache(model), example_inputs(model.config), dynamo=True, opset_version=opset,
-            input_names=inputs, output_names=outputs, dynamic_shapes=_dynamic_shapes(L),
-            optimize=True, verbose=False)
+            DecoderWithCache(model),
+            example_inputs(model.config),
+            dynamo=True,
+            opset_version=opset,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_shapes=_dynamic_shapes(L),
+            optimize=True,
+            verbose=False,
+        )
     program.save(str(path), external_data=external_data)
     if external_data:
         onnx.checker.check_model(str(path))  # path form: the checker reads the external weights
     else:
         onnx.checker.check_model(onnx.load(str(path)))
-    logger.info("ONNX decoder (opset %d, %s) -> %s", opset,
-                "external data" if external_data else "single file", path)
+    logger.info("ONNX decoder (opset %d, %s) -> %s", opset, "external data" if external_data else "single file", path)
     return path
 
 
@@ -137,17 +155,20 @@ def check_io(path: str | os.PathLike, config: Any) -> None:
     Raises:
         ValueError: naming the first input/output whose name, dtype or static dims differ.
     """
-    import onnx
     graph = onnx.load(str(path), load_external_data=False).graph
     want_in, want_out = io_names(config.num_hidden_layers)
     got_in, got_out = [i.name for i in graph.input], [o.name for o in graph.output]
     if got_in != want_in or got_out != want_out:
-        raise InvalidInput(f"{path}: ONNX I/O names {got_in} -> {got_out} differ from the contract "
-                         f"{want_in} -> {want_out} (re-run `prodip export`)")
+        raise InvalidInput(
+            f"{path}: ONNX I/O names {got_in} -> {got_out} differ from the contract "
+            f"{want_in} -> {want_out} (re-run `prodip export`)"
+        )
     kv = [config.num_key_value_heads, config.head_dim]
     for value in list(graph.input)[3:] + list(graph.output)[1:]:
         t = value.type.tensor_type
         dims = [d.dim_value for d in t.shape.dim]
         if t.elem_type != onnx.TensorProto.FLOAT or dims[1] != kv[0] or dims[3] != kv[1]:
-            raise InvalidInput(f"{path}: {value.name} is {onnx.TensorProto.DataType.Name(t.elem_type)} "
-                             f"dims {dims}, expected FLOAT [batch, {kv[0]}, past, {kv[1]}]")
+            raise InvalidInput(
+                f"{path}: {value.name} is {onnx.TensorProto.DataType.Name(t.elem_type)} "
+                f"dims {dims}, expected FLOAT [batch, {kv[0]}, past, {kv[1]}]"
+            )

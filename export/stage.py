@@ -1,6 +1,6 @@
 """The export package's pipeline stage: checkpoint -> export dir.
 
-    python -c "from prodip.export.stage import STAGES; print([s.name for s in STAGES])"
+python -c "from prodip.export.stage import STAGES; print([s.name for s in STAGES])"
 """
 
 from __future__ import annotations

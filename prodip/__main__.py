@@ -1,4 +1,5 @@
 """``python -m prodip ...`` is the same as the ``prodip`` command."""
+
 import sys
 
 from prodip.cli import main

@@ -33,7 +33,8 @@ _STAGES = [
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The top-level parser. Only the stage named in ``argv`` is imported and registered."""
     parser = argparse.ArgumentParser(
-        prog="prodip", description="Train small LMs in PyTorch, export, verify and serve them on device.")
+        prog="prodip", description="Train small LMs in PyTorch, export, verify and serve them on device."
+    )
     parser.add_argument("--version", action="version", version=f"prodip {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

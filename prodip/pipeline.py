@@ -24,9 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prodip.base.config import (
+    ConfigError,
+    add_arguments,
+    dump_toml,
+    from_dict,
+    opt,
+    read_toml,
+    toml_roundtrip,
+    write_text_atomic,
+)
 from prodip.base.errors import OutputExists
-from prodip.base.config import (ConfigError, add_arguments, dump_toml, from_dict, opt, read_toml, toml_roundtrip,
-                           write_text_atomic)
 from prodip.base.layout import stage_defaults
 from prodip.base.stage import Stage
 from prodip.conformance.stage import STAGES as _CONFORMANCE
@@ -84,21 +92,28 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
     model = plan["model"]
     for table in ("train", "eval"):
         if plan[table].seq_len > model.max_position_embeddings:
-            raise ConfigError(f"{source} [{table}] seq_len = {plan[table].seq_len} exceeds [model] "
-                              f"max_position_embeddings = {model.max_position_embeddings}")
+            raise ConfigError(
+                f"{source} [{table}] seq_len = {plan[table].seq_len} exceeds [model] "
+                f"max_position_embeddings = {model.max_position_embeddings}"
+            )
     exported = plan["export"].variants
     if "serve" in wanted and exported and plan["serve"].variant not in exported:
-        raise ConfigError(f"{source} [serve] variant = {plan['serve'].variant!r} is not among [export] "
-                          f"variants {exported}")
+        raise ConfigError(
+            f"{source} [serve] variant = {plan['serve'].variant!r} is not among [export] variants {exported}"
+        )
     for name in wanted:
         dep = STAGES[name].needs
         if dep and dep not in wanted and not STAGES[dep].done(plan):
-            raise ConfigError(f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
-                              f"in this run's out_dir nor among the stages to run")
+            raise ConfigError(
+                f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
+                f"in this run's out_dir nor among the stages to run"
+            )
     for name, table in (("tokenizer", "tokenizer"), ("data", "data")):
         if name in wanted and not plan[table].inputs:
-            raise ConfigError(f"{source} [{table}] inputs: no corpus given; expected e.g. "
-                              f"inputs = {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
+            raise ConfigError(
+                f"{source} [{table}] inputs: no corpus given; expected e.g. "
+                f'inputs = {{bn = ["data/bn"], en = ["data/en"]}}'
+            )
 
 
 @dataclass
@@ -110,12 +125,14 @@ class RunConfig:
     force: bool = opt(False, "start over even if OUT_DIR holds a run made with a different config")
     completion_prompts: dict[str, str] = opt(
         help="language -> prompt sent to the HTTP endpoint at the end of the run",
-        factory=lambda: {"bn": "একদিন সকালে", "en": "It was a bright cold day in April, and"})
+        factory=lambda: {"bn": "একদিন সকালে", "en": "It was a bright cold day in April, and"},
+    )
     completion_max_tokens: int = opt(40, "new tokens per completion fetched over HTTP (tokens)")
     completion_temperature: float = opt(0.0, "sampling temperature of those completions (0 = greedy)")
     completion_top_p: float = opt(1.0, "nucleus sampling mass of those completions, in (0, 1]")
     completion_frequency_penalty: float = opt(
-        0.0, "OpenAI frequency_penalty of those completions, -2..2 (nats per earlier occurrence)")
+        0.0, "OpenAI frequency_penalty of those completions, -2..2 (nats per earlier occurrence)"
+    )
     completion_seed: int = opt(0, "sampling seed of those completions (same seed, same text)")
     serve_timeout_s: float = opt(120.0, "how long to wait for the server to come up (seconds)")
 
@@ -144,15 +161,28 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
 
 # Settings that change how a run goes but not what its artifacts are: they may differ between an
 # interrupted run and its re-run without making the output folder "a different run".
-_NOT_IDENTITY = ("stages", "force", "completion_prompts", "completion_max_tokens", "completion_temperature",
-                 "completion_top_p", "completion_frequency_penalty", "completion_seed", "serve_timeout_s", "serve")
+_NOT_IDENTITY = (
+    "stages",
+    "force",
+    "completion_prompts",
+    "completion_max_tokens",
+    "completion_temperature",
+    "completion_top_p",
+    "completion_frequency_penalty",
+    "completion_seed",
+    "serve_timeout_s",
+    "serve",
+)
 _RUNTIME_KEYS = ("progress", "max_steps_this_run", "resume", "force", "overwrite", "threads", "write_manifest")
 RUN_MARKER = "prodip_run.json"  # written by `prodip run` only: --force deletes nothing without it
 
 
 def _identity(doc: dict[str, Any]) -> dict[str, Any]:
-    return {k: ({kk: vv for kk, vv in v.items() if kk not in _RUNTIME_KEYS} if isinstance(v, dict) else v)
-            for k, v in doc.items() if k not in _NOT_IDENTITY}
+    return {
+        k: ({kk: vv for kk, vv in v.items() if kk not in _RUNTIME_KEYS} if isinstance(v, dict) else v)
+        for k, v in doc.items()
+        if k not in _NOT_IDENTITY
+    }
 
 
 def _changed_keys(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -180,15 +210,19 @@ def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started
         if out_dir.exists() and not out_dir.is_dir():
             raise OutputExists(f"--out-dir {out_dir} is a file, not a folder")
         if out_dir.exists() and any(out_dir.iterdir()):
-            raise OutputExists(f"{out_dir} is not empty and is not a prodip run (no {RUN_MARKER}); "
-                                  f"choose another --out-dir (--force never deletes a folder prodip did not make)")
+            raise OutputExists(
+                f"{out_dir} is not empty and is not a prodip run (no {RUN_MARKER}); "
+                f"choose another --out-dir (--force never deletes a folder prodip did not make)"
+            )
         return
     changed = _changed_keys(_identity(read_toml(saved)), _identity(toml_roundtrip(resolved)))
     if not changed or not started:
         return
     if not force:
-        raise OutputExists(f"{out_dir} holds a run made with a different config ({', '.join(changed[:6])} "
-                              f"differ from {saved}); use another --out-dir, or --force to start over there")
+        raise OutputExists(
+            f"{out_dir} holds a run made with a different config ({', '.join(changed[:6])} "
+            f"differ from {saved}); use another --out-dir, or --force to start over there"
+        )
     log.warning("--force: removing the earlier run in %s", out_dir)
     shutil.rmtree(out_dir)
 
@@ -206,8 +240,10 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     run, tables = load_run_config(config_path, args)
     out_dir = Path(run.out_dir)
     plan = resolve_all(config_path, tables, out_dir)
-    resolved = {**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
-                **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()}}
+    resolved = {
+        **{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
+        **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()},
+    }
     check_plan(plan, run.stages, source=str(config_path))
     _check_out_dir(out_dir, resolved, run.force, started=any(STAGES[n].done(plan) for n in ORDER[:-1]))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -229,22 +265,38 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         print(f"[{i}/{len(wanted)}] {name}: {stage.describe(plan)}", flush=True)
         t0 = time.perf_counter()
         if name == "serve":
-            sampling = {"temperature": run.completion_temperature, "top_p": run.completion_top_p,
-                        "frequency_penalty": run.completion_frequency_penalty, "seed": run.completion_seed}
-            stage.run(plan, prompts=run.completion_prompts, max_tokens=run.completion_max_tokens,
-                      sampling=sampling, timeout_s=run.serve_timeout_s, out_dir=out_dir)
+            sampling = {
+                "temperature": run.completion_temperature,
+                "top_p": run.completion_top_p,
+                "frequency_penalty": run.completion_frequency_penalty,
+                "seed": run.completion_seed,
+            }
+            stage.run(
+                plan,
+                prompts=run.completion_prompts,
+                max_tokens=run.completion_max_tokens,
+                sampling=sampling,
+                timeout_s=run.serve_timeout_s,
+                out_dir=out_dir,
+            )
         else:
             stage.run(plan)
         timings[name] = time.perf_counter() - t0
         finished = name == "serve" or stage.done(plan)
         prev = times.get(name, {})
         carried = 0.0 if prev.get("complete", True) else float(prev.get("seconds", 0.0))  # a resumed stage
-        times[name] = {"seconds": carried + timings[name], "complete": finished,
-                       "invocations": (0 if prev.get("complete", True) else int(prev.get("invocations", 0))) + 1}
+        times[name] = {
+            "seconds": carried + timings[name],
+            "complete": finished,
+            "invocations": (0 if prev.get("complete", True) else int(prev.get("invocations", 0))) + 1,
+        }
         write_text_atomic(times_path, json.dumps(times, indent=2) + "\n")
         if not finished:  # e.g. training stopped at max_steps_this_run
-            print(f"[{i}/{len(wanted)}] {name}: stopped before completion after {timings[name]:.1f} s; "
-                  f"re-run the same command to continue", flush=True)
+            print(
+                f"[{i}/{len(wanted)}] {name}: stopped before completion after {timings[name]:.1f} s; "
+                f"re-run the same command to continue",
+                flush=True,
+            )
             return {"ok": False, "paused_at": name}
         print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
     summary = print_summary(plan, out_dir, timings, {k: v for k, v in times.items() if k in run.stages})
@@ -255,11 +307,13 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
 def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
     """Register ``prodip run`` on the ``prodip`` parser."""
     p = subparsers.add_parser(
-        "run", help="run the whole pipeline from one TOML config",
+        "run",
+        help="run the whole pipeline from one TOML config",
         description="Run tokenizer -> data -> train -> eval -> export -> conformance -> serve from one "
-                    "TOML file whose tables ([tokenizer], [audit], [data], [model], [train], [eval], "
-                    "[export], [conformance], [serve]) hold each stage's settings. Completed stages are "
-                    "skipped, so an interrupted run resumes.")
+        "TOML file whose tables ([tokenizer], [audit], [data], [model], [train], [eval], "
+        "[export], [conformance], [serve]) hold each stage's settings. Completed stages are "
+        "skipped, so an interrupted run resumes.",
+    )
     p.add_argument("config", help="pipeline TOML file, e.g. configs/demo.toml")
     add_arguments(p, RunConfig)
     p.set_defaults(func=_main)
@@ -270,4 +324,3 @@ def _main(args: argparse.Namespace) -> int:
     if summary.get("paused_at"):
         return 0  # a time-sliced run (max_steps_this_run): not a failure
     return 0 if summary.get("ok", False) else 1
-

@@ -28,8 +28,7 @@ def _rule(title: str) -> str:
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in cells]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join("  " + line for line in lines)
 
@@ -55,10 +54,17 @@ def _fertility_rows(fert: dict) -> list[list[Any]]:
     rows = []
     for lang, m in sorted(fert.get("languages", {}).items()):
         verdict = "" if lang not in mins else ("FAIL" if lang in failed else "pass")
-        rows.append([lang, f"{m['chars_per_token']:.2f}", f"{m['bytes_per_token']:.2f}",
-                     f"{m['tokens_per_word']:.2f}",
-                     f"{naive[lang]['chars_per_token']:.2f}" if lang in naive else "",
-                     f"{mins[lang]:.2f}" if lang in mins else "", verdict])
+        rows.append(
+            [
+                lang,
+                f"{m['chars_per_token']:.2f}",
+                f"{m['bytes_per_token']:.2f}",
+                f"{m['tokens_per_word']:.2f}",
+                f"{naive[lang]['chars_per_token']:.2f}" if lang in naive else "",
+                f"{mins[lang]:.2f}" if lang in mins else "",
+                verdict,
+            ]
+        )
     return rows
 
 
@@ -66,8 +72,16 @@ def _eval_rows(ev: dict) -> list[list[Any]]:
     rows = []
     for lang, m in sorted(ev.get("languages", {}).items()):
         t, r = m["trained"], m["random_init"]
-        rows.append([lang, f"{t['bits_per_char']:.3f}", f"{r['bits_per_char']:.3f}",
-                     f"{t['nll_nats_per_token']:.3f}", f"{r['nll_nats_per_token']:.3f}", m.get("tokens", "")])
+        rows.append(
+            [
+                lang,
+                f"{t['bits_per_char']:.3f}",
+                f"{r['bits_per_char']:.3f}",
+                f"{t['nll_nats_per_token']:.3f}",
+                f"{r['nll_nats_per_token']:.3f}",
+                m.get("tokens", ""),
+            ]
+        )
     return rows
 
 
@@ -84,8 +98,16 @@ def _export_rows(manifest: dict, conformance: dict | None) -> list[list[Any]]:
         ratio = f"{size / base:.2f}x" if base and v.get("format") == "onnx" else ""
         verdict = verdicts.get(name, {})
         passed = verdict.get("passed") if isinstance(verdict, dict) else verdict
-        rows.append([name, v.get("format", ""), v.get("dtype", ""), f"{size / 2**20:.2f}", ratio,
-                     "" if passed is None else ("pass" if passed else "FAIL")])
+        rows.append(
+            [
+                name,
+                v.get("format", ""),
+                v.get("dtype", ""),
+                f"{size / 2**20:.2f}",
+                ratio,
+                "" if passed is None else ("pass" if passed else "FAIL"),
+            ]
+        )
     return rows
 
 
@@ -100,31 +122,46 @@ def _variant_bytes(variant: dict, files: dict) -> int:
 _STAGE_ORDER = ("tokenizer", "data", "train", "eval", "export", "conformance", "serve")
 
 
-def print_summary(plan: dict, out_dir: Path, timings: dict[str, float],
-                  stage_times: dict[str, dict] | None = None) -> dict[str, Any]:
+def print_summary(
+    plan: dict, out_dir: Path, timings: dict[str, float], stage_times: dict[str, dict] | None = None
+) -> dict[str, Any]:
     """Print the run's summary table to stdout and return it as a dict (with an ``ok`` verdict)."""
     s = summarise(plan, out_dir)
     print(_rule(f"prodip run summary: {out_dir}"))
     if s["fertility"]:
         print(_rule("tokenizer fertility (held-out text)"))
-        print(_table(["lang", "chars/token", "bytes/token", "tokens/word", "naive BPE chars/token",
-                      "gate min", "gate"],
-                     _fertility_rows(s["fertility"])))
+        print(
+            _table(
+                ["lang", "chars/token", "bytes/token", "tokens/word", "naive BPE chars/token", "gate min", "gate"],
+                _fertility_rows(s["fertility"]),
+            )
+        )
     if s["eval"]:
         print(_rule("held-out quality: trained model vs random-initialised twin"))
-        print(_table(["lang", "bits/char", "twin bits/char", "NLL/token (nats)", "twin NLL/token", "tokens"],
-                     _eval_rows(s["eval"])))
+        print(
+            _table(
+                ["lang", "bits/char", "twin bits/char", "NLL/token (nats)", "twin NLL/token", "tokens"],
+                _eval_rows(s["eval"]),
+            )
+        )
     if s["export_manifest"]:
         print(_rule("export variants and conformance"))
-        print(_table(["variant", "format", "dtype", "MiB", "vs fp32", "conformance"],
-                     _export_rows(s["export_manifest"], s["conformance"])))
+        print(
+            _table(
+                ["variant", "format", "dtype", "MiB", "vs fp32", "conformance"],
+                _export_rows(s["export_manifest"], s["conformance"]),
+            )
+        )
     problems = []
     if s["conformance"] is not None and not s["conformance"].get("passed"):
         problems.append(f"conformance failed (see {Path(plan['conformance'].out) / 'report.md'})")
     if s["completions"]:
         samp = s["completions"].get("sampling") or {}
-        how = ("greedy" if not samp.get("temperature") else
-               ", ".join(f"{k} {samp[k]}" for k in ("temperature", "top_p", "seed") if k in samp))
+        how = (
+            "greedy"
+            if not samp.get("temperature")
+            else ", ".join(f"{k} {samp[k]}" for k in ("temperature", "top_p", "seed") if k in samp)
+        )
         if samp.get("frequency_penalty"):
             how += f", frequency_penalty {samp['frequency_penalty']}"
         print(_rule(f"completions over HTTP ({s['completions'].get('variant')}, {how})"))

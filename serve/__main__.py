@@ -1,6 +1,6 @@
 """``python -m prodip.serve serve EXPORT_DIR [flags]``: the same as ``prodip serve`` (imports no torch).
 
-    python -m prodip.serve serve runs/demo/export --port 8000
+python -m prodip.serve serve runs/demo/export --port 8000
 """
 
 import sys

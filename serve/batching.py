@@ -16,8 +16,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence as Seq
+from typing import Any, Optional
 
 import numpy as np
 
@@ -82,8 +84,15 @@ class Sequence:
         stream_index: choice index within the request, used to derive the seeded RNG stream.
     """
 
-    def __init__(self, prompt_ids: Seq[int], params: SamplingParams, tokenizer: Any,
-                 emit: Callable[[Any], None], eos_id: int, stream_index: int = 0) -> None:
+    def __init__(
+        self,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        tokenizer: Any,
+        emit: Callable[[Any], None],
+        eos_id: int,
+        stream_index: int = 0,
+    ) -> None:
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.emit = emit
@@ -117,8 +126,15 @@ class Sequence:
                 reason = "stop"
             else:
                 tail += self.stopper.flush()
-        self.emit(TokenOut(None, tail, finish_reason="stop" if reason == "eos" else reason, error=error,
-                           stop_string=self.stopper.stopped))
+        self.emit(
+            TokenOut(
+                None,
+                tail,
+                finish_reason="stop" if reason == "eos" else reason,
+                error=error,
+                stop_string=self.stopper.stopped,
+            )
+        )
 
     def step(self, logits: np.ndarray) -> None:
         """Choose the next token from this row's last logits (V,) float32 and emit it.
@@ -166,26 +182,38 @@ class _Batch:
     lengths: np.ndarray  # (B,) int64 real tokens per row = next position id
     next_ids: np.ndarray  # (B,) int64 last sampled token (fed at the next step)
 
-    def select(self, keep: list[int]) -> "_Batch":
+    def select(self, keep: list[int]) -> _Batch:
         if len(keep) == len(self.seqs):  # nobody left: keep the arrays, no copy of the cache
             return self
         mask = self.mask[keep]
         real = np.flatnonzero(mask.any(axis=0))
         start = int(real[0]) if real.size else mask.shape[1]  # drop all-padding leading columns
-        return _Batch([self.seqs[i] for i in keep], [to_numpy(p)[keep][:, :, start:] for p in self.past],
-                      mask[:, start:], self.lengths[keep], self.next_ids[keep])
+        return _Batch(
+            [self.seqs[i] for i in keep],
+            [to_numpy(p)[keep][:, :, start:] for p in self.past],
+            mask[:, start:],
+            self.lengths[keep],
+            self.next_ids[keep],
+        )
 
     @staticmethod
-    def merge(a: Optional["_Batch"], b: "_Batch") -> "_Batch":
+    def merge(a: Optional[_Batch], b: _Batch) -> _Batch:
         if a is None or not a.seqs:
             return b
         P = max(a.mask.shape[1], b.mask.shape[1])
         pa, pb = P - a.mask.shape[1], P - b.mask.shape[1]
-        past = [np.concatenate([_left_pad(to_numpy(x), 2, pa), _left_pad(to_numpy(y), 2, pb)])
-                for x, y in zip(a.past, b.past)]
+        past = [
+            np.concatenate([_left_pad(to_numpy(x), 2, pa), _left_pad(to_numpy(y), 2, pb)])
+            for x, y in zip(a.past, b.past)
+        ]
         mask = np.concatenate([_left_pad(a.mask, 1, pa), _left_pad(b.mask, 1, pb)])
-        return _Batch(a.seqs + b.seqs, past, mask, np.concatenate([a.lengths, b.lengths]),
-                      np.concatenate([a.next_ids, b.next_ids]))
+        return _Batch(
+            a.seqs + b.seqs,
+            past,
+            mask,
+            np.concatenate([a.lengths, b.lengths]),
+            np.concatenate([a.next_ids, b.next_ids]),
+        )
 
 
 class BatchScheduler:
@@ -199,9 +227,14 @@ class BatchScheduler:
         on_decode_step: called (engine thread) with the number of rows of each decode step.
     """
 
-    def __init__(self, decoder: OnnxDecoder, max_batch_size: int = 32, batch_wait_ms: float = 5.0,
-                 on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None,
-                 on_decode_step: Callable[[int], None] = lambda rows: None) -> None:
+    def __init__(
+        self,
+        decoder: OnnxDecoder,
+        max_batch_size: int = 32,
+        batch_wait_ms: float = 5.0,
+        on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None,
+        on_decode_step: Callable[[int], None] = lambda rows: None,
+    ) -> None:
         self.decoder = decoder
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
@@ -293,14 +326,14 @@ class BatchScheduler:
         ids = np.zeros((len(seqs), T), np.int64)
         mask = np.zeros((len(seqs), T), np.int64)
         for r, s in enumerate(seqs):
-            ids[r, T - lens[r]:] = s.prompt_ids
-            mask[r, T - lens[r]:] = 1
+            ids[r, T - lens[r] :] = s.prompt_ids
+            mask[r, T - lens[r] :] = 1
         pos = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         logits, present = self.decoder.forward(ids, mask, pos, self.decoder.empty_past(len(seqs)))
         keep = []
         for r, s in enumerate(seqs):
             if s.params.prompt_logprobs:
-                s.emit(_prompt_scores(logits[r, T - lens[r]:], s.prompt_ids, s.params.logprobs or 0))
+                s.emit(_prompt_scores(logits[r, T - lens[r] :], s.prompt_ids, s.params.logprobs or 0))
             if s.params.max_new_tokens == 0:
                 s.finish("length")
                 continue

@@ -1,6 +1,6 @@
 """``prodip serve EXPORT_DIR`` (and ``python -m prodip.serve serve EXPORT_DIR``): run the HTTP server.
 
-    prodip serve exports/demo --variant int8 --port 8000
+prodip serve exports/demo --variant int8 --port 8000
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from prodip.base.config import add_arguments, resolve
+from prodip.serve.app import run_server
 from prodip.serve.config import ServeConfig
 
 
@@ -15,13 +16,22 @@ def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = N
     """Register ``serve`` on the ``prodip`` parser (see prodip/cli.py)."""
     if only not in (None, "serve"):
         return
-    p = subparsers.add_parser("serve", help="HTTP generation (OpenAI-compatible) from an export dir on ONNX Runtime",
-                              description=__doc__.replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "serve",
+        help="HTTP generation (OpenAI-compatible) from an export dir on ONNX Runtime",
+        description=__doc__.replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("export_dir", metavar="EXPORT_DIR", help="dir written by `prodip export`")
     p.add_argument("--config", metavar="TOML", help="TOML file; its [serve] table sets ServeConfig fields")
-    p.add_argument("--allow-unverified", dest="allow_unverified", action="store_const", const=True,
-                   default=argparse.SUPPRESS,
-                   help="serve a variant whose conformance verdict is missing or failing")
+    p.add_argument(
+        "--allow-unverified",
+        dest="allow_unverified",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,
+        help="serve a variant whose conformance verdict is missing or failing",
+    )
     add_arguments(p, ServeConfig, skip=("export_dir", "allow_unverified"))
     p.set_defaults(func=_run)
 
@@ -32,6 +42,5 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from prodip.serve.app import run_server  # fastapi/uvicorn only when actually serving
 
     return run_server(config_from_args(args))

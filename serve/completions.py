@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, Optional
 
 from prodip.serve.batching import PromptScores, TokenOut
 from prodip.serve.service import Service
@@ -69,8 +70,7 @@ class _Choice:
         else:
             n = next((i for i, p in enumerate(self.pending) if p[3] >= self.returned), len(self.pending))
         out, self.pending = self.pending[:n], ([] if final else self.pending[n:])
-        return self.add([p[0] for p in out], [p[1] for p in out], [p[2] for p in out],
-                        [self.base + p[3] for p in out])
+        return self.add([p[0] for p in out], [p[1] for p in out], [p[2] for p in out], [self.base + p[3] for p in out])
 
 
 def _top_dict(svc: Service, top: list[tuple[int, float]]) -> dict[str, float]:
@@ -81,8 +81,9 @@ def _logprobs_block(tokens: list[str], lps: list, tops: list, offsets: list[int]
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _apply(svc: Service, choice: _Choice, event: Any, echo: Optional[tuple[str, list[str], list[int]]],
-           want_lp: bool) -> tuple[str, Optional[dict]]:
+def _apply(
+    svc: Service, choice: _Choice, event: Any, echo: Optional[tuple[str, list[str], list[int]]], want_lp: bool
+) -> tuple[str, Optional[dict]]:
     """Fold one event into ``choice``; return (text delta, logprobs delta or None) for streaming."""
     if isinstance(event, PromptScores):
         text, pieces, offsets = echo
@@ -94,8 +95,14 @@ def _apply(svc: Service, choice: _Choice, event: Any, echo: Optional[tuple[str, 
         choice.token_ids.append(event.token_id)
         choice.all_logprobs.append(event.logprob)
         if want_lp:
-            choice.pending.append((svc.token_piece(event.token_id, event.piece), event.logprob,
-                                   _top_dict(svc, event.top), choice.produced))
+            choice.pending.append(
+                (
+                    svc.token_piece(event.token_id, event.piece),
+                    event.logprob,
+                    _top_dict(svc, event.top),
+                    choice.produced,
+                )
+            )
             choice.produced += len(event.piece)
     if event.finish_reason:
         choice.finish_reason = "stop" if event.finish_reason == "stop" else "length"
@@ -109,8 +116,9 @@ def _usage(prompts: list[list[int]], choices: list[_Choice]) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def _echoes(svc: Service, prompts: list[list[int]], texts: Optional[list[Optional[str]]], echo: bool
-            ) -> list[Optional[tuple[str, list[str], list[int]]]]:
+def _echoes(
+    svc: Service, prompts: list[list[int]], texts: Optional[list[Optional[str]]], echo: bool
+) -> list[Optional[tuple[str, list[str], list[int]]]]:
     """Per prompt: (echoed text, logprobs pieces, offsets) with ``echo``, else None."""
     if not echo:
         return [None] * len(prompts)
@@ -118,8 +126,15 @@ def _echoes(svc: Service, prompts: list[list[int]], texts: Optional[list[Optiona
     return [svc.echo(ids, raw) for ids, raw in zip(prompts, texts)]
 
 
-async def completion(svc: Service, events: AsyncIterator, prompts: list[list[int]], n: int, echo: bool,
-                     want_lp: bool, prompt_texts: Optional[list[Optional[str]]] = None) -> dict[str, Any]:
+async def completion(
+    svc: Service,
+    events: AsyncIterator,
+    prompts: list[list[int]],
+    n: int,
+    echo: bool,
+    want_lp: bool,
+    prompt_texts: Optional[list[Optional[str]]] = None,
+) -> dict[str, Any]:
     """The whole (non-streamed) ``text_completion`` object.
 
     ``prompt_texts``: each prompt as sent when it was text (echoed verbatim), else None.
@@ -133,13 +148,26 @@ async def completion(svc: Service, events: AsyncIterator, prompts: list[list[int
         text = (echoes[i // n][0] if echo else "") + "".join(ch.text)
         lp = _logprobs_block(ch.tokens, ch.token_logprobs, ch.top_logprobs, ch.text_offset) if want_lp else None
         out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": ch.finish_reason})
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": svc.model_name, "choices": out, "usage": _usage(prompts, choices)}
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": svc.model_name,
+        "choices": out,
+        "usage": _usage(prompts, choices),
+    }
 
 
-async def completion_stream(svc: Service, events: AsyncIterator, prompts: list[list[int]], n: int, echo: bool,
-                            want_lp: bool, include_usage: bool,
-                            prompt_texts: Optional[list[Optional[str]]] = None) -> AsyncIterator[str]:
+async def completion_stream(
+    svc: Service,
+    events: AsyncIterator,
+    prompts: list[list[int]],
+    n: int,
+    echo: bool,
+    want_lp: bool,
+    include_usage: bool,
+    prompt_texts: Optional[list[Optional[str]]] = None,
+) -> AsyncIterator[str]:
     """SSE chunks of a ``text_completion`` stream, then ``data: [DONE]``.
 
     ``text_offset`` counts from the start of the choice's text over the whole stream (the echoed
@@ -150,8 +178,15 @@ async def completion_stream(svc: Service, events: AsyncIterator, prompts: list[l
     choices = [_Choice(base=len(echoes[i // n][0]) if echo else 0) for i in range(len(prompts) * n)]
 
     def chunk(index: int, text: str, lp: Any, finish: Optional[str]) -> str:
-        return sse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
-                    "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}]})
+        return sse(
+            {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": svc.model_name,
+                "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
+            }
+        )
 
     if echo:
         for i in range(len(choices)):
@@ -164,8 +199,16 @@ async def completion_stream(svc: Service, events: AsyncIterator, prompts: list[l
             if text or (lp and lp["tokens"]) or finish:
                 yield chunk(index, text, lp, finish)
     if include_usage:
-        yield sse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
-                   "choices": [], "usage": _usage(prompts, choices)})
+        yield sse(
+            {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": svc.model_name,
+                "choices": [],
+                "usage": _usage(prompts, choices),
+            }
+        )
     yield sse("[DONE]")
 
 
@@ -174,21 +217,29 @@ async def generate(svc: Service, events: AsyncIterator, prompt: list[int], want_
     ch = _Choice()
     async for _, event in events:
         _apply(svc, ch, event, None, False)
-    return {"model": svc.model_name, "text": "".join(ch.text), "token_ids": ch.token_ids,
-            "finish_reason": ch.finish_reason, "logprobs": ch.all_logprobs if want_lp else None,
-            "usage": _usage([prompt], [ch])}
+    return {
+        "model": svc.model_name,
+        "text": "".join(ch.text),
+        "token_ids": ch.token_ids,
+        "finish_reason": ch.finish_reason,
+        "logprobs": ch.all_logprobs if want_lp else None,
+        "usage": _usage([prompt], [ch]),
+    }
 
 
-async def generate_stream(svc: Service, events: AsyncIterator, prompt: list[int], want_lp: bool
-                          ) -> AsyncIterator[str]:
+async def generate_stream(svc: Service, events: AsyncIterator, prompt: list[int], want_lp: bool) -> AsyncIterator[str]:
     """SSE events ``{"text", "token_id", "logprob", "finish_reason"}`` then ``data: [DONE]``."""
     ch = _Choice()
     async with _closing(events):
         async for _, event in events:
             text, _ = _apply(svc, ch, event, None, False)
             if isinstance(event, TokenOut) and (text or event.token_id is not None or event.finish_reason):
-                body = {"text": text, "token_id": event.token_id, "logprob": event.logprob if want_lp else None,
-                        "finish_reason": ch.finish_reason if event.finish_reason else None}
+                body = {
+                    "text": text,
+                    "token_id": event.token_id,
+                    "logprob": event.logprob if want_lp else None,
+                    "finish_reason": ch.finish_reason if event.finish_reason else None,
+                }
                 if event.finish_reason:
                     body["usage"] = _usage([prompt], [ch])
                 yield sse(body)

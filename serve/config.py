@@ -1,6 +1,6 @@
 """``ServeConfig``: the run config of ``prodip serve`` (fields become ``--kebab-case`` flags).
 
-    python -c "from serve.config import ServeConfig; print(ServeConfig(export_dir='exports/demo'))"
+python -c "from serve.config import ServeConfig; print(ServeConfig(export_dir='exports/demo'))"
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from prodip.base.errors import InvalidInput
 from prodip.base.config import opt
+from prodip.base.errors import InvalidInput
 from prodip.base.variants import SERVABLE_VARIANTS
 
 VARIANTS = SERVABLE_VARIANTS  # prodip.base.variants owns the table
@@ -19,13 +19,17 @@ VARIANTS = SERVABLE_VARIANTS  # prodip.base.variants owns the table
 class ServeConfig:
     """How to serve one export dir over HTTP."""
 
-    export_dir: str = opt("", "export dir written by `prodip export` (config.json, tokenizer.json, onnx/, manifest.json)")
+    export_dir: str = opt(
+        "", "export dir written by `prodip export` (config.json, tokenizer.json, onnx/, manifest.json)"
+    )
     variant: str = opt("fp32", "ONNX variant to serve (manifest.json variants key)", choices=VARIANTS)
     host: str = opt("127.0.0.1", "interface to bind; loopback unless you mean to expose the server")
     port: int = opt(8000, "TCP port")
     api_key: Optional[str] = opt(None, "if set, require `Authorization: Bearer KEY` (also read from $PRODIP_API_KEY)")
     allow_unverified: bool = opt(False, "serve a variant whose conformance verdict is missing or failing")
-    model_name: Optional[str] = opt(None, "model id shown by /v1/models and accepted in requests (default: export dir name)")
+    model_name: Optional[str] = opt(
+        None, "model id shown by /v1/models and accepted in requests (default: export dir name)"
+    )
     max_batch_size: int = opt(32, "most sequences decoded together in one batch (rows)")
     batch_wait_ms: float = opt(5.0, "when idle, wait this long for more requests to prefill together (milliseconds)")
     max_body_bytes: int = opt(1_000_000, "largest request body accepted (bytes); larger -> 413")

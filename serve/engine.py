@@ -21,9 +21,10 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base import onnx_io
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
+from prodip.base.manifest import files_table_sha256
 
 _MAKE = "`prodip export CHECKPOINT --out EXPORT_DIR`"
 
@@ -68,7 +69,7 @@ def _is_sha256(value: Any) -> bool:
 
 
 def _verdict_shape_problem(verdict: dict[str, Any], variant: str) -> str | None:
-    """What is missing from a verdict as ``prodip.conformance.suite.merge_verdict`` writes it (None: complete)."""
+    """What is missing from a verdict as ``prodip.conformance.verdict.merge_verdict`` writes it (None: complete)."""
     if not isinstance(verdict, dict):
         return f"is {type(verdict).__name__}, not an object"
     if not isinstance(verdict.get("passed"), bool):
@@ -90,17 +91,22 @@ def _verdict_shape_problem(verdict: dict[str, Any], variant: str) -> str | None:
     if not _is_sha256(check.get("report_sha256")) or not isinstance(check.get("report"), str):
         return f"names no report for variant {variant!r}"
     tol = check.get("tolerances")
-    if not isinstance(tol, dict) or not isinstance(tol.get("shipped"), bool) \
-            or not isinstance(tol.get("loosened"), list) or not _is_sha256(tol.get("sha256")):
-        return (f"does not record the tolerances variant {variant!r} was checked with "
-                "(made by an older prodip conformance)")
+    if (
+        not isinstance(tol, dict)
+        or not isinstance(tol.get("shipped"), bool)
+        or not isinstance(tol.get("loosened"), list)
+        or not _is_sha256(tol.get("sha256"))
+    ):
+        return (
+            f"does not record the tolerances variant {variant!r} was checked with (made by an older prodip conformance)"
+        )
     return None
 
 
 def conformance_check(manifest: dict[str, Any], variant: str) -> tuple[bool, str, dict[str, Any]]:
     """Whether the manifest's conformance verdict passes ``variant`` for the export's CURRENT files.
 
-    A variant is verified only when the verdict has the structure ``prodip.conformance.suite.merge_verdict``
+    A variant is verified only when the verdict has the structure ``prodip.conformance.verdict.merge_verdict``
     writes (per-variant ``variants`` and ``checks``, ``export_files_sha256``, ``report``,
     ``report_sha256``, the tolerances each variant was checked with), the variant's own entry passed,
     and ``export_files_sha256`` equals the sha256 of the manifest's current ``files`` table
@@ -111,7 +117,6 @@ def conformance_check(manifest: dict[str, Any], variant: str) -> tuple[bool, str
         the variant's entry of ``verdict["checks"]`` (``{}`` when there is none), whose
         ``tolerances.loosened`` lists bounds looser than the shipped tolerance file.
     """
-    from prodip.base.manifest import files_table_sha256
 
     verdict = manifest.get("conformance")
     fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
@@ -126,11 +131,21 @@ def conformance_check(manifest: dict[str, Any], variant: str) -> tuple[bool, str
     files = manifest.get("files")
     current = files_table_sha256(files) if isinstance(files, dict) else None
     if current != verdict["export_files_sha256"]:
-        return False, (f"the export's files changed after conformance ran (files table sha256 "
-                       f"{str(current)[:12]}..., the verdict measured {verdict['export_files_sha256'][:12]}...): "
-                       f"{fix}"), check
+        return (
+            False,
+            (
+                f"the export's files changed after conformance ran (files table sha256 "
+                f"{str(current)[:12]}..., the verdict measured {verdict['export_files_sha256'][:12]}...): "
+                f"{fix}"
+            ),
+            check,
+        )
     if not verdict["variants"][variant]:
-        return False, f"variant {variant!r} FAILED conformance (see {check.get('report') or verdict['report']}); {fix}", check
+        return (
+            False,
+            f"variant {variant!r} FAILED conformance (see {check.get('report') or verdict['report']}); {fix}",
+            check,
+        )
     return True, "", check
 
 
@@ -146,19 +161,22 @@ def conformance_ok(manifest: dict[str, Any], variant: str) -> tuple[bool, str]:
 
 def loosened_text(loosened: list[dict[str, Any]]) -> str:
     """``[int8] top1 min 0.95 -> 0.02, ...`` for a list of loosened bounds."""
-    return ", ".join(f"[{b.get('table')}] {b.get('metric')} {_bound_str(b.get('shipped'))} -> {_bound_str(b.get('used'))}"
-                     for b in loosened)
+    return ", ".join(
+        f"[{b.get('table')}] {b.get('metric')} {_bound_str(b.get('shipped'))} -> {_bound_str(b.get('used'))}"
+        for b in loosened
+    )
 
 
 def _bound_str(bound: Any) -> str:
     if isinstance(bound, dict) and len(bound) == 1:
-        (key, value), = bound.items()
+        ((key, value),) = bound.items()
         return f"{key} {value}"
     return str(bound)
 
 
-def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool = False,
-                verify_hashes: bool = True) -> ExportInfo:
+def load_export(
+    export_dir: str | Path, variant: str, *, allow_unverified: bool = False, verify_hashes: bool = True
+) -> ExportInfo:
     """Read and check an export dir for serving ``variant``.
 
     Checks ``format_version``, that the variant is an ONNX variant in manifest.json, its
@@ -182,25 +200,29 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
         raise MissingInput(f"{root}: export dir not found; it is written by {_MAKE}")
     manifest = _read_json(root / "manifest.json")
     if manifest.get("format_version") != 1:
-        raise InvalidInput(f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r}, "
-                         f"expected 1; re-run {_MAKE}")
+        raise InvalidInput(
+            f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r}, expected 1; re-run {_MAKE}"
+        )
     variants = manifest.get("variants") or {}
     entry = variants.get(variant)
     if not entry or entry.get("format") != "onnx":
         onnx_names = [k for k, v in variants.items() if (v or {}).get("format") == "onnx"]
-        raise InvalidInput(f"{root / 'manifest.json'}: no ONNX variant {variant!r}; this export has "
-                         f"{', '.join(onnx_names) or 'none'}")
+        raise InvalidInput(
+            f"{root / 'manifest.json'}: no ONNX variant {variant!r}; this export has {', '.join(onnx_names) or 'none'}"
+        )
     ok, reason, check = conformance_check(manifest, variant)
     warnings = []
     if not ok and not allow_unverified:
         raise InvalidInput(f"{root}: refusing to serve: {reason}")
     if not ok:
         warnings.append(f"serving unverified variant {variant!r}: {reason}")
-    loosened = list(((check.get("tolerances") or {}).get("loosened") or [])) if ok else []
+    loosened = list((check.get("tolerances") or {}).get("loosened") or []) if ok else []
     if loosened:
         tol = check["tolerances"]
-        warnings.append(f"variant {variant!r} passed conformance with LOOSENED tolerances ({tol.get('path')}, "
-                        f"looser than the shipped conformance/tolerances.toml): {loosened_text(loosened)}")
+        warnings.append(
+            f"variant {variant!r} passed conformance with LOOSENED tolerances ({tol.get('path')}, "
+            f"looser than the shipped conformance/tolerances.toml): {loosened_text(loosened)}"
+        )
     onnx_path = root / entry["path"]
     if not onnx_path.is_file():
         raise MissingInput(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
@@ -212,8 +234,10 @@ def load_export(export_dir: str | Path, variant: str, *, allow_unverified: bool 
                 raise InvalidInput(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")
             got = file_sha256(root / rel)
             if got != files[rel].get("sha256"):
-                raise InvalidInput(f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
-                                 f"({str(files[rel].get('sha256'))[:12]}...); the export was modified, re-run {_MAKE}")
+                raise InvalidInput(
+                    f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
+                    f"({str(files[rel].get('sha256'))[:12]}...); the export was modified, re-run {_MAKE}"
+                )
     config = _read_json(root / "config.json")
     for key in ("num_hidden_layers", "num_key_value_heads", "max_position_embeddings", "vocab_size"):
         if key not in config:
@@ -235,8 +259,10 @@ def load_tokenizer(info: ExportInfo) -> Tokenizer:
     """
     tok = Tokenizer.from_file(str(info.tokenizer_path))
     if tok.get_vocab_size() > int(info.config["vocab_size"]):
-        raise InvalidInput(f"{info.tokenizer_path}: {tok.get_vocab_size()} tokens but config.json "
-                         f"vocab_size is {info.config['vocab_size']}; re-run {_MAKE}")
+        raise InvalidInput(
+            f"{info.tokenizer_path}: {tok.get_vocab_size()} tokens but config.json "
+            f"vocab_size is {info.config['vocab_size']}; re-run {_MAKE}"
+        )
     return tok
 
 
@@ -267,8 +293,10 @@ class OnnxDecoder:
         have_in = {i.name for i in self.session.get_inputs()}
         have_out = {o.name for o in self.session.get_outputs()}
         if want_in != have_in or not {"logits", *self.present_names} <= have_out:
-            raise InvalidInput(f"{onnx_path}: graph I/O {sorted(have_in)} -> {sorted(have_out)} is not the "
-                             f"decoder I/O of prodip.base.onnx_io for {self.num_layers} layers; re-run {_MAKE}")
+            raise InvalidInput(
+                f"{onnx_path}: graph I/O {sorted(have_in)} -> {sorted(have_out)} is not the "
+                f"decoder I/O of prodip.base.onnx_io for {self.num_layers} layers; re-run {_MAKE}"
+            )
         self._outputs = ["logits", *self.present_names]
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
@@ -276,8 +304,9 @@ class OnnxDecoder:
         shape = (batch, self.num_kv_heads, 0, self.head_dim)
         return [np.zeros(shape, np.float32) for _ in self.past_names]
 
-    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-                past: list[Any]) -> tuple[np.ndarray, list[Any]]:
+    def forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+    ) -> tuple[np.ndarray, list[Any]]:
         """Run the graph once.
 
         The KV cache stays in ONNX Runtime memory between steps (IO binding): ``present`` comes back

@@ -12,7 +12,8 @@ print(sample_token(np.array([0., 2., 1.], np.float32), 0.0, 0, 1.0, None))"
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import numpy as np
 
@@ -40,8 +41,9 @@ def make_rng(seed: Optional[int], stream: int = 0) -> np.random.Generator:
     return np.random.default_rng([seed % (1 << 64), stream])
 
 
-def sample_token(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
-                 rng: Optional[np.random.Generator]) -> int:
+def sample_token(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: Optional[np.random.Generator]
+) -> int:
     """Choose the next token id.
 
     Greedy (argmax, first index on ties) when ``temperature == 0`` or ``top_k == 1``. Otherwise
@@ -75,7 +77,7 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: int, top_p: floa
     p /= p.sum()
     if top_p < 1.0:
         n_keep = int(np.searchsorted(np.cumsum(p), top_p, side="left")) + 1
-        p = p[:min(n_keep, p.shape[0])]
+        p = p[: min(n_keep, p.shape[0])]
     cdf = np.cumsum(p)
     u = (rng if rng is not None else np.random.default_rng()).random() * cdf[-1]
     idx = min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)
@@ -97,9 +99,15 @@ def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
     return [(int(i), float(logprobs[i])) for i in idx]
 
 
-def adjust_logits(logits: np.ndarray, token_ids: np.ndarray, counts: np.ndarray, presence_penalty: float,
-                  frequency_penalty: float, bias_ids: Optional[np.ndarray] = None,
-                  bias_values: Optional[np.ndarray] = None) -> np.ndarray:
+def adjust_logits(
+    logits: np.ndarray,
+    token_ids: np.ndarray,
+    counts: np.ndarray,
+    presence_penalty: float,
+    frequency_penalty: float,
+    bias_ids: Optional[np.ndarray] = None,
+    bias_values: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """OpenAI's presence/frequency penalties and ``logit_bias`` applied to one row of raw logits.
 
     The formula of OpenAI's API reference ("frequency and presence penalties"), as vLLM implements it
@@ -142,8 +150,12 @@ class TokenPenalties:
         logit_bias: (token id, bias) pairs with distinct ids in [0, V) (validated by the HTTP layer).
     """
 
-    def __init__(self, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 logit_bias: Iterable[tuple[int, float]] = ()) -> None:
+    def __init__(
+        self,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Iterable[tuple[int, float]] = (),
+    ) -> None:
         self.presence_penalty = float(presence_penalty)
         self.frequency_penalty = float(frequency_penalty)
         pairs = list(logit_bias)
@@ -179,5 +191,12 @@ class TokenPenalties:
         if not self.active:
             return logits
         k = len(self._slot)
-        return adjust_logits(logits, self._ids[:k], self._counts[:k], self.presence_penalty,
-                             self.frequency_penalty, self.bias_ids, self.bias_values)
+        return adjust_logits(
+            logits,
+            self._ids[:k],
+            self._counts[:k],
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.bias_ids,
+            self.bias_values,
+        )

@@ -31,8 +31,11 @@ class _Strict(BaseModel):
     def _null_means_default(cls, data: Any) -> Any:
         """``"temperature": null`` etc. = the field's default (OpenAI accepts null for optional fields)."""
         if isinstance(data, dict):
-            return {k: v for k, v in data.items()
-                    if not (v is None and k in cls.model_fields and not cls.model_fields[k].is_required())}
+            return {
+                k: v
+                for k, v in data.items()
+                if not (v is None and k in cls.model_fields and not cls.model_fields[k].is_required())
+            }
         return data
 
     @field_validator("*", mode="after")
@@ -41,8 +44,11 @@ class _Strict(BaseModel):
         """Raises: a validation error (-> 400, param = the field) for a lone surrogate in any text."""
         bad = _lone_surrogate(value)
         if bad is not None:
-            raise PydanticCustomError("lone_surrogate", "{field} contains a lone UTF-16 surrogate U+{code} "
-                                      "(not valid Unicode)", {"field": info.field_name, "code": f"{bad:04X}"})
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "{field} contains a lone UTF-16 surrogate U+{code} (not valid Unicode)",
+                {"field": info.field_name, "code": f"{bad:04X}"},
+            )
         return value
 
 
@@ -54,17 +60,21 @@ class _Sampling(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, description="keep the k most likely tokens; -1 or 0 = all (extension)")
-    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1,
-                                description="same seed, same output (a signed 64-bit integer, as OpenAI)")
+    seed: Optional[int] = Field(
+        None, ge=-(2**63), le=2**63 - 1, description="same seed, same output (a signed 64-bit integer, as OpenAI)"
+    )
     stop: Stop = Field(None, description="stop strings, never included in the output")
     stream: bool = False
     ignore_eos: bool = Field(False, description="keep generating after <|eos|> (benchmarks)")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="subtracted once from the logit of "
-                                    "every token generated so far (OpenAI)")
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="subtracted from a token's logit "
-                                     "per time it was generated so far (OpenAI)")
-    logit_bias: Optional[dict[str, float]] = Field(None, description='{"token id": bias in [-100, 100]} added '
-                                                   "to the logits before sampling (OpenAI)")
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted once from the logit of every token generated so far (OpenAI)"
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted from a token's logit per time it was generated so far (OpenAI)"
+    )
+    logit_bias: Optional[dict[str, float]] = Field(
+        None, description='{"token id": bias in [-100, 100]} added to the logits before sampling (OpenAI)'
+    )
 
     @field_validator("logit_bias", mode="after")
     @classmethod
@@ -80,19 +90,30 @@ class _Sampling(_Strict):
         for key, bias in value.items():
             shown = repr(key[:40].encode("utf-8", "backslashreplace").decode("utf-8"))
             if not (key.isascii() and key.isdigit()):
-                raise PydanticCustomError("logit_bias_key", "logit_bias keys must be token ids written as "
-                                          "non-negative decimal integers (e.g. \"50256\"); got {key}", {"key": shown})
+                raise PydanticCustomError(
+                    "logit_bias_key",
+                    "logit_bias keys must be token ids written as "
+                    'non-negative decimal integers (e.g. "50256"); got {key}',
+                    {"key": shown},
+                )
             if len(key.lstrip("0")) > 18:
-                raise PydanticCustomError("logit_bias_key", "logit_bias key {key} is too large to be a token id",
-                                          {"key": shown})
+                raise PydanticCustomError(
+                    "logit_bias_key", "logit_bias key {key} is too large to be a token id", {"key": shown}
+                )
             tid = int(key)
             if tid in seen:
-                raise PydanticCustomError("logit_bias_key", "logit_bias names token id {tid} twice ({a} and {b})",
-                                          {"tid": tid, "a": seen[tid], "b": shown})
+                raise PydanticCustomError(
+                    "logit_bias_key",
+                    "logit_bias names token id {tid} twice ({a} and {b})",
+                    {"tid": tid, "a": seen[tid], "b": shown},
+                )
             seen[tid] = shown
             if not -100.0 <= bias <= 100.0:  # NaN fails too
-                raise PydanticCustomError("logit_bias_value", "logit_bias for token id {tid} must be in "
-                                          "[-100, 100]; got {bias}", {"tid": tid, "bias": bias})
+                raise PydanticCustomError(
+                    "logit_bias_value",
+                    "logit_bias for token id {tid} must be in [-100, 100]; got {bias}",
+                    {"tid": tid, "bias": bias},
+                )
         return value
 
 
@@ -116,8 +137,11 @@ class GenerateRequest(_Sampling):
     """``POST /v1/generate``: the native form (one prompt, one sequence; same sampling fields)."""
 
     prompt: Union[str, list[int]]
-    max_new_tokens: Optional[int] = Field(None, ge=0, description="tokens to generate; default (None): the "
-                                          "server's default_max_tokens, as for /v1/completions")
+    max_new_tokens: Optional[int] = Field(
+        None,
+        ge=0,
+        description="tokens to generate; default (None): the server's default_max_tokens, as for /v1/completions",
+    )
     logprobs: Optional[int] = Field(None, ge=0, le=20)
 
 
@@ -151,7 +175,8 @@ def _lone_surrogate(value: Any) -> Optional[int]:
     return None
 
 
-def error_body(message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
-               code: Optional[Any] = None) -> dict[str, Any]:
+def error_body(
+    message: str, type_: str = "invalid_request_error", param: Optional[str] = None, code: Optional[Any] = None
+) -> dict[str, Any]:
     """OpenAI's error form: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -16,8 +16,10 @@ import logging
 import re
 import threading
 import time
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
 from functools import lru_cache
-from typing import Any, AsyncIterator, Optional, Sequence as Seq, Union
+from typing import Any, Optional, Union
 
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
@@ -35,8 +37,14 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte-fallback token's voc
 class APIError(Exception):
     """An error answered in OpenAI's form with HTTP ``status``."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.body = error_body(message, type_, param, code)
@@ -71,12 +79,18 @@ class Service:
         try:
             self.tokenizer = load_tokenizer(self.info)
             decoder = OnnxDecoder(self.info.onnx_path, self.info.config, self.config.intra_op_threads)
-            self.scheduler = BatchScheduler(decoder, self.config.max_batch_size, self.config.batch_wait_ms,
-                                            self.metrics.set_queue, self.metrics.batch_rows.observe)
+            self.scheduler = BatchScheduler(
+                decoder,
+                self.config.max_batch_size,
+                self.config.batch_wait_ms,
+                self.metrics.set_queue,
+                self.metrics.batch_rows.observe,
+            )
             self.scheduler.start()
             self._token_text = lru_cache(maxsize=65536)(self._token_text_uncached)
-            self._special_ids = frozenset(i for i, tok in self.tokenizer.get_added_tokens_decoder().items()
-                                          if tok.special)
+            self._special_ids = frozenset(
+                i for i, tok in self.tokenizer.get_added_tokens_decoder().items() if tok.special
+            )
             self.ready.set()
             log.info("serving %s variant %s from %s", self.model_name, self.info.variant, self.info.onnx_path)
         except Exception as err:  # reported by /health; the process stays up to say why
@@ -91,8 +105,12 @@ class Service:
     def require_ready(self) -> None:
         """Raises: APIError 503 while the model is loading or after a failed load."""
         if not self.ready.is_set():
-            raise APIError(503, self.load_error or "the model is still loading; retry shortly",
-                           "service_unavailable", code="model_not_ready")
+            raise APIError(
+                503,
+                self.load_error or "the model is still loading; retry shortly",
+                "service_unavailable",
+                code="model_not_ready",
+            )
 
     # ---- text helpers -----------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -141,10 +159,15 @@ class Service:
         if raw is not None:
             enc = self.tokenizer.encode(raw)
             starts = [a for a, _ in enc.offsets]
-            if (enc.ids == list(ids) and all(0 <= a <= b <= len(raw) for a, b in enc.offsets)
-                    and starts == sorted(starts)):
-                pieces = [self.token_piece(t, raw[a:b]) if t not in self._special_ids else raw[a:b]
-                          for t, (a, b) in zip(ids, enc.offsets)]
+            if (
+                enc.ids == list(ids)
+                and all(0 <= a <= b <= len(raw) for a, b in enc.offsets)
+                and starts == sorted(starts)
+            ):
+                pieces = [
+                    self.token_piece(t, raw[a:b]) if t not in self._special_ids else raw[a:b]
+                    for t, (a, b) in zip(ids, enc.offsets)
+                ]
                 return raw, pieces, starts
         detok = IncrementalDetokenizer(self.tokenizer)
         pieces, offsets, pos = [], [], 0
@@ -162,8 +185,12 @@ class Service:
     def check_model(self, model: Optional[str]) -> None:
         """Raises: APIError 404 for a model id that is not this server's."""
         if model and model != self.model_name:
-            raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r} "
-                                f"(GET /v1/models)", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model {model!r} does not exist; this server serves {self.model_name!r} (GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
 
     def prompt_ids(self, prompt: Union[str, list[str], list[int], list[list[int]]]) -> list[list[int]]:
         """Token ids of each prompt. An empty prompt becomes ``[<|eos|>]`` (``eos_token_id`` of the
@@ -182,8 +209,9 @@ class Service:
             ids = self.encode(p) if isinstance(p, str) else list(p)
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                               param="prompt")
+                raise APIError(
+                    400, f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param="prompt"
+                )
             out.append(ids or [self.eos_id])
         return out
 
@@ -199,8 +227,15 @@ class Service:
         """Each prompt as sent when it is text (for echo), ``None`` for a token-id prompt."""
         return [p if isinstance(p, str) else None for p in self._prompt_list(prompt)]
 
-    def sampling_params(self, req: Any, max_new_tokens: int, prompts: list[list[int]], n: int = 1,
-                        logprobs: Optional[int] = None, echo: bool = False) -> SamplingParams:
+    def sampling_params(
+        self,
+        req: Any,
+        max_new_tokens: int,
+        prompts: list[list[int]],
+        n: int = 1,
+        logprobs: Optional[int] = None,
+        echo: bool = False,
+    ) -> SamplingParams:
         """Check limits that need the model, then build :class:`SamplingParams`.
 
         ``req`` is a :class:`~serve.schemas.CompletionRequest` or :class:`~serve.schemas.GenerateRequest`
@@ -214,30 +249,52 @@ class Service:
         limit = self.info.max_model_len
         for ids in prompts:
             if len(ids) + max_new_tokens > limit:
-                raise APIError(400, f"this model's context window is {limit} tokens, but the request asks for "
-                                    f"{len(ids) + max_new_tokens} tokens ({len(ids)} prompt tokens + "
-                                    f"{max_new_tokens} max tokens); shorten the prompt or lower max_tokens",
-                               param="max_tokens", code="context_length_exceeded")
+                raise APIError(
+                    400,
+                    f"this model's context window is {limit} tokens, but the request asks for "
+                    f"{len(ids) + max_new_tokens} tokens ({len(ids)} prompt tokens + "
+                    f"{max_new_tokens} max tokens); shorten the prompt or lower max_tokens",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
         if n > self.config.max_n or len(prompts) * n > MAX_SEQUENCES_PER_REQUEST:
-            raise APIError(400, f"n={n} x {len(prompts)} prompts exceeds the limit (n <= {self.config.max_n}, "
-                                f"n x prompts <= {MAX_SEQUENCES_PER_REQUEST})", param="n")
+            raise APIError(
+                400,
+                f"n={n} x {len(prompts)} prompts exceeds the limit (n <= {self.config.max_n}, "
+                f"n x prompts <= {MAX_SEQUENCES_PER_REQUEST})",
+                param="n",
+            )
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 16 or any(not s for s in stop):
             raise APIError(400, "stop must be at most 16 non-empty strings", param="stop")
         bias = tuple(sorted((int(key), float(value)) for key, value in (req.logit_bias or {}).items()))
         outside = [tid for tid, _ in bias if tid >= self.vocab_size]
         if outside:
-            raise APIError(400, f"logit_bias token id {outside[0]} is outside the vocabulary [0, {self.vocab_size})",
-                           param="logit_bias", code="invalid_value")
-        return SamplingParams(max_new_tokens=max_new_tokens, temperature=req.temperature, top_p=req.top_p,
-                              top_k=req.top_k, seed=req.seed, stop=tuple(stop), logprobs=logprobs,
-                              prompt_logprobs=echo and logprobs is not None, ignore_eos=req.ignore_eos,
-                              presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                              logit_bias=bias)
+            raise APIError(
+                400,
+                f"logit_bias token id {outside[0]} is outside the vocabulary [0, {self.vocab_size})",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            stop=tuple(stop),
+            logprobs=logprobs,
+            prompt_logprobs=echo and logprobs is not None,
+            ignore_eos=req.ignore_eos,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=bias,
+        )
 
     # ---- generation -------------------------------------------------------------------------
-    async def stream(self, prompts: list[list[int]], params: SamplingParams, n: int = 1
-                     ) -> AsyncIterator[tuple[int, Union[TokenOut, PromptScores]]]:
+    async def stream(
+        self, prompts: list[list[int]], params: SamplingParams, n: int = 1
+    ) -> AsyncIterator[tuple[int, Union[TokenOut, PromptScores]]]:
         """Run ``n`` sequences per prompt as one batch of arrivals; yield ``(choice_index, event)``.
 
         Choice ``index = prompt_index * n + j``. Every sequence ends with a :class:`TokenOut`
@@ -253,10 +310,14 @@ class Service:
                     loop.call_soon_threadsafe(queue.put_nowait, (index, event))
                 except RuntimeError:  # the loop is gone (server stopping); nobody is listening
                     pass
+
             return emit
 
-        seqs = [Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.eos_id, stream_index=j)
-                for p, ids in enumerate(prompts) for j in range(n)]
+        seqs = [
+            Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.eos_id, stream_index=j)
+            for p, ids in enumerate(prompts)
+            for j in range(n)
+        ]
         self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts) * n)
         first_token_s: dict[int, float] = {}
         counts = [0] * len(seqs)
@@ -282,7 +343,8 @@ class Service:
                         self.metrics.request_latency.observe(now - start)
                         if counts[index] > 1:
                             self.metrics.tokens_per_second.observe(
-                                (counts[index] - 1) / max(now - first_token_s[index], 1e-9))
+                                (counts[index] - 1) / max(now - first_token_s[index], 1e-9)
+                            )
                         if event.finish_reason == "error":
                             raise APIError(500, f"generation failed: {event.error}", "server_error")
                 yield index, event

@@ -23,6 +23,7 @@ from typing import Any
 from prodip.base.errors import StageFailed
 from prodip.base.stage import Plan, Stage
 
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (bound then released; a tiny race is acceptable here)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -47,8 +48,15 @@ def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> 
         raise StageFailed(f"{url}: HTTP {err.code}: {err.read().decode('utf-8', 'replace')[:500]}") from None
 
 
-def serve_run(plan: Plan, *, prompts: dict[str, str], max_tokens: int, timeout_s: float,
-               out_dir: Path, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+def serve_run(
+    plan: Plan,
+    *,
+    prompts: dict[str, str],
+    max_tokens: int,
+    timeout_s: float,
+    out_dir: Path,
+    sampling: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt, stop it.
 
     Args:
@@ -64,14 +72,24 @@ def serve_run(plan: Plan, *, prompts: dict[str, str], max_tokens: int, timeout_s
     sampling = {"temperature": 0.0, **(sampling or {})}
     cfg = plan["serve"]
     port = free_port()
-    cmd = [sys.executable, "-m", "prodip", "serve", str(cfg.export_dir), "--variant", cfg.variant,
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prodip",
+        "serve",
+        str(cfg.export_dir),
+        "--variant",
+        cfg.variant,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     log_path = out_dir / "serve.log"
     with open(log_path, "w", encoding="utf-8") as log_fh:
         # PYTHONSAFEPATH (Python >= 3.11): `-m` must not put the current folder first on sys.path,
         # where a folder named prodip/ (say, the parent of a clone) would shadow the package.
-        proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONSAFEPATH": "1"})
+        proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONSAFEPATH": "1"})
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_healthy(base, proc, timeout_s, log_path)
@@ -81,17 +99,26 @@ def serve_run(plan: Plan, *, prompts: dict[str, str], max_tokens: int, timeout_s
                 t0 = time.perf_counter()
                 body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, **sampling}
                 resp = _http_json(f"{base}/v1/completions", body)
-                results[lang] = {"prompt": prompt, "completion": resp["choices"][0]["text"],
-                                 "finish_reason": resp["choices"][0].get("finish_reason"),
-                                 "usage": resp.get("usage"), "seconds": time.perf_counter() - t0}
+                results[lang] = {
+                    "prompt": prompt,
+                    "completion": resp["choices"][0]["text"],
+                    "finish_reason": resp["choices"][0].get("finish_reason"),
+                    "usage": resp.get("usage"),
+                    "seconds": time.perf_counter() - t0,
+                }
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    doc = {"format_version": 1, "variant": cfg.variant, "url": f"http://127.0.0.1:{port}/v1/completions",
-           "sampling": {"max_tokens": max_tokens, **sampling}, "completions": results}
+    doc = {
+        "format_version": 1,
+        "variant": cfg.variant,
+        "url": f"http://127.0.0.1:{port}/v1/completions",
+        "sampling": {"max_tokens": max_tokens, **sampling},
+        "completions": results,
+    }
     (out_dir / "completions.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
     return doc
 

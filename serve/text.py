@@ -12,7 +12,7 @@ print(m.feed('abcE'), m.feed('NDxyz'))"
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
@@ -47,10 +47,10 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str:
         """Append one generated id; return the newly complete text ("" while bytes are incomplete)."""
         self._ids.append(int(token_id))
-        prefix_text = self._decode(self._ids[self._prefix:self._read])
-        full_text = self._decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
         if len(full_text) > len(prefix_text) and not full_text.endswith(_REPLACEMENT):
-            new_text = full_text[len(prefix_text):]
+            new_text = full_text[len(prefix_text) :]
             self._prefix, self._read = self._read, len(self._ids)
             return new_text
         return ""
@@ -58,10 +58,10 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """At the end of a sequence: whatever is still held back (may contain U+FFFD if the model
         really produced an invalid byte sequence)."""
-        prefix_text = self._decode(self._ids[self._prefix:self._read])
-        full_text = self._decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
-        return full_text[len(prefix_text):]
+        return full_text[len(prefix_text) :]
 
 
 def _clean_context(decode, ids: list[int]) -> tuple[list[int], int]:
@@ -115,10 +115,10 @@ class StopMatcher:
         if hits:
             self.stopped = True
             self._held = ""
-            return text[:min(hits)]
+            return text[: min(hits)]
         hold = self._hold_len(text)
-        self._held = text[len(text) - hold:] if hold else ""
-        return text[:len(text) - hold]
+        self._held = text[len(text) - hold :] if hold else ""
+        return text[: len(text) - hold]
 
     def flush(self) -> str:
         """At the end of a sequence that did not hit a stop string: the held-back tail."""

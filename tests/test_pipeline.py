@@ -88,8 +88,9 @@ def _cut_corpus(dest: Path, lang: str, train_chars: int, heldout_chars: int) -> 
 
 
 def _prodip(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prodip", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "prodip", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +150,12 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
     assert set(completions) == {"bn", "en"} and all(c["completion"] for c in completions.values())
     summary = json.loads((run / "summary.json").read_text())
     assert summary["ok"] is True
-    for heading in ("tokenizer fertility", "trained model vs random-initialised twin",
-                    "export variants and conformance", "completions over HTTP"):
+    for heading in (
+        "tokenizer fertility",
+        "trained model vs random-initialised twin",
+        "export variants and conformance",
+        "completions over HTTP",
+    ):
         assert heading in stdout
 
 
@@ -176,6 +181,7 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
 def test_a_deleted_export_file_is_exported_again(tiny_run):
     config, run, _ = tiny_run
     from prodip.base.manifest import verify_files
+
     onnx_int8 = next((run / "export" / "onnx").glob("*int8*.onnx"))
     onnx_int8.unlink()
     again = _prodip("run", str(config), "--stages", "export,conformance")
@@ -192,12 +198,15 @@ def test_a_deleted_export_file_is_exported_again(tiny_run):
     # a file swapped with its manifest entry updated (as a re-quantising tool would): the export is
     # consistent, but the verdict was measured on other files, so conformance runs again
     import hashlib
+
     cfg_file = run / "export" / "export_config.toml"
     cfg_file.write_text(cfg_file.read_text() + "\n")
     manifest_path = run / "export" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest["files"]["export_config.toml"] = {"bytes": cfg_file.stat().st_size,
-                                               "sha256": hashlib.sha256(cfg_file.read_bytes()).hexdigest()}
+    manifest["files"]["export_config.toml"] = {
+        "bytes": cfg_file.stat().st_size,
+        "sha256": hashlib.sha256(cfg_file.read_bytes()).hexdigest(),
+    }
     manifest_path.write_text(json.dumps(manifest, indent=2))
     again = _prodip("run", str(config), "--stages", "export,conformance")
     assert again.returncode == 0, again.stderr
@@ -208,17 +217,33 @@ def test_a_deleted_export_file_is_exported_again(tiny_run):
 @pytest.mark.slow
 def test_serve_stage_samples_with_the_configured_seed(tiny_run):
     config, run, _ = tiny_run
-    flags = ["--stages", "serve", "--completion-temperature", "0.9", "--completion-top-p", "0.95",
-             "--completion-seed", "7", "--completion-frequency-penalty", "0.5",
-             "--completion-prompts", "en=It was a cold day, and"]
+    flags = [
+        "--stages",
+        "serve",
+        "--completion-temperature",
+        "0.9",
+        "--completion-top-p",
+        "0.95",
+        "--completion-seed",
+        "7",
+        "--completion-frequency-penalty",
+        "0.5",
+        "--completion-prompts",
+        "en=It was a cold day, and",
+    ]
     texts = []
     for _ in range(2):
         proc = _prodip("run", str(config), *flags)
         assert proc.returncode == 0, proc.stderr
         assert "temperature 0.9, top_p 0.95, seed 7, frequency_penalty 0.5" in proc.stdout  # names the decoding
         doc = json.loads((run / "completions.json").read_text())
-        assert doc["sampling"] == {"max_tokens": 8, "temperature": 0.9, "top_p": 0.95,
-                                   "frequency_penalty": 0.5, "seed": 7}
+        assert doc["sampling"] == {
+            "max_tokens": 8,
+            "temperature": 0.9,
+            "top_p": 0.95,
+            "frequency_penalty": 0.5,
+            "seed": 7,
+        }
         assert set(doc["completions"]) == {"en"} and doc["completions"]["en"]["prompt"] == "It was a cold day, and"
         texts.append(doc["completions"]["en"]["completion"])
     assert texts[0] == texts[1] and texts[0].strip()  # same seed, same text
@@ -236,8 +261,11 @@ def test_typo_in_config_is_a_one_line_error(tmp_path):
 
 def test_missing_corpus_is_named(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'out_dir = "{tmp_path / "run"}"\nstages = ["tokenizer"]\n'
-                   f'[tokenizer]\ninputs = {{bn = ["{tmp_path / "nope"}"]}}\n', encoding="utf-8")
+    cfg.write_text(
+        f'out_dir = "{tmp_path / "run"}"\nstages = ["tokenizer"]\n'
+        f'[tokenizer]\ninputs = {{bn = ["{tmp_path / "nope"}"]}}\n',
+        encoding="utf-8",
+    )
     proc = _prodip("run", str(cfg), timeout=120)
     assert proc.returncode == 2
     assert str(tmp_path / "nope") in proc.stderr
@@ -246,7 +274,7 @@ def test_missing_corpus_is_named(tmp_path):
 
 def test_unknown_table_is_named(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[trian]\nsteps = 3\n', encoding="utf-8")
+    cfg.write_text("[trian]\nsteps = 3\n", encoding="utf-8")
     proc = _prodip("run", str(cfg), timeout=120)
     assert proc.returncode == 2 and "unknown table [trian]" in proc.stderr
 
@@ -265,8 +293,10 @@ def test_force_never_deletes_a_folder_prodip_did_not_make(tmp_path):
 
 def test_cross_table_errors_come_before_any_stage(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'out_dir = "{tmp_path / "run"}"\n[model]\nmax_position_embeddings = 64\n'
-                   f'[train]\nseq_len = 128\n', encoding="utf-8")
+    cfg.write_text(
+        f'out_dir = "{tmp_path / "run"}"\n[model]\nmax_position_embeddings = 64\n[train]\nseq_len = 128\n',
+        encoding="utf-8",
+    )
     proc = _prodip("run", str(cfg), timeout=120)
     assert proc.returncode == 2
     assert "[train] seq_len = 128 exceeds [model] max_position_embeddings = 64" in proc.stderr

@@ -1,6 +1,6 @@
 """``python -m prodip.tokenizer train|audit|prepare``: the tokenizer stage without the ``prodip`` wrapper.
 
-    python -m prodip.tokenizer audit --tokenizer-dir runs/tok --heldout bn=data/heldout/udhr_ben.txt
+python -m prodip.tokenizer audit --tokenizer-dir runs/tok --heldout bn=data/heldout/udhr_ben.txt
 """
 
 import sys

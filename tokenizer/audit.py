@@ -26,11 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import regex
 
-from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.config import from_dict, opt, read_toml
-from prodip.tokenizer.bpe import (FORMAT_VERSION, SPECIAL_TOKENS, TokenizerTrainConfig, load_tokenizer, tokenizer_sha256,
-                           train_tokenizer)
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.tokenizer.bpe import (
+    FORMAT_VERSION,
+    SPECIAL_TOKENS,
+    TokenizerTrainConfig,
+    load_tokenizer,
+    tokenizer_sha256,
+    train_tokenizer,
+)
 from prodip.tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
 
 log = logging.getLogger(__name__)
@@ -42,18 +49,26 @@ class AuditConfig:
     """``prodip tokenizer audit`` (TOML section ``[audit]``)."""
 
     tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
-    heldout: dict[str, list[str]] = opt(factory=dict, help="language -> held-out files/folders never used in "
-                                        "training (.tsv: the column named after the language)")
-    min_chars_per_token: dict[str, float] = opt(factory=dict, help="gate: minimum characters/token per "
-                                                "language, e.g. bn=4.0,en=3.8 (empty: no gate)")
-    baseline: str = opt("none", "naive: also audit a GPT-2-style byte-level BPE trained on the same inputs and "
-                        "vocabulary with the unbalanced mix, side by side", choices=("none", "naive"))
+    heldout: dict[str, list[str]] = opt(
+        factory=dict,
+        help="language -> held-out files/folders never used in training (.tsv: the column named after the language)",
+    )
+    min_chars_per_token: dict[str, float] = opt(
+        factory=dict, help="gate: minimum characters/token per language, e.g. bn=4.0,en=3.8 (empty: no gate)"
+    )
+    baseline: str = opt(
+        "none",
+        "naive: also audit a GPT-2-style byte-level BPE trained on the same inputs and "
+        "vocabulary with the unbalanced mix, side by side",
+        choices=("none", "naive"),
+    )
     baseline_dir: str = opt("", "where the naive baseline lives or is trained (default: TOKENIZER_DIR-naive)")
     max_chars: int = opt(3_000_000, "at most this many held-out characters per language")
     errors: str = opt("strict", "invalid UTF-8 in held-out files: strict or skip", choices=ERROR_POLICIES)
 
 
 # ------------------------------------------------------------------------------------------- metrics
+
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (as in openai/gpt-2 encoder.py), used by ByteLevel."""
@@ -105,7 +120,6 @@ def _char_byte_offsets(text: str) -> np.ndarray:
 
 def grapheme_end_offsets(text: str) -> np.ndarray:
     """UTF-8 byte offsets where extended grapheme clusters end (Unicode UAX #29 via ``regex``'s ``\\X``)."""
-    import regex
     ends = [m.end() for m in regex.finditer(r"\X", text)]
     return _char_byte_offsets(text)[np.asarray(ends, dtype=np.int64)] if ends else np.zeros(0, np.int64)
 
@@ -134,11 +148,18 @@ def measure(tok, docs: list[str], table: tuple[list[bytes], np.ndarray] | None =
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
     words = sum(len(d.split()) for d in docs)
     per = max(n_tok, 1)
-    return {"chars": chars, "bytes": n_bytes, "words": words, "tokens": n_tok,
-            "chars_per_token": round(chars / per, 4), "bytes_per_token": round(n_bytes / per, 4),
-            "tokens_per_word": round(n_tok / max(words, 1), 4),
-            "inside_cluster_share": round(n_inside / per, 5), "byte_fallback_share": round(n_fallback / per, 5),
-            "lossless": lossless}
+    return {
+        "chars": chars,
+        "bytes": n_bytes,
+        "words": words,
+        "tokens": n_tok,
+        "chars_per_token": round(chars / per, 4),
+        "bytes_per_token": round(n_bytes / per, 4),
+        "tokens_per_word": round(n_tok / max(words, 1), 4),
+        "inside_cluster_share": round(n_inside / per, 5),
+        "byte_fallback_share": round(n_fallback / per, 5),
+        "lossless": lossless,
+    }
 
 
 def measure_languages(tok, docs_by_lang: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
@@ -161,15 +182,19 @@ def gate_failures(languages: dict[str, dict], min_chars_per_token: dict[str, flo
         if lang not in languages:
             failures.append(f"{lang}: no held-out text audited, so chars/token is unknown (minimum {minimum})")
         elif languages[lang]["chars_per_token"] < minimum:
-            failures.append(f"{lang}: {languages[lang]['chars_per_token']:.3f} chars/token is below the minimum "
-                            f"{minimum} (fertility gate)")
+            failures.append(
+                f"{lang}: {languages[lang]['chars_per_token']:.3f} chars/token is below the minimum "
+                f"{minimum} (fertility gate)"
+            )
     return failures
 
 
 # --------------------------------------------------------------------------------------------- audit
 
-def load_heldout(heldout: dict[str, list[str]], *, max_chars: int, errors: str,
-                 training_files: list[str] = ()) -> dict[str, list[str]]:
+
+def load_heldout(
+    heldout: dict[str, list[str]], *, max_chars: int, errors: str, training_files: list[str] = ()
+) -> dict[str, list[str]]:
     """Documents per language, at most ``max_chars`` characters each.
 
     Raises:
@@ -208,12 +233,17 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
     out = Path(baseline_dir) if baseline_dir else tokenizer_dir.with_name(tokenizer_dir.name + "-naive")
     config_path = tokenizer_dir / "train_config.toml"
     if not config_path.is_file():
-        raise MissingInput(f"{config_path}: missing, so the baseline's training inputs are unknown; train with "
-                                "`prodip tokenizer train` or pass --baseline-dir of an existing naive tokenizer")
+        raise MissingInput(
+            f"{config_path}: missing, so the baseline's training inputs are unknown; train with "
+            "`prodip tokenizer train` or pass --baseline-dir of an existing naive tokenizer"
+        )
     cfg = from_dict(TokenizerTrainConfig, read_toml(config_path).get("tokenizer", {}), source=str(config_path))
     info = _training_info(out)
-    if (out / "tokenizer.json").is_file() and info.get("kind") == "naive" and \
-            info.get("files") == _training_info(tokenizer_dir).get("files"):
+    if (
+        (out / "tokenizer.json").is_file()
+        and info.get("kind") == "naive"
+        and info.get("files") == _training_info(tokenizer_dir).get("files")
+    ):
         return out
     return train_tokenizer(dataclasses.replace(cfg, kind="naive", out_dir=str(out), overwrite=True))
 
@@ -236,17 +266,25 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     languages = measure_languages(tok, docs)
     failures = gate_failures(languages, cfg.min_chars_per_token)
     report: dict[str, Any] = {
-        "format_version": FORMAT_VERSION, "tokenizer_sha256": tokenizer_sha256(tok_dir),
-        "vocab_size": tok.get_vocab_size(), "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": dataclasses.asdict(cfg), "languages": languages,
+        "format_version": FORMAT_VERSION,
+        "tokenizer_sha256": tokenizer_sha256(tok_dir),
+        "vocab_size": tok.get_vocab_size(),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": dataclasses.asdict(cfg),
+        "languages": languages,
         "gate": {"min_chars_per_token": dict(cfg.min_chars_per_token), "passed": not failures, "failures": failures},
-        "baseline": None}
+        "baseline": None,
+    }
     if cfg.baseline == "naive":
         base_dir = naive_baseline(tok_dir, cfg.baseline_dir)
         base = load_tokenizer(base_dir)
-        report["baseline"] = {"kind": "naive", "tokenizer_dir": str(base_dir), "vocab_size": base.get_vocab_size(),
-                              "tokenizer_sha256": tokenizer_sha256(base_dir),
-                              "languages": measure_languages(base, docs)}
+        report["baseline"] = {
+            "kind": "naive",
+            "tokenizer_dir": str(base_dir),
+            "vocab_size": base.get_vocab_size(),
+            "tokenizer_sha256": tokenizer_sha256(base_dir),
+            "languages": measure_languages(base, docs),
+        }
     path = tok_dir / FERTILITY_NAME
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -257,19 +295,25 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
 def format_table(report: dict[str, Any]) -> str:
     """The audit as a fixed-width text table (ours, and the baseline's figures beside them)."""
     base = (report.get("baseline") or {}).get("languages", {})
-    head = f"{'lang':<5} {'chars/tok':>9} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} " \
-           f"{'tok/char share':>14} {'lossless':>8}"
+    head = (
+        f"{'lang':<5} {'chars/tok':>9} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} "
+        f"{'tok/char share':>14} {'lossless':>8}"
+    )
     if base:
         head += f" | {'naive c/t':>9} {'naive t/w':>9} {'naive in%':>9} {'naive share':>11}"
     lines = [f"tokenizer {report['tokenizer_sha256'][:12]} (vocab {report['vocab_size']})", head, "-" * len(head)]
     for lang, m in report["languages"].items():
-        line = (f"{lang:<5} {m['chars_per_token']:>9.3f} {m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
-                f"{100 * m['inside_cluster_share']:>9.2f} {100 * m['byte_fallback_share']:>8.3f} "
-                f"{m['token_share_over_char_share']:>14.3f} {str(m['lossless']):>8}")
+        line = (
+            f"{lang:<5} {m['chars_per_token']:>9.3f} {m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
+            f"{100 * m['inside_cluster_share']:>9.2f} {100 * m['byte_fallback_share']:>8.3f} "
+            f"{m['token_share_over_char_share']:>14.3f} {str(m['lossless']):>8}"
+        )
         if lang in base:
             b = base[lang]
-            line += (f" | {b['chars_per_token']:>9.3f} {b['tokens_per_word']:>9.3f} "
-                     f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}")
+            line += (
+                f" | {b['chars_per_token']:>9.3f} {b['tokens_per_word']:>9.3f} "
+                f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}"
+            )
         lines.append(line)
     gate = report["gate"]
     if gate["min_chars_per_token"]:

@@ -16,16 +16,19 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import shutil
 import time
+import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.config import dump_toml, opt, to_dict
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.superword import learn_superwords
@@ -52,8 +55,10 @@ _MARKS = r"\p{M}\x{200C}\x{200D}"  # combining marks (matras, virama, nukta, can
 _WORD = rf"[\p{{L}}{_MARKS}]+(?:['’][\p{{L}}{_MARKS}]+)*"
 _PREFIX = rf"[^\r\n\p{{L}}\p{{N}}{_MARKS}।॥]?"
 _END = rf"(?:[.,!?;:।॥][{_MARKS}]*)*"  # marks stay with the punctuation they follow
-_REST = (rf"|\p{{N}}{{1,3}}[{_MARKS}]*| ?[।॥]+[{_MARKS}]*| ?[^\s\p{{L}}\p{{N}}।॥]+[\r\n]*"
-         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_REST = (
+    rf"|\p{{N}}{{1,3}}[{_MARKS}]*| ?[।॥]+[{_MARKS}]*| ?[^\s\p{{L}}\p{{N}}।॥]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 WORD_PATTERN = _PREFIX + _WORD + _END + _REST
 # With superwords (tokenizer/superword.py) a piece is a phrase: words joined by single spaces, up to
 # sentence punctuation; everything else is as in WORD_PATTERN.
@@ -64,29 +69,47 @@ PHRASE_PATTERN = _PREFIX + _WORD + rf"(?: {_WORD})*" + _END + _REST
 class TokenizerTrainConfig:
     """``prodip tokenizer train`` (TOML section ``[tokenizer]``)."""
 
-    inputs: dict[str, list[str]] = opt(factory=dict, help="language -> files/folders of training text "
-                                       "(.txt/.txt.gz/.jsonl/.jsonl.gz/.tsv), e.g. bn=data/bn,en=data/en")
+    inputs: dict[str, list[str]] = opt(
+        factory=dict,
+        help="language -> files/folders of training text "
+        "(.txt/.txt.gz/.jsonl/.jsonl.gz/.tsv), e.g. bn=data/bn,en=data/en",
+    )
     out_dir: str = opt("runs/tokenizer", "output tokenizer dir (refused if it holds a tokenizer, unless overwrite)")
     vocab_size: int = opt(32000, "vocabulary size in tokens, incl. 3 special and 256 byte-fallback tokens")
-    proportions: dict[str, float] = opt(factory=dict, help="share of the training sample per language, by "
-                                        "characters, e.g. bn=0.6,en=0.4 (empty: the corpus's natural mix)")
+    proportions: dict[str, float] = opt(
+        factory=dict,
+        help="share of the training sample per language, by "
+        "characters, e.g. bn=0.6,en=0.4 (empty: the corpus's natural mix)",
+    )
     sample_chars: int = opt(60_000_000, "maximum characters in the training sample (all languages)")
     min_frequency: int = opt(2, "minimum pair count for a merge")
-    limit_alphabet: int = opt(1000, "at most this many distinct characters enter the vocabulary; rarer "
-                              "characters are encoded as byte-fallback tokens")
+    limit_alphabet: int = opt(
+        1000,
+        "at most this many distinct characters enter the vocabulary; rarer "
+        "characters are encoded as byte-fallback tokens",
+    )
     model_max_length: int = opt(2048, "model_max_length written to tokenizer_config.json (tokens)")
-    superword_share: float = opt(0.2, "share of the learned vocabulary given to multi-word tokens (SuperBPE-"
-                                 "style second stage; 0 = word-level only)")
-    kind: str = opt("prodip", "prodip: Bangla-aware; naive: GPT-2 byte-level BPE on the unbalanced mix "
-                    "(the baseline)", choices=("prodip", "naive"))
+    superword_share: float = opt(
+        0.2,
+        "share of the learned vocabulary given to multi-word tokens (SuperBPE-style second stage; 0 = word-level only)",
+    )
+    kind: str = opt(
+        "prodip",
+        "prodip: Bangla-aware; naive: GPT-2 byte-level BPE on the unbalanced mix (the baseline)",
+        choices=("prodip", "naive"),
+    )
     seed: int = opt(0, "seed of the per-document sampling")
-    errors: str = opt("strict", "invalid UTF-8: strict = error naming file and byte offset; skip = drop and "
-                      "count the bytes", choices=ERROR_POLICIES)
+    errors: str = opt(
+        "strict",
+        "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes",
+        choices=ERROR_POLICIES,
+    )
     overwrite: bool = opt(False, "replace an existing tokenizer in out_dir")
     progress: bool = opt(True, "show the trainer's progress bars")
 
 
 # ---------------------------------------------------------------------------------------------- sampling
+
 
 def _doc_unit(seed: int, lang: str, path: Path, index: int) -> float:
     """A deterministic uniform [0, 1) number per document (Python's hash() is salted per process)."""
@@ -121,8 +144,15 @@ def plan_sample(chars_by_lang: dict[str, int], proportions: dict[str, float], sa
     return {lang: int(total * s) for lang, s in shares.items()}
 
 
-def sample_documents(files_by_lang: dict[str, list[Path]], budget: dict[str, int], chars_by_lang: dict[str, int],
-                     *, seed: int, errors: str, drawn: dict[str, int]) -> Iterator[str]:
+def sample_documents(
+    files_by_lang: dict[str, list[Path]],
+    budget: dict[str, int],
+    chars_by_lang: dict[str, int],
+    *,
+    seed: int,
+    errors: str,
+    drawn: dict[str, int],
+) -> Iterator[str]:
     """Stream documents, languages interleaved, each kept with probability budget/available.
 
     ``drawn`` is filled with the characters actually yielded per language.
@@ -150,8 +180,9 @@ def sample_documents(files_by_lang: dict[str, list[Path]], budget: dict[str, int
                 del streams[lang]
 
 
-def count_chars(files_by_lang: dict[str, list[Path]], errors: str,
-                stats: dict[str, ReadStats] | None = None) -> dict[str, int]:
+def count_chars(
+    files_by_lang: dict[str, list[Path]], errors: str, stats: dict[str, ReadStats] | None = None
+) -> dict[str, int]:
     """Characters per language (one streamed pass); ``stats`` receives each language's read counters."""
     stats = {} if stats is None else stats
     out = {}
@@ -162,6 +193,7 @@ def count_chars(files_by_lang: dict[str, list[Path]], errors: str,
 
 
 # ------------------------------------------------------------------------------------------ building
+
 
 def _prodip_pipeline(tok: Tokenizer, pattern: str) -> Tokenizer:
     tok.normalizer = normalizers.NFC()
@@ -199,8 +231,10 @@ def check_vocab_size(vocab_size: int, kind: str) -> None:
     """Raise ValueError when ``vocab_size`` cannot hold the special tokens plus the base alphabet."""
     need = len(SPECIAL_TOKENS) + 256 + 1
     if vocab_size < need:
-        raise InvalidInput(f"vocab_size {vocab_size} is too small: the {kind} tokenizer needs "
-                         f"{len(SPECIAL_TOKENS)} special + 256 byte tokens + at least 1 learned token = {need}")
+        raise InvalidInput(
+            f"vocab_size {vocab_size} is too small: the {kind} tokenizer needs "
+            f"{len(SPECIAL_TOKENS)} special + 256 byte tokens + at least 1 learned token = {need}"
+        )
 
 
 def top_characters(texts: Callable[[], Iterator[str]], limit: int) -> list[str] | None:
@@ -216,8 +250,6 @@ def top_characters(texts: Callable[[], Iterator[str]], limit: int) -> list[str] 
         texts: zero-argument callable returning an iterator of documents (one extra pass).
         limit: alphabet size in characters.
     """
-    import unicodedata
-    from collections import Counter
     counts: Counter[str] = Counter()
     for doc in texts():
         counts.update(unicodedata.normalize("NFC", doc))
@@ -226,9 +258,16 @@ def top_characters(texts: Callable[[], Iterator[str]], limit: int) -> list[str] 
     return [ch for ch, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
 
 
-def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, kind: str = "prodip",
-                        min_frequency: int = 2, limit_alphabet: int = 1000, superword_share: float = 0.0,
-                        progress: bool = False) -> Tokenizer:
+def train_from_iterator(
+    texts: Callable[[], Iterator[str]],
+    *,
+    vocab_size: int,
+    kind: str = "prodip",
+    min_frequency: int = 2,
+    limit_alphabet: int = 1000,
+    superword_share: float = 0.0,
+    progress: bool = False,
+) -> Tokenizer:
     """Fit a tokenizer on documents.
 
     Args:
@@ -248,8 +287,13 @@ def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, 
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=progress,
+        )
         tok.train_from_iterator(texts(), trainer=trainer)
         return tok
     if kind != "prodip":
@@ -260,21 +304,33 @@ def train_from_iterator(texts: Callable[[], Iterator[str]], *, vocab_size: int, 
     n_super = int(superword_share * (learned - len(SPECIAL_TOKENS)))
     tok = _prodip_pipeline(Tokenizer(models.BPE()), WORD_PATTERN)
     limit = max(1, min(limit_alphabet, learned - len(SPECIAL_TOKENS)))
-    trainer = trainers.BpeTrainer(vocab_size=learned - n_super, min_frequency=min_frequency, special_tokens=specials,
-                                  limit_alphabet=limit, initial_alphabet=top_characters(texts, limit) or [],
-                                  show_progress=progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=learned - n_super,
+        min_frequency=min_frequency,
+        special_tokens=specials,
+        limit_alphabet=limit,
+        initial_alphabet=top_characters(texts, limit) or [],
+        show_progress=progress,
+    )
     tok.train_from_iterator(texts(), trainer=trainer)
     extra: list[tuple[str, str]] = []
     if n_super:
         stage1 = _with_byte_fallback(tok, vocab_size)
         # ask for 10% more: a merged phrase may already be a stage-1 token and then adds no id
-        extra = learn_superwords(stage1, texts, int(n_super * 1.1) + 1, min_frequency=max(2, min_frequency),
-                                 progress=progress)
+        extra = learn_superwords(
+            stage1, texts, int(n_super * 1.1) + 1, min_frequency=max(2, min_frequency), progress=progress
+        )
     return _with_byte_fallback(tok, vocab_size, extra)
 
 
-def save_tokenizer_dir(tok: Tokenizer, out_dir: str | os.PathLike, *, model_max_length: int = 2048,
-                       extra_files: dict[str, str] | None = None, overwrite: bool = False) -> Path:
+def save_tokenizer_dir(
+    tok: Tokenizer,
+    out_dir: str | os.PathLike,
+    *,
+    model_max_length: int = 2048,
+    extra_files: dict[str, str] | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the tokenizer dir atomically (a sibling temp dir renamed into place).
 
     Raises:
@@ -292,10 +348,18 @@ def save_tokenizer_dir(tok: Tokenizer, out_dir: str | os.PathLike, *, model_max_
     try:
         tok.save(str(tmp / "tokenizer.json"))
         names = dict(zip(("pad_token", "bos_token", "eos_token"), SPECIAL_TOKENS))
-        config = {"format_version": FORMAT_VERSION, "tokenizer_class": "PreTrainedTokenizerFast", **names,
-                  "pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
-                  "model_max_length": model_max_length, "clean_up_tokenization_spaces": False,
-                  "add_bos_token": False, "add_eos_token": False}
+        config = {
+            "format_version": FORMAT_VERSION,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **names,
+            "pad_token_id": PAD_ID,
+            "bos_token_id": BOS_ID,
+            "eos_token_id": EOS_ID,
+            "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": False,
+            "add_bos_token": False,
+            "add_eos_token": False,
+        }
         (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (tmp / "special_tokens_map.json").write_text(json.dumps(names, indent=2) + "\n", encoding="utf-8")
         for name, text in (extra_files or {}).items():
@@ -309,7 +373,6 @@ def save_tokenizer_dir(tok: Tokenizer, out_dir: str | os.PathLike, *, model_max_
 
 
 def _peak_rss_mb() -> float:
-    import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -327,8 +390,10 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     """
     check_vocab_size(cfg.vocab_size, cfg.kind)
     if cfg.sample_chars < 1 or cfg.min_frequency < 1:
-        raise InvalidInput(f"TokenizerTrainConfig.sample_chars and min_frequency must be >= 1, got "
-                         f"{cfg.sample_chars}, {cfg.min_frequency}")
+        raise InvalidInput(
+            f"TokenizerTrainConfig.sample_chars and min_frequency must be >= 1, got "
+            f"{cfg.sample_chars}, {cfg.min_frequency}"
+        )
     if cfg.kind == "prodip" and not 0.0 <= cfg.superword_share <= 0.9:  # before reading the corpus
         raise InvalidInput(f"TokenizerTrainConfig.superword_share must be in [0, 0.9], got {cfg.superword_share}")
     out = Path(cfg.out_dir)
@@ -340,8 +405,11 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     chars = count_chars(files, cfg.errors, read)
     skipped = sum(r.skipped_bytes for r in read.values())
     if skipped:
-        log.warning("skipping %d undecodable bytes (first at %s)", skipped,
-                    [w for r in read.values() for w in r.skipped_where][:3])
+        log.warning(
+            "skipping %d undecodable bytes (first at %s)",
+            skipped,
+            [w for r in read.values() for w in r.skipped_where][:3],
+        )
     proportions = {} if cfg.kind == "naive" else cfg.proportions  # the baseline takes the natural mix
     budget = plan_sample(chars, proportions, cfg.sample_chars)
     drawn: dict[str, int] = {}
@@ -350,32 +418,59 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     def texts() -> Iterator[str]:  # deterministic, so the superword stage sees the same sample
         drawn.clear()
         return sample_documents(files, budget, chars, seed=cfg.seed, errors=cfg.errors, drawn=drawn)
-    tok = train_from_iterator(texts, vocab_size=cfg.vocab_size, kind=cfg.kind, min_frequency=cfg.min_frequency,
-                              limit_alphabet=cfg.limit_alphabet,
-                              superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0,
-                              progress=cfg.progress)
+
+    tok = train_from_iterator(
+        texts,
+        vocab_size=cfg.vocab_size,
+        kind=cfg.kind,
+        min_frequency=cfg.min_frequency,
+        limit_alphabet=cfg.limit_alphabet,
+        superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0,
+        progress=cfg.progress,
+    )
     elapsed = time.perf_counter() - start
     obtained = tok.get_vocab_size()
     if obtained < cfg.vocab_size:
-        log.warning("requested vocab_size %d but the corpus sample only supports %d tokens (%d merges short; "
-                    "too little or too uniform text for the requested size); writing the %d-token tokenizer, "
-                    "its real size is in train_info.json", cfg.vocab_size, obtained, cfg.vocab_size - obtained,
-                    obtained)
-    info = {"format_version": FORMAT_VERSION, "kind": cfg.kind, "vocab_size": obtained,
-            "requested_vocab_size": cfg.vocab_size,
-            "sample_chars": drawn, "available_chars": chars, "skipped_bytes": skipped,
-            "skipped_where": [w for r in read.values() for w in r.skipped_where][:10], "train_s": round(elapsed, 2),
-            "peak_rss_mb": round(_peak_rss_mb(), 1),
-            "files": {lang: [str(f) for f in fs] for lang, fs in files.items()}}
-    extra = {"train_config.toml": dump_toml({"tokenizer": to_dict(cfg)}),
-             "train_info.json": json.dumps(info, indent=2, ensure_ascii=False) + "\n"}
+        log.warning(
+            "requested vocab_size %d but the corpus sample only supports %d tokens (%d merges short; "
+            "too little or too uniform text for the requested size); writing the %d-token tokenizer, "
+            "its real size is in train_info.json",
+            cfg.vocab_size,
+            obtained,
+            cfg.vocab_size - obtained,
+            obtained,
+        )
+    info = {
+        "format_version": FORMAT_VERSION,
+        "kind": cfg.kind,
+        "vocab_size": obtained,
+        "requested_vocab_size": cfg.vocab_size,
+        "sample_chars": drawn,
+        "available_chars": chars,
+        "skipped_bytes": skipped,
+        "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
+        "train_s": round(elapsed, 2),
+        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "files": {lang: [str(f) for f in fs] for lang, fs in files.items()},
+    }
+    extra = {
+        "train_config.toml": dump_toml({"tokenizer": to_dict(cfg)}),
+        "train_info.json": json.dumps(info, indent=2, ensure_ascii=False) + "\n",
+    }
     save_tokenizer_dir(tok, out, model_max_length=cfg.model_max_length, extra_files=extra, overwrite=cfg.overwrite)
     log.info("tokenizer (%s, %d tokens) written to %s in %.1f s", cfg.kind, tok.get_vocab_size(), out, elapsed)
     return out
 
 
-def train_tokenizer_from_texts(texts_by_lang: dict[str, list[str]], vocab_size: int, out_dir: str | os.PathLike,
-                               *, kind: str = "prodip", min_frequency: int = 1, superword_share: float = 0.0) -> Path:
+def train_tokenizer_from_texts(
+    texts_by_lang: dict[str, list[str]],
+    vocab_size: int,
+    out_dir: str | os.PathLike,
+    *,
+    kind: str = "prodip",
+    min_frequency: int = 1,
+    superword_share: float = 0.0,
+) -> Path:
     """Build a valid tokenizer dir quickly from in-memory text (test fixtures of every package).
 
     Args:
@@ -386,15 +481,19 @@ def train_tokenizer_from_texts(texts_by_lang: dict[str, list[str]], vocab_size: 
     Returns:
         ``out_dir`` as a Path.
     """
+
     def texts() -> Iterator[str]:
         for docs in texts_by_lang.values():
             yield from docs
-    tok = train_from_iterator(texts, vocab_size=vocab_size, kind=kind, min_frequency=min_frequency,
-                              superword_share=superword_share)
+
+    tok = train_from_iterator(
+        texts, vocab_size=vocab_size, kind=kind, min_frequency=min_frequency, superword_share=superword_share
+    )
     return save_tokenizer_dir(tok, out_dir, overwrite=True)
 
 
 # ------------------------------------------------------------------------------------------ loading
+
 
 def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
     """Load ``tokenizer.json`` from a tokenizer dir (or an export dir).
@@ -405,8 +504,9 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
     """
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
-        raise MissingInput(f"{path}: not found; train a tokenizer with `prodip tokenizer train --out-dir "
-                                f"{tokenizer_dir}`")
+        raise MissingInput(
+            f"{path}: not found; train a tokenizer with `prodip tokenizer train --out-dir {tokenizer_dir}`"
+        )
     tok = Tokenizer.from_file(str(path))
     for want_id, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want_id:

@@ -9,38 +9,60 @@ Each verb reads an optional ``--config TOML`` (sections ``[tokenizer]``, ``[audi
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from prodip.base.config import add_arguments, resolve
+from prodip.tokenizer.audit import format_table, run_audit
+from prodip.tokenizer.bpe import train_tokenizer
+from prodip.tokenizer.encode import prepare_shards
+from prodip.tokenizer.shards import load_meta
 
 # (group, verb, module, config class, TOML section, one-line help)
 _VERBS = [
-    ("tokenizer", "train", "prodip.tokenizer.bpe", "TokenizerTrainConfig", "tokenizer",
-     "train the Bangla-aware BPE tokenizer (or the naive baseline) into a tokenizer dir"),
-    ("tokenizer", "audit", "prodip.tokenizer.audit", "AuditConfig", "audit",
-     "fertility per language on held-out text -> fertility.json + table; exit 1 if the gate fails"),
-    ("data", "prepare", "prodip.tokenizer.encode", "DataPrepareConfig", "data",
-     "encode a corpus into per-language train/val token shards + meta.json"),
+    (
+        "tokenizer",
+        "train",
+        "prodip.tokenizer.bpe",
+        "TokenizerTrainConfig",
+        "tokenizer",
+        "train the Bangla-aware BPE tokenizer (or the naive baseline) into a tokenizer dir",
+    ),
+    (
+        "tokenizer",
+        "audit",
+        "prodip.tokenizer.audit",
+        "AuditConfig",
+        "audit",
+        "fertility per language on held-out text -> fertility.json + table; exit 1 if the gate fails",
+    ),
+    (
+        "data",
+        "prepare",
+        "prodip.tokenizer.encode",
+        "DataPrepareConfig",
+        "data",
+        "encode a corpus into per-language train/val token shards + meta.json",
+    ),
 ]
-_GROUP_HELP = {"tokenizer": "train, audit and gate a Bangla-aware BPE tokenizer",
-               "data": "encode a corpus into token shards with a tokenizer dir"}
+_GROUP_HELP = {
+    "tokenizer": "train, audit and gate a Bangla-aware BPE tokenizer",
+    "data": "encode a corpus into token shards with a tokenizer dir",
+}
 
 
 def _cfg(args: argparse.Namespace):
-    import importlib
     cls = getattr(importlib.import_module(args._module), args._cls)
     return resolve(cls, args, toml_path=args.config, section=args._section)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from prodip.tokenizer.bpe import train_tokenizer
     out = train_tokenizer(_cfg(args))
     print(f"tokenizer written to {out}")
     return 0
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from prodip.tokenizer.audit import format_table, run_audit
     report = run_audit(_cfg(args))
     print(format_table(report))
     if not report["gate"]["passed"]:
@@ -50,16 +72,18 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from prodip.tokenizer.encode import prepare_shards
-    from prodip.tokenizer.shards import load_meta
     out = prepare_shards(_cfg(args))
     meta = load_meta(out)
     for lang, info in meta["languages"].items():
         n = {s: sum(e["n_tokens"] for e in info[s]) for s in ("train", "val")}
-        print(f"{lang}: {n['train']:,} train + {n['val']:,} val tokens from {info['documents']['train']} + "
-              f"{info['documents']['val']} documents ({info['bytes'] / 1e6:.2f} MB)")
-    print(f"shards written to {out} at {meta['mb_per_s']:.2f} MB/s"
-          + (f"; skipped {meta['skipped_bytes']} undecodable bytes" if meta["skipped_bytes"] else ""))
+        print(
+            f"{lang}: {n['train']:,} train + {n['val']:,} val tokens from {info['documents']['train']} + "
+            f"{info['documents']['val']} documents ({info['bytes'] / 1e6:.2f} MB)"
+        )
+    print(
+        f"shards written to {out} at {meta['mb_per_s']:.2f} MB/s"
+        + (f"; skipped {meta['skipped_bytes']} undecodable bytes" if meta["skipped_bytes"] else "")
+    )
     return 0
 
 
@@ -73,7 +97,6 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
         subparsers: the object returned by ``parser.add_subparsers()``.
         only: register just this group (``"tokenizer"`` or ``"data"``); None = both.
     """
-    import importlib
     groups = {}
     for group, verb, module, cls_name, section, help_text in _VERBS:
         if only is not None and group != only:
@@ -82,7 +105,8 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
             parser = subparsers.add_parser(group, help=_GROUP_HELP[group], description=_GROUP_HELP[group])
             groups[group] = parser.add_subparsers(dest="verb", metavar="VERB")
         leaf = groups[group].add_parser(verb, help=help_text, description=help_text)
-        leaf.add_argument("--config", metavar="TOML", default=None,
-                          help=f"TOML file; its [{section}] table sets the options below")
+        leaf.add_argument(
+            "--config", metavar="TOML", default=None, help=f"TOML file; its [{section}] table sets the options below"
+        )
         add_arguments(leaf, getattr(importlib.import_module(module), cls_name))
         leaf.set_defaults(func=_FUNCS[verb], _module=module, _cls=cls_name, _section=section)

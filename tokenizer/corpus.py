@@ -56,12 +56,14 @@ def expand_inputs(inputs: dict[str, list[str]], *, what: str = "inputs") -> dict
         FileNotFoundError: a listed path does not exist.
     """
     if not inputs:
-        raise InvalidInput(f"{what}: no languages given; expected e.g. {{bn = [\"data/bn\"], en = [\"data/en\"]}}")
+        raise InvalidInput(f'{what}: no languages given; expected e.g. {{bn = ["data/bn"], en = ["data/en"]}}')
     out: dict[str, list[Path]] = {}
     for lang in inputs:
         if not LANG_TAG.fullmatch(str(lang)):
-            raise InvalidInput(f"{what}: language tag {lang!r} is not a plain code (letters, digits, '_', '-', "
-                             f"starting with a letter, at most 32 characters; e.g. bn, en, zh-Hans)")
+            raise InvalidInput(
+                f"{what}: language tag {lang!r} is not a plain code (letters, digits, '_', '-', "
+                f"starting with a letter, at most 32 characters; e.g. bn, en, zh-Hans)"
+            )
     for lang, paths in inputs.items():
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -104,8 +106,9 @@ def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
             except UnicodeDecodeError as err:
                 if errors == "strict":
                     raise InvalidInput(
-                        f"{path}: invalid UTF-8 at byte offset {offset + err.start} ({raw[err.start:err.end]!r}); "
-                        "fix the file or pass --errors skip to drop undecodable bytes (they are counted)") from None
+                        f"{path}: invalid UTF-8 at byte offset {offset + err.start} ({raw[err.start : err.end]!r}); "
+                        "fix the file or pass --errors skip to drop undecodable bytes (they are counted)"
+                    ) from None
                 line = _decode_skipping(raw, path, offset, stats)
             offset += len(raw)
             yield line
@@ -126,8 +129,10 @@ def _read_raw_lines(fh, path: Path) -> Iterator[bytes]:
         except StopIteration:
             return
         except gzip.BadGzipFile as err:
-            raise InvalidInput(f"{path}: not a gzip file (BadGzipFile: {err}); rename it without .gz if it is "
-                             "plain text, or re-compress it with gzip") from None
+            raise InvalidInput(
+                f"{path}: not a gzip file (BadGzipFile: {err}); rename it without .gz if it is "
+                "plain text, or re-compress it with gzip"
+            ) from None
         except EOFError as err:
             raise InvalidInput(f"{path}: truncated gzip file (EOFError: {err}); re-copy or re-compress it") from None
         except zlib.error as err:
@@ -142,7 +147,7 @@ def _decode_skipping(raw: bytes, path: Path, offset: int, stats: ReadStats) -> s
             out.append(raw[pos:].decode("utf-8"))
             break
         except UnicodeDecodeError as err:
-            out.append(raw[pos:pos + err.start].decode("utf-8"))
+            out.append(raw[pos : pos + err.start].decode("utf-8"))
             bad = max(err.end - err.start, 1)
             stats.skipped_bytes += bad
             if len(stats.skipped_where) < 10:
@@ -178,7 +183,7 @@ def _jsonl_documents(path: Path, lines: Iterator[str]) -> Iterator[str]:
             raise InvalidInput(f"{path}:{lineno}: not valid JSON ({err.msg}); expected one object per line") from None
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str):
-            raise InvalidInput(f"{path}:{lineno}: expected an object with a string field \"text\"")
+            raise InvalidInput(f'{path}:{lineno}: expected an object with a string field "text"')
         yield text
 
 
@@ -193,8 +198,14 @@ def _tsv_documents(path: Path, lines: Iterator[str], lang: str) -> Iterator[str]
             yield cells[col]
 
 
-def iter_documents(path: str | os.PathLike, lang: str, *, errors: str = "strict", doc_chars: int = 20000,
-                   stats: ReadStats | None = None) -> Iterator[str]:
+def iter_documents(
+    path: str | os.PathLike,
+    lang: str,
+    *,
+    errors: str = "strict",
+    doc_chars: int = 20000,
+    stats: ReadStats | None = None,
+) -> Iterator[str]:
     """Yield the non-empty documents of one file (see the module docstring for the formats).
 
     Args:

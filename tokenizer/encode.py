@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from prodip.base.errors import InvalidInput, OutputExists
 from prodip.base.config import dump_toml, opt, to_dict
+from prodip.base.errors import InvalidInput, OutputExists
 from prodip.tokenizer import shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
@@ -36,16 +36,20 @@ class DataPrepareConfig:
     """``prodip data prepare`` (TOML section ``[data]``)."""
 
     tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
-    inputs: dict[str, list[str]] = opt(factory=dict, help="language -> files/folders of text to encode, "
-                                       "e.g. bn=data/bn,en=data/en")
+    inputs: dict[str, list[str]] = opt(
+        factory=dict, help="language -> files/folders of text to encode, e.g. bn=data/bn,en=data/en"
+    )
     out_dir: str = opt("runs/shards", "output shards dir (refused if it holds shards, unless overwrite)")
     val_fraction: float = opt(0.02, "share of documents sent to the validation split (0-0.5)")
     seed: int = opt(0, "seed of the train/val document split")
     shard_tokens: int = opt(50_000_000, "maximum tokens per shard file")
     doc_chars: int = opt(20000, ".txt files: a document ends at the first blank line after this many characters")
     batch_chars: int = opt(4_000_000, "characters sent to the batch encoder at once (memory vs overhead)")
-    errors: str = opt("strict", "invalid UTF-8: strict = error naming file and byte offset; skip = drop and "
-                      "count the bytes", choices=ERROR_POLICIES)
+    errors: str = opt(
+        "strict",
+        "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes",
+        choices=ERROR_POLICIES,
+    )
     overwrite: bool = opt(False, "replace existing shards in out_dir")
     progress: bool = opt(True, "show a progress bar")
 
@@ -102,8 +106,9 @@ def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in encode(texts, add_special_tokens=False)]
 
 
-def _encode_language(tok, lang: str, files: list[Path], cfg: DataPrepareConfig, tmp: Path, token_dtype: str,
-                     bar, stats: ReadStats) -> dict:
+def _encode_language(
+    tok, lang: str, files: list[Path], cfg: DataPrepareConfig, tmp: Path, token_dtype: str, bar, stats: ReadStats
+) -> dict:
     (tmp / lang).mkdir()
     writers = {s: _SplitWriter(tmp, lang, s, token_dtype, cfg.shard_tokens) for s in shards.SPLITS}
     np_dtype = np.dtype(token_dtype)
@@ -135,8 +140,7 @@ def _encode_language(tok, lang: str, files: list[Path], cfg: DataPrepareConfig, 
     if pending is not None:
         move = cfg.val_fraction > 0 and writers["val"].documents == 0 and writers["train"].documents >= 1
         writers["val" if move else "train"].add(pending)
-    return {s: w.close() for s, w in writers.items()} | {
-        "documents": {s: w.documents for s, w in writers.items()}}
+    return {s: w.close() for s, w in writers.items()} | {"documents": {s: w.documents for s, w in writers.items()}}
 
 
 def prepare_shards(cfg: DataPrepareConfig) -> Path:
@@ -170,16 +174,27 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
             for lang, lang_files in files.items():
                 read[lang] = ReadStats()
                 languages[lang] = _encode_language(tok, lang, lang_files, cfg, tmp, token_dtype, bar, read[lang])
-                languages[lang].update(chars=read[lang].chars, bytes=read[lang].bytes,
-                                       skipped_bytes=read[lang].skipped_bytes)
+                languages[lang].update(
+                    chars=read[lang].chars, bytes=read[lang].bytes, skipped_bytes=read[lang].skipped_bytes
+                )
         elapsed = time.perf_counter() - start
         text_mb = sum(r.bytes for r in read.values()) / 1e6
-        meta = {"tokenizer_sha256": sha, "vocab_size": vocab_size, "token_dtype": token_dtype,
-                "bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID, "eos_between_documents": True,
-                "val_fraction": cfg.val_fraction, "seed": cfg.seed, "languages": languages,
-                "skipped_bytes": sum(r.skipped_bytes for r in read.values()),
-                "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
-                "encode_s": round(elapsed, 2), "mb_per_s": round(text_mb / max(elapsed, 1e-9), 2)}
+        meta = {
+            "tokenizer_sha256": sha,
+            "vocab_size": vocab_size,
+            "token_dtype": token_dtype,
+            "bos_id": BOS_ID,
+            "eos_id": EOS_ID,
+            "pad_id": PAD_ID,
+            "eos_between_documents": True,
+            "val_fraction": cfg.val_fraction,
+            "seed": cfg.seed,
+            "languages": languages,
+            "skipped_bytes": sum(r.skipped_bytes for r in read.values()),
+            "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
+            "encode_s": round(elapsed, 2),
+            "mb_per_s": round(text_mb / max(elapsed, 1e-9), 2),
+        }
         shards.write_meta(tmp, meta)
         (tmp / "data_config.toml").write_text(dump_toml({"data": to_dict(cfg)}), encoding="utf-8")
         if out.exists():
@@ -187,9 +202,10 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    n_tokens = sum(e["n_tokens"] for l in languages.values() for s in shards.SPLITS for e in l[s])
-    log.info("%d tokens from %.1f MB of text in %.1f s (%.2f MB/s) -> %s", n_tokens, text_mb, elapsed,
-             meta["mb_per_s"], out)
+    n_tokens = sum(e["n_tokens"] for lang in languages.values() for s in shards.SPLITS for e in lang[s])
+    log.info(
+        "%d tokens from %.1f MB of text in %.1f s (%.2f MB/s) -> %s", n_tokens, text_mb, elapsed, meta["mb_per_s"], out
+    )
     if meta["skipped_bytes"]:
         log.warning("skipped %d undecodable bytes (first at %s)", meta["skipped_bytes"], meta["skipped_where"][:3])
     return out

@@ -105,8 +105,10 @@ def read_header(path: str | os.PathLike) -> tuple[int, np.dtype]:
     expected = HEADER_BYTES + n_tokens * dtype.itemsize
     size = path.stat().st_size
     if size != expected:
-        raise InvalidInput(f"{path}: {size} bytes, header says {n_tokens} tokens = {expected} bytes "
-                         f"(truncated or corrupt shard; re-run `{_PRODUCER}`)")
+        raise InvalidInput(
+            f"{path}: {size} bytes, header says {n_tokens} tokens = {expected} bytes "
+            f"(truncated or corrupt shard; re-run `{_PRODUCER}`)"
+        )
     return n_tokens, dtype
 
 
@@ -129,8 +131,9 @@ def write_meta(shards_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
     """Write ``meta.json`` atomically, adding ``format_version``."""
     path = Path(shards_dir) / META_NAME
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, ensure_ascii=False) + "\n",
-                   encoding="utf-8")
+    tmp.write_text(
+        json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     os.replace(tmp, path)
 
 
@@ -158,8 +161,9 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
     except json.JSONDecodeError as err:
         raise InvalidInput(f"{path}: not valid JSON ({err})") from None
     if meta.get("format_version") != FORMAT_VERSION:
-        raise InvalidInput(f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}; "
-                         f"re-run `{_PRODUCER}`")
+        raise InvalidInput(
+            f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}; re-run `{_PRODUCER}`"
+        )
     for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "eos_id", "languages"):
         if key not in meta:
             raise InvalidInput(f"{path}: missing key {key!r}")
@@ -167,7 +171,8 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
         raise InvalidInput(
             f"{path}: shards were encoded with tokenizer sha256 {meta['tokenizer_sha256'][:16]}…, but this run "
             f"uses tokenizer sha256 {expected_tokenizer_sha256[:16]}…; re-encode with `{_PRODUCER}` using the "
-            "run's tokenizer dir")
+            "run's tokenizer dir"
+        )
     return meta
 
 
@@ -197,7 +202,7 @@ def _main(argv: list[str]) -> int:
         return 2
     meta = load_meta(argv[0])
     print(json.dumps({k: v for k, v in meta.items() if k != "languages"}, indent=2))
-    for lang, splits in meta["languages"].items():
+    for lang in meta["languages"]:
         for split in SPLITS:
             n = sum(int(read_shard(p).shape[0]) for p in shard_paths(argv[0], lang, split))
             print(f"{lang:>6} {split:>5}: {n:>12,d} tokens")

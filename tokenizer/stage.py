@@ -1,6 +1,6 @@
 """The tokenizer package's two pipeline stages: ``tokenizer`` (train, audit, gate) and ``data`` (shards).
 
-    python -c "from prodip.tokenizer.stage import STAGES; print([s.name for s in STAGES])"
+python -c "from prodip.tokenizer.stage import STAGES; print([s.name for s in STAGES])"
 """
 
 from __future__ import annotations
@@ -58,7 +58,10 @@ def data_run(plan: Plan) -> None:
 STAGES = (
     Stage(
         name="tokenizer",
-        tables={"tokenizer": "prodip.tokenizer.bpe:TokenizerTrainConfig", "audit": "prodip.tokenizer.audit:AuditConfig"},
+        tables={
+            "tokenizer": "prodip.tokenizer.bpe:TokenizerTrainConfig",
+            "audit": "prodip.tokenizer.audit:AuditConfig",
+        },
         reads=(),
         writes="tokenizer",
         needs=None,

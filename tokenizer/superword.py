@@ -41,11 +41,13 @@ def token_roles(tok: Tokenizer) -> np.ndarray:
     """Per stage-1 token id: 0 = breaks a phrase, 1 = word token, 2 = word token ending a phrase,
     3 = word token starting a phrase (it begins with punctuation, e.g. ``-word``: the phrase pattern only
     joins words across single spaces)."""
+
     def letter(c: str) -> bool:
         return unicodedata.category(c).startswith("L")
 
     def word_start(c: str) -> bool:
         return c in " \u200c\u200d" or unicodedata.category(c)[0] in "LM"
+
     roles = np.zeros(tok.get_vocab_size(), dtype=np.int8)
     for i in range(tok.get_vocab_size()):
         piece = tok.id_to_token(i)
@@ -90,8 +92,9 @@ def phrases(tok: Tokenizer, roles: np.ndarray, docs: Iterator[str], batch: int =
         yield from emit(buf)
 
 
-def learn_superwords(stage1: Tokenizer, docs: Callable[[], Iterator[str]], n_new: int,
-                     min_frequency: int = 2, progress: bool = False) -> list[tuple[str, str]]:
+def learn_superwords(
+    stage1: Tokenizer, docs: Callable[[], Iterator[str]], n_new: int, min_frequency: int = 2, progress: bool = False
+) -> list[tuple[str, str]]:
     """Learn up to ``n_new`` stage-2 merges on the phrases of ``docs()``; returns them as text pairs.
 
     Raises:
@@ -101,8 +104,13 @@ def learn_superwords(stage1: Tokenizer, docs: Callable[[], Iterator[str]], n_new
         raise InvalidInput(f"superword stage supports at most {_MAX_IDS} stage-1 tokens")
     roles = token_roles(stage1)
     alphabet = [_pua(i) for i in np.flatnonzero(roles)]
-    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + n_new, min_frequency=min_frequency,
-                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet), show_progress=progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(alphabet) + n_new,
+        min_frequency=min_frequency,
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=progress,
+    )
     stage2 = Tokenizer(models.BPE())  # no normaliser, no pre-tokeniser: a phrase is one "word"
     stage2.train_from_iterator(phrases(stage1, roles, docs()), trainer=trainer)
     merges = json.loads(stage2.to_str())["model"]["merges"]

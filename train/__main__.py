@@ -1,7 +1,7 @@
 """``python -m prodip.train train|eval ...`` (same as ``prodip train|eval``; torchrun-friendly: ``-m prodip.train``).
 
-    python -m prodip.train train --config configs/demo.toml
-    torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --device cpu
+python -m prodip.train train --config configs/demo.toml
+torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --device cpu
 """
 
 import sys

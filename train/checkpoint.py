@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
 from prodip.train.config import ModelConfig
+from prodip.train.model import LlamaForCausalLM
 
 FORMAT_VERSION = 1
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -136,16 +137,16 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 
 
 def _write_model_files(dest: Path, model: torch.nn.Module, model_config: ModelConfig) -> None:
-    save_file(clean_state_dict(model, model_config.tie_word_embeddings), str(dest / MODEL_FILE),
-              metadata={"format": "pt"})
+    save_file(
+        clean_state_dict(model, model_config.tie_word_embeddings), str(dest / MODEL_FILE), metadata={"format": "pt"}
+    )
     _write_json(dest / CONFIG_FILE, model_config.to_dict())
 
 
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> str:
     src = Path(tokenizer_dir)
     if not (src / "tokenizer.json").is_file():
-        raise MissingInput(f"{src}/tokenizer.json: tokenizer dir not found "
-                                "(made by `prodip tokenizer train`)")
+        raise MissingInput(f"{src}/tokenizer.json: tokenizer dir not found (made by `prodip tokenizer train`)")
     dest.mkdir()
     for item in sorted(src.iterdir()):
         if item.is_file():
@@ -153,12 +154,20 @@ def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> str:
     return file_sha256(dest / "tokenizer.json")
 
 
-def save_checkpoint(checkpoints_dir: str | os.PathLike, *, step: int, model: torch.nn.Module,
-                    model_config: ModelConfig, tokenizer_dir: str | os.PathLike,
-                    optimizer: Optional[torch.optim.Optimizer] = None, tokens_seen: int = 0,
-                    train_config: Optional[dict[str, Any]] = None,
-                    data_state: Optional[dict[str, Any]] = None,
-                    extra_state: Optional[dict[str, Any]] = None, keep_last: int = 3) -> Path:
+def save_checkpoint(
+    checkpoints_dir: str | os.PathLike,
+    *,
+    step: int,
+    model: torch.nn.Module,
+    model_config: ModelConfig,
+    tokenizer_dir: str | os.PathLike,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    tokens_seen: int = 0,
+    train_config: Optional[dict[str, Any]] = None,
+    data_state: Optional[dict[str, Any]] = None,
+    extra_state: Optional[dict[str, Any]] = None,
+    keep_last: int = 3,
+) -> Path:
     """Write ``checkpoints_dir/step_NNNNNNN`` atomically, then point ``latest`` at it.
 
     Args:
@@ -195,9 +204,15 @@ def save_checkpoint(checkpoints_dir: str | os.PathLike, *, step: int, model: tor
         tensors, groups = _optimizer_tensors(optimizer)
         save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"optimizer": groups})
     save_file(_rng_tensors(), str(tmp / RNG_FILE))
-    state = {"format_version": FORMAT_VERSION, "step": step, "tokens_seen": tokens_seen,
-             "tokenizer_sha256": tok_sha, "train_config": train_config or {},
-             "data_state": data_state, **(extra_state or {})}
+    state = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "tokenizer_sha256": tok_sha,
+        "train_config": train_config or {},
+        "data_state": data_state,
+        **(extra_state or {}),
+    }
     _write_json(tmp / TRAINER_STATE_FILE, state)
     files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
@@ -257,8 +272,10 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             if not (step / MANIFEST_FILE).is_file():
                 raise MissingInput(f"{latest} names {name!r} but {step} holds no {MANIFEST_FILE}")
             return step
-    raise MissingInput(f"{path}: no checkpoint (expected a step dir with {MANIFEST_FILE}, or a "
-                            f"run/checkpoints dir with a '{LATEST_FILE}' file; made by `prodip train`)")
+    raise MissingInput(
+        f"{path}: no checkpoint (expected a step dir with {MANIFEST_FILE}, or a "
+        f"run/checkpoints dir with a '{LATEST_FILE}' file; made by `prodip train`)"
+    )
 
 
 def verify_manifest(ckpt_dir: Path) -> dict[str, Any]:
@@ -271,16 +288,16 @@ def verify_manifest(ckpt_dir: Path) -> dict[str, Any]:
     mpath = ckpt_dir / MANIFEST_FILE
     manifest = json.loads(mpath.read_text(encoding="utf-8"))
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise InvalidInput(f"{mpath}: format_version {manifest.get('format_version')!r}, "
-                         f"expected {FORMAT_VERSION}")
+        raise InvalidInput(f"{mpath}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
     files = manifest["files"]
     for rel, meta in files.items():
         path = ckpt_dir / rel
         if not path.is_file():
             raise MissingInput(f"{path}: listed in {mpath} but missing")
         if path.stat().st_size != meta["bytes"]:
-            raise InvalidInput(f"{path}: {path.stat().st_size} bytes, manifest says {meta['bytes']} "
-                             "(truncated or tampered)")
+            raise InvalidInput(
+                f"{path}: {path.stat().st_size} bytes, manifest says {meta['bytes']} (truncated or tampered)"
+            )
         if file_sha256(path) != meta["sha256"]:
             raise InvalidInput(f"{path}: sha256 differs from {mpath} (tampered or corrupted)")
     for path in ckpt_dir.rglob("*"):
@@ -299,12 +316,14 @@ def _check_tensors(path: Path, expected: dict[str, torch.Tensor], got: dict[str,
         raise InvalidInput(f"{path}: unexpected tensor(s) {', '.join(extra)} for this config.json")
     for key, ref in expected.items():
         if tuple(got[key].shape) != tuple(ref.shape):
-            raise InvalidInput(f"{path}: tensor {key} has shape {tuple(got[key].shape)}, "
-                             f"config.json implies {tuple(ref.shape)}")
+            raise InvalidInput(
+                f"{path}: tensor {key} has shape {tuple(got[key].shape)}, config.json implies {tuple(ref.shape)}"
+            )
 
 
-def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
-               ) -> tuple[torch.nn.Module, ModelConfig, dict[str, Any]]:
+def load_model(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu"
+) -> tuple[torch.nn.Module, ModelConfig, dict[str, Any]]:
     """Load a verified checkpoint into a fresh ``LlamaForCausalLM`` (fp32 as saved, eval mode).
 
     Args:
@@ -318,7 +337,6 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         ValueError: a hash mismatch naming the file; a missing/extra/mis-shaped tensor naming it
             and both shapes; a bad config.json; the tokenizer copy not matching trainer_state.json.
     """
-    from prodip.train.model import LlamaForCausalLM
 
     ckpt = resolve_checkpoint(path)
     manifest = verify_manifest(ckpt)
@@ -326,12 +344,13 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     tok_sha = file_sha256(ckpt / TOKENIZER_SUBDIR / "tokenizer.json")
     if state.get("tokenizer_sha256") != tok_sha:
-        raise InvalidInput(f"{ckpt / TOKENIZER_SUBDIR}: tokenizer.json sha256 {tok_sha[:12]} differs from "
-                         f"{TRAINER_STATE_FILE}'s {str(state.get('tokenizer_sha256'))[:12]}")
+        raise InvalidInput(
+            f"{ckpt / TOKENIZER_SUBDIR}: tokenizer.json sha256 {tok_sha[:12]} differs from "
+            f"{TRAINER_STATE_FILE}'s {str(state.get('tokenizer_sha256'))[:12]}"
+        )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    expected = {k: v for k, v in model.state_dict().items()
-                if not (config.tie_word_embeddings and k == TIED_ALIAS)}
+    expected = {k: v for k, v in model.state_dict().items() if not (config.tie_word_embeddings and k == TIED_ALIAS)}
     tensors = load_file(str(ckpt / MODEL_FILE), device=str(map_location))
     _check_tensors(ckpt / MODEL_FILE, expected, tensors)
     model = model.to_empty(device=map_location)
@@ -340,15 +359,22 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         tensors = {**tensors, TIED_ALIAS: tensors[TIED_KEY]}
     model.load_state_dict(tensors, strict=True)
     model.eval()
-    info = {"step": state["step"], "model_sha256": manifest["files"][MODEL_FILE]["sha256"],
-            "tokenizer_dir": ckpt / TOKENIZER_SUBDIR, "tokenizer_sha256": tok_sha,
-            "checkpoint_dir": ckpt}
+    info = {
+        "step": state["step"],
+        "model_sha256": manifest["files"][MODEL_FILE]["sha256"],
+        "tokenizer_dir": ckpt / TOKENIZER_SUBDIR,
+        "tokenizer_sha256": tok_sha,
+        "checkpoint_dir": ckpt,
+    }
     return model, config, info
 
 
-def load_training_state(path: str | os.PathLike, model: torch.nn.Module,
-                        optimizer: Optional[torch.optim.Optimizer] = None,
-                        restore_rng: bool = True) -> dict[str, Any]:
+def load_training_state(
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
     """Restore weights, optimizer state and torch RNG for ``--resume``; verify hashes first.
 
     Args:
@@ -367,8 +393,10 @@ def load_training_state(path: str | os.PathLike, model: torch.nn.Module,
     inner = unwrap_model(model)
     config = ModelConfig.load(ckpt / CONFIG_FILE)
     if getattr(inner, "config", config) != config:
-        raise InvalidInput(f"{ckpt / CONFIG_FILE}: model config differs from the run's [model] config; "
-                         "resume needs the same architecture")
+        raise InvalidInput(
+            f"{ckpt / CONFIG_FILE}: model config differs from the run's [model] config; "
+            "resume needs the same architecture"
+        )
     tensors = load_file(str(ckpt / MODEL_FILE))
     expected = clean_state_dict(inner, config.tie_word_embeddings)
     _check_tensors(ckpt / MODEL_FILE, expected, tensors)
@@ -401,6 +429,8 @@ def _load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
     for key, value in meta["scalars"].items():
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
-    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
-              for g in meta["param_groups"]]  # JSON turned tuples (betas) into lists
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+        for g in meta["param_groups"]
+    ]  # JSON turned tuples (betas) into lists
     optimizer.load_state_dict({"state": state, "param_groups": groups})

@@ -1,20 +1,23 @@
-"""``prodip train`` (and ``prodip eval``, provided by train/eval.py) subcommand registration.
+"""``prodip train`` and ``prodip eval`` subcommand registration.
 
-    prodip train --config configs/demo.toml --steps 50
-    python -m prodip.train train --config configs/demo.toml --resume true
+prodip train --config configs/demo.toml --steps 50
+python -m prodip.train train --config configs/demo.toml --resume true
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from prodip.base.config import add_arguments, resolve
+from prodip.base.errors import InvalidInput
 from prodip.train.config import ModelConfig
+from prodip.train.eval import EvalConfig, evaluate, format_table
+from prodip.train.trainer import TrainConfig, train
 
 
 def _train_main(args: argparse.Namespace) -> int:
-    from prodip.train.trainer import TrainConfig, train
 
     model_cfg = resolve(ModelConfig, args, toml_path=args.config, section="model")
     train_cfg = resolve(TrainConfig, args, toml_path=args.config, section="train")
@@ -25,17 +28,28 @@ def _train_main(args: argparse.Namespace) -> int:
 
 
 def _add_train(subparsers) -> None:
-    from prodip.train.trainer import TrainConfig
 
     parser = subparsers.add_parser(
-        "train", help="train a Llama-style model on token shards (torchrun for several GPUs)",
-        description="Train from a TOML file's [model] and [train] tables; flags override the file.")
+        "train",
+        help="train a Llama-style model on token shards (torchrun for several GPUs)",
+        description="Train from a TOML file's [model] and [train] tables; flags override the file.",
+    )
     parser.add_argument("--config", metavar="TOML", help="file with [model] and [train] tables")
     add_arguments(parser, TrainConfig, skip=("resume", "force"))
-    parser.add_argument("--resume", action="store_const", const=True, default=argparse.SUPPRESS,
-                        help="continue from OUT_DIR/checkpoints/latest (weights, Adam moments, RNG, data position)")
-    parser.add_argument("--force", action="store_const", const=True, default=argparse.SUPPRESS,
-                        help="train even if the tokenizer failed its fertility gate")
+    parser.add_argument(
+        "--resume",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,
+        help="continue from OUT_DIR/checkpoints/latest (weights, Adam moments, RNG, data position)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,
+        help="train even if the tokenizer failed its fertility gate",
+    )
     add_arguments(parser, ModelConfig)
     parser.set_defaults(func=_train_main)
 
@@ -45,5 +59,35 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
     if only in (None, "train"):
         _add_train(subparsers)
     if only in (None, "eval"):
-        from prodip.train.eval import add_eval_subcommand
         add_eval_subcommand(subparsers)
+
+
+# ---- prodip eval ------------------------------------------------------------------------------
+
+
+def _eval_main(args: argparse.Namespace) -> int:
+    alias = getattr(args, "mc_alias", None)
+    if alias is not None:
+        if getattr(args, "mc_file", None) not in (None, alias):
+            raise InvalidInput(f"two multiple-choice files given: --mc {alias} and --mc-file {args.mc_file}; give one")
+        args.mc_file = alias
+    cfg = resolve(EvalConfig, args, toml_path=args.config, section="eval")
+    result = evaluate(cfg)
+    print(format_table(result))
+    print(f"wrote {result['out']}")
+    return 0
+
+
+def add_eval_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``eval`` on the ``prodip`` subparsers (``--config TOML`` table ``[eval]`` + flags)."""
+    parser = subparsers.add_parser(
+        "eval",
+        help="held-out NLL and bits/char of a checkpoint vs its random-initialised twin",
+        description="Per-language validation NLL (nats/token) and bits per character of a checkpoint and "
+        "of its random-initialised twin, plus optional multiple-choice accuracy; writes eval.json.",
+    )
+    parser.add_argument("--config", metavar="TOML", help="file with an [eval] table")
+    add_arguments(parser, EvalConfig)
+    parser.add_argument("--mc", dest="mc_alias", metavar="JSONL", default=argparse.SUPPRESS, help="same as --mc-file")
+    parser.set_defaults(func=_eval_main)
+    return parser

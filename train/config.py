@@ -2,7 +2,7 @@
 
 The checkpoint's ``config.json`` is ``dataclasses.asdict(ModelConfig)``; the export's
 ``config.json`` is the same dict plus the fixed HF keys (``architectures``, ``model_type``,
-``torch_dtype``), so there is no renaming layer anywhere (see shared/STYLE.md "Naming").
+``torch_dtype``), so there is no renaming layer anywhere (see CONTRACTS.md "Run dir and checkpoints").
 
     python -c "from train.config import ModelConfig; print(ModelConfig(vocab_size=8192).num_parameters())"
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from prodip.base.config import opt
+from prodip.base.config import from_dict, opt
 from prodip.base.errors import InvalidInput, MissingInput
 
 #: Keys every export's config.json carries besides the ModelConfig fields.
@@ -52,28 +52,39 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.vocab_size is not None and self.vocab_size <= 0:
             raise InvalidInput(f"ModelConfig.vocab_size must be > 0, got {self.vocab_size}")
-        positive = ("hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+        positive = (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise InvalidInput(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise InvalidInput(f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a "
-                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+            raise InvalidInput(
+                f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a "
+                f"multiple of num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
-                raise InvalidInput(f"ModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
-                                 f"num_attention_heads ({self.num_attention_heads}), or set head_dim")
+                raise InvalidInput(
+                    f"ModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                    f"num_attention_heads ({self.num_attention_heads}), or set head_dim"
+                )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.head_dim % 2:
             raise InvalidInput(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if self.vocab_size is not None and not 0 <= getattr(self, name) < self.vocab_size:
-                raise InvalidInput(f"ModelConfig.{name}={getattr(self, name)} is outside the vocabulary "
-                                 f"[0, {self.vocab_size})")
+                raise InvalidInput(
+                    f"ModelConfig.{name}={getattr(self, name)} is outside the vocabulary [0, {self.vocab_size})"
+                )
 
     # ---- the vocabulary comes from the tokenizer ---------------------------------------------
-    def with_vocab_size(self, tokenizer_vocab_size: int, *, source: str) -> "ModelConfig":
+    def with_vocab_size(self, tokenizer_vocab_size: int, *, source: str) -> ModelConfig:
         """This config with the tokenizer's vocabulary size: the one place the two are reconciled.
 
         Args:
@@ -95,8 +106,9 @@ class ModelConfig:
 
     def _vocab(self) -> int:
         if self.vocab_size is None:
-            raise InvalidInput("ModelConfig.vocab_size is not known yet: it comes from the tokenizer "
-                               "(ModelConfig.with_vocab_size)")
+            raise InvalidInput(
+                "ModelConfig.vocab_size is not known yet: it comes from the tokenizer (ModelConfig.with_vocab_size)"
+            )
         return self.vocab_size
 
     # ---- derived figures -------------------------------------------------------------------
@@ -134,20 +146,19 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> ModelConfig:
         """Build from a dict holding exactly the ModelConfig fields (HF-only keys are ignored
         when ``source`` is an export ``config.json``: pass ``hf=True`` via :meth:`from_hf_dict`)."""
-        from prodip.base.config import from_dict
         return from_dict(cls, data, source=source)
 
     @classmethod
-    def from_hf_dict(cls, data: dict[str, Any], *, source: str = "config.json") -> "ModelConfig":
+    def from_hf_dict(cls, data: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
         """Build from an HF ``config.json`` dict: keys that are not ModelConfig fields are dropped."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls.from_dict({k: v for k, v in data.items() if k in names}, source=source)
 
     @classmethod
-    def load(cls, path: str | Path) -> "ModelConfig":
+    def load(cls, path: str | Path) -> ModelConfig:
         """Read a checkpoint ``config.json`` (exact fields; an unknown key is an error)."""
         path = Path(path)
         try:

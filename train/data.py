@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from prodip.base.errors import InvalidInput
-
+from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
 
 _BLOCK = 256  # global batches whose language draws are made at once
 
@@ -33,7 +33,6 @@ class _LangStream:
     """One language's train (or val) shards as a single virtual token array."""
 
     def __init__(self, shards_dir: str | os.PathLike, lang: str, split: str) -> None:
-        from prodip.tokenizer.shards import read_shard, shard_paths
 
         self.arrays = [a for a in (read_shard(p) for p in shard_paths(shards_dir, lang, split)) if len(a)]
         self.starts = np.cumsum([0] + [len(a) for a in self.arrays])
@@ -47,8 +46,8 @@ class _LangStream:
             pos = (start + filled) % self.n_tokens
             i = int(np.searchsorted(self.starts, pos, side="right")) - 1
             local = pos - int(self.starts[i])
-            piece = self.arrays[i][local:local + count - filled]
-            out[filled:filled + len(piece)] = piece
+            piece = self.arrays[i][local : local + count - filled]
+            out[filled : filled + len(piece)] = piece
             filled += len(piece)
         return out
 
@@ -73,10 +72,19 @@ class MixtureBatches:
         FileNotFoundError: meta.json or a shard missing.
     """
 
-    def __init__(self, shards_dir: str | os.PathLike, mixture: dict[str, float], batch_size: int,
-                 seq_len: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 split: str = "train", expected_tokenizer_sha256: Optional[str] = None) -> None:
-        from prodip.tokenizer.shards import load_meta
+    def __init__(
+        self,
+        shards_dir: str | os.PathLike,
+        mixture: dict[str, float],
+        batch_size: int,
+        seq_len: int,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        split: str = "train",
+        expected_tokenizer_sha256: Optional[str] = None,
+    ) -> None:
 
         self.meta = load_meta(shards_dir, expected_tokenizer_sha256=expected_tokenizer_sha256)
         known = self.meta["languages"]
@@ -84,8 +92,10 @@ class MixtureBatches:
             mixture = {lang: float(sum(e["n_tokens"] for e in v.get(split, []))) for lang, v in known.items()}
         unknown = sorted(set(mixture) - set(known))
         if unknown:
-            raise InvalidInput(f"mixture names language(s) {', '.join(unknown)} absent from "
-                             f"{shards_dir}/meta.json (has {', '.join(sorted(known))})")
+            raise InvalidInput(
+                f"mixture names language(s) {', '.join(unknown)} absent from "
+                f"{shards_dir}/meta.json (has {', '.join(sorted(known))})"
+            )
         self.langs = sorted(lang for lang, w in mixture.items() if w > 0)
         if not self.langs:
             raise InvalidInput(f"mixture {mixture} has no language with a positive weight")
@@ -94,8 +104,10 @@ class MixtureBatches:
         self.streams = {lang: _LangStream(shards_dir, lang, split) for lang in self.langs}
         for lang, stream in self.streams.items():
             if stream.n_tokens < seq_len + 1:
-                raise InvalidInput(f"{shards_dir}: language {lang!r} split {split!r} has {stream.n_tokens} "
-                                 f"tokens, fewer than seq_len + 1 = {seq_len + 1}")
+                raise InvalidInput(
+                    f"{shards_dir}: language {lang!r} split {split!r} has {stream.n_tokens} "
+                    f"tokens, fewer than seq_len + 1 = {seq_len + 1}"
+                )
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.rank, self.world_size = rank, world_size
         self.batch_index = 0
@@ -137,8 +149,12 @@ class MixtureBatches:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able position: batches drawn and per-language token offsets (not wrapped)."""
-        return {"batch_index": self.batch_index, "positions": dict(self.positions), "seed": self.seed,
-                "langs": list(self.langs)}
+        return {
+            "batch_index": self.batch_index,
+            "positions": dict(self.positions),
+            "seed": self.seed,
+            "langs": list(self.langs),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`.
@@ -147,9 +163,11 @@ class MixtureBatches:
             ValueError: the state was made with other languages or another seed.
         """
         if state.get("langs") != self.langs or state.get("seed") != self.seed:
-            raise InvalidInput(f"data state was saved for languages {state.get('langs')} seed "
-                             f"{state.get('seed')}, this run uses {self.langs} seed {self.seed}; "
-                             "resume with the same mixture and seed")
+            raise InvalidInput(
+                f"data state was saved for languages {state.get('langs')} seed "
+                f"{state.get('seed')}, this run uses {self.langs} seed {self.seed}; "
+                "resume with the same mixture and seed"
+            )
         self.batch_index = int(state["batch_index"])
         self.positions = {lang: int(v) for lang, v in state["positions"].items()}
 
@@ -158,8 +176,9 @@ class MixtureBatches:
         return {lang: self.positions[lang] / self.streams[lang].n_tokens for lang in self.langs}
 
 
-def val_batches(shards_dir: str | os.PathLike, lang: str, seq_len: int, batch_size: int,
-                max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def val_batches(
+    shards_dir: str | os.PathLike, lang: str, seq_len: int, batch_size: int, max_tokens: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed validation batches from the start of ``lang``'s val shards.
 
     Returns:

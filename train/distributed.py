@@ -7,6 +7,7 @@ A plain ``python -m prodip.train train`` is a world of one and touches no proces
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -85,7 +86,6 @@ def teardown(clean: bool = True) -> None:
     """
     if not dist.is_initialized() or not clean:
         return
-    import gc
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()

@@ -23,24 +23,30 @@ Results go to ``eval.json`` (in the run dir, or ``--out``) and are printed as a 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
-from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.config import add_arguments, opt, resolve, write_text_atomic
+from prodip.base.config import opt, write_text_atomic
+from prodip.base.errors import InvalidInput
+from prodip.tokenizer.bpe import load_tokenizer
+from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
+from prodip.train.checkpoint import load_model
+from prodip.train.mc import read_mc, score_mc
+from prodip.train.model import LlamaForCausalLM
 
 log = logging.getLogger("prodip.eval")
 
@@ -61,9 +67,10 @@ class EvalConfig:
     batch_size: int = opt(8, "windows per forward pass (sequences)")
     seed: int = opt(0, "seed of the random-initialised twin (reset_parameters(seed=...))")
     mc_file: Optional[str] = opt(None, "multiple-choice JSONL {context, choices, answer} to score (optional)")
-    languages: list[str] = opt(help="languages to score (default: every language in the shards' meta.json "
-                                    "that has validation tokens)",
-                               factory=list)
+    languages: list[str] = opt(
+        help="languages to score (default: every language in the shards' meta.json that has validation tokens)",
+        factory=list,
+    )
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
 
     def __post_init__(self) -> None:
@@ -76,9 +83,11 @@ class EvalConfig:
 
 # ---- scoring -------------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def window_nll(model: nn.Module, tokens: torch.Tensor, seq_len: int, batch_size: int,
-               device: torch.device, desc: str = "") -> tuple[float, int]:
+def window_nll(
+    model: nn.Module, tokens: torch.Tensor, seq_len: int, batch_size: int, device: torch.device, desc: str = ""
+) -> tuple[float, int]:
     """Total next-token NLL over a token stream cut into non-overlapping windows.
 
     Args:
@@ -93,18 +102,17 @@ def window_nll(model: nn.Module, tokens: torch.Tensor, seq_len: int, batch_size:
     Returns:
         (total NLL in nats, number of target tokens scored).
     """
-    from tqdm import tqdm
 
     n_targets = tokens.numel() - 1
     starts = list(range(0, n_targets, seq_len))
     full = [s for s in starts if s + seq_len <= n_targets]
     total, count = 0.0, 0
-    batches = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
+    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
     if len(full) < len(starts):
         batches.append([starts[-1]])  # the shorter tail window, alone
     for group in tqdm(batches, desc=desc, unit="batch", leave=False, disable=None):
         T = min(seq_len, n_targets - group[0])
-        rows = torch.stack([tokens[s:s + T + 1] for s in group]).to(device)  # (B, T+1)
+        rows = torch.stack([tokens[s : s + T + 1] for s in group]).to(device)  # (B, T+1)
         logits = model(rows[:, :-1]).float()  # (B, T, V)
         nll = F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="sum")
         total += float(nll)
@@ -118,7 +126,6 @@ def read_val_tokens(shards_dir: str | Path, lang: str, budget_tokens: int) -> np
     Raises:
         ValueError: the language has no validation tokens.
     """
-    from prodip.tokenizer.shards import read_shard, shard_paths
 
     parts, have = [], 0
     for path in shard_paths(shards_dir, lang, "val"):
@@ -130,8 +137,10 @@ def read_val_tokens(shards_dir: str | Path, lang: str, budget_tokens: int) -> np
         have += take
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     if len(tokens) == 0:
-        raise InvalidInput(f"{shards_dir}: language {lang!r} has no validation tokens "
-                         "(re-run `prodip data prepare` with more validation documents)")
+        raise InvalidInput(
+            f"{shards_dir}: language {lang!r} has no validation tokens "
+            "(re-run `prodip data prepare` with more validation documents)"
+        )
     return tokens
 
 
@@ -152,143 +161,19 @@ def count_chars(tokenizer: Any, token_ids: Sequence[int]) -> int:
 def nll_summary(total_nats: float, n_tokens: int, n_chars: int) -> dict[str, float]:
     """NLL figures from totals: nats/token, perplexity and bits/char (= total / ln 2 / chars)."""
     per_token = total_nats / n_tokens
-    return {"nll_nats_total": total_nats, "nll_nats_per_token": per_token,
-            "perplexity": math.exp(per_token) if per_token < 700 else math.inf,
-            "bits_per_char": total_nats / LN2 / n_chars if n_chars else math.nan}
+    return {
+        "nll_nats_total": total_nats,
+        "nll_nats_per_token": per_token,
+        "perplexity": math.exp(per_token) if per_token < 700 else math.inf,
+        "bits_per_char": total_nats / LN2 / n_chars if n_chars else math.nan,
+    }
 
 
 # ---- multiple choice -----------------------------------------------------------------------
 
-def read_mc(path: str | Path) -> list[dict[str, Any]]:
-    """Read a multiple-choice JSONL file: one ``{"context": str, "choices": [str, ...], "answer": int}``
-    per line (blank lines skipped; other keys ignored). HellaSwag's ``{ctx, endings, label}`` lines
-    are accepted too (each ending prefixed with a space, as lm-evaluation-harness does).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: a line that is not JSON or lacks/mistypes a field, naming ``path:line``.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise MissingInput(f"{path}: multiple-choice file not found (JSONL of {{context, choices, answer}})")
-    items = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InvalidInput(f"{where}: not valid JSON ({err})") from None
-        if isinstance(item, dict) and "context" not in item and {"ctx", "endings", "label"} <= item.keys():
-            # HellaSwag's own layout (data/eval/hellaswag_val_en.jsonl): endings follow a space
-            item = {"context": item["ctx"], "choices": [" " + str(e) for e in item["endings"]],
-                    "answer": item["label"]}
-        if not isinstance(item, dict) or not isinstance(item.get("context"), str):
-            raise InvalidInput(f"{where}: expected an object with a string 'context'")
-        choices = item.get("choices")
-        if not (isinstance(choices, list) and len(choices) >= 2
-                and all(isinstance(c, str) and c for c in choices)):
-            raise InvalidInput(f"{where}: 'choices' must be a list of >= 2 non-empty strings")
-        answer = item.get("answer")
-        if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
-            raise InvalidInput(f"{where}: 'answer' must be an index into choices (0..{len(choices) - 1}), "
-                             f"got {answer!r}")
-        items.append({"context": item["context"], "choices": choices, "answer": answer})
-    if not items:
-        raise InvalidInput(f"{path}: no multiple-choice items")
-    return items
-
-
-def encode_choice(tokenizer: Any, context: str, choice: str, prefix_id: int) -> tuple[list[int], list[int]]:
-    """(context ids, continuation ids) for one choice, lm-evaluation-harness style.
-
-    ``context + choice`` is encoded as a whole and the continuation is what follows the
-    context's own encoding (BPE merges at the boundary stay as in training); if the whole does
-    not start with the context's tokens, the choice is encoded on its own. ``prefix_id`` (the
-    ``<|eos|>`` that precedes every document in the shards) starts the context.
-    """
-    ctx = tokenizer.encode(context, add_special_tokens=False).ids
-    whole = tokenizer.encode(context + choice, add_special_tokens=False).ids
-    if whole[:len(ctx)] == ctx and len(whole) > len(ctx):
-        return [prefix_id] + ctx, whole[len(ctx):]
-    return [prefix_id] + ctx, tokenizer.encode(choice, add_special_tokens=False).ids
-
-
-@torch.no_grad()
-def continuation_logprobs(model: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-                          device: torch.device, max_len: int, batch_size: int = 8,
-                          pad_id: int = 0) -> list[float]:
-    """Summed log-probability (nats) of each continuation given its context.
-
-    Rows are right-padded (causal attention never looks ahead, so padding after a row cannot
-    change its logits) and left-truncated to ``max_len + 1`` tokens when too long.
-
-    Args:
-        model: causal LM ``(B, T) int64 -> (B, T, V)``.
-        pairs: ``(context_ids, continuation_ids)``; the context must be non-empty.
-        max_len: the model's longest input (tokens), ``max_position_embeddings``.
-
-    Returns:
-        One float per pair: ``sum_t log p(cont_t | context, cont_<t)``.
-
-    Raises:
-        ValueError: an empty context or continuation, or a continuation longer than ``max_len``.
-    """
-    seqs, starts = [], []
-    for i, (ctx, cont) in enumerate(pairs):
-        if not ctx or not cont:
-            raise InvalidInput(f"multiple-choice pair {i}: empty context or continuation tokens")
-        if len(cont) > max_len:
-            raise InvalidInput(f"multiple-choice pair {i}: continuation of {len(cont)} tokens exceeds "
-                             f"max_position_embeddings={max_len}")
-        seq = (list(ctx) + list(cont))[-(max_len + 1):]
-        seqs.append(seq)
-        starts.append(len(seq) - len(cont))  # index of the first continuation token
-    out: list[float] = []
-    for b in range(0, len(seqs), batch_size):
-        group, first = seqs[b:b + batch_size], starts[b:b + batch_size]
-        T = max(len(s) for s in group)
-        rows = torch.full((len(group), T), pad_id, dtype=torch.int64)
-        for r, s in enumerate(group):
-            rows[r, :len(s)] = torch.tensor(s)
-        rows = rows.to(device)
-        logp = torch.log_softmax(model(rows[:, :-1]).float(), dim=-1)  # (B, T-1, V)
-        tok_logp = logp.gather(-1, rows[:, 1:, None])[..., 0]  # (B, T-1): log p(rows[:, t+1])
-        for r, (s, f) in enumerate(zip(group, first)):
-            out.append(float(tok_logp[r, f - 1:len(s) - 1].sum()))
-    return out
-
-
-def score_mc(model: nn.Module, tokenizer: Any, items: Sequence[dict[str, Any]], device: torch.device,
-             max_len: int, prefix_id: int, batch_size: int = 8) -> dict[str, Any]:
-    """Accuracy of log-likelihood multiple-choice scoring.
-
-    Returns:
-        ``{"n_items", "acc", "acc_norm", "chance"}``: ``acc`` picks the choice with the highest
-        summed log-probability; ``acc_norm`` divides it by the choice's Unicode characters (NFC);
-        ``chance`` is the mean of 1/len(choices). Ties go to the lowest index.
-    """
-    import unicodedata
-
-    pairs = [encode_choice(tokenizer, item["context"], choice, prefix_id)
-             for item in items for choice in item["choices"]]
-    scores = continuation_logprobs(model, pairs, device, max_len, batch_size)
-    hits = hits_norm = 0
-    k = 0
-    for item in items:
-        n = len(item["choices"])
-        ll = scores[k:k + n]
-        k += n
-        chars = [len(unicodedata.normalize("NFC", c)) for c in item["choices"]]
-        hits += int(max(range(n), key=lambda j: (ll[j], -j)) == item["answer"])
-        hits_norm += int(max(range(n), key=lambda j: (ll[j] / chars[j], -j)) == item["answer"])
-    n_items = len(items)
-    return {"n_items": n_items, "acc": hits / n_items, "acc_norm": hits_norm / n_items,
-            "chance": sum(1 / len(it["choices"]) for it in items) / n_items}
-
 
 # ---- the command ---------------------------------------------------------------------------
+
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> cuda when available else cpu; anything else as given to ``torch.device``."""
@@ -304,21 +189,30 @@ def default_out(checkpoint_dir: Path) -> Path:
     return (parent.parent if parent.name == "checkpoints" else parent) / EVAL_FILE
 
 
-def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: Any, tokenizer_sha256: str,
-                    vocab_size: int, eos_id: int, device: torch.device
-                    ) -> tuple[dict[str, Any], dict[str, str]]:
+def _eval_languages(
+    cfg: EvalConfig,
+    models: dict[str, nn.Module],
+    tokenizer: Any,
+    tokenizer_sha256: str,
+    vocab_size: int,
+    eos_id: int,
+    device: torch.device,
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
-    from prodip.tokenizer.shards import load_meta
 
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     if meta["vocab_size"] > vocab_size:
-        raise InvalidInput(f"{cfg.shards_dir}/meta.json: vocab_size {meta['vocab_size']} exceeds the model's "
-                         f"{vocab_size}; these shards are not for this checkpoint")
+        raise InvalidInput(
+            f"{cfg.shards_dir}/meta.json: vocab_size {meta['vocab_size']} exceeds the model's "
+            f"{vocab_size}; these shards are not for this checkpoint"
+        )
     langs = list(cfg.languages) or sorted(meta["languages"])
     unknown = [lang for lang in langs if lang not in meta["languages"]]
     if unknown:
-        raise InvalidInput(f"EvalConfig.languages: {unknown} not in {cfg.shards_dir}/meta.json "
-                         f"(has {', '.join(sorted(meta['languages']))})")
+        raise InvalidInput(
+            f"EvalConfig.languages: {unknown} not in {cfg.shards_dir}/meta.json "
+            f"(has {', '.join(sorted(meta['languages']))})"
+        )
     results, skipped = {}, {}
     for lang in langs:
         if not cfg.languages and not any(e["n_tokens"] for e in meta["languages"][lang].get("val", [])):
@@ -337,8 +231,10 @@ def _eval_languages(cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: An
             row[name] = nll_summary(total, count, n_chars)
         results[lang] = row
     if not results:
-        raise InvalidInput(f"{cfg.shards_dir}: no language has validation tokens (re-run `prodip data prepare` "
-                         "with a larger --val-fraction)")
+        raise InvalidInput(
+            f"{cfg.shards_dir}: no language has validation tokens (re-run `prodip data prepare` "
+            "with a larger --val-fraction)"
+        )
     return results, skipped
 
 
@@ -358,9 +254,6 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             shards from another tokenizer or vocabulary, an unknown language, a bad MC file.
         FileNotFoundError: checkpoint, shards or MC file missing.
     """
-    from prodip.tokenizer.bpe import load_tokenizer
-    from prodip.train.checkpoint import load_model
-    from prodip.train.model import LlamaForCausalLM
 
     if not cfg.checkpoint:
         raise InvalidInput("EvalConfig.checkpoint is required (--checkpoint RUN_DIR, made by `prodip train`)")
@@ -370,8 +263,10 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     model, mcfg, info = load_model(cfg.checkpoint, map_location=device)
     if cfg.shards_dir and cfg.seq_len > mcfg.max_position_embeddings:
-        raise InvalidInput(f"EvalConfig.seq_len={cfg.seq_len} exceeds the checkpoint's "
-                         f"max_position_embeddings={mcfg.max_position_embeddings}")
+        raise InvalidInput(
+            f"EvalConfig.seq_len={cfg.seq_len} exceeds the checkpoint's "
+            f"max_position_embeddings={mcfg.max_position_embeddings}"
+        )
     twin = LlamaForCausalLM(mcfg)
     twin.reset_parameters(seed=cfg.seed)
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
@@ -381,22 +276,36 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "out": str(out),
-        "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"],
-                       "model_sha256": info["model_sha256"]},
-        "tokenizer_sha256": info["tokenizer_sha256"], "shards_dir": cfg.shards_dir or None,
+        "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
+        "tokenizer_sha256": info["tokenizer_sha256"],
+        "shards_dir": cfg.shards_dir or None,
         "config": dataclasses.asdict(cfg),
-        "units": {"nll_nats_per_token": "nats/token", "nll_nats_total": "nats",
-                  "bits_per_char": "bits per Unicode character of the decoded scored tokens "
-                                   "(special tokens skipped)", "tokens": "target tokens scored"},
-        "languages": {}, "skipped_languages": {}, "mc": None}
+        "units": {
+            "nll_nats_per_token": "nats/token",
+            "nll_nats_total": "nats",
+            "bits_per_char": "bits per Unicode character of the decoded scored tokens (special tokens skipped)",
+            "tokens": "target tokens scored",
+        },
+        "languages": {},
+        "skipped_languages": {},
+        "mc": None,
+    }
     if cfg.shards_dir:
         result["languages"], result["skipped_languages"] = _eval_languages(
-            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, mcfg.eos_token_id, device)
+            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, mcfg.eos_token_id, device
+        )
     if cfg.mc_file:
         items = read_mc(cfg.mc_file)
-        result["mc"] = {"file": str(cfg.mc_file), "normalisation": "characters of the choice (NFC code points)",
-                        **{name: score_mc(m, tokenizer, items, device, mcfg.max_position_embeddings,
-                                          mcfg.eos_token_id, cfg.batch_size) for name, m in models.items()}}
+        result["mc"] = {
+            "file": str(cfg.mc_file),
+            "normalisation": "characters of the choice (NFC code points)",
+            **{
+                name: score_mc(
+                    m, tokenizer, items, device, mcfg.max_position_embeddings, mcfg.eos_token_id, cfg.batch_size
+                )
+                for name, m in models.items()
+            },
+        }
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
@@ -407,59 +316,23 @@ def format_table(result: dict[str, Any]) -> str:
     """The eval result as a plain-text table (one row per language, then MC accuracy)."""
     lines = [f"checkpoint step {result['checkpoint']['step']}  ({result['checkpoint']['path']})"]
     if result["languages"]:
-        lines.append(f"{'lang':<6}{'tokens':>9}{'chars':>10} | {'NLL nats/tok':>12}{'bits/char':>10} | "
-                     f"{'random NLL':>11}{'bits/char':>10}")
+        lines.append(
+            f"{'lang':<6}{'tokens':>9}{'chars':>10} | {'NLL nats/tok':>12}{'bits/char':>10} | "
+            f"{'random NLL':>11}{'bits/char':>10}"
+        )
         for lang, row in result["languages"].items():
             t, r = row["trained"], row["random_init"]
-            lines.append(f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
-                         f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}")
+            lines.append(
+                f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
+                f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}"
+            )
     for lang, why in result.get("skipped_languages", {}).items():
         lines.append(f"{lang:<6}  skipped: {why}")
     if result["mc"]:
         mc = result["mc"]
-        lines.append(f"multiple choice ({mc['trained']['n_items']} items, chance {mc['trained']['chance']:.3f}): "
-                     f"acc {mc['trained']['acc']:.3f}, acc_norm {mc['trained']['acc_norm']:.3f} | random twin "
-                     f"acc {mc['random_init']['acc']:.3f}, acc_norm {mc['random_init']['acc_norm']:.3f}")
+        lines.append(
+            f"multiple choice ({mc['trained']['n_items']} items, chance {mc['trained']['chance']:.3f}): "
+            f"acc {mc['trained']['acc']:.3f}, acc_norm {mc['trained']['acc_norm']:.3f} | random twin "
+            f"acc {mc['random_init']['acc']:.3f}, acc_norm {mc['random_init']['acc_norm']:.3f}"
+        )
     return "\n".join(lines)
-
-
-def _eval_main(args: argparse.Namespace) -> int:
-    alias = getattr(args, "mc_alias", None)
-    if alias is not None:
-        if getattr(args, "mc_file", None) not in (None, alias):
-            raise InvalidInput(f"two multiple-choice files given: --mc {alias} and --mc-file {args.mc_file}; give one")
-        args.mc_file = alias
-    cfg = resolve(EvalConfig, args, toml_path=args.config, section="eval")
-    result = evaluate(cfg)
-    print(format_table(result))
-    print(f"wrote {result['out']}")
-    return 0
-
-
-def add_eval_subcommand(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``eval`` on the ``prodip`` subparsers (``--config TOML`` table ``[eval]`` + flags)."""
-    parser = subparsers.add_parser(
-        "eval", help="held-out NLL and bits/char of a checkpoint vs its random-initialised twin",
-        description="Per-language validation NLL (nats/token) and bits per character of a checkpoint and "
-                    "of its random-initialised twin, plus optional multiple-choice accuracy; writes eval.json.")
-    parser.add_argument("--config", metavar="TOML", help="file with an [eval] table")
-    add_arguments(parser, EvalConfig)
-    parser.add_argument("--mc", dest="mc_alias", metavar="JSONL", default=argparse.SUPPRESS,
-                        help="same as --mc-file")
-    parser.set_defaults(func=_eval_main)
-    return parser
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m prodip.train.eval ...`` (same flags as ``prodip eval``)."""
-    parser = argparse.ArgumentParser(prog="python -m prodip.train.eval")
-    sub = parser.add_subparsers(dest="command")
-    add_eval_subcommand(sub)
-    args = parser.parse_args(["eval", *(argv or [])])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

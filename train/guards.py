@@ -24,10 +24,12 @@ prefixes, i.e. as the checkpoint/export keys.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fnmatch
 import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -51,6 +53,7 @@ class NonFiniteError(GuardError):
 
 # ---- names and parameters ------------------------------------------------------------------
 
+
 def clean_name(name: str) -> str:
     """Strip ``torch.compile`` (``_orig_mod.``) and DDP/FSDP-wrapper (``module.``) prefixes.
 
@@ -62,7 +65,7 @@ def clean_name(name: str) -> str:
         changed = False
         for prefix in _WRAPPER_PREFIXES:
             if name.startswith(prefix):
-                name, changed = name[len(prefix):], True
+                name, changed = name[len(prefix) :], True
     return name
 
 
@@ -91,6 +94,7 @@ def _preserved_grads(params: Iterable[nn.Parameter]) -> Iterator[None]:
 
 # ---- gradient flow -------------------------------------------------------------------------
 
+
 @dataclass
 class GradientFlowReport:
     """Result of :func:`check_gradient_flow`.
@@ -111,14 +115,20 @@ class GradientFlowReport:
         return not self.problems
 
     def format(self) -> str:
-        head = (f"gradient flow: {len(self.grad_norms)} trainable parameters, loss {self.loss:.4g}, "
-                f"{len(self.problems)} problem(s)")
+        head = (
+            f"gradient flow: {len(self.grad_norms)} trainable parameters, loss {self.loss:.4g}, "
+            f"{len(self.problems)} problem(s)"
+        )
         return "\n".join([head] + [f"  {name}: {why}" for name, why in self.problems.items()])
 
 
-def check_gradient_flow(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], *,
-                        frozen_ok: Iterable[str] = (), raise_on_error: bool = True
-                        ) -> GradientFlowReport:
+def check_gradient_flow(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module], torch.Tensor],
+    *,
+    frozen_ok: Iterable[str] = (),
+    raise_on_error: bool = True,
+) -> GradientFlowReport:
     """One forward/backward; every trainable parameter must get a finite, nonzero gradient.
 
     The gradients the caller had are restored afterwards and the global RNG state is forked, so
@@ -158,20 +168,25 @@ def check_gradient_flow(model: nn.Module, loss_fn: Callable[[nn.Module], torch.T
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise GuardError(f"gradient flow: loss_fn must return a scalar tensor, got {loss!r}")
         if not loss.requires_grad:
-            raise GuardError("gradient flow: the loss does not require grad: the whole graph is "
-                             "detached (forward under torch.no_grad, or a fused op without backward)")
+            raise GuardError(
+                "gradient flow: the loss does not require grad: the whole graph is "
+                "detached (forward under torch.no_grad, or a fused op without backward)"
+            )
         loss.backward()
         norms = _grad_norms(params)
         report = GradientFlowReport(loss=float(loss.detach()), grad_norms={}, problems=problems)
         for (name, p), norm in zip(params, norms):
             report.grad_norms[name] = norm
             if p.grad is None:
-                problems[name] = ("no gradient: not reached by backward (output detached, fused op "
-                                  "without backward, or parameter unused)")
+                problems[name] = (
+                    "no gradient: not reached by backward (output detached, fused op "
+                    "without backward, or parameter unused)"
+                )
             elif not math.isfinite(norm):
                 g = p.grad.detach()
-                problems[name] = (f"non-finite gradient ({int(g.isnan().sum())} NaN, "
-                                  f"{int(g.isinf().sum())} inf of {g.numel()})")
+                problems[name] = (
+                    f"non-finite gradient ({int(g.isnan().sum())} NaN, {int(g.isinf().sum())} inf of {g.numel()})"
+                )
             elif norm == 0.0:
                 problems[name] = "zero gradient (norm 0): the path to the loss is cut or multiplied by 0"
     if not math.isfinite(report.loss):
@@ -195,13 +210,16 @@ def causal_lm_loss_fn(tokens: torch.Tensor) -> Callable[[nn.Module], torch.Tenso
         tokens: (B, T+1) int64 token ids on the model's device; inputs are ``tokens[:, :-1]``,
             targets ``tokens[:, 1:]``.
     """
+
     def loss_fn(model: nn.Module) -> torch.Tensor:
         logits = model(tokens[:, :-1])
         return nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
     return loss_fn
 
 
 # ---- update flow ---------------------------------------------------------------------------
+
 
 @dataclass
 class UpdateFlowReport:
@@ -223,8 +241,7 @@ class UpdateFlowReport:
         return not self.problems
 
     def format(self) -> str:
-        head = (f"update flow: {len(self.max_abs_update)} trainable parameters, "
-                f"{len(self.problems)} problem(s)")
+        head = f"update flow: {len(self.max_abs_update)} trainable parameters, {len(self.problems)} problem(s)"
         return "\n".join([head] + [f"  {name}: {why}" for name, why in self.problems.items()])
 
 
@@ -244,7 +261,8 @@ def optimizer_membership(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
             if id(p) not in trainable:
                 foreign[f"<optimizer group {g}, index {i}>"] = (
                     f"optimizer holds a tensor {tuple(p.shape)} that is not a trainable parameter of "
-                    "the model (stale model, or a frozen parameter)")
+                    "the model (stale model, or a frozen parameter)"
+                )
     problems: dict[str, str] = {}
     for name, p in trainable_parameters(model):
         groups = groups_of.get(id(p), [])
@@ -266,17 +284,18 @@ class _Snapshot:
 
 
 def _snapshot(model: nn.Module, optimizer, scheduler) -> _Snapshot:
-    import copy
     live = [p for p in model.parameters()] + [b for b in model.buffers()]
     tensors = [(t, t.detach().clone()) for t in live]
-    return _Snapshot(tensors=tensors, grads=[p.grad for p in model.parameters()],
-                     optimizer=copy.deepcopy(optimizer.state_dict()),
-                     scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
-                     lrs=[g["lr"] for g in optimizer.param_groups])
+    return _Snapshot(
+        tensors=tensors,
+        grads=[p.grad for p in model.parameters()],
+        optimizer=copy.deepcopy(optimizer.state_dict()),
+        scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
+        lrs=[g["lr"] for g in optimizer.param_groups],
+    )
 
 
 def _restore(snap: _Snapshot, model: nn.Module, optimizer, scheduler) -> None:
-    import copy
     with torch.no_grad():
         for live, saved in snap.tensors:
             live.copy_(saved)
@@ -289,10 +308,16 @@ def _restore(snap: _Snapshot, model: nn.Module, optimizer, scheduler) -> None:
         scheduler.load_state_dict(snap.scheduler)
 
 
-def check_update_flow(model: nn.Module, optimizer: torch.optim.Optimizer,
-                      step_fn: Callable[[nn.Module, torch.optim.Optimizer], Any], *,
-                      scheduler: Any = None, probe_lr: Optional[float] = None, restore: bool = True,
-                      raise_on_error: bool = True) -> UpdateFlowReport:
+def check_update_flow(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step_fn: Callable[[nn.Module, torch.optim.Optimizer], Any],
+    *,
+    scheduler: Any = None,
+    probe_lr: Optional[float] = None,
+    restore: bool = True,
+    raise_on_error: bool = True,
+) -> UpdateFlowReport:
     """After one optimizer step every trainable parameter changed and stayed finite, and every
     trainable parameter is in exactly one optimizer param group.
 
@@ -340,8 +365,9 @@ def check_update_flow(model: nn.Module, optimizer: torch.optim.Optimizer,
             if not fin:
                 report.problems[name] = "non-finite after one optimizer step"
             elif delta == 0.0 and name not in report.problems:
-                report.problems[name] = ("unchanged after one optimizer step (no gradient, lr 0, "
-                                         "or not in the optimizer)")
+                report.problems[name] = (
+                    "unchanged after one optimizer step (no gradient, lr 0, or not in the optimizer)"
+                )
     finally:
         if restore:
             _restore(snap, model, optimizer, scheduler)
@@ -352,8 +378,10 @@ def check_update_flow(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 # ---- per-step finiteness -------------------------------------------------------------------
 
-def check_finite(loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None, *, step: int,
-                 model: Optional[nn.Module] = None) -> None:
+
+def check_finite(
+    loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None, *, step: int, model: Optional[nn.Module] = None
+) -> None:
     """Per-step NaN/inf check of the loss and the total gradient norm.
 
     Cheap: one fused ``isfinite`` over the (already computed) loss and grad-norm scalars and one
@@ -372,8 +400,11 @@ def check_finite(loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None, *
     Raises:
         NonFiniteError: the loss or the gradient norm is NaN or inf.
     """
-    values = loss.detach().reshape(1) if grad_norm is None else torch.stack(
-        [loss.detach().reshape(()).float(), grad_norm.detach().reshape(()).float().to(loss.device)])
+    values = (
+        loss.detach().reshape(1)
+        if grad_norm is None
+        else torch.stack([loss.detach().reshape(()).float(), grad_norm.detach().reshape(()).float().to(loss.device)])
+    )
     if bool(torch.isfinite(values).all()):
         return
     loss_v = float(loss.detach())
@@ -381,17 +412,23 @@ def check_finite(loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None, *
     if grad_norm is not None:
         parts.append(f"grad norm {float(grad_norm)}")
     if model is not None:
-        bad = [clean_name(n) for n, p in model.named_parameters()
-               if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        bad = [
+            clean_name(n)
+            for n, p in model.named_parameters()
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+        ]
         if bad:
             shown = ", ".join(bad[:10]) + (f" (+{len(bad) - 10} more)" if len(bad) > 10 else "")
             parts.append(f"non-finite gradients in {len(bad)} parameter(s): {shown}")
-    parts.append("stopping; the last saved checkpoint is untouched (lower lr, check data and the "
-                 "ops named above, then resume with `prodip train --resume`)")
+    parts.append(
+        "stopping; the last saved checkpoint is untouched (lower lr, check data and the "
+        "ops named above, then resume with `prodip train --resume`)"
+    )
     raise NonFiniteError("; ".join(parts))
 
 
 # ---- gradient accumulation -----------------------------------------------------------------
+
 
 @dataclass
 class AccumulationReport:
@@ -410,9 +447,15 @@ class AccumulationReport:
     ok: bool
 
 
-def check_accumulation(model: nn.Module, one_batch_backward: Callable[[nn.Module], Any],
-                       accumulated_backward: Callable[[nn.Module], Any], *, rtol: float = 1e-4,
-                       atol: float = 1e-6, raise_on_error: bool = True) -> AccumulationReport:
+def check_accumulation(
+    model: nn.Module,
+    one_batch_backward: Callable[[nn.Module], Any],
+    accumulated_backward: Callable[[nn.Module], Any],
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+    raise_on_error: bool = True,
+) -> AccumulationReport:
     """Gradients of N accumulated micro-batches must equal those of one batch N times the size.
 
     Each callable runs the backward pass(es) of the same examples, populating ``.grad``: the first
@@ -446,12 +489,18 @@ def check_accumulation(model: nn.Module, one_batch_backward: Callable[[nn.Module
     rel = [d / (r.abs().max().item() + 1e-30) for d, r in zip(diffs, ref)]
     worst = params[max(range(len(rel)), key=rel.__getitem__)][0] if params else ""
     ok = all(torch.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(acc, ref))
-    report = AccumulationReport(norm_ratio=acc_norm / ref_norm if ref_norm else math.inf,
-                                max_abs_diff=max(diffs, default=0.0), worst=worst, ok=ok)
+    report = AccumulationReport(
+        norm_ratio=acc_norm / ref_norm if ref_norm else math.inf,
+        max_abs_diff=max(diffs, default=0.0),
+        worst=worst,
+        ok=ok,
+    )
     if not ok and raise_on_error:
         raise GuardError(
             f"gradient accumulation: accumulated gradients differ from one batch of the same examples "
             f"(norm ratio {report.norm_ratio:.4f}, max abs diff {report.max_abs_diff:.3g}, worst "
             f"parameter {worst}); a ratio equal to the number of micro-batches means the micro-batch "
-            "losses are not divided by it", report)
+            "losses are not divided by it",
+            report,
+        )
     return report

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from prodip.train.guards import check_finite as _check
 
 # Peak dense bf16 tensor-core throughput (FLOP/s, no sparsity) by device-name substring; first
 # match wins, so more specific names come first. Sources: NVIDIA datasheets - H100 SXM5/H200
@@ -22,8 +26,15 @@ from torch import nn
 # TFLOPS (A100 datasheet, 2021), L40S 362.05 TFLOPS, L4 121 TFLOPS, A10 125 TFLOPS (product
 # datasheets), B200 2.25 PFLOPS dense (DGX B200 datasheet, 72 PF sparse FP8/8 GPUs, bf16 = 1/4).
 PEAK_BF16_FLOPS = (
-    ("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12), ("GH200", 989.4e12),
-    ("B200", 2250e12), ("A100", 312e12), ("L40S", 362.05e12), ("L4", 121e12), ("A10", 125e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989.4e12),
+    ("H200", 989.4e12),
+    ("GH200", 989.4e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362.05e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
 )
 
 
@@ -64,12 +75,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-                    eps: float, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float], eps: float, device: torch.device
+) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`, the fused CUDA kernel on GPU, the foreach path on CPU."""
     fused = device.type == "cuda"
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps,
-                             fused=fused or None)
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -82,10 +93,18 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-               micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, lr: float,
-               grad_clip: float, device: torch.device, autocast_dtype: Optional[torch.dtype],
-               step: int = 0, check_finite: bool = True) -> dict[str, float]:
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    lr: float,
+    grad_clip: float,
+    device: torch.device,
+    autocast_dtype: Optional[torch.dtype],
+    step: int = 0,
+    check_finite: bool = True,
+) -> dict[str, float]:
     """One optimizer step over N micro-batches.
 
     Each micro-batch loss is divided by N before ``backward``, so the accumulated gradient is
@@ -116,7 +135,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     for i, (x, y) in enumerate(batches):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         sync = i == n - 1 or not hasattr(model, "no_sync")
-        with (contextlib.nullcontext() if sync else model.no_sync()):
+        with contextlib.nullcontext() if sync else model.no_sync():
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 loss = causal_lm_loss(model(x), y) / n
             loss.backward()
@@ -125,7 +144,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     if check_finite:
-        from prodip.train.guards import check_finite as _check
         _check(total, grad_norm, step=step, model=model)
     # Read the scalars before optimizer.step: they are ready (the finite check synced on them), so
     # the host does not wait for the optimizer kernels and can queue the next step behind them.
@@ -136,8 +154,13 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *,
-             device: torch.device, autocast_dtype: Optional[torch.dtype]) -> float:
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    device: torch.device,
+    autocast_dtype: Optional[torch.dtype],
+) -> float:
     """Mean next-token NLL (nats/token) over fixed batches; the model is put back in train mode."""
     model.eval()
     total, count = 0.0, 0
@@ -158,7 +181,6 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     The layer's ``forward`` is wrapped on the instance, so parameter names (and checkpoint
     keys) stay unchanged.
     """
-    from torch.utils.checkpoint import checkpoint
 
     for layer in model.model.layers:
         inner = layer.forward

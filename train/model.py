@@ -39,8 +39,9 @@ class LlamaRMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for rotate-half RoPE (Su et al. 2021; HF ``LlamaRotaryEmbedding`` layout).
 
     Args:
@@ -48,8 +49,9 @@ def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
     Returns:
         cos, sin: (B, 1, T, Dh) in ``dtype``; angles computed in fp32 for accuracy at long positions.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
-                                             dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.int64).float() / head_dim)
+    )
     freqs = position_ids.float()[..., None] * inv_freq  # (B, T, Dh/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, Dh): halves repeated, the "rotate half" layout
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
@@ -100,8 +102,9 @@ class LlamaRotaryEmbedding(nn.Module):
         self.cos_cached, self.sin_cached = cos, sin
         return self
 
-    def forward(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for ``x`` (B, T, D) at ``position_ids`` (B, T), default ``offset + arange(T)``.
 
         Returns:
@@ -110,20 +113,29 @@ class LlamaRotaryEmbedding(nn.Module):
         T, N = x.shape[1], self.cos_cached.shape[0]
         if position_ids is None:
             if offset + T <= N:
-                return (self.cos_cached[offset:offset + T].to(x.dtype)[None, None],
-                        self.sin_cached[offset:offset + T].to(x.dtype)[None, None])
+                return (
+                    self.cos_cached[offset : offset + T].to(x.dtype)[None, None],
+                    self.sin_cached[offset : offset + T].to(x.dtype)[None, None],
+                )
             position_ids = torch.arange(offset, offset + T, device=x.device)[None]
         elif self._in_table(position_ids, N):
-            return (self.cos_cached[position_ids].to(x.dtype)[:, None],
-                    self.sin_cached[position_ids].to(x.dtype)[:, None])
+            return (
+                self.cos_cached[position_ids].to(x.dtype)[:, None],
+                self.sin_cached[position_ids].to(x.dtype)[:, None],
+            )
         return rope_cos_sin(position_ids, self.head_dim, self.theta, x.dtype)
 
     @staticmethod
     def _in_table(position_ids: torch.Tensor, n: int) -> bool:
         """Eager only (a data-dependent check, never baked into a traced graph): integer
         positions, all in ``[0, n)``."""
-        if (torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing()
-                or position_ids.numel() == 0 or position_ids.dtype not in (torch.int64, torch.int32)):
+        if (
+            torch.compiler.is_compiling()
+            or _is_exporting()
+            or torch.jit.is_tracing()
+            or position_ids.numel() == 0
+            or position_ids.dtype not in (torch.int64, torch.int32)
+        ):
             return False
         lo, hi = torch.aminmax(position_ids)
         return bool(((lo >= 0) & (hi < n)).item())
@@ -145,16 +157,20 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         D, Dh = config.hidden_size, config.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
-                                                            config.num_key_value_heads, Dh)
+        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads, Dh)
         self.q_proj = nn.Linear(D, self.num_heads * Dh, bias=False)
         self.k_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
         self.v_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
         self.o_proj = nn.Linear(self.num_heads * Dh, D, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: Optional[torch.Tensor], past: Optional[tuple[torch.Tensor, torch.Tensor]]
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        past: Optional[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
@@ -265,9 +281,14 @@ class LlamaForCausalLM(nn.Module):
                 elif isinstance(module, LlamaRMSNorm):
                     module.weight.fill_(1.0)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                attention_mask: Optional[torch.Tensor] = None,
-                past_key_values: Optional[KVCache] = None, use_cache: bool = False):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        past_key_values: Optional[KVCache] = None,
+        use_cache: bool = False,
+    ):
         """Next-token logits.
 
         Args:

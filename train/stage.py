@@ -1,6 +1,6 @@
 """The train package's two pipeline stages: ``train`` (checkpoints) and ``eval`` (eval.json).
 
-    python -c "from prodip.train.stage import STAGES; print([s.name for s in STAGES])"
+python -c "from prodip.train.stage import STAGES; print([s.name for s in STAGES])"
 """
 
 from __future__ import annotations

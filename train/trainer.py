@@ -13,6 +13,7 @@ the run before the weights are touched; the last good checkpoint stays as it was
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -21,15 +22,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import matplotlib
+import matplotlib.pyplot as plt
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
-from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.config import dump_toml, opt, write_text_atomic
-from prodip.train import checkpoint, distributed
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.tokenizer.audit import check_gate
+from prodip.tokenizer.shards import load_meta
+from prodip.train import checkpoint, distributed, guards
 from prodip.train.config import ModelConfig
 from prodip.train.data import MixtureBatches, val_batches
-from prodip.train.loop import (build_optimizer, enable_activation_checkpointing, evaluate, lr_at, peak_flops,
-                        train_step)
+from prodip.train.loop import (
+    build_optimizer,
+    causal_lm_loss,
+    enable_activation_checkpointing,
+    evaluate,
+    lr_at,
+    peak_flops,
+    train_step,
+)
+from prodip.train.model import LlamaForCausalLM
 
 log = logging.getLogger("prodip.train")
 
@@ -42,8 +57,11 @@ class TrainConfig:
     tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir the shards were encoded with")
     out_dir: str = opt("runs/demo/train", "run dir: config.toml, metrics.jsonl, loss.png, checkpoints/")
     steps: int = opt(200, "total optimizer steps of the run (the lr schedule spans these)")
-    max_steps_this_run: int = opt(0, "stop after this many steps in this invocation, 0 = run to `steps` "
-                                     "(time-sliced jobs; resume later with --resume)")
+    max_steps_this_run: int = opt(
+        0,
+        "stop after this many steps in this invocation, 0 = run to `steps` "
+        "(time-sliced jobs; resume later with --resume)",
+    )
     batch_size: int = opt(8, "sequences per micro-batch per rank")
     seq_len: int = opt(256, "tokens per sequence (<= max_position_embeddings)")
     grad_accum_steps: int = opt(1, "micro-batches per optimizer step (loss divided by this)")
@@ -55,8 +73,9 @@ class TrainConfig:
     beta2: float = opt(0.95, "AdamW beta2")
     adam_eps: float = opt(1e-8, "AdamW epsilon")
     grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this, 0 = no clipping")
-    mixture: dict[str, float] = opt(help="language -> sampling weight, e.g. {bn = 0.7, en = 0.3}; "
-                                         "empty = by token count", factory=dict)
+    mixture: dict[str, float] = opt(
+        help="language -> sampling weight, e.g. {bn = 0.7, en = 0.3}; empty = by token count", factory=dict
+    )
     seed: int = opt(1234, "seed for init and data order")
     checkpoint_every_steps: int = opt(100, "save a checkpoint every N steps (and at the end), 0 = end only")
     keep_last: int = opt(3, "checkpoints kept (newest)")
@@ -64,8 +83,11 @@ class TrainConfig:
     eval_tokens: int = opt(16384, "validation tokens per language for that held-out loss (tokens)")
     log_every_steps: int = opt(1, "write a metrics.jsonl line every N steps")
     device: str = opt("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
-    dtype: str = opt("auto", "auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16",
-                     choices=("auto", "float32", "bfloat16"))
+    dtype: str = opt(
+        "auto",
+        "auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16",
+        choices=("auto", "float32", "bfloat16"),
+    )
     compile: bool = opt(False, "torch.compile the model (CUDA; slow first step)")
     activation_checkpointing: bool = opt(False, "recompute layer activations in backward (saves memory)")
     guards: bool = opt(True, "run the gradient-flow arbiter before step 1 and the update-flow probe")
@@ -80,24 +102,47 @@ class TrainConfig:
         if not self.lr > 0:
             raise InvalidInput(f"TrainConfig.lr must be > 0, got {self.lr}")
         if self.min_lr < 0 or self.warmup_steps < 0:
-            raise InvalidInput(f"TrainConfig.min_lr and warmup_steps must be >= 0, got {self.min_lr}, {self.warmup_steps}")
+            raise InvalidInput(
+                f"TrainConfig.min_lr and warmup_steps must be >= 0, got {self.min_lr}, {self.warmup_steps}"
+            )
         if self.min_lr > self.lr:
             raise InvalidInput(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
         if self.warmup_steps >= self.steps:
-            log.warning("TrainConfig.warmup_steps (%d) >= steps (%d): the learning rate never reaches lr",
-                        self.warmup_steps, self.steps)
+            log.warning(
+                "TrainConfig.warmup_steps (%d) >= steps (%d): the learning rate never reaches lr",
+                self.warmup_steps,
+                self.steps,
+            )
 
 
 #: TrainConfig fields that shape the optimisation trajectory: a resume that changes one of them
 #: continues, but is no longer the run an uninterrupted job would have produced.
-TRAJECTORY_FIELDS = ("steps", "batch_size", "seq_len", "grad_accum_steps", "lr", "min_lr", "warmup_steps", "weight_decay",
-                     "beta1", "beta2", "adam_eps", "grad_clip", "mixture", "seed", "dtype")
+TRAJECTORY_FIELDS = (
+    "steps",
+    "batch_size",
+    "seq_len",
+    "grad_accum_steps",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "adam_eps",
+    "grad_clip",
+    "mixture",
+    "seed",
+    "dtype",
+)
 
 
 def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
     """``"lr 0.003 -> 0.001"`` for each trajectory field that differs from the checkpoint's config."""
-    return [f"{name} {saved[name]!r} -> {getattr(cfg, name)!r}" for name in TRAJECTORY_FIELDS
-            if name in saved and saved[name] != getattr(cfg, name)]
+    return [
+        f"{name} {saved[name]!r} -> {getattr(cfg, name)!r}"
+        for name in TRAJECTORY_FIELDS
+        if name in saved and saved[name] != getattr(cfg, name)
+    ]
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
@@ -109,18 +154,18 @@ def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dty
 
 def _check_inputs(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[str, dict]:
     """Tokenizer gate, shard/tokenizer hash and vocab checks. Returns (tokenizer sha256, meta)."""
-    from prodip.tokenizer.shards import load_meta
 
     tok_json = Path(cfg.tokenizer_dir) / "tokenizer.json"
     if not tok_json.is_file():
-        raise MissingInput(f"{tok_json}: not found (TrainConfig.tokenizer_dir; made by "
-                                "`prodip tokenizer train`)")
+        raise MissingInput(f"{tok_json}: not found (TrainConfig.tokenizer_dir; made by `prodip tokenizer train`)")
     tok_sha = checkpoint.file_sha256(tok_json)
     _check_gate(cfg)
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tok_sha)
     if cfg.seq_len > model_cfg.max_position_embeddings:
-        raise InvalidInput(f"TrainConfig.seq_len {cfg.seq_len} exceeds [model] max_position_embeddings "
-                         f"{model_cfg.max_position_embeddings}")
+        raise InvalidInput(
+            f"TrainConfig.seq_len {cfg.seq_len} exceeds [model] max_position_embeddings "
+            f"{model_cfg.max_position_embeddings}"
+        )
     return tok_sha, meta
 
 
@@ -130,25 +175,22 @@ def _check_gate(cfg: TrainConfig) -> None:
     Raises:
         ValueError: the audit failed (and not ``force``), or its fertility.json is stale.
     """
-    from prodip.tokenizer.audit import check_gate
 
     check_gate(cfg.tokenizer_dir, force=cfg.force)
 
 
 def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device):
-    from prodip.train.model import LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(model_cfg).to(device)
-    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, device=device)
+    optimizer = build_optimizer(
+        model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, device=device
+    )
     return model, optimizer
 
 
 def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh: bool) -> None:
     """Gradient-flow arbiter (every run, after compile) and update-flow probe (fresh runs)."""
-    from prodip.train import guards
-    from prodip.train.loop import causal_lm_loss
 
     x, y = batches[0]
     x, y = x.to(device), y.to(device)
@@ -160,9 +202,10 @@ def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh:
     guards.check_gradient_flow(model, loss_fn)  # raises GuardError naming each parameter at fault
     log.info("gradient-flow arbiter: every trainable parameter got a finite, nonzero gradient")
     if fresh:
+
         def step_fn(m, opt):
-            train_step(m, opt, batches, lr=cfg.lr, grad_clip=cfg.grad_clip, device=device,
-                       autocast_dtype=amp)
+            train_step(m, opt, batches, lr=cfg.lr, grad_clip=cfg.grad_clip, device=device, autocast_dtype=amp)
+
         guards.check_update_flow(model, optimizer, step_fn, restore=True)
         log.info("update-flow probe: every parameter moved and stayed finite")
 
@@ -221,17 +264,26 @@ class _Run:
         # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
         self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{cfg.shards_dir}/meta.json")
         if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
-            raise OutputExists(f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
-                                  "that run, or choose another --out-dir")
+            raise OutputExists(
+                f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
+                "that run, or choose another --out-dir"
+            )
         if self.device.type == "cpu":
             torch.use_deterministic_algorithms(True, warn_only=True)
         else:  # TF32 for the few fp32 matmuls left outside bf16 autocast (nanoGPT does the same)
             torch.set_float32_matmul_precision("high")
         model, self.optimizer = _build(cfg, self.model_cfg, self.device)
         self.model = model
-        self.data = MixtureBatches(cfg.shards_dir, cfg.mixture, cfg.batch_size, cfg.seq_len, seed=cfg.seed,
-                                   rank=info.rank, world_size=info.world_size,
-                                   expected_tokenizer_sha256=self.tok_sha)
+        self.data = MixtureBatches(
+            cfg.shards_dir,
+            cfg.mixture,
+            cfg.batch_size,
+            cfg.seq_len,
+            seed=cfg.seed,
+            rank=info.rank,
+            world_size=info.world_size,
+            expected_tokenizer_sha256=self.tok_sha,
+        )
         if cfg.resume:
             self._resume()
         if info.is_main:
@@ -242,10 +294,12 @@ class _Run:
             enable_activation_checkpointing(model)
         self.fwd = torch.compile(model) if cfg.compile else model
         if info.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
             # broadcast_buffers=False: the only buffers are the RoPE tables, identical on every rank
-            self.fwd = DDP(self.fwd, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                           broadcast_buffers=False)
+            self.fwd = DDP(
+                self.fwd,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                broadcast_buffers=False,
+            )
         if cfg.guards:
             saved = self.data.state_dict()
             probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
@@ -260,16 +314,25 @@ class _Run:
     def _resume(self) -> None:
         state = checkpoint.load_training_state(self.ckpt_dir, self.model, self.optimizer)
         if state["tokenizer_sha256"] != self.tok_sha:
-            raise InvalidInput(f"{state['checkpoint_dir']}: trained with tokenizer sha256 "
-                             f"{state['tokenizer_sha256'][:12]}, this run's tokenizer is {self.tok_sha[:12]}")
-        if state.get("world_size", 1) * state["train_config"].get("batch_size", 0) != \
-                self.info.world_size * self.cfg.batch_size:
-            log.warning("global batch differs from the checkpoint's; the token stream continues but "
-                        "the run is no longer bitwise comparable")
+            raise InvalidInput(
+                f"{state['checkpoint_dir']}: trained with tokenizer sha256 "
+                f"{state['tokenizer_sha256'][:12]}, this run's tokenizer is {self.tok_sha[:12]}"
+            )
+        if (
+            state.get("world_size", 1) * state["train_config"].get("batch_size", 0)
+            != self.info.world_size * self.cfg.batch_size
+        ):
+            log.warning(
+                "global batch differs from the checkpoint's; the token stream continues but "
+                "the run is no longer bitwise comparable"
+            )
         changed = resume_differences(state["train_config"], self.cfg)
         if changed:  # legitimate (e.g. a lower lr after a spike), but never silent
-            log.warning("resuming with changed training settings (%s); the run is no longer bitwise "
-                        "comparable to an uninterrupted one", "; ".join(changed))
+            log.warning(
+                "resuming with changed training settings (%s); the run is no longer bitwise "
+                "comparable to an uninterrupted one",
+                "; ".join(changed),
+            )
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.data.load_state_dict(state["data_state"])
         log.info("resumed from %s at step %d", state["checkpoint_dir"], self.step)
@@ -290,15 +353,19 @@ class _Run:
 
     def _loop(self) -> dict[str, float]:
         cfg, info = self.cfg, self.info
-        from tqdm import tqdm
 
         end = cfg.steps if cfg.max_steps_this_run <= 0 else min(cfg.steps, self.step + cfg.max_steps_this_run)
         tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps * info.world_size
         flops_per_token = self.model_cfg.flops_per_token(cfg.seq_len)
         peak = peak_flops(self.device)
         val = self._val_sets() if cfg.eval_every_steps and info.is_main else {}
-        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True,
-                   disable=not (cfg.progress and info.is_main))
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (cfg.progress and info.is_main),
+        )
         metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if info.is_main else None
         last: dict[str, float] = {}
         loop_start, cpu_start = time.perf_counter(), time.process_time()
@@ -306,30 +373,47 @@ class _Run:
             while self.step < end:
                 t0 = time.perf_counter()
                 batches = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
-                lr = lr_at(self.step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
-                           total_steps=cfg.steps)
-                out = train_step(self.fwd, self.optimizer, batches, lr=lr, grad_clip=cfg.grad_clip,
-                                 device=self.device, autocast_dtype=self.amp, step=self.step + 1)
+                lr = lr_at(
+                    self.step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps
+                )
+                out = train_step(
+                    self.fwd,
+                    self.optimizer,
+                    batches,
+                    lr=lr,
+                    grad_clip=cfg.grad_clip,
+                    device=self.device,
+                    autocast_dtype=self.amp,
+                    step=self.step + 1,
+                )
                 dt = time.perf_counter() - t0
                 self.step += 1
                 self.tokens_seen += tokens_per_step
-                last = {"step": self.step, **out, "tokens_seen": self.tokens_seen,
-                        "tokens_per_s": tokens_per_step / dt, "step_time_s": dt,
-                        "elapsed_s": time.perf_counter() - loop_start,
-                        "process_cpu_s": time.process_time() - cpu_start}
+                last = {
+                    "step": self.step,
+                    **out,
+                    "tokens_seen": self.tokens_seen,
+                    "tokens_per_s": tokens_per_step / dt,
+                    "step_time_s": dt,
+                    "elapsed_s": time.perf_counter() - loop_start,
+                    "process_cpu_s": time.process_time() - cpu_start,
+                }
                 if peak:  # MFU = achieved FLOP/s / peak (PaLM appendix B); per-rank peak x ranks
                     last["mfu"] = flops_per_token * last["tokens_per_s"] / (peak * info.world_size)
                 if self.device.type == "cuda":
                     last["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 if val and self.step % cfg.eval_every_steps == 0:
-                    last["val_loss"] = {lang: evaluate(self.model, b, device=self.device, autocast_dtype=self.amp)
-                                        for lang, b in val.items()}
+                    last["val_loss"] = {
+                        lang: evaluate(self.model, b, device=self.device, autocast_dtype=self.amp)
+                        for lang, b in val.items()
+                    }
                 if metrics and (self.step % cfg.log_every_steps == 0 or self.step == end):
                     metrics.write(json.dumps(last) + "\n")
                     metrics.flush()
                 bar.update(1)
-                bar.set_postfix(loss=f"{out['loss']:.3f}", lr=f"{lr:.2e}",
-                                tok_s=f"{last['tokens_per_s']:.0f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{out['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{last['tokens_per_s']:.0f}", refresh=False
+                )
                 every = cfg.checkpoint_every_steps
                 if self.step == end or (every and self.step % every == 0):
                     self._save()
@@ -340,8 +424,10 @@ class _Run:
         return last
 
     def _val_sets(self) -> dict[str, list]:
-        return {lang: val_batches(self.cfg.shards_dir, lang, self.cfg.seq_len, self.cfg.batch_size,
-                                  self.cfg.eval_tokens) for lang in self.data.langs}
+        return {
+            lang: val_batches(self.cfg.shards_dir, lang, self.cfg.seq_len, self.cfg.batch_size, self.cfg.eval_tokens)
+            for lang in self.data.langs
+        }
 
     def _save(self) -> None:
         extra = {"world_size": self.info.world_size}
@@ -349,20 +435,28 @@ class _Run:
             hashes = distributed.all_gather_strings(param_sha256(self.model))
             extra["param_sha256_by_rank"] = hashes
             if len(set(hashes)) != 1:
-                raise RuntimeError(f"step {self.step}: DDP ranks hold different parameters "
-                                   f"(sha256 per rank: {hashes}); not saving")
+                raise RuntimeError(
+                    f"step {self.step}: DDP ranks hold different parameters (sha256 per rank: {hashes}); not saving"
+                )
         if self.info.is_main:
             checkpoint.save_checkpoint(
-                self.ckpt_dir, step=self.step, model=self.model, model_config=self.model_cfg,
-                tokenizer_dir=self.cfg.tokenizer_dir, optimizer=self.optimizer, tokens_seen=self.tokens_seen,
-                train_config=dataclasses.asdict(self.cfg), data_state=self.data.state_dict(),
-                extra_state=extra, keep_last=self.cfg.keep_last)
+                self.ckpt_dir,
+                step=self.step,
+                model=self.model,
+                model_config=self.model_cfg,
+                tokenizer_dir=self.cfg.tokenizer_dir,
+                optimizer=self.optimizer,
+                tokens_seen=self.tokens_seen,
+                train_config=dataclasses.asdict(self.cfg),
+                data_state=self.data.state_dict(),
+                extra_state=extra,
+                keep_last=self.cfg.keep_last,
+            )
         distributed.barrier()
 
 
 def param_sha256(model: torch.nn.Module) -> str:
     """sha256 over every parameter's bytes (CPU copies, in ``named_parameters`` order)."""
-    import hashlib
     h = hashlib.sha256()
     for name, p in checkpoint.unwrap_model(model).named_parameters():
         h.update(name.encode())
@@ -374,9 +468,7 @@ def plot_loss(metrics_path: Path, out_path: Path) -> None:
     """Write ``loss.png``: train loss (and held-out loss per language) against step."""
     if not metrics_path.exists():
         return
-    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     rows = [json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not rows:

@@ -32,21 +32,36 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "h100-0.4b.toml"
-SMOKE_MODEL = ["--hidden-size", "64", "--intermediate-size", "128", "--num-hidden-layers", "2",
-               "--num-attention-heads", "4", "--num-key-value-heads", "2", "--max-position-embeddings", "128"]
+SMOKE_MODEL = [
+    "--hidden-size",
+    "64",
+    "--intermediate-size",
+    "128",
+    "--num-hidden-layers",
+    "2",
+    "--num-attention-heads",
+    "4",
+    "--num-key-value-heads",
+    "2",
+    "--max-position-embeddings",
+    "128",
+]
 
 
 def _ensure_tomli_w(env: dict) -> None:
     try:
         import tomli_w  # noqa: F401
+
         return
     except ImportError:
         pass
     wheels = glob.glob(str(ROOT / ".whl" / "tomli_w*.whl"))
     if not wheels:
         sys.exit("tomli_w missing and no .whl/tomli_w*.whl to install (see the module docstring)")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
-                    "/tmp/site", *wheels], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", "/tmp/site", *wheels],
+        check=True,
+    )
     sys.path.insert(0, "/tmp/site")
     env["PYTHONPATH"] = "/tmp/site" + os.pathsep + env.get("PYTHONPATH", "")
 
@@ -73,11 +88,41 @@ def prepare(work: Path, env: dict, smoke: bool) -> tuple[Path, Path]:
     inputs = "bn=data/bn,en=data/en"
     if not (tok / "tokenizer.json").exists():
         vocab = "2048" if smoke else "32000"
-        _run(prodip + ["tokenizer", "train", "--inputs", inputs, "--vocab-size", vocab, "--out-dir", str(tok),
-                       "--sample-chars", "4000000" if not smoke else "300000"], env, work / "tokenizer.log")
+        _run(
+            prodip
+            + [
+                "tokenizer",
+                "train",
+                "--inputs",
+                inputs,
+                "--vocab-size",
+                vocab,
+                "--out-dir",
+                str(tok),
+                "--sample-chars",
+                "4000000" if not smoke else "300000",
+            ],
+            env,
+            work / "tokenizer.log",
+        )
     if not (shards / "meta.json").exists():
-        _run(prodip + ["data", "prepare", "--tokenizer-dir", str(tok), "--inputs", inputs, "--out-dir",
-                       str(shards), "--val-fraction", "0.02"], env, work / "data.log")
+        _run(
+            prodip
+            + [
+                "data",
+                "prepare",
+                "--tokenizer-dir",
+                str(tok),
+                "--inputs",
+                inputs,
+                "--out-dir",
+                str(shards),
+                "--val-fraction",
+                "0.02",
+            ],
+            env,
+            work / "data.log",
+        )
     return tok, shards
 
 
@@ -88,10 +133,17 @@ def summarise(run_dir: Path, skip: int) -> dict:
     def median(key):
         vals = sorted(r[key] for r in steady if key in r)
         return vals[len(vals) // 2] if vals else None
-    return {"steps": len(rows), "tokens_per_s_median": median("tokens_per_s"), "mfu_median": median("mfu"),
-            "step_time_s_median": median("step_time_s"),
-            "peak_memory_gib": max((r.get("peak_memory_gib", 0.0) for r in rows), default=None),
-            "first_step_s": rows[0]["step_time_s"], "loss_first": rows[0]["loss"], "loss_last": rows[-1]["loss"]}
+
+    return {
+        "steps": len(rows),
+        "tokens_per_s_median": median("tokens_per_s"),
+        "mfu_median": median("mfu"),
+        "step_time_s_median": median("step_time_s"),
+        "peak_memory_gib": max((r.get("peak_memory_gib", 0.0) for r in rows), default=None),
+        "first_step_s": rows[0]["step_time_s"],
+        "loss_first": rows[0]["loss"],
+        "loss_last": rows[-1]["loss"],
+    }
 
 
 def main() -> int:
@@ -107,8 +159,11 @@ def main() -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     _ensure_tomli_w(env)
     t0 = time.perf_counter()
     if args.tokenizer_dir and args.shards_dir:
@@ -117,20 +172,56 @@ def main() -> int:
         tok, shards = prepare(work, env, args.smoke)
     prep_s = time.perf_counter() - t0
     run_dir = work / f"run_{int(time.time())}"
-    overrides = ["--tokenizer-dir", str(tok), "--shards-dir", str(shards), "--out-dir", str(run_dir),
-                 "--steps", str(args.steps), "--grad-accum-steps", "1", "--warmup-steps", "20",
-                 "--checkpoint-every-steps", "0", "--eval-every-steps", "0", "--log-every-steps", "1"]
+    overrides = [
+        "--tokenizer-dir",
+        str(tok),
+        "--shards-dir",
+        str(shards),
+        "--out-dir",
+        str(run_dir),
+        "--steps",
+        str(args.steps),
+        "--grad-accum-steps",
+        "1",
+        "--warmup-steps",
+        "20",
+        "--checkpoint-every-steps",
+        "0",
+        "--eval-every-steps",
+        "0",
+        "--log-every-steps",
+        "1",
+    ]
     if args.smoke:
-        overrides += SMOKE_MODEL + ["--device", "cpu", "--dtype", "float32", "--compile", "false",
-                                    "--seq-len", "64", "--batch-size", "2", "--vocab-size", "2048"]
+        overrides += SMOKE_MODEL + [
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--compile",
+            "false",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "2",
+            "--vocab-size",
+            "2048",
+        ]
     if args.no_compile:
         overrides += ["--compile", "false"]
-    train_s = _run([sys.executable, "-m", "train", "train", "--config", str(CONFIG), *overrides], env,
-                   out / "train.log")
-    summary = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "config": str(CONFIG.name),
-               "prepare_s": round(prep_s, 1), "train_wall_s": round(train_s, 1), **summarise(run_dir, skip=10)}
+    train_s = _run(
+        [sys.executable, "-m", "prodip.train", "train", "--config", str(CONFIG), *overrides], env, out / "train.log"
+    )
+    summary = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": str(CONFIG.name),
+        "prepare_s": round(prep_s, 1),
+        "train_wall_s": round(train_s, 1),
+        **summarise(run_dir, skip=10),
+    }
     try:
         import torch
+
         summary["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         summary["torch"] = torch.__version__
     except Exception as err:  # noqa: BLE001 - informational only
@@ -140,16 +231,36 @@ def main() -> int:
     if args.bench_steps:
         bench_cfg = out / "bench_config.toml"
         _write_bench_config(bench_cfg, args.smoke, compile_=not args.no_compile)
-        _run([sys.executable, "bench/train_throughput.py", "--config", str(bench_cfg), "--tokenizer-dir",
-              str(tok), "--shards-dir", str(shards), "--steps", str(args.bench_steps), "--skip", "10",
-              "--repeats", "1", "--json", str(out / "throughput.json")], env, out / "throughput.log")
+        _run(
+            [
+                sys.executable,
+                "bench/train_throughput.py",
+                "--config",
+                str(bench_cfg),
+                "--tokenizer-dir",
+                str(tok),
+                "--shards-dir",
+                str(shards),
+                "--steps",
+                str(args.bench_steps),
+                "--skip",
+                "10",
+                "--repeats",
+                "1",
+                "--json",
+                str(out / "throughput.json"),
+            ],
+            env,
+            out / "throughput.log",
+        )
     return 0
 
 
 def _write_bench_config(path: Path, smoke: bool, compile_: bool = True) -> None:
     """configs/h100-0.4b.toml with accumulation 1 (and the tiny model for --smoke)."""
-    import tomllib
     import tomli_w
+    import tomllib
+
     doc = tomllib.loads(CONFIG.read_text())
     doc["train"]["grad_accum_steps"] = 1
     doc["train"]["compile"] = compile_ and doc["train"]["compile"]

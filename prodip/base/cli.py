@@ -14,12 +14,15 @@ import argparse
 import logging
 import os
 import sys
-from typing import Callable
+import traceback
+from collections.abc import Callable
 
 from prodip.base.errors import UserError
 
-BUG_HINT = ("prodip {command}: unexpected error (a bug, not a problem with your input, unless the message "
-            "says otherwise); please report it with the traceback above and the command line")
+BUG_HINT = (
+    "prodip {command}: unexpected error (a bug, not a problem with your input, unless the message "
+    "says otherwise); please report it with the traceback above and the command line"
+)
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -27,8 +30,9 @@ def setup_logging(verbose: bool = False) -> None:
     rank = int(os.environ.get("RANK", "0"))
     level = logging.DEBUG if verbose else (logging.INFO if rank == 0 else logging.WARNING)
     prefix = f"[rank {rank}] " if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-    logging.basicConfig(level=level, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=level, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
 
 
 def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace, command: str) -> int:
@@ -50,8 +54,6 @@ def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse
         print(f"prodip {command}: interrupted", file=sys.stderr)
         return 130
     except Exception:
-        import traceback  # only on the error path
-
         traceback.print_exc()
         print(BUG_HINT.format(command=command), file=sys.stderr)
         return 1

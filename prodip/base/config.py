@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -26,6 +27,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+import difflib
+
 import tomli_w
 
 from prodip.base.errors import ConfigError, InvalidInput
@@ -34,10 +37,9 @@ from prodip.base.layout import stage_defaults
 T = TypeVar("T")
 
 
-
-
-def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None,
-        choices: tuple | None = None) -> Any:
+def opt(
+    default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, choices: tuple | None = None
+) -> Any:
     """Declare a config field with its help text (state units in the text).
 
     Args:
@@ -87,8 +89,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         key_tp, val_tp = typing.get_args(tp) or (str, Any)
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a table like {{bn = 0.6, en = 0.4}}, got {value!r}")
-        return {coerce(k, key_tp, f"{where}.{k}"): coerce(v, val_tp, f"{where}.{k}")
-                for k, v in value.items()}
+        return {coerce(k, key_tp, f"{where}.{k}"): coerce(v, val_tp, f"{where}.{k}") for k, v in value.items()}
     if origin in (list, tuple):
         (item_tp, *_) = typing.get_args(tp) or (Any,)
         if not isinstance(value, (list, tuple)):
@@ -125,7 +126,6 @@ def from_dict(cls: type[T], data: dict[str, Any], *, source: str) -> T:
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            import difflib
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(fields)}"
             raise ConfigError(f"{source}: unknown key {key!r}{hint}")
@@ -177,7 +177,7 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
             return tp(text)
         return text
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{flag}: cannot read {text!r} as {_type_name(tp)} ({err})")
+        raise argparse.ArgumentTypeError(f"{flag}: cannot read {text!r} as {_type_name(tp)} ({err})") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
@@ -192,8 +192,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        )
         help_text = f.metadata.get("help", "")
         if isinstance(default, dict):
             shown = ",".join(f"{k}={v}" for k, v in default.items()) or "none"
@@ -201,13 +204,27 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
             shown = ",".join(map(str, default)) or "none"
         else:
             shown = default
-        parse = (lambda s, tp=hints[f.name], fl=flag: _parse_flag(s, tp, fl))
+        parse = functools.partial(_parse_flag, tp=hints[f.name], flag=flag)
         if _strip_optional(hints[f.name])[0] is bool:  # `--force` alone means true; `--force false` too
-            group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, nargs="?", const=True,
-                               metavar="BOOL", type=parse, help=f"{help_text} (default: {shown})")
+            group.add_argument(
+                flag,
+                dest=f.name,
+                default=argparse.SUPPRESS,
+                nargs="?",
+                const=True,
+                metavar="BOOL",
+                type=parse,
+                help=f"{help_text} (default: {shown})",
+            )
             continue
-        group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=_metavar(hints[f.name]),
-                           type=parse, help=help_text if "default" in help_text else f"{help_text} (default: {shown})")
+        group.add_argument(
+            flag,
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            metavar=_metavar(hints[f.name]),
+            type=parse,
+            help=help_text if "default" in help_text else f"{help_text} (default: {shown})",
+        )
 
 
 def _metavar(tp: Any) -> str:
@@ -238,8 +255,14 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
 
 
-def resolve(cls: type[T], args: argparse.Namespace | None = None, *, toml_path: str | None = None,
-            section: str | None = None, base: dict[str, Any] | None = None) -> T:
+def resolve(
+    cls: type[T],
+    args: argparse.Namespace | None = None,
+    *,
+    toml_path: str | None = None,
+    section: str | None = None,
+    base: dict[str, Any] | None = None,
+) -> T:
     """Resolve a stage config: dataclass defaults < ``base`` < TOML table < command-line flags.
 
     Args:
@@ -282,6 +305,7 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 def dump_toml(data: dict[str, Any]) -> str:
     """Serialise a mapping to TOML with ``tomli_w``; ``None`` values are left out (TOML has no null)."""
+
     def clean(value: Any) -> Any:
         if isinstance(value, dict):
             return {str(k): clean(v) for k, v in value.items() if v is not None}
@@ -290,6 +314,7 @@ def dump_toml(data: dict[str, Any]) -> str:
         if isinstance(value, Path):
             return str(value)
         return value
+
     return tomli_w.dumps(clean(data))
 
 

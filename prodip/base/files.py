@@ -1,6 +1,6 @@
 """File helpers every stage shares (no torch, no onnx: ``prodip serve`` imports this too).
 
-    python -c "from prodip.base.files import file_sha256; print(file_sha256('README.md'))"
+python -c "from prodip.base.files import file_sha256; print(file_sha256('README.md'))"
 """
 
 from __future__ import annotations

@@ -25,10 +25,12 @@ import importlib.metadata
 import json
 import os
 import platform
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from prodip import __version__
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
 
@@ -53,8 +55,17 @@ def utc_now() -> str:
 def tool_versions() -> dict[str, str]:
     """Installed versions of the packages that shape the exported files (missing ones omitted)."""
     out = {"python": platform.python_version()}
-    for dist in ("prodip", "torch", "onnx", "onnxruntime", "onnxscript", "safetensors", "transformers",
-                 "tokenizers", "numpy"):
+    for dist in (
+        "prodip",
+        "torch",
+        "onnx",
+        "onnxruntime",
+        "onnxscript",
+        "safetensors",
+        "transformers",
+        "tokenizers",
+        "numpy",
+    ):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -86,9 +97,14 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_manifest(export_dir: str | os.PathLike, *, source_checkpoint: dict[str, Any],
-                   tokenizer_sha256: str | None, variants: dict[str, dict[str, Any]],
-                   export_config: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_manifest(
+    export_dir: str | os.PathLike,
+    *,
+    source_checkpoint: dict[str, Any],
+    tokenizer_sha256: str | None,
+    variants: dict[str, dict[str, Any]],
+    export_config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Hash every file of ``export_dir`` and write ``manifest.json`` (atomically).
 
     Args:
@@ -102,7 +118,6 @@ def write_manifest(export_dir: str | os.PathLike, *, source_checkpoint: dict[str
     Raises:
         FileNotFoundError: a variant's ``path`` is not a file of ``export_dir``.
     """
-    from prodip import __version__
     root = Path(export_dir)
     files = list_files(root)
     for name, variant in variants.items():
@@ -110,10 +125,16 @@ def write_manifest(export_dir: str | os.PathLike, *, source_checkpoint: dict[str
             if rel not in files:
                 raise MissingInput(f"{root / rel}: file of variant {name!r} missing from the export")
     manifest = {
-        "format_version": FORMAT_VERSION, "prodip_version": __version__, "created_utc": utc_now(),
-        "source_checkpoint": source_checkpoint, "tokenizer_sha256": tokenizer_sha256,
+        "format_version": FORMAT_VERSION,
+        "prodip_version": __version__,
+        "created_utc": utc_now(),
+        "source_checkpoint": source_checkpoint,
+        "tokenizer_sha256": tokenizer_sha256,
         "versions": {**tool_versions(), "prodip": __version__},
-        "files": files, "variants": variants, "export_config": export_config, "conformance": None,
+        "files": files,
+        "variants": variants,
+        "export_config": export_config,
+        "conformance": None,
     }
     _write_json_atomic(root / MANIFEST_FILE, manifest)
     return manifest
@@ -134,16 +155,19 @@ def read_manifest(export_dir: str | os.PathLike) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise InvalidInput(f"{path}: not valid JSON: {err}") from None
     if data.get("format_version") != FORMAT_VERSION:
-        raise InvalidInput(f"{path}: format_version {data.get('format_version')!r}, expected {FORMAT_VERSION} "
-                         "(re-export with this prodip's `prodip export`)")
+        raise InvalidInput(
+            f"{path}: format_version {data.get('format_version')!r}, expected {FORMAT_VERSION} "
+            "(re-export with this prodip's `prodip export`)"
+        )
     for key in ("files", "variants", "source_checkpoint"):
         if key not in data:
             raise InvalidInput(f"{path}: missing key {key!r} (re-run `prodip export`)")
     return data
 
 
-def verify_files(export_dir: str | os.PathLike, *, allow_unlisted: bool = False,
-                 hash_file: Callable[[Path], str] = file_sha256) -> dict[str, Any]:
+def verify_files(
+    export_dir: str | os.PathLike, *, allow_unlisted: bool = False, hash_file: Callable[[Path], str] = file_sha256
+) -> dict[str, Any]:
     """Check every listed file's size and sha256, and that no unlisted file was added.
 
     Args:
@@ -168,8 +192,10 @@ def verify_files(export_dir: str | os.PathLike, *, allow_unlisted: bool = False,
             raise InvalidInput(f"{path}: {size} bytes, manifest says {meta['bytes']} (truncated or replaced)")
         digest = hash_file(path)
         if digest != meta["sha256"]:
-            raise InvalidInput(f"{path}: sha256 {digest[:16]}.. differs from the manifest's "
-                             f"{meta['sha256'][:16]}.. (modified after export)")
+            raise InvalidInput(
+                f"{path}: sha256 {digest[:16]}.. differs from the manifest's "
+                f"{meta['sha256'][:16]}.. (modified after export)"
+            )
     if not allow_unlisted:
         extra = sorted(set(list_files(root)) - set(manifest["files"]))
         if extra:
@@ -196,12 +222,15 @@ def set_conformance(export_dir: str | os.PathLike, verdict: dict[str, Any] | Non
     manifest = read_manifest(root)
     if verdict is not None:
         if not isinstance(verdict.get("passed"), bool) or not isinstance(verdict.get("variants"), dict):
-            raise InvalidInput("conformance verdict needs 'passed' (bool) and 'variants' ({name: bool}), "
-                             f"got keys {sorted(verdict)}")
+            raise InvalidInput(
+                f"conformance verdict needs 'passed' (bool) and 'variants' ({{name: bool}}), got keys {sorted(verdict)}"
+            )
         unknown = sorted(set(verdict["variants"]) - set(manifest["variants"]))
         if unknown:
-            raise InvalidInput(f"conformance verdict names variant(s) {unknown} not in {root / MANIFEST_FILE} "
-                             f"(has {sorted(manifest['variants'])})")
+            raise InvalidInput(
+                f"conformance verdict names variant(s) {unknown} not in {root / MANIFEST_FILE} "
+                f"(has {sorted(manifest['variants'])})"
+            )
         verdict = {**verdict, "checked_utc": verdict.get("checked_utc") or utc_now()}
     manifest["conformance"] = verdict
     _write_json_atomic(root / MANIFEST_FILE, manifest)

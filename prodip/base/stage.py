@@ -16,8 +16,9 @@ table's config dataclass instance.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 Plan = dict[str, Any]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance import tiny
+from tests import fixtures as tiny
 
 TINY_TOLERANCES = Path(__file__).with_name("tiny_tolerances.toml")
 
@@ -33,9 +33,17 @@ def conf_cfg(tiny_artifacts):
     from prodip.conformance import ConformanceConfig
 
     def make(export_dir, **kw):
-        base = dict(export_dir=str(export_dir), checkpoint=str(tiny_artifacts["checkpoint"]),
-                    tolerances=str(TINY_TOLERANCES), threads=1, greedy_tokens=24, write_manifest=False,
-                    shards_dir=str(tiny_artifacts["shards"]), heldout_tokens=192)
+        base = dict(
+            export_dir=str(export_dir),
+            checkpoint=str(tiny_artifacts["checkpoint"]),
+            tolerances=str(TINY_TOLERANCES),
+            threads=1,
+            greedy_tokens=24,
+            write_manifest=False,
+            shards_dir=str(tiny_artifacts["shards"]),
+            heldout_tokens=192,
+        )
         base.update(kw)
         return ConformanceConfig(**base)
+
     return make

@@ -1,6 +1,6 @@
 """Known answers for the metric functions and the tolerance file.
 
-    python -m pytest tests/conformance/test_compare.py -q
+python -m pytest tests/conformance/test_compare.py -q
 """
 
 from __future__ import annotations
@@ -10,8 +10,16 @@ import math
 import numpy as np
 import pytest
 
-from prodip.conformance.compare import (LogitAccumulator, bits_per_char, check_value, identical_prefix,
-                                 kl_per_position, load_tolerances, logit_stats, nll_per_position)
+from prodip.conformance.compare import (
+    LogitAccumulator,
+    bits_per_char,
+    check_value,
+    identical_prefix,
+    kl_per_position,
+    load_tolerances,
+    logit_stats,
+    nll_per_position,
+)
 from prodip.conformance.config import DEFAULT_TOLERANCES
 
 
@@ -67,6 +75,7 @@ def test_check_value():
 
 def test_shipped_tolerances_cover_every_candidate():
     from prodip.export.config import VARIANTS
+
     tol = load_tolerances(DEFAULT_TOLERANCES)
     names = {"transformers", *VARIANTS}
     assert names <= set(tol)
@@ -89,14 +98,14 @@ def test_bad_tolerance_file(tmp_path):
 
 def test_config_from_toml_table(tmp_path):
     """`prodip run`'s [conformance] table and flags resolve into ConformanceConfig; unknown keys fail."""
-    from prodip.conformance import ConformanceConfig
     from prodip.base.config import ConfigError, resolve
+    from prodip.conformance import ConformanceConfig
 
     p = tmp_path / "c.toml"
     p.write_text('[conformance]\nexport_dir = "e"\nvariants = ["fp32", "int8"]\ngreedy_tokens = 16\n')
     cfg = resolve(ConformanceConfig, toml_path=str(p), section="conformance")
     assert cfg.variants == ["fp32", "int8"] and cfg.greedy_tokens == 16 and cfg.out is None
-    p.write_text('[conformance]\ngreedy_token = 16\n')
+    p.write_text("[conformance]\ngreedy_token = 16\n")
     with pytest.raises(ConfigError, match="greedy_tokens"):
         resolve(ConformanceConfig, toml_path=str(p), section="conformance")
     with pytest.raises(ValueError, match="greedy_tokens"):
@@ -105,14 +114,25 @@ def test_config_from_toml_table(tmp_path):
 
 def test_candidates_of_a_manifest():
     from prodip.conformance.suite import plan_candidates
-    manifest = {"variants": {"safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"},
-                             "fp32": {"path": "onnx/model.onnx", "format": "onnx"},
-                             "int8": {"path": "onnx/model_int8.onnx", "format": "onnx"}}}
+
+    manifest = {
+        "variants": {
+            "safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"},
+            "fp32": {"path": "onnx/model.onnx", "format": "onnx"},
+            "int8": {"path": "onnx/model_int8.onnx", "format": "onnx"},
+        }
+    }
     cands = plan_candidates(manifest)
     assert [(c.name, c.variant, c.kind, c.tolerance_table) for c in cands] == [
         ("safetensors", "safetensors", "prodip", "safetensors_bfloat16"),
         ("transformers", "safetensors", "transformers", "transformers_bfloat16"),
-        ("fp32", "fp32", "onnx", "fp32"), ("int8", "int8", "onnx", "int8")]
-    assert [c.name for c in plan_candidates(manifest, ["safetensors", "int8"])] == ["safetensors", "transformers", "int8"]
+        ("fp32", "fp32", "onnx", "fp32"),
+        ("int8", "int8", "onnx", "int8"),
+    ]
+    assert [c.name for c in plan_candidates(manifest, ["safetensors", "int8"])] == [
+        "safetensors",
+        "transformers",
+        "int8",
+    ]
     with pytest.raises(ValueError, match="int4"):
         plan_candidates(manifest, ["int4"])

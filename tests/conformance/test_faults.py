@@ -1,6 +1,6 @@
 """Planted faults: broken copies of a good tiny export that the suite must fail, and why.
 
-    python -m pytest tests/conformance/test_faults.py -q
+python -m pytest tests/conformance/test_faults.py -q
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from prodip.conformance import evaluate, faults
-from prodip.conformance.suite import find_check
+from prodip.conformance.checks import find_check
 
 
 def _failed(report: dict, candidate: str) -> set[str]:
@@ -79,10 +79,13 @@ def test_tampered_file_fails_every_variant(tiny_artifacts, conf_cfg, tmp_path):
     assert find_check(report, "export", "manifest_files_ok")["passed"] is False
     assert report["variants"] == {"fp32": False} and not report["passed"]
     from prodip.conformance.report import render_markdown
+
     md = render_markdown(report)
     assert "manifest_files_ok = NO" in md  # the summary line, and the file at fault in the Failed list:
-    assert any("manifest_files_ok" in line and "tokenizer_config.json" in line and "bytes" in line
-               for line in md.split("## Failed")[1].splitlines()), md
+    assert any(
+        "manifest_files_ok" in line and "tokenizer_config.json" in line and "bytes" in line
+        for line in md.split("## Failed")[1].splitlines()
+    ), md
 
 
 def test_config_with_wrong_rope_theta(tiny_artifacts, conf_cfg, tmp_path):

@@ -1,6 +1,6 @@
 """The conformance suite end to end on a tiny export: report, manifest verdict, CLI, pytest plugin.
 
-    python -m pytest tests/conformance/test_suite.py -q
+python -m pytest tests/conformance/test_suite.py -q
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_good_export_passes_and_records_verdict(tiny_artifacts, conf_cfg, tmp_path):
-    from prodip.conformance import run_conformance
     from prodip.base.manifest import file_sha256, read_manifest, verify_files
+    from prodip.conformance import run_conformance
 
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
     report = run_conformance(conf_cfg(export, shards_dir=str(tiny_artifacts["shards"]), write_manifest=True))
@@ -48,28 +48,57 @@ def test_good_export_passes_and_records_verdict(tiny_artifacts, conf_cfg, tmp_pa
 
 def test_refuses_checkpoint_other_than_the_manifests(tiny_artifacts, conf_cfg, tmp_path):
     """Planted fault: an export made from a different checkpoint than the one given."""
-    from prodip.conformance import evaluate
     from prodip.cli import main
+    from prodip.conformance import evaluate
 
     cfg = conf_cfg(tiny_artifacts["export"], checkpoint=str(tiny_artifacts["other_checkpoint"]))
     with pytest.raises(ValueError, match="refusing to compare"):
         evaluate(cfg)
-    rc = main(["conformance", str(tiny_artifacts["export"]), "--checkpoint", str(tiny_artifacts["other_checkpoint"]),
-               "--shards-dir", str(tiny_artifacts["shards"]), "--out", str(tmp_path / "rep"), "--threads", "1"])
+    rc = main(
+        [
+            "conformance",
+            str(tiny_artifacts["export"]),
+            "--checkpoint",
+            str(tiny_artifacts["other_checkpoint"]),
+            "--shards-dir",
+            str(tiny_artifacts["shards"]),
+            "--out",
+            str(tmp_path / "rep"),
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 2 and not (tmp_path / "rep").exists()  # refused: nothing written
 
 
 @pytest.mark.slow
 def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
     """`prodip conformance` exits 1 on a failing check and still writes the report + verdict."""
-    from prodip.conformance.faults import plant_mask_ignores_past
     from prodip.base.manifest import read_manifest
     from prodip.cli import main
+    from prodip.conformance.faults import plant_mask_ignores_past
 
     export = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
-    rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "fp32",
-               "--tolerances", str(TINY_TOLERANCES), "--shards-dir", str(tiny_artifacts["shards"]),
-               "--heldout-tokens", "96", "--threads", "1", "--greedy-tokens", "8"])
+    rc = main(
+        [
+            "conformance",
+            str(export),
+            "--checkpoint",
+            str(tiny_artifacts["checkpoint"]),
+            "--variants",
+            "fp32",
+            "--tolerances",
+            str(TINY_TOLERANCES),
+            "--shards-dir",
+            str(tiny_artifacts["shards"]),
+            "--heldout-tokens",
+            "96",
+            "--threads",
+            "1",
+            "--greedy-tokens",
+            "8",
+        ]
+    )
     assert rc == 1
     assert "# Conformance FAILED" in capsys.readouterr().out
     assert read_manifest(export)["conformance"]["variants"] == {"fp32": False}
@@ -78,12 +107,33 @@ def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
 
 def _pytest(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for var in ("PRODIP_EXPORT_DIR", "PRODIP_CHECKPOINT", "PRODIP_TOLERANCES", "PRODIP_SHARDS_DIR",
-                "PRODIP_CONFORMANCE_VARIANTS"):
+    for var in (
+        "PRODIP_EXPORT_DIR",
+        "PRODIP_CHECKPOINT",
+        "PRODIP_TOLERANCES",
+        "PRODIP_SHARDS_DIR",
+        "PRODIP_CONFORMANCE_VARIANTS",
+    ):
         env.pop(var, None)
-    return subprocess.run([sys.executable, "-m", "pytest", str(REPO / "conformance"), "-q", "-p", "no:cacheprovider",
-                           "--conformance-threads", "1", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(REPO / "conformance"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--conformance-threads",
+            "1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -92,16 +142,36 @@ def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
     from prodip.conformance.faults import plant_position_off_by_one
 
     shards = ["--shards-dir", str(tiny_artifacts["shards"])]
-    good = _pytest(["--export-dir", str(tiny_artifacts["export"]), "--checkpoint", str(tiny_artifacts["checkpoint"]),
-                    "--tolerances", str(TINY_TOLERANCES), *shards])
+    good = _pytest(
+        [
+            "--export-dir",
+            str(tiny_artifacts["export"]),
+            "--checkpoint",
+            str(tiny_artifacts["checkpoint"]),
+            "--tolerances",
+            str(TINY_TOLERANCES),
+            *shards,
+        ]
+    )
     assert good.returncode == 0, good.stdout[-3000:]
     assert "test_check[fp32::kv_cache_max_abs]" not in good.stdout  # -q: passing tests are not listed
     n_passed = int(good.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
     assert n_passed >= 40  # 6 candidates x ~6 metrics + export-wide checks
 
     bad = plant_position_off_by_one(tiny_artifacts["export"], tmp_path / "bad")
-    failed = _pytest(["--export-dir", str(bad), "--checkpoint", str(tiny_artifacts["checkpoint"]),
-                      "--tolerances", str(TINY_TOLERANCES), "--conformance-variants", "fp32,int8", *shards])
+    failed = _pytest(
+        [
+            "--export-dir",
+            str(bad),
+            "--checkpoint",
+            str(tiny_artifacts["checkpoint"]),
+            "--tolerances",
+            str(TINY_TOLERANCES),
+            "--conformance-variants",
+            "fp32,int8",
+            *shards,
+        ]
+    )
     assert failed.returncode == 1
     assert "FAILED conformance/test_conformance.py::test_check[fp32::kv_cache_max_abs]" in failed.stdout
     assert "FAILED conformance/test_conformance.py::test_check[int8::" not in failed.stdout  # fault is in fp32 only
@@ -113,8 +183,9 @@ def test_pytest_collection_skips_without_export_dir():
 
 
 def test_module_entry_help():
-    res = subprocess.run([sys.executable, "-m", "conformance", "--help"], capture_output=True, text=True,
-                         cwd=REPO, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "prodip.conformance", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert res.returncode == 0 and "EXPORT_DIR" in res.stdout and "--tolerances" in res.stdout
 
 
@@ -123,15 +194,32 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
     """breaker2 D1: a run with bounds looser than the shipped file still passes, but report.md lists
     them under LOOSENED TOLERANCES, report.json and the manifest verdict record them, the CLI warns,
     and `prodip serve` (serve.engine.load_export) carries them; a run with the shipped file lists none."""
-    from prodip.conformance.tolerances import compare_with_shipped, load_tolerances
     from prodip.base.manifest import read_manifest
     from prodip.cli import main
+    from prodip.conformance.tolerances import compare_with_shipped, load_tolerances
     from prodip.serve.engine import load_export
 
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
-    rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "int8",
-               "--tolerances", str(TINY_TOLERANCES), "--shards-dir", str(tiny_artifacts["shards"]),
-               "--heldout-tokens", "96", "--threads", "1", "--greedy-tokens", "8"])
+    rc = main(
+        [
+            "conformance",
+            str(export),
+            "--checkpoint",
+            str(tiny_artifacts["checkpoint"]),
+            "--variants",
+            "int8",
+            "--tolerances",
+            str(TINY_TOLERANCES),
+            "--shards-dir",
+            str(tiny_artifacts["shards"]),
+            "--heldout-tokens",
+            "96",
+            "--threads",
+            "1",
+            "--greedy-tokens",
+            "8",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, out
     want = compare_with_shipped(load_tolerances(TINY_TOLERANCES), TINY_TOLERANCES, ["global", "int8"])
@@ -148,9 +236,24 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
     assert any("LOOSENED tolerances" in w and "[int8] top1 min 0.95 -> min 0.8" in w for w in info.warnings)
 
     # the shipped file (fp32 only: its bounds hold for the tiny model): no section, no warning
-    rc = main(["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "fp32",
-               "--shards-dir", str(tiny_artifacts["shards"]), "--heldout-tokens", "96", "--threads", "1",
-               "--greedy-tokens", "8"])
+    rc = main(
+        [
+            "conformance",
+            str(export),
+            "--checkpoint",
+            str(tiny_artifacts["checkpoint"]),
+            "--variants",
+            "fp32",
+            "--shards-dir",
+            str(tiny_artifacts["shards"]),
+            "--heldout-tokens",
+            "96",
+            "--threads",
+            "1",
+            "--greedy-tokens",
+            "8",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, out
     assert "LOOSENED" not in out and "WARNING" not in err

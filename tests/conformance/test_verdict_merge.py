@@ -1,6 +1,6 @@
 """The manifest verdict is merged per variant: a ``--variants`` subset run keeps the others' verdicts.
 
-    python -m pytest tests/conformance/test_verdict_merge.py -q
+python -m pytest tests/conformance/test_verdict_merge.py -q
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from prodip.conformance.faults import copy_export
-from prodip.conformance.suite import merge_verdict
+from prodip.conformance.verdict import merge_verdict
 from tests.conformance.conftest import TINY_TOLERANCES
 
 ALL = ["safetensors", "fp32", "fp16", "int8", "int4"]
@@ -23,8 +23,12 @@ def test_merge_known_answers():
     assert full["passed"] is True and full["variants"] == {v: True for v in ALL}
     sub = merge_verdict(full, _report({"fp32": True}), ALL, "r.json", "b" * 64, "2026-01-02T00:00:00Z")
     assert sub["passed"] is True and sub["variants"] == {v: True for v in ALL}
-    assert sub["checks"]["fp32"] == {"passed": True, "checked_utc": "2026-01-02T00:00:00Z", "report": "r.json",
-                                     "report_sha256": "b" * 64}
+    assert sub["checks"]["fp32"] == {
+        "passed": True,
+        "checked_utc": "2026-01-02T00:00:00Z",
+        "report": "r.json",
+        "report_sha256": "b" * 64,
+    }
     assert sub["checks"]["int4"]["checked_utc"] == "2026-01-01T00:00:00Z"  # kept from the full run
     failing = merge_verdict(sub, _report({"int8": False}), ALL, "r.json", "c" * 64)
     assert failing["passed"] is False and failing["variants"] == {**{v: True for v in ALL}, "int8": False}
@@ -46,17 +50,25 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
     import hashlib
     import json
 
-    from prodip.conformance import run_conformance
-    from prodip.conformance.faults import plant_mask_ignores_past
     from prodip.base.manifest import read_manifest, set_conformance
     from prodip.cli import main
+    from prodip.conformance import run_conformance
+    from prodip.conformance.faults import plant_mask_ignores_past
 
     def seed_full_pass(export):  # stands in for an earlier full run (same export files)
         m = read_manifest(export)
         files_sha = hashlib.sha256(json.dumps(m["files"], sort_keys=True).encode()).hexdigest()
-        set_conformance(export, merge_verdict(None, _report({v: True for v in m["variants"]}, files_sha),
-                                              list(m["variants"]), "conformance/old.json", "0" * 64,
-                                              "2026-01-01T00:00:00Z"))
+        set_conformance(
+            export,
+            merge_verdict(
+                None,
+                _report({v: True for v in m["variants"]}, files_sha),
+                list(m["variants"]),
+                "conformance/old.json",
+                "0" * 64,
+                "2026-01-01T00:00:00Z",
+            ),
+        )
         return list(m["variants"])
 
     good = copy_export(tiny_artifacts["export"], tmp_path / "good")
@@ -70,9 +82,26 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
 
     bad = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
     seed_full_pass(bad)
-    rc = main(["conformance", str(bad), "--checkpoint", str(tiny_artifacts["checkpoint"]), "--variants", "fp32",
-               "--tolerances", str(TINY_TOLERANCES), "--shards-dir", str(tiny_artifacts["shards"]),
-               "--heldout-tokens", "96", "--threads", "1", "--greedy-tokens", "8"])
+    rc = main(
+        [
+            "conformance",
+            str(bad),
+            "--checkpoint",
+            str(tiny_artifacts["checkpoint"]),
+            "--variants",
+            "fp32",
+            "--tolerances",
+            str(TINY_TOLERANCES),
+            "--shards-dir",
+            str(tiny_artifacts["shards"]),
+            "--heldout-tokens",
+            "96",
+            "--threads",
+            "1",
+            "--greedy-tokens",
+            "8",
+        ]
+    )
     assert rc == 1
     verdict = read_manifest(bad)["conformance"]
     assert verdict["passed"] is False and verdict["variants"]["fp32"] is False
@@ -82,13 +111,17 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
 def test_merge_records_the_tolerances_each_variant_was_checked_with():
     """breaker2 D1: each variant's slot says which tolerance file checked it and which of its bounds
     (its own tables and [global]) were looser than the shipped ones; a later subset run keeps them."""
-    loose = [{"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 3}},
-             {"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0}},
-             {"table": "transformers", "metric": "max_abs_logit", "shipped": {"max": 1e-4}, "used": {"max": 1}}]
+    loose = [
+        {"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 3}},
+        {"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0}},
+        {"table": "transformers", "metric": "max_abs_logit", "shipped": {"max": 1e-4}, "used": {"max": 1}},
+    ]
     tol = {"path": "/t/loose.toml", "sha256": "1" * 64, "shipped": False, "loosened": loose}
-    cands = {"safetensors": {"variant": "safetensors", "tolerance_table": "safetensors"},
-             "transformers": {"variant": "safetensors", "tolerance_table": "transformers"},
-             **{v: {"variant": v, "tolerance_table": v} for v in ALL[1:]}}
+    cands = {
+        "safetensors": {"variant": "safetensors", "tolerance_table": "safetensors"},
+        "transformers": {"variant": "safetensors", "tolerance_table": "transformers"},
+        **{v: {"variant": v, "tolerance_table": v} for v in ALL[1:]},
+    }
     report = {**_report({v: True for v in ALL}), "tolerances": tol, "candidates": cands}
     full = merge_verdict(None, report, ALL, "r.json", "a" * 64)
     assert full["tolerances"] == tol
@@ -96,7 +129,12 @@ def test_merge_records_the_tolerances_each_variant_was_checked_with():
     assert full["checks"]["safetensors"]["tolerances"]["loosened"] == [loose[0], loose[2]]
     assert full["checks"]["fp32"]["tolerances"]["loosened"] == loose[:1]
     shipped = {"path": "/p/tolerances.toml", "sha256": "2" * 64, "shipped": True, "loosened": []}
-    sub = merge_verdict(full, {**_report({"int8": True}), "tolerances": shipped,
-                               "candidates": {"int8": cands["int8"]}}, ALL, "r.json", "b" * 64)
+    sub = merge_verdict(
+        full,
+        {**_report({"int8": True}), "tolerances": shipped, "candidates": {"int8": cands["int8"]}},
+        ALL,
+        "r.json",
+        "b" * 64,
+    )
     assert sub["checks"]["int8"]["tolerances"] == shipped and sub["tolerances"] == shipped
     assert sub["checks"]["int4"]["tolerances"]["loosened"] == loose[:1]  # kept from the full run

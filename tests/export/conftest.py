@@ -30,17 +30,32 @@ def _two_threads():
 
 @pytest.fixture(scope="session")
 def gqa_export(tmp_path_factory) -> Path:
-    from prodip.export.testing import build_tiny_export
-    return build_tiny_export(tmp_path_factory.mktemp("gqa"), tie=False, vocab_size=4096, hidden_size=128,
-                             num_attention_heads=4, num_key_value_heads=2, seed=1)
+    from tests.fixtures import build_tiny_export
+
+    return build_tiny_export(
+        tmp_path_factory.mktemp("gqa"),
+        tie=False,
+        vocab_size=4096,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        seed=1,
+    )
 
 
 @pytest.fixture(scope="session")
 def tied_export(tmp_path_factory) -> Path:
-    from prodip.export.testing import build_tiny_export
-    return build_tiny_export(tmp_path_factory.mktemp("tied"), tie=True, vocab_size=70_000,
-                             num_attention_heads=4, num_key_value_heads=4, seed=2,
-                             export_options={"onnx_external_data": True})
+    from tests.fixtures import build_tiny_export
+
+    return build_tiny_export(
+        tmp_path_factory.mktemp("tied"),
+        tie=True,
+        vocab_size=70_000,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        seed=2,
+        export_options={"onnx_external_data": True},
+    )
 
 
 @pytest.fixture(params=["gqa", "tied"])
@@ -52,6 +67,7 @@ def any_export(request) -> Path:
 def source_model(export_dir: Path):
     """The training model the export was made from (loaded by train.checkpoint from the run dir)."""
     from prodip.train.checkpoint import load_model
+
     return load_model(export_dir.parent / "run")[0]
 
 
@@ -59,6 +75,7 @@ def ort_session(export_dir: Path, variant: str):
     import onnxruntime as ort
 
     from prodip.base.manifest import read_manifest
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.log_severity_level = 3
@@ -75,10 +92,16 @@ def run_ort(session, config, input_ids, attention_mask, position_ids, past=None)
     inputs, _ = io_names(config.num_hidden_layers)
     B = input_ids.shape[0]
     if past is None:
-        past = [np.zeros((B, config.num_key_value_heads, 0, config.head_dim), np.float32)
-                for _ in range(2 * config.num_hidden_layers)]
-    feed = {"input_ids": np.asarray(input_ids, np.int64), "attention_mask": np.asarray(attention_mask, np.int64),
-            "position_ids": np.asarray(position_ids, np.int64), **dict(zip(inputs[3:], past))}
+        past = [
+            np.zeros((B, config.num_key_value_heads, 0, config.head_dim), np.float32)
+            for _ in range(2 * config.num_hidden_layers)
+        ]
+    feed = {
+        "input_ids": np.asarray(input_ids, np.int64),
+        "attention_mask": np.asarray(attention_mask, np.int64),
+        "position_ids": np.asarray(position_ids, np.int64),
+        **dict(zip(inputs[3:], past)),
+    }
     out = session.run(None, feed)
     return out[0], out[1:]
 

@@ -27,13 +27,16 @@ def _rewrite_weights(run: Path, edit) -> None:
     """Apply ``edit(tensors)`` to the checkpoint's model.safetensors and re-hash its manifest,
     so that only the tensor problem remains."""
     from prodip.train.checkpoint import file_sha256
+
     step = _step_dir(run)
     tensors = load_file(str(step / "model.safetensors"))
     edit(tensors)
     save_file(tensors, str(step / "model.safetensors"), metadata={"format": "pt"})
     manifest = json.loads((step / "manifest.json").read_text())
-    manifest["files"]["model.safetensors"] = {"bytes": (step / "model.safetensors").stat().st_size,
-                                              "sha256": file_sha256(step / "model.safetensors")}
+    manifest["files"]["model.safetensors"] = {
+        "bytes": (step / "model.safetensors").stat().st_size,
+        "sha256": file_sha256(step / "model.safetensors"),
+    }
     (step / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -73,8 +76,11 @@ def test_bad_tensor_is_named_with_shapes(gqa_export, tmp_path, problem):
 
     _rewrite_weights(run, edit)
     out = tmp_path / "export"
-    pattern = {"missing": key, "extra": "model.layers.9.mlp.up_proj.weight",
-               "shape": rf"{key}.*\(256, 129\).*\(256, 128\)"}[problem]
+    pattern = {
+        "missing": key,
+        "extra": "model.layers.9.mlp.up_proj.weight",
+        "shape": rf"{key}.*\(256, 129\).*\(256, 128\)",
+    }[problem]
     with pytest.raises(ValueError, match=pattern):
         export_checkpoint(_cfg(run, out))
     _nothing_written(out)
@@ -129,26 +135,29 @@ def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
             export_checkpoint(_cfg(run, above, variants=["safetensors"], force=True))
     assert (run / "checkpoints" / "latest").exists()
     from prodip.base.manifest import verify_files
+
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
 
 def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypatch):
     """The exporter crashing after the HF files were written leaves no trace (and an old export)."""
-    import prodip.export.onnx
+    import prodip.export.core
+
     run = gqa_export.parent / "run"
     out = tmp_path / "export"
 
     def broken(*args, **kwargs):
         raise RuntimeError("exporter crashed")
 
-    monkeypatch.setattr(prodip.export.onnx, "export_onnx", broken)
+    monkeypatch.setattr(prodip.export.core, "export_onnx", broken)
     with pytest.raises(RuntimeError, match="exporter crashed"):
         export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"]))
     _nothing_written(out)
     out.mkdir()
     (out / "old.txt").write_text("old export")
-    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "source_checkpoint": {}, "variants": {},
-                                                   "files": {"old.txt": {}}}))
+    (out / "manifest.json").write_text(
+        json.dumps({"format_version": 1, "source_checkpoint": {}, "variants": {}, "files": {"old.txt": {}}})
+    )
     with pytest.raises(RuntimeError):
         export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"], force=True))
     assert (out / "old.txt").read_text() == "old export"
@@ -157,6 +166,7 @@ def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypat
 
 def test_cli_errors_exit_2(gqa_export, tmp_path, capsys):
     from prodip.cli import main
+
     run = gqa_export.parent / "run"
     assert main(["export", str(run), "--out", str(tmp_path / "e"), "--variants", "fp32,int3"]) == 2
     assert "int3" in capsys.readouterr().err
@@ -168,12 +178,16 @@ def test_cli_errors_exit_2(gqa_export, tmp_path, capsys):
 
 def test_cli_toml_and_flags(gqa_export, tmp_path, capsys):
     from prodip.cli import main
+
     run = gqa_export.parent / "run"
     toml = tmp_path / "cfg.toml"
-    toml.write_text(f'[export]\ncheckpoint = "{run}"\nout = "{tmp_path / "e"}"\nvariants = ["fp32"]\n'
-                    'safetensors_dtype = "bfloat16"\n')
+    toml.write_text(
+        f'[export]\ncheckpoint = "{run}"\nout = "{tmp_path / "e"}"\nvariants = ["fp32"]\n'
+        'safetensors_dtype = "bfloat16"\n'
+    )
     assert main(["export", "--config", str(toml), "--variants", "safetensors"]) == 0
     from prodip.base.manifest import read_manifest
+
     m = read_manifest(tmp_path / "e")
     assert set(m["variants"]) == {"safetensors"} and m["variants"]["safetensors"]["dtype"] == "bfloat16"
     assert m["export_config"]["safetensors_dtype"] == "bfloat16"
@@ -192,6 +206,7 @@ def test_checkpoint_without_tokenizer_is_named(gqa_export, tmp_path):
 def _dead_pid() -> int:
     import subprocess
     import sys
+
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
@@ -201,6 +216,7 @@ def test_stale_temp_dirs_of_killed_exports_are_removed(gqa_export, tmp_path, cap
     """A SIGKILLed export leaves ``.OUT.tmp.<pid>``; the next export deletes it when ``pid`` is gone."""
     import logging
     import os
+
     run = gqa_export.parent / "run"
     out = tmp_path / "export"
     dead = _dead_pid()
@@ -217,10 +233,12 @@ def test_stale_temp_dirs_of_killed_exports_are_removed(gqa_export, tmp_path, cap
     removed = [r.getMessage() for r in caplog.records if "no longer runs" in r.getMessage()]
     assert len(removed) == 2 and all(str(dead) in m for m in removed)
     from prodip.base.manifest import verify_files
+
     assert set(verify_files(out)["variants"]) == {"safetensors"}
 
 
 def test_conflicting_checkpoints_are_refused(tmp_path, capsys):
     from prodip.cli import main
+
     assert main(["export", str(tmp_path / "a"), "--checkpoint", str(tmp_path / "b"), "--out", str(tmp_path / "e")]) == 2
     assert "two checkpoints given" in capsys.readouterr().err and not (tmp_path / "e").exists()

@@ -19,6 +19,7 @@ def _ids(vocab: int, T: int = 12, seed: int = 0) -> torch.Tensor:
 
 def test_safetensors_round_trip_identical_logits(any_export):
     from prodip.train.model import LlamaForCausalLM
+
     ref = source_model(any_export)
     config, tensors = load_hf_state(any_export)
     assert config == ref.config
@@ -55,11 +56,11 @@ def _hf_load(export_dir, caplog):
     """
     import transformers
     from transformers.utils import logging as hf_logging
+
     hf_logging.enable_propagation()  # transformers' own handler does not reach pytest otherwise
     try:
         with caplog.at_level(logging.INFO):
-            model, info = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir),
-                                                                           output_loading_info=True)
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir), output_loading_info=True)
     finally:
         hf_logging.disable_propagation()
     return model.eval(), info, caplog.text
@@ -94,6 +95,7 @@ def test_transformers_key_check_is_not_vacuous(gqa_export, tmp_path, monkeypatch
     import shutil
 
     from safetensors.torch import load_file, save_file
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     broken = shutil.copytree(gqa_export, tmp_path / "broken")
     tensors = load_file(str(broken / "model.safetensors"))
@@ -107,6 +109,7 @@ def test_transformers_key_check_is_not_vacuous(gqa_export, tmp_path, monkeypatch
 def test_auto_tokenizer_matches_tokenizer_json(any_export, monkeypatch):
     transformers = pytest.importorskip("transformers")
     from prodip.tokenizer.bpe import load_tokenizer
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(any_export))
     ours = load_tokenizer(any_export)
@@ -118,6 +121,7 @@ def test_auto_tokenizer_matches_tokenizer_json(any_export, monkeypatch):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_safetensors(gqa_export, tmp_path, dtype):
     from prodip.export.hf import write_hf
+
     ref = source_model(gqa_export)
     write_hf(ref, tmp_path, dtype=dtype)
     config, tensors = load_hf_state(tmp_path)

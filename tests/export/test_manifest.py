@@ -12,6 +12,7 @@ from prodip.base.manifest import read_manifest, set_conformance, verify_files
 
 def test_manifest_contents(any_export):
     from prodip.train.checkpoint import model_sha256
+
     m = read_manifest(any_export)
     assert m["format_version"] == 1 and m["conformance"] is None
     run = any_export.parent / "run"
@@ -63,14 +64,19 @@ def test_verify_files_refuses_unlisted_files(gqa_export, tmp_path):
 def test_set_conformance_atomic_rewrite(gqa_export, tmp_path):
     copy = shutil.copytree(gqa_export, tmp_path / "export")
     before = read_manifest(copy)
-    verdict = {"passed": False, "variants": {"fp32": True, "int4": False}, "report": "conformance/report.json",
-               "report_sha256": "0" * 64}
+    verdict = {
+        "passed": False,
+        "variants": {"fp32": True, "int4": False},
+        "report": "conformance/report.json",
+        "report_sha256": "0" * 64,
+    }
     set_conformance(copy, verdict)
     after = read_manifest(copy)
     assert after["conformance"]["passed"] is False and after["conformance"]["variants"]["int4"] is False
     assert after["conformance"]["checked_utc"].endswith("Z")
-    assert {k: v for k, v in after.items() if k != "conformance"} == {k: v for k, v in before.items()
-                                                                      if k != "conformance"}
+    assert {k: v for k, v in after.items() if k != "conformance"} == {
+        k: v for k, v in before.items() if k != "conformance"
+    }
     assert not list(copy.glob(".manifest.json.tmp*"))
     verify_files(copy)  # the verdict does not invalidate the file hashes
     with pytest.raises(ValueError, match="int3"):

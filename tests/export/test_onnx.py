@@ -40,13 +40,15 @@ def _batch(config, seed=0):
 
 def _torch_logits(model, ids, mask):
     with torch.no_grad():
-        return model(torch.from_numpy(ids), position_ids=torch.from_numpy(positions(mask)),
-                     attention_mask=torch.from_numpy(mask)).numpy()
+        return model(
+            torch.from_numpy(ids), position_ids=torch.from_numpy(positions(mask)), attention_mask=torch.from_numpy(mask)
+        ).numpy()
 
 
 @pytest.mark.parametrize("variant", ONNX_VARIANTS)
 def test_io_contract(any_export, variant):
     from prodip.base.manifest import read_manifest
+
     config = source_model(any_export).config
     rel = read_manifest(any_export)["variants"][variant]["path"]
     graph = onnx.load(str(any_export / rel)).graph
@@ -115,7 +117,7 @@ def test_kv_cache_decode_equals_full_recompute_in_ort(gqa_export, variant):
     _, present = run_ort(sess, config, ids[:, :5], mask[:, :5], positions(mask)[:, :5])
     pos = positions(mask)
     for t in range(5, 8):
-        step, present = run_ort(sess, config, ids[:, t:t + 1], mask[:, :t + 1], pos[:, t:t + 1], present)
+        step, present = run_ort(sess, config, ids[:, t : t + 1], mask[:, : t + 1], pos[:, t : t + 1], present)
         scale = full[:, t].std()
         # int8 quantises activations per call (dynamic, per tensor), so its tolerance is looser
         tol = {"fp32": 1e-5, "fp16": 2e-3, "int8": 0.5, "int4": 1e-3}[variant]
@@ -145,6 +147,7 @@ def test_batch1_seq1_prefill(tied_export):
 def test_external_data_layout(tied_export, gqa_export):
     """Over 2 GB (forced here via onnx_external_data) every variant keeps weights in ``<file>.data``."""
     from prodip.base.manifest import read_manifest
+
     for export_dir, external in ((tied_export, True), (gqa_export, False)):
         m = read_manifest(export_dir)
         for name in ONNX_VARIANTS:

@@ -49,6 +49,7 @@ def test_int4_flags(gqa_export, tmp_path, embeddings, lm_head):
     graph = onnx.load(str(dst)).graph
     assert any(n.op_type == "MatMul" and "logits" in n.output for n in graph.node) is (not lm_head)
     import onnxruntime as ort
+
     model = source_model(gqa_export)
     sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
     ids, mask = np.array([[5, 9, 11, 13]]), np.ones((1, 4), np.int64)
@@ -59,6 +60,7 @@ def test_int4_flags(gqa_export, tmp_path, embeddings, lm_head):
 def test_size_ratios_with_embeddings_quantised(gqa_export):
     """Issue 5 targets, on the untied fixture where weights dominate: int8 <= 0.30x, int4 <= 0.20x."""
     from prodip.base.manifest import read_manifest
+
     m = read_manifest(gqa_export)
     size = {name: m["files"][m["variants"][name]["path"]]["bytes"] for name in ("fp32", "fp16", "int8", "int4")}
     assert size["fp16"] / size["fp32"] <= 0.55
@@ -73,6 +75,7 @@ def _fake_quant_int4(weight, block_size):
     q = clip(round(w / scale) + zp, 0, 15), dequantised (q - zp) * scale.
     """
     import torch
+
     blocks = weight.reshape(weight.shape[0], -1, block_size)
     lo, hi = blocks.amin(-1, keepdim=True).clamp(max=0), blocks.amax(-1, keepdim=True).clamp(min=0)
     scale = (hi - lo) / 15
@@ -87,9 +90,11 @@ def test_int4_matches_independent_fake_quant(gqa_export, tmp_path):
 
     import onnxruntime as ort
     import torch
+
     dst = tmp_path / "model_int4.onnx"
-    quantize.to_int4(gqa_export / "onnx" / "model.onnx", dst, block_size=32, quantize_embeddings=False,
-                     quantize_lm_head=False)
+    quantize.to_int4(
+        gqa_export / "onnx" / "model.onnx", dst, block_size=32, quantize_embeddings=False, quantize_lm_head=False
+    )
     model = source_model(gqa_export)
     fq = copy.deepcopy(model)
     with torch.no_grad():
@@ -138,9 +143,11 @@ def test_fp16_survives_activations_above_256(gqa_export, tmp_path):
 
 # --- tied embeddings: the quantised table is stored once -----------------------------------------
 
+
 def _big_initializers(model: onnx.ModelProto, min_bytes: int) -> dict[str, int]:
     """name -> bytes of the initializers holding at least ``min_bytes`` (int4 counts half a byte)."""
     from onnx import numpy_helper
+
     out = {}
     for t in model.graph.initializer:
         a = numpy_helper.to_array(t)
@@ -154,6 +161,7 @@ def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     """Tied fixture (vocab 70,000, hidden 64, external data): int4 and int8 hold the table once, and
     the embedding lookup reads the lm_head's quantised tensors (same codes, scales, zero points)."""
     from prodip.base.manifest import read_manifest
+
     m = read_manifest(tied_export)
     V, H = 70_000, 64
     for name in ("int8", "int4"):
@@ -185,11 +193,21 @@ def tied_demo_shape(tmp_path_factory):
     """A tied model shaped like configs/demo.toml (vocab 8192, hidden 256, 4 layers, MHA 4/4,
     intermediate 768), where the embedding is ~40% of the weights; fp32/int8/int4 exported by the
     real path, plus the old duplicated int8/int4 (``share_tied_embedding=False``) for comparison."""
-    from prodip.export.testing import build_tiny_export
+    from tests.fixtures import build_tiny_export
+
     root = tmp_path_factory.mktemp("tied_demo")
-    export_dir = build_tiny_export(root, tie=True, vocab_size=8192, hidden_size=256, num_hidden_layers=4,
-                                   intermediate_size=768, num_attention_heads=4, num_key_value_heads=4,
-                                   seed=3, variants=["fp32", "int8", "int4"])
+    export_dir = build_tiny_export(
+        root,
+        tie=True,
+        vocab_size=8192,
+        hidden_size=256,
+        num_hidden_layers=4,
+        intermediate_size=768,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        seed=3,
+        variants=["fp32", "int8", "int4"],
+    )
     src = export_dir / "onnx" / "model.onnx"
     dup = {"int8": root / "dup_int8.onnx", "int4": root / "dup_int4.onnx"}
     assert quantize.to_int8(src, dup["int8"], share_tied_embedding=False)["embedding_shared_with_lm_head"] is False
@@ -201,6 +219,7 @@ def test_tied_size_ratios(tied_demo_shape):
     """Issue 5 targets on a tied demo-shaped model: int8 <= 0.30x, int4 <= 0.20x of fp32 (the old
     duplicated table gave ~0.36x / ~0.22x); dropping the copy saves at least one quantised table."""
     from prodip.base.manifest import read_manifest
+
     export_dir, dup = tied_demo_shape
     m = read_manifest(export_dir)
     size = {name: m["files"][m["variants"][name]["path"]]["bytes"] for name in ("fp32", "int8", "int4")}
@@ -213,6 +232,7 @@ def test_tied_size_ratios(tied_demo_shape):
 
 def _logits(path, config, ids):
     import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.log_severity_level = 3
@@ -223,6 +243,7 @@ def _logits(path, config, ids):
 
 def _kl_mean(ref, cand):
     from prodip.conformance.compare import kl_per_position
+
     return float(kl_per_position(ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])).mean())
 
 
@@ -231,7 +252,9 @@ def test_tied_shared_int4_logits_identical(tied_demo_shape):
     the embedding now reads the lm_head's codes, which equal the old Gather copy's except at
     rounding ties (ORT's numpy vs C++ RTN); on tokens away from those rows the logits are identical."""
     from onnx import numpy_helper
+
     from prodip.train.checkpoint import load_model
+
     export_dir, dup = tied_demo_shape
     config = load_model(export_dir.parent / "run")[0].config
     old = onnx.load(str(dup["int4"]))
@@ -254,10 +277,12 @@ def test_tied_shared_int8_logits_close(tied_demo_shape):
     weights) instead of per-tensor uint8, so it is closer to fp32. Logits move by quantisation
     noise only: KL vs fp32 within conformance/tolerances.toml's int8 kl_mean and no worse than
     the duplicated variant's (+10%)."""
+    from onnx import numpy_helper
+
     from prodip.conformance.compare import load_tolerances
     from prodip.conformance.config import DEFAULT_TOLERANCES
-    from onnx import numpy_helper
     from prodip.train.checkpoint import load_model
+
     export_dir, dup = tied_demo_shape
     model = load_model(export_dir.parent / "run")[0]
     weight = model.model.embed_tokens.weight.detach().numpy()

@@ -6,7 +6,7 @@ from typing import Optional
 
 import pytest
 
-from prodip.base.config import ConfigError, add_arguments, dump_toml, from_dict, read_toml, resolve, opt
+from prodip.base.config import ConfigError, add_arguments, dump_toml, from_dict, opt, read_toml, resolve
 
 
 @dataclasses.dataclass
@@ -94,8 +94,9 @@ def test_dict_flag_values_may_hold_commas_and_inline_lists():
 
     p = argparse.ArgumentParser()
     add_arguments(p, Run)
-    cfg = resolve(Run, p.parse_args(["--prompts", "bn=একদিন, সকালে,en=It was cold, and x",
-                                     "--inputs", "bn=a.txt,b.txt, en=c.txt"]))
+    cfg = resolve(
+        Run, p.parse_args(["--prompts", "bn=একদিন, সকালে,en=It was cold, and x", "--inputs", "bn=a.txt,b.txt, en=c.txt"])
+    )
     assert cfg.prompts == {"bn": "একদিন, সকালে", "en": "It was cold, and x"}
     assert cfg.inputs == {"bn": ["a.txt", "b.txt"], "en": ["c.txt"]}
     with pytest.raises(SystemExit):
@@ -106,11 +107,16 @@ def test_stage_command_reading_a_pipeline_file_uses_its_out_dir(tmp_path):
     """`prodip train --config configs/h100-0.4b.toml` must find what `prodip run ... --stages
     tokenizer,data` wrote under that file's out_dir, not runs/demo/."""
     from prodip.train.trainer import TrainConfig
+
     path = tmp_path / "pipe.toml"
     path.write_text(f'out_dir = "{tmp_path / "big"}"\n[train]\nsteps = 5\n')
     cfg = resolve(TrainConfig, toml_path=str(path), section="train")
     assert (cfg.shards_dir, cfg.tokenizer_dir, cfg.out_dir, cfg.steps) == (
-        str(tmp_path / "big" / "shards"), str(tmp_path / "big" / "tokenizer"), str(tmp_path / "big" / "train"), 5)
+        str(tmp_path / "big" / "shards"),
+        str(tmp_path / "big" / "tokenizer"),
+        str(tmp_path / "big" / "train"),
+        5,
+    )
     path.write_text(f'out_dir = "{tmp_path / "big"}"\n[train]\nshards_dir = "elsewhere"\n')
     assert resolve(TrainConfig, toml_path=str(path), section="train").shards_dir == "elsewhere"  # table wins
     path.write_text("[train]\nsteps = 5\n")  # a stage-only file keeps the stage's own defaults

@@ -7,29 +7,36 @@ from pathlib import Path
 
 import pytest
 
-def make_verdict(export_dir: Path, variants: dict[str, bool], loosened: list | None = None,
-                 files_sha256: str | None = None) -> dict:
-    """A manifest verdict as ``prodip conformance`` writes it (conformance.suite.merge_verdict) for the
+
+def make_verdict(
+    export_dir: Path, variants: dict[str, bool], loosened: list | None = None, files_sha256: str | None = None
+) -> dict:
+    """A manifest verdict as ``prodip conformance`` writes it (prodip.conformance.verdict.merge_verdict) for the
     export's current files, checked with the shipped tolerances (plus ``loosened`` bounds, if any)."""
-    from prodip.conformance.suite import merge_verdict
     from prodip.base.manifest import files_table_sha256, read_manifest
+    from prodip.conformance.verdict import merge_verdict
 
     m = read_manifest(export_dir)
     tol = {"path": "/x/tolerances.toml", "sha256": "1" * 64, "shipped": not loosened, "loosened": loosened or []}
-    report = {"variants": variants, "tolerances": tol,
-              "export_files_sha256": files_sha256 or files_table_sha256(m["files"]),
-              "candidates": {v: {"variant": v, "tolerance_table": v} for v in variants}}
+    report = {
+        "variants": variants,
+        "tolerances": tol,
+        "export_files_sha256": files_sha256 or files_table_sha256(m["files"]),
+        "candidates": {v: {"variant": v, "tolerance_table": v} for v in variants},
+    }
     return merge_verdict(None, report, list(m["variants"]), "conformance/report.json", "0" * 64)
 
 
 def build_export(tmp_dir: Path, *, variants=("fp32", "int8"), verdict: bool | None = True, **kwargs):
-    """A tiny export through the real ``export.build_tiny_export`` path (vocab 512 > the tokenizer's
+    """A tiny export through the real ``tests.fixtures.build_tiny_export`` path (vocab 512 > the tokenizer's
     ~300 tokens, as in padded training vocabularies), max_position_embeddings 128, plus a conformance
     verdict; returns (export_dir, the PyTorch model loaded from its checkpoint)."""
     from prodip import export
     from prodip.train.checkpoint import load_model
+    from tests.fixtures import build_tiny_export
+
     kwargs.setdefault("max_position_embeddings", 128)
-    out = export.build_tiny_export(tmp_dir, variants=list(variants), **kwargs)
+    out = build_tiny_export(tmp_dir, variants=list(variants), **kwargs)
     if verdict is not None:
         export.set_conformance(out, make_verdict(out, {k: verdict for k in variants}))
     model, _, _ = load_model(Path(tmp_dir) / "run")
@@ -57,6 +64,7 @@ def client(tiny_export):
     from fastapi.testclient import TestClient
 
     from prodip.serve.app import create_app
+
     with TestClient(create_app(tiny_export[0], "fp32", batch_wait_ms=2.0)) as c:
         wait_ready(c)
         yield c

@@ -15,6 +15,7 @@ PROMPT = "আমি বাংলায়"
 def torch_greedy(model, ids, steps, eos_id=2):
     """Reference: the PyTorch training model's KV-cache greedy decode (stops after eos)."""
     import torch
+
     out = []
     with torch.no_grad():
         logits, past = model(torch.tensor([ids]), use_cache=True)
@@ -28,7 +29,7 @@ def torch_greedy(model, ids, steps, eos_id=2):
 
 
 def sse_events(text):
-    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     return [json.loads(e) for e in events[:-1]]
 
@@ -50,6 +51,7 @@ def test_health_503_until_loaded(tiny_export):
     from fastapi.testclient import TestClient
 
     from prodip.serve.app import create_app
+
     c = TestClient(create_app(tiny_export[0]))  # lifespan not entered: nothing loaded
     r = c.get("/health")
     assert r.status_code == 503 and r.json()["status"] == "loading"
@@ -64,6 +66,7 @@ def test_tokenize_detokenize_round_trip(client):
     assert client.post("/detokenize", json={"tokens": r["tokens"]}).json()["text"] == text
     # NFD input comes back NFC: the tokenizer's normaliser runs for every consumer
     import unicodedata
+
     nfd = client.post("/tokenize", json={"text": unicodedata.normalize("NFD", "কো")}).json()["tokens"]
     assert client.post("/detokenize", json={"tokens": nfd}).json()["text"] == "কো"
     bad = client.post("/detokenize", json={"tokens": [10**6]})
@@ -76,11 +79,15 @@ def test_greedy_equals_pytorch(client, tiny_export):
     r = client.post("/v1/generate", json={"prompt": ids, "max_new_tokens": 40, "temperature": 0}).json()
     assert r["token_ids"] == want
     assert r["finish_reason"] == ("stop" if want[-1] == 2 else "length")
-    r2 = client.post("/v1/completions", json={"model": "export", "prompt": PROMPT, "max_tokens": 40,
-                                              "temperature": 0}).json()
+    r2 = client.post(
+        "/v1/completions", json={"model": "export", "prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+    ).json()
     assert r2["choices"][0]["text"] == r["text"]
-    assert r2["usage"] == {"prompt_tokens": len(ids), "completion_tokens": len(want),
-                           "total_tokens": len(ids) + len(want)}
+    assert r2["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": len(want),
+        "total_tokens": len(ids) + len(want),
+    }
 
 
 def test_stream_concatenates_to_non_stream(client):
@@ -92,8 +99,19 @@ def test_stream_concatenates_to_non_stream(client):
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"] == "length"
     for c in chunks:
         assert "\ufffd" not in c["choices"][0]["text"] or "\ufffd" in whole["text"]
-    gen = sse_events(client.post("/v1/generate", json={"prompt": PROMPT, "max_new_tokens": 40, "temperature": 0.9,
-                                                       "seed": 3, "ignore_eos": True, "stream": True}).text)
+    gen = sse_events(
+        client.post(
+            "/v1/generate",
+            json={
+                "prompt": PROMPT,
+                "max_new_tokens": 40,
+                "temperature": 0.9,
+                "seed": 3,
+                "ignore_eos": True,
+                "stream": True,
+            },
+        ).text
+    )
     assert "".join(e["text"] for e in gen) == text and gen[-1]["usage"]["completion_tokens"] == 40
 
 
@@ -120,7 +138,7 @@ def test_stop_strings_cut_and_never_leak(client):
     full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
     stop = full[10:13]  # a stop string that spans token boundaries in the middle of the output
     assert len(stop) == 3
-    cut = full[:full.find(stop)]
+    cut = full[: full.find(stop)]
     r = client.post("/v1/completions", json={**body, "stop": [stop, "never-there"]}).json()["choices"][0]
     assert r["text"] == cut and r["finish_reason"] == "stop"
     chunks = sse_events(client.post("/v1/completions", json={**body, "stop": stop, "stream": True}).text)
@@ -130,6 +148,7 @@ def test_stop_strings_cut_and_never_leak(client):
 
 def test_logprobs_and_echo_match_pytorch(client, tiny_export):
     import torch
+
     ids = client.post("/tokenize", json={"text": PROMPT}).json()["tokens"]
     with torch.no_grad():
         ref = torch.log_softmax(tiny_export[1](torch.tensor([ids])).double(), -1)[0].numpy()
@@ -140,45 +159,54 @@ def test_logprobs_and_echo_match_pytorch(client, tiny_export):
     lp = ch["logprobs"]
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     np.testing.assert_allclose(lp["token_logprobs"][1:], want[1:], atol=1e-4)
-    assert all(len(t) <= 2 and max(t.values()) >= v - 1e-9 for t, v in zip(lp["top_logprobs"][1:],
-                                                                        lp["token_logprobs"][1:]))
+    assert all(
+        len(t) <= 2 and max(t.values()) >= v - 1e-9 for t, v in zip(lp["top_logprobs"][1:], lp["token_logprobs"][1:])
+    )
     assert len(lp["tokens"]) == len(lp["text_offset"]) == len(ids)
     # lm-evaluation-harness local-completions form: echo + max_tokens 1 + logprobs 1; greedy token is top-1
-    r = client.post("/v1/completions", json={"prompt": [ids], "max_tokens": 1, "echo": True, "logprobs": 1,
-                                             "temperature": 0, "seed": 1234}).json()
+    r = client.post(
+        "/v1/completions",
+        json={"prompt": [ids], "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0, "seed": 1234},
+    ).json()
     lp = r["choices"][0]["logprobs"]
     assert len(lp["token_logprobs"]) == len(ids) + 1
     assert lp["token_logprobs"][-1] == max(lp["top_logprobs"][-1].values())
     np.testing.assert_allclose(lp["token_logprobs"][1:-1], want[1:], atol=1e-4)
-    streamed = sse_events(client.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "echo": True,
-                                                               "logprobs": 1, "stream": True}).text)
+    streamed = sse_events(
+        client.post(
+            "/v1/completions", json={"prompt": ids, "max_tokens": 3, "echo": True, "logprobs": 1, "stream": True}
+        ).text
+    )
     assert "".join(c["choices"][0]["text"] for c in streamed).startswith(PROMPT)
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ({"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
-    ({"prompt": [5] * 130, "echo": True}, 400, "max_tokens"),
-    ({"prompt": "x", "temperature": 2.5}, 400, "temperature"),
-    ({"prompt": "x", "temperature": -0.1}, 400, "temperature"),
-    ({"prompt": "x", "top_p": 0}, 400, "top_p"),
-    ({"prompt": "x", "top_p": 1.5}, 400, "top_p"),
-    ({"prompt": "x", "top_k": -2}, 400, "top_k"),
-    ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
-    ({"prompt": "x", "n": 0}, 400, "n"),
-    ({"prompt": "x", "n": 100}, 400, "n"),
-    ({"prompt": "x", "logprobs": 99}, 400, "logprobs"),
-    ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
-    ({"prompt": "x", "bogus": 1}, 400, "bogus"),
-    ({"max_tokens": 3}, 400, "prompt"),
-    ({"prompt": []}, 400, "prompt"),
-    ({"prompt": [10**6]}, 400, "prompt"),
-    ({"prompt": "x", "stop": ["", "a"]}, 400, "stop"),
-    ({"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
-    ({"prompt": "x", "frequency_penalty": -2.01}, 400, "frequency_penalty"),
-    ({"prompt": "x", "suffix": "tail"}, 400, "suffix"),
-    ({"prompt": "x", "best_of": 3}, 400, "best_of"),
-    ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
+        ({"prompt": [5] * 130, "echo": True}, 400, "max_tokens"),
+        ({"prompt": "x", "temperature": 2.5}, 400, "temperature"),
+        ({"prompt": "x", "temperature": -0.1}, 400, "temperature"),
+        ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ({"prompt": "x", "top_p": 1.5}, 400, "top_p"),
+        ({"prompt": "x", "top_k": -2}, 400, "top_k"),
+        ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+        ({"prompt": "x", "n": 0}, 400, "n"),
+        ({"prompt": "x", "n": 100}, 400, "n"),
+        ({"prompt": "x", "logprobs": 99}, 400, "logprobs"),
+        ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+        ({"prompt": "x", "bogus": 1}, 400, "bogus"),
+        ({"max_tokens": 3}, 400, "prompt"),
+        ({"prompt": []}, 400, "prompt"),
+        ({"prompt": [10**6]}, 400, "prompt"),
+        ({"prompt": "x", "stop": ["", "a"]}, 400, "stop"),
+        ({"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+        ({"prompt": "x", "frequency_penalty": -2.01}, 400, "frequency_penalty"),
+        ({"prompt": "x", "suffix": "tail"}, 400, "suffix"),
+        ({"prompt": "x", "best_of": 3}, 400, "best_of"),
+        ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ],
+)
 def test_completion_errors_openai_form(client, body, status, param):
     r = client.post("/v1/completions", json=body)
     assert r.status_code == status, r.text
@@ -203,6 +231,7 @@ def test_body_cap_auth_and_metrics(tiny_export):
     from fastapi.testclient import TestClient
 
     from prodip.serve.app import create_app
+
     app = create_app(tiny_export[0], "int8", api_key="sekret", max_body_bytes=2000)
     with TestClient(app) as c:
         wait_ready(c)
@@ -219,8 +248,12 @@ def test_body_cap_auth_and_metrics(tiny_export):
         text = c.get("/metrics", headers=ok).text
         assert 'prodip_requests_total{route="/v1/completions",status="200"} 1.0' in text
         assert 'status="401"' in text and 'status="413"' in text
-        for name in ("prodip_generated_tokens_total", "prodip_time_to_first_token_seconds_count",
-                     "prodip_decode_tokens_per_second", "prodip_queue_depth"):
+        for name in (
+            "prodip_generated_tokens_total",
+            "prodip_time_to_first_token_seconds_count",
+            "prodip_decode_tokens_per_second",
+            "prodip_queue_depth",
+        ):
             assert name in text
 
 
@@ -228,6 +261,7 @@ def test_create_app_refuses_unverified(tiny_export, tmp_path):
     import shutil
 
     from prodip.serve.app import create_app
+
     d = tmp_path / "e"
     shutil.copytree(tiny_export[0], d)
     m = json.loads((d / "manifest.json").read_text())
@@ -247,6 +281,7 @@ def test_loosened_tolerances_in_health_models_and_startup_log(tiny_export, tmp_p
     from prodip import export
     from prodip.serve.app import create_app
     from tests.serve.conftest import make_verdict
+
     d = tmp_path / "loose"
     shutil.copytree(tiny_export[0], d)
     loose = [{"table": "int8", "metric": "kl_mean", "shipped": {"max": 0.02}, "used": {"max": 1e300}}]
@@ -265,6 +300,7 @@ def test_chunked_body_over_cap_is_413(tiny_export):
     from fastapi.testclient import TestClient
 
     from prodip.serve.app import create_app
+
     with TestClient(create_app(tiny_export[0], max_body_bytes=100)) as c:
         wait_ready(c)
 
@@ -273,17 +309,26 @@ def test_chunked_body_over_cap_is_413(tiny_export):
             for _ in range(20):
                 yield b"x" * 10
             yield b'"}'
+
         r = c.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 def test_stream_usage_and_generate_logprobs(client):
-    body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     chunks = sse_events(client.post("/v1/completions", json=body).text)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
-    r = client.post("/v1/generate", json={"prompt": PROMPT, "max_new_tokens": 5, "temperature": 0,
-                                          "ignore_eos": True, "logprobs": 0}).json()
+    r = client.post(
+        "/v1/generate",
+        json={"prompt": PROMPT, "max_new_tokens": 5, "temperature": 0, "ignore_eos": True, "logprobs": 0},
+    ).json()
     assert len(r["logprobs"]) == len(r["token_ids"]) == 5 and all(lp <= 0 for lp in r["logprobs"])
     assert r["finish_reason"] == "length"
 
@@ -307,9 +352,13 @@ def test_engine_failure_is_500_and_server_recovers(client):
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert "planted failure" in r.json()["error"]["message"]
-        events = [json.loads(line[6:]) for line in client.post(
-            "/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True}).text.splitlines()
-            if line.startswith("data: {")]
+        events = [
+            json.loads(line[6:])
+            for line in client.post(
+                "/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True}
+            ).text.splitlines()
+            if line.startswith("data: {")
+        ]
         assert events[-1]["error"]["type"] == "server_error"
     finally:
         sched.decoder = good
@@ -317,13 +366,16 @@ def test_engine_failure_is_500_and_server_recovers(client):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 
-@pytest.mark.parametrize("route,body,param", [
-    ("/v1/completions", b'{"model": "export", "prompt": "\\ud800abc", "max_tokens": 2}', "prompt"),
-    ("/v1/completions", b'{"prompt": ["ok", "x\\udfff"], "max_tokens": 2}', "prompt"),
-    ("/v1/completions", b'{"prompt": "ok", "stop": ["\\ud800"], "max_tokens": 2}', "stop"),
-    ("/v1/generate", b'{"prompt": "\\ud800abc", "max_new_tokens": 2}', "prompt"),
-    ("/tokenize", b'{"text": "\\ud800"}', "text"),
-])
+@pytest.mark.parametrize(
+    "route,body,param",
+    [
+        ("/v1/completions", b'{"model": "export", "prompt": "\\ud800abc", "max_tokens": 2}', "prompt"),
+        ("/v1/completions", b'{"prompt": ["ok", "x\\udfff"], "max_tokens": 2}', "prompt"),
+        ("/v1/completions", b'{"prompt": "ok", "stop": ["\\ud800"], "max_tokens": 2}', "stop"),
+        ("/v1/generate", b'{"prompt": "\\ud800abc", "max_new_tokens": 2}', "prompt"),
+        ("/tokenize", b'{"text": "\\ud800"}', "text"),
+    ],
+)
 def test_lone_surrogate_is_400_naming_the_field(client, route, body, param):
     r = client.post(route, content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
@@ -336,10 +388,25 @@ def test_lone_surrogate_is_400_naming_the_field(client, route, body, param):
 
 
 def test_null_optional_fields_mean_default(client):
-    nulls = {"temperature": None, "top_p": None, "top_k": None, "n": None, "seed": None, "stop": None,
-             "stream": None, "logprobs": None, "echo": None, "best_of": None, "presence_penalty": None,
-             "frequency_penalty": None, "logit_bias": None, "user": None, "max_tokens": None,
-             "stream_options": None, "ignore_eos": None}
+    nulls = {
+        "temperature": None,
+        "top_p": None,
+        "top_k": None,
+        "n": None,
+        "seed": None,
+        "stop": None,
+        "stream": None,
+        "logprobs": None,
+        "echo": None,
+        "best_of": None,
+        "presence_penalty": None,
+        "frequency_penalty": None,
+        "logit_bias": None,
+        "user": None,
+        "max_tokens": None,
+        "stream_options": None,
+        "ignore_eos": None,
+    }
     base = {"prompt": PROMPT, "temperature": 0, "max_tokens": 4}
     want = client.post("/v1/completions", json=base).json()
     r = client.post("/v1/completions", json={**nulls, **base})
@@ -347,8 +414,10 @@ def test_null_optional_fields_mean_default(client):
     assert r.json()["choices"][0]["text"] == want["choices"][0]["text"] and len(r.json()["choices"]) == 1
     r = client.post("/v1/completions", json={**nulls, "prompt": "x"})  # max_tokens null = default 16
     assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
-    r = client.post("/v1/generate", json={"prompt": "x", "max_new_tokens": None, "temperature": None,
-                                          "top_p": None, "logprobs": None})
+    r = client.post(
+        "/v1/generate",
+        json={"prompt": "x", "max_new_tokens": None, "temperature": None, "top_p": None, "logprobs": None},
+    )
     assert r.status_code == 200, r.text
     r = client.post("/v1/completions", json={"prompt": None})  # a required field is still required
     assert r.status_code == 400 and r.json()["error"]["param"].split(".")[0] == "prompt"
@@ -356,6 +425,7 @@ def test_null_optional_fields_mean_default(client):
 
 def test_generate_default_max_new_tokens_is_the_server_default(client):
     import dataclasses
+
     svc = client.app.state.service
     original = svc.config
     svc.config = dataclasses.replace(original, default_max_tokens=5)
@@ -385,6 +455,7 @@ def test_malformed_json_names_the_position_not_a_param(client):
 def test_running_gauge_returns_to_zero(client):
     import re
     import time
+
     r = client.post("/v1/completions", json={"prompt": "x", "n": 4, "max_tokens": 6, "ignore_eos": True})
     assert r.status_code == 200 and len(r.json()["choices"]) == 4
     deadline = time.monotonic() + 5
@@ -406,7 +477,8 @@ def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
     as soon as the request reports a disconnect."""
     import asyncio
 
-    from prodip.serve.app import _sse_guard
+    from prodip.serve.routes import _sse_guard
+
     state = {"pulled": 0, "closed": False, "lost": False}
 
     async def chunks():

@@ -36,6 +36,7 @@ def run(parts, prompts, params, *, stagger_s=0.0, max_batch_size=32, cancel_afte
                 if ev.finish_reason:
                     finish[i] = ev.finish_reason
                     done[i].set()
+
         return emit
 
     seqs.extend(Sequence(p, params, tok, emitter(i), 2) for i, p in enumerate(prompts))

@@ -12,25 +12,36 @@ from tests.serve.test_app import sse_events
 def test_empty_prompt_starts_from_eos(client, tiny_export):
     """Training shards separate documents with <|eos|> and never contain <|bos|>."""
     import torch
+
     svc = client.app.state.service
     assert svc.prompt_ids("") == [[svc.eos_id]] == [[2]]
-    r = client.post("/v1/completions", json={"prompt": "", "max_tokens": 1, "temperature": 0,
-                                             "logprobs": 1}).json()
+    r = client.post("/v1/completions", json={"prompt": "", "max_tokens": 1, "temperature": 0, "logprobs": 1}).json()
     assert r["usage"]["prompt_tokens"] == 1
     with torch.no_grad():
         ref = torch.log_softmax(tiny_export[1](torch.tensor([[2]])).double(), -1)[0, -1].numpy()
     np.testing.assert_allclose(r["choices"][0]["logprobs"]["token_logprobs"][0], ref.max(), atol=1e-4)
 
 
-@pytest.mark.parametrize("route, field, value", [
-    ("/v1/completions", "max_tokens", "5"), ("/v1/completions", "max_tokens", 5.0),
-    ("/v1/completions", "n", "2"), ("/v1/completions", "logprobs", "1"), ("/v1/completions", "seed", "7"),
-    ("/v1/completions", "temperature", "0.5"), ("/v1/completions", "top_p", "1"), ("/v1/completions", "top_k", "3"),
-    ("/v1/completions", "presence_penalty", "0"), ("/v1/completions", "echo", 1),
-    ("/v1/completions", "stream", "true"), ("/v1/completions", "max_tokens", True),
-    ("/v1/completions", "logit_bias", {"5": "10"}),
-    ("/v1/generate", "max_new_tokens", "5"), ("/v1/generate", "temperature", "0"),
-])
+@pytest.mark.parametrize(
+    "route, field, value",
+    [
+        ("/v1/completions", "max_tokens", "5"),
+        ("/v1/completions", "max_tokens", 5.0),
+        ("/v1/completions", "n", "2"),
+        ("/v1/completions", "logprobs", "1"),
+        ("/v1/completions", "seed", "7"),
+        ("/v1/completions", "temperature", "0.5"),
+        ("/v1/completions", "top_p", "1"),
+        ("/v1/completions", "top_k", "3"),
+        ("/v1/completions", "presence_penalty", "0"),
+        ("/v1/completions", "echo", 1),
+        ("/v1/completions", "stream", "true"),
+        ("/v1/completions", "max_tokens", True),
+        ("/v1/completions", "logit_bias", {"5": "10"}),
+        ("/v1/generate", "max_new_tokens", "5"),
+        ("/v1/generate", "temperature", "0"),
+    ],
+)
 def test_numbers_as_strings_are_400_naming_the_param(client, route, field, value):
     r = client.post(route, json={"prompt": "x", field: value})
     assert r.status_code == 400, r.text
@@ -40,9 +51,18 @@ def test_numbers_as_strings_are_400_naming_the_param(client, route, field, value
 
 
 def test_integers_are_fine_for_float_fields(client):
-    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 1, "top_p": 1,
-                                             "presence_penalty": 0, "frequency_penalty": 1,
-                                             "logit_bias": {"5": 3}})
+    r = client.post(
+        "/v1/completions",
+        json={
+            "prompt": "x",
+            "max_tokens": 2,
+            "temperature": 1,
+            "top_p": 1,
+            "presence_penalty": 0,
+            "frequency_penalty": 1,
+            "logit_bias": {"5": 3},
+        },
+    )
     assert r.status_code == 200, r.text
 
 
@@ -79,8 +99,7 @@ def test_text_offset_known_answers_ascii_bangla_byte_fallback(client):
             form = tok.id_to_token(t)
             raw = bytes([int(form[3:5], 16)]) if form.startswith("<0x") else form.encode()
             want_offsets.append(len(done.decode("utf-8", "ignore")))  # start of the character it begins in
-            want_tokens.append(f"bytes:\\x{raw[0]:02x}" if form.startswith("<0x") and raw[0] >= 0x80
-                               else raw.decode())
+            want_tokens.append(f"bytes:\\x{raw[0]:02x}" if form.startswith("<0x") and raw[0] >= 0x80 else raw.decode())
             done += raw
         assert _echo(client, prompt) == (prompt, want_tokens, want_offsets)
     # ৺ (U+09FA, not in the tiny corpus) falls back to its 3 bytes, all at the character's offset
@@ -97,12 +116,15 @@ def test_text_offset_known_answers_ascii_bangla_byte_fallback(client):
     assert (text, tokens, offsets) == ("ab", ["", "a", "", "b"], [0, 0, 1, 1])
 
 
-@pytest.mark.parametrize("body", [
-    {"prompt": "আমি বাংলায়", "max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True},
-    {"prompt": "café", "max_tokens": 24, "temperature": 0.9, "seed": 8, "ignore_eos": True, "echo": True},
-    {"prompt": ["hello", "ক্ষুধা"], "max_tokens": 16, "temperature": 0.7, "seed": 1, "n": 2, "echo": True},
-    {"prompt": "the", "max_tokens": 20, "temperature": 0},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "আমি বাংলায়", "max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True},
+        {"prompt": "café", "max_tokens": 24, "temperature": 0.9, "seed": 8, "ignore_eos": True, "echo": True},
+        {"prompt": ["hello", "ক্ষুধা"], "max_tokens": 16, "temperature": 0.7, "seed": 1, "n": 2, "echo": True},
+        {"prompt": "the", "max_tokens": 20, "temperature": 0},
+    ],
+)
 def test_offsets_index_the_returned_text_and_streaming_matches(client, body):
     whole = client.post("/v1/completions", json={**body, "logprobs": 2}).json()
     chunks = sse_events(client.post("/v1/completions", json={**body, "logprobs": 2, "stream": True}).text)
@@ -117,22 +139,20 @@ def test_offsets_index_the_returned_text_and_streaming_matches(client, body):
 
 
 def test_stop_string_tokens_are_not_in_logprobs(client):
-    body = {"prompt": "আমি বাংলায়", "max_tokens": 40, "temperature": 0.8, "seed": 5, "ignore_eos": True,
-            "logprobs": 1}
+    body = {"prompt": "আমি বাংলায়", "max_tokens": 40, "temperature": 0.8, "seed": 5, "ignore_eos": True, "logprobs": 1}
     full = client.post("/v1/completions", json=body).json()["choices"][0]
     at = full["logprobs"]["text_offset"]
     # a stop string that starts inside a token (straddling) and one that starts on a token boundary
     starts = [o for o in at if 8 <= o < len(full["text"]) - 3]
     for cut in (starts[0], starts[0] + 1):
-        stop = full["text"][cut:cut + 3]
+        stop = full["text"][cut : cut + 3]
         cut = full["text"].find(stop)
         for stream in (False, True):
             r = client.post("/v1/completions", json={**body, "stop": [stop], "stream": stream})
             if stream:
                 chunks = [c["choices"][0] for c in sse_events(r.text)]
                 text = "".join(c["text"] for c in chunks)
-                lp = {k: [v for c in chunks if c["logprobs"] for v in c["logprobs"][k]]
-                      for k in full["logprobs"]}
+                lp = {k: [v for c in chunks if c["logprobs"] for v in c["logprobs"][k]] for k in full["logprobs"]}
             else:
                 ch = r.json()["choices"][0]
                 text, lp = ch["text"], ch["logprobs"]
@@ -146,18 +166,25 @@ def test_stop_string_tokens_are_not_in_logprobs(client):
 def test_echo_returns_the_prompt_as_sent(client):
     """The tokenizer normalises to NFC; echo still returns the prompt verbatim, offsets into it."""
     import unicodedata
+
     for prompt in ("cafe\u0301 au lait", unicodedata.normalize("NFD", "কো বই"), "\u09df"):
         assert unicodedata.normalize("NFC", prompt) != prompt
         text, tokens, offsets = _echo(client, prompt)
         assert text == prompt
         _check_offsets(text, tokens, offsets)
-        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "echo": True,
-                                                 "temperature": 0}).json()["choices"][0]
-        plain = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3,
-                                                     "temperature": 0}).json()["choices"][0]
+        r = client.post(
+            "/v1/completions", json={"prompt": prompt, "max_tokens": 3, "echo": True, "temperature": 0}
+        ).json()["choices"][0]
+        plain = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0}).json()[
+            "choices"
+        ][0]
         assert r["text"] == prompt + plain["text"]
-        chunks = sse_events(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "echo": True,
-                                                                 "temperature": 0, "stream": True}).text)
+        chunks = sse_events(
+            client.post(
+                "/v1/completions",
+                json={"prompt": prompt, "max_tokens": 3, "echo": True, "temperature": 0, "stream": True},
+            ).text
+        )
         assert "".join(c["choices"][0]["text"] for c in chunks) == r["text"]
     text, tokens, offsets = _echo(client, "cafe\u0301 au")
     assert offsets[tokens.index(" ")] == 5  # after "e" + U+0301 of the prompt as sent

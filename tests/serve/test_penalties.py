@@ -29,21 +29,24 @@ def _penalties_after(tokens, presence=0.0, frequency=0.0, bias=()):
     return pen
 
 
-@pytest.mark.parametrize("presence, frequency, bias, want, argmax", [
-    # token 2: 3 - 3 * 0.25 - 0.5 = 1.75; token 1: 2 - 1 * 0.25 - 0.5 = 1.25
-    (0.5, 0.25, (), [1.0, 1.25, 1.75, 0.5, -1.0], 2),
-    # frequency only: token 2: 3 - 3 = 0; token 1: 2 - 1 = 1 -> tie of ids 0 and 1 at 1.0: first index
-    (0.0, 1.0, (), [1.0, 1.0, 0.0, 0.5, -1.0], 0),
-    # presence only: once per distinct token, however often it came
-    (1.5, 0.0, (), [1.0, 0.5, 1.5, 0.5, -1.0], 2),
-    # negative penalties encourage repetition: token 2: 3 + 3 * 0.5 + 1 = 5.5
-    (-1.0, -0.5, (), [1.0, 3.5, 5.5, 0.5, -1.0], 2),
-    # bias is added (ungenerated ids too); -100 effectively bans, +100 forces
-    (0.0, 1.0, ((4, 3.0), (0, -100.0)), [-99.0, 1.0, 0.0, 0.5, 2.0], 4),
-    (2.0, 2.0, ((3, 100.0),), [1.0, -2.0, -5.0, 100.5, -1.0], 3),
-    # nothing set: the row itself
-    (0.0, 0.0, (), [1.0, 2.0, 3.0, 0.5, -1.0], 2),
-])
+@pytest.mark.parametrize(
+    "presence, frequency, bias, want, argmax",
+    [
+        # token 2: 3 - 3 * 0.25 - 0.5 = 1.75; token 1: 2 - 1 * 0.25 - 0.5 = 1.25
+        (0.5, 0.25, (), [1.0, 1.25, 1.75, 0.5, -1.0], 2),
+        # frequency only: token 2: 3 - 3 = 0; token 1: 2 - 1 = 1 -> tie of ids 0 and 1 at 1.0: first index
+        (0.0, 1.0, (), [1.0, 1.0, 0.0, 0.5, -1.0], 0),
+        # presence only: once per distinct token, however often it came
+        (1.5, 0.0, (), [1.0, 0.5, 1.5, 0.5, -1.0], 2),
+        # negative penalties encourage repetition: token 2: 3 + 3 * 0.5 + 1 = 5.5
+        (-1.0, -0.5, (), [1.0, 3.5, 5.5, 0.5, -1.0], 2),
+        # bias is added (ungenerated ids too); -100 effectively bans, +100 forces
+        (0.0, 1.0, ((4, 3.0), (0, -100.0)), [-99.0, 1.0, 0.0, 0.5, 2.0], 4),
+        (2.0, 2.0, ((3, 100.0),), [1.0, -2.0, -5.0, 100.5, -1.0], 3),
+        # nothing set: the row itself
+        (0.0, 0.0, (), [1.0, 2.0, 3.0, 0.5, -1.0], 2),
+    ],
+)
 def test_adjusted_row_known_answers(presence, frequency, bias, want, argmax):
     pen = _penalties_after(GENERATED, presence, frequency, bias)
     got = pen.apply(ROW)
@@ -55,8 +58,7 @@ def test_adjusted_row_known_answers(presence, frequency, bias, want, argmax):
 
 
 def test_adjust_logits_pure_function_known_answer():
-    got = adjust_logits(ROW, np.array([2, 1]), np.array([3, 1]), 0.5, 0.25,
-                        np.array([4]), np.array([1.0], np.float32))
+    got = adjust_logits(ROW, np.array([2, 1]), np.array([3, 1]), 0.5, 0.25, np.array([4]), np.array([1.0], np.float32))
     np.testing.assert_allclose(got, [1.0, 1.25, 1.75, 0.5, 0.0], atol=1e-6)
 
 
@@ -90,10 +92,13 @@ def _reference(row, generated, presence, frequency, bias):
 
 
 @settings(max_examples=150, deadline=None)
-@given(tokens=st.lists(st.integers(0, 49), max_size=80),
-       presence=st.floats(-2, 2), frequency=st.floats(-2, 2),
-       bias=st.dictionaries(st.integers(0, 49), st.floats(-100, 100), max_size=5),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    tokens=st.lists(st.integers(0, 49), max_size=80),
+    presence=st.floats(-2, 2),
+    frequency=st.floats(-2, 2),
+    bias=st.dictionaries(st.integers(0, 49), st.floats(-100, 100), max_size=5),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_incremental_equals_recount_at_every_step(tokens, presence, frequency, bias, seed):
     row = np.random.default_rng(seed).normal(size=50).astype(np.float32)
     pen = TokenPenalties(presence, frequency, sorted(bias.items()))
@@ -110,12 +115,18 @@ def test_sequence_samples_penalised_but_reports_raw_logprobs(tiny_export):
     from tokenizers import Tokenizer
 
     from prodip.serve.batching import SamplingParams, Sequence, TokenOut
+
     tok = Tokenizer.from_file(str(tiny_export[0] / "tokenizer.json"))
     row = np.zeros(512, np.float32)
     row[10], row[11] = 1.0, 0.9
     events = []
-    seq = Sequence([1], SamplingParams(max_new_tokens=6, temperature=0, frequency_penalty=0.2, logprobs=1,
-                                       ignore_eos=True), tok, events.append, eos_id=2)
+    seq = Sequence(
+        [1],
+        SamplingParams(max_new_tokens=6, temperature=0, frequency_penalty=0.2, logprobs=1, ignore_eos=True),
+        tok,
+        events.append,
+        eos_id=2,
+    )
     for _ in range(6):
         seq.step(row)
     outs = [e for e in events if isinstance(e, TokenOut) and e.token_id is not None]
@@ -132,12 +143,18 @@ def torch_greedy_penalised(model, ids, steps, presence=0.0, frequency=0.0, bias=
     counts recomputed from scratch each step (from the generated tokens, plus the prompt's when
     ``count_prompt``, the wrong reading this reference exists to tell apart)."""
     import torch
+
     out = []
     with torch.no_grad():
         logits, past = model(torch.tensor([ids]), use_cache=True)
         for _ in range(steps):
-            row = _reference(logits[0, -1].numpy(), (list(ids) if count_prompt else []) + out, presence,
-                             frequency, sorted((bias or {}).items()))
+            row = _reference(
+                logits[0, -1].numpy(),
+                (list(ids) if count_prompt else []) + out,
+                presence,
+                frequency,
+                sorted((bias or {}).items()),
+            )
             tok = int(np.argmax(row))
             out.append(tok)
             logits, past = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
@@ -165,12 +182,18 @@ def test_large_frequency_penalty_removes_greedy_repeats(client):
 def test_penalised_greedy_equals_pytorch_reference(client, tiny_export):
     ids = _ids(client, PROMPT)
     plain = torch_greedy_penalised(tiny_export[1], ids, 40)
-    cases = [(0.3, 0.5, None), (0.0, 2.0, None), (-0.5, -0.25, None), (0.0, 0.2, None),
-             (1.0, 0.0, {str(plain[0]): -100.0, str(plain[1]): 5.0})]
+    cases = [
+        (0.3, 0.5, None),
+        (0.0, 2.0, None),
+        (-0.5, -0.25, None),
+        (0.0, 0.2, None),
+        (1.0, 0.0, {str(plain[0]): -100.0, str(plain[1]): 5.0}),
+    ]
     count_dependent = False
     for presence, frequency, bias in cases:
-        want = torch_greedy_penalised(tiny_export[1], ids, 40, presence, frequency,
-                                      {int(k): v for k, v in (bias or {}).items()})
+        want = torch_greedy_penalised(
+            tiny_export[1], ids, 40, presence, frequency, {int(k): v for k, v in (bias or {}).items()}
+        )
         got = _generate(client, ids, 40, presence_penalty=presence, frequency_penalty=frequency, logit_bias=bias)
         assert got["token_ids"] == want, (presence, frequency, bias)
         # a repeat under a frequency penalty that changed the output: the per-token count was used
@@ -194,7 +217,7 @@ def test_penalty_counts_generated_tokens_not_the_prompt(client, tiny_export):
         assert got == [plain[k]]  # in the prompt, not yet generated: not penalised
         told_apart += torch_greedy_penalised(model, prompt, 1, 2.0, 2.0, count_prompt=True) != got
     assert told_apart  # counting the prompt would have given another first token
-    prompt = ids + plain[:repeats[0]]
+    prompt = ids + plain[: repeats[0]]
     got = _generate(client, prompt, 12, presence_penalty=2.0, frequency_penalty=2.0)["token_ids"]
     assert got == torch_greedy_penalised(model, prompt, 12, 2.0, 2.0)
 
@@ -215,8 +238,9 @@ def test_logit_bias_plus_100_forces_a_token(client):
     assert r["token_ids"] == [ka] * 8
     sampled = _generate(client, PROMPT, 8, logit_bias={str(ka): 100}, temperature=1.0, seed=5)
     assert sampled["token_ids"] == [ka] * 8
-    c = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, **GREEDY,
-                                             "logit_bias": {str(ka): 100}}).json()["choices"][0]
+    c = client.post(
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, **GREEDY, "logit_bias": {str(ka): 100}}
+    ).json()["choices"][0]
     assert c["text"] == r["text"] == "ক" * 8
 
 
@@ -240,31 +264,64 @@ def test_logit_bias_minus_100_takes_the_runner_up_and_logprobs_stay_raw(client):
 
 
 def test_stream_equals_non_stream_with_penalties(client):
-    body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0.9, "seed": 3, "ignore_eos": True, "n": 2,
-            "frequency_penalty": 0.7, "presence_penalty": 0.4, "logit_bias": {"45": 3.0, "214": -5}}
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 30,
+        "temperature": 0.9,
+        "seed": 3,
+        "ignore_eos": True,
+        "n": 2,
+        "frequency_penalty": 0.7,
+        "presence_penalty": 0.4,
+        "logit_bias": {"45": 3.0, "214": -5},
+    }
     whole = client.post("/v1/completions", json=body).json()["choices"]
-    events = [json.loads(line[6:]) for line in client.post("/v1/completions", json={**body, "stream": True})
-              .text.splitlines() if line.startswith("data: {")]
+    events = [
+        json.loads(line[6:])
+        for line in client.post("/v1/completions", json={**body, "stream": True}).text.splitlines()
+        if line.startswith("data: {")
+    ]
     streamed = ["".join(e["choices"][0]["text"] for e in events if e["choices"][0]["index"] == i) for i in (0, 1)]
     assert streamed == [c["text"] for c in whole] and streamed[0] != streamed[1]
     for extra in ({}, GREEDY):
-        gen = {"prompt": PROMPT, "max_new_tokens": 30, "temperature": 0.9, "seed": 3, "ignore_eos": True,
-               "frequency_penalty": 0.7, "presence_penalty": 0.4, **extra}
+        gen = {
+            "prompt": PROMPT,
+            "max_new_tokens": 30,
+            "temperature": 0.9,
+            "seed": 3,
+            "ignore_eos": True,
+            "frequency_penalty": 0.7,
+            "presence_penalty": 0.4,
+            **extra,
+        }
         whole = client.post("/v1/generate", json=gen).json()
-        chunks = [json.loads(line[6:]) for line in client.post("/v1/generate", json={**gen, "stream": True})
-                  .text.splitlines() if line.startswith("data: {")]
+        chunks = [
+            json.loads(line[6:])
+            for line in client.post("/v1/generate", json={**gen, "stream": True}).text.splitlines()
+            if line.startswith("data: {")
+        ]
         assert [c["token_id"] for c in chunks if c["token_id"] is not None] == whole["token_ids"]
         assert "".join(c["text"] for c in chunks) == whole["text"]
 
 
-@pytest.mark.parametrize("bias", [
-    {"abc": 1}, {"-1": 1}, {"1.5": 1}, {" 5": 1}, {"১২": 1}, {"512": 1}, {"99999999999999999999999": 1},
-    {"5": 100.5}, {"5": -101}, {"5": 1, "05": 2},
-])
+@pytest.mark.parametrize(
+    "bias",
+    [
+        {"abc": 1},
+        {"-1": 1},
+        {"1.5": 1},
+        {" 5": 1},
+        {"১২": 1},
+        {"512": 1},
+        {"99999999999999999999999": 1},
+        {"5": 100.5},
+        {"5": -101},
+        {"5": 1, "05": 2},
+    ],
+)
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/generate"])
 def test_invalid_logit_bias_is_400_naming_it(client, route, bias):
-    r = client.post(route, json={"prompt": "x", **({"max_tokens": 2} if "compl" in route else {}),
-                                 "logit_bias": bias})
+    r = client.post(route, json={"prompt": "x", **({"max_tokens": 2} if "compl" in route else {}), "logit_bias": bias})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
@@ -274,8 +331,12 @@ def test_invalid_logit_bias_is_400_naming_it(client, route, bias):
 def test_logit_bias_edge_values_and_non_numbers(client):
     ok = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "logit_bias": {"511": 100, "0": -100}})
     assert ok.status_code == 200, ok.text
-    for raw in (b'{"prompt": "x", "logit_bias": {"5": NaN}}', b'{"prompt": "x", "logit_bias": {"5": Infinity}}',
-                b'{"prompt": "x", "logit_bias": {"5": "high"}}', b'{"prompt": "x", "logit_bias": [5]}'):
+    for raw in (
+        b'{"prompt": "x", "logit_bias": {"5": NaN}}',
+        b'{"prompt": "x", "logit_bias": {"5": Infinity}}',
+        b'{"prompt": "x", "logit_bias": {"5": "high"}}',
+        b'{"prompt": "x", "logit_bias": [5]}',
+    ):
         r = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 400, (raw, r.text)
         assert r.json()["error"]["param"].split(".")[0] == "logit_bias"

@@ -43,9 +43,25 @@ def wait_http(url: str, timeout_s: float = 60.0, proc=None) -> None:
 @pytest.fixture(scope="module")
 def server(tiny_export):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "serve", "serve", str(tiny_export[0]), "--port", str(port),
-                             "--variant", "int8", "--api-key", KEY, "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prodip.serve",
+            "serve",
+            str(tiny_export[0]),
+            "--port",
+            str(port),
+            "--variant",
+            "int8",
+            "--api-key",
+            KEY,
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
         yield f"http://127.0.0.1:{port}", proc
@@ -60,13 +76,13 @@ def server(tiny_export):
 
 def test_openai_client_plain_and_streaming(server):
     import openai
+
     base, _ = server
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
     assert [m.id for m in client.models.list().data] == ["export"]
     r = client.completions.create(model="export", prompt="আমি বাংলায়", max_tokens=24, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
-    stream = client.completions.create(model="export", prompt="আমি বাংলায়", max_tokens=24, temperature=0,
-                                       stream=True)
+    stream = client.completions.create(model="export", prompt="আমি বাংলায়", max_tokens=24, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in stream) == r.choices[0].text
     r = client.completions.create(model="export", prompt="hello", max_tokens=0, echo=True, logprobs=1)
     assert r.choices[0].text == "hello" and r.choices[0].logprobs.token_logprobs[0] is None
@@ -83,8 +99,17 @@ def test_32_concurrent_requests(server):
 
     async def main():
         async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as c:
-            bodies = [{"prompt": f"আমি {i}", "max_tokens": 32, "temperature": 0.7, "seed": i, "ignore_eos": True,
-                       "stream": i % 2 == 1} for i in range(32)]
+            bodies = [
+                {
+                    "prompt": f"আমি {i}",
+                    "max_tokens": 32,
+                    "temperature": 0.7,
+                    "seed": i,
+                    "ignore_eos": True,
+                    "stream": i % 2 == 1,
+                }
+                for i in range(32)
+            ]
             return await asyncio.gather(*(c.post("/v1/completions", json=b) for b in bodies))
 
     start = time.perf_counter()
@@ -99,8 +124,11 @@ def test_32_concurrent_requests(server):
     assert elapsed < 30
     # they were decoded together: some decode steps carried more than 8 rows
     metrics = httpx.get(f"{base}/metrics", headers=headers).text
-    buckets = {line.split('le="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-               for line in metrics.splitlines() if line.startswith("prodip_decode_batch_rows_bucket")}
+    buckets = {
+        line.split('le="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("prodip_decode_batch_rows_bucket")
+    }
     assert buckets["+Inf"] > buckets["8.0"]
 
 
@@ -110,15 +138,32 @@ def test_cli_refuses_unverified_export(tiny_export, tmp_path):
     m = json.loads((d / "manifest.json").read_text())
     m["conformance"]["variants"]["fp32"] = m["conformance"]["checks"]["fp32"]["passed"] = False
     (d / "manifest.json").write_text(json.dumps(m))
-    r = subprocess.run([sys.executable, "-m", "serve", "serve", str(d), "--port", str(free_port())],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "prodip.serve", "serve", str(d), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "FAILED conformance" in r.stderr and "--allow-unverified" in r.stderr
 
 
 def test_graceful_shutdown_on_sigterm(tiny_export):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "serve", "serve", str(tiny_export[0]), "--port", str(port),
-                             "--log-level", "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prodip.serve",
+            "serve",
+            str(tiny_export[0]),
+            "--port",
+            str(port),
+            "--log-level",
+            "info",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
         proc.send_signal(signal.SIGTERM)
@@ -151,6 +196,7 @@ def test_client_disconnect_stops_generation(tiny_export):
     import uvicorn
 
     from prodip.serve.app import create_app
+
     app = create_app(tiny_export[0])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -180,7 +226,6 @@ def test_client_disconnect_stops_generation(tiny_export):
         thread.join(15)
 
 
-
 def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
     """A bug in a route: a 500 in OpenAI's form, and one traceback in the logs. (Starlette's
     ServerErrorMiddleware re-raises after answering, so uvicorn's "Exception in ASGI application"
@@ -191,6 +236,7 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
     import uvicorn
 
     from prodip.serve.app import create_app
+
     app = create_app(tiny_export[0])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -218,25 +264,37 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
 
         def boom(*args, **kwargs):
             raise RuntimeError("planted")
+
         svc = app.state.service
         monkeypatch.setattr(svc, "prompt_ids", boom)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x"}, timeout=10)
         assert r.status_code == 500
-        assert r.json()["error"] == {"message": "internal error: RuntimeError", "type": "server_error",
-                                     "param": None, "code": None}
+        assert r.json()["error"] == {
+            "message": "internal error: RuntimeError",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
         logged = tracebacks()
         assert len(logged) == 1 and logged[0].name == "prodip.serve.app", [(x.name, x.getMessage()) for x in logged]
         assert "POST /v1/completions" in logged[0].getMessage()
         monkeypatch.undo()
         monkeypatch.setattr(svc, "token_text", boom)  # fails after the stream's 200 went out
         with pytest.raises(httpx.RemoteProtocolError):
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x", "stream": True,
-                                                                       "logprobs": 1}, timeout=10)
+            httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"prompt": "x", "stream": True, "logprobs": 1},
+                timeout=10,
+            )
         logged = tracebacks()
         assert len(logged) == 1 and logged[0].name == "uvicorn.error", [(x.name, x.getMessage()) for x in logged]
         monkeypatch.undo()
-        assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x", "max_tokens": 2},
-                          timeout=10).status_code == 200
+        assert (
+            httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10
+            ).status_code
+            == 200
+        )
     finally:
         for lg in loggers:
             lg.removeHandler(handler)
@@ -250,8 +308,24 @@ def test_cli_bind_failure_is_one_line_exit_2(tiny_export, host):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "serve", "serve", str(tiny_export[0]), "--host", host,
-                            "--port", str(port), "--log-level", "warning"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "prodip.serve",
+                "serve",
+                str(tiny_export[0]),
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith(f"prodip serve: error: cannot bind {host}:{port} ("), r.stderr

@@ -36,7 +36,8 @@ def test_sampling_matches_softmax_frequencies():
     draws = np.bincount([sample_token(logits, 1.0, 3, 1.0, rng) for _ in range(20000)], minlength=4) / 20000
     np.testing.assert_allclose(draws, np.array([0.5, 0.3, 0.15, 0]) / 0.95, atol=0.015)
     # temperature 2 flattens: p ~ sqrt(p)
-    want = np.sqrt([0.5, 0.3, 0.15, 0.05]); want /= want.sum()
+    want = np.sqrt([0.5, 0.3, 0.15, 0.05])
+    want /= want.sum()
     draws = np.bincount([sample_token(logits, 2.0, 0, 1.0, rng) for _ in range(20000)], minlength=4) / 20000
     np.testing.assert_allclose(draws, want, atol=0.015)
 
@@ -63,6 +64,7 @@ def test_log_softmax_and_top_logprobs():
 @pytest.fixture(scope="module")
 def tokenizer(tiny_export):
     from tokenizers import Tokenizer
+
     return Tokenizer.from_file(str(tiny_export[0] / "tokenizer.json"))
 
 
@@ -91,20 +93,23 @@ def test_detokenizer_with_prompt_context(tokenizer):
 
 
 @settings(max_examples=200, deadline=None)
-@given(pieces=st.lists(st.text(alphabet="abEND\n", max_size=4), max_size=12),
-       stops=st.lists(st.sampled_from(["END", "\n\n", "ab", "bEa"]), min_size=1, max_size=3))
+@given(
+    pieces=st.lists(st.text(alphabet="abEND\n", max_size=4), max_size=12),
+    stops=st.lists(st.sampled_from(["END", "\n\n", "ab", "bEa"]), min_size=1, max_size=3),
+)
 def test_stop_matcher_equals_reference(pieces, stops):
     m = StopMatcher(stops)
     out = "".join(m.feed(p) for p in pieces) + m.flush()
     full = "".join(pieces)
     hits = [full.find(s) for s in stops if s in full]
-    assert out == (full[:min(hits)] if hits else full)
+    assert out == (full[: min(hits)] if hits else full)
     assert m.stopped == bool(hits)
 
 
 # ---- export checks ----------------------------------------------------------------------------
 def _copy_export(src, dst, edit=None):
     import shutil
+
     shutil.copytree(src, dst)
     if edit:
         data = json.loads((dst / "manifest.json").read_text())
@@ -119,6 +124,7 @@ def _fail_int8(m):
 
 def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
     from prodip.serve.engine import load_export
+
     root = tiny_export[0]
     assert load_export(root, "int8").verified
     none = _copy_export(root, tmp_path / "none", lambda m: m.update(conformance=None))
@@ -150,25 +156,33 @@ def test_verdict_is_void_once_the_files_change(tiny_export, tmp_path):
     (d / "manifest.json").write_text(json.dumps(m))
     now = files_table_sha256(m["files"])
     for variant in ("int8", "fp32"):  # the verdict is of the whole export's files
-        with pytest.raises(ValueError, match=rf"files changed after conformance ran \(files table sha256 "
-                                             rf"{now[:12]}\.\.\., the verdict measured {measured[:12]}"):
+        with pytest.raises(
+            ValueError,
+            match=rf"files changed after conformance ran \(files table sha256 "
+            rf"{now[:12]}\.\.\., the verdict measured {measured[:12]}",
+        ):
             load_export(d, variant)
     info = load_export(d, "int8", allow_unverified=True)
     assert not info.verified and "files changed" in info.warnings[0]
 
 
-@pytest.mark.parametrize("edit, why", [
-    (lambda m: m.update(conformance={"passed": True}), "no per-variant 'variants'"),
-    (lambda m: m.update(conformance={"passed": True, "variants": {"fp32": True, "int8": True}}), "no per-variant"),
-    (lambda m: m["conformance"].pop("export_files_sha256"), "no 'export_files_sha256'"),
-    (lambda m: m["conformance"].update(export_files_sha256="x"), "no 'export_files_sha256'"),
-    (lambda m: m["conformance"].pop("report_sha256"), "no 'report_sha256'"),
-    (lambda m: m["conformance"]["checks"].pop("fp32"), "no consistent entry for variant 'fp32'"),
-    (lambda m: m["conformance"]["checks"]["fp32"].update(passed=False), "no consistent entry"),
-    (lambda m: m["conformance"]["checks"]["fp32"].pop("tolerances"), "does not record the tolerances"),
-    (lambda m: m["conformance"]["variants"].pop("fp32") and m["conformance"]["checks"].pop("fp32"),
-     "does not cover variant 'fp32'"),
-])
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (lambda m: m.update(conformance={"passed": True}), "no per-variant 'variants'"),
+        (lambda m: m.update(conformance={"passed": True, "variants": {"fp32": True, "int8": True}}), "no per-variant"),
+        (lambda m: m["conformance"].pop("export_files_sha256"), "no 'export_files_sha256'"),
+        (lambda m: m["conformance"].update(export_files_sha256="x"), "no 'export_files_sha256'"),
+        (lambda m: m["conformance"].pop("report_sha256"), "no 'report_sha256'"),
+        (lambda m: m["conformance"]["checks"].pop("fp32"), "no consistent entry for variant 'fp32'"),
+        (lambda m: m["conformance"]["checks"]["fp32"].update(passed=False), "no consistent entry"),
+        (lambda m: m["conformance"]["checks"]["fp32"].pop("tolerances"), "does not record the tolerances"),
+        (
+            lambda m: m["conformance"]["variants"].pop("fp32") and m["conformance"]["checks"].pop("fp32"),
+            "does not cover variant 'fp32'",
+        ),
+    ],
+)
 def test_incomplete_verdict_is_refused(tiny_export, tmp_path, edit, why):
     """breaker2 D2: a bare {"passed": true} (or any verdict lacking what merge_verdict writes) verifies nothing."""
     from prodip.serve.engine import load_export
@@ -181,13 +195,15 @@ def test_incomplete_verdict_is_refused(tiny_export, tmp_path, edit, why):
 
 def test_loosened_tolerances_are_carried_per_variant(tiny_export, tmp_path):
     """breaker2 D1: a verdict made with loosened bounds verifies, but says so (warning + ExportInfo)."""
-    from tests.serve.conftest import make_verdict
-    from prodip.serve.engine import load_export
-
     from prodip import export
+    from prodip.serve.engine import load_export
+    from tests.serve.conftest import make_verdict
+
     d = _copy_export(tiny_export[0], tmp_path / "loose")
-    loose = [{"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0.0}},
-             {"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 9}}]
+    loose = [
+        {"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0.0}},
+        {"table": "global", "metric": "tokenizer_mismatches", "shipped": {"equals": 0}, "used": {"max": 9}},
+    ]
     export.set_conformance(d, make_verdict(d, {"fp32": True, "int8": True}, loose))
     int8 = load_export(d, "int8")
     assert int8.verified and int8.loosened_tolerances == loose
@@ -199,6 +215,7 @@ def test_loosened_tolerances_are_carried_per_variant(tiny_export, tmp_path):
 
 def test_load_export_detects_tampering(tiny_export, tmp_path):
     from prodip.serve.engine import load_export
+
     d = _copy_export(tiny_export[0], tmp_path / "t")
     with open(d / "onnx" / "model_int8.onnx", "ab") as fh:
         fh.write(b"\0")
@@ -207,7 +224,9 @@ def test_load_export_detects_tampering(tiny_export, tmp_path):
 
 
 def test_serve_imports_no_torch():
-    code = ("import sys, serve.app, serve.cli, serve.engine, serve.batching, serve.service; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'train'))]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, serve.app, serve.cli, serve.engine, serve.batching, serve.service; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'train'))]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

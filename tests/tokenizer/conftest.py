@@ -46,8 +46,13 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 def tok_dir(corpus, tmp_path_factory) -> Path:
     """A prodip tokenizer (vocab 1024, 20% superwords) trained on ``corpus``."""
     out = tmp_path_factory.mktemp("tok") / "tok"
-    cfg = TokenizerTrainConfig(inputs={k: [str(v)] for k, v in corpus.items()}, out_dir=str(out), vocab_size=1024,
-                               proportions={"bn": 0.6, "en": 0.4}, superword_share=0.2)
+    cfg = TokenizerTrainConfig(
+        inputs={k: [str(v)] for k, v in corpus.items()},
+        out_dir=str(out),
+        vocab_size=1024,
+        proportions={"bn": 0.6, "en": 0.4},
+        superword_share=0.2,
+    )
     return train_tokenizer(cfg)
 
 

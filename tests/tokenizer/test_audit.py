@@ -24,14 +24,21 @@ def test_measure_known_answers(tok_dir):
     # a byte-level tokenizer with no merges cuts every Bangla character into 3 byte tokens:
     naive = load_tokenizer(train_tokenizer_from_texts({"x": ["ab"]}, 300, tok_dir.parent / "bytes", kind="naive"))
     m = measure(naive, ["কা"])  # 2 code points, 1 grapheme cluster, 6 bytes -> 6 tokens, 5 end inside it
-    assert (m["tokens"], m["inside_cluster_share"], m["byte_fallback_share"]) == (6, pytest.approx(5 / 6, abs=1e-4),
-                                                                               1.0)
+    assert (m["tokens"], m["inside_cluster_share"], m["byte_fallback_share"]) == (
+        6,
+        pytest.approx(5 / 6, abs=1e-4),
+        1.0,
+    )
 
 
 def test_audit_with_naive_baseline_shows_the_trap(tok_dir, heldout, tmp_path, capsys):
-    cfg = AuditConfig(tokenizer_dir=str(tok_dir), heldout={k: [str(v)] for k, v in heldout.items()},
-                      min_chars_per_token={"bn": 0.5, "en": 0.5}, baseline="naive",
-                      baseline_dir=str(tmp_path / "naive"))
+    cfg = AuditConfig(
+        tokenizer_dir=str(tok_dir),
+        heldout={k: [str(v)] for k, v in heldout.items()},
+        min_chars_per_token={"bn": 0.5, "en": 0.5},
+        baseline="naive",
+        baseline_dir=str(tmp_path / "naive"),
+    )
     report = run_audit(cfg)
     ours, naive = report["languages"], report["baseline"]["languages"]
     assert report["gate"]["passed"] and ours["bn"]["lossless"] and naive["bn"]["lossless"]
@@ -43,8 +50,16 @@ def test_audit_with_naive_baseline_shows_the_trap(tok_dir, heldout, tmp_path, ca
 
 
 def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
-    args = ["tokenizer", "audit", "--tokenizer-dir", str(tok_dir), "--heldout", f"bn={heldout['bn']}",
-            "--min-chars-per-token", "bn=50"]
+    args = [
+        "tokenizer",
+        "audit",
+        "--tokenizer-dir",
+        str(tok_dir),
+        "--heldout",
+        f"bn={heldout['bn']}",
+        "--min-chars-per-token",
+        "bn=50",
+    ]
     assert prodip_main(args) == 1
     captured = capsys.readouterr()
     assert "chars/tok" in captured.out

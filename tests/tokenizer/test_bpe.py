@@ -12,19 +12,43 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prodip.tokenizer.bpe import (PHRASE_PATTERN, WORD_PATTERN, TokenizerTrainConfig, load_tokenizer, plan_sample,
-                           tokenizer_sha256, train_tokenizer, train_tokenizer_from_texts)
+from prodip.tokenizer.bpe import (
+    PHRASE_PATTERN,
+    WORD_PATTERN,
+    TokenizerTrainConfig,
+    load_tokenizer,
+    plan_sample,
+    tokenizer_sha256,
+    train_tokenizer,
+    train_tokenizer_from_texts,
+)
 
 TRICKY = [
-    "", " ", "  \t\n\n  x  ", "\r\n\r\n", "a\u0000b", "আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।",
-    "ক্ষ ক্‌ষ ক্‍ষ র‍্যাব",          # conjunct, ZWNJ-broken and ZWJ half-form (র‍্যাব: ZWJ "ya-phala")
-    "য\u09bc য় ড\u09bc ঢ\u09bc",     # nukta decomposed (NFC recomposes some, not others)
+    "",
+    " ",
+    "  \t\n\n  x  ",
+    "\r\n\r\n",
+    "a\u0000b",
+    "আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।",
+    "ক্ষ ক্‌ষ ক্‍ষ র‍্যাব",  # conjunct, ZWNJ-broken and ZWJ half-form (র‍্যাব: ZWJ "ya-phala")
+    "য\u09bc য় ড\u09bc ঢ\u09bc",  # nukta decomposed (NFC recomposes some, not others)
     "কো কো ক\u09c7\u09be ক\u09c7\u09d7",  # o/au vowel signs precomposed and decomposed
-    "চাঁদ সংখ্যা দুঃখ ৎ",             # candrabindu, anusvara, visarga, khanda ta
-    "১২৩৪৫৬৭৮৯০ 1234567890 ১2৩",       # Bengali and ASCII digits
-    "বলল। তারপর॥ কী? না!", " ।।", "\u09bfলেখা শুরু মাত্রা দিয়ে", "ি", "\u09cd",
-    "👩‍👩‍👧‍👦 🇧🇩 ❤️", "日本語のテキスト", "مرحبا بالعالم", "Ω≈ç√∫˜µ≤≥÷", "e\u0301 é",
-    "<|eos|> inside text", "<0x41> looks like a byte token", "tab\tsep", "don't it's O'Neil’s",
+    "চাঁদ সংখ্যা দুঃখ ৎ",  # candrabindu, anusvara, visarga, khanda ta
+    "১২৩৪৫৬৭৮৯০ 1234567890 ১2৩",  # Bengali and ASCII digits
+    "বলল। তারপর॥ কী? না!",
+    " ।।",
+    "\u09bfলেখা শুরু মাত্রা দিয়ে",
+    "ি",
+    "\u09cd",
+    "👩‍👩‍👧‍👦 🇧🇩 ❤️",
+    "日本語のテキスト",
+    "مرحبا بالعالم",
+    "Ω≈ç√∫˜µ≤≥÷",
+    "e\u0301 é",
+    "<|eos|> inside text",
+    "<0x41> looks like a byte token",
+    "tab\tsep",
+    "don't it's O'Neil’s",
 ]
 
 
@@ -58,8 +82,13 @@ MIXED = st.one_of(BANGLA, st.sampled_from(list(" \n\t.,!?।॥'’-\u200c\u200d
 
 
 @pytest.mark.slow
-@settings(max_examples=250, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=250,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(text=st.one_of(st.text(), st.text(MIXED)))
 def test_lossless_property(tok_dir, text):
     assert _round_trip(load_tokenizer(tok_dir), text) == unicodedata.normalize("NFC", text)
@@ -78,6 +107,7 @@ _ORPHAN_MARK = regex.compile(r"(?:^|[^\p{L}\p{M}\u200c\u200d])\p{M}")
 def test_pretokenizer_never_splits_a_grapheme_cluster(pattern, text):
     from hypothesis import assume
     from tokenizers import Regex, pre_tokenizers
+
     text = unicodedata.normalize("NFC", text)
     assume(not _ORPHAN_MARK.search(text))
     pieces = pre_tokenizers.Split(Regex(pattern), behavior="isolated").pre_tokenize_str(text)
@@ -89,6 +119,7 @@ def test_pretokenizer_never_splits_a_grapheme_cluster(pattern, text):
 
 def test_danda_and_digits_pretokenization():
     from tokenizers import Regex, pre_tokenizers
+
     split = pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated").pre_tokenize_str
     assert [p for p, _ in split("কথা হলো। ১২৩৪ টাকা")] == ["কথা", " হলো।", " ", "১২৩", "৪", " টাকা"]
     assert [p for p, _ in split("আমি ।")] == ["আমি", " ।"]
@@ -98,6 +129,7 @@ def test_danda_and_digits_pretokenization():
 def test_loads_in_transformers(tok_dir):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     text = "আমার সোনার বাংলা। It is a truth universally acknowledged."
     ref = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     fast = PreTrainedTokenizerFast(tokenizer_file=str(tok_dir / "tokenizer.json"))
@@ -126,6 +158,7 @@ def test_bad_inputs_leave_nothing(tmp_path, corpus):
     def cfg(**kw):
         base = dict(inputs={"bn": [str(corpus["bn"])]}, out_dir=str(tmp_path / "out"), vocab_size=300)
         return TokenizerTrainConfig(**{**base, **kw})
+
     with pytest.raises(ValueError, match="vocab_size 100 is too small.*= 260"):
         train_tokenizer(cfg(vocab_size=100))
     (tmp_path / "empty.txt").write_text("")
@@ -148,8 +181,13 @@ def test_bad_inputs_leave_nothing(tmp_path, corpus):
 
 
 def test_training_is_deterministic_and_learns_superwords(corpus, tok_dir, tmp_path):
-    cfg = TokenizerTrainConfig(inputs={k: [str(v)] for k, v in corpus.items()}, out_dir=str(tmp_path / "again"),
-                               vocab_size=1024, proportions={"bn": 0.6, "en": 0.4}, superword_share=0.2)
+    cfg = TokenizerTrainConfig(
+        inputs={k: [str(v)] for k, v in corpus.items()},
+        out_dir=str(tmp_path / "again"),
+        vocab_size=1024,
+        proportions={"bn": 0.6, "en": 0.4},
+        superword_share=0.2,
+    )
     assert tokenizer_sha256(train_tokenizer(cfg)) == tokenizer_sha256(tok_dir)
     vocab = load_tokenizer(tok_dir).get_vocab()
     multi = [t for t in vocab if " " in t.strip() and not t.startswith("<")]
@@ -162,12 +200,14 @@ def test_superwords_only_join_stage1_tokens(corpus, heldout):
     """The phrase pre-tokeniser + appended stage-2 merges must coarsen stage 1's segmentation, never change it."""
     from prodip.tokenizer.bpe import SPECIAL_TOKENS, train_from_iterator
     from prodip.tokenizer.corpus import expand_inputs, iter_language
+
     files = expand_inputs({k: [str(v)] for k, v in corpus.items()})
 
     def texts():
         for lang, fs in files.items():
             for _, _, doc in iter_language(fs, lang):
                 yield doc
+
     vocab, share = 1024, 0.2
     n_super = int(share * (vocab - 256 - len(SPECIAL_TOKENS)))
     final = train_from_iterator(texts, vocab_size=vocab, superword_share=share)
@@ -185,10 +225,14 @@ def test_training_twice_gives_the_same_tokenizer_when_the_alphabet_is_cut(tmp_pa
     characters survived at random and two trainings on the same text differed (tokenizer sha,
     shard checks, test fixtures). bpe.top_characters fixes the cut."""
     from prodip.tokenizer.bpe import top_characters, train_tokenizer_from_texts
-    texts = {"bn": ["আমার সোনার বাংলা আমি তোমায় ভালোবাসি। " * 3, "ঋ ঌ ৠ ৡ ঽ ৎ ৺ ৻ ৼ"],
-             "en": ["the quick brown fox jumps over the lazy dog " * 3, "é è ê ë ï î ô û ù ç ß ø å"]}
-    shas = {(train_tokenizer_from_texts(texts, 280, tmp_path / f"t{i}") / "tokenizer.json").read_bytes()
-            for i in range(4)}
+
+    texts = {
+        "bn": ["আমার সোনার বাংলা আমি তোমায় ভালোবাসি। " * 3, "ঋ ঌ ৠ ৡ ঽ ৎ ৺ ৻ ৼ"],
+        "en": ["the quick brown fox jumps over the lazy dog " * 3, "é è ê ë ï î ô û ù ç ß ø å"],
+    }
+    shas = {
+        (train_tokenizer_from_texts(texts, 280, tmp_path / f"t{i}") / "tokenizer.json").read_bytes() for i in range(4)
+    }
     assert len(shas) == 1
     assert top_characters(lambda: iter(["bba", "ca"]), 2) == ["a", "b"]  # count, then code point
     assert top_characters(lambda: iter(["bba", "ca"]), 3) is None  # nothing cut

@@ -14,8 +14,9 @@ from prodip.tokenizer.corpus import iter_documents
 
 
 def _cfg(tmp_path, path, **kw) -> TokenizerTrainConfig:
-    return TokenizerTrainConfig(**{"inputs": {"bn": [str(path)]}, "out_dir": str(tmp_path / "out"),
-                                   "vocab_size": 300, **kw})
+    return TokenizerTrainConfig(
+        **{"inputs": {"bn": [str(path)]}, "out_dir": str(tmp_path / "out"), "vocab_size": 300, **kw}
+    )
 
 
 def test_plain_text_named_gz_is_a_named_value_error(tmp_path):
@@ -62,20 +63,32 @@ def test_short_vocabulary_warns_and_records_real_size(tmp_path, caplog):
 def test_language_tag_that_is_not_a_plain_code_is_refused(tmp_path, tok_dir, lang):
     """A language tag names shard folders: '../x' once wrote shards outside --out-dir."""
     from prodip.tokenizer.encode import DataPrepareConfig, prepare_shards
+
     text = tmp_path / "t.txt"
     text.write_text("আমার সোনার বাংলা\n\nhello world\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"language tag .* is not a plain code"):
-        train_tokenizer(TokenizerTrainConfig(inputs={lang: [str(text)]}, out_dir=str(tmp_path / "tok"),
-                                             vocab_size=300))
+        train_tokenizer(TokenizerTrainConfig(inputs={lang: [str(text)]}, out_dir=str(tmp_path / "tok"), vocab_size=300))
     assert not (tmp_path / "tok").exists()
     with pytest.raises(ValueError, match=r"language tag .* is not a plain code"):
-        prepare_shards(DataPrepareConfig(inputs={lang: [str(text)]}, tokenizer_dir=str(tok_dir),
-                                          out_dir=str(tmp_path / "shards" / "out"), progress=False))
+        prepare_shards(
+            DataPrepareConfig(
+                inputs={lang: [str(text)]},
+                tokenizer_dir=str(tok_dir),
+                out_dir=str(tmp_path / "shards" / "out"),
+                progress=False,
+            )
+        )
     assert not (tmp_path / "shards").exists() and not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("kw, match", [({"sample_chars": 0}, "sample_chars"), ({"superword_share": 1.0}, "superword_share"),
-                                       ({"min_frequency": 0}, "min_frequency")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"sample_chars": 0}, "sample_chars"),
+        ({"superword_share": 1.0}, "superword_share"),
+        ({"min_frequency": 0}, "min_frequency"),
+    ],
+)
 def test_settings_that_cannot_train_are_refused_before_reading(tmp_path, kw, match):
     missing = tmp_path / "not-read.txt"  # never opened: the settings are checked first
     with pytest.raises(ValueError, match=match):

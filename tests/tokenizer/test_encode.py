@@ -17,8 +17,15 @@ from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
 
 
 def _cfg(corpus, tok_dir, out, **kw):
-    return DataPrepareConfig(tokenizer_dir=str(tok_dir), inputs={k: [str(v)] for k, v in corpus.items()},
-                             out_dir=str(out), doc_chars=3000, val_fraction=0.1, progress=False, **kw)
+    return DataPrepareConfig(
+        tokenizer_dir=str(tok_dir),
+        inputs={k: [str(v)] for k, v in corpus.items()},
+        out_dir=str(out),
+        doc_chars=3000,
+        val_fraction=0.1,
+        progress=False,
+        **kw,
+    )
 
 
 def _docs(tok, shards_dir, lang, split):
@@ -42,8 +49,9 @@ def test_shards_hold_exactly_the_documents(corpus, tok_dir, tmp_path):
         assert len(val) >= 1 and len(train) > len(val)
         info = meta["languages"][lang]
         assert info["documents"] == {"train": len(train), "val": len(val)}
-        assert sum(e["n_tokens"] for e in info["train"]) == sum(read_shard(p).size
-                                                              for p in shard_paths(out, lang, "train"))
+        assert sum(e["n_tokens"] for e in info["train"]) == sum(
+            read_shard(p).size for p in shard_paths(out, lang, "train")
+        )
 
 
 def test_split_is_deterministic_and_seeded(corpus, tok_dir, tmp_path):
@@ -55,16 +63,19 @@ def test_split_is_deterministic_and_seeded(corpus, tok_dir, tmp_path):
         vb = np.concatenate([np.asarray(read_shard(p)) for p in shard_paths(b, lang, "val")])
         np.testing.assert_array_equal(va, vb)
     assert len(shard_paths(b, "en", "train")) > 1  # shard_tokens respected
-    assert any(not np.array_equal(read_shard(shard_paths(a, lang, "val")[0]),
-                                  read_shard(shard_paths(c, lang, "val")[0])) for lang in ("bn", "en"))
+    assert any(
+        not np.array_equal(read_shard(shard_paths(a, lang, "val")[0]), read_shard(shard_paths(c, lang, "val")[0]))
+        for lang in ("bn", "en")
+    )
 
 
 def test_bad_input_leaves_nothing(corpus, tok_dir, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "x.txt").write_bytes(b"hello\nworld \xc3\x28 again\n")
-    cfg = DataPrepareConfig(tokenizer_dir=str(tok_dir), inputs={"en": [str(bad)]}, out_dir=str(tmp_path / "out"),
-                            progress=False)
+    cfg = DataPrepareConfig(
+        tokenizer_dir=str(tok_dir), inputs={"en": [str(bad)]}, out_dir=str(tmp_path / "out"), progress=False
+    )
     with pytest.raises(ValueError, match=r"x.txt: invalid UTF-8 at byte offset 12"):
         prepare_shards(cfg)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp*"))
@@ -77,8 +88,18 @@ def test_bad_input_leaves_nothing(corpus, tok_dir, tmp_path):
 
 def test_cli_prepare_and_errors(corpus, tok_dir, tmp_path, capsys):
     out = tmp_path / "cli"
-    args = ["data", "prepare", "--tokenizer-dir", str(tok_dir), "--inputs", f"bn={corpus['bn']},en={corpus['en']}",
-            "--out-dir", str(out), "--progress", "false"]
+    args = [
+        "data",
+        "prepare",
+        "--tokenizer-dir",
+        str(tok_dir),
+        "--inputs",
+        f"bn={corpus['bn']},en={corpus['en']}",
+        "--out-dir",
+        str(out),
+        "--progress",
+        "false",
+    ]
     assert prodip_main(args) == 0
     assert "MB/s" in capsys.readouterr().out and (out / "data_config.toml").is_file()
     assert prodip_main(args) == 2  # refuses to overwrite
@@ -89,9 +110,26 @@ def test_cli_prepare_and_errors(corpus, tok_dir, tmp_path, capsys):
 
 def test_python_m_tokenizer_entry_point(corpus, tmp_path, capsys):
     from prodip.tokenizer.__main__ import main
+
     out = tmp_path / "tok"
-    assert main(["train", "--inputs", f"en={corpus['en']}", "--vocab-size", "300", "--out-dir", str(out),
-                 "--superword-share", "0", "--progress", "false"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--inputs",
+                f"en={corpus['en']}",
+                "--vocab-size",
+                "300",
+                "--out-dir",
+                str(out),
+                "--superword-share",
+                "0",
+                "--progress",
+                "false",
+            ]
+        )
+        == 0
+    )
     assert (out / "train_config.toml").is_file() and (out / "special_tokens_map.json").is_file()
     assert main(["train", "--inputs", f"en={corpus['en']}", "--vocab-size", "300", "--out-dir", str(out)]) == 2
     assert "already holds a tokenizer" in capsys.readouterr().err

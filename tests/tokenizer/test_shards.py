@@ -47,9 +47,16 @@ def test_refuses_bad_shards(tmp_path):
 def test_meta_and_paths(tmp_path):
     (tmp_path / "bn").mkdir()
     shards.write_shard(tmp_path / "bn/train_000000.bin", [5, 2], "uint16")
-    shards.write_meta(tmp_path, {"tokenizer_sha256": "ab" * 32, "vocab_size": 100, "token_dtype": "uint16",
-                                 "eos_id": 2, "languages": {"bn": {"train": [{"file": "bn/train_000000.bin",
-                                                                             "n_tokens": 2}], "val": []}}})
+    shards.write_meta(
+        tmp_path,
+        {
+            "tokenizer_sha256": "ab" * 32,
+            "vocab_size": 100,
+            "token_dtype": "uint16",
+            "eos_id": 2,
+            "languages": {"bn": {"train": [{"file": "bn/train_000000.bin", "n_tokens": 2}], "val": []}},
+        },
+    )
     meta = shards.load_meta(tmp_path, expected_tokenizer_sha256="ab" * 32)
     assert meta["format_version"] == 1
     assert shards.shard_paths(tmp_path, "bn", "train") == [tmp_path / "bn/train_000000.bin"]

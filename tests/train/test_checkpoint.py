@@ -22,8 +22,14 @@ def _model(cfg, seed=0):
 def test_round_trip_identical_logits(tmp_path, tiny_tokenizer_dir, tiny_model_config, tiny_tied_config, tied):
     cfg = tiny_tied_config if tied else tiny_model_config
     model = _model(cfg)
-    step_dir = ck.save_checkpoint(tmp_path / "checkpoints", step=5, model=model, model_config=cfg,
-                                  tokenizer_dir=tiny_tokenizer_dir, tokens_seen=123)
+    step_dir = ck.save_checkpoint(
+        tmp_path / "checkpoints",
+        step=5,
+        model=model,
+        model_config=cfg,
+        tokenizer_dir=tiny_tokenizer_dir,
+        tokens_seen=123,
+    )
     assert step_dir.name == "step_0000005"
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_0000005"
     with safe_open(str(step_dir / "model.safetensors"), framework="pt") as fh:
@@ -34,16 +40,22 @@ def test_round_trip_identical_logits(tmp_path, tiny_tokenizer_dir, tiny_model_co
         loaded, lcfg, info = ck.load_model(where)
         assert lcfg == cfg and info["step"] == 5 and info["checkpoint_dir"] == step_dir
     assert info["model_sha256"] == ck.model_sha256(tmp_path) == ck.file_sha256(step_dir / "model.safetensors")
-    assert (info["tokenizer_dir"] / "tokenizer.json").read_bytes() == \
-        (tiny_tokenizer_dir / "tokenizer.json").read_bytes()
+    assert (info["tokenizer_dir"] / "tokenizer.json").read_bytes() == (
+        tiny_tokenizer_dir / "tokenizer.json"
+    ).read_bytes()
     if tied:
         assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
     manifest = json.loads((step_dir / "manifest.json").read_text())
-    assert set(manifest["files"]) >= {"model.safetensors", "config.json", "trainer_state.json",
-                                      "tokenizer/tokenizer.json", "rng.safetensors"}
+    assert set(manifest["files"]) >= {
+        "model.safetensors",
+        "config.json",
+        "trainer_state.json",
+        "tokenizer/tokenizer.json",
+        "rng.safetensors",
+    }
 
 
 def test_compiled_and_ddp_prefixes_removed(tiny_model_config):
@@ -57,16 +69,27 @@ def test_compiled_and_ddp_prefixes_removed(tiny_model_config):
 def test_keep_last_and_latest(tmp_path, tiny_tokenizer_dir, tiny_model_config):
     model = _model(tiny_model_config)
     for step in (1, 2, 3, 4):
-        ck.save_checkpoint(tmp_path, step=step, model=model, model_config=tiny_model_config,
-                           tokenizer_dir=tiny_tokenizer_dir, keep_last=2)
+        ck.save_checkpoint(
+            tmp_path,
+            step=step,
+            model=model,
+            model_config=tiny_model_config,
+            tokenizer_dir=tiny_tokenizer_dir,
+            keep_last=2,
+        )
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["latest", "step_0000003", "step_0000004"]
     assert ck.resolve_checkpoint(tmp_path).name == "step_0000004"
 
 
 def test_tampered_file_named(tmp_path, tiny_tokenizer_dir, tiny_model_config):
-    step_dir = ck.save_checkpoint(tmp_path, step=1, model=_model(tiny_model_config),
-                                  model_config=tiny_model_config, tokenizer_dir=tiny_tokenizer_dir)
+    step_dir = ck.save_checkpoint(
+        tmp_path,
+        step=1,
+        model=_model(tiny_model_config),
+        model_config=tiny_model_config,
+        tokenizer_dir=tiny_tokenizer_dir,
+    )
     path = step_dir / "model.safetensors"
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
@@ -86,8 +109,13 @@ def _rewrite_model(step_dir, tensors):
 
 @pytest.mark.parametrize("defect", ["shape", "missing", "extra"])
 def test_wrong_tensors_named(tmp_path, tiny_tokenizer_dir, tiny_model_config, defect):
-    step_dir = ck.save_checkpoint(tmp_path, step=1, model=_model(tiny_model_config),
-                                  model_config=tiny_model_config, tokenizer_dir=tiny_tokenizer_dir)
+    step_dir = ck.save_checkpoint(
+        tmp_path,
+        step=1,
+        model=_model(tiny_model_config),
+        model_config=tiny_model_config,
+        tokenizer_dir=tiny_tokenizer_dir,
+    )
     tensors = load_file(str(step_dir / "model.safetensors"))
     key = "model.layers.1.mlp.up_proj.weight"
     if defect == "shape":
@@ -105,8 +133,13 @@ def test_wrong_tensors_named(tmp_path, tiny_tokenizer_dir, tiny_model_config, de
 
 
 def test_foreign_file_and_missing(tmp_path, tiny_tokenizer_dir, tiny_model_config):
-    step_dir = ck.save_checkpoint(tmp_path, step=1, model=_model(tiny_model_config),
-                                  model_config=tiny_model_config, tokenizer_dir=tiny_tokenizer_dir)
+    step_dir = ck.save_checkpoint(
+        tmp_path,
+        step=1,
+        model=_model(tiny_model_config),
+        model_config=tiny_model_config,
+        tokenizer_dir=tiny_tokenizer_dir,
+    )
     (step_dir / "evil.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match="evil.bin: not listed"):
         ck.load_model(step_dir)
@@ -125,8 +158,15 @@ def test_optimizer_state_round_trip(tmp_path, tiny_tokenizer_dir, tiny_model_con
         model(torch.randint(0, 320, (2, 8))).float().mean().backward()
         opt.step()
         opt.zero_grad()
-    ck.save_checkpoint(tmp_path, step=2, model=model, model_config=tiny_model_config,
-                       tokenizer_dir=tiny_tokenizer_dir, optimizer=opt, data_state={"pos": 7})
+    ck.save_checkpoint(
+        tmp_path,
+        step=2,
+        model=model,
+        model_config=tiny_model_config,
+        tokenizer_dir=tiny_tokenizer_dir,
+        optimizer=opt,
+        data_state={"pos": 7},
+    )
     model2 = _model(tiny_model_config, seed=1)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
     state = ck.load_training_state(tmp_path, model2, opt2)

@@ -18,8 +18,8 @@ def test_batches_are_shifted_stream_windows(tiny_shards_dir):
         assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
         for j in range(3):
             start = (k * 3 + j) * 16
-            assert x[j].tolist() == stream[start:start + 16].tolist()
-            assert y[j].tolist() == stream[start + 1:start + 17].tolist()
+            assert x[j].tolist() == stream[start : start + 16].tolist()
+            assert y[j].tolist() == stream[start + 1 : start + 17].tolist()
 
 
 def test_wraps_around_end(tiny_shards_dir):
@@ -28,7 +28,7 @@ def test_wraps_around_end(tiny_shards_dir):
     data.positions["en"] = n - 5
     x, _ = data.next_batch()
     stream = np.asarray(read_shard(tiny_shards_dir / "en/train_000000.bin"), dtype=np.int64)
-    assert x[0].tolist() == stream[n - 5:].tolist() + stream[:11].tolist()
+    assert x[0].tolist() == stream[n - 5 :].tolist() + stream[:11].tolist()
     assert data.epochs()["en"] > 1.0
 
 
@@ -57,8 +57,9 @@ def test_resume_continues_exact_stream(tiny_shards_dir):
 
 def test_ranks_split_the_global_batch(tiny_shards_dir):
     whole = MixtureBatches(tiny_shards_dir, {"bn": 0.6, "en": 0.4}, 6, 8, seed=1)
-    ranks = [MixtureBatches(tiny_shards_dir, {"bn": 0.6, "en": 0.4}, 3, 8, seed=1, rank=r, world_size=2)
-             for r in range(2)]
+    ranks = [
+        MixtureBatches(tiny_shards_dir, {"bn": 0.6, "en": 0.4}, 3, 8, seed=1, rank=r, world_size=2) for r in range(2)
+    ]
     for _ in range(3):
         x, _ = whole.next_batch()
         parts = [r.next_batch()[0] for r in ranks]

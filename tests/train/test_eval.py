@@ -25,10 +25,18 @@ from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
 
 DOCS = {
-    "bn": ["আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।", "চিরদিন তোমার আকাশ, তোমার বাতাস, আমার প্রাণে বাজায় বাঁশি।",
-           "ওগো মা, তোমার কোলে জনম আমার, মরণ তোমার বুকে।", "রবীন্দ্রনাথ ঠাকুর বাংলা ভাষার কবি।"],
-    "en": ["The quick brown fox jumps over the lazy dog.", "A stitch in time saves nine.",
-           "All that glitters is not gold; the early bird catches the worm.", "Rome was not built in a day."],
+    "bn": [
+        "আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।",
+        "চিরদিন তোমার আকাশ, তোমার বাতাস, আমার প্রাণে বাজায় বাঁশি।",
+        "ওগো মা, তোমার কোলে জনম আমার, মরণ তোমার বুকে।",
+        "রবীন্দ্রনাথ ঠাকুর বাংলা ভাষার কবি।",
+    ],
+    "en": [
+        "The quick brown fox jumps over the lazy dog.",
+        "A stitch in time saves nine.",
+        "All that glitters is not gold; the early bird catches the worm.",
+        "Rome was not built in a day.",
+    ],
 }
 EOS = 2
 
@@ -58,20 +66,39 @@ def eval_env(tmp_path_factory, tiny_tokenizer_dir):
         (shards / lang).mkdir(parents=True)
         write_shard(shards / lang / "val_000000.bin", stream, "uint16")
         write_shard(shards / lang / "train_000000.bin", stream, "uint16")
-        langs[lang] = {split: [{"file": f"{lang}/{split}_000000.bin", "n_tokens": len(stream)}]
-                       for split in ("train", "val")}
-    write_meta(shards, {"tokenizer_sha256": tokenizer_sha256(tiny_tokenizer_dir), "vocab_size": vocab,
-                        "token_dtype": "uint16", "bos_id": 1, "eos_id": 2, "pad_id": 0, "languages": langs})
-    cfg = ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      initializer_range=0.002, tie_word_embeddings=True)
+        langs[lang] = {
+            split: [{"file": f"{lang}/{split}_000000.bin", "n_tokens": len(stream)}] for split in ("train", "val")
+        }
+    write_meta(
+        shards,
+        {
+            "tokenizer_sha256": tokenizer_sha256(tiny_tokenizer_dir),
+            "vocab_size": vocab,
+            "token_dtype": "uint16",
+            "bos_id": 1,
+            "eos_id": 2,
+            "pad_id": 0,
+            "languages": langs,
+        },
+    )
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.002,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     data = torch.from_numpy(np.concatenate([_encode_stream(tok, d, 6) for d in DOCS.values()]))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     for step in range(20):  # a little training: the checkpoint must beat its random twin
         starts = torch.randint(0, len(data) - 33, (8,), generator=torch.Generator().manual_seed(step))
-        rows = torch.stack([data[s:s + 33] for s in starts])
+        rows = torch.stack([data[s : s + 33] for s in starts])
         loss = F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten())
         opt.zero_grad()
         loss.backward()
@@ -108,8 +135,7 @@ def test_bits_per_char_known_answer(eval_env) -> None:
         assert row["chars"] == len(text.rstrip("\ufffd")) + ("\ufffd" in text[-1:])
         for name in ("trained", "random_init"):
             m = row[name]
-            assert m["bits_per_char"] == pytest.approx(m["nll_nats_total"] / math.log(2) / row["chars"],
-                                                       rel=1e-12)
+            assert m["bits_per_char"] == pytest.approx(m["nll_nats_total"] / math.log(2) / row["chars"], rel=1e-12)
             assert m["nll_nats_per_token"] == pytest.approx(m["nll_nats_total"] / 300, rel=1e-12)
         # the trained model beats the random twin, whose NLL is ln V for init std 0.002
         assert row["random_init"]["nll_nats_per_token"] == pytest.approx(math.log(vocab), abs=0.01)
@@ -129,7 +155,7 @@ def test_batched_nll_equals_plain_window_loop(eval_env) -> None:
     total = 0.0
     with torch.no_grad():
         for s in range(0, 300, 64):  # 4 full windows of 64 + a tail of 44, one at a time
-            x = stream[s:min(s + 65, 301)]
+            x = stream[s : min(s + 65, 301)]
             total += F.cross_entropy(model(x[None, :-1])[0], x[1:], reduction="sum").item()
     assert result["languages"]["bn"]["trained"]["nll_nats_total"] == pytest.approx(total, rel=1e-5)
 
@@ -144,11 +170,20 @@ def test_random_twin_depends_on_seed_only(eval_env) -> None:
 
 # ---- multiple choice ---------------------------------------------------------------------------
 
+
 def _uniform_model(vocab: int) -> LlamaForCausalLM:
     """lm_head = 0: every next-token distribution is uniform, log p = -ln V exactly."""
-    model = LlamaForCausalLM(ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=64))
+    model = LlamaForCausalLM(
+        ModelConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    )
     with torch.no_grad():
         model.lm_head.weight.zero_()
     return model.eval()
@@ -179,15 +214,18 @@ def test_continuation_logprobs_closed_form() -> None:
     # truncation from the left keeps the continuation scored in full
     long_ctx = ([2] + [11] * 100, [5])
     assert ev.continuation_logprobs(model, [long_ctx], torch.device("cpu"), max_len=64) == pytest.approx(
-        [c - log_z], abs=1e-4)
+        [c - log_z], abs=1e-4
+    )
 
 
 def test_mc_accuracy_known_answer(eval_env, tmp_path) -> None:
     _, _, tok, vocab = eval_env
     model = _uniform_model(vocab)  # log-likelihood = -n_tokens * ln V
-    items = [{"context": "Q: ", "choices": ["the lazy dog", "ab", "আমার সোনার বাংলা"], "answer": 0},
-             {"context": "Q: ", "choices": ["Rome", "zq"], "answer": 1},
-             {"context": "Q: ", "choices": ["gold", "zq"], "answer": 0}]
+    items = [
+        {"context": "Q: ", "choices": ["the lazy dog", "ab", "আমার সোনার বাংলা"], "answer": 0},
+        {"context": "Q: ", "choices": ["Rome", "zq"], "answer": 1},
+        {"context": "Q: ", "choices": ["gold", "zq"], "answer": 0},
+    ]
     n_tok = lambda ctx, ch: len(ev.encode_choice(tok, ctx, ch, EOS)[1])  # noqa: E731
     exp_acc = exp_norm = 0
     for it in items:
@@ -196,15 +234,21 @@ def test_mc_accuracy_known_answer(eval_env, tmp_path) -> None:
         exp_acc += int(int(np.argmax(ll)) == it["answer"])  # np.argmax: first maximum, like score_mc
         exp_norm += int(int(np.argmax(norm)) == it["answer"])
     got = ev.score_mc(model, tok, items, torch.device("cpu"), max_len=64, prefix_id=EOS)
-    assert got == {"n_items": 3, "acc": exp_acc / 3, "acc_norm": exp_norm / 3,
-                   "chance": pytest.approx((1 / 3 + 1 / 2 + 1 / 2) / 3)}
+    assert got == {
+        "n_items": 3,
+        "acc": exp_acc / 3,
+        "acc_norm": exp_norm / 3,
+        "chance": pytest.approx((1 / 3 + 1 / 2 + 1 / 2) / 3),
+    }
     assert got["acc"] != got["acc_norm"]  # the two criteria really differ on these items
 
 
 def test_mc_favoured_answer_is_picked(eval_env) -> None:
     _, _, tok, vocab = eval_env
-    items = [{"context": "x: ", "choices": ["dog", "আমার"], "answer": 1},
-             {"context": "x: ", "choices": ["আমার", "fox"], "answer": 0}]
+    items = [
+        {"context": "x: ", "choices": ["dog", "আমার"], "answer": 1},
+        {"context": "x: ", "choices": ["আমার", "fox"], "answer": 0},
+    ]
     favoured = sorted(set(ev.encode_choice(tok, "x: ", "আমার", EOS)[1]))
     others = set(ev.encode_choice(tok, "x: ", "dog", EOS)[1]) | set(ev.encode_choice(tok, "x: ", "fox", EOS)[1])
     assert not others & set(favoured)
@@ -215,13 +259,19 @@ def test_mc_favoured_answer_is_picked(eval_env) -> None:
 
 def test_read_mc_validates_and_accepts_hellaswag(tmp_path) -> None:
     good = tmp_path / "mc.jsonl"
-    good.write_text(json.dumps({"context": "a", "choices": ["b", "c"], "answer": 1}) + "\n\n"
-                    + json.dumps({"ctx": "A man", "endings": ["runs.", "sits."], "label": 0}) + "\n")
+    good.write_text(
+        json.dumps({"context": "a", "choices": ["b", "c"], "answer": 1})
+        + "\n\n"
+        + json.dumps({"ctx": "A man", "endings": ["runs.", "sits."], "label": 0})
+        + "\n"
+    )
     items = ev.read_mc(good)
     assert items[1] == {"context": "A man", "choices": [" runs.", " sits."], "answer": 0}
-    for line, match in [("{bad", r"mc\.jsonl:1: not valid JSON"),
-                        (json.dumps({"context": "a", "choices": ["b", "c"], "answer": 2}), "answer"),
-                        (json.dumps({"context": "a", "choices": ["b"], "answer": 0}), "choices")]:
+    for line, match in [
+        ("{bad", r"mc\.jsonl:1: not valid JSON"),
+        (json.dumps({"context": "a", "choices": ["b", "c"], "answer": 2}), "answer"),
+        (json.dumps({"context": "a", "choices": ["b"], "answer": 0}), "choices"),
+    ]:
         (tmp_path / "mc.jsonl").write_text(line + "\n")
         with pytest.raises(ValueError, match=match):
             ev.read_mc(tmp_path / "mc.jsonl")
@@ -230,6 +280,7 @@ def test_read_mc_validates_and_accepts_hellaswag(tmp_path) -> None:
 
 
 # ---- errors and the command line ----------------------------------------------------------------
+
 
 def test_bad_inputs_are_refused(eval_env, tmp_path) -> None:
     with pytest.raises(ValueError, match="seq_len=512 exceeds"):
@@ -258,8 +309,21 @@ def test_prodip_eval_command(eval_env, tmp_path, capsys) -> None:
     toml = tmp_path / "eval.toml"
     toml.write_text(f'[eval]\nshards_dir = "{shards}"\neval_tokens = 100\nseq_len = 32\n')
     out = tmp_path / "e.json"
-    rc = main(["eval", "--config", str(toml), "--checkpoint", str(run), "--mc", str(mc),
-               "--out", str(out), "--batch-size", "2"])
+    rc = main(
+        [
+            "eval",
+            "--config",
+            str(toml),
+            "--checkpoint",
+            str(run),
+            "--mc",
+            str(mc),
+            "--out",
+            str(out),
+            "--batch-size",
+            "2",
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0 and "bits/char" in printed and "multiple choice (1 items" in printed
     result = json.loads(out.read_text())
@@ -291,5 +355,6 @@ def test_language_without_validation_tokens_is_skipped(eval_env, tmp_path) -> No
 
 def test_conflicting_mc_files_are_refused(tmp_path, capsys):
     from prodip.cli import main
+
     assert main(["eval", "--mc", str(tmp_path / "a.jsonl"), "--mc-file", str(tmp_path / "b.jsonl")]) == 2
     assert "two multiple-choice files given" in capsys.readouterr().err

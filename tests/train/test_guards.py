@@ -24,9 +24,16 @@ V = 64
 
 def tiny_model(*, tied: bool = False, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=tied)
+    cfg = ModelConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -38,8 +45,7 @@ def adamw(model: torch.nn.Module, lr: float = 1e-3) -> torch.optim.AdamW:
     """The trainer's grouping: weight decay on 2-D weights only."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
 
 
 def step_fn_for(tokens: torch.Tensor):
@@ -49,10 +55,12 @@ def step_fn_for(tokens: torch.Tensor):
         optimizer.zero_grad(set_to_none=True)
         loss_fn(model).backward()
         optimizer.step()
+
     return step
 
 
 # ---- healthy model: every guard passes --------------------------------------------------------
+
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_healthy_model_passes_gradient_flow(tied: bool) -> None:
@@ -71,13 +79,15 @@ def test_gradient_flow_keeps_caller_grads_and_rng() -> None:
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    guards.check_gradient_flow(model, lambda m: guards.causal_lm_loss_fn(
-        torch.randint(0, V, (2, 9)))(m))  # loss_fn that consumes RNG
+    guards.check_gradient_flow(
+        model, lambda m: guards.causal_lm_loss_fn(torch.randint(0, V, (2, 9)))(m)
+    )  # loss_fn that consumes RNG
     assert torch.equal(torch.rand(3), expected)
     assert model.lm_head.weight.grad is marker
 
 
 # ---- planted defect 1: fused op whose output is detached from the graph ---------------------
+
 
 class _FusedSwiGLUNoGrad(torch.nn.Module):
     """A 'fused kernel' computed outside autograd (like a custom op registered without backward)."""
@@ -114,8 +124,9 @@ def test_detached_fused_op_is_caught() -> None:
     problems = err.value.report.problems
     # names are clean module paths (the wrapper adds ".inner"), every MLP weight of layer 0 named
     # the norm feeding only the MLP loses its gradient too: the arbiter names it as well
-    assert set(problems) == {f"model.layers.0.mlp.inner.{n}_proj.weight" for n in ("gate", "up", "down")
-                             } | {"model.layers.0.post_attention_layernorm.weight"}
+    assert set(problems) == {f"model.layers.0.mlp.inner.{n}_proj.weight" for n in ("gate", "up", "down")} | {
+        "model.layers.0.post_attention_layernorm.weight"
+    }
     assert all(why.startswith(("no gradient", "zero gradient")) for why in problems.values())
     assert "model.layers.0.mlp.inner.gate_proj.weight" in str(err.value)
 
@@ -143,12 +154,14 @@ def test_zero_gradient_is_caught() -> None:
     with pytest.raises(GuardError) as err:
         guards.check_gradient_flow(model, guards.causal_lm_loss_fn(batch()))
     problems = err.value.report.problems
-    assert set(problems) == {f"model.layers.1.mlp.{n}_proj.weight" for n in ("gate", "up", "down")
-                             } | {"model.layers.1.post_attention_layernorm.weight"}
+    assert set(problems) == {f"model.layers.1.mlp.{n}_proj.weight" for n in ("gate", "up", "down")} | {
+        "model.layers.1.post_attention_layernorm.weight"
+    }
     assert all(why.startswith("zero gradient") for why in problems.values())
 
 
 # ---- planted defect 2: a frozen layer ---------------------------------------------------------
+
 
 def test_frozen_layer_is_caught_unless_declared() -> None:
     model = tiny_model()
@@ -158,12 +171,12 @@ def test_frozen_layer_is_caught_unless_declared() -> None:
     problems = err.value.report.problems
     assert len(problems) == 9 and all(n.startswith("model.layers.1.") for n in problems)
     assert all("frozen" in why for why in problems.values())
-    report = guards.check_gradient_flow(model, guards.causal_lm_loss_fn(batch()),
-                                        frozen_ok=["model.layers.1.*"])
+    report = guards.check_gradient_flow(model, guards.causal_lm_loss_fn(batch()), frozen_ok=["model.layers.1.*"])
     assert report.ok
 
 
 # ---- planted defect 3: a parameter left out of the optimizer ----------------------------------
+
 
 def test_parameter_left_out_of_optimizer_is_caught() -> None:
     model = tiny_model()
@@ -195,8 +208,7 @@ def test_update_flow_passes_and_restores_bitwise() -> None:
         opt = adamw(model)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 2))  # warmup from lr 0
         if check:
-            report = guards.check_update_flow(model, opt, step_fn_for(tokens[0]), scheduler=sched,
-                                              probe_lr=1e-3)
+            report = guards.check_update_flow(model, opt, step_fn_for(tokens[0]), scheduler=sched, probe_lr=1e-3)
             assert report.ok and report.restored
             assert min(report.max_abs_update.values()) > 0
         for t in tokens:
@@ -218,6 +230,7 @@ def test_update_flow_at_lr_zero_reports_unchanged() -> None:
 
 # ---- planted defect 4: a NaN-producing op ------------------------------------------------------
 
+
 def _plant_nan_backward(model: LlamaForCausalLM) -> None:
     """sqrt(x**2) is finite forward, NaN backward at x == 0 (0 * inf): a loss curve never shows it."""
     mlp = model.model.layers[0].mlp
@@ -228,6 +241,7 @@ def _plant_nan_backward(model: LlamaForCausalLM) -> None:
         mask[0] = 0.0  # e.g. a masked feature: an exact zero
         h = original(x) * mask
         return torch.sqrt(h * h)  # |h| written naively
+
     mlp.forward = forward
 
 
@@ -269,11 +283,13 @@ def test_check_finite_passes_on_finite_values() -> None:
 
 # ---- planted defect 5: accumulation without loss normalisation --------------------------------
 
+
 def _accumulate(tokens: torch.Tensor, micro: int, normalise: bool):
     def run(model):
         for chunk in tokens.chunk(micro):
             loss = guards.causal_lm_loss_fn(chunk)(model)
             (loss / micro if normalise else loss).backward()
+
     return run
 
 
@@ -299,6 +315,7 @@ def test_accumulation_without_normalisation_is_caught() -> None:
 
 # ---- wrappers: torch.compile and DDP ----------------------------------------------------------
 
+
 def test_clean_name_strips_wrapper_prefixes() -> None:
     assert guards.clean_name("module._orig_mod.model.norm.weight") == "model.norm.weight"
     assert guards.clean_name("_orig_mod.module.lm_head.weight") == "lm_head.weight"
@@ -313,8 +330,8 @@ def test_gradient_flow_after_torch_compile_names_clean_parameters() -> None:
     with pytest.raises(GuardError) as err:
         guards.check_gradient_flow(compiled, guards.causal_lm_loss_fn(batch()))
     assert set(err.value.report.problems) == {
-        f"model.layers.1.mlp.inner.{n}_proj.weight" for n in ("gate", "up", "down")} | {
-        "model.layers.1.post_attention_layernorm.weight"}
+        f"model.layers.1.mlp.inner.{n}_proj.weight" for n in ("gate", "up", "down")
+    } | {"model.layers.1.post_attention_layernorm.weight"}
 
 
 def test_guards_under_ddp_strip_module_prefix(tmp_path) -> None:
@@ -362,8 +379,16 @@ def test_trainer_train_step_accumulation_passes_the_guard() -> None:
     def run(micro: int):
         def fn(m):
             pairs = list(zip(x.chunk(micro), y.chunk(micro)))
-            loop.train_step(m, _GradCapture(m.parameters()), pairs, lr=0.0, grad_clip=0.0,
-                            device=torch.device("cpu"), autocast_dtype=None)
+            loop.train_step(
+                m,
+                _GradCapture(m.parameters()),
+                pairs,
+                lr=0.0,
+                grad_clip=0.0,
+                device=torch.device("cpu"),
+                autocast_dtype=None,
+            )
+
         return fn
 
     report = guards.check_accumulation(model, run(1), run(4))

@@ -1,6 +1,6 @@
 """Real processes: SIGKILL at random moments never leaves a bad `latest`; torchrun DDP on gloo.
 
-    python -m pytest tests/train/test_kill_ddp.py -q
+python -m pytest tests/train/test_kill_ddp.py -q
 """
 
 from __future__ import annotations
@@ -18,18 +18,27 @@ import torch
 from safetensors.torch import load_file
 
 from prodip.base.config import dump_toml
-from tests.train.conftest import tiny_config
 from prodip.train import checkpoint as ck
 from prodip.train.loop import build_optimizer
 from prodip.train.model import LlamaForCausalLM
 from prodip.train.trainer import TrainConfig, train
+from tests.fixtures import tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def _toml(path, tok, shards, out, **train_kw):
-    base = dict(shards_dir=str(shards), tokenizer_dir=str(tok), out_dir=str(out), batch_size=2, seq_len=16,
-                device="cpu", progress=False, lr=3e-3, warmup_steps=2)
+    base = dict(
+        shards_dir=str(shards),
+        tokenizer_dir=str(tok),
+        out_dir=str(out),
+        batch_size=2,
+        seq_len=16,
+        device="cpu",
+        progress=False,
+        lr=3e-3,
+        warmup_steps=2,
+    )
     base.update(train_kw)
     path.write_text(dump_toml({"model": tiny_config().to_dict(), "train": base}))
     return path
@@ -46,12 +55,19 @@ def _read(path):
 @pytest.mark.timeout(120)
 def test_sigkill_never_leaves_bad_latest(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     out = tmp_path / "run"
-    toml = _toml(tmp_path / "run.toml", tiny_tokenizer_dir, tiny_shards_dir, out, steps=100000,
-                 checkpoint_every_steps=1, keep_last=2)
+    toml = _toml(
+        tmp_path / "run.toml",
+        tiny_tokenizer_dir,
+        tiny_shards_dir,
+        out,
+        steps=100000,
+        checkpoint_every_steps=1,
+        keep_last=2,
+    )
     rng = random.Random(0)
     kills_after_a_checkpoint, last_step = 0, 0
-    for attempt in range(4):
-        cmd = [sys.executable, "-m", "train", "train", "--config", str(toml)]
+    for _attempt in range(4):
+        cmd = [sys.executable, "-m", "prodip.train", "train", "--config", str(toml)]
         if (out / "checkpoints" / "latest").exists():
             cmd.append("--resume")
         proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -66,8 +82,7 @@ def test_sigkill_never_leaves_bad_latest(tmp_path, tiny_tokenizer_dir, tiny_shar
         model, cfg, info = ck.load_model(out)  # what `latest` names must verify and load
         assert cfg == tiny_config() and all(torch.isfinite(p).all() for p in model.parameters())
         fresh = LlamaForCausalLM(cfg)
-        opt = build_optimizer(fresh, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8,
-                              device=torch.device("cpu"))
+        opt = build_optimizer(fresh, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, device=torch.device("cpu"))
         state = ck.load_training_state(out, fresh, opt)
         assert state["step"] == info["step"] >= last_step  # resumes never go backwards
         kills_after_a_checkpoint += info["step"] > last_step
@@ -83,14 +98,31 @@ def test_torchrun_ddp_matches_single_process(tmp_path, tiny_tokenizer_dir, tiny_
     # gloo ("terminate called without an active exception", exit -6; seen once in ~15 CI-like runs
     # before train.distributed.teardown freed the DDP wrapper and met at a barrier before destroying
     # the group). A second failure fails the test and shows both attempts.
-    flaky = ("EADDRINUSE", "address already in use", "DistNetworkError", "Connection reset", "rendezvous",
-             "terminate called without an active exception")
+    flaky = (
+        "EADDRINUSE",
+        "address already in use",
+        "DistNetworkError",
+        "Connection reset",
+        "rendezvous",
+        "terminate called without an active exception",
+    )
     errors = []
     for attempt in ("ddp", "ddp-retry"):
         run_dir = tmp_path / attempt
         toml = _toml(tmp_path / f"{attempt}.toml", tiny_tokenizer_dir, tiny_shards_dir, run_dir, **kw)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "train", "train", "--config", str(toml)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "prodip.train",
+            "train",
+            "--config",
+            str(toml),
+        ]
         res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=55)
         errors.append(f"--- {attempt}: exit {res.returncode}\n{res.stderr[-2500:]}")
         if res.returncode == 0 or not any(word in res.stderr for word in flaky):
@@ -100,9 +132,18 @@ def test_torchrun_ddp_matches_single_process(tmp_path, tiny_tokenizer_dir, tiny_
     state = json.loads((ddp_ckpt / "trainer_state.json").read_text())
     hashes = state["param_sha256_by_rank"]
     assert state["world_size"] == 2 and len(hashes) == 2 and hashes[0] == hashes[1]  # ranks identical
-    single = TrainConfig(shards_dir=str(tiny_shards_dir), tokenizer_dir=str(tiny_tokenizer_dir),
-                         out_dir=str(tmp_path / "single"), batch_size=4, seq_len=16, device="cpu",
-                         progress=False, lr=3e-3, warmup_steps=2, **kw)  # same global batch: 2 x 2
+    single = TrainConfig(
+        shards_dir=str(tiny_shards_dir),
+        tokenizer_dir=str(tiny_tokenizer_dir),
+        out_dir=str(tmp_path / "single"),
+        batch_size=4,
+        seq_len=16,
+        device="cpu",
+        progress=False,
+        lr=3e-3,
+        warmup_steps=2,
+        **kw,
+    )  # same global batch: 2 x 2
     single_dir = train(single, tiny_config())
     a = load_file(str(ddp_ckpt / "model.safetensors"))
     b = load_file(str(ck.resolve_checkpoint(single_dir) / "model.safetensors"))

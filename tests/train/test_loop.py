@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from tests.train.conftest import tiny_config
 from prodip.train.guards import NonFiniteError
 from prodip.train.loop import PEAK_BF16_FLOPS, build_optimizer, lr_at, param_groups, train_step
 from prodip.train.model import LlamaForCausalLM
+from tests.fixtures import tiny_config
 
 CPU = torch.device("cpu")
 
@@ -42,6 +42,7 @@ def _grads_after(micro_batches, seed=0):
 
     def capture(*_):  # read the accumulated gradients just before AdamW consumes them
         grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
+
     opt.register_step_pre_hook(capture)
     out = train_step(model, opt, micro_batches, lr=0.0, grad_clip=0.0, device=CPU, autocast_dtype=None)
     return out, grads
@@ -52,7 +53,7 @@ def test_accumulation_equals_big_batch():
     x = torch.randint(0, 320, (8, 16), generator=g)
     y = torch.randint(0, 320, (8, 16), generator=g)
     big, g_big = _grads_after([(x, y)])
-    acc, g_acc = _grads_after([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)])
+    acc, g_acc = _grads_after([(x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)])
     assert acc["loss"] == pytest.approx(big["loss"], rel=1e-6)
     assert acc["grad_norm"] == pytest.approx(big["grad_norm"], rel=1e-5)
     for name in g_big:
@@ -81,6 +82,7 @@ def test_peak_table_specific_first():
 
 def test_activation_checkpointing_same_grads_and_keys():
     from prodip.train.loop import enable_activation_checkpointing
+
     x = torch.randint(0, 320, (2, 16))
     grads = []
     for ac in (False, True):
@@ -105,6 +107,7 @@ def test_cuda_bf16_compiled_step_is_finite_and_fused():
     opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, device=device)
     assert all(g["fused"] for g in opt.param_groups)
     x = torch.randint(0, 320, (2, 16), device=device)
-    out = train_step(torch.compile(model), opt, [(x, x)], lr=1e-3, grad_clip=1.0, device=device,
-                     autocast_dtype=torch.bfloat16)
+    out = train_step(
+        torch.compile(model), opt, [(x, x)], lr=1e-3, grad_clip=1.0, device=device, autocast_dtype=torch.bfloat16
+    )
     assert math.isfinite(out["loss"]) and out["grad_norm"] > 0

@@ -32,10 +32,18 @@ MAX_POS = 512
 
 
 def tiny_config(*, kv_heads: int = 2, tied: bool = False, vocab: int = 97) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=kv_heads,
-                       max_position_embeddings=MAX_POS, rope_theta=10000.0,
-                       tie_word_embeddings=tied, initializer_range=0.2)
+    return ModelConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=MAX_POS,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+        initializer_range=0.2,
+    )
 
 
 def hf_twin(model: LlamaForCausalLM) -> torch.nn.Module:
@@ -51,8 +59,9 @@ def hf_twin(model: LlamaForCausalLM) -> torch.nn.Module:
     return hf
 
 
-def max_logit_diff(ours: LlamaForCausalLM, hf: torch.nn.Module, input_ids: torch.Tensor,
-                   position_ids: torch.Tensor | None = None) -> float:
+def max_logit_diff(
+    ours: LlamaForCausalLM, hf: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+) -> float:
     with torch.no_grad():
         a = ours(input_ids, position_ids=position_ids)
         b = hf(input_ids=input_ids, position_ids=position_ids).logits
@@ -94,7 +103,7 @@ def test_kv_cache_decode_equals_full_recompute() -> None:
         logits, cache = ours(ids[:, :5], use_cache=True)  # prefill 5 tokens
         steps = [logits]
         for t in range(5, 12):  # then one token at a time
-            logits, cache = ours(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            logits, cache = ours(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
             steps.append(logits)
     assert cache[0][0].shape == (2, 2, 12, 8)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
@@ -122,13 +131,13 @@ def test_left_padded_batch_equals_rows_alone() -> None:
     ids = torch.zeros(len(rows), T, dtype=torch.int64)
     mask = torch.zeros(len(rows), T, dtype=torch.int64)
     for i, r in enumerate(rows):
-        ids[i, T - len(r):], mask[i, T - len(r):] = r, 1
+        ids[i, T - len(r) :], mask[i, T - len(r) :] = r, 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # the ONNX contract's left-padding positions
     with torch.no_grad():
         batch = ours(ids, position_ids=pos, attention_mask=mask)
         for i, r in enumerate(rows):
             alone = ours(r[None])
-            torch.testing.assert_close(batch[i, T - len(r):], alone[0], atol=ATOL, rtol=0)
+            torch.testing.assert_close(batch[i, T - len(r) :], alone[0], atol=ATOL, rtol=0)
 
 
 def test_left_padded_cache_decode_equals_rows_alone() -> None:
@@ -140,7 +149,7 @@ def test_left_padded_cache_decode_equals_rows_alone() -> None:
     ids = torch.zeros(2, T, dtype=torch.int64)
     mask = torch.zeros(2, T, dtype=torch.int64)
     for i, r in enumerate(rows):
-        ids[i, T - len(r):], mask[i, T - len(r):] = r, 1
+        ids[i, T - len(r) :], mask[i, T - len(r) :] = r, 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         _, cache = ours(ids, position_ids=pos, attention_mask=mask, use_cache=True)
@@ -152,6 +161,7 @@ def test_left_padded_cache_decode_equals_rows_alone() -> None:
 
 
 # ---- planted defect: RoPE in the interleaved (GPT-J / Meta-checkpoint) layout ----------------
+
 
 def _interleaved_cos_sin(position_ids, head_dim, theta, dtype):
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
@@ -184,8 +194,9 @@ def test_interleaved_rope_is_caught_by_parity(monkeypatch: pytest.MonkeyPatch) -
     far_diff = max_logit_diff(ours, hf, ids, far)
     assert near > ATOL and far_diff > ATOL, (near, far_diff)  # the parity test fails on it
     with pytest.raises(AssertionError):
-        torch.testing.assert_close(ours(ids, position_ids=far),
-                                   hf(input_ids=ids, position_ids=far).logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            ours(ids, position_ids=far), hf(input_ids=ids, position_ids=far).logits, atol=ATOL, rtol=0
+        )
 
 
 def test_tied_weights_are_one_parameter() -> None:
@@ -208,6 +219,7 @@ def test_reset_parameters_seed_is_deterministic() -> None:
 
 # ---- cached RoPE tables == the from-scratch computation ---------------------------------------
 
+
 def _scratch_rope(self, x, position_ids=None, offset=0):
     """The pre-cache computation: rope_cos_sin of the positions on every forward."""
     B, T = x.shape[:2]
@@ -220,13 +232,15 @@ def _positions_cases(T: int = 10) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(8)
     mask = torch.ones(3, T, dtype=torch.int64)
     mask[0, :4], mask[1, :7] = 0, 0
-    return {"left_padded": (mask.cumsum(-1) - 1).clamp(min=0),
-            "random_non_contiguous": torch.randint(0, MAX_POS, (3, T), generator=g),
-            "descending": torch.arange(MAX_POS - 1, MAX_POS - 1 - T, -1).expand(3, T),
-            "last_in_table": torch.arange(MAX_POS - T, MAX_POS).expand(3, T),
-            "beyond_table": torch.arange(MAX_POS - 3, MAX_POS - 3 + T).expand(3, T),
-            "negative": torch.arange(-4, T - 4).expand(3, T),
-            "int32": torch.arange(5, 5 + T, dtype=torch.int32).expand(3, T)}
+    return {
+        "left_padded": (mask.cumsum(-1) - 1).clamp(min=0),
+        "random_non_contiguous": torch.randint(0, MAX_POS, (3, T), generator=g),
+        "descending": torch.arange(MAX_POS - 1, MAX_POS - 1 - T, -1).expand(3, T),
+        "last_in_table": torch.arange(MAX_POS - T, MAX_POS).expand(3, T),
+        "beyond_table": torch.arange(MAX_POS - 3, MAX_POS - 3 + T).expand(3, T),
+        "negative": torch.arange(-4, T - 4).expand(3, T),
+        "int32": torch.arange(5, 5 + T, dtype=torch.int32).expand(3, T),
+    }
 
 
 @pytest.mark.parametrize("case", list(_positions_cases()))
@@ -272,7 +286,7 @@ def test_rope_cache_matches_from_scratch_in_training_and_kv_decode() -> None:
             out, cache = ours(ids[:, :5], use_cache=True)
             steps = [out]
             for t in range(5, 12):
-                out, cache = ours(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+                out, cache = ours(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
                 steps.append(out)
         return logits, grads, torch.cat(steps, dim=1)
 
@@ -334,5 +348,4 @@ def test_rope_cache_under_torch_compile() -> None:
     pos = _positions_cases(12)["left_padded"][:2]
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids), ours(ids), atol=ATOL, rtol=0)
-        torch.testing.assert_close(compiled(ids, position_ids=pos), ours(ids, position_ids=pos),
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(compiled(ids, position_ids=pos), ours(ids, position_ids=pos), atol=ATOL, rtol=0)

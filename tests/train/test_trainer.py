@@ -10,16 +10,29 @@ import torch
 from safetensors.torch import load_file
 
 from prodip.cli import main as prodip_main
-from tests.train.conftest import make_shards, tiny_config
 from prodip.train import checkpoint as ck
 from prodip.train.guards import NonFiniteError
 from prodip.train.trainer import TrainConfig, run_training, train
+from tests.fixtures import make_shards, tiny_config
 
 
 def _cfg(tok, shards, out, **kw) -> TrainConfig:
-    base = dict(shards_dir=str(shards), tokenizer_dir=str(tok), out_dir=str(out), steps=8, batch_size=2,
-                seq_len=16, grad_accum_steps=2, lr=3e-3, min_lr=3e-4, warmup_steps=2,
-                checkpoint_every_steps=4, device="cpu", mixture={"bn": 0.6, "en": 0.4}, progress=False)
+    base = dict(
+        shards_dir=str(shards),
+        tokenizer_dir=str(tok),
+        out_dir=str(out),
+        steps=8,
+        batch_size=2,
+        seq_len=16,
+        grad_accum_steps=2,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup_steps=2,
+        checkpoint_every_steps=4,
+        device="cpu",
+        mixture={"bn": 0.6, "en": 0.4},
+        progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -64,15 +77,26 @@ def test_resume_with_changed_lr_warns_naming_it(tmp_path, tiny_tokenizer_dir, ti
 def test_guards_leave_no_trace(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     mcfg = tiny_config(tie_word_embeddings=True)
     on = run_training(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "on", steps=3), mcfg)["model"]
-    off = run_training(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "off", steps=3, guards=False),
-                       mcfg)["model"]
+    off = run_training(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "off", steps=3, guards=False), mcfg)[
+        "model"
+    ]
     for (name, p), q in zip(on.named_parameters(), off.parameters()):
         assert torch.equal(p, q), name
 
 
 def test_nan_stops_and_keeps_last_checkpoint(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
-    cfg = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "run", steps=30, lr=1e30, min_lr=1e30,
-               warmup_steps=0, grad_clip=0.0, checkpoint_every_steps=1, guards=False)
+    cfg = _cfg(
+        tiny_tokenizer_dir,
+        tiny_shards_dir,
+        tmp_path / "run",
+        steps=30,
+        lr=1e30,
+        min_lr=1e30,
+        warmup_steps=0,
+        grad_clip=0.0,
+        checkpoint_every_steps=1,
+        guards=False,
+    )
     with pytest.raises(NonFiniteError, match="non-finite"):
         train(cfg, tiny_config())
     model, _, info = ck.load_model(tmp_path / "run")  # latest still loads and is finite
@@ -111,7 +135,7 @@ max_position_embeddings = 32
 [train]
 shards_dir = "{tiny_shards_dir}"
 tokenizer_dir = "{tiny_tokenizer_dir}"
-out_dir = "{tmp_path / 'run'}"
+out_dir = "{tmp_path / "run"}"
 steps = 2
 batch_size = 2
 seq_len = 16
@@ -130,12 +154,20 @@ progress = false
 @pytest.mark.slow
 def test_failed_tokenizer_gate_refused_unless_forced(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     import shutil
+
     from prodip.tokenizer.bpe import tokenizer_sha256
+
     tok = tmp_path / "tok"
     shutil.copytree(tiny_tokenizer_dir, tok)
-    (tok / "fertility.json").write_text(json.dumps({
-        "format_version": 1, "tokenizer_sha256": tokenizer_sha256(tok),
-        "gate": {"passed": False, "failures": ["bn: 1.2 chars/token < 2.0"]}}))
+    (tok / "fertility.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "tokenizer_sha256": tokenizer_sha256(tok),
+                "gate": {"passed": False, "failures": ["bn: 1.2 chars/token < 2.0"]},
+            }
+        )
+    )
     cfg = _cfg(tok, tiny_shards_dir, tmp_path / "run", steps=1)
     with pytest.raises(ValueError, match="fertility"):
         train(cfg, tiny_config())

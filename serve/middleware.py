@@ -1,0 +1,130 @@
+"""ASGI middleware of prodip serve: API key, body-size cap and per-route metrics, before any route runs.
+
+python -c "from prodip.serve.middleware import GuardMiddleware; help(GuardMiddleware)"
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any, Optional
+
+from fastapi.responses import JSONResponse
+
+from prodip.serve.config import ServeConfig
+from prodip.serve.metrics import ServeMetrics
+from prodip.serve.routes import OPEN_ROUTES, ROUTES, _printable
+from prodip.serve.schemas import error_body
+
+log = logging.getLogger("prodip.serve.app")  # one logger name for the server, as before the split
+
+
+class GuardMiddleware:
+    """Pure ASGI middleware (so streaming and disconnects pass through untouched): body-size cap
+    (413), bearer auth (401, constant-time compare), per-route request counter, and the 500 answer.
+
+    An unhandled error is logged here, once, and answered with a 500 in OpenAI's form. It is not
+    left to Starlette's ``ServerErrorMiddleware``: that one always re-raises after answering, so the
+    server (uvicorn: "Exception in ASGI application") logged a second traceback of the same error.
+    Only when the response has already started (a stream) is the error re-raised unlogged: the
+    status line is gone, so the server must abort the connection, and its log is then the only one.
+    """
+
+    def __init__(self, app: Any, config: ServeConfig, metrics: ServeMetrics) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        status = {"code": 500, "started": False}
+
+        async def send_counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+            await send(message)
+
+        try:
+            error = self._check(scope)
+            if error is not None:
+                await error(scope, receive, send_counted)
+                return
+            headers = dict(scope.get("headers") or [])
+            if b"content-length" not in headers and scope["method"] in ("POST", "PUT", "PATCH"):
+                receive = await self._buffered(receive)  # chunked: read (up to the cap) before parsing
+            await self.app(scope, self._capped(receive), send_counted)
+        except _TooLarge:
+            await self._too_large()(scope, receive, send_counted)
+        except Exception as err:
+            if status["started"]:
+                raise
+            log.exception("unhandled error in %s %s", scope.get("method"), _printable(scope["path"]))
+            await JSONResponse(error_body(f"internal error: {type(err).__name__}", "server_error"), status_code=500)(
+                scope, receive, send_counted
+            )
+        finally:
+            self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
+
+    def _too_large(self) -> JSONResponse:
+        return JSONResponse(
+            error_body(f"request body exceeds {self.config.max_body_bytes} bytes", code="request_too_large"),
+            status_code=413,
+        )
+
+    def _check(self, scope: dict) -> Optional[JSONResponse]:
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
+            return self._too_large()
+        if self.config.api_key and scope["path"] not in OPEN_ROUTES:
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            token = auth[7:] if auth[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(token.encode(), self.config.api_key.encode()):
+                return JSONResponse(
+                    error_body(
+                        "missing or wrong API key (Authorization: Bearer KEY)",
+                        "authentication_error",
+                        code="invalid_api_key",
+                    ),
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return None
+
+    async def _buffered(self, receive: Any) -> Any:
+        """Read a body of unknown length whole; raise _TooLarge past the cap; replay it after."""
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.config.max_body_bytes:
+                raise _TooLarge()
+        replayed = {"done": False}
+
+        async def replay() -> dict:
+            if not replayed["done"]:
+                replayed["done"] = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        return replay
+
+    def _capped(self, receive: Any) -> Any:
+        seen = {"bytes": 0}
+
+        async def capped() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen["bytes"] += len(message.get("body", b""))
+                if seen["bytes"] > self.config.max_body_bytes:
+                    raise _TooLarge()
+            return message
+
+        return capped
+
+
+class _TooLarge(Exception):
+    pass

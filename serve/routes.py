@@ -1,0 +1,198 @@
+"""The HTTP routes of prodip serve: thin handlers from the request models (serve/schemas.py) to the
+service (serve/service.py) and back; streaming over SSE; cancellation when the client goes away.
+
+    python -c "from prodip.serve.routes import ROUTES; print(ROUTES)"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from prodip.serve import completions as fmt
+from prodip.serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
+from prodip.serve.service import APIError, Service
+
+log = logging.getLogger("prodip.serve.app")
+
+
+_DISCONNECT_POLL_S = 0.05
+#: Paths with their own metrics label (others count as "other").
+ROUTES = (
+    "/v1/completions",
+    "/v1/generate",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
+)
+OPEN_ROUTES = ("/health",)  # answered without the API key (liveness probes)
+
+
+async def _until_disconnect(request: Request, work: Any) -> Any:
+    """Await ``work`` but cancel it (and so its sequences) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                return Response(status_code=499)
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def _sse_guard(chunks: AsyncIterator[str], request: Request) -> AsyncIterator[str]:
+    """Errors after the stream started cannot change the status: send them as an error event.
+
+    Stops (closing ``chunks``, which cancels the sequences) as soon as the client is gone. Between
+    chunks it yields to the event loop once, so the server learns of a failed socket write before
+    the next chunk: without that, a burst of queued events is written to a dead socket, and asyncio
+    logs "socket.send() raised exception." for every write past the fifth.
+    """
+    try:
+        async for chunk in chunks:
+            yield chunk
+            await asyncio.sleep(0)
+            if await request.is_disconnected():
+                break
+    except APIError as err:
+        yield fmt.sse(err.body)
+        yield fmt.sse("[DONE]")
+    finally:
+        await chunks.aclose()
+
+
+def _printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\ud800``) so the JSON answer can be UTF-8 encoded."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _sse(chunks: AsyncIterator[str], request: Request) -> StreamingResponse:
+    return StreamingResponse(
+        _sse_guard(chunks, request),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _conformance_body(svc: Service) -> dict[str, Any]:
+    """``{verified, loosened_tolerances: [{table, metric, shipped, used}]}`` of the served variant:
+    loosened = bounds of the tolerance file its verdict was made with that are looser than the shipped
+    conformance/tolerances.toml (empty: the shipped bounds or stricter)."""
+    return {"verified": svc.info.verified, "loosened_tolerances": svc.info.loosened_tolerances}
+
+
+def add_routes(app: FastAPI, svc: Service) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body = {
+            "status": "ok" if svc.ready.is_set() else ("error" if svc.load_error else "loading"),
+            "model": svc.model_name,
+            "variant": svc.info.variant,
+            "verified": svc.info.verified,
+            "conformance": _conformance_body(svc),
+        }
+        if svc.load_error:
+            body["error"] = svc.load_error
+        return JSONResponse(body, status_code=200 if svc.ready.is_set() else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": svc.model_name,
+                    "object": "model",
+                    "created": svc.created,
+                    "owned_by": "prodip",
+                    "variant": svc.info.variant,
+                    "max_model_len": svc.info.max_model_len,
+                    "conformance": _conformance_body(svc),
+                }
+            ],
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = svc.metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        svc.require_ready()
+        svc.check_model(req.model)
+        if req.suffix:
+            raise APIError(400, "suffix is not supported (no fill-in-the-middle)", param="suffix", code="unsupported")
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(400, "best_of must equal n (no server-side reranking)", param="best_of")
+        prompts = svc.prompt_ids(req.prompt)
+        max_tokens = svc.config.default_max_tokens if req.max_tokens is None else req.max_tokens
+        if req.echo and req.max_tokens is None:
+            max_tokens = max(0, min(max_tokens, svc.info.max_model_len - max(map(len, prompts))))
+        params = svc.sampling_params(req, max_tokens, prompts, req.n, req.logprobs, req.echo)
+        events = svc.stream(prompts, params, req.n)
+        want_lp = req.logprobs is not None
+        texts = svc.prompt_texts(req.prompt) if req.echo else None
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _sse(
+                fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage, texts), request
+            )
+        return await _until_disconnect(request, fmt.completion(svc, events, prompts, req.n, req.echo, want_lp, texts))
+
+    @app.post("/v1/generate")
+    async def generate(req: GenerateRequest, request: Request) -> Any:
+        svc.require_ready()
+        prompts = svc.prompt_ids(req.prompt if isinstance(req.prompt, str) else [req.prompt])
+        max_new = svc.config.default_max_tokens if req.max_new_tokens is None else req.max_new_tokens
+        params = svc.sampling_params(req, max_new, prompts, 1, req.logprobs)
+        events = svc.stream(prompts, params, 1)
+        if req.stream:
+            return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None), request)
+        return await _until_disconnect(request, fmt.generate(svc, events, prompts[0], req.logprobs is not None))
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> dict:
+        svc.require_ready()
+        ids = svc.encode(req.text, req.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": svc.info.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> dict:
+        svc.require_ready()
+        bad = [t for t in req.tokens if not 0 <= t < svc.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {svc.vocab_size})", param="tokens")
+        return {"text": svc.decode(req.tokens, req.skip_special_tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict:
+        svc.require_ready()
+        tok = svc.tokenizer
+        return {
+            "vocab_size": tok.get_vocab_size(),
+            "model_vocab_size": svc.vocab_size,
+            "max_model_len": svc.info.max_model_len,
+            "tokenizer_sha256": svc.info.tokenizer_sha256,
+            "special_tokens": {
+                name: {"id": tid, "text": tok.id_to_token(tid)}
+                for name, tid in (
+                    ("pad", int(svc.info.config.get("pad_token_id", 0))),
+                    ("bos", svc.bos_id),
+                    ("eos", svc.eos_id),
+                )
+            },
+            "normalizer": type(tok.normalizer).__name__ if tok.normalizer is not None else None,
+        }

@@ -1,0 +1,351 @@
+"""Builders of tiny tokenizers, shards, checkpoints and exports: the one fixture module of the tests.
+
+Deterministic and CPU-only; the tests' ``conftest.py`` files wrap these in pytest fixtures, and
+``bench/serve.py`` uses :func:`build_tiny_export` for its random ~108M export. Two families:
+
+- :func:`build_tiny_checkpoint` / :func:`build_tiny_export`: a random model of any shape (through
+  the real ``prodip.export`` path), tokenizer trained by prodip on a few sentences.
+- :func:`build_all` (``build_tokenizer``, ``build_shards``, ``build_checkpoint``, ``build_export``):
+  the conformance set, whose model has a large ``initializer_range`` so that attention is sharp
+  and its logits spread (a default-initialised tiny model attends almost uniformly, which would
+  hide RoPE and mask faults in rounding noise).
+
+    python -c "from tests.fixtures import build_all; print(build_all('/tmp/tiny_conf'))"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from prodip.export.config import VARIANTS, ExportConfig
+from prodip.export.core import export_checkpoint
+from prodip.tokenizer.bpe import train_tokenizer_from_texts
+from prodip.train.checkpoint import save_checkpoint
+from prodip.train.config import ModelConfig
+from prodip.train.model import LlamaForCausalLM
+
+#: A small bilingual corpus; enough for a byte-fallback BPE of a few hundred tokens.
+TINY_TEXTS = {
+    "bn": [
+        "আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।",
+        "চিরদিন তোমার আকাশ, তোমার বাতাস, আমার প্রাণে বাজায় বাঁশি।",
+        "বাংলা ভাষা দক্ষিণ এশিয়ার একটি ইন্দো-আর্য ভাষা।",
+        "ঢাকা বাংলাদেশের রাজধানী ও বৃহত্তম শহর।",
+    ],
+    "en": [
+        "It was a bright cold day in April, and the clocks were striking thirteen.",
+        "The quick brown fox jumps over the lazy dog.",
+        "Small language models can run on device.",
+    ],
+}
+
+
+def tiny_model_config(
+    *,
+    vocab_size: int = 512,
+    tie: bool = False,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    max_position_embeddings: int = 256,
+    intermediate_size: Optional[int] = None,
+) -> Any:
+    """A ``ModelConfig`` for tests: hidden 64, 2 layers, GQA 4/2, intermediate 2 * hidden by default."""
+    intermediate_size = 2 * hidden_size if intermediate_size is None else intermediate_size
+    return ModelConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie,
+    )
+
+
+def tiny_model(config: Any, *, seed: int = 0, std: Optional[float] = None) -> Any:
+    """``LlamaForCausalLM(config)`` with N(0, std) weights and norms near 1 (eval mode).
+
+    The default ``std = 1 / sqrt(hidden_size)`` (unit gain per matmul, logit std ~ 1) is several
+    times the training init, so logits spread out (random-init logits are almost flat, which
+    makes argmax agreement between variants meaningless), but not chaotic.
+    """
+
+    model = LlamaForCausalLM(config)
+    std = config.hidden_size**-0.5 if std is None else std
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+def build_tiny_checkpoint(
+    tmp_dir: str | os.PathLike,
+    *,
+    tie: bool = False,
+    vocab_size: int = 512,
+    seed: int = 0,
+    step: int = 10,
+    **config_kwargs: Any,
+) -> Path:
+    """Write a tokenizer dir and a run dir with one checkpoint under ``tmp_dir``.
+
+    Args:
+        tmp_dir: empty scratch folder (e.g. from ``tmp_path_factory``).
+        tie: tie lm_head to the embedding.
+        vocab_size: model vocabulary (tokens); may exceed the tiny tokenizer's (>= 300 tokens).
+        seed: weight seed.
+        step: the checkpoint's step number.
+        **config_kwargs: more :func:`tiny_model_config` arguments (hidden_size, num_key_value_heads, ...).
+    Returns:
+        The run dir (``tmp_dir/run``); its ``checkpoints/latest`` names the step dir.
+    """
+    root = Path(tmp_dir)
+    tok_dir = train_tokenizer_from_texts(TINY_TEXTS, min(vocab_size, 300), root / "tokenizer")
+    config = tiny_model_config(vocab_size=vocab_size, tie=tie, **config_kwargs)
+    model = tiny_model(config, seed=seed)
+    save_checkpoint(root / "run" / "checkpoints", step=step, model=model, model_config=config, tokenizer_dir=tok_dir)
+    return root / "run"
+
+
+def build_tiny_export(
+    tmp_dir: str | os.PathLike,
+    *,
+    tie: bool = False,
+    vocab_size: int = 512,
+    variants: Optional[Sequence[str]] = None,
+    seed: int = 0,
+    export_options: Optional[dict[str, Any]] = None,
+    **config_kwargs: Any,
+) -> Path:
+    """A complete export dir of a tiny random model, built by the real ``prodip export`` path.
+
+    Args:
+        tmp_dir: empty scratch folder; gets ``tokenizer/``, ``run/`` and ``export/``.
+        tie, vocab_size, seed, **config_kwargs: see :func:`build_tiny_checkpoint`.
+        variants: subset of ``prodip.export.config.VARIANTS`` (default all: ~5-10 s on 2 cores).
+        export_options: more ExportConfig fields, e.g. ``{"onnx_external_data": True}``.
+    Returns:
+        The export dir (``tmp_dir/export``).
+    """
+    run = build_tiny_checkpoint(tmp_dir, tie=tie, vocab_size=vocab_size, seed=seed, **config_kwargs)
+    cfg = ExportConfig(
+        checkpoint=str(run),
+        out=str(Path(tmp_dir) / "export"),
+        variants=list(variants or VARIANTS),
+        **(export_options or {}),
+    )
+    return export_checkpoint(cfg)
+
+
+# ---- the conformance set ---------------------------------------------------------------------
+
+TEXT = {
+    "bn": "আমার সোনার বাংলা, আমি তোমায় ভালোবাসি। চিরদিন তোমার আকাশ, তোমার বাতাস, আমার প্রাণে বাজায় বাঁশি। "
+    "বাংলাদেশের রাজধানী ঢাকা। নদীমাতৃক এই দেশে পদ্মা, মেঘনা আর যমুনা বয়ে চলে। ",
+    "en": "The quick brown fox jumps over the lazy dog. The old ferry crosses the wide river every morning, "
+    "carrying farmers, students and baskets of fresh fish to the market town. ",
+}
+VOCAB = 384
+
+
+def build_tokenizer(out: Path) -> Path:
+    """Byte-level BPE (NFC) with <|pad|>=0, <|bos|>=1, <|eos|>=2."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([t * 10 for t in TEXT.values()], trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    special = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
+    (out / "tokenizer_config.json").write_text(json.dumps({**special, "model_max_length": 96}))
+    (out / "special_tokens_map.json").write_text(json.dumps(special))
+    return out
+
+
+def build_shards(out: Path, tokenizer_dir: Path) -> Path:
+    """Validation (and train) shards per language: the texts above, encoded, <|eos|> between."""
+    from tokenizers import Tokenizer
+
+    from prodip.tokenizer.shards import write_meta, write_shard
+    from prodip.train.checkpoint import file_sha256
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    langs = {}
+    for lang, text in TEXT.items():
+        ids = (tok.encode(text, add_special_tokens=False).ids + [2]) * 4
+        langs[lang] = {}
+        for split in ("train", "val"):
+            rel = f"{lang}/{split}_000000.bin"
+            (out / lang).mkdir(parents=True, exist_ok=True)
+            write_shard(out / rel, np.asarray(ids), "uint16")
+            langs[lang][split] = [{"file": rel, "n_tokens": len(ids)}]
+    write_meta(
+        out,
+        {
+            "tokenizer_sha256": file_sha256(tokenizer_dir / "tokenizer.json"),
+            "vocab_size": VOCAB,
+            "token_dtype": "uint16",
+            "bos_id": 1,
+            "eos_id": 2,
+            "pad_id": 0,
+            "languages": langs,
+        },
+    )
+    return out
+
+
+def build_checkpoint(run_dir: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
+    """A 2-layer hidden-48 GQA model with a sharp random init, saved as a prodip checkpoint."""
+    from prodip.train.checkpoint import save_checkpoint
+    from prodip.train.config import ModelConfig
+    from prodip.train.model import LlamaForCausalLM
+
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=96,
+        initializer_range=0.15,
+    )
+    kw.update(overrides)
+    config = ModelConfig(**kw)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.reset_parameters(seed=seed)
+    return save_checkpoint(
+        run_dir / "checkpoints", step=1, model=model, model_config=config, tokenizer_dir=tokenizer_dir
+    )
+
+
+def build_export(ckpt: Path, out: Path, variants=None) -> Path:
+    from prodip.export.config import VARIANTS, ExportConfig
+    from prodip.export.core import export_checkpoint
+
+    cfg = ExportConfig(checkpoint=str(ckpt), out=str(out), variants=list(variants or VARIANTS))
+    return export_checkpoint(cfg)
+
+
+def build_all(root: str | Path) -> dict[str, Path]:
+    root = Path(root)
+    tok = build_tokenizer(root / "tokenizer")
+    shards = build_shards(root / "shards", tok)
+    ckpt = build_checkpoint(root / "run", tok)
+    export = build_export(ckpt, root / "export")
+    return {"tokenizer": tok, "shards": shards, "checkpoint": ckpt, "export": export}
+
+
+# ---- the train tests' tokenizer, shards and model configs ----------------------------------
+
+TINY_VOCAB = 320  # byte-level BPE: 256 bytes + 3 specials + a few merges
+TRAIN_TEXT = {
+    "bn": "আমার সোনার বাংলা, আমি তোমায় ভালোবাসি। চিরদিন তোমার আকাশ, তোমার বাতাস। ",
+    "en": "The quick brown fox jumps over the lazy dog. A stitch in time saves nine. ",
+}
+
+
+def build_train_tokenizer(out: Path) -> Path:
+    """A byte-level BPE tokenizer dir (tokenizer.json + config files), ids pad=0, bos=1, eos=2."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB,
+        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([t * 20 for t in TRAIN_TEXT.values()], trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "model_max_length": 64})
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"})
+    )
+    return out
+
+
+def _write_shard(path: Path, tokens: np.ndarray) -> None:
+    """Shard writer: tokenizer.shards if present, else the llm.c layout it documents."""
+    try:
+        from prodip.tokenizer.shards import write_shard
+    except ImportError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = (20240520, 1, len(tokens))
+        with open(path, "wb") as fh:
+            fh.write(header.tobytes())
+            fh.write(tokens.astype(np.uint16).tobytes())
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_shard(path, tokens, "uint16")
+
+
+def make_shards(out: Path, tokenizer_sha256: str, vocab_size: int, n_tokens: dict[str, int], seed: int = 0) -> Path:
+    """Random-token shards (ids 3..vocab-1, an <|eos|> every ~40 tokens) for each language."""
+    rng = np.random.default_rng(seed)
+    langs = {}
+    for lang, n in n_tokens.items():
+        langs[lang] = {}
+        for split, count in (("train", n), ("val", max(256, n // 10))):
+            tokens = rng.integers(3, vocab_size, size=count, dtype=np.int64)
+            tokens[rng.random(count) < 0.025] = 2
+            rel = f"{lang}/{split}_000000.bin"
+            _write_shard(out / rel, tokens)
+            langs[lang][split] = [{"file": rel, "n_tokens": int(count)}]
+    meta = {
+        "format_version": 1,
+        "tokenizer_sha256": tokenizer_sha256,
+        "vocab_size": vocab_size,
+        "token_dtype": "uint16",
+        "bos_id": 1,
+        "eos_id": 2,
+        "pad_id": 0,
+        "languages": langs,
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return out
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """2 layers, hidden 32, GQA 4/2 heads, 64 positions, vocab of the tiny tokenizer."""
+    kw = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    kw.update(overrides)
+    return ModelConfig(**kw)
