@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput
 from prodip.base.manifest import file_sha256, list_files
+from prodip.base.variants import BY_NAME
 
 
 def copy_export(src: str | Path, dst: str | Path) -> Path:
@@ -86,7 +87,7 @@ def _const(model, name: str, value: int) -> str:
     return name
 
 
-def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 3) -> Path:
+def plant_static_seq(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path, seq: int = 3) -> Path:
     """The decoder's sequence axis baked to ``seq`` (as a trace without dynamic axes leaves it)."""
 
     def edit(model):
@@ -99,7 +100,7 @@ def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: in
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 7) -> Path:
+def plant_baked_reshape(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path, seq: int = 7) -> Path:
     """Inputs still declared dynamic, but the first attention reshape baked to batch 1, ``seq``
     tokens (as a trace that captured concrete sizes leaves it): only a run at other lengths shows it.
 
@@ -124,7 +125,7 @@ def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq:
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
+def plant_mask_ignores_past(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path) -> Path:
     """Causal mask built as if past = 0: query positions ``arange(T)`` instead of ``arange(P, P+T)``.
 
     Surgery on the mask subgraph: the ``Range(S - T, S)`` of query positions becomes ``Range(0, T)``.
@@ -147,7 +148,7 @@ def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") 
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
+def plant_position_off_by_one(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path) -> Path:
     """position_ids + 1 whenever more than one token is fed (1-based prefill, 0-based decode steps).
 
     A uniform shift of every position is invisible to RoPE (it depends on position differences
@@ -175,7 +176,7 @@ def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx"
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", layer: int = 1) -> Path:
+def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, layer: int = 1) -> Path:
     """A quantised model whose decoder layer ``layer`` has all weights zeroed (scales set to 0).
 
     Layer membership comes from graph order: the quantised MatMuls (MatMulInteger for int8,
@@ -241,7 +242,7 @@ FAULTS = {
     "mask_ignores_past": plant_mask_ignores_past,
     "position_off_by_one": plant_position_off_by_one,
     "zeroed_layer_int8": plant_zeroed_layer,
-    "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx"),
+    "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel=BY_NAME["int4"].path),
     "config_rope_theta": plant_config_rope_theta,
     "tokenizer_without_nfc": plant_tokenizer_without_nfc,
 }
