@@ -44,13 +44,27 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tok_dir(corpus, tmp_path_factory) -> Path:
-    """A prodip tokenizer (vocab 1024, 20% superwords) trained on ``corpus``."""
+    """The default (portable) tokenizer, vocab 1024, trained on ``corpus``."""
     out = tmp_path_factory.mktemp("tok") / "tok"
     cfg = TokenizerTrainConfig(
         inputs={k: [str(v)] for k, v in corpus.items()},
         out_dir=str(out),
         vocab_size=1024,
         proportions={"bn": 0.6, "en": 0.4},
+    )
+    return train_tokenizer(cfg)
+
+
+@pytest.fixture(scope="session")
+def custom_tok_dir(corpus, tmp_path_factory) -> Path:
+    """The opt-in custom tokenizer (vocab 1024, 20% superwords) trained on ``corpus``."""
+    out = tmp_path_factory.mktemp("custom") / "tok"
+    cfg = TokenizerTrainConfig(
+        inputs={k: [str(v)] for k, v in corpus.items()},
+        out_dir=str(out),
+        vocab_size=1024,
+        proportions={"bn": 0.6, "en": 0.4},
+        kind="custom",
         superword_share=0.2,
     )
     return train_tokenizer(cfg)
