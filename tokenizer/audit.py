@@ -259,16 +259,17 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
     return train_tokenizer(dataclasses.replace(cfg, kind="naive", out_dir=str(out), overwrite=True))
 
 
-def _cap(docs_by_lang: dict[str, list[str]], max_chars: int) -> dict[str, list[str]]:
-    """The first documents of each language, up to ``max_chars`` characters."""
+def _parity_texts(docs_by_lang: dict[str, list[str]], max_chars: int) -> dict[str, list[str]]:
+    """The non-empty lines of each language's documents, up to ``max_chars`` characters: one parity
+    text per line, so the table counts lines (newlines and whitespace runs are in the tricky list)."""
     out: dict[str, list[str]] = {}
     for lang, docs in docs_by_lang.items():
         out[lang], size = [], 0
-        for doc in docs:
+        for line in (line for doc in docs for line in doc.splitlines() if line.strip()):
             if size >= max_chars:
                 break
-            out[lang].append(doc)
-            size += len(doc)
+            out[lang].append(line)
+            size += len(line)
     return out
 
 
@@ -308,7 +309,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     failures = gate_failures(languages, cfg.min_chars_per_token)
     parity = None
     if cfg.parity != "off":
-        parity = run_parity(tok_dir, _cap(docs, cfg.parity_max_chars), require=cfg.parity == "require")
+        parity = run_parity(tok_dir, _parity_texts(docs, cfg.parity_max_chars), require=cfg.parity == "require")
         failures += parity_failures(parity)
     report: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
