@@ -4,9 +4,9 @@ A shard is a 256 x int32 header followed by the tokens (the llm.c layout):
 ``header[0] = 20240520`` (magic), ``header[1]`` = version (1: uint16 tokens, 2: uint32 tokens),
 ``header[2]`` = number of tokens, ``header[3]`` = bytes per token; the rest is zero.
 A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``. Each document is stored as
-``<|bos|> ids <|eos|>`` (:data:`DOCUMENT_LAYOUT`; ids in meta.json ``bos_id``/``eos_id``), documents back to
-back, and every shard starts at a document start. meta.json ``format_version`` 2 is this layout; version 1
-(documents followed by ``<|eos|>`` only) is refused.
+``<|bos|> ids <|eos|>`` (:data:`DOCUMENT_LAYOUT`; ids in meta.json ``bos_id``/``eos_id``), documents back
+to back; the first shard of a split starts at a document start. meta.json ``format_version`` 2 is this
+layout; version 1 (documents followed by ``<|eos|>`` only) is refused.
 
     python -m prodip.tokenizer.shards runs/demo/shards      # print meta.json and check every shard
 """
