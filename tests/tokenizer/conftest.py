@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,14 @@ import pytest
 from prodip.tokenizer.bpe import TokenizerTrainConfig, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip a runtime test whose package is not installed; fail instead under CI's
+    ``PRODIP_REQUIRE_RUNTIMES=1`` (.ci/run), where every runtime is installed."""
+    if os.environ.get("PRODIP_REQUIRE_RUNTIMES") == "1":
+        pytest.fail(f"{reason} (PRODIP_REQUIRE_RUNTIMES=1)")
+    pytest.skip(reason)
 
 
 def _bn_docs(n_chars: int) -> list[str]:

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from prodip.tokenizer.parity import RUNTIMES, TRICKY, format_parity, missing_runtimes, run_parity
+from tests.tokenizer.conftest import skip_or_fail
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +19,15 @@ def parity_report(tok_dir, heldout):
     return run_parity(tok_dir, texts)
 
 
-@pytest.mark.parametrize("runtime", [r for r in RUNTIMES if r != "tokenizers"])
-def test_runtime_reproduces_every_id(parity_report, runtime):
+def skip_unless_installed(runtime: str) -> None:
     missing = missing_runtimes()
     if runtime in missing:
-        pytest.skip(f"{runtime}: {missing[runtime]}")
+        skip_or_fail(f"{runtime}: {missing[runtime]}")
+
+
+@pytest.mark.parametrize("runtime", [r for r in RUNTIMES if r != "tokenizers"])
+def test_runtime_reproduces_every_id(parity_report, runtime):
+    skip_unless_installed(runtime)
     result = parity_report["runtimes"][runtime]
     assert result["status"] == "identical", format_parity(parity_report)
     rows = result["languages"]
@@ -43,8 +48,7 @@ def test_report_counts_and_table(parity_report):
 
 def test_a_broken_runtime_copy_is_caught(tok_dir, tmp_path):
     """A tokenizer.json whose merges were reordered gives other ids: the check must say which runtime."""
-    if "transformers" in missing_runtimes():
-        pytest.skip("transformers not installed")
+    skip_unless_installed("transformers")
     broken = tmp_path / "broken"
     broken.mkdir()
     for name in ("tokenizer_config.json", "special_tokens_map.json"):

@@ -3,6 +3,7 @@ vocabulary metadata (read back with llama.cpp's gguf library)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from prodip.tokenizer.portable import (
     require_portable,
     write_target_files,
 )
+from tests.tokenizer.conftest import skip_or_fail
 
 
 def test_default_tokenizer_is_portable_to_every_target(tok_dir):
@@ -62,7 +64,10 @@ def test_nfc():
 
 
 def test_gguf_metadata_reads_back(tok_dir, tmp_path):
-    gguf = pytest.importorskip("gguf", reason="pip extra runtimes (llama.cpp's gguf library) not installed")
+    if importlib.util.find_spec("gguf") is None:
+        skip_or_fail("gguf (llama.cpp's library, pip extra runtimes) not installed")
+    import gguf
+
     from prodip.tokenizer.gguf import tokenizer_metadata, write_vocab_gguf
 
     path = write_vocab_gguf(tok_dir, tmp_path / "vocab.gguf")
