@@ -152,7 +152,7 @@ def print_summary(
             )
         )
         if s["fertility"].get("parity"):
-            print(_rule("tokenizer parity with the on-device runtimes (identical texts / texts, NFC input)"))
+            print(_rule("tokenizer parity with the runtimes (identical/texts, NFC)"))
             print(_table(*_parity_rows(s["fertility"]["parity"])))
     if s["eval"]:
         print(_rule("held-out quality: trained model vs random-initialised twin"))
