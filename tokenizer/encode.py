@@ -1,7 +1,9 @@
 """Encode a language-tagged corpus into token shards with a tokenizer dir (``prodip data prepare``).
 
-Per language, documents (see tokenizer/corpus.py) are encoded with the ``tokenizers`` batch encoder
-(all cores), each followed by ``<|eos|>``, and sent to ``train`` or ``val`` by a seeded hash of
+Per language, documents (see tokenizer/corpus.py) are NFC-normalised and encoded with the ``tokenizers``
+batch encoder (all cores) as ``<|bos|> ids <|eos|>`` (the special-token convention of tokenizer/bpe.py: the
+tokenizer's post-processor puts the ``<|bos|>`` in front, as every runtime's default encode does for a
+prompt), and sent to ``train`` or ``val`` by a seeded hash of
 (language, file name, document index): deterministic, independent of batch size and core count. If a
 language's hash draw puts no document in ``val`` (a tiny corpus), its last document goes there. Output is
 built in a temp dir and renamed into place, so a failed run leaves nothing behind.
@@ -27,6 +29,7 @@ from prodip.base.errors import InvalidInput, OutputExists
 from prodip.tokenizer import shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
+from prodip.tokenizer.portable import nfc
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +105,11 @@ def _uncompressed_size(path: Path) -> int:
 
 
 def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
+    """``<|bos|> ids`` per text (NFC first: the contract, whatever normaliser the tokenizer has)."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster
-    return [e.ids for e in encode(texts, add_special_tokens=False)]
+    out = [e.ids for e in encode([nfc(t) for t in texts], add_special_tokens=True)]
+    assert all(ids[:1] == [BOS_ID] for ids in out), "load_tokenizer checks the post-processor prepends <|bos|>"
+    return out
 
 
 def _encode_language(
@@ -186,7 +192,7 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
             "pad_id": PAD_ID,
-            "eos_between_documents": True,
+            "document_layout": shards.DOCUMENT_LAYOUT,
             "val_fraction": cfg.val_fraction,
             "seed": cfg.seed,
             "languages": languages,

@@ -3,7 +3,10 @@
 A shard is a 256 x int32 header followed by the tokens (the llm.c layout):
 ``header[0] = 20240520`` (magic), ``header[1]`` = version (1: uint16 tokens, 2: uint32 tokens),
 ``header[2]`` = number of tokens, ``header[3]`` = bytes per token; the rest is zero.
-A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``.
+A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``. Each document is stored as
+``<|bos|> ids <|eos|>`` (:data:`DOCUMENT_LAYOUT`; ids in meta.json ``bos_id``/``eos_id``), documents back
+to back; the first shard of a split starts at a document start. meta.json ``format_version`` 2 is this
+layout; version 1 (documents followed by ``<|eos|>`` only) is refused.
 
     python -m prodip.tokenizer.shards runs/demo/shards      # print meta.json and check every shard
 """
@@ -23,7 +26,8 @@ from prodip.base.errors import InvalidInput, MissingInput
 MAGIC = 20240520
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each document is <|bos|> ids <|eos|> (1: ids <|eos|>)
+DOCUMENT_LAYOUT = "<|bos|> ids <|eos|>"
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
 # header version -> token dtype (version 1 is llm.c's uint16 layout; 2 is the same with uint32)
@@ -147,7 +151,7 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
 
     Returns:
         the meta dict: ``{format_version, tokenizer_sha256, vocab_size, token_dtype, bos_id, eos_id, pad_id,
-        languages: {lang: {train: [{file, n_tokens}], val: [...]}}, ...}``.
+        document_layout, languages: {lang: {train: [{file, n_tokens}], val: [...]}}, ...}``.
 
     Raises:
         FileNotFoundError: no ``meta.json``.
@@ -162,9 +166,10 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
         raise InvalidInput(f"{path}: not valid JSON ({err})") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise InvalidInput(
-            f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}; re-run `{_PRODUCER}`"
+            f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION} (each document "
+            f"{DOCUMENT_LAYOUT}); re-run `{_PRODUCER}`"
         )
-    for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "eos_id", "languages"):
+    for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "bos_id", "eos_id", "languages"):
         if key not in meta:
             raise InvalidInput(f"{path}: missing key {key!r}")
     if expected_tokenizer_sha256 is not None and meta["tokenizer_sha256"] != expected_tokenizer_sha256:

@@ -53,12 +53,13 @@ def test_meta_and_paths(tmp_path):
             "tokenizer_sha256": "ab" * 32,
             "vocab_size": 100,
             "token_dtype": "uint16",
+            "bos_id": 1,
             "eos_id": 2,
             "languages": {"bn": {"train": [{"file": "bn/train_000000.bin", "n_tokens": 2}], "val": []}},
         },
     )
     meta = shards.load_meta(tmp_path, expected_tokenizer_sha256="ab" * 32)
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
     assert shards.shard_paths(tmp_path, "bn", "train") == [tmp_path / "bn/train_000000.bin"]
     assert shards.shard_paths(tmp_path, "bn", "val") == []
     with pytest.raises(ValueError, match="tokenizer sha256"):
@@ -69,4 +70,8 @@ def test_meta_and_paths(tmp_path):
     doc["format_version"] = 99
     (tmp_path / "meta.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="format_version"):
+        shards.load_meta(tmp_path)
+    doc["format_version"] = 1  # documents without <|bos|>: made before the special-token convention
+    (tmp_path / "meta.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="format_version 1, expected 2 .each document <.bos.> ids <.eos.>.*re-run"):
         shards.load_meta(tmp_path)
