@@ -213,3 +213,9 @@ def test_interrupt_keeps_curves_and_names_checkpoint_and_resume_command(
     acc = EventAccumulator(str(run))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]
+
+
+def test_model_vocab_differing_from_the_tokenizer_is_an_error(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    """Issue 12: a [model] vocab_size of 32,000 trained on a 4,096-token tokenizer's shards without a word."""
+    with pytest.raises(ValueError, match="vocab_size = 32000 differs from the tokenizer's 320"):
+        train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "run", steps=1), tiny_config(vocab_size=32000))
