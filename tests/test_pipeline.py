@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_TOML = """\
 out_dir = "{out}"
 completion_max_tokens = 8
+# sampled as in configs/demo.toml: greedy decoding of a 30-step model may emit only spaces
+completion_temperature = 0.7
+completion_top_p = 0.95
+completion_frequency_penalty = 0.5
+completion_seed = 0
 
 [tokenizer]
 inputs = {{bn = ["{corpus}/bn_train.txt"], en = ["{corpus}/en_train.txt"]}}
