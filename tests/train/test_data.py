@@ -167,3 +167,17 @@ def test_val_batches_empty_when_the_split_is_too_small(tmp_path, tiny_shards_dir
     meta.pop("format_version")
     write_meta(shards, meta)
     assert val_batches(shards, "en", seq_len=16, batch_size=4, max_tokens=160) == []
+
+
+def test_a_shard_changed_after_prepare_is_refused_by_name(tmp_path, tiny_shards_dir):
+    """Issue 12: a shard with ids outside the vocabulary crashed inside torch.embedding."""
+    import shutil
+
+    from prodip.tokenizer.shards import write_shard
+
+    shards = tmp_path / "shards"
+    shutil.copytree(tiny_shards_dir, shards)
+    n = len(read_shard(shards / "en/train_000000.bin"))
+    write_shard(shards / "en/train_000000.bin", np.full(n, 40000, dtype=np.int64), "uint16")  # right size, bad ids
+    with pytest.raises(ValueError, match=r"en/train_000000.bin: sha256 .* differs"):
+        MixtureBatches(shards, {"en": 1.0}, 2, 8)
