@@ -74,18 +74,23 @@ def interrupt_message(ckpt_dir: Path, kept: Path | None, argv: Sequence[str] | N
         kept: the newest complete checkpoint (None: none was saved yet).
         argv: the command line (default ``sys.argv``), from which the resume command is built:
             ``prodip run ...`` is repeated as it was (the pipeline resumes by itself); a stage
-            command gets ``--resume`` added.
+            command gets ``--resume`` added when there is a checkpoint to resume from.
     """
     argv = list(sys.argv if argv is None else argv)
-    prog = "prodip" if Path(argv[0]).name == "prodip" else f"{Path(sys.executable).name} -m prodip.train"
+    entry = Path(argv[0])
+    if entry.name == "__main__.py":  # python -m prodip (prodip/__main__.py) or python -m prodip.train
+        prog = f"{Path(sys.executable).name} -m {'prodip' if entry.parent.name == 'prodip' else 'prodip.train'}"
+    else:
+        prog = "prodip"
     args = argv[1:]
-    if args[:1] != ["run"] and "--resume" not in args:
-        args.append("--resume")
-    command = shlex.join([*prog.split(), *args])
-    if kept is None:
+    if kept is None:  # nothing to resume from: the same command starts again
+        command = shlex.join([*prog.split(), *args])
         return (
             f"training interrupted before its first checkpoint: nothing kept in {ckpt_dir}; start again with: {command}"
         )
+    if args[:1] != ["run"] and "--resume" not in args:
+        args.append("--resume")
+    command = shlex.join([*prog.split(), *args])
     return f"training interrupted; kept checkpoint {kept} (the newest complete one); resume with: {command}"
 
 

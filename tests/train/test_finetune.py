@@ -219,3 +219,19 @@ def test_model_vocab_differing_from_the_tokenizer_is_an_error(tmp_path, tiny_tok
     """Issue 12: a [model] vocab_size of 32,000 trained on a 4,096-token tokenizer's shards without a word."""
     with pytest.raises(ValueError, match="vocab_size = 32000 differs from the tokenizer's 320"):
         train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "run", steps=1), tiny_config(vocab_size=32000))
+
+
+def test_interrupt_message_commands():
+    from pathlib import Path
+
+    from prodip.train.observe import interrupt_message
+
+    ck_dir, kept = Path("r/checkpoints"), Path("r/checkpoints/step_0000002")
+    assert interrupt_message(ck_dir, kept, ["/x/prodip/__main__.py", "run", "c.toml"]).endswith("-m prodip run c.toml")
+    assert interrupt_message(ck_dir, kept, ["/bin/prodip", "train", "--config", "c.toml"]).endswith(
+        "prodip train --config c.toml --resume"
+    )
+    fresh = interrupt_message(ck_dir, None, ["/bin/prodip", "train", "--config", "c.toml"])
+    assert "nothing kept" in fresh and fresh.endswith(
+        "prodip train --config c.toml"
+    )  # no --resume without a checkpoint
