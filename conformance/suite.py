@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import onnx
 import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
@@ -296,7 +297,34 @@ def preflight(
             f"{export_dir}: missing file(s) listed in manifest.json: {what}. Re-run `prodip export`, or "
             "check the other variants only with --variants (nothing was measured or written)"
         )
+    _check_readable(export_dir, manifest, candidates)
     return tolerances, candidates
+
+
+def _check_readable(export_dir: Path, manifest: dict[str, Any], candidates: list[Candidate]) -> None:
+    """Each checked file has its manifest size, and each ONNX graph parses (weights not loaded).
+
+    A damaged input is the user's to fix (exit 2, file named), not a failed measurement.
+
+    Raises:
+        ValueError: a size differing from manifest.json, or an ONNX file protobuf cannot parse.
+    """
+    for cand in {c.path: c for c in candidates}.values():
+        path = export_dir / cand.path
+        listed = manifest.get("files", {}).get(cand.path)
+        if listed is not None and path.stat().st_size != listed.get("bytes"):
+            raise InvalidInput(
+                f"{path}: {path.stat().st_size} bytes, manifest.json says {listed.get('bytes')} (truncated or "
+                "replaced); re-run `prodip export` (nothing was measured or written)"
+            )
+        if cand.kind == "onnx":
+            try:
+                onnx.load(str(path), load_external_data=False)
+            except Exception as err:  # protobuf's DecodeError and friends: the file is not an ONNX model
+                raise InvalidInput(
+                    f"{path}: not a readable ONNX model ({type(err).__name__}: {str(err).strip()[:200]}); "
+                    "re-run `prodip export` (nothing was measured or written)"
+                ) from None
 
 
 def check_candidate(
@@ -425,6 +453,15 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     }
 
 
+def _remove_previous_report(out: Path) -> None:
+    """Delete an earlier ``report.json``/``report.md`` in ``out`` before a new run starts, so a run
+    that stops (bad input, Ctrl-C) never leaves an older PASSED report looking current."""
+    for name in ("report.json", "report.md"):
+        if (out / name).is_file():
+            logger.info("conformance: removing the previous %s before this run", out / name)
+            (out / name).unlink()
+
+
 def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     """Check an export, write ``report.json`` + ``report.md`` and the manifest verdict.
 
@@ -447,6 +484,7 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
             f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
             "folder; files there would break the export's manifest (leave --out unset)"
         )
+    _remove_previous_report(out)
     report = evaluate(cfg)
     paths = write_report(report, out, cfg)
     report["report_json"] = str(paths["json"])

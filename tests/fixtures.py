@@ -335,6 +335,12 @@ def make_shards(out: Path, tokenizer_sha256: str, vocab_size: int, n_tokens: dic
         "pad_id": 0,
         "languages": langs,
     }
+    try:  # tokenizer.shards adds each shard's sha256 and max_id
+        from prodip.tokenizer.shards import add_checksums
+
+        add_checksums(out, meta)
+    except ImportError:
+        pass
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return out
 

@@ -51,7 +51,7 @@ FERTILITY_NAME = "fertility.json"
 class AuditConfig:
     """``prodip tokenizer audit`` (TOML section ``[audit]``)."""
 
-    tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
+    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
     heldout: dict[str, list[str]] = opt(
         factory=dict,
         help="language -> held-out files/folders never used in training (.tsv: the column named after the language)",

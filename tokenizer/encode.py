@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, OutputExists
-from prodip.tokenizer import shards
+from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.portable import nfc
@@ -38,11 +38,12 @@ log = logging.getLogger(__name__)
 class DataPrepareConfig:
     """``prodip data prepare`` (TOML section ``[data]``)."""
 
-    tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
+    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
     inputs: dict[str, list[str]] = opt(
         factory=dict, help="language -> files/folders of text to encode, e.g. bn=data/bn,en=data/en"
     )
-    out_dir: str = opt("runs/shards", "output shards dir (refused if it holds shards, unless overwrite)")
+    out_dir: str = opt("runs/demo/shards", "output shards dir (refused if it holds shards, unless overwrite)")
+    text_field: str = opt("text", "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text")
     val_fraction: float = opt(0.02, "share of documents sent to the validation split (0-0.5)")
     seed: int = opt(0, "seed of the train/val document split")
     shard_tokens: int = opt(50_000_000, "maximum tokens per shard file")
@@ -135,7 +136,10 @@ def _encode_language(
 
     batch: list[tuple[str, str]] = []
     size = 0
-    for path, index, text in iter_language(files, lang, errors=cfg.errors, doc_chars=cfg.doc_chars, stats=stats):
+    docs = iter_language(
+        files, lang, errors=cfg.errors, doc_chars=cfg.doc_chars, stats=stats, text_field=cfg.text_field
+    )
+    for path, index, text in docs:
         split = "val" if _doc_unit(cfg.seed, lang, path, index) < cfg.val_fraction else "train"
         batch.append((split, text))
         size += len(text)
@@ -161,7 +165,8 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
     sha = tokenizer_sha256(cfg.tokenizer_dir)
     vocab_size = tok.get_vocab_size()
     token_dtype = shards.token_dtype_for(vocab_size)
-    files = expand_inputs(cfg.inputs)
+    skipped: list[Path] = []
+    files = expand_inputs(cfg.inputs, skipped=skipped)
     out = Path(cfg.out_dir)
     if out.exists() and any(out.iterdir()):
         if not (out / shards.META_NAME).exists():
@@ -198,9 +203,13 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
             "languages": languages,
             "skipped_bytes": sum(r.skipped_bytes for r in read.values()),
             "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
+            "skipped_files": [str(p) for p in skipped],
             "encode_s": round(elapsed, 2),
             "mb_per_s": round(text_mb / max(elapsed, 1e-9), 2),
         }
+        meta["language_warnings"] = coverage.warn_languages(
+            cfg.tokenizer_dir, tok, files, meta, tmp, text_field=cfg.text_field, errors=cfg.errors
+        )
         shards.write_meta(tmp, meta)
         (tmp / "data_config.toml").write_text(dump_toml({"data": to_dict(cfg)}), encoding="utf-8")
         if out.exists():

@@ -45,7 +45,7 @@ from tqdm import tqdm
 from prodip.base.config import opt, write_text_atomic
 from prodip.base.errors import InvalidInput
 from prodip.tokenizer.bpe import load_tokenizer
-from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
+from prodip.tokenizer.shards import load_meta, open_checked_shards
 from prodip.train.checkpoint import load_model
 from prodip.train.mc import read_mc, score_mc
 from prodip.train.model import LlamaForCausalLM
@@ -130,10 +130,9 @@ def read_val_tokens(shards_dir: str | Path, lang: str, budget_tokens: int) -> np
     """
 
     parts, have = [], 0
-    for path in shard_paths(shards_dir, lang, "val"):
+    for shard in open_checked_shards(shards_dir, lang, "val"):  # checksum and ids checked, file named
         if have >= budget_tokens:
             break
-        shard = read_shard(path)
         take = min(len(shard), budget_tokens - have)
         parts.append(np.asarray(shard[:take], dtype=np.int64))
         have += take
