@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput
 from prodip.base.manifest import file_sha256, list_files
+from prodip.base.variants import BY_NAME
 
 
 def copy_export(src: str | Path, dst: str | Path) -> Path:
@@ -175,14 +176,15 @@ def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx"
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", layer: int = 1) -> Path:
+def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, layer: int = 1) -> Path:
     """A quantised model whose decoder layer ``layer`` has all weights zeroed (scales set to 0).
 
     Layer membership comes from graph order: the quantised MatMuls (MatMulInteger for int8,
-    MatMulNBits for int4) are 7 per layer (q, k, v, o, gate, up, down) then the lm_head.
+    MatMulNBits for int4) are 7 per layer (q, k, v, o, gate, up, down) in the standard graph, 5 in
+    the contrib graph (packed qkv, o, gate, up, down), then the lm_head.
 
     Raises:
-        ValueError: the count of quantised MatMuls is not 7 per layer (+ lm_head).
+        ValueError: the count of quantised MatMuls is not 5 or 7 per layer (+ lm_head).
     """
     L = _config(Path(src))["num_hidden_layers"]
 
@@ -190,18 +192,19 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
         g = model.graph
         inits = {i.name: i for i in g.initializer}
         mm = [n for n in g.node if n.op_type in ("MatMulInteger", "MatMulNBits") and n.input[1] in inits]
-        if len(mm) not in (7 * L, 7 * L + 1):
-            raise InvalidInput(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 7 per layer x {L} (+ lm_head)")
+        per = next((k for k in (7, 5) if len(mm) in (k * L, k * L + 1)), None)
+        if per is None:
+            raise InvalidInput(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 5 or 7 per layer x {L} (+ lm_head)")
         zeroed = 0
-        for node in mm[7 * layer : 7 * layer + 7]:
+        for node in mm[per * layer : per * layer + per]:
             base = node.input[1].rsplit("_", 1)[0]
             for name, init in inits.items():
                 if name.startswith(base + "_") and name.endswith(("scale", "scales")):
                     arr = numpy_helper.to_array(init)
                     init.CopyFrom(numpy_helper.from_array(np.zeros_like(arr), name))
                     zeroed += 1
-        if zeroed < 7:
-            raise InvalidInput(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected 7")
+        if zeroed < per:
+            raise InvalidInput(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected {per}")
 
     return _plant_onnx(src, dst, rel, edit)
 
@@ -241,7 +244,7 @@ FAULTS = {
     "mask_ignores_past": plant_mask_ignores_past,
     "position_off_by_one": plant_position_off_by_one,
     "zeroed_layer_int8": plant_zeroed_layer,
-    "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx"),
+    "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel=BY_NAME["int4"].path),
     "config_rope_theta": plant_config_rope_theta,
     "tokenizer_without_nfc": plant_tokenizer_without_nfc,
 }
