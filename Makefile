@@ -29,7 +29,14 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
 
-install: $(BIN)/.installed
+# transformers.js (+ onnxruntime-node's bundled CPU binaries) for conformance's runtime axis, pinned by
+# package-lock.json; --ignore-scripts: onnxruntime-node's post-install would download CUDA binaries.
+node_modules/.installed: package.json package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "npm not found: install Node.js >= 18 (conformance runs each ONNX variant in transformers.js)"; exit 1; }
+	npm ci --ignore-scripts --no-audit --no-fund
+	touch $@
+
+install: $(BIN)/.installed node_modules/.installed
 
 demo: install
 	$(BIN)/prodip run $(CONFIG)
@@ -52,4 +59,4 @@ lint: install
 	cd $(LINT_DIR) && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) runs build *.egg-info node_modules

@@ -103,9 +103,11 @@ def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: in
 def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 7) -> Path:
     """Inputs still declared dynamic, but the first attention reshape baked to batch 1, ``seq``
     tokens (as a trace that captured concrete sizes leaves it): only a run at other lengths shows it.
+    The contrib graph has no such Reshape (GroupQueryAttention reads (B, T, H*Dh)): there a Reshape to
+    ``[1, seq, -1]`` is planted on the first projection's output instead.
 
     Raises:
-        ValueError: no Reshape of a MatMul output found (the graph is not the expected export).
+        ValueError: no MatMul found (the graph is not the expected export).
     """
     cfg = _config(Path(src))
     heads = cfg["num_attention_heads"]
@@ -120,7 +122,15 @@ def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq:
                 model.graph.initializer.append(numpy_helper.from_array(shape, "planted_shape"))
                 node.input[1] = "planted_shape"
                 return
-        raise InvalidInput(f"{dst / rel}: no Reshape of a MatMul output to bake")
+        first = next((n for n in model.graph.node if n.op_type == "MatMul"), None)
+        if first is None:
+            raise InvalidInput(f"{dst / rel}: no MatMul output to bake a Reshape on")
+        out = first.output[0]
+        for node in model.graph.node:
+            node.input[:] = ["planted_baked" if name == out else name for name in node.input]
+        model.graph.initializer.append(numpy_helper.from_array(np.array([1, seq, -1], np.int64), "planted_shape"))
+        at = list(model.graph.node).index(first) + 1
+        model.graph.node.insert(at, helper.make_node("Reshape", [out, "planted_shape"], ["planted_baked"]))
 
     return _plant_onnx(src, dst, rel, edit)
 
