@@ -29,11 +29,12 @@ class ExportConfig:
     safetensors_dtype: str = opt("float32", "dtype of model.safetensors", choices=SAFETENSORS_DTYPES)
     opset: int = opt(18, "ONNX opset of the decoder graphs (torch.onnx dynamo exporter)")
     onnx_graph: str = opt(
-        "contrib",
+        "auto",
         "decoder graph: contrib = ONNX Runtime's fused operators (GroupQueryAttention, RotaryEmbedding, "
-        "SkipSimplifiedLayerNormalization; ONNX Runtime, onnxruntime-genai, transformers.js), standard = "
-        "standard ONNX operators only (other ONNX runtimes; slower)",
-        choices=("contrib", "standard"),
+        "SkipSimplifiedLayerNormalization; ONNX Runtime, onnxruntime-genai, transformers.js; head_dim a "
+        "multiple of 8), standard = standard ONNX operators only (other ONNX runtimes; slower), auto = "
+        "contrib where the model's shapes allow it, else standard",
+        choices=("auto", "contrib", "standard"),
     )
     onnx_external_data: bool = opt(
         False,

@@ -38,6 +38,16 @@ from prodip.train.model import build_attention_mask
 CONTRIB_OPS = ("GroupQueryAttention", "RotaryEmbedding", "SkipSimplifiedLayerNormalization")
 
 
+def unsupported(config: object) -> str | None:
+    """Why ONNX Runtime's GroupQueryAttention cannot run this model (None: it can).
+
+    Its CPU kernel requires ``head_dim`` to be a multiple of 8 (ONNX Runtime 1.32:
+    "head_size must be a multiple of 8").
+    """
+    head_dim = int(config.head_dim)
+    return None if head_dim % 8 == 0 else f"head_dim {head_dim} is not a multiple of 8 (GroupQueryAttention)"
+
+
 def _symbolic(op: str, inputs: list, attrs: dict, dtypes: list, shapes: list) -> list[torch.Tensor]:
     return list(ops.symbolic_multi_out(f"com.microsoft::{op}", inputs, attrs, dtypes=dtypes, shapes=shapes, version=1))
 

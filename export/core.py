@@ -29,7 +29,7 @@ from prodip.base.manifest import read_manifest, write_manifest
 from prodip.base.variants import BY_NAME, ONNX_DIR, ONNX_VARIANTS, onnx_files
 from prodip.export import genai, hf, quantize
 from prodip.export.config import VARIANTS, ExportConfig
-from prodip.export.onnx import check_io, export_onnx
+from prodip.export.onnx import check_io, export_onnx, resolve_graph
 from prodip.train.checkpoint import TOKENIZER_SUBDIR, load_model, resolve_checkpoint
 
 logger = logging.getLogger("export")
@@ -231,8 +231,9 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
         return {}
     (root / ONNX_DIR).mkdir()
     fp32 = root / ONNX_FILES["fp32"]
-    with step(f"ONNX fp32 decoder ({cfg.onnx_graph} graph, opset {cfg.opset})"):
-        export_onnx(model, fp32, opset=cfg.opset, external_data=cfg.onnx_external_data or None, graph=cfg.onnx_graph)
+    graph = resolve_graph(cfg.onnx_graph, model.config)
+    with step(f"ONNX fp32 decoder ({graph} graph, opset {cfg.opset})"):
+        export_onnx(model, fp32, opset=cfg.opset, external_data=cfg.onnx_external_data or None, graph=graph)
         check_io(fp32, model.config)
     out = {"fp32": _onnx_variant("fp32", ONNX_FILES["fp32"], "float32", None, root)}
     ext = bool(out["fp32"]["external_data"])  # the derived files follow the fp32 file's layout
@@ -272,7 +273,7 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
         for rel in [ONNX_FILES["fp32"], *out.pop("fp32")["external_data"]]:
             (root / rel).unlink()
     for entry in out.values():  # contrib: ONNX Runtime's fused operators; standard: ONNX operators only
-        entry["graph"] = cfg.onnx_graph
+        entry["graph"] = graph
     return out
 
 
@@ -405,6 +406,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             f"the checkpoint being exported. Choose another --out"
         )
     model, _, info = load_model(ckpt)
+    resolve_graph(cfg.onnx_graph, model.config)  # --onnx-graph contrib on a shape it cannot run: before any work
     source = {
         "path": str(Path(info["checkpoint_dir"]).resolve()),
         "step": info["step"],

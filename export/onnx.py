@@ -36,7 +36,7 @@ from torch.export import Dim
 
 from prodip.base.errors import InvalidInput
 from prodip.base.onnx_io import io_names
-from prodip.export.contrib import ContribDecoder
+from prodip.export.contrib import ContribDecoder, unsupported
 from prodip.export.graph import add_mask_length_check, drop_unused_outputs
 
 logger = logging.getLogger(__name__)
@@ -116,8 +116,26 @@ def _dynamic_shapes(num_layers: int) -> dict[str, Any]:
     }
 
 
-#: Decoder graphs :func:`export_onnx` can trace (``ExportConfig.onnx_graph``).
-GRAPHS = ("contrib", "standard")
+#: Decoder graphs :func:`export_onnx` can trace (``ExportConfig.onnx_graph``); ``auto`` = contrib
+#: where ONNX Runtime's fused operators support the model's shapes, else standard.
+GRAPHS = ("auto", "contrib", "standard")
+
+
+def resolve_graph(graph: str, config: Any) -> str:
+    """The graph :func:`export_onnx` traces for ``graph`` and a model ``config``.
+
+    Raises:
+        InvalidInput: an unknown ``graph``, or ``contrib`` for a model its operators cannot run
+            (e.g. ``head_dim`` not a multiple of 8), naming the reason.
+    """
+    if graph not in GRAPHS:
+        raise InvalidInput(f"ONNX graph {graph!r}: choose one of {', '.join(GRAPHS)}")
+    why = unsupported(config)
+    if graph == "contrib" and why:
+        raise InvalidInput(f"--onnx-graph contrib: {why}; use --onnx-graph standard (or auto)")
+    if graph == "auto":
+        return "standard" if why else "contrib"
+    return graph
 
 
 def export_onnx(
@@ -139,16 +157,15 @@ def export_onnx(
         opset: ONNX opset (default :data:`DEFAULT_OPSET`).
         external_data: keep weights in an external file; ``None`` = only when the parameters
             exceed protobuf's 2 GB limit.
-        graph: ``"contrib"`` (ONNX Runtime's fused operators) or ``"standard"`` (standard ONNX
-            operators only); see the module docstring.
+        graph: ``"contrib"`` (ONNX Runtime's fused operators), ``"standard"`` (standard ONNX
+            operators only) or ``"auto"`` (:func:`resolve_graph`); see the module docstring.
     Returns:
         ``path``.
     Raises:
         RuntimeError: the exporter failed or ``onnx.checker`` rejected the graph.
     """
 
-    if graph not in GRAPHS:
-        raise InvalidInput(f"ONNX graph {graph!r}: choose one of {', '.join(GRAPHS)}")
+    graph = resolve_graph(graph, model.config)
     path = Path(path)
     model = copy.deepcopy(model).float().eval()
     L = model.config.num_hidden_layers

@@ -97,3 +97,16 @@ def test_masked_cache_slots_cannot_change_the_output(graph_variant):
         got = _step(s, config, mask, bad)
         assert np.isfinite(got).all(), f"{variant}: fill {fill} reached the logits"
         np.testing.assert_array_equal(got, want, err_msg=f"{variant}: fill {fill} in masked slots moved the logits")
+
+
+def test_graph_choice_follows_the_model_shape():
+    from prodip.base.errors import InvalidInput
+    from prodip.export.onnx import resolve_graph
+    from tests.fixtures import tiny_config
+
+    ok, odd = tiny_config(hidden_size=64, num_attention_heads=4), tiny_config(hidden_size=48, num_attention_heads=4)
+    assert (ok.head_dim, odd.head_dim) == (16, 12)
+    assert resolve_graph("auto", ok) == "contrib" and resolve_graph("auto", odd) == "standard"
+    assert resolve_graph("standard", ok) == "standard"
+    with pytest.raises(InvalidInput, match="head_dim 12 is not a multiple of 8"):
+        resolve_graph("contrib", odd)
