@@ -35,10 +35,11 @@ from prodip.base.manifest import (
 from prodip.conformance import measure, runners
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
-from prodip.conformance.inputs import build_inputs
+from prodip.conformance.inputs import PROMPTS, build_inputs
 from prodip.conformance.reload import load_safetensors_model
 from prodip.conformance.report import write_report
 from prodip.conformance.runners import TorchRunner, onnx_axes_problems
+from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
 from prodip.conformance.verdict import merge_verdict
 from prodip.export.core import require_checkpoint_tokenizer
@@ -404,6 +405,14 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg, tolerances.get(cand.tolerance_table))
         for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None)
     }
+    prompts = {k: train_tok.encode(PROMPTS[k]).ids for k in RUNTIME_PROMPTS}
+    on_device = check_runtimes(
+        export_dir, candidates, prompts, ref_model, model_cfg, cfg.runtimes, cfg.runtime_tokens, cfg.threads
+    )
+    for name, rt in on_device.items():  # a runtime's failure fails its variant's candidate
+        results[name]["checks"] += rt.pop("checks")
+        results[name]["runtimes"] = rt
+        results[name]["passed"] = all(c["passed"] is not False for c in results[name]["checks"])
     variants: dict[str, bool] = {}
     for cand in candidates:
         variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
@@ -448,6 +457,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
             "heldout_bpc": {lang: bits_per_char(ref.nll[lang], h["chars"]) for lang, h in inputs.heldout.items()},
         },
         "global": {"metrics": g, "checks": g_checks, "passed": g_passed},
+        "runtimes": {"checked": list(cfg.runtimes), "prompts": prompts, "new_tokens": cfg.runtime_tokens},
         "candidates": results,
         "seconds": time.perf_counter() - t_start,
     }
