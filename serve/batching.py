@@ -159,7 +159,7 @@ class Sequence:
         lp, top = None, []
         if p.logprobs is not None:
             row = log_softmax(logits)
-            lp, top = float(row[token]), top_logprobs(row, p.logprobs)
+            lp, top = float(row[token]), _with_chosen(top_logprobs(row, p.logprobs), token, row)
         self.generated.append(token)
         self.penalties.observe(token)
         if token == self.eos_id and not p.ignore_eos:
@@ -376,5 +376,13 @@ def _prompt_scores(logits: np.ndarray, prompt_ids: list[int], n_top: int) -> Pro
     rows = log_softmax(logits[:-1])  # (T-1, V): row t predicts token t+1
     for t, tok in enumerate(prompt_ids[1:]):
         lps.append(float(rows[t, tok]))
-        tops.append(top_logprobs(rows[t], n_top))
+        tops.append(_with_chosen(top_logprobs(rows[t], n_top), tok, rows[t]))
     return PromptScores(lps, tops)
+
+
+def _with_chosen(top: list[tuple[int, float]], token: int, row: np.ndarray) -> list[tuple[int, float]]:
+    """``top`` plus the chosen (sampled or echoed) token when it is not among them: up to
+    ``logprobs + 1`` entries, as OpenAI's legacy completions and vLLM return."""
+    if any(t == token for t, _ in top):
+        return top
+    return [*top, (int(token), float(row[token]))]

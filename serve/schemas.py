@@ -146,8 +146,23 @@ class GenerateRequest(_Sampling):
 
 
 class TokenizeRequest(_Strict):
-    text: str
-    add_special_tokens: bool = True
+    """``POST /tokenize`` in vLLM's shape (``prompt``), which lm-eval's ``tokenizer_backend=remote``
+    sends; ``text`` is the older prodip name of the same field (exactly one of the two)."""
+
+    prompt: Optional[str] = Field(None, description="text to tokenize (vLLM's field)")
+    text: Optional[str] = Field(None, description="alias of prompt (prodip's older field)")
+    add_special_tokens: bool = Field(True, description="let the tokenizer's post-processor add its tokens (BOS)")
+    return_token_strs: bool = Field(False, description="also return each token's vocabulary string (vLLM)")
+
+    @model_validator(mode="after")
+    def _one_text(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.text is None):
+            raise ValueError("give exactly one of prompt (vLLM's name) or text")
+        return self
+
+    @property
+    def content(self) -> str:
+        return self.prompt if self.prompt is not None else self.text
 
 
 class DetokenizeRequest(_Strict):
