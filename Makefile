@@ -26,7 +26,7 @@ $(BIN)/.installed: pyproject.toml
 		echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_CPU_VERSION)"; \
 		$(BIN)/python -m pip install --retries 1 "torch==$(TORCH_CPU_VERSION)" --extra-index-url $(TORCH_CPU_INDEX); \
 	fi
-	$(BIN)/python -m pip install -e ".[test]"
+	$(BIN)/python -m pip install -e ".[train,test]"
 	touch $@
 
 install: $(BIN)/.installed

@@ -30,6 +30,7 @@ from prodip.serve.config import ServeConfig
 from prodip.serve.engine import load_export
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.middleware import GuardMiddleware
+from prodip.serve.openapi import install_openapi
 from prodip.serve.routes import _printable, add_routes
 from prodip.serve.schemas import error_body
 from prodip.serve.service import APIError, Service
@@ -79,6 +80,7 @@ def create_app(
     app.state.config = config
     _install_errors(app)
     add_routes(app, service)
+    install_openapi(app)
     app.add_middleware(GuardMiddleware, config=config, metrics=service.metrics)
     return app
 

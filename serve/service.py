@@ -310,8 +310,7 @@ class Service:
         if len(stop) > 16 or any(not s for s in stop):
             raise APIError(400, "stop must be at most 16 non-empty strings", param="stop")
         stop = [self.normalize(s) for s in stop]  # matched against model text, which is NFC
-        bias = tuple(sorted((int(key), float(value)) for key, value in (req.logit_bias or {}).items()))
-        outside = [tid for tid, _ in bias if tid >= self.vocab_size]
+        outside = [int(key) for key in (req.logit_bias or {}) if int(key) >= self.vocab_size]
         if outside:
             raise APIError(
                 400,
@@ -319,20 +318,7 @@ class Service:
                 param="logit_bias",
                 code="invalid_value",
             )
-        return SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            seed=req.seed,
-            stop=tuple(stop),
-            logprobs=logprobs,
-            prompt_logprobs=echo and logprobs is not None,
-            ignore_eos=req.ignore_eos,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            logit_bias=bias,
-        )
+        return req.to_sampling_params(max_new_tokens, logprobs, echo and logprobs is not None, stop)
 
     # ---- generation -------------------------------------------------------------------------
     async def stream(
