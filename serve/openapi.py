@@ -91,7 +91,9 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 }
             if path in _STREAMING and "200" in responses:
                 responses["200"].setdefault("content", {})["text/event-stream"] = {
-                    "schema": {"type": "string", "description": "server-sent events when stream is true"}
+                    "schema": {
+                        "description": "when stream is true: server-sent events, each `data:` a JSON chunk, then `data: [DONE]`"
+                    }
                 }
     return doc
 
