@@ -25,7 +25,17 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 def base_url(tiny_export):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prodip.serve", "serve", str(tiny_export[0]), "--port", str(port), "--log-level", "error"],
+        [
+            sys.executable,
+            "-m",
+            "prodip.serve",
+            "serve",
+            str(tiny_export[0]),
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -81,7 +91,7 @@ def test_schemathesis_finds_no_mismatch(base_url, tmp_path):
         str(report),
         "--no-color",
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)  # its cache dir goes there
     print(r.stdout[-3000:])
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     events = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
