@@ -157,3 +157,12 @@ def test_document_start_follows_the_tokenizer(tiny_export, tmp_path):
     svc.document_start, svc.adds_bos = svc._document_start()
     assert svc.document_start == [bos] and not svc.adds_bos
     assert svc.prompt_ids("hi")[0][0] == bos
+
+
+def test_default_max_tokens_checked_against_the_context_window(tiny_export):
+    """Issue 14 item 4: a limit set by the model (max_position_embeddings) is checked at startup."""
+    from prodip.base.errors import InvalidInput
+    from prodip.serve.app import create_app
+
+    with pytest.raises(InvalidInput, match="default_max_tokens 128 .* context window of 128"):
+        create_app(tiny_export[0], "fp32", default_max_tokens=128)
