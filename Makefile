@@ -32,11 +32,11 @@ $(BIN)/.installed: pyproject.toml node/package.json node/package-lock.json
 		$(BIN)/python -m pip install --retries 1 "torch==$(TORCH_CPU_VERSION)" --extra-index-url $(TORCH_CPU_INDEX); \
 	fi
 	@if [ "$(RUNTIMES)" = 1 ]; then \
-		$(BIN)/python -m pip install -e ".[test,runtimes]"; \
+		$(BIN)/python -m pip install -e ".[train,test,runtimes]"; \
 		if command -v npm >/dev/null 2>&1; then npm install --ignore-scripts --no-audit --no-fund --prefix node; \
 		else echo "npm not found: the Node runtimes (transformers.js, llama.cpp) will be skipped"; fi; \
 	else \
-		$(BIN)/python -m pip install -e ".[test]"; \
+		$(BIN)/python -m pip install -e ".[train,test]"; \
 	fi
 	touch $@
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from prodip.base.config import opt
 from prodip.base.errors import InvalidInput
 from prodip.base.variants import SAFETENSORS_DTYPES, VARIANT_NAMES
+from prodip.export.limits import check_nbits_options, check_opset
 
 # The variant table is a stage-to-stage contract: it lives in prodip.base.variants.
 VARIANTS = VARIANT_NAMES
@@ -41,9 +42,9 @@ class ExportConfig:
         "keep every ONNX file's weights in <file>.data beside it "
         "(always done when a model exceeds protobuf's 2 GB limit)",
     )
-    int8_per_channel: bool = opt(True, "int8: one scale per output channel instead of per tensor")
+    int8_block_size: int = opt(64, "int8: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
     int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")
-    int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (power of 2, >= 16)")
+    int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
     int4_symmetric: bool = opt(False, "int4: symmetric blocks (no zero points, smaller, less accurate)")
     int4_quantize_embeddings: bool = opt(True, "int4: quantise the token embedding too (GatherBlockQuantized)")
     int4_quantize_lm_head: bool = opt(True, "int4: quantise the lm_head MatMul too (else it stays fp32)")
@@ -63,8 +64,7 @@ class ExportConfig:
             )
         if not self.variants:
             raise InvalidInput("ExportConfig.variants: empty; choose from " + ", ".join(VARIANTS))
-        bs = self.int4_block_size
-        if bs < 16 or bs & (bs - 1):
-            raise InvalidInput(f"ExportConfig.int4_block_size must be a power of 2 >= 16, got {bs}")
-        if not 0 <= self.int4_accuracy_level <= 4:
-            raise InvalidInput(f"ExportConfig.int4_accuracy_level must be in 0..4, got {self.int4_accuracy_level}")
+        # ranges set by the libraries the export calls, asked of them (prodip.export.limits)
+        check_opset(self.opset)
+        check_nbits_options(4, self.int4_block_size, self.int4_accuracy_level, name="ExportConfig.int4_block_size")
+        check_nbits_options(8, self.int8_block_size, 4, name="ExportConfig.int8_block_size")

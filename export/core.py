@@ -244,7 +244,7 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
             lambda dst: quantize.to_int8(
                 fp32,
                 dst,
-                per_channel=cfg.int8_per_channel,
+                block_size=cfg.int8_block_size,
                 quantize_embeddings=cfg.int8_quantize_embeddings,
                 external_data=ext,
             ),

@@ -9,6 +9,8 @@
   the lm_head's quantised tensors so the file holds the table once.
 - :func:`add_mask_length_check`: the decoder refuses an ``attention_mask`` whose length is not
   ``past + T`` (case C3); :func:`drop_unused_outputs`: blank the optional outputs nothing reads.
+- :func:`find_embedding_gather`, :func:`quantize_embedding_int8`: the 8-bit GatherBlockQuantized
+  embedding (ORT's quantiser does 4-bit Gathers only).
 
     python -c "from prodip.export.graph import find_tied_embedding; help(find_tied_embedding)"
 """
@@ -21,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnxruntime.capi._pybind_state import quantize_matmul_8bits
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -293,78 +296,128 @@ def share_tied_embedding_int4(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
     return None
 
 
+@dataclass(frozen=True)
+class EmbeddingGather:
+    """The token-embedding lookup of an fp32 decoder: ``Gather(table, input_ids, axis=0)``.
+
+    Attributes:
+        node: the Gather's node name; table: its float32 [vocab, hidden] initializer;
+        indices: its indices input (``input_ids``); embedding: its output.
+    """
+
+    node: str
+    table: str
+    indices: str
+    embedding: str
+
+
+def find_embedding_gather(graph: onnx.GraphProto) -> Optional[EmbeddingGather]:
+    """The Gather (axis 0) of a 2-D float initializer by the graph input ``input_ids``, or None."""
+    inits = {t.name: t for t in graph.initializer}
+    inputs = {i.name for i in graph.input}
+    for n in graph.node:
+        if (
+            n.op_type == "Gather"
+            and n.input[0] in inits
+            and n.input[1] in inputs
+            and len(inits[n.input[0]].dims) == 2
+            and inits[n.input[0]].data_type == onnx.TensorProto.FLOAT
+            and _attr(n, "axis", 0) == 0
+        ):
+            return EmbeddingGather(node=n.name, table=n.input[0], indices=n.input[1], embedding=n.output[0])
+    return None
+
+
+def quantize_embedding_int8(model: onnx.ModelProto, emb: EmbeddingGather, block_size: int) -> None:
+    """Replace the fp32 embedding Gather by ``com.microsoft.GatherBlockQuantized`` (bits 8), in place.
+
+    The table E float32 [vocab, hidden] is quantised by ONNX Runtime's own MatMulNBits kernel
+    (``onnxruntime.capi._pybind_state.quantize_matmul_8bits`` on E^T, K = hidden, N = vocab,
+    symmetric): codes uint8 [vocab, hidden/block, block] (code - 128) * scale, scales float32
+    [vocab, hidden/block], i.e. exactly the layout GatherBlockQuantized reads for uint8 data with
+    ``bits=8`` (data [vocab, hidden], quantize_axis 1, absent zero points = 128; ORT's
+    ContribOperators.md). ORT's ``MatMulNBitsQuantizer`` quantises Gathers at 4 bits only, hence
+    this helper. ``hidden`` must be a multiple of ``block_size`` (ValueError otherwise: a bug of
+    the caller, who checks it).
+    """
+    graph = model.graph
+    init = next(t for t in graph.initializer if t.name == emb.table)
+    table = numpy_helper.to_array(init).astype(np.float32)
+    vocab, hidden = table.shape
+    if hidden % block_size:
+        raise ValueError(f"hidden {hidden} is not a multiple of block_size {block_size}")
+    blocks = hidden // block_size
+    codes = np.zeros((vocab, blocks, block_size), np.uint8)
+    scales = np.zeros((vocab, blocks), np.float32)
+    zero_points = np.zeros((vocab, blocks), np.uint8)  # unused when symmetric
+    quantize_matmul_8bits(codes, np.ascontiguousarray(table.T), scales, zero_points, block_size, vocab, hidden, True)
+    data, scale = f"{emb.table}_Q8", f"{emb.table}_Q8_scales"
+    graph.initializer.extend(
+        [numpy_helper.from_array(codes.reshape(vocab, hidden), data), numpy_helper.from_array(scales, scale)]
+    )
+    gather = onnx.helper.make_node(
+        "GatherBlockQuantized",
+        [data, emb.indices, scale],
+        [emb.embedding],
+        name=emb.node,
+        domain="com.microsoft",
+        bits=8,
+        block_size=block_size,
+        gather_axis=0,
+        quantize_axis=1,
+    )
+    old = next(n for n in graph.node if n.name == emb.node and emb.embedding in n.output)
+    position = list(graph.node).index(old)
+    graph.node.remove(old)
+    graph.node.insert(position, gather)
+    if not any(emb.table in n.input for n in graph.node):
+        graph.initializer.remove(init)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+
+
 def share_tied_embedding_int8(model: onnx.ModelProto, tied: TiedEmbedding) -> Optional[str]:
-    """Make the int8 embedding lookup read the lm_head's MatMulInteger weights, in place.
+    """Make the int8 embedding lookup read the lm_head's 8-bit MatMulNBits weights, in place.
 
-    quantize_dynamic (QOperator) leaves the lm_head as ``MatMulInteger(DynamicQuantizeLinear(x),
-    W_q, x_zp, W_zp)`` then ``Cast`` and ``Mul(x_scale * W_scale)``: W_q int8 [hidden, vocab]
-    (``<weight>_quantized``, the transposed table), W_scale float32 [vocab] per output channel
-    (or a scalar per tensor), W_zp int8 zeros (QInt8 weights are symmetric). Vocab entry v is
-    column v of W_q times W_scale[v], so the embedding becomes, with standard ONNX ops::
-
-        Gather(W_q, ids, axis=1)            int8 [hidden, *ids]
-        Transpose(perm=[1, .., r, 0])       int8 [*ids, hidden]
-        Cast(to=float) * Unsqueeze(Gather(W_scale, ids), -1)   float32 [*ids, hidden]
-
-    which is DequantizeLinear of the lm_head's weights, exactly. Only the gathered rows move at run
-    time; W_q stays a plain initializer of MatMulInteger. This replaces quantize_dynamic's per-tensor
-    uint8 embedding (one scale for the whole table) by per-row int8, so it is also more accurate.
+    ``com.microsoft.MatMulNBits`` (lm_head, K = hidden, N = vocab, bits 8, block b, symmetric):
+    B uint8 [vocab, hidden/b, b], weight = (code - 128) * scale, scales float32 [vocab, hidden/b],
+    no zero points. ``GatherBlockQuantized`` with uint8 data and ``bits=8`` reads data [vocab,
+    hidden] blocked along the last axis, scales [vocab, hidden/b], absent zero points = 128
+    (ORT's ContribOperators.md; CPU kernel contrib_ops/cpu/quantization/gather_block_quantized.cc).
+    With hidden a multiple of b, B read row-major IS that data, so the embedding becomes
+    ``GatherBlockQuantized(Reshape(B, [vocab, hidden]), ids, scales)``: the lm_head's codes, bit for
+    bit, stored once. The embedding's fp32 table is dropped.
 
     Returns:
         None when shared, else why not (the graph is then left as it was).
     """
     graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    weight, scale, zp = (f"{tied.transposed}_quantized", f"{tied.transposed}_scale", f"{tied.transposed}_zero_point")
-    mmi = next((n for n in graph.node if n.op_type == "MatMulInteger" and n.input[1] == weight), None)
-    if mmi is None or weight not in inits or scale not in inits:
-        return "the lm_head is not a MatMulInteger with quantize_dynamic's weight initializers"
-    w = inits[weight]
-    if list(w.dims) != [tied.hidden, tied.vocab] or w.data_type != onnx.TensorProto.INT8:
-        return f"lm_head weight {weight} is not int8 [{tied.hidden}, {tied.vocab}]"
-    scales = numpy_helper.to_array(inits[scale])
-    if scales.shape not in ((), (1,), (tied.vocab,)):
-        return f"lm_head weight scale has shape {scales.shape}"
-    if zp in inits and np.any(numpy_helper.to_array(inits[zp])):
-        return "lm_head weight zero points are not all 0"
-    if len(mmi.input) > 3 and mmi.input[3] and mmi.input[3] != zp:
-        return "MatMulInteger reads an unexpected weight zero point"
-    if not any(scale in n.input for n in graph.node if n.op_type == "Mul"):
-        return f"no Mul applies {scale} to the lm_head output"
-    rank = next((len(i.type.tensor_type.shape.dim) for i in graph.input if i.name == tied.indices), None)
-    if rank is None:
-        rank = 2  # the decoder's input_ids [batch, seq] (intermediate indices have no declared type here)
-    name = tied.gather_node + "_shared"
-    nodes = [
-        onnx.helper.make_node("Gather", [weight, tied.indices], [f"{name}_columns"], name=f"{name}_gather", axis=1),
-        onnx.helper.make_node(
-            "Transpose", [f"{name}_columns"], [f"{name}_rows"], name=f"{name}_transpose", perm=[*range(1, rank + 1), 0]
-        ),
-        onnx.helper.make_node(
-            "Cast", [f"{name}_rows"], [f"{name}_float"], name=f"{name}_cast", to=onnx.TensorProto.FLOAT
-        ),
-    ]
-    if scales.shape == (tied.vocab,) and tied.vocab != 1:
-        if _opset(model) >= 13:  # Unsqueeze's axes became an input in opset 13
-            axes = f"{name}_axes"
-            graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
-            unsqueeze = onnx.helper.make_node(
-                "Unsqueeze", [f"{name}_scale", axes], [f"{name}_scale_col"], name=f"{name}_unsqueeze_scale"
-            )
-        else:
-            unsqueeze = onnx.helper.make_node(
-                "Unsqueeze", [f"{name}_scale"], [f"{name}_scale_col"], name=f"{name}_unsqueeze_scale", axes=[-1]
-            )
-        nodes += [
-            onnx.helper.make_node(
-                "Gather", [scale, tied.indices], [f"{name}_scale"], name=f"{name}_gather_scale", axis=0
-            ),
-            unsqueeze,
-            onnx.helper.make_node("Mul", [f"{name}_float", f"{name}_scale_col"], [tied.embedding], name=f"{name}_mul"),
-        ]
-    else:  # per-tensor weights: one scale
-        nodes.append(onnx.helper.make_node("Mul", [f"{name}_float", scale], [tied.embedding], name=f"{name}_mul"))
-    _replace_embedding_nodes(graph, tied, nodes)
+    mnb = next((n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == tied.logits), None)
+    if mnb is None:
+        return "the lm_head is not a MatMulNBits node"
+    block = _attr(mnb, "block_size")
+    if (_attr(mnb, "K"), _attr(mnb, "N"), _attr(mnb, "bits", 4)) != (tied.hidden, tied.vocab, 8):
+        return f"MatMulNBits K/N/bits {_attr(mnb, 'K')}/{_attr(mnb, 'N')}/{_attr(mnb, 'bits')} do not match the table"
+    if tied.hidden % block:
+        return f"hidden {tied.hidden} is not a multiple of block_size {block} (MatMulNBits pads the last block)"
+    if len(mnb.input) > 3 and mnb.input[3]:
+        return "the lm_head has zero points (asymmetric): GatherBlockQuantized would need them repacked"
+    weight, scales = mnb.input[1], mnb.input[2]
+    shape, data = f"{weight}_as_embedding_shape", f"{weight}_as_embedding"
+    graph.initializer.append(numpy_helper.from_array(np.array([tied.vocab, tied.hidden], np.int64), shape))
+    reshape = onnx.helper.make_node("Reshape", [weight, shape], [data], name=f"{tied.gather_node}_shared_reshape")
+    gather = onnx.helper.make_node(
+        "GatherBlockQuantized",
+        [data, tied.indices, scales],
+        [tied.embedding],
+        name=tied.gather_node,
+        domain="com.microsoft",
+        bits=8,
+        block_size=block,
+        gather_axis=0,
+        quantize_axis=1,
+    )
+    _replace_embedding_nodes(graph, tied, [reshape, gather])
     return None
 
 

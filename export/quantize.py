@@ -4,8 +4,9 @@
   (inputs, outputs and the KV cache stay float32); ops that overflow or lose too much in fp16
   stay fp32 (:func:`fp16_op_block_list`), and so does the RoPE angle computation (every node
   upstream of Cos/Sin: positions * inverse frequencies).
-* int8: ``onnxruntime.quantization.quantize_dynamic`` (QOperator, per-channel QInt8 weights,
-  activations quantised at run time); MatMul weights and the embedding Gather.
+* int8: ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(bits=8)``
+  (weight-only, symmetric blockwise RTN; MatMul -> com.microsoft.MatMulNBits with int8 compute,
+  embedding Gather -> GatherBlockQuantized(bits=8)); batch-invariant (see :func:`to_int8`).
 * int4: ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` (weight-only,
   blockwise RTN; MatMul -> com.microsoft.MatMulNBits, embedding Gather -> GatherBlockQuantized).
 
@@ -30,7 +31,6 @@ from typing import Any
 
 import onnx
 import onnx.version_converter
-from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 from onnxruntime.quantization.quant_utils import QuantFormat
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
@@ -39,12 +39,15 @@ from onnxruntime.transformers.onnx_model import OnnxModel
 from prodip.export.graph import (
     _ancestors,
     _rmsnorm_nodes,
+    find_embedding_gather,
     find_tied_embedding,
     fold_fp16_round_trips,
     materialize_transposed_weights,
+    quantize_embedding_int8,
     share_tied_embedding_int4,
     share_tied_embedding_int8,
 )
+from prodip.export.limits import check_nbits_options, supported_block_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,9 @@ FP16_EXTRA_BLOCKED_OPS = (
 PROTOBUF_LIMIT_BYTES = 2 * 1024**3
 #: ONNX opset introducing the INT4/UINT4 tensor types GatherBlockQuantized's weights use.
 INT4_MIN_OPSET = 21
+#: int8 defaults: 64 weights per block (size ~0.27x fp32 with the scales), int8 compute (MLAS).
+INT8_BLOCK_SIZE = 64
+INT8_ACCURACY_LEVEL = 4
 
 
 def fp16_op_block_list() -> list[str]:
@@ -151,46 +157,62 @@ def to_int8(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    per_channel: bool = True,
+    block_size: int = INT8_BLOCK_SIZE,
+    accuracy_level: int = INT8_ACCURACY_LEVEL,
     quantize_embeddings: bool = True,
     share_tied_embedding: bool = True,
     external_data: bool = False,
 ) -> dict[str, Any]:
-    """Dynamic int8 quantisation of the fp32 decoder ``src`` into ``dst``.
+    """Weight-only 8-bit blockwise quantisation (MatMulNBits, bits=8) of the fp32 decoder ``src``.
+
+    Every MatMul with a constant weight becomes ``com.microsoft.MatMulNBits`` (bits 8, symmetric RTN
+    blocks of ``block_size`` weights along K, one float32 scale per block: ORT's
+    ``MatMulNBitsQuantizer``), and the embedding Gather becomes ``com.microsoft.GatherBlockQuantized``
+    (bits 8) over a table quantised by the same ORT kernel (``quantize_matmul_8bits``), or over the
+    lm_head's very tensors when they are tied (:func:`share_tied_embedding_int8`).
+
+    Batch-invariant by construction: the weights are constants, and with ``accuracy_level`` 4 the
+    activations are quantised per row and per block of K (MLAS's int8 kernels), so a row's result
+    does not depend on the other rows of its batch. (The former ``quantize_dynamic`` scheme had one
+    activation scale for the whole batch: a request's tokens changed with its neighbours.)
 
     Args:
-        per_channel: one scale per output channel of each MatMul weight.
-        quantize_embeddings: also quantise the token embedding (Gather; per tensor, or per row
-            when shared with a tied lm_head).
-        share_tied_embedding: with tied embeddings, store the int8 table once: the embedding
-            reads the lm_head's weights (:func:`share_tied_embedding_int8`). False keeps
-            quantize_dynamic's two copies (for comparison).
+        block_size: weights per block along K; ORT accepts 16, 32, 64, 128 and 256 (powers of 2).
+        accuracy_level: MatMulNBits ``accuracy_level``; 4 = int8 compute (MLAS's fast path; 0 or 1
+            = fp32 compute, which for 8-bit weights dequantises every call and runs ~8x slower on
+            CPU, and is not batch-invariant in ORT 1.32: 5e-6 drifts with the batch size).
+        quantize_embeddings: embedding Gather -> GatherBlockQuantized; otherwise it stays fp32.
+        share_tied_embedding: with tied embeddings, the embedding reads the lm_head's 8-bit weights
+            (one table in the file); False quantises a second copy (for comparison).
         external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
     Returns:
-        Quantisation parameters (tool, weight type, per_channel, op types, reduce_range,
-        ``embedding_shared_with_lm_head`` and, for a tied model that is not shared, why not).
+        Quantisation parameters, with ``embedding_shared_with_lm_head`` (and, for a tied model that
+        is not shared, why not).
+    Raises:
+        InvalidInput: a block size or accuracy level ONNX Runtime does not accept.
     """
-    dst = Path(dst)
+    check_nbits_options(8, block_size, accuracy_level)
     model = onnx.load(str(src))
     tied = find_tied_embedding(model.graph)
+    embedding = find_embedding_gather(model.graph)
     folded = materialize_transposed_weights(model)
-    ops = ["MatMul", "Gather"] if quantize_embeddings else ["MatMul"]
-    large = external_data or _too_big(model)
+    quant = mnb.MatMulNBitsQuantizer(
+        model,
+        bits=8,
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=accuracy_level or None,
+        quant_format=QuantFormat.QOperator,
+        op_types_to_quantize=("MatMul",),  # ORT's quantiser does 4-bit Gathers only: the embedding is done below
+        quant_axes=(("MatMul", 0),),
+    )
     root, level = logging.getLogger(), logging.getLogger().level
-    root.setLevel(max(level, logging.ERROR))  # quantize_dynamic narrates every tensor on the root logger
+    root.setLevel(max(level, logging.WARNING))  # the quantiser narrates every node at INFO
     try:
-        quantize_dynamic(
-            model,
-            dst,
-            op_types_to_quantize=ops,
-            per_channel=per_channel,
-            reduce_range=False,
-            weight_type=QuantType.QInt8,
-            use_external_data_format=large,
-            extra_options={"MatMulConstBOnly": True},
-        )
+        quant.process()
     finally:
         root.setLevel(level)
+    qmodel = quant.model.model
     shared, why = False, None
     if tied is not None:
         why = (
@@ -198,47 +220,51 @@ def to_int8(
             if not share_tied_embedding
             else "quantize_embeddings=False"
             if not quantize_embeddings
-            else None
+            else share_tied_embedding_int8(qmodel, tied)
         )
-        if why is None:
-            qmodel = onnx.load(str(dst))
-            why = share_tied_embedding_int8(qmodel, tied)
-            if why is None:
-                _resave(qmodel, dst, large)
-                shared = True
-        if why is not None:
+        shared = why is None
+        if not shared:
             logger.info("int8: tied embedding stored twice (%s)", why)
-    onnx.checker.check_model(str(dst))
+    embedding_block, embedding_why = None, None
+    if quantize_embeddings and not shared and embedding is not None:
+        hidden = next(t.dims[1] for t in qmodel.graph.initializer if t.name == embedding.table)
+        # GatherBlockQuantized reads whole blocks: the largest accepted block size dividing hidden
+        fits = [b for b in supported_block_sizes(8) if hidden % b == 0 and b <= block_size]
+        if fits:
+            embedding_block = fits[-1]
+            quantize_embedding_int8(qmodel, embedding, embedding_block)
+        else:
+            embedding_why = f"hidden {hidden} is not a multiple of any block size ONNX Runtime accepts"
+            logger.info("int8: embedding kept float32 (%s)", embedding_why)
+    external = _save(qmodel, Path(dst), external_data)
     params = {
-        "tool": "onnxruntime.quantization.quantize_dynamic",
+        "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
+        "algorithm": "RTN (DEFAULT)",
         "format": "QOperator",
-        "weight_type": "QInt8",
-        "activation_type": "QUInt8 (dynamic, per tensor)",
-        "per_channel": per_channel,
-        "reduce_range": False,
-        "op_types": ops,
-        "embedding_quantized": quantize_embeddings,
+        "bits": 8,
+        "block_size": block_size,
+        "symmetric": True,
+        "accuracy_level": accuracy_level,
+        "activation_quantization": "per row and block at run time (accuracy_level 4), batch-invariant"
+        if accuracy_level == 4
+        else "none (fp32 compute)",
+        "op_types": ["MatMul", "Gather"] if quantize_embeddings else ["MatMul"],
+        "embedding_quantized": shared or embedding_block is not None,
+        "embedding_block_size": block_size if shared else embedding_block,
         "embedding_shared_with_lm_head": shared,
         "materialized_transposes": folded,
-        "external_data": large,
+        "external_data": external,
     }
     if shared:
         params["embedding_layout"] = (
-            "the lm_head's int8 weights [hidden, vocab] and per-vocab-row scales, "
-            "read by Gather(axis=1) -> Transpose -> Cast -> Mul(scale)"
+            "GatherBlockQuantized(bits=8) on Reshape(lm_head MatMulNBits B [vocab, hidden/block, block] "
+            "-> [vocab, hidden]), the same scales"
         )
     elif tied is not None:
         params["embedding_not_shared_because"] = why
+    if embedding_why:
+        params["embedding_not_quantized_because"] = embedding_why
     return params
-
-
-def _resave(model: onnx.ModelProto, dst: Path, external: bool) -> None:
-    """Rewrite ``dst`` (and a fresh ``dst.data``: onnx appends to an existing data file)."""
-    data = dst.with_name(dst.name + ".data")
-    dst.unlink()
-    if data.exists():
-        data.unlink()
-    _save(model, dst, external)
 
 
 def _lm_head_node(graph: onnx.GraphProto) -> str | None:

@@ -26,10 +26,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prodip.base.errors import InvalidInput
 from prodip.serve.config import ServeConfig
 from prodip.serve.engine import load_export
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.middleware import GuardMiddleware
+from prodip.serve.openapi import install_openapi
 from prodip.serve.routes import _printable, add_routes
 from prodip.serve.schemas import error_body
 from prodip.serve.service import APIError, Service
@@ -62,6 +64,11 @@ def create_app(
     if config.api_key is None and os.environ.get("PRODIP_API_KEY"):
         config = dataclasses.replace(config, api_key=os.environ["PRODIP_API_KEY"])
     info = load_export(config.export_dir, config.variant, allow_unverified=config.allow_unverified)
+    if config.default_max_tokens >= info.max_model_len:  # no prompt would fit: refuse at startup, not per request
+        raise InvalidInput(
+            f"ServeConfig.default_max_tokens {config.default_max_tokens} leaves no room for a prompt in the "
+            f"model's context window of {info.max_model_len} tokens (config.json max_position_embeddings)"
+        )
     for warning in info.warnings:
         log.warning(warning)
     service = Service(info, config, ServeMetrics())
@@ -79,6 +86,7 @@ def create_app(
     app.state.config = config
     _install_errors(app)
     add_routes(app, service)
+    install_openapi(app)
     app.add_middleware(GuardMiddleware, config=config, metrics=service.metrics)
     return app
 

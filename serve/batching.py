@@ -1,11 +1,22 @@
-"""Continuous batching on one background thread: prefill arrivals together, decode all rows as one batch.
+"""Continuous batching on one background thread, batch-invariant: a request's tokens and logprobs
+are bit-identical whatever else runs with it.
 
-Requests that arrive together (within ``batch_wait_ms`` of an idle engine, or during any decode
-step) are prefilled as one left-padded batch and then merged into the running batch: KV caches of
-different lengths are left-padded with zeros and masked out (``attention_mask`` 0, positions
-``cumsum(mask) - 1``), so each row sees exactly its own tokens. Finished or cancelled rows leave
-the batch after the step in which they finish; leading columns that are padding in every row are
-trimmed. Results go back through each sequence's ``emit`` callback (called on this thread).
+The rule: rows are batched only with rows of the SAME shape (same number of tokens in the cache,
+same number of new tokens), never padded to each other. A row's numbers then do not depend on its
+neighbours, because every op of the decoder computes each row on its own (the ONNX Runtime CPU
+kernels of every served variant give a row the same bits in a batch of 1 or of 16 with equal
+shapes: tests/export/test_onnx.py::test_rows_are_batch_invariant). Padding would not be: a
+left-padded row's attention sums run over a longer, shifted axis, so SIMD lanes and GEMM K-blocks
+split them differently (fp32 logits move by ~1e-6, enough to flip a seeded sample on a tie), and
+the former int8 variant had one activation scale for the whole batch.
+
+So the running rows form groups, one per current length (:class:`_Batch`, no padding, mask all
+ones). Arrivals (within ``batch_wait_ms`` of an idle engine, or during any decode step) are
+prefilled together per prompt length and join the group of that length, if any. Each step decodes
+every group (one ONNX Runtime call per group; rows that started together, e.g. the ``n`` choices of
+a request or streams with prompts of one length, share one call). Finished or cancelled rows
+leave their group after the step in which they finish. Results go back through each sequence's
+``emit`` callback (called on this thread).
 
     python -c "from serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
 """
@@ -148,7 +159,7 @@ class Sequence:
         lp, top = None, []
         if p.logprobs is not None:
             row = log_softmax(logits)
-            lp, top = float(row[token]), top_logprobs(row, p.logprobs)
+            lp, top = float(row[token]), _with_chosen(top_logprobs(row, p.logprobs), token, row)
         self.generated.append(token)
         self.penalties.observe(token)
         if token == self.eos_id and not p.ignore_eos:
@@ -164,56 +175,37 @@ class Sequence:
             self.finish("length")
 
 
-def _left_pad(arr: np.ndarray, axis: int, width: int) -> np.ndarray:
-    if width == 0:
-        return arr
-    pad = [(0, 0)] * arr.ndim
-    pad[axis] = (width, 0)
-    return np.pad(arr, pad)
-
-
 @dataclass
 class _Batch:
-    """The running batch: rows = sequences; KV cache left-padded to a common length P."""
+    """A group of running rows of one length: KV caches (B, Hkv, P, Dh), no padding.
+
+    Attributes:
+        seqs: the rows' sequences.
+        past: 2 * layers caches (B, Hkv, P, Dh) float32: numpy arrays or OrtValues.
+        length: P, the tokens in every row's cache = the next position id.
+        next_ids: (B,) int64 last sampled token of each row (fed at the next step).
+    """
 
     seqs: list[Sequence]
-    past: list[Any]  # 2 * layers caches (B, Hkv, P, Dh) float32: numpy arrays or OrtValues
-    mask: np.ndarray  # (B, P) int64
-    lengths: np.ndarray  # (B,) int64 real tokens per row = next position id
-    next_ids: np.ndarray  # (B,) int64 last sampled token (fed at the next step)
+    past: list[Any]
+    length: int
+    next_ids: np.ndarray
 
     def select(self, keep: list[int]) -> _Batch:
-        if len(keep) == len(self.seqs):  # nobody left: keep the arrays, no copy of the cache
+        """The rows ``keep`` (indices); the same object when all are kept (no copy of the cache)."""
+        if len(keep) == len(self.seqs):
             return self
-        mask = self.mask[keep]
-        real = np.flatnonzero(mask.any(axis=0))
-        start = int(real[0]) if real.size else mask.shape[1]  # drop all-padding leading columns
         return _Batch(
-            [self.seqs[i] for i in keep],
-            [to_numpy(p)[keep][:, :, start:] for p in self.past],
-            mask[:, start:],
-            self.lengths[keep],
-            self.next_ids[keep],
+            [self.seqs[i] for i in keep], [to_numpy(p)[keep] for p in self.past], self.length, self.next_ids[keep]
         )
 
     @staticmethod
-    def merge(a: Optional[_Batch], b: _Batch) -> _Batch:
-        if a is None or not a.seqs:
-            return b
-        P = max(a.mask.shape[1], b.mask.shape[1])
-        pa, pb = P - a.mask.shape[1], P - b.mask.shape[1]
-        past = [
-            np.concatenate([_left_pad(to_numpy(x), 2, pa), _left_pad(to_numpy(y), 2, pb)])
-            for x, y in zip(a.past, b.past)
-        ]
-        mask = np.concatenate([_left_pad(a.mask, 1, pa), _left_pad(b.mask, 1, pb)])
-        return _Batch(
-            a.seqs + b.seqs,
-            past,
-            mask,
-            np.concatenate([a.lengths, b.lengths]),
-            np.concatenate([a.next_ids, b.next_ids]),
-        )
+    def merge(a: _Batch, b: _Batch) -> _Batch:
+        """Stack two groups of the same length (ValueError otherwise: a bug)."""
+        if a.length != b.length:
+            raise ValueError(f"cannot merge groups of lengths {a.length} and {b.length}")
+        past = [np.concatenate([to_numpy(x), to_numpy(y)]) for x, y in zip(a.past, b.past)]
+        return _Batch(a.seqs + b.seqs, past, a.length, np.concatenate([a.next_ids, b.next_ids]))
 
 
 class BatchScheduler:
@@ -243,7 +235,7 @@ class BatchScheduler:
         self._waiting: deque[Sequence] = deque()
         self._cond = threading.Condition()
         self._stop = False
-        self._batch: Optional[_Batch] = None
+        self._groups: list[_Batch] = []  # running rows, one group per length
         self._thread = threading.Thread(target=self._run, name="prodip-engine", daemon=True)
 
     def start(self) -> None:
@@ -267,7 +259,7 @@ class BatchScheduler:
 
     def _take_waiting(self) -> list[Sequence]:
         with self._cond:
-            running = 0 if self._batch is None else len(self._batch.seqs)
+            running = self._running()
             while not self._waiting and running == 0 and not self._stop:
                 self._cond.wait()
             if self._waiting and running == 0 and self.batch_wait_s > 0:
@@ -290,27 +282,39 @@ class BatchScheduler:
                 break
             try:
                 new = [s for s in new if not self._drop_if_cancelled(s)]
-                if new:
-                    self._batch = _Batch.merge(self._batch, self._prefill(new))
-                if self._batch is not None and self._batch.seqs:
-                    self._decode()
+                for group in self._prefill(new):
+                    self._join(group)
+                self._groups = [g for g in (self._decode(g) for g in self._groups) if g.seqs]
             except Exception as err:  # never let one bad step kill the server: fail the rows in flight
                 log.exception("engine step failed")
-                for seq in (self._batch.seqs if self._batch else []) + new:
+                for seq in [s for g in self._groups for s in g.seqs] + new:
                     seq.finish("error", error=f"{type(err).__name__}: {err}")
-                self._batch = None
+                self._groups = []
             self._report_depth()  # rows that finished or were cancelled this step have left
-        for seq in list(self._waiting) + (self._batch.seqs if self._batch else []):
+        for seq in list(self._waiting) + [s for g in self._groups for s in g.seqs]:
             seq.finish("cancelled")
         self._waiting.clear()
-        self._batch = None
+        self._groups = []
         self._report_depth()
+
+    def _running(self) -> int:
+        return sum(len(g.seqs) for g in self._groups)
+
+    def _join(self, group: _Batch) -> None:
+        """Add a prefilled group to the running group of its length, or as a new group."""
+        if not group.seqs:
+            return
+        for i, g in enumerate(self._groups):
+            if g.length == group.length:
+                self._groups[i] = _Batch.merge(g, group)
+                return
+        self._groups.append(group)
 
     def _report_depth(self) -> None:
         """Tell ``on_queue_depth`` the current waiting and running counts (engine thread)."""
         with self._cond:
             waiting = len(self._waiting)
-        self.on_queue_depth(waiting, 0 if self._batch is None else len(self._batch.seqs))
+        self.on_queue_depth(waiting, self._running())
 
     @staticmethod
     def _drop_if_cancelled(seq: Sequence) -> bool:
@@ -319,47 +323,50 @@ class BatchScheduler:
             return True
         return False
 
-    def _prefill(self, seqs: list[Sequence]) -> _Batch:
-        """Run the prompts of ``seqs`` as one left-padded batch; sample each row's first token."""
-        lens = np.array([len(s.prompt_ids) for s in seqs], np.int64)
-        T = int(lens.max())
-        ids = np.zeros((len(seqs), T), np.int64)
-        mask = np.zeros((len(seqs), T), np.int64)
-        for r, s in enumerate(seqs):
-            ids[r, T - lens[r] :] = s.prompt_ids
-            mask[r, T - lens[r] :] = 1
-        pos = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-        logits, present = self.decoder.forward(ids, mask, pos, self.decoder.empty_past(len(seqs)))
-        keep = []
-        for r, s in enumerate(seqs):
-            if s.params.prompt_logprobs:
-                s.emit(_prompt_scores(logits[r, T - lens[r] :], s.prompt_ids, s.params.logprobs or 0))
-            if s.params.max_new_tokens == 0:
-                s.finish("length")
-                continue
-            s.step(logits[r, -1])
-            if not s.finished:
-                keep.append(r)
-        next_ids = np.array([s.generated[-1] if s.generated else 0 for s in seqs], np.int64)
-        return _Batch(seqs, present, mask, lens.copy(), next_ids).select(keep)
+    def _prefill(self, seqs: list[Sequence]) -> list[_Batch]:
+        """Run the prompts of ``seqs``, one batch per prompt length (no padding); sample each
+        row's first token. Returns the groups of rows still running."""
+        by_len: dict[int, list[Sequence]] = {}
+        for s in seqs:
+            by_len.setdefault(len(s.prompt_ids), []).append(s)
+        groups = []
+        for T, same in by_len.items():
+            ids = np.array([s.prompt_ids for s in same], np.int64)
+            mask = np.ones(ids.shape, np.int64)
+            pos = np.broadcast_to(np.arange(T, dtype=np.int64), ids.shape)
+            logits, present = self.decoder.forward(ids, mask, pos, self.decoder.empty_past(len(same)))
+            keep = []
+            for r, s in enumerate(same):
+                if s.params.prompt_logprobs:
+                    s.emit(_prompt_scores(logits[r], s.prompt_ids, s.params.logprobs or 0))
+                if s.params.max_new_tokens == 0:
+                    s.finish("length")
+                    continue
+                s.step(logits[r, -1])
+                if not s.finished:
+                    keep.append(r)
+            next_ids = np.array([s.generated[-1] if s.generated else 0 for s in same], np.int64)
+            groups.append(_Batch(same, present, T, next_ids).select(keep))
+        return groups
 
-    def _decode(self) -> None:
-        """One decode step for every running row; drop rows that finished or were cancelled."""
-        b = self._batch
+    def _decode(self, b: _Batch) -> _Batch:
+        """One decode step for every row of group ``b``; returns the group without the rows that
+        finished or were cancelled."""
         keep = [i for i, s in enumerate(b.seqs) if not self._drop_if_cancelled(s)]
         if len(keep) < len(b.seqs):
             b = b.select(keep)
             if not b.seqs:
-                self._batch = None
-                return
-        self.on_decode_step(len(b.seqs))
-        mask = np.concatenate([b.mask, np.ones((len(b.seqs), 1), np.int64)], axis=1)
-        logits, present = self.decoder.forward(b.next_ids[:, None], mask, b.lengths[:, None], b.past)
-        b = _Batch(b.seqs, present, mask, b.lengths + 1, b.next_ids.copy())
+                return b
+        B = len(b.seqs)
+        self.on_decode_step(B)
+        mask = np.ones((B, b.length + 1), np.int64)
+        pos = np.full((B, 1), b.length, np.int64)
+        logits, present = self.decoder.forward(b.next_ids[:, None], mask, pos, b.past)
+        b = _Batch(b.seqs, present, b.length + 1, b.next_ids.copy())
         for r, s in enumerate(b.seqs):
             s.step(logits[r, -1])
             b.next_ids[r] = s.generated[-1]
-        self._batch = b.select([i for i, s in enumerate(b.seqs) if not s.finished])
+        return b.select([i for i, s in enumerate(b.seqs) if not s.finished])
 
 
 def _prompt_scores(logits: np.ndarray, prompt_ids: list[int], n_top: int) -> PromptScores:
@@ -369,5 +376,13 @@ def _prompt_scores(logits: np.ndarray, prompt_ids: list[int], n_top: int) -> Pro
     rows = log_softmax(logits[:-1])  # (T-1, V): row t predicts token t+1
     for t, tok in enumerate(prompt_ids[1:]):
         lps.append(float(rows[t, tok]))
-        tops.append(top_logprobs(rows[t], n_top))
+        tops.append(_with_chosen(top_logprobs(rows[t], n_top), tok, rows[t]))
     return PromptScores(lps, tops)
+
+
+def _with_chosen(top: list[tuple[int, float]], token: int, row: np.ndarray) -> list[tuple[int, float]]:
+    """``top`` plus the chosen (sampled or echoed) token when it is not among them: up to
+    ``logprobs + 1`` entries, as OpenAI's legacy completions and vLLM return."""
+    if any(t == token for t, _ in top):
+        return top
+    return [*top, (int(token), float(row[token]))]

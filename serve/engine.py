@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
@@ -298,6 +299,11 @@ class OnnxDecoder:
                 f"decoder I/O of prodip.base.onnx_io for {self.num_layers} layers; re-run {_MAKE}"
             )
         self._outputs = ["logits", *self.present_names]
+        #: ONNX Runtime's 4-bit MatMulNBits kernels have a one-row (M = 1) path that rounds unlike
+        #: their many-row path (~1e-6 on logits; measured with onnxruntime 1.32, both accuracy
+        #: levels), so a lone row would differ from the same row in a batch. With such a graph a
+        #: one-row call runs as two identical rows (batch invariance; costs a copy of the cache).
+        self.min_rows = 2 if _has_sub8bit_matmul(onnx_path) else 1
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         """Zero-length KV cache for prefill: 2 * layers arrays of (B, Hkv, 0, Dh) float32."""
@@ -323,6 +329,12 @@ class OnnxDecoder:
         Returns:
             logits (B, T, V) float32 numpy and present, 2 * layers OrtValues (B, Hkv, P+T, Dh) float32.
         """
+        if input_ids.size < self.min_rows:  # one row of one token: see min_rows
+            twice = lambda a: np.concatenate([to_numpy(a)] * self.min_rows)  # noqa: E731
+            logits, present = self.forward(
+                twice(input_ids), twice(attention_mask), twice(position_ids), [twice(p) for p in past]
+            )
+            return logits[:1], [p.numpy()[:1] for p in present]
         io = self.session.io_binding()
         io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
         io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
@@ -337,6 +349,17 @@ class OnnxDecoder:
         self.session.run_with_iobinding(io)
         logits, *present = io.get_outputs()
         return logits.numpy(), present
+
+
+def _has_sub8bit_matmul(onnx_path: str | Path) -> bool:
+    """Whether the graph has a com.microsoft MatMulNBits node with ``bits`` < 8 (weights not loaded)."""
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
+            if bits < 8:
+                return True
+    return False
 
 
 def to_numpy(value: Any) -> np.ndarray:

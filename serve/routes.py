@@ -32,6 +32,7 @@ ROUTES = (
     "/tokenize",
     "/detokenize",
     "/tokenizer_info",
+    "/v1/chat/completions",
 )
 OPEN_ROUTES = ("/health",)  # answered without the API key (liveness probes)
 
@@ -165,34 +166,64 @@ def add_routes(app: FastAPI, svc: Service) -> None:
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict:
+        """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``."""
         svc.require_ready()
-        ids = svc.encode(req.text, req.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": svc.info.max_model_len}
+        ids = svc.encode(req.content, req.add_special_tokens)
+        body: dict[str, Any] = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
+        if req.return_token_strs:
+            body["token_strs"] = [svc.tokenizer.id_to_token(t) for t in ids]
+        return body
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> dict:
+        """vLLM's shape ``{prompt}``, plus ``text`` (prodip's older name, the same string)."""
         svc.require_ready()
         bad = [t for t in req.tokens if not 0 <= t < svc.vocab_size]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {svc.vocab_size})", param="tokens")
-        return {"text": svc.decode(req.tokens, req.skip_special_tokens)}
+        text = svc.decode(req.tokens, req.skip_special_tokens)
+        return {"prompt": text, "text": text}
 
     @app.get("/tokenizer_info")
     async def tokenizer_info() -> dict:
+        """vLLM's keys (``tokenizer_class``, ``bos_token``, ``eos_token``, ``pad_token``,
+        ``model_max_length``, ``add_bos_token``, ``chat_template``: what lm-eval's remote tokenizer
+        reads), then prodip's: vocabulary sizes, ids of the special tokens, sha256, normaliser."""
         svc.require_ready()
         tok = svc.tokenizer
+        specials = {
+            name: {"id": tid, "text": tok.id_to_token(tid)}
+            for name, tid in (("pad", svc.pad_id), ("bos", svc.bos_id), ("eos", svc.eos_id))
+        }
         return {
+            "tokenizer_class": svc.tokenizer_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
+            "bos_token": specials["bos"]["text"],
+            "eos_token": specials["eos"]["text"],
+            "pad_token": specials["pad"]["text"],
+            "model_max_length": svc.info.max_model_len,
+            "add_bos_token": svc.adds_bos,
+            "chat_template": svc.tokenizer_config.get("chat_template"),
             "vocab_size": tok.get_vocab_size(),
             "model_vocab_size": svc.vocab_size,
             "max_model_len": svc.info.max_model_len,
             "tokenizer_sha256": svc.info.tokenizer_sha256,
-            "special_tokens": {
-                name: {"id": tid, "text": tok.id_to_token(tid)}
-                for name, tid in (
-                    ("pad", int(svc.info.config.get("pad_token_id", 0))),
-                    ("bos", svc.bos_id),
-                    ("eos", svc.eos_id),
-                )
-            },
+            "special_tokens": specials,
             "normalizer": type(tok.normalizer).__name__ if tok.normalizer is not None else None,
         }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Any:
+        """No chat: the export has no chat template (a base model). An OpenAI-shaped 400 that says
+        so and points to /v1/completions, instead of a bare 404."""
+        has_template = bool(svc.tokenizer_config.get("chat_template")) if svc.ready.is_set() else False
+        why = (
+            "this server does not apply chat templates"
+            if has_template
+            else "this model has no chat template (a base language model)"
+        )
+        raise APIError(
+            400,
+            f"/v1/chat/completions is not served: {why}. Send text to POST /v1/completions with a prompt instead",
+            param="messages",
+            code="chat_not_supported",
+        )

@@ -11,10 +11,13 @@ a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's json accepts) is a 4
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from prodip.serve.batching import SamplingParams
 
 #: prompt forms OpenAI accepts: text, several texts, token ids, several token-id lists.
 Prompt = Union[str, list[str], list[int], list[list[int]]]
@@ -116,6 +119,33 @@ class _Sampling(_Strict):
                 )
         return value
 
+    def to_sampling_params(
+        self, max_new_tokens: int, logprobs: Optional[int], prompt_logprobs: bool, stop: Sequence[str]
+    ) -> SamplingParams:
+        """This request's :class:`~prodip.serve.batching.SamplingParams` (vLLM's ``to_sampling_params``).
+
+        Args:
+            max_new_tokens: tokens to generate (the default already applied).
+            logprobs: top-n alternatives per token, or None for no logprobs.
+            prompt_logprobs: also score the prompt (echo).
+            stop: the stop strings, checked and normalised by the service (they need the tokenizer).
+        """
+        bias = tuple(sorted((int(key), float(value)) for key, value in (self.logit_bias or {}).items()))
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=tuple(stop),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=bias,
+        )
+
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions`` (OpenAI legacy completions, plus ``top_k``/``ignore_eos``; ``suffix`` and
@@ -146,8 +176,23 @@ class GenerateRequest(_Sampling):
 
 
 class TokenizeRequest(_Strict):
-    text: str
-    add_special_tokens: bool = True
+    """``POST /tokenize`` in vLLM's shape (``prompt``), which lm-eval's ``tokenizer_backend=remote``
+    sends; ``text`` is the older prodip name of the same field (exactly one of the two)."""
+
+    prompt: Optional[str] = Field(None, description="text to tokenize (vLLM's field)")
+    text: Optional[str] = Field(None, description="alias of prompt (prodip's older field)")
+    add_special_tokens: bool = Field(True, description="let the tokenizer's post-processor add its tokens (BOS)")
+    return_token_strs: bool = Field(False, description="also return each token's vocabulary string (vLLM)")
+
+    @model_validator(mode="after")
+    def _one_text(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.text is None):
+            raise ValueError("give exactly one of prompt (vLLM's name) or text")
+        return self
+
+    @property
+    def content(self) -> str:
+        return self.prompt if self.prompt is not None else self.text
 
 
 class DetokenizeRequest(_Strict):

@@ -21,6 +21,7 @@ from collections.abc import Sequence as Seq
 from functools import lru_cache
 from typing import Any, Optional, Union
 
+from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
 from prodip.serve.engine import ExportInfo, OnnxDecoder, load_tokenizer
@@ -71,7 +72,14 @@ class Service:
         self.created = int(time.time())
         self.eos_id = int(info.config.get("eos_token_id", 2))
         self.bos_id = int(info.config.get("bos_token_id", 1))
+        self.pad_id = int(info.config.get("pad_token_id", 0))
         self.vocab_size = int(info.config["vocab_size"])
+        #: the export's tokenizer_config.json ({} if absent): add_bos_token, chat_template, ...
+        self.tokenizer_config: dict[str, Any] = (
+            read_json_or_none(info.tokenizer_path.parent / "tokenizer_config.json") or {}
+        )
+        self.adds_bos = False
+        self.document_start: list[int] = [self.eos_id]
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -91,6 +99,7 @@ class Service:
             self._special_ids = frozenset(
                 i for i, tok in self.tokenizer.get_added_tokens_decoder().items() if tok.special
             )
+            self.document_start, self.adds_bos = self._document_start()
             self.ready.set()
             log.info("serving %s variant %s from %s", self.model_name, self.info.variant, self.info.onnx_path)
         except Exception as err:  # reported by /health; the process stays up to say why
@@ -112,7 +121,35 @@ class Service:
                 code="model_not_ready",
             )
 
+    def _document_start(self) -> tuple[list[int], bool]:
+        """The ids a document starts with, as the training shards have them, and whether the
+        tokenizer adds them itself.
+
+        1. What the tokenizer's post-processor adds to an empty text (the ``<|bos|>`` convention:
+           shards hold ``<|bos|> ids <|eos|>``, tokenizer.json prepends ``<|bos|>``);
+        2. else, ``tokenizer_config.json`` ``add_bos_token: true``: its ``bos_token``;
+        3. else ``[eos_token_id]`` (generation_config.json, else config.json): the older convention,
+           documents separated by ``<|eos|>`` and no ``<|bos|>`` (GPT-2 starts from ``<|endoftext|>``).
+        """
+        added = self.tokenizer.encode("", add_special_tokens=True).ids
+        if added:
+            return list(added), True
+        cfg = self.tokenizer_config
+        bos = cfg.get("bos_token")
+        bos = bos.get("content") if isinstance(bos, dict) else bos
+        if cfg.get("add_bos_token") and isinstance(bos, str) and self.tokenizer.token_to_id(bos) is not None:
+            return [int(self.tokenizer.token_to_id(bos))], False
+        gen = read_json_or_none(self.info.export_dir / "generation_config.json") or {}
+        eos = gen.get("eos_token_id", self.eos_id)
+        return [int(eos[0] if isinstance(eos, list) else eos)], False
+
     # ---- text helpers -----------------------------------------------------------------------
+    def normalize(self, text: str) -> str:
+        """``text`` in the tokenizer's normal form (its normaliser: NFC), the form every caller text
+        is compared with model text in (serve/README.md "Text normalisation")."""
+        norm = self.tokenizer.normalizer
+        return norm.normalize_str(text) if norm is not None else text
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -150,13 +187,15 @@ class Service:
     def echo(self, ids: list[int], raw: Optional[str]) -> tuple[str, list[str], list[int]]:
         """The echoed prompt and its ``logprobs`` pieces and character offsets into it.
 
-        A text prompt comes back exactly as sent (not NFC-normalised): each token's piece is the
-        slice of the prompt it was encoded from (the tokenizer's offsets), a byte token shows as
-        ``bytes:\\xNN`` at the offset of its character. A token-id prompt (or a text whose offsets do
+        A text prompt comes back as the model saw it: in the tokenizer's normal form (NFC; the one
+        normalisation rule, serve/README.md), so that its pieces tile it whatever form was sent;
+        each token's piece is the slice of that text it was encoded from (the tokenizer's
+        offsets), a byte token shows as ``bytes:\\xNN`` at the offset of its character. A token-id prompt (or a text whose offsets do
         not line up, e.g. the empty prompt that became ``[<|eos|>]``) is decoded, each token's piece
         being the text it added. Either way ``text[offset[i]:]`` starts with every non-byte piece.
         """
         if raw is not None:
+            raw = self.normalize(raw)
             enc = self.tokenizer.encode(raw)
             starts = [a for a, _ in enc.offsets]
             if (
@@ -193,10 +232,11 @@ class Service:
             )
 
     def prompt_ids(self, prompt: Union[str, list[str], list[int], list[list[int]]]) -> list[list[int]]:
-        """Token ids of each prompt. An empty prompt becomes ``[<|eos|>]`` (``eos_token_id`` of the
-        export's config.json): training shards separate documents with ``<|eos|>`` and never contain
-        ``<|bos|>``, so a document start is what the model saw after ``<|eos|>`` (GPT-2 likewise
-        starts from ``<|endoftext|>``).
+        """Token ids of each prompt. A text prompt is encoded with the tokenizer's special tokens
+        (its post-processor prepends ``<|bos|>`` where the export's tokenizer does). An empty prompt
+        becomes the document start (:meth:`_document_start`: ``[<|bos|>]`` under the BOS
+        convention, ``[<|eos|>]`` under the older one). Special-token text typed in a prompt
+        (``"<|eos|>"``) is encoded as that control token, as vLLM and HF tokenizers do.
 
         Raises:
             APIError 400: an empty prompt list or a token id outside [0, vocab_size).
@@ -207,12 +247,14 @@ class Service:
         out = []
         for p in prompts:
             ids = self.encode(p) if isinstance(p, str) else list(p)
+            if isinstance(p, str) and ids and not self.adds_bos and self.tokenizer_config.get("add_bos_token"):
+                ids = self.document_start + ids  # add_bos_token without a post-processor that adds it
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise APIError(
                     400, f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param="prompt"
                 )
-            out.append(ids or [self.eos_id])
+            out.append(ids or list(self.document_start))
         return out
 
     @staticmethod
@@ -267,8 +309,8 @@ class Service:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 16 or any(not s for s in stop):
             raise APIError(400, "stop must be at most 16 non-empty strings", param="stop")
-        bias = tuple(sorted((int(key), float(value)) for key, value in (req.logit_bias or {}).items()))
-        outside = [tid for tid, _ in bias if tid >= self.vocab_size]
+        stop = [self.normalize(s) for s in stop]  # matched against model text, which is NFC
+        outside = [int(key) for key in (req.logit_bias or {}) if int(key) >= self.vocab_size]
         if outside:
             raise APIError(
                 400,
@@ -276,20 +318,7 @@ class Service:
                 param="logit_bias",
                 code="invalid_value",
             )
-        return SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            seed=req.seed,
-            stop=tuple(stop),
-            logprobs=logprobs,
-            prompt_logprobs=echo and logprobs is not None,
-            ignore_eos=req.ignore_eos,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            logit_bias=bias,
-        )
+        return req.to_sampling_params(max_new_tokens, logprobs, echo and logprobs is not None, stop)
 
     # ---- generation -------------------------------------------------------------------------
     async def stream(

@@ -58,7 +58,7 @@ PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 46], [1, 50], [1, 60, 61, 62], [1, 70, 71
 def test_batched_equals_alone_and_late_arrivals_merge(parts):
     params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
     alone = [run(parts, [p], params)[0][0] for p in PROMPTS]
-    together, _ = run(parts, PROMPTS, params)  # one left-padded prefill + batched decode
+    together, _ = run(parts, PROMPTS, params)  # prefilled together (one call per prompt length), decoded together
     staggered, _ = run(parts, PROMPTS, params, stagger_s=0.01)  # continuous batching: merged mid-decode
     capped, _ = run(parts, PROMPTS, params, max_batch_size=2)  # queue waits for free rows
     assert together == alone and staggered == alone and capped == alone

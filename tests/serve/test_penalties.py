@@ -133,7 +133,8 @@ def test_sequence_samples_penalised_but_reports_raw_logprobs(tiny_export):
     assert [e.token_id for e in outs] == [10, 11, 10, 11, 10, 11]
     raw = log_softmax(row)
     np.testing.assert_allclose([e.logprob for e in outs], [raw[10], raw[11]] * 3)
-    assert all(e.top == [(10, float(raw[10]))] for e in outs)  # top-1 of the model's own row
+    # top-1 of the model's own row, plus the chosen token when it is another (logprobs + 1)
+    assert [e.top for e in outs] == [[(10, float(raw[10]))], [(10, float(raw[10])), (11, float(raw[11]))]] * 3
     assert seq.penalties.counts() == {10: 3, 11: 3}
 
 

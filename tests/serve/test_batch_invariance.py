@@ -1,0 +1,105 @@
+"""Issue 14 item 1 (case C1): a request's tokens and logprobs are identical whatever shares its batch,
+for every served variant: alone, with 7 other requests of other lengths arriving at the same
+moment, with requests joining mid-decode and leaving early, and as one of several choices of
+which the others stop; greedy and seeded sampling."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from prodip.base.variants import SERVABLE_VARIANTS
+from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
+from prodip.serve.engine import OnnxDecoder, load_export, load_tokenizer
+
+VARIANTS = [v for v in ("fp32", "fp16", "int8", "int4") if v in SERVABLE_VARIANTS]
+MINE = [1, 40, 41, 42, 43, 44, 45, 46, 47]
+#: 7 other prompts, every one of another length than MINE (and than each other)
+OTHERS = [[1, 50 + i] + [60 + j for j in range(n)] for i, n in enumerate((0, 2, 4, 9, 12, 15, 20))]
+MODES = {
+    "greedy": SamplingParams(max_new_tokens=24, temperature=0, logprobs=3, ignore_eos=True),
+    "seeded": SamplingParams(max_new_tokens=24, temperature=1.0, seed=7, logprobs=3, ignore_eos=True),
+}
+
+
+@pytest.fixture(scope="module")
+def all_variants(tmp_path_factory):
+    from tests.serve.conftest import build_export
+
+    return build_export(tmp_path_factory.mktemp("invariance"), variants=("fp32", "fp16", "int8", "int4"))[0]
+
+
+@pytest.fixture(scope="module")
+def decoders(all_variants):
+    out = {}
+    for variant in VARIANTS:
+        info = load_export(all_variants, variant)
+        out[variant] = (OnnxDecoder(info.onnx_path, info.config, 2), load_tokenizer(info))
+    return out
+
+
+def run(parts, jobs, *, max_batch_size=32):
+    """Run ``jobs`` = [(prompt, params, delay_s, stream_index)] through one scheduler; submit each
+    after its delay (seconds from the start). Returns per job [(token, logprob, top), ...]."""
+    decoder, tok = parts
+    sched = BatchScheduler(decoder, max_batch_size=max_batch_size, batch_wait_ms=20)
+    out = [[] for _ in jobs]
+    done = [threading.Event() for _ in jobs]
+
+    def emitter(i):
+        def emit(ev):
+            if isinstance(ev, TokenOut):
+                if ev.token_id is not None:
+                    out[i].append((ev.token_id, ev.logprob, ev.top))
+                if ev.finish_reason:
+                    done[i].set()
+
+        return emit
+
+    seqs = [Sequence(p, params, tok, emitter(i), 2, stream_index=k) for i, (p, params, _, k) in enumerate(jobs)]
+    sched.start()
+    try:
+        t0 = time.monotonic()
+        for (_, _, delay, _), seq in sorted(zip(jobs, seqs), key=lambda x: x[0][2]):
+            time.sleep(max(0.0, t0 + delay - time.monotonic()))
+            sched.submit([seq])
+        for d in done:
+            assert d.wait(60)
+    finally:
+        sched.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_same_answer_whatever_shares_the_batch(decoders, variant, mode):
+    parts, params = decoders[variant], MODES[mode]
+    alone = run(parts, [(MINE, params, 0.0, 0)])[0]
+    assert len(alone) == params.max_new_tokens
+    assert run(parts, [(MINE, params, 0.0, 0)])[0] == alone  # deterministic
+    short = SamplingParams(max_new_tokens=3, temperature=0.8, seed=1, ignore_eos=True)
+    crowd = [(MINE, params, 0.0, 0)] + [(p, short if i % 2 else params, 0.0, 0) for i, p in enumerate(OTHERS)]
+    assert run(parts, crowd)[0] == alone, "7 others of other lengths, arriving together, some leaving early"
+    joining = [(MINE, params, 0.0, 0)] + [(p, params, 0.01 * (i + 1), 0) for i, p in enumerate(OTHERS)]
+    assert run(parts, joining)[0] == alone, "others joining mid-decode"
+    same_len = [(MINE, params, 0.0, 0)] + [([1] + [90 + i] * (len(MINE) - 1), short, 0.0, 0) for i in range(7)]
+    assert run(parts, same_len)[0] == alone, "7 others of the same length in its very batch, leaving after 3 tokens"
+    capped = run(parts, [(p, params, 0.0, 0) for p in OTHERS] + [(MINE, params, 0.0, 0)], max_batch_size=3)
+    assert capped[-1] == alone, "queued behind others"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_choices_leaving_do_not_change_the_others(decoders, variant):
+    """n choices of one request (stream_index 0..2, seeded): each choice alone equals it among the
+    others, when the others stop early (leave the batch) or not."""
+    parts = decoders[variant]
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=3, logprobs=1, ignore_eos=True)
+    early = SamplingParams(max_new_tokens=2, temperature=1.0, seed=3, logprobs=1, ignore_eos=True)
+    alone = [run(parts, [(MINE, params, 0.0, k)])[0] for k in range(3)]
+    assert len({tuple(t for t, _, _ in a) for a in alone}) > 1  # the choices differ from each other
+    together = run(parts, [(MINE, params, 0.0, k) for k in range(3)])
+    assert together == alone
+    mixed = run(parts, [(MINE, early, 0.0, 0), (MINE, params, 0.0, 1), (MINE, early, 0.0, 2)])
+    assert mixed[1] == alone[1]
