@@ -22,7 +22,7 @@ from prodip.base.errors import ConfigError, InvalidInput, MissingInput, StageFai
         MissingInput("x/tokenizer.json: not found"),
         ConfigError("a.toml [train] lr: must be > 0"),
         StageFailed("conformance failed: see r.md"),
-        PermissionError(13, "Permission denied", "/root/out"),
+        PermissionError(13, "Permission denied", "runs/locked"),
     ],
 )
 def test_user_errors_are_one_line_exit_2(err, capsys):
