@@ -65,6 +65,8 @@ class MixtureBatches:
         rank, world_size: DDP position; each rank yields its own B rows of a W*B global batch.
         split: ``"train"`` or ``"val"``.
         expected_tokenizer_sha256: refuse shards encoded with another tokenizer.
+        pin_memory: return batches in page-locked host memory (needs CUDA), so that
+            ``.to("cuda", non_blocking=True)`` overlaps with compute (nanoGPT's ``get_batch``).
 
     Raises:
         ValueError: unknown language, no positive weight, a language with fewer than T+1
@@ -84,6 +86,7 @@ class MixtureBatches:
         world_size: int = 1,
         split: str = "train",
         expected_tokenizer_sha256: Optional[str] = None,
+        pin_memory: bool = False,
     ) -> None:
 
         self.meta = load_meta(shards_dir, expected_tokenizer_sha256=expected_tokenizer_sha256)
@@ -110,6 +113,7 @@ class MixtureBatches:
                 )
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.rank, self.world_size = rank, world_size
+        self.pin_memory = pin_memory
         self.batch_index = 0
         self.positions = {lang: 0 for lang in self.langs}
         self._block_cache: tuple[int, np.ndarray] = (-1, np.empty(0))
@@ -133,7 +137,8 @@ class MixtureBatches:
         """The next micro-batch of this rank.
 
         Returns:
-            inputs (B, T) int64 and targets (B, T) int64 (inputs shifted by one token), CPU.
+            inputs (B, T) int64 and targets (B, T) int64 (inputs shifted by one token), CPU
+            (pinned with ``pin_memory``).
         """
         T = self.seq_len
         rows = []
@@ -145,7 +150,10 @@ class MixtureBatches:
             self.positions[lang] += T
         self.batch_index += 1
         buf = torch.from_numpy(np.stack(rows))
-        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        if self.pin_memory:
+            return x.pin_memory(), y.pin_memory()
+        return x, y
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able position: batches drawn and per-language token offsets (not wrapped)."""
