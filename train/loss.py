@@ -57,17 +57,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 g = probs.div_(count).to(dtype)  # (c, V)
                 if grad_h is not None:
                     grad_h[start : start + chunk_tokens] = (g @ w).to(hidden.dtype)
-                if grad_w is not None:
-                    grad_w += (g.t() @ h).float()
+                if grad_w is not None and g.dtype == grad_w.dtype:
+                    grad_w.addmm_(g.t(), h)  # in place: no (V, D) temporary per chunk
+                elif grad_w is not None:
+                    grad_w += (g.t() @ h).float()  # bf16 product, summed over chunks in fp32
         ctx.save_for_backward(grad_h, grad_w)
-        ctx.weight_dtype = weight.dtype
+        ctx.weight_dtype, ctx.backward_done = weight.dtype, False
         return loss / count
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
+        if ctx.backward_done:
+            raise RuntimeError("linear_cross_entropy: backward runs once (its stored gradients are scaled in place)")
+        ctx.backward_done = True
         grad_h, grad_w = ctx.saved_tensors
-        gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
-        gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
+        # scaled in place: the stored gradients are used once, and a (V, D) copy is what chunking saves
+        gh = None if grad_h is None else grad_h.mul_(grad_out.to(grad_h.dtype))
+        gw = None if grad_w is None else grad_w.mul_(grad_out).to(ctx.weight_dtype)
         return gh, gw, None, None
 
 
