@@ -99,20 +99,24 @@ def bench_save(args) -> dict:
     with tempfile.TemporaryDirectory(dir=args.tmp) as d:
         saver = AsyncCheckpointer(Path(d) / "after")
         for i in range(args.repeats):
-            t0 = time.perf_counter()
-            blocking_save(Path(d) / "before", i, model, cfg, opt, Path(args.tokenizer_dir))
-            out["before_stall_s"].append(time.perf_counter() - t0)
-            for old in (Path(d) / "before").glob("step_*"):
-                shutil.rmtree(old)
-            out["after_stall_s"].append(saver.save(step=i + 1, model=model, model_config=cfg, optimizer=opt, **kwargs))
-            saver.wait()
-            out["after_write_s"].append(saver.last_write_s)
+            if args.only in (None, "before"):
+                t0 = time.perf_counter()
+                blocking_save(Path(d) / "before", i, model, cfg, opt, Path(args.tokenizer_dir))
+                out["before_stall_s"].append(time.perf_counter() - t0)
+                for old in (Path(d) / "before").glob("step_*"):
+                    shutil.rmtree(old)
+            if args.only in (None, "after"):
+                stall = saver.save(step=i + 1, model=model, model_config=cfg, optimizer=opt, **kwargs)
+                out["after_stall_s"].append(stall)
+                saver.wait()
+                out["after_write_s"].append(saver.last_write_s)
         saver.close()
         out["checkpoint_bytes"] = sum(
             p.stat().st_size for p in (Path(d) / "after").rglob("*") if p.is_file() and "step_" in str(p)
         )
     for key in ("before_stall_s", "after_stall_s", "after_write_s"):
-        out[key.replace("_s", "_median_s")] = statistics.median(out[key])
+        if out[key]:
+            out[key.replace("_s", "_median_s")] = statistics.median(out[key])
     return out
 
 
@@ -175,6 +179,7 @@ def main() -> None:
     s = sub.add_parser("save")
     s.add_argument("--tokenizer-dir", required=True)
     s.add_argument("--tmp", default=None, help="folder for the temporary checkpoints (a real disk)")
+    s.add_argument("--only", choices=("before", "after"), help="one side (each needs ~10 GB of RAM)")
     lh = sub.add_parser("loss-head")
     lh.add_argument("--tokens", type=int, default=2048)
     lh.add_argument("--chunks", type=int, nargs="*", default=[4096, 512])

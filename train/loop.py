@@ -210,14 +210,17 @@ def evaluate(
     device: torch.device,
     autocast_dtype: Optional[torch.dtype],
 ) -> float:
-    """Mean next-token NLL (nats/token) over fixed batches; the model is put back in train mode."""
+    """Mean next-token NLL (nats/token) over fixed batches; the model is put back in train mode.
+
+    The loss comes from ``model(x, labels=y)`` (the chunked loss head: no (B, T, V) logits).
+    """
     model.eval()
     total, count = 0.0, 0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model(x)
-        total += float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum"))
+            mean = model(x, labels=y)
+        total += float(mean) * y.numel()
         count += y.numel()
     model.train()
     return total / max(1, count)

@@ -46,13 +46,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, n, chunk_tokens):
                 h = hidden[start : start + chunk_tokens].to(dtype)  # (c, D)
                 t = targets[start : start + chunk_tokens]  # (c,)
-                logits = (h @ w.t()).float()  # (c, V) fp32: the softmax is taken in fp32
-                lse = torch.logsumexp(logits, dim=-1)  # (c,)
-                loss += (lse - logits.gather(1, t[:, None])[:, 0]).sum()
+                # one (c, V) fp32 buffer per chunk, transformed in place: logits -> shifted -> exp -> softmax
+                logits = (h @ w.t()).float()  # (c, V): the softmax is taken in fp32
+                logits.sub_(logits.amax(dim=-1, keepdim=True))  # shifted, so exp cannot overflow
+                target = logits.gather(1, t[:, None])[:, 0]  # (c,) shifted target logit
+                denom = logits.exp_().sum(dim=-1)  # (c,)
+                loss += (denom.log() - target).sum()  # -log softmax[target], summed
                 if not want_grad:
                     continue
-                # d(mean loss)/d(logits) = (softmax - onehot) / count, in place of the logits
-                probs = logits.sub_(lse[:, None]).exp_()
+                # d(mean loss)/d(logits) = (softmax - onehot) / count, in the same buffer
+                probs = logits.div_(denom[:, None])
                 probs[torch.arange(len(t), device=t.device), t] -= 1.0
                 g = probs.div_(count).to(dtype)  # (c, V)
                 if grad_h is not None:

@@ -404,7 +404,8 @@ class _Run:
         tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps * info.world_size
         flops_per_token = self.model_cfg.flops_per_token(cfg.seq_len)
         peak = peak_flops(self.device)
-        val = self._val_sets() if cfg.eval_every_steps and info.is_main else {}
+        # FSDP2: every rank takes part in each forward (the all-gathers), so every rank evaluates
+        val = self._val_sets() if cfg.eval_every_steps and (info.is_main or self.fsdp) else {}
         bar = tqdm(
             total=cfg.steps,
             initial=self.step,
