@@ -86,6 +86,16 @@ def blocking_save(root: Path, step: int, model, cfg: ModelConfig, opt, tok: Path
     tmp.rename(root / f"step_{step}")
 
 
+def next_step(model, opt, tokens: int) -> float:
+    """One training step (forward, backward, AdamW) on ``tokens`` tokens; seconds."""
+    start = time.perf_counter()
+    x = torch.randint(0, model.config.vocab_size, (1, tokens))
+    model(x, labels=x).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
 def bench_save(args) -> dict:
     cfg = ModelConfig(**MODEL_0P4B)
     model = LlamaForCausalLM(cfg)
@@ -95,6 +105,9 @@ def bench_save(args) -> dict:
     opt.step()  # AdamW moments exist, as in a running job
     opt.zero_grad(set_to_none=True)
     out = {"parameters": model.num_parameters(), "before_stall_s": [], "after_stall_s": [], "after_write_s": []}
+    out["after_next_step_s"], out["next_tokens"] = [], args.next_tokens
+    if args.only in (None, "after"):
+        out["next_step_alone_s"] = next_step(model, opt, args.next_tokens)
     kwargs = dict(tokenizer_dir=args.tokenizer_dir, tokens_seen=0, train_config={}, data_state={}, keep_last=1)
     with tempfile.TemporaryDirectory(dir=args.tmp) as d:
         saver = AsyncCheckpointer(Path(d) / "after")
@@ -107,16 +120,19 @@ def bench_save(args) -> dict:
                     shutil.rmtree(old)
             if args.only in (None, "after"):
                 stall = saver.save(step=i + 1, model=model, model_config=cfg, optimizer=opt, **kwargs)
-                out["after_stall_s"].append(stall)
+                step_s = next_step(model, opt, args.next_tokens)  # training goes on during the write
+                held = saver.pop_held_s()  # optimizer.step held until the snapshot copy was complete
+                out["after_stall_s"].append(stall + held)
+                out["after_next_step_s"].append(step_s)
                 saver.wait()
                 out["after_write_s"].append(saver.last_write_s)
         saver.close()
         out["checkpoint_bytes"] = sum(
             p.stat().st_size for p in (Path(d) / "after").rglob("*") if p.is_file() and "step_" in str(p)
         )
-    for key in ("before_stall_s", "after_stall_s", "after_write_s"):
+    for key in ("before_stall_s", "after_stall_s", "after_write_s", "after_next_step_s"):
         if out[key]:
-            out[key.replace("_s", "_median_s")] = statistics.median(out[key])
+            out[key[: -len("_s")] + "_median_s"] = statistics.median(out[key])
     return out
 
 
@@ -180,6 +196,7 @@ def main() -> None:
     s.add_argument("--tokenizer-dir", required=True)
     s.add_argument("--tmp", default=None, help="folder for the temporary checkpoints (a real disk)")
     s.add_argument("--only", choices=("before", "after"), help="one side (each needs ~10 GB of RAM)")
+    s.add_argument("--next-tokens", type=int, default=64, help="tokens of the training step run during a save")
     lh = sub.add_parser("loss-head")
     lh.add_argument("--tokens", type=int, default=2048)
     lh.add_argument("--chunks", type=int, nargs="*", default=[4096, 512])

@@ -168,6 +168,7 @@ def take_snapshot(
     optimizer: Optional[torch.optim.Optimizer] = None,
     buffers: Optional[dict[str, torch.Tensor]] = None,
     model_only: bool = False,
+    stage: bool = True,
 ) -> Snapshot:
     """Copy the model (clean keys), optimizer state and RNG to the host, for a later write.
 
@@ -179,6 +180,8 @@ def take_snapshot(
             copies. A caller that reuses buffers must not take a new snapshot into them before the
             previous one has been written.
         model_only: only the model tensors (a DDP rank that hashes but does not write).
+        stage: False returns the live tensors (no copy yet; RNG and the optimizer's param groups
+            are read now): call :func:`stage_snapshot` before anything updates them in place.
     Returns:
         The :class:`Snapshot`; with CUDA sources, wait on ``ready`` before reading it.
     """
@@ -187,7 +190,7 @@ def take_snapshot(
         for prefix in _PREFIXES:
             key = key.replace(prefix, "")
         if not (tie_word_embeddings and key == TIED_ALIAS):
-            tensors[key] = _stage("model." + key, tensor, buffers)
+            tensors[key] = tensor.detach()
     opt_tensors, meta = None, None
     if optimizer is not None and not model_only:
         sd = optimizer.state_dict()
@@ -195,16 +198,28 @@ def take_snapshot(
         for idx, state in sd["state"].items():
             for name, value in state.items():
                 if torch.is_tensor(value):
-                    opt_tensors[f"state.{idx}.{name}"] = _stage(f"opt.{idx}.{name}", value, buffers)
+                    opt_tensors[f"state.{idx}.{name}"] = value.detach()
                 else:
                     scalars[f"{idx}.{name}"] = value
         meta = json.dumps({"param_groups": sd["param_groups"], "scalars": scalars})
-    rng = {} if model_only else _rng_tensors()
-    ready = None
+    snap = Snapshot(tensors, opt_tensors, meta, {} if model_only else _rng_tensors())
+    if stage:
+        stage_snapshot(snap, buffers)
+    return snap
+
+
+def stage_snapshot(snap: Snapshot, buffers: Optional[dict[str, torch.Tensor]] = None) -> None:
+    """Replace the snapshot's live tensors by host copies (see :func:`take_snapshot`), in place.
+
+    From CUDA the copies are queued (non-blocking, into pinned buffers) and ``snap.ready``
+    records their completion; from CPU they are done when this returns.
+    """
+    snap.model = {k: _stage("model." + k, t, buffers) for k, t in snap.model.items()}
+    if snap.optimizer is not None:
+        snap.optimizer = {k: _stage("opt." + k, t, buffers) for k, t in snap.optimizer.items()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        ready = torch.cuda.Event()
-        ready.record()
-    return Snapshot(tensors, opt_tensors, meta, rng, ready)
+        snap.ready = torch.cuda.Event()
+        snap.ready.record()
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:

@@ -81,7 +81,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 8192
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 2048
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of ``hidden @ weight.T`` without materialising all logits.
 

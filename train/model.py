@@ -263,7 +263,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.loss_chunk_tokens = 8192  # tokens per chunk of the fused loss head (forward(labels=...))
+        self.loss_chunk_tokens = 2048  # tokens per chunk of the fused loss head (forward(labels=...))
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.reset_parameters()

@@ -96,7 +96,7 @@ class TrainConfig:
     compile: bool = opt(False, "torch.compile the model (CUDA; slow first step)")
     activation_checkpointing: bool = opt(False, "recompute layer activations in backward (saves memory)")
     loss_chunk_tokens: int = opt(
-        4096,
+        2048,
         "tokens per chunk of the fused lm_head + cross-entropy: one chunk of (tokens x vocab) fp32 logits at a time",
     )
     parallel: str = opt(
@@ -460,8 +460,11 @@ class _Run:
                         lang: evaluate(self.model, b, device=self.device, autocast_dtype=self.amp)
                         for lang, b in val.items()
                     }
+                held = self.saver.pop_held_s() if self.saver is not None else 0.0  # a CPU snapshot's copy
+                if held:
+                    last["checkpoint_stall_s"] = held
                 if self._save_due(end):
-                    last["checkpoint_stall_s"] = self._save()
+                    last["checkpoint_stall_s"] = last.get("checkpoint_stall_s", 0.0) + self._save()
                 last["elapsed_s"] = time.perf_counter() - loop_start
                 last["process_cpu_s"] = time.process_time() - cpu_start
                 if metrics and log_now:

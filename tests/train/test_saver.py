@@ -6,6 +6,7 @@ python -m pytest tests/train/test_saver.py -q
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -72,9 +73,11 @@ def test_background_save_equals_blocking_save_and_holds_the_state_of_its_step(tm
     )
     saver = AsyncCheckpointer(tmp_path / "b")
     stall = saver.save(step=1, model=model, model_config=cfg, optimizer=opt, **_save_kwargs(tiny_tokenizer_dir))
-    with torch.no_grad():  # training goes on at once; the checkpoint keeps step 1's values
-        for p in model.parameters():
-            p.add_(1.0)
+    # training goes on at once (the next optimizer.step waits for the snapshot's copy, if still
+    # running); the checkpoint keeps step 1's values
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    model(x, labels=x).backward()
+    opt.step()
     saver.close()
     assert stall >= 0 and saver.last_write_s is not None
     background = ck.resolve_checkpoint(tmp_path / "b")
@@ -85,6 +88,30 @@ def test_background_save_equals_blocking_save_and_holds_the_state_of_its_step(tm
     loaded, _, info = ck.load_model(tmp_path / "b")
     assert info["step"] == 1
     assert not torch.equal(loaded.lm_head.weight, model.lm_head.weight)  # model moved on after the save
+
+
+def test_optimizer_step_waits_for_the_snapshot_copy(tmp_path, tiny_tokenizer_dir, monkeypatch):
+    cfg = tiny_config()
+    model, opt = _trained(cfg)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    copied = []
+    real_stage = ck.stage_snapshot
+
+    def slow_stage(snap, buffers=None):  # a copy that takes a while, as 4.75 GB on a busy CPU
+        time.sleep(0.5)
+        real_stage(snap, buffers)
+        copied.append(time.perf_counter())
+
+    monkeypatch.setattr(ck, "stage_snapshot", slow_stage)
+    saver = AsyncCheckpointer(tmp_path)
+    stall = saver.save(step=1, model=model, model_config=cfg, optimizer=opt, **_save_kwargs(tiny_tokenizer_dir))
+    assert stall < 0.5  # the caller went on at once
+    opt.step()  # in-place update: held until the copy is complete
+    assert copied and time.perf_counter() >= copied[0] and saver.pop_held_s() > 0.1
+    saver.close()
+    loaded = load_file(str(ck.resolve_checkpoint(tmp_path) / "model.safetensors"))
+    for key, value in loaded.items():
+        assert torch.equal(value, expected[key]), key
 
 
 def test_background_error_surfaces_at_the_next_call(tmp_path, tiny_tokenizer_dir):
