@@ -12,10 +12,15 @@ TORCH_CPU_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 CONFIG ?= configs/demo.toml
 PYTEST_ARGS ?=
+# The on-device runtimes the tokenizer parity check and conformance run: pip extra "runtimes"
+# (onnxruntime-genai, gguf, pytorch-tokenizers) and the Node packages pinned in node/ (transformers.js,
+# node-llama-cpp's prebuilt llama.cpp; ~1.2 GB, npm needs no build step). RUNTIMES=0 skips them (the
+# parity check then lists those runtimes as skipped).
+RUNTIMES ?= 1
 
 .PHONY: install demo test test-fast lint clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml node/package.json node/package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
 		echo "torch already installed in $(VENV)"; \
@@ -26,7 +31,13 @@ $(BIN)/.installed: pyproject.toml
 		echo "no NVIDIA GPU: installing the CPU build of torch $(TORCH_CPU_VERSION)"; \
 		$(BIN)/python -m pip install --retries 1 "torch==$(TORCH_CPU_VERSION)" --extra-index-url $(TORCH_CPU_INDEX); \
 	fi
-	$(BIN)/python -m pip install -e ".[test]"
+	@if [ "$(RUNTIMES)" = 1 ]; then \
+		$(BIN)/python -m pip install -e ".[test,runtimes]"; \
+		if command -v npm >/dev/null 2>&1; then npm install --ignore-scripts --no-audit --no-fund --prefix node; \
+		else echo "npm not found: the Node runtimes (transformers.js, llama.cpp) will be skipped"; fi; \
+	else \
+		$(BIN)/python -m pip install -e ".[test]"; \
+	fi
 	touch $@
 
 install: $(BIN)/.installed
@@ -52,4 +63,4 @@ lint: install
 	cd $(LINT_DIR) && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) runs build *.egg-info node/node_modules

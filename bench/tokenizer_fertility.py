@@ -1,10 +1,15 @@
-"""Benchmark: prodip's Bangla-aware tokenizer vs the naive GPT-2-style baseline, same corpus and vocabulary.
+"""Benchmark: tokenizer variants on the same sample and vocabulary, fertility on held-out text, runtime parity.
 
-Trains both (each in its own process, so train time and peak RSS are per tokenizer), audits both on
-held-out text never seen in training, and prints the audit table plus ours/naive ratios.
+Variants (each trained in its own process, so train time and peak RSS are per tokenizer):
+``portable`` (the default: byte-level BPE, o200k pre-tokenizer with combining marks), ``llama3`` and
+``gpt2`` (the same with Llama-3's and GPT-2's patterns), ``custom`` (prodip's own Bangla-aware regex,
+byte fallback) and ``custom-sw`` (the same + 20 % superwords), ``naive`` (GPT-2 recipe on the natural,
+unbalanced mix: the experience report's trap). Then the audit's figures per held-out language, and
+optionally the runtime parity of the portable tokenizer on given texts (one text per non-empty line).
 
-    python bench/tokenizer_fertility.py --preset shared32k   # the issue's 32k target (../shared/data)
-    python bench/tokenizer_fertility.py --preset demo8k      # the bundled demo corpus at vocab 8192
+    python bench/tokenizer_fertility.py --preset shared32k-news --work-dir /tmp/bench_tok32
+    python bench/tokenizer_fertility.py --preset demo8k --work-dir /tmp/bench_tok8 \
+        --parity-texts bn=../shared/data/bn/bn_news_punctuation_restoration.txt,en=../shared/data/en/gutenberg/pg120_Treasure-Island.txt
 """
 
 from __future__ import annotations
@@ -20,34 +25,20 @@ from pathlib import Path
 
 import tomli_w
 
+from prodip.tokenizer.audit import load_heldout, measure_languages
+from prodip.tokenizer.bpe import load_tokenizer
+from prodip.tokenizer.parity import format_parity, run_parity
+
 REPO = Path(__file__).resolve().parents[1]
 # the real data lives beside the repository (../shared/data); PRODIP_SHARED_DATA points elsewhere
 S = os.environ.get("PRODIP_SHARED_DATA", str(REPO.parent / "shared" / "data"))
-SHARED_HELDOUT = {
-    "bn": [f"{S}/bn/bn_news_punctuation_restoration.txt", f"{S}/parallel/tatoeba_opus_bn-en.tsv"],
-    "en": [f"{S}/parallel/tatoeba_opus_bn-en.tsv"],
+TATOEBA_UDHR = {
+    "bn": [f"{S}/parallel/tatoeba_opus_bn-en.tsv", f"{S}/parallel/udhr/ben.txt"],
+    "en": [f"{S}/parallel/tatoeba_opus_bn-en.tsv", f"{S}/parallel/udhr/eng.txt"],
 }
 PRESETS = {
-    "shared32k": {
-        "train": {
-            "inputs": {
-                "bn": [
-                    f"{S}/bn/bn_pd_literature_majantali_site.jsonl",
-                    f"{S}/bn/bn_pd_literature_majantali_wip.jsonl",
-                    f"{S}/bn/bn_pd_poems_bengali_poem_dataset.jsonl",
-                    f"{S}/parallel/alice_mt_google/bn.txt",
-                ],
-                "en": [f"{S}/en/gutenberg", f"{S}/en/tinyshakespeare.txt"],
-            },
-            "vocab_size": 32000,
-            "proportions": {"bn": 0.7, "en": 0.3},
-            "superword_share": 0.2,
-        },
-        "heldout": SHARED_HELDOUT,
-    },
-    # All the Bangla prose of ../shared/data in training, the news set included (the issue's
-    # "Bangla and English prose"); held out: sources the tokenizer never saw (Tatoeba bn-en pairs
-    # and the UDHR).
+    # All the Bangla prose of ../shared/data in training, the news set included; held out: sources
+    # the tokenizer never saw (Tatoeba bn-en pairs and the UDHR). The issue's 32k target set.
     "shared32k-news": {
         "train": {
             "inputs": {
@@ -55,89 +46,117 @@ PRESETS = {
                 "en": [f"{S}/en/gutenberg", f"{S}/en/tinyshakespeare.txt"],
             },
             "vocab_size": 32000,
-            "proportions": {"bn": 0.7, "en": 0.3},
-            "superword_share": 0.2,
+            "proportions": {"bn": 0.6, "en": 0.4},
         },
-        "heldout": {
-            "bn": [f"{S}/parallel/tatoeba_opus_bn-en.tsv", f"{S}/parallel/udhr/ben.txt"],
-            "en": [f"{S}/parallel/tatoeba_opus_bn-en.tsv", f"{S}/parallel/udhr/eng.txt"],
-        },
+        "heldout": {"Tatoeba + UDHR": TATOEBA_UDHR},
     },
     "demo8k": {
         "train": {
             "inputs": {"bn": [str(REPO / "data/bn")], "en": [str(REPO / "data/en")]},
             "vocab_size": 8192,
             "proportions": {"bn": 0.6, "en": 0.4},
-            "superword_share": 0.2,
         },
-        "heldout": {"bn": [str(REPO / "data/heldout/udhr_ben.txt")], "en": [str(REPO / "data/heldout/udhr_eng.txt")]},
-        "heldout_extra": SHARED_HELDOUT,  # also measured when ../shared/data is present
+        "heldout": {
+            "UDHR (data/heldout)": {
+                "bn": [str(REPO / "data/heldout/udhr_ben.txt")],
+                "en": [str(REPO / "data/heldout/udhr_eng.txt")],
+            },
+            "Tatoeba + UDHR": TATOEBA_UDHR,
+        },
     },
+}
+VARIANTS = {
+    "portable": {"kind": "portable", "pretokenizer": "o200k-marks"},
+    "llama3": {"kind": "portable", "pretokenizer": "llama3"},
+    "gpt2": {"kind": "portable", "pretokenizer": "gpt2"},
+    "custom": {"kind": "custom"},
+    "custom-sw": {"kind": "custom", "superword_share": 0.2},
+    "naive": {"kind": "naive"},
 }
 
 
-def _train(train: dict, kind: str, out: Path, work: Path) -> dict:
-    config = work / f"{kind}.toml"
-    config.write_text(tomli_w.dumps({"tokenizer": {**train, "kind": kind, "out_dir": str(out), "overwrite": True}}))
+def _train(train: dict, variant: dict, out: Path, work: Path) -> dict:
+    config = work / f"{out.name}.toml"
+    table = {**train, **variant, "out_dir": str(out), "overwrite": True, "progress": False}
+    config.write_text(tomli_w.dumps({"tokenizer": table}))
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "prodip.tokenizer", "train", "--config", str(config)], check=True, cwd=REPO)
+    cmd = [sys.executable, "-m", "prodip.tokenizer", "train", "--config", str(config)]
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     info = json.loads((out / "train_info.json").read_text())
     info["wall_s"] = round(time.perf_counter() - start, 1)
     return info
 
 
-def _audit(tok_dir: Path, heldout: dict, baseline_dir: Path) -> dict:
-    from prodip.tokenizer.audit import AuditConfig, run_audit
-
-    return run_audit(
-        AuditConfig(
-            tokenizer_dir=str(tok_dir),
-            heldout=heldout,
-            baseline="naive",
-            baseline_dir=str(baseline_dir),
-            max_chars=3_000_000,
+def _lines(spec: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in filter(None, spec.split(",")):
+        lang, _, path = item.partition("=")
+        out.setdefault(lang, []).extend(
+            line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()
         )
-    )
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo8k")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS)
+    )
     parser.add_argument("--work-dir", default=None, help="where the tokenizers go (default: a temp dir)")
+    parser.add_argument("--parity-texts", default="", help="lang=file,...: parity of the portable tokenizer on these")
+    parser.add_argument("--parity-max-chars", type=int, default=400_000, help="characters per language for parity")
+    parser.add_argument("--json", default=None, help="write all figures here")
     args = parser.parse_args()
-    from prodip.tokenizer.audit import format_table
-
     preset = PRESETS[args.preset]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix=f"bench_tok_{args.preset}_"))
     work.mkdir(parents=True, exist_ok=True)
-    ours_dir, naive_dir = work / "prodip", work / "naive"
-    infos = {
-        "prodip": _train(preset["train"], "prodip", ours_dir, work),
-        "naive": _train(preset["train"], "naive", naive_dir, work),
-    }
-    heldouts = [("held-out", preset["heldout"])]
-    if "heldout_extra" in preset and Path(S).is_dir():
-        heldouts.append(("shared held-out (news + Tatoeba)", preset["heldout_extra"]))
-    print(
-        f"\n== {args.preset}: vocab {preset['train']['vocab_size']}, proportions "
-        f"{preset['train']['proportions']}, superword_share {preset['train']['superword_share']}"
-    )
-    for kind, info in infos.items():
+    results: dict = {"preset": args.preset, "train": preset["train"], "variants": {}}
+    heldouts = {title: load_heldout(h, max_chars=3_000_000, errors="strict") for title, h in preset["heldout"].items()}
+    for name in args.variants.split(","):
+        info = _train(preset["train"], VARIANTS[name], work / name, work)
+        tok = load_tokenizer(work / name)
+        figures = {title: measure_languages(tok, docs) for title, docs in heldouts.items()}
+        results["variants"][name] = {
+            "train_s": info["train_s"],
+            "wall_s": info["wall_s"],
+            "peak_rss_mb": info["peak_rss_mb"],
+            "sample_chars": info["sample_chars"],
+            "vocab_size": info["vocab_size"],
+            "heldout": figures,
+        }
         print(
-            f"{kind:>7}: train {info['train_s']:.1f} s (process wall {info['wall_s']:.1f} s), peak RSS "
-            f"{info['peak_rss_mb']:.0f} MB, sample chars {info['sample_chars']}"
+            f"{name:>10}: train {info['train_s']:.1f} s, peak RSS {info['peak_rss_mb']:.0f} MB, "
+            f"sample {info['sample_chars']}",
+            flush=True,
         )
-    for title, heldout in heldouts:
-        report = _audit(ours_dir, heldout, naive_dir)
-        print(f"\n-- {title}: {json.dumps(heldout)}")
-        print(format_table(report))
-        for lang, m in report["languages"].items():
-            b = report["baseline"]["languages"][lang]
-            print(
-                f"{lang}: ours/naive chars per token = {m['chars_per_token']:.3f}/{b['chars_per_token']:.3f} "
-                f"= {m['chars_per_token'] / b['chars_per_token']:.2f}x"
+    print(f"\n== {args.preset}: vocab {preset['train']['vocab_size']}, proportions {preset['train']['proportions']}")
+    for title in heldouts:
+        print(f"\n-- held out: {title} (chars/token, tokens/word, % tokens ending inside a grapheme cluster)")
+        for name, r in results["variants"].items():
+            cells = "  ".join(
+                f"{lang} {m['chars_per_token']:.3f} {m['tokens_per_word']:.3f} {100 * m['inside_cluster_share']:5.1f}%"
+                for lang, m in r["heldout"][title].items()
             )
+            print(f"{name:>10}  {cells}")
+    if args.parity_texts:
+        texts = {lang: _cap(lines, args.parity_max_chars) for lang, lines in _lines(args.parity_texts).items()}
+        report = run_parity(work / "portable", texts)
+        results["parity"] = report
+        print("\n" + format_parity(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
+
+
+def _cap(lines: list[str], max_chars: int) -> list[str]:
+    out, size = [], 0
+    for line in lines:
+        if size >= max_chars:
+            break
+        out.append(line)
+        size += len(line)
+    return out
 
 
 if __name__ == "__main__":

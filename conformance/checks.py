@@ -13,6 +13,7 @@ from prodip.base.manifest import (
     read_manifest,
 )
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
+from prodip.conformance.runtimes import planned_metrics
 from prodip.conformance.suite import preflight
 
 
@@ -43,6 +44,8 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
             out.append((cand.name, "tolerances"))
         else:
             out += [(cand.name, m) for m, t in table.items() if not isinstance(t, str)]
+        if cand.kind == "onnx":
+            out += [(cand.name, m) for m in planned_metrics(cand.variant, cfg.runtimes)]
     return out
 
 

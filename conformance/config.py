@@ -58,10 +58,23 @@ class ConformanceConfig:
         "process contend (bench/conformance_threads.py, demo-size export on 2 busy cores: "
         "31 s at 1 thread, 166 s at 2)",
     )
+    runtimes: list[str] = opt(
+        help="on-device runtimes that must reproduce ONNX Runtime's greedy ids on each ONNX variant: "
+        "onnxruntime-genai (pip install 'prodip[runtimes]'), transformers.js (Node; `npm ci --ignore-scripts` "
+        "in the prodip repository). Each is a gated check; a runtime that cannot run fails the variant. "
+        "Default: both; an empty list checks none (the report says so)",
+        factory=lambda: ["onnxruntime-genai", "transformers.js"],
+    )
+    runtime_tokens: int = opt(16, "new tokens each runtime decodes greedily per prompt (tokens)")
     write_manifest: bool = opt(True, "record the verdict in the export's manifest.json conformance slot")
 
     def __post_init__(self) -> None:
-        for name in ("greedy_tokens", "kv_steps"):
+        unknown = [r for r in self.runtimes if r not in ("onnxruntime-genai", "transformers.js")]
+        if unknown:
+            raise InvalidInput(
+                f"ConformanceConfig.runtimes: unknown runtime(s) {unknown}; choose from onnxruntime-genai, transformers.js"
+            )
+        for name in ("greedy_tokens", "kv_steps", "runtime_tokens"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("heldout_tokens", "kv_tokens", "threads"):

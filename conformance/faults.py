@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput
 from prodip.base.manifest import file_sha256, list_files
+from prodip.base.variants import BY_NAME
 
 
 def copy_export(src: str | Path, dst: str | Path) -> Path:
@@ -86,7 +87,7 @@ def _const(model, name: str, value: int) -> str:
     return name
 
 
-def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 3) -> Path:
+def plant_static_seq(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path, seq: int = 3) -> Path:
     """The decoder's sequence axis baked to ``seq`` (as a trace without dynamic axes leaves it)."""
 
     def edit(model):
@@ -99,12 +100,14 @@ def plant_static_seq(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: in
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq: int = 7) -> Path:
+def plant_baked_reshape(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path, seq: int = 7) -> Path:
     """Inputs still declared dynamic, but the first attention reshape baked to batch 1, ``seq``
     tokens (as a trace that captured concrete sizes leaves it): only a run at other lengths shows it.
+    The contrib graph has no such Reshape (GroupQueryAttention reads (B, T, H*Dh)): there a Reshape to
+    ``[1, seq, -1]`` is planted on the first projection's output instead.
 
     Raises:
-        ValueError: no Reshape of a MatMul output found (the graph is not the expected export).
+        ValueError: no MatMul found (the graph is not the expected export).
     """
     cfg = _config(Path(src))
     heads = cfg["num_attention_heads"]
@@ -119,12 +122,20 @@ def plant_baked_reshape(src: Path, dst: Path, rel: str = "onnx/model.onnx", seq:
                 model.graph.initializer.append(numpy_helper.from_array(shape, "planted_shape"))
                 node.input[1] = "planted_shape"
                 return
-        raise InvalidInput(f"{dst / rel}: no Reshape of a MatMul output to bake")
+        first = next((n for n in model.graph.node if n.op_type == "MatMul"), None)
+        if first is None:
+            raise InvalidInput(f"{dst / rel}: no MatMul output to bake a Reshape on")
+        out = first.output[0]
+        for node in model.graph.node:
+            node.input[:] = ["planted_baked" if name == out else name for name in node.input]
+        model.graph.initializer.append(numpy_helper.from_array(np.array([1, seq, -1], np.int64), "planted_shape"))
+        at = list(model.graph.node).index(first) + 1
+        model.graph.node.insert(at, helper.make_node("Reshape", [out, "planted_shape"], ["planted_baked"]))
 
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
+def plant_mask_ignores_past(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path) -> Path:
     """Causal mask built as if past = 0: query positions ``arange(T)`` instead of ``arange(P, P+T)``.
 
     Surgery on the mask subgraph: the ``Range(S - T, S)`` of query positions becomes ``Range(0, T)``.
@@ -147,7 +158,7 @@ def plant_mask_ignores_past(src: Path, dst: Path, rel: str = "onnx/model.onnx") 
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx") -> Path:
+def plant_position_off_by_one(src: Path, dst: Path, rel: str = BY_NAME["fp32"].path) -> Path:
     """position_ids + 1 whenever more than one token is fed (1-based prefill, 0-based decode steps).
 
     A uniform shift of every position is invisible to RoPE (it depends on position differences
@@ -175,14 +186,15 @@ def plant_position_off_by_one(src: Path, dst: Path, rel: str = "onnx/model.onnx"
     return _plant_onnx(src, dst, rel, edit)
 
 
-def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", layer: int = 1) -> Path:
+def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, layer: int = 1) -> Path:
     """A quantised model whose decoder layer ``layer`` has all weights zeroed (scales set to 0).
 
     Layer membership comes from graph order: the quantised MatMuls (MatMulInteger for int8,
-    MatMulNBits for int4) are 7 per layer (q, k, v, o, gate, up, down) then the lm_head.
+    MatMulNBits for int4) are 7 per layer (q, k, v, o, gate, up, down) in the standard graph, 5 in
+    the contrib graph (packed qkv, o, gate, up, down), then the lm_head.
 
     Raises:
-        ValueError: the count of quantised MatMuls is not 7 per layer (+ lm_head).
+        ValueError: the count of quantised MatMuls is not 5 or 7 per layer (+ lm_head).
     """
     L = _config(Path(src))["num_hidden_layers"]
 
@@ -190,18 +202,19 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = "onnx/model_int8.onnx", 
         g = model.graph
         inits = {i.name: i for i in g.initializer}
         mm = [n for n in g.node if n.op_type in ("MatMulInteger", "MatMulNBits") and n.input[1] in inits]
-        if len(mm) not in (7 * L, 7 * L + 1):
-            raise InvalidInput(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 7 per layer x {L} (+ lm_head)")
+        per = next((k for k in (7, 5) if len(mm) in (k * L, k * L + 1)), None)
+        if per is None:
+            raise InvalidInput(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 5 or 7 per layer x {L} (+ lm_head)")
         zeroed = 0
-        for node in mm[7 * layer : 7 * layer + 7]:
+        for node in mm[per * layer : per * layer + per]:
             base = node.input[1].rsplit("_", 1)[0]
             for name, init in inits.items():
                 if name.startswith(base + "_") and name.endswith(("scale", "scales")):
                     arr = numpy_helper.to_array(init)
                     init.CopyFrom(numpy_helper.from_array(np.zeros_like(arr), name))
                     zeroed += 1
-        if zeroed < 7:
-            raise InvalidInput(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected 7")
+        if zeroed < per:
+            raise InvalidInput(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected {per}")
 
     return _plant_onnx(src, dst, rel, edit)
 
@@ -241,7 +254,7 @@ FAULTS = {
     "mask_ignores_past": plant_mask_ignores_past,
     "position_off_by_one": plant_position_off_by_one,
     "zeroed_layer_int8": plant_zeroed_layer,
-    "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel="onnx/model_int4.onnx"),
+    "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel=BY_NAME["int4"].path),
     "config_rope_theta": plant_config_rope_theta,
     "tokenizer_without_nfc": plant_tokenizer_without_nfc,
 }

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from prodip.base.errors import InvalidInput
-from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
+from prodip.tokenizer.shards import load_meta, open_checked_shards
 
 #: Prompt texts (NFC). Short on purpose: long-position behaviour is covered by the context prompt.
 PROMPTS = {
@@ -165,8 +165,8 @@ def heldout_items(
     out = []
     for lang in sorted(meta["languages"]):
         tokens = []
-        for path in shard_paths(shards_dir, lang, "val"):
-            tokens.append(np.asarray(read_shard(path)[: heldout_tokens - sum(map(len, tokens))], dtype=np.int64))
+        for shard in open_checked_shards(shards_dir, lang, "val"):
+            tokens.append(np.asarray(shard[: heldout_tokens - sum(map(len, tokens))], dtype=np.int64))
             if sum(map(len, tokens)) >= heldout_tokens:
                 break
         flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)

@@ -137,6 +137,39 @@ def _tolerance_lines(tol: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _runtime_lines(report: dict[str, Any]) -> list[str]:
+    """The runtime axis: per ONNX candidate, each runtime's greedy ids vs ONNX Runtime's on the same file."""
+    checked = (report.get("runtimes") or {}).get("checked")
+    if checked is None:
+        return []
+    if not checked:
+        return ["", "On-device runtimes: none checked (`--runtimes` was empty)."]
+    rt = report["runtimes"]
+    lines = [
+        "",
+        f"On-device runtimes: greedy ids on the prompts {', '.join(rt['prompts'])} ({rt['new_tokens']} new tokens) "
+        "vs ONNX Runtime's on the same file (fp32: and the training model's).",
+        "",
+        "| candidate | " + " | ".join(checked) + " | fp32 = training model |",
+        "|---|" + "---|" * len(checked) + "---|",
+    ]
+    for name, res in report["candidates"].items():
+        on_device = res.get("runtimes")
+        if not on_device:
+            continue
+        cells = []
+        for r in checked:
+            got = on_device["runtimes"].get(r) or {}
+            cells.append(
+                "identical" if got.get("ids_identical") else f"**FAIL** {str(got.get('error') or 'ids differ')[:80]}"
+            )
+        ref = on_device.get("reference_identical")
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {'-' if ref is None else ('identical' if ref else '**FAIL**')} |"
+        )
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The ten-second view: verdict, one row per candidate, then what failed and why."""
     verdict = "PASSED" if report["passed"] else "FAILED"
@@ -160,6 +193,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             + " | ".join(cells)
             + f" | {res['seconds']:.1f} |"
         )
+    lines += _runtime_lines(report)
     g = report["global"]
     lines += [
         "",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import onnx
 import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
@@ -34,10 +35,11 @@ from prodip.base.manifest import (
 from prodip.conformance import measure, runners
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
-from prodip.conformance.inputs import build_inputs
+from prodip.conformance.inputs import PROMPTS, build_inputs
 from prodip.conformance.reload import load_safetensors_model
 from prodip.conformance.report import write_report
 from prodip.conformance.runners import TorchRunner, onnx_axes_problems
+from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
 from prodip.conformance.verdict import merge_verdict
 from prodip.export.core import require_checkpoint_tokenizer
@@ -296,7 +298,34 @@ def preflight(
             f"{export_dir}: missing file(s) listed in manifest.json: {what}. Re-run `prodip export`, or "
             "check the other variants only with --variants (nothing was measured or written)"
         )
+    _check_readable(export_dir, manifest, candidates)
     return tolerances, candidates
+
+
+def _check_readable(export_dir: Path, manifest: dict[str, Any], candidates: list[Candidate]) -> None:
+    """Each checked file has its manifest size, and each ONNX graph parses (weights not loaded).
+
+    A damaged input is the user's to fix (exit 2, file named), not a failed measurement.
+
+    Raises:
+        ValueError: a size differing from manifest.json, or an ONNX file protobuf cannot parse.
+    """
+    for cand in {c.path: c for c in candidates}.values():
+        path = export_dir / cand.path
+        listed = manifest.get("files", {}).get(cand.path)
+        if listed is not None and path.stat().st_size != listed.get("bytes"):
+            raise InvalidInput(
+                f"{path}: {path.stat().st_size} bytes, manifest.json says {listed.get('bytes')} (truncated or "
+                "replaced); re-run `prodip export` (nothing was measured or written)"
+            )
+        if cand.kind == "onnx":
+            try:
+                onnx.load(str(path), load_external_data=False)
+            except Exception as err:  # protobuf's DecodeError and friends: the file is not an ONNX model
+                raise InvalidInput(
+                    f"{path}: not a readable ONNX model ({type(err).__name__}: {str(err).strip()[:200]}); "
+                    "re-run `prodip export` (nothing was measured or written)"
+                ) from None
 
 
 def check_candidate(
@@ -376,6 +405,14 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg, tolerances.get(cand.tolerance_table))
         for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None)
     }
+    prompts = {k: train_tok.encode(PROMPTS[k]).ids for k in RUNTIME_PROMPTS}
+    on_device = check_runtimes(
+        export_dir, candidates, prompts, ref_model, model_cfg, cfg.runtimes, cfg.runtime_tokens, cfg.threads
+    )
+    for name, rt in on_device.items():  # a runtime's failure fails its variant's candidate
+        results[name]["checks"] += rt.pop("checks")
+        results[name]["runtimes"] = rt
+        results[name]["passed"] = all(c["passed"] is not False for c in results[name]["checks"])
     variants: dict[str, bool] = {}
     for cand in candidates:
         variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
@@ -420,9 +457,19 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
             "heldout_bpc": {lang: bits_per_char(ref.nll[lang], h["chars"]) for lang, h in inputs.heldout.items()},
         },
         "global": {"metrics": g, "checks": g_checks, "passed": g_passed},
+        "runtimes": {"checked": list(cfg.runtimes), "prompts": prompts, "new_tokens": cfg.runtime_tokens},
         "candidates": results,
         "seconds": time.perf_counter() - t_start,
     }
+
+
+def _remove_previous_report(out: Path) -> None:
+    """Delete an earlier ``report.json``/``report.md`` in ``out`` before a new run starts, so a run
+    that stops (bad input, Ctrl-C) never leaves an older PASSED report looking current."""
+    for name in ("report.json", "report.md"):
+        if (out / name).is_file():
+            logger.info("conformance: removing the previous %s before this run", out / name)
+            (out / name).unlink()
 
 
 def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
@@ -447,6 +494,7 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
             f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
             "folder; files there would break the export's manifest (leave --out unset)"
         )
+    _remove_previous_report(out)
     report = evaluate(cfg)
     paths = write_report(report, out, cfg)
     report["report_json"] = str(paths["json"])

@@ -36,7 +36,7 @@ def merge_verdict(
         checked_utc: time stamp of this run (default: now, ISO 8601 UTC).
     Returns:
         ``{passed, variants: {name: bool}, checks: {name: {passed, checked_utc, report,
-        report_sha256, tolerances}}, export_files_sha256, report, report_sha256, checked_utc,
+        report_sha256, tolerances, runtimes: {runtime: bool}}}, export_files_sha256, report, report_sha256, checked_utc,
         tolerances}`` (``report``, ``checked_utc`` and ``tolerances`` are those of this latest run;
         ``checks`` says which run checked each variant, and with which tolerance file:
         ``tolerances = {path, sha256, shipped, loosened: [{table, metric, shipped, used}]}``, loosened
@@ -62,6 +62,14 @@ def merge_verdict(
                 ),
             }
             checks[name]["tolerances"] = {**tol, "loosened": [b for b in tol["loosened"] if b["table"] in tables]}
+        on_device = {
+            r: bool(res["ids_identical"])
+            for c in (report.get("candidates") or {}).values()
+            if c.get("variant") == name
+            for r, res in ((c.get("runtimes") or {}).get("runtimes") or {}).items()
+        }
+        if on_device:
+            checks[name]["runtimes"] = on_device
     variants = {k: checks[k]["passed"] for k in manifest_variants if k in checks}
     passed = bool(variants) and len(variants) == len(manifest_variants) and all(variants.values())
     out = {

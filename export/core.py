@@ -26,10 +26,10 @@ import onnx
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.manifest import read_manifest, write_manifest
-from prodip.base.variants import ONNX_DIR, ONNX_VARIANTS, onnx_files
-from prodip.export import hf, quantize
+from prodip.base.variants import BY_NAME, ONNX_DIR, ONNX_VARIANTS, onnx_files
+from prodip.export import genai, hf, quantize
 from prodip.export.config import VARIANTS, ExportConfig
-from prodip.export.onnx import check_io, export_onnx
+from prodip.export.onnx import check_io, export_onnx, resolve_graph
 from prodip.train.checkpoint import TOKENIZER_SUBDIR, load_model, resolve_checkpoint
 
 logger = logging.getLogger("export")
@@ -231,8 +231,9 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
         return {}
     (root / ONNX_DIR).mkdir()
     fp32 = root / ONNX_FILES["fp32"]
-    with step(f"ONNX fp32 decoder (opset {cfg.opset})"):
-        export_onnx(model, fp32, opset=cfg.opset, external_data=cfg.onnx_external_data or None)
+    graph = resolve_graph(cfg.onnx_graph, model.config)
+    with step(f"ONNX fp32 decoder ({graph} graph, opset {cfg.opset})"):
+        export_onnx(model, fp32, opset=cfg.opset, external_data=cfg.onnx_external_data or None, graph=graph)
         check_io(fp32, model.config)
     out = {"fp32": _onnx_variant("fp32", ONNX_FILES["fp32"], "float32", None, root)}
     ext = bool(out["fp32"]["external_data"])  # the derived files follow the fp32 file's layout
@@ -271,6 +272,8 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     if "fp32" not in cfg.variants:  # built only as the source of the others
         for rel in [ONNX_FILES["fp32"], *out.pop("fp32")["external_data"]]:
             (root / rel).unlink()
+    for entry in out.values():  # contrib: ONNX Runtime's fused operators; standard: ONNX operators only
+        entry["graph"] = graph
     return out
 
 
@@ -333,6 +336,8 @@ def _build_all(
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
+    # model.safetensors is always written (it is what transformers loads), so it is always a variant:
+    # listed in the manifest and checked by conformance, whatever `variants` names
     variants = {
         "safetensors": {
             "path": hf.WEIGHTS_FILE,
@@ -341,9 +346,8 @@ def _build_all(
             "quantization": None,
         }
     }
-    if "safetensors" not in cfg.variants:
-        variants = {}
     variants.update(_build_onnx(model, tmp, cfg, step))
+    _write_runtime_configs(tmp, variants)
     with step("manifest.json (sha256 of every file)"):
         (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
         for path in tmp.rglob("*"):  # onnx/safetensors create some files 0600; exports are shared
@@ -354,6 +358,24 @@ def _build_all(
             tokenizer_sha256=tokenizer_sha256,
             variants=variants,
             export_config=dataclasses.asdict(cfg),
+        )
+
+
+def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> None:
+    """onnxruntime-genai's ``genai_config.json`` and transformers.js's ``config.json`` entry, and per
+    ONNX variant in its manifest entry: ``transformersjs_dtype``, ``genai_overlay`` (what
+    ``og.Config.overlay`` needs to load it) and ``genai_default`` (named by ``genai_config.json``)."""
+    onnx_paths = {name: v["path"] for name, v in variants.items() if v["format"] == "onnx"}
+    default = genai.write_genai_config(root, onnx_paths)
+    config_path = root / hf.CONFIG_FILE
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["transformers.js_config"] = genai.transformersjs_config(onnx_paths)
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    for name, path in onnx_paths.items():
+        variants[name].update(
+            transformersjs_dtype=BY_NAME[name].transformersjs_dtype,
+            genai_overlay=genai.genai_overlay(path),
+            genai_default=name == default,
         )
 
 
@@ -384,6 +406,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             f"the checkpoint being exported. Choose another --out"
         )
     model, _, info = load_model(ckpt)
+    resolve_graph(cfg.onnx_graph, model.config)  # --onnx-graph contrib on a shape it cannot run: before any work
     source = {
         "path": str(Path(info["checkpoint_dir"]).resolve()),
         "step": info["step"],

@@ -1,10 +1,21 @@
 """ONNX decoder export with a KV cache: the training model, traced once, run by ONNX Runtime.
 
-:class:`DecoderWithCache` flattens the model's per-layer ``(key, value)`` cache into the named
-inputs and outputs of the contract in :mod:`prodip.base.onnx_io` (the names optimum and
-ONNX Runtime GenAI use). :func:`export_onnx` traces it with ``torch.onnx.export(dynamo=True)``
-(torch.export + onnxscript) at opset :data:`DEFAULT_OPSET`, with dynamic batch, sequence and
-past axes, and checks the file with ``onnx.checker``.
+Two graphs of the same decoder, with the named inputs and outputs of the contract in
+:mod:`prodip.base.onnx_io` (the names optimum and ONNX Runtime GenAI use):
+
+* ``contrib`` (default, :class:`prodip.export.contrib.ContribDecoder`): ONNX Runtime's fused
+  operators (GroupQueryAttention, RotaryEmbedding, SkipSimplifiedLayerNormalization, packed q/k/v),
+  what its model builder emits; runs in ONNX Runtime (Python, C/C++, onnxruntime-genai,
+  onnxruntime-node/-web under transformers.js) and nowhere else.
+* ``standard`` (:class:`DecoderWithCache`): standard ONNX operators only, the training model traced
+  as is, for an ONNX runtime without ONNX Runtime's ``com.microsoft`` operators.
+
+:func:`export_onnx` traces one with ``torch.onnx.export(dynamo=True)`` (torch.export +
+onnxscript) at opset :data:`DEFAULT_OPSET`, with dynamic batch, sequence and past axes, adds the
+mask-length check (:func:`prodip.export.graph.add_mask_length_check`) and checks the file with
+``onnx.checker``. Both keep the decoder's contract: an ``attention_mask`` whose length is not
+``past + T`` is refused, and a cache slot the mask excludes cannot change any output (it is zeroed
+before attention, so NaN there changes nothing).
 
     python -c "from prodip.export.onnx import io_names; print(io_names(2))"
 """
@@ -25,6 +36,8 @@ from torch.export import Dim
 
 from prodip.base.errors import InvalidInput
 from prodip.base.onnx_io import io_names
+from prodip.export.contrib import ContribDecoder, unsupported
+from prodip.export.graph import add_mask_length_check, drop_unused_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +59,8 @@ class DecoderWithCache(nn.Module):
 
     The attention mask is always passed, so the traced graph takes the model's padding-mask
     path (``build_attention_mask``) for every shape, prefill (P = 0) included, and is never
-    specialised to SDPA's ``is_causal`` branch.
+    specialised to SDPA's ``is_causal`` branch. Cache slots the mask excludes are zeroed first:
+    attention gives them weight 0, but 0 * NaN is NaN.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -61,6 +75,8 @@ class DecoderWithCache(nn.Module):
         position_ids: torch.Tensor,
         past: list[torch.Tensor],
     ) -> tuple[torch.Tensor, ...]:
+        keep = attention_mask[:, None, : past[0].shape[2], None].bool()  # (B, 1, P, 1)
+        past = [torch.where(keep, p, 0.0) for p in past]
         cache = [(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)]
         logits, present = self.model(
             input_ids, position_ids=position_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True
@@ -100,8 +116,35 @@ def _dynamic_shapes(num_layers: int) -> dict[str, Any]:
     }
 
 
+#: Decoder graphs :func:`export_onnx` can trace (``ExportConfig.onnx_graph``); ``auto`` = contrib
+#: where ONNX Runtime's fused operators support the model's shapes, else standard.
+GRAPHS = ("auto", "contrib", "standard")
+
+
+def resolve_graph(graph: str, config: Any) -> str:
+    """The graph :func:`export_onnx` traces for ``graph`` and a model ``config``.
+
+    Raises:
+        InvalidInput: an unknown ``graph``, or ``contrib`` for a model its operators cannot run
+            (e.g. ``head_dim`` not a multiple of 8), naming the reason.
+    """
+    if graph not in GRAPHS:
+        raise InvalidInput(f"ONNX graph {graph!r}: choose one of {', '.join(GRAPHS)}")
+    why = unsupported(config)
+    if graph == "contrib" and why:
+        raise InvalidInput(f"--onnx-graph contrib: {why}; use --onnx-graph standard (or auto)")
+    if graph == "auto":
+        return "standard" if why else "contrib"
+    return graph
+
+
 def export_onnx(
-    model: nn.Module, path: str | os.PathLike, *, opset: int = DEFAULT_OPSET, external_data: bool | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    opset: int = DEFAULT_OPSET,
+    external_data: bool | None = None,
+    graph: str = "contrib",
 ) -> Path:
     """Trace ``model`` (a ``prodip.train.model.LlamaForCausalLM``) into an ONNX decoder with KV cache.
 
@@ -114,12 +157,15 @@ def export_onnx(
         opset: ONNX opset (default :data:`DEFAULT_OPSET`).
         external_data: keep weights in an external file; ``None`` = only when the parameters
             exceed protobuf's 2 GB limit.
+        graph: ``"contrib"`` (ONNX Runtime's fused operators), ``"standard"`` (standard ONNX
+            operators only) or ``"auto"`` (:func:`resolve_graph`); see the module docstring.
     Returns:
         ``path``.
     Raises:
         RuntimeError: the exporter failed or ``onnx.checker`` rejected the graph.
     """
 
+    graph = resolve_graph(graph, model.config)
     path = Path(path)
     model = copy.deepcopy(model).float().eval()
     L = model.config.num_hidden_layers
@@ -130,7 +176,7 @@ def export_onnx(
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            DecoderWithCache(model),
+            ContribDecoder(model) if graph == "contrib" else DecoderWithCache(model),
             example_inputs(model.config),
             dynamo=True,
             opset_version=opset,
@@ -141,6 +187,10 @@ def export_onnx(
             verbose=False,
         )
     program.save(str(path), external_data=external_data)
+    proto = onnx.load(str(path), load_external_data=False)  # external tensors stay references
+    add_mask_length_check(proto)
+    drop_unused_outputs(proto)
+    onnx.save_model(proto, str(path))
     if external_data:
         onnx.checker.check_model(str(path))  # path form: the checker reads the external weights
     else:

@@ -227,6 +227,43 @@ def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started
     shutil.rmtree(out_dir)
 
 
+def _run_stage(stage: Stage, name: str, plan: dict[str, Any], run: RunConfig, out_dir: Path) -> bool:
+    """Run one stage; returns whether it is complete afterwards (serve always is)."""
+    if name == "serve":
+        sampling = {
+            "temperature": run.completion_temperature,
+            "top_p": run.completion_top_p,
+            "frequency_penalty": run.completion_frequency_penalty,
+            "seed": run.completion_seed,
+        }
+        stage.run(
+            plan,
+            prompts=run.completion_prompts,
+            max_tokens=run.completion_max_tokens,
+            sampling=sampling,
+            timeout_s=run.serve_timeout_s,
+            out_dir=out_dir,
+        )
+        return True
+    stage.run(plan)
+    return stage.done(plan)
+
+
+def _add_time(times: dict[str, dict], name: str, seconds: float, finished: bool) -> None:
+    """Add one invocation's wall time to ``stage_times.json``'s entry for ``name`` (in place).
+
+    Time of invocations that did not complete the stage (paused, interrupted, failed) is carried
+    into the next one; a stage run again after it completed starts over.
+    """
+    prev = times.get(name, {})
+    resumed = not prev.get("complete", True)
+    times[name] = {
+        "seconds": (float(prev.get("seconds", 0.0)) if resumed else 0.0) + seconds,
+        "complete": finished,
+        "invocations": (int(prev.get("invocations", 0)) if resumed else 0) + 1,
+    }
+
+
 def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
     """Run every configured stage of the pipeline described by ``config_path``.
 
@@ -264,33 +301,13 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
             continue
         print(f"[{i}/{len(wanted)}] {name}: {stage.describe(plan)}", flush=True)
         t0 = time.perf_counter()
-        if name == "serve":
-            sampling = {
-                "temperature": run.completion_temperature,
-                "top_p": run.completion_top_p,
-                "frequency_penalty": run.completion_frequency_penalty,
-                "seed": run.completion_seed,
-            }
-            stage.run(
-                plan,
-                prompts=run.completion_prompts,
-                max_tokens=run.completion_max_tokens,
-                sampling=sampling,
-                timeout_s=run.serve_timeout_s,
-                out_dir=out_dir,
-            )
-        else:
-            stage.run(plan)
-        timings[name] = time.perf_counter() - t0
-        finished = name == "serve" or stage.done(plan)
-        prev = times.get(name, {})
-        carried = 0.0 if prev.get("complete", True) else float(prev.get("seconds", 0.0))  # a resumed stage
-        times[name] = {
-            "seconds": carried + timings[name],
-            "complete": finished,
-            "invocations": (0 if prev.get("complete", True) else int(prev.get("invocations", 0))) + 1,
-        }
-        write_text_atomic(times_path, json.dumps(times, indent=2) + "\n")
+        finished = False
+        try:  # an interrupted or failed invocation counts too (its time is carried into the next one)
+            finished = _run_stage(stage, name, plan, run, out_dir)
+        finally:
+            timings[name] = time.perf_counter() - t0
+            _add_time(times, name, timings[name], finished)
+            write_text_atomic(times_path, json.dumps(times, indent=2) + "\n")
         if not finished:  # e.g. training stopped at max_steps_this_run
             print(
                 f"[{i}/{len(wanted)}] {name}: stopped before completion after {timings[name]:.1f} s; "

@@ -122,6 +122,21 @@ def _variant_bytes(variant: dict, files: dict) -> int:
 _STAGE_ORDER = ("tokenizer", "data", "train", "eval", "export", "conformance", "serve")
 
 
+def _parity_rows(parity: dict) -> tuple[list[str], list[list[Any]]]:
+    """Runtime x language cells "identical/compared" of the audit's tokenizer parity check."""
+    langs = list(parity.get("languages", {}))
+    rows = []
+    for name, r in parity.get("runtimes", {}).items():
+        if r["status"] == "reference":
+            continue
+        cells = [
+            f"{c['identical']}/{c['texts'] - c['excluded']}" if (c := (r.get("languages") or {}).get(lang)) else "-"
+            for lang in langs
+        ]
+        rows.append([name, *cells, r["status"]])
+    return ["runtime", *langs, "ids"], rows
+
+
 def print_summary(
     plan: dict, out_dir: Path, timings: dict[str, float], stage_times: dict[str, dict] | None = None
 ) -> dict[str, Any]:
@@ -136,6 +151,9 @@ def print_summary(
                 _fertility_rows(s["fertility"]),
             )
         )
+        if s["fertility"].get("parity"):
+            print(_rule("tokenizer parity with the runtimes (identical/texts, NFC)"))
+            print(_table(*_parity_rows(s["fertility"]["parity"])))
     if s["eval"]:
         print(_rule("held-out quality: trained model vs random-initialised twin"))
         print(

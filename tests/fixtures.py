@@ -26,7 +26,8 @@ import torch
 
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.core import export_checkpoint
-from prodip.tokenizer.bpe import train_tokenizer_from_texts
+from prodip.tokenizer.bpe import tokenizer_config, train_tokenizer_from_texts, with_bos_convention
+from prodip.tokenizer.shards import FORMAT_VERSION as SHARDS_FORMAT_VERSION
 from prodip.train.checkpoint import save_checkpoint
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
@@ -178,15 +179,15 @@ def build_tokenizer(out: Path) -> Path:
         show_progress=False,
     )
     tok.train_from_iterator([t * 10 for t in TEXT.values()], trainer=trainer)
-    tok.save(str(out / "tokenizer.json"))
+    with_bos_convention(tok).save(str(out / "tokenizer.json"))
     special = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
-    (out / "tokenizer_config.json").write_text(json.dumps({**special, "model_max_length": 96}))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length=96)))
     (out / "special_tokens_map.json").write_text(json.dumps(special))
     return out
 
 
 def build_shards(out: Path, tokenizer_dir: Path) -> Path:
-    """Validation (and train) shards per language: the texts above, encoded, <|eos|> between."""
+    """Validation (and train) shards per language: the texts above as documents <|bos|> ids <|eos|>."""
     from tokenizers import Tokenizer
 
     from prodip.tokenizer.shards import write_meta, write_shard
@@ -195,7 +196,7 @@ def build_shards(out: Path, tokenizer_dir: Path) -> Path:
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     langs = {}
     for lang, text in TEXT.items():
-        ids = (tok.encode(text, add_special_tokens=False).ids + [2]) * 4
+        ids = ([1] + tok.encode(text, add_special_tokens=False).ids + [2]) * 4
         langs[lang] = {}
         for split in ("train", "val"):
             rel = f"{lang}/{split}_000000.bin"
@@ -284,10 +285,8 @@ def build_train_tokenizer(out: Path) -> Path:
         show_progress=False,
     )
     tok.train_from_iterator([t * 20 for t in TRAIN_TEXT.values()], trainer=trainer)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "model_max_length": 64})
-    )
+    with_bos_convention(tok).save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length=64)))
     (out / "special_tokens_map.json").write_text(
         json.dumps({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"})
     )
@@ -311,19 +310,23 @@ def _write_shard(path: Path, tokens: np.ndarray) -> None:
 
 
 def make_shards(out: Path, tokenizer_sha256: str, vocab_size: int, n_tokens: dict[str, int], seed: int = 0) -> Path:
-    """Random-token shards (ids 3..vocab-1, an <|eos|> every ~40 tokens) for each language."""
+    """Random-token shards (ids 3..vocab-1; documents <|bos|> ... <|eos|> of ~40 tokens) for each language."""
     rng = np.random.default_rng(seed)
     langs = {}
     for lang, n in n_tokens.items():
         langs[lang] = {}
         for split, count in (("train", n), ("val", max(256, n // 10))):
             tokens = rng.integers(3, vocab_size, size=count, dtype=np.int64)
-            tokens[rng.random(count) < 0.025] = 2
+            ends = np.flatnonzero(rng.random(count) < 0.025)
+            ends = ends[ends > 0]
+            tokens[0] = 1  # a shard starts at a document start
+            tokens[ends] = 2
+            tokens[ends[ends + 1 < count] + 1] = 1
             rel = f"{lang}/{split}_000000.bin"
             _write_shard(out / rel, tokens)
             langs[lang][split] = [{"file": rel, "n_tokens": int(count)}]
     meta = {
-        "format_version": 1,
+        "format_version": SHARDS_FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_sha256,
         "vocab_size": vocab_size,
         "token_dtype": "uint16",
@@ -332,6 +335,12 @@ def make_shards(out: Path, tokenizer_sha256: str, vocab_size: int, n_tokens: dic
         "pad_id": 0,
         "languages": langs,
     }
+    try:  # tokenizer.shards adds each shard's sha256 and max_id
+        from prodip.tokenizer.shards import add_checksums
+
+        add_checksums(out, meta)
+    except ImportError:
+        pass
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return out
 

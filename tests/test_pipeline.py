@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_TOML = """\
 out_dir = "{out}"
 completion_max_tokens = 8
+# sampled as in configs/demo.toml: greedy decoding of a 30-step model may emit only spaces
+completion_temperature = 0.7
+completion_top_p = 0.95
+completion_frequency_penalty = 0.5
+completion_seed = 0
 
 [tokenizer]
 inputs = {{bn = ["{corpus}/bn_train.txt"], en = ["{corpus}/en_train.txt"]}}
@@ -311,3 +316,33 @@ def test_empty_config_or_no_stages_is_refused_before_writing(tmp_path):
     proc = _prodip("run", str(empty), "--stages", "", timeout=120)
     assert proc.returncode == 2 and "no stages to run" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_stage_times_count_interrupted_invocations(tmp_path, monkeypatch):
+    """Issue 12: stage_times.json lost the interrupted part of training."""
+    import dataclasses
+
+    from prodip import pipeline
+
+    calls = []
+
+    def interrupted_then_done(plan):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    tok = pipeline.STAGES["tokenizer"]
+    fake = dataclasses.replace(tok, run=interrupted_then_done, done=lambda plan: len(calls) >= 2)
+    monkeypatch.setitem(pipeline.STAGES, "tokenizer", fake)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'out_dir = "{tmp_path / "run"}"\nstages = ["tokenizer"]\n[tokenizer]\ninputs = {{bn = ["data/bn"]}}\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline(str(cfg))
+    first = json.loads((tmp_path / "run" / "stage_times.json").read_text())["tokenizer"]
+    assert first["complete"] is False and first["invocations"] == 1
+    pipeline.run_pipeline(str(cfg))
+    second = json.loads((tmp_path / "run" / "stage_times.json").read_text())["tokenizer"]
+    assert second["complete"] is True and second["invocations"] == 2 and second["seconds"] >= first["seconds"]

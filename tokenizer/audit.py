@@ -6,8 +6,10 @@ tokens (``<0xNN>``, or any token that is not whole UTF-8 characters), whether ev
 and the language's share of the token stream against its share of the characters. Written to
 ``TOKENIZER_DIR/fertility.json`` and printed as a table; ``--baseline naive`` trains (or reuses) the
 GPT-2-style byte-level baseline on the same training inputs and vocabulary and prints it alongside.
-The gate (``min_chars_per_token``) fails the command, and :func:`check_gate` lets ``prodip train``
-refuse an audited-failing tokenizer.
+The parity check (tokenizer/parity.py) runs the same held-out documents plus a fixed list of tricky
+strings through every installed on-device runtime's tokenizer and records a runtime x language table
+(``parity`` in fertility.json). The gate (``min_chars_per_token``, and every parity runtime identical)
+fails the command, and :func:`check_gate` lets ``prodip train`` refuse an audited-failing tokenizer.
 
     prodip tokenizer audit --tokenizer-dir runs/tok --heldout bn=data/heldout/udhr_ben.txt \
         --min-chars-per-token bn=3.0,en=3.0 --baseline naive
@@ -39,6 +41,7 @@ from prodip.tokenizer.bpe import (
     train_tokenizer,
 )
 from prodip.tokenizer.corpus import ERROR_POLICIES, expand_inputs, iter_language
+from prodip.tokenizer.parity import format_parity, run_parity
 
 log = logging.getLogger(__name__)
 FERTILITY_NAME = "fertility.json"
@@ -48,7 +51,7 @@ FERTILITY_NAME = "fertility.json"
 class AuditConfig:
     """``prodip tokenizer audit`` (TOML section ``[audit]``)."""
 
-    tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
+    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
     heldout: dict[str, list[str]] = opt(
         factory=dict,
         help="language -> held-out files/folders never used in training (.tsv: the column named after the language)",
@@ -64,6 +67,14 @@ class AuditConfig:
     )
     baseline_dir: str = opt("", "where the naive baseline lives or is trained (default: TOKENIZER_DIR-naive)")
     max_chars: int = opt(3_000_000, "at most this many held-out characters per language")
+    parity: str = opt(
+        "auto",
+        "tokenizer parity with the on-device runtimes on the held-out text + tricky strings: auto = every "
+        "installed runtime (the others are listed as skipped); require = a runtime that is not installed "
+        "fails the gate (CI); off = no parity check",
+        choices=("auto", "require", "off"),
+    )
+    parity_max_chars: int = opt(1_000_000, "at most this many held-out characters per language for the parity check")
     errors: str = opt("strict", "invalid UTF-8 in held-out files: strict or skip", choices=ERROR_POLICIES)
 
 
@@ -248,12 +259,43 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
     return train_tokenizer(dataclasses.replace(cfg, kind="naive", out_dir=str(out), overwrite=True))
 
 
+def _parity_texts(docs_by_lang: dict[str, list[str]], max_chars: int) -> dict[str, list[str]]:
+    """The non-empty lines of each language's documents, up to ``max_chars`` characters: one parity
+    text per line, so the table counts lines (newlines and whitespace runs are in the tricky list)."""
+    out: dict[str, list[str]] = {}
+    for lang, docs in docs_by_lang.items():
+        out[lang], size = [], 0
+        for line in (line for doc in docs for line in doc.splitlines() if line.strip()):
+            if size >= max_chars:
+                break
+            out[lang].append(line)
+            size += len(line)
+    return out
+
+
+def parity_failures(parity: dict[str, Any]) -> list[str]:
+    """One gate message per runtime whose ids differ from tokenizers' (or that failed or was required)."""
+    failures = []
+    for name, r in parity["runtimes"].items():
+        if r["status"] == "differs":
+            bad = {lang: c["texts"] - c["excluded"] - c["identical"] for lang, c in r["languages"].items()}
+            m = r["first_mismatch"]
+            failures.append(
+                f"parity: {name} gives different ids on {sum(bad.values())} texts "
+                f"({', '.join(f'{k} {v}' for k, v in bad.items() if v)}; first: {m['language']} {m['text'][:30]!r})"
+            )
+        elif r["status"] == "error":
+            failures.append(f"parity: {name} did not run: {r['reason'][:300]}")
+    return failures
+
+
 def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     """Audit ``cfg.tokenizer_dir``, write ``fertility.json`` into it and return the report.
 
     Returns:
         {format_version, tokenizer_sha256, vocab_size, heldout, languages: {lang: figures}, gate: {
-         min_chars_per_token, passed, failures}, baseline: null | {kind, tokenizer_dir, languages}}.
+         min_chars_per_token, passed, failures}, baseline: null | {kind, tokenizer_dir, languages},
+         parity: null | the tokenizer/parity.py report}.
 
     Raises:
         FileNotFoundError / ValueError: missing tokenizer or held-out files, a held-out file used in
@@ -265,6 +307,10 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     docs = load_heldout(cfg.heldout, max_chars=cfg.max_chars, errors=cfg.errors, training_files=training)
     languages = measure_languages(tok, docs)
     failures = gate_failures(languages, cfg.min_chars_per_token)
+    parity = None
+    if cfg.parity != "off":
+        parity = run_parity(tok_dir, _parity_texts(docs, cfg.parity_max_chars), require=cfg.parity == "require")
+        failures += parity_failures(parity)
     report: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_sha256(tok_dir),
@@ -274,6 +320,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "languages": languages,
         "gate": {"min_chars_per_token": dict(cfg.min_chars_per_token), "passed": not failures, "failures": failures},
         "baseline": None,
+        "parity": parity,
     }
     if cfg.baseline == "naive":
         base_dir = naive_baseline(tok_dir, cfg.baseline_dir)
@@ -315,8 +362,10 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}"
             )
         lines.append(line)
+    if report.get("parity"):
+        lines.append(format_parity(report["parity"]))
     gate = report["gate"]
-    if gate["min_chars_per_token"]:
+    if gate["min_chars_per_token"] or report.get("parity"):
         lines.append("gate: " + ("PASSED" if gate["passed"] else "FAILED: " + "; ".join(gate["failures"])))
     return "\n".join(lines)
 

@@ -1,11 +1,18 @@
-"""Train a Bangla-aware BPE tokenizer with HF ``tokenizers`` and own the tokenizer dir's layout.
+"""Train the tokenizer with HF ``tokenizers`` and own the tokenizer dir's layout and special tokens.
 
-The prodip tokenizer is a character-level BPE with byte fallback (the 256 ``<0xNN>`` tokens, so no
-``<unk>`` and ``decode(encode(x)) == NFC(x)`` for any string), an NFC normaliser stored inside
-``tokenizer.json``, and a pre-tokeniser that keeps every Bengali grapheme cluster whole (see
-``WORD_PATTERN``), plus optional multi-word tokens (tokenizer/superword.py). The sample is streamed to
-configured per-language proportions.
-``kind = "naive"`` trains the GPT-2-style byte-level baseline on the natural (unbalanced) mix instead.
+The default (``kind = "portable"``) is byte-level BPE behind a standard pre-tokenizer regex that every
+on-device runtime prodip exports to reproduces id for id (tokenizer/portable.py: o200k's pattern with
+combining marks in its letter classes, so no Bengali vowel sign or virama is cut from its letter), an
+NFC normaliser, trained on a sample streamed to per-language proportions (the Bangla-aware part, with
+the audit and its gate). ``kind = "custom"`` is the opt-in Bangla-aware regex with superwords that only
+``tokenizers`` and transformers(.js) reproduce (tokenizer/custom.py); ``kind = "naive"`` is the
+GPT-2-style baseline on the natural (unbalanced) mix.
+
+Special-token convention (one for shards, tokenizer files, exports and servers): ids ``<|pad|>`` 0,
+``<|bos|>`` 1, ``<|eos|>`` 2; each document in the shards is ``<|bos|> ids <|eos|>``; ``tokenizer.json``'s
+post-processor prepends ``<|bos|>``, so every runtime's default encode starts a prompt with the token that
+starts a document in training (an empty prompt is ``[<|bos|>]``); ``tokenizer_config.json`` says
+``add_bos_token: true, add_eos_token: false``; the model generates ``<|eos|>`` at a document's end.
 
     prodip tokenizer train --inputs bn=data/bn,en=data/en --vocab-size 8192 --out-dir runs/tok
 """
@@ -19,50 +26,27 @@ import os
 import resource
 import shutil
 import time
-import unicodedata
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
-from prodip.tokenizer.superword import learn_superwords
+from prodip.tokenizer.custom import train_custom
+from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
 
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # ids 0, 1, 2 (fixed by CONTRACTS.md)
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # sentencepiece/Llama byte-fallback names
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FORMAT_VERSION = 1
 
-_MARKS = r"\p{M}\x{200C}\x{200D}"  # combining marks (matras, virama, nukta, candrabindu, ...) + ZWNJ/ZWJ
-# Pre-tokeniser pieces (Oniguruma syntax, as HF tokenizers uses), tried left to right:
-#  1. a word: letters and marks (incl. ZWJ/ZWNJ) together, so no Bengali vowel sign, hasanta, nukta,
-#     candrabindu/anusvara/visarga or joiner is ever cut from its cluster (GPT-2's ``\p{L}+`` cuts at
-#     every matra: the report's 1.4 chars/token trap); in-word apostrophes kept (don't, it's); one
-#     optional leading space or punctuation mark, as GPT-4's pattern, but never a danda; trailing
-#     sentence punctuation (. , ! ? ; : and the danda । ॥) may stay on the word, so the very frequent
-#     sentence-final "verb + danda" can become one token while a danda never starts a word;
-#  2. digits, Bengali ০-৯ treated like ASCII 0-9: runs of at most 3 (GPT-4's choice: numbers get a
-#     small closed set of pieces), with any following marks kept on;
-#  3. a danda on its own (after a number or a space), 4. other symbols, 5. newlines, 6. whitespace.
-_WORD = rf"[\p{{L}}{_MARKS}]+(?:['’][\p{{L}}{_MARKS}]+)*"
-_PREFIX = rf"[^\r\n\p{{L}}\p{{N}}{_MARKS}।॥]?"
-_END = rf"(?:[.,!?;:।॥][{_MARKS}]*)*"  # marks stay with the punctuation they follow
-_REST = (
-    rf"|\p{{N}}{{1,3}}[{_MARKS}]*| ?[।॥]+[{_MARKS}]*| ?[^\s\p{{L}}\p{{N}}।॥]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-WORD_PATTERN = _PREFIX + _WORD + _END + _REST
-# With superwords (tokenizer/superword.py) a piece is a phrase: words joined by single spaces, up to
-# sentence punctuation; everything else is as in WORD_PATTERN.
-PHRASE_PATTERN = _PREFIX + _WORD + rf"(?: {_WORD})*" + _END + _REST
+KINDS = ("portable", "custom", "naive")
 
 
 @dataclass
@@ -75,7 +59,7 @@ class TokenizerTrainConfig:
         "(.txt/.txt.gz/.jsonl/.jsonl.gz/.tsv), e.g. bn=data/bn,en=data/en",
     )
     out_dir: str = opt("runs/tokenizer", "output tokenizer dir (refused if it holds a tokenizer, unless overwrite)")
-    vocab_size: int = opt(32000, "vocabulary size in tokens, incl. 3 special and 256 byte-fallback tokens")
+    vocab_size: int = opt(32000, "vocabulary size in tokens, incl. the 3 special and 256 byte tokens")
     proportions: dict[str, float] = opt(
         factory=dict,
         help="share of the training sample per language, by "
@@ -85,18 +69,28 @@ class TokenizerTrainConfig:
     min_frequency: int = opt(2, "minimum pair count for a merge")
     limit_alphabet: int = opt(
         1000,
-        "at most this many distinct characters enter the vocabulary; rarer "
-        "characters are encoded as byte-fallback tokens",
+        "custom kind: at most this many distinct characters enter the vocabulary; rarer "
+        "characters are encoded as byte-fallback tokens (byte-level kinds start from the 256 bytes)",
     )
     model_max_length: int = opt(2048, "model_max_length written to tokenizer_config.json (tokens)")
-    superword_share: float = opt(
-        0.2,
-        "share of the learned vocabulary given to multi-word tokens (SuperBPE-style second stage; 0 = word-level only)",
-    )
     kind: str = opt(
-        "prodip",
-        "prodip: Bangla-aware; naive: GPT-2 byte-level BPE on the unbalanced mix (the baseline)",
-        choices=("prodip", "naive"),
+        "portable",
+        "portable: byte-level BPE with a standard pre-tokenizer every export runtime reproduces (default); "
+        "custom: prodip's own Bangla-aware regex (+ superwords), which only tokenizers/transformers(.js) "
+        "reproduce, refused by the other export targets; naive: GPT-2 byte-level BPE on the unbalanced mix "
+        "(the audit's baseline)",
+        choices=KINDS,
+    )
+    pretokenizer: str = opt(
+        DEFAULT_PRETOKENIZER,
+        "portable kind: the standard pre-tokenizer regex (o200k-marks: GPT-4o's, combining marks kept "
+        "with their letters; llama3 and gpt2 split Bangla words at every vowel sign, for comparison)",
+        choices=tuple(PRETOKENIZERS),
+    )
+    superword_share: float = opt(
+        0.0,
+        "custom kind: share of the learned vocabulary given to multi-word tokens (SuperBPE-style second "
+        "stage; 0 = word-level only)",
     )
     seed: int = opt(0, "seed of the per-document sampling")
     errors: str = opt(
@@ -195,40 +189,56 @@ def count_chars(
 # ------------------------------------------------------------------------------------------ building
 
 
-def _prodip_pipeline(tok: Tokenizer, pattern: str) -> Tokenizer:
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+def _byte_level(pre_tokenizer) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
     return tok
 
 
-def _with_byte_fallback(trained: Tokenizer, vocab_size: int, extra_merges: list[tuple[str, str]] = ()) -> Tokenizer:
-    """Rebuild a trained BPE with ids: specials 0-2, ``<0x00>``..``<0xFF>`` 3-258, then the learned vocab,
-    then the tokens of ``extra_merges`` (superwords; the phrase pre-tokeniser is used if there are any)."""
-    model = json.loads(trained.to_str())["model"]
-    vocab: dict[str, int] = {}
-    for token in (*SPECIAL_TOKENS, *BYTE_TOKENS):
-        vocab[token] = len(vocab)
-    for token, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]):
-        if token not in vocab:
-            vocab[token] = len(vocab)
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    n_extra = 0
-    for a, b in extra_merges:
-        if len(vocab) >= vocab_size:
-            break
-        if a in vocab and b in vocab:
-            vocab.setdefault(a + b, len(vocab))
-            merges.append((a, b))
-            n_extra += 1
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=False))
-    _prodip_pipeline(tok, PHRASE_PATTERN if n_extra else WORD_PATTERN)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+def _byte_level_trainer(vocab_size: int, min_frequency: int, progress: bool) -> trainers.BpeTrainer:
+    return trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress,
+    )
+
+
+def portable_pipeline(pretokenizer: str = DEFAULT_PRETOKENIZER) -> Tokenizer:
+    """An untrained portable tokenizer: NFC, ``Split(regex) + ByteLevel(use_regex=false)``, ByteLevel decoder.
+
+    The pre-tokenizer is written as HF's conversions of tiktoken/Llama-3 tokenizers write it, the form
+    onnxruntime-extensions, transformers.js and ExecuTorch read (tokenizer/portable.py checks it).
+
+    Raises:
+        InvalidInput: unknown ``pretokenizer`` (the message lists the known ones).
+    """
+    if pretokenizer not in PRETOKENIZERS:
+        raise InvalidInput(f"pretokenizer {pretokenizer!r} is not one of {', '.join(PRETOKENIZERS)}")
+    split = pre_tokenizers.Split(Regex(PRETOKENIZERS[pretokenizer].regex), behavior="isolated", invert=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)
+    tok = _byte_level(pre_tokenizers.Sequence([split, byte_level]))
+    tok.normalizer = normalizers.NFC()
+    return tok
+
+
+def with_bos_convention(tok: Tokenizer) -> Tokenizer:
+    """Set the post-processor that prepends ``<|bos|>`` (pairs: ``<|bos|> A <|bos|> B``), in place.
+
+    Every runtime's default encode then starts a prompt with the token that starts each document in
+    the shards (``encode("")`` is ``[<|bos|>]``).
+    """
+    bos = SPECIAL_TOKENS[BOS_ID]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, BOS_ID)]
+    )
     return tok
 
 
 def check_vocab_size(vocab_size: int, kind: str) -> None:
-    """Raise ValueError when ``vocab_size`` cannot hold the special tokens plus the base alphabet."""
+    """Raise InvalidInput when ``vocab_size`` cannot hold the special tokens plus the 256 byte tokens."""
     need = len(SPECIAL_TOKENS) + 256 + 1
     if vocab_size < need:
         raise InvalidInput(
@@ -237,90 +247,83 @@ def check_vocab_size(vocab_size: int, kind: str) -> None:
         )
 
 
-def top_characters(texts: Callable[[], Iterator[str]], limit: int) -> list[str] | None:
-    """The ``limit`` most frequent characters of the (NFC) text, ties broken by code point; None
-    when the text has at most ``limit`` distinct characters (nothing is cut).
-
-    ``tokenizers``' BpeTrainer cuts an alphabet larger than ``limit_alphabet`` after an unstable
-    sort of a hash map by count, so which of the equally rare characters survive differs from run
-    to run, and so does the tokenizer. Passing this list as ``initial_alphabet`` (those characters
-    rank above every counted one) makes the cut deterministic: exactly the others are removed.
-
-    Args:
-        texts: zero-argument callable returning an iterator of documents (one extra pass).
-        limit: alphabet size in characters.
-    """
-    counts: Counter[str] = Counter()
-    for doc in texts():
-        counts.update(unicodedata.normalize("NFC", doc))
-    if len(counts) <= limit:
-        return None
-    return [ch for ch, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
-
-
 def train_from_iterator(
     texts: Callable[[], Iterator[str]],
     *,
     vocab_size: int,
-    kind: str = "prodip",
+    kind: str = "portable",
+    pretokenizer: str = DEFAULT_PRETOKENIZER,
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
     superword_share: float = 0.0,
     progress: bool = False,
 ) -> Tokenizer:
-    """Fit a tokenizer on documents.
+    """Fit a tokenizer on documents; its post-processor prepends ``<|bos|>`` (:func:`with_bos_convention`).
 
     Args:
-        texts: zero-argument callable returning an iterator of documents (raw; NFC is applied by the
-            tokenizer's normaliser). Called twice when ``superword_share > 0``.
+        texts: zero-argument callable returning an iterator of documents (raw; the tokenizer's NFC
+            normaliser applies). Called more than once by the custom kind.
         vocab_size: final vocabulary size in tokens (may come out smaller on a tiny corpus).
-        kind: ``"prodip"`` or ``"naive"`` (GPT-2 byte-level BPE, no normaliser).
-        superword_share: share of the learned vocabulary given to multi-word tokens (0 = none).
+        kind: one of :data:`KINDS` (see :class:`TokenizerTrainConfig`).
+        pretokenizer: the portable kind's regex, a name in ``portable.PRETOKENIZERS``.
+        min_frequency: minimum pair count for a merge.
+        limit_alphabet: custom kind only (see tokenizer/custom.py).
+        superword_share: custom kind only: share of the learned vocabulary given to multi-word tokens.
         progress: show the ``tokenizers`` trainer's progress bars (stderr).
 
     Raises:
-        ValueError: ``vocab_size`` too small, unknown ``kind``, ``superword_share`` outside [0, 0.9].
+        InvalidInput: ``vocab_size`` too small, unknown ``kind`` or ``pretokenizer``, superwords asked
+            of a kind other than custom, ``superword_share`` outside [0, 0.9].
     """
     check_vocab_size(vocab_size, kind)
-    specials = [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    if kind == "naive":
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=progress,
-        )
-        tok.train_from_iterator(texts(), trainer=trainer)
-        return tok
-    if kind != "prodip":
-        raise InvalidInput(f"kind must be 'prodip' or 'naive', got {kind!r}")
+    if kind not in KINDS:
+        raise InvalidInput(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if not 0.0 <= superword_share <= 0.9:
         raise InvalidInput(f"superword_share must be in [0, 0.9], got {superword_share}")
-    learned = vocab_size - 256  # the byte tokens are added after training
-    n_super = int(superword_share * (learned - len(SPECIAL_TOKENS)))
-    tok = _prodip_pipeline(Tokenizer(models.BPE()), WORD_PATTERN)
-    limit = max(1, min(limit_alphabet, learned - len(SPECIAL_TOKENS)))
-    trainer = trainers.BpeTrainer(
-        vocab_size=learned - n_super,
-        min_frequency=min_frequency,
-        special_tokens=specials,
-        limit_alphabet=limit,
-        initial_alphabet=top_characters(texts, limit) or [],
-        show_progress=progress,
-    )
-    tok.train_from_iterator(texts(), trainer=trainer)
-    extra: list[tuple[str, str]] = []
-    if n_super:
-        stage1 = _with_byte_fallback(tok, vocab_size)
-        # ask for 10% more: a merged phrase may already be a stage-1 token and then adds no id
-        extra = learn_superwords(
-            stage1, texts, int(n_super * 1.1) + 1, min_frequency=max(2, min_frequency), progress=progress
+    if superword_share and kind != "custom":
+        raise InvalidInput(
+            f"superword_share {superword_share}: multi-word tokens exist only for kind = 'custom' "
+            "(no runtime but tokenizers reproduces them); set superword_share = 0"
         )
-    return _with_byte_fallback(tok, vocab_size, extra)
+    if kind == "custom":
+        tok = train_custom(
+            texts,
+            vocab_size=vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            min_frequency=min_frequency,
+            limit_alphabet=limit_alphabet,
+            superword_share=superword_share,
+            progress=progress,
+        )
+        return with_bos_convention(tok)
+    if kind == "naive":
+        tok = _byte_level(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    else:
+        tok = portable_pipeline(pretokenizer)
+    tok.train_from_iterator(texts(), trainer=_byte_level_trainer(vocab_size, min_frequency, progress))
+    return with_bos_convention(tok)
+
+
+def tokenizer_config(model_max_length: int = 2048) -> dict:
+    """``tokenizer_config.json``: the special tokens, their ids and the BOS convention.
+
+    ``add_bos_token: true`` is what transformers, onnxruntime-extensions and lm-evaluation-harness read
+    to put ``<|bos|>`` in front of a prompt (the post-processor in tokenizer.json does the same for
+    ``tokenizers`` and transformers.js); ``add_eos_token: false``: a prompt does not end a document.
+    """
+    names = dict(zip(("pad_token", "bos_token", "eos_token"), SPECIAL_TOKENS))
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **names,
+        "pad_token_id": PAD_ID,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": True,
+        "add_eos_token": False,
+    }
 
 
 def save_tokenizer_dir(
@@ -347,20 +350,9 @@ def save_tokenizer_dir(
     tmp.mkdir()
     try:
         tok.save(str(tmp / "tokenizer.json"))
-        names = dict(zip(("pad_token", "bos_token", "eos_token"), SPECIAL_TOKENS))
-        config = {
-            "format_version": FORMAT_VERSION,
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            **names,
-            "pad_token_id": PAD_ID,
-            "bos_token_id": BOS_ID,
-            "eos_token_id": EOS_ID,
-            "model_max_length": model_max_length,
-            "clean_up_tokenization_spaces": False,
-            "add_bos_token": False,
-            "add_eos_token": False,
-        }
+        config = tokenizer_config(model_max_length)
         (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        names = {k: config[k] for k in ("pad_token", "bos_token", "eos_token")}
         (tmp / "special_tokens_map.json").write_text(json.dumps(names, indent=2) + "\n", encoding="utf-8")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
@@ -394,8 +386,13 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
             f"TokenizerTrainConfig.sample_chars and min_frequency must be >= 1, got "
             f"{cfg.sample_chars}, {cfg.min_frequency}"
         )
-    if cfg.kind == "prodip" and not 0.0 <= cfg.superword_share <= 0.9:  # before reading the corpus
+    if not 0.0 <= cfg.superword_share <= 0.9:  # before reading the corpus
         raise InvalidInput(f"TokenizerTrainConfig.superword_share must be in [0, 0.9], got {cfg.superword_share}")
+    if cfg.superword_share and cfg.kind != "custom":
+        raise InvalidInput(
+            f"TokenizerTrainConfig.superword_share = {cfg.superword_share} needs kind = 'custom' (got "
+            f"{cfg.kind!r}): multi-word tokens are reproduced by no runtime but tokenizers"
+        )
     out = Path(cfg.out_dir)
     if (out / "tokenizer.json").exists() and not cfg.overwrite:
         raise OutputExists(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
@@ -423,9 +420,10 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
         texts,
         vocab_size=cfg.vocab_size,
         kind=cfg.kind,
+        pretokenizer=cfg.pretokenizer,
         min_frequency=cfg.min_frequency,
         limit_alphabet=cfg.limit_alphabet,
-        superword_share=cfg.superword_share if cfg.kind == "prodip" else 0.0,
+        superword_share=cfg.superword_share,
         progress=cfg.progress,
     )
     elapsed = time.perf_counter() - start
@@ -443,6 +441,7 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     info = {
         "format_version": FORMAT_VERSION,
         "kind": cfg.kind,
+        "pretokenizer": cfg.pretokenizer if cfg.kind == "portable" else None,
         "vocab_size": obtained,
         "requested_vocab_size": cfg.vocab_size,
         "sample_chars": drawn,
@@ -467,7 +466,7 @@ def train_tokenizer_from_texts(
     vocab_size: int,
     out_dir: str | os.PathLike,
     *,
-    kind: str = "prodip",
+    kind: str = "portable",
     min_frequency: int = 1,
     superword_share: float = 0.0,
 ) -> Path:
@@ -500,7 +499,8 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
 
     Raises:
         FileNotFoundError: no tokenizer.json (make one with ``prodip tokenizer train``).
-        ValueError: the special tokens do not have ids pad=0, bos=1, eos=2.
+        InvalidInput: the special tokens do not have ids pad=0, bos=1, eos=2, or the post-processor
+            does not prepend ``<|bos|>`` (the special-token convention in the module docstring).
     """
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
@@ -511,6 +511,12 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
     for want_id, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want_id:
             raise InvalidInput(f"{path}: {token} has id {tok.token_to_id(token)}, expected {want_id}")
+    if tok.encode("").ids != [BOS_ID]:
+        raise InvalidInput(
+            f"{path}: its post-processor does not prepend {SPECIAL_TOKENS[BOS_ID]} (encode('') gives "
+            f"{tok.encode('').ids}, expected [{BOS_ID}]): made before the special-token convention; "
+            "re-run `prodip tokenizer train`"
+        )
     return tok
 
 

@@ -26,7 +26,7 @@ _VERBS = [
         "prodip.tokenizer.bpe",
         "TokenizerTrainConfig",
         "tokenizer",
-        "train the Bangla-aware BPE tokenizer (or the naive baseline) into a tokenizer dir",
+        "train the portable BPE tokenizer (or the custom kind, or the naive baseline) into a tokenizer dir",
     ),
     (
         "tokenizer",
@@ -34,7 +34,8 @@ _VERBS = [
         "prodip.tokenizer.audit",
         "AuditConfig",
         "audit",
-        "fertility per language on held-out text -> fertility.json + table; exit 1 if the gate fails",
+        "fertility per language and runtime parity on held-out text -> fertility.json + tables; exit 1 if "
+        "the gate fails",
     ),
     (
         "data",

@@ -1,9 +1,16 @@
 """Read a language-tagged text corpus as a stream of documents, with strict or counted-skip UTF-8 decoding.
 
 Inputs are a mapping ``language -> [file or folder, ...]``. Supported files (folders are searched
-recursively, sorted by path): ``.txt`` / ``.txt.gz`` (documents = runs of paragraphs, cut at a blank
-line once ``doc_chars`` characters are reached), ``.jsonl`` / ``.jsonl.gz`` (one document per line,
-its ``text`` field) and ``.tsv`` (header row; the column named after the language, one document per row).
+recursively, sorted by path; suffixes in any case): ``.txt`` / ``.txt.gz`` (documents = runs of
+paragraphs, cut at a blank line once ``doc_chars`` characters are reached), ``.jsonl`` / ``.jsonl.gz``
+(one document per line, its ``text_field``, default ``text``), ``.parquet`` and ``.csv`` /
+``.csv.gz`` (one document per row, column ``text_field``; read with pyarrow in batches), ``.tsv``
+(header row; the column named after the language, one document per row), and a folder written by
+Hugging Face ``datasets``' ``save_to_disk`` (``dataset_info.json`` + ``state.json``, or a
+``DatasetDict``'s ``dataset_dict.json``: every split, in name order; column ``text_field``; read with
+``datasets.load_from_disk``, which never contacts a hub; needs the ``hf-datasets`` extra). Files in a
+folder with any other suffix are skipped, and every one of them is listed in a warning (and in
+:func:`expand_inputs`' ``skipped`` list).
 
     python -m prodip.tokenizer.corpus data/bn        # count files, documents and characters
 """
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import re
 import sys
@@ -20,9 +28,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
 from prodip.base.errors import InvalidInput, MissingInput
 
-SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv")
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".parquet", ".csv", ".csv.gz")
+#: Files whose presence makes a folder one ``datasets.save_to_disk`` dataset (Dataset or DatasetDict).
+HF_DATASET_MARKERS = (("dataset_info.json", "state.json"), ("dataset_dict.json",))
+_ROWS_PER_BATCH = 4096  # Parquet/CSV/datasets rows converted to Python strings at once
 ERROR_POLICIES = ("strict", "skip")
 
 
@@ -39,15 +56,43 @@ class ReadStats:
 
 
 def _suffix_ok(path: Path) -> bool:
-    return any(path.name.endswith(s) for s in SUFFIXES)
+    return path.name.lower().endswith(SUFFIXES)
+
+
+def is_hf_dataset_dir(path: Path) -> bool:
+    """A folder written by ``datasets``' ``save_to_disk`` (see :data:`HF_DATASET_MARKERS`)."""
+    return path.is_dir() and any(all((path / m).is_file() for m in marks) for marks in HF_DATASET_MARKERS)
+
+
+def _folder_files(folder: Path, skipped: list[Path]) -> list[Path]:
+    """Readable inputs under ``folder`` (sorted); anything else goes to ``skipped``.
+
+    A ``save_to_disk`` folder is one input; the files inside it are not searched.
+    """
+    if is_hf_dataset_dir(folder):
+        return [folder]
+    out: list[Path] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir():
+            out.extend(_folder_files(entry, skipped))
+        elif entry.is_file() and _suffix_ok(entry):
+            out.append(entry)
+        elif entry.is_file():
+            skipped.append(entry)
+    return out
 
 
 #: A language tag: it becomes a shard folder name and a key in meta.json, mixtures and reports.
 LANG_TAG = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 
 
-def expand_inputs(inputs: dict[str, list[str]], *, what: str = "inputs") -> dict[str, list[Path]]:
+def expand_inputs(
+    inputs: dict[str, list[str]], *, what: str = "inputs", skipped: list[Path] | None = None
+) -> dict[str, list[Path]]:
     """Resolve ``{lang: [file or folder]}`` into ``{lang: [files]}`` (folders searched recursively).
+
+    A ``datasets`` ``save_to_disk`` folder is kept whole (one entry). Files inside folders with an
+    unsupported suffix are skipped: each is logged in one warning and appended to ``skipped``.
 
     Raises:
         ValueError: empty mapping, a language tag that is not a plain code (it names folders and
@@ -68,24 +113,38 @@ def expand_inputs(inputs: dict[str, list[str]], *, what: str = "inputs") -> dict
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         files: list[Path] = []
+        passed: list[Path] = []
         for p in paths:
             p = Path(p)
             if p.is_dir():
-                files.extend(sorted(f for f in p.rglob("*") if f.is_file() and _suffix_ok(f)))
+                files.extend(_folder_files(p, passed))
             elif p.is_file():
                 if not _suffix_ok(p):
                     raise InvalidInput(f"{what}.{lang}: {p} has an unsupported suffix; expected one of {SUFFIXES}")
                 files.append(p)
             else:
                 raise MissingInput(f"{what}.{lang}: {p} does not exist")
+        if passed:
+            log.warning(
+                "%s.%s: skipped %d file(s) with an unsupported suffix (supported: %s): %s",
+                what,
+                lang,
+                len(passed),
+                ", ".join(SUFFIXES),
+                ", ".join(map(str, passed)),
+            )
+            if skipped is not None:
+                skipped.extend(passed)
         if not files:
-            raise InvalidInput(f"{what}.{lang}: no text files ({', '.join(SUFFIXES)}) under {list(map(str, paths))}")
+            raise InvalidInput(
+                f"{what}.{lang}: no text files ({', '.join(SUFFIXES)}) or datasets folders under {list(map(str, paths))}"
+            )
         out[lang] = files
     return out
 
 
 def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
 
 
 def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
@@ -173,7 +232,7 @@ def _txt_documents(lines: Iterator[str], doc_chars: int) -> Iterator[str]:
         yield "".join(buf).strip("\n")
 
 
-def _jsonl_documents(path: Path, lines: Iterator[str]) -> Iterator[str]:
+def _jsonl_documents(path: Path, lines: Iterator[str], text_field: str = "text") -> Iterator[str]:
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -181,10 +240,76 @@ def _jsonl_documents(path: Path, lines: Iterator[str]) -> Iterator[str]:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise InvalidInput(f"{path}:{lineno}: not valid JSON ({err.msg}); expected one object per line") from None
-        text = record.get("text") if isinstance(record, dict) else None
+        text = record.get(text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):
-            raise InvalidInput(f'{path}:{lineno}: expected an object with a string field "text"')
+            keys = sorted(record) if isinstance(record, dict) else []
+            raise InvalidInput(
+                f"{path}:{lineno}: expected an object with a string field {text_field!r} (has {keys}); "
+                "set text_field to the field holding the text"
+            )
         yield text
+
+
+def _column_documents(path: Path, batches: Iterator[pa.RecordBatch], text_field: str) -> Iterator[str]:
+    """Strings of column ``text_field`` of Arrow record batches (nulls skipped)."""
+    for batch in batches:
+        if text_field not in batch.schema.names:
+            raise InvalidInput(
+                f"{path}: no column {text_field!r} (has {batch.schema.names}); set text_field to the text column"
+            )
+        column = batch.column(text_field)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            raise InvalidInput(f"{path}: column {text_field!r} holds {column.type}, expected strings")
+        yield from (t for t in column.to_pylist() if t is not None)
+
+
+def _arrow_documents(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]:
+    """Documents of a Parquet or CSV file (pyarrow, streamed in batches).
+
+    Raises:
+        ValueError: not readable as Parquet/CSV (pyarrow's message, the file named), no such
+            column, or a column that is not text.
+    """
+    stats.bytes += path.stat().st_size
+    try:
+        if path.name.lower().endswith(".parquet"):
+            pf = pq.ParquetFile(path)
+            if text_field not in pf.schema_arrow.names:
+                raise InvalidInput(
+                    f"{path}: no column {text_field!r} (has {pf.schema_arrow.names}); set text_field to the text column"
+                )
+            batches = pf.iter_batches(batch_size=_ROWS_PER_BATCH, columns=[text_field])
+        else:
+            convert = pa_csv.ConvertOptions(column_types={text_field: pa.string()})
+            batches = pa_csv.open_csv(str(path), convert_options=convert)  # .csv.gz decompressed by suffix
+        yield from _column_documents(path, batches, text_field)
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
+        raise InvalidInput(
+            f"{path}: cannot read as {'Parquet' if path.suffix.lower() == '.parquet' else 'CSV'} ({err})"
+        ) from None
+
+
+def _hf_dataset_documents(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]:
+    """Documents of a ``datasets`` ``save_to_disk`` folder (every split of a DatasetDict, by name).
+
+    Raises:
+        ValueError: ``datasets`` is not installed, or the column is missing or not text.
+    """
+    try:
+        import datasets  # noqa: PLC0415 (optional extra, imported only for such folders)
+    except ImportError:
+        raise InvalidInput(
+            f"{path}: a `datasets` save_to_disk folder; reading it needs `pip install 'prodip[hf-datasets]'`"
+        ) from None
+    loaded = datasets.load_from_disk(str(path))  # local Arrow files only: never a hub
+    parts = [loaded[k] for k in sorted(loaded)] if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    for part in parts:
+        stats.bytes += sum(f.stat().st_size for f in path.rglob("*.arrow"))
+        if text_field not in part.column_names:
+            raise InvalidInput(
+                f"{path}: no column {text_field!r} (has {part.column_names}); set text_field to the text column"
+            )
+        yield from _column_documents(path, part.data.to_batches(max_chunksize=_ROWS_PER_BATCH), text_field)
 
 
 def _tsv_documents(path: Path, lines: Iterator[str], lang: str) -> Iterator[str]:
@@ -205,29 +330,38 @@ def iter_documents(
     errors: str = "strict",
     doc_chars: int = 20000,
     stats: ReadStats | None = None,
+    text_field: str = "text",
 ) -> Iterator[str]:
     """Yield the non-empty documents of one file (see the module docstring for the formats).
 
     Args:
-        path: a ``.txt``, ``.txt.gz``, ``.jsonl``, ``.jsonl.gz`` or ``.tsv`` file.
+        path: a ``.txt``, ``.txt.gz``, ``.jsonl``, ``.jsonl.gz``, ``.tsv``, ``.parquet``, ``.csv``
+            or ``.csv.gz`` file, or a ``datasets`` ``save_to_disk`` folder.
         lang: the language tag (selects the ``.tsv`` column).
-        errors: ``"strict"`` (invalid UTF-8 is an error) or ``"skip"`` (drop and count the bytes).
+        errors: ``"strict"`` (invalid UTF-8 is an error) or ``"skip"`` (drop and count the bytes);
+            Parquet, CSV and ``datasets`` inputs are decoded by pyarrow, which always refuses invalid UTF-8.
         doc_chars: ``.txt`` documents are cut at the first blank line after this many characters.
         stats: counters updated in place.
+        text_field: the JSONL field, or Parquet/CSV/``datasets`` column, holding the text.
 
     Raises:
-        ValueError: invalid UTF-8 (strict), a broken ``.gz`` file, bad JSON, a missing ``text`` field or TSV column, or a file
-            with no text at all (empty files are refused so a wrong path is not silently ignored).
+        ValueError: invalid UTF-8 (strict), a broken ``.gz`` file, bad JSON, a missing text field or column,
+            an unreadable Parquet/CSV file, or a file with no text at all (empty files are refused so a
+            wrong path is not silently ignored).
     """
     path = Path(path)
     stats = stats if stats is not None else ReadStats()
-    lines = iter_lines(path, errors, stats)
-    if path.name.endswith((".jsonl", ".jsonl.gz")):
-        docs = _jsonl_documents(path, lines)
-    elif path.name.endswith(".tsv"):
-        docs = _tsv_documents(path, lines, lang)
+    name = path.name.lower()
+    if path.is_dir():
+        docs = _hf_dataset_documents(path, text_field, stats)
+    elif name.endswith((".parquet", ".csv", ".csv.gz")):
+        docs = _arrow_documents(path, text_field, stats)
+    elif name.endswith((".jsonl", ".jsonl.gz")):
+        docs = _jsonl_documents(path, iter_lines(path, errors, stats), text_field)
+    elif name.endswith(".tsv"):
+        docs = _tsv_documents(path, iter_lines(path, errors, stats), lang)
     else:
-        docs = _txt_documents(lines, doc_chars)
+        docs = _txt_documents(iter_lines(path, errors, stats), doc_chars)
     stats.files += 1
     n = 0
     for doc in docs:

@@ -1,7 +1,9 @@
 """Encode a language-tagged corpus into token shards with a tokenizer dir (``prodip data prepare``).
 
-Per language, documents (see tokenizer/corpus.py) are encoded with the ``tokenizers`` batch encoder
-(all cores), each followed by ``<|eos|>``, and sent to ``train`` or ``val`` by a seeded hash of
+Per language, documents (see tokenizer/corpus.py) are NFC-normalised and encoded with the ``tokenizers``
+batch encoder (all cores) as ``<|bos|> ids <|eos|>`` (the special-token convention of tokenizer/bpe.py: the
+tokenizer's post-processor puts the ``<|bos|>`` in front, as every runtime's default encode does for a
+prompt), and sent to ``train`` or ``val`` by a seeded hash of
 (language, file name, document index): deterministic, independent of batch size and core count. If a
 language's hash draw puts no document in ``val`` (a tiny corpus), its last document goes there. Output is
 built in a temp dir and renamed into place, so a failed run leaves nothing behind.
@@ -24,9 +26,10 @@ from tqdm.auto import tqdm
 
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, OutputExists
-from prodip.tokenizer import shards
+from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
+from prodip.tokenizer.portable import nfc
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +38,12 @@ log = logging.getLogger(__name__)
 class DataPrepareConfig:
     """``prodip data prepare`` (TOML section ``[data]``)."""
 
-    tokenizer_dir: str = opt("runs/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
+    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
     inputs: dict[str, list[str]] = opt(
         factory=dict, help="language -> files/folders of text to encode, e.g. bn=data/bn,en=data/en"
     )
-    out_dir: str = opt("runs/shards", "output shards dir (refused if it holds shards, unless overwrite)")
+    out_dir: str = opt("runs/demo/shards", "output shards dir (refused if it holds shards, unless overwrite)")
+    text_field: str = opt("text", "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text")
     val_fraction: float = opt(0.02, "share of documents sent to the validation split (0-0.5)")
     seed: int = opt(0, "seed of the train/val document split")
     shard_tokens: int = opt(50_000_000, "maximum tokens per shard file")
@@ -102,8 +106,11 @@ def _uncompressed_size(path: Path) -> int:
 
 
 def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
+    """``<|bos|> ids`` per text (NFC first: the contract, whatever normaliser the tokenizer has)."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster
-    return [e.ids for e in encode(texts, add_special_tokens=False)]
+    out = [e.ids for e in encode([nfc(t) for t in texts], add_special_tokens=True)]
+    assert all(ids[:1] == [BOS_ID] for ids in out), "load_tokenizer checks the post-processor prepends <|bos|>"
+    return out
 
 
 def _encode_language(
@@ -129,7 +136,10 @@ def _encode_language(
 
     batch: list[tuple[str, str]] = []
     size = 0
-    for path, index, text in iter_language(files, lang, errors=cfg.errors, doc_chars=cfg.doc_chars, stats=stats):
+    docs = iter_language(
+        files, lang, errors=cfg.errors, doc_chars=cfg.doc_chars, stats=stats, text_field=cfg.text_field
+    )
+    for path, index, text in docs:
         split = "val" if _doc_unit(cfg.seed, lang, path, index) < cfg.val_fraction else "train"
         batch.append((split, text))
         size += len(text)
@@ -155,7 +165,8 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
     sha = tokenizer_sha256(cfg.tokenizer_dir)
     vocab_size = tok.get_vocab_size()
     token_dtype = shards.token_dtype_for(vocab_size)
-    files = expand_inputs(cfg.inputs)
+    skipped: list[Path] = []
+    files = expand_inputs(cfg.inputs, skipped=skipped)
     out = Path(cfg.out_dir)
     if out.exists() and any(out.iterdir()):
         if not (out / shards.META_NAME).exists():
@@ -186,15 +197,19 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
             "pad_id": PAD_ID,
-            "eos_between_documents": True,
+            "document_layout": shards.DOCUMENT_LAYOUT,
             "val_fraction": cfg.val_fraction,
             "seed": cfg.seed,
             "languages": languages,
             "skipped_bytes": sum(r.skipped_bytes for r in read.values()),
             "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
+            "skipped_files": [str(p) for p in skipped],
             "encode_s": round(elapsed, 2),
             "mb_per_s": round(text_mb / max(elapsed, 1e-9), 2),
         }
+        meta["language_warnings"] = coverage.warn_languages(
+            cfg.tokenizer_dir, tok, files, meta, tmp, text_field=cfg.text_field, errors=cfg.errors
+        )
         shards.write_meta(tmp, meta)
         (tmp / "data_config.toml").write_text(dump_toml({"data": to_dict(cfg)}), encoding="utf-8")
         if out.exists():

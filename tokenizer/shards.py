@@ -3,7 +3,13 @@
 A shard is a 256 x int32 header followed by the tokens (the llm.c layout):
 ``header[0] = 20240520`` (magic), ``header[1]`` = version (1: uint16 tokens, 2: uint32 tokens),
 ``header[2]`` = number of tokens, ``header[3]`` = bytes per token; the rest is zero.
-A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``.
+A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``. Each document is stored as
+``<|bos|> ids <|eos|>`` (:data:`DOCUMENT_LAYOUT`; ids in meta.json ``bos_id``/``eos_id``), documents back
+to back; the first shard of a split starts at a document start. meta.json ``format_version`` 2 is this
+layout; version 1 (documents followed by ``<|eos|>`` only) is refused. Each shard's entry in
+meta.json carries its ``sha256`` and ``max_id`` (largest token id), filled in and checked against
+``vocab_size`` by :func:`write_meta`; :func:`open_checked_shards` verifies both before a shard is
+read, so a corrupt or foreign shard is refused by name instead of failing inside the model.
 
     python -m prodip.tokenizer.shards runs/demo/shards      # print meta.json and check every shard
 """
@@ -11,6 +17,7 @@ A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -19,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.files import file_sha256_cached
 
 MAGIC = 20240520
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each document is <|bos|> ids <|eos|> (1: ids <|eos|>)
+DOCUMENT_LAYOUT = "<|bos|> ids <|eos|>"
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
 # header version -> token dtype (version 1 is llm.c's uint16 layout; 2 is the same with uint32)
@@ -128,7 +137,12 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
 
 
 def write_meta(shards_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
-    """Write ``meta.json`` atomically, adding ``format_version``."""
+    """Write ``meta.json`` atomically, adding ``format_version`` and each shard's ``sha256`` and ``max_id``.
+
+    Raises:
+        ValueError: a shard holds an id >= ``meta["vocab_size"]`` (named).
+    """
+    add_checksums(shards_dir, meta)
     path = Path(shards_dir) / META_NAME
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(
@@ -147,7 +161,7 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
 
     Returns:
         the meta dict: ``{format_version, tokenizer_sha256, vocab_size, token_dtype, bos_id, eos_id, pad_id,
-        languages: {lang: {train: [{file, n_tokens}], val: [...]}}, ...}``.
+        document_layout, languages: {lang: {train: [{file, n_tokens}], val: [...]}}, ...}``.
 
     Raises:
         FileNotFoundError: no ``meta.json``.
@@ -162,9 +176,10 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
         raise InvalidInput(f"{path}: not valid JSON ({err})") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise InvalidInput(
-            f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}; re-run `{_PRODUCER}`"
+            f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION} (each document "
+            f"{DOCUMENT_LAYOUT}); re-run `{_PRODUCER}`"
         )
-    for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "eos_id", "languages"):
+    for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "bos_id", "eos_id", "languages"):
         if key not in meta:
             raise InvalidInput(f"{path}: missing key {key!r}")
     if expected_tokenizer_sha256 is not None and meta["tokenizer_sha256"] != expected_tokenizer_sha256:
@@ -194,6 +209,83 @@ def shard_paths(shards_dir: str | os.PathLike, lang: str, split: str) -> list[Pa
         if not p.is_file():
             raise MissingInput(f"{p}: listed in {shards_dir}/meta.json but missing; re-run `{_PRODUCER}`")
     return paths
+
+
+def add_checksums(shards_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
+    """Fill ``sha256`` and ``max_id`` into every shard entry of ``meta["languages"]`` (in place).
+
+    Raises:
+        ValueError: a shard holds an id >= ``meta["vocab_size"]``, naming the file.
+    """
+    for splits in meta.get("languages", {}).values():
+        for split in SPLITS:
+            for entry in splits.get(split, []):
+                path = Path(shards_dir) / entry["file"]
+                tokens = read_shard(path)
+                entry["max_id"] = int(tokens.max()) if len(tokens) else -1
+                _check_max_id(path, entry["max_id"], meta.get("vocab_size"))
+                entry["sha256"] = file_sha256_cached(path)
+
+
+def _check_max_id(path: Path, max_id: int, vocab_size: int | None) -> None:
+    if vocab_size is not None and max_id >= int(vocab_size):
+        raise InvalidInput(
+            f"{path}: holds token id {max_id}, outside the vocabulary of {vocab_size} tokens "
+            f"(corrupt shard or another tokenizer's); re-run `{_PRODUCER}`"
+        )
+
+
+def open_checked_shards(shards_dir: str | os.PathLike, lang: str, split: str) -> list[np.ndarray]:
+    """Memory-map ``lang``/``split``'s shards after checking each against meta.json.
+
+    Each file's sha256 (hashed once per process per file version) must equal its entry's
+    ``sha256`` and its entry's ``max_id`` must be below ``vocab_size``. Entries written before
+    these fields existed are checked by scanning the tokens for the largest id (and a warning
+    asks for a re-run to get checksums).
+
+    Returns:
+        one (N,) uint16/uint32 read-only array per shard, in meta.json order.
+
+    Raises:
+        ValueError: a checksum mismatch or an out-of-vocabulary id, naming the shard; see also
+            :func:`shard_paths` and :func:`read_header`.
+        FileNotFoundError: meta.json or a shard is missing.
+    """
+    meta = load_meta(shards_dir)
+    paths = shard_paths(shards_dir, lang, split)
+    entries = meta["languages"][lang].get(split, [])
+    arrays = []
+    for path, entry in zip(paths, entries):
+        tokens = read_shard(path)
+        if "sha256" in entry:
+            actual = file_sha256_cached(path)
+            if actual != entry["sha256"]:
+                raise InvalidInput(
+                    f"{path}: sha256 {actual[:16]}… differs from {entry['sha256'][:16]}… in "
+                    f"{Path(shards_dir) / META_NAME} (the shard changed after it was written); re-run `{_PRODUCER}`"
+                )
+            max_id = int(entry["max_id"])
+        else:
+            _warn_unchecked(shards_dir)
+            max_id = int(tokens.max()) if len(tokens) else -1
+        _check_max_id(path, max_id, meta["vocab_size"])
+        arrays.append(tokens)
+    return arrays
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_unchecked(shards_dir: str | os.PathLike) -> None:
+    key = str(Path(shards_dir).resolve())
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logging.getLogger(__name__).warning(
+            "%s/meta.json has no shard checksums (written by an older prodip); ids are checked by a scan. "
+            "Re-run `%s` to get checksums",
+            shards_dir,
+            _PRODUCER,
+        )
 
 
 def _main(argv: list[str]) -> int:

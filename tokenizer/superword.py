@@ -5,11 +5,11 @@ Stage 1 is ordinary word-level BPE. Stage 2 re-encodes the same sample with it, 
 to one private-use character (U+F0000 + id), cuts the result into phrases (runs of word tokens; a token
 without letters, or one ending in sentence punctuation, ends a phrase) and runs the ``tokenizers`` BPE
 trainer over those phrases. Its merges, mapped back to text, are appended after stage 1's merges, and the
-pre-tokeniser switches to phrases (:data:`PHRASE_PATTERN` in bpe.py): since no stage-1 merge pairs a
+pre-tokeniser switches to phrases (:data:`PHRASE_PATTERN` in custom.py): since no stage-1 merge pairs a
 symbol with a following space-initial symbol, stage 1 still segments words exactly as before, and the
 stage-2 merges then join whole words.
 
-    python -c "from tokenizer.superword import PUA_BASE; print(hex(PUA_BASE))"
+    python -c "from prodip.tokenizer.superword import PUA_BASE; print(hex(PUA_BASE))"
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """``prodip eval``: held-out NLL and bits per character of a checkpoint vs its random-initialised twin.
 
-Per language, the first ``eval_tokens`` validation tokens (``prodip.tokenizer.shards``; a shard starts at
-a document start, and ``<|eos|>`` is prepended as the first token's context, as in training) are
+Per language, the first ``eval_tokens`` validation tokens after the stream's first ``<|bos|>``
+(``prodip.tokenizer.shards``: each document is ``<|bos|> ids <|eos|>`` and a shard starts at a document
+start, so the first window's context starts with ``<|bos|>``, as every document in training and every
+prompt does; lm-evaluation-harness's rolling windows start with the same token) are
 cut into non-overlapping windows of ``seq_len`` target tokens (each window is a fresh context),
 scored in batches under ``torch.no_grad``. Reported per language and model:
 
 - ``nll_nats_per_token``: mean next-token cross-entropy (nats/token);
 - ``bits_per_char``: total NLL in bits / Unicode characters of the decoded scored tokens
-  (``tokenizer.decode`` of the target tokens, special tokens skipped, so ``<|eos|>`` predictions
-  count in the NLL but add no characters). This is comparable across tokenizers.
+  (``tokenizer.decode`` of the target tokens, special tokens skipped, so ``<|eos|>`` and ``<|bos|>``
+  predictions count in the NLL but add no characters). This is comparable across tokenizers.
 
 The random twin has the same config and is initialised by ``reset_parameters(seed=seed)``; its
 NLL is the "nothing learned" baseline (about ln V for a small init std). Optionally scores a
@@ -43,7 +45,7 @@ from tqdm import tqdm
 from prodip.base.config import opt, write_text_atomic
 from prodip.base.errors import InvalidInput
 from prodip.tokenizer.bpe import load_tokenizer
-from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
+from prodip.tokenizer.shards import load_meta, open_checked_shards
 from prodip.train.checkpoint import load_model
 from prodip.train.mc import read_mc, score_mc
 from prodip.train.model import LlamaForCausalLM
@@ -128,10 +130,9 @@ def read_val_tokens(shards_dir: str | Path, lang: str, budget_tokens: int) -> np
     """
 
     parts, have = [], 0
-    for path in shard_paths(shards_dir, lang, "val"):
+    for shard in open_checked_shards(shards_dir, lang, "val"):  # checksum and ids checked, file named
         if have >= budget_tokens:
             break
-        shard = read_shard(path)
         take = min(len(shard), budget_tokens - have)
         parts.append(np.asarray(shard[:take], dtype=np.int64))
         have += take
@@ -195,7 +196,7 @@ def _eval_languages(
     tokenizer: Any,
     tokenizer_sha256: str,
     vocab_size: int,
-    eos_id: int,
+    bos_id: int,
     device: torch.device,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
@@ -219,12 +220,15 @@ def _eval_languages(
             log.warning("%s: language %r has no validation tokens; skipped", cfg.shards_dir, lang)
             skipped[lang] = "no validation tokens"
             continue
-        tokens = torch.from_numpy(read_val_tokens(cfg.shards_dir, lang, cfg.eval_tokens))
-        n_chars = count_chars(tokenizer, tokens.tolist())
-        row: dict[str, Any] = {"tokens": tokens.numel(), "chars": n_chars}
-        # every shard starts at a document start, and in training every document follows an
-        # <|eos|>: so the first token is scored too, with <|eos|> as its context
-        stream = torch.cat([torch.tensor([eos_id]), tokens])
+        # the stream starts at a document start, <|bos|>: the context of the first scored token
+        stream = torch.from_numpy(read_val_tokens(cfg.shards_dir, lang, cfg.eval_tokens + 1))
+        if int(stream[0]) != bos_id:
+            raise InvalidInput(
+                f"{cfg.shards_dir}: {lang} validation tokens start with id {int(stream[0])}, not <|bos|> "
+                f"({bos_id}); re-run `prodip data prepare`"
+            )
+        n_chars = count_chars(tokenizer, stream[1:].tolist())
+        row: dict[str, Any] = {"tokens": stream.numel() - 1, "chars": n_chars}
         for name, model in models.items():
             total, count = window_nll(model, stream, cfg.seq_len, cfg.batch_size, device, f"{lang} {name}")
             assert count == row["tokens"]
@@ -292,7 +296,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     }
     if cfg.shards_dir:
         result["languages"], result["skipped_languages"] = _eval_languages(
-            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, mcfg.eos_token_id, device
+            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, mcfg.bos_token_id, device
         )
     if cfg.mc_file:
         items = read_mc(cfg.mc_file)
@@ -301,7 +305,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             "normalisation": "characters of the choice (NFC code points)",
             **{
                 name: score_mc(
-                    m, tokenizer, items, device, mcfg.max_position_embeddings, mcfg.eos_token_id, cfg.batch_size
+                    m, tokenizer, items, device, mcfg.max_position_embeddings, mcfg.bos_token_id, cfg.batch_size
                 )
                 for name, m in models.items()
             },

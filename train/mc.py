@@ -64,7 +64,8 @@ def encode_choice(tokenizer: Any, context: str, choice: str, prefix_id: int) -> 
     ``context + choice`` is encoded as a whole and the continuation is what follows the
     context's own encoding (BPE merges at the boundary stay as in training); if the whole does
     not start with the context's tokens, the choice is encoded on its own. ``prefix_id`` (the
-    ``<|eos|>`` that precedes every document in the shards) starts the context.
+    ``<|bos|>`` that starts every document in the shards) starts the context, as lm-evaluation-harness
+    puts its prefix token (the tokenizer's BOS) in front.
     """
     ctx = tokenizer.encode(context, add_special_tokens=False).ids
     whole = tokenizer.encode(context + choice, add_special_tokens=False).ids

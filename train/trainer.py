@@ -3,8 +3,11 @@
 Order of a run: distributed set-up -> tokenizer gate + shard/tokenizer hash check -> model,
 AdamW -> resume (weights, Adam moments, RNG, data position) -> optional activation
 checkpointing / torch.compile -> gradient-flow arbiter (and update-flow probe on a fresh run)
--> steps with per-step metrics -> checkpoints -> ``loss.png``. A NaN/inf loss or gradient stops
-the run before the weights are touched; the last good checkpoint stays as it was.
+-> steps with per-step metrics (``metrics.jsonl`` and TensorBoard event files) -> checkpoints
+(``loss.png`` redrawn at each, at each held-out evaluation and on Ctrl-C, see ``train/observe.py``).
+A NaN/inf loss or gradient stops the run before the weights are touched; the last good checkpoint
+stays as it was. ``--init-from`` starts from another run's or a Hugging Face Llama model's weights
+with a fresh optimizer and schedule (``train/init.py``).
 
     python -m prodip.train train --config configs/demo.toml
     torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --device cpu
@@ -15,14 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import matplotlib
-import matplotlib.pyplot as plt
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
@@ -31,19 +31,20 @@ from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import load_meta
-from prodip.train import checkpoint, distributed, fsdp, guards
+from prodip.train import checkpoint, distributed, fsdp, guards, init
 from prodip.train.config import ModelConfig
-from prodip.train.data import MixtureBatches, val_batches
+from prodip.train.data import ORDERS, MixtureBatches, val_batches
 from prodip.train.loop import (
     build_optimizer,
     enable_activation_checkpointing,
     evaluate,
-    lr_at,
     peak_flops,
     train_step,
 )
 from prodip.train.model import LlamaForCausalLM
+from prodip.train.observe import RunObserver, interrupt_message, plot_loss  # noqa: F401 (plot_loss re-exported)
 from prodip.train.saver import AsyncCheckpointer
+from prodip.train.schedule import SCHEDULES, lr_for
 
 log = logging.getLogger("prodip.train")
 
@@ -65,8 +66,15 @@ class TrainConfig:
     seq_len: int = opt(256, "tokens per sequence (<= max_position_embeddings)")
     grad_accum_steps: int = opt(1, "micro-batches per optimizer step (loss divided by this)")
     lr: float = opt(3e-4, "peak learning rate (after warmup)")
-    min_lr: float = opt(3e-5, "learning rate at the end of the cosine decay")
+    min_lr: float = opt(3e-5, "learning rate at the end of the decay")
     warmup_steps: int = opt(20, "linear warmup (optimizer steps)")
+    lr_schedule: str = opt(
+        "cosine",
+        "cosine (decay over all `steps`) | wsd (warmup-stable-decay: flat, then linear decay over the last "
+        "decay_fraction of `steps`; a run can be extended with no lr jump until its decay starts)",
+        choices=SCHEDULES,
+    )
+    decay_fraction: float = opt(0.2, "wsd: share of `steps` spent decaying to min_lr (0-1]")
     weight_decay: float = opt(0.1, "AdamW decoupled weight decay on 2-D weights only")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.95, "AdamW beta2")
@@ -76,6 +84,16 @@ class TrainConfig:
         help="language -> sampling weight, e.g. {bn = 0.7, en = 0.3}; empty = by token count", factory=dict
     )
     seed: int = opt(1234, "seed for init and data order")
+    data_order: str = opt(
+        "shuffle",
+        "shuffle (each language's windows in a new seeded random order every epoch) | sequential (file order)",
+        choices=ORDERS,
+    )
+    init_from: str = opt(
+        "",
+        "start from these weights with a fresh optimizer and schedule: a prodip run/checkpoint dir or a "
+        "Hugging Face Llama folder (safetensors); the model config is the source's",
+    )
     checkpoint_every_steps: int = opt(100, "save a checkpoint every N steps (and at the end), 0 = end only")
     checkpoint_every_s: float = opt(
         0.0, "also save when this many seconds of wall time have passed since the last save (rank 0's clock), 0 = off"
@@ -128,6 +146,8 @@ class TrainConfig:
             raise InvalidInput(
                 f"TrainConfig.min_lr and warmup_steps must be >= 0, got {self.min_lr}, {self.warmup_steps}"
             )
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise InvalidInput(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if self.min_lr > self.lr:
             raise InvalidInput(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
         if self.checkpoint_every_s < 0:
@@ -140,6 +160,9 @@ class TrainConfig:
             )
 
 
+#: TrainConfig fields that set the learning rate of a step.
+_LR_FIELDS = ("steps", "lr", "min_lr", "warmup_steps", "lr_schedule", "decay_fraction")
+
 #: TrainConfig fields that shape the optimisation trajectory: a resume that changes one of them
 #: continues, but is no longer the run an uninterrupted job would have produced.
 TRAJECTORY_FIELDS = (
@@ -150,6 +173,8 @@ TRAJECTORY_FIELDS = (
     "lr",
     "min_lr",
     "warmup_steps",
+    "lr_schedule",
+    "decay_fraction",
     "weight_decay",
     "beta1",
     "beta2",
@@ -157,6 +182,7 @@ TRAJECTORY_FIELDS = (
     "grad_clip",
     "mixture",
     "seed",
+    "data_order",
     "dtype",
 )
 
@@ -285,10 +311,12 @@ class _Run:
         self.device = info.device
         self.amp = autocast_dtype(cfg, self.device)
         self.step, self.tokens_seen = 0, 0
+        self.no_val: list[str] = []
 
     def execute(self) -> dict[str, Any]:
         cfg, info = self.cfg, self.info
         self.tok_sha, meta = _check_inputs(cfg, self.model_cfg)
+        self.init = self._init_source() if cfg.init_from else None
         # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
         self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{cfg.shards_dir}/meta.json")
         if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
@@ -303,6 +331,9 @@ class _Run:
         self.fsdp = cfg.parallel == "fsdp" and info.world_size > 1
         model, self.optimizer = _build(cfg, self.model_cfg, self.device, self.fsdp)
         self.model = model
+        if self.init is not None and not cfg.resume:
+            init.apply_init(model, self.init)
+            log.info("initialised from %s; fresh optimizer and lr schedule", self.init.source)
         self.data = MixtureBatches(
             cfg.shards_dir,
             cfg.mixture,
@@ -312,6 +343,7 @@ class _Run:
             rank=info.rank,
             world_size=info.world_size,
             expected_tokenizer_sha256=self.tok_sha,
+            order=cfg.data_order,
             pin_memory=self.device.type == "cuda",
         )
         if cfg.resume:
@@ -346,13 +378,72 @@ class _Run:
             if self.device.type == "cuda":  # the probes' model/optimizer snapshots are not training's peak
                 torch.cuda.reset_peak_memory_stats(self.device)
             last = self._loop()
+        except KeyboardInterrupt:
+            if self.saver is not None:
+                self.saver.close()  # the save in flight completes first: it may be the one to resume from
+                self.saver = None
+            if info.is_main:
+                log.warning("%s", interrupt_message(self.ckpt_dir, self._kept_checkpoint()))
+            raise
         finally:
             if self.saver is not None:  # the save in flight completes, also after an error (a good state)
                 self.saver.close()
-        if info.is_main:
-            plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png")
         self.fwd = None  # the compiled / DDP wrappers die here, while the process group is alive
         return {"run_dir": self.run_dir, "model": model, "step": self.step, "last": last}
+
+    def _init_source(self) -> init.InitWeights:
+        """Weights and model config of ``--init-from``; its architecture replaces the [model] table's."""
+        source = init.load_init(self.cfg.init_from, tokenizer_sha256=self.tok_sha)
+        changed = init.architecture_differences(self.model_cfg, source.config)
+        if changed:
+            log.warning("--init-from: the model config is %s's (%s)", source.source, "; ".join(changed))
+        self.model_cfg = source.config
+        if self.cfg.seq_len > self.model_cfg.max_position_embeddings:
+            raise InvalidInput(
+                f"TrainConfig.seq_len {self.cfg.seq_len} exceeds max_position_embeddings "
+                f"{self.model_cfg.max_position_embeddings} of --init-from {source.source}"
+            )
+        return source
+
+    def _kept_checkpoint(self) -> Optional[Path]:
+        try:
+            return checkpoint.resolve_checkpoint(self.ckpt_dir)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _lr(self, step: int, cfg: Optional[TrainConfig] = None) -> float:
+        cfg = cfg or self.cfg
+        return lr_for(
+            step,
+            schedule=cfg.lr_schedule,
+            lr=cfg.lr,
+            min_lr=cfg.min_lr,
+            warmup_steps=cfg.warmup_steps,
+            total_steps=cfg.steps,
+            decay_fraction=cfg.decay_fraction,
+        )
+
+    def _check_lr_continuity(self, saved: dict[str, Any], step: int) -> None:
+        """A resume that changes the schedule's shape (e.g. more ``steps``) must not make the lr jump.
+
+        An explicit change of ``lr`` or ``min_lr`` (a lower lr after a spike) is the user's intent
+        and only warned about (:func:`resume_differences`).
+
+        Raises:
+            ValueError: the next step's lr under the new settings differs from the saved run's,
+                naming both values and the ways to train longer.
+        """
+        if any(k in saved and saved[k] != getattr(self.cfg, k) for k in ("lr", "min_lr")):
+            return
+        before = dataclasses.replace(self.cfg, **{k: saved[k] for k in _LR_FIELDS if k in saved})
+        old, new = self._lr(step, before), self._lr(step)
+        if step > 0 and abs(new - old) > 1e-9 * abs(old):
+            raise InvalidInput(
+                f"resuming at step {step} with these settings makes the learning rate jump from {old:.3g} to "
+                f"{new:.3g}. To train longer than planned: use --lr-schedule wsd from the start and raise --steps "
+                "before its decay begins, or start a new schedule from this run's weights with "
+                f"`--init-from {self.run_dir} --out-dir NEW_DIR` (fresh optimizer and warmup)"
+            )
 
     def _resume(self) -> None:
         if self.fsdp:
@@ -379,6 +470,7 @@ class _Run:
                 "comparable to an uninterrupted one",
                 "; ".join(changed),
             )
+        self._check_lr_continuity(state["train_config"], int(state["step"]))
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.data.load_state_dict(state["data_state"])
         log.info("resumed from %s at step %d", state["checkpoint_dir"], self.step)
@@ -414,6 +506,7 @@ class _Run:
             disable=not (cfg.progress and info.is_main),
         )
         metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if info.is_main else None
+        observer = RunObserver(self.run_dir, self.step, self.no_val) if info.is_main else None
         last: dict[str, float] = {}
         loop_start, cpu_start = time.perf_counter(), time.process_time()
         self.last_save_t = loop_start
@@ -421,9 +514,7 @@ class _Run:
         try:
             while self.step < end:
                 t0 = time.perf_counter()
-                lr = lr_at(
-                    self.step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps
-                )
+                lr = self._lr(self.step)
                 micro = (self.data.next_batch() for _ in range(n))  # drawn one ahead inside train_step
                 out = train_step(
                     self.fwd,
@@ -463,21 +554,27 @@ class _Run:
                 held = self.saver.pop_held_s() if self.saver is not None else 0.0  # a CPU snapshot's copy
                 if held:
                     last["checkpoint_stall_s"] = held
-                if self._save_due(end):
+                saved = self._save_due(end)
+                if saved:
                     last["checkpoint_stall_s"] = last.get("checkpoint_stall_s", 0.0) + self._save()
                 last["elapsed_s"] = time.perf_counter() - loop_start
                 last["process_cpu_s"] = time.process_time() - cpu_start
                 if metrics and log_now:
                     metrics.write(json.dumps(last) + "\n")
                     metrics.flush()
+                    observer.log(last)
                 bar.update(1)
                 bar.set_postfix(
                     loss=f"{out['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{last['tokens_per_s']:.0f}", refresh=False
                 )
+                if observer and (saved or "val_loss" in last):
+                    observer.refresh()
         finally:
             bar.close()
             if metrics:
                 metrics.close()
+            if observer:
+                observer.close()  # also on Ctrl-C: loss.png shows every step that was logged
         return last
 
     def _save_due(self, end: int) -> bool:
@@ -492,10 +589,21 @@ class _Run:
         return distributed.broadcast_flag(due, self.device)
 
     def _val_sets(self) -> dict[str, list]:
-        return {
+        """Validation batches per language; a language without validation tokens is left out, with a warning."""
+        sets = {
             lang: val_batches(self.cfg.shards_dir, lang, self.cfg.seq_len, self.cfg.batch_size, self.cfg.eval_tokens)
             for lang in self.data.langs
         }
+        self.no_val = [lang for lang, b in sets.items() if not b]
+        for lang in self.no_val:
+            log.warning(
+                "language %r has fewer than seq_len + 1 = %d validation tokens in %s: its held-out loss is not "
+                "measured (absent from metrics.jsonl and loss.png; prepare the data with a larger val_fraction)",
+                lang,
+                self.cfg.seq_len + 1,
+                self.cfg.shards_dir,
+            )
+        return {lang: b for lang, b in sets.items() if b}
 
     def _save(self) -> float:
         """Save this step (every rank calls it); returns the seconds training was held.
@@ -525,27 +633,3 @@ class _Run:
             stall = self.saver.save(model=self.model, optimizer=self.optimizer, **kwargs)
         self.last_save_t = time.perf_counter()
         return stall
-
-
-def plot_loss(metrics_path: Path, out_path: Path) -> None:
-    """Write ``loss.png``: train loss (and held-out loss per language) against step."""
-    if not metrics_path.exists():
-        return
-    matplotlib.use("Agg")
-
-    rows = [json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not rows:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train", lw=1)
-    for lang in sorted({k for r in rows for k in r.get("val_loss", {})}):
-        pts = [(r["step"], r["val_loss"][lang]) for r in rows if lang in r.get("val_loss", {})]
-        ax.plot(*zip(*pts), marker="o", label=f"val {lang}")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    tmp = out_path.with_name(out_path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, out_path)

@@ -32,7 +32,7 @@ import difflib
 import tomli_w
 
 from prodip.base.errors import ConfigError, InvalidInput
-from prodip.base.layout import stage_defaults
+from prodip.base.layout import DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, stage_defaults
 
 T = TypeVar("T")
 
@@ -150,6 +150,8 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
 
     A dict entry ends only at a comma followed by the next ``key=``, so a value may hold commas
     (``en=It was cold, and``) and a list value may be given inline (``bn=a.txt,b.txt,en=c.txt``).
+    A key given twice merges its lists (``en=a,en=b`` is ``en=a,b``); for any other value type it
+    is an error (never a silent last-one-wins).
     """
     tp, optional = _strip_optional(tp)
     if optional and text.lower() in ("none", "null", ""):
@@ -163,7 +165,12 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
                 k, sep, v = part.partition("=")
                 if not sep:
                     raise InvalidInput(f"{part!r} has no '='")
-                out[k.strip()] = _parse_flag(v.strip(), val_tp, flag)
+                k, value = k.strip(), _parse_flag(v.strip(), val_tp, flag)
+                if k in out and isinstance(value, list):
+                    value = out[k] + value  # repeated language key: both lists of inputs
+                elif k in out:
+                    raise InvalidInput(f"key {k!r} given twice")
+                out[k] = value
             return out
         if origin in (list, tuple):
             (item_tp, *_) = typing.get_args(tp) or (str,)
@@ -270,20 +277,25 @@ def resolve(
         args: parsed flags (only flags the user gave are present, see :func:`add_arguments`).
         toml_path: optional TOML file; ``section`` names its table (``None`` = the top level).
         base: values filled in by the caller before the file (e.g. paths chosen by ``prodip run``).
-            Without it, a file with a top-level ``out_dir`` (a pipeline file such as
-            ``configs/demo.toml``) supplies the paths ``prodip run`` would use for ``section``.
+            Without it, the paths ``prodip run`` would use for ``section`` (``prodip.base.layout``)
+            come first: under the file's top-level ``out_dir`` (a pipeline file such as
+            ``configs/demo.toml``), or else under ``runs/demo`` for the path fields whose default is
+            a path (not for those left empty or derived from another input).
 
     Raises:
-        ConfigError: see :func:`from_dict`; also a missing table ``section`` is fine (defaults).
+        ConfigError: see :func:`from_dict`; a table that no stage reads (a misspelt ``[trian]``),
+            as ``prodip run`` refuses it; a missing table ``section`` is fine (defaults).
     """
     data: dict[str, Any] = dict(base or {})
     source = cls.__name__
+    doc = read_toml(toml_path) if toml_path else {}
+    if section and toml_path:
+        unknown = [k for k, v in doc.items() if isinstance(v, dict) and k not in (*TABLES, *TOP_LEVEL_TABLE_KEYS)]
+        if unknown:
+            raise ConfigError(f"{toml_path}: unknown table [{unknown[0]}]; known tables: {', '.join(TABLES)}")
+    if base is None and section:
+        data = _layout_paths(cls, section, doc.get("out_dir"))
     if toml_path:
-        doc = read_toml(toml_path)
-        if base is None and section and isinstance(doc.get("out_dir"), str):
-            # a pipeline file: its out_dir places each stage's artifacts, as under `prodip run`
-            names = {f.name for f in dataclasses.fields(cls)}
-            data = {k: v for k, v in stage_defaults(Path(doc["out_dir"])).get(section, {}).items() if k in names}
         table = doc.get(section, {}) if section else doc
         if not isinstance(table, dict):
             raise ConfigError(f"{toml_path}: [{section}] must be a table")
@@ -296,6 +308,19 @@ def resolve(
         if flags:
             obj = from_dict(cls, {**data, **flags}, source=f"{source} + command-line flags")
     return obj
+
+
+def _layout_paths(cls: type, section: str, out_dir: Any) -> dict[str, Any]:
+    """The paths ``prodip run`` gives table ``section``: under ``out_dir`` (a pipeline file's), else
+    under ``runs/demo`` for the fields whose dataclass default is a non-empty path string."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if isinstance(out_dir, str):
+        return {k: v for k, v in stage_defaults(Path(out_dir)).get(section, {}).items() if k in fields}
+    return {
+        k: v
+        for k, v in stage_defaults(DEFAULT_OUT_DIR).get(section, {}).items()
+        if k in fields and isinstance(fields[k].default, str) and fields[k].default
+    }
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Both ``prodip run`` and the stage commands read this: a stage command given a pipeline file
 (a TOML file with a top-level ``out_dir``, such as ``configs/demo.toml``) reads and writes the
 same paths ``prodip run`` would, so ``prodip tokenizer train --config configs/demo.toml`` and
-then ``prodip train --config configs/demo.toml`` chain.
+then ``prodip train --config configs/demo.toml`` chain; a stage command without one uses the
+paths of ``DEFAULT_OUT_DIR`` (``runs/demo``), so ``prodip tokenizer train``, ``prodip data
+prepare`` and ``prodip train`` alone chain too.
 
     python -c "from prodip.base.layout import paths; print(paths('runs/demo'))"
 """
@@ -14,8 +16,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-#: Default ``out_dir`` of a pipeline file that names none.
+#: Default ``out_dir`` of a pipeline file that names none, and of a stage command run without one.
 DEFAULT_OUT_DIR = Path("runs") / "demo"
+
+#: The config tables of a pipeline file, one per stage config (``prodip.pipeline.SECTIONS`` lists the same).
+TABLES = ("tokenizer", "audit", "data", "model", "train", "eval", "export", "conformance", "serve")
+#: Top-level keys of a pipeline file whose value is a TOML table but that are not stage tables.
+TOP_LEVEL_TABLE_KEYS = ("completion_prompts",)
 
 
 def paths(out_dir: str | os.PathLike) -> dict[str, Path]:

@@ -186,7 +186,7 @@ def verify_files(
     for rel, meta in manifest["files"].items():
         path = root / rel
         if not path.is_file():
-            raise MissingInput(f"{path}: listed in {root / MANIFEST_FILE} but missing")
+            raise MissingInput(f"{path}: missing from the export (listed in {root / MANIFEST_FILE})")
         size = path.stat().st_size
         if size != meta["bytes"]:
             raise InvalidInput(f"{path}: {size} bytes, manifest says {meta['bytes']} (truncated or replaced)")

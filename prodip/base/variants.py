@@ -5,9 +5,13 @@ Face base, always written) and the ONNX decoders. Each row says where its file l
 to the export dir), its format and weight dtype, and which serving paths can load it. New
 targets (GGUF, ExecuTorch) add rows here, and every stage picks them up.
 
-File names of the ONNX variants follow transformers.js's dtype suffixes (``onnx/model{suffix}.onnx``
-with ``""`` for fp32, ``_fp16``, ``_int8``, ``_int4``; see ``DEFAULT_DTYPE_SUFFIX_MAPPING`` in
-transformers.js ``src/utils/dtypes.js``).
+File names of the ONNX variants are the ones transformers.js loads for its dtypes
+(``onnx/model{suffix}.onnx``; ``DEFAULT_DTYPE_SUFFIX_MAPPING`` in transformers.js
+``src/utils/dtypes.js``, 4.3): fp32 ``""``, fp16 ``_fp16``, q8 ``_quantized`` (the default on WASM:
+dynamically quantised int8 weights, which is what the int8 variant is) and q4 ``_q4`` (4-bit
+``MatMulNBits``), so ``from_pretrained(dir, {dtype})`` finds each variant without a rename or a second
+copy. transformers.js's ``int8`` dtype (``model_int8.onnx``) names the same kind of file as ``q8``; one
+copy is written, under the ``q8`` name.
 
     python -c "from prodip.base.variants import VARIANTS; print([v.name for v in VARIANTS])"
 """
@@ -29,6 +33,7 @@ class Variant:
         format: ``"safetensors"`` or ``"onnx"``.
         dtype: weight dtype as written (``float32``, ``float16``, ``int8``, ``int4``).
         servable: ``prodip serve`` can run it (an ONNX decoder with the KV-cache I/O of :mod:`prodip.base.onnx_io`).
+        transformersjs_dtype: the ``dtype`` option of transformers.js that loads this file ("" = none).
     """
 
     name: str
@@ -36,15 +41,16 @@ class Variant:
     format: str
     dtype: str
     servable: bool
+    transformersjs_dtype: str = ""
 
 
 #: Every variant ``prodip export`` can write, in build order (fp32 ONNX is the source of the others).
 VARIANTS: tuple[Variant, ...] = (
     Variant("safetensors", "model.safetensors", "safetensors", "float32", servable=False),
-    Variant("fp32", f"{ONNX_DIR}/model.onnx", "onnx", "float32", servable=True),
-    Variant("fp16", f"{ONNX_DIR}/model_fp16.onnx", "onnx", "float16", servable=True),
-    Variant("int8", f"{ONNX_DIR}/model_int8.onnx", "onnx", "int8", servable=True),
-    Variant("int4", f"{ONNX_DIR}/model_int4.onnx", "onnx", "int4", servable=True),
+    Variant("fp32", f"{ONNX_DIR}/model.onnx", "onnx", "float32", servable=True, transformersjs_dtype="fp32"),
+    Variant("fp16", f"{ONNX_DIR}/model_fp16.onnx", "onnx", "float16", servable=True, transformersjs_dtype="fp16"),
+    Variant("int8", f"{ONNX_DIR}/model_quantized.onnx", "onnx", "int8", servable=True, transformersjs_dtype="q8"),
+    Variant("int4", f"{ONNX_DIR}/model_q4.onnx", "onnx", "int4", servable=True, transformersjs_dtype="q4"),
 )
 
 BY_NAME: dict[str, Variant] = {v.name: v for v in VARIANTS}

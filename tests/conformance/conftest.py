@@ -29,7 +29,8 @@ def tiny_artifacts(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def conf_cfg(tiny_artifacts):
     """Factory: a ConformanceConfig for an export dir, with the tiny tolerances, the tiny shards (held-out
-    text: 192 tokens per language, two context windows) and 1 thread."""
+    text: 192 tokens per language, two context windows) and 1 thread. No on-device runtimes by default
+    (tests/conformance/test_runtimes.py checks them; each adds a Node and an onnxruntime-genai run)."""
     from prodip.conformance import ConformanceConfig
 
     def make(export_dir, **kw):
@@ -42,6 +43,7 @@ def conf_cfg(tiny_artifacts):
             write_manifest=False,
             shards_dir=str(tiny_artifacts["shards"]),
             heldout_tokens=192,
+            runtimes=[],
         )
         base.update(kw)
         return ConformanceConfig(**base)

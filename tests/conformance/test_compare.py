@@ -119,7 +119,7 @@ def test_candidates_of_a_manifest():
         "variants": {
             "safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"},
             "fp32": {"path": "onnx/model.onnx", "format": "onnx"},
-            "int8": {"path": "onnx/model_int8.onnx", "format": "onnx"},
+            "int8": {"path": "onnx/model_quantized.onnx", "format": "onnx"},
         }
     }
     cands = plan_candidates(manifest)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from prodip.base.variants import BY_NAME
 from prodip.conformance import evaluate, faults
 from prodip.conformance.checks import find_check
 
@@ -49,14 +50,17 @@ def test_position_ids_off_by_one(tiny_artifacts, conf_cfg, tmp_path):
     bad = faults.plant_position_off_by_one(tiny_artifacts["export"], tmp_path / "bad")
     report = evaluate(conf_cfg(bad, variants=["fp32"]))
     assert {"kv_cache_max_abs", "greedy_identical"} <= _failed(report, "fp32")
-    assert report["candidates"]["fp32"]["metrics"]["kv_cache_max_abs"] > 1e-2
+    cand = report["candidates"]["fp32"]
+    # the contrib graph's RotaryEmbedding refuses the shifted last position of the full-context
+    # sequence (max_position_embeddings): the KV phase errors instead of measuring a difference
+    assert cand["metrics"].get("kv_cache_max_abs", 0) > 1e-2 or "out of range" in cand["errors"].get("kv_cache", "")
 
 
 @pytest.mark.parametrize("variant", ["int8", "int4"])
 def test_quantised_layer_zeroed(tiny_artifacts, conf_cfg, tmp_path, variant):
     good = evaluate(conf_cfg(tiny_artifacts["export"], variants=[variant]))
     assert good["passed"], good["candidates"][variant]["checks"]
-    bad = faults.plant_zeroed_layer(tiny_artifacts["export"], tmp_path / "bad", rel=f"onnx/model_{variant}.onnx")
+    bad = faults.plant_zeroed_layer(tiny_artifacts["export"], tmp_path / "bad", rel=BY_NAME[variant].path)
     report = evaluate(conf_cfg(bad, variants=[variant]))
     assert {"kl_mean", "top1"} <= _failed(report, variant)
     kl_good = good["candidates"][variant]["metrics"]["kl_mean"]

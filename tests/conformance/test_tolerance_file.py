@@ -231,12 +231,12 @@ def test_cli_missing_onnx_file_exit_2_before_measuring(tiny_artifacts, tmp_path,
 
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
     before = _seed_verdict(export)
-    (export / "onnx" / "model_int8.onnx").unlink()
+    (export / "onnx" / "model_quantized.onnx").unlink()
     monkeypatch.setattr(suite, "load_reference", lambda *a, **k: pytest.fail("measured before the file check"))
     rc = main(_cli(export, TINY_TOLERANCES, tiny_artifacts["checkpoint"], "--variants", "fp32,int8"))
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert "onnx/model_int8.onnx of variant 'int8'" in err and "Errno" not in err, err
+    assert "onnx/model_quantized.onnx of variant 'int8'" in err and "Errno" not in err, err
     assert (export / "manifest.json").read_bytes() == before
     assert not (export / "conformance").exists()
     # the same export checked without the broken variant gets as far as measuring

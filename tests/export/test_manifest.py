@@ -35,17 +35,17 @@ def test_manifest_contents(any_export):
 def test_verify_files_names_the_tampered_file(gqa_export, tmp_path):
     copy = shutil.copytree(gqa_export, tmp_path / "export")
     verify_files(copy)
-    target = copy / "onnx" / "model_int8.onnx"
+    target = copy / "onnx" / "model_quantized.onnx"
     data = bytearray(target.read_bytes())
     data[-1] ^= 1
     target.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="model_int8.onnx.*sha256"):
+    with pytest.raises(ValueError, match="model_quantized.onnx.*sha256"):
         verify_files(copy)
     target.write_bytes(bytes(data[:-1]))
-    with pytest.raises(ValueError, match="model_int8.onnx.*bytes"):
+    with pytest.raises(ValueError, match="model_quantized.onnx.*bytes"):
         verify_files(copy)
     target.unlink()
-    with pytest.raises(FileNotFoundError, match="model_int8.onnx"):
+    with pytest.raises(FileNotFoundError, match="model_quantized.onnx"):
         verify_files(copy)
 
 

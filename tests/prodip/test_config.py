@@ -121,3 +121,40 @@ def test_stage_command_reading_a_pipeline_file_uses_its_out_dir(tmp_path):
     assert resolve(TrainConfig, toml_path=str(path), section="train").shards_dir == "elsewhere"  # table wins
     path.write_text("[train]\nsteps = 5\n")  # a stage-only file keeps the stage's own defaults
     assert resolve(TrainConfig, toml_path=str(path), section="train").out_dir == TrainConfig().out_dir
+
+
+def test_stage_reader_rejects_an_unknown_table_like_prodip_run(tmp_path):
+    """Issue 12: a misspelt [trian] was ignored by the stage commands (`prodip run` caught it)."""
+    toml = tmp_path / "c.toml"
+    toml.write_text('completion_prompts = { bn = "x" }\n[trian]\nsteps = 3\n[data]\nseed = 1\n')
+    with pytest.raises(ConfigError, match=r"c.toml: unknown table \[trian\]"):
+        resolve(Cfg, None, toml_path=str(toml), section="train")
+
+
+def test_layout_tables_are_the_pipeline_sections():
+    from prodip.base.layout import TABLES
+    from prodip.pipeline import SECTIONS
+
+    assert tuple(SECTIONS) == TABLES
+
+
+def test_stage_commands_alone_chain_through_the_run_layout():
+    """Issue 12: `prodip tokenizer train` wrote runs/tokenizer, `prodip train` looked in runs/demo/..."""
+    from prodip.tokenizer.audit import AuditConfig
+    from prodip.tokenizer.bpe import TokenizerTrainConfig
+    from prodip.tokenizer.encode import DataPrepareConfig
+    from prodip.train.eval import EvalConfig
+    from prodip.train.trainer import TrainConfig
+
+    tok = resolve(TokenizerTrainConfig, None, section="tokenizer")
+    data = resolve(DataPrepareConfig, None, section="data")
+    train = resolve(TrainConfig, None, section="train")
+    assert (
+        tok.out_dir
+        == data.tokenizer_dir
+        == train.tokenizer_dir
+        == resolve(AuditConfig, None, section="audit").tokenizer_dir
+    )
+    assert data.out_dir == train.shards_dir == "runs/demo/shards" and tok.out_dir == "runs/demo/tokenizer"
+    ev = resolve(EvalConfig, None, section="eval")
+    assert ev.checkpoint == "" and ev.out is None  # inputs the user must name are not filled in

@@ -148,11 +148,11 @@ def test_verdict_is_void_once_the_files_change(tiny_export, tmp_path):
     from prodip.serve.engine import load_export
 
     d = _copy_export(tiny_export[0], tmp_path / "swapped")
-    onnx = d / "onnx" / "model_int8.onnx"
+    onnx = d / "onnx" / "model_quantized.onnx"
     onnx.write_bytes(onnx.read_bytes() + b"\0")  # stands in for new weights
     m = json.loads((d / "manifest.json").read_text())
     measured = m["conformance"]["export_files_sha256"]
-    m["files"]["onnx/model_int8.onnx"] = {"bytes": onnx.stat().st_size, "sha256": file_sha256(onnx)}
+    m["files"]["onnx/model_quantized.onnx"] = {"bytes": onnx.stat().st_size, "sha256": file_sha256(onnx)}
     (d / "manifest.json").write_text(json.dumps(m))
     now = files_table_sha256(m["files"])
     for variant in ("int8", "fp32"):  # the verdict is of the whole export's files
@@ -217,7 +217,7 @@ def test_load_export_detects_tampering(tiny_export, tmp_path):
     from prodip.serve.engine import load_export
 
     d = _copy_export(tiny_export[0], tmp_path / "t")
-    with open(d / "onnx" / "model_int8.onnx", "ab") as fh:
+    with open(d / "onnx" / "model_quantized.onnx", "ab") as fh:
         fh.write(b"\0")
     with pytest.raises(ValueError, match="does not match manifest"):
         load_export(d, "int8")

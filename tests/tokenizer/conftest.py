@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,14 @@ import pytest
 from prodip.tokenizer.bpe import TokenizerTrainConfig, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip a runtime test whose package is not installed; fail instead under CI's
+    ``PRODIP_REQUIRE_RUNTIMES=1`` (.ci/run), where every runtime is installed."""
+    if os.environ.get("PRODIP_REQUIRE_RUNTIMES") == "1":
+        pytest.fail(f"{reason} (PRODIP_REQUIRE_RUNTIMES=1)")
+    pytest.skip(reason)
 
 
 def _bn_docs(n_chars: int) -> list[str]:
@@ -44,13 +53,27 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tok_dir(corpus, tmp_path_factory) -> Path:
-    """A prodip tokenizer (vocab 1024, 20% superwords) trained on ``corpus``."""
+    """The default (portable) tokenizer, vocab 1024, trained on ``corpus``."""
     out = tmp_path_factory.mktemp("tok") / "tok"
     cfg = TokenizerTrainConfig(
         inputs={k: [str(v)] for k, v in corpus.items()},
         out_dir=str(out),
         vocab_size=1024,
         proportions={"bn": 0.6, "en": 0.4},
+    )
+    return train_tokenizer(cfg)
+
+
+@pytest.fixture(scope="session")
+def custom_tok_dir(corpus, tmp_path_factory) -> Path:
+    """The opt-in custom tokenizer (vocab 1024, 20% superwords) trained on ``corpus``."""
+    out = tmp_path_factory.mktemp("custom") / "tok"
+    cfg = TokenizerTrainConfig(
+        inputs={k: [str(v)] for k, v in corpus.items()},
+        out_dir=str(out),
+        vocab_size=1024,
+        proportions={"bn": 0.6, "en": 0.4},
+        kind="custom",
         superword_share=0.2,
     )
     return train_tokenizer(cfg)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from prodip.cli import main as prodip_main
-from prodip.tokenizer.audit import AuditConfig, check_gate, measure, run_audit
+from prodip.tokenizer.audit import AuditConfig, check_gate, format_table, measure, run_audit
 from prodip.tokenizer.bpe import load_tokenizer, train_tokenizer_from_texts
 
 
@@ -47,6 +47,30 @@ def test_audit_with_naive_baseline_shows_the_trap(tok_dir, heldout, tmp_path, ca
     assert naive["bn"]["token_share_over_char_share"] > ours["bn"]["token_share_over_char_share"]
     assert json.loads((tok_dir / "fertility.json").read_text())["tokenizer_sha256"] == report["tokenizer_sha256"]
     assert check_gate(tok_dir)["gate"]["passed"]
+    # the parity table (runtime x language) is in the report and fertility.json, and printed
+    parity = json.loads((tok_dir / "fertility.json").read_text())["parity"]
+    assert parity == report["parity"] and parity["passed"]
+    assert set(parity["languages"]) == {"bn", "en", "tricky"}
+    assert all(r["status"] in ("reference", "identical", "skipped") for r in parity["runtimes"].values())
+    assert "tokenizer parity vs tokenizers" in format_table(report)
+
+
+def test_parity_failure_fails_the_gate(tok_dir, heldout, monkeypatch):
+    def differs(tokenizer_dir, texts_by_lang, require):
+        row = {"texts": 3, "identical": 2, "excluded": 0}
+        mismatch = {"language": "bn", "text": "কো", "position": 1, "expected": [1, 5], "got": [1, 6]}
+        return {
+            "passed": False,
+            "languages": {},
+            "reference": "tokenizers",
+            "runtimes": {"llama.cpp": {"status": "differs", "languages": {"bn": row}, "first_mismatch": mismatch}},
+        }
+
+    monkeypatch.setattr("prodip.tokenizer.audit.run_parity", differs)
+    monkeypatch.setattr("prodip.tokenizer.audit.format_parity", lambda report: "")
+    report = run_audit(AuditConfig(tokenizer_dir=str(tok_dir), heldout={"bn": [str(heldout["bn"])]}))
+    assert not report["gate"]["passed"]
+    assert report["gate"]["failures"] == ["parity: llama.cpp gives different ids on 1 texts (bn 1; first: bn 'কো')"]
 
 
 def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
@@ -59,6 +83,8 @@ def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
         f"bn={heldout['bn']}",
         "--min-chars-per-token",
         "bn=50",
+        "--parity",
+        "off",
     ]
     assert prodip_main(args) == 1
     captured = capsys.readouterr()
@@ -68,7 +94,17 @@ def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
         check_gate(tok_dir)
     assert check_gate(tok_dir, force=True)["gate"]["passed"] is False
     # a re-audit that passes lifts the refusal; a changed tokenizer.json makes the audit stale
-    assert prodip_main(["tokenizer", "audit", "--tokenizer-dir", str(tok_dir), "--heldout", f"bn={heldout['bn']}"]) == 0
+    args = [
+        "tokenizer",
+        "audit",
+        "--tokenizer-dir",
+        str(tok_dir),
+        "--heldout",
+        f"bn={heldout['bn']}",
+        "--parity",
+        "off",
+    ]
+    assert prodip_main(args) == 0
 
 
 def test_check_gate_stale_and_unaudited(tmp_path):

@@ -1,5 +1,6 @@
-"""Tokenizer training: fixed special ids, losslessness (fixed tricky strings + hypothesis), grapheme-safe
-pre-tokenisation, loading by tokenizers and transformers, sampling proportions, bad input."""
+"""The default (portable) tokenizer: fixed special ids and the BOS convention, the standard pre-tokenizer,
+losslessness (fixed tricky strings + hypothesis), loading by tokenizers and transformers, sampling
+proportions, determinism, bad input. The custom kind: test_custom.py."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import json
 import unicodedata
 
 import pytest
-import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import pre_tokenizers
 
 from prodip.tokenizer.bpe import (
-    PHRASE_PATTERN,
-    WORD_PATTERN,
     TokenizerTrainConfig,
     load_tokenizer,
     plan_sample,
@@ -22,6 +21,7 @@ from prodip.tokenizer.bpe import (
     train_tokenizer,
     train_tokenizer_from_texts,
 )
+from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name
 
 TRICKY = [
     "",
@@ -59,12 +59,15 @@ def _round_trip(tok, text: str) -> str:
 def test_dir_layout_and_special_ids(tok_dir):
     tok = load_tokenizer(tok_dir)
     assert [tok.token_to_id(t) for t in ("<|pad|>", "<|bos|>", "<|eos|>")] == [0, 1, 2]
-    assert tok.token_to_id("<0x00>") == 3 and tok.token_to_id("<0xFF>") == 258
     assert tok.get_vocab_size() == 1024
     config = json.loads((tok_dir / "tokenizer_config.json").read_text())
     assert (config["bos_token"], config["eos_token"], config["pad_token"]) == ("<|bos|>", "<|eos|>", "<|pad|>")
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
-    assert json.loads((tok_dir / "tokenizer.json").read_text())["normalizer"]["type"] == "NFC"
+    assert (config["add_bos_token"], config["add_eos_token"]) == (True, False)
+    tok_json = json.loads((tok_dir / "tokenizer.json").read_text())
+    assert tok_json["normalizer"]["type"] == "NFC"
+    assert pretokenizer_name(tok_json) == "o200k-marks" and tok_json["model"]["byte_fallback"] is False
+    assert all(ch in tok.get_vocab() for ch in pre_tokenizers.ByteLevel.alphabet())  # every byte is a token
     assert tokenizer_sha256(tok_dir) == hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()
     info = json.loads((tok_dir / "train_info.json").read_text())
     assert abs(info["sample_chars"]["bn"] / sum(info["sample_chars"].values()) - 0.6) < 0.02
@@ -92,37 +95,6 @@ MIXED = st.one_of(BANGLA, st.sampled_from(list(" \n\t.,!?।॥'’-\u200c\u200d
 @given(text=st.one_of(st.text(), st.text(MIXED)))
 def test_lossless_property(tok_dir, text):
     assert _round_trip(load_tokenizer(tok_dir), text) == unicodedata.normalize("NFC", text)
-
-
-# A combining mark written after a digit, punctuation or space ("0্ক") is not Bengali orthography;
-# for it, the `regex` module's \X applies the Unicode 15.1 conjunct rule (GB9c) without its
-# "consonant before the virama" condition and reports "0্ক" as one cluster. The marks themselves
-# stay with their base either way, so such strings are left out of this property.
-_ORPHAN_MARK = regex.compile(r"(?:^|[^\p{L}\p{M}\u200c\u200d])\p{M}")
-
-
-@settings(max_examples=300, deadline=None, database=None, derandomize=True)
-@given(text=st.text(MIXED, max_size=40))
-@pytest.mark.parametrize("pattern", [WORD_PATTERN, PHRASE_PATTERN], ids=["word", "phrase"])
-def test_pretokenizer_never_splits_a_grapheme_cluster(pattern, text):
-    from hypothesis import assume
-    from tokenizers import Regex, pre_tokenizers
-
-    text = unicodedata.normalize("NFC", text)
-    assume(not _ORPHAN_MARK.search(text))
-    pieces = pre_tokenizers.Split(Regex(pattern), behavior="isolated").pre_tokenize_str(text)
-    assert "".join(p for p, _ in pieces) == text
-    cuts = {end for _, (_, end) in pieces}
-    clusters = {m.end() for m in regex.finditer(r"\X", text)}
-    assert cuts <= clusters | {len(text)}, (text, pieces)
-
-
-def test_danda_and_digits_pretokenization():
-    from tokenizers import Regex, pre_tokenizers
-
-    split = pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated").pre_tokenize_str
-    assert [p for p, _ in split("কথা হলো। ১২৩৪ টাকা")] == ["কথা", " হলো।", " ", "১২৩", "৪", " টাকা"]
-    assert [p for p, _ in split("আমি ।")] == ["আমি", " ।"]
 
 
 @pytest.mark.slow  # importing transformers takes ~10 s
@@ -180,59 +152,44 @@ def test_bad_inputs_leave_nothing(tmp_path, corpus):
         train_tokenizer(cfg())
 
 
-def test_training_is_deterministic_and_learns_superwords(corpus, tok_dir, tmp_path):
+def test_bos_convention(tok_dir):
+    """One special-token convention: encode puts <|bos|> in front (an empty prompt is [<|bos|>])."""
+    tok = load_tokenizer(tok_dir)
+    assert tok.encode("").ids == [1]
+    ids = tok.encode("আমার সোনার বাংলা").ids
+    assert ids[0] == 1 and ids[1:] == tok.encode("আমার সোনার বাংলা", add_special_tokens=False).ids
+    assert 1 not in ids[1:] and 2 not in ids
+
+
+def test_a_tokenizer_without_the_bos_post_processor_is_refused(tok_dir, tmp_path):
+    (tmp_path / "old").mkdir()
+    tok_json = json.loads((tok_dir / "tokenizer.json").read_text())
+    tok_json["post_processor"] = None
+    (tmp_path / "old" / "tokenizer.json").write_text(json.dumps(tok_json))
+    with pytest.raises(ValueError, match="does not prepend <\\|bos\\|>.*re-run `prodip tokenizer train`"):
+        load_tokenizer(tmp_path / "old")
+
+
+def test_marks_stay_with_their_letters():
+    """o200k-marks keeps vowel signs, virama and nukta on the word (GPT-2's and Llama-3's patterns cut them)."""
+    from tokenizers import Regex
+
+    def pieces(name, text):
+        split = pre_tokenizers.Split(Regex(PRETOKENIZERS[name].regex), behavior="isolated")
+        return [p for p, _ in split.pre_tokenize_str(text)]
+
+    text = "আমি বাংলায় গান গাই। কৌতূহল স্ত্রী"
+    assert pieces("o200k-marks", text) == ["আমি", " বাংলায়", " গান", " গাই", "।", " কৌতূহল", " স্ত্রী"]
+    assert len(pieces("gpt2", text)) > 12 and len(pieces("llama3", text)) > 12
+
+
+def test_training_is_deterministic_and_superwords_need_the_custom_kind(corpus, tok_dir, tmp_path):
     cfg = TokenizerTrainConfig(
         inputs={k: [str(v)] for k, v in corpus.items()},
         out_dir=str(tmp_path / "again"),
         vocab_size=1024,
         proportions={"bn": 0.6, "en": 0.4},
-        superword_share=0.2,
     )
     assert tokenizer_sha256(train_tokenizer(cfg)) == tokenizer_sha256(tok_dir)
-    vocab = load_tokenizer(tok_dir).get_vocab()
-    multi = [t for t in vocab if " " in t.strip() and not t.startswith("<")]
-    assert len(multi) >= 5  # multi-word tokens from the second stage (e.g. " in the", " to be")
-    tok = load_tokenizer(tok_dir)
-    assert any(" " in t.strip() for t in tok.encode("She was going to be in the room.").tokens)
-
-
-def test_superwords_only_join_stage1_tokens(corpus, heldout):
-    """The phrase pre-tokeniser + appended stage-2 merges must coarsen stage 1's segmentation, never change it."""
-    from prodip.tokenizer.bpe import SPECIAL_TOKENS, train_from_iterator
-    from prodip.tokenizer.corpus import expand_inputs, iter_language
-
-    files = expand_inputs({k: [str(v)] for k, v in corpus.items()})
-
-    def texts():
-        for lang, fs in files.items():
-            for _, _, doc in iter_language(fs, lang):
-                yield doc
-
-    vocab, share = 1024, 0.2
-    n_super = int(share * (vocab - 256 - len(SPECIAL_TOKENS)))
-    final = train_from_iterator(texts, vocab_size=vocab, superword_share=share)
-    stage1 = train_from_iterator(texts, vocab_size=vocab - n_super, superword_share=0.0)
-    for path in heldout.values():
-        text = unicodedata.normalize("NFC", path.read_text(encoding="utf-8"))
-        ends_final = {e for _, e in final.encode(text).offsets}
-        ends_stage1 = {e for _, e in stage1.encode(text).offsets}
-        assert ends_final <= ends_stage1
-        assert len(ends_final) < len(ends_stage1)
-
-
-def test_training_twice_gives_the_same_tokenizer_when_the_alphabet_is_cut(tmp_path):
-    """tokenizers' BpeTrainer cut a too-large alphabet at ties in hash-map order, so equally rare
-    characters survived at random and two trainings on the same text differed (tokenizer sha,
-    shard checks, test fixtures). bpe.top_characters fixes the cut."""
-    from prodip.tokenizer.bpe import top_characters, train_tokenizer_from_texts
-
-    texts = {
-        "bn": ["আমার সোনার বাংলা আমি তোমায় ভালোবাসি। " * 3, "ঋ ঌ ৠ ৡ ঽ ৎ ৺ ৻ ৼ"],
-        "en": ["the quick brown fox jumps over the lazy dog " * 3, "é è ê ë ï î ô û ù ç ß ø å"],
-    }
-    shas = {
-        (train_tokenizer_from_texts(texts, 280, tmp_path / f"t{i}") / "tokenizer.json").read_bytes() for i in range(4)
-    }
-    assert len(shas) == 1
-    assert top_characters(lambda: iter(["bba", "ca"]), 2) == ["a", "b"]  # count, then code point
-    assert top_characters(lambda: iter(["bba", "ca"]), 3) is None  # nothing cut
+    with pytest.raises(ValueError, match="superword_share = 0.2 needs kind = 'custom'"):
+        train_tokenizer(TokenizerTrainConfig(**{**cfg.__dict__, "superword_share": 0.2, "overwrite": True}))

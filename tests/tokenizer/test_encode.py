@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from prodip.cli import main as prodip_main
-from prodip.tokenizer.bpe import EOS_ID, load_tokenizer, tokenizer_sha256
+from prodip.tokenizer.bpe import BOS_ID, EOS_ID, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import expand_inputs, iter_language
 from prodip.tokenizer.encode import DataPrepareConfig, prepare_shards
 from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
@@ -29,17 +29,20 @@ def _cfg(corpus, tok_dir, out, **kw):
 
 
 def _docs(tok, shards_dir, lang, split):
+    """The documents of a split; each is <|bos|> ids <|eos|> (the special-token convention)."""
     tokens = np.concatenate([np.asarray(read_shard(p)) for p in shard_paths(shards_dir, lang, split)])
-    assert tokens[-1] == EOS_ID
+    assert tokens[0] == BOS_ID and tokens[-1] == EOS_ID
     cuts = np.flatnonzero(tokens == EOS_ID)
     starts = np.concatenate([[0], cuts[:-1] + 1])
-    return [tok.decode(tokens[s:e].tolist(), skip_special_tokens=False) for s, e in zip(starts, cuts)]
+    assert (tokens[starts] == BOS_ID).all() and (tokens == BOS_ID).sum() == len(starts)
+    return [tok.decode(tokens[s + 1 : e].tolist(), skip_special_tokens=False) for s, e in zip(starts, cuts)]
 
 
 def test_shards_hold_exactly_the_documents(corpus, tok_dir, tmp_path):
     out = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "shards"))
     meta = load_meta(out, expected_tokenizer_sha256=tokenizer_sha256(tok_dir))
-    assert meta["token_dtype"] == "uint16" and meta["eos_id"] == 2 and meta["vocab_size"] == 1024
+    assert meta["token_dtype"] == "uint16" and meta["vocab_size"] == 1024
+    assert (meta["bos_id"], meta["eos_id"], meta["document_layout"]) == (1, 2, "<|bos|> ids <|eos|>")
     tok = load_tokenizer(tok_dir)
     files = expand_inputs({k: [str(v)] for k, v in corpus.items()})
     for lang in ("bn", "en"):

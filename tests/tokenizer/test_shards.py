@@ -53,12 +53,13 @@ def test_meta_and_paths(tmp_path):
             "tokenizer_sha256": "ab" * 32,
             "vocab_size": 100,
             "token_dtype": "uint16",
+            "bos_id": 1,
             "eos_id": 2,
             "languages": {"bn": {"train": [{"file": "bn/train_000000.bin", "n_tokens": 2}], "val": []}},
         },
     )
     meta = shards.load_meta(tmp_path, expected_tokenizer_sha256="ab" * 32)
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
     assert shards.shard_paths(tmp_path, "bn", "train") == [tmp_path / "bn/train_000000.bin"]
     assert shards.shard_paths(tmp_path, "bn", "val") == []
     with pytest.raises(ValueError, match="tokenizer sha256"):
@@ -70,3 +71,50 @@ def test_meta_and_paths(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="format_version"):
         shards.load_meta(tmp_path)
+    doc["format_version"] = 1  # documents without <|bos|>: made before the special-token convention
+    (tmp_path / "meta.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="format_version 1, expected 2 .each document <.bos.> ids <.eos.>.*re-run"):
+        shards.load_meta(tmp_path)
+
+
+def _one_lang_dir(tmp_path, tokens, vocab_size=320):
+    root = tmp_path / "shards"
+    (root / "bn").mkdir(parents=True)
+    shards.write_shard(root / "bn/train_000000.bin", np.asarray(tokens), "uint16")
+    meta = {
+        "tokenizer_sha256": "a" * 64,
+        "vocab_size": vocab_size,
+        "token_dtype": "uint16",
+        "bos_id": 1,
+        "eos_id": 2,
+        "languages": {"bn": {"train": [{"file": "bn/train_000000.bin", "n_tokens": len(tokens)}], "val": []}},
+    }
+    return root, meta
+
+
+def test_meta_carries_checksum_and_max_id_and_refuses_out_of_vocab_ids(tmp_path):
+    """Issue 12: a shard with ids outside the vocabulary crashed inside torch.embedding."""
+    root, meta = _one_lang_dir(tmp_path, [3, 319, 2])
+    shards.write_meta(root, meta)
+    entry = json.loads((root / "meta.json").read_text())["languages"]["bn"]["train"][0]
+    assert entry["max_id"] == 319 and len(entry["sha256"]) == 64
+    assert [a.tolist() for a in shards.open_checked_shards(root, "bn", "train")] == [[3, 319, 2]]
+    bad, bad_meta = _one_lang_dir(tmp_path / "b", [3, 320, 2])
+    with pytest.raises(ValueError, match=r"bn/train_000000.bin: holds token id 320, outside the vocabulary of 320"):
+        shards.write_meta(bad, bad_meta)
+
+
+def test_changed_shard_is_refused_on_open_naming_it(tmp_path):
+    root, meta = _one_lang_dir(tmp_path, [3, 4, 5, 2])
+    shards.write_meta(root, meta)
+    shards.write_shard(root / "bn/train_000000.bin", np.array([3, 4000, 5, 2]), "uint16")  # same size, other ids
+    with pytest.raises(ValueError, match=r"train_000000.bin: sha256 .* differs from .*meta.json"):
+        shards.open_checked_shards(root, "bn", "train")
+
+
+def test_old_meta_without_checksums_is_scanned_for_ids(tmp_path, caplog):
+    root, meta = _one_lang_dir(tmp_path, [3, 999, 2])
+    # as prodip wrote meta.json before shards carried checksums (same document layout, no sha256/max_id)
+    (root / "meta.json").write_text(json.dumps({"format_version": shards.FORMAT_VERSION, **meta}))
+    with pytest.raises(ValueError, match="holds token id 999"):
+        shards.open_checked_shards(root, "bn", "train")

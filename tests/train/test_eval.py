@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from prodip.train import eval as ev
+from prodip.train import mc
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
 
@@ -38,14 +39,15 @@ DOCS = {
         "Rome was not built in a day.",
     ],
 }
-EOS = 2
+BOS, EOS = 1, 2
 
 
 def _encode_stream(tok, docs: list[str], repeat: int) -> np.ndarray:
+    """Documents as the shards hold them: <|bos|> ids <|eos|>."""
     ids: list[int] = []
     for _ in range(repeat):
         for doc in docs:
-            ids += tok.encode(doc, add_special_tokens=False).ids + [EOS]
+            ids += [BOS] + tok.encode(doc, add_special_tokens=False).ids + [EOS]
     return np.asarray(ids, dtype=np.int64)
 
 
@@ -119,7 +121,8 @@ def test_bits_per_char_known_answer(eval_env) -> None:
     from prodip.tokenizer.shards import read_shard
 
     stream = np.asarray(read_shard(shards / "bn" / "val_000000.bin"), dtype=np.int64)
-    two_docs = int(np.flatnonzero(stream == EOS)[1]) + 1  # a budget ending exactly after 2 documents
+    # a budget ending exactly after 2 documents (the stream's first <|bos|> is context, not scored)
+    two_docs = int(np.flatnonzero(stream == EOS)[1])
     result = ev.evaluate(_cfg(eval_env, eval_tokens=two_docs))
     assert result["languages"]["bn"]["chars"] == len(DOCS["bn"][0]) + len(DOCS["bn"][1])
     result = ev.evaluate(_cfg(eval_env))  # budget 300 tokens: cuts a document (and maybe a letter)
@@ -129,8 +132,8 @@ def test_bits_per_char_known_answer(eval_env) -> None:
     for lang in DOCS:
         row = result["languages"][lang]
         stream = np.asarray(read_shard(shards / lang / "val_000000.bin"), dtype=np.int64)
-        assert row["tokens"] == 300
-        text = tok.decode(stream[:300].tolist(), skip_special_tokens=True)
+        assert row["tokens"] == 300 and stream[0] == BOS
+        text = tok.decode(stream[1:301].tolist(), skip_special_tokens=True)
         assert text.startswith(DOCS[lang][0])  # a clean start: no cut character in front
         assert row["chars"] == len(text.rstrip("\ufffd")) + ("\ufffd" in text[-1:])
         for name in ("trained", "random_init"):
@@ -149,9 +152,8 @@ def test_batched_nll_equals_plain_window_loop(eval_env) -> None:
     result = ev.evaluate(_cfg(eval_env, out=str(run / "other" / "e.json"), languages=["bn"]))
     assert list(result["languages"]) == ["bn"] and (run / "other" / "e.json").is_file()
     model, _, _ = load_model(run)
-    tokens = torch.from_numpy(ev.read_val_tokens(shards, "bn", 300))
-    assert tokens.shape == (300,)
-    stream = torch.cat([torch.tensor([EOS]), tokens])
+    stream = torch.from_numpy(ev.read_val_tokens(shards, "bn", 301))
+    assert stream.shape == (301,) and stream[0] == BOS  # <|bos|> + the 300 scored tokens
     total = 0.0
     with torch.no_grad():
         for s in range(0, 300, 64):  # 4 full windows of 64 + a tail of 44, one at a time
@@ -209,11 +211,11 @@ def test_continuation_logprobs_closed_form() -> None:
     log_z = math.log(len(S) * math.exp(c) + V - len(S))
     pairs = [([2, 11], [5, 7]), ([2, 11, 12, 13], [20]), ([2], [9, 20, 21, 5])]
     want = [2 * (c - log_z), -log_z, 2 * (c - log_z) - 2 * log_z]
-    got = ev.continuation_logprobs(model, pairs, torch.device("cpu"), max_len=64, batch_size=2)
+    got = mc.continuation_logprobs(model, pairs, torch.device("cpu"), max_len=64, batch_size=2)
     assert got == pytest.approx(want, abs=1e-4)
     # truncation from the left keeps the continuation scored in full
     long_ctx = ([2] + [11] * 100, [5])
-    assert ev.continuation_logprobs(model, [long_ctx], torch.device("cpu"), max_len=64) == pytest.approx(
+    assert mc.continuation_logprobs(model, [long_ctx], torch.device("cpu"), max_len=64) == pytest.approx(
         [c - log_z], abs=1e-4
     )
 
@@ -226,14 +228,14 @@ def test_mc_accuracy_known_answer(eval_env, tmp_path) -> None:
         {"context": "Q: ", "choices": ["Rome", "zq"], "answer": 1},
         {"context": "Q: ", "choices": ["gold", "zq"], "answer": 0},
     ]
-    n_tok = lambda ctx, ch: len(ev.encode_choice(tok, ctx, ch, EOS)[1])  # noqa: E731
+    n_tok = lambda ctx, ch: len(mc.encode_choice(tok, ctx, ch, BOS)[1])  # noqa: E731
     exp_acc = exp_norm = 0
     for it in items:
         ll = [-n_tok(it["context"], ch) * math.log(vocab) for ch in it["choices"]]
         norm = [v / len(ch) for v, ch in zip(ll, it["choices"])]
         exp_acc += int(int(np.argmax(ll)) == it["answer"])  # np.argmax: first maximum, like score_mc
         exp_norm += int(int(np.argmax(norm)) == it["answer"])
-    got = ev.score_mc(model, tok, items, torch.device("cpu"), max_len=64, prefix_id=EOS)
+    got = mc.score_mc(model, tok, items, torch.device("cpu"), max_len=64, prefix_id=BOS)
     assert got == {
         "n_items": 3,
         "acc": exp_acc / 3,
@@ -249,11 +251,11 @@ def test_mc_favoured_answer_is_picked(eval_env) -> None:
         {"context": "x: ", "choices": ["dog", "আমার"], "answer": 1},
         {"context": "x: ", "choices": ["আমার", "fox"], "answer": 0},
     ]
-    favoured = sorted(set(ev.encode_choice(tok, "x: ", "আমার", EOS)[1]))
-    others = set(ev.encode_choice(tok, "x: ", "dog", EOS)[1]) | set(ev.encode_choice(tok, "x: ", "fox", EOS)[1])
+    favoured = sorted(set(mc.encode_choice(tok, "x: ", "আমার", BOS)[1]))
+    others = set(mc.encode_choice(tok, "x: ", "dog", BOS)[1]) | set(mc.encode_choice(tok, "x: ", "fox", BOS)[1])
     assert not others & set(favoured)
     model = _favouring_model(vocab, favoured, 5.0)
-    got = ev.score_mc(model, tok, items, torch.device("cpu"), max_len=64, prefix_id=EOS)
+    got = mc.score_mc(model, tok, items, torch.device("cpu"), max_len=64, prefix_id=BOS)
     assert got["acc"] == 1.0 and got["acc_norm"] == 1.0
 
 
@@ -265,7 +267,7 @@ def test_read_mc_validates_and_accepts_hellaswag(tmp_path) -> None:
         + json.dumps({"ctx": "A man", "endings": ["runs.", "sits."], "label": 0})
         + "\n"
     )
-    items = ev.read_mc(good)
+    items = mc.read_mc(good)
     assert items[1] == {"context": "A man", "choices": [" runs.", " sits."], "answer": 0}
     for line, match in [
         ("{bad", r"mc\.jsonl:1: not valid JSON"),
@@ -274,9 +276,9 @@ def test_read_mc_validates_and_accepts_hellaswag(tmp_path) -> None:
     ]:
         (tmp_path / "mc.jsonl").write_text(line + "\n")
         with pytest.raises(ValueError, match=match):
-            ev.read_mc(tmp_path / "mc.jsonl")
+            mc.read_mc(tmp_path / "mc.jsonl")
     with pytest.raises(FileNotFoundError):
-        ev.read_mc(tmp_path / "missing.jsonl")
+        mc.read_mc(tmp_path / "missing.jsonl")
 
 
 # ---- errors and the command line ----------------------------------------------------------------

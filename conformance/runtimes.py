@@ -1,0 +1,272 @@
+"""The runtime axis of conformance: each ONNX variant run by the on-device runtimes that load an export.
+
+For every ONNX variant, onnxruntime-genai (its Python API, through the export's
+``genai_config.json``) and transformers.js (``@huggingface/transformers`` in Node, the dtype whose
+file name is the variant's) generate greedily from the fixed Bangla and English prompts; their
+ids must equal ONNX Runtime's on the same file (:class:`prodip.conformance.runners.OrtRunner`,
+batch 1, unpadded, the same stopping rule: ``max_new_tokens`` new tokens or the end-of-sequence id,
+included). For the fp32 variant ONNX Runtime's ids must also equal the training model's. Each
+runtime is a gated check of the variant's candidate: a runtime that fails, or cannot run (not
+installed, load error), fails that variant's verdict.
+
+Installing the runtimes: ``pip install 'prodip[runtimes]'`` (onnxruntime-genai) and, in the
+repository's ``node/`` folder, ``npm install --ignore-scripts --prefix node`` (transformers.js and onnxruntime-node's bundled CPU
+binaries; the post-install script would download CUDA binaries).
+
+    python -m prodip.conformance runs/demo/export --shards-dir runs/demo/shards --runtimes onnxruntime-genai,transformers.js
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from prodip.base.variants import BY_NAME
+from prodip.conformance.runners import OrtRunner, TorchRunner
+from prodip.export.genai import genai_overlay
+
+GENAI, TRANSFORMERS_JS = "onnxruntime-genai", "transformers.js"
+RUNTIMES = (GENAI, TRANSFORMERS_JS)
+#: Prompts (keys of ``prodip.conformance.inputs.PROMPTS``) every runtime decodes.
+RUNTIME_PROMPTS = ("bn", "en")
+#: The Node script that runs transformers.js (beside this file).
+NODE_SCRIPT = Path(__file__).with_name("transformersjs_greedy.mjs")
+#: Timeout of one Node run (s): loading 4 variants and decoding 2 prompts of a small model takes seconds.
+NODE_TIMEOUT_S = 900
+
+
+def node_root() -> Path:
+    """The folder whose ``node_modules`` holds ``@huggingface/transformers``: ``$PRODIP_NODE_ROOT``,
+    else the repository's ``node/`` (its ``package.json``; ``npm install --ignore-scripts --prefix node``)."""
+    env = os.environ.get("PRODIP_NODE_ROOT")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "node"
+
+
+def truncate_at_eos(ids: Sequence[int], prompt_len: int, eos_id: Optional[int]) -> list[int]:
+    """``ids`` up to and including the first generated ``eos_id`` (the prompt is never cut)."""
+    ids = [int(i) for i in ids]
+    if eos_id is None:
+        return ids
+    for j in range(prompt_len, len(ids)):
+        if ids[j] == eos_id:
+            return ids[: j + 1]
+    return ids
+
+
+def runner_greedy(runner: Any, prompt: Sequence[int], max_new_tokens: int, eos_id: Optional[int]) -> list[int]:
+    """Greedy ids (prompt + new) from a conformance runner, batch 1, no padding, KV cache.
+
+    Args:
+        runner: a :class:`prodip.conformance.runners.Runner` (ONNX Runtime or the training model).
+        prompt: token ids.
+        max_new_tokens: new tokens at most (tokens).
+        eos_id: stop after generating this id (it is included), or None.
+    """
+    ids = [int(i) for i in prompt]
+    x = np.asarray([ids], np.int64)
+    logits, state = runner.forward(x, np.ones_like(x), np.arange(len(ids), dtype=np.int64)[None])
+    for step in range(max_new_tokens):
+        nxt = int(np.argmax(logits[0, -1]))
+        ids.append(nxt)
+        if nxt == eos_id or step + 1 == max_new_tokens:
+            break
+        n = len(ids)
+        logits, state = runner.forward(
+            np.asarray([[nxt]], np.int64), np.ones((1, n), np.int64), np.asarray([[n - 1]], np.int64), state
+        )
+    return ids
+
+
+def genai_greedy(
+    export_dir: Path, onnx_file: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, threads: int = 0
+) -> dict[str, Any]:
+    """Greedy ids from onnxruntime-genai: ``og.Config(export_dir)`` (its ``genai_config.json``) with the
+    decoder file set to ``onnx_file`` by ``og.Config.overlay`` (what the manifest's ``genai_overlay`` says).
+
+    Returns:
+        ``{"ids": [[prompt + new ids], ...], "versions": {...}}``.
+    Raises:
+        ImportError: onnxruntime-genai is not installed (the message says how to install it).
+        RuntimeError: onnxruntime-genai refused the config or the model.
+    """
+    try:
+        import onnxruntime_genai as og  # noqa: PLC0415 (optional dependency: prodip[runtimes])
+    except ImportError:
+        raise ImportError("onnxruntime-genai is not installed: pip install 'prodip[runtimes]'") from None
+    config = og.Config(str(export_dir))
+    overlay = genai_overlay(onnx_file)
+    if threads:
+        overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads}
+    config.overlay(json.dumps(overlay))
+    model = og.Model(config)
+    out = []
+    for prompt in prompts:
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=len(prompt) + max_new_tokens)
+        gen = og.Generator(model, params)
+        gen.append_tokens(list(prompt))
+        while not gen.is_done():
+            gen.generate_next_token()
+        out.append([int(i) for i in gen.get_sequence(0)])
+    return {"ids": out, "versions": {"onnxruntime-genai": getattr(og, "__version__", None)}}
+
+
+def transformersjs_greedy(
+    export_dir: Path, dtypes: Sequence[str], prompts: Sequence[Sequence[int]], max_new_tokens: int
+) -> dict[str, Any]:
+    """Greedy ids from transformers.js in Node for each dtype (one Node process for all).
+
+    Returns:
+        ``{"versions": {...}, "results": {dtype: {"ids": [[...], ...]} or {"error": str}}}``.
+    Raises:
+        FileNotFoundError: ``node`` is not on PATH, or ``@huggingface/transformers`` is not installed
+            under :func:`node_root` (the message says how to install it).
+        RuntimeError: the Node script failed (its stderr tail is in the message).
+    """
+    node = shutil.which("node")
+    if node is None:
+        raise FileNotFoundError(
+            "node is not on PATH: transformers.js needs Node >= 18 "
+            "(then `npm install --ignore-scripts --prefix node` in the prodip repository)"
+        )
+    root = node_root()
+    if not (root / "node_modules" / "@huggingface" / "transformers").is_dir():
+        raise FileNotFoundError(
+            f"{root}/node_modules/@huggingface/transformers: missing; run "
+            f"`npm install --ignore-scripts` in {root} (or set PRODIP_NODE_ROOT)"
+        )
+    job = {
+        "export_dir": str(Path(export_dir).resolve()),
+        "dtypes": list(dtypes),
+        "prompts": [list(map(int, p)) for p in prompts],
+        "max_new_tokens": max_new_tokens,
+        "node_root": str(root),
+    }
+    proc = subprocess.run(
+        [node, str(NODE_SCRIPT)],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"node {NODE_SCRIPT.name} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+#: Metric name of each runtime's check in a candidate's checks (``{equals: true}``, gated).
+RUNTIME_METRICS = {GENAI: "genai_greedy_identical", TRANSFORMERS_JS: "transformersjs_greedy_identical"}
+#: fp32 only: ONNX Runtime's ids on the runtime prompts equal the training model's.
+REFERENCE_METRIC = "runtime_prompts_reference_identical"
+
+
+def planned_metrics(variant: str, runtimes: Sequence[str]) -> list[str]:
+    """The runtime metrics gated for an ONNX ``variant`` (known before anything runs)."""
+    return [RUNTIME_METRICS[r] for r in runtimes] + ([REFERENCE_METRIC] if variant == "fp32" and runtimes else [])
+
+
+def _compare(name: str, got: Any, want: list[list[int]]) -> dict[str, Any]:
+    """One runtime's result: ``{ids_identical, ids, error}``; an exception is a failed result."""
+    if isinstance(got, Exception):
+        return {"ids_identical": False, "ids": None, "error": f"{type(got).__name__}: {str(got).strip()[:600]}"}
+    if "error" in got:
+        return {"ids_identical": False, "ids": None, "error": f"{name}: {got['error']}"}
+    return {"ids_identical": got["ids"] == want, "ids": got["ids"], "error": None}
+
+
+def check_runtimes(
+    export_dir: Path,
+    candidates: Sequence[Any],
+    prompts: dict[str, list[int]],
+    reference: Any,
+    model_cfg: Any,
+    runtimes: Sequence[str],
+    max_new_tokens: int,
+    threads: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Run every ONNX candidate in each runtime and compare greedy ids with ONNX Runtime's on the same file.
+
+    Args:
+        export_dir: the export dir.
+        candidates: the suite's candidates (``kind == "onnx"`` ones are run; ``path`` relative to the dir).
+        prompts: prompt name -> token ids (the training tokenizer's encoding, special tokens included);
+            cut to ``max_position_embeddings - max_new_tokens`` tokens so that prompt + new tokens fit.
+        reference: the training model (``prodip.train.model.LlamaForCausalLM``, fp32, eval).
+        model_cfg: its ``ModelConfig`` (layers, kv heads, head dim, eos id).
+        runtimes: names from :data:`RUNTIMES` (empty: nothing is run).
+        max_new_tokens: new tokens per prompt (tokens).
+        threads: ONNX Runtime / onnxruntime-genai intra-op threads (0 = library default).
+    Returns:
+        candidate name -> ``{"prompts": [names], "prompt_ids": [[ids]], "onnxruntime": [[ids]], "runtimes": {runtime:
+        {ids_identical, ids, error}}, "reference_identical": bool (fp32 only), "checks": [...]}``, the
+        checks in the suite's format, one per runtime (and the fp32 reference check). Never raises for
+        a runtime's failure: it is a failed check with the error.
+    """
+    onnx_cands = [c for c in candidates if c.kind == "onnx"]
+    if not runtimes or not onnx_cands:
+        return {}
+    # prompt + new tokens must fit the context (onnxruntime-genai refuses max_length > context_length)
+    room = max(1, model_cfg.max_position_embeddings - max_new_tokens)
+    names, ids = list(prompts), [list(prompts[k])[:room] for k in prompts]
+    eos = model_cfg.eos_token_id
+    ref_ids = [runner_greedy(TorchRunner(reference, "reference"), p, max_new_tokens, eos) for p in ids]
+    tjs: Any = None
+    if TRANSFORMERS_JS in runtimes:
+        dtypes = [BY_NAME[c.variant].transformersjs_dtype for c in onnx_cands]
+        try:
+            tjs = transformersjs_greedy(export_dir, dtypes, ids, max_new_tokens)
+        except Exception as err:  # not installed, node failed: every variant's check fails with it
+            tjs = err
+    out: dict[str, dict[str, Any]] = {}
+    for cand in onnx_cands:
+        runner = OrtRunner(
+            export_dir / cand.path,
+            cand.name,
+            num_layers=model_cfg.num_hidden_layers,
+            num_kv_heads=model_cfg.num_key_value_heads,
+            head_dim=model_cfg.head_dim,
+            threads=threads,
+        )
+        want = [truncate_at_eos(runner_greedy(runner, p, max_new_tokens, eos), len(p), eos) for p in ids]
+        results: dict[str, dict[str, Any]] = {}
+        if GENAI in runtimes:
+            try:
+                got: Any = genai_greedy(export_dir, cand.path, ids, max_new_tokens, threads)
+                got["ids"] = [truncate_at_eos(g, len(p), eos) for g, p in zip(got["ids"], ids)]
+            except Exception as err:  # a runtime that cannot run fails this variant
+                got = err
+            results[GENAI] = _compare(GENAI, got, want)
+        if TRANSFORMERS_JS in runtimes:
+            dtype = BY_NAME[cand.variant].transformersjs_dtype
+            got = tjs if isinstance(tjs, Exception) else tjs["results"].get(dtype, {"error": f"no result for {dtype}"})
+            if isinstance(got, dict) and "ids" in got:
+                got = {"ids": [truncate_at_eos(g, len(p), eos) for g, p in zip(got["ids"], ids)]}
+            results[TRANSFORMERS_JS] = _compare(f"transformers.js dtype {dtype}", got, want)
+            results[TRANSFORMERS_JS]["dtype"] = dtype
+            if isinstance(tjs, dict):
+                results[TRANSFORMERS_JS]["versions"] = tjs.get("versions")
+        checks = [
+            {
+                "metric": RUNTIME_METRICS[r],
+                "value": res["ids_identical"],
+                "tolerance": {"equals": True},
+                "passed": res["ids_identical"],
+                **({"note": res["error"]} if res["error"] else {}),
+            }
+            for r, res in results.items()
+        ]
+        entry = {"prompts": names, "prompt_ids": ids, "onnxruntime": want, "runtimes": results, "checks": checks}
+        if cand.variant == "fp32":
+            same = want == [truncate_at_eos(r, len(p), eos) for r, p in zip(ref_ids, ids)]
+            entry["reference_identical"] = same
+            checks.append({"metric": REFERENCE_METRIC, "value": same, "tolerance": {"equals": True}, "passed": same})
+        out[cand.name] = entry
+    return out

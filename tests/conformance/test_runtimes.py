@@ -1,0 +1,118 @@
+"""Conformance's runtime axis: onnxruntime-genai and transformers.js on every ONNX variant, gated.
+
+Real runtimes: onnxruntime-genai (pip extra ``runtimes``) and transformers.js from the repository's
+``node/node_modules`` (``npm install --ignore-scripts --prefix node``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prodip.base.manifest import read_manifest
+from prodip.base.variants import ONNX_VARIANTS
+from prodip.conformance.runtimes import GENAI, REFERENCE_METRIC, RUNTIME_METRICS, TRANSFORMERS_JS, genai_greedy
+from prodip.conformance.suite import evaluate
+from prodip.conformance.verdict import merge_verdict
+
+pytestmark = pytest.mark.slow
+BOTH = [GENAI, TRANSFORMERS_JS]
+
+
+@pytest.fixture(scope="module")
+def contrib_export(tiny_artifacts, tmp_path_factory):
+    """(export, checkpoint) of a hidden-64 model (head_dim 16): the contrib graph, as the demo's (the
+    shared conformance fixture's head_dim 12 gets the standard graph)."""
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+    from tests import fixtures as tiny
+
+    root = tmp_path_factory.mktemp("runtimes")
+    ckpt = tiny.build_checkpoint(root / "run", tiny_artifacts["tokenizer"], hidden_size=64)
+    export = export_checkpoint(ExportConfig(checkpoint=str(ckpt), out=str(root / "export")))
+    assert read_manifest(export)["variants"]["fp32"]["graph"] == "contrib"
+    return export, ckpt
+
+
+@pytest.fixture(scope="module")
+def report(tiny_artifacts, contrib_export):
+    from prodip.conformance import ConformanceConfig
+    from tests.conformance.conftest import TINY_TOLERANCES
+
+    cfg = ConformanceConfig(
+        export_dir=str(contrib_export[0]),
+        checkpoint=str(contrib_export[1]),
+        tolerances=str(TINY_TOLERANCES),
+        threads=1,
+        greedy_tokens=24,
+        write_manifest=False,
+        shards_dir=str(tiny_artifacts["shards"]),
+        heldout_tokens=192,
+        runtimes=BOTH,
+        variants=list(ONNX_VARIANTS),
+    )
+    return evaluate(cfg)
+
+
+def test_every_runtime_reproduces_onnx_runtime_on_every_variant(report):
+    assert report["runtimes"]["checked"] == BOTH
+    assert set(report["runtimes"]["prompts"]) == {"bn", "en"}
+    for variant in ONNX_VARIANTS:
+        cand = report["candidates"][variant]
+        rt = cand["runtimes"]
+        for runtime in BOTH:
+            got = rt["runtimes"][runtime]
+            assert got["error"] is None and got["ids_identical"], (variant, runtime, got)
+            assert got["ids"] == rt["onnxruntime"]
+            check = next(c for c in cand["checks"] if c["metric"] == RUNTIME_METRICS[runtime])
+            assert check["passed"] is True
+        assert all(len(ids) > len(p) for ids, p in zip(rt["onnxruntime"], rt["prompt_ids"]))
+    assert report["candidates"]["fp32"]["runtimes"]["reference_identical"] is True
+    assert any(c["metric"] == REFERENCE_METRIC for c in report["candidates"]["fp32"]["checks"])
+    assert report["candidates"]["int4"]["runtimes"]["runtimes"][TRANSFORMERS_JS]["dtype"] == "q4"
+
+
+def test_verdict_and_markdown_name_each_runtime(report):
+    from prodip.conformance.report import render_markdown
+
+    verdict = merge_verdict(None, report, list(report["variants"]), "conformance/report.json", "0" * 64)
+    for variant in ONNX_VARIANTS:
+        assert verdict["checks"][variant]["runtimes"] == {GENAI: True, TRANSFORMERS_JS: True}
+    md = render_markdown(report)
+    assert f"| candidate | {GENAI} | {TRANSFORMERS_JS} | fp32 = training model |" in md
+    assert "| int4 | identical | identical | - |" in md
+
+
+def test_a_runtime_that_cannot_run_fails_its_variants(tiny_artifacts, conf_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRODIP_NODE_ROOT", str(tmp_path))  # no node_modules there
+    rep = evaluate(conf_cfg(tiny_artifacts["export"], runtimes=[TRANSFORMERS_JS], variants=["fp32"]))
+    check = next(c for c in rep["candidates"]["fp32"]["checks"] if c["metric"] == RUNTIME_METRICS[TRANSFORMERS_JS])
+    assert check["passed"] is False and "npm install --ignore-scripts" in check["note"]
+    assert rep["variants"]["fp32"] is False and rep["passed"] is False
+
+
+def test_no_runtimes_is_said_not_hidden(tiny_artifacts, conf_cfg):
+    from prodip.conformance.report import render_markdown
+
+    rep = evaluate(conf_cfg(tiny_artifacts["export"], runtimes=[], variants=["fp32"]))
+    assert rep["runtimes"]["checked"] == [] and "runtimes" not in rep["candidates"]["fp32"]
+    assert "On-device runtimes: none checked" in render_markdown(rep)
+
+
+def test_og_model_loads_the_export_dir_as_is(contrib_export):
+    """``og.Model(EXPORT_DIR)``: genai_config.json names the int4 file, no overlay needed."""
+    import onnxruntime_genai as og
+
+    export = contrib_export[0]
+    config = json.loads((export / "genai_config.json").read_text(encoding="utf-8"))
+    assert config["model"]["decoder"]["filename"] == "onnx/model_q4.onnx"
+    model = og.Model(str(export))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=12)
+    gen = og.Generator(model, params)
+    gen.append_tokens([1, 40, 41, 42])
+    while not gen.is_done():
+        gen.generate_next_token()
+    direct = [int(i) for i in gen.get_sequence(0)]
+    assert direct == genai_greedy(export, "onnx/model_q4.onnx", [[1, 40, 41, 42]], 8)["ids"][0]

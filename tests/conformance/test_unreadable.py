@@ -1,0 +1,46 @@
+"""Issue 12: a truncated ONNX file is exit 2 naming it (was exit 1 with a protobuf traceback), a previous
+report does not survive a new run, and model.safetensors is a variant of every export."""
+
+from __future__ import annotations
+
+import json
+
+from prodip.base.manifest import read_manifest
+from prodip.cli import main as prodip_main
+from prodip.conformance.faults import copy_export
+from tests import fixtures as tiny
+from tests.conformance.conftest import TINY_TOLERANCES
+
+
+def test_truncated_onnx_is_exit_2_and_the_old_report_is_gone(tiny_artifacts, tmp_path, capsys):
+    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
+    old = export / "conformance"
+    old.mkdir(exist_ok=True)
+    (old / "report.md").write_text("# Conformance PASSED\n")
+    (old / "report.json").write_text(json.dumps({"passed": True}))
+    onnx_path = export / "onnx" / "model.onnx"
+    data = onnx_path.read_bytes()
+    onnx_path.write_bytes(data[: len(data) // 3])
+    manifest = read_manifest(export)  # as if the manifest had been refreshed: size agrees, content is cut
+    manifest["files"]["onnx/model.onnx"]["bytes"] = onnx_path.stat().st_size
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    argv = ["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"])]
+    argv += ["--shards-dir", str(tiny_artifacts["shards"]), "--tolerances", str(TINY_TOLERANCES), "--variants", "fp32"]
+    assert prodip_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "model.onnx: not a readable ONNX model" in err and "Traceback" not in err
+    assert not (old / "report.md").exists() and not (old / "report.json").exists()
+    manifest["files"]["onnx/model.onnx"]["bytes"] = len(data)  # the size no longer matches: named too
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    assert prodip_main(argv) == 2
+    assert "truncated or replaced" in capsys.readouterr().err
+
+
+def test_model_safetensors_is_always_a_variant(tmp_path):
+    """Issue 12: `prodip export --variants fp32,int4` left model.safetensors out of conformance."""
+    from prodip.conformance.suite import plan_candidates
+
+    export = tiny.build_tiny_export(tmp_path, variants=["fp32"])
+    manifest = read_manifest(export)
+    assert manifest["variants"]["safetensors"]["path"] == "model.safetensors"
+    assert {c.name for c in plan_candidates(manifest)} == {"safetensors", "transformers", "fp32"}

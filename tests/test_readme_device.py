@@ -1,0 +1,74 @@
+"""README "Run it on device": each snippet runs as written against a tiny export in place of runs/demo/export.
+
+The snippets are cut from README.md (the ```python / ```js blocks of that section), the export path
+rewritten, and run in their real runtime: onnxruntime-genai (Python), transformers.js (Node, the
+repository's node_modules) and plain ONNX Runtime. Each must print text and exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "## Run it on device"
+
+pytestmark = pytest.mark.slow
+
+
+def snippets() -> list[tuple[str, str]]:
+    """(language, code) of every fenced block in the README section."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(SECTION)
+    end = text.index("\n## ", start + len(SECTION))
+    return re.findall(r"```(python|js)\n(.*?)```", text[start:end], flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def export_parent(tmp_path_factory) -> Path:
+    """A folder holding ``export/`` (fp32 + int4 of a tiny model), as runs/demo/ holds runs/demo/export.
+
+    The model's vocabulary is the tokenizer's (300), as in a trained export: every generated id decodes."""
+    from tests.fixtures import build_tiny_export
+
+    tmp = tmp_path_factory.mktemp("device")
+    export = build_tiny_export(tmp, vocab_size=300, variants=["fp32", "int4"])
+    assert export == tmp / "export"
+    return tmp
+
+
+def test_readme_has_the_three_snippets():
+    langs = [lang for lang, _ in snippets()]
+    assert langs == ["python", "js", "python"], langs
+    codes = [code for _, code in snippets()]
+    assert "onnxruntime_genai" in codes[0] and "transformers" in codes[1] and "InferenceSession" in codes[2]
+
+
+def _run(lang: str, code: str, parent: Path, tmp: Path) -> subprocess.CompletedProcess:
+    code = code.replace("runs/demo/export", str(parent / "export")).replace('"runs/demo/"', f'"{parent}/"')
+    if lang == "python":
+        script = tmp / "snippet.py"
+        script.write_text(code, encoding="utf-8")
+        cmd = [sys.executable, str(script)]
+    else:
+        node = shutil.which("node")
+        assert node, "node is not on PATH (README requires Node.js >= 18)"
+        script = tmp / "snippet.mjs"
+        script.write_text(code, encoding="utf-8")
+        (tmp / "node_modules").symlink_to(ROOT / "node" / "node_modules")  # the repository's node/ install
+        cmd = [node, str(script)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp, env=os.environ.copy(), check=False)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["onnxruntime-genai", "transformers.js", "onnxruntime"])
+def test_snippet_runs(index, export_parent, tmp_path):
+    lang, code = snippets()[index]
+    proc = _run(lang, code, export_parent, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip(), "the snippet printed nothing"

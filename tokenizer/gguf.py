@@ -1,0 +1,147 @@
+"""The tokenizer as GGUF vocabulary metadata (llama.cpp), and a vocabulary-only GGUF for the parity check.
+
+A GGUF carries a byte-level BPE as ``tokenizer.ggml.model = "gpt2"`` with the token strings, merges and
+token types of ``tokenizer.json``, and names the pre-tokenizer by one of llama.cpp's built-in types
+(``tokenizer.ggml.pre``; :data:`prodip.tokenizer.portable.PRETOKENIZERS` maps ours). The special tokens
+follow prodip's convention: ``<|bos|>`` (id 1) starts every document and is prepended to a prompt
+(``tokenizer.ggml.add_bos_token = true``), ``<|eos|>`` (id 2) ends a document and ends generation,
+``<|pad|>`` is id 0. Keys are written with the ``gguf`` package, the library llama.cpp maintains.
+The export stage building full GGUF models calls :func:`add_tokenizer_metadata` on its writer.
+
+    python -m prodip.tokenizer.gguf runs/demo/tokenizer /tmp/vocab.gguf     # vocabulary-only GGUF
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from prodip.base.errors import InvalidInput
+from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name, read_tokenizer_json, require_portable
+
+#: The ids of prodip's special tokens (tokenizer/bpe.py SPECIAL_TOKENS order).
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+
+def tokenizer_metadata(tokenizer_dir: str | os.PathLike, *, vocab_size: int | None = None) -> dict[str, Any]:
+    """The GGUF tokenizer keys of a portable tokenizer, as plain Python values.
+
+    Args:
+        tokenizer_dir: tokenizer (or export) dir with ``tokenizer.json``.
+        vocab_size: pad the token list to this many entries with unused tokens ``<|unused_N|>`` (llama.cpp
+            refuses a GGUF whose token list is shorter than the embedding matrix); None = no padding.
+
+    Returns:
+        ``{"model": "gpt2", "pre": str, "tokens": [str] (len V), "token_types": [int] (gguf.TokenType),
+        "merges": ["a b", ...], "bos_id", "eos_id", "pad_id": int, "add_bos": True, "add_eos": False}``.
+
+    Raises:
+        InvalidInput: llama.cpp cannot reproduce the tokenizer (names why), ids with gaps, or
+            ``vocab_size`` smaller than the tokenizer.
+    """
+    import gguf  # noqa: PLC0415 (optional: pip extra runtimes; llama.cpp's own library)
+
+    require_portable(tokenizer_dir, "llama.cpp")
+    tok_json = read_tokenizer_json(tokenizer_dir)
+    vocab: dict[str, int] = dict(tok_json["model"]["vocab"])
+    for added in tok_json.get("added_tokens", []):
+        vocab[added["content"]] = added["id"]
+    n = max(vocab.values()) + 1
+    if n != len(vocab):
+        raise InvalidInput(f"{Path(tokenizer_dir) / 'tokenizer.json'}: token ids are not 0..{n - 1} without gaps")
+    size = n if vocab_size is None else vocab_size
+    if size < n:
+        raise InvalidInput(f"vocab_size {vocab_size} is smaller than the tokenizer's {n} tokens")
+    tokens = [""] * size
+    types = [int(gguf.TokenType.NORMAL)] * size
+    for token, i in vocab.items():
+        tokens[i] = token
+    for added in tok_json.get("added_tokens", []):
+        types[added["id"]] = int(gguf.TokenType.CONTROL)
+    for i in range(n, size):
+        tokens[i], types[i] = f"<|unused_{i - n}|>", int(gguf.TokenType.UNUSED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
+    name = pretokenizer_name(tok_json)
+    assert name is not None  # require_portable checked it
+    for token, want in (("<|pad|>", PAD_ID), ("<|bos|>", BOS_ID), ("<|eos|>", EOS_ID)):
+        if vocab.get(token) != want:
+            raise InvalidInput(
+                f"{Path(tokenizer_dir) / 'tokenizer.json'}: {token} has id {vocab.get(token)}, expected {want}"
+            )
+    return {
+        "model": "gpt2",
+        "pre": PRETOKENIZERS[name].llama_cpp_pre,
+        "tokens": tokens,
+        "token_types": types,
+        "merges": merges,
+        "bos_id": BOS_ID,
+        "eos_id": EOS_ID,
+        "pad_id": PAD_ID,
+        "add_bos": True,
+        "add_eos": False,
+    }
+
+
+def add_tokenizer_metadata(writer, tokenizer_dir: str | os.PathLike, *, vocab_size: int | None = None) -> dict:
+    """Add the tokenizer keys (``tokenizer.ggml.*``) to a ``gguf.GGUFWriter``; returns the metadata dict.
+
+    Raises:
+        InvalidInput: see :func:`tokenizer_metadata`.
+    """
+    meta = tokenizer_metadata(tokenizer_dir, vocab_size=vocab_size)
+    writer.add_tokenizer_model(meta["model"])
+    writer.add_tokenizer_pre(meta["pre"])
+    writer.add_token_list(meta["tokens"])
+    writer.add_token_types(meta["token_types"])
+    writer.add_token_merges(meta["merges"])
+    writer.add_bos_token_id(meta["bos_id"])
+    writer.add_eos_token_id(meta["eos_id"])
+    writer.add_pad_token_id(meta["pad_id"])
+    writer.add_add_bos_token(meta["add_bos"])
+    writer.add_add_eos_token(meta["add_eos"])
+    return meta
+
+
+def write_vocab_gguf(tokenizer_dir: str | os.PathLike, path: str | os.PathLike, *, context_length: int = 2048) -> Path:
+    """Write a GGUF with the tokenizer and no tensors, for llama.cpp's ``vocab_only`` load.
+
+    The ``llama.*`` hyper-parameters are placeholders (llama.cpp reads them before the vocabulary);
+    the file cannot run a model. Written to ``path.tmp`` and renamed.
+
+    Raises:
+        InvalidInput: see :func:`tokenizer_metadata`.
+    """
+    import gguf  # noqa: PLC0415 (optional: pip extra runtimes; llama.cpp's own library)
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(64)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(1)
+    writer.add_head_count_kv(1)
+    writer.add_layer_norm_rms_eps(1e-5)
+    meta = add_tokenizer_metadata(writer, tokenizer_dir)
+    writer.add_vocab_size(len(meta["tokens"]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m prodip.tokenizer.gguf TOKENIZER_DIR OUT.gguf", file=sys.stderr)
+        return 2
+    print(write_vocab_gguf(argv[0], argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

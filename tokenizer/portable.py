@@ -1,0 +1,300 @@
+"""Which on-device runtimes reproduce a tokenizer id for id, and the tokenizer files each target gets.
+
+A tokenizer is portable when every runtime an export targets encodes NFC text to the ids ``tokenizers``
+gives. prodip's default tokenizer is built to be (``kind = "portable"`` in tokenizer/bpe.py): byte-level
+BPE whose pre-tokenizer is a regex each runtime already implements (:data:`PRETOKENIZERS`), written in
+``tokenizer.json`` as ``Sequence[Split(regex, isolated), ByteLevel(use_regex=false)]``, the form HF's
+conversions of GPT-4o/Llama-3 tokenizers use and onnxruntime-extensions, transformers.js, llama.cpp's
+converter and ExecuTorch's ``HFTokenizer`` read. :func:`portability` says per target whether a tokenizer
+dir qualifies and why not; export targets call :func:`require_portable` before writing anything.
+
+NFC contract: prodip NFC-normalises every text it takes (:func:`nfc`); ``tokenizer.json`` carries an NFC
+normaliser for the runtimes that apply it. :data:`RUNTIME_NORMALISES` says which do; for the others the
+app must normalise, and for ExecuTorch, whose ``HFTokenizer`` NFC step is broken (it keeps the first code
+point of a precomposed character: কো becomes কে), :func:`write_target_files` ships ``tokenizer.json``
+without the normaliser.
+
+    python -m prodip.tokenizer.portable runs/demo/tokenizer      # the portability table
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import models
+
+from prodip.base.errors import InvalidInput, MissingInput
+
+
+@dataclass(frozen=True)
+class Pretokenizer:
+    """A standard pre-tokenizer regex and the name llama.cpp knows it by.
+
+    Attributes:
+        regex: the pattern, byte for byte as ``tokenizer.json`` holds it (Oniguruma/ECMAScript syntax).
+        llama_cpp_pre: the GGUF ``tokenizer.ggml.pre`` value whose built-in pattern matches ``regex``.
+        source: where the regex and the llama.cpp type come from.
+    """
+
+    regex: str
+    llama_cpp_pre: str
+    source: str
+
+
+#: Standard pre-tokenizer patterns. "o200k-marks" is the default: the letter classes include combining
+#: marks (\p{M}), so no Bengali vowel sign, virama or nukta is split from its letter (GPT-2's and
+#: Llama-3's \p{L}+ split a Bangla word at every vowel sign: 1.4 and 2.1 chars/token).
+PRETOKENIZERS: dict[str, Pretokenizer] = {
+    "o200k-marks": Pretokenizer(
+        regex=(
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        ),
+        llama_cpp_pre="granite-embed-multi-97m",
+        source="tiktoken o200k_base (GPT-4o), as quoted in llama.cpp src/llama-vocab.cpp under "
+        "LLAMA_VOCAB_PRE_TYPE_GPT4O ('original regex from tokenizer.json'); llama.cpp's own "
+        "LLAMA_VOCAB_PRE_TYPE_GRANITE_EMB_MULTI ('same lookaheads as GPT4O but with \\p{M} added', "
+        "tokenizer.ggml.pre = granite-embed-multi-97m, ignore_merges = true) implements it; its "
+        "gpt-4o type leaves \\p{M} out and splits Bangla words",
+    ),
+    "llama3": Pretokenizer(
+        regex=(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        ),
+        llama_cpp_pre="llama-bpe",
+        source="Llama-3 tokenizer.json; llama.cpp src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_LLAMA3",
+    ),
+    "gpt2": Pretokenizer(
+        regex=r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+        llama_cpp_pre="gpt-2",
+        source="GPT-2 encoder.py; llama.cpp src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_GPT2",
+    ),
+}
+DEFAULT_PRETOKENIZER = "o200k-marks"
+
+#: Export targets (runtimes) :func:`portability` answers for; "tokenizers" is the reference.
+TARGETS = ("tokenizers", "transformers", "transformers.js", "onnxruntime-genai", "llama.cpp", "executorch")
+
+#: Whether each runtime applies tokenizer.json's NFC normaliser itself (measured with NFD input:
+#: ো written as U+09C7 U+09BE, é as e + U+0301). False means the app must NFC-normalise first.
+RUNTIME_NORMALISES: dict[str, bool] = {
+    "tokenizers": True,
+    "transformers": True,
+    "transformers.js": True,
+    "onnxruntime-genai": False,  # ignores the normaliser (0.18)
+    "llama.cpp": False,  # a GGUF has no normaliser
+    "executorch": False,  # HFTokenizer's NFC is broken; its file ships without one
+}
+
+#: Why a runtime cannot reproduce a tokenizer whose pre-tokenizer regex is not one of PRETOKENIZERS.
+_CUSTOM_REGEX_REASON = {
+    "onnxruntime-genai": "onnxruntime-extensions' regex engine handles only the patterns it knows "
+    "(a custom regex fails with 'Invalid regex')",
+    "llama.cpp": "a GGUF names one of llama.cpp's built-in pre-tokenizer types (tokenizer.ggml.pre); "
+    "a custom regex cannot be carried",
+    "executorch": "prodip verifies ExecuTorch's HFTokenizer only with the standard patterns",
+}
+
+
+def nfc(text: str) -> str:
+    """The text in Unicode NFC: what every prodip surface does to text before it is tokenized."""
+    return unicodedata.normalize("NFC", text)
+
+
+def read_tokenizer_json(tokenizer_dir: str | os.PathLike) -> dict[str, Any]:
+    """``tokenizer.json`` of a tokenizer (or export) dir as a dict.
+
+    Raises:
+        MissingInput: no tokenizer.json (``prodip tokenizer train`` makes one).
+        InvalidInput: not valid JSON.
+    """
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise MissingInput(f"{path}: not found; train a tokenizer with `prodip tokenizer train`")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{path}: not valid JSON ({err})") from None
+
+
+def pretokenizer_name(tok_json: dict[str, Any]) -> str | None:
+    """The :data:`PRETOKENIZERS` name of a byte-level ``tokenizer.json``'s pre-tokenizer, else None.
+
+    Recognised form: ``Sequence[Split(Regex=R, behavior=Isolated, invert=false),
+    ByteLevel(use_regex=false)]`` with R byte-identical to a known regex.
+    """
+    pre = tok_json.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    if len(steps) != 2:
+        return None
+    split, byte_level = steps
+    if (
+        split.get("type") != "Split"
+        or split.get("behavior") != "Isolated"
+        or split.get("invert")
+        or byte_level.get("type") != "ByteLevel"
+        or byte_level.get("use_regex") is not False
+        or byte_level.get("add_prefix_space")
+    ):
+        return None
+    regex = (split.get("pattern") or {}).get("Regex")
+    return next((name for name, p in PRETOKENIZERS.items() if p.regex == regex), None)
+
+
+def merges_reproduce_vocab(tok_json: dict[str, Any]) -> list[str]:
+    """Vocabulary tokens that their own merges do not rebuild (empty for a BPE trained by ``tokenizers``).
+
+    llama.cpp encodes with ``ignore_merges`` for the o200k-marks and Llama-3 types (a pre-token found in
+    the vocabulary is one token, merges skipped), while onnxruntime-extensions and ExecuTorch always
+    merge. Both give the same ids exactly when merging each token's bytes rebuilds that token.
+    """
+    model = tok_json["model"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    bpe = models.BPE(vocab=model["vocab"], merges=merges, ignore_merges=False)
+    specials = {t["content"] for t in tok_json.get("added_tokens", [])}
+    return [
+        token
+        for token, i in model["vocab"].items()
+        if token not in specials and [t.id for t in bpe.tokenize(token)] != [i]
+    ]
+
+
+def _byte_level_problems(tok_json: dict[str, Any]) -> list[str]:
+    model = tok_json.get("model") or {}
+    problems = []
+    if model.get("type") != "BPE":
+        problems.append(f"model type {model.get('type')!r}, expected BPE")
+    if model.get("byte_fallback"):
+        problems.append("byte-fallback BPE (llama.cpp reads it as SentencePiece)")
+    if (tok_json.get("decoder") or {}).get("type") != "ByteLevel":
+        problems.append("decoder is not ByteLevel")
+    norm = (tok_json.get("normalizer") or {}).get("type")
+    if norm not in (None, "NFC"):
+        problems.append(f"normaliser {norm!r} (only NFC or none is portable)")
+    return problems
+
+
+def portability(tokenizer_dir: str | os.PathLike) -> dict[str, tuple[bool, str]]:
+    """Whether each target runtime reproduces the tokenizer's ids on NFC text, and why (not).
+
+    Args:
+        tokenizer_dir: a tokenizer dir or export dir (reads its ``tokenizer.json``).
+
+    Returns:
+        ``{target: (ok, reason)}`` for every name in :data:`TARGETS`; ``reason`` says what was checked
+        or what fails, and whether the app must NFC-normalise.
+
+    Raises:
+        MissingInput / InvalidInput: see :func:`read_tokenizer_json`.
+    """
+    tok_json = read_tokenizer_json(tokenizer_dir)
+    name = pretokenizer_name(tok_json)
+    problems = _byte_level_problems(tok_json)
+    out: dict[str, tuple[bool, str]] = {}
+    for target in TARGETS:
+        norm = "" if RUNTIME_NORMALISES[target] else "; the app NFC-normalises first"
+        if target in ("tokenizers", "transformers", "transformers.js"):
+            out[target] = (True, "reads tokenizer.json as written")
+        elif problems:
+            out[target] = (False, "; ".join(problems))
+        elif name is None:
+            out[target] = (False, _CUSTOM_REGEX_REASON[target])
+        else:
+            out[target] = (True, f"standard pre-tokenizer {name!r}" + norm)
+    if name is not None and not problems and out["llama.cpp"][0]:
+        stray = merges_reproduce_vocab(tok_json)
+        if stray:
+            out["llama.cpp"] = (
+                False,
+                f"{len(stray)} vocabulary tokens are not rebuilt by their own merges "
+                f"(e.g. {stray[0]!r}), and llama.cpp skips merges for in-vocabulary words",
+            )
+        else:
+            out["llama.cpp"] = (
+                True,
+                f"tokenizer.ggml.pre = {PRETOKENIZERS[name].llama_cpp_pre!r} "
+                f"(pre-tokenizer {name!r}); the app NFC-normalises first",
+            )
+    return out
+
+
+def require_portable(tokenizer_dir: str | os.PathLike, target: str) -> None:
+    """Refuse, before anything is written, a tokenizer that ``target`` cannot reproduce.
+
+    Raises:
+        InvalidInput: unknown target, or the target cannot reproduce the tokenizer (names both and why).
+    """
+    if target not in TARGETS:
+        raise InvalidInput(f"unknown tokenizer target {target!r}; known: {', '.join(TARGETS)}")
+    ok, reason = portability(tokenizer_dir)[target]
+    if not ok:
+        raise InvalidInput(
+            f"{Path(tokenizer_dir) / 'tokenizer.json'}: {target} cannot reproduce this "
+            f"tokenizer: {reason}. Train the default portable tokenizer "
+            "(`prodip tokenizer train --kind portable`) to export to it"
+        )
+
+
+#: Files of a tokenizer dir that travel with an export.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def write_target_files(tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike, target: str) -> list[Path]:
+    """Write the tokenizer files ``target`` reads into ``out_dir`` (after :func:`require_portable`).
+
+    Every target gets ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json``;
+    ExecuTorch's ``tokenizer.json`` has no normaliser (its NFC step is broken; the app normalises).
+    llama.cpp reads its vocabulary from the GGUF instead (tokenizer/gguf.py).
+
+    Returns:
+        the paths written.
+
+    Raises:
+        InvalidInput: the target cannot reproduce the tokenizer. MissingInput: a file is missing.
+    """
+    require_portable(tokenizer_dir, target)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir) / name
+        if not src.is_file():
+            raise MissingInput(f"{src}: not found; re-run `prodip tokenizer train`")
+        dst = out / name
+        if name == "tokenizer.json" and target == "executorch":
+            tok_json = read_tokenizer_json(tokenizer_dir)
+            tok_json["normalizer"] = None
+            dst.write_text(json.dumps(tok_json, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        else:
+            shutil.copyfile(src, dst)
+        written.append(dst)
+    return written
+
+
+def format_portability(table: dict[str, tuple[bool, str]]) -> str:
+    """The portability table as text, one target per line."""
+    return "\n".join(f"{target:<18} {'yes' if ok else 'NO ':<4} {reason}" for target, (ok, reason) in table.items())
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m prodip.tokenizer.portable TOKENIZER_DIR", file=sys.stderr)
+        return 2
+    table = portability(argv[0])
+    print(format_portability(table))
+    return 0 if all(ok for ok, _ in table.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,216 @@
+"""``prodip train --init-from``: start a run from existing weights with a fresh optimizer and schedule.
+
+The source is either a prodip checkpoint (a step dir, a checkpoints dir or a run dir; verified by
+its manifest, and its tokenizer must be the run's, since the shards' ids must mean what the model
+learned) or a Hugging Face Llama folder (``config.json`` with ``model_type = "llama"`` and
+``model.safetensors`` or sharded ``model-*.safetensors`` with ``model.safetensors.index.json``,
+as ``save_pretrained`` writes; a prodip export dir is one). The HF config is mapped onto
+:class:`prodip.train.config.ModelConfig` (the same field names); what our model cannot represent
+(RoPE scaling, attention or MLP biases, an activation other than SiLU, another model type) is
+refused by name rather than loaded approximately. Weights are cast to float32 (the training
+dtype). Only the weights are taken: step 0, new AdamW moments, a new warmup and decay, any corpus
+and mixture (fine-tuning and continued pretraining).
+
+    prodip train --config configs/demo.toml --init-from runs/demo/train --out-dir runs/ft --steps 100
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.files import file_sha256
+from prodip.train import checkpoint
+from prodip.train.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+#: HF LlamaConfig keys whose non-default values change the computation in ways our model lacks.
+_REFUSED = {
+    "rope_scaling": (None, {}),
+    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "hidden_act": ("silu",),
+}
+_HF_INDEX = "model.safetensors.index.json"
+
+
+@dataclasses.dataclass
+class InitWeights:
+    """Weights to start from: ``tensors`` (HF-layout key -> float32 CPU tensor), their config, provenance."""
+
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]
+    source: str
+    kind: str  # "prodip" or "hf"
+
+
+def load_init(path: str | Path, *, tokenizer_sha256: str) -> InitWeights:
+    """Read the weights and model config of ``path`` (see the module docstring).
+
+    Args:
+        path: prodip step/checkpoints/run dir, or a Hugging Face Llama folder.
+        tokenizer_sha256: sha256 of the run's ``tokenizer.json`` (the shards' tokenizer).
+    Returns:
+        :class:`InitWeights`.
+    Raises:
+        FileNotFoundError: nothing at ``path``, or no weights file.
+        ValueError: a prodip checkpoint trained with another tokenizer, a damaged checkpoint
+            (manifest mismatch), an HF config we cannot represent (naming the key), missing tensors.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MissingInput(f"--init-from {path}: does not exist (a prodip run/checkpoint dir or a HF Llama folder)")
+    if _is_prodip_checkpoint(path):
+        return _load_prodip(path, tokenizer_sha256)
+    if (path / "config.json").is_file():
+        return _load_hf(path, tokenizer_sha256)
+    raise MissingInput(
+        f"--init-from {path}: neither a prodip checkpoint (step dir with manifest.json, or a run dir with "
+        "checkpoints/latest) nor a Hugging Face folder with config.json"
+    )
+
+
+def _is_prodip_checkpoint(path: Path) -> bool:
+    try:
+        checkpoint.resolve_checkpoint(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _load_prodip(path: Path, tokenizer_sha256: str) -> InitWeights:
+    model, config, info = checkpoint.load_model(path)
+    if info["tokenizer_sha256"] != tokenizer_sha256:
+        raise InvalidInput(
+            f"--init-from {info['checkpoint_dir']}: trained with tokenizer sha256 {info['tokenizer_sha256'][:12]}, "
+            f"the run's shards use {tokenizer_sha256[:12]}; encode the new corpus with the checkpoint's tokenizer "
+            f"({info['tokenizer_dir']}) via `prodip data prepare --tokenizer-dir {info['tokenizer_dir']}`"
+        )
+    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return InitWeights(config, tensors, f"{info['checkpoint_dir']} (step {info['step']})", "prodip")
+
+
+def hf_model_config(data: dict[str, Any], *, source: str) -> ModelConfig:
+    """Map a Hugging Face ``LlamaConfig`` dict onto :class:`ModelConfig`, refusing what it cannot represent.
+
+    Reads ``rope_theta`` from the top level or from transformers 5's ``rope_parameters``.
+
+    Raises:
+        ValueError: another ``model_type``, RoPE scaling, biases, another activation (naming the key).
+    """
+    if data.get("model_type") != "llama":
+        raise InvalidInput(f"{source}: model_type {data.get('model_type')!r}; --init-from reads Llama models only")
+    for key, allowed in _REFUSED.items():
+        if key in data and data[key] not in allowed:
+            raise InvalidInput(
+                f"{source}: {key} = {data[key]!r} cannot be represented by prodip's Llama (needs {allowed[0]!r})"
+            )
+    data = dict(data)
+    rope = data.get("rope_parameters")
+    if isinstance(rope, dict):
+        if rope.get("rope_type", "default") != "default":
+            raise InvalidInput(f"{source}: rope_parameters.rope_type = {rope.get('rope_type')!r}; only 'default' RoPE")
+        data.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    kept = {k: v for k, v in data.items() if k in names and v is not None}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(kept.get(key), list):  # several eos ids: our config has one
+            raise InvalidInput(f"{source}: {key} = {kept[key]!r}; prodip's config holds one id")
+    return ModelConfig.from_dict(kept, source=source)
+
+
+def _load_hf(path: Path, tokenizer_sha256: str) -> InitWeights:
+    cfg_path = path / "config.json"
+    try:
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{cfg_path}: not valid JSON ({err})") from None
+    config = hf_model_config(data, source=str(cfg_path))
+    files = _hf_weight_files(path)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    tensors = {k: v.float() for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
+    tok = path / "tokenizer.json"
+    if not tok.is_file() or file_sha256(tok) != tokenizer_sha256:
+        log.warning(
+            "--init-from %s: %s; the shards' token ids are taken to mean what this model learned "
+            "(same vocabulary size %d) but that cannot be checked",
+            path,
+            "no tokenizer.json" if not tok.is_file() else "its tokenizer.json differs from the run's",
+            config.vocab_size,
+        )
+    return InitWeights(config, tensors, f"{path} (Hugging Face Llama)", "hf")
+
+
+def _hf_weight_files(path: Path) -> list[Path]:
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = path / _HF_INDEX
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise MissingInput(f"{index}: lists {', '.join(missing)}, missing in {path}")
+        return [path / n for n in names]
+    raise MissingInput(
+        f"{path}: no model.safetensors or {_HF_INDEX} (only safetensors weights are read; "
+        "save with `save_pretrained(dir, safe_serialization=True)`)"
+    )
+
+
+def apply_init(model: torch.nn.Module, init: InitWeights) -> None:
+    """Copy ``init.tensors`` into ``model`` (built from ``init.config``), every tensor accounted for.
+
+    Raises:
+        ValueError: a tensor missing, unexpected or of another shape, naming the source.
+    """
+    inner = checkpoint.unwrap_model(model)
+    expected = inner.state_dict()
+    tensors = dict(init.tensors)
+    tied = init.config.tie_word_embeddings
+    if tied:
+        tensors.pop("lm_head.weight", None)  # the same matrix as the embedding
+    want = {k for k in expected if not (tied and k == "lm_head.weight")}
+    missing, extra = sorted(want - set(tensors)), sorted(set(tensors) - want)
+    if missing or extra:
+        raise InvalidInput(
+            f"--init-from {init.source}: "
+            + "; ".join(
+                p
+                for p in (
+                    f"missing {', '.join(missing)}" if missing else "",
+                    f"unexpected {', '.join(extra)}" if extra else "",
+                )
+                if p
+            )
+        )
+    for key, value in tensors.items():
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise InvalidInput(
+                f"--init-from {init.source}: {key} has shape {tuple(value.shape)}, config implies {tuple(expected[key].shape)}"
+            )
+    with torch.no_grad():
+        for key, value in tensors.items():
+            expected[key].copy_(value)
+    if tied:
+        inner.lm_head.weight = inner.model.embed_tokens.weight
+
+
+def architecture_differences(run_cfg: ModelConfig, init_cfg: ModelConfig) -> list[str]:
+    """``"hidden_size 256 -> 64"`` for each [model] field that the init source overrides (vocab_size unset skipped)."""
+    out = []
+    for f in dataclasses.fields(ModelConfig):
+        mine, theirs = getattr(run_cfg, f.name), getattr(init_cfg, f.name)
+        if mine is not None and mine != theirs:
+            out.append(f"{f.name} {mine!r} -> {theirs!r}")
+    return out
