@@ -4,6 +4,8 @@
         model.safetensors     clean HF keys; a tied lm_head is stored once as model.embed_tokens.weight
         config.json           ModelConfig.to_dict()
         optimizer.safetensors AdamW moments + step counts (tensors; param_groups in its JSON metadata)
+        optimizer/            instead, in FSDP2 runs: the sharded AdamW state (torch.distributed.checkpoint,
+                              one __{rank}_0.distcp per rank + .metadata; prodip.train.fsdp)
         rng.safetensors       torch CPU/CUDA generator states
         trainer_state.json    {format_version, step, tokens_seen, tokenizer_sha256, train_config,
                                data_state, python_rng, numpy_rng, ...}
@@ -11,29 +13,34 @@
         manifest.json         {format_version, files: {relpath: {bytes, sha256}}}
     run_dir/checkpoints/latest   text: the newest COMPLETE step dir name
 
-A checkpoint is written into a hidden temporary folder, every file fsynced, the folder renamed
-into place, and only then ``latest`` is rewritten (atomically), so a process killed at any moment
-never leaves ``latest`` pointing at a partial checkpoint. Nothing here unpickles.
+A checkpoint is written into a hidden temporary folder, every file hashed while written and
+fsynced, the folder renamed into place, and only then ``latest`` is rewritten (atomically), so a
+process killed at any moment never leaves ``latest`` pointing at a partial checkpoint. A save is
+two halves: :func:`take_snapshot` copies the state to host memory, :func:`write_snapshot` writes
+it (``prodip.train.saver`` runs the second half in a background thread). Nothing here unpickles.
 
     python -c "from train.checkpoint import load_model; print(load_model('runs/demo/train')[2])"
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
+from prodip.train.safetensors_stream import write_safetensors
 
 FORMAT_VERSION = 1
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -41,6 +48,7 @@ LATEST_FILE = "latest"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
+OPTIMIZER_DCP_DIR = "optimizer"  # FSDP2 runs: sharded AdamW state, torch.distributed.checkpoint format
 RNG_FILE = "rng.safetensors"
 TRAINER_STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
@@ -52,6 +60,12 @@ _PREFIXES = ("_orig_mod.", "module.")  # torch.compile and DDP wrappers
 def step_dir_name(step: int) -> str:
     """``step_0000100`` for step 100 (7 digits, so names sort by step)."""
     return f"step_{step:07d}"
+
+
+def temp_dir_name(step: int, tag: Optional[str] = None) -> str:
+    """Hidden folder a step dir is written into before its rename: ``.tmp_step_NNNNNNN_{tag}``
+    (default tag: this process id; :func:`_prune` removes those of dead writers)."""
+    return f".tmp_{step_dir_name(step)}_{os.getpid() if tag is None else tag}"
 
 
 def model_sha256(ckpt_dir: str | os.PathLike) -> str:
@@ -103,29 +117,119 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            with open(Path(dirpath) / name, "rb+") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(dirpath))
-
-
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], str]:
-    """Flatten an optimizer state dict: tensors ``state.{param_idx}.{name}``, groups as JSON."""
-    sd = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for idx, state in sd["state"].items():
-        for name, value in state.items():
-            if torch.is_tensor(value):
-                tensors[f"state.{idx}.{name}"] = value.detach().to("cpu").contiguous().clone()
-            else:
-                scalars[f"{idx}.{name}"] = value
-    return tensors, json.dumps({"param_groups": sd["param_groups"], "scalars": scalars})
+@dataclass
+class Snapshot:
+    """Host copies of what a checkpoint holds, taken at one step; see :func:`take_snapshot`.
+
+    Attributes:
+        model: clean key -> CPU tensor (dtype as trained).
+        optimizer: ``state.{param_idx}.{name}`` -> CPU tensor, or None (no optimizer state).
+        optimizer_meta: JSON of the param groups and non-tensor state, or None.
+        rng: torch CPU/CUDA generator states (uint8 CPU tensors).
+        ready: a CUDA event recorded after the device-to-host copies (None on CPU): a reader in
+            another thread waits on it (:meth:`wait_ready`) before touching the tensors.
+    """
+
+    model: dict[str, torch.Tensor]
+    optimizer: Optional[dict[str, torch.Tensor]]
+    optimizer_meta: Optional[str]
+    rng: dict[str, torch.Tensor]
+    ready: Any = None
+
+    def wait_ready(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+
+
+def _stage(name: str, tensor: torch.Tensor, buffers: Optional[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Copy ``tensor`` to the host; into ``buffers[name]`` (allocated on first use) when given.
+
+    From CUDA the copy is non-blocking into pinned memory, so it is only queued on the current
+    stream (ordered before any later in-place update of the source); see :class:`Snapshot`.
+    """
+    src = tensor.detach()
+    if buffers is None:
+        return src.to("cpu", copy=True).contiguous() if src.device.type != "cpu" else src.contiguous().clone()
+    buf = buffers.get(name)
+    if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+        buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
+        buffers[name] = buf
+    buf.copy_(src, non_blocking=src.is_cuda)
+    return buf
+
+
+def take_snapshot(
+    model: torch.nn.Module,
+    tie_word_embeddings: bool,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    buffers: Optional[dict[str, torch.Tensor]] = None,
+    model_only: bool = False,
+    stage: bool = True,
+) -> Snapshot:
+    """Copy the model (clean keys), optimizer state and RNG to the host, for a later write.
+
+    Args:
+        model: the (possibly wrapped) model.
+        tie_word_embeddings: drop the tied ``lm_head.weight`` alias (stored once).
+        optimizer: if given (and not ``model_only``), its full state.
+        buffers: reusable host buffers by name (pinned for CUDA sources); ``None`` makes fresh
+            copies. A caller that reuses buffers must not take a new snapshot into them before the
+            previous one has been written.
+        model_only: only the model tensors (a DDP rank that hashes but does not write).
+        stage: False returns the live tensors (no copy yet; RNG and the optimizer's param groups
+            are read now): call :func:`stage_snapshot` before anything updates them in place.
+    Returns:
+        The :class:`Snapshot`; with CUDA sources, wait on ``ready`` before reading it.
+    """
+    tensors = {}
+    for key, tensor in unwrap_model(model).state_dict().items():
+        for prefix in _PREFIXES:
+            key = key.replace(prefix, "")
+        if not (tie_word_embeddings and key == TIED_ALIAS):
+            tensors[key] = tensor.detach()
+    opt_tensors, meta = None, None
+    if optimizer is not None and not model_only:
+        sd = optimizer.state_dict()
+        opt_tensors, scalars = {}, {}
+        for idx, state in sd["state"].items():
+            for name, value in state.items():
+                if torch.is_tensor(value):
+                    opt_tensors[f"state.{idx}.{name}"] = value.detach()
+                else:
+                    scalars[f"{idx}.{name}"] = value
+        meta = json.dumps({"param_groups": sd["param_groups"], "scalars": scalars})
+    snap = Snapshot(tensors, opt_tensors, meta, {} if model_only else _rng_tensors())
+    if stage:
+        stage_snapshot(snap, buffers)
+    return snap
+
+
+def stage_snapshot(snap: Snapshot, buffers: Optional[dict[str, torch.Tensor]] = None) -> None:
+    """Replace the snapshot's live tensors by host copies (see :func:`take_snapshot`), in place.
+
+    From CUDA the copies are queued (non-blocking, into pinned buffers) and ``snap.ready``
+    records their completion; from CPU they are done when this returns.
+    """
+    snap.model = {k: _stage("model." + k, t, buffers) for k, t in snap.model.items()}
+    if snap.optimizer is not None:
+        snap.optimizer = {k: _stage("opt." + k, t, buffers) for k, t in snap.optimizer.items()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        snap.ready = torch.cuda.Event()
+        snap.ready.record()
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over each ``name`` and tensor's bytes, in dict order (CPU tensors)."""
+    h = hashlib.sha256()
+    for name, t in tensors.items():
+        h.update(name.encode())
+        if t.numel():
+            h.update(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
 
 
 def _rng_tensors() -> dict[str, torch.Tensor]:
@@ -136,13 +240,6 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_model_files(dest: Path, model: torch.nn.Module, model_config: ModelConfig) -> None:
-    save_file(
-        clean_state_dict(model, model_config.tie_word_embeddings), str(dest / MODEL_FILE), metadata={"format": "pt"}
-    )
-    _write_json(dest / CONFIG_FILE, model_config.to_dict())
-
-
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> str:
     src = Path(tokenizer_dir)
     if not (src / "tokenizer.json").is_file():
@@ -151,6 +248,9 @@ def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> str:
     for item in sorted(src.iterdir()):
         if item.is_file():
             shutil.copyfile(item, dest / item.name)
+            with open(dest / item.name, "rb+") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(dest)
     return file_sha256(dest / "tokenizer.json")
 
 
@@ -168,7 +268,10 @@ def save_checkpoint(
     extra_state: Optional[dict[str, Any]] = None,
     keep_last: int = 3,
 ) -> Path:
-    """Write ``checkpoints_dir/step_NNNNNNN`` atomically, then point ``latest`` at it.
+    """Write ``checkpoints_dir/step_NNNNNNN`` atomically, then point ``latest`` at it (blocking).
+
+    :func:`take_snapshot` then :func:`write_snapshot`; ``prodip.train.saver.AsyncCheckpointer``
+    does the same with the write in a background thread.
 
     Args:
         checkpoints_dir: ``run_dir/checkpoints`` (created if missing).
@@ -189,21 +292,71 @@ def save_checkpoint(
         FileNotFoundError: ``tokenizer_dir`` has no ``tokenizer.json``.
         ValueError: ``keep_last`` < 1.
     """
+    snap = take_snapshot(model, model_config.tie_word_embeddings, optimizer)
+    snap.wait_ready()
+    return write_snapshot(
+        checkpoints_dir,
+        snap,
+        step=step,
+        model_config=model_config,
+        tokenizer_dir=tokenizer_dir,
+        tokens_seen=tokens_seen,
+        train_config=train_config,
+        data_state=data_state,
+        extra_state=extra_state,
+        keep_last=keep_last,
+    )
+
+
+def write_snapshot(
+    checkpoints_dir: str | os.PathLike,
+    snap: Snapshot,
+    *,
+    step: int,
+    model_config: ModelConfig,
+    tokenizer_dir: str | os.PathLike,
+    tokens_seen: int = 0,
+    train_config: Optional[dict[str, Any]] = None,
+    data_state: Optional[dict[str, Any]] = None,
+    extra_state: Optional[dict[str, Any]] = None,
+    keep_last: int = 3,
+    prepared_dir: Optional[Path] = None,
+) -> Path:
+    """Write a :class:`Snapshot` as ``checkpoints_dir/step_NNNNNNN``, crash-safely.
+
+    Every file goes into a hidden temporary folder, is hashed while written and fsynced; the
+    manifest is written last, the folder renamed into place, and only then ``latest`` rewritten
+    (atomically). A process killed at any moment leaves ``latest`` naming a complete checkpoint.
+    Safe to call from a background thread (it touches only the snapshot and the disk).
+
+    Args and Raises: as :func:`save_checkpoint` (``snap`` replaces model and optimizer), and
+        prepared_dir: a temporary folder (``temp_dir_name``) already holding files written by
+            others (FSDP2's sharded optimizer state, ``OPTIMIZER_DCP_DIR``); they are hashed
+            into the manifest like every other file.
+    Returns:
+        The step dir path.
+    """
     if keep_last < 1:
         raise InvalidInput(f"keep_last must be >= 1, got {keep_last}")
     root = Path(checkpoints_dir)
     root.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(step)
-    tmp = root / f".tmp_{name}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    _write_model_files(tmp, model, model_config)
+    if prepared_dir is None:
+        tmp = root / temp_dir_name(step)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    else:
+        tmp = Path(prepared_dir)
+    snap.wait_ready()
+    files: dict[str, dict[str, Any]] = {}
+    written = [(MODEL_FILE, snap.model, {"format": "pt"}), (RNG_FILE, snap.rng, None)]
+    if snap.optimizer is not None:
+        written.append((OPTIMIZER_FILE, snap.optimizer, {"optimizer": snap.optimizer_meta}))
+    for rel, tensors, meta in written:
+        size, sha = write_safetensors(tmp / rel, tensors, meta)
+        files[rel] = {"bytes": size, "sha256": sha}
     tok_sha = _copy_tokenizer(Path(tokenizer_dir), tmp / TOKENIZER_SUBDIR)
-    if optimizer is not None:
-        tensors, groups = _optimizer_tensors(optimizer)
-        save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"optimizer": groups})
-    save_file(_rng_tensors(), str(tmp / RNG_FILE))
     state = {
         "format_version": FORMAT_VERSION,
         "step": step,
@@ -213,12 +366,17 @@ def save_checkpoint(
         "data_state": data_state,
         **(extra_state or {}),
     }
-    _write_json(tmp / TRAINER_STATE_FILE, state)
-    files = {}
+    for rel, data in ((CONFIG_FILE, model_config.to_dict()), (TRAINER_STATE_FILE, state)):
+        _write_json(tmp / rel, data)
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    _write_json(tmp / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "files": files})
-    _fsync_tree(tmp)
+        rel = path.relative_to(tmp).as_posix()
+        if rel not in files:  # small files: json, tokenizer copy
+            files[rel] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    _write_json(tmp / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "files": dict(sorted(files.items()))})
+    for rel in (CONFIG_FILE, TRAINER_STATE_FILE, MANIFEST_FILE):
+        with open(tmp / rel, "rb+") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(tmp)
     final = root / name
     if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
         old = root / f".old_{name}_{os.getpid()}"

@@ -110,6 +110,8 @@ class MixtureBatches:
         expected_tokenizer_sha256: refuse shards encoded with another tokenizer.
         order: ``"shuffle"`` (windows in a new random order each epoch) or ``"sequential"``
             (file order); see the module docstring.
+        pin_memory: return batches in page-locked host memory (needs CUDA), so that
+            ``.to("cuda", non_blocking=True)`` overlaps with compute (nanoGPT's ``get_batch``).
 
     Raises:
         ValueError: unknown language, no positive weight, a language with fewer than T+1
@@ -132,6 +134,7 @@ class MixtureBatches:
         split: str = "train",
         expected_tokenizer_sha256: Optional[str] = None,
         order: str = "shuffle",
+        pin_memory: bool = False,
     ) -> None:
         if order not in ORDERS:
             raise InvalidInput(f"data order must be one of {ORDERS}, got {order!r}")
@@ -161,6 +164,7 @@ class MixtureBatches:
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.windows = {lang: _WindowOrder(s.n_tokens, seq_len, seed, lang) for lang, s in self.streams.items()}
         self.rank, self.world_size = rank, world_size
+        self.pin_memory = pin_memory
         self.batch_index = 0
         self.positions = {lang: 0 for lang in self.langs}
         self._block_cache: tuple[int, np.ndarray] = (-1, np.empty(0))
@@ -184,7 +188,8 @@ class MixtureBatches:
         """The next micro-batch of this rank.
 
         Returns:
-            inputs (B, T) int64 and targets (B, T) int64 (inputs shifted by one token), CPU.
+            inputs (B, T) int64 and targets (B, T) int64 (inputs shifted by one token), CPU
+            (pinned with ``pin_memory``).
         """
         T = self.seq_len
         rows = []
@@ -196,7 +201,10 @@ class MixtureBatches:
             self.positions[lang] += T
         self.batch_index += 1
         buf = torch.from_numpy(np.stack(rows))
-        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        if self.pin_memory:
+            return x.pin_memory(), y.pin_memory()
+        return x, y
 
     def _start(self, lang: str) -> int:
         """Offset in ``lang``'s stream of its next window (``positions[lang]`` counts tokens served)."""

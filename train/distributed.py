@@ -71,6 +71,25 @@ def all_gather_strings(value: str) -> list[str]:
     return out
 
 
+def all_gather_floats(value: float, device: torch.device) -> list[float]:
+    """Every rank's ``value``, in rank order (one collective on ``device``; a world of one: ``[value]``)."""
+    if not dist.is_initialized():
+        return [value]
+    mine = torch.tensor([value], dtype=torch.float64, device=device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return torch.cat(out).tolist()
+
+
+def broadcast_flag(flag: bool, device: torch.device) -> bool:
+    """Rank 0's ``flag`` on every rank (a decision taken on one clock, e.g. a time-based save)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
 def teardown(clean: bool = True) -> None:
     """Leave the process group.
 

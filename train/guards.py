@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from prodip.base.errors import StageFailed
 
@@ -196,9 +197,14 @@ def check_gradient_flow(
     return report
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: an FSDP2-sharded DTensor is all-gathered (every rank calls this in the same order)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def _grad_norms(params: list[tuple[str, nn.Parameter]]) -> list[float]:
     """L2 norm of each parameter's gradient (NaN for none), computed with one device sync."""
-    have = [p.grad.detach().float().norm() for _, p in params if p.grad is not None]
+    have = [_full(p.grad.detach()).float().norm() for _, p in params if p.grad is not None]
     values = iter(torch.stack(have).cpu().tolist() if have else [])
     return [next(values) if p.grad is not None else math.nan for _, p in params]
 
@@ -356,8 +362,8 @@ def check_update_flow(
                     group["lr"] = probe_lr
             step_fn(model, optimizer)
         with torch.no_grad():
-            deltas = [(p.detach() - before[id(p)]).abs().max().float() for _, p in params]
-            finite = [torch.isfinite(p.detach()).all() for _, p in params]
+            deltas = [(_full(p.detach()) - _full(before[id(p)])).abs().max().float() for _, p in params]
+            finite = [torch.isfinite(_full(p.detach())).all() for _, p in params]
             deltas = torch.stack(deltas).float().cpu().tolist()
             finite = torch.stack(finite).cpu().tolist()
         for (name, _), delta, fin in zip(params, deltas, finite):

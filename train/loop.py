@@ -14,8 +14,10 @@ from collections.abc import Iterable
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from prodip.train.guards import check_finite as _check
@@ -104,45 +106,66 @@ def train_step(
     autocast_dtype: Optional[torch.dtype],
     step: int = 0,
     check_finite: bool = True,
+    num_micro_batches: Optional[int] = None,
 ) -> dict[str, float]:
     """One optimizer step over N micro-batches.
 
     Each micro-batch loss is divided by N before ``backward``, so the accumulated gradient is
     that of the mean loss over all N micro-batches (equal token counts), i.e. of one batch N
-    times bigger. Under DDP only the last micro-batch all-reduces (``no_sync`` for the rest).
+    times bigger. Under DDP only the last micro-batch all-reduces (``no_sync``; FSDP2:
+    ``set_requires_gradient_sync``), and the returned loss is averaged over all ranks.
+
+    The loss is ``model(x, labels=y)``: the model computes it inside its forward, so it is part of
+    a compiled graph (:meth:`prodip.train.model.LlamaForCausalLM.forward`). Micro-batch i+1 is
+    drawn from ``micro_batches`` and its host-to-device copy queued (non-blocking; it overlaps
+    only from pinned memory) right after micro-batch i's forward and backward were queued, so a
+    lazy iterator (the trainer passes a generator over its loader) reads the next batch while
+    the device computes, as nanoGPT's training loop does.
 
     Args:
-        model: the (possibly compiled / DDP-wrapped) model; ``model(x) -> logits (B, T, V)``.
+        model: the (possibly compiled / DDP- or FSDP2-wrapped) model; ``model(x, labels=y)`` ->
+            () loss in nats/token.
         optimizer: its optimizer; ``lr`` is written into every group.
-        micro_batches: N pairs (inputs (B, T) int64, targets (B, T) int64), any device.
+        micro_batches: N pairs (inputs (B, T) int64, targets (B, T) int64), any device; a
+            sequence or a lazy iterator.
         lr: learning rate for this step.
         grad_clip: clip the global L2 gradient norm to this (<= 0: no clipping, norm still measured).
         device: where the model lives.
         autocast_dtype: ``torch.bfloat16`` for mixed precision on CUDA, ``None`` for fp32.
         step: 0-based step number, for error messages.
         check_finite: stop on a NaN/inf loss or gradient before the weights are touched.
+        num_micro_batches: N; needed when ``micro_batches`` has no ``len``.
 
     Returns:
-        {"loss": mean loss (nats/token), "grad_norm": pre-clip L2 norm, "lr": lr}.
+        {"loss": mean loss over the micro-batches and ranks (nats/token), "grad_norm": pre-clip
+        L2 norm, "lr": lr}.
     Raises:
         train.guards.NonFiniteError: NaN/inf loss or gradient (the optimizer step is skipped).
     """
-    batches = list(micro_batches)
-    n = len(batches)
+    n = len(micro_batches) if num_micro_batches is None else num_micro_batches  # type: ignore[arg-type]
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = torch.zeros((), device=device)
-    for i, (x, y) in enumerate(batches):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        sync = i == n - 1 or not hasattr(model, "no_sync")
-        with contextlib.nullcontext() if sync else model.no_sync():
+    batches = iter(micro_batches)
+    nxt = _to_device(next(batches), device)
+    for i in range(n):
+        x, y = nxt
+        last = i == n - 1
+        with _grad_sync(model, last):
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = causal_lm_loss(model(x), y) / n
+                loss = model(x, labels=y) / n
             loss.backward()
+        if not last:
+            nxt = _to_device(next(batches), device)
         total += loss.detach()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)  # the logged loss is the whole batch's, not rank 0's share
+        total /= dist.get_world_size()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    if isinstance(grad_norm, DTensor):  # FSDP2: already reduced over the mesh; a plain tensor here
+        grad_norm = grad_norm.full_tensor()
     if check_finite:
         _check(total, grad_norm, step=step, model=model)
     # Read the scalars before optimizer.step: they are ready (the finite check synced on them), so
@@ -153,6 +176,32 @@ def train_step(
     return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
 
 
+def _to_device(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = batch
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def _grad_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Skip the gradient all-reduce on all but the last micro-batch: DDP ``no_sync``, FSDP2
+    ``set_requires_gradient_sync(False)``; a plain module needs nothing."""
+    if sync:
+        return contextlib.nullcontext()
+    if hasattr(model, "no_sync"):
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -161,14 +210,17 @@ def evaluate(
     device: torch.device,
     autocast_dtype: Optional[torch.dtype],
 ) -> float:
-    """Mean next-token NLL (nats/token) over fixed batches; the model is put back in train mode."""
+    """Mean next-token NLL (nats/token) over fixed batches; the model is put back in train mode.
+
+    The loss comes from ``model(x, labels=y)`` (the chunked loss head: no (B, T, V) logits).
+    """
     model.eval()
     total, count = 0.0, 0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model(x)
-        total += float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum"))
+            mean = model(x, labels=y)
+        total += float(mean) * y.numel()
         count += y.numel()
     model.train()
     return total / max(1, count)

@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prodip.base.errors import InvalidInput
 from prodip.train.config import ModelConfig
+from prodip.train.loss import linear_cross_entropy
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -181,13 +183,19 @@ class LlamaAttention(nn.Module):
             v = torch.cat((past[1], v), dim=2)
         present = (k, v)
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1:  # repeat kv heads (explicit, so SDPA's enable_gqa is not required)
+        gqa = groups > 1
+        if gqa and _is_exporting():
+            # The ONNX export traces explicit repeats: its graph (and conformance) stay as they
+            # were, and no runtime needs to know SDPA's enable_gqa.
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
+            gqa = False
+        # enable_gqa: query head h attends to kv head h // groups inside the kernel (flash on
+        # CUDA), so autograd saves K/V at Hkv heads, not repeated copies at H heads.
         if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         y = y.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         return self.o_proj(y), present
 
@@ -255,6 +263,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        self.loss_chunk_tokens = 2048  # tokens per chunk of the fused loss head (forward(labels=...))
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.reset_parameters()
@@ -288,8 +297,9 @@ class LlamaForCausalLM(nn.Module):
         attention_mask: Optional[torch.Tensor] = None,
         past_key_values: Optional[KVCache] = None,
         use_cache: bool = False,
+        labels: Optional[torch.Tensor] = None,
     ):
-        """Next-token logits.
+        """Next-token logits, or with ``labels`` the mean next-token loss.
 
         Args:
             input_ids: (B, T) int64 token ids.
@@ -297,6 +307,11 @@ class LlamaForCausalLM(nn.Module):
             attention_mask: (B, P+T) int64 1/0 padding mask; ``None`` means all real tokens.
             past_key_values: per layer ``(key, value)``, each (B, Hkv, P, Dh); ``None`` means P=0.
             use_cache: also return the updated cache.
+            labels: (B, T) int64 targets (the inputs shifted by one); then the return value is
+                the mean cross-entropy () float32 in nats/token, computed by
+                :func:`prodip.train.loss.linear_cross_entropy` in chunks of
+                ``self.loss_chunk_tokens`` tokens, so the (B, T, V) logits never exist and the
+                loss is part of whatever compiles this forward.
 
         Returns:
             logits (B, T, V) in the parameter dtype (fp32 for fp32 weights); with ``use_cache``
@@ -317,7 +332,14 @@ class LlamaForCausalLM(nn.Module):
             past = None if past_key_values is None else past_key_values[i]
             x, kv = layer(x, cos, sin, mask, past)
             present.append(kv)
-        logits = self.lm_head(self.model.norm(x))
+        h = self.model.norm(x)
+        if labels is not None:
+            if use_cache:
+                raise InvalidInput(
+                    "LlamaForCausalLM.forward: labels (a training loss) and use_cache (an inference cache) exclude each other"
+                )
+            return linear_cross_entropy(h, self.lm_head.weight, labels, self.loss_chunk_tokens)
+        logits = self.lm_head(h)
         return (logits, present) if use_cache else logits
 
     def num_parameters(self) -> int:

@@ -16,7 +16,6 @@ with a fresh optimizer and schedule (``train/init.py``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import time
@@ -32,12 +31,11 @@ from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import load_meta
-from prodip.train import checkpoint, distributed, guards, init
+from prodip.train import checkpoint, distributed, fsdp, guards, init
 from prodip.train.config import ModelConfig
 from prodip.train.data import ORDERS, MixtureBatches, val_batches
 from prodip.train.loop import (
     build_optimizer,
-    causal_lm_loss,
     enable_activation_checkpointing,
     evaluate,
     peak_flops,
@@ -45,6 +43,7 @@ from prodip.train.loop import (
 )
 from prodip.train.model import LlamaForCausalLM
 from prodip.train.observe import RunObserver, interrupt_message, plot_loss  # noqa: F401 (plot_loss re-exported)
+from prodip.train.saver import AsyncCheckpointer
 from prodip.train.schedule import SCHEDULES, lr_for
 
 log = logging.getLogger("prodip.train")
@@ -96,6 +95,12 @@ class TrainConfig:
         "Hugging Face Llama folder (safetensors); the model config is the source's",
     )
     checkpoint_every_steps: int = opt(100, "save a checkpoint every N steps (and at the end), 0 = end only")
+    checkpoint_every_s: float = opt(
+        0.0, "also save when this many seconds of wall time have passed since the last save (rank 0's clock), 0 = off"
+    )
+    async_checkpoint: bool = opt(
+        True, "write checkpoints in a background thread: training is held only while the state is copied to host memory"
+    )
     keep_last: int = opt(3, "checkpoints kept (newest)")
     eval_every_steps: int = opt(0, "held-out loss every N steps, 0 = never during training")
     eval_tokens: int = opt(16384, "validation tokens per language for that held-out loss (tokens)")
@@ -108,13 +113,31 @@ class TrainConfig:
     )
     compile: bool = opt(False, "torch.compile the model (CUDA; slow first step)")
     activation_checkpointing: bool = opt(False, "recompute layer activations in backward (saves memory)")
+    loss_chunk_tokens: int = opt(
+        2048,
+        "tokens per chunk of the fused lm_head + cross-entropy: one chunk of (tokens x vocab) fp32 logits at a time",
+    )
+    parallel: str = opt(
+        "ddp",
+        "several ranks: ddp (replicated weights) | fsdp (FSDP2 fully_shard: weights, gradients and AdamW state "
+        "sharded; for models that do not fit one GPU with DDP)",
+        choices=("ddp", "fsdp"),
+    )
     guards: bool = opt(True, "run the gradient-flow arbiter before step 1 and the update-flow probe")
     resume: bool = opt(False, "continue from OUT_DIR/checkpoints/latest (weights, Adam, RNG, data)")
     force: bool = opt(False, "train even if the tokenizer failed its fertility gate")
     progress: bool = opt(True, "show a tqdm progress bar with ETA")
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "seq_len", "grad_accum_steps", "keep_last", "log_every_steps"):
+        for name in (
+            "steps",
+            "batch_size",
+            "seq_len",
+            "grad_accum_steps",
+            "keep_last",
+            "log_every_steps",
+            "loss_chunk_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -127,6 +150,8 @@ class TrainConfig:
             raise InvalidInput(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if self.min_lr > self.lr:
             raise InvalidInput(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
+        if self.checkpoint_every_s < 0:
+            raise InvalidInput(f"TrainConfig.checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
         if self.warmup_steps >= self.steps:
             log.warning(
                 "TrainConfig.warmup_steps (%d) >= steps (%d): the learning rate never reaches lr",
@@ -205,10 +230,13 @@ def _check_gate(cfg: TrainConfig) -> None:
     check_gate(cfg.tokenizer_dir, force=cfg.force)
 
 
-def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device):
-
+def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, fsdp_shard: bool = False):
+    """The model (FSDP2-sharded when ``fsdp_shard``) and its AdamW, built over the final parameters."""
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(model_cfg).to(device)
+    model.loss_chunk_tokens = cfg.loss_chunk_tokens
+    if fsdp_shard:
+        fsdp.shard_model(model, device)
     optimizer = build_optimizer(
         model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, device=device
     )
@@ -223,7 +251,7 @@ def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh:
 
     def loss_fn(m):
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            return causal_lm_loss(m(x), y)
+            return m(x, labels=y)
 
     guards.check_gradient_flow(model, loss_fn)  # raises GuardError naming each parameter at fault
     log.info("gradient-flow arbiter: every trainable parameter got a finite, nonzero gradient")
@@ -300,7 +328,8 @@ class _Run:
             torch.use_deterministic_algorithms(True, warn_only=True)
         else:  # TF32 for the few fp32 matmuls left outside bf16 autocast (nanoGPT does the same)
             torch.set_float32_matmul_precision("high")
-        model, self.optimizer = _build(cfg, self.model_cfg, self.device)
+        self.fsdp = cfg.parallel == "fsdp" and info.world_size > 1
+        model, self.optimizer = _build(cfg, self.model_cfg, self.device, self.fsdp)
         self.model = model
         if self.init is not None and not cfg.resume:
             init.apply_init(model, self.init)
@@ -315,6 +344,7 @@ class _Run:
             world_size=info.world_size,
             expected_tokenizer_sha256=self.tok_sha,
             order=cfg.data_order,
+            pin_memory=self.device.type == "cuda",
         )
         if cfg.resume:
             self._resume()
@@ -325,24 +355,39 @@ class _Run:
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.fwd = torch.compile(model) if cfg.compile else model
-        if info.world_size > 1:
-            # broadcast_buffers=False: the only buffers are the RoPE tables, identical on every rank
+        if info.world_size > 1 and not self.fsdp:
+            # broadcast_buffers=False: the only buffers are the RoPE tables, identical on every rank;
+            # gradient_as_bucket_view: each .grad is a view into its all-reduce bucket (no second copy)
             self.fwd = DDP(
                 self.fwd,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 broadcast_buffers=False,
+                gradient_as_bucket_view=True,
             )
-        if cfg.guards:
-            saved = self.data.state_dict()
-            probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
-            self.data.load_state_dict(saved)  # the probe does not consume the stream
-            _run_guards(cfg, self.fwd, self.optimizer, probe, self.device, self.amp, fresh=self.step == 0)
+        self.saver = None
+        if not self.fsdp:
+            self.saver = AsyncCheckpointer(
+                self.ckpt_dir, rank=info.rank, world_size=info.world_size, background=cfg.async_checkpoint
+            )
         try:
+            if cfg.guards:
+                saved = self.data.state_dict()
+                probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
+                self.data.load_state_dict(saved)  # the probe does not consume the stream
+                _run_guards(cfg, self.fwd, self.optimizer, probe, self.device, self.amp, fresh=self.step == 0)
+            if self.device.type == "cuda":  # the probes' model/optimizer snapshots are not training's peak
+                torch.cuda.reset_peak_memory_stats(self.device)
             last = self._loop()
         except KeyboardInterrupt:
+            if self.saver is not None:
+                self.saver.close()  # the save in flight completes first: it may be the one to resume from
+                self.saver = None
             if info.is_main:
                 log.warning("%s", interrupt_message(self.ckpt_dir, self._kept_checkpoint()))
             raise
+        finally:
+            if self.saver is not None:  # the save in flight completes, also after an error (a good state)
+                self.saver.close()
         self.fwd = None  # the compiled / DDP wrappers die here, while the process group is alive
         return {"run_dir": self.run_dir, "model": model, "step": self.step, "last": last}
 
@@ -401,7 +446,10 @@ class _Run:
             )
 
     def _resume(self) -> None:
-        state = checkpoint.load_training_state(self.ckpt_dir, self.model, self.optimizer)
+        if self.fsdp:
+            state = fsdp.load_training_state(self.ckpt_dir, self.model, self.optimizer)
+        else:
+            state = checkpoint.load_training_state(self.ckpt_dir, self.model, self.optimizer)
         if state["tokenizer_sha256"] != self.tok_sha:
             raise InvalidInput(
                 f"{state['checkpoint_dir']}: trained with tokenizer sha256 "
@@ -448,7 +496,8 @@ class _Run:
         tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps * info.world_size
         flops_per_token = self.model_cfg.flops_per_token(cfg.seq_len)
         peak = peak_flops(self.device)
-        val = self._val_sets() if cfg.eval_every_steps and info.is_main else {}
+        # FSDP2: every rank takes part in each forward (the all-gathers), so every rank evaluates
+        val = self._val_sets() if cfg.eval_every_steps and (info.is_main or self.fsdp) else {}
         bar = tqdm(
             total=cfg.steps,
             initial=self.step,
@@ -460,20 +509,23 @@ class _Run:
         observer = RunObserver(self.run_dir, self.step, self.no_val) if info.is_main else None
         last: dict[str, float] = {}
         loop_start, cpu_start = time.perf_counter(), time.process_time()
+        self.last_save_t = loop_start
+        n = cfg.grad_accum_steps
         try:
             while self.step < end:
                 t0 = time.perf_counter()
-                batches = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
                 lr = self._lr(self.step)
+                micro = (self.data.next_batch() for _ in range(n))  # drawn one ahead inside train_step
                 out = train_step(
                     self.fwd,
                     self.optimizer,
-                    batches,
+                    micro,
                     lr=lr,
                     grad_clip=cfg.grad_clip,
                     device=self.device,
                     autocast_dtype=self.amp,
                     step=self.step + 1,
+                    num_micro_batches=n,
                 )
                 dt = time.perf_counter() - t0
                 self.step += 1
@@ -484,19 +536,30 @@ class _Run:
                     "tokens_seen": self.tokens_seen,
                     "tokens_per_s": tokens_per_step / dt,
                     "step_time_s": dt,
-                    "elapsed_s": time.perf_counter() - loop_start,
-                    "process_cpu_s": time.process_time() - cpu_start,
                 }
                 if peak:  # MFU = achieved FLOP/s / peak (PaLM appendix B); per-rank peak x ranks
                     last["mfu"] = flops_per_token * last["tokens_per_s"] / (peak * info.world_size)
-                if self.device.type == "cuda":
-                    last["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                log_now = self.step % cfg.log_every_steps == 0 or self.step == end
+                if self.device.type == "cuda" and log_now:
+                    gib = torch.cuda.max_memory_allocated(self.device) / 2**30
+                    by_rank = distributed.all_gather_floats(gib, self.device)
+                    last["peak_memory_gib"] = max(by_rank)  # the fullest rank's; each rank's below
+                    if info.world_size > 1:
+                        last["peak_memory_gib_by_rank"] = by_rank
                 if val and self.step % cfg.eval_every_steps == 0:
                     last["val_loss"] = {
                         lang: evaluate(self.model, b, device=self.device, autocast_dtype=self.amp)
                         for lang, b in val.items()
                     }
-                if metrics and (self.step % cfg.log_every_steps == 0 or self.step == end):
+                held = self.saver.pop_held_s() if self.saver is not None else 0.0  # a CPU snapshot's copy
+                if held:
+                    last["checkpoint_stall_s"] = held
+                saved = self._save_due(end)
+                if saved:
+                    last["checkpoint_stall_s"] = last.get("checkpoint_stall_s", 0.0) + self._save()
+                last["elapsed_s"] = time.perf_counter() - loop_start
+                last["process_cpu_s"] = time.process_time() - cpu_start
+                if metrics and log_now:
                     metrics.write(json.dumps(last) + "\n")
                     metrics.flush()
                     observer.log(last)
@@ -504,12 +567,7 @@ class _Run:
                 bar.set_postfix(
                     loss=f"{out['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{last['tokens_per_s']:.0f}", refresh=False
                 )
-                every = cfg.checkpoint_every_steps
-                if self.step == end or (every and self.step % every == 0):
-                    self._save()
-                    if observer:
-                        observer.refresh()
-                elif observer and "val_loss" in last:
+                if observer and (saved or "val_loss" in last):
                     observer.refresh()
         finally:
             bar.close()
@@ -518,6 +576,17 @@ class _Run:
             if observer:
                 observer.close()  # also on Ctrl-C: loss.png shows every step that was logged
         return last
+
+    def _save_due(self, end: int) -> bool:
+        """Save at this step? The last step, every ``checkpoint_every_steps``, or ``checkpoint_every_s``
+        after the previous save by rank 0's clock (broadcast, so every rank agrees)."""
+        every = self.cfg.checkpoint_every_steps
+        if self.step == end or (every and self.step % every == 0):
+            return True
+        if not self.cfg.checkpoint_every_s:
+            return False
+        due = time.perf_counter() - self.last_save_t >= self.cfg.checkpoint_every_s
+        return distributed.broadcast_flag(due, self.device)
 
     def _val_sets(self) -> dict[str, list]:
         """Validation batches per language; a language without validation tokens is left out, with a warning."""
@@ -536,36 +605,31 @@ class _Run:
             )
         return {lang: b for lang, b in sets.items() if b}
 
-    def _save(self) -> None:
-        extra = {"world_size": self.info.world_size}
-        if self.info.world_size > 1:  # ranks must hold identical weights; record and check it
-            hashes = distributed.all_gather_strings(param_sha256(self.model))
-            extra["param_sha256_by_rank"] = hashes
-            if len(set(hashes)) != 1:
-                raise RuntimeError(
-                    f"step {self.step}: DDP ranks hold different parameters (sha256 per rank: {hashes}); not saving"
-                )
-        if self.info.is_main:
-            checkpoint.save_checkpoint(
+    def _save(self) -> float:
+        """Save this step (every rank calls it); returns the seconds training was held.
+
+        DDP / one process: the state is copied to host memory and written in the background
+        (``prodip.train.saver``). FSDP2: a blocking save through ``prodip.train.fsdp``.
+        """
+        kwargs = dict(
+            step=self.step,
+            model_config=self.model_cfg,
+            tokenizer_dir=self.cfg.tokenizer_dir,
+            tokens_seen=self.tokens_seen,
+            train_config=dataclasses.asdict(self.cfg),
+            data_state=self.data.state_dict(),
+            keep_last=self.cfg.keep_last,
+        )
+        if self.fsdp:
+            stall = fsdp.save_checkpoint(
                 self.ckpt_dir,
-                step=self.step,
                 model=self.model,
-                model_config=self.model_cfg,
-                tokenizer_dir=self.cfg.tokenizer_dir,
                 optimizer=self.optimizer,
-                tokens_seen=self.tokens_seen,
-                train_config=dataclasses.asdict(self.cfg),
-                data_state=self.data.state_dict(),
-                extra_state=extra,
-                keep_last=self.cfg.keep_last,
+                rank=self.info.rank,
+                world_size=self.info.world_size,
+                **kwargs,
             )
-        distributed.barrier()
-
-
-def param_sha256(model: torch.nn.Module) -> str:
-    """sha256 over every parameter's bytes (CPU copies, in ``named_parameters`` order)."""
-    h = hashlib.sha256()
-    for name, p in checkpoint.unwrap_model(model).named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+        else:
+            stall = self.saver.save(model=self.model, optimizer=self.optimizer, **kwargs)
+        self.last_save_t = time.perf_counter()
+        return stall

@@ -1,28 +1,30 @@
-"""GPU check of configs/h100-0.4b.toml: a few hundred steps on the bundled corpus, self-contained.
+"""GPU check of configs/h100-0.4b.toml in one short window: tokens/s, MFU, peak memory, save stall.
 
-1. Builds a tokenizer (vocab 32000) and shards from ``data/`` unless ``--tokenizer-dir`` and
+1. Installs what the GPU image lacks from ``bench/gpu/requirements.txt`` (wheels carried in
+   ``.whl/``, no network there) and this repository itself (``pip install --no-deps
+   --no-build-isolation --target /tmp/site``), unless ``prodip`` already imports.
+2. Builds a tokenizer (vocab 32000) and shards from ``data/`` unless ``--tokenizer-dir`` and
    ``--shards-dir`` are given (the bundled corpus is ~1 M tokens; the stream wraps around).
-2. Trains ``--steps`` optimizer steps of the 0.4B config with ``prodip train`` (bf16 autocast,
-   torch.compile, fused AdamW, gradient-flow arbiter first), micro-batch 16 x 2048 tokens and no
-   accumulation (so a step is short), and summarises metrics.jsonl: median tokens/s, MFU (against
-   the GPU's bf16 dense peak from train.loop.PEAK_BF16_FLOPS), peak memory, compile + guard time.
-3. Runs bench/train_throughput.py on the same config for the trainer / bare-loop ratio.
-Writes ``summary.json`` (and the logs) to ``--out`` (default ``$OUT`` or /tmp/prodip_gpu).
-Budget: about 5 minutes on one H100/H200.
+3. Trains the config as written (micro-batch 16 x 2048, accumulation 8, bf16 autocast,
+   torch.compile, fused AdamW, guards first) for ``--steps-acc8`` steps, then the same at
+   accumulation 1 for ``--steps-acc1`` steps, each with a checkpoint every few steps (written in
+   the background), and summarises each run's metrics.jsonl after ``--skip`` warm-up steps:
+   median tokens/s and MFU per step (save stall excluded), tokens/s over the wall clock of the
+   steady steps (stalls and background writes included), peak memory (probes excluded) and each
+   save's stall (``checkpoint_stall_s``: seconds the training thread was held).
+Writes ``summary.json``, ``summary.md`` and the logs to ``--out`` (default ``$OUT`` or
+/tmp/prodip_gpu). Budget: about 6 minutes on one H100/H200 (compile ~1 min per run).
 
     python3 bench/gpu/run_0p4b.py                 # on the GPU machine, from the repo root
     python3 bench/gpu/run_0p4b.py --smoke         # CPU plumbing check: tiny model, few steps
-    (device tool: carry [".whl"], timeout_s 540; add --no-compile if torch.compile fails there)
 
-Needs tomli-w (pure Python; the GPU image lacks it): if ``import tomli_w`` fails, a wheel under
-``.whl/`` is installed into /tmp/site (fetch one here with ``pip download --no-deps tomli-w -d .whl``
-and carry ``.whl``).
+Before the GPU call, here: ``pip download --no-deps -r bench/gpu/requirements.txt -d .whl`` (and
+``echo /.whl/ >> .git/info/exclude``); device tool: carry [".whl"], timeout_s 540.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import subprocess
@@ -32,38 +34,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "h100-0.4b.toml"
-SMOKE_MODEL = [
-    "--hidden-size",
-    "64",
-    "--intermediate-size",
-    "128",
-    "--num-hidden-layers",
-    "2",
-    "--num-attention-heads",
-    "4",
-    "--num-key-value-heads",
-    "2",
-    "--max-position-embeddings",
-    "128",
-]
+SITE = Path("/tmp/site")
+SMOKE = ["--hidden-size", "64", "--intermediate-size", "128", "--num-hidden-layers", "2"]
+SMOKE += ["--num-attention-heads", "4", "--num-key-value-heads", "2", "--max-position-embeddings", "128"]
+SMOKE += ["--device", "cpu", "--dtype", "float32", "--compile", "false", "--seq-len", "64", "--batch-size", "2"]
 
 
-def _ensure_tomli_w(env: dict) -> None:
-    try:
-        import tomli_w  # noqa: F401
-
+def ensure_installed(env: dict) -> None:
+    """Make ``prodip`` and bench/gpu/requirements.txt importable in subprocesses (``env``)."""
+    probe = [sys.executable, "-c", "import prodip.train.trainer, tomli_w"]
+    if subprocess.run(probe, env=env, capture_output=True).returncode == 0:
         return
-    except ImportError:
-        pass
-    wheels = glob.glob(str(ROOT / ".whl" / "tomli_w*.whl"))
-    if not wheels:
-        sys.exit("tomli_w missing and no .whl/tomli_w*.whl to install (see the module docstring)")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", "/tmp/site", *wheels],
-        check=True,
-    )
-    sys.path.insert(0, "/tmp/site")
-    env["PYTHONPATH"] = "/tmp/site" + os.pathsep + env.get("PYTHONPATH", "")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(SITE)]
+    reqs = ROOT / "bench" / "gpu" / "requirements.txt"
+    subprocess.run(pip + ["--find-links", str(ROOT / ".whl"), "-r", str(reqs)], check=True)
+    subprocess.run(pip + ["--no-build-isolation", str(ROOT)], check=True)
+    env["PYTHONPATH"] = str(SITE) + os.pathsep + env.get("PYTHONPATH", "")
+    subprocess.run(probe, env=env, check=True)
 
 
 def _run(cmd: list[str], env: dict, log: Path) -> float:
@@ -85,190 +72,113 @@ def prepare(work: Path, env: dict, smoke: bool) -> tuple[Path, Path]:
     """Tokenizer + shards from data/ (skipped when already there)."""
     tok, shards = work / "tokenizer", work / "shards"
     prodip = [sys.executable, "-m", "prodip.cli"]
-    inputs = "bn=data/bn,en=data/en"
+    inputs = ["--inputs", "bn=data/bn,en=data/en"]
     if not (tok / "tokenizer.json").exists():
-        vocab = "2048" if smoke else "32000"
-        _run(
-            prodip
-            + [
-                "tokenizer",
-                "train",
-                "--inputs",
-                inputs,
-                "--vocab-size",
-                vocab,
-                "--out-dir",
-                str(tok),
-                "--sample-chars",
-                "4000000" if not smoke else "300000",
-            ],
-            env,
-            work / "tokenizer.log",
-        )
+        sizes = ["--vocab-size", "2048", "--sample-chars", "300000"] if smoke else ["--vocab-size", "32000"]
+        cmd = prodip + ["tokenizer", "train", *inputs, *sizes, "--out-dir", str(tok)]
+        _run(cmd, env, work / "tokenizer.log")
     if not (shards / "meta.json").exists():
-        _run(
-            prodip
-            + [
-                "data",
-                "prepare",
-                "--tokenizer-dir",
-                str(tok),
-                "--inputs",
-                inputs,
-                "--out-dir",
-                str(shards),
-                "--val-fraction",
-                "0.02",
-            ],
-            env,
-            work / "data.log",
-        )
+        cmd = prodip + ["data", "prepare", "--tokenizer-dir", str(tok), *inputs, "--out-dir", str(shards)]
+        _run(cmd + ["--val-fraction", "0.02"], env, work / "data.log")
     return tok, shards
 
 
 def summarise(run_dir: Path, skip: int) -> dict:
+    """Steady-state figures of one run's metrics.jsonl (the first ``skip`` steps left out)."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steady = rows[skip:] or rows
+    steady = rows[skip:] if len(rows) > skip + 1 else rows
 
     def median(key):
         vals = sorted(r[key] for r in steady if key in r)
         return vals[len(vals) // 2] if vals else None
 
+    tokens = steady[-1]["tokens_seen"] - steady[0]["tokens_seen"]
+    wall = steady[-1]["elapsed_s"] - steady[0]["elapsed_s"]
+    stalls = [round(r["checkpoint_stall_s"], 4) for r in rows if "checkpoint_stall_s" in r]
     return {
         "steps": len(rows),
+        "steady_steps": len(steady) - 1,
+        "tokens_per_step": rows[0]["tokens_seen"],
         "tokens_per_s_median": median("tokens_per_s"),
         "mfu_median": median("mfu"),
         "step_time_s_median": median("step_time_s"),
+        "tokens_per_s_wall": tokens / wall if wall > 0 else None,
         "peak_memory_gib": max((r.get("peak_memory_gib", 0.0) for r in rows), default=None),
+        "checkpoint_stall_s": stalls,
         "first_step_s": rows[0]["step_time_s"],
         "loss_first": rows[0]["loss"],
         "loss_last": rows[-1]["loss"],
     }
 
 
+def train_run(name: str, args, tok: Path, shards: Path, env: dict, accum: int, steps: int, every: int) -> dict:
+    run_dir = Path(args.work) / f"{name}_{int(time.time())}"
+    flags = ["--tokenizer-dir", str(tok), "--shards-dir", str(shards), "--out-dir", str(run_dir)]
+    flags += ["--steps", str(steps), "--grad-accum-steps", str(accum), "--warmup-steps", "5"]
+    flags += ["--checkpoint-every-steps", str(every), "--keep-last", "2", "--eval-every-steps", "0"]
+    flags += ["--log-every-steps", "1", "--progress", "false"]
+    flags += SMOKE if args.smoke else []
+    flags += ["--compile", "false"] if args.no_compile else []
+    cmd = [sys.executable, "-m", "prodip.train", "train", "--config", str(CONFIG), *flags]
+    wall = _run(cmd, env, Path(args.out) / f"{name}.log")
+    return {"grad_accum_steps": accum, "wall_s": round(wall, 1), **summarise(run_dir, args.skip)}
+
+
+def markdown(summary: dict) -> str:
+    lines = [
+        f"# {summary['config']} on {summary['device']} ({summary['date_utc']}, torch {summary['torch']})",
+        "",
+        "| run | tokens/step | tokens/s (median step) | MFU | tokens/s (wall, saves incl.) | peak GiB | "
+        "save stall s (each) | first step s |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for name, r in summary["runs"].items():
+        mfu = f"{r['mfu_median']:.3f}" if r["mfu_median"] else "-"
+        peak = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] else "-"
+        lines.append(
+            f"| {name} | {r['tokens_per_step']:,} | {r['tokens_per_s_median']:,.0f} | {mfu} | "
+            f"{r['tokens_per_s_wall']:,.0f} | {peak} | {r['checkpoint_stall_s']} | {r['first_step_s']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--bench-steps", type=int, default=60, help="steps per side in train_throughput.py (0: skip)")
+    ap.add_argument("--steps-acc8", type=int, default=14, help="steps at the config's accumulation 8")
+    ap.add_argument("--steps-acc1", type=int, default=60, help="steps at accumulation 1")
+    ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the medians")
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/prodip_gpu")
     ap.add_argument("--work", default="/tmp/prodip_gpu_work")
     ap.add_argument("--tokenizer-dir"), ap.add_argument("--shards-dir")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the plumbing only")
     ap.add_argument("--no-compile", action="store_true", help="eager mode (fallback if torch.compile fails)")
     args = ap.parse_args()
-    out, work = Path(args.out), Path(args.work)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    _ensure_tomli_w(env)
+    for d in (args.out, args.work):
+        Path(d).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ensure_installed(env)
     t0 = time.perf_counter()
     if args.tokenizer_dir and args.shards_dir:
         tok, shards = Path(args.tokenizer_dir), Path(args.shards_dir)
     else:
-        tok, shards = prepare(work, env, args.smoke)
-    prep_s = time.perf_counter() - t0
-    run_dir = work / f"run_{int(time.time())}"
-    overrides = [
-        "--tokenizer-dir",
-        str(tok),
-        "--shards-dir",
-        str(shards),
-        "--out-dir",
-        str(run_dir),
-        "--steps",
-        str(args.steps),
-        "--grad-accum-steps",
-        "1",
-        "--warmup-steps",
-        "20",
-        "--checkpoint-every-steps",
-        "0",
-        "--eval-every-steps",
-        "0",
-        "--log-every-steps",
-        "1",
-    ]
-    if args.smoke:
-        overrides += SMOKE_MODEL + [
-            "--device",
-            "cpu",
-            "--dtype",
-            "float32",
-            "--compile",
-            "false",
-            "--seq-len",
-            "64",
-            "--batch-size",
-            "2",
-            "--vocab-size",
-            "2048",
-        ]
-    if args.no_compile:
-        overrides += ["--compile", "false"]
-    train_s = _run(
-        [sys.executable, "-m", "prodip.train", "train", "--config", str(CONFIG), *overrides], env, out / "train.log"
-    )
+        tok, shards = prepare(Path(args.work), env, args.smoke)
+    import torch
+
     summary = {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": str(CONFIG.name),
-        "prepare_s": round(prep_s, 1),
-        "train_wall_s": round(train_s, 1),
-        **summarise(run_dir, skip=10),
+        "config": CONFIG.name,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.smoke else "cpu",
+        "torch": torch.__version__,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "prepare_s": round(time.perf_counter() - t0, 1),
+        "runs": {},
     }
-    try:
-        import torch
-
-        summary["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-        summary["torch"] = torch.__version__
-    except Exception as err:  # noqa: BLE001 - informational only
-        summary["device"] = f"unknown ({err})"
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for name, accum, steps, every in (("acc8", 8, args.steps_acc8, 5), ("acc1", 1, args.steps_acc1, 20)):
+        summary["runs"][name] = train_run(name, args, tok, shards, env, accum, steps, every)
+        (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # partial results too
+    (Path(args.out) / "summary.md").write_text(markdown(summary))
     print(json.dumps(summary, indent=2), flush=True)
-    if args.bench_steps:
-        bench_cfg = out / "bench_config.toml"
-        _write_bench_config(bench_cfg, args.smoke, compile_=not args.no_compile)
-        _run(
-            [
-                sys.executable,
-                "bench/train_throughput.py",
-                "--config",
-                str(bench_cfg),
-                "--tokenizer-dir",
-                str(tok),
-                "--shards-dir",
-                str(shards),
-                "--steps",
-                str(args.bench_steps),
-                "--skip",
-                "10",
-                "--repeats",
-                "1",
-                "--json",
-                str(out / "throughput.json"),
-            ],
-            env,
-            out / "throughput.log",
-        )
     return 0
-
-
-def _write_bench_config(path: Path, smoke: bool, compile_: bool = True) -> None:
-    """configs/h100-0.4b.toml with accumulation 1 (and the tiny model for --smoke)."""
-    import tomli_w
-    import tomllib
-
-    doc = tomllib.loads(CONFIG.read_text())
-    doc["train"]["grad_accum_steps"] = 1
-    doc["train"]["compile"] = compile_ and doc["train"]["compile"]
-    if smoke:
-        flags = dict(zip(SMOKE_MODEL[::2], SMOKE_MODEL[1::2]))
-        doc["model"].update({k[2:].replace("-", "_"): int(v) for k, v in flags.items()}, vocab_size=2048)
-        doc["train"].update(device="cpu", dtype="float32", compile=False, seq_len=64, batch_size=2)
-    path.write_text(tomli_w.dumps({"model": doc["model"], "train": doc["train"]}))
 
 
 if __name__ == "__main__":

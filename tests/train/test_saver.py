@@ -1,0 +1,150 @@
+"""Checkpoints that do not stop training (train/saver.py) and the hashing safetensors writer.
+
+python -m pytest tests/train/test_saver.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from prodip.base.errors import MissingInput
+from prodip.base.files import file_sha256
+from prodip.train import checkpoint as ck
+from prodip.train.loop import build_optimizer
+from prodip.train.model import LlamaForCausalLM
+from prodip.train.safetensors_stream import write_safetensors
+from prodip.train.saver import AsyncCheckpointer
+from prodip.train.trainer import TrainConfig, train
+from tests.fixtures import tiny_config
+
+
+def test_write_safetensors_is_read_by_safetensors(tmp_path):
+    tensors = {
+        "b": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "a": torch.randn(4, dtype=torch.bfloat16),
+        "step": torch.tensor(3.0),
+        "rng": torch.randint(0, 255, (16,), dtype=torch.uint8),
+        "empty": torch.zeros(0, 2),
+    }
+    size, sha = write_safetensors(tmp_path / "x.safetensors", tensors, {"k": "v"})
+    assert size == (tmp_path / "x.safetensors").stat().st_size and sha == file_sha256(tmp_path / "x.safetensors")
+    got = load_file(str(tmp_path / "x.safetensors"))
+    assert set(got) == set(tensors)
+    for key, value in tensors.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+    with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as fh:
+        assert fh.metadata() == {"k": "v"}
+    save_file(tensors, str(tmp_path / "lib.safetensors"), metadata={"k": "v"})  # same content as the library's
+    lib = load_file(str(tmp_path / "lib.safetensors"))
+    assert all(torch.equal(lib[k], got[k]) for k in tensors)
+
+
+def _trained(cfg):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, device=torch.device("cpu"))
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    model(x, labels=x).backward()
+    opt.step()
+    return model, opt
+
+
+def _save_kwargs(tok):
+    return dict(tokenizer_dir=tok, tokens_seen=7, train_config={"lr": 1.0}, data_state={"batch_index": 3}, keep_last=2)
+
+
+def test_background_save_equals_blocking_save_and_holds_the_state_of_its_step(tmp_path, tiny_tokenizer_dir):
+    cfg = tiny_config()
+    model, opt = _trained(cfg)
+    blocking = ck.save_checkpoint(
+        tmp_path / "a",
+        step=1,
+        model=model,
+        model_config=cfg,
+        optimizer=opt,
+        **_save_kwargs(tiny_tokenizer_dir),
+        extra_state={"world_size": 1},
+    )
+    saver = AsyncCheckpointer(tmp_path / "b")
+    stall = saver.save(step=1, model=model, model_config=cfg, optimizer=opt, **_save_kwargs(tiny_tokenizer_dir))
+    # training goes on at once (the next optimizer.step waits for the snapshot's copy, if still
+    # running); the checkpoint keeps step 1's values
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    model(x, labels=x).backward()
+    opt.step()
+    saver.close()
+    assert stall >= 0 and saver.last_write_s is not None
+    background = ck.resolve_checkpoint(tmp_path / "b")
+    ma = json.loads((blocking / "manifest.json").read_text())["files"]
+    mb = json.loads((background / "manifest.json").read_text())["files"]
+    assert ma == mb  # byte-identical files: model, optimizer, RNG, trainer state, tokenizer copy
+    ck.verify_manifest(background)
+    loaded, _, info = ck.load_model(tmp_path / "b")
+    assert info["step"] == 1
+    assert not torch.equal(loaded.lm_head.weight, model.lm_head.weight)  # model moved on after the save
+
+
+def test_optimizer_step_waits_for_the_snapshot_copy(tmp_path, tiny_tokenizer_dir, monkeypatch):
+    cfg = tiny_config()
+    model, opt = _trained(cfg)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    copied = []
+    real_stage = ck.stage_snapshot
+
+    def slow_stage(snap, buffers=None):  # a copy that takes a while, as 4.75 GB on a busy CPU
+        time.sleep(0.5)
+        real_stage(snap, buffers)
+        copied.append(time.perf_counter())
+
+    monkeypatch.setattr(ck, "stage_snapshot", slow_stage)
+    saver = AsyncCheckpointer(tmp_path)
+    stall = saver.save(step=1, model=model, model_config=cfg, optimizer=opt, **_save_kwargs(tiny_tokenizer_dir))
+    assert stall < 0.5  # the caller went on at once
+    opt.step()  # in-place update: held until the copy is complete
+    assert copied and time.perf_counter() >= copied[0] and saver.pop_held_s() > 0.1
+    saver.close()
+    loaded = load_file(str(ck.resolve_checkpoint(tmp_path) / "model.safetensors"))
+    for key, value in loaded.items():
+        assert torch.equal(value, expected[key]), key
+
+
+def test_background_error_surfaces_at_the_next_call(tmp_path, tiny_tokenizer_dir):
+    cfg = tiny_config()
+    model, opt = _trained(cfg)
+    saver = AsyncCheckpointer(tmp_path)
+    kwargs = {**_save_kwargs(tiny_tokenizer_dir), "tokenizer_dir": tmp_path / "nowhere"}
+    saver.save(step=1, model=model, model_config=cfg, optimizer=opt, **kwargs)
+    with pytest.raises(MissingInput, match="nowhere"):
+        saver.close()
+    assert not (tmp_path / "latest").exists()  # nothing half-written is ever named
+
+
+def test_saves_spaced_by_wall_time(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    cfg = TrainConfig(
+        shards_dir=str(tiny_shards_dir),
+        tokenizer_dir=str(tiny_tokenizer_dir),
+        out_dir=str(tmp_path / "run"),
+        steps=3,
+        batch_size=2,
+        seq_len=16,
+        device="cpu",
+        progress=False,
+        guards=False,
+        checkpoint_every_steps=0,
+        checkpoint_every_s=1e-9,  # due at every step
+        keep_last=5,
+    )
+    run = train(cfg, tiny_config())
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
+        "step_0000001",
+        "step_0000002",
+        "step_0000003",
+    ]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["checkpoint_stall_s"] >= 0 for r in rows)
