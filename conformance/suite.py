@@ -32,7 +32,7 @@ from prodip.base.manifest import (
     tool_versions,
     verify_files,
 )
-from prodip.conformance import measure, runners
+from prodip.conformance import device_runners, measure, runners
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.inputs import PROMPTS, build_inputs
@@ -71,7 +71,7 @@ class Candidate:
 
 def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) -> list[Candidate]:
     """Candidates of an export: the safetensors variant twice (prodip's model, transformers),
-    and each ONNX variant once.
+    and each ONNX, GGUF (llama.cpp) and ExecuTorch variant once.
 
     Args:
         manifest: the export manifest.
@@ -89,11 +89,12 @@ def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) 
                 Candidate("safetensors", vname, "prodip", v["path"], "safetensors" + suffix),
                 Candidate("transformers", vname, "transformers", v["path"], "transformers" + suffix),
             ]
-        elif v.get("format") == "onnx":
-            out.append(Candidate(vname, vname, "onnx", v["path"]))
+        elif v.get("format") in ("onnx", "gguf", "pte"):
+            out.append(Candidate(vname, vname, v["format"], v["path"]))
         else:
             raise InvalidInput(
-                f"manifest variant {vname!r} has format {v.get('format')!r}; expected 'safetensors' or 'onnx'"
+                f"manifest variant {vname!r} has format {v.get('format')!r}; expected 'safetensors', 'onnx', "
+                "'gguf' or 'pte'"
             )
     if only:
         unknown = set(only) - {c.name for c in out} - {c.variant for c in out}
@@ -135,6 +136,12 @@ def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int)
         return runners.TorchRunner(load_safetensors_model(export_dir, cand.path), cand.name)
     if cand.kind == "transformers":
         return runners.TransformersRunner(export_dir, cand.name)
+    if cand.kind == "gguf":
+        return device_runners.LlamaCppRunner(
+            export_dir / cand.path, cand.name, context=model_cfg.max_position_embeddings, threads=threads
+        )
+    if cand.kind == "pte":
+        return device_runners.ExecuTorchRunner(export_dir / cand.path, cand.name)
     return runners.OrtRunner(
         export_dir / cand.path,
         cand.name,
@@ -360,10 +367,20 @@ def check_candidate(
     except Exception as err:  # an unloadable artifact fails, it does not crash the suite
         errors["load"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
     else:
+        if cand.kind in ("gguf", "pte"):  # what the runtime reads from the file: context, vocab, special ids
+            try:
+                problems = device_runners.metadata_problems(cand.kind, runner, model_cfg)
+            except Exception as err:  # an unreadable file fails the check, it does not crash the suite
+                problems = [f"{type(err).__name__}: {str(err).strip()[:400]}"]
+            metrics["runtime_metadata_ok"] = not problems
+            if problems:
+                metrics["runtime_metadata_problems"] = problems
         m, errors = measure.measure_candidate(
             runner, inputs, ref, greedy_tokens=cfg.greedy_tokens, kv_steps=cfg.kv_steps
         )
         metrics.update(m)
+        if hasattr(runner, "close"):
+            runner.close()
     checks = gate(metrics, errors, table)
     if table is None:
         checks[-1]["note"] = f"no [{cand.tolerance_table}] table in the tolerance file"
