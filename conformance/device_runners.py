@@ -187,6 +187,23 @@ def pte_metadata(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def runtime_token_ids(kind: str, runner: Any, tokenizer_json: Path, texts: list[str]) -> list[list[int]]:
+    """Each text encoded as the runtime's own tokenizer encodes a prompt (BOS included).
+
+    llama.cpp: BOS as the GGUF asks, then ``llama_tokenize`` over the GGUF's vocabulary (node script).
+    ExecuTorch: the C++ ``HFTokenizer`` its LLM runners use (``pytorch_tokenizers.CppHFTokenizer``)
+    on ``tokenizer_json`` (the file shipped beside the ``.pte``), ``encode(text, bos=1, eos=0)``, i.e.
+    ``GenerationConfig(num_bos=1)`` in ``TextLLMRunner``.
+    """
+    if kind == "gguf":
+        return runner.tokenize(texts)
+    from pytorch_tokenizers import CppHFTokenizer  # noqa: PLC0415 (optional: installed with executorch)
+
+    tok = CppHFTokenizer()
+    tok.load(str(tokenizer_json))
+    return [list(tok.encode(t, 1, 0)) for t in texts]
+
+
 def metadata_problems(kind: str, runner: Any, config: Any) -> list[str]:
     """What a runtime reads from the artifact that differs from the training model's config.
 

@@ -335,6 +335,24 @@ def _check_readable(export_dir: Path, manifest: dict[str, Any], candidates: list
                 ) from None
 
 
+def _runtime_tokenizer(cand: Candidate, runner: Any, export_dir: Path, texts: list[str], metrics: dict) -> None:
+    """``runtime_tokenizer_mismatches``: prompts (NFC) whose ids from the runtime's own tokenizer differ
+    from ``tokenizers``' default encode of the export's ``tokenizer.json`` (BOS included)."""
+    manifest_tok = (read_manifest(export_dir)["variants"][cand.variant].get("tokenizer")) or "tokenizer.json"
+    texts = [unicodedata.normalize("NFC", t) for t in texts]
+    want = [e.ids for e in Tokenizer.from_file(str(export_dir / "tokenizer.json")).encode_batch(texts)]
+    try:
+        got = device_runners.runtime_token_ids(cand.kind, runner, export_dir / manifest_tok, texts)
+    except Exception as err:  # a tokenizer the runtime cannot load fails the check
+        metrics["runtime_tokenizer_mismatches"] = len(texts)
+        metrics["runtime_tokenizer_error"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
+        return
+    bad = [t[:40] for t, g, w in zip(texts, got, want) if list(g) != list(w)]
+    metrics["runtime_tokenizer_mismatches"] = len(bad)
+    if bad:
+        metrics["runtime_tokenizer_mismatched_texts"] = bad
+
+
 def check_candidate(
     cand: Candidate,
     export_dir: Path,
@@ -375,6 +393,7 @@ def check_candidate(
             metrics["runtime_metadata_ok"] = not problems
             if problems:
                 metrics["runtime_metadata_problems"] = problems
+            _runtime_tokenizer(cand, runner, export_dir, list(inputs.texts.values()), metrics)
         m, errors = measure.measure_candidate(
             runner, inputs, ref, greedy_tokens=cfg.greedy_tokens, kv_steps=cfg.kv_steps
         )

@@ -70,7 +70,9 @@ CANDIDATE_METRICS = {
 ONNX_METRICS = {"dynamic_axes": "true"}
 #: GGUF and .pte: what the runtime reads from the file (context length, vocabulary, BOS/EOS, add-BOS)
 #: equals the training model's config (conformance/device_runners.py metadata_problems).
-DEVICE_METRICS = {"runtime_metadata_ok": "true"}
+#: runtime_tokenizer_mismatches: prompts whose ids from the runtime's own tokenizer (llama.cpp over the
+#: GGUF vocabulary; ExecuTorch's C++ HFTokenizer) differ from ``tokenizers`` (NFC input, BOS included).
+DEVICE_METRICS = {"runtime_metadata_ok": "true", "runtime_tokenizer_mismatches": "count"}
 #: Device variants held to the exact bounds (same fp32 weights, another runtime).
 EXACT_DEVICE = ("pte-fp32",)
 
