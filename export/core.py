@@ -495,7 +495,7 @@ def size_table(export_dir: str | os.PathLike) -> str:
     base = sizes.get("fp32")
     lines = [f"{'variant':<12} {'file':<26} {'MiB':>9} {'vs fp32':>8}"]
     for name, v in manifest["variants"].items():
-        ratio = f"{sizes[name] / base:.3f}x" if base and v["format"] == "onnx" else "-"
+        ratio = f"{sizes[name] / base:.3f}x" if base and v["format"] in ("onnx", "gguf", "pte") else "-"
         lines.append(f"{name:<12} {v['path']:<26} {sizes[name] / 2**20:>9.2f} {ratio:>8}")
     return "\n".join(lines)
 
