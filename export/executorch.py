@@ -23,6 +23,7 @@ which XNNPACK runs as dynamically quantised linears.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from pathlib import Path
@@ -199,8 +200,6 @@ def write_tokenizer(tokenizer_dir: Path, out_dir: Path) -> Path:
     ``tokenizer.json`` is copied without its NFC normaliser (HFTokenizer's NFC step breaks
     precomposed characters; the app NFC-normalises, as prodip does everywhere).
     """
-    import json  # noqa: PLC0415 (small helper)
-
     try:
         from prodip.tokenizer.portable import write_target_files  # noqa: PLC0415 (issue 11's module, may be absent)
     except ImportError:

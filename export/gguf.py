@@ -290,6 +290,10 @@ class _QuantizeParams(ctypes.Structure):
     ]
 
 
+#: ``ggml_log_callback`` (ggml.h: level, text, user data) that drops llama.cpp's log lines.
+_SILENT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda level, text, data: None)
+
+
 def llama_quantize(src: Path, dst: Path, ftype: int = LLAMA_FTYPE_MOSTLY_Q4_K_M, threads: int = 1) -> None:
     """Run llama.cpp's ``llama_model_quantize`` (what ``llama-quantize`` calls) on a GGUF file.
 
@@ -305,6 +309,7 @@ def llama_quantize(src: Path, dst: Path, ftype: int = LLAMA_FTYPE_MOSTLY_Q4_K_M,
     lib.llama_model_quantize_default_params.restype = _QuantizeParams
     lib.llama_model_quantize.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_QuantizeParams)]
     lib.llama_model_quantize.restype = ctypes.c_uint32
+    lib.llama_log_set(_SILENT, None)  # llama.cpp prints a line per tensor to stderr otherwise
     lib.llama_backend_init()
     params = lib.llama_model_quantize_default_params()
     params.ftype, params.nthread = ftype, threads
