@@ -128,11 +128,13 @@ def check_tokenizer(tokenizer_dir: Path) -> str:
         InvalidInput: not byte-level BPE with a pre-tokenizer pattern one of llama.cpp's built-in types has.
     """
     try:
-        from prodip.tokenizer.portable import require_portable  # noqa: PLC0415 (issue 11's module, may be absent)
+        from prodip.tokenizer import portable  # noqa: PLC0415 (issue 11's module, may be absent)
     except ImportError:
-        require_portable = None
-    if require_portable is not None:
-        require_portable(tokenizer_dir, "llama.cpp")
+        portable = None
+    if portable is not None:
+        portable.require_portable(tokenizer_dir, "llama.cpp")
+        name = portable.pretokenizer_name(portable.read_tokenizer_json(tokenizer_dir))
+        return portable.PRETOKENIZERS[name].llama_cpp_pre
     tj = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
     pre = tj.get("pre_tokenizer") or {}
     parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
