@@ -187,6 +187,15 @@ def pte_metadata(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def runtime_version(kind: str, runner: Any) -> str:
+    """The runtime that measured a candidate, e.g. ``node-llama-cpp 3.22.1, llama.cpp v0.5.0`` or ``executorch 1.5.1``."""
+    if kind == "gguf":
+        return runner.info["version"]
+    from importlib.metadata import version  # noqa: PLC0415 (only for the report)
+
+    return f"executorch {version('executorch')}"
+
+
 def runtime_token_ids(kind: str, runner: Any, tokenizer_json: Path, texts: list[str]) -> list[list[int]]:
     """Each text encoded as the runtime's own tokenizer encodes a prompt (BOS included).
 

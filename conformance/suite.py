@@ -390,6 +390,7 @@ def check_candidate(
                 problems = device_runners.metadata_problems(cand.kind, runner, model_cfg)
             except Exception as err:  # an unreadable file fails the check, it does not crash the suite
                 problems = [f"{type(err).__name__}: {str(err).strip()[:400]}"]
+            metrics["runtime_version"] = device_runners.runtime_version(cand.kind, runner)
             metrics["runtime_metadata_ok"] = not problems
             if problems:
                 metrics["runtime_metadata_problems"] = problems
