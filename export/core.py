@@ -33,6 +33,7 @@ from prodip.export import genai, hf, quantize
 from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
+from prodip.tokenizer.portable import require_portable
 from prodip.train.checkpoint import TOKENIZER_SUBDIR, load_model, resolve_checkpoint
 
 logger = logging.getLogger("export")
@@ -307,6 +308,8 @@ def check_device_targets(config: Any, cfg: ExportConfig, tokenizer_dir: Optional
             gguf_export.llama_cpp_lib_dir()
     for name in (v for v in wanted if v in PTE_VARIANTS):
         pte_export.check_representable(config, name, cfg.pte_group_size)
+    if any(v in PTE_VARIANTS for v in wanted) and tokenizer_dir is not None:
+        require_portable(tokenizer_dir, "executorch")
 
 
 def _build_devices(

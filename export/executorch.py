@@ -23,7 +23,6 @@ which XNNPACK runs as dynamically quantised linears.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 from prodip.base.errors import InvalidInput
+from prodip.tokenizer.portable import write_target_files
 
 logger = logging.getLogger(__name__)
 
@@ -194,23 +194,16 @@ def export_pte(
 
 
 def write_tokenizer(tokenizer_dir: Path, out_dir: Path) -> Path:
-    """The tokenizer file ExecuTorch's ``HFTokenizer`` reads, beside the program.
+    """The tokenizer files ExecuTorch's ``HFTokenizer`` reads, beside the program; returns ``tokenizer.json``.
 
-    Issue 11's ``prodip.tokenizer.portable.write_target_files`` decides when present; until then
-    ``tokenizer.json`` is copied without its NFC normaliser (HFTokenizer's NFC step breaks
-    precomposed characters; the app NFC-normalises, as prodip does everywhere).
+    ``prodip.tokenizer.portable.write_target_files`` writes them: ``tokenizer.json`` without its NFC
+    normaliser (HFTokenizer's NFC step breaks precomposed characters; the app NFC-normalises).
+
+    Raises:
+        InvalidInput: ExecuTorch's tokenizer cannot reproduce this tokenizer (named why).
     """
-    try:
-        from prodip.tokenizer.portable import write_target_files  # noqa: PLC0415 (issue 11's module, may be absent)
-    except ImportError:
-        tj = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        tj["normalizer"] = None
-        out_dir.mkdir(parents=True, exist_ok=True)
-        dst = out_dir / "tokenizer.json"
-        dst.write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
-        return dst
-    written = write_target_files(tokenizer_dir, out_dir, "executorch")
-    return out_dir / "tokenizer.json" if not isinstance(written, (str, Path)) else Path(written)
+    write_target_files(tokenizer_dir, out_dir, "executorch")
+    return out_dir / "tokenizer.json"
 
 
 def _version(dist: str) -> str | None:

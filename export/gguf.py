@@ -16,8 +16,9 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
   quantiser). Where a row length is not a multiple of 256 llama.cpp itself falls back (Q4_K -> Q5_0,
   Q6_K -> Q8_0); the manifest records the resulting tensor types.
 - the tokenizer's keys (``tokenizer.ggml.*``: gpt2 BPE, tokens, merges, types, pre-tokenizer type,
-  BOS/EOS/PAD ids, add-BOS) from :mod:`prodip.tokenizer.gguf` when present; a token list shorter than the
-  embedding matrix is padded with unused tokens (llama.cpp refuses a shorter list).
+  BOS/EOS/PAD ids, add-BOS) from :mod:`prodip.tokenizer.gguf`; a token list shorter than the embedding
+  matrix is padded with unused tokens (llama.cpp refuses a shorter list). Only a tokenizer llama.cpp
+  reproduces (:func:`prodip.tokenizer.portable.require_portable`) is written.
 
     python -m prodip.export CKPT --out OUT --variants gguf-f16,gguf-q8_0,gguf-q4_k_m
 """
@@ -34,6 +35,8 @@ from typing import Any
 import torch
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.tokenizer.gguf import add_tokenizer_metadata
+from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name, read_tokenizer_json, require_portable
 
 #: llama.cpp block sizes (ggml-common.h QK8_0 and QK_K).
 Q8_0_BLOCK, QK_K = 32, 256
@@ -100,86 +103,15 @@ def check_representable(config: Any, variant: str, tokenizer_tokens: int | None 
         )
 
 
-def _add_tokenizer(writer: Any, tokenizer_dir: Path, vocab_size: int) -> dict[str, Any]:
-    """The tokenizer keys, by prodip.tokenizer.gguf (issue 11) when installed, else :func:`_interim_tokenizer`."""
-    try:
-        from prodip.tokenizer.gguf import add_tokenizer_metadata  # noqa: PLC0415 (issue 11's module, may be absent)
-    except ImportError:
-        return _interim_tokenizer(writer, tokenizer_dir, vocab_size)
-    return add_tokenizer_metadata(writer, tokenizer_dir, vocab_size=vocab_size)
-
-
-#: The portable pre-tokenizer (issue 11: o200k's pattern with \p{M} in the letter classes) and the llama.cpp
-#: type with the same built-in pattern (llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_GRANITE_EMB_MULTI).
-_O200K_MARKS = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_LLAMA_CPP_PRE = {_O200K_MARKS: "granite-embed-multi-97m"}
-
-
 def check_tokenizer(tokenizer_dir: Path) -> str:
-    """The llama.cpp pre-tokenizer type of a tokenizer llama.cpp reproduces; refuses any other.
-
-    Uses issue 11's ``prodip.tokenizer.portable.require_portable`` when present.
+    """The llama.cpp pre-tokenizer type of a tokenizer llama.cpp reproduces id for id; refuses any other.
 
     Raises:
-        InvalidInput: not byte-level BPE with a pre-tokenizer pattern one of llama.cpp's built-in types has.
+        InvalidInput: the tokenizer is not portable to llama.cpp (``prodip.tokenizer.portable.require_portable``
+            names why: not byte-level BPE, or a pre-tokenizer pattern none of llama.cpp's built-in types has).
     """
-    try:
-        from prodip.tokenizer import portable  # noqa: PLC0415 (issue 11's module, may be absent)
-    except ImportError:
-        portable = None
-    if portable is not None:
-        portable.require_portable(tokenizer_dir, "llama.cpp")
-        name = portable.pretokenizer_name(portable.read_tokenizer_json(tokenizer_dir))
-        return portable.PRETOKENIZERS[name].llama_cpp_pre
-    tj = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    pre = tj.get("pre_tokenizer") or {}
-    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    regex = next((p.get("pattern", {}).get("Regex") for p in parts if p.get("type") == "Split"), None)
-    byte_level = any(p.get("type") == "ByteLevel" for p in parts)
-    if tj["model"].get("type") != "BPE" or not byte_level or regex not in _LLAMA_CPP_PRE:
-        raise InvalidInput(
-            f"{tokenizer_dir / 'tokenizer.json'}: llama.cpp cannot reproduce this tokenizer: a GGUF names one of "
-            "llama.cpp's built-in pre-tokenizers, and this one is not byte-level BPE with a pattern llama.cpp "
-            "knows (train the portable tokenizer of issue 11)"
-        )
-    return _LLAMA_CPP_PRE[regex]
-
-
-def _interim_tokenizer(writer: Any, tokenizer_dir: Path, vocab_size: int) -> dict[str, Any]:
-    """Tokenizer keys until issue 11's ``prodip.tokenizer.gguf`` lands (then this function goes).
-
-    Raises:
-        InvalidInput: the tokenizer is not byte-level BPE with a pre-tokenizer llama.cpp knows.
-    """
-    import gguf  # noqa: PLC0415 (optional: pip extra runtimes)
-
-    pre_type = check_tokenizer(tokenizer_dir)
-    tj = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = dict(tj["model"]["vocab"])
-    added = {a["content"]: a["id"] for a in tj.get("added_tokens", [])}
-    vocab.update(added)
-    tokens = [f"<|unused_{i}|>" for i in range(vocab_size)]
-    types = [int(gguf.TokenType.UNUSED)] * vocab_size
-    for tok, i in vocab.items():
-        tokens[i] = tok
-        types[i] = int(gguf.TokenType.CONTROL if tok in added else gguf.TokenType.NORMAL)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre_type)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    ids = {"bos_id": added.get("<|bos|>"), "eos_id": added.get("<|eos|>"), "pad_id": added.get("<|pad|>")}
-    writer.add_bos_token_id(ids["bos_id"])
-    writer.add_eos_token_id(ids["eos_id"])
-    writer.add_pad_token_id(ids["pad_id"])
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    return {"pre": pre_type, "tokens": tokens, **ids, "add_bos": True}
+    require_portable(tokenizer_dir, "llama.cpp")
+    return PRETOKENIZERS[pretokenizer_name(read_tokenizer_json(tokenizer_dir))].llama_cpp_pre
 
 
 def tokenizer_size(tokenizer_dir: Path) -> int:
@@ -231,7 +163,7 @@ def write_gguf(
         w.add_value_length(cfg.head_dim)
     w.add_file_type(ftype[qtype_name])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tok = _add_tokenizer(w, Path(tokenizer_dir), cfg.vocab_size)
+    tok = add_tokenizer_metadata(w, Path(tokenizer_dir), vocab_size=cfg.vocab_size)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     types: Counter = Counter()
     for name, t in model.state_dict().items():

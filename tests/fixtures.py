@@ -264,54 +264,16 @@ def build_all(root: str | Path) -> dict[str, Path]:
 
 # ---- on-device targets (GGUF, ExecuTorch): a tokenizer llama.cpp reproduces, a model Q4_K can hold ----
 
-#: issue 11's portable pre-tokenizer: o200k's pattern with combining marks (\p{M}) in the letter classes;
-#: llama.cpp knows it as the built-in pre-tokenizer type "granite-embed-multi-97m".
-O200K_MARKS = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
-def build_portable_tokenizer(out: Path, vocab_size: int = VOCAB) -> Path:
-    """Byte-level BPE with the o200k-with-marks split (what llama.cpp and ExecuTorch reproduce), NFC,
-    <|pad|>=0, <|bos|>=1 (prepended by the post-processor), <|eos|>=2; trained on :data:`TEXT`."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE(ignore_merges=True))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(O200K_MARKS), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([t * 10 for t in TEXT.values()], trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 1)])
-    tok.save(str(out / "tokenizer.json"))
-    special = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
-    (out / "tokenizer_config.json").write_text(json.dumps({**special, "model_max_length": 96, "add_bos_token": True}))
-    (out / "special_tokens_map.json").write_text(json.dumps(special))
-    return out
-
 
 def build_device_set(root: str | Path, variants: Sequence[str] = ()) -> dict[str, Path]:
-    """Tokenizer (portable), shards, a hidden-256 checkpoint (Q4_K's super-block) and an export with
+    """Tokenizer (the default, portable kind), shards, a hidden-256 checkpoint (Q4_K's super-block) and an export with
     ``variants`` (plus safetensors) for the GGUF and ExecuTorch tests.
 
     The model's vocabulary (512) is larger than the tokenizer's (384), as when a tokenizer comes out
     smaller than ``vocab_size``: the GGUF pads its token list.
     """
     root = Path(root)
-    tok = build_portable_tokenizer(root / "tokenizer")
+    tok = train_tokenizer_from_texts({lang: [text * 10] for lang, text in TEXT.items()}, VOCAB, root / "tokenizer")
     shards = build_shards(root / "shards", tok)
     ckpt = build_checkpoint(
         root / "run", tok, vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4,
