@@ -247,6 +247,79 @@ def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _gguf_path(export_dir: Path, variant: str) -> Path:
+    manifest = json.loads((export_dir / "manifest.json").read_text(encoding="utf-8"))
+    if variant not in manifest["variants"]:
+        raise InvalidInput(f"{export_dir}: has no {variant} variant to plant a fault in (export it first)")
+    return export_dir / manifest["variants"][variant]["path"]
+
+
+def plant_gguf_rope_theta(src: Path, dst: Path, variant: str = "gguf-f16", rope_theta: float = 500000.0) -> Path:
+    """A GGUF whose ``llama.rope.freq_base`` is not the model's ``rope_theta`` (edited in place with
+    gguf-py's ``GGUFReader(mode="r+")``, as llama.cpp's gguf-py/gguf/scripts/gguf_set_metadata.py does)."""
+    import gguf  # noqa: PLC0415 (optional: pip extra runtimes)
+
+    dst = copy_export(src, dst)
+    reader = gguf.GGUFReader(str(_gguf_path(dst, variant)), "r+")
+    field = reader.get_field(gguf.Keys.Rope.FREQ_BASE.format(arch="llama"))
+    field.parts[field.data[0]][0] = rope_theta
+    del reader  # flush the memory map
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_gguf_unpermuted_qk(src: Path, dst: Path, variant: str = "gguf-f16") -> Path:
+    """A float16 GGUF whose q/k rows are left in prodip's rotate-half order (the converter's permute
+    forgotten): llama.cpp then rotates the wrong pairs."""
+    import gguf  # noqa: PLC0415 (optional: pip extra runtimes)
+
+    dst = copy_export(src, dst)
+    cfg = _config(dst)
+    reader = gguf.GGUFReader(str(_gguf_path(dst, variant)), "r+")
+    done = 0
+    for t in reader.tensors:
+        heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}.get(t.name.split(".")[-2])
+        if heads is None:
+            continue
+        if t.tensor_type != gguf.GGMLQuantizationType.F16:
+            raise InvalidInput(f"{variant}: {t.name} is {t.tensor_type.name}; this fault needs float16 rows")
+        w = np.array(t.data)  # (rows, cols) in GGUF's llama pair order
+        rows = w.shape[0]
+        t.data[...] = w.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+        done += 1
+    del reader
+    if done != 2 * cfg["num_hidden_layers"]:
+        raise InvalidInput(f"{variant}: found {done} q/k tensors, expected {2 * cfg['num_hidden_layers']}")
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_pte_max_seq_len(src: Path, dst: Path, variant: str = "pte-fp32", factor: int = 2) -> Path:
+    """A .pte whose runner metadata ``get_max_seq_len`` is ``factor`` x the cache it was exported with
+    (an exporter passing the wrong length): re-exported from the export's source checkpoint."""
+    from prodip.export.executorch import export_pte  # noqa: PLC0415 (slow import, only for this fault)
+    from prodip.train.checkpoint import load_model  # noqa: PLC0415 (only for this fault)
+
+    dst = copy_export(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text(encoding="utf-8"))
+    entry = manifest["variants"].get(variant)
+    if entry is None or entry.get("format") != "pte":
+        raise InvalidInput(f"{src}: has no ExecuTorch variant {variant!r} to plant a fault in")
+    model, config, _ = load_model(manifest["source_checkpoint"]["path"])
+    meta = entry["quantization"]["runner_metadata"]
+    export_pte(
+        model.float().eval(),
+        dst / entry["path"],
+        variant,
+        bos_id=meta["get_bos_id"],
+        eos_ids=meta["get_eos_ids"],
+        group_size=entry["quantization"].get("group_size") or 32,
+        metadata_overrides={"get_max_seq_len": factor * config.max_position_embeddings},
+    )
+    refresh_manifest(dst)
+    return dst
+
+
 FAULTS = {
     "rope_interleaved": plant_rope_interleaved,
     "static_seq": plant_static_seq,
@@ -257,6 +330,9 @@ FAULTS = {
     "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel=BY_NAME["int4"].path),
     "config_rope_theta": plant_config_rope_theta,
     "tokenizer_without_nfc": plant_tokenizer_without_nfc,
+    "gguf_rope_theta": plant_gguf_rope_theta,
+    "gguf_unpermuted_qk": plant_gguf_unpermuted_qk,
+    "pte_max_seq_len": plant_pte_max_seq_len,
 }
 
 
@@ -265,7 +341,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m prodip.conformance.faults EXPORT_DIR OUT_DIR", file=sys.stderr)
         return 2
     for name, fn in FAULTS.items():
-        print(fn(Path(argv[0]), Path(argv[1]) / name))
+        try:
+            print(fn(Path(argv[0]), Path(argv[1]) / name))
+        except InvalidInput as err:  # e.g. a GGUF/.pte fault on an export without that variant
+            shutil.rmtree(Path(argv[1]) / name, ignore_errors=True)
+            print(f"{name}: skipped ({err})")
     return 0
 
 

@@ -32,7 +32,7 @@ from prodip.base.manifest import (
     tool_versions,
     verify_files,
 )
-from prodip.conformance import measure, runners
+from prodip.conformance import device_runners, measure, runners
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.inputs import PROMPTS, build_inputs
@@ -71,7 +71,7 @@ class Candidate:
 
 def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) -> list[Candidate]:
     """Candidates of an export: the safetensors variant twice (prodip's model, transformers),
-    and each ONNX variant once.
+    and each ONNX, GGUF (llama.cpp) and ExecuTorch variant once.
 
     Args:
         manifest: the export manifest.
@@ -89,11 +89,12 @@ def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) 
                 Candidate("safetensors", vname, "prodip", v["path"], "safetensors" + suffix),
                 Candidate("transformers", vname, "transformers", v["path"], "transformers" + suffix),
             ]
-        elif v.get("format") == "onnx":
-            out.append(Candidate(vname, vname, "onnx", v["path"]))
+        elif v.get("format") in ("onnx", "gguf", "pte"):
+            out.append(Candidate(vname, vname, v["format"], v["path"]))
         else:
             raise InvalidInput(
-                f"manifest variant {vname!r} has format {v.get('format')!r}; expected 'safetensors' or 'onnx'"
+                f"manifest variant {vname!r} has format {v.get('format')!r}; expected 'safetensors', 'onnx', "
+                "'gguf' or 'pte'"
             )
     if only:
         unknown = set(only) - {c.name for c in out} - {c.variant for c in out}
@@ -135,6 +136,12 @@ def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int)
         return runners.TorchRunner(load_safetensors_model(export_dir, cand.path), cand.name)
     if cand.kind == "transformers":
         return runners.TransformersRunner(export_dir, cand.name)
+    if cand.kind == "gguf":
+        return device_runners.LlamaCppRunner(
+            export_dir / cand.path, cand.name, context=model_cfg.max_position_embeddings, threads=threads
+        )
+    if cand.kind == "pte":
+        return device_runners.ExecuTorchRunner(export_dir / cand.path, cand.name)
     return runners.OrtRunner(
         export_dir / cand.path,
         cand.name,
@@ -328,6 +335,24 @@ def _check_readable(export_dir: Path, manifest: dict[str, Any], candidates: list
                 ) from None
 
 
+def _runtime_tokenizer(cand: Candidate, runner: Any, export_dir: Path, texts: list[str], metrics: dict) -> None:
+    """``runtime_tokenizer_mismatches``: prompts (NFC) whose ids from the runtime's own tokenizer differ
+    from ``tokenizers``' default encode of the export's ``tokenizer.json`` (BOS included)."""
+    manifest_tok = (read_manifest(export_dir)["variants"][cand.variant].get("tokenizer")) or "tokenizer.json"
+    texts = [unicodedata.normalize("NFC", t) for t in texts]
+    want = [e.ids for e in Tokenizer.from_file(str(export_dir / "tokenizer.json")).encode_batch(texts)]
+    try:
+        got = device_runners.runtime_token_ids(cand.kind, runner, export_dir / manifest_tok, texts)
+    except Exception as err:  # a tokenizer the runtime cannot load fails the check
+        metrics["runtime_tokenizer_mismatches"] = len(texts)
+        metrics["runtime_tokenizer_error"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
+        return
+    bad = [t[:40] for t, g, w in zip(texts, got, want) if list(g) != list(w)]
+    metrics["runtime_tokenizer_mismatches"] = len(bad)
+    if bad:
+        metrics["runtime_tokenizer_mismatched_texts"] = bad
+
+
 def check_candidate(
     cand: Candidate,
     export_dir: Path,
@@ -360,10 +385,22 @@ def check_candidate(
     except Exception as err:  # an unloadable artifact fails, it does not crash the suite
         errors["load"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
     else:
+        if cand.kind in ("gguf", "pte"):  # what the runtime reads from the file: context, vocab, special ids
+            try:
+                problems = device_runners.metadata_problems(cand.kind, runner, model_cfg)
+            except Exception as err:  # an unreadable file fails the check, it does not crash the suite
+                problems = [f"{type(err).__name__}: {str(err).strip()[:400]}"]
+            metrics["runtime_version"] = device_runners.runtime_version(cand.kind, runner)
+            metrics["runtime_metadata_ok"] = not problems
+            if problems:
+                metrics["runtime_metadata_problems"] = problems
+            _runtime_tokenizer(cand, runner, export_dir, list(inputs.texts.values()), metrics)
         m, errors = measure.measure_candidate(
             runner, inputs, ref, greedy_tokens=cfg.greedy_tokens, kv_steps=cfg.kv_steps
         )
         metrics.update(m)
+        if hasattr(runner, "close"):
+            runner.close()
     checks = gate(metrics, errors, table)
     if table is None:
         checks[-1]["note"] = f"no [{cand.tolerance_table}] table in the tolerance file"

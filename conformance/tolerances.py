@@ -35,7 +35,7 @@ import tomllib
 
 from prodip.base.config import ConfigError
 from prodip.base.errors import MissingInput
-from prodip.base.variants import ONNX_VARIANTS, SAFETENSORS_DTYPES
+from prodip.base.variants import GGUF_VARIANTS, ONNX_VARIANTS, PTE_VARIANTS, SAFETENSORS_DTYPES
 
 DEFAULT = Path(__file__).with_name("tolerances.toml")
 FORMAT_VERSION = 1
@@ -68,6 +68,13 @@ CANDIDATE_METRICS = {
     "bpc_delta_max": "max",
 }
 ONNX_METRICS = {"dynamic_axes": "true"}
+#: GGUF and .pte: what the runtime reads from the file (context length, vocabulary, BOS/EOS, add-BOS)
+#: equals the training model's config (conformance/device_runners.py metadata_problems).
+#: runtime_tokenizer_mismatches: prompts whose ids from the runtime's own tokenizer (llama.cpp over the
+#: GGUF vocabulary; ExecuTorch's C++ HFTokenizer) differ from ``tokenizers`` (NFC input, BOS included).
+DEVICE_METRICS = {"runtime_metadata_ok": "true", "runtime_tokenizer_mismatches": "count"}
+#: Device variants held to the exact bounds (same fp32 weights, another runtime).
+EXACT_DEVICE = ("pte-fp32",)
 
 REQUIRED_GLOBAL = tuple(GLOBAL_METRICS)
 REQUIRED_EXACT = ("max_abs_logit", "greedy_identical", "kv_cache_max_abs", "padded_batch_max_abs", "bpc_delta_max")
@@ -96,6 +103,11 @@ def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
     if table in ONNX_VARIANTS:
         required = REQUIRED_EXACT if table == "fp32" else REQUIRED_REDUCED
         return required + tuple(ONNX_METRICS), {**CANDIDATE_METRICS, **ONNX_METRICS}
+    if table in GGUF_VARIANTS or table in PTE_VARIANTS:
+        required = REQUIRED_EXACT if table in EXACT_DEVICE else REQUIRED_REDUCED
+        if table == "gguf-f16":  # float16 weights: greedy ids identical over the greedy tokens, logits bounded
+            required = REQUIRED_REDUCED + ("greedy_identical", "max_abs_logit")
+        return required + tuple(DEVICE_METRICS), {**CANDIDATE_METRICS, **DEVICE_METRICS}
     return None
 
 
@@ -105,6 +117,8 @@ def known_tables() -> list[str]:
         "safetensors",
         "transformers",
         *ONNX_VARIANTS,
+        *GGUF_VARIANTS,
+        *PTE_VARIANTS,
         *[f"{b}_{d}" for b in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES if d != "float32"],
     ]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from prodip.base.config import opt
 from prodip.base.errors import InvalidInput
-from prodip.base.variants import SAFETENSORS_DTYPES, VARIANT_NAMES
+from prodip.base.variants import DEFAULT_VARIANTS, SAFETENSORS_DTYPES, VARIANT_NAMES
 from prodip.export.limits import check_nbits_options, check_opset
 
 # The variant table is a stage-to-stage contract: it lives in prodip.base.variants.
@@ -23,9 +23,12 @@ class ExportConfig:
     checkpoint: str = opt("", "checkpoint step dir, checkpoints dir or run dir (follows `latest`)")
     out: str = opt("", "export dir to create (refused if it exists and is not empty, unless --force)")
     variants: list[str] = opt(
-        help="variants to write, any of " + ", ".join(VARIANTS) + " (default: all; "
-        "model.safetensors, the HF base, is always written)",
-        factory=lambda: list(VARIANTS),
+        help="variants to write, any of "
+        + ", ".join(VARIANTS)
+        + " (default: "
+        + ", ".join(DEFAULT_VARIANTS)
+        + "; model.safetensors, the HF base, is always written; gguf-* and pte-* need pip extra `runtimes`)",
+        factory=lambda: list(DEFAULT_VARIANTS),
     )
     safetensors_dtype: str = opt("float32", "dtype of model.safetensors", choices=SAFETENSORS_DTYPES)
     opset: int = opt(18, "ONNX opset of the decoder graphs (torch.onnx dynamo exporter)")
@@ -53,6 +56,9 @@ class ExportConfig:
         "int4: MatMulNBits accuracy_level (0 = unset, 1 fp32 .. 4 int8 compute: the model builder's "
         "choice, ~3x faster decode on CPU than unset)",
     )
+    pte_group_size: int = opt(
+        32, "pte-8da4w: weights per int4 group along each Linear's input dim (must divide hidden and intermediate size)"
+    )
     force: bool = opt(False, "replace an existing, non-empty export dir")
 
     def __post_init__(self) -> None:
@@ -68,3 +74,6 @@ class ExportConfig:
         check_opset(self.opset)
         check_nbits_options(4, self.int4_block_size, self.int4_accuracy_level, name="ExportConfig.int4_block_size")
         check_nbits_options(8, self.int8_block_size, 4, name="ExportConfig.int8_block_size")
+        gs = self.pte_group_size
+        if gs < 16 or gs & (gs - 1):
+            raise InvalidInput(f"ExportConfig.pte_group_size must be a power of 2 >= 16, got {gs}")

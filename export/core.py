@@ -1,4 +1,4 @@
-"""``prodip export``: checkpoint -> HF safetensors + ONNX fp32/fp16/int8/int4 + manifest.json.
+"""``prodip export``: checkpoint -> HF safetensors + ONNX fp32/fp16/int8/int4 (+ GGUF, ExecuTorch) + manifest.json.
 
 Everything is built in a hidden temporary folder beside the target and renamed into place at
 the end, so an export dir either is complete (with its manifest) or does not exist. Temporary
@@ -10,6 +10,7 @@ folders left by a killed export (``.OUT.tmp.<pid>`` whose process is gone) are r
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -26,10 +27,13 @@ import onnx
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.manifest import read_manifest, write_manifest
-from prodip.base.variants import BY_NAME, ONNX_DIR, ONNX_VARIANTS, onnx_files
+from prodip.base.variants import BY_NAME, GGUF_VARIANTS, ONNX_DIR, ONNX_VARIANTS, PTE_DIR, PTE_VARIANTS, onnx_files
+from prodip.export import executorch as pte_export
 from prodip.export import genai, hf, quantize
+from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
+from prodip.tokenizer.portable import require_portable
 from prodip.train.checkpoint import TOKENIZER_SUBDIR, load_model, resolve_checkpoint
 
 logger = logging.getLogger("export")
@@ -277,6 +281,62 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     return out
 
 
+def check_device_targets(config: Any, cfg: ExportConfig, tokenizer_dir: Optional[Path]) -> None:
+    """Refuse GGUF/.pte variants the model or tokenizer cannot be represented in (nothing written yet).
+
+    Raises:
+        InvalidInput: naming the target and the limit (see ``export.gguf.check_representable`` and
+            ``export.executorch.check_representable``), or a GGUF without a tokenizer dir.
+        MissingInput: the ``gguf``/``executorch`` package (pip extra ``runtimes``) is not installed.
+    """
+    wanted = [v for v in cfg.variants if v in GGUF_VARIANTS or v in PTE_VARIANTS]
+    for name in wanted:
+        module = "gguf" if name in GGUF_VARIANTS else "executorch"
+        if importlib.util.find_spec(module) is None:
+            raise MissingInput(
+                f"variant {name} needs the {module!r} package: pip install -e '.[runtimes]' "
+                "(gguf for llama.cpp files, executorch for .pte programs)"
+            )
+    if any(v in GGUF_VARIANTS for v in wanted):
+        if tokenizer_dir is None:
+            raise InvalidInput("GGUF variants carry the tokenizer; this export has no tokenizer dir")
+        tokens = gguf_export.tokenizer_size(Path(tokenizer_dir))
+        for name in (v for v in wanted if v in GGUF_VARIANTS):
+            gguf_export.check_representable(config, name, tokens)
+        gguf_export.check_tokenizer(Path(tokenizer_dir))
+        if "gguf-q4_k_m" in wanted:
+            gguf_export.llama_cpp_lib_dir()
+    for name in (v for v in wanted if v in PTE_VARIANTS):
+        pte_export.check_representable(config, name, cfg.pte_group_size)
+    if any(v in PTE_VARIANTS for v in wanted) and tokenizer_dir is not None:
+        require_portable(tokenizer_dir, "executorch")
+
+
+def _build_devices(
+    model: Any, root: Path, cfg: ExportConfig, tokenizer_dir: Optional[Path], step
+) -> dict[str, dict[str, Any]]:
+    """Write the requested GGUF and ExecuTorch variants; returns their manifest entries."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in (v for v in GGUF_VARIANTS if v in cfg.variants):
+        v = BY_NAME[name]
+        with step(f"GGUF {name} (llama.cpp)"):
+            quant = gguf_export.export_gguf(model, Path(tokenizer_dir), root / v.path, name)
+        out[name] = {"path": v.path, "format": "gguf", "dtype": v.dtype, "quantization": quant}
+    pte = [v for v in PTE_VARIANTS if v in cfg.variants]
+    if pte:
+        tok = pte_export.write_tokenizer(Path(tokenizer_dir), root / PTE_DIR) if tokenizer_dir else None
+        tok_rel = tok.relative_to(root).as_posix() if tok else None
+        bos, eos = model.config.bos_token_id, model.config.eos_token_id
+    for name in pte:
+        v = BY_NAME[name]
+        with step(f"ExecuTorch {name} (XNNPACK)"):
+            quant = pte_export.export_pte(
+                model, root / v.path, name, bos_id=bos, eos_ids=[eos], group_size=cfg.pte_group_size
+            )
+        out[name] = {"path": v.path, "format": "pte", "dtype": v.dtype, "quantization": quant, "tokenizer": tok_rel}
+    return out
+
+
 def export_model(
     model: Any,
     cfg: ExportConfig,
@@ -301,13 +361,15 @@ def export_model(
     """
     out = Path(cfg.out)
     check_out_dir(out, cfg.force)
+    check_device_targets(model.config, cfg, tokenizer_dir)  # refused before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_dirs(out)
     tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     derived = sum(v in cfg.variants for v in ("fp16", "int8", "int4"))
-    total = 2 + derived + (derived > 0 or "fp32" in cfg.variants)
+    devices = sum(v in cfg.variants for v in (*GGUF_VARIANTS, *PTE_VARIANTS))
+    total = 2 + derived + (derived > 0 or "fp32" in cfg.variants) + devices
     counter = iter(range(1, total + 1))
     step = lambda name: _phase(next(counter), total, name)  # noqa: E731
     t0 = time.perf_counter()
@@ -348,6 +410,7 @@ def _build_all(
     }
     variants.update(_build_onnx(model, tmp, cfg, step))
     _write_runtime_configs(tmp, variants)
+    variants.update(_build_devices(model, tmp, cfg, tokenizer_dir, step))
     with step("manifest.json (sha256 of every file)"):
         (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
         for path in tmp.rglob("*"):  # onnx/safetensors create some files 0600; exports are shared
@@ -435,7 +498,7 @@ def size_table(export_dir: str | os.PathLike) -> str:
     base = sizes.get("fp32")
     lines = [f"{'variant':<12} {'file':<26} {'MiB':>9} {'vs fp32':>8}"]
     for name, v in manifest["variants"].items():
-        ratio = f"{sizes[name] / base:.3f}x" if base and v["format"] == "onnx" else "-"
+        ratio = f"{sizes[name] / base:.3f}x" if base and v["format"] in ("onnx", "gguf", "pte") else "-"
         lines.append(f"{name:<12} {v['path']:<26} {sizes[name] / 2**20:>9.2f} {ratio:>8}")
     return "\n".join(lines)
 

@@ -95,7 +95,7 @@ def _export_rows(manifest: dict, conformance: dict | None) -> list[list[Any]]:
     rows = []
     for name, v in variants.items():
         size = _variant_bytes(v, files)
-        ratio = f"{size / base:.2f}x" if base and v.get("format") == "onnx" else ""
+        ratio = f"{size / base:.2f}x" if base and v.get("format") in ("onnx", "gguf", "pte") else ""
         verdict = verdicts.get(name, {})
         passed = verdict.get("passed") if isinstance(verdict, dict) else verdict
         rows.append(

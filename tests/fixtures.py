@@ -24,7 +24,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from prodip.export.config import VARIANTS, ExportConfig
+from prodip.base.variants import DEFAULT_VARIANTS
+from prodip.export.config import ExportConfig
 from prodip.export.core import export_checkpoint
 from prodip.tokenizer.bpe import tokenizer_config, train_tokenizer_from_texts, with_bos_convention
 from prodip.tokenizer.shards import FORMAT_VERSION as SHARDS_FORMAT_VERSION
@@ -137,7 +138,7 @@ def build_tiny_export(
     Args:
         tmp_dir: empty scratch folder; gets ``tokenizer/``, ``run/`` and ``export/``.
         tie, vocab_size, seed, **config_kwargs: see :func:`build_tiny_checkpoint`.
-        variants: subset of ``prodip.export.config.VARIANTS`` (default all: ~5-10 s on 2 cores).
+        variants: subset of ``prodip.base.variants.VARIANT_NAMES`` (default: DEFAULT_VARIANTS, ~5-10 s on 2 cores).
         export_options: more ExportConfig fields, e.g. ``{"onnx_external_data": True}``.
     Returns:
         The export dir (``tmp_dir/export``).
@@ -146,7 +147,7 @@ def build_tiny_export(
     cfg = ExportConfig(
         checkpoint=str(run),
         out=str(Path(tmp_dir) / "export"),
-        variants=list(variants or VARIANTS),
+        variants=list(variants or DEFAULT_VARIANTS),
         **(export_options or {}),
     )
     return export_checkpoint(cfg)
@@ -245,10 +246,10 @@ def build_checkpoint(run_dir: Path, tokenizer_dir: Path, seed: int = 0, **overri
 
 
 def build_export(ckpt: Path, out: Path, variants=None) -> Path:
-    from prodip.export.config import VARIANTS, ExportConfig
+    from prodip.export.config import ExportConfig
     from prodip.export.core import export_checkpoint
 
-    cfg = ExportConfig(checkpoint=str(ckpt), out=str(out), variants=list(variants or VARIANTS))
+    cfg = ExportConfig(checkpoint=str(ckpt), out=str(out), variants=list(variants or DEFAULT_VARIANTS))
     return export_checkpoint(cfg)
 
 
@@ -258,6 +259,27 @@ def build_all(root: str | Path) -> dict[str, Path]:
     shards = build_shards(root / "shards", tok)
     ckpt = build_checkpoint(root / "run", tok)
     export = build_export(ckpt, root / "export")
+    return {"tokenizer": tok, "shards": shards, "checkpoint": ckpt, "export": export}
+
+
+# ---- on-device targets (GGUF, ExecuTorch): a tokenizer llama.cpp reproduces, a model Q4_K can hold ----
+
+
+def build_device_set(root: str | Path, variants: Sequence[str] = ()) -> dict[str, Path]:
+    """Tokenizer (the default, portable kind), shards, a hidden-256 checkpoint (Q4_K's super-block) and an export with
+    ``variants`` (plus safetensors) for the GGUF and ExecuTorch tests.
+
+    The model's vocabulary (512) is larger than the tokenizer's (384), as when a tokenizer comes out
+    smaller than ``vocab_size``: the GGUF pads its token list.
+    """
+    root = Path(root)
+    tok = train_tokenizer_from_texts({lang: [text * 10] for lang, text in TEXT.items()}, VOCAB, root / "tokenizer")
+    shards = build_shards(root / "shards", tok)
+    ckpt = build_checkpoint(
+        root / "run", tok, vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=2, initializer_range=0.06,
+    )  # fmt: skip
+    export = build_export(ckpt, root / "export", variants=["safetensors", *variants])
     return {"tokenizer": tok, "shards": shards, "checkpoint": ckpt, "export": export}
 
 

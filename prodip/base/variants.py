@@ -1,7 +1,8 @@
 """The export variants: one table read by export, conformance, serve and the pipeline summary.
 
 A variant is one artifact of an export dir that a runtime loads: ``safetensors`` (the Hugging
-Face base, always written) and the ONNX decoders. Each row says where its file lives (relative
+Face base, always written), the ONNX decoders, GGUF files for llama.cpp and ExecuTorch programs
+(``.pte``, XNNPACK). Each row says where its file lives (relative
 to the export dir), its format and weight dtype, and which serving paths can load it. New
 targets (GGUF, ExecuTorch) add rows here, and every stage picks them up.
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ONNX_DIR = "onnx"
+GGUF_DIR = "gguf"
+PTE_DIR = "executorch"
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,13 @@ class Variant:
     Attributes:
         name: the key in ``manifest.json`` ``variants``, ``--variants`` and the tolerance tables.
         path: file relative to the export dir.
-        format: ``"safetensors"`` or ``"onnx"``.
-        dtype: weight dtype as written (``float32``, ``float16``, ``int8``, ``int4``).
+        format: ``"safetensors"``, ``"onnx"``, ``"gguf"`` (llama.cpp) or ``"pte"`` (ExecuTorch).
+        dtype: weight dtype as written (``float32``, ``float16``, ``int8``, ``int4``; GGUF: llama.cpp's
+            type name, ``q8_0``, ``q4_k_m``; ExecuTorch: ``8da4w`` = int8 dynamic activations, int4 weights).
         servable: ``prodip serve`` can run it (an ONNX decoder with the KV-cache I/O of :mod:`prodip.base.onnx_io`).
         transformersjs_dtype: the ``dtype`` option of transformers.js that loads this file ("" = none).
+        default: written when ``--variants`` is not given. The GGUF and ``.pte`` targets need the
+            ``runtimes`` extra (``gguf``, ``executorch``) and are asked for by name.
     """
 
     name: str
@@ -42,6 +48,7 @@ class Variant:
     dtype: str
     servable: bool
     transformersjs_dtype: str = ""
+    default: bool = True
 
 
 #: Every variant ``prodip export`` can write, in build order (fp32 ONNX is the source of the others).
@@ -51,6 +58,11 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("fp16", f"{ONNX_DIR}/model_fp16.onnx", "onnx", "float16", servable=True, transformersjs_dtype="fp16"),
     Variant("int8", f"{ONNX_DIR}/model_quantized.onnx", "onnx", "int8", servable=True, transformersjs_dtype="q8"),
     Variant("int4", f"{ONNX_DIR}/model_q4.onnx", "onnx", "int4", servable=True, transformersjs_dtype="q4"),
+    Variant("gguf-f16", f"{GGUF_DIR}/model-f16.gguf", "gguf", "float16", servable=False, default=False),
+    Variant("gguf-q8_0", f"{GGUF_DIR}/model-q8_0.gguf", "gguf", "q8_0", servable=False, default=False),
+    Variant("gguf-q4_k_m", f"{GGUF_DIR}/model-q4_k_m.gguf", "gguf", "q4_k_m", servable=False, default=False),
+    Variant("pte-fp32", f"{PTE_DIR}/model.pte", "pte", "float32", servable=False, default=False),
+    Variant("pte-8da4w", f"{PTE_DIR}/model_8da4w.pte", "pte", "8da4w", servable=False, default=False),
 )
 
 BY_NAME: dict[str, Variant] = {v.name: v for v in VARIANTS}
@@ -58,6 +70,12 @@ BY_NAME: dict[str, Variant] = {v.name: v for v in VARIANTS}
 VARIANT_NAMES: tuple[str, ...] = tuple(v.name for v in VARIANTS)
 #: Names of the ONNX decoder variants, in build order.
 ONNX_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.format == "onnx")
+#: Names written when ``--variants`` is not given (safetensors and ONNX).
+DEFAULT_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.default)
+#: Names of the GGUF (llama.cpp) variants.
+GGUF_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.format == "gguf")
+#: Names of the ExecuTorch program variants.
+PTE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.format == "pte")
 #: Names ``prodip serve --variant`` accepts.
 SERVABLE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.servable)
 #: dtypes ``model.safetensors`` may be written in.

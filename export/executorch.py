@@ -1,0 +1,218 @@
+"""ExecuTorch programs (``.pte``, XNNPACK) of the training model with a static KV cache.
+
+:class:`StaticCacheDecoder` wraps the training model itself, unchanged: per layer a key and a value
+buffer (1, Hkv, S, Dh) with S = ``max_position_embeddings`` hold the cache; each call passes the whole
+buffer as the model's ``past_key_values`` with an attention mask that admits only the slots already
+written (positions ``< input_pos``), then writes the new keys and values at ``input_pos + arange(T)``
+(``index_copy_``, an in-place buffer mutation ExecuTorch keeps between calls). So RoPE, GQA and the
+attention are the training model's, and conformance checks exactly them.
+
+The program follows ExecuTorch's LLM runner contract (``extension/llm/runner``: text_decoder_runner.cpp,
+constants.h; ``examples/models/llama/export_llama_lib.py`` ``_load_llama_model_metadata``):
+``forward(tokens (1, T) int64, input_pos (1,) int64) -> logits (1, T, V) float32`` with a dynamic
+T in [1, S], and constant methods ``get_bos_id``, ``get_eos_ids``, ``get_max_seq_len``,
+``get_max_context_len``, ``get_vocab_size``, ``get_n_layers``, ``use_kv_cache``,
+``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``. ``pte-8da4w`` quantises every Linear with
+torchao's ``Int8DynamicActivationIntxWeightConfig`` (int4 weights per group, int8 dynamic
+activations): ExecuTorch's ``--qmode 8da4w`` (examples/models/llama/source_transformation/quantize.py),
+which XNNPACK runs as dynamically quantised linears.
+
+    python -m prodip.export CKPT --out OUT --variants pte-fp32,pte-8da4w
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from prodip.base.errors import InvalidInput
+from prodip.tokenizer.portable import write_target_files
+
+logger = logging.getLogger(__name__)
+
+#: ExecuTorch's LLM runner metadata keys (extension/llm/runner/constants.h).
+METADATA_KEYS = (
+    "get_bos_id",
+    "get_eos_ids",
+    "get_max_seq_len",
+    "get_max_context_len",
+    "get_vocab_size",
+    "get_n_layers",
+    "use_kv_cache",
+    "use_sdpa_with_kv_cache",
+    "enable_dynamic_shape",
+)
+
+
+class StaticCacheDecoder(nn.Module):
+    """``forward(tokens (1, T) int64, input_pos (1,) int64) -> logits (1, T, V) float32``.
+
+    Args:
+        model: ``prodip.train.model.LlamaForCausalLM`` (float32, eval; used as is).
+        max_seq_len: S, cache slots per layer (tokens); positions must stay below it.
+    """
+
+    def __init__(self, model: nn.Module, max_seq_len: int) -> None:
+        super().__init__()
+        self.model = model
+        c = model.config
+        self.max_seq_len, self.num_layers = max_seq_len, c.num_hidden_layers
+        shape = (1, c.num_key_value_heads, max_seq_len, c.head_dim)
+        for i in range(self.num_layers):
+            self.register_buffer(f"k_cache_{i}", torch.zeros(shape))
+            self.register_buffer(f"v_cache_{i}", torch.zeros(shape))
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        T, S = tokens.shape[1], self.max_seq_len
+        new_pos = input_pos[0] + torch.arange(T, device=tokens.device)  # (T,) absolute positions
+        written = (torch.arange(S, device=tokens.device) < input_pos[0]).to(torch.int64)  # (S,) filled slots
+        mask = torch.cat([written, torch.ones(T, dtype=torch.int64, device=tokens.device)])[None]  # (1, S+T)
+        cache = [(getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")) for i in range(self.num_layers)]
+        logits, present = self.model(
+            tokens, position_ids=new_pos[None], attention_mask=mask, past_key_values=cache, use_cache=True
+        )
+        for i, (k, v) in enumerate(present):  # present: (1, Hkv, S+T, Dh); the new T follow the S slots
+            getattr(self, f"k_cache_{i}").index_copy_(2, new_pos, k.narrow(2, S, T))
+            getattr(self, f"v_cache_{i}").index_copy_(2, new_pos, v.narrow(2, S, T))
+        return logits
+
+
+def runner_metadata(config: Any, *, bos_id: int, eos_ids: list[int]) -> dict[str, Any]:
+    """The constant methods ExecuTorch's LLM runners read (names: :data:`METADATA_KEYS`)."""
+    S = config.max_position_embeddings
+    return {
+        "get_bos_id": bos_id,
+        "get_eos_ids": list(eos_ids),
+        "get_max_seq_len": S,
+        "get_max_context_len": S,
+        "get_vocab_size": config.vocab_size,
+        "get_n_layers": config.num_hidden_layers,
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": False,
+        "enable_dynamic_shape": True,
+    }
+
+
+def check_representable(config: Any, variant: str, group_size: int) -> None:
+    """Refuse, before anything is written, a model the variant cannot hold.
+
+    Raises:
+        InvalidInput: pte-8da4w with a Linear input size (hidden_size, intermediate_size,
+            heads * head_dim) that ``group_size`` does not divide (the Linear would stay float32).
+    """
+    if variant != "pte-8da4w":
+        return
+    rows = {
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads * head_dim": config.num_attention_heads * config.head_dim,
+    }
+    bad = {k: v for k, v in rows.items() if v % group_size}
+    if bad:
+        raise InvalidInput(
+            f"pte-8da4w: int4 weight groups of {group_size} must divide every Linear's input size, but "
+            + ", ".join(f"{k} = {v}" for k, v in bad.items())
+            + " is not a multiple; pass --pte-group-size with a power of 2 that divides them"
+        )
+
+
+def _quantize_8da4w(model: nn.Module, group_size: int) -> None:
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_  # noqa: PLC0415 (optional)
+    from torchao.quantization.granularity import PerGroup  # noqa: PLC0415 (optional: executorch's torchao)
+
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))
+    quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
+
+
+def export_pte(
+    model: nn.Module,
+    path: Path,
+    variant: str,
+    *,
+    bos_id: int,
+    eos_ids: list[int],
+    group_size: int = 32,
+    metadata_overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Lower the training model to an ExecuTorch program for XNNPACK and write it to ``path``.
+
+    Args:
+        model: the training model (copied to float32 and put in eval mode; not modified).
+        path: destination ``.pte``.
+        variant: ``pte-fp32`` or ``pte-8da4w``.
+        bos_id, eos_ids: the runner's BOS and end-of-generation ids.
+        group_size: int4 weights per group (pte-8da4w).
+        metadata_overrides: replace runner metadata values (planted faults only).
+    Returns:
+        The manifest ``quantization`` entry: scheme, group size, metadata, tool versions.
+    Raises:
+        InvalidInput: see :func:`check_representable`.
+    """
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # noqa: PLC0415 (optional)
+        XnnpackPartitioner,
+    )
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower  # noqa: PLC0415 (optional)
+
+    check_representable(model.config, variant, group_size)
+    t0 = time.perf_counter()
+    model = copy.deepcopy(model).float().eval()
+    if variant == "pte-8da4w":
+        _quantize_8da4w(model, group_size)
+    S = model.config.max_position_embeddings
+    decoder = StaticCacheDecoder(model, S).eval()
+    example = (torch.tensor([[1, 2, 3]], dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
+    # Dim.DYNAMIC, not a named Dim: torch.export cannot prove a harmless Min(...) guard from the
+    # repeat_interleave of GQA over S + T keys and would reject a strict named range.
+    seq = torch.export.Dim.DYNAMIC(min=1, max=S)
+    with torch.no_grad():
+        program = torch.export.export(decoder, example, dynamic_shapes=({1: seq}, None), strict=False)
+    meta = {**runner_metadata(model.config, bos_id=bos_id, eos_ids=eos_ids), **(metadata_overrides or {})}
+    edge = to_edge_transform_and_lower(
+        program,
+        partitioner=[XnnpackPartitioner()],
+        constant_methods=meta,
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        edge.to_executorch().write_to_file(f)
+    logger.info("%s: %s in %.1f s", variant, path, time.perf_counter() - t0)
+    quant = {"scheme": "8da4w", "group_size": group_size, "quantizer": "torchao Int8DynamicActivationIntxWeightConfig"}
+    return {
+        **(quant if variant == "pte-8da4w" else {"scheme": None}),
+        "backend": "xnnpack",
+        "runner_metadata": meta,
+        "executorch_version": _version("executorch"),
+        "torchao_version": _version("torchao"),
+    }
+
+
+def write_tokenizer(tokenizer_dir: Path, out_dir: Path) -> Path:
+    """The tokenizer files ExecuTorch's ``HFTokenizer`` reads, beside the program; returns ``tokenizer.json``.
+
+    ``prodip.tokenizer.portable.write_target_files`` writes them: ``tokenizer.json`` without its NFC
+    normaliser (HFTokenizer's NFC step breaks precomposed characters; the app NFC-normalises).
+
+    Raises:
+        InvalidInput: ExecuTorch's tokenizer cannot reproduce this tokenizer (named why).
+    """
+    write_target_files(tokenizer_dir, out_dir, "executorch")
+    return out_dir / "tokenizer.json"
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415 (only for the manifest)
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+__all__ = ["StaticCacheDecoder", "export_pte", "runner_metadata", "check_representable", "METADATA_KEYS"]
