@@ -186,14 +186,15 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
 def test_a_deleted_export_file_is_exported_again(tiny_run):
     config, run, _ = tiny_run
     from prodip.base.manifest import verify_files
+    from prodip.base.variants import BY_NAME
 
-    onnx_int8 = next((run / "export" / "onnx").glob("*int8*.onnx"))
+    onnx_int8 = run / "export" / BY_NAME["int8"].path
     onnx_int8.unlink()
     again = _prodip("run", str(config), "--stages", "export,conformance")
     assert again.returncode == 0, again.stderr
     assert "already complete" not in again.stdout and "missing from the export" in again.stderr
     assert onnx_int8.exists() and verify_files(run / "export")
-    fp16 = next((run / "export" / "onnx").glob("*fp16*.onnx"))  # same size, other bytes
+    fp16 = run / "export" / BY_NAME["fp16"].path  # same size, other bytes
     data = bytearray(fp16.read_bytes())
     data[len(data) // 2] ^= 0xFF
     fp16.write_bytes(bytes(data))
