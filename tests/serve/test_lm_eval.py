@@ -104,7 +104,9 @@ def test_lm_eval_readme_command_matches_hf(tiny_export, tmp_path):
         "--model",
         "hf",
         "--model_args",
-        f"pretrained={export_dir},dtype=float32",
+        # add_bos_token: every training document starts with <|bos|>, and the served prompt does too
+        # (tokenizer.json's post-processor); lm-eval's hf backend leaves BOS out unless asked
+        f"pretrained={export_dir},dtype=float32,add_bos_token=True",
         "--device",
         "cpu",
     ]
