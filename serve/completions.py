@@ -6,8 +6,9 @@ always join to exactly the non-streamed text. ``logprobs`` follow the legacy com
 first, its first token scored ``null``, which is what lm-evaluation-harness ``local-completions``
 reads for log-likelihood tasks (``echo=True, max_tokens=0|1, logprobs=1``). ``text_offset`` indexes
 the returned text (echo included, cumulative over a stream), ``tokens`` are the pieces of that text
-(``bytes:\\xNN`` for a byte token of part of a character, ``""`` for a special token), and tokens
-from a stop string on are left out (serve/README.md). A text prompt is echoed as sent.
+(``bytes:\\xNN...`` for a token that is not whole UTF-8 characters, at the offset of the
+character it starts in; ``""`` for a special token), and tokens from a stop string on are left out
+(serve/README.md). A text prompt is echoed in the tokenizer's normal form (NFC).
 Logprobs are natural logs of the model's own distribution (before penalties, logit_bias,
 temperature, top-k and top-p).
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from prodip.serve.batching import PromptScores, TokenOut
-from prodip.serve.service import Service
+from prodip.serve.service import PieceWalk, Service
 
 
 def sse(payload: Any) -> str:
@@ -51,7 +52,7 @@ class _Choice:
     top_logprobs: list[Optional[dict[str, float]]] = field(default_factory=list)
     text_offset: list[int] = field(default_factory=list)
     pending: list[tuple[str, Optional[float], dict[str, float], int]] = field(default_factory=list)
-    produced: int = 0  # characters the detokeniser produced for the generated tokens so far
+    walk: Optional[PieceWalk] = None  # pieces and offsets of the generated tokens, from their bytes
     returned: int = 0  # characters of completion text returned so far
     finish_reason: Optional[str] = None
 
@@ -95,15 +96,8 @@ def _apply(
         choice.token_ids.append(event.token_id)
         choice.all_logprobs.append(event.logprob)
         if want_lp:
-            choice.pending.append(
-                (
-                    svc.token_piece(event.token_id, event.piece),
-                    event.logprob,
-                    _top_dict(svc, event.top),
-                    choice.produced,
-                )
-            )
-            choice.produced += len(event.piece)
+            piece, offset = choice.walk.add(event.token_id)
+            choice.pending.append((piece, event.logprob, _top_dict(svc, event.top), offset))
     if event.finish_reason:
         choice.finish_reason = "stop" if event.finish_reason == "stop" else "length"
     lp = choice.release(bool(event.finish_reason), event.stop_string) if want_lp else None
@@ -126,6 +120,14 @@ def _echoes(
     return [svc.echo(ids, raw) for ids, raw in zip(prompts, texts)]
 
 
+def _choices(svc: Service, prompts: list[list[int]], n: int, echoes: list, echo: bool) -> list[_Choice]:
+    """One :class:`_Choice` per prompt x n, its offsets after the echoed prompt."""
+    return [
+        _Choice(base=len(echoes[i // n][0]) if echo else 0, walk=svc.piece_walk(prompts[i // n]))
+        for i in range(len(prompts) * n)
+    ]
+
+
 async def completion(
     svc: Service,
     events: AsyncIterator,
@@ -140,7 +142,7 @@ async def completion(
     ``prompt_texts``: each prompt as sent when it was text (echoed verbatim), else None.
     """
     echoes = _echoes(svc, prompts, prompt_texts, echo)
-    choices = [_Choice(base=len(echoes[i // n][0]) if echo else 0) for i in range(len(prompts) * n)]
+    choices = _choices(svc, prompts, n, echoes, echo)
     async for index, event in events:
         _apply(svc, choices[index], event, echoes[index // n], want_lp)
     out = []
@@ -175,7 +177,7 @@ async def completion_stream(
     """
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     echoes = _echoes(svc, prompts, prompt_texts, echo)
-    choices = [_Choice(base=len(echoes[i // n][0]) if echo else 0) for i in range(len(prompts) * n)]
+    choices = _choices(svc, prompts, n, echoes, echo)
 
     def chunk(index: int, text: str, lp: Any, finish: Optional[str]) -> str:
         return sse(

@@ -12,6 +12,8 @@ client stops its generation).
 from __future__ import annotations
 
 import asyncio
+import codecs
+import json
 import logging
 import re
 import threading
@@ -27,12 +29,41 @@ from prodip.serve.config import ServeConfig
 from prodip.serve.engine import ExportInfo, OnnxDecoder, load_tokenizer
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.schemas import error_body
-from prodip.serve.text import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 #: most sequences (prompts x n) one request may start.
 MAX_SEQUENCES_PER_REQUEST = 256
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte-fallback token's vocabulary form
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-unicode map inverted: the character a byte-level BPE vocabulary writes for
+    each byte -> that byte (HF ``tokenizers`` ``ByteLevel``)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def bytes_piece(raw: bytes) -> str:
+    """OpenAI's name for a token that is not whole UTF-8 characters: ``bytes:\\xe0\\xa6``."""
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    """Whether the tokenizer's decoder is (or contains) HF ``ByteLevel``: its vocabulary then
+    writes bytes in GPT-2's byte-to-unicode alphabet."""
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    steps = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    return any((d or {}).get("type") == "ByteLevel" for d in steps)
 
 
 class APIError(Exception):
@@ -79,6 +110,7 @@ class Service:
             read_json_or_none(info.tokenizer_path.parent / "tokenizer_config.json") or {}
         )
         self.adds_bos = False
+        self._byte_level = False  # tokenizer.json's decoder is ByteLevel (set by load)
         self.document_start: list[int] = [self.eos_id]
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -100,6 +132,7 @@ class Service:
                 i for i, tok in self.tokenizer.get_added_tokens_decoder().items() if tok.special
             )
             self.document_start, self.adds_bos = self._document_start()
+            self._byte_level = _is_byte_level(self.tokenizer)
             self.ready.set()
             log.info("serving %s variant %s from %s", self.model_name, self.info.variant, self.info.onnx_path)
         except Exception as err:  # reported by /health; the process stays up to say why
@@ -156,69 +189,78 @@ class Service:
     def decode(self, ids: Seq[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def _partial_byte(self, token_id: int) -> Optional[str]:
-        """``bytes:\\xNN`` (OpenAI's form for a token that is not valid UTF-8 on its own) for a
-        byte-fallback token of a byte >= 0x80, else None."""
-        byte = _BYTE_TOKEN.fullmatch(self.tokenizer.id_to_token(token_id) or "")
-        return f"bytes:\\x{byte.group(1).lower()}" if byte and int(byte.group(1), 16) >= 0x80 else None
+    def token_bytes(self, token_id: int) -> Optional[bytes]:
+        """The bytes one token adds to the text, or None for a special token or an id the
+        tokenizer lacks (they add no text). A byte-level BPE token may be part of a UTF-8
+        character (a Bangla letter is 3 bytes), so this is bytes, not text."""
+        if token_id in self._special_ids:
+            return None
+        form = self.tokenizer.id_to_token(token_id)
+        if form is None:
+            return None
+        if self._byte_level and all(c in _BYTE_LEVEL for c in form):
+            return bytes(_BYTE_LEVEL[c] for c in form)
+        byte = _BYTE_TOKEN.fullmatch(form)
+        if byte:
+            return bytes([int(byte.group(1), 16)])
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
 
     def _token_text_uncached(self, token_id: int) -> str:
-        partial = self._partial_byte(token_id)
-        if partial:
-            return partial
-        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        if "\ufffd" in text or not text:  # an id the tokenizer lacks, or another non-UTF-8 piece
+        raw = self.token_bytes(token_id)
+        if raw is None:  # a special token keeps its name; an id the tokenizer lacks gets one
             return self.tokenizer.id_to_token(token_id) or f"<|id_{token_id}|>"
-        return text
+        try:
+            return raw.decode("utf-8") or (self.tokenizer.id_to_token(token_id) or "")
+        except UnicodeDecodeError:
+            return bytes_piece(raw)
 
     def token_text(self, token_id: int) -> str:
         """How one token is named in ``logprobs.top_logprobs``: its own decode, OpenAI's
-        ``bytes:\\xc3`` for a byte-fallback token of a non-ASCII byte, ``<|eos|>`` for a special token."""
+        ``bytes:\\xe0\\xa6`` for a token that is not whole UTF-8 characters, ``<|eos|>`` for a
+        special token."""
         return self._token_text(token_id)
 
-    def token_piece(self, token_id: int, text: str) -> str:
-        """How one token is shown in ``logprobs.tokens``, given ``text``, what it added to the
-        returned text: ``bytes:\\xNN`` for a byte token >= 0x80 (part of a character), "" for a
-        special token (skipped in the text), else ``text``."""
-        if token_id in self._special_ids:
-            return ""
-        return self._partial_byte(token_id) or text
+    def token_piece(self, token_id: int) -> str:
+        """How one token is shown in ``logprobs.tokens``: the text it adds when that is whole UTF-8
+        characters, else ``bytes:\\xNN...``; "" for a special token or an id the tokenizer lacks."""
+        return PieceWalk(self).add(token_id)[0]
+
+    def piece_walk(self, context_ids: Seq[int] = ()) -> PieceWalk:
+        """A :class:`PieceWalk` for tokens that follow ``context_ids`` (a prompt: if it ends inside
+        a UTF-8 character, the generated text starts with that whole character)."""
+        walk = PieceWalk(self)
+        for t in list(context_ids)[-8:]:  # enough for an unfinished character at the end
+            walk.add(t)
+        walk.restart()
+        return walk
 
     def echo(self, ids: list[int], raw: Optional[str]) -> tuple[str, list[str], list[int]]:
         """The echoed prompt and its ``logprobs`` pieces and character offsets into it.
 
-        A text prompt comes back as the model saw it: in the tokenizer's normal form (NFC; the one
-        normalisation rule, serve/README.md), so that its pieces tile it whatever form was sent;
-        each token's piece is the slice of that text it was encoded from (the tokenizer's
-        offsets), a byte token shows as ``bytes:\\xNN`` at the offset of its character. A token-id prompt (or a text whose offsets do
-        not line up, e.g. the empty prompt that became ``[<|eos|>]``) is decoded, each token's piece
-        being the text it added. Either way ``text[offset[i]:]`` starts with every non-byte piece.
+        The text is the decode of the prompt's tokens: for a text prompt, what the model saw, in the
+        tokenizer's normal form (NFC; the one normalisation rule, serve/README.md). Special-token
+        text typed in a text prompt (``"<|eos|>"``) is echoed as typed (its piece is that text);
+        a special token the tokenizer added (``<|bos|>``) is ``""``. Each token's piece is the
+        text it adds, or ``bytes:\\xNN...`` when that is not whole UTF-8 characters (at the offset
+        of the character it starts in), so ``text[offset[i]:]`` starts with every other piece.
         """
+        typed: dict[int, str] = {}
         if raw is not None:
             raw = self.normalize(raw)
             enc = self.tokenizer.encode(raw)
-            starts = [a for a, _ in enc.offsets]
-            if (
-                enc.ids == list(ids)
-                and all(0 <= a <= b <= len(raw) for a, b in enc.offsets)
-                and starts == sorted(starts)
-            ):
-                pieces = [
-                    self.token_piece(t, raw[a:b]) if t not in self._special_ids else raw[a:b]
-                    for t, (a, b) in zip(ids, enc.offsets)
-                ]
-                return raw, pieces, starts
-        detok = IncrementalDetokenizer(self.tokenizer)
-        pieces, offsets, pos = [], [], 0
-        parts = []
-        for t in ids:
-            delta = detok.add(t)
-            pieces.append(self.token_piece(t, delta))
-            offsets.append(pos)
-            parts.append(delta)
-            pos += len(delta)
-        parts.append(detok.flush())
-        return "".join(parts), pieces, offsets
+            if enc.ids == list(ids):
+                typed = {
+                    i: raw[a:b]
+                    for i, (t, (a, b)) in enumerate(zip(ids, enc.offsets))
+                    if t in self._special_ids and 0 <= a < b <= len(raw)
+                }
+        walk = PieceWalk(self)
+        pieces, offsets = [], []
+        for i, t in enumerate(ids):
+            piece, offset = walk.add(t, typed.get(i))
+            pieces.append(piece)
+            offsets.append(offset)
+        return walk.text(), pieces, offsets
 
     # ---- request checks ---------------------------------------------------------------------
     def check_model(self, model: Optional[str]) -> None:
@@ -380,3 +422,45 @@ class Service:
         finally:
             for seq in seqs:
                 seq.cancel()
+
+
+class PieceWalk:
+    """``logprobs`` pieces and offsets of a run of tokens, from their bytes.
+
+    ``add`` returns each token's piece and the character offset where it starts in the decoded
+    text: the text it adds when that is whole UTF-8 characters, else OpenAI's ``bytes:\\xNN...``
+    at the offset of the character it starts in (a byte-level token may hold a character and a
+    half); ``""`` at the current length for a special token or an id the tokenizer lacks.
+    """
+
+    def __init__(self, svc: Service) -> None:
+        self._svc = svc
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._parts: list[str] = []
+        self.chars = 0  # complete characters so far (an unfinished one is held in the decoder)
+
+    def restart(self) -> None:
+        """Count from here on (keeping an unfinished character's bytes)."""
+        self._parts, self.chars = [], 0
+
+    def add(self, token_id: int, typed: Optional[str] = None) -> tuple[str, int]:
+        """One token's (piece, offset); ``typed``: the text of a special token typed in a prompt."""
+        offset = self.chars
+        raw = typed.encode() if typed is not None else self._svc.token_bytes(token_id)
+        if raw is None:
+            return "", offset
+        held = self._utf8.getstate()[0]  # bytes of an unfinished character
+        if held and codecs.getincrementaldecoder("utf-8")("replace").decode(held + raw[:1]).startswith("\ufffd"):
+            offset += 1  # this token does not continue it: it becomes U+FFFD, then this token starts
+        out = self._utf8.decode(raw)
+        self._parts.append(out)
+        self.chars += len(out)
+        try:
+            return raw.decode("utf-8"), offset
+        except UnicodeDecodeError:
+            return bytes_piece(raw), offset
+
+    def text(self) -> str:
+        """All the text so far, an unfinished character at the end shown as U+FFFD (as decode)."""
+        held = self._utf8.getstate()[0]
+        return "".join(self._parts) + held.decode("utf-8", "replace")

@@ -216,7 +216,8 @@ def test_completion_errors_openai_form(client, body, status, param):
     assert set(err) == {"message", "type", "param", "code"}
     assert err["param"] is not None and err["param"].split(".")[0] == param
     if param == "max_tokens" and status == 400 and body.get("max_tokens") == 1000:
-        assert "128" in err["message"] and "1001" in err["message"]  # window and request, both named
+        # window and request, both named: "x" is 2 prompt tokens (<|bos|> x) + 1000
+        assert "128" in err["message"] and "1002" in err["message"]
 
 
 def test_malformed_json_wrong_method_unknown_route(client):

@@ -7,18 +7,20 @@ import numpy as np
 import pytest
 
 from tests.serve.test_app import sse_events
+from tests.serve.test_units import bytes_to_unicode
 
 
-def test_empty_prompt_starts_from_eos(client, tiny_export):
-    """Training shards separate documents with <|eos|> and never contain <|bos|>."""
+def test_empty_prompt_starts_from_bos(client, tiny_export):
+    """The export's tokenizer.json prepends <|bos|> (the shards hold <|bos|> ids <|eos|>): an empty
+    prompt is the document start, [<|bos|>]."""
     import torch
 
     svc = client.app.state.service
-    assert svc.prompt_ids("") == [[svc.eos_id]] == [[2]]
+    assert svc.prompt_ids("") == [[svc.bos_id]] == [[1]]
     r = client.post("/v1/completions", json={"prompt": "", "max_tokens": 1, "temperature": 0, "logprobs": 1}).json()
     assert r["usage"]["prompt_tokens"] == 1
     with torch.no_grad():
-        ref = torch.log_softmax(tiny_export[1](torch.tensor([[2]])).double(), -1)[0, -1].numpy()
+        ref = torch.log_softmax(tiny_export[1](torch.tensor([[1]])).double(), -1)[0, -1].numpy()
     np.testing.assert_allclose(r["choices"][0]["logprobs"]["token_logprobs"][0], ref.max(), atol=1e-4)
 
 
@@ -88,32 +90,71 @@ def _check_offsets(text, tokens, offsets, cut_by_stop=False):
             assert text[off:].startswith(tok), (tok, off, text)
 
 
-def test_text_offset_known_answers_ascii_bangla_byte_fallback(client):
-    assert _echo(client, "hello world") == ("hello world", list("hello world"), list(range(11)))
-    # Bangla (3 UTF-8 bytes a character): offsets from the token bytes, computed independently
+def _known_pieces(tok, ids):
+    """Pieces and offsets computed independently of serve, from each token's bytes (GPT-2's byte
+    alphabet): a token that is whole UTF-8 characters is its text; any other is OpenAI's
+    ``bytes:\\xNN...`` at the start of the character it starts in; a special token is "" there."""
+    alphabet = {c: b for b, c in enumerate(bytes_to_unicode())}
+    tokens, offsets, done = [], [], b""
+    for t in ids:
+        offsets.append(len(done.decode("utf-8", "ignore")))  # complete characters before it
+        if t in (0, 1, 2):  # <|pad|> <|bos|> <|eos|>
+            tokens.append("")
+            continue
+        raw = bytes(alphabet[c] for c in tok.id_to_token(t))
+        try:
+            tokens.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            tokens.append("bytes:" + "".join(f"\\x{b:02x}" for b in raw))
+        done += raw
+    return tokens, offsets
+
+
+def test_text_offset_known_answers_ascii_bangla_byte_level(client):
     tok = client.app.state.service.tokenizer
-    for prompt in ("আমি বাংলায় গান গাই", "ক্ষুধার্ত মানুষ ৺"):
+    text, tokens, offsets = _echo(client, "hello world")
+    assert text == "hello world" and tokens[0] == "" and offsets[0] == 0  # <|bos|>, then the text
+    assert "".join(tokens) == text and offsets[1:] == [len("".join(tokens[:i])) for i in range(1, len(tokens))]
+    # Bangla (3 UTF-8 bytes a character): byte-level tokens may split characters
+    split = []
+    for prompt in ("আমি বাংলায় গান গাই", "ক্ষুধার্ত মানুষ ৺", "café au lait"):
         ids = client.post("/tokenize", json={"text": prompt}).json()["tokens"]
-        want_tokens, want_offsets, done = [], [], b""
-        for t in ids:
-            form = tok.id_to_token(t)
-            raw = bytes([int(form[3:5], 16)]) if form.startswith("<0x") else form.encode()
-            want_offsets.append(len(done.decode("utf-8", "ignore")))  # start of the character it begins in
-            want_tokens.append(f"bytes:\\x{raw[0]:02x}" if form.startswith("<0x") and raw[0] >= 0x80 else raw.decode())
-            done += raw
+        assert ids[0] == 1  # the tokenizer prepends <|bos|>
+        want_tokens, want_offsets = _known_pieces(tok, ids)
         assert _echo(client, prompt) == (prompt, want_tokens, want_offsets)
-    # ৺ (U+09FA, not in the tiny corpus) falls back to its 3 bytes, all at the character's offset
-    assert want_tokens[-3:] == ["bytes:\\xe0", "bytes:\\xa7", "bytes:\\xba"]
-    assert want_offsets[-3:] == [len(prompt) - 1] * 3
-    # byte fallback: é is <0xC3><0xA9>; " a" starts at 4 (the breaker saw 15: vocab-form lengths)
+        split += [(prompt, p, o) for p, o in zip(want_tokens, want_offsets) if p.startswith("bytes:")]
+    assert split  # the case really has tokens that are not whole characters
+    # known answers: ্ (e0 a7 8d) and the first 2 bytes of ষ (e0 a6 b7) are one token (a character
+    # and a half) at ্'s offset, ষ's last byte is at ষ's; ৺ (U+09FA, e0 a7 ba, not in the tiny
+    # corpus) is spelled by tokens of its bytes, all at its offset
+    text, tokens, offsets = _echo(client, "ক্ষুধার্ত মানুষ ৺")
+    pairs = list(zip(tokens, offsets))
+    assert pairs[:4] == [("", 0), ("ক", 0), ("bytes:\\xe0\\xa7\\x8d\\xe0\\xa6", 1), ("bytes:\\xb7", 2)]
+    assert pairs[-3:] == [(" ", 15), ("bytes:\\xe0\\xa7", 16), ("bytes:\\xba", 16)]
+    # é is c3 a9: two tokens, both at é's offset; " a" starts at 4
     text, tokens, offsets = _echo(client, "café au lait")
-    assert tokens == ["c", "a", "f", "bytes:\\xc3", "bytes:\\xa9", " ", "a", "u", " ", "l", "a", "i", "t"]
-    assert offsets == [0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert tokens == ["", "c", "a", "f", "bytes:\\xc3", "bytes:\\xa9", " ", "a", "u", " ", "l", "a", "i", "t"]
+    assert offsets == [0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    # a token that does not continue an unfinished character: that character is U+FFFD (as the
+    # tokenizer decodes it) and the token starts after it
+    byte = {b: tok.token_to_id(c) for b, c in enumerate(bytes_to_unicode())}
+    assert _echo(client, [byte[0xE0], byte[0xA7], byte[ord("a")]]) == (
+        "\ufffda",
+        ["bytes:\\xe0", "bytes:\\xa7", "a"],
+        [0, 0, 1],
+    )
+    assert _echo(client, [byte[0xE0], byte[0xA7], byte[0xBA]]) == (
+        "৺",
+        ["bytes:\\xe0", "bytes:\\xa7", "bytes:\\xba"],
+        [0, 0, 0],
+    )
     # special tokens add no text (decoded with skip_special_tokens): "" at the current length
-    ids = client.post("/tokenize", json={"text": "ab"}).json()["tokens"]
-    assert len(ids) == 2
-    text, tokens, offsets = _echo(client, [1, ids[0], 2, ids[1]])
-    assert (text, tokens, offsets) == ("ab", ["", "a", "", "b"], [0, 0, 1, 1])
+    ids = client.post("/tokenize", json={"text": "ab", "add_special_tokens": False}).json()["tokens"]
+    pieces = _known_pieces(tok, ids)[0]
+    assert "".join(pieces) == "ab"
+    text, tokens, offsets = _echo(client, [1, ids[0], 2, *ids[1:]])
+    assert text == "ab" and tokens == ["", pieces[0], "", *pieces[1:]]
+    assert offsets == [0, 0, len(pieces[0]), *_known_pieces(tok, [1, ids[0], 2, *ids[1:]])[1][3:]]
 
 
 @pytest.mark.parametrize(

@@ -50,21 +50,24 @@ def test_service_normalises_stops_like_prompts(client):
 def test_echo_pieces_join_to_the_echoed_text(client, form):
     """Echo of a text prompt in any normalisation form returns the text the model saw (the
     tokenizer's NFC), and its logprobs pieces tile it: each piece sits at its text_offset and runs
-    to the next offset; byte tokens (OpenAI's ``bytes:\\xNN``) sharing an offset spell the UTF-8 of
-    the character there."""
+    to the next offset; a run of tokens that are not whole characters (OpenAI's ``bytes:\\xNN...``;
+    a byte-level token may hold a character and a half) spells the UTF-8 of the characters it
+    covers, each at the offset of the character it starts in. The <|bos|> the tokenizer adds is
+    the special token's "" piece at 0."""
     prompt = unicodedata.normalize(form, BN + " " + YA_NUKTA_ONE + O_TWO + " ok")
     ch = _complete(client, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
     text, lp = ch["text"], ch["logprobs"]
     assert text == unicodedata.normalize("NFC", prompt)
+    assert lp["tokens"][0] == "" and lp["text_offset"][0] == 0  # <|bos|>
     offsets = lp["text_offset"] + [len(text)]
     i = 0
     while i < len(lp["tokens"]):
         piece, off = lp["tokens"][i], offsets[i]
         if piece.startswith("bytes:"):
-            j = i
-            raw = b""
-            while j < len(lp["tokens"]) and lp["tokens"][j].startswith("bytes:") and offsets[j] == off:
-                raw += bytes([int(lp["tokens"][j][-2:], 16)])
+            j, raw = i, b""
+            while j < len(lp["tokens"]) and lp["tokens"][j].startswith("bytes:"):
+                assert offsets[j] == off + len(raw.decode("utf-8", "ignore"))  # its character's start
+                raw += bytes.fromhex(lp["tokens"][j][len("bytes:") :].replace("\\x", ""))
                 j += 1
             assert text[off : offsets[j]].encode() == raw
             i = j
@@ -121,15 +124,17 @@ def test_chat_completions_is_an_openai_error(client):
 
 
 def test_empty_prompt_starts_a_document(client):
-    """Today's tokenizer adds no BOS: an empty prompt starts from <|eos|> (the shards' separator);
-    under the BOS convention it is what the post-processor adds (tests below)."""
+    """The export's tokenizer.json prepends <|bos|>: an empty prompt is [<|bos|>] (tests below)."""
     ch = _complete(client, prompt="", max_tokens=0, echo=True, logprobs=0)
     assert ch["logprobs"]["tokens"] == [""]  # one special token, no text
+    assert client.app.state.service.prompt_ids("") == [[1]]
 
 
 def test_document_start_follows_the_tokenizer(tiny_export, tmp_path):
-    """The BOS convention (branch tok): tokenizer.json's post-processor prepends <|bos|>: an empty
-    prompt is [<|bos|>] and every text prompt starts with it; read from the export, not hard-coded."""
+    """The BOS convention: tokenizer.json's post-processor prepends <|bos|> (the default tokenizer's
+    does): an empty prompt is [<|bos|>] and every text prompt starts with it; read from the export,
+    not hard-coded. A post-processor that adds nothing, with add_bos_token in tokenizer_config.json:
+    the config's bos_token is prepended."""
     import json
 
     from tokenizers import Tokenizer, processors
@@ -153,6 +158,7 @@ def test_document_start_follows_the_tokenizer(tiny_export, tmp_path):
     # add_bos_token in tokenizer_config.json without a post-processor: the config's bos_token
     cfg = json.loads((tiny_export[0] / "tokenizer_config.json").read_text())
     svc.tokenizer = Tokenizer.from_file(str(tiny_export[0] / "tokenizer.json"))
+    svc.tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)  # one that adds no <|bos|>
     svc.tokenizer_config = {**cfg, "add_bos_token": True, "bos_token": "<|bos|>"}
     svc.document_start, svc.adds_bos = svc._document_start()
     assert svc.document_start == [bos] and not svc.adds_bos
