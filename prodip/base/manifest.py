@@ -193,8 +193,8 @@ def verify_files(
         digest = hash_file(path)
         if digest != meta["sha256"]:
             raise InvalidInput(
-                f"{path}: sha256 {digest[:16]}.. differs from the manifest's "
-                f"{meta['sha256'][:16]}.. (modified after export)"
+                f"{path}: sha256 differs from the export manifest's ({digest[:16]}.. vs "
+                f"{meta['sha256'][:16]}..; modified after export)"
             )
     if not allow_unlisted:
         extra = sorted(set(list_files(root)) - set(manifest["files"]))
