@@ -164,8 +164,11 @@ TEXT = {
 VOCAB = 384
 
 
-def build_tokenizer(out: Path) -> Path:
-    """Byte-level BPE (NFC) with <|pad|>=0, <|bos|>=1, <|eos|>=2."""
+def byte_level_tokenizer_dir(
+    out: Path, texts: dict[str, str], vocab_size: int, repeat: int, model_max_length: int
+) -> Path:
+    """A byte-level BPE (NFC) tokenizer dir trained on ``texts`` (each repeated ``repeat`` times), with
+    <|pad|>=0, <|bos|>=1, <|eos|>=2 and the <|bos|> post-processor; tokenizer.json + config files."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     out.mkdir(parents=True, exist_ok=True)
@@ -174,17 +177,22 @@ def build_tokenizer(out: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([t * 10 for t in TEXT.values()], trainer=trainer)
+    tok.train_from_iterator([t * repeat for t in texts.values()], trainer=trainer)
     with_bos_convention(tok).save(str(out / "tokenizer.json"))
     special = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length=96)))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length=model_max_length)))
     (out / "special_tokens_map.json").write_text(json.dumps(special))
     return out
+
+
+def build_tokenizer(out: Path) -> Path:
+    """The conformance set's tokenizer: byte-level BPE (NFC) with <|pad|>=0, <|bos|>=1, <|eos|>=2."""
+    return byte_level_tokenizer_dir(out, TEXT, VOCAB, repeat=10, model_max_length=96)
 
 
 def build_shards(out: Path, tokenizer_dir: Path) -> Path:
@@ -294,25 +302,7 @@ TRAIN_TEXT = {
 
 def build_train_tokenizer(out: Path) -> Path:
     """A byte-level BPE tokenizer dir (tokenizer.json + config files), ids pad=0, bos=1, eos=2."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB,
-        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([t * 20 for t in TRAIN_TEXT.values()], trainer=trainer)
-    with_bos_convention(tok).save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length=64)))
-    (out / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"})
-    )
-    return out
+    return byte_level_tokenizer_dir(out, TRAIN_TEXT, TINY_VOCAB, repeat=20, model_max_length=64)
 
 
 def _write_shard(path: Path, tokens: np.ndarray) -> None:
