@@ -222,6 +222,17 @@ def stage_snapshot(snap: Snapshot, buffers: Optional[dict[str, torch.Tensor]] = 
         snap.ready.record()
 
 
+def allocate_buffers(snap: Snapshot, buffers: dict[str, torch.Tensor]) -> None:
+    """Fill ``buffers`` with zeroed host tensors shaped like the live tensors of an unstaged
+    snapshot (``take_snapshot(..., stage=False)``), under the names :func:`stage_snapshot` uses;
+    pinned for CUDA sources. Zeroing touches every page, so a later copy does not page-fault."""
+    named = [("model." + k, t) for k, t in snap.model.items()]
+    named += [("opt." + k, t) for k, t in (snap.optimizer or {}).items()]
+    for name, src in named:
+        if name not in buffers:
+            buffers[name] = torch.zeros(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
+
+
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     """sha256 over each ``name`` and tensor's bytes, in dict order (CPU tensors)."""
     h = hashlib.sha256()

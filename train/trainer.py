@@ -493,6 +493,7 @@ class _Run:
         cfg, info = self.cfg, self.info
 
         end = cfg.steps if cfg.max_steps_this_run <= 0 else min(cfg.steps, self.step + cfg.max_steps_this_run)
+        start_step = self.step  # the host buffers of a save are allocated after this run's first step
         tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps * info.world_size
         flops_per_token = self.model_cfg.flops_per_token(cfg.seq_len)
         peak = peak_flops(self.device)
@@ -551,6 +552,12 @@ class _Run:
                         lang: evaluate(self.model, b, device=self.device, autocast_dtype=self.amp)
                         for lang, b in val.items()
                     }
+                if self.saver is not None and self.step == start_step + 1:  # AdamW state exists now
+                    self.saver.prepare(
+                        model=self.model,
+                        tie_word_embeddings=self.model_cfg.tie_word_embeddings,
+                        optimizer=self.optimizer,
+                    )
                 held = self.saver.pop_held_s() if self.saver is not None else 0.0  # a CPU snapshot's copy
                 if held:
                     last["checkpoint_stall_s"] = held

@@ -148,3 +148,59 @@ def test_saves_spaced_by_wall_time(tmp_path, tiny_tokenizer_dir, tiny_shards_dir
     ]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["checkpoint_stall_s"] >= 0 for r in rows)
+
+
+def test_prepare_allocates_every_buffer_a_save_uses_before_the_first_save(tmp_path, tiny_tokenizer_dir):
+    cfg = tiny_config()
+    model, opt = _trained(cfg)
+    saver = AsyncCheckpointer(tmp_path / "b")
+    saver.prepare(model=model, tie_word_embeddings=cfg.tie_word_embeddings, optimizer=opt)
+    saver.wait()  # the allocation ran in the background thread
+    prepared = {name: buf.data_ptr() for name, buf in saver._buffers.items()}
+    n_model = len([k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == ck.TIED_ALIAS)])
+    n_opt = sum(torch.is_tensor(v) for state in opt.state_dict()["state"].values() for v in state.values())
+    assert len(prepared) == n_model + n_opt and all(not buf.any() for buf in saver._buffers.values())
+    saver.prepare(model=model, tie_word_embeddings=cfg.tie_word_embeddings, optimizer=opt)  # a no-op now
+    saver.save(step=1, model=model, model_config=cfg, optimizer=opt, **_save_kwargs(tiny_tokenizer_dir))
+    saver.wait()
+    assert {name: buf.data_ptr() for name, buf in saver._buffers.items()} == prepared  # reused, none added
+    saver.close()
+    blocking = ck.save_checkpoint(
+        tmp_path / "a",
+        step=1,
+        model=model,
+        model_config=cfg,
+        optimizer=opt,
+        **_save_kwargs(tiny_tokenizer_dir),
+        extra_state={"world_size": 1},
+    )
+    got = json.loads((ck.resolve_checkpoint(tmp_path / "b") / "manifest.json").read_text())["files"]
+    assert got == json.loads((blocking / "manifest.json").read_text())["files"]
+
+
+def test_trainer_prepares_the_save_buffers_after_its_first_step(
+    tmp_path, tiny_tokenizer_dir, tiny_shards_dir, monkeypatch
+):
+    calls = []
+    real = AsyncCheckpointer.prepare
+
+    def spy(self, **kwargs):
+        calls.append(len(kwargs["optimizer"].state))  # AdamW state exists when called
+        real(self, **kwargs)
+
+    monkeypatch.setattr(AsyncCheckpointer, "prepare", spy)
+    cfg = TrainConfig(
+        shards_dir=str(tiny_shards_dir),
+        tokenizer_dir=str(tiny_tokenizer_dir),
+        out_dir=str(tmp_path / "run"),
+        steps=3,
+        batch_size=2,
+        seq_len=16,
+        device="cpu",
+        progress=False,
+        guards=False,
+        checkpoint_every_steps=2,
+    )
+    run = train(cfg, tiny_config())
+    assert len(calls) == 1 and calls[0] > 0
+    assert ck.load_model(run / "checkpoints")[2]["step"] == 3
