@@ -38,7 +38,9 @@ TATOEBA_UDHR = {
 }
 PRESETS = {
     # All the Bangla prose of ../shared/data in training, the news set included; held out: sources
-    # the tokenizer never saw (Tatoeba bn-en pairs and the UDHR). The issue's 32k target set.
+    # the tokenizer never saw (Tatoeba bn-en pairs and the UDHR; add the issue's own held-out set,
+    # Bangla Wikipedia + State of the Union speeches, with --heldout-dir, see bench/get_heldout.sh).
+    # bn 0.5 / en 0.5: the share at which the two languages' fertility is equal (bench/tokenizer.md).
     "shared32k-news": {
         "train": {
             "inputs": {
@@ -46,7 +48,7 @@ PRESETS = {
                 "en": [f"{S}/en/gutenberg", f"{S}/en/tinyshakespeare.txt"],
             },
             "vocab_size": 32000,
-            "proportions": {"bn": 0.6, "en": 0.4},
+            "proportions": {"bn": 0.5, "en": 0.5},
         },
         "heldout": {"Tatoeba + UDHR": TATOEBA_UDHR},
     },
@@ -106,13 +108,32 @@ def main() -> int:
     parser.add_argument("--work-dir", default=None, help="where the tokenizers go (default: a temp dir)")
     parser.add_argument("--parity-texts", default="", help="lang=file,...: parity of the portable tokenizer on these")
     parser.add_argument("--parity-max-chars", type=int, default=400_000, help="characters per language for parity")
+    parser.add_argument(
+        "--heldout-dir",
+        action="append",
+        default=[],
+        help="another held-out set: a folder with one subfolder of text files per language (bn/, en/); "
+        "bench/get_heldout.sh fetches the issue's (Bangla Wikipedia sentences, State of the Union speeches)",
+    )
+    parser.add_argument(
+        "--proportions", default=None, help="bn=0.55,en=0.45: override the preset's sampling proportions"
+    )
     parser.add_argument("--json", default=None, help="write all figures here")
     args = parser.parse_args()
     preset = PRESETS[args.preset]
+    if args.proportions:
+        shares = {k: float(v) for k, _, v in (item.partition("=") for item in args.proportions.split(","))}
+        preset = {**preset, "train": {**preset["train"], "proportions": shares}}
     work = Path(args.work_dir or tempfile.mkdtemp(prefix=f"bench_tok_{args.preset}_"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"preset": args.preset, "train": preset["train"], "variants": {}}
-    heldouts = {title: load_heldout(h, max_chars=3_000_000, errors="strict") for title, h in preset["heldout"].items()}
+    sets = dict(preset["heldout"])
+    for folder in map(Path, args.heldout_dir):
+        langs = sorted(d for d in folder.iterdir() if d.is_dir())
+        if not langs:
+            parser.error(f"--heldout-dir {folder}: no language subfolders (expected e.g. {folder}/bn, {folder}/en)")
+        sets[folder.name] = {d.name: [str(d)] for d in langs}
+    heldouts = {title: load_heldout(h, max_chars=3_000_000, errors="strict") for title, h in sets.items()}
     for name in args.variants.split(","):
         info = _train(preset["train"], VARIANTS[name], work / name, work)
         tok = load_tokenizer(work / name)
