@@ -5,7 +5,7 @@ Builds a random ~108 M-parameter model through the real export path (hidden 768,
 onnxruntime_genai.models.builder -i EXPORT_DIR -o OUT -p {int4,fp32} -e cpu`` on the export's
 safetensors, then for each (variant, graph) measures, all through onnxruntime-genai (the same runtime):
 
-* decode tokens/s: greedy, after a 16-token prompt, ``--tokens`` new tokens (the first excluded),
+* decode tokens/s: greedy, after a ``--prompt-tokens`` prompt (16), ``--tokens`` new tokens (the first excluded),
   ``--threads`` intra-op threads; runs of all graphs are interleaved and repeated (median and all
   runs reported), so machine load hits them alike;
 * size on disk (ONNX file + external data);
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=5, help="interleaved runs per figure (median reported)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per run")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length before decoding (context < 1024)")
     p.add_argument("--positions", type=int, default=256, help="positions for top-1 agreement")
     p.add_argument(
         "--with-standard", action="store_true", help="also prodip's standard-operator graph (int4 unset accuracy level)"
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = np.random.default_rng(0).integers(3, MODEL["vocab_size"], size=(1, args.positions)).astype(np.int64)
     with torch.no_grad():
         want = model(torch.from_numpy(ids)).argmax(-1)[0].numpy()
-    prompt = [1] + [int(i) for i in ids[0, :15]]
+    rng = np.random.default_rng(1)
+    prompt = [1] + [int(i) for i in rng.integers(3, MODEL["vocab_size"], args.prompt_tokens - 1)]
     rows = {
         label: {"size_mb": size_mb(path), "top1": top1(path, ids, want, 4, 64), "tok_s": {}}
         for label, (_, _, path) in graphs.items()
@@ -216,7 +218,7 @@ def render(r: dict) -> str:
         "",
         f"Model: random, hidden {r['model']['hidden_size']}, {r['model']['num_hidden_layers']} layers, GQA "
         f"{r['model']['num_attention_heads']}/{r['model']['num_key_value_heads']}, vocab {r['model']['vocab_size']}; "
-        f"greedy decode after a 16-token prompt, {r['args']['tokens']} new tokens, all through onnxruntime-genai "
+        f"greedy decode after a {r['args'].get('prompt_tokens', 16)}-token prompt, {r['args']['tokens']} new tokens, all through onnxruntime-genai "
         f"{r['versions']['onnxruntime-genai']} (ONNX Runtime {r['versions']['onnxruntime']}); graphs interleaved, "
         f"{r['args']['repeats']} runs each. Top-1: {r['args']['positions']} teacher-forced positions.",
         "",

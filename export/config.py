@@ -48,7 +48,11 @@ class ExportConfig:
     int8_block_size: int = opt(64, "int8: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
     int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")
     int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
-    int4_symmetric: bool = opt(False, "int4: symmetric blocks (no zero points, smaller, less accurate)")
+    int4_symmetric: bool = opt(
+        True,
+        "int4: symmetric blocks, no zero points (the model builder's choice: ~10% faster decode on CPU, "
+        "2% smaller; false = asymmetric, slightly more accurate)",
+    )
     int4_quantize_embeddings: bool = opt(True, "int4: quantise the token embedding too (GatherBlockQuantized)")
     int4_quantize_lm_head: bool = opt(True, "int4: quantise the lm_head MatMul too (else it stays fp32)")
     int4_accuracy_level: int = opt(

@@ -7,6 +7,7 @@ import onnx
 import pytest
 
 from prodip.export import quantize
+from prodip.export.config import ExportConfig
 from tests.export.conftest import positions, run_ort, source_model
 
 
@@ -228,7 +229,9 @@ def tied_demo_shape(tmp_path_factory):
     src = export_dir / "onnx" / "model.onnx"
     dup = {"int8": root / "dup_int8.onnx", "int4": root / "dup_int4.onnx"}
     assert quantize.to_int8(src, dup["int8"], share_tied_embedding=False)["embedding_shared_with_lm_head"] is False
-    assert quantize.to_int4(src, dup["int4"], share_tied_embedding=False)["embedding_shared_with_lm_head"] is False
+    symmetric = ExportConfig().int4_symmetric  # as the export quantised its int4
+    dup4 = quantize.to_int4(src, dup["int4"], share_tied_embedding=False, symmetric=symmetric)
+    assert dup4["embedding_shared_with_lm_head"] is False
     return export_dir, dup
 
 
@@ -279,8 +282,14 @@ def test_tied_shared_int4_logits_identical(tied_demo_shape):
     gbq = next(n for n in old.graph.node if n.op_type == "GatherBlockQuantized")
     lm_head = next(n for n in old.graph.node if n.op_type == "MatMulNBits" and "logits" in n.output)
     codes = inits[lm_head.input[1]]  # uint8 [V, H/32, 16], low nibble first
-    codes = np.stack([codes & 15, codes >> 4], -1).reshape(config.vocab_size, -1)
-    tie_rows = np.flatnonzero((codes != inits[gbq.input[0]]).any(-1))
+    codes = np.stack([codes & 15, codes >> 4], -1).reshape(config.vocab_size, -1).astype(np.int16)
+    gathered = inits[gbq.input[0]].astype(np.int16)
+    if (
+        old.graph.initializer[[t.name for t in old.graph.initializer].index(gbq.input[0])].data_type
+        == onnx.TensorProto.INT4
+    ):
+        codes -= 8  # symmetric: the Gather quantiser stores signed codes, MatMulNBits code - 8 (its absent zero point)
+    tie_rows = np.flatnonzero((codes != gathered).any(-1))
     assert len(tie_rows) < 10  # ties only
     ids = np.random.default_rng(0).integers(3, config.vocab_size, (2, 48))
     ids[np.isin(ids, tie_rows)] = 5
