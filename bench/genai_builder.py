@@ -12,7 +12,9 @@ safetensors, then for each (variant, graph) measures, all through onnxruntime-ge
 * top-1 agreement with the training model on ``--positions`` teacher-forced positions of a fixed random
   token sequence (ONNX Runtime, one prefill).
 
-Optionally also the graph prodip wrote before issue 13 (``--with-standard``: ``onnx_graph=standard``,
+prodip's variants run as the export's manifest says (``genai_overlay``): int4, the default, through
+its shared-buffer copy ``onnx/model_q4_genai.onnx`` (size and top-1 are the variant file's: the same
+weights). Optionally also the graph prodip wrote before issue 13 (``--with-standard``: ``onnx_graph=standard``,
 int4 ``accuracy_level`` unset) and prodip's int4 with symmetric blocks (``--with-symmetric``). Writes ``OUT_PREFIX.json`` and ``OUT_PREFIX.md``.
 
     python bench/genai_builder.py --out bench/results/genai_builder_cpu_2026-11-30
@@ -72,11 +74,17 @@ def builder(export_dir: Path, out: Path, precision: str) -> Path:
 
 
 def load_genai(folder: Path, onnx_file: str | None, threads: int):
+    """onnxruntime-genai on ``folder``'s genai_config.json; ``onnx_file``: a variant of a prodip export,
+    loaded with the manifest's ``genai_overlay`` (int4: its shared-buffer graph), or a bench file
+    outside the manifest (no shared buffer)."""
     config = og.Config(str(folder))
-    decoder = {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
+    overlay: dict = {"model": {"decoder": {}}}
     if onnx_file:
-        decoder["filename"] = onnx_file
-    config.overlay(json.dumps({"model": {"decoder": decoder}}))
+        listed = {v["path"]: v for v in read_manifest(folder)["variants"].values() if "genai_overlay" in v}
+        default = {"model": {"decoder": {"filename": onnx_file}}, "search": {"past_present_share_buffer": False}}
+        overlay = json.loads(json.dumps(listed[onnx_file]["genai_overlay"])) if onnx_file in listed else default
+    overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    config.overlay(json.dumps(overlay))
     return og.Model(config)
 
 

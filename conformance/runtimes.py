@@ -3,7 +3,9 @@
 For every ONNX variant, onnxruntime-genai (its Python API, through the export's
 ``genai_config.json``) and transformers.js (``@huggingface/transformers`` in Node, the dtype whose
 file name is the variant's) generate greedily from the fixed Bangla and English prompts; their
-ids must equal ONNX Runtime's on the same file (:class:`prodip.conformance.runners.OrtRunner`,
+ids must equal ONNX Runtime's on the same file (for onnxruntime-genai's default variant, the
+variant's shared-buffer copy ``onnx/<file>_genai.onnx`` that ``og.Model(EXPORT_DIR)`` runs, against
+ONNX Runtime on the variant's own file) (:class:`prodip.conformance.runners.OrtRunner`,
 batch 1, unpadded, the same stopping rule: ``max_new_tokens`` new tokens or the end-of-sequence id,
 included). For the fp32 variant ONNX Runtime's ids must also equal the training model's. Each
 runtime is a gated check of the variant's candidate: a runtime that fails, or cannot run (not
@@ -28,6 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from prodip.base.manifest import read_manifest
 from prodip.base.variants import BY_NAME
 from prodip.conformance.runners import OrtRunner, TorchRunner
 from prodip.export.genai import genai_overlay
@@ -88,7 +91,9 @@ def genai_greedy(
     export_dir: Path, onnx_file: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, threads: int = 0
 ) -> dict[str, Any]:
     """Greedy ids from onnxruntime-genai: ``og.Config(export_dir)`` (its ``genai_config.json``) with the
-    decoder file set to ``onnx_file`` by ``og.Config.overlay`` (what the manifest's ``genai_overlay`` says).
+    manifest's ``genai_overlay`` of the variant whose file is ``onnx_file`` (for the default variant of
+    a contrib export: its shared-buffer graph, ``onnx/<file>_genai.onnx``, as ``og.Model(EXPORT_DIR)``
+    runs it); a file no variant lists: that file, no shared buffer.
 
     Returns:
         ``{"ids": [[prompt + new ids], ...], "versions": {...}}``.
@@ -101,7 +106,9 @@ def genai_greedy(
     except ImportError:
         raise ImportError("onnxruntime-genai is not installed: pip install 'prodip[runtimes]'") from None
     config = og.Config(str(export_dir))
-    overlay = genai_overlay(onnx_file)
+    listed = read_manifest(export_dir).get("variants", {}).values()
+    overlay = next((v["genai_overlay"] for v in listed if v.get("path") == onnx_file and "genai_overlay" in v), None)
+    overlay = json.loads(json.dumps(overlay)) if overlay else genai_overlay(onnx_file)
     if threads:
         overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads}
     config.overlay(json.dumps(overlay))

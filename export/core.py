@@ -425,11 +425,18 @@ def _build_all(
 
 
 def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> None:
-    """onnxruntime-genai's ``genai_config.json`` and transformers.js's ``config.json`` entry, and per
-    ONNX variant in its manifest entry: ``transformersjs_dtype``, ``genai_overlay`` (what
-    ``og.Config.overlay`` needs to load it) and ``genai_default`` (named by ``genai_config.json``)."""
+    """onnxruntime-genai's ``genai_config.json`` (with the default variant's shared-buffer graph,
+    ``genai.write_genai_graph``, for a contrib export) and transformers.js's ``config.json`` entry,
+    and per ONNX variant in its manifest entry: ``transformersjs_dtype``, ``genai_overlay`` (what
+    ``og.Config.overlay`` needs to load it), ``genai_default`` (named by ``genai_config.json``) and,
+    for that one, ``genai_path`` (the file onnxruntime-genai runs)."""
     onnx_paths = {name: v["path"] for name, v in variants.items() if v["format"] == "onnx"}
-    default = genai.write_genai_config(root, onnx_paths)
+    default, shared = genai.default_variant(onnx_paths), None
+    if default is not None and variants[default].get("graph") == "contrib":  # GroupQueryAttention
+        shared = genai.write_genai_graph(root, onnx_paths[default])
+        extra = [f"{shared}.data"] if (root / f"{shared}.data").is_file() else []
+        variants[default].update(genai_path=shared, genai_external_data=extra)
+    genai.write_genai_config(root, onnx_paths, shared_graph=shared)
     config_path = root / hf.CONFIG_FILE
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["transformers.js_config"] = genai.transformersjs_config(onnx_paths)
@@ -437,7 +444,11 @@ def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> N
     for name, path in onnx_paths.items():
         variants[name].update(
             transformersjs_dtype=BY_NAME[name].transformersjs_dtype,
-            genai_overlay=genai.genai_overlay(path),
+            genai_overlay=(
+                genai.genai_overlay(shared, share_buffer=True)
+                if name == default and shared
+                else genai.genai_overlay(path)
+            ),
             genai_default=name == default,
         )
 

@@ -10,9 +10,16 @@ fixed names, so one folder per variant would mean a second copy of each file.
 
 Fields follow what ``python -m onnxruntime_genai.models.builder`` writes for a Llama model
 (type ``llama``, I/O names, sizes); token ids and search defaults come from ``config.json`` and
-``generation_config.json``. ``past_present_share_buffer`` is false: the decoder takes a cache of
-exactly ``past`` positions and an ``attention_mask`` of ``past + T`` (its contract refuses any
-other length), not a preallocated buffer of ``max_length``.
+``generation_config.json``.
+
+The KV cache. Every variant's own file keeps the decoder's contract (a cache of exactly ``past``
+positions, an ``attention_mask`` of ``past + T``, masked slots zeroed), which a preallocated
+buffer cannot meet, so overlaying it sets ``past_present_share_buffer`` false. For the default
+variant of a contrib (GroupQueryAttention) export, ``onnx/<file>_genai.onnx`` is the same decoder
+made for onnxruntime-genai's shared past/present buffer
+(:func:`prodip.export.graph.shared_buffer_graph`: no cache copy per step, as the model builder's
+graphs), and ``genai_config.json`` names it with ``past_present_share_buffer`` true. It holds its
+own copy of that variant's weights.
 
     python -c "from prodip.export.genai import genai_config; import json; print(json.dumps(genai_config({'vocab_size': 8, 'hidden_size': 8, 'num_attention_heads': 2, 'num_key_value_heads': 1, 'num_hidden_layers': 1, 'head_dim': 4, 'max_position_embeddings': 16, 'bos_token_id': 1, 'eos_token_id': 2, 'pad_token_id': 0}, {}, 'onnx/model.onnx'), indent=1))"
 """
@@ -23,14 +30,19 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+import onnx
+
 from prodip.base.variants import BY_NAME
+from prodip.export.graph import shared_buffer_graph
 
 GENAI_CONFIG = "genai_config.json"
 #: Which ONNX variant ``og.Model(EXPORT_DIR)`` loads: the first of these that the export has.
 DEFAULT_ORDER = ("int4", "int8", "fp16", "fp32")
 
 
-def genai_config(config: dict[str, Any], generation_config: dict[str, Any], onnx_file: str) -> dict[str, Any]:
+def genai_config(
+    config: dict[str, Any], generation_config: dict[str, Any], onnx_file: str, share_buffer: bool = False
+) -> dict[str, Any]:
     """The ``genai_config.json`` dict for one ONNX decoder.
 
     Args:
@@ -39,6 +51,7 @@ def genai_config(config: dict[str, Any], generation_config: dict[str, Any], onnx
             ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, token ids; absent keys
             take transformers' defaults).
         onnx_file: the decoder's path relative to the export dir, e.g. ``onnx/model_q4.onnx``.
+        share_buffer: ``past_present_share_buffer`` (only for a :func:`genai_graph_path` file).
     Returns:
         ``{"model": {...}, "search": {...}}``.
     """
@@ -80,7 +93,7 @@ def genai_config(config: dict[str, Any], generation_config: dict[str, Any], onnx
         "min_length": int(g.get("min_length", 0)),
         "num_beams": int(g.get("num_beams", 1)),
         "num_return_sequences": 1,
-        "past_present_share_buffer": False,
+        "past_present_share_buffer": bool(share_buffer),
         "temperature": float(g.get("temperature", 1.0)),
         "top_k": int(g.get("top_k", 50)),
         "top_p": float(g.get("top_p", 1.0)),
@@ -93,9 +106,36 @@ def genai_config(config: dict[str, Any], generation_config: dict[str, Any], onnx
     return {"model": model, "search": search}
 
 
-def genai_overlay(onnx_file: str) -> dict[str, Any]:
-    """What ``og.Config(EXPORT_DIR).overlay(json.dumps(...))`` needs to load ``onnx_file`` instead."""
-    return {"model": {"decoder": {"filename": onnx_file}}}
+def genai_overlay(onnx_file: str, share_buffer: bool = False) -> dict[str, Any]:
+    """What ``og.Config(EXPORT_DIR).overlay(json.dumps(...))`` needs to load ``onnx_file`` instead
+    (a variant's contract graph: no shared buffer; its :func:`genai_graph_path` file: shared)."""
+    return {"model": {"decoder": {"filename": onnx_file}}, "search": {"past_present_share_buffer": bool(share_buffer)}}
+
+
+def genai_graph_path(onnx_file: str) -> str:
+    """Where the shared-buffer copy of ``onnx_file`` goes: ``onnx/model_q4.onnx`` -> ``onnx/model_q4_genai.onnx``."""
+    return onnx_file[: -len(".onnx")] + "_genai.onnx" if onnx_file.endswith(".onnx") else onnx_file + "_genai"
+
+
+def write_genai_graph(export_dir: str | Path, onnx_file: str) -> str:
+    """Write :func:`genai_graph_path` of ``onnx_file`` (relative to ``export_dir``): the decoder made for a
+    shared past/present buffer, weights copied, in the source's layout (one file, or ``<file>.data``).
+
+    Returns:
+        The new file's path relative to ``export_dir``.
+    Raises:
+        ValueError: ``onnx_file`` is not a GroupQueryAttention decoder with the mask-length check.
+    """
+    root = Path(export_dir)
+    src, rel = root / onnx_file, genai_graph_path(onnx_file)
+    external = (root / f"{onnx_file}.data").is_file()
+    model = shared_buffer_graph(onnx.load(str(src)))
+    dst = root / rel
+    if external:
+        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+    else:
+        onnx.save(model, str(dst))
+    return rel
 
 
 def default_variant(onnx_variants: dict[str, str]) -> Optional[str]:
@@ -115,12 +155,16 @@ def transformersjs_config(onnx_variants: dict[str, str]) -> dict[str, Any]:
     return {"dtype": BY_NAME[name].transformersjs_dtype} if name else {}
 
 
-def write_genai_config(export_dir: str | Path, onnx_variants: dict[str, str]) -> Optional[str]:
+def write_genai_config(
+    export_dir: str | Path, onnx_variants: dict[str, str], shared_graph: Optional[str] = None
+) -> Optional[str]:
     """Write ``EXPORT_DIR/genai_config.json`` for the default variant.
 
     Args:
         export_dir: folder holding ``config.json`` and ``generation_config.json``.
         onnx_variants: variant name -> ONNX path relative to ``export_dir``.
+        shared_graph: the default variant's :func:`write_genai_graph` file, if written: named
+            instead of the variant's own file, with ``past_present_share_buffer`` true.
     Returns:
         The default variant's name, or None (no ONNX variant: nothing written).
     """
@@ -131,6 +175,6 @@ def write_genai_config(export_dir: str | Path, onnx_variants: dict[str, str]) ->
     config = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
     gen_path = export_dir / "generation_config.json"
     gen = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
-    text = json.dumps(genai_config(config, gen, onnx_variants[name]), indent=2) + "\n"
-    (export_dir / GENAI_CONFIG).write_text(text, encoding="utf-8")
+    table = genai_config(config, gen, shared_graph or onnx_variants[name], share_buffer=shared_graph is not None)
+    (export_dir / GENAI_CONFIG).write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
     return name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from prodip.base.manifest import read_manifest
@@ -101,12 +102,13 @@ def test_no_runtimes_is_said_not_hidden(tiny_artifacts, conf_cfg):
 
 
 def test_og_model_loads_the_export_dir_as_is(contrib_export):
-    """``og.Model(EXPORT_DIR)``: genai_config.json names the int4 file, no overlay needed."""
+    """``og.Model(EXPORT_DIR)``: genai_config.json names the int4 variant's shared-buffer graph, no overlay needed."""
     import onnxruntime_genai as og
 
     export = contrib_export[0]
     config = json.loads((export / "genai_config.json").read_text(encoding="utf-8"))
-    assert config["model"]["decoder"]["filename"] == "onnx/model_q4.onnx"
+    assert config["model"]["decoder"]["filename"] == "onnx/model_q4_genai.onnx"
+    assert config["search"]["past_present_share_buffer"] is True
     model = og.Model(str(export))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=12)
@@ -116,3 +118,43 @@ def test_og_model_loads_the_export_dir_as_is(contrib_export):
         gen.generate_next_token()
     direct = [int(i) for i in gen.get_sequence(0)]
     assert direct == genai_greedy(export, "onnx/model_q4.onnx", [[1, 40, 41, 42]], 8)["ids"][0]
+
+
+def test_shared_buffer_decodes_what_the_contract_graph_decodes(contrib_export):
+    """onnxruntime-genai on the default (shared past/present buffer, no per-step cache copy) and on
+    int4's contract graph (overlay, no sharing), and ONNX Runtime on the contract graph: the same
+    greedy ids for a prompt filling most of the context (60 of 96 positions, 30 new tokens), and
+    again with a second generator on the same model (its buffers are reused)."""
+    import onnxruntime_genai as og
+
+    from prodip.conformance.runners import OrtRunner
+    from prodip.conformance.runtimes import runner_greedy
+
+    export, _ = contrib_export
+    cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
+    prompt = [1] + [int(i) for i in np.random.default_rng(3).integers(4, cfg["vocab_size"], 59)]
+    runner = OrtRunner(
+        export / "onnx" / "model_q4.onnx",
+        "int4",
+        num_layers=cfg["num_hidden_layers"],
+        num_kv_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
+        threads=1,
+    )
+    want = runner_greedy(runner, prompt, 30, None)
+
+    def decode(model):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=90, min_length=90)
+        gen = og.Generator(model, params)
+        gen.append_tokens(prompt)
+        while not gen.is_done():
+            gen.generate_next_token()
+        return [int(i) for i in gen.get_sequence(0)]
+
+    shared = og.Model(str(export))
+    assert decode(shared) == want and decode(shared) == want
+    config = og.Config(str(export))
+    overlay = {"model": {"decoder": {"filename": "onnx/model_q4.onnx"}}, "search": {"past_present_share_buffer": False}}
+    config.overlay(json.dumps(overlay))
+    assert decode(og.Model(config)) == want

@@ -13,7 +13,9 @@ def test_genai_config_matches_the_export(gqa_export):
     gen = json.loads((gqa_export / "generation_config.json").read_text(encoding="utf-8"))
     genai = json.loads((gqa_export / "genai_config.json").read_text(encoding="utf-8"))
     model, decoder, search = genai["model"], genai["model"]["decoder"], genai["search"]
-    assert model["type"] == "llama" and decoder["filename"] == "onnx/model_q4.onnx"
+    assert read_manifest(gqa_export)["variants"]["int4"]["graph"] == "contrib"
+    # the int4 decoder made for onnxruntime-genai's shared past/present buffer
+    assert model["type"] == "llama" and decoder["filename"] == "onnx/model_q4_genai.onnx"
     assert (model["bos_token_id"], model["eos_token_id"], model["pad_token_id"]) == (
         gen["bos_token_id"],
         gen["eos_token_id"],
@@ -27,7 +29,7 @@ def test_genai_config_matches_the_export(gqa_export):
     )
     assert decoder["inputs"]["position_ids"] == "position_ids"
     assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
-    assert search["past_present_share_buffer"] is False  # the graph takes exactly past, not a buffer
+    assert search["past_present_share_buffer"] is True
     assert search["do_sample"] is gen["do_sample"] is False
 
 
@@ -39,8 +41,18 @@ def test_manifest_and_config_name_every_variant_for_both_runtimes(gqa_export):
     for name, (path, dtype) in want.items():
         v = manifest["variants"][name]
         assert (v["path"], v["transformersjs_dtype"]) == (path, dtype)
-        assert v["genai_overlay"] == {"model": {"decoder": {"filename": path}}}
-        assert v["genai_default"] is (name == "int4")
+        if name == "int4":  # the default: its shared-buffer copy, listed and hashed like every file
+            assert v["genai_default"] is True and v["genai_path"] == "onnx/model_q4_genai.onnx"
+            assert v["genai_path"] in manifest["files"] and v["genai_external_data"] == []
+            shared = {
+                "model": {"decoder": {"filename": v["genai_path"]}},
+                "search": {"past_present_share_buffer": True},
+            }
+            assert v["genai_overlay"] == shared
+        else:  # the contract graph: a cache of exactly past positions, not a buffer
+            assert v["genai_default"] is False and "genai_path" not in v
+            off = {"model": {"decoder": {"filename": path}}, "search": {"past_present_share_buffer": False}}
+            assert v["genai_overlay"] == off
     config = json.loads((gqa_export / "config.json").read_text(encoding="utf-8"))
     assert config["transformers.js_config"] == {"dtype": "q4"}
 
@@ -52,3 +64,32 @@ def test_genai_config_defaults_without_generation_config():
     out = genai_config(cfg, {}, "onnx/model.onnx")
     assert out["model"]["eos_token_id"] == 2 and out["search"]["max_length"] == 16
     assert out["search"]["do_sample"] is False and out["search"]["past_present_share_buffer"] is False
+
+
+def test_shared_buffer_graph_drops_the_cache_copies_and_keeps_the_rest(gqa_export):
+    """The genai copy of int4: no mask-length check, no Where over a past_key_values input (the
+    per-step cache copies), every other node and every weight of the contract graph unchanged."""
+    import onnx
+    import pytest
+
+    from prodip.export.graph import MASK_CHECK_NODE, shared_buffer_graph
+
+    contract = onnx.load(str(gqa_export / "onnx" / "model_q4.onnx"))
+    shared = onnx.load(str(gqa_export / "onnx" / "model_q4_genai.onnx"))
+    past = {i.name for i in contract.graph.input if i.name.startswith("past_key_values.")}
+    layers = len(past) // 2
+
+    def cache_wheres(m):
+        return [n for n in m.graph.node if n.op_type == "Where" and past & set(n.input)]
+
+    assert len(cache_wheres(contract)) == 2 * layers and not cache_wheres(shared)
+    assert any(n.name == MASK_CHECK_NODE for n in contract.graph.node)
+    assert not any(n.name == MASK_CHECK_NODE for n in shared.graph.node)
+    gqa = [n for n in shared.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == layers and all(n.input[3] in past and n.input[4] in past for n in gqa)  # the buffer itself
+    assert {i.name for i in shared.graph.input} == {i.name for i in contract.graph.input}
+    assert [o.name for o in shared.graph.output] == [o.name for o in contract.graph.output]
+    weights = {t.name: t.raw_data for t in contract.graph.initializer}
+    assert {t.name: t.raw_data for t in shared.graph.initializer if t.name in weights} == weights
+    with pytest.raises(ValueError, match="no GroupQueryAttention"):  # a standard-operator graph
+        shared_buffer_graph(onnx.ModelProto())
