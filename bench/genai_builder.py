@@ -12,9 +12,9 @@ safetensors, then for each (variant, graph) measures, all through onnxruntime-ge
 * top-1 agreement with the training model on ``--positions`` teacher-forced positions of a fixed random
   token sequence (ONNX Runtime, one prefill).
 
-prodip's variants run as the export's manifest says (``genai_overlay``): int4, the default, through
-its shared-buffer copy ``onnx/model_q4_genai.onnx`` (size and top-1 are the variant file's: the same
-weights). Optionally also the graph prodip wrote before issue 13 (``--with-standard``: ``onnx_graph=standard``,
+prodip's variants run as the export's manifest says (``genai_overlay``): each through its graph for
+onnxruntime-genai's shared KV buffer, ``onnx/<file>_genai.onnx``, which reads the variant's weights
+file (size: graph + weights; top-1: the variant's own graph under ONNX Runtime, the same weights). Optionally also the graph prodip wrote before issue 13 (``--with-standard``: ``onnx_graph=standard``,
 int4 ``accuracy_level`` unset) and prodip's int4 with symmetric blocks (``--with-symmetric``). Writes ``OUT_PREFIX.json`` and ``OUT_PREFIX.md``.
 
     python bench/genai_builder.py --out bench/results/genai_builder_cpu_2026-11-30

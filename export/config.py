@@ -42,8 +42,8 @@ class ExportConfig:
     )
     onnx_external_data: bool = opt(
         False,
-        "keep every ONNX file's weights in <file>.data beside it "
-        "(always done when a model exceeds protobuf's 2 GB limit)",
+        "write the fp32 ONNX decoder with its weights in <file>.data from the start (done anyway over "
+        "protobuf's 2 GB limit; a contrib graph's variants end with their weights in <file>_data either way)",
     )
     int8_block_size: int = opt(64, "int8: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
     int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")

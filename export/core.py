@@ -369,7 +369,8 @@ def export_model(
     tmp.mkdir()
     derived = sum(v in cfg.variants for v in ("fp16", "int8", "int4"))
     devices = sum(v in cfg.variants for v in (*GGUF_VARIANTS, *PTE_VARIANTS))
-    total = 2 + derived + (derived > 0 or "fp32" in cfg.variants) + devices
+    onnx_any = derived > 0 or "fp32" in cfg.variants
+    total = 2 + derived + 2 * onnx_any + devices  # ONNX: the fp32 graph, then the runtime packages
     counter = iter(range(1, total + 1))
     step = lambda name: _phase(next(counter), total, name)  # noqa: E731
     t0 = time.perf_counter()
@@ -409,7 +410,9 @@ def _build_all(
         }
     }
     variants.update(_build_onnx(model, tmp, cfg, step))
-    _write_runtime_configs(tmp, variants)
+    if any(v["format"] == "onnx" for v in variants.values()):
+        with step("ONNX runtime packages (weights in <file>_data, onnxruntime-genai shared-buffer graphs)"):
+            _write_runtime_configs(tmp, variants)
     variants.update(_build_devices(model, tmp, cfg, tokenizer_dir, step))
     with step("manifest.json (sha256 of every file)"):
         (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
@@ -425,29 +428,29 @@ def _build_all(
 
 
 def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> None:
-    """onnxruntime-genai's ``genai_config.json`` (with the default variant's shared-buffer graph,
-    ``genai.write_genai_graph``, for a contrib export) and transformers.js's ``config.json`` entry,
-    and per ONNX variant in its manifest entry: ``transformersjs_dtype``, ``genai_overlay`` (what
-    ``og.Config.overlay`` needs to load it), ``genai_default`` (named by ``genai_config.json``) and,
-    for that one, ``genai_path`` (the file onnxruntime-genai runs)."""
+    """onnxruntime-genai's ``genai_config.json`` and transformers.js's ``config.json`` entry, and per
+    ONNX variant in its manifest entry: ``transformersjs_dtype``, ``genai_overlay`` (what
+    ``og.Config.overlay`` needs to load it), ``genai_default`` (named by ``genai_config.json``).
+    A contrib (GroupQueryAttention) variant's weights move to ``<file>_data``, read by both its
+    graph and its shared-buffer graph for onnxruntime-genai (``genai_path``, ``genai.write_genai_graph``)."""
     onnx_paths = {name: v["path"] for name, v in variants.items() if v["format"] == "onnx"}
-    default, shared = genai.default_variant(onnx_paths), None
-    if default is not None and variants[default].get("graph") == "contrib":  # GroupQueryAttention
-        shared = genai.write_genai_graph(root, onnx_paths[default])
-        extra = [f"{shared}.data"] if (root / f"{shared}.data").is_file() else []
-        variants[default].update(genai_path=shared, genai_external_data=extra)
-    genai.write_genai_config(root, onnx_paths, shared_graph=shared)
+    shared: dict[str, str] = {}  # variant -> its shared-buffer graph (contrib graphs: GroupQueryAttention)
+    for name, path in onnx_paths.items():
+        if variants[name].get("graph") == "contrib":
+            variants[name]["external_data"] = [genai.move_weights_out(root, path)]
+            shared[name] = variants[name]["genai_path"] = genai.write_genai_graph(root, path)
+    default = genai.default_variant(onnx_paths)
+    genai.write_genai_config(root, onnx_paths, shared_graph=shared.get(default))
     config_path = root / hf.CONFIG_FILE
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["transformers.js_config"] = genai.transformersjs_config(onnx_paths)
+    external = [p for n, p in onnx_paths.items() if variants[n].get("external_data")]
+    config["transformers.js_config"] = genai.transformersjs_config(onnx_paths, external)
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     for name, path in onnx_paths.items():
         variants[name].update(
             transformersjs_dtype=BY_NAME[name].transformersjs_dtype,
             genai_overlay=(
-                genai.genai_overlay(shared, share_buffer=True)
-                if name == default and shared
-                else genai.genai_overlay(path)
+                genai.genai_overlay(shared[name], share_buffer=True) if name in shared else genai.genai_overlay(path)
             ),
             genai_default=name == default,
         )

@@ -14,12 +14,14 @@ Fields follow what ``python -m onnxruntime_genai.models.builder`` writes for a L
 
 The KV cache. Every variant's own file keeps the decoder's contract (a cache of exactly ``past``
 positions, an ``attention_mask`` of ``past + T``, masked slots zeroed), which a preallocated
-buffer cannot meet, so overlaying it sets ``past_present_share_buffer`` false. For the default
-variant of a contrib (GroupQueryAttention) export, ``onnx/<file>_genai.onnx`` is the same decoder
+buffer cannot meet, so overlaying it sets ``past_present_share_buffer`` false. For a variant of a
+contrib (GroupQueryAttention) export, ``onnx/<file>_genai.onnx`` is the same decoder
 made for onnxruntime-genai's shared past/present buffer
 (:func:`prodip.export.graph.shared_buffer_graph`: no cache copy per step, as the model builder's
-graphs), and ``genai_config.json`` names it with ``past_present_share_buffer`` true. It holds its
-own copy of that variant's weights.
+graphs), and ``genai_config.json`` names it with ``past_present_share_buffer`` true; every other
+contrib variant has one too (its ``genai_overlay`` names it). The two graphs of a variant read the
+same weights file, ``onnx/<file>_data`` (:func:`move_weights_out`): the layout transformers.js
+loads with ``use_external_data_format``, which ``config.json`` sets per file.
 
     python -c "from prodip.export.genai import genai_config; import json; print(json.dumps(genai_config({'vocab_size': 8, 'hidden_size': 8, 'num_attention_heads': 2, 'num_key_value_heads': 1, 'num_hidden_layers': 1, 'head_dim': 4, 'max_position_embeddings': 16, 'bos_token_id': 1, 'eos_token_id': 2, 'pad_token_id': 0}, {}, 'onnx/model.onnx'), indent=1))"
 """
@@ -113,28 +115,76 @@ def genai_overlay(onnx_file: str, share_buffer: bool = False) -> dict[str, Any]:
 
 
 def genai_graph_path(onnx_file: str) -> str:
-    """Where the shared-buffer copy of ``onnx_file`` goes: ``onnx/model_q4.onnx`` -> ``onnx/model_q4_genai.onnx``."""
+    """Where the shared-buffer graph of ``onnx_file`` goes: ``onnx/model_q4.onnx`` -> ``onnx/model_q4_genai.onnx``."""
     return onnx_file[: -len(".onnx")] + "_genai.onnx" if onnx_file.endswith(".onnx") else onnx_file + "_genai"
 
 
+def weights_file(onnx_file: str) -> str:
+    """The external-data file of an ONNX variant: ``onnx/model_q4.onnx`` -> ``onnx/model_q4.onnx_data``
+    (the name transformers.js reads when ``use_external_data_format`` is set: ``<file>_data``)."""
+    return onnx_file + "_data"
+
+
+def move_weights_out(export_dir: str | Path, onnx_file: str) -> str:
+    """Rewrite ``onnx_file`` (relative to ``export_dir``) with its weights in :func:`weights_file`, so that
+    a second graph (:func:`write_genai_graph`) can read the same bytes; replaces a ``<file>.data``.
+
+    Tensors under 1 KiB stay in the graph. Written to temporary names, then renamed.
+
+    Returns:
+        The weights file's path relative to ``export_dir``.
+    """
+    root = Path(export_dir)
+    src, rel = root / onnx_file, weights_file(onnx_file)
+    model = onnx.load(str(src))  # reads a previous <file>.data too
+    tmp = src.with_name(src.name + ".tmp")
+    data_tmp = root / (rel + ".tmp")
+    for leftover in (tmp, data_tmp):
+        leftover.unlink(missing_ok=True)  # onnx appends to an existing external-data file
+    onnx.save_model(
+        model,
+        str(tmp),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data_tmp.name,
+        size_threshold=1024,
+    )
+    final = onnx.load(str(tmp), load_external_data=False)
+    for tensor in [*final.graph.initializer, *_attribute_tensors(final.graph)]:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = Path(rel).name
+    data_tmp.replace(root / rel)
+    onnx.save_model(final, str(src))
+    tmp.unlink()
+    (root / f"{onnx_file}.data").unlink(missing_ok=True)
+    onnx.checker.check_model(str(src))
+    return rel
+
+
+def _attribute_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    return [a.t for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+
+
 def write_genai_graph(export_dir: str | Path, onnx_file: str) -> str:
-    """Write :func:`genai_graph_path` of ``onnx_file`` (relative to ``export_dir``): the decoder made for a
-    shared past/present buffer, weights copied, in the source's layout (one file, or ``<file>.data``).
+    """Write :func:`genai_graph_path` of ``onnx_file`` (relative to ``export_dir``): the decoder made for
+    a shared past/present buffer (:func:`prodip.export.graph.shared_buffer_graph`), reading the
+    variant's own :func:`weights_file` (call :func:`move_weights_out` first): no second copy.
 
     Returns:
         The new file's path relative to ``export_dir``.
     Raises:
-        ValueError: ``onnx_file`` is not a GroupQueryAttention decoder with the mask-length check.
+        ValueError: ``onnx_file`` is not a GroupQueryAttention decoder with the mask-length check,
+            or its weights are not in :func:`weights_file`.
     """
     root = Path(export_dir)
-    src, rel = root / onnx_file, genai_graph_path(onnx_file)
-    external = (root / f"{onnx_file}.data").is_file()
-    model = shared_buffer_graph(onnx.load(str(src)))
-    dst = root / rel
-    if external:
-        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
-    else:
-        onnx.save(model, str(dst))
+    model = onnx.load(str(root / onnx_file), load_external_data=False)  # tensors stay references
+    locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    if locations != {Path(weights_file(onnx_file)).name}:
+        raise ValueError(f"{onnx_file}: weights in {sorted(locations)}, not {weights_file(onnx_file)}")
+    rel = genai_graph_path(onnx_file)
+    onnx.save_model(shared_buffer_graph(model), str(root / rel))
+    onnx.checker.check_model(str(root / rel))
     return rel
 
 
@@ -143,16 +193,21 @@ def default_variant(onnx_variants: dict[str, str]) -> Optional[str]:
     return next((v for v in DEFAULT_ORDER if v in onnx_variants), None)
 
 
-def transformersjs_config(onnx_variants: dict[str, str]) -> dict[str, Any]:
+def transformersjs_config(onnx_variants: dict[str, str], external: Optional[list[str]] = None) -> dict[str, Any]:
     """The ``transformers.js_config`` entry of ``config.json``: the default ``dtype`` (the variant
     :func:`default_variant` picks, as its transformers.js dtype), so ``from_pretrained(dir)`` without a
-    dtype loads a file the export has (transformers.js's own default is fp32 in Node, q8 on WASM).
+    dtype loads a file the export has (transformers.js's own default is fp32 in Node, q8 on WASM),
+    and ``use_external_data_format`` (file name -> 1 chunk, ``<file>_data``) for the ``external`` ones.
 
     Args:
         onnx_variants: variant name -> ONNX path relative to the export dir.
+        external: those paths whose weights are in :func:`weights_file`.
     """
     name = default_variant(onnx_variants)
-    return {"dtype": BY_NAME[name].transformersjs_dtype} if name else {}
+    out: dict[str, Any] = {"dtype": BY_NAME[name].transformersjs_dtype} if name else {}
+    if external:
+        out["use_external_data_format"] = {Path(p).name: 1 for p in external}
+    return out
 
 
 def write_genai_config(

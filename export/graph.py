@@ -521,18 +521,31 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     check = next((n for n in graph.node if n.name == MASK_CHECK_NODE), None)
     if check is None:
         raise ValueError(f"shared_buffer_graph: no {MASK_CHECK_NODE!r} node")
-    past = {i.name for i in graph.input if i.name.startswith("past_key_values.")}
+    past = {i.name: i.type.tensor_type.elem_type for i in graph.input if i.name.startswith("past_key_values.")}
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def cache_input(name: str) -> Optional[str]:
+        """The past input that ``name`` is, through Where(keep, x, 0) and Cast (fp16 graphs cast the
+        cache to float16 and back around the Where), when the chain's last type is the input's."""
+        last_cast = None
+        while name not in past:
+            node = producer.get(name)
+            if node is None or node.op_type not in ("Cast", "Where"):
+                return None
+            if node.op_type == "Cast" and last_cast is None:
+                last_cast = _attr(node, "to")
+            name = node.input[1] if node.op_type == "Where" else node.input[0]
+        return name if last_cast in (None, past[name]) else None
+
     rename = {check.output[0]: "attention_mask"}
-    nodes = []
-    for node in graph.node:
-        if node is check:
-            continue
-        cache = [name for name in node.input if name in past]
-        if node.op_type == "Where" and cache:  # Where(keep, past, 0): read the buffer itself
-            rename[node.output[0]] = cache[0]
-            continue
-        nodes.append(node)
+    nodes = [node for node in graph.node if node is not check]
     for node in nodes:
+        if node.op_type == "GroupQueryAttention":  # past_key, past_value: the buffer itself
+            for i in (3, 4):
+                source = cache_input(node.input[i]) if len(node.input) > i and node.input[i] else None
+                if source is None:
+                    raise ValueError(f"shared_buffer_graph: {node.name} input {i} is not a past_key_values input")
+                node.input[i] = source
         for i, name in enumerate(node.input):
             node.input[i] = rename.get(name, name)
     wanted = {o.name for o in graph.output}

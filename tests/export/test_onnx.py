@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -144,17 +147,26 @@ def test_batch1_seq1_prefill(tied_export):
 
 
 def test_external_data_layout(tied_export, gqa_export):
-    """Over 2 GB (forced here via onnx_external_data) every variant keeps weights in ``<file>.data``."""
+    """A contrib variant keeps its weights in ``<file>_data`` (transformers.js's external-data name),
+    read by its graph and by its onnxruntime-genai graph, whether the fp32 export was external
+    (forced here via onnx_external_data, the > 2 GB path, which wrote ``<file>.data``) or not."""
     from prodip.base.manifest import read_manifest
 
-    for export_dir, external in ((tied_export, True), (gqa_export, False)):
+    for export_dir in (tied_export, gqa_export):
         m = read_manifest(export_dir)
         for name in ONNX_VARIANTS:
             v = m["variants"][name]
-            assert v["external_data"] == ([v["path"] + ".data"] if external else [])
-            for rel in v["external_data"]:
-                assert m["files"][rel]["bytes"] > 0
-        onnx.checker.check_model(str(export_dir / m["variants"]["fp32"]["path"]))
+            assert v["graph"] == "contrib" and v["external_data"] == [v["path"] + "_data"]
+            assert m["files"][v["path"] + "_data"]["bytes"] > m["files"][v["path"]]["bytes"]  # the weights
+            assert v["path"] + ".data" not in m["files"] and not (export_dir / (v["path"] + ".data")).exists()
+            for rel in (v["path"], v["genai_path"]):
+                graph = onnx.load(str(export_dir / rel), load_external_data=False).graph
+                locations = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
+                assert locations == {Path(v["path"]).name + "_data"}, rel
+                onnx.checker.check_model(str(export_dir / rel))
+        config = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
+        files = {Path(m["variants"][n]["path"]).name: 1 for n in ONNX_VARIANTS}
+        assert config["transformers.js_config"]["use_external_data_format"] == files
 
 
 @pytest.mark.parametrize("variant", ONNX_VARIANTS)

@@ -41,20 +41,14 @@ def test_manifest_and_config_name_every_variant_for_both_runtimes(gqa_export):
     for name, (path, dtype) in want.items():
         v = manifest["variants"][name]
         assert (v["path"], v["transformersjs_dtype"]) == (path, dtype)
-        if name == "int4":  # the default: its shared-buffer copy, listed and hashed like every file
-            assert v["genai_default"] is True and v["genai_path"] == "onnx/model_q4_genai.onnx"
-            assert v["genai_path"] in manifest["files"] and v["genai_external_data"] == []
-            shared = {
-                "model": {"decoder": {"filename": v["genai_path"]}},
-                "search": {"past_present_share_buffer": True},
-            }
-            assert v["genai_overlay"] == shared
-        else:  # the contract graph: a cache of exactly past positions, not a buffer
-            assert v["genai_default"] is False and "genai_path" not in v
-            off = {"model": {"decoder": {"filename": path}}, "search": {"past_present_share_buffer": False}}
-            assert v["genai_overlay"] == off
+        assert v["genai_default"] is (name == "int4")
+        # each variant's shared-buffer graph for onnxruntime-genai, listed and hashed like every file
+        assert v["genai_path"] == path.replace(".onnx", "_genai.onnx") and v["genai_path"] in manifest["files"]
+        shared = {"model": {"decoder": {"filename": v["genai_path"]}}, "search": {"past_present_share_buffer": True}}
+        assert v["genai_overlay"] == shared
     config = json.loads((gqa_export / "config.json").read_text(encoding="utf-8"))
-    assert config["transformers.js_config"] == {"dtype": "q4"}
+    files = {"model.onnx": 1, "model_fp16.onnx": 1, "model_quantized.onnx": 1, "model_q4.onnx": 1}
+    assert config["transformers.js_config"] == {"dtype": "q4", "use_external_data_format": files}
 
 
 def test_genai_config_defaults_without_generation_config():
