@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
+
 from prodip.base.manifest import read_manifest
 from prodip.export.genai import genai_config
 
@@ -64,7 +67,6 @@ def test_shared_buffer_graph_drops_the_cache_copies_and_keeps_the_rest(gqa_expor
     """The genai copy of int4: no mask-length check, no Where over a past_key_values input (the
     per-step cache copies), every other node and every weight of the contract graph unchanged."""
     import onnx
-    import pytest
 
     from prodip.export.graph import MASK_CHECK_NODE, shared_buffer_graph
 
@@ -87,3 +89,38 @@ def test_shared_buffer_graph_drops_the_cache_copies_and_keeps_the_rest(gqa_expor
     assert {t.name: t.raw_data for t in shared.graph.initializer if t.name in weights} == weights
     with pytest.raises(ValueError, match="no GroupQueryAttention"):  # a standard-operator graph
         shared_buffer_graph(onnx.ModelProto())
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16", "int8", "int4"])
+def test_shared_buffer_graph_reads_no_slot_past_the_mask(gqa_export, variant):
+    """What onnxruntime-genai's shared buffer feeds the ``_genai`` graph: a cache of capacity C > past,
+    the first ``past`` slots filled, the rest NaN (a buffer never written), and a mask of past + 1.
+    The step's logits equal the contract graph's on the exact cache, and the present buffer keeps
+    the filled slots and gets the new token's keys at slot ``past``."""
+    import onnxruntime as ort
+
+    from tests.export.conftest import ort_session, positions, run_ort, source_model
+
+    config = source_model(gqa_export).config
+    contract = ort_session(gqa_export, variant)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    genai_path = gqa_export / read_manifest(gqa_export)["variants"][variant]["genai_path"]
+    shared = ort.InferenceSession(str(genai_path), opts, providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(0).integers(3, config.vocab_size, (1, 10))
+    mask = np.ones_like(ids)
+    _, past = run_ort(contract, config, ids, mask, positions(mask))  # 10 filled slots
+    step_ids, step_mask = np.array([[7]]), np.ones((1, 11), np.int64)
+    want, want_present = run_ort(contract, config, step_ids, step_mask, np.array([[10]]), past)
+    capacity = 32
+    buffers = []
+    for layer_cache in past:
+        buf = np.full((1, config.num_key_value_heads, capacity, config.head_dim), np.nan, np.float32)
+        buf[:, :, :10] = layer_cache
+        buffers.append(buf)
+    got, present = run_ort(shared, config, step_ids, step_mask, np.array([[10]]), buffers)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for p, w in zip(present, want_present):
+        assert p.shape[2] == capacity
+        np.testing.assert_array_equal(p[:, :, :11], w)  # filled slots kept, the new token at slot 10
