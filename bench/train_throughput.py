@@ -308,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.shards_dir and args.tokenizer_dir:
         tok, shards = Path(args.tokenizer_dir), Path(args.shards_dir)
     else:
-        tok, shards = synthetic_inputs(tmp, model_cfg.vocab_size)
+        tok, shards = synthetic_inputs(tmp, model_cfg.vocab_size or CPU_MODEL["vocab_size"])
+    meta = shards / "meta.json"  # the vocabulary comes from the tokenizer, as in the trainer
+    model_cfg = model_cfg.with_vocab_size(json.loads(meta.read_text(encoding="utf-8"))["vocab_size"], source=str(meta))
     cfg = dataclasses.replace(
         cfg, shards_dir=str(shards), tokenizer_dir=str(tok), progress=False, compile=cfg.compile or args.compile
     )
