@@ -148,8 +148,8 @@ def _runtime_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         "",
         f"On-device runtimes: greedy ids on the prompts {', '.join(rt['prompts'])} ({rt['new_tokens']} new tokens) "
-        "vs ONNX Runtime's on the same file (onnxruntime-genai's default variant: its shared-buffer copy, "
-        "`onnx/*_genai.onnx`, the file `og.Model(EXPORT_DIR)` runs; fp32: and the training model's).",
+        "vs ONNX Runtime's on the same file (onnxruntime-genai runs each variant's shared-buffer graph, "
+        "`onnx/*_genai.onnx`, as the manifest's `genai_overlay` says; fp32: and the training model's).",
         "",
         "| candidate | " + " | ".join(checked) + " | fp32 = training model |",
         "|---|" + "---|" * len(checked) + "---|",

@@ -3,9 +3,9 @@
 For every ONNX variant, onnxruntime-genai (its Python API, through the export's
 ``genai_config.json``) and transformers.js (``@huggingface/transformers`` in Node, the dtype whose
 file name is the variant's) generate greedily from the fixed Bangla and English prompts; their
-ids must equal ONNX Runtime's on the same file (for onnxruntime-genai's default variant, the
-variant's shared-buffer copy ``onnx/<file>_genai.onnx`` that ``og.Model(EXPORT_DIR)`` runs, against
-ONNX Runtime on the variant's own file) (:class:`prodip.conformance.runners.OrtRunner`,
+ids must equal ONNX Runtime's on the same file (onnxruntime-genai runs each variant's
+shared-buffer graph ``onnx/<file>_genai.onnx``, as its manifest ``genai_overlay`` says, against ONNX
+Runtime on the variant's own file, same weights) (:class:`prodip.conformance.runners.OrtRunner`,
 batch 1, unpadded, the same stopping rule: ``max_new_tokens`` new tokens or the end-of-sequence id,
 included). For the fp32 variant ONNX Runtime's ids must also equal the training model's. Each
 runtime is a gated check of the variant's candidate: a runtime that fails, or cannot run (not
@@ -91,9 +91,8 @@ def genai_greedy(
     export_dir: Path, onnx_file: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, threads: int = 0
 ) -> dict[str, Any]:
     """Greedy ids from onnxruntime-genai: ``og.Config(export_dir)`` (its ``genai_config.json``) with the
-    manifest's ``genai_overlay`` of the variant whose file is ``onnx_file`` (for the default variant of
-    a contrib export: its shared-buffer graph, ``onnx/<file>_genai.onnx``, as ``og.Model(EXPORT_DIR)``
-    runs it); a file no variant lists: that file, no shared buffer.
+    manifest's ``genai_overlay`` of the variant whose file is ``onnx_file`` (for a contrib export: its
+    shared-buffer graph, ``onnx/<file>_genai.onnx``); a file no variant lists: that file, no shared buffer.
 
     Returns:
         ``{"ids": [[prompt + new ids], ...], "versions": {...}}``.

@@ -438,6 +438,11 @@ def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> N
     for name, path in onnx_paths.items():
         if variants[name].get("graph") == "contrib":
             variants[name]["external_data"] = [genai.move_weights_out(root, path)]
+            if (
+                isinstance(variants[name].get("quantization"), dict)
+                and "external_data" in variants[name]["quantization"]
+            ):
+                variants[name]["quantization"]["external_data"] = True  # where the weights ended up
             shared[name] = variants[name]["genai_path"] = genai.write_genai_graph(root, path)
     default = genai.default_variant(onnx_paths)
     genai.write_genai_config(root, onnx_paths, shared_graph=shared.get(default))

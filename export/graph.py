@@ -557,4 +557,8 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes = live
     del graph.node[:]
     graph.node.extend(nodes)
+    used = {name for node in nodes for name in node.input} | wanted
+    kept = [t for t in graph.initializer if t.name in used]  # the removed nodes' constants go too
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     return model
