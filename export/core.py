@@ -432,23 +432,26 @@ def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> N
     ONNX variant in its manifest entry: ``transformersjs_dtype``, ``genai_overlay`` (what
     ``og.Config.overlay`` needs to load it), ``genai_default`` (named by ``genai_config.json``).
     A contrib (GroupQueryAttention) variant's weights move to ``<file>_data``, read by both its
-    graph and its shared-buffer graph for onnxruntime-genai (``genai_path``, ``genai.write_genai_graph``)."""
+    graph and its shared-buffer graph for onnxruntime-genai (``genai_path``, ``genai.write_genai_graph``);
+    a standard graph's external weights (over 2 GB, or asked for) move there too, for transformers.js."""
     onnx_paths = {name: v["path"] for name, v in variants.items() if v["format"] == "onnx"}
     shared: dict[str, str] = {}  # variant -> its shared-buffer graph (contrib graphs: GroupQueryAttention)
     for name, path in onnx_paths.items():
-        if variants[name].get("graph") == "contrib":
+        contrib = variants[name].get("graph") == "contrib"
+        if contrib or variants[name].get("external_data"):  # one weights file, under transformers.js's name
             variants[name]["external_data"] = [genai.move_weights_out(root, path)]
             if (
                 isinstance(variants[name].get("quantization"), dict)
                 and "external_data" in variants[name]["quantization"]
             ):
                 variants[name]["quantization"]["external_data"] = True  # where the weights ended up
+        if contrib:
             shared[name] = variants[name]["genai_path"] = genai.write_genai_graph(root, path)
     default = genai.default_variant(onnx_paths)
     genai.write_genai_config(root, onnx_paths, shared_graph=shared.get(default))
     config_path = root / hf.CONFIG_FILE
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    external = [p for n, p in onnx_paths.items() if variants[n].get("external_data")]
+    external = [p for n, p in onnx_paths.items() if variants[n].get("external_data")]  # every one <file>_data
     config["transformers.js_config"] = genai.transformersjs_config(onnx_paths, external)
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     for name, path in onnx_paths.items():

@@ -126,3 +126,28 @@ def test_shared_buffer_graph_reads_no_slot_past_the_mask(gqa_export, variant):
     for p, w in zip(present, want_present):
         assert p.shape[2] == capacity
         np.testing.assert_array_equal(p[:, :, :11], w)  # filled slots kept, the new token at slot 10
+
+
+def test_standard_graph_with_external_weights_uses_the_transformersjs_name(tmp_path):
+    """A standard-operator export over 2 GB (forced here) keeps one weights file per variant under
+    transformers.js's name, ``<file>_data``, listed in ``use_external_data_format``; it has no
+    GroupQueryAttention, so no shared-buffer graph, and its genai overlay shares no buffer."""
+    import onnxruntime as ort
+
+    from tests.fixtures import build_tiny_export
+
+    export = build_tiny_export(
+        tmp_path, export_options={"onnx_graph": "standard", "onnx_external_data": True}, variants=["fp32", "int8"]
+    )
+    m = read_manifest(export)
+    for name in ("fp32", "int8"):
+        v = m["variants"][name]
+        assert v["graph"] == "standard" and v["external_data"] == [v["path"] + "_data"] and "genai_path" not in v
+        assert v["genai_overlay"]["search"]["past_present_share_buffer"] is False
+        assert not (export / (v["path"] + ".data")).exists()
+        ort.InferenceSession(str(export / v["path"]), providers=["CPUExecutionProvider"])
+    config = json.loads((export / "config.json").read_text(encoding="utf-8"))
+    assert config["transformers.js_config"]["use_external_data_format"] == {
+        "model.onnx": 1,
+        "model_quantized.onnx": 1,
+    }
