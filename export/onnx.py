@@ -188,6 +188,7 @@ def export_onnx(
         )
     program.save(str(path), external_data=external_data)
     proto = onnx.load(str(path), load_external_data=False)  # external tensors stay references
+    _drop_stack_traces(proto)
     add_mask_length_check(proto)
     drop_unused_outputs(proto)
     onnx.save_model(proto, str(path))
@@ -197,6 +198,16 @@ def export_onnx(
         onnx.checker.check_model(onnx.load(str(path)))
     logger.info("ONNX decoder (opset %d, %s) -> %s", opset, "external data" if external_data else "single file", path)
     return path
+
+
+def _drop_stack_traces(model: onnx.ModelProto) -> None:
+    """Remove the exporter's per-node Python stack traces (``pkg.torch.onnx.stack_trace``), in place:
+    they hold the build machine's paths, so the same checkpoint would give different files elsewhere."""
+    for node in model.graph.node:
+        keep = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        if len(keep) != len(node.metadata_props):
+            del node.metadata_props[:]
+            node.metadata_props.extend(keep)
 
 
 def check_io(path: str | os.PathLike, config: Any) -> None:

@@ -199,3 +199,14 @@ def test_rows_are_batch_invariant(gqa_export, variant):
     for rows, steps in results.items():
         for i, (got, want) in enumerate(zip(steps, results[8])):
             np.testing.assert_array_equal(got, want, err_msg=f"{variant}: batch {rows} vs 8, step {i}")
+
+
+def test_onnx_files_hold_no_build_paths(gqa_export):
+    """No file of an export names the machine it was built on (the exporter's stack traces are dropped)."""
+    from prodip.base.manifest import read_manifest
+
+    root = str(Path(__file__).resolve().parents[2])
+    for rel in read_manifest(gqa_export)["files"]:
+        if rel.endswith(".onnx"):
+            data = (gqa_export / rel).read_bytes()
+            assert root.encode() not in data and b"pkg.torch.onnx.stack_trace" not in data, rel
