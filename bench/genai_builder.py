@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 from prodip.base.manifest import read_manifest  # noqa: E402
 from prodip.export import quantize  # noqa: E402
+from prodip.export.genai import variant_overlay  # noqa: E402
 from prodip.train.checkpoint import load_model  # noqa: E402
 from tests.fixtures import build_tiny_export  # noqa: E402
 
@@ -78,11 +79,7 @@ def load_genai(folder: Path, onnx_file: str | None, threads: int):
     loaded with the manifest's ``genai_overlay`` (int4: its shared-buffer graph), or a bench file
     outside the manifest (no shared buffer)."""
     config = og.Config(str(folder))
-    overlay: dict = {"model": {"decoder": {}}}
-    if onnx_file:
-        listed = {v["path"]: v for v in read_manifest(folder)["variants"].values() if "genai_overlay" in v}
-        default = {"model": {"decoder": {"filename": onnx_file}}, "search": {"past_present_share_buffer": False}}
-        overlay = json.loads(json.dumps(listed[onnx_file]["genai_overlay"])) if onnx_file in listed else default
+    overlay: dict = variant_overlay(folder, onnx_file) if onnx_file else {"model": {"decoder": {}}}
     overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
     config.overlay(json.dumps(overlay))
     return og.Model(config)

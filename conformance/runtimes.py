@@ -30,10 +30,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from prodip.base.manifest import read_manifest
 from prodip.base.variants import BY_NAME
 from prodip.conformance.runners import OrtRunner, TorchRunner
-from prodip.export.genai import genai_overlay
+from prodip.export.genai import variant_overlay
 
 GENAI, TRANSFORMERS_JS = "onnxruntime-genai", "transformers.js"
 RUNTIMES = (GENAI, TRANSFORMERS_JS)
@@ -105,9 +104,7 @@ def genai_greedy(
     except ImportError:
         raise ImportError("onnxruntime-genai is not installed: pip install 'prodip[runtimes]'") from None
     config = og.Config(str(export_dir))
-    listed = read_manifest(export_dir).get("variants", {}).values()
-    overlay = next((v["genai_overlay"] for v in listed if v.get("path") == onnx_file and "genai_overlay" in v), None)
-    overlay = json.loads(json.dumps(overlay)) if overlay else genai_overlay(onnx_file)
+    overlay = variant_overlay(export_dir, onnx_file)
     if threads:
         overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads}
     config.overlay(json.dumps(overlay))

@@ -28,12 +28,14 @@ loads with ``use_external_data_format``, which ``config.json`` sets per file.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any, Optional
 
 import onnx
 
+from prodip.base.manifest import read_manifest
 from prodip.base.variants import BY_NAME
 from prodip.export.graph import shared_buffer_graph
 
@@ -114,6 +116,15 @@ def genai_overlay(onnx_file: str, share_buffer: bool = False) -> dict[str, Any]:
     return {"model": {"decoder": {"filename": onnx_file}}, "search": {"past_present_share_buffer": bool(share_buffer)}}
 
 
+def variant_overlay(export_dir: str | Path, onnx_file: str) -> dict[str, Any]:
+    """The manifest's ``genai_overlay`` of the variant whose file is ``onnx_file`` (a copy), or, for a
+    file no variant lists, :func:`genai_overlay` of it (no shared buffer)."""
+    for variant in read_manifest(export_dir).get("variants", {}).values():
+        if variant.get("path") == onnx_file and "genai_overlay" in variant:
+            return copy.deepcopy(variant["genai_overlay"])
+    return genai_overlay(onnx_file)
+
+
 def genai_graph_path(onnx_file: str) -> str:
     """Where the shared-buffer graph of ``onnx_file`` goes: ``onnx/model_q4.onnx`` -> ``onnx/model_q4_genai.onnx``."""
     return onnx_file[: -len(".onnx")] + "_genai.onnx" if onnx_file.endswith(".onnx") else onnx_file + "_genai"
@@ -129,7 +140,8 @@ def move_weights_out(export_dir: str | Path, onnx_file: str) -> str:
     """Rewrite ``onnx_file`` (relative to ``export_dir``) with its weights in :func:`weights_file`, so that
     a second graph (:func:`write_genai_graph`) can read the same bytes; replaces a ``<file>.data``.
 
-    Tensors under 1 KiB stay in the graph. Written to temporary names, then renamed.
+    Tensors under 1 KiB stay in the graph. Called on the export's private folder, which is renamed
+    into place only when complete.
 
     Returns:
         The weights file's path relative to ``export_dir``.
@@ -137,33 +149,18 @@ def move_weights_out(export_dir: str | Path, onnx_file: str) -> str:
     root = Path(export_dir)
     src, rel = root / onnx_file, weights_file(onnx_file)
     model = onnx.load(str(src))  # reads a previous <file>.data too
-    tmp = src.with_name(src.name + ".tmp")
-    data_tmp = root / (rel + ".tmp")
-    for leftover in (tmp, data_tmp):
-        leftover.unlink(missing_ok=True)  # onnx appends to an existing external-data file
+    (root / rel).unlink(missing_ok=True)  # onnx appends to an existing external-data file
     onnx.save_model(
         model,
-        str(tmp),
+        str(src),
         save_as_external_data=True,
         all_tensors_to_one_file=True,
-        location=data_tmp.name,
+        location=Path(rel).name,
         size_threshold=1024,
     )
-    final = onnx.load(str(tmp), load_external_data=False)
-    for tensor in [*final.graph.initializer, *_attribute_tensors(final.graph)]:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                entry.value = Path(rel).name
-    data_tmp.replace(root / rel)
-    onnx.save_model(final, str(src))
-    tmp.unlink()
     (root / f"{onnx_file}.data").unlink(missing_ok=True)
     onnx.checker.check_model(str(src))
     return rel
-
-
-def _attribute_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
-    return [a.t for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
 
 
 def write_genai_graph(export_dir: str | Path, onnx_file: str) -> str:

@@ -145,6 +145,16 @@ class Snapshot:
             self.ready.synchronize()
 
 
+def _host_buffer(name: str, src: torch.Tensor, buffers: dict[str, torch.Tensor], zero: bool = False) -> torch.Tensor:
+    """``buffers[name]``, (re)allocated on the host when missing or of another shape or dtype: pinned
+    for a CUDA ``src``; ``zero`` touches every page now, so a later copy does not page-fault."""
+    buf = buffers.get(name)
+    if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+        make = torch.zeros if zero else torch.empty
+        buf = buffers[name] = make(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
+    return buf
+
+
 def _stage(name: str, tensor: torch.Tensor, buffers: Optional[dict[str, torch.Tensor]]) -> torch.Tensor:
     """Copy ``tensor`` to the host; into ``buffers[name]`` (allocated on first use) when given.
 
@@ -154,10 +164,7 @@ def _stage(name: str, tensor: torch.Tensor, buffers: Optional[dict[str, torch.Te
     src = tensor.detach()
     if buffers is None:
         return src.to("cpu", copy=True).contiguous() if src.device.type != "cpu" else src.contiguous().clone()
-    buf = buffers.get(name)
-    if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-        buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
-        buffers[name] = buf
+    buf = _host_buffer(name, src, buffers)
     buf.copy_(src, non_blocking=src.is_cuda)
     return buf
 
@@ -226,11 +233,9 @@ def allocate_buffers(snap: Snapshot, buffers: dict[str, torch.Tensor]) -> None:
     """Fill ``buffers`` with zeroed host tensors shaped like the live tensors of an unstaged
     snapshot (``take_snapshot(..., stage=False)``), under the names :func:`stage_snapshot` uses;
     pinned for CUDA sources. Zeroing touches every page, so a later copy does not page-fault."""
-    named = [("model." + k, t) for k, t in snap.model.items()]
-    named += [("opt." + k, t) for k, t in (snap.optimizer or {}).items()]
-    for name, src in named:
-        if name not in buffers:
-            buffers[name] = torch.zeros(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
+    for prefix, tensors in (("model.", snap.model), ("opt.", snap.optimizer or {})):
+        for key, src in tensors.items():
+            _host_buffer(prefix + key, src.detach(), buffers, zero=True)
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:

@@ -290,10 +290,7 @@ def test_tied_shared_int4_logits_identical(tied_demo_shape):
     codes = inits[lm_head.input[1]]  # uint8 [V, H/32, 16], low nibble first
     codes = np.stack([codes & 15, codes >> 4], -1).reshape(config.vocab_size, -1).astype(np.int16)
     gathered = inits[gbq.input[0]].astype(np.int16)
-    if (
-        old.graph.initializer[[t.name for t in old.graph.initializer].index(gbq.input[0])].data_type
-        == onnx.TensorProto.INT4
-    ):
+    if {t.name: t.data_type for t in old.graph.initializer}[gbq.input[0]] == onnx.TensorProto.INT4:
         codes -= 8  # symmetric: the Gather quantiser stores signed codes, MatMulNBits code - 8 (its absent zero point)
     tie_rows = np.flatnonzero((codes != gathered).any(-1))
     assert len(tie_rows) < 10  # ties only

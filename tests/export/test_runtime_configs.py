@@ -64,8 +64,8 @@ def test_genai_config_defaults_without_generation_config():
 
 
 def test_shared_buffer_graph_drops_the_cache_copies_and_keeps_the_rest(gqa_export):
-    """The genai copy of int4: no mask-length check, no Where over a past_key_values input (the
-    per-step cache copies), every other node and every weight of the contract graph unchanged."""
+    """int4's graph for onnxruntime-genai: no mask-length check, no Where over a past_key_values
+    input (the per-step cache copies), the same inputs, outputs and weights as the contract graph."""
     import onnx
 
     from prodip.export.graph import MASK_CHECK_NODE, shared_buffer_graph

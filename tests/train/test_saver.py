@@ -55,6 +55,14 @@ def _trained(cfg):
     return model, opt
 
 
+def _train_config(tmp_path, tokenizer_dir, shards_dir, **overrides):
+    """A 3-step CPU run of the tiny model, no guards, no progress bar."""
+    base = dict(steps=3, batch_size=2, seq_len=16, device="cpu", progress=False, guards=False)
+    return TrainConfig(
+        shards_dir=str(shards_dir), tokenizer_dir=str(tokenizer_dir), out_dir=str(tmp_path / "run"), **base | overrides
+    )
+
+
 def _save_kwargs(tok):
     return dict(tokenizer_dir=tok, tokens_seen=7, train_config={"lr": 1.0}, data_state={"batch_index": 3}, keep_last=2)
 
@@ -126,20 +134,9 @@ def test_background_error_surfaces_at_the_next_call(tmp_path, tiny_tokenizer_dir
 
 
 def test_saves_spaced_by_wall_time(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
-    cfg = TrainConfig(
-        shards_dir=str(tiny_shards_dir),
-        tokenizer_dir=str(tiny_tokenizer_dir),
-        out_dir=str(tmp_path / "run"),
-        steps=3,
-        batch_size=2,
-        seq_len=16,
-        device="cpu",
-        progress=False,
-        guards=False,
-        checkpoint_every_steps=0,
-        checkpoint_every_s=1e-9,  # due at every step
-        keep_last=5,
-    )
+    cfg = _train_config(
+        tmp_path, tiny_tokenizer_dir, tiny_shards_dir, checkpoint_every_steps=0, checkpoint_every_s=1e-9, keep_last=5
+    )  # a save due at every step
     run = train(cfg, tiny_config())
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
         "step_0000001",
@@ -189,18 +186,7 @@ def test_trainer_prepares_the_save_buffers_after_its_first_step(
         real(self, **kwargs)
 
     monkeypatch.setattr(AsyncCheckpointer, "prepare", spy)
-    cfg = TrainConfig(
-        shards_dir=str(tiny_shards_dir),
-        tokenizer_dir=str(tiny_tokenizer_dir),
-        out_dir=str(tmp_path / "run"),
-        steps=3,
-        batch_size=2,
-        seq_len=16,
-        device="cpu",
-        progress=False,
-        guards=False,
-        checkpoint_every_steps=2,
-    )
+    cfg = _train_config(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, checkpoint_every_steps=2)
     run = train(cfg, tiny_config())
     assert len(calls) == 1 and calls[0] > 0
     assert ck.load_model(run / "checkpoints")[2]["step"] == 3
