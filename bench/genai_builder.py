@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = {label: [] for label in graphs}
         for m in models.values():
             decode_rate(m, prompt, 8)  # warm-up
-        for _ in range(args.repeats):
-            for label, m in models.items():
+        for r in range(args.repeats):  # the order alternates, so no graph always runs after the same one
+            for label, m in list(models.items())[:: -1 if r % 2 else 1]:
                 runs[label].append(decode_rate(m, prompt, args.tokens))
         for label in graphs:
             rows[label]["tok_s"][str(threads)] = {"median": statistics.median(runs[label]), "runs": runs[label]}

@@ -9,6 +9,8 @@
   the lm_head's quantised tensors so the file holds the table once.
 - :func:`add_mask_length_check`: the decoder refuses an ``attention_mask`` whose length is not
   ``past + T`` (case C3); :func:`drop_unused_outputs`: blank the optional outputs nothing reads.
+- :func:`shared_buffer_graph`, :func:`fold_rotary_into_attention`: the decoder as onnxruntime-genai
+  runs it (shared past/present buffer, rotary inside GroupQueryAttention).
 - :func:`find_embedding_gather`, :func:`quantize_embedding_int8`: the 8-bit GatherBlockQuantized
   embedding (ORT's quantiser does 4-bit Gathers only).
 
@@ -491,6 +493,115 @@ def drop_unused_outputs(
     return n
 
 
+def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
+    """Let each ``GroupQueryAttention`` rotate its own queries and keys from the packed q/k/v, in place.
+
+    The contrib graph computes ``Split(qkv) -> RotaryEmbedding(q), RotaryEmbedding(k) -> GQA(q, k,
+    v)``; this rewrites it as ``GQA(qkv, '', '', ..., cos_cache, sin_cache, position_ids)`` with
+    ``do_rotary=1`` (onnxruntime docs/ContribOperators.md, GroupQueryAttention: packed QKV when
+    ``key`` and ``value`` are omitted; inputs 7-9), the form onnxruntime-genai's model builder
+    writes: three nodes fewer per layer (bench/results/genai_builder_rotary_*).
+
+    The rotation is the same (rotate-half, the same cos/sin tables), with one condition on the
+    positions. ONNX Runtime 1.32's CPU kernel rotates a decode step (T = 1) at ``position_ids``
+    (B, 1), but a prompt (T > 1) at ``position_ids[0, 0] + t`` for every row: right for every row
+    whose positions are consecutive from the same start, which is what onnxruntime-genai feeds
+    (positions are column indices: DefaultPositionInputs::CreateAndInitializePositionIDs), and
+    wrong for a left-padded prompt numbered from its first real token (prodip's serve engine and
+    the contract graph's callers), so the contract graph keeps the explicit RotaryEmbedding.
+    Measured: tests/export/test_runtime_configs.py (prompt and decode, batch 1 and 2, against the
+    contract graph).
+
+    Args:
+        model: a contrib-graph decoder (:mod:`prodip.export.contrib`), after quantisation.
+    Returns:
+        The number of GroupQueryAttention nodes folded: one per layer, 0 for an fp16 graph (see below).
+    """
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    folded = 0
+    for node in graph.node:
+        if node.op_type != "GroupQueryAttention" or _attr(node, "do_rotary", 0) or len(node.input) < 10:
+            continue
+        if any(node.input[i] for i in (7, 8, 9)):
+            continue
+        rq, rk = producer.get(node.input[0]), producer.get(node.input[1])
+        if rq is None or rk is None or not rq.op_type == rk.op_type == "RotaryEmbedding":
+            continue
+        if list(rq.input[1:4]) != list(rk.input[1:4]) or _attr(rq, "interleaved", 0) or _attr(rk, "interleaved", 0):
+            continue
+        # q, k, v straight from one Split. An fp16 graph casts them to fp32 first, and there the
+        # contract graph's rotated q/k are rounded to fp16 where GroupQueryAttention's are not:
+        # logits move by ~1e-3 and greedy ids can differ from the contract graph's, so it keeps
+        # its RotaryEmbedding nodes.
+        split = producer.get(rq.input[0])
+        if split is None or split.op_type != "Split" or list(split.output) != [rq.input[0], rk.input[0], node.input[2]]:
+            continue
+        position_ids, cos_cache, sin_cache = rq.input[1:4]
+        node.input[0], node.input[1], node.input[2] = split.input[0], "", ""
+        node.input[7], node.input[8], node.input[9] = cos_cache, sin_cache, position_ids
+        attrs = [a for a in node.attribute if a.name not in ("do_rotary", "rotary_interleaved")]
+        del node.attribute[:]
+        node.attribute.extend(attrs)
+        node.attribute.extend(
+            [onnx.helper.make_attribute("do_rotary", 1), onnx.helper.make_attribute("rotary_interleaved", 0)]
+        )
+        folded += 1
+    return folded
+
+
+def padding_only_bias(model: onnx.ModelProto) -> int:
+    """Feed every ``GroupQueryAttention`` a bias that masks padding only, in place.
+
+    The contrib graph's ``attention_bias`` (B, 1, T, S) is the training model's whole boolean mask
+    (:func:`prodip.train.model.build_attention_mask`: causal, padding, and a padding query's own
+    slot), about twenty small nodes per step. GroupQueryAttention applies the causal part itself
+    (every query attends to slots up to its own, ``seqlens_k`` being S - 1 for every row), so for
+    the real tokens' outputs only the padding part matters: ``Expand(Where(mask == 0, min, 0),
+    (1, 1, T, 1))``, six nodes; the bias must be (B, 1, T, S): ONNX Runtime 1.32 refuses T = 1
+    broadcast over a prompt ("attention_bias dimension 2 must be equal to the sequence length").
+    A padding query, whose every slot is masked, then averages its visible slots instead of
+    reading its own; its output and cache slot are never read (masked for every real token).
+
+    Args:
+        model: a contrib-graph decoder whose GroupQueryAttention nodes share one ``attention_bias``.
+    Returns:
+        The number of GroupQueryAttention nodes rewired (0: none has a bias).
+    """
+    graph = model.graph
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 10 and n.input[10]]
+    if not gqa:
+        return 0
+    producer = {out: node for node in graph.node for out in node.output}
+    source = producer.get(gqa[0].input[10])
+    dtype = _attr(source, "to") if source is not None and source.op_type == "Cast" else onnx.TensorProto.FLOAT
+    lowest = np.finfo(onnx.helper.tensor_dtype_to_np_dtype(dtype)).min
+    p = "padding_bias/"
+    int64 = onnx.TensorProto.INT64
+    graph.initializer.extend(
+        [
+            onnx.helper.make_tensor(p + "axes", int64, [2], [1, 2]),
+            onnx.helper.make_tensor(p + "ones", int64, [2], [1, 1]),
+            onnx.helper.make_tensor(p + "one", int64, [1], [1]),
+            onnx.helper.make_tensor(p + "zero", dtype, [], [0.0]),
+            onnx.helper.make_tensor(p + "lowest", dtype, [], [float(lowest)]),
+        ]
+    )
+    nodes = [
+        onnx.helper.make_node("Unsqueeze", ["attention_mask", p + "axes"], [p + "mask4"]),  # (B, 1, 1, S)
+        onnx.helper.make_node("Cast", [p + "mask4"], [p + "keep"], to=onnx.TensorProto.BOOL),
+        onnx.helper.make_node("Where", [p + "keep", p + "zero", p + "lowest"], [p + "row"]),
+        onnx.helper.make_node("Shape", ["input_ids"], [p + "T"], start=1, end=2),
+        onnx.helper.make_node("Concat", [p + "ones", p + "T", p + "one"], [p + "shape"], axis=0),
+        onnx.helper.make_node("Expand", [p + "row", p + "shape"], [p + "bias"]),  # (B, 1, T, S)
+    ]
+    for node in gqa:
+        node.input[10] = p + "bias"
+    for i, node in enumerate(nodes):
+        graph.node.insert(i, node)
+    return len(gqa)
+
+
 def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The decoder as onnxruntime-genai runs it with ``past_present_share_buffer``, in place.
 
@@ -506,7 +617,10 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     ``past + T`` by design) and the ``Where`` that zeroes masked cache slots before attention
     (it copies every cache tensor each step). Both protect callers that build caches themselves;
     here onnxruntime-genai owns the buffers, and slots past the mask are never read. The
-    contract graph (the variant's own file) keeps both for every other runtime.
+    contract graph (the variant's own file) keeps both for every other runtime. The rotary
+    embedding moves into GroupQueryAttention (:func:`fold_rotary_into_attention`), valid for the
+    positions onnxruntime-genai feeds, and the attention bias masks padding only
+    (:func:`padding_only_bias`; GroupQueryAttention is causal itself).
 
     Args:
         model: a contrib-graph decoder (``GroupQueryAttention``) after :func:`add_mask_length_check`.
@@ -537,6 +651,8 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
             name = node.input[1] if node.op_type == "Where" else node.input[0]
         return name if last_cast in (None, past[name]) else None
 
+    fold_rotary_into_attention(model)
+    padding_only_bias(model)
     rename = {check.output[0]: "attention_mask"}
     nodes = [node for node in graph.node if node is not check]
     for node in nodes:
