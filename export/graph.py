@@ -9,8 +9,9 @@
   the lm_head's quantised tensors so the file holds the table once.
 - :func:`add_mask_length_check`: the decoder refuses an ``attention_mask`` whose length is not
   ``past + T`` (case C3); :func:`drop_unused_outputs`: blank the optional outputs nothing reads.
-- :func:`shared_buffer_graph`, :func:`fold_rotary_into_attention`: the decoder as onnxruntime-genai
-  runs it (shared past/present buffer, rotary inside GroupQueryAttention).
+- :func:`shared_buffer_graph`, :func:`fold_rotary_into_attention`, :func:`right_padded_attention`: the
+  decoder as onnxruntime-genai runs it (shared past/present buffer, rotary inside GroupQueryAttention,
+  padding by sequence length).
 - :func:`find_embedding_gather`, :func:`quantize_embedding_int8`: the 8-bit GatherBlockQuantized
   embedding (ORT's quantiser does 4-bit Gathers only).
 
@@ -506,7 +507,8 @@ def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
     positions. ONNX Runtime 1.32's CPU kernel rotates a decode step (T = 1) at ``position_ids``
     (B, 1), but a prompt (T > 1) at ``position_ids[0, 0] + t`` for every row: right for every row
     whose positions are consecutive from the same start, which is what onnxruntime-genai feeds
-    (positions are column indices: DefaultPositionInputs::CreateAndInitializePositionIDs), and
+    (positions are column indices, DefaultPositionInputs::CreateAndInitializePositionIDs; its
+    padding, on the right, is never read: :func:`right_padded_attention`), and
     wrong for a left-padded prompt numbered from its first real token (prodip's serve engine and
     the contract graph's callers), so the contract graph keeps the explicit RotaryEmbedding.
     Measured: tests/export/test_runtime_configs.py (prompt and decode, batch 1 and 2, against the
@@ -515,7 +517,8 @@ def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
     Args:
         model: a contrib-graph decoder (:mod:`prodip.export.contrib`), after quantisation.
     Returns:
-        The number of GroupQueryAttention nodes folded: one per layer, 0 for an fp16 graph (see below).
+        The number of GroupQueryAttention nodes folded: one per layer; 0 for an fp16 graph, whose
+        contract graph rounds the rotated q/k to fp16 (folding would change its greedy ids).
     """
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
@@ -550,53 +553,55 @@ def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
     return folded
 
 
-def padding_only_bias(model: onnx.ModelProto) -> int:
-    """Feed every ``GroupQueryAttention`` a bias that masks padding only, in place.
+def right_padded_attention(model: onnx.ModelProto) -> int:
+    """Let every ``GroupQueryAttention`` mask padding by sequence length, as the model builder's graphs do, in place.
 
-    The contrib graph's ``attention_bias`` (B, 1, T, S) is the training model's whole boolean mask
-    (:func:`prodip.train.model.build_attention_mask`: causal, padding, and a padding query's own
-    slot), about twenty small nodes per step. GroupQueryAttention applies the causal part itself
-    (every query attends to slots up to its own, ``seqlens_k`` being S - 1 for every row), so for
-    the real tokens' outputs only the padding part matters: ``Expand(Where(mask == 0, min, 0),
-    (1, 1, T, 1))``, six nodes; the bias must be (B, 1, T, S): ONNX Runtime 1.32 refuses T = 1
-    broadcast over a prompt ("attention_bias dimension 2 must be equal to the sequence length").
-    A padding query, whose every slot is masked, then averages its visible slots instead of
-    reading its own; its output and cache slot are never read (masked for every real token).
+    The contrib graph gives GroupQueryAttention every row at full length (``seqlens_k = S - 1``)
+    and an ``attention_bias`` (B, 1, T, S) built from the training model's boolean mask, so any
+    padding works. ONNX Runtime's CPU kernel takes a slower path with a bias: at a 600-slot
+    context one decode call costs 289 us against 213 us without (12 heads, ``head_dim`` 64,
+    ONNX Runtime 1.32), ~0.9 ms per step over 12 layers. onnxruntime-genai pads a batch of prompts
+    on the right (``PadInputs``, src/models/model.cpp: ``pad_right_`` true) and keeps each row's
+    mask as prompt, padding, then generated tokens, which is what GroupQueryAttention's own
+    sequence lengths express (onnxruntime docs/ContribOperators.md: ``seqlens_k`` = total
+    sequence length - 1 per row): ``seqlens_k = sum(attention_mask) - 1``, ``total_sequence_length``
+    = the mask's length, no bias. A row's new token is then written at slot ``seqlens_k`` over its
+    first padding slot, and the slots it reads are its real tokens, so right-padded and unpadded
+    rows compute what the contract graph computes; a left-padded row does not (it would read its
+    padding), which onnxruntime-genai never feeds.
 
     Args:
-        model: a contrib-graph decoder whose GroupQueryAttention nodes share one ``attention_bias``.
+        model: a contrib-graph decoder (:mod:`prodip.export.contrib`) reading ``attention_mask``.
     Returns:
-        The number of GroupQueryAttention nodes rewired (0: none has a bias).
+        The number of GroupQueryAttention nodes rewired.
     """
     graph = model.graph
-    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 10 and n.input[10]]
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     if not gqa:
         return 0
-    producer = {out: node for node in graph.node for out in node.output}
-    source = producer.get(gqa[0].input[10])
-    dtype = _attr(source, "to") if source is not None and source.op_type == "Cast" else onnx.TensorProto.FLOAT
-    lowest = np.finfo(onnx.helper.tensor_dtype_to_np_dtype(dtype)).min
-    p = "padding_bias/"
-    int64 = onnx.TensorProto.INT64
+    p = "genai_lengths/"
+    int32 = onnx.TensorProto.INT32
     graph.initializer.extend(
         [
-            onnx.helper.make_tensor(p + "axes", int64, [2], [1, 2]),
-            onnx.helper.make_tensor(p + "ones", int64, [2], [1, 1]),
-            onnx.helper.make_tensor(p + "one", int64, [1], [1]),
-            onnx.helper.make_tensor(p + "zero", dtype, [], [0.0]),
-            onnx.helper.make_tensor(p + "lowest", dtype, [], [float(lowest)]),
+            onnx.helper.make_tensor(p + "last", onnx.TensorProto.INT64, [1], [-1]),
+            onnx.helper.make_tensor(p + "one", int32, [], [1]),
+            onnx.helper.make_tensor(p + "scalar", onnx.TensorProto.INT64, [0], []),
         ]
     )
     nodes = [
-        onnx.helper.make_node("Unsqueeze", ["attention_mask", p + "axes"], [p + "mask4"]),  # (B, 1, 1, S)
-        onnx.helper.make_node("Cast", [p + "mask4"], [p + "keep"], to=onnx.TensorProto.BOOL),
-        onnx.helper.make_node("Where", [p + "keep", p + "zero", p + "lowest"], [p + "row"]),
-        onnx.helper.make_node("Shape", ["input_ids"], [p + "T"], start=1, end=2),
-        onnx.helper.make_node("Concat", [p + "ones", p + "T", p + "one"], [p + "shape"], axis=0),
-        onnx.helper.make_node("Expand", [p + "row", p + "shape"], [p + "bias"]),  # (B, 1, T, S)
+        onnx.helper.make_node("Cast", ["attention_mask"], [p + "mask"], to=int32),
+        onnx.helper.make_node("ReduceSum", [p + "mask", p + "last"], [p + "count"], keepdims=0),  # (B,)
+        onnx.helper.make_node("Sub", [p + "count", p + "one"], [p + "seqlens_k"]),
+        onnx.helper.make_node("Shape", ["attention_mask"], [p + "S"], start=1, end=2),
+        onnx.helper.make_node("Cast", [p + "S"], [p + "S32"], to=int32),
+        onnx.helper.make_node("Reshape", [p + "S32", p + "scalar"], [p + "total"]),  # ()
     ]
     for node in gqa:
-        node.input[10] = p + "bias"
+        node.input[5], node.input[6] = p + "seqlens_k", p + "total"
+        if len(node.input) > 10:
+            node.input[10] = ""
+        while node.input and not node.input[-1]:  # drop the trailing empty optional inputs
+            del node.input[-1]
     for i, node in enumerate(nodes):
         graph.node.insert(i, node)
     return len(gqa)
@@ -619,8 +624,8 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     here onnxruntime-genai owns the buffers, and slots past the mask are never read. The
     contract graph (the variant's own file) keeps both for every other runtime. The rotary
     embedding moves into GroupQueryAttention (:func:`fold_rotary_into_attention`), valid for the
-    positions onnxruntime-genai feeds, and the attention bias masks padding only
-    (:func:`padding_only_bias`; GroupQueryAttention is causal itself).
+    positions onnxruntime-genai feeds, and padding is masked by sequence length, not a bias
+    (:func:`right_padded_attention`: onnxruntime-genai pads on the right).
 
     Args:
         model: a contrib-graph decoder (``GroupQueryAttention``) after :func:`add_mask_length_check`.
@@ -652,7 +657,7 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
         return name if last_cast in (None, past[name]) else None
 
     fold_rotary_into_attention(model)
-    padding_only_bias(model)
+    right_padded_attention(model)
     rename = {check.output[0]: "attention_mask"}
     nodes = [node for node in graph.node if node is not check]
     for node in nodes:

@@ -158,3 +158,37 @@ def test_shared_buffer_decodes_what_the_contract_graph_decodes(contrib_export):
     overlay = {"model": {"decoder": {"filename": "onnx/model_q4.onnx"}}, "search": {"past_present_share_buffer": False}}
     config.overlay(json.dumps(overlay))
     assert decode(og.Model(config)) == want
+
+
+@pytest.mark.parametrize("variant", ONNX_VARIANTS)
+def test_genai_batch_decodes_what_each_prompt_decodes_alone(contrib_export, variant):
+    """onnxruntime-genai on each variant's ``_genai`` graph (shared buffer, rotary inside
+    GroupQueryAttention, padding by sequence length): three prompts of 3, 7 and 10 tokens in one
+    batch, which onnxruntime-genai pads on the right, give each prompt's greedy ids alone."""
+    import onnxruntime_genai as og
+
+    from prodip.export.genai import variant_overlay
+
+    export, _ = contrib_export
+    pad = json.loads((export / "config.json").read_text(encoding="utf-8"))["pad_token_id"]
+    config = og.Config(str(export))
+    config.overlay(json.dumps(variant_overlay(export, read_manifest(export)["variants"][variant]["path"])))
+    model = og.Model(config)
+    prompts = [[1, 8, 4], [1, 5, 9, 14, 3, 22, 7], [1, 30, 31, 32, 33, 34, 35, 36, 37, 38]]
+    width, new = max(map(len, prompts)), 14
+
+    def greedy(rows: np.ndarray) -> list[list[int]]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=rows.shape[1] + new, batch_size=len(rows))
+        gen = og.Generator(model, params)
+        gen.append_tokens(rows)
+        while not gen.is_done():
+            gen.generate_next_token()
+        return [[int(i) for i in gen.get_sequence(b)[rows.shape[1] :]] for b in range(len(rows))]
+
+    batch = np.full((len(prompts), width), pad, np.int32)
+    for row, prompt in zip(batch, prompts):
+        row[: len(prompt)] = prompt
+    alone = [greedy(np.array([p], np.int32))[0] for p in prompts]  # shorter if <|eos|> came
+    together = greedy(batch)
+    assert all(alone) and [t[: len(a)] for t, a in zip(together, alone)] == alone
