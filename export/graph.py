@@ -613,11 +613,12 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     With a shared buffer, onnxruntime-genai allocates each layer's cache once, ``(B, Hkv,
     max_length, Dh)``, passes it as ``past_key_values.*`` and binds the same memory to
     ``present.*``; ``GroupQueryAttention`` then writes the new keys and values into it at
-    ``seqlens_k`` and reads slots ``[0, attention_mask length)`` only (onnxruntime
+    ``seqlens_k`` and reads slots ``[0, seqlens_k]`` only (onnxruntime
     docs/ContribOperators.md, GroupQueryAttention's past_key: "When past_key uses same tensor as
     present_key (k-v cache), it is of length max_sequence_length"). No cache is copied per step:
-    at a 512-token context int4 decodes at 0.98x the model builder's speed, against 0.54x / 0.42x
-    with per-step copies (bench/results/genai_builder_*ctx512*). This graph drops the two things that copy or refuse such a
+    at a 512-token context int4 decoded at 0.98x the model builder's speed, against 0.54x / 0.42x
+    with per-step copies (bench/results/genai_builder_*ctx512*), and with the two rewrites below at
+    1.02x / 0.98x (bench/results/genai_builder_rotary_ctx512_cpu_2026-11-30.md). This graph drops the two things that copy or refuse such a
     buffer: the mask-length check (:func:`add_mask_length_check`: the buffer is longer than
     ``past + T`` by design) and the ``Where`` that zeroes masked cache slots before attention
     (it copies every cache tensor each step). Both protect callers that build caches themselves;
