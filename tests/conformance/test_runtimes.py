@@ -164,7 +164,8 @@ def test_shared_buffer_decodes_what_the_contract_graph_decodes(contrib_export):
 def test_genai_batch_decodes_what_each_prompt_decodes_alone(contrib_export, variant):
     """onnxruntime-genai on each variant's ``_genai`` graph (shared buffer, rotary inside
     GroupQueryAttention, padding by sequence length): three prompts of 3, 7 and 10 tokens in one
-    batch, which onnxruntime-genai pads on the right, give each prompt's greedy ids alone."""
+    batch, padded on the right with the pad id as onnxruntime-genai's own ``PadInputs`` pads (it
+    masks pad ids), give each prompt's greedy ids alone."""
     import onnxruntime_genai as og
 
     from prodip.export.genai import variant_overlay
