@@ -618,8 +618,8 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     present_key (k-v cache), it is of length max_sequence_length"). No cache is copied per step:
     at a 512-token context int4 decoded at 0.98x the model builder's speed, against 0.54x / 0.42x
     with per-step copies (bench/results/genai_builder_*ctx512*), and with the two rewrites below at
-    1.02x / 0.98x (bench/results/genai_builder_rotary_ctx512_cpu_2026-11-30.md). This graph drops the two things that copy or refuse such a
-    buffer: the mask-length check (:func:`add_mask_length_check`: the buffer is longer than
+    1.02x / 0.98x (bench/results/genai_builder_rotary_ctx512_cpu_2026-11-30.md). This graph drops
+    the two things that copy or refuse such a buffer: the mask-length check (:func:`add_mask_length_check`: the buffer is longer than
     ``past + T`` by design) and the ``Where`` that zeroes masked cache slots before attention
     (it copies every cache tensor each step). Both protect callers that build caches themselves;
     here onnxruntime-genai owns the buffers, and slots past the mask are never read. The
