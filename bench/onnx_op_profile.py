@@ -1,9 +1,8 @@
 """Where a decode step's time goes: ONNX Runtime's profiler, summed per operator type, for ONNX decoders.
 
 For each graph: one prefill of ``--prompt`` tokens (``--batch`` identical rows), then ``--steps``
-greedy decode steps through
-ONNX Runtime (CPU, ``--threads`` intra-op threads), feeding each step's ``present.*`` back as
-``past_key_values.*``. Prints the median wall time of a decode step (profiling on, so a little
+greedy decode steps through ONNX Runtime (CPU, ``--threads`` intra-op threads), feeding each step's
+``present.*`` back as ``past_key_values.*``. Prints the median wall time of a decode step (profiling on, so a little
 above an unprofiled run) and, per operator type, the kernel time per step (milliseconds, summed
 over the step's nodes of that type) and the node count per step. Works on prodip's decoders and
 on onnxruntime-genai's model builder's (``position_ids`` is fed when the graph has it).
