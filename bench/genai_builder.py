@@ -23,8 +23,10 @@ int4 ``accuracy_level`` unset) and prodip's int4 with symmetric blocks (``--with
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", help="keep the exports here (default: a temp dir)")
     args = p.parse_args(argv)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="genai_builder_"))
+    if not args.work_dir:  # ~1.5 GB of exports: gone at exit, also on an error
+        atexit.register(shutil.rmtree, work, True)
     t0 = time.perf_counter()
     precisions = args.precisions.split(",")
     export = build_tiny_export(work / "contrib", variants=["fp32", "int4"], **MODEL)

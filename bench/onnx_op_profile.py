@@ -14,9 +14,11 @@ on onnxruntime-genai's model builder's (``position_ids`` is fed when the graph h
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -48,7 +50,9 @@ def profile(path: str, *, threads: int, prompt: int, steps: int, batch: int = 1)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.enable_profiling = True
-    opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="onnx_op_profile_"), "p")
+    prof_dir = tempfile.mkdtemp(prefix="onnx_op_profile_")
+    atexit.register(shutil.rmtree, prof_dir, True)
+    opts.profile_file_prefix = os.path.join(prof_dir, "p")
     opts.log_severity_level = 3
     s = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     names = [i.name for i in s.get_inputs()]

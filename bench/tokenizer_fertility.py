@@ -15,8 +15,10 @@ optionally the runtime parity of the portable tokenizer on given texts (one text
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,6 +127,8 @@ def main() -> int:
         shares = {k: float(v) for k, _, v in (item.partition("=") for item in args.proportions.split(","))}
         preset = {**preset, "train": {**preset["train"], "proportions": shares}}
     work = Path(args.work_dir or tempfile.mkdtemp(prefix=f"bench_tok_{args.preset}_"))
+    if not args.work_dir:  # trained tokenizers: gone at exit, also on an error
+        atexit.register(shutil.rmtree, work, True)
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"preset": args.preset, "train": preset["train"], "variants": {}}
     sets = dict(preset["heldout"])

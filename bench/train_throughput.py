@@ -27,9 +27,11 @@ config says (the first step, compile included, is reported as ``first_step_s``).
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="prodip_bench_"))
+    atexit.register(shutil.rmtree, tmp, True)  # checkpoints and shards: gone at exit, also on an error
     if args.config:
         model_cfg = resolve(ModelConfig, None, toml_path=args.config, section="model")
         cfg = resolve(TrainConfig, None, toml_path=args.config, section="train")
