@@ -45,7 +45,9 @@ class ExportConfig:
         "write the fp32 ONNX decoder with its weights in <file>.data from the start (done anyway over "
         "protobuf's 2 GB limit; a contrib graph's variants end with their weights in <file>_data either way)",
     )
-    int8_block_size: int = opt(64, "int8: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
+    int8_block_size: int = opt(
+        64, "int8: weights per scale in the untied embedding table (16, 32, 64, 128 or 256; MatMuls: one per channel)"
+    )
     int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")
     int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
     int4_symmetric: bool = opt(

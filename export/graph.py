@@ -7,6 +7,8 @@
 - :class:`TiedEmbedding`, :func:`find_tied_embedding`, :func:`share_tied_embedding_int4`,
   :func:`share_tied_embedding_int8`: with ``tie_word_embeddings``, point the embedding lookup at
   the lm_head's quantised tensors so the file holds the table once.
+- :func:`quantize_matmuls_rowwise_int8`: the int8 variant's MatMuls (8-bit weights per output
+  channel, 8-bit activations per token, MatMulInteger: batch-invariant).
 - :func:`add_mask_length_check`: the decoder refuses an ``attention_mask`` whose length is not
   ``past + T`` (case C3); :func:`drop_unused_outputs`: blank the optional outputs nothing reads.
 - :func:`shared_buffer_graph`, :func:`fold_rotary_into_attention`, :func:`right_padded_attention`: the
@@ -379,48 +381,171 @@ def quantize_embedding_int8(model: onnx.ModelProto, emb: EmbeddingGather, block_
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
-def share_tied_embedding_int8(model: onnx.ModelProto, tied: TiedEmbedding) -> Optional[str]:
-    """Make the int8 embedding lookup read the lm_head's 8-bit MatMulNBits weights, in place.
+#: int8 codes: uint8 with zero point 128, so a code c means (c - 128) * scale (symmetric, |c - 128| <= 127).
+INT8_ZERO_POINT = 128
+_ROWWISE = "int8_rowwise"
 
-    ``com.microsoft.MatMulNBits`` (lm_head, K = hidden, N = vocab, bits 8, block b, symmetric):
-    B uint8 [vocab, hidden/b, b], weight = (code - 128) * scale, scales float32 [vocab, hidden/b],
-    no zero points. ``GatherBlockQuantized`` with uint8 data and ``bits=8`` reads data [vocab,
-    hidden] blocked along the last axis, scales [vocab, hidden/b], absent zero points = 128
-    (ORT's ContribOperators.md; CPU kernel contrib_ops/cpu/quantization/gather_block_quantized.cc).
-    With hidden a multiple of b, B read row-major IS that data, so the embedding becomes
-    ``GatherBlockQuantized(Reshape(B, [vocab, hidden]), ids, scales)``: the lm_head's codes, bit for
-    bit, stored once. The embedding's fp32 table is dropped.
+
+def _rowwise_constants(graph: onnx.GraphProto) -> None:
+    """The scalar initializers the row-wise int8 nodes read (added once)."""
+    if any(t.name == f"{_ROWWISE}_zero_point" for t in graph.initializer):
+        return
+    f32 = np.float32
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(INT8_ZERO_POINT, np.uint8), f"{_ROWWISE}_zero_point"),
+            numpy_helper.from_array(np.array(INT8_ZERO_POINT, f32), f"{_ROWWISE}_zero_point_f"),
+            numpy_helper.from_array(np.array(127.0, f32), f"{_ROWWISE}_qmax"),
+            numpy_helper.from_array(np.array(np.finfo(f32).tiny, f32), f"{_ROWWISE}_tiny"),
+            numpy_helper.from_array(np.array(0.0, f32), f"{_ROWWISE}_code_min"),
+            numpy_helper.from_array(np.array(255.0, f32), f"{_ROWWISE}_code_max"),
+            numpy_helper.from_array(np.array([-1], np.int64), f"{_ROWWISE}_last_axis"),
+        ]
+    )
+
+
+def quantize_weight_per_column_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric 8-bit codes of a MatMul weight, one scale per output column.
+
+    Args:
+        weight: float32 [K, N] (MatMul's B: K inputs, N outputs).
+    Returns:
+        ``(codes, scales)``: codes uint8 [K, N] with zero point 128, i.e. weight ~ (codes - 128) *
+        scales, |codes - 128| <= 127 (round half to even); scales float32 [N] = max_k |W[k, n]| / 127
+        (1.0 for an all-zero column, whose codes are then all 128).
+    """
+    weight = np.asarray(weight, np.float32)
+    amax = np.abs(weight).max(axis=0)
+    scales = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    codes = np.clip(np.rint(weight / scales), -127, 127) + INT8_ZERO_POINT
+    return codes.astype(np.uint8), scales
+
+
+def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
+    """Every MatMul with a 2-D constant weight -> 8-bit ``MatMulInteger`` with a scale per row, in place.
+
+    W8A8 with dynamic per-token activation scales and per-output-channel weight scales, in
+    standard ONNX operators (LLM.int8's vector-wise quantisation without its outlier split:
+    Dettmers et al. 2022, arXiv:2208.07339, sec. 3.1; SmoothQuant's "per-token" activation and
+    "per-channel" weight granularity, Xiao et al. 2023, arXiv:2211.10438, sec. 2). For ``y = x @ W``,
+    x float32 [..., K], W float32 [K, N]:
+
+    * W -> codes uint8 [K, N] and scales s_w float32 [N] (:func:`quantize_weight_per_column_int8`);
+    * per row of x (each token of each sequence), at run time: s_x = max(|x|) / 127 over K (at least
+      float32's smallest normal), q = uint8(clip(round(x / s_x) + 128, 0, 255));
+    * ``y = float(MatMulInteger(q, codes, 128, 128)) * s_x * s_w``.
+
+    MatMulInteger accumulates in int32, exactly, so a row's result depends on that row alone: the
+    graph is batch-invariant bit for bit (a scale shared by the batch, as ``quantize_dynamic``'s
+    ``DynamicQuantizeLinear``, is not). Both operands are uint8 on purpose: ONNX Runtime's u8 x s8
+    kernels on x86 CPUs without AVX-VNNI pair products in int16 (``vpmaddubsw``), which saturates
+    with full-range 8-bit weights (ORT's quantisation docs, "reduce_range"); u8 x u8 does not (on
+    the 109 M bench model, u8 x s8 had twice the KL of u8 x u8 against fp32).
+    Nodes reading the same x share one quantisation of it (q/k/v, gate/up).
+
+    Returns:
+        The number of MatMuls replaced. Initializers ``<W>_Q8`` (codes) and ``<W>_Q8_scales`` replace
+        each weight ``<W>`` (``<W>`` is dropped when nothing else reads it).
+    """
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    _rowwise_constants(graph)
+    c = {k: f"{_ROWWISE}_{k}" for k in ("zero_point", "zero_point_f", "qmax", "tiny", "code_min", "code_max")}
+    nodes: list[onnx.NodeProto] = []
+    quantized: dict[str, tuple[str, str]] = {}  # x -> (codes, row scales)
+    replaced, dropped = 0, set()
+    for node in list(graph.node):
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if weight is None or len(weight.dims) != 2:
+            nodes.append(node)
+            continue
+        x, name = node.input[0], node.name or node.output[0]
+        if x not in quantized:
+            p = f"{_ROWWISE}/{len(quantized)}"
+            make = onnx.helper.make_node
+            nodes += [
+                make("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs"),
+                make(
+                    "ReduceMax", [f"{p}/abs", f"{_ROWWISE}_last_axis"], [f"{p}/amax"], name=f"{p}/ReduceMax", keepdims=1
+                ),
+                make("Div", [f"{p}/amax", c["qmax"]], [f"{p}/scale_raw"], name=f"{p}/DivMax"),
+                make("Max", [f"{p}/scale_raw", c["tiny"]], [f"{p}/scale"], name=f"{p}/Max"),
+                make("Div", [x, f"{p}/scale"], [f"{p}/scaled"], name=f"{p}/Div"),
+                make("Round", [f"{p}/scaled"], [f"{p}/rounded"], name=f"{p}/Round"),
+                make("Add", [f"{p}/rounded", c["zero_point_f"]], [f"{p}/shifted"], name=f"{p}/Add"),
+                make("Clip", [f"{p}/shifted", c["code_min"], c["code_max"]], [f"{p}/clipped"], name=f"{p}/Clip"),
+                make("Cast", [f"{p}/clipped"], [f"{p}/codes"], name=f"{p}/Cast", to=onnx.TensorProto.UINT8),
+            ]
+            quantized[x] = (f"{p}/codes", f"{p}/scale")
+        codes, scales = quantize_weight_per_column_int8(numpy_helper.to_array(weight))
+        wq, ws = f"{weight.name}_Q8", f"{weight.name}_Q8_scales"
+        graph.initializer.extend([numpy_helper.from_array(codes, wq), numpy_helper.from_array(scales, ws)])
+        q, sx = quantized[x]
+        out = node.output[0]
+        nodes += [
+            onnx.helper.make_node(
+                "MatMulInteger",
+                [q, wq, c["zero_point"], c["zero_point"]],
+                [f"{out}/int32"],
+                name=f"{name}/MatMulInteger",
+            ),
+            onnx.helper.make_node(
+                "Cast", [f"{out}/int32"], [f"{out}/acc"], name=f"{name}/Cast", to=onnx.TensorProto.FLOAT
+            ),
+            onnx.helper.make_node("Mul", [f"{out}/acc", sx], [f"{out}/row_scaled"], name=f"{name}/MulRowScale"),
+            onnx.helper.make_node("Mul", [f"{out}/row_scaled", ws], [out], name=f"{name}/MulColumnScale"),
+        ]
+        dropped.add(weight.name)
+        replaced += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for n in graph.node for i in n.input}
+    for init in [t for t in graph.initializer if t.name in dropped and t.name not in used]:
+        graph.initializer.remove(init)
+    return replaced
+
+
+def share_tied_embedding_int8(model: onnx.ModelProto, tied: TiedEmbedding) -> Optional[str]:
+    """Make the int8 embedding lookup read the lm_head's row-wise int8 weights, in place.
+
+    After :func:`quantize_matmuls_rowwise_int8` the lm_head is ``MatMulInteger(q, C, 128, 128)`` with
+    codes C uint8 [hidden, vocab] and one scale per vocabulary entry s float32 [vocab]: the tied
+    table E [vocab, hidden] is ~ (C^T - 128) * s[:, None]. The embedding becomes
+    ``(float(Gather(Transpose(C), ids)) - 128) * Unsqueeze(Gather(s, ids), -1)`` in standard
+    operators; ONNX Runtime folds the constant Transpose when it loads the session, so the file
+    holds the table once. The embedding's fp32 table is dropped.
 
     Returns:
         None when shared, else why not (the graph is then left as it was).
     """
     graph = model.graph
-    mnb = next((n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == tied.logits), None)
-    if mnb is None:
-        return "the lm_head is not a MatMulNBits node"
-    block = _attr(mnb, "block_size")
-    if (_attr(mnb, "K"), _attr(mnb, "N"), _attr(mnb, "bits", 4)) != (tied.hidden, tied.vocab, 8):
-        return f"MatMulNBits K/N/bits {_attr(mnb, 'K')}/{_attr(mnb, 'N')}/{_attr(mnb, 'bits')} do not match the table"
-    if tied.hidden % block:
-        return f"hidden {tied.hidden} is not a multiple of block_size {block} (MatMulNBits pads the last block)"
-    if len(mnb.input) > 3 and mnb.input[3]:
-        return "the lm_head has zero points (asymmetric): GatherBlockQuantized would need them repacked"
-    weight, scales = mnb.input[1], mnb.input[2]
-    shape, data = f"{weight}_as_embedding_shape", f"{weight}_as_embedding"
-    graph.initializer.append(numpy_helper.from_array(np.array([tied.vocab, tied.hidden], np.int64), shape))
-    reshape = onnx.helper.make_node("Reshape", [weight, shape], [data], name=f"{tied.gather_node}_shared_reshape")
-    gather = onnx.helper.make_node(
-        "GatherBlockQuantized",
-        [data, tied.indices, scales],
-        [tied.embedding],
-        name=tied.gather_node,
-        domain="com.microsoft",
-        bits=8,
-        block_size=block,
-        gather_axis=0,
-        quantize_axis=1,
-    )
-    _replace_embedding_nodes(graph, tied, [reshape, gather])
+    producer = {out: node for node in graph.node for out in node.output}
+    node, hops = producer.get(tied.logits), 0
+    while node is not None and node.op_type == "Mul" and hops < 2:  # MulColumnScale <- MulRowScale <- Cast
+        node, hops = producer.get(node.input[0]), hops + 1
+    cast = node
+    mmi = producer.get(cast.input[0]) if cast is not None and cast.op_type == "Cast" else None
+    if mmi is None or mmi.op_type != "MatMulInteger":
+        return "the lm_head is not a row-wise int8 MatMulInteger"
+    inits = {t.name: t for t in graph.initializer}
+    codes = inits.get(mmi.input[1])
+    scales = inits.get(f"{mmi.input[1]}_scales")
+    if codes is None or scales is None or list(codes.dims) != [tied.hidden, tied.vocab]:
+        return (
+            f"the lm_head codes {mmi.input[1]!r} are not a [hidden, vocab] = [{tied.hidden}, {tied.vocab}] initializer"
+        )
+    p = f"{tied.gather_node}_shared"
+    make = onnx.helper.make_node
+    new = [
+        make("Transpose", [codes.name], [f"{p}/table"], name=f"{p}/Transpose", perm=[1, 0]),
+        make("Gather", [f"{p}/table", tied.indices], [f"{p}/codes"], name=tied.gather_node, axis=0),
+        make("Cast", [f"{p}/codes"], [f"{p}/codes_f"], name=f"{p}/Cast", to=onnx.TensorProto.FLOAT),
+        make("Sub", [f"{p}/codes_f", f"{_ROWWISE}_zero_point_f"], [f"{p}/centred"], name=f"{p}/Sub"),
+        make("Gather", [scales.name, tied.indices], [f"{p}/row_scale"], name=f"{p}/GatherScale", axis=0),
+        make("Unsqueeze", [f"{p}/row_scale", f"{_ROWWISE}_last_axis"], [f"{p}/row_scale_1"], name=f"{p}/Unsqueeze"),
+        make("Mul", [f"{p}/centred", f"{p}/row_scale_1"], [tied.embedding], name=f"{p}/Mul"),
+    ]
+    _replace_embedding_nodes(graph, tied, new)
     return None
 
 

@@ -4,9 +4,9 @@
   (inputs, outputs and the KV cache stay float32); ops that overflow or lose too much in fp16
   stay fp32 (:func:`fp16_op_block_list`), and so does the RoPE angle computation (every node
   upstream of Cos/Sin: positions * inverse frequencies).
-* int8: ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(bits=8)``
-  (weight-only, symmetric blockwise RTN; MatMul -> com.microsoft.MatMulNBits with int8 compute,
-  embedding Gather -> GatherBlockQuantized(bits=8)); batch-invariant (see :func:`to_int8`).
+* int8: 8-bit weights per output channel and 8-bit activations per token (W8A8): MatMul ->
+  ONNX ``MatMulInteger`` (uint8 x uint8, int32 sums), embedding Gather -> GatherBlockQuantized(bits=8)
+  quantised by ORT's ``quantize_matmul_8bits``; batch-invariant (see :func:`to_int8`).
 * int4: ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` (weight-only,
   blockwise RTN; MatMul -> com.microsoft.MatMulNBits, embedding Gather -> GatherBlockQuantized).
 
@@ -44,6 +44,7 @@ from prodip.export.graph import (
     fold_fp16_round_trips,
     materialize_transposed_weights,
     quantize_embedding_int8,
+    quantize_matmuls_rowwise_int8,
     share_tied_embedding_int4,
     share_tied_embedding_int8,
 )
@@ -73,9 +74,8 @@ FP16_EXTRA_BLOCKED_OPS = (
 PROTOBUF_LIMIT_BYTES = 2 * 1024**3
 #: ONNX opset introducing the INT4/UINT4 tensor types GatherBlockQuantized's weights use.
 INT4_MIN_OPSET = 21
-#: int8 defaults: 64 weights per block (size ~0.27x fp32 with the scales), int8 compute (MLAS).
+#: int8 default: 64 weights per scale in the (untied) embedding table.
 INT8_BLOCK_SIZE = 64
-INT8_ACCURACY_LEVEL = 4
 
 
 def fp16_op_block_list() -> list[str]:
@@ -158,61 +158,46 @@ def to_int8(
     dst: str | os.PathLike,
     *,
     block_size: int = INT8_BLOCK_SIZE,
-    accuracy_level: int = INT8_ACCURACY_LEVEL,
     quantize_embeddings: bool = True,
     share_tied_embedding: bool = True,
     external_data: bool = False,
 ) -> dict[str, Any]:
-    """Weight-only 8-bit blockwise quantisation (MatMulNBits, bits=8) of the fp32 decoder ``src``.
+    """8-bit weights and 8-bit per-token activations (W8A8, ``MatMulInteger``) of the fp32 decoder ``src``.
 
-    Every MatMul with a constant weight becomes ``com.microsoft.MatMulNBits`` (bits 8, symmetric RTN
-    blocks of ``block_size`` weights along K, one float32 scale per block: ORT's
-    ``MatMulNBitsQuantizer``), and the embedding Gather becomes ``com.microsoft.GatherBlockQuantized``
-    (bits 8) over a table quantised by the same ORT kernel (``quantize_matmul_8bits``), or over the
-    lm_head's very tensors when they are tied (:func:`share_tied_embedding_int8`).
+    Every MatMul with a constant weight becomes ONNX's ``MatMulInteger`` over uint8 codes with one
+    scale per output channel, fed the activations quantised per row (token) at run time
+    (:func:`prodip.export.graph.quantize_matmuls_rowwise_int8`). The embedding Gather becomes
+    ``com.microsoft.GatherBlockQuantized`` (bits 8, ``block_size`` weights per scale) over a table
+    quantised by ONNX Runtime's own kernel (``quantize_matmul_8bits``), or, when the embeddings are
+    tied, reads the lm_head's codes and scales (:func:`share_tied_embedding_int8`).
 
-    Batch-invariant by construction: the weights are constants, and with ``accuracy_level`` 4 the
-    activations are quantised per row and per block of K (MLAS's int8 kernels), so a row's result
-    does not depend on the other rows of its batch. (The former ``quantize_dynamic`` scheme had one
-    activation scale for the whole batch: a request's tokens changed with its neighbours.)
+    Batch-invariant by construction: weights are constants, every activation scale belongs to one
+    row, and MatMulInteger sums in int32 exactly, so a row's result does not depend on the other
+    rows of its batch. (``quantize_dynamic`` had one activation scale for the whole batch: a
+    request's tokens changed with its neighbours. The 8-bit MatMulNBits of 2026-11-30 was invariant
+    too, but its int8 kernel costs 8x as much for 8 rows as for 1 on CPUs without AVX-VNNI, where
+    MatMulInteger's costs ~2.5x: bench/results/serve_int8_rowwise_2026-11-30.md.)
 
     Args:
-        block_size: weights per block along K; ORT accepts 16, 32, 64, 128 and 256 (powers of 2).
-        accuracy_level: MatMulNBits ``accuracy_level``; 4 = int8 compute (MLAS's fast path; 0 or 1
-            = fp32 compute, which for 8-bit weights dequantises every call and runs ~8x slower on
-            CPU, and is not batch-invariant in ORT 1.32: 5e-6 drifts with the batch size).
-        quantize_embeddings: embedding Gather -> GatherBlockQuantized; otherwise it stays fp32.
-        share_tied_embedding: with tied embeddings, the embedding reads the lm_head's 8-bit weights
+        block_size: weights per scale of the untied embedding table (GatherBlockQuantized accepts
+            16, 32, 64, 128 and 256); the largest of those dividing hidden and <= block_size is used.
+        quantize_embeddings: embedding Gather -> GatherBlockQuantized (or the shared table); otherwise
+            it stays fp32.
+        share_tied_embedding: with tied embeddings, the embedding reads the lm_head's 8-bit codes
             (one table in the file); False quantises a second copy (for comparison).
         external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
     Returns:
         Quantisation parameters, with ``embedding_shared_with_lm_head`` (and, for a tied model that
         is not shared, why not).
     Raises:
-        InvalidInput: a block size or accuracy level ONNX Runtime does not accept.
+        InvalidInput: a block size ONNX Runtime does not accept.
     """
-    check_nbits_options(8, block_size, accuracy_level)
+    check_nbits_options(8, block_size, 0)
     model = onnx.load(str(src))
     tied = find_tied_embedding(model.graph)
     embedding = find_embedding_gather(model.graph)
     folded = materialize_transposed_weights(model)
-    quant = mnb.MatMulNBitsQuantizer(
-        model,
-        bits=8,
-        block_size=block_size,
-        is_symmetric=True,
-        accuracy_level=accuracy_level or None,
-        quant_format=QuantFormat.QOperator,
-        op_types_to_quantize=("MatMul",),  # ORT's quantiser does 4-bit Gathers only: the embedding is done below
-        quant_axes=(("MatMul", 0),),
-    )
-    root, level = logging.getLogger(), logging.getLogger().level
-    root.setLevel(max(level, logging.WARNING))  # the quantiser narrates every node at INFO
-    try:
-        quant.process()
-    finally:
-        root.setLevel(level)
-    qmodel = quant.model.model
+    replaced = quantize_matmuls_rowwise_int8(model)
     shared, why = False, None
     if tied is not None:
         why = (
@@ -220,45 +205,43 @@ def to_int8(
             if not share_tied_embedding
             else "quantize_embeddings=False"
             if not quantize_embeddings
-            else share_tied_embedding_int8(qmodel, tied)
+            else share_tied_embedding_int8(model, tied)
         )
         shared = why is None
         if not shared:
             logger.info("int8: tied embedding stored twice (%s)", why)
     embedding_block, embedding_why = None, None
     if quantize_embeddings and not shared and embedding is not None:
-        hidden = next(t.dims[1] for t in qmodel.graph.initializer if t.name == embedding.table)
+        hidden = next(t.dims[1] for t in model.graph.initializer if t.name == embedding.table)
         # GatherBlockQuantized reads whole blocks: the largest accepted block size dividing hidden
         fits = [b for b in supported_block_sizes(8) if hidden % b == 0 and b <= block_size]
         if fits:
             embedding_block = fits[-1]
-            quantize_embedding_int8(qmodel, embedding, embedding_block)
+            quantize_embedding_int8(model, embedding, embedding_block)
         else:
             embedding_why = f"hidden {hidden} is not a multiple of any block size ONNX Runtime accepts"
             logger.info("int8: embedding kept float32 (%s)", embedding_why)
-    external = _save(qmodel, Path(dst), external_data)
+    external = _save(model, Path(dst), external_data)
     params = {
-        "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
-        "algorithm": "RTN (DEFAULT)",
-        "format": "QOperator",
+        "tool": "prodip.export.graph.quantize_matmuls_rowwise_int8",
+        "algorithm": "RTN, symmetric",
+        "format": "MatMulInteger (ONNX), uint8 x uint8, zero points 128",
         "bits": 8,
-        "block_size": block_size,
+        "weight_granularity": "per output channel",
+        "activation_quantization": "dynamic, per row (token) at run time, symmetric 8-bit; batch-invariant",
         "symmetric": True,
-        "accuracy_level": accuracy_level,
-        "activation_quantization": "per row and block at run time (accuracy_level 4), batch-invariant"
-        if accuracy_level == 4
-        else "none (fp32 compute)",
+        "matmuls_quantized": replaced,
         "op_types": ["MatMul", "Gather"] if quantize_embeddings else ["MatMul"],
         "embedding_quantized": shared or embedding_block is not None,
-        "embedding_block_size": block_size if shared else embedding_block,
+        "embedding_block_size": None if shared else embedding_block,
         "embedding_shared_with_lm_head": shared,
         "materialized_transposes": folded,
         "external_data": external,
     }
     if shared:
         params["embedding_layout"] = (
-            "GatherBlockQuantized(bits=8) on Reshape(lm_head MatMulNBits B [vocab, hidden/block, block] "
-            "-> [vocab, hidden]), the same scales"
+            "Gather(Transpose(lm_head codes [hidden, vocab])) -> (code - 128) * lm_head scale of the row "
+            "(one table in the file; ONNX Runtime folds the Transpose at load)"
         )
     elif tied is not None:
         params["embedding_not_shared_because"] = why

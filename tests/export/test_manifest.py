@@ -26,7 +26,8 @@ def test_manifest_contents(any_export):
     assert set(m["variants"]) == {"safetensors", "fp32", "fp16", "int8", "int4"}
     assert m["variants"]["fp32"]["path"] == "onnx/model.onnx" and m["variants"]["fp32"]["quantization"] is None
     q8, q4 = m["variants"]["int8"]["quantization"], m["variants"]["int4"]["quantization"]
-    assert q8["bits"] == 8 and q8["block_size"] == 64 and q8["accuracy_level"] == 4 and q8["symmetric"] is True
+    assert q8["bits"] == 8 and q8["symmetric"] is True and q8["weight_granularity"] == "per output channel"
+    assert q8["activation_quantization"].startswith("dynamic, per row") and q8["matmuls_quantized"] >= 5
     assert q4["bits"] == 4 and q4["block_size"] == 32 and q4["embedding_quantized"] is True
     assert "Softmax" in m["variants"]["fp16"]["quantization"]["op_block_list"]
     verify_files(any_export)
