@@ -6,7 +6,11 @@ greedy), the two interleaved in every repeat so that load drift hits both; media
 
 Used for bench/results/serve_int8_2026-11-30.md: NEW = bench/serve.py's random ~109 M export (int8 =
 8-bit MatMulNBits), OLD = the same export dir with onnx/model_quantized.onnx rebuilt by main's
-quantize_dynamic to_int8.
+quantize_dynamic to_int8. And for bench/results/serve_int8_rowwise_2026-11-30.md: NEW = that model
+exported by the W8A8 MatMulInteger to_int8, OLD = the same weights exported before it (MatMulNBits).
+Both exports: ``tests.fixtures.build_tiny_export(DIR, variants=["fp32", "int8"], vocab_size=16384,
+hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+max_position_embeddings=1024)``.
 """
 
 import statistics
