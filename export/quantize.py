@@ -175,8 +175,8 @@ def to_int8(
     row, and MatMulInteger sums in int32 exactly, so a row's result does not depend on the other
     rows of its batch. (``quantize_dynamic`` had one activation scale for the whole batch: a
     request's tokens changed with its neighbours. The 8-bit MatMulNBits of 2026-11-30 was invariant
-    too, but its int8 kernel costs 8x as much for 8 rows as for 1 on CPUs without AVX-VNNI, where
-    MatMulInteger's costs ~2.5x: bench/results/serve_int8_rowwise_2026-11-30.md.)
+    too, but on CPUs without AVX-VNNI its int8 kernel costs 6x as much for 8 rows as for 1, and 2.2x
+    as much as MatMulInteger's for 8 rows: bench/results/serve_int8_rowwise_2026-11-30.md.)
 
     Args:
         block_size: weights per scale of the untied embedding table (GatherBlockQuantized accepts
