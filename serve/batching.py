@@ -181,7 +181,8 @@ class _Batch:
 
     Attributes:
         seqs: the rows' sequences.
-        past: 2 * layers caches (B, Hkv, P, Dh) float32: numpy arrays or OrtValues.
+        past: 2 * layers caches (B, Hkv, P, Dh) float32: numpy arrays or OrtValues; with a
+            shared-buffer decoder (B, Hkv, capacity >= P, Dh), the first P slots valid.
         length: P, the tokens in every row's cache = the next position id.
         next_ids: (B,) int64 last sampled token of each row (fed at the next step).
     """
@@ -204,7 +205,7 @@ class _Batch:
         """Stack two groups of the same length (ValueError otherwise: a bug)."""
         if a.length != b.length:
             raise ValueError(f"cannot merge groups of lengths {a.length} and {b.length}")
-        past = [np.concatenate([to_numpy(x), to_numpy(y)]) for x, y in zip(a.past, b.past)]
+        past = [np.concatenate(_same_capacity(to_numpy(x), to_numpy(y))) for x, y in zip(a.past, b.past)]
         return _Batch(a.seqs + b.seqs, past, a.length, np.concatenate([a.next_ids, b.next_ids]))
 
 
@@ -367,6 +368,14 @@ class BatchScheduler:
             s.step(logits[r, -1])
             b.next_ids[r] = s.generated[-1]
         return b.select([i for i, s in enumerate(b.seqs) if not s.finished])
+
+
+def _same_capacity(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two caches (B, Hkv, capacity, Dh) padded with zeros to the larger capacity (shared-buffer
+    caches of groups that grew at different times; contract caches of one length pass unchanged)."""
+    cap = max(x.shape[2], y.shape[2])
+    pad = lambda a: np.pad(a, ((0, 0), (0, 0), (0, cap - a.shape[2]), (0, 0)))  # noqa: E731
+    return pad(x), pad(y)
 
 
 def _prompt_scores(logits: np.ndarray, prompt_ids: list[int], n_top: int) -> PromptScores:

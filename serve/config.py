@@ -36,6 +36,11 @@ class ServeConfig:
     default_max_tokens: int = opt(16, "max_tokens when a completion request gives none (tokens, OpenAI's default)")
     max_n: int = opt(16, "largest `n` (completions per prompt) accepted")
     intra_op_threads: int = opt(0, "ONNX Runtime intra-op threads (0 = ONNX Runtime's default: one per core)")
+    shared_kv_buffer: bool = opt(
+        True,
+        "decode on the variant's shared-buffer graph (onnx/*_genai.onnx: the KV cache written in place) when the "
+        "export has one; false: the contract graph (present = past ++ new)",
+    )
     graceful_shutdown_s: float = opt(10.0, "on SIGTERM/SIGINT, wait this long for in-flight requests (seconds)")
     log_level: str = opt("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 

@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import onnx
@@ -46,6 +46,9 @@ class ExportInfo:
     #: bounds of the tolerance file the variant's verdict was made with that are looser than the
     #: shipped conformance/tolerances.toml: ``[{table, metric, shipped, used}]`` (empty: none)
     loosened_tolerances: list[dict[str, Any]] = field(default_factory=list)
+    #: the variant's shared-buffer graph (manifest ``genai_path``: the same weights, the KV cache
+    #: written in place), or None (a standard-operator export has none)
+    shared_buffer_path: Optional[Path] = None
 
     @property
     def max_model_len(self) -> int:
@@ -228,8 +231,12 @@ def load_export(
     if not onnx_path.is_file():
         raise MissingInput(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
     files = manifest.get("files") or {}
+    shared_path = root / entry["genai_path"] if entry.get("genai_path") else None
+    if shared_path is not None and not shared_path.is_file():
+        raise MissingInput(f"{shared_path}: shared-buffer graph of variant {variant!r} missing; re-run {_MAKE}")
     if verify_hashes:
         wanted = ["config.json", "tokenizer.json", entry["path"], *entry.get("external_data", [])]
+        wanted += [entry["genai_path"]] if shared_path is not None else []
         for rel in wanted:
             if rel not in files:
                 raise InvalidInput(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")
@@ -249,7 +256,9 @@ def load_export(
     tok_sha = file_sha256(tok_path)
     if manifest.get("tokenizer_sha256") and manifest["tokenizer_sha256"] != tok_sha:
         raise InvalidInput(f"{tok_path}: sha256 differs from manifest.json tokenizer_sha256; re-run {_MAKE}")
-    return ExportInfo(root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings, loosened)
+    return ExportInfo(
+        root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings, loosened, shared_path
+    )
 
 
 def load_tokenizer(info: ExportInfo) -> Tokenizer:
@@ -270,16 +279,34 @@ def load_tokenizer(info: ExportInfo) -> Tokenizer:
 class OnnxDecoder:
     """One ONNX Runtime session of the exported decoder.
 
+    Two graphs can run here (CONTRACTS.md). The contract graph (``shared_buffer=False``) takes a
+    cache of P tokens and returns a new one of P + T (``present = past ++ new``), zeroing masked
+    slots on the way. The shared-buffer graph (``shared_buffer=True``: the variant's
+    ``*_genai.onnx``, :attr:`ExportInfo.shared_buffer_path`) takes caches with room for more tokens
+    than they hold (B, Hkv, capacity, Dh), reads the first ``mask length - T`` slots and writes the
+    T new keys and values after them, in place: no copy of the cache and no zeroing per step
+    (bench/results/serve_shared_buffer_2026-11-30.md). It needs what the batch scheduler gives it:
+    no padding (masks all ones), every row at the same length, positions 0, 1, ... (its rotary
+    embedding numbers a prompt's rows from ``position_ids[0, 0]``).
+
     Args:
-        onnx_path: the variant's ``.onnx`` file.
+        onnx_path: the variant's ``.onnx`` file (or its shared-buffer graph).
         config: export config.json (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim`` or
             ``hidden_size``/``num_attention_heads``).
         intra_op_threads: ONNX Runtime intra-op threads, 0 = its default.
+        shared_buffer: ``onnx_path`` is a shared-buffer graph.
     Raises:
         ValueError: the graph's inputs/outputs differ from the names of :mod:`prodip.base.onnx_io`.
     """
 
-    def __init__(self, onnx_path: str | Path, config: dict[str, Any], intra_op_threads: int = 0) -> None:
+    #: smallest cache capacity (tokens) the shared-buffer mode allocates; it doubles from there
+    MIN_CAPACITY = 64
+
+    def __init__(
+        self, onnx_path: str | Path, config: dict[str, Any], intra_op_threads: int = 0, *, shared_buffer: bool = False
+    ) -> None:
+        self.shared_buffer = shared_buffer
+        self.max_positions = int(config.get("max_position_embeddings") or 0)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads:
@@ -327,14 +354,19 @@ class OnnxDecoder:
             past: 2 * layers caches (B, Hkv, P, Dh) float32 in (layer, key|value) order, each a numpy
                 array or an OrtValue from a previous call.
         Returns:
-            logits (B, T, V) float32 numpy and present, 2 * layers OrtValues (B, Hkv, P+T, Dh) float32.
+            logits (B, T, V) float32 numpy and present, 2 * layers OrtValues (B, Hkv, P+T, Dh) float32
+            (shared-buffer graph: (B, Hkv, capacity >= P+T, Dh), the first P+T slots valid).
         """
         if input_ids.size < self.min_rows:  # one row of one token: see min_rows
             twice = lambda a: np.concatenate([to_numpy(a)] * self.min_rows)  # noqa: E731
             logits, present = self.forward(
                 twice(input_ids), twice(attention_mask), twice(position_ids), [twice(p) for p in past]
             )
-            return logits[:1], [p.numpy()[:1] for p in present]
+            # a copy: OrtValue.numpy() of a cache that wraps a numpy buffer is a view that does not keep
+            # the buffer alive (shared-buffer mode; read freed memory before this copy was added)
+            return logits[:1], [np.array(to_numpy(p)[:1]) for p in present]
+        if self.shared_buffer:
+            return self._forward_in_place(input_ids, attention_mask, position_ids, past)
         io = self.session.io_binding()
         io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
         io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
@@ -349,6 +381,39 @@ class OnnxDecoder:
         self.session.run_with_iobinding(io)
         logits, *present = io.get_outputs()
         return logits.numpy(), present
+
+    def _forward_in_place(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+    ) -> tuple[np.ndarray, list[Any]]:
+        """:meth:`forward` on the shared-buffer graph: ``past`` (B, Hkv, capacity, Dh) holds P =
+        mask length - T tokens; the T new ones are written after them, in place. A cache without
+        room for P + T gets a new one of twice the capacity (at least P + T and :attr:`MIN_CAPACITY`;
+        its first P slots copied). Returns logits and the same caches (OrtValues), now holding P + T."""
+        B, T = input_ids.shape
+        total = attention_mask.shape[1]
+        held = total - T
+        caches = []
+        for value in past:
+            capacity = value.shape()[2] if isinstance(value, ort.OrtValue) else value.shape[2]
+            if capacity < total:
+                grown = max(self.MIN_CAPACITY, 2 * capacity, total)
+                buffer = np.zeros((B, self.num_kv_heads, grown, self.head_dim), np.float32)
+                buffer[:, :, :held] = to_numpy(value)[:, :, :held]
+                value = buffer
+            if not isinstance(value, ort.OrtValue):
+                value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value, np.float32))
+            caches.append(value)
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
+        io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
+        io.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, np.int64))
+        for name, value in zip(self.past_names, caches):
+            io.bind_ortvalue_input(name, value)
+        io.bind_output("logits")
+        for name, value in zip(self.present_names, caches):
+            io.bind_ortvalue_output(name, value)
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()[0].numpy(), caches
 
 
 def _has_sub8bit_matmul(onnx_path: str | Path) -> bool:

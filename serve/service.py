@@ -118,7 +118,13 @@ class Service:
         """Load tokenizer and ONNX session, start the engine thread; errors go to ``load_error``."""
         try:
             self.tokenizer = load_tokenizer(self.info)
-            decoder = OnnxDecoder(self.info.onnx_path, self.info.config, self.config.intra_op_threads)
+            shared = self.config.shared_kv_buffer and self.info.shared_buffer_path is not None
+            decoder = OnnxDecoder(
+                self.info.shared_buffer_path if shared else self.info.onnx_path,
+                self.info.config,
+                self.config.intra_op_threads,
+                shared_buffer=shared,
+            )
             self.scheduler = BatchScheduler(
                 decoder,
                 self.config.max_batch_size,

@@ -1,7 +1,9 @@
 """Issue 14 item 1 (case C1): a request's tokens and logprobs are identical whatever shares its batch,
 for every served variant: alone, with 7 other requests of other lengths arriving at the same
 moment, with requests joining mid-decode and leaving early, and as one of several choices of
-which the others stop; greedy and seeded sampling."""
+which the others stop; greedy and seeded sampling. Both ways serve can hold the KV cache: the
+contract graph (present = past ++ new) and the shared-buffer graph (written in place, caches that
+grow and are padded to a common capacity when groups merge)."""
 
 from __future__ import annotations
 
@@ -36,8 +38,16 @@ def decoders(all_variants):
     out = {}
     for variant in VARIANTS:
         info = load_export(all_variants, variant)
-        out[variant] = (OnnxDecoder(info.onnx_path, info.config, 2), load_tokenizer(info))
+        assert info.shared_buffer_path is not None
+        tok = load_tokenizer(info)
+        out[variant, "contract"] = (OnnxDecoder(info.onnx_path, info.config, 2), tok)
+        shared = OnnxDecoder(info.shared_buffer_path, info.config, 2, shared_buffer=True)
+        shared.MIN_CAPACITY = 4  # caches grow while decoding; groups merge with unequal capacities
+        out[variant, "shared"] = (shared, tok)
     return out
+
+
+KV = ["contract", "shared"]
 
 
 def run(parts, jobs, *, max_batch_size=32):
@@ -72,10 +82,11 @@ def run(parts, jobs, *, max_batch_size=32):
     return out
 
 
+@pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_same_answer_whatever_shares_the_batch(decoders, variant, mode):
-    parts, params = decoders[variant], MODES[mode]
+def test_same_answer_whatever_shares_the_batch(decoders, variant, mode, kv):
+    parts, params = decoders[variant, kv], MODES[mode]
     alone = run(parts, [(MINE, params, 0.0, 0)])[0]
     assert len(alone) == params.max_new_tokens
     assert run(parts, [(MINE, params, 0.0, 0)])[0] == alone  # deterministic
@@ -90,11 +101,12 @@ def test_same_answer_whatever_shares_the_batch(decoders, variant, mode):
     assert capped[-1] == alone, "queued behind others"
 
 
+@pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_choices_leaving_do_not_change_the_others(decoders, variant):
+def test_choices_leaving_do_not_change_the_others(decoders, variant, kv):
     """n choices of one request (stream_index 0..2, seeded): each choice alone equals it among the
     others, when the others stop early (leave the batch) or not."""
-    parts = decoders[variant]
+    parts = decoders[variant, kv]
     params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=3, logprobs=1, ignore_eos=True)
     early = SamplingParams(max_new_tokens=2, temperature=1.0, seed=3, logprobs=1, ignore_eos=True)
     alone = [run(parts, [(MINE, params, 0.0, k)])[0] for k in range(3)]
@@ -103,3 +115,17 @@ def test_choices_leaving_do_not_change_the_others(decoders, variant):
     assert together == alone
     mixed = run(parts, [(MINE, early, 0.0, 0), (MINE, params, 0.0, 1), (MINE, early, 0.0, 2)])
     assert mixed[1] == alone[1]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shared_buffer_decodes_what_the_contract_graph_decodes(decoders, variant):
+    """The shared-buffer graph (cache written in place, grown from 4 slots) gives the contract graph's
+    greedy tokens, and its logprobs within 1e-4 nats (the graphs differ in where q/k are rotated:
+    tests/export/test_runtime_configs.py), for a crowd of prompts of different lengths."""
+    params = SamplingParams(max_new_tokens=24, temperature=0, logprobs=3, ignore_eos=True)
+    jobs = [(MINE, params, 0.0, 0)] + [(p, params, 0.005 * i, 0) for i, p in enumerate(OTHERS)]
+    want = run(decoders[variant, "contract"], jobs)
+    got = run(decoders[variant, "shared"], jobs)
+    for w, g in zip(want, got):
+        assert [t for t, _, _ in g] == [t for t, _, _ in w]
+        assert max(abs(a[1] - b[1]) for a, b in zip(g, w)) < 1e-4
