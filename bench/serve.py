@@ -55,14 +55,20 @@ def build_export(tmp: Path, args: argparse.Namespace) -> Path:
 
 
 def engine_decode_rate(
-    export_dir: Path, variant: str, prompt: list[int], tokens: int, streams: int, threads: int = 0
+    export_dir: Path, variant: str, prompt: list[int], tokens: int, streams: int, threads: int = 0, kv: str = "shared"
 ) -> float:
-    """Aggregate decode tokens/s of ``streams`` sequences submitted together to serve's scheduler."""
+    """Aggregate decode tokens/s of ``streams`` sequences submitted together to serve's scheduler.
+
+    ``kv``: "shared" = the variant's shared-buffer graph when the export has one (what ``prodip
+    serve`` runs by default), "contract" = the contract graph (``--no-shared-kv-buffer``)."""
     from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
     from prodip.serve.engine import OnnxDecoder, load_export, load_tokenizer
 
     info = load_export(export_dir, variant, allow_unverified=True, verify_hashes=False)
-    sched = BatchScheduler(OnnxDecoder(info.onnx_path, info.config, threads), max_batch_size=streams, batch_wait_ms=50)
+    shared = kv == "shared" and info.shared_buffer_path is not None
+    path = info.shared_buffer_path if shared else info.onnx_path
+    decoder = OnnxDecoder(path, info.config, threads, shared_buffer=shared)
+    sched = BatchScheduler(decoder, max_batch_size=streams, batch_wait_ms=50)
     tok = load_tokenizer(info)
     params = SamplingParams(max_new_tokens=tokens, temperature=0, ignore_eos=True)
     last, done = [], threading.Event()
@@ -128,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8, help="streams decoded together")
     p.add_argument("--repeats", type=int, default=3, help="runs per figure (median reported)")
     p.add_argument("--variants", default="fp32,fp16,int8,int4")
+    p.add_argument(
+        "--kv",
+        default="shared",
+        help="comma list of KV cache modes: shared (the shared-buffer graph, serve's default), contract",
+    )
     p.add_argument("--hidden-size", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
@@ -168,22 +179,27 @@ def _table(export_dir: Path, model, prompt: list[int], args: argparse.Namespace,
     eager_c = median_of(lambda: eager_decode_rate(model, prompt, n, c), r)
     print(f"\n{threads} thread(s) for torch and ONNX Runtime; torch eager {c}-concurrent: {eager_c:.1f} tok/s")
     print(
-        f"{'backend':<12}{'eager tok/s':>13}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>15}"
+        f"{'backend':<20}{'eager tok/s':>13}{'1-stream tok/s':>16}{f'{c}-conc tok/s':>15}"
         f"{'1-stream/eager':>16}{f'{c}-conc/1':>11}"
     )
+    modes = args.kv.split(",")
     for variant in args.variants.split(","):
-        engine_decode_rate(export_dir, variant, prompt, n, 1, threads)  # warm-up
-        runs = []
-        for _ in range(r):
-            e = eager_decode_rate(model, prompt, n, 1)
-            one = engine_decode_rate(export_dir, variant, prompt, n, 1, threads)
-            many = engine_decode_rate(export_dir, variant, prompt, n, c, threads)
-            runs.append((e, one, many, one / e, many / one))
-        med = [statistics.median(col) for col in zip(*runs)]
-        print(
-            f"{'onnx ' + variant:<12}{med[0]:>13.1f}{med[1]:>16.1f}{med[2]:>15.1f}{med[3]:>15.2f}x{med[4]:>10.2f}x",
-            flush=True,
-        )
+        for kv in modes:
+            engine_decode_rate(export_dir, variant, prompt, n, 1, threads, kv)  # warm-up
+        runs: dict[str, list] = {kv: [] for kv in modes}
+        for _ in range(r):  # the modes back to back in every repeat
+            for kv in modes:
+                e = eager_decode_rate(model, prompt, n, 1)
+                one = engine_decode_rate(export_dir, variant, prompt, n, 1, threads, kv)
+                many = engine_decode_rate(export_dir, variant, prompt, n, c, threads, kv)
+                runs[kv].append((e, one, many, one / e, many / one))
+        for kv in modes:
+            med = [statistics.median(col) for col in zip(*runs[kv])]
+            label = f"onnx {variant}" + (f" {kv}" if len(modes) > 1 else "")
+            print(
+                f"{label:<20}{med[0]:>13.1f}{med[1]:>16.1f}{med[2]:>15.1f}{med[3]:>15.2f}x{med[4]:>10.2f}x",
+                flush=True,
+            )
 
 
 def _model_from_export(export_dir: Path):

@@ -633,9 +633,10 @@ def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
     (B, 1), but a prompt (T > 1) at ``position_ids[0, 0] + t`` for every row: right for every row
     whose positions are consecutive from the same start, which is what onnxruntime-genai feeds
     (positions are column indices, DefaultPositionInputs::CreateAndInitializePositionIDs; its
-    padding, on the right, is never read: :func:`right_padded_attention`), and
-    wrong for a left-padded prompt numbered from its first real token (prodip's serve engine and
-    the contract graph's callers), so the contract graph keeps the explicit RotaryEmbedding.
+    padding, on the right, is never read: :func:`right_padded_attention`) and what prodip's serve
+    engine feeds (no padding, every row of a batch at the same length), and wrong for a
+    left-padded prompt numbered from its first real token (the contract graph's callers may send
+    one), so the contract graph keeps the explicit RotaryEmbedding.
     Measured: tests/export/test_runtime_configs.py (prompt and decode, batch 1 and 2, against the
     contract graph).
 
