@@ -387,8 +387,8 @@ class OnnxDecoder:
     ) -> tuple[np.ndarray, list[Any]]:
         """:meth:`forward` on the shared-buffer graph: ``past`` (B, Hkv, capacity, Dh) holds P =
         mask length - T tokens; the T new ones are written after them, in place. A cache without
-        room for P + T gets a new one of twice the capacity (at least P + T and :attr:`MIN_CAPACITY`;
-        its first P slots copied). Returns logits and the same caches (OrtValues), now holding P + T."""
+        room for P + T gets a new one of twice the capacity (at least P + T and :attr:`MIN_CAPACITY`,
+        at most ``max_position_embeddings`` unless P + T is more; its first P slots copied). Returns logits and the same caches (OrtValues), now holding P + T."""
         B, T = input_ids.shape
         total = attention_mask.shape[1]
         held = total - T
@@ -397,6 +397,7 @@ class OnnxDecoder:
             capacity = value.shape()[2] if isinstance(value, ort.OrtValue) else value.shape[2]
             if capacity < total:
                 grown = max(self.MIN_CAPACITY, 2 * capacity, total)
+                grown = min(grown, max(total, self.max_positions))  # never past the context window
                 buffer = np.zeros((B, self.num_kv_heads, grown, self.head_dim), np.float32)
                 buffer[:, :, :held] = to_numpy(value)[:, :, :held]
                 value = buffer
