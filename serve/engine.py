@@ -388,7 +388,9 @@ class OnnxDecoder:
         """:meth:`forward` on the shared-buffer graph: ``past`` (B, Hkv, capacity, Dh) holds P =
         mask length - T tokens; the T new ones are written after them, in place. A cache without
         room for P + T gets a new one of twice the capacity (at least P + T and :attr:`MIN_CAPACITY`,
-        at most ``max_position_embeddings`` unless P + T is more; its first P slots copied). Returns logits and the same caches (OrtValues), now holding P + T."""
+        at most ``max_position_embeddings`` unless P + T is more; its first P slots copied).
+        Returns logits and the same caches (OrtValues, each keeping its numpy buffer alive), now
+        holding P + T."""
         B, T = input_ids.shape
         total = attention_mask.shape[1]
         held = total - T
