@@ -356,7 +356,7 @@ def quantize_embedding_int8(model: onnx.ModelProto, emb: EmbeddingGather, block_
     scales = np.zeros((vocab, blocks), np.float32)
     zero_points = np.zeros((vocab, blocks), np.uint8)  # unused when symmetric
     quantize_matmul_8bits(codes, np.ascontiguousarray(table.T), scales, zero_points, block_size, vocab, hidden, True)
-    data, scale = f"{emb.table}_Q8", f"{emb.table}_Q8_scales"
+    data, scale = _int8_names(emb.table)
     graph.initializer.extend(
         [numpy_helper.from_array(codes.reshape(vocab, hidden), data), numpy_helper.from_array(scales, scale)]
     )
@@ -384,6 +384,11 @@ def quantize_embedding_int8(model: onnx.ModelProto, emb: EmbeddingGather, block_
 #: int8 codes: uint8 with zero point 128, so a code c means (c - 128) * scale (symmetric, |c - 128| <= 127).
 INT8_ZERO_POINT = 128
 _ROWWISE = "int8_rowwise"
+
+
+def _int8_names(weight: str) -> tuple[str, str]:
+    """Names of the codes and scales initializers that replace MatMul weight ``weight`` in the int8 graph."""
+    return f"{weight}_Q8", f"{weight}_Q8_scales"
 
 
 def _rowwise_constants(graph: onnx.GraphProto) -> None:
@@ -478,7 +483,7 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
             ]
             quantized[x] = (f"{p}/codes", f"{p}/scale")
         codes, scales = quantize_weight_per_column_int8(numpy_helper.to_array(weight))
-        wq, ws = f"{weight.name}_Q8", f"{weight.name}_Q8_scales"
+        wq, ws = _int8_names(weight.name)
         graph.initializer.extend([numpy_helper.from_array(codes, wq), numpy_helper.from_array(scales, ws)])
         q, sx = quantized[x]
         out = node.output[0]
@@ -519,21 +524,13 @@ def share_tied_embedding_int8(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
         None when shared, else why not (the graph is then left as it was).
     """
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    node, hops = producer.get(tied.logits), 0
-    while node is not None and node.op_type == "Mul" and hops < 2:  # MulColumnScale <- MulRowScale <- Cast
-        node, hops = producer.get(node.input[0]), hops + 1
-    cast = node
-    mmi = producer.get(cast.input[0]) if cast is not None and cast.op_type == "Cast" else None
-    if mmi is None or mmi.op_type != "MatMulInteger":
-        return "the lm_head is not a row-wise int8 MatMulInteger"
     inits = {t.name: t for t in graph.initializer}
-    codes = inits.get(mmi.input[1])
-    scales = inits.get(f"{mmi.input[1]}_scales")
-    if codes is None or scales is None or list(codes.dims) != [tied.hidden, tied.vocab]:
-        return (
-            f"the lm_head codes {mmi.input[1]!r} are not a [hidden, vocab] = [{tied.hidden}, {tied.vocab}] initializer"
-        )
+    # the lm_head's weight is tied.transposed (materialize_transposed_weights)
+    codes, scales = (inits.get(name) for name in _int8_names(tied.transposed))
+    if codes is None or scales is None:
+        return f"no row-wise int8 codes of the lm_head weight {tied.transposed!r}"
+    if list(codes.dims) != [tied.hidden, tied.vocab]:
+        return f"the lm_head codes {codes.name!r} are {list(codes.dims)}, not [hidden, vocab] = [{tied.hidden}, {tied.vocab}]"
     p = f"{tied.gather_node}_shared"
     make = onnx.helper.make_node
     new = [

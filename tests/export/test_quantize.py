@@ -33,10 +33,13 @@ def test_variant_graphs(tied_export):
     # tied: the embedding gathers rows of the lm_head's codes (no second table, no GatherBlockQuantized)
     gather = next(n for n in int8.graph.node if "input_ids" in n.input and n.op_type == "Gather")
     producer = {o: n for n in int8.graph.node for o in n.output}
-    lm_head = next(n for n in int8.graph.node if n.op_type == "MatMulInteger" and n.input[1].endswith("_Q8"))
+    node = producer["logits"]  # logits = Mul(Mul(Cast(MatMulInteger(q, codes)), row scale), column scale)
+    for op in ("Mul", "Mul", "Cast"):
+        assert node.op_type == op, node.name
+        node = producer[node.input[0]]
+    assert node.op_type == "MatMulInteger"
     assert producer[gather.input[0]].op_type == "Transpose" and "GatherBlockQuantized" not in ops8
-    assert producer[gather.input[0]].input[0] in {n.input[1] for n in int8.graph.node if n.op_type == "MatMulInteger"}
-    assert lm_head is not None
+    assert producer[gather.input[0]].input[0] == node.input[1]  # the lm_head's own codes
     assert ops4.count("MatMulNBits") == 5 * 2 + 1  # packed qkv, o, gate, up, down per layer + the tied lm_head
     assert "GatherBlockQuantized" in ops4
     fp16 = onnx.shape_inference.infer_shapes(onnx.load(str(onnx_dir / "model_fp16.onnx")))
