@@ -62,12 +62,10 @@ def engine_decode_rate(
     ``kv``: "shared" = the variant's shared-buffer graph when the export has one (what ``prodip
     serve`` runs by default), "contract" = the contract graph (``--no-shared-kv-buffer``)."""
     from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
-    from prodip.serve.engine import OnnxDecoder, load_export, load_tokenizer
+    from prodip.serve.engine import load_export, load_tokenizer, open_decoder
 
     info = load_export(export_dir, variant, allow_unverified=True, verify_hashes=False)
-    shared = kv == "shared" and info.shared_buffer_path is not None
-    path = info.shared_buffer_path if shared else info.onnx_path
-    decoder = OnnxDecoder(path, info.config, threads, shared_buffer=shared)
+    decoder = open_decoder(info, threads, shared_kv_buffer=kv == "shared")
     sched = BatchScheduler(decoder, max_batch_size=streams, batch_wait_ms=50)
     tok = load_tokenizer(info)
     params = SamplingParams(max_new_tokens=tokens, temperature=0, ignore_eos=True)

@@ -419,6 +419,14 @@ class OnnxDecoder:
         return io.get_outputs()[0].numpy(), caches
 
 
+def open_decoder(info: ExportInfo, intra_op_threads: int = 0, shared_kv_buffer: bool = True) -> OnnxDecoder:
+    """The decoder serve runs for ``info``: its shared-buffer graph when ``shared_kv_buffer`` and the
+    export has one (:attr:`ExportInfo.shared_buffer_path`), else the contract graph."""
+    if shared_kv_buffer and info.shared_buffer_path is not None:
+        return OnnxDecoder(info.shared_buffer_path, info.config, intra_op_threads, shared_buffer=True)
+    return OnnxDecoder(info.onnx_path, info.config, intra_op_threads)
+
+
 def _has_sub8bit_matmul(onnx_path: str | Path) -> bool:
     """Whether the graph has a com.microsoft MatMulNBits node with ``bits`` < 8 (weights not loaded)."""
     graph = onnx.load(str(onnx_path), load_external_data=False).graph

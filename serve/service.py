@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
-from prodip.serve.engine import ExportInfo, OnnxDecoder, load_tokenizer
+from prodip.serve.engine import ExportInfo, load_tokenizer, open_decoder
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.schemas import error_body
 
@@ -118,13 +118,7 @@ class Service:
         """Load tokenizer and ONNX session, start the engine thread; errors go to ``load_error``."""
         try:
             self.tokenizer = load_tokenizer(self.info)
-            shared = self.config.shared_kv_buffer and self.info.shared_buffer_path is not None
-            decoder = OnnxDecoder(
-                self.info.shared_buffer_path if shared else self.info.onnx_path,
-                self.info.config,
-                self.config.intra_op_threads,
-                shared_buffer=shared,
-            )
+            decoder = open_decoder(self.info, self.config.intra_op_threads, self.config.shared_kv_buffer)
             self.scheduler = BatchScheduler(
                 decoder,
                 self.config.max_batch_size,
