@@ -14,7 +14,16 @@ Prints the median microseconds per call (``--repeats`` x 50 calls) at M = 1 and 
 cost of 8 rows over 1 row, and each kernel's time relative to fp32 at the same M. A row here is
 a token: 8 rows is the decode step of 8 concurrent streams.
 
+``--decoder GRAPH`` (an int8 decoder of an export, e.g. ``onnx/model_quantized_genai.onnx``) times
+instead what bounds serve's 8-stream / 1-stream decode rate: all of the graph's weight products
+in one ONNX Runtime call (every ``MatMulInteger`` weight shape, as uint8 x uint8 and as fp32
+``MatMul``), and its attention node (``GroupQueryAttention``, cache written in place, ``--past``
+tokens held), each at 1 and at 8 rows. ``8 x t(1) / t(8)`` is the rate ratio a decode step made of
+that part alone would reach; the other parts of a step (attention, norms, sampling) only add
+per-row cost, so the weight products' figure is an upper bound for the whole step.
+
     python bench/int8_kernels.py [--k 1024 --n 4096 --threads 2]
+    python bench/int8_kernels.py --decoder EXPORT/onnx/model_quantized_genai.onnx
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import statistics
 import time
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import matmul_nbits_quantizer as mnb
@@ -89,13 +99,168 @@ def _time(model, x: np.ndarray, threads: int, repeats: int) -> float:
     return statistics.median(runs)
 
 
+def _session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _time_bound(sess: ort.InferenceSession, io: ort.IOBinding, repeats: int) -> float:
+    """Median microseconds per ``run_with_iobinding`` (outputs preallocated: nothing copied to numpy)."""
+    for _ in range(5):
+        sess.run_with_iobinding(io)
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(10):
+            sess.run_with_iobinding(io)
+        runs.append((time.perf_counter() - t) / 10 * 1e6)
+    return statistics.median(runs)
+
+
+def _decoder_parts(path: str) -> tuple[list[tuple[int, int]], dict]:
+    """The (K, N) weight shapes of every MatMulInteger of an int8 decoder graph (structure only:
+    external weights are not read), and the attributes of its first GroupQueryAttention node
+    plus its cos cache's shape ({} when it has none)."""
+    graph = onnx.load(path, load_external_data=False).graph
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    shapes = [tuple(dims[n.input[1]]) for n in graph.node if n.op_type == "MatMulInteger" and n.input[1] in dims]
+    if not shapes:
+        raise SystemExit(f"{path}: no MatMulInteger with a constant weight; pass an int8 decoder graph")
+    gqa = next((n for n in graph.node if n.op_type == "GroupQueryAttention"), None)
+    attn = {}
+    if gqa is not None:
+        attn = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
+        attn["layers"] = sum(n.op_type == "GroupQueryAttention" for n in graph.node)
+        attn["cos_shape"] = dims.get(gqa.input[7]) or []
+    return shapes, attn
+
+
+def _products(shapes: list[tuple[int, int]], integer: bool) -> onnx.ModelProto:
+    """Every weight product of a decoder as independent nodes of one graph (random weights: the
+    kernels' speed does not depend on the values)."""
+    rng = np.random.default_rng(0)
+    nodes, inputs, outputs = [], [], []
+    inits = [numpy_helper.from_array(np.array(128, np.uint8), "zp")]
+    for i, (k, n) in enumerate(shapes):
+        if integer:
+            inits.append(numpy_helper.from_array(rng.integers(0, 256, (k, n), dtype=np.uint8), f"w{i}"))
+            nodes.append(helper.make_node("MatMulInteger", [f"x{i}", f"w{i}", "zp", "zp"], [f"y{i}"]))
+        else:
+            inits.append(numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), f"w{i}"))
+            nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"]))
+        x_type, y_type = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
+        inputs.append(helper.make_tensor_value_info(f"x{i}", x_type, ["M", k]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", y_type, ["M", n]))
+    if not integer:
+        inits = inits[1:]
+    g = helper.make_graph(nodes, "products", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _time_products(shapes, integer: bool, rows: int, threads: int, repeats: int) -> float:
+    sess = _session(_products(shapes, integer), threads)
+    rng = np.random.default_rng(1)
+    io = sess.io_binding()
+    for i, (k, n) in enumerate(shapes):
+        if integer:
+            x, y = rng.integers(0, 256, (rows, k), dtype=np.uint8), np.empty((rows, n), np.int32)
+        else:
+            x, y = rng.standard_normal((rows, k)).astype(np.float32), np.empty((rows, n), np.float32)
+        io.bind_cpu_input(f"x{i}", x)
+        io.bind_ortvalue_output(f"y{i}", ort.OrtValue.ortvalue_from_numpy(y))
+    return _time_bound(sess, io, repeats)
+
+
+def _time_attention(attn: dict, rows: int, past: int, threads: int, repeats: int) -> float:
+    """Microseconds of one GroupQueryAttention call as in the shared-buffer decoder: packed q/k/v of
+    one new token per row, rotary inside, a cache of 2 * ``past`` slots holding ``past`` tokens."""
+    heads, kv_heads = attn["num_heads"], attn["kv_num_heads"]
+    max_pos, half = attn["cos_shape"]
+    head = 2 * half
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["qkv", "", "", "k", "v", "seqlens_k", "total", "cos", "sin", "pos"],
+        ["out", "k_out", "v_out"],
+        domain="com.microsoft",
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        scale=float(attn.get("scale", head**-0.5)),
+        do_rotary=int(attn.get("do_rotary", 0)),
+    )
+    f = TensorProto.FLOAT
+    inputs = [
+        helper.make_tensor_value_info("qkv", f, ["B", 1, (heads + 2 * kv_heads) * head]),
+        helper.make_tensor_value_info("k", f, ["B", kv_heads, "C", head]),
+        helper.make_tensor_value_info("v", f, ["B", kv_heads, "C", head]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+        helper.make_tensor_value_info("total", TensorProto.INT32, []),
+        helper.make_tensor_value_info("cos", f, [max_pos, half]),
+        helper.make_tensor_value_info("sin", f, [max_pos, half]),
+        helper.make_tensor_value_info("pos", TensorProto.INT64, ["B", 1]),
+    ]
+    outputs = [helper.make_tensor_value_info(name, f, None) for name in ("out", "k_out", "v_out")]
+    model = helper.make_model(
+        helper.make_graph([node], "attention", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+    )
+    sess = _session(model, threads)
+    rng = np.random.default_rng(2)
+    cache = [
+        ort.OrtValue.ortvalue_from_numpy(rng.standard_normal((rows, kv_heads, 2 * past, head)).astype(np.float32))
+        for _ in ("key", "value")
+    ]
+    angles = rng.uniform(-1, 1, (max_pos, half)).astype(np.float32)
+    io = sess.io_binding()
+    io.bind_cpu_input("qkv", rng.standard_normal((rows, 1, (heads + 2 * kv_heads) * head)).astype(np.float32))
+    io.bind_cpu_input("seqlens_k", np.full(rows, past, np.int32))  # total - 1: the new token is written at slot past
+    io.bind_cpu_input("total", np.array(past + 1, np.int32))
+    io.bind_cpu_input("cos", np.cos(angles))
+    io.bind_cpu_input("sin", np.sin(angles))
+    io.bind_cpu_input("pos", np.full((rows, 1), past, np.int64))
+    io.bind_output("out")
+    io.bind_ortvalue_input("k", cache[0])
+    io.bind_ortvalue_input("v", cache[1])
+    io.bind_ortvalue_output("k_out", cache[0])
+    io.bind_ortvalue_output("v_out", cache[1])
+    return _time_bound(sess, io, repeats)
+
+
+def decoder_bound(path: str, threads: int, repeats: int, past: int) -> None:
+    """Print what bounds the 8-row / 1-row decode rate of the int8 decoder ``path`` (module docstring)."""
+    shapes, attn = _decoder_parts(path)
+    weights = sum(k * n for k, n in shapes)
+    print(
+        f"{path}: {len(shapes)} weight products, {weights / 1e6:.1f} M weights; {threads} intra-op threads, "
+        f"onnxruntime {ort.__version__}, {platform.processor() or platform.machine()}; "
+        f"median us per call of {repeats} x 10"
+    )
+    print(f"{'part of a decode step':<44}{'1 row us':>10}{'8 rows us':>11}{'8 x t1 / t8':>13}")
+    parts = {
+        "weight products, uint8 x uint8 MatMulInteger": lambda m: _time_products(shapes, True, m, threads, repeats),
+        "weight products, fp32 MatMul (same shapes)": lambda m: _time_products(shapes, False, m, threads, repeats),
+    }
+    if attn:
+        label = f"attention, {attn['layers']} x GroupQueryAttention, past {past}"
+        parts[label] = lambda m: attn["layers"] * _time_attention(attn, m, past, threads, repeats)
+    for name, timed in parts.items():
+        one, eight = timed(1), timed(8)
+        print(f"{name:<44}{one:>10.0f}{eight:>11.0f}{8 * one / eight:>12.2f}x", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--k", type=int, default=1024, help="input features (rows of the weight)")
     p.add_argument("--n", type=int, default=4096, help="output features")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--decoder", help="an int8 decoder graph: time its weight products and attention (see above)")
+    p.add_argument("--past", type=int, default=48, help="--decoder: tokens in the cache (attention)")
     args = p.parse_args(argv)
+    if args.decoder:
+        decoder_bound(args.decoder, args.threads, args.repeats, args.past)
+        return 0
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((args.k, args.n)) * 0.02).astype(np.float32)
     kernels = {
