@@ -1,6 +1,6 @@
 """FastAPI app over an export dir: ``create_app(export_dir)``; thin routes over ``prodip.serve.service``.
 
-Endpoints: ``POST /v1/completions`` (OpenAI), ``POST /v1/generate`` (native), ``GET /v1/models``,
+Endpoints: ``POST /v1/completions`` (OpenAI), ``POST /v1/generate`` (native), ``GET /v1/models[/{model}]``,
 ``GET /health`` (503 until the model is loaded), ``GET /metrics`` (Prometheus), ``POST /tokenize``,
 ``POST /detokenize``, ``GET /tokenizer_info``. Every error is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}``; bad parameters are 400, never 500.
@@ -103,17 +103,75 @@ def _install_errors(app: FastAPI) -> None:
             pos = first.get("loc", ("body", "?"))[-1]  # index into the UTF-8-decoded body (= byte for ASCII)
             msg = f"invalid JSON body: {first.get('ctx', {}).get('error', 'JSON decode error')} at character {pos}"
             return JSONResponse(error_body(msg, code="invalid_json"), status_code=400)
-        loc = [_printable(str(p)) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
+        loc = list(first.get("loc", ()))
+        if loc[:1] == ["body"]:
+            loc = loc[1:]
+        if not loc:  # the body itself: missing, or not a JSON object (e.g. sent without a JSON content type)
+            msg = "the request body must be a JSON object, sent with Content-Type: application/json"
+            return JSONResponse(error_body(msg, code="invalid_value"), status_code=400)
+        members = _union_members(err.errors(), loc[0])
+        field = loc[:1] if members else loc  # ["prompt", "str"] -> ["prompt"]: the field, not the member tag
+        param = ".".join(_printable(str(p)) for p in field)
         msg = first.get("msg", "invalid request")
-        if param and not msg.startswith(f"{param} "):
+        if members:  # one error per union member: say what the field accepts, not the first member's rule
+            either = ", ".join(members[:-1]) + f" or {members[-1]}" if len(members) > 1 else members[0]
+            msg = f"got {_json_type(_field_value(err, loc[0]))}; expected {either}"
+        if not msg.startswith(f"{param} "):
             msg = f"{param}: {msg}"
         return JSONResponse(error_body(msg, param=param, code="invalid_value"), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        """404/405 from routing in OpenAI's form, keeping the exception's headers (a 405 must name
+        the methods the path allows in ``Allow``: RFC 9110 sec. 15.5.6)."""
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(err.detail), kind), status_code=err.status_code)
+        return JSONResponse(error_body(str(err.detail), kind), status_code=err.status_code, headers=err.headers)
+
+
+#: pydantic's tags of union members in a validation error's ``loc``, as the API's words
+_MEMBER_WORDS = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "list[str]": "a list of strings",
+    "list[int]": "a list of integers (token ids)",
+    "list[list[int]]": "a list of lists of integers",
+}
+
+
+def _union_members(errors: list[dict[str, Any]], field: Any) -> list[str]:
+    """What a union-typed body field accepts, in words, from pydantic's errors for it (one error
+    per member, ``loc`` = ``("body", field, member tag, ...)``); [] when ``field`` is not a union."""
+    tags: list[str] = []
+    for e in errors:
+        loc = list(e.get("loc", ()))
+        tag = loc[2] if loc[:2] == ["body", field] and len(loc) > 2 and isinstance(loc[2], str) else None
+        # a member tag is a type ("str", "list[int]"), not a nested field name ("include_usage")
+        if tag is not None and (tag in _MEMBER_WORDS or "[" in tag) and tag not in tags:
+            tags.append(tag)
+    return [_MEMBER_WORDS.get(t, t) for t in tags]
+
+
+def _field_value(err: RequestValidationError, field: Any) -> Any:
+    """The value the request sent for a top-level body field (None when not found)."""
+    body = getattr(err, "body", None)
+    return body.get(field) if isinstance(body, dict) else None
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type name of a request value (for messages)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list whose items are of mixed or other types"
+    return "an object"
 
 
 def check_bind(host: str, port: int) -> None:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from prodip.serve.config import ServeConfig
 from prodip.serve.metrics import ServeMetrics
-from prodip.serve.routes import OPEN_ROUTES, ROUTES, _printable
+from prodip.serve.routes import OPEN_ROUTES, _printable, route_label
 from prodip.serve.schemas import error_body
 
 log = logging.getLogger("prodip.serve.app")  # one logger name for the server, as before the split
@@ -36,7 +36,7 @@ class GuardMiddleware:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = route_label(scope["path"])
         status = {"code": 500, "started": False}
 
         async def send_counted(message: dict) -> None:

@@ -2,8 +2,10 @@
 
 FastAPI documents 200 and 422 for every route with a body. prodip answers request errors with 400
 in OpenAI's error form (never 422: :func:`prodip.serve.app._install_errors`), 401 without the API
-key (when one is set), 413 above ``max_body_bytes``, 404 for another model id, 503 while the model
-loads, 500 on a bug; ``/metrics`` is Prometheus text; completions stream as ``text/event-stream``.
+key (when one is set: the document then declares a bearer security scheme), 413 above
+``max_body_bytes``, 404 for another model id, 503 while the model loads, 500 on a bug; ``/metrics``
+is Prometheus text; completions stream as ``text/event-stream``; the 200 bodies of completions and
+generate follow :data:`COMPLETION_SCHEMA` and :data:`GENERATE_SCHEMA`.
 :func:`install_openapi` rewrites the generated document accordingly;
 tests/serve/test_openapi.py runs schemathesis against a real server with it.
 
@@ -16,6 +18,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+
+from prodip.serve.routes import OPEN_ROUTES
+from prodip.serve.schemas import CompletionRequest, GenerateRequest
 
 #: OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}`` (prodip.serve.schemas.error_body).
 ERROR_SCHEMA: dict[str, Any] = {
@@ -34,7 +39,64 @@ ERROR_SCHEMA: dict[str, Any] = {
         }
     },
 }
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_USAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+}
+#: OpenAI's legacy ``text_completion`` object as prodip.serve.completions.completion returns it.
+COMPLETION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices", "usage"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string", "enum": ["text_completion"]},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "text", "logprobs", "finish_reason"],
+                "properties": {
+                    "index": {"type": "integer"},
+                    "text": {"type": "string"},
+                    "finish_reason": {"type": ["string", "null"]},
+                    "logprobs": {
+                        "type": ["object", "null"],
+                        "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+                        "properties": {
+                            "tokens": {"type": "array", "items": {"type": "string"}},
+                            "token_logprobs": {"type": "array", "items": _NUMBER_OR_NULL},
+                            "top_logprobs": {
+                                "type": "array",
+                                "items": {"type": ["object", "null"], "additionalProperties": {"type": "number"}},
+                            },
+                            "text_offset": {"type": "array", "items": {"type": "integer"}},
+                        },
+                    },
+                },
+            },
+        },
+        "usage": _USAGE_SCHEMA,
+    },
+}
+#: the native ``/v1/generate`` body (prodip.serve.completions.generate).
+GENERATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "text", "token_ids", "finish_reason", "logprobs", "usage"],
+    "properties": {
+        "model": {"type": "string"},
+        "text": {"type": "string"},
+        "token_ids": {"type": "array", "items": {"type": "integer"}},
+        "finish_reason": {"type": ["string", "null"]},
+        "logprobs": {"type": ["array", "null"], "items": _NUMBER_OR_NULL},
+        "usage": _USAGE_SCHEMA,
+    },
+}
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+_BODY_SCHEMAS = {"/v1/completions": "CompletionResponse", "/v1/generate": "GenerateResponse"}
 _WHY = {
     "400": "invalid request (bad JSON, a field out of range or of the wrong type, a prompt beyond the context window)",
     "401": "missing or wrong `Authorization: Bearer KEY` (only when the server has an API key)",
@@ -44,8 +106,7 @@ _WHY = {
     "503": "the model is still loading (or failed to load)",
 }
 #: paths answered before the model is ready (no 503) and without a body (no 400/413)
-_NO_503 = {"/health", "/metrics", "/v1/models", "/v1/chat/completions"}
-_OPEN = {"/health"}  # answered without the API key
+_NO_503 = {"/health", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/chat/completions"}
 _STREAMING = {"/v1/completions", "/v1/generate"}
 
 
@@ -56,10 +117,19 @@ def _error(code: str) -> dict[str, Any]:
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document with the real status codes and content types (see the module doc)."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    components = doc.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
     schemas["ErrorResponse"] = ERROR_SCHEMA
+    schemas["CompletionResponse"] = COMPLETION_SCHEMA
+    schemas["GenerateResponse"] = GENERATE_SCHEMA
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+    for name, model in (("CompletionRequest", CompletionRequest), ("GenerateRequest", GenerateRequest)):
+        if name in schemas:  # FastAPI's document model stores bounds as floats: 2**63 - 1 became 2**63
+            _copy_int_bounds(model.model_json_schema(), schemas[name])
+    keyed = bool(getattr(app.state, "config", None) and app.state.config.api_key)
+    if keyed:
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, ops in doc.get("paths", {}).items():
         for method, op in ops.items():
             responses = op.setdefault("responses", {})
@@ -67,15 +137,25 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             codes = ["500"]
             if method in ("post", "put", "patch"):
                 codes += ["400", "413"]
-            if path not in _OPEN:
+            if path not in OPEN_ROUTES:
                 codes.append("401")
+                if keyed:
+                    op["security"] = [{"bearer": []}]
             if path not in _NO_503:
                 codes.append("503")
-            if path == "/v1/completions":
+            if path in ("/v1/completions", "/v1/generate", "/tokenize", "/detokenize", "/v1/models/{model}"):
                 codes.append("404")
             if path == "/v1/chat/completions":
                 responses.pop("200", None)
+                op["requestBody"] = {
+                    "required": False,
+                    "description": "any OpenAI chat request: answered with a 400 (no chat template)",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
                 codes.append("400")
+            if path in _BODY_SCHEMAS and "200" in responses:
+                ref = {"$ref": f"#/components/schemas/{_BODY_SCHEMAS[path]}"}
+                responses["200"].setdefault("content", {})["application/json"] = {"schema": ref}
             for code in codes:
                 responses[code] = _error(code)
             if path == "/metrics":
@@ -96,6 +176,23 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                     }
                 }
     return doc
+
+
+def _copy_int_bounds(src: Any, dst: Any) -> None:
+    """Copy integer bounds (``maximum``, ``minimum``, ...) of pydantic's JSON schema ``src`` onto the
+    same places of FastAPI's document ``dst``, recursively (``properties``, ``anyOf``), in place."""
+    if isinstance(src, dict) and isinstance(dst, dict):
+        for key in ("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum"):
+            if isinstance(src.get(key), int) and key in dst:
+                dst[key] = src[key]
+        for key in ("properties", "anyOf"):
+            a, b = src.get(key), dst.get(key)
+            if isinstance(a, dict) and isinstance(b, dict):
+                for name in a.keys() & b.keys():
+                    _copy_int_bounds(a[name], b[name])
+            elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+                for x, y in zip(a, b):
+                    _copy_int_bounds(x, y)
 
 
 def install_openapi(app: FastAPI) -> None:

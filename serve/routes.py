@@ -27,6 +27,7 @@ ROUTES = (
     "/v1/completions",
     "/v1/generate",
     "/v1/models",
+    "/v1/models/{model}",
     "/health",
     "/metrics",
     "/tokenize",
@@ -34,7 +35,18 @@ ROUTES = (
     "/tokenizer_info",
     "/v1/chat/completions",
 )
-OPEN_ROUTES = ("/health",)  # answered without the API key (liveness probes)
+#: answered without the API key: liveness probes, and the API's documentation (a browser cannot send
+#: the key to read it; it holds no secret)
+OPEN_ROUTES = ("/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+
+
+def route_label(path: str) -> str:
+    """The metrics label of a request path: the route it matches in :data:`ROUTES`, else "other"."""
+    if path in ROUTES:
+        return path
+    if path.startswith("/v1/models/") and "/" not in path[len("/v1/models/") :]:
+        return "/v1/models/{model}"
+    return "other"
 
 
 async def _until_disconnect(request: Request, work: Any) -> Any:
@@ -108,22 +120,26 @@ def add_routes(app: FastAPI, svc: Service) -> None:
             body["error"] = svc.load_error
         return JSONResponse(body, status_code=200 if svc.ready.is_set() else 503)
 
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": svc.model_name,
+            "object": "model",
+            "created": svc.created,
+            "owned_by": "prodip",
+            "variant": svc.info.variant,
+            "max_model_len": svc.info.max_model_len,
+            "conformance": _conformance_body(svc),
+        }
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": svc.model_name,
-                    "object": "model",
-                    "created": svc.created,
-                    "owned_by": "prodip",
-                    "variant": svc.info.variant,
-                    "max_model_len": svc.info.max_model_len,
-                    "conformance": _conformance_body(svc),
-                }
-            ],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model}")
+    async def model(model: str) -> dict:
+        """OpenAI's "retrieve model" (the ``openai`` client's ``models.retrieve``); 404 for another id."""
+        svc.check_model(model)
+        return model_card()
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -156,9 +172,10 @@ def add_routes(app: FastAPI, svc: Service) -> None:
     @app.post("/v1/generate")
     async def generate(req: GenerateRequest, request: Request) -> Any:
         svc.require_ready()
+        svc.check_model(req.model)
         prompts = svc.prompt_ids(req.prompt if isinstance(req.prompt, str) else [req.prompt])
         max_new = svc.config.default_max_tokens if req.max_new_tokens is None else req.max_new_tokens
-        params = svc.sampling_params(req, max_new, prompts, 1, req.logprobs)
+        params = svc.sampling_params(req, max_new, prompts, 1, req.logprobs, max_tokens_field="max_new_tokens")
         events = svc.stream(prompts, params, 1)
         if req.stream:
             return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None), request)
@@ -168,6 +185,7 @@ def add_routes(app: FastAPI, svc: Service) -> None:
     async def tokenize(req: TokenizeRequest) -> dict:
         """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``."""
         svc.require_ready()
+        svc.check_model(req.model)
         ids = svc.encode(req.content, req.add_special_tokens)
         body: dict[str, Any] = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
         if req.return_token_strs:
@@ -178,6 +196,7 @@ def add_routes(app: FastAPI, svc: Service) -> None:
     async def detokenize(req: DetokenizeRequest) -> dict:
         """vLLM's shape ``{prompt}``, plus ``text`` (prodip's older name, the same string)."""
         svc.require_ready()
+        svc.check_model(req.model)
         bad = [t for t in req.tokens if not 0 <= t < svc.vocab_size]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {svc.vocab_size})", param="tokens")

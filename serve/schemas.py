@@ -157,15 +157,25 @@ class CompletionRequest(_Sampling):
     n: int = Field(1, ge=1)
     logprobs: Optional[int] = Field(None, ge=0, le=20, description="top-n logprobs per token")
     echo: bool = False
-    stream_options: Optional[StreamOptions] = None
+    stream_options: Optional[StreamOptions] = Field(None, description="only with stream: true (as OpenAI)")
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
     user: Optional[str] = None
+
+    @field_validator("stream_options", mode="after")
+    @classmethod
+    def _only_when_streaming(cls, value: Optional[StreamOptions], info: ValidationInfo) -> Optional[StreamOptions]:
+        """Raises: a validation error (-> 400, param ``stream_options``) without ``stream: true``, as
+        OpenAI's API and vLLM answer."""
+        if value is not None and not info.data.get("stream"):
+            raise PydanticCustomError("stream_options", "stream_options is only allowed when stream is true")
+        return value
 
 
 class GenerateRequest(_Sampling):
     """``POST /v1/generate``: the native form (one prompt, one sequence; same sampling fields)."""
 
+    model: Optional[str] = Field(None, description="this server's model id (GET /v1/models) or omitted")
     prompt: Union[str, list[int]]
     max_new_tokens: Optional[int] = Field(
         None,
@@ -179,6 +189,7 @@ class TokenizeRequest(_Strict):
     """``POST /tokenize`` in vLLM's shape (``prompt``), which lm-eval's ``tokenizer_backend=remote``
     sends; ``text`` is the older prodip name of the same field (exactly one of the two)."""
 
+    model: Optional[str] = Field(None, description="this server's model id or omitted (vLLM sends it)")
     prompt: Optional[str] = Field(None, description="text to tokenize (vLLM's field)")
     text: Optional[str] = Field(None, description="alias of prompt (prodip's older field)")
     add_special_tokens: bool = Field(True, description="let the tokenizer's post-processor add its tokens (BOS)")
@@ -196,6 +207,9 @@ class TokenizeRequest(_Strict):
 
 
 class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` in vLLM's shape."""
+
+    model: Optional[str] = Field(None, description="this server's model id or omitted (vLLM sends it)")
     tokens: list[int]
     skip_special_tokens: bool = True
 

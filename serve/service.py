@@ -319,6 +319,7 @@ class Service:
         n: int = 1,
         logprobs: Optional[int] = None,
         echo: bool = False,
+        max_tokens_field: str = "max_tokens",
     ) -> SamplingParams:
         """Check limits that need the model, then build :class:`SamplingParams`.
 
@@ -326,9 +327,14 @@ class Service:
         (ranges and the form of ``logit_bias`` already checked there); ``presence_penalty``,
         ``frequency_penalty`` and ``logit_bias`` (string keys -> int ids) pass to the sequences.
 
+        ``max_tokens_field`` names the request's field for the tokens to generate in errors
+        (``max_tokens``; ``max_new_tokens`` for /v1/generate).
+
         Raises:
-            APIError 400: prompt + max tokens beyond the context window (both numbers named),
-                too many sequences, bad stop strings, a ``logit_bias`` id outside [0, vocab_size).
+            APIError 400: prompt + max tokens beyond the context window (both numbers named; param
+                ``prompt`` when the prompt alone leaves no room, else the max tokens field), too many
+                sequences (param ``n``, or ``prompt`` for too many prompts at n = 1), bad stop
+                strings, a ``logit_bias`` id outside [0, vocab_size).
         """
         limit = self.info.max_model_len
         for ids in prompts:
@@ -337,8 +343,8 @@ class Service:
                     400,
                     f"this model's context window is {limit} tokens, but the request asks for "
                     f"{len(ids) + max_new_tokens} tokens ({len(ids)} prompt tokens + "
-                    f"{max_new_tokens} max tokens); shorten the prompt or lower max_tokens",
-                    param="max_tokens",
+                    f"{max_new_tokens} max tokens); shorten the prompt or lower {max_tokens_field}",
+                    param="prompt" if len(ids) >= limit else max_tokens_field,
                     code="context_length_exceeded",
                 )
         if n > self.config.max_n or len(prompts) * n > MAX_SEQUENCES_PER_REQUEST:
@@ -346,7 +352,7 @@ class Service:
                 400,
                 f"n={n} x {len(prompts)} prompts exceeds the limit (n <= {self.config.max_n}, "
                 f"n x prompts <= {MAX_SEQUENCES_PER_REQUEST})",
-                param="n",
+                param="n" if n > 1 else "prompt",
             )
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 16 or any(not s for s in stop):

@@ -186,7 +186,8 @@ def test_logprobs_and_echo_match_pytorch(client, tiny_export):
     "body, status, param",
     [
         ({"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
-        ({"prompt": [5] * 130, "echo": True}, 400, "max_tokens"),
+        ({"prompt": [5] * 130, "echo": True}, 400, "prompt"),  # the prompt alone is past the window
+        ({"prompt": [5] * 127, "max_tokens": 2}, 400, "max_tokens"),
         ({"prompt": "x", "temperature": 2.5}, 400, "temperature"),
         ({"prompt": "x", "temperature": -0.1}, 400, "temperature"),
         ({"prompt": "x", "top_p": 0}, 400, "top_p"),
@@ -223,7 +224,8 @@ def test_completion_errors_openai_form(client, body, status, param):
 def test_malformed_json_wrong_method_unknown_route(client):
     r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "error" in r.json()
-    assert client.get("/v1/completions").status_code == 405
+    r = client.get("/v1/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"  # RFC 9110: a 405 names the allowed methods
     r = client.get("/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = client.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 500})

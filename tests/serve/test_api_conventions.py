@@ -1,0 +1,111 @@
+"""OpenAI/vLLM conventions a client relies on, found by trying the server as a client would
+(2026-11-30): retrieving a model, ``model`` on every body vLLM sends it in, ``stream_options``
+only with ``stream``, errors naming the field as the client wrote it, and the OpenAPI document
+(exact integer bounds, the bearer scheme, open docs, 200 body schemas)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.serve.conftest import wait_ready
+
+
+def test_retrieve_model_as_the_openai_client_does(client):
+    listed = client.get("/v1/models").json()["data"][0]
+    r = client.get(f"/v1/models/{listed['id']}")
+    assert r.status_code == 200 and r.json() == listed
+    r = client.get("/v1/models/gpt-4")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/tokenize", {"prompt": "a"}),
+        ("/detokenize", {"tokens": [5]}),
+        ("/v1/generate", {"prompt": "a", "max_new_tokens": 1}),
+    ],
+)
+def test_model_field_is_accepted_and_checked(client, route, body):
+    """vLLM's /tokenize and /detokenize take ``model``; /v1/generate answers with one, so it takes one."""
+    name = client.get("/v1/models").json()["data"][0]["id"]
+    alone, named = client.post(route, json=body), client.post(route, json={**body, "model": name})
+    assert alone.status_code == named.status_code == 200, named.text
+    if route != "/v1/generate":
+        assert alone.json() == named.json()
+    r = client.post(route, json={**body, "model": "other"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_stream_options_only_with_stream(client):
+    body = {"prompt": "a", "max_tokens": 1, "stream_options": {"include_usage": True}}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
+    assert client.post("/v1/completions", json={**body, "stream": True}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body, param, says",
+    [
+        ({"prompt": 5}, "prompt", "got a number; expected a string, a list of strings,"),
+        ({"prompt": None}, "prompt", "got null"),
+        ({"prompt": ["a", 5]}, "prompt", "got a list"),
+        ({"prompt": "a", "stop": 3}, "stop", "expected a string or a list of strings"),
+        (
+            {"prompt": "a", "stream_options": {"include_usage": "yes"}, "stream": True},
+            "stream_options.include_usage",
+            "",
+        ),
+    ],
+)
+def test_errors_name_the_field_not_the_union_member(client, body, param, says):
+    err = client.post("/v1/completions", json=body).json()["error"]
+    assert err["param"] == param and says in err["message"], err
+
+
+def test_body_that_is_not_a_json_object_says_so(client):
+    for content, headers in (
+        (b"", {}),
+        (b'{"prompt": "a"}', {"content-type": "text/plain"}),
+        (b"[1, 2]", {"content-type": "application/json"}),
+    ):
+        r = client.post("/v1/completions", content=content, headers=headers)
+        assert r.status_code == 400, r.text
+        assert "must be a JSON object" in r.json()["error"]["message"]
+
+
+def test_too_many_prompts_names_prompt(client):
+    from prodip.serve.service import MAX_SEQUENCES_PER_REQUEST
+
+    r = client.post("/v1/completions", json={"prompt": ["a"] * (MAX_SEQUENCES_PER_REQUEST + 1), "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 1000})
+    assert r.json()["error"]["param"] == "max_new_tokens"
+
+
+def test_openapi_document_matches_the_server(client):
+    doc = client.get("/openapi.json").json()
+    seed = doc["components"]["schemas"]["CompletionRequest"]["properties"]["seed"]["anyOf"][0]
+    assert seed["maximum"] == 2**63 - 1 and seed["minimum"] == -(2**63)  # exact, not 2**63 as a float
+    assert isinstance(seed["maximum"], int)
+    ok = doc["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]["application/json"]
+    assert ok["schema"] == {"$ref": "#/components/schemas/CompletionResponse"}
+    assert "requestBody" in doc["paths"]["/v1/chat/completions"]["post"]
+    assert doc["paths"]["/v1/models/{model}"]["get"]["responses"]["404"]
+    assert "securitySchemes" not in doc["components"]  # this server has no key
+
+
+def test_with_an_api_key_the_document_declares_it_and_docs_stay_readable(tiny_export):
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+
+    with TestClient(create_app(tiny_export[0], "fp32", api_key="sekret")) as c:
+        wait_ready(c)
+        assert c.get("/docs").status_code == 200  # a browser cannot send the key to read them
+        doc = c.get("/openapi.json").json()
+        assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+        assert doc["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
+        assert "security" not in doc["paths"]["/health"]["get"]
+        assert c.get("/v1/models").status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
