@@ -350,4 +350,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from prodip.base.cli import tool_main
+
+    sys.exit(tool_main("conformance.faults", main, sys.argv[1:]))

@@ -391,4 +391,6 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    from prodip.base.cli import tool_main
+
+    sys.exit(tool_main("tokenizer.corpus", _main, sys.argv[1:]))

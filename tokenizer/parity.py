@@ -438,4 +438,6 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    from prodip.base.cli import tool_main
+
+    sys.exit(tool_main("tokenizer.parity", _main, sys.argv[1:]))

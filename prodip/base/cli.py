@@ -59,6 +59,18 @@ def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse
         return 1
 
 
+def tool_main(command: str, tool: Callable[[list[str]], int | None], argv: list[str]) -> int:
+    """``python -m prodip.<stage>.<tool> ARGS``: run ``tool(argv)`` with :func:`run_command`'s exit
+    codes, so a missing or bad input is one line naming it (exit 2), never a traceback.
+
+    Args:
+        command: the name shown in errors, e.g. ``tokenizer.portable``.
+        tool: the module's ``_main``.
+        argv: arguments after the module name.
+    """
+    return run_command(lambda _args: tool(argv), argparse.Namespace(verbose=False), command)
+
+
 def stage_main(prog: str, register: Callable[[argparse._SubParsersAction], None], argv: list[str]) -> int:
     """``python -m prodip.<stage> VERB ...``: parse ``argv`` with the stage's subcommands and run it.
 

@@ -204,13 +204,14 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
             if f.default is not dataclasses.MISSING
             else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         )
-        help_text = f.metadata.get("help", "")
+        help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse %-formats help: "10%" crashed --help
         if isinstance(default, dict):
             shown = ",".join(f"{k}={v}" for k, v in default.items()) or "none"
         elif isinstance(default, (list, tuple)):
             shown = ",".join(map(str, default)) or "none"
         else:
             shown = default
+        shown = str(shown).replace("%", "%%")
         parse = functools.partial(_parse_flag, tp=hints[f.name], flag=flag)
         if _strip_optional(hints[f.name])[0] is bool:  # `--force` alone means true; `--force false` too
             group.add_argument(

@@ -70,3 +70,42 @@ def test_a_real_command_reports_a_missing_checkpoint_in_one_line(tmp_path):
     )
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith("prodip export: error: ") and "Traceback" not in res.stderr
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """``parser`` and every subcommand parser under it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+@pytest.mark.parametrize("stage", ["tokenizer", "data", "train", "eval", "export", "conformance", "serve", "run"])
+def test_every_help_renders(stage):
+    """`prodip export --help` crashed on a "%" in an option's help (argparse %-formats help texts)."""
+    from prodip.cli import build_parser
+
+    seen = 0
+    for parser in _parsers(build_parser([stage])):
+        assert parser.format_help().startswith("usage: ")
+        seen += 1
+    assert seen > 1
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("prodip.tokenizer.portable", ["{missing}"]),
+        ("prodip.tokenizer.gguf", ["{missing}", "{tmp}/out.gguf"]),
+        ("prodip.tokenizer.shards", ["{missing}"]),
+        ("prodip.tokenizer.corpus", ["{missing}/a.txt"]),
+        ("prodip.tokenizer.parity", ["{missing}", "--runtimes", "transformers"]),
+    ],
+)
+def test_module_tools_report_a_missing_input_in_one_line(module, args, tmp_path):
+    """`python -m prodip.tokenizer.portable DIR` printed a traceback (exit 1) for a missing DIR."""
+    argv = [a.format(missing=tmp_path / "nope", tmp=tmp_path) for a in args]
+    r = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and "nope" in r.stderr, r.stderr
