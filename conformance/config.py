@@ -48,7 +48,8 @@ class ConformanceConfig:
     kv_steps: int = opt(8, "single-token decode steps in the KV-cache check (steps)")
     variants: list[str] = opt(
         help="candidates to check: safetensors, transformers, or manifest variant "
-        "names (fp32, fp16, int8, int4); default: every one in the manifest",
+        "names (fp32, fp16, int8, int4, gguf-f16, gguf-q8_0, gguf-q4_k_m, pte-fp32, pte-8da4w); "
+        "default: every one in the manifest",
         factory=list,
     )
     threads: int = opt(

@@ -77,7 +77,11 @@ def _cell(metrics: dict[str, Any], key: str | None, fmt: str | None, header: str
     return f"{_fmt(metrics.get(prefix + '_max_abs'), '{:.1e}')} / {_fmt(metrics.get(prefix + '_kl_mean'), '{:.1e}')}"
 
 
-def _failed_lines(name: str, checks: list[dict[str, Any]]) -> list[str]:
+#: Per-variant metrics whose failure has a detail field saying why (shown under the failed check).
+_VARIANT_DETAILS = {"runtime_tokenizer_mismatches": ("runtime_tokenizer_error", "runtime_tokenizer_mismatched_texts")}
+
+
+def _failed_lines(name: str, checks: list[dict[str, Any]], metrics: dict[str, Any] | None = None) -> list[str]:
     lines = []
     for c in checks:
         if c["passed"] is False:
@@ -85,6 +89,10 @@ def _failed_lines(name: str, checks: list[dict[str, Any]]) -> list[str]:
                 f"- **{name}** `{c['metric']}` = {_fmt(c['value'], '{:.3g}')} "
                 f"(tolerance {c['tolerance']}){' - ' + c['note'] if c.get('note') else ''}"
             )
+            for key in _VARIANT_DETAILS.get(c["metric"], ()):
+                if (metrics or {}).get(key):
+                    detail = str(metrics[key]).replace("`", "'").replace("\n", " ")
+                    lines.append(f"  - {key} = `{detail[:600]}`")
     return lines
 
 
@@ -145,6 +153,8 @@ def _runtime_lines(report: dict[str, Any]) -> list[str]:
     if not checked:
         return ["", "On-device runtimes: none checked (`--runtimes` was empty)."]
     rt = report["runtimes"]
+    if not any(res.get("runtimes") for res in report["candidates"].values()):
+        return ["", f"On-device runtimes ({', '.join(checked)}): no ONNX variant was checked, so none ran."]
     lines = [
         "",
         f"On-device runtimes: greedy ids on the prompts {', '.join(rt['prompts'])} ({rt['new_tokens']} new tokens) "
@@ -205,7 +215,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     failed = _failed_lines("export", g["checks"]) + _global_details(g)
     for name, res in report["candidates"].items():
-        failed += _failed_lines(name, res["checks"])
+        failed += _failed_lines(name, res["checks"], res["metrics"])
         failed += [f"- **{name}** error in {phase}: `{msg[:200]}`" for phase, msg in res["errors"].items()]
         for problem in res["metrics"].get("axes_problems", []):
             failed.append(f"- **{name}** {problem}")

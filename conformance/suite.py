@@ -296,7 +296,11 @@ def preflight(
             )
     missing: dict[str, str] = {}
     for cand in candidates:
-        for rel in [cand.path, *(manifest["variants"][cand.variant].get("external_data") or [])]:
+        entry = manifest["variants"][cand.variant]
+        # what the checks read: the artifact, its weights, and the tokenizer its runtime loads (the
+        # export's tokenizer.json is read for every variant: the reference ids)
+        needed = [cand.path, *(entry.get("external_data") or []), entry.get("tokenizer"), "tokenizer.json"]
+        for rel in [r for r in needed if r]:
             if rel not in missing and not (export_dir / rel).is_file():
                 missing[rel] = cand.variant
     if missing:

@@ -193,3 +193,20 @@ def test_genai_batch_decodes_what_each_prompt_decodes_alone(contrib_export, vari
     alone = [greedy(np.array([p], np.int32))[0] for p in prompts]  # shorter if <|eos|> came
     together = greedy(batch)
     assert all(alone) and [t[: len(a)] for t, a in zip(together, alone)] == alone
+
+
+def test_markdown_says_why_a_check_failed_and_skips_an_empty_runtime_table():
+    """A runtime tokenizer that could not load showed only ``runtime_tokenizer_mismatches = 3`` in
+    report.md (the cause was in report.json alone); a device-only export got an empty table."""
+    from prodip.conformance.report import _failed_lines, _runtime_lines
+
+    checks = [{"metric": "runtime_tokenizer_mismatches", "value": 3, "tolerance": {"equals": 0}, "passed": False}]
+    metrics = {"runtime_tokenizer_error": "RuntimeError: Failed to load HF tokenizer"}
+    lines = _failed_lines("pte-fp32", checks, metrics)
+    assert lines[0].startswith("- **pte-fp32** `runtime_tokenizer_mismatches` = 3")
+    assert "Failed to load HF tokenizer" in lines[1]
+    report = {"runtimes": {"checked": [GENAI, TRANSFORMERS_JS]}, "candidates": {"pte-fp32": {"checks": checks}}}
+    assert _runtime_lines(report) == [
+        "",
+        f"On-device runtimes ({GENAI}, {TRANSFORMERS_JS}): no ONNX variant was checked, so none ran.",
+    ]

@@ -333,3 +333,22 @@ def test_no_shards_dir_is_refused_before_measuring(tiny_artifacts, conf_cfg, tmp
     err = capsys.readouterr().err
     assert rc == 2 and "pass --shards-dir" in err, err
     assert (export / "manifest.json").read_bytes() == before and not (export / "conformance").exists()
+
+
+def test_cli_missing_tokenizer_file_exit_2_before_measuring(tiny_artifacts, tmp_path, capsys, monkeypatch):
+    """A checked variant's runtime tokenizer is an input like its weights: a missing one is named
+    (exit 2, nothing measured or written), not measured as a failed tokenizer check (the pte
+    variants read executorch/tokenizer.json, the others the export's tokenizer.json)."""
+    from prodip.cli import main
+    from prodip.conformance import suite
+
+    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
+    before = _seed_verdict(export)
+    (export / "tokenizer.json").unlink()
+    monkeypatch.setattr(suite, "load_reference", lambda *a, **k: pytest.fail("measured before the file check"))
+    rc = main(_cli(export, TINY_TOLERANCES, tiny_artifacts["checkpoint"], "--variants", "fp32"))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "tokenizer.json of variant 'fp32'" in err, err
+    assert (export / "manifest.json").read_bytes() == before
+    assert not (export / "conformance").exists()
