@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from prodip.base.config import opt
+from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 
 #: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
@@ -78,6 +78,7 @@ class ConformanceConfig:
         for name in ("greedy_tokens", "kv_steps", "runtime_tokens"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("heldout_tokens", "kv_tokens", "threads"):
+        for name in ("heldout_tokens", "kv_tokens"):
             if getattr(self, name) < 0:
                 raise InvalidInput(f"ConformanceConfig.{name} must be >= 0, got {getattr(self, name)}")
+        check_threads("ConformanceConfig.threads", self.threads)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from prodip.base.config import opt
+from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 from prodip.base.variants import SERVABLE_VARIANTS
 
@@ -50,5 +50,6 @@ class ServeConfig:
                 raise InvalidInput(f"ServeConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise InvalidInput(f"ServeConfig.port must be in [0, 65535], got {self.port}")
-        if self.batch_wait_ms < 0 or self.default_max_tokens < 0 or self.intra_op_threads < 0:
-            raise InvalidInput("ServeConfig.batch_wait_ms, default_max_tokens and intra_op_threads must be >= 0")
+        if self.batch_wait_ms < 0 or self.default_max_tokens < 0:
+            raise InvalidInput("ServeConfig.batch_wait_ms and default_max_tokens must be >= 0")
+        check_threads("ServeConfig.intra_op_threads", self.intra_op_threads)

@@ -184,8 +184,9 @@ def load_export(
     """Read and check an export dir for serving ``variant``.
 
     Checks ``format_version``, that the variant is an ONNX variant in manifest.json, its
-    conformance verdict, the sha256 of every file serve reads (the variant's ``.onnx`` and
-    external-data files, config.json, tokenizer.json) against manifest.json ``files``.
+    conformance verdict, that every file serve reads is there, and its sha256 against manifest.json
+    ``files``: the variant's ``.onnx``, external-data files and shared-buffer graph, config.json,
+    tokenizer.json, and tokenizer_config.json and generation_config.json when the manifest lists them.
 
     Args:
         export_dir: dir written by ``prodip export``.
@@ -195,7 +196,7 @@ def load_export(
     Returns:
         :class:`ExportInfo`.
     Raises:
-        FileNotFoundError: the dir, manifest.json, config.json, tokenizer.json or the ONNX file is missing.
+        FileNotFoundError: the dir, manifest.json, or a file serve reads is missing (named).
         ValueError: unknown variant, wrong format_version, hash mismatch, or a missing, failing,
             incomplete or stale (files changed since) conformance verdict without ``allow_unverified``.
     """
@@ -234,9 +235,15 @@ def load_export(
     shared_path = root / entry["genai_path"] if entry.get("genai_path") else None
     if shared_path is not None and not shared_path.is_file():
         raise MissingInput(f"{shared_path}: shared-buffer graph of variant {variant!r} missing; re-run {_MAKE}")
+    # every file serve reads; the two optional ones (read when present: BOS and EOS conventions) are
+    # checked when the manifest lists them
+    wanted = ["config.json", "tokenizer.json", entry["path"], *entry.get("external_data", [])]
+    wanted += [entry["genai_path"]] if shared_path is not None else []
+    wanted += [rel for rel in ("tokenizer_config.json", "generation_config.json") if rel in files]
+    for rel in wanted:
+        if not (root / rel).is_file():
+            raise MissingInput(f"{root / rel}: missing (manifest.json lists it); re-run {_MAKE}")
     if verify_hashes:
-        wanted = ["config.json", "tokenizer.json", entry["path"], *entry.get("external_data", [])]
-        wanted += [entry["genai_path"]] if shared_path is not None else []
         for rel in wanted:
             if rel not in files:
                 raise InvalidInput(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")

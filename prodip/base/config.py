@@ -54,6 +54,31 @@ def opt(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def usable_cpus() -> int:
+    """Logical CPUs this process may run on (its affinity mask where the OS has one, else ``os.cpu_count``)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_threads(where: str, value: int) -> None:
+    """A thread-count option: 0 (the library's default) up to :func:`usable_cpus`.
+
+    ONNX Runtime and torch take any count and start that many threads: 100000 intra-op threads made
+    ``prodip serve`` allocate 16 GB and never answer. More threads than usable CPUs only contend.
+
+    Raises:
+        InvalidInput: ``value`` < 0 or > the usable CPUs (``where`` names the option).
+    """
+    cpus = usable_cpus()
+    if not 0 <= value <= cpus:
+        raise InvalidInput(
+            f"{where} must be in [0, {cpus}] (0 = the library's default; this machine lets the process use "
+            f"{cpus} CPUs), got {value}"
+        )
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

@@ -158,3 +158,30 @@ def test_stage_commands_alone_chain_through_the_run_layout():
     assert data.out_dir == train.shards_dir == "runs/demo/shards" and tok.out_dir == "runs/demo/tokenizer"
     ev = resolve(EvalConfig, None, section="eval")
     assert ev.checkpoint == "" and ev.out is None  # inputs the user must name are not filled in
+
+
+def _serve_config(threads: int):
+    from prodip.serve.config import ServeConfig
+
+    return ServeConfig(intra_op_threads=threads)
+
+
+def _conformance_config(threads: int):
+    from prodip.conformance.config import ConformanceConfig
+
+    return ConformanceConfig(threads=threads)
+
+
+@pytest.mark.parametrize("make", [_serve_config, _conformance_config])
+def test_thread_counts_are_checked_against_the_usable_cpus(make):
+    """`prodip serve --intra-op-threads 100000` was accepted and ONNX Runtime started 100000 threads
+    (16 GB, never answered): every thread option takes 0 (library default) .. the usable CPUs."""
+    from prodip.base.config import usable_cpus
+    from prodip.base.errors import InvalidInput
+
+    cpus = usable_cpus()
+    make(0)
+    make(cpus)
+    for bad in (-1, cpus + 1, 100_000):
+        with pytest.raises(InvalidInput, match=rf"must be in \[0, {cpus}\].*got {bad}"):
+            make(bad)

@@ -170,6 +170,24 @@ def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
         load_export(tmp_path / "missing", "fp32")
 
 
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_a_missing_or_changed_file_serve_reads_is_named(tiny_export, tmp_path, name):
+    """A deleted config.json/tokenizer.json gave a bare "[Errno 2] No such file or directory"; a deleted
+    tokenizer_config.json (BOS convention) was served silently although the manifest lists it."""
+    from prodip.base.errors import InvalidInput, MissingInput
+    from prodip.serve.engine import load_export
+
+    gone = _copy_export(tiny_export[0], tmp_path / "gone")
+    (gone / name).unlink()
+    with pytest.raises(MissingInput, match=rf"gone/{name}: missing") as err:
+        load_export(gone, "fp32", verify_hashes=False)
+    assert "Errno" not in str(err.value)
+    changed = _copy_export(tiny_export[0], tmp_path / "changed")
+    (changed / name).write_text((changed / name).read_text() + " ")
+    with pytest.raises(InvalidInput, match=rf"changed/{name}: sha256 .* does not match manifest.json"):
+        load_export(changed, "fp32")
+
+
 def test_verdict_is_void_once_the_files_change(tiny_export, tmp_path):
     """breaker2 D2: swapping a variant's file and updating its size/sha256 in manifest.json (as a
     re-quantisation tool would) voids the verdict: it measured other files."""
