@@ -94,7 +94,10 @@ def genai_greedy(
     shared-buffer graph, ``onnx/<file>_genai.onnx``); a file no variant lists: that file, no shared buffer.
 
     Returns:
-        ``{"ids": [[prompt + new ids], ...], "versions": {...}}``.
+        ``{"ids": [[prompt + new ids], ...], "versions": {...}}``, each ending with the EOS that stopped
+        it, as the other runners' do: onnxruntime-genai (0.18) stops on its ``eos_token_id`` but leaves
+        that token out of ``get_sequence()``, so a sequence that stopped before ``max_length`` gets it
+        back (a model that ends its text within the new tokens failed every variant's check without).
     Raises:
         ImportError: onnxruntime-genai is not installed (the message says how to install it).
         RuntimeError: onnxruntime-genai refused the config or the model.
@@ -103,6 +106,8 @@ def genai_greedy(
         import onnxruntime_genai as og  # noqa: PLC0415 (optional dependency: prodip[runtimes])
     except ImportError:
         raise ImportError("onnxruntime-genai is not installed: pip install 'prodip[runtimes]'") from None
+    eos = json.loads((Path(export_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"].get("eos_token_id")
+    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
     config = og.Config(str(export_dir))
     overlay = variant_overlay(export_dir, onnx_file)
     if threads:
@@ -117,7 +122,11 @@ def genai_greedy(
         gen.append_tokens(list(prompt))
         while not gen.is_done():
             gen.generate_next_token()
-        out.append([int(i) for i in gen.get_sequence(0)])
+        seq = [int(i) for i in gen.get_sequence(0)]
+        stopped_early = len(seq) < len(prompt) + max_new_tokens  # only an EOS stops it before max_length
+        if stopped_early and len(eos_ids) == 1 and seq[-1:] != eos_ids:
+            seq.append(eos_ids[0])
+        out.append(seq)
     return {"ids": out, "versions": {"onnxruntime-genai": getattr(og, "__version__", None)}}
 
 

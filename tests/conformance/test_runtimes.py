@@ -210,3 +210,23 @@ def test_markdown_says_why_a_check_failed_and_skips_an_empty_runtime_table():
         "",
         f"On-device runtimes ({GENAI}, {TRANSFORMERS_JS}): no ONNX variant was checked, so none ran.",
     ]
+
+
+def test_genai_sequences_keep_the_eos_that_stopped_them(contrib_export, tmp_path):
+    """A model that ends its text within the new tokens failed every variant's onnxruntime-genai check:
+    genai stops on EOS but leaves it out of get_sequence(), while ONNX Runtime's ids keep it. Here the
+    genai EOS is made the token greedy decoding emits second, so genai stops on it."""
+    import shutil
+
+    export = tmp_path / "export"
+    shutil.copytree(contrib_export[0], export)
+    prompt = [1, 5, 9, 13]
+    free = genai_greedy(export, "onnx/model.onnx", [prompt], 6)["ids"][0]
+    assert len(free) == len(prompt) + 6, free  # the tiny model does not stop by itself here
+    stop = free[len(prompt) + 1]
+    assert stop not in free[: len(prompt) + 1], "pick a prompt whose second new token is new"
+    cfg_path = export / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["model"]["eos_token_id"] = stop
+    cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
+    assert genai_greedy(export, "onnx/model.onnx", [prompt], 6)["ids"][0] == free[: len(prompt) + 2]
