@@ -53,5 +53,5 @@ def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = N
     )
     p.add_argument("export_dir_positional", nargs="?", metavar="EXPORT_DIR", help="export dir (same as --export-dir)")
     p.add_argument("--config", metavar="TOML", default=None, help="TOML file with a [conformance] table")
-    add_arguments(p, ConformanceConfig)
+    add_arguments(p, ConformanceConfig, section="conformance")
     p.set_defaults(func=_run)

@@ -61,8 +61,8 @@ class ConformanceConfig:
     )
     runtimes: list[str] = opt(
         help="on-device runtimes that must reproduce ONNX Runtime's greedy ids on each ONNX variant: "
-        "onnxruntime-genai (pip install 'prodip[runtimes]'), transformers.js (Node; `npm ci --ignore-scripts` "
-        "in the prodip repository). Each is a gated check; a runtime that cannot run fails the variant. "
+        "onnxruntime-genai (pip install 'prodip[runtimes]'), transformers.js (Node; `npm install --ignore-scripts --prefix node` "
+        "in the prodip repository, as make does). Each is a gated check; a runtime that cannot run fails the variant. "
         "Default: both; an empty list checks none (the report says so)",
         factory=lambda: ["onnxruntime-genai", "transformers.js"],
     )

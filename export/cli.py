@@ -50,7 +50,7 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
         help="step dir, checkpoints dir or run dir (same as --checkpoint)",
     )
     parser.add_argument("--config", metavar="TOML", help="file with an [export] table")
-    add_arguments(parser, ExportConfig, skip=("force",))
+    add_arguments(parser, ExportConfig, skip=("force",), section="export")
     parser.add_argument(
         "--force", dest="force_flag", action="store_true", help="replace an existing, non-empty export dir"
     )

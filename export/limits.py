@@ -40,6 +40,8 @@ def max_opset() -> int:
 @functools.cache
 def _block_error(bits: int, block_size: int) -> str | None:
     """ONNX Runtime's own complaint about ``block_size`` for ``bits``-bit blocks, or None if accepted."""
+    if block_size < 1:  # numpy would refuse the probe's arrays first ("negative dimensions are not allowed")
+        return "a block size must be a positive number of weights"
     rows, cols = block_size, 2  # K = one block, N = 2
     kpack = 8 // bits
     packed = np.zeros((cols, 1, (block_size + kpack - 1) // kpack), np.uint8)

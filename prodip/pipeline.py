@@ -114,6 +114,14 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
                 f"{source} [{table}] inputs: no corpus given; expected e.g. "
                 f'inputs = {{bn = ["data/bn"], en = ["data/en"]}}'
             )
+    # the shards hold the [data] inputs' languages: a mixture naming another fails only when training
+    # starts, after the tokenizer and data stages ran
+    unknown = sorted(set(plan["train"].mixture) - set(plan["data"].inputs))
+    if "data" in wanted and "train" in wanted and unknown:
+        raise ConfigError(
+            f"{source} [train] mixture names language(s) {', '.join(unknown)} that [data] inputs do not have "
+            f"({', '.join(sorted(plan['data'].inputs))})"
+        )
 
 
 @dataclass

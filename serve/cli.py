@@ -32,7 +32,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = N
         default=argparse.SUPPRESS,
         help="serve a variant whose conformance verdict is missing or failing",
     )
-    add_arguments(p, ServeConfig, skip=("export_dir", "allow_unverified"))
+    add_arguments(p, ServeConfig, skip=("export_dir", "allow_unverified"), section="serve")
     p.set_defaults(func=_run)
 
 

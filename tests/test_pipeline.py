@@ -309,6 +309,23 @@ def test_cross_table_errors_come_before_any_stage(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_mixture_language_without_data_is_refused_before_any_stage(tmp_path):
+    """A [train] mixture naming a language the [data] inputs lack failed only when training started,
+    after the tokenizer and data stages had run (and the fixed config then differed from the run's)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'out_dir = "{tmp_path / "run"}"\n'
+        '[tokenizer]\ninputs = {bn = ["data/bn"], en = ["data/en"]}\n'
+        '[data]\ninputs = {bn = ["data/bn"], en = ["data/en"]}\n'
+        "[train]\nmixture = {bn = 0.5, de = 0.5}\n",
+        encoding="utf-8",
+    )
+    proc = _prodip("run", str(cfg), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{cfg} [train] mixture names language(s) de that [data] inputs do not have (bn, en)" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_empty_config_or_no_stages_is_refused_before_writing(tmp_path):
     empty = tmp_path / "empty.toml"
     empty.write_text(f'out_dir = "{tmp_path / "run"}"\n', encoding="utf-8")

@@ -35,7 +35,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256
-from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
+from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.custom import train_custom
 from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
 
@@ -55,8 +55,8 @@ class TokenizerTrainConfig:
 
     inputs: dict[str, list[str]] = opt(
         factory=dict,
-        help="language -> files/folders of training text "
-        "(.txt/.txt.gz/.jsonl/.jsonl.gz/.tsv), e.g. bn=data/bn,en=data/en",
+        help="language -> files/folders of training text (" + "/".join(SUFFIXES) + ", or Hugging Face "
+        "`datasets` folders), e.g. bn=data/bn,en=data/en",
     )
     out_dir: str = opt("runs/tokenizer", "output tokenizer dir (refused if it holds a tokenizer, unless overwrite)")
     vocab_size: int = opt(32000, "vocabulary size in tokens, incl. the 3 special and 256 byte tokens")

@@ -109,5 +109,5 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
         leaf.add_argument(
             "--config", metavar="TOML", default=None, help=f"TOML file; its [{section}] table sets the options below"
         )
-        add_arguments(leaf, getattr(importlib.import_module(module), cls_name))
+        add_arguments(leaf, getattr(importlib.import_module(module), cls_name), section=section)
         leaf.set_defaults(func=_FUNCS[verb], _module=module, _cls=cls_name, _section=section)

@@ -17,6 +17,7 @@ folder with any other suffix are skipped, and every one of them is listed in a w
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import logging
@@ -150,6 +151,9 @@ def _open_binary(path: Path):
 def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
     """Yield decoded lines (with their newline) of a possibly gzip-compressed UTF-8 file.
 
+    A byte-order mark at the start of the file (U+FEFF, which Windows Notepad writes) is a marker,
+    not text: it is dropped (as Python's ``utf-8-sig`` codec does), not trained on.
+
     Raises:
         ValueError: invalid UTF-8 under ``errors="strict"``, naming the file and the byte offset
             (in the decompressed stream for ``.gz``); a ``.gz`` that is not gzip, truncated or
@@ -160,6 +164,8 @@ def iter_lines(path: Path, errors: str, stats: ReadStats) -> Iterator[str]:
     offset = 0
     with _open_binary(path) as fh:
         for raw in _read_raw_lines(fh, path):
+            if offset == 0 and raw.startswith(codecs.BOM_UTF8):
+                offset, raw = len(codecs.BOM_UTF8), raw[len(codecs.BOM_UTF8) :]
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:

@@ -35,7 +35,7 @@ def _add_train(subparsers) -> None:
         description="Train from a TOML file's [model] and [train] tables; flags override the file.",
     )
     parser.add_argument("--config", metavar="TOML", help="file with [model] and [train] tables")
-    add_arguments(parser, TrainConfig, skip=("resume", "force"))
+    add_arguments(parser, TrainConfig, skip=("resume", "force"), section="train")
     parser.add_argument(
         "--resume",
         action="store_const",
@@ -50,7 +50,7 @@ def _add_train(subparsers) -> None:
         default=argparse.SUPPRESS,
         help="train even if the tokenizer failed its fertility gate",
     )
-    add_arguments(parser, ModelConfig)
+    add_arguments(parser, ModelConfig, section="model")
     parser.set_defaults(func=_train_main)
 
 
@@ -87,7 +87,7 @@ def add_eval_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "of its random-initialised twin, plus optional multiple-choice accuracy; writes eval.json.",
     )
     parser.add_argument("--config", metavar="TOML", help="file with an [eval] table")
-    add_arguments(parser, EvalConfig)
+    add_arguments(parser, EvalConfig, section="eval")
     parser.add_argument("--mc", dest="mc_alias", metavar="JSONL", default=argparse.SUPPRESS, help="same as --mc-file")
     parser.set_defaults(func=_eval_main)
     return parser

@@ -146,7 +146,7 @@ class MixtureBatches:
         unknown = sorted(set(mixture) - set(known))
         if unknown:
             raise InvalidInput(
-                f"mixture names language(s) {', '.join(unknown)} absent from "
+                f"TrainConfig.mixture ([train] mixture) names language(s) {', '.join(unknown)} absent from "
                 f"{shards_dir}/meta.json (has {', '.join(sorted(known))})"
             )
         self.langs = sorted(lang for lang, w in mixture.items() if w > 0)

@@ -65,7 +65,9 @@ class EvalConfig:
     shards_dir: str = opt("", "shards dir from `prodip data prepare`; its val split is scored (empty: MC only)")
     out: Optional[str] = opt(None, "output JSON path (default: RUN_DIR/eval.json next to the checkpoints dir)")
     eval_tokens: int = opt(65536, "validation token budget per language (tokens scored)")
-    seq_len: int = opt(512, "tokens scored per window (context length); at most max_position_embeddings")
+    seq_len: int = opt(
+        0, "tokens scored per window (context length); 0 = the checkpoint's max_position_embeddings, the most allowed"
+    )
     batch_size: int = opt(8, "windows per forward pass (sequences)")
     seed: int = opt(0, "seed of the random-initialised twin (reset_parameters(seed=...))")
     mc_file: Optional[str] = opt(None, "multiple-choice JSONL {context, choices, answer} to score (optional)")
@@ -78,9 +80,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         # Required-ness of checkpoint/shards_dir is checked in evaluate(): prodip.base.config.resolve
         # builds the file-only config before flags are merged in.
-        for name in ("eval_tokens", "seq_len", "batch_size"):
+        for name in ("eval_tokens", "batch_size"):
             if getattr(self, name) <= 0:
                 raise InvalidInput(f"EvalConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.seq_len < 0:
+            raise InvalidInput(f"EvalConfig.seq_len must be >= 0 (0 = the model's context window), got {self.seq_len}")
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -266,6 +270,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
     model, mcfg, info = load_model(cfg.checkpoint, map_location=device)
+    if cfg.seq_len == 0:  # the default: the whole context window the model was trained for
+        cfg = dataclasses.replace(cfg, seq_len=mcfg.max_position_embeddings)
     if cfg.shards_dir and cfg.seq_len > mcfg.max_position_embeddings:
         raise InvalidInput(
             f"EvalConfig.seq_len={cfg.seq_len} exceeds the checkpoint's "

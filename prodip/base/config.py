@@ -212,13 +212,18 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
         raise argparse.ArgumentTypeError(f"{flag}: cannot read {text!r} as {_type_name(tp)} ({err})") from None
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (), section: str | None = None
+) -> None:
     """Add one ``--kebab-case`` flag per field of dataclass ``cls`` to ``parser``.
 
     Flags default to "not given" (``argparse.SUPPRESS``) so that :func:`resolve` can tell a
-    flag from a file value. Dicts are written ``key=value,key=value``, lists ``a,b``.
+    flag from a file value. Dicts are written ``key=value,key=value``, lists ``a,b``. With
+    ``section`` (the table :func:`resolve` reads), the defaults shown are the ones it applies: the
+    run layout's paths (``runs/demo/tokenizer``), not the dataclass's.
     """
     hints = _field_types(cls)
+    layout = _layout_paths(cls, section, None) if section else {}
     group = parser.add_argument_group(f"{cls.__name__} options (override the config file)")
     for f in dataclasses.fields(cls):
         if f.name in skip:
@@ -229,6 +234,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
             if f.default is not dataclasses.MISSING
             else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         )
+        default = layout.get(f.name, default)
         help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse %-formats help: "10%" crashed --help
         if isinstance(default, dict):
             shown = ",".join(f"{k}={v}" for k, v in default.items()) or "none"

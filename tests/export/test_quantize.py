@@ -384,7 +384,7 @@ def test_int8_matches_independent_w8a8_reference(gqa_export, tmp_path):
     assert np.abs(exact - want).max() / scale > 2e-2
 
 
-@pytest.mark.parametrize("block_size", [8, 24, 512])
+@pytest.mark.parametrize("block_size", [-32, 0, 8, 24, 512])
 def test_block_sizes_outside_onnx_runtime_range_refused_up_front(block_size):
     """Case C4: the block sizes ONNX Runtime's kernel refuses are refused by ExportConfig, naming its range."""
     from prodip.base.errors import InvalidInput

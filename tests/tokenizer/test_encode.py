@@ -136,3 +136,24 @@ def test_python_m_tokenizer_entry_point(corpus, tmp_path, capsys):
     assert (out / "train_config.toml").is_file() and (out / "special_tokens_map.json").is_file()
     assert main(["train", "--inputs", f"en={corpus['en']}", "--vocab-size", "300", "--out-dir", str(out)]) == 2
     assert "already holds a tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["a.txt", "a.jsonl", "a.txt.gz"])
+def test_a_byte_order_mark_is_not_text(tmp_path, name):
+    """A file saved with a UTF-8 BOM (Windows Notepad) had U+FEFF trained on as the first character of
+    its first document; it is a marker and is dropped, like Python's utf-8-sig codec does."""
+    import gzip
+    import json
+
+    docs = ["প্রথম লাইন", "second line"]
+    text = "".join(
+        json.dumps({"text": d}, ensure_ascii=False) + "\n" if name.endswith(".jsonl") else d + "\n" for d in docs
+    )
+    files = {}
+    for tag, data in (("bom", b"\xef\xbb\xbf" + text.encode("utf-8")), ("plain", text.encode("utf-8"))):
+        files[tag] = tmp_path / tag / name
+        files[tag].parent.mkdir()
+        files[tag].write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    got = [d for _, _, d in iter_language([files["bom"]], "xx")]
+    assert got == [d for _, _, d in iter_language([files["plain"]], "xx")]
+    assert got[0].startswith(docs[0])

@@ -284,9 +284,24 @@ def test_read_mc_validates_and_accepts_hellaswag(tmp_path) -> None:
 # ---- errors and the command line ----------------------------------------------------------------
 
 
+def test_default_window_is_the_models_context(eval_env, tmp_path) -> None:
+    """The default seq_len (0) scores with the checkpoint's whole context window: it was 512, which
+    every model with a shorter window (the demo's 256) refused unless the user passed --seq-len."""
+    from prodip.train.checkpoint import load_model
+
+    context = load_model(eval_env[0])[1].max_position_embeddings
+    assert context < 512
+    got = ev.evaluate(_cfg(eval_env, seq_len=0, out=str(tmp_path / "eval.json")))
+    assert got["config"]["seq_len"] == context
+    same = ev.evaluate(_cfg(eval_env, seq_len=context, out=str(tmp_path / "eval2.json")))
+    assert got["languages"] == same["languages"]
+
+
 def test_bad_inputs_are_refused(eval_env, tmp_path) -> None:
     with pytest.raises(ValueError, match="seq_len=512 exceeds"):
         ev.evaluate(_cfg(eval_env, seq_len=512))
+    with pytest.raises(ValueError, match="seq_len must be >= 0"):
+        _cfg(eval_env, seq_len=-1)
     with pytest.raises(ValueError, match="languages"):
         ev.evaluate(_cfg(eval_env, languages=["xx"]))
     with pytest.raises(ValueError, match="nothing to score"):
