@@ -1,0 +1,73 @@
+"""The chat contract: conversation markers, the one chat template, and what ends a turn.
+
+Every artifact of a chat model carries the same template text (``CHAT_TEMPLATE``) and the same
+end-of-turn token (``END_OF_TURN``); every runtime renders it with its own template engine
+(jinja2 in transformers and serve, ``@huggingface/jinja`` in transformers.js and node-llama-cpp,
+onnxruntime-genai's renderer, llama.cpp's), and conformance checks they all give the same ids.
+
+The markers are ChatML's (``<|im_start|>role\\n ... <|im_end|>\\n``): the runtimes already know
+them by text (llama.cpp treats a token whose text is ``<|im_end|>`` as end-of-generation; its
+ChatML detection keys on ``<|im_start|>``). A tokenizer made by ``prodip tokenizer train`` reserves
+them at fixed ids after the base specials (``<|pad|>`` 0, ``<|bos|>`` 1, ``<|eos|>`` 2,
+``<|im_start|>`` 3, ``<|im_end|>`` 4); a tokenizer that lacks them gets them appended when it is
+fine-tuned for chat, so code finds their ids by text (``token_to_id``), never by number.
+
+The template uses only what every renderer above implements: ``for`` over ``messages``, ``if``,
+string literals joined with ``+``, subscripts ``message['role']`` / ``message['content']`` and the
+``add_generation_prompt`` flag. It writes the document-start token ``<|bos|>`` as a literal (not
+``bos_token``, a variable some renderers do not pass), so the rendered text is the whole prompt and
+is tokenised without adding special tokens (``add_special_tokens=False``), as transformers'
+``apply_chat_template`` does.
+
+    python -c "from prodip.base.chat import render; print(render([{'role': 'user', 'content': 'hi'}]))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+#: Conversation markers, in the order new tokenizers reserve them (ids 3 and 4).
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+CHAT_TOKENS: tuple[str, ...] = (IM_START, IM_END)
+#: The token that ends an assistant turn: a stop token in every runtime's configuration.
+END_OF_TURN = IM_END
+#: Roles a conversation may use (OpenAI's messages format, text only).
+ROLES: tuple[str, ...] = ("system", "user", "assistant")
+
+#: The one chat template (Jinja), written verbatim into tokenizer_config.json ``chat_template``,
+#: ``chat_template.jinja``, the GGUF ``tokenizer.chat_template`` and what onnxruntime-genai and
+#: ExecuTorch read. Kept on one line: some renderers keep the newlines of a multi-line template.
+CHAT_TEMPLATE = (
+    "{{ '<|bos|>' }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    """Render ``messages`` with :data:`CHAT_TEMPLATE` through jinja2's sandbox (as transformers does).
+
+    Args:
+        messages: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``.
+        add_generation_prompt: end with ``<|im_start|>assistant\\n`` so the model writes the reply.
+
+    Returns:
+        The prompt text; tokenise it with ``add_special_tokens=False`` (it starts with ``<|bos|>``).
+
+    Raises:
+        ValueError: a role outside :data:`ROLES` or a content that is not a string (named by index).
+    """
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415 (serve's only jinja use)
+
+    for i, m in enumerate(messages):
+        if m.get("role") not in ROLES:
+            raise ValueError(f"messages[{i}].role: {m.get('role')!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}].content: expected a string, got {type(m.get('content')).__name__}")
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    return env.from_string(CHAT_TEMPLATE).render(
+        messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt
+    )
