@@ -26,6 +26,7 @@ import onnx
 
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.files import writing
 from prodip.base.manifest import read_manifest, write_manifest
 from prodip.base.variants import BY_NAME, GGUF_VARIANTS, ONNX_DIR, ONNX_VARIANTS, PTE_DIR, PTE_VARIANTS, onnx_files
 from prodip.export import executorch as pte_export
@@ -375,7 +376,7 @@ def export_model(
     step = lambda name: _phase(next(counter), total, name)  # noqa: E731
     t0 = time.perf_counter()
     try:
-        with _quiet_third_party():
+        with _quiet_third_party(), writing(tmp, shown_as=out):  # a full disk: one line naming the file
             _build_all(model, cfg, tmp, tokenizer_dir, source_checkpoint, tokenizer_sha256, step)
         check_out_dir(out, cfg.force)  # again: someone may have written there meanwhile
         _swap_into_place(tmp, out)

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.files import writing
 from prodip.train.config import HF_FIXED_KEYS, ModelConfig
 
 CONFIG_FILE = "config.json"
@@ -109,7 +110,8 @@ def write_hf(
     """
     out = Path(out_dir)
     written = []
-    save_file(export_state_dict(model, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    with writing(out / WEIGHTS_FILE):  # safetensors raises its own SafetensorError for a full disk
+        save_file(export_state_dict(model, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     written.append(out / WEIGHTS_FILE)
     _write_json(out / CONFIG_FILE, hf_config(model.config, dtype))
     _write_json(out / GENERATION_CONFIG_FILE, generation_config(model.config))

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from prodip.base.config import write_text_atomic
 from prodip.base.errors import StageFailed
 from prodip.base.stage import Plan, Stage
 
@@ -119,7 +120,7 @@ def serve_run(
         "sampling": {"max_tokens": max_tokens, **sampling},
         "completions": results,
     }
-    (out_dir / "completions.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_text_atomic(out_dir / "completions.json", json.dumps(doc, indent=2, ensure_ascii=False))
     return doc
 
 

@@ -32,6 +32,7 @@ import regex
 
 from prodip.base.config import from_dict, opt, read_toml
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.files import writing
 from prodip.tokenizer.bpe import (
     FORMAT_VERSION,
     SPECIAL_TOKENS,
@@ -334,8 +335,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         }
     path = tok_dir / FERTILITY_NAME
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    with writing(path):
+        tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
     return report
 
 

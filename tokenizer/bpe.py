@@ -34,7 +34,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
-from prodip.base.files import file_sha256
+from prodip.base.files import file_sha256, raise_for_room
 from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.custom import train_custom
 from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
@@ -359,6 +359,9 @@ def save_tokenizer_dir(
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except Exception as err:
+        raise_for_room(err, tmp, shown_as=out)  # a full disk: one line naming the file
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

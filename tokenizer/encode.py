@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, OutputExists
+from prodip.base.files import raise_for_room
 from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
@@ -215,6 +216,9 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except Exception as err:
+        raise_for_room(err, tmp, shown_as=out)  # a full disk: one line naming the file
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     n_tokens = sum(e["n_tokens"] for lang in languages.values() for s in shards.SPLITS for e in lang[s])

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from prodip.base.errors import InvalidInput
+from prodip.base.files import writing
 from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name, read_tokenizer_json, require_portable
 
 #: The ids of prodip's special tokens (tokenizer/bpe.py SPECIAL_TOKENS order).
@@ -117,21 +118,22 @@ def write_vocab_gguf(tokenizer_dir: str | os.PathLike, path: str | os.PathLike, 
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_context_length(context_length)
-    writer.add_embedding_length(64)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(128)
-    writer.add_head_count(1)
-    writer.add_head_count_kv(1)
-    writer.add_layer_norm_rms_eps(1e-5)
-    meta = add_tokenizer_metadata(writer, tokenizer_dir)
-    writer.add_vocab_size(len(meta["tokens"]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, path)
+    with writing(path):
+        writer = gguf.GGUFWriter(str(tmp), "llama")
+        writer.add_context_length(context_length)
+        writer.add_embedding_length(64)
+        writer.add_block_count(1)
+        writer.add_feed_forward_length(128)
+        writer.add_head_count(1)
+        writer.add_head_count_kv(1)
+        writer.add_layer_norm_rms_eps(1e-5)
+        meta = add_tokenizer_metadata(writer, tokenizer_dir)
+        writer.add_vocab_size(len(meta["tokens"]))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
     return path
 
 

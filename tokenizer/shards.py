@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.files import file_sha256_cached
+from prodip.base.files import file_sha256_cached, writing
 
 MAGIC = 20240520
 HEADER_INTS = 256
@@ -80,12 +80,13 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray | list[int], token_d
     header[:4] = (MAGIC, version, arr.size, dtype.itemsize)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(header.tobytes())
-        fh.write(arr.astype(dtype, copy=False).tobytes())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with writing(path):
+        with open(tmp, "wb") as fh:
+            fh.write(header.tobytes())
+            fh.write(arr.astype(dtype, copy=False).tobytes())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     return int(arr.size)
 
 
@@ -145,10 +146,12 @@ def write_meta(shards_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
     add_checksums(shards_dir, meta)
     path = Path(shards_dir) / META_NAME
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
-    os.replace(tmp, path)
+    with writing(path):
+        tmp.write_text(
+            json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, ensure_ascii=False) + "\n",
+            encoding="utf-8",
+        )
+        os.replace(tmp, path)
 
 
 def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | None = None) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.files import file_sha256
+from prodip.base.files import file_sha256, writing
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
 from prodip.train.safetensors_stream import write_safetensors
@@ -365,44 +365,45 @@ def write_snapshot(
     else:
         tmp = Path(prepared_dir)
     snap.wait_ready()
-    files: dict[str, dict[str, Any]] = {}
-    written = [(MODEL_FILE, snap.model, {"format": "pt"}), (RNG_FILE, snap.rng, None)]
-    if snap.optimizer is not None:
-        written.append((OPTIMIZER_FILE, snap.optimizer, {"optimizer": snap.optimizer_meta}))
-    for rel, tensors, meta in written:
-        size, sha = write_safetensors(tmp / rel, tensors, meta)
-        files[rel] = {"bytes": size, "sha256": sha}
-    tok_sha = _copy_tokenizer(Path(tokenizer_dir), tmp / TOKENIZER_SUBDIR)
-    state = {
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "tokens_seen": tokens_seen,
-        "tokenizer_sha256": tok_sha,
-        "train_config": train_config or {},
-        "data_state": data_state,
-        **(extra_state or {}),
-    }
-    for rel, data in ((CONFIG_FILE, model_config.to_dict()), (TRAINER_STATE_FILE, state)):
-        _write_json(tmp / rel, data)
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        rel = path.relative_to(tmp).as_posix()
-        if rel not in files:  # small files: json, tokenizer copy
-            files[rel] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    _write_json(tmp / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "files": dict(sorted(files.items()))})
-    for rel in (CONFIG_FILE, TRAINER_STATE_FILE, MANIFEST_FILE):
-        with open(tmp / rel, "rb+") as fh:
-            os.fsync(fh.fileno())
-    _fsync_dir(tmp)
-    final = root / name
-    if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
-        old = root / f".old_{name}_{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_latest(root, name)
+    with writing(tmp, shown_as=root / name, remove_on_error=True):  # a full disk: one line naming the file
+        files: dict[str, dict[str, Any]] = {}
+        written = [(MODEL_FILE, snap.model, {"format": "pt"}), (RNG_FILE, snap.rng, None)]
+        if snap.optimizer is not None:
+            written.append((OPTIMIZER_FILE, snap.optimizer, {"optimizer": snap.optimizer_meta}))
+        for rel, tensors, meta in written:
+            size, sha = write_safetensors(tmp / rel, tensors, meta)
+            files[rel] = {"bytes": size, "sha256": sha}
+        tok_sha = _copy_tokenizer(Path(tokenizer_dir), tmp / TOKENIZER_SUBDIR)
+        state = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "tokenizer_sha256": tok_sha,
+            "train_config": train_config or {},
+            "data_state": data_state,
+            **(extra_state or {}),
+        }
+        for rel, data in ((CONFIG_FILE, model_config.to_dict()), (TRAINER_STATE_FILE, state)):
+            _write_json(tmp / rel, data)
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            rel = path.relative_to(tmp).as_posix()
+            if rel not in files:  # small files: json, tokenizer copy
+                files[rel] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        _write_json(tmp / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "files": dict(sorted(files.items()))})
+        for rel in (CONFIG_FILE, TRAINER_STATE_FILE, MANIFEST_FILE):
+            with open(tmp / rel, "rb+") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        final = root / name
+        if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
+            old = root / f".old_{name}_{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(root)
+        _write_latest(root, name)
     _prune(root, keep_last, keep=name)
     return final
 

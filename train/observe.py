@@ -24,6 +24,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 from torch.utils.tensorboard import SummaryWriter
 
+from prodip.base.files import writing
+
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss.png"
 
@@ -128,6 +130,7 @@ def plot_loss(metrics_path: str | os.PathLike, out_path: str | os.PathLike, no_v
     ax.grid(alpha=0.3)
     ax.legend()
     tmp = out_path.with_name(out_path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, out_path)
+    with writing(out_path):
+        fig.savefig(tmp, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        os.replace(tmp, out_path)

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.files import raise_for_room
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import load_meta
 from prodip.train import checkpoint, distributed, fsdp, guards, init
@@ -576,6 +577,9 @@ class _Run:
                 )
                 if observer and (saved or "val_loss" in last):
                     observer.refresh()
+        except Exception as err:
+            raise_for_room(err, self.run_dir)  # metrics.jsonl, TensorBoard events, loss.png: named
+            raise
         finally:
             bar.close()
             if metrics:

@@ -17,7 +17,8 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from prodip.base.errors import UserError
+from prodip.base.errors import UserError, WriteFailed
+from prodip.base.files import room_errno, room_left, room_message
 
 BUG_HINT = (
     "prodip {command}: unexpected error (a bug, not a problem with your input, unless the message "
@@ -40,7 +41,9 @@ def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse
 
     Returns:
         ``func``'s code (0 if it returned None); 2 for a :class:`UserError` or an ``OSError``
-        (one line on stderr, naming the file); 130 on Ctrl-C; 1 for anything else (a bug: traceback).
+        (one line on stderr, naming the file), and for a write refused for lack of room however a
+        library wrapped it (safetensors' ``SafetensorError``: :func:`prodip.base.files.room_errno`);
+        130 on Ctrl-C; 1 for anything else (a bug: traceback).
     """
     verbose = bool(getattr(args, "verbose", False))
     try:
@@ -48,15 +51,33 @@ def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse
     except (UserError, OSError) as err:  # OSError: the file system said no (path, permission, disk), named
         if verbose:
             raise
-        print(f"prodip {command}: error: {err}", file=sys.stderr)
+        print(f"prodip {command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"prodip {command}: interrupted", file=sys.stderr)
         return 130
-    except Exception:
-        traceback.print_exc()
-        print(BUG_HINT.format(command=command), file=sys.stderr)
-        return 1
+    except Exception as err:
+        if room_errno(err) is None:
+            traceback.print_exc()
+            print(BUG_HINT.format(command=command), file=sys.stderr)
+            return 1
+        if verbose:
+            raise
+        print(f"prodip {command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(err: BaseException) -> str:
+    """The message of a user error; a write refused for lack of room that no artifact writer named
+    (:func:`prodip.base.files.writing`) names the file the error carries, else the room in the current folder."""
+    code = room_errno(err)
+    if code is None or isinstance(err, WriteFailed):
+        return str(err)
+    filename = getattr(err, "filename", None)
+    if filename:
+        return room_message(filename, code)
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"a write failed: {os.strerror(code)} ({room_left(os.getcwd(), code)}; from: {first})"
 
 
 def tool_main(command: str, tool: Callable[[list[str]], int | None], argv: list[str]) -> int:

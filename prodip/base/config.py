@@ -32,6 +32,7 @@ import difflib
 import tomli_w
 
 from prodip.base.errors import ConfigError, InvalidInput
+from prodip.base.files import raise_for_room
 from prodip.base.layout import DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, stage_defaults
 
 T = TypeVar("T")
@@ -384,8 +385,13 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` via ``path.tmp`` + fsync + rename, so readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except Exception as err:
+        tmp.unlink(missing_ok=True)
+        raise_for_room(err, tmp, shown_as=path)  # a full disk: one line naming the file; the old one stays
+        raise

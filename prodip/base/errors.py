@@ -35,3 +35,17 @@ class StageFailed(UserError, RuntimeError):
 
 class ConfigError(InvalidInput):
     """An unknown, missing or ill-typed configuration key; the message names the file, table and key."""
+
+
+class WriteFailed(UserError, OSError):
+    """The file system refused a write for lack of room: no space (ENOSPC), over the file-size limit
+    (EFBIG, ``ulimit -f``), over a quota (EDQUOT) or read-only (EROFS). ``errno`` and ``filename`` are
+    set as on the ``OSError`` it replaces; the message names the file and the room left
+    (:func:`prodip.base.files.writing` builds it)."""
+
+    def __init__(self, code: int, message: str, filename: str) -> None:
+        super().__init__(code, message, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

@@ -1,16 +1,27 @@
 """File helpers every stage shares (no torch, no onnx: ``prodip serve`` imports this too).
 
 python -c "from prodip.base.files import file_sha256; print(file_sha256('README.md'))"
+    python -c "from prodip.base.files import room_left; print(room_left('.'))"
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import hashlib
 import json
 import os
+import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from prodip.base.errors import WriteFailed
+
+# The write errors a user fixes by making room, raising a limit or choosing another folder.
+ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -54,3 +65,152 @@ def read_json_or_none(path: str | os.PathLike) -> dict[str, Any] | None:
     except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def room_errno(err: BaseException) -> int | None:
+    """The errno of a write refused for lack of room (:data:`ROOM_ERRNOS`), else None.
+
+    Looks at ``err`` and its causes/contexts: an ``OSError``'s ``errno``, or the ``(os error N)`` that
+    safetensors' ``SafetensorError`` (Rust I/O errors: "I/O error: No space left on device (os error 28)")
+    and other wrapped errors carry only in their text.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in ROOM_ERRNOS:
+            return err.errno
+        match = re.search(r"\(os error (\d+)\)", str(err))
+        if match and int(match.group(1)) in ROOM_ERRNOS:
+            return int(match.group(1))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def room_left(path: str | os.PathLike, code: int | None = None) -> str:
+    """Free space on the file system holding ``path`` (its nearest existing parent), and for EFBIG the
+    process's file-size limit (``ulimit -f``, RLIMIT_FSIZE), as words, e.g.
+    ``"12.0 MiB free on /tmp; file-size limit (ulimit -f) 300.0 KiB"``."""
+    where = Path(os.path.abspath(path))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        words = f"{_size(shutil.disk_usage(where).free)} free on {where}"
+    except OSError:
+        words = f"free space on {where} unknown"
+    if code == errno.EFBIG:
+        try:
+            import resource  # noqa: PLC0415 (POSIX only)
+
+            soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            if soft != resource.RLIM_INFINITY:
+                words += f"; file-size limit (ulimit -f) {_size(soft)}"
+        except (ImportError, OSError, ValueError):
+            pass
+    return words
+
+
+def _newest_file(folder: Path) -> Path | None:
+    """The most recently modified file under ``folder`` (the one being written when a write failed)."""
+    best, best_t = None, -1
+    for p in folder.rglob("*"):
+        try:
+            t = p.stat().st_mtime_ns
+        except OSError:
+            continue
+        if t >= best_t and p.is_file():
+            best, best_t = p, t
+    return best
+
+
+def room_message(target: str | os.PathLike, code: int, shown_as: str | os.PathLike | None = None) -> str:
+    """One line: the file that could not be written, why, and the room left.
+
+    Args:
+        target: the file being written, or the private folder an artifact is being written into (the
+            newest file under it is named: the one the failed write was extending).
+        code: the errno (one of :data:`ROOM_ERRNOS`).
+        shown_as: the artifact's final path, named in place of the temporary ``target`` folder.
+    """
+    target = Path(target)
+    name = target
+    if target.is_dir():
+        newest = _newest_file(target)
+        if newest is not None:
+            name = Path(shown_as or target) / newest.relative_to(target)
+        else:
+            name = Path(shown_as or target)
+    elif shown_as is not None:
+        name = Path(shown_as)
+    fix = {
+        errno.EROFS: "choose a writable folder",
+        errno.EFBIG: "raise the file-size limit or write elsewhere",
+    }.get(code, "free space or write elsewhere")
+    where = Path(shown_as).parent if shown_as is not None else target  # an existing folder, not the temp one
+    return f"{name}: cannot write: {os.strerror(code)} ({room_left(where, code)}); {fix}"
+
+
+@contextlib.contextmanager
+def writing(
+    target: str | os.PathLike, shown_as: str | os.PathLike | None = None, *, remove_on_error: bool = False
+) -> Iterator[None]:
+    """Turn a write refused for lack of room inside the block into one :class:`WriteFailed` naming the file.
+
+    Every artifact writer wraps its writes in this (the private folder it fills, or the file), so
+    ``prodip`` reports a full disk, ``ulimit -f``, a quota or a read-only folder as one line naming the
+    file and the free space, exit 2, wherever it happens (see :func:`room_message`). Other errors pass
+    through unchanged, as does a :class:`WriteFailed` from an inner block.
+
+    Args:
+        target: the file, or the private folder the artifact is written into.
+        shown_as: the artifact's final path, named instead of the temporary ``target``.
+        remove_on_error: delete ``target`` (file or folder) when the block raises anything, after naming it.
+    Raises:
+        WriteFailed: the block raised an error whose :func:`room_errno` is set.
+    """
+    try:
+        yield
+    except Exception as err:
+        try:
+            raise_for_room(err, target, shown_as)
+        finally:
+            if remove_on_error:
+                _remove(Path(target))
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def raise_for_room(err: Exception, target: str | os.PathLike, shown_as: str | os.PathLike | None = None) -> None:
+    """:func:`writing` for an ``except`` clause: raise ``err`` as a :class:`WriteFailed` naming the file if it is
+    a write refused for lack of room; return (the caller re-raises ``err``) otherwise.
+
+    Raises:
+        WriteFailed: as :func:`writing`.
+    """
+    if isinstance(err, WriteFailed):  # named by an inner block: only show the final path for the temporary one
+        if shown_as is None or str(target) not in err.message:
+            return
+        message = err.message.replace(str(target), str(shown_as)) + _unchanged(shown_as)
+        raise WriteFailed(err.errno, message, err.filename.replace(str(target), str(shown_as))) from err.__cause__
+    code = room_errno(err)
+    if code is not None:
+        message = room_message(target, code, shown_as) + _unchanged(shown_as)
+        raise WriteFailed(code, message, str(shown_as or target)) from err
+
+
+def _unchanged(shown_as: str | os.PathLike | None) -> str:
+    """The reassurance that an earlier artifact at the final path is still there, whole."""
+    return f"; the earlier {shown_as} is unchanged" if shown_as is not None and Path(shown_as).exists() else ""

@@ -32,7 +32,7 @@ from typing import Any
 
 from prodip import __version__
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.files import file_sha256
+from prodip.base.files import file_sha256, writing
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -90,11 +90,12 @@ def list_files(export_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with writing(tmp, shown_as=path):
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
 def write_manifest(
