@@ -32,6 +32,7 @@ from prodip.serve.engine import load_export
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.middleware import GuardMiddleware
 from prodip.serve.openapi import install_openapi
+from prodip.serve.protocol import deadline_protocol
 from prodip.serve.routes import _printable, add_routes
 from prodip.serve.schemas import error_body
 from prodip.serve.service import APIError, Service
@@ -224,5 +225,9 @@ def run_server(config: ServeConfig) -> int:
         port=config.port,
         log_level=config.log_level,
         timeout_graceful_shutdown=config.graceful_shutdown_s,
+        http=deadline_protocol(config.request_timeout_s),  # 408 for a request not received in time
+        timeout_keep_alive=config.keep_alive_s,
+        limit_concurrency=config.max_connections,
+        h11_max_incomplete_event_size=config.max_header_bytes,
     )
     return 0

@@ -25,7 +25,11 @@ class ServeConfig:
     variant: str = opt("fp32", "ONNX variant to serve (manifest.json variants key)", choices=VARIANTS)
     host: str = opt("127.0.0.1", "interface to bind; loopback unless you mean to expose the server")
     port: int = opt(8000, "TCP port")
-    api_key: Optional[str] = opt(None, "if set, require `Authorization: Bearer KEY` (also read from $PRODIP_API_KEY)")
+    api_key: Optional[str] = opt(
+        None,
+        "if set, require `Authorization: Bearer KEY` (also read from $PRODIP_API_KEY); printable ASCII only, as "
+        "HTTP clients send header values",
+    )
     allow_unverified: bool = opt(False, "serve a variant whose conformance verdict is missing or failing")
     model_name: Optional[str] = opt(
         None, "model id shown by /v1/models and accepted in requests (default: export dir name)"
@@ -41,11 +45,23 @@ class ServeConfig:
         "decode on the variant's shared-buffer graph (onnx/*_genai.onnx: the KV cache written in place) when the "
         "export has one; false: the contract graph (present = past ++ new)",
     )
+    request_timeout_s: float = opt(
+        30.0, "a request's headers and body must arrive within this long of its first byte, else 408 (seconds)"
+    )
+    keep_alive_s: float = opt(
+        5.0, "close a connection idle this long, before its first request or between requests (seconds)"
+    )
+    max_connections: int = opt(
+        512, "most connections and requests in flight; past it new requests get 503 (uvicorn limit_concurrency)"
+    )
+    max_header_bytes: int = opt(
+        16384, "largest request line plus headers accepted (bytes); larger -> 431 (or 400 while still arriving)"
+    )
     graceful_shutdown_s: float = opt(10.0, "on SIGTERM/SIGINT, wait this long for in-flight requests (seconds)")
     log_level: str = opt("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_body_bytes", "max_n"):
+        for name in ("max_batch_size", "max_body_bytes", "max_n", "max_connections", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"ServeConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
@@ -53,3 +69,26 @@ class ServeConfig:
         if self.batch_wait_ms < 0 or self.default_max_tokens < 0:
             raise InvalidInput("ServeConfig.batch_wait_ms and default_max_tokens must be >= 0")
         check_threads("ServeConfig.intra_op_threads", self.intra_op_threads)
+        for name in ("request_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidInput(f"ServeConfig.{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.api_key is not None:
+            check_api_key(self.api_key)
+
+
+def check_api_key(key: str, source: str = "--api-key / $PRODIP_API_KEY") -> None:
+    """Refuse a key no client can send: HTTP header values are ASCII in practice (httpx, hence the ``openai``
+    client, refuses any other character; RFC 9110 leaves other bytes' meaning open), so a key with a
+    non-ASCII character, a space or a control character could never match.
+
+    Raises:
+        InvalidInput: naming the first bad character and its position.
+    """
+    if not key:
+        raise InvalidInput(f"{source}: the API key is empty; give a key or none")
+    for i, ch in enumerate(key):
+        if not "!" <= ch <= "~":
+            raise InvalidInput(
+                f"{source}: the API key has {ch!r} (U+{ord(ch):04X}) at position {i}; use printable ASCII "
+                "characters only (no spaces), which every HTTP client sends unchanged in `Authorization: Bearer KEY`"
+            )

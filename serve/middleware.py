@@ -20,8 +20,8 @@ log = logging.getLogger("prodip.serve.app")  # one logger name for the server, a
 
 
 class GuardMiddleware:
-    """Pure ASGI middleware (so streaming and disconnects pass through untouched): body-size cap
-    (413), bearer auth (401, constant-time compare), per-route request counter, and the 500 answer.
+    """Pure ASGI middleware (so streaming and disconnects pass through untouched): header-size cap
+    (431), body-size cap (413), bearer auth (401, constant-time compare), per-route request counter, and the 500 answer.
 
     An unhandled error is logged here, once, and answered with a 500 in OpenAI's form. It is not
     left to Starlette's ``ServerErrorMiddleware``: that one always re-raises after answering, so the
@@ -72,14 +72,23 @@ class GuardMiddleware:
         )
 
     def _check(self, scope: dict) -> Optional[JSONResponse]:
+        head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
+        if head > self.config.max_header_bytes:  # h11 caps only headers still arriving; this, the whole
+            return JSONResponse(
+                error_body(
+                    f"request line and headers exceed {self.config.max_header_bytes} bytes",
+                    code="headers_too_large",
+                ),
+                status_code=431,
+            )
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
             return self._too_large()
         if self.config.api_key and scope["path"] not in OPEN_ROUTES:
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            token = auth[7:] if auth[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(token.encode(), self.config.api_key.encode()):
+            auth = headers.get(b"authorization", b"")  # bytes as sent; the key is printable ASCII (ServeConfig)
+            token = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, self.config.api_key.encode("ascii")):
                 return JSONResponse(
                     error_body(
                         "missing or wrong API key (Authorization: Bearer KEY)",

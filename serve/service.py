@@ -31,6 +31,8 @@ from prodip.serve.metrics import ServeMetrics
 from prodip.serve.schemas import error_body
 
 log = logging.getLogger(__name__)
+#: the one answer to a token-id prompt without ids, whatever the route and nesting
+EMPTY_PROMPT = 'prompt has no token ids; send at least one id, or the text "" to start at the document start'
 #: most sequences (prompts x n) one request may start.
 MAX_SEQUENCES_PER_REQUEST = 256
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte-fallback token's vocabulary form
@@ -278,14 +280,17 @@ class Service:
         (its post-processor prepends ``<|bos|>`` where the export's tokenizer does). An empty prompt
         becomes the document start (:meth:`_document_start`: ``[<|bos|>]`` under the BOS
         convention, ``[<|eos|>]`` under the older one). Special-token text typed in a prompt
-        (``"<|eos|>"``) is encoded as that control token, as vLLM and HF tokenizers do.
+        (``"<|eos|>"``) is encoded as that control token, as vLLM and HF tokenizers do. A token-id
+        prompt with no ids (``[]``, ``[[]]``, ``[[5], []]``; on every route) is a 400, as in vLLM: the
+        ids are taken as sent, so there is nothing to continue.
 
         Raises:
-            APIError 400: an empty prompt list or a token id outside [0, vocab_size).
+            APIError 400: an empty prompt list, a token-id prompt without ids, or a token id outside
+                [0, vocab_size).
         """
         prompts = self._prompt_list(prompt)
-        if not prompts:
-            raise APIError(400, "prompt is an empty list", param="prompt")
+        if not prompts or any(not isinstance(p, str) and not p for p in prompts):
+            raise APIError(400, EMPTY_PROMPT, param="prompt")
         out = []
         for p in prompts:
             ids = self.encode(p) if isinstance(p, str) else list(p)
