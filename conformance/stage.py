@@ -9,23 +9,40 @@ import logging
 from pathlib import Path
 
 from prodip.base.errors import StageFailed
-from prodip.base.files import read_json_or_none
-from prodip.base.manifest import MANIFEST_FILE, verdict_is_current
-from prodip.base.stage import Plan, Stage
+from prodip.base.files import file_sha256, read_json_or_none
+from prodip.base.manifest import MANIFEST_FILE, files_table_sha256, verdict_is_current
+from prodip.base.stage import Plan, Stage, made_from
 from prodip.conformance.suite import run_conformance
 
 log = logging.getLogger(__name__)
 
 
 def conformance_done(plan: Plan) -> bool:
-    """The current export carries a passing verdict (a re-export clears it) that was measured on
-    the export's current files (the sha256 of its manifest's files table), and the report exists."""
+    """``[conformance] out``'s report passed, was measured on the export's current files (its
+    ``export_files_sha256`` is the sha256 of the manifest's files table now), checked every variant
+    the manifest lists, and is the report the export's verdict names (``report_sha256``): a report
+    left from an earlier export, or one of a subset run, is not complete."""
     manifest = read_json_or_none(Path(plan["export"].out) / MANIFEST_FILE) or {}
-    verdict = manifest.get("conformance") or {}
-    if verdict.get("passed") and not verdict_is_current(manifest):
-        log.warning("%s: the conformance verdict was measured on other files; checking again", plan["export"].out)
+    report_path = Path(plan["conformance"].out) / "report.json"
+    report = read_json_or_none(report_path)
+    if not report or not manifest.get("files"):
         return False
-    return bool(verdict.get("passed")) and (Path(plan["conformance"].out) / "report.json").exists()
+    try:
+        report_sha = file_sha256(report_path)
+    except OSError:
+        return False
+    verdict = manifest.get("conformance") or {}
+    if not made_from(
+        str(report_path),
+        {"export files table": report.get("export_files_sha256") or "?", "report": verdict.get("report_sha256") or "?"},
+        {"export files table": files_table_sha256(manifest["files"]), "report": report_sha},
+    ):
+        return False
+    unchecked = sorted(set(manifest.get("variants") or {}) - set(report.get("variants") or {}))
+    if unchecked:
+        log.warning("%s did not check variant(s) %s of the export; checking again", report_path, ", ".join(unchecked))
+        return False
+    return bool(report.get("passed")) and bool(verdict.get("passed")) and verdict_is_current(manifest)
 
 
 def conformance_run(plan: Plan) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prodip.base.files import file_sha256_cached
 from prodip.base.manifest import MANIFEST_FILE, verify_files
-from prodip.base.stage import Plan, Stage
+from prodip.base.stage import Plan, Stage, made_from
 from prodip.export.core import export_checkpoint
 from prodip.train.stage import latest_model_sha256
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 def export_done(plan: Plan) -> bool:
     """Every file the export manifest lists is there with its recorded size and sha256 (a deleted,
     truncated or altered file means export again), and the export was made from the newest
-    checkpoint. Hashing reads the whole export once per invocation (~10 s at the 0.4B scale)."""
+    checkpoint with ``[export] variants``. Hashing reads the whole export once per invocation (~10 s at the 0.4B scale)."""
     out = Path(plan["export"].out)
     if not (out / MANIFEST_FILE).is_file():
         return False
@@ -30,7 +30,17 @@ def export_done(plan: Plan) -> bool:
     except (OSError, ValueError) as err:
         log.warning("%s; exporting again", err)
         return False
-    return manifest["source_checkpoint"].get("model_sha256") == latest_model_sha256(plan["train"].out_dir)
+    made_with = (manifest.get("export_config") or {}).get("variants")
+    if made_with is not None and sorted(made_with) != sorted(plan["export"].variants):
+        log.warning(
+            "%s holds variants %s, [export] variants are %s; exporting again", out, made_with, plan["export"].variants
+        )
+        return False
+    return made_from(
+        str(out),
+        {"checkpoint": manifest["source_checkpoint"].get("model_sha256") or "?"},
+        {"checkpoint": latest_model_sha256(plan["train"].out_dir)},
+    )
 
 
 def export_run(plan: Plan) -> None:

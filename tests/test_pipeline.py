@@ -148,7 +148,9 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
     assert {"fp32", "fp16", "int8", "int4"} <= set(manifest["variants"])
     assert manifest["conformance"]["passed"] is True
 
-    report = json.loads((run / "conformance" / "report.json").read_text())
+    report = json.loads(
+        (run / "export" / "conformance" / "report.json").read_text()
+    )  # where `prodip conformance` writes
     assert report["passed"] is True and all(report["variants"].values())
 
     completions = json.loads((run / "completions.json").read_text())["completions"]
@@ -216,8 +218,36 @@ def test_a_deleted_export_file_is_exported_again(tiny_run):
     manifest_path.write_text(json.dumps(manifest, indent=2))
     again = _prodip("run", str(config), "--stages", "export,conformance")
     assert again.returncode == 0, again.stderr
-    assert "export: already complete" in again.stdout and "measured on other files; checking again" in again.stderr
+    assert "export: already complete" in again.stdout and "made from another export files table" in again.stderr
     assert "conformance: already complete" not in again.stdout
+
+
+@pytest.mark.slow
+def test_a_report_of_other_variants_is_not_complete(tiny_run):
+    """The reported case: the run's export replaced by hand with more variants and checked by `prodip conformance`
+    for a subset; `prodip run` skipped conformance as complete and the summary showed blank cells."""
+    config, run, _ = tiny_run
+    exp = run / "export"
+    variants = sorted(json.loads((exp / "manifest.json").read_text())["variants"])
+    redo = _prodip("export", str(run / "train"), "--out", str(exp), "--variants", "fp32,int8", "--force")
+    assert redo.returncode == 0, redo.stderr
+    subset = _prodip(
+        "conformance",
+        str(exp),
+        "--checkpoint",
+        str(run / "train"),
+        "--shards-dir",
+        str(run / "shards"),
+        "--variants",
+        "fp32",
+    )
+    assert subset.returncode == 0, subset.stderr
+    again = _prodip("run", str(config), "--stages", "export,conformance")
+    assert again.returncode == 0, again.stderr
+    assert "export: already complete" not in again.stdout and "conformance: already complete" not in again.stdout
+    assert sorted(json.loads((exp / "manifest.json").read_text())["variants"]) == variants  # the config's again
+    report = json.loads((exp / "conformance" / "report.json").read_text())
+    assert sorted(report["variants"]) == variants and report["passed"]
 
 
 @pytest.mark.slow

@@ -308,3 +308,12 @@ if __name__ == "__main__":
     from prodip.base.cli import tool_main
 
     sys.exit(tool_main("tokenizer.shards", _main, sys.argv[1:]))
+
+
+def meta_sha256(shards_dir: str | os.PathLike) -> str | None:
+    """sha256 of a shards dir's ``meta.json`` (which holds every shard's sha256), or None when it is
+    missing: what a checkpoint and ``eval.json`` record as the shards they were made from."""
+    try:
+        return file_sha256_cached(Path(shards_dir) / META_NAME)
+    except OSError:
+        return None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prodip.base.errors import StageFailed
 from prodip.base.files import read_json_or_none
-from prodip.base.stage import Plan, Stage
+from prodip.base.stage import Plan, Stage, made_from
 from prodip.tokenizer import audit, bpe, encode
 
 
@@ -43,9 +43,12 @@ def data_done(plan: Plan) -> bool:
     """Shards exist and were encoded with the current tokenizer (``meta.json`` names its sha256)."""
     meta = read_json_or_none(Path(plan["data"].out_dir) / "meta.json")
     try:
-        return bool(meta) and meta.get("tokenizer_sha256") == bpe.tokenizer_sha256(plan["data"].tokenizer_dir)
+        current = bpe.tokenizer_sha256(plan["data"].tokenizer_dir)
     except (FileNotFoundError, ValueError):
         return False
+    return bool(meta) and made_from(
+        plan["data"].out_dir, {"tokenizer": meta.get("tokenizer_sha256") or "?"}, {"tokenizer": current}
+    )
 
 
 def data_run(plan: Plan) -> None:

@@ -45,7 +45,7 @@ from tqdm import tqdm
 from prodip.base.config import opt, write_text_atomic
 from prodip.base.errors import InvalidInput
 from prodip.tokenizer.bpe import load_tokenizer
-from prodip.tokenizer.shards import load_meta, open_checked_shards
+from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train.checkpoint import load_model
 from prodip.train.mc import read_mc, score_mc
 from prodip.train.model import LlamaForCausalLM
@@ -289,6 +289,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
         "tokenizer_sha256": info["tokenizer_sha256"],
         "shards_dir": cfg.shards_dir or None,
+        "shards_meta_sha256": meta_sha256(cfg.shards_dir) if cfg.shards_dir else None,
         "config": dataclasses.asdict(cfg),
         "units": {
             "nll_nats_per_token": "nats/token",

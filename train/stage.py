@@ -9,9 +9,12 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
+from prodip.base.errors import StageFailed
 from prodip.base.files import file_sha256_cached, read_json_or_none
-from prodip.base.stage import Plan, Stage
+from prodip.base.stage import Plan, Stage, made_from
+from prodip.tokenizer.shards import meta_sha256
 from prodip.train import checkpoint, trainer
 from prodip.train import eval as evaluation
 
@@ -27,32 +30,73 @@ def latest_model_sha256(run_dir: str | Path) -> str | None:
         return None
 
 
-def train_done(plan: Plan) -> bool:
-    """The newest complete checkpoint has reached ``[train] steps``."""
+def _train_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any], Path] | None:
+    """(recorded, current, checkpoint) input hashes of the newest checkpoint: its tokenizer and shards."""
     try:
         ckpt = checkpoint.resolve_checkpoint(plan["train"].out_dir)
     except (FileNotFoundError, ValueError):
+        return None
+    state = read_json_or_none(ckpt / "trainer_state.json") or {}
+    recorded = {
+        "tokenizer": state.get("tokenizer_sha256"),
+        "shards": (state.get("data_state") or {}).get("shards_meta_sha256"),
+    }
+    try:
+        tok = file_sha256_cached(Path(plan["train"].tokenizer_dir) / "tokenizer.json")
+    except OSError:
+        tok = None
+    return recorded, {"tokenizer": tok, "shards": meta_sha256(plan["train"].shards_dir)}, ckpt
+
+
+def train_done(plan: Plan) -> bool:
+    """The newest complete checkpoint has reached ``[train] steps`` and was trained on the current
+    tokenizer and shards (the sha256s its ``trainer_state.json`` recorded)."""
+    inputs = _train_inputs(plan)
+    if inputs is None:
         return False
+    recorded, current, ckpt = inputs
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:  # damaged: training resumes, and names what is wrong
         log.warning("%s: unreadable trainer_state.json (%s); the checkpoint is not complete", ckpt, err)
         return False
-    return int(state["step"]) >= plan["train"].steps
+    return int(state["step"]) >= plan["train"].steps and made_from(str(ckpt), recorded, current)
 
 
 def train_run(plan: Plan) -> None:
-    """Train (an interrupted run, one with ``checkpoints/latest``, continues from it)."""
+    """Train (an interrupted run, one with ``checkpoints/latest``, continues from it).
+
+    Raises:
+        StageFailed: the checkpoints were trained on another tokenizer or other shards (an earlier stage
+            was made again): training is not resumed on other data, and hours of training are not
+            deleted without being asked.
+    """
     cfg = plan["train"]
+    inputs = _train_inputs(plan)
+    if inputs is not None:
+        recorded, current, ckpt = inputs
+        changed = [k for k, v in current.items() if recorded.get(k) is not None and recorded[k] != v]
+        if changed:
+            raise StageFailed(
+                f"{ckpt} was trained on another {' and '.join(changed)} than {cfg.tokenizer_dir} / {cfg.shards_dir} "
+                f"hold now; move {cfg.out_dir} aside (or delete it) to train again on them"
+            )
     if (Path(cfg.out_dir) / "checkpoints" / "latest").exists():
         cfg = dataclasses.replace(cfg, resume=True)
     trainer.train(cfg, plan["model"])
 
 
 def eval_done(plan: Plan) -> bool:
-    """``eval.json`` exists and scores the newest checkpoint."""
+    """``eval.json`` exists, scores the newest checkpoint, and read the current shards."""
     ev = read_json_or_none(Path(plan["eval"].out))
-    return bool(ev) and ev.get("checkpoint", {}).get("model_sha256") == latest_model_sha256(plan["train"].out_dir)
+    if not ev:
+        return False
+    recorded = {
+        "checkpoint": ev.get("checkpoint", {}).get("model_sha256") or "?",
+        "shards": ev.get("shards_meta_sha256"),
+    }
+    current = {"checkpoint": latest_model_sha256(plan["train"].out_dir), "shards": meta_sha256(plan["eval"].shards_dir)}
+    return made_from(plan["eval"].out, recorded, current)
 
 
 def eval_run(plan: Plan) -> None:

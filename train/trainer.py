@@ -31,7 +31,7 @@ from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import raise_for_room
 from prodip.tokenizer.audit import check_gate
-from prodip.tokenizer.shards import load_meta
+from prodip.tokenizer.shards import load_meta, meta_sha256
 from prodip.train import checkpoint, distributed, fsdp, guards, init
 from prodip.train.config import ModelConfig
 from prodip.train.data import ORDERS, MixtureBatches, val_batches
@@ -317,6 +317,7 @@ class _Run:
     def execute(self) -> dict[str, Any]:
         cfg, info = self.cfg, self.info
         self.tok_sha, meta = _check_inputs(cfg, self.model_cfg)
+        self.shards_meta_sha256 = meta_sha256(cfg.shards_dir)  # recorded in each checkpoint (train_done)
         self.init = self._init_source() if cfg.init_from else None
         # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
         self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{cfg.shards_dir}/meta.json")
@@ -628,7 +629,7 @@ class _Run:
             tokenizer_dir=self.cfg.tokenizer_dir,
             tokens_seen=self.tokens_seen,
             train_config=dataclasses.asdict(self.cfg),
-            data_state=self.data.state_dict(),
+            data_state={**self.data.state_dict(), "shards_meta_sha256": self.shards_meta_sha256},
             keep_last=self.cfg.keep_last,
         )
         if self.fsdp:

@@ -40,7 +40,9 @@ def paths(out_dir: str | os.PathLike) -> dict[str, Path]:
         "train": out / "train",
         "eval": out / "train" / "eval.json",
         "export": out / "export",
-        "conformance": out / "conformance",
+        # inside the export, where `prodip conformance EXPORT_DIR` writes it too: one place, and a
+        # re-export (which replaces the folder) takes the old report with it
+        "conformance": out / "export" / "conformance",
     }
 
 

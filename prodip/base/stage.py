@@ -16,11 +16,13 @@ table's config dataclass instance.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 Plan = dict[str, Any]
+log = logging.getLogger("prodip.run")
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,9 @@ class Stage:
         needs: the stage whose artifact must be complete before this one runs (``None`` for the first).
         describe: ``plan -> str``, one line for the progress log.
         done: ``plan -> bool``: the artifact is complete, passed its gate, and was made from the
-            current upstream artifact. Must not raise for a missing or damaged artifact (that is "not done").
+            current upstream artifacts: the hashes of what it read, recorded in the artifact when it was
+            made, equal those artifacts' hashes now (:func:`made_from`). Must not raise for a missing or
+            damaged artifact (that is "not done").
         run: ``plan -> Any`` (serve takes keyword options too): produce the artifact. Raises
             :class:`prodip.base.errors.UserError` for what the user can fix.
     """
@@ -48,3 +52,32 @@ class Stage:
     describe: Callable[[Plan], str]
     done: Callable[[Plan], bool]
     run: Callable[..., Any] = field(repr=False)
+
+
+def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether an artifact was made from the current upstream artifacts: each input's hash the artifact
+    recorded when it was made equals that input's hash now.
+
+    The one rule every stage's ``done`` applies to what it read (a shards dir's tokenizer, a checkpoint's
+    shards and tokenizer, an export's checkpoint, a conformance report's export files). An input the
+    artifact did not record (written by an older prodip) is not held against it.
+
+    Args:
+        artifact: the artifact's path, for the log line.
+        recorded: input name -> the hash the artifact recorded (None: not recorded).
+        current: input name -> the input's hash now (None: the input is missing or unreadable).
+    Returns:
+        True when every recorded input matches; else False, after logging which input changed.
+    """
+    for name, now in current.items():
+        then = recorded.get(name)
+        if then is not None and then != now:
+            log.warning(
+                "%s was made from another %s (sha256 %s, now %s): not complete; making it again",
+                artifact,
+                name,
+                str(then)[:12],
+                str(now)[:12] if now else "missing",
+            )
+            return False
+    return True

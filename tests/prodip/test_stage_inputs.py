@@ -1,0 +1,139 @@
+"""A stage is complete only when made from the current upstream artifacts: each done-check compares the hashes its
+artifact recorded of what it read with those artifacts now (prodip.base.stage.made_from).
+
+python -m pytest tests/prodip/test_stage_inputs.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prodip.base.errors import StageFailed
+from prodip.base.files import file_sha256
+from prodip.base.layout import stage_defaults
+from prodip.base.manifest import files_table_sha256
+from prodip.base.stage import made_from
+from prodip.pipeline import CONFIG_CLASSES, _load
+
+
+def _plan(out: Path) -> dict:
+    base = stage_defaults(out)
+    plan = {}
+    for name, ref in CONFIG_CLASSES.items():
+        cls = _load(ref)
+        plan[name] = cls(**{k: v for k, v in base[name].items()})
+    return plan
+
+
+def test_made_from_names_the_changed_input(caplog):
+    assert made_from("a", {"x": "1", "y": None}, {"x": "1", "y": "2"})  # y not recorded (older prodip)
+    assert not made_from("runs/a", {"x": "1"}, {"x": "3"})
+    assert "runs/a was made from another x (sha256 1, now 3)" in caplog.text
+    assert not made_from("runs/a", {"x": "1"}, {"x": None})
+
+
+def _export_with_report(plan: dict, files: dict, variants: list[str], checked: list[str], files_sha: str) -> Path:
+    """An export manifest of ``files``/``variants`` and, where the pipeline and `prodip conformance` write it,
+    a passing report of ``checked`` measured on ``files_sha``, named by the manifest's verdict."""
+    exp = Path(plan["export"].out)
+    report_dir = Path(plan["conformance"].out)
+    report_dir.mkdir(parents=True)
+    report = {"passed": True, "variants": dict.fromkeys(checked, True), "export_files_sha256": files_sha}
+    (report_dir / "report.json").write_text(json.dumps(report))
+    verdict = {
+        "passed": set(checked) >= set(variants),
+        "export_files_sha256": files_sha,
+        "report_sha256": file_sha256(report_dir / "report.json"),
+    }
+    manifest = {"files": files, "variants": dict.fromkeys(variants, {}), "conformance": verdict}
+    (exp / "manifest.json").write_text(json.dumps(manifest))
+    return exp
+
+
+FILES = {"onnx/model.onnx": {"bytes": 1, "sha256": "a" * 64}}
+MORE = {**FILES, "model.gguf": {"bytes": 2, "sha256": "b" * 64}}
+
+
+def test_conformance_report_must_match_the_export(tmp_path, caplog):
+    from prodip.conformance.stage import conformance_done
+
+    plan = _plan(tmp_path)
+    assert Path(plan["conformance"].out) == tmp_path / "export" / "conformance"  # one place for the report
+    exp = _export_with_report(plan, FILES, ["fp32"], ["fp32"], files_table_sha256(FILES))
+    assert conformance_done(plan)
+
+    # the reported case: the export replaced (more files and variants) and checked by `prodip conformance`
+    # (a passing verdict on its current files, from a report written elsewhere); the run's old report kept
+    manifest = json.loads((exp / "manifest.json").read_text())
+    verdict = {"passed": True, "export_files_sha256": files_table_sha256(MORE), "report_sha256": "c" * 64}
+    manifest.update(files=MORE, variants={"fp32": {}, "q8_0": {}}, conformance=verdict)
+    (exp / "manifest.json").write_text(json.dumps(manifest))
+    assert not conformance_done(plan)
+    assert "made from another export files table" in caplog.text
+
+
+def test_conformance_report_of_a_subset_or_another_verdict(tmp_path, caplog):
+    from prodip.conformance.stage import conformance_done
+
+    plan = _plan(tmp_path)
+    exp = _export_with_report(plan, MORE, ["fp32", "q8_0"], ["fp32"], files_table_sha256(MORE))
+    assert not conformance_done(plan) and "did not check variant(s) q8_0" in caplog.text
+    report = Path(plan["conformance"].out) / "report.json"
+    report.write_text(
+        json.dumps(
+            {"passed": True, "variants": {"fp32": True, "q8_0": True}, "export_files_sha256": files_table_sha256(MORE)}
+        )
+    )
+    assert not conformance_done(plan)  # the verdict in the manifest names another report
+    manifest = json.loads((exp / "manifest.json").read_text())
+    manifest["conformance"].update(report_sha256=file_sha256(report), passed=True)
+    (exp / "manifest.json").write_text(json.dumps(manifest))
+    assert conformance_done(plan)
+
+
+def _shards(out: Path, tag: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").write_text(json.dumps({"format_version": 1, "tag": tag}))
+
+
+def test_train_and_eval_are_tied_to_their_shards(tmp_path, caplog):
+    import dataclasses
+
+    from prodip.train.checkpoint import save_checkpoint
+    from prodip.train.stage import eval_done, train_done, train_run
+    from tests.fixtures import build_tiny_checkpoint, tiny_model, tiny_model_config
+
+    build_tiny_checkpoint(tmp_path / "t")
+    plan = _plan(tmp_path)
+    plan["train"] = dataclasses.replace(plan["train"], steps=10, tokenizer_dir=str(tmp_path / "t" / "tokenizer"))
+    _shards(Path(plan["train"].shards_dir), "one")
+    config = tiny_model_config(vocab_size=512)
+    ckpt = save_checkpoint(
+        Path(plan["train"].out_dir) / "checkpoints",
+        step=10,
+        model=tiny_model(config),
+        model_config=config,
+        tokenizer_dir=plan["train"].tokenizer_dir,
+        data_state={"shards_meta_sha256": file_sha256(Path(plan["train"].shards_dir) / "meta.json")},
+    )
+    assert train_done(plan)
+    eval_json = Path(plan["eval"].out)
+    eval_json.write_text(
+        json.dumps(
+            {
+                "checkpoint": {"model_sha256": file_sha256(ckpt / "model.safetensors")},
+                "shards_meta_sha256": file_sha256(Path(plan["eval"].shards_dir) / "meta.json"),
+            }
+        )
+    )
+    assert eval_done(plan)
+
+    _shards(Path(plan["train"].shards_dir), "two")  # the data stage ran again (e.g. on another corpus)
+    assert not train_done(plan) and "was made from another shards" in caplog.text
+    assert not eval_done(plan)
+    with pytest.raises(StageFailed, match="was trained on another shards"):
+        train_run(plan)  # neither resumed on other data nor deleted
+    assert (ckpt / "model.safetensors").is_file()
