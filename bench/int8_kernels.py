@@ -227,6 +227,66 @@ def _time_attention(attn: dict, rows: int, past: int, threads: int, repeats: int
     return _time_bound(sess, io, repeats)
 
 
+_FLOAT = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+
+
+def _weight_products_graph(path: str) -> tuple[onnx.ModelProto, dict[str, tuple[int, int, np.dtype]]]:
+    """Every weight product of a decoder graph ``path`` as independent nodes of one graph, with the
+    variant's own kernels and weights: ``MatMul`` with a constant weight (fp32, fp16),
+    ``MatMulInteger`` (int8), ``com.microsoft.MatMulNBits`` (int4). Returns the model and, per
+    activation input, ``(K, N, dtype)`` (uint8 for MatMulInteger)."""
+    model = onnx.load(path)  # external weights read: the kernels see the variant's real tensors
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes, inputs, outputs, used, acts = [], [], [], {}, {}
+    for i, n in enumerate(graph.node):
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type in ("MatMul", "MatMulInteger") and n.input[1] in inits:
+            w = inits[n.input[1]]
+            k, m = w.dims[0], w.dims[1]
+            dtype = np.uint8 if n.op_type == "MatMulInteger" else _FLOAT.get(w.data_type)
+        elif n.op_type == "MatMulNBits" and n.input[1] in inits:
+            k, m = attrs["K"], attrs["N"]
+            dtype = _FLOAT.get(inits[n.input[2]].data_type)
+        else:
+            continue
+        if dtype is None:
+            continue
+        x, y = f"x{i}", f"y{i}"
+        out_type = TensorProto.INT32 if dtype == np.uint8 else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        nodes.append(helper.make_node(n.op_type, [x, *n.input[1:]], [y], domain=n.domain, **attrs))
+        inputs.append(helper.make_tensor_value_info(x, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), ["M", k]))
+        outputs.append(helper.make_tensor_value_info(y, out_type, ["M", m]))
+        used.update({name: inits[name] for name in n.input[1:] if name in inits})
+        acts[x] = (k, m, np.dtype(dtype))
+    if not nodes:
+        raise SystemExit(f"{path}: no weight product with a constant weight")
+    g = helper.make_graph(nodes, "products", inputs, outputs, list(used.values()))
+    return helper.make_model(g, opset_imports=list(model.opset_import)), acts
+
+
+def products_bound(path: str, rows: int, threads: int, repeats: int) -> tuple[float, float, float]:
+    """The bound of a decode step's ``rows``-stream / 1-stream rate set by the weight products of the
+    decoder graph ``path``, whatever its variant (:func:`_weight_products_graph`): ``(t1 us, t_rows us,
+    rows * t1 / t_rows)``. The other parts of a step only add per-row cost, so a served variant's
+    measured ratio can approach this figure but not pass it (bench/serve.py compares the two)."""
+    model, acts = _weight_products_graph(path)
+    sess = _session(model, threads)
+    rng = np.random.default_rng(1)
+
+    def timed(m: int) -> float:
+        io = sess.io_binding()
+        for x, (k, n, dtype) in acts.items():
+            a = rng.integers(0, 256, (m, k), dtype=np.uint8) if dtype == np.uint8 else rng.standard_normal((m, k))
+            io.bind_cpu_input(x, a.astype(dtype))
+            y = np.empty((m, n), np.int32 if dtype == np.uint8 else dtype)
+            io.bind_ortvalue_output("y" + x[1:], ort.OrtValue.ortvalue_from_numpy(y))
+        return _time_bound(sess, io, repeats)
+
+    one, many = timed(1), timed(rows)
+    return one, many, rows * one / many
+
+
 def decoder_bound(path: str, threads: int, repeats: int, past: int) -> None:
     """Print what bounds the 8-row / 1-row decode rate of the int8 decoder ``path`` (module docstring)."""
     shapes, attn = _decoder_parts(path)
