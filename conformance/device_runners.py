@@ -31,6 +31,7 @@ import numpy as np
 
 from prodip.base.errors import MissingInput
 from prodip.conformance.runners import Runner
+from prodip.export.executorch import quiet_optional_imports
 
 NODE_DIR = Path(os.environ.get("PRODIP_NODE_DIR", Path(__file__).resolve().parents[1] / "node"))
 EVAL_SCRIPT = "llamacpp_eval.mjs"
@@ -135,6 +136,7 @@ class ExecuTorchRunner(Runner):
     """
 
     def __init__(self, path: str | Path, name: str) -> None:
+        quiet_optional_imports()
         from executorch.runtime import Runtime  # noqa: PLC0415 (optional: pip extra runtimes)
 
         self.path, self.name = Path(path), name
@@ -176,6 +178,7 @@ def pte_metadata(path: str | Path) -> dict[str, Any]:
     Raises:
         RuntimeError: the program cannot be loaded.
     """
+    quiet_optional_imports()
     from executorch.runtime import Runtime  # noqa: PLC0415 (optional: pip extra runtimes)
 
     program = Runtime.get().load_program(Path(path))

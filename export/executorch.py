@@ -122,7 +122,20 @@ def check_representable(config: Any, variant: str, group_size: int) -> None:
         )
 
 
+#: loggers that warn, harmlessly, while ExecuTorch (and the torchao it imports) load on a CPU-only install: torchao
+#: tries its CUDA kernels and logs "Failed to load .../_C_mxfp8...so" / "_C_cutlass_90a.abi3.so" for each, and torch's
+#: pytree logs a deprecation of torchao's Enum registration. Raised to ERROR before those imports.
+QUIET_ON_IMPORT = ("torchao", "torch.utils._pytree")
+
+
+def quiet_optional_imports() -> None:
+    """Silence :data:`QUIET_ON_IMPORT` below ERROR (call before importing executorch or torchao)."""
+    for name in QUIET_ON_IMPORT:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _quantize_8da4w(model: nn.Module, group_size: int) -> None:
+    quiet_optional_imports()
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_  # noqa: PLC0415 (optional)
     from torchao.quantization.granularity import PerGroup  # noqa: PLC0415 (optional: executorch's torchao)
 
@@ -154,6 +167,7 @@ def export_pte(
     Raises:
         InvalidInput: see :func:`check_representable`.
     """
+    quiet_optional_imports()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # noqa: PLC0415 (optional)
         XnnpackPartitioner,
     )

@@ -123,7 +123,7 @@ def _snippet(name: str, export_dir: Path) -> str:
     text = README.read_text(encoding="utf-8")
     m = re.search(rf"<!-- snippet: {re.escape(name)} [^\n]*-->\n```\w+\n(.*?)```", text, re.S)
     assert m, f"README.md has no snippet {name!r}"
-    return m.group(1).replace("runs/demo/export", str(export_dir))
+    return m.group(1).replace("runs/demo-devices/export", str(export_dir))
 
 
 @needs_llama_cpp
