@@ -48,7 +48,7 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 tests $(PYTEST_ARGS)
 
-# the fast tier: every test not marked slow (under a minute on 2 cores)
+# the fast tier: every test not marked slow
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 -m "not slow" tests $(PYTEST_ARGS)
 

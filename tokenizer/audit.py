@@ -187,18 +187,83 @@ def measure_languages(tok, docs_by_lang: dict[str, list[str]]) -> dict[str, dict
     return out
 
 
-def gate_failures(languages: dict[str, dict], min_chars_per_token: dict[str, float]) -> list[str]:
-    """One message per language below its minimum chars/token (or without held-out text)."""
+def gate_failures(
+    languages: dict[str, dict],
+    min_chars_per_token: dict[str, float],
+    sample: dict[str, dict] | None = None,
+    vocab_size: int | None = None,
+) -> list[str]:
+    """One message per language below its minimum chars/token (or without held-out text), saying what
+    raises it, with the figures: more text of that language or a larger share of it in the tokenizer's
+    sample (``sample``: :func:`sample_report`), a larger vocabulary (``vocab_size``), or a lower minimum."""
     failures = []
     for lang, minimum in min_chars_per_token.items():
         if lang not in languages:
-            failures.append(f"{lang}: no held-out text audited, so chars/token is unknown (minimum {minimum})")
-        elif languages[lang]["chars_per_token"] < minimum:
             failures.append(
-                f"{lang}: {languages[lang]['chars_per_token']:.3f} chars/token is below the minimum "
-                f"{minimum} (fertility gate)"
+                f"{lang}: no held-out text audited, so chars/token is unknown (minimum {minimum}); "
+                f"add {lang} files to [audit] heldout (--heldout {lang}=PATH)"
+            )
+        elif languages[lang]["chars_per_token"] < minimum:
+            got = languages[lang]["chars_per_token"]
+            fixes = []
+            s = (sample or {}).get(lang)
+            if s:
+                fixes.append(
+                    f"more {lang} text or a larger {lang} share of the tokenizer's sample ([tokenizer] proportions; "
+                    f"it held {s['sample_chars']:,} {lang} characters, {s['sample_share']:.0%} of the sample, "
+                    f"of {s['available_chars']:,} available)"
+                )
+            else:
+                fixes.append(f"more {lang} text or a larger {lang} share ([tokenizer] proportions)")
+            fixes.append("a larger [tokenizer] vocab_size" + (f" (now {vocab_size})" if vocab_size else ""))
+            fixes.append(f"or a lower [audit] min_chars_per_token.{lang} (measured {got:.3f})")
+            failures.append(
+                f"{lang}: {got:.3f} chars/token is below the minimum {minimum} (fertility gate); to raise it: "
+                + ", ".join(fixes)
             )
     return failures
+
+
+def sample_report(info: dict[str, Any]) -> dict[str, dict] | None:
+    """Per language, the tokenizer's training sample against the text available (``train_info.json``):
+    ``{lang: {sample_chars, available_chars, used, sample_share}}`` (``used``: the fraction of the available
+    text the sample took), or None for a tokenizer dir without those figures."""
+    drawn, available = info.get("sample_chars"), info.get("available_chars")
+    if not isinstance(drawn, dict) or not isinstance(available, dict) or not drawn:
+        return None
+    total = max(sum(drawn.values()), 1)
+    return {
+        lang: {
+            "sample_chars": int(n),
+            "available_chars": int(available.get(lang, 0)),
+            "used": round(n / max(available.get(lang, 0), 1), 4),
+            "sample_share": round(n / total, 4),
+        }
+        for lang, n in drawn.items()
+    }
+
+
+def warn_cut_samples(sample: dict[str, dict] | None, tokenizer_dir: Path) -> list[str]:
+    """Warnings for languages whose text the sample mostly left out, e.g. because ``[tokenizer] proportions``
+    held every language to the share the smallest one could fill (logged, and kept in ``fertility.json``)."""
+    if not sample:
+        return []
+    full = [lang for lang, s in sample.items() if s["used"] >= 0.99]
+    warnings = []
+    for lang, s in sample.items():
+        if s["used"] < 0.5:
+            why = (
+                f"[tokenizer] proportions set the sample's size from {', '.join(full)}'s text, all of which it took"
+                if full
+                else "[tokenizer] sample_chars capped the sample"
+            )
+            warnings.append(
+                f"{lang}: the tokenizer in {tokenizer_dir} was trained on {s['sample_chars']:,} of {s['available_chars']:,} "
+                f"{lang} characters ({s['used']:.1%}): {why}; add text to the smaller language(s) or change proportions"
+            )
+    for w in warnings:
+        log.warning(w)
+    return warnings
 
 
 # --------------------------------------------------------------------------------------------- audit
@@ -213,7 +278,7 @@ def load_heldout(
         ValueError: a held-out file was among the tokenizer's training files, or no held-out text.
         FileNotFoundError: a missing held-out path.
     """
-    files = expand_inputs(heldout, what="heldout")
+    files = expand_inputs(heldout, what="[audit] heldout (--heldout)")
     trained = {os.path.realpath(f) for f in training_files}
     docs_by_lang: dict[str, list[str]] = {}
     for lang, lang_files in files.items():
@@ -295,7 +360,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
 
     Returns:
         {format_version, tokenizer_sha256, vocab_size, heldout, languages: {lang: figures}, gate: {
-         min_chars_per_token, passed, failures}, baseline: null | {kind, tokenizer_dir, languages},
+         min_chars_per_token, passed, failures}, sample: {lang: {sample_chars, available_chars, used,
+         sample_share}} | null, sample_warnings: [str], baseline: null | {kind, tokenizer_dir, languages},
          parity: null | the tokenizer/parity.py report}.
 
     Raises:
@@ -307,7 +373,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     training = [f for fs in _training_info(tok_dir).get("files", {}).values() for f in fs]
     docs = load_heldout(cfg.heldout, max_chars=cfg.max_chars, errors=cfg.errors, training_files=training)
     languages = measure_languages(tok, docs)
-    failures = gate_failures(languages, cfg.min_chars_per_token)
+    sample = sample_report(_training_info(tok_dir))
+    failures = gate_failures(languages, cfg.min_chars_per_token, sample, tok.get_vocab_size())
     parity = None
     if cfg.parity != "off":
         parity = run_parity(tok_dir, _parity_texts(docs, cfg.parity_max_chars), require=cfg.parity == "require")
@@ -320,6 +387,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "config": dataclasses.asdict(cfg),
         "languages": languages,
         "gate": {"min_chars_per_token": dict(cfg.min_chars_per_token), "passed": not failures, "failures": failures},
+        "sample": sample,
+        "sample_warnings": warn_cut_samples(sample, tok_dir),
         "baseline": None,
         "parity": parity,
     }

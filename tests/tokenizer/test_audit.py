@@ -120,3 +120,62 @@ def test_check_gate_stale_and_unaudited(tmp_path):
 def test_heldout_must_not_be_training_text(tok_dir, corpus):
     with pytest.raises(ValueError, match="was used to train this tokenizer"):
         run_audit(AuditConfig(tokenizer_dir=str(tok_dir), heldout={"bn": [str(corpus["bn"])]}))
+
+
+def test_gate_failure_says_what_to_change_with_figures(tok_dir, heldout):
+    """The gate's message names the figures a user changes: the language's sample, the vocabulary, the minimum."""
+    info = json.loads((tok_dir / "train_info.json").read_text())
+    report = run_audit(
+        AuditConfig(
+            tokenizer_dir=str(tok_dir),
+            heldout={"bn": [str(heldout["bn"])]},
+            min_chars_per_token={"bn": 50, "xx": 2},
+            parity="off",
+        )
+    )
+    bn, xx = report["gate"]["failures"]
+    measured = report["languages"]["bn"]["chars_per_token"]
+    sample = report["sample"]["bn"]
+    assert (
+        sample["sample_chars"] == info["sample_chars"]["bn"]
+        and sample["available_chars"] == info["available_chars"]["bn"]
+    )
+    assert sample["sample_share"] == pytest.approx(
+        info["sample_chars"]["bn"] / sum(info["sample_chars"].values()), abs=1e-4
+    )
+    assert f"it held {sample['sample_chars']:,} bn characters" in bn and "[tokenizer] proportions" in bn
+    assert f"a larger [tokenizer] vocab_size (now {report['vocab_size']})" in bn
+    assert f"[audit] min_chars_per_token.bn (measured {measured:.3f})" in bn
+    assert "add xx files to [audit] heldout" in xx
+
+
+def test_proportions_that_cut_a_language_are_logged_and_recorded(corpus, heldout, tmp_path, caplog):
+    """Equal proportions over a small Bangla corpus cut the English sample to the Bangla size: said, not silent."""
+    from prodip.tokenizer.bpe import TokenizerTrainConfig, train_tokenizer
+
+    small = tmp_path / "bn_small.txt"
+    lines = (corpus["bn"] / "part.jsonl").read_text(encoding="utf-8").splitlines()
+    small.write_text("\n\n".join(json.loads(x)["text"] for x in lines)[:20000], encoding="utf-8")
+    tok = train_tokenizer(
+        TokenizerTrainConfig(
+            inputs={"bn": [str(small)], "en": [str(corpus["en"])]},
+            out_dir=str(tmp_path / "tok"),
+            vocab_size=400,
+            proportions={"bn": 0.5, "en": 0.5},
+        )
+    )
+    report = run_audit(AuditConfig(tokenizer_dir=str(tok), heldout={"bn": [str(heldout["bn"])]}, parity="off"))
+    en = report["sample"]["en"]
+    assert report["sample"]["bn"]["used"] >= 0.99 and en["used"] < 0.5
+    assert en["sample_chars"] <= 1.05 * report["sample"]["bn"]["sample_chars"]  # equal shares: bn's size
+    (warning,) = report["sample_warnings"]
+    assert warning.startswith(f"en: the tokenizer in {tok} was trained on {en['sample_chars']:,} of ")
+    assert "proportions set the sample's size from bn's text" in warning and warning in caplog.text
+    assert json.loads((tok / "fertility.json").read_text())["sample_warnings"] == [warning]
+
+
+def test_missing_heldout_names_the_table(tok_dir):
+    from prodip.base.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=r"^\[audit\] heldout \(--heldout\): no languages given"):
+        run_audit(AuditConfig(tokenizer_dir=str(tok_dir), parity="off"))
