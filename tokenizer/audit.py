@@ -322,7 +322,9 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
         and info.get("files") == _training_info(tokenizer_dir).get("files")
     ):
         return out
-    return train_tokenizer(dataclasses.replace(cfg, kind="naive", out_dir=str(out), overwrite=True))
+    # the trap it shows: the text corpus's natural mix, without word-count tables or source weights
+    naive = dataclasses.replace(cfg, kind="naive", out_dir=str(out), overwrite=True, word_counts={}, weights={})
+    return train_tokenizer(naive)
 
 
 def _parity_texts(docs_by_lang: dict[str, list[str]], max_chars: int) -> dict[str, list[str]]:
@@ -386,6 +388,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": dataclasses.asdict(cfg),
         "languages": languages,
+        # what the tokenizer was trained on: per source its weight, characters available and drawn, licence
+        "training_sources": _training_info(tok_dir).get("sources"),
         "gate": {"min_chars_per_token": dict(cfg.min_chars_per_token), "passed": not failures, "failures": failures},
         "sample": sample,
         "sample_warnings": warn_cut_samples(sample, tok_dir),

@@ -38,6 +38,7 @@ from prodip.base.files import file_sha256, raise_for_room
 from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.custom import train_custom
 from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
+from prodip.tokenizer.wordcounts import WordCounts, corpus_casing, count_documents, is_wordfreq, load_counts
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,20 @@ class TokenizerTrainConfig:
         factory=dict,
         help="share of the training sample per language, by "
         "characters, e.g. bn=0.6,en=0.4 (empty: the corpus's natural mix)",
+    )
+    word_counts: dict[str, list[str]] = opt(
+        factory=dict,
+        help="language -> word-frequency tables (word, count) trained on as their equivalent text (each word "
+        "repeated count times): a word<TAB>count .tsv(.gz) file, or wordfreq:LANG for the list the wordfreq "
+        "package ships (data CC BY-SA 4.0, share-alike: opt-in), e.g. bn=wordfreq:bn",
+    )
+    wordfreq_chars: int = opt(
+        2_000_000, "characters of equivalent text each wordfreq:LANG table gives (before its weight)"
+    )
+    weights: dict[str, int] = opt(
+        factory=dict,
+        help="source -> repeat count in the sample (a source is an entry of inputs or word_counts, as written; "
+        "2 = the source listed twice), e.g. data/bn=2,wordfreq:bn=2",
     )
     sample_chars: int = opt(60_000_000, "maximum characters in the training sample (all languages)")
     min_frequency: int = opt(2, "minimum pair count for a merge")
@@ -138,33 +153,130 @@ def plan_sample(chars_by_lang: dict[str, int], proportions: dict[str, float], sa
     return {lang: int(total * s) for lang, s in shares.items()}
 
 
+@dataclass
+class Source:
+    """One entry of ``inputs`` or ``word_counts``: its documents, characters and weight.
+
+    ``files`` (text) or ``table`` (word counts) is set; ``chars`` is one copy's characters and the
+    sample sees ``weight`` consecutive copies, so a weight of 2 is the entry listed twice.
+    """
+
+    lang: str
+    name: str
+    weight: int = 1
+    files: list[Path] | None = None
+    table: WordCounts | None = None
+    chars: int = 0
+    stats: ReadStats | None = None
+
+    def documents(self, errors: str) -> Iterator[tuple[Path, int, str]]:
+        """``(key, index, document)``: the key and index seed the per-document sampling draw."""
+        if self.table is not None:
+            key = Path(self.name)
+            yield from ((key, i, doc) for i, doc in enumerate(count_documents(self.table.counts)))
+        else:
+            yield from iter_language(self.files or [], self.lang, errors=errors)
+
+    def record(self, drawn: int) -> dict:
+        """This source in ``train_info.json`` / ``fertility.json``: characters available (one copy) and drawn."""
+        out = {"language": self.lang, "source": self.name, "weight": self.weight, "available_chars": self.chars}
+        out["sample_chars"] = drawn
+        if self.table is not None:
+            out.update(kind="word_counts", words=len(self.table.counts))
+            if self.table.license:
+                out.update(license=self.table.license, version=self.table.version)
+        else:
+            out.update(kind="text", files=[str(f) for f in self.files or []])
+        return out
+
+
+def build_sources(
+    inputs: dict[str, list[str]],
+    word_counts: dict[str, list[str]],
+    weights: dict[str, int],
+    *,
+    errors: str,
+    wordfreq_chars: int,
+) -> dict[str, list[Source]]:
+    """Resolve the text inputs and word-count tables into sources per language, counting their characters.
+
+    A ``wordfreq:LANG`` table takes its casing from that language's text sources (one extra pass).
+
+    Raises:
+        InvalidInput: a weight naming no source, or a weight < 1; see ``expand_inputs`` and
+            ``wordcounts.load_counts`` for the inputs' own errors.
+    """
+    names = {str(p) for ps in inputs.values() for p in ([ps] if isinstance(ps, str) else ps)}
+    names |= {str(p) for ps in word_counts.values() for p in ps}
+    for name, w in weights.items():
+        if name not in names:
+            raise InvalidInput(
+                f"weights.{name}: not a source; sources are the entries of inputs and word_counts: {sorted(names)}"
+            )
+        if w < 1:
+            raise InvalidInput(f"weights.{name}: {w} must be an integer >= 1 (remove the source to leave it out)")
+    if not inputs:
+        expand_inputs(inputs)  # raises, naming the expected form
+    out: dict[str, list[Source]] = {}
+    for lang, paths in inputs.items():
+        for p in [paths] if isinstance(paths, str) else paths:
+            files = expand_inputs({lang: [p]})[lang]
+            src = Source(lang, str(p), weights.get(str(p), 1), files=files, stats=ReadStats())
+            src.chars = sum(len(doc) for _, _, doc in iter_language(files, lang, errors=errors, stats=src.stats))
+            out.setdefault(lang, []).append(src)
+    for lang, entries in word_counts.items():
+        casing = None
+        if any(is_wordfreq(e) for e in entries) and out.get(lang):
+            casing = corpus_casing(doc for s in out[lang] for _, _, doc in s.documents(errors))
+        for e in entries:
+            table = load_counts(str(e), lang, wordfreq_chars=wordfreq_chars, casing=casing)
+            out.setdefault(lang, []).append(
+                Source(lang, str(e), weights.get(str(e), 1), table=table, chars=table.chars())
+            )
+    return out
+
+
 def sample_documents(
-    files_by_lang: dict[str, list[Path]],
+    sources: dict[str, list[Source]],
     budget: dict[str, int],
     chars_by_lang: dict[str, int],
     *,
     seed: int,
     errors: str,
     drawn: dict[str, int],
+    drawn_by_source: dict[tuple[str, int], int] | None = None,
 ) -> Iterator[str]:
     """Stream documents, languages interleaved, each kept with probability budget/available.
 
-    ``drawn`` is filled with the characters actually yielded per language.
+    Each source is read ``weight`` times in a row (both copies of a document get the same draw,
+    as when the source is listed twice). ``drawn`` is filled with the characters actually yielded
+    per language, ``drawn_by_source`` per ``(language, index of the source in sources[language])``.
     """
+
+    def stream(lang: str) -> Iterator[tuple[int, Path, int, str]]:
+        for k, src in enumerate(sources[lang]):
+            for _ in range(src.weight):
+                for key, index, doc in src.documents(errors):
+                    yield k, key, index, doc
+
+    by_source = {} if drawn_by_source is None else drawn_by_source
+    by_source.clear()
     streams = {}
-    for lang, files in files_by_lang.items():
+    for lang in sources:
         drawn[lang] = 0
+        by_source.update({(lang, k): 0 for k in range(len(sources[lang]))})
         if budget[lang] > 0:
-            streams[lang] = iter_language(files, lang, errors=errors)
+            streams[lang] = stream(lang)
     while streams:
         for lang in list(streams):
             keep = budget[lang] / chars_by_lang[lang]
-            for path, index, doc in streams[lang]:
+            for k, key, index, doc in streams[lang]:
                 if drawn[lang] >= budget[lang]:
                     break
-                if keep >= 1 or _doc_unit(seed, lang, path, index) < keep:
+                if keep >= 1 or _doc_unit(seed, lang, key, index) < keep:
                     doc = doc[: budget[lang] - drawn[lang] + 1000]
                     drawn[lang] += len(doc)
+                    by_source[(lang, k)] += len(doc)
                     yield doc
                     break
             else:
@@ -172,18 +284,6 @@ def sample_documents(
                 continue
             if drawn[lang] >= budget[lang]:
                 del streams[lang]
-
-
-def count_chars(
-    files_by_lang: dict[str, list[Path]], errors: str, stats: dict[str, ReadStats] | None = None
-) -> dict[str, int]:
-    """Characters per language (one streamed pass); ``stats`` receives each language's read counters."""
-    stats = {} if stats is None else stats
-    out = {}
-    for lang, files in files_by_lang.items():
-        stats[lang] = ReadStats()
-        out[lang] = sum(len(doc) for _, _, doc in iter_language(files, lang, errors=errors, stats=stats[lang]))
-    return out
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -367,6 +467,12 @@ def save_tokenizer_dir(
     return out
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process, all its threads (the trainer's Rayon pool included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -399,25 +505,28 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     out = Path(cfg.out_dir)
     if (out / "tokenizer.json").exists() and not cfg.overwrite:
         raise OutputExists(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
-    start = time.perf_counter()
-    files = expand_inputs(cfg.inputs)
-    read: dict[str, ReadStats] = {}
-    chars = count_chars(files, cfg.errors, read)
-    skipped = sum(r.skipped_bytes for r in read.values())
+    start, cpu_start = time.perf_counter(), _cpu_s()
+    sources = build_sources(
+        cfg.inputs, cfg.word_counts, cfg.weights, errors=cfg.errors, wordfreq_chars=cfg.wordfreq_chars
+    )
+    read = [s.stats for ss in sources.values() for s in ss if s.stats is not None]
+    chars = {lang: sum(s.chars * s.weight for s in ss) for lang, ss in sources.items()}
+    skipped = sum(r.skipped_bytes for r in read)
     if skipped:
         log.warning(
-            "skipping %d undecodable bytes (first at %s)",
-            skipped,
-            [w for r in read.values() for w in r.skipped_where][:3],
+            "skipping %d undecodable bytes (first at %s)", skipped, [w for r in read for w in r.skipped_where][:3]
         )
     proportions = {} if cfg.kind == "naive" else cfg.proportions  # the baseline takes the natural mix
     budget = plan_sample(chars, proportions, cfg.sample_chars)
     drawn: dict[str, int] = {}
+    by_source: dict[tuple[str, int], int] = {}
     log.info("sampling %s characters per language (available %s)", budget, chars)
 
     def texts() -> Iterator[str]:  # deterministic, so the superword stage sees the same sample
         drawn.clear()
-        return sample_documents(files, budget, chars, seed=cfg.seed, errors=cfg.errors, drawn=drawn)
+        return sample_documents(
+            sources, budget, chars, seed=cfg.seed, errors=cfg.errors, drawn=drawn, drawn_by_source=by_source
+        )
 
     tok = train_from_iterator(
         texts,
@@ -450,10 +559,14 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
         "sample_chars": drawn,
         "available_chars": chars,
         "skipped_bytes": skipped,
-        "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
+        "skipped_where": [w for r in read for w in r.skipped_where][:10],
         "train_s": round(elapsed, 2),
+        "train_cpu_s": round(_cpu_s() - cpu_start, 2),
         "peak_rss_mb": round(_peak_rss_mb(), 1),
-        "files": {lang: [str(f) for f in fs] for lang, fs in files.items()},
+        "files": {
+            lang: [str(f) for s in ss for f in s.files or [] for _ in range(s.weight)] for lang, ss in sources.items()
+        },
+        "sources": [s.record(by_source[(lang, k)]) for lang, ss in sources.items() for k, s in enumerate(ss)],
     }
     extra = {
         "train_config.toml": dump_toml({"tokenizer": to_dict(cfg)}),

@@ -1,0 +1,127 @@
+"""Per-source weights and word-frequency tables in the tokenizer's training sample.
+
+A weight of 2 is the source listed twice (same tokenizer, same sample); a table of counts gives the
+same tokenizer as its equivalent text; the wordfreq package's lists load from the installed wheel,
+true-cased from the corpus, and their licence (CC BY-SA 4.0, share-alike) is recorded in
+train_info.json and fertility.json; bad weights and tables are refused naming the option, file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from prodip.base.errors import InvalidInput
+from prodip.tokenizer.audit import AuditConfig, run_audit
+from prodip.tokenizer.bpe import TokenizerTrainConfig, tokenizer_sha256, train_tokenizer
+from prodip.tokenizer.wordcounts import WORD, count_documents, equivalent_text, read_counts_file, wordfreq_counts
+
+from .conftest import REPO
+
+
+def _train(tmp_path: Path, name: str, **kw) -> Path:
+    cfg = TokenizerTrainConfig(out_dir=str(tmp_path / name), vocab_size=700, progress=False, **kw)
+    return train_tokenizer(cfg)
+
+
+def _info(tok_dir: Path) -> dict:
+    return json.loads((tok_dir / "train_info.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("proportions", [{}, {"bn": 0.6, "en": 0.4}], ids=["natural", "sampled"])
+def test_weight_two_is_the_source_listed_twice(corpus, tmp_path, proportions):
+    bn, en = str(corpus["bn"]), str(corpus["en"])
+    weighted = _train(tmp_path, "w2", inputs={"bn": [bn], "en": [en]}, weights={bn: 2}, proportions=proportions)
+    twice = _train(tmp_path, "twice", inputs={"bn": [bn, bn], "en": [en]}, proportions=proportions)
+    once = _train(tmp_path, "once", inputs={"bn": [bn], "en": [en]}, proportions=proportions)
+    assert tokenizer_sha256(weighted) == tokenizer_sha256(twice)
+    assert tokenizer_sha256(weighted) != tokenizer_sha256(once)  # the weight changes the sample
+    w, t, o = _info(weighted), _info(twice), _info(once)
+    assert w["sample_chars"] == t["sample_chars"]
+    (bn_src,) = [s for s in w["sources"] if s["language"] == "bn"]
+    assert bn_src["weight"] == 2 and bn_src["kind"] == "text"
+    assert w["available_chars"]["bn"] == 2 * bn_src["available_chars"] == 2 * o["available_chars"]["bn"]
+    # the characters each source contributed add up to the language's sample
+    for lang in ("bn", "en"):
+        assert sum(s["sample_chars"] for s in w["sources"] if s["language"] == lang) == w["sample_chars"][lang]
+    if not proportions:  # the natural mix takes everything: each copy contributes all of it
+        assert bn_src["sample_chars"] == 2 * bn_src["available_chars"]
+        assert sum(s["sample_chars"] for s in t["sources"] if s["language"] == "bn") == bn_src["sample_chars"]
+
+
+def test_a_table_of_counts_is_its_equivalent_text(corpus, tmp_path):
+    en_text = next(corpus["en"].glob("*.txt")).read_text(encoding="utf-8")
+    counts = Counter(WORD.findall(en_text)).most_common(400)
+    table = tmp_path / "en_counts.tsv"
+    table.write_text("".join(f"{w}\t{c}\n" for w, c in counts), encoding="utf-8")
+    text_dir = tmp_path / "en_text"
+    text_dir.mkdir()
+    (text_dir / "words.txt").write_text(equivalent_text(counts), encoding="utf-8")
+    assert read_counts_file(table) == counts
+    assert "".join(count_documents(counts, chunk_chars=50)) == equivalent_text(counts).replace("\n", "")
+    bn = [str(corpus["bn"])]
+    from_table = _train(tmp_path, "table", inputs={"bn": bn}, word_counts={"en": [str(table)]})
+    from_text = _train(tmp_path, "text", inputs={"bn": bn, "en": [str(text_dir)]})
+    a = json.loads((from_table / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    b = json.loads((from_text / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    assert a["merges"] == b["merges"] and a["vocab"] == b["vocab"]
+    assert len(a["merges"]) > 300  # the table taught English merges (e.g. " the")
+    assert "Ġthe" in a["vocab"]
+    (src,) = [s for s in _info(from_table)["sources"] if s["language"] == "en"]
+    assert src["kind"] == "word_counts" and src["words"] == 400
+    assert src["available_chars"] == sum((len(w) + 1) * c for w, c in counts) == src["sample_chars"]
+
+
+def test_wordfreq_lists_are_true_cased_and_carry_their_licence(corpus, tmp_path):
+    casing = {"elizabeth": "Elizabeth", "darcy": "Darcy"}
+    table = wordfreq_counts("en", 300_000, casing)
+    words = dict(table.counts)
+    assert "Elizabeth" in words and "elizabeth" not in words and "the" in words
+    assert all(WORD.fullmatch(w) for w in words)  # wordfreq's "0000" (any 4-digit number) is left out
+    assert abs(table.chars() - 300_000) / 300_000 < 0.01
+    assert words["the"] > words["of"] > words["house"] > 0  # frequency order kept
+    assert table.license["license"] == "CC-BY-SA-4.0" and table.license["share_alike"]
+    bn_table = wordfreq_counts("bn", 100_000)
+    assert "এবং" in dict(bn_table.counts)
+
+    bn = str(corpus["bn"])
+    tok = _train(
+        tmp_path,
+        "wf",
+        inputs={"bn": [bn], "en": [str(corpus["en"])]},
+        word_counts={"bn": ["wordfreq:bn"]},
+        wordfreq_chars=100_000,
+        weights={"wordfreq:bn": 2},
+    )
+    (src,) = [s for s in _info(tok)["sources"] if s["source"] == "wordfreq:bn"]
+    assert src["weight"] == 2 and src["sample_chars"] == 2 * src["available_chars"]
+    assert src["license"]["license"] == "CC-BY-SA-4.0" and src["version"] == "3.1.1"
+    report = run_audit(
+        AuditConfig(tokenizer_dir=str(tok), heldout={"bn": [str(REPO / "data/heldout/udhr_ben.txt")]}, parity="off")
+    )
+    recorded = json.loads((tok / "fertility.json").read_text(encoding="utf-8"))["training_sources"]
+    assert recorded == report["training_sources"] == _info(tok)["sources"]
+    assert {s["source"] for s in recorded} == {bn, str(corpus["en"]), "wordfreq:bn"}
+
+
+def test_bad_weights_and_tables_are_refused(corpus, tmp_path):
+    bn, en = str(corpus["bn"]), str(corpus["en"])
+    inputs = {"bn": [bn], "en": [en]}
+    with pytest.raises(InvalidInput, match=r"weights\.data/xx: not a source"):
+        _train(tmp_path, "a", inputs=inputs, weights={"data/xx": 2})
+    with pytest.raises(InvalidInput, match=rf"weights\.{bn}: 0 must be an integer >= 1"):
+        _train(tmp_path, "b", inputs=inputs, weights={bn: 0})
+    with pytest.raises(InvalidInput, match=r"is another language's list \(expected wordfreq:en\)"):
+        _train(tmp_path, "c", inputs=inputs, word_counts={"en": ["wordfreq:bn"]})
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("the\t10\nof 5\n", encoding="utf-8")
+    with pytest.raises(InvalidInput, match=r"bad\.tsv:2: expected 'word<TAB>count'"):
+        _train(tmp_path, "d", inputs=inputs, word_counts={"en": [str(bad)]})
+    bad.write_text("the\tmany\n", encoding="utf-8")
+    with pytest.raises(InvalidInput, match=r"bad\.tsv:1: count 'many' is not a positive integer"):
+        _train(tmp_path, "e", inputs=inputs, word_counts={"en": [str(bad)]})
+    for name in "abcde":
+        assert not (tmp_path / name).exists()
