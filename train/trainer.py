@@ -32,7 +32,7 @@ from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import raise_for_room
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import load_meta, meta_sha256
-from prodip.train import checkpoint, distributed, fsdp, guards, init
+from prodip.train import attention, checkpoint, determinism, distributed, fsdp, guards, init
 from prodip.train.config import ModelConfig
 from prodip.train.data import ORDERS, MixtureBatches, val_batches
 from prodip.train.loop import (
@@ -113,6 +113,17 @@ class TrainConfig:
         choices=("auto", "float32", "bfloat16"),
     )
     compile: bool = opt(False, "torch.compile the model (CUDA; slow first step)")
+    attention_backend: str = opt(
+        "auto",
+        "SDPA kernel: auto (PyTorch's choice) | flash | cudnn | efficient | math (torch.nn.attention.sdpa_kernel); "
+        "the kernel that ran is logged and written to metrics.jsonl; one that cannot run here is refused",
+        choices=tuple(attention.BACKENDS),
+    )
+    deterministic: bool = opt(
+        False,
+        "CUDA: deterministic algorithms, CUBLAS_WORKSPACE_CONFIG, a deterministic attention backward, so a "
+        "resume is bitwise (slower kernels); CPU runs are deterministic either way",
+    )
     activation_checkpointing: bool = opt(False, "recompute layer activations in backward (saves memory)")
     loss_chunk_tokens: int = opt(
         2048,
@@ -326,10 +337,8 @@ class _Run:
                 f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
                 "that run, or choose another --out-dir"
             )
-        if self.device.type == "cpu":
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        else:  # TF32 for the few fp32 matmuls left outside bf16 autocast (nanoGPT does the same)
-            torch.set_float32_matmul_precision("high")
+        determinism.configure(cfg.deterministic, self.device)
+        self.attn = self._attention_kernel()
         self.fsdp = cfg.parallel == "fsdp" and info.world_size > 1
         model, self.optimizer = _build(cfg, self.model_cfg, self.device, self.fsdp)
         self.model = model
@@ -372,14 +381,16 @@ class _Run:
                 self.ckpt_dir, rank=info.rank, world_size=info.world_size, background=cfg.async_checkpoint
             )
         try:
-            if cfg.guards:
-                saved = self.data.state_dict()
-                probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
-                self.data.load_state_dict(saved)  # the probe does not consume the stream
-                _run_guards(cfg, self.fwd, self.optimizer, probe, self.device, self.amp, fresh=self.step == 0)
-            if self.device.type == "cuda":  # the probes' model/optimizer snapshots are not training's peak
-                torch.cuda.reset_peak_memory_stats(self.device)
-            last = self._loop()
+            # the SDPA choice holds while the compiled graph is traced (first call) and every call after
+            with attention.context(self.attn.backend):
+                if cfg.guards:
+                    saved = self.data.state_dict()
+                    probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
+                    self.data.load_state_dict(saved)  # the probe does not consume the stream
+                    _run_guards(cfg, self.fwd, self.optimizer, probe, self.device, self.amp, fresh=self.step == 0)
+                if self.device.type == "cuda":  # the probes' model/optimizer snapshots are not training's peak
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                last = self._loop()
         except KeyboardInterrupt:
             if self.saver is not None:
                 self.saver.close()  # the save in flight completes first: it may be the one to resume from
@@ -392,6 +403,28 @@ class _Run:
                 self.saver.close()
         self.fwd = None  # the compiled / DDP wrappers die here, while the process group is alive
         return {"run_dir": self.run_dir, "model": model, "step": self.step, "last": last}
+
+    def _attention_kernel(self) -> attention.AttentionKernel:
+        """Probe ``[train] attention_backend`` (under ``deterministic``, the deterministic choice) on
+        this device with the model's attention shapes; log the kernel that ran once.
+
+        Raises:
+            InvalidInput: the backend cannot run here (one line naming the option and the reason).
+        """
+        m, cfg = self.model_cfg, self.cfg
+        choices = determinism.attention_choice(cfg.attention_backend, cfg.deterministic, self.device)
+        shapes = dict(heads=m.num_attention_heads, kv_heads=m.num_key_value_heads, head_dim=m.head_dim)
+        dtype = self.amp or torch.float32
+        for i, backend in enumerate(choices):
+            try:
+                kernel = attention.probe(backend, self.device, dtype, seq_len=cfg.seq_len, **shapes)
+                break
+            except InvalidInput:
+                if i == len(choices) - 1:
+                    raise
+        if self.info.is_main:
+            log.info("%s", kernel.describe())
+        return kernel
 
     def _init_source(self) -> init.InitWeights:
         """Weights and model config of ``--init-from``; its architecture replaces the [model] table's."""
@@ -514,6 +547,7 @@ class _Run:
         loop_start, cpu_start = time.perf_counter(), time.process_time()
         self.last_save_t = loop_start
         n = cfg.grad_accum_steps
+        attention_written = False
         try:
             while self.step < end:
                 t0 = time.perf_counter()
@@ -569,6 +603,9 @@ class _Run:
                 last["elapsed_s"] = time.perf_counter() - loop_start
                 last["process_cpu_s"] = time.process_time() - cpu_start
                 if metrics and log_now:
+                    if not attention_written:  # the first line this invocation writes names the kernel
+                        last.update(self._attention_fields())
+                        attention_written = True
                     metrics.write(json.dumps(last) + "\n")
                     metrics.flush()
                     observer.log(last)
@@ -588,6 +625,14 @@ class _Run:
             if observer:
                 observer.close()  # also on Ctrl-C: loss.png shows every step that was logged
         return last
+
+    def _attention_fields(self) -> dict[str, str]:
+        """The first metrics line of each invocation names the attention setting and the kernel that ran."""
+        return {
+            "attention_backend": self.attn.backend,
+            "attention_kernel": self.attn.kernel,
+            "deterministic": self.cfg.deterministic,
+        }
 
     def _save_due(self, end: int) -> bool:
         """Save at this step? The last step, every ``checkpoint_every_steps``, or ``checkpoint_every_s``

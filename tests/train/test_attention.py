@@ -1,0 +1,115 @@
+"""[train] attention_backend and deterministic: the kernel that ran is named, an impossible one is
+refused, the model really runs under the choice, and the resume comparison catches a broken resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from prodip.base.errors import InvalidInput
+from prodip.cli import main as prodip_main
+from prodip.train import attention, determinism
+from prodip.train.model import LlamaForCausalLM
+from prodip.train.trainer import run_training, train
+from tests.fixtures import tiny_config
+from tests.train.test_trainer import _cfg, _losses
+
+SHAPES = dict(heads=4, kv_heads=2, head_dim=8, seq_len=16)
+
+
+def test_probe_names_the_cpu_kernels_and_refuses_gpu_only_ones():
+    cpu = torch.device("cpu")
+    assert attention.probe("math", cpu, torch.float32, **SHAPES).op == "aten::_scaled_dot_product_attention_math"
+    flash = attention.probe("flash", cpu, torch.float32, **SHAPES)
+    assert flash.kernel == "flash (cpu)" and flash.op == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    auto = attention.probe("auto", cpu, torch.float32, **SHAPES)
+    assert auto.kernel in ("flash (cpu)", "math")  # PyTorch's own pick, named
+    for name in ("cudnn", "efficient"):
+        with pytest.raises(InvalidInput, match=rf"attention_backend = {name} cannot run on cpu .*H=4, Hkv=2") as err:
+            attention.probe(name, cpu, torch.float32, **SHAPES)
+        assert "\n" not in str(err.value)
+    with pytest.raises(InvalidInput, match="choose one of auto, flash, cudnn, efficient, math"):
+        attention.probe("xformers", cpu, torch.float32, **SHAPES)
+
+
+def test_the_model_runs_the_chosen_kernel():
+    model = LlamaForCausalLM(tiny_config())
+    x = torch.randint(3, 300, (2, 16))
+    seen = {}
+    for backend in ("math", "flash"):
+        with attention.context(backend), torch.profiler.profile() as prof:
+            model(x, labels=x).backward()
+        seen[backend] = {e.name for e in prof.events() if e.name in attention.KERNEL_OPS}
+    assert seen == {
+        "math": {"aten::_scaled_dot_product_attention_math"},
+        "flash": {"aten::_scaled_dot_product_flash_attention_for_cpu"},
+    }
+
+
+def test_deterministic_attention_choice_on_cuda():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert determinism.attention_choice("auto", True, cuda) == ["efficient", "math"]
+    assert determinism.attention_choice("auto", False, cuda) == ["auto"]
+    assert determinism.attention_choice("math", True, cuda) == ["math"]
+    assert determinism.attention_choice("flash", True, cpu) == ["flash"]
+    for name in ("flash", "cudnn"):
+        with pytest.raises(InvalidInput, match=f"attention_backend = {name} has a nondeterministic backward"):
+            determinism.attention_choice(name, True, cuda)
+
+
+def test_compare_resume_bitwise_and_tolerance():
+    a = [10.0, 9.5, 9.0, 8.7]
+    assert determinism.compare_resume(a, list(a), bitwise=True)["ok"]
+    near = [10.0, 9.5, 9.0 * (1 + 1e-4), 8.7]
+    bit = determinism.compare_resume(a, near, bitwise=True)
+    assert not bit["ok"] and bit["first_bad_step"] == 3
+    tol = determinism.compare_resume(a, near, bitwise=False)
+    assert tol["ok"] and tol["rtol"] == determinism.RESUME_LOSS_RTOL and 0 < tol["max_rel_diff"] < 2e-4
+    far = [10.0, 9.5, 9.0 * 1.05, 8.7]  # a resume that lost the data position jumps by percent
+    assert determinism.compare_resume(a, far, bitwise=False)["first_bad_step"] == 3
+    assert not determinism.compare_resume(a, a[:3], bitwise=False)["ok"]
+
+
+@pytest.mark.slow
+def test_resume_without_deterministic_is_within_tolerance_and_bitwise_on_cpu(
+    tmp_path, tiny_tokenizer_dir, tiny_shards_dir
+):
+    """deterministic = false, attention = math: the tolerance check passes (and CPU is bitwise anyway),
+    and a run that differs for real (another seed) fails it."""
+    mcfg = tiny_config()
+    kw = dict(deterministic=False, attention_backend="math", steps=6, checkpoint_every_steps=3)
+    straight = train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "a", **kw), mcfg)
+    half = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "b", max_steps_this_run=3, **kw)
+    run_training(half, mcfg)
+    resumed = train(dataclasses.replace(half, max_steps_this_run=0, resume=True), mcfg)
+    assert determinism.compare_resume(_losses(straight), _losses(resumed), bitwise=False)["ok"]
+    assert determinism.compare_resume(_losses(straight), _losses(resumed), bitwise=True)["ok"]
+    # another data order and init: on these random-token shards the losses differ by only ~0.3 %
+    other = train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "c", seed=7, **kw), mcfg)
+    assert not determinism.compare_resume(_losses(straight), _losses(other), bitwise=False)["ok"]
+    rows = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["attention_kernel"] == "math" and rows[0]["deterministic"] is False
+    assert "attention_kernel" not in rows[1]
+    resumed_rows = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert resumed_rows[3]["attention_kernel"] == "math"  # each invocation names its kernel
+    assert 'attention_backend = "math"' in (straight / "config.toml").read_text()
+
+
+def test_an_impossible_backend_is_refused_before_training(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, capsys):
+    cfg = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "r", attention_backend="cudnn")
+    with pytest.raises(InvalidInput, match="attention_backend = cudnn cannot run on cpu"):
+        train(cfg, tiny_config())
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        f'[train]\nshards_dir = "{tiny_shards_dir}"\ntokenizer_dir = "{tiny_tokenizer_dir}"\n'
+        f'out_dir = "{tmp_path / "r2"}"\ndevice = "cpu"\nseq_len = 16\nprogress = false\n'
+        '[model]\nhidden_size = 32\nintermediate_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 4\n'
+        "num_key_value_heads = 2\nmax_position_embeddings = 64\n"
+    )
+    assert prodip_main(["train", "--config", str(toml), "--attention-backend", "efficient"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("attention_backend = efficient cannot run on cpu" in line for line in err)
