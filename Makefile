@@ -18,7 +18,18 @@ PYTEST_ARGS ?=
 # parity check then lists those runtimes as skipped).
 RUNTIMES ?= 1
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint clean gpu-bench gpu-bench-dry
+
+# One GPU window, one call (bench/gpu/bench.py): run with the machine's own python3, nothing installed;
+# the report (report.json, report.md, bench.log) goes to $(OUT), e.g. the device tool's $OUT.
+OUT ?= /tmp/prodip_gpu_bench
+GPU_PYTHON ?= python3
+gpu-bench:
+	$(GPU_PYTHON) bench/gpu/bench.py $(OUT) $(GPU_BENCH_ARGS)
+
+# the same stages on CPU with a tiny model (tests/bench/test_gpu_bench.py runs it too)
+gpu-bench-dry: install
+	$(BIN)/python bench/gpu/bench.py --dry $(OUT)_dry
 
 $(BIN)/.installed: pyproject.toml node/package.json node/package-lock.json
 	$(PYTHON) -m venv $(VENV)

@@ -56,6 +56,7 @@ def configure(deterministic: bool, device: torch.device) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         return
     if not deterministic:
+        torch.use_deterministic_algorithms(False)  # an earlier deterministic run in this process set it
         torch.set_float32_matmul_precision("high")
         return
     # cuBLAS reads the variable when its handle is created: before the first matmul of the process

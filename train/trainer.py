@@ -50,6 +50,23 @@ from prodip.train.schedule import SCHEDULES, lr_for
 log = logging.getLogger("prodip.train")
 
 
+#: ``[train] compile_mode`` choices (torch.compile's ``mode``).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_model(model: torch.nn.Module, *, mode: str, scope: str) -> torch.nn.Module:
+    """``torch.compile`` the model (``scope = model``: returns the compiled wrapper) or each decoder
+    layer in place (``scope = layers``: ``nn.Module.compile``, returns the model itself). Either way
+    ``state_dict`` keys stay the model's (no ``_orig_mod.`` prefix reaches a checkpoint: the
+    trainer saves ``model``, not the wrapper)."""
+    kwargs = {} if mode == "default" else {"mode": mode}
+    if scope == "layers":
+        for layer in model.model.layers:
+            layer.compile(**kwargs)
+        return model
+    return torch.compile(model, **kwargs)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """One training run. A "step" is one optimizer step; sizes are per rank unless stated."""
@@ -113,6 +130,17 @@ class TrainConfig:
         choices=("auto", "float32", "bfloat16"),
     )
     compile: bool = opt(False, "torch.compile the model (CUDA; slow first step)")
+    compile_mode: str = opt(
+        "default",
+        "torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs",
+        choices=COMPILE_MODES,
+    )
+    compile_scope: str = opt(
+        "model",
+        "what torch.compile compiles: model (one graph, the loss head included) | layers (each decoder layer on "
+        "its own: one graph reused by every layer, a shorter compile)",
+        choices=("model", "layers"),
+    )
     attention_backend: str = opt(
         "auto",
         "SDPA kernel: auto (PyTorch's choice) | flash | cudnn | efficient | math (torch.nn.attention.sdpa_kernel); "
@@ -365,7 +393,7 @@ class _Run:
             self._trim_metrics()
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
-        self.fwd = torch.compile(model) if cfg.compile else model
+        self.fwd = compile_model(model, mode=cfg.compile_mode, scope=cfg.compile_scope) if cfg.compile else model
         if info.world_size > 1 and not self.fsdp:
             # broadcast_buffers=False: the only buffers are the RoPE tables, identical on every rank;
             # gradient_as_bucket_view: each .grad is a view into its all-reduce bucket (no second copy)

@@ -1,0 +1,839 @@
+"""One GPU window, one command: ``make gpu-bench`` (``python3 bench/gpu/bench.py OUT_DIR``).
+
+Made to run blind on a lent H100/H200 whose image has torch, triton, transformers, onnx,
+onnxruntime, onnxscript, safetensors, tokenizers, tensorboard, pyarrow, matplotlib and pytest
+but no package registry: the repository is imported in place (a folder of links that maps the
+stage folders to ``prodip.*`` as pyproject.toml's package-dir does) and the one pure-Python
+dependency the image lacks, ``tomli_w``, is the wheel committed beside this file. Nothing is
+installed. Stages, each bounded by what is left of ``--budget-s`` and each reporting its
+failure instead of stopping the call:
+
+1. environment: Python, torch / CUDA / cuDNN / triton versions, the GPU, and which SDPA kernel
+   each ``attention_backend`` runs for the 0.4B attention shapes (``prodip.train.attention``);
+2. data: a tokenizer (vocab 32000) and shards from the bundled corpus (``data/``) through the
+   real ``prodip tokenizer train`` / ``prodip data prepare`` commands;
+3. throughput: ``configs/h100-0.4b.toml`` as written (micro-batch 16 x 2048, accumulation 8,
+   bf16, torch.compile) for ``--steps`` steps with a checkpoint every few steps: tokens/s, MFU,
+   peak memory, compile time (first step minus a steady one), stall per checkpoint save.
+   On failure it retries in the same call: out of memory -> half the micro-batch (twice the
+   accumulation, same tokens per step); a compiler error -> eager; anything else -> the next
+   attention backend (cudnn -> flash -> efficient -> math). Each failure is reported with its error;
+4. profile: a few steps of the winning settings under torch.profiler, device time split into
+   matrix products, attention, normalisation/elementwise, optimizer, other, and idle;
+5. resume: a small model, N steps straight vs N/2 + ``--resume``, with ``deterministic = true``
+   (must be bitwise) and ``false`` (within ``RESUME_LOSS_RTOL``), which also measures what
+   determinism costs in tokens/s;
+6. export + conformance: the deterministic straight run's checkpoint (trained on this device)
+   exported (safetensors, ONNX fp32 and int4) and checked by ``prodip conformance``; runtimes
+   not on the machine (Node's transformers.js, onnxruntime-genai) are left out and reported as skipped;
+7. with ``--ab``, if time is left: A/B runs of the MFU levers (compile per layer, CUDA graphs).
+
+Writes ``OUT_DIR/report.json`` and ``OUT_DIR/report.md`` (after every stage, so a call cut short
+still leaves what it measured) and ``OUT_DIR/bench.log``; run logs go to ``--work``.
+``--dry`` runs the same stages on CPU with a tiny model (``make gpu-bench-dry``, run by the tests).
+
+    python3 bench/gpu/bench.py /tmp/gpu_bench                      # on the GPU machine, repo root
+    python3 bench/gpu/bench.py --dry /tmp/gpu_bench_dry            # CPU, ~1 min
+Device tool: ``run(command="make gpu-bench OUT=$OUT", timeout_s=540)``; the files come back from $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "h100-0.4b.toml"
+WHEELS = Path(__file__).resolve().parent / "wheels"
+ATTENTION_CHAIN = ("cudnn", "flash", "efficient", "math")
+
+#: The tiny model of ``--dry`` (flags of ``prodip train``), and its training shape.
+DRY_MODEL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+#: The small model of the resume / export stage on a GPU (~25 M parameters with vocab 32000).
+SMALL_MODEL = dict(
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=512,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# importing the repository in place
+# ---------------------------------------------------------------------------------------------
+def site_dir(work: Path) -> Path:
+    """A folder that makes ``import prodip.*`` work from this checkout without installing it.
+
+    ``prodip/`` there is a real folder holding links to ``prodip/``'s entries and one link per
+    stage folder under its package name (pyproject.toml ``[tool.setuptools.package-dir]``);
+    the committed ``tomli_w`` wheel goes on the path when the image lacks it.
+    """
+    site = work / "site"
+    pkg = site / "prodip"
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    pkg.mkdir(parents=True)
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for entry in (ROOT / mapping["prodip"]).iterdir():
+        (pkg / entry.name).symlink_to(entry)
+    for name, folder in mapping.items():
+        if name != "prodip":
+            (pkg / name.split(".", 1)[1]).symlink_to(ROOT / folder)
+    return site
+
+
+def python_path(work: Path) -> str:
+    """PYTHONPATH for the subprocesses: the in-place package, and wheels for what is missing."""
+    parts = [str(site_dir(work))]
+    probe = subprocess.run([sys.executable, "-c", "import tomli_w"], capture_output=True)
+    if probe.returncode:
+        parts += [str(w) for w in sorted(WHEELS.glob("*.whl"))]  # pure-Python wheels import as zips
+    return os.pathsep.join(parts + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+# ---------------------------------------------------------------------------------------------
+# failures and fallbacks
+# ---------------------------------------------------------------------------------------------
+OOM_MARKS = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+COMPILE_MARKS = (
+    "torch._dynamo",
+    "torch._inductor",
+    "BackendCompilerFailed",
+    "InductorError",
+    "TorchRuntimeError",
+    "triton",
+)
+
+
+ATTENTION_WORDS = re.compile(r"cudnn|flash|attention|sdpa|fmha", re.IGNORECASE)
+
+
+def classify_failure(text: str) -> str:
+    """``oom`` | ``attention`` | ``compile`` | ``other`` from a failed run's output.
+
+    ``attention``: the final error line names an attention kernel (a cuDNN/flash failure, also
+    one raised while Inductor lowers it), so the next backend is tried before giving up compile.
+    """
+    tail = text[-20000:]
+    if any(m in tail for m in OOM_MARKS):
+        return "oom"
+    if ATTENTION_WORDS.search(error_line(text)):
+        return "attention"
+    if any(m in tail for m in COMPILE_MARKS):
+        return "compile"
+    return "other"
+
+
+def error_line(text: str) -> str:
+    """The last line that looks like an error (one line, for the report)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"(Error|Exception|error:|Killed|Traceback|timed out)", ln):
+            return ln[:400]
+    return lines[-1][:400] if lines else "(no output)"
+
+
+def next_settings(settings: dict[str, Any], kind: str) -> Optional[dict[str, Any]]:
+    """The settings to try after a failure of ``kind``; ``None`` when nothing is left to try.
+
+    oom: half the micro-batch and twice the accumulation (tokens per step unchanged), down to 1;
+    compile: eager; attention and other: the next backend of :data:`ATTENTION_CHAIN`.
+    """
+    s = dict(settings)
+    if kind == "oom" and s["batch_size"] > 1:
+        s["batch_size"] //= 2
+        s["grad_accum_steps"] *= 2
+        return s
+    if kind == "compile" and s["compile"]:
+        s["compile"] = False
+        return s
+    chain = list(ATTENTION_CHAIN)
+    i = chain.index(s["attention_backend"]) if s["attention_backend"] in chain else -1
+    if i + 1 < len(chain):
+        s["attention_backend"] = chain[i + 1]
+        return s
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the bench
+# ---------------------------------------------------------------------------------------------
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.dry = args, args.dry
+        self.out, self.work = Path(args.out), Path(args.work)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.work.exists():
+            shutil.rmtree(self.work)
+        self.work.mkdir(parents=True)
+        self.t0 = time.monotonic()
+        self.log_fh = open(self.out / "bench.log", "w", encoding="utf-8")
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path(self.work)}
+        self.env.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        self.report: dict[str, Any] = {
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "mode": "dry (CPU, tiny model)" if self.dry else "gpu",
+            "config": CONFIG.name,
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "budget_s": args.budget_s,
+            "stages": {},
+        }
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def left(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t0)
+
+    def say(self, msg: str) -> None:
+        line = f"[{time.monotonic() - self.t0:6.1f}s] {msg}"
+        print(line, flush=True)
+        self.log_fh.write(line + "\n")
+        self.log_fh.flush()
+
+    def run(self, name: str, cmd: list[str], timeout: float) -> tuple[int, str, float]:
+        """Run ``cmd`` (its output to ``work/NAME.log``); returns (exit code, output, seconds)."""
+        log = self.work / f"{name}.log"
+        self.say(f"+ {' '.join(str(c) for c in cmd)}  (limit {timeout:.0f}s)")
+        start = time.monotonic()
+        with open(log, "w", encoding="utf-8") as fh:
+            try:
+                # cwd: the work dir, not the checkout, whose prodip/ (base only) would shadow the mapped package
+                rc = subprocess.run(
+                    cmd, cwd=self.work, env=self.env, stdout=fh, stderr=subprocess.STDOUT, timeout=max(1.0, timeout)
+                ).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+                fh.write(f"\ntimed out after {timeout:.0f}s (bench budget)\n")
+        text = log.read_text(encoding="utf-8", errors="replace")
+        return rc, text, time.monotonic() - start
+
+    def stage(self, name: str, fn: Callable[[], dict[str, Any]], need_s: float) -> dict[str, Any]:
+        """Run one stage unless too little budget is left; record its result or its error."""
+        if self.left() < need_s:
+            result = {"status": "skipped", "reason": f"{self.left():.0f}s of the budget left, needs ~{need_s:.0f}s"}
+        else:
+            self.say(f"== {name}")
+            start = time.monotonic()
+            try:
+                result = {"status": "ok", **fn()}
+            except Exception as err:  # a stage's failure is a finding, not the end of the call
+                result = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:600]}
+                self.log_fh.write(traceback.format_exc())
+            result["seconds"] = round(time.monotonic() - start, 1)
+        self.report["stages"][name] = result
+        self.say(
+            f"{name}: {result['status']}"
+            + (f" ({result.get('error') or result.get('reason')})" if result["status"] != "ok" else "")
+        )
+        self.write_reports()
+        return result
+
+    def py(self, *args: str) -> list[str]:
+        return [sys.executable, *args]
+
+    # -- stages --------------------------------------------------------------------------------
+    def environment(self) -> dict[str, Any]:
+        code = f"import json,sys; sys.path.insert(0,{str(Path(__file__).parent)!r}); import bench; print(json.dumps(bench.environment_facts({64 if self.dry else 0})))"
+        rc, text, _ = self.run("environment", self.py("-c", code), min(120, self.left()))
+        if rc:
+            raise RuntimeError(error_line(text))
+        facts = json.loads(text.strip().splitlines()[-1])
+        for key, value in facts.items():
+            self.say(f"  {key}: {value}")
+        return facts
+
+    def data(self) -> dict[str, Any]:
+        tok, shards = self.work / "tokenizer", self.work / "shards"
+        inputs = ["--inputs", f"bn={ROOT / 'data' / 'bn'},en={ROOT / 'data' / 'en'}"]
+        sizes = ["--vocab-size", "2048", "--sample-chars", "300000"] if self.dry else ["--vocab-size", "32000"]
+        cli = self.py("-m", "prodip.cli")
+        rc, text, t_tok = self.run(
+            "tokenizer", cli + ["tokenizer", "train", *inputs, *sizes, "--out-dir", str(tok)], self.left()
+        )
+        if rc:
+            raise RuntimeError(f"tokenizer train: {error_line(text)}")
+        prep = cli + ["data", "prepare", "--tokenizer-dir", str(tok), *inputs, "--out-dir", str(shards)]
+        rc, text, t_data = self.run("data", prep + ["--val-fraction", "0.02"], self.left())
+        if rc:
+            raise RuntimeError(f"data prepare: {error_line(text)}")
+        meta = json.loads((shards / "meta.json").read_text())
+        train_tokens = {lang: sum(f["n_tokens"] for f in d["train"]) for lang, d in meta["languages"].items()}
+        self.tok, self.shards = tok, shards
+        return {
+            "source": "the bundled corpus (data/bn, data/en) through prodip tokenizer train / data prepare "
+            "(real tokens; the stream wraps around it)",
+            "vocab_size": meta["vocab_size"],
+            "train_tokens": train_tokens,
+            "tokenizer_s": round(t_tok, 1),
+            "data_s": round(t_data, 1),
+        }
+
+    def train_flags(self, run_dir: Path, s: dict[str, Any], steps: int, every: int) -> list[str]:
+        flags = ["--tokenizer-dir", str(self.tok), "--shards-dir", str(self.shards), "--out-dir", str(run_dir)]
+        flags += ["--steps", str(steps), "--warmup-steps", "5", "--checkpoint-every-steps", str(every)]
+        flags += ["--keep-last", "2", "--eval-every-steps", "0", "--log-every-steps", "1", "--progress", "false"]
+        flags += ["--force"]  # the bench corpus's fertility gate is not what is measured here
+        for key in ("batch_size", "grad_accum_steps", "attention_backend", "compile"):
+            flags += ["--" + key.replace("_", "-"), str(s[key]).lower()]
+        for key in ("compile_scope", "compile_mode"):
+            if key in s:
+                flags += ["--" + key.replace("_", "-"), str(s[key]).lower()]
+        if self.dry:
+            for key, value in DRY_MODEL.items():
+                flags += ["--" + key.replace("_", "-"), str(value)]
+            flags += ["--device", "cpu", "--dtype", "float32", "--seq-len", "64"]
+        return flags
+
+    def throughput(self) -> dict[str, Any]:
+        cfg = tomllib.loads(CONFIG.read_text())["train"]
+        settings = {
+            "batch_size": 2 if self.dry else cfg["batch_size"],
+            "grad_accum_steps": cfg["grad_accum_steps"],
+            "attention_backend": ATTENTION_CHAIN[0],
+            "compile": False if self.dry else cfg["compile"],
+        }
+        steps = self.args.steps
+        attempts, n = [], 0
+        while settings is not None:
+            n += 1
+            run_dir = self.work / f"train_{n}"
+            cmd = self.py("-m", "prodip.train", "train", "--config", str(CONFIG))
+            cmd += self.train_flags(run_dir, settings, steps, every=max(2, steps // 3))
+            rc, text, wall = self.run(f"train_{n}", cmd, self.left() - self.reserve("throughput"))
+            attempt = {"settings": dict(settings), "exit_code": rc, "wall_s": round(wall, 1)}
+            attempts.append(attempt)
+            if rc == 0:
+                attempt.update(summarise(run_dir, skip=self.args.skip))
+                attempt["config_tokens_per_step"] = cfg["batch_size"] * cfg["seq_len"] * cfg["grad_accum_steps"]
+                self.best = settings
+                self.say(
+                    f"  ok: {attempt['tokens_per_s_median']:,.0f} tokens/s, MFU {attempt.get('mfu_median')}, "
+                    f"kernel {attempt.get('attention_kernel')}, peak {attempt.get('peak_memory_gib')} GiB"
+                )
+                break
+            kind = classify_failure(text)
+            if rc == 2 and "attention_backend" not in text[-3000:]:
+                kind = "usage"  # a refused invocation: no setting of the chain would change that
+            attempt.update({"failure": kind, "error": error_line(text)})
+            self.say(f"  failed ({kind}): {attempt['error']}")
+            if rc == 124 or kind == "usage":
+                break
+            settings = next_settings(settings, kind)
+        return {"attempts": attempts, "ok_attempt": len(attempts) if attempts[-1]["exit_code"] == 0 else None}
+
+    def reserve(self, stage: str) -> float:
+        """Seconds of the budget kept for the stages after ``stage`` (estimates on an H200; dry: a busy CPU)."""
+        after = {"throughput": 230.0, "profile": 160.0, "resume_1": 115.0, "resume_2": 75.0, "export": 45.0}
+        return after[stage] * (0.6 if self.dry else 1.0)
+
+    def profile(self) -> dict[str, Any]:
+        spec = {"dry": self.dry, "tokenizer": str(self.tok), "shards": str(self.shards), "settings": self.best}
+        rc, text, _ = self.run(
+            "profile",
+            self.py(__file__, "--worker", "profile", "--spec", json.dumps(spec)),
+            self.left() - self.reserve("profile"),
+        )
+        if rc:
+            raise RuntimeError(error_line(text))
+        return json.loads(text.strip().splitlines()[-1])
+
+    def resume(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for i, det in enumerate((True, False), 1):
+            spec = {"dry": self.dry, "tokenizer": str(self.tok), "shards": str(self.shards)}
+            spec.update(deterministic=det, work=str(self.work / f"resume_det{int(det)}"))
+            name = f"resume_deterministic_{str(det).lower()}"
+            rc, text, _ = self.run(
+                name,
+                self.py(__file__, "--worker", "resume", "--spec", json.dumps(spec)),
+                self.left() - self.reserve(f"resume_{i}"),
+            )
+            out[name] = (
+                json.loads(text.strip().splitlines()[-1]) if rc == 0 else {"ok": False, "error": error_line(text)}
+            )
+            self.say(f"  {name}: {out[name]}")
+        self.ckpt_run = self.work / "resume_det1" / "straight"
+        return out
+
+    def export_conformance(self) -> dict[str, Any]:
+        ckpt, export = self.ckpt_run / "checkpoints" / "latest", self.work / "export"
+        rc, text, t_exp = self.run(
+            "export",
+            self.py(
+                "-m",
+                "prodip.cli",
+                "export",
+                "--checkpoint",
+                str(self.ckpt_run),
+                "--out",
+                str(export),
+                "--variants",
+                "safetensors,fp32,int4",
+            ),
+            self.left() - self.reserve("export"),
+        )
+        result: dict[str, Any] = {"checkpoint": str(ckpt), "export_s": round(t_exp, 1), "export_exit_code": rc}
+        if rc:
+            raise RuntimeError(f"export: {error_line(text)}")
+        runtimes, skipped = available_runtimes(self.env)
+        result["runtimes"], result["runtimes_skipped"] = runtimes, skipped
+        conf = self.work / "conformance"
+        cmd = self.py("-m", "prodip.cli", "conformance", str(export), "--checkpoint", str(self.ckpt_run))
+        cmd += ["--shards-dir", str(self.shards), "--out", str(conf), "--runtimes", ",".join(runtimes)]
+        rc, text, t_conf = self.run("conformance", cmd, self.left())
+        result.update({"conformance_exit_code": rc, "conformance_s": round(t_conf, 1)})
+        report = conf / "report.json"
+        if report.exists():
+            result["conformance"] = conformance_summary(json.loads(report.read_text()))
+        if rc not in (0, 1) or not report.exists():
+            raise RuntimeError(f"conformance: {error_line(text)}")
+        return result
+
+    def ab(self) -> dict[str, Any]:
+        """Short runs of each MFU lever against the winning settings (GPU only)."""
+        levers = [{"compile_scope": "layers"}, {"compile_mode": "reduce-overhead"}]
+        results = []
+        for i, lever in enumerate(levers):
+            if self.left() < 90:
+                results.append({"lever": lever, "status": "skipped (budget)"})
+                continue
+            s = {**self.best, **lever}
+            run_dir = self.work / f"ab_{i}"
+            cmd = self.py("-m", "prodip.train", "train", "--config", str(CONFIG))
+            cmd += self.train_flags(run_dir, s, max(6, self.args.steps // 2), every=0) + ["--guards", "false"]
+            rc, text, wall = self.run(f"ab_{i}", cmd, self.left() - 5)
+            row = {"lever": lever, "exit_code": rc, "wall_s": round(wall, 1)}
+            row.update(summarise(run_dir, skip=self.args.skip) if rc == 0 else {"error": error_line(text)})
+            results.append(row)
+        return {"runs": results}
+
+    def main(self) -> int:
+        env = self.stage("environment", self.environment, 5)
+        self.report["environment"] = env
+        data = self.stage("data", self.data, 30)
+        if data["status"] == "ok":
+            self.best = None
+            thr = self.stage("throughput", self.throughput, 60)
+            if getattr(self, "best", None):
+                self.stage("profile", self.profile, 40)
+            self.stage("resume", self.resume, 40)
+            if getattr(self, "ckpt_run", None) and (self.ckpt_run / "checkpoints" / "latest").exists():
+                self.stage("export_conformance", self.export_conformance, 20)
+            if self.args.ab and not self.dry and self.best:
+                self.stage("ab", self.ab, 90)
+            del thr
+        self.report["total_s"] = round(time.monotonic() - self.t0, 1)
+        self.write_reports()
+        self.say(f"report: {self.out / 'report.json'}, {self.out / 'report.md'}")
+        bad = [k for k, v in self.report["stages"].items() if v["status"] == "failed"]
+        return 1 if bad else 0
+
+    def write_reports(self) -> None:
+        write_atomic(self.out / "report.json", json.dumps(self.report, indent=2, default=str) + "\n")
+        write_atomic(self.out / "report.md", markdown(self.report))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# facts, summaries
+# ---------------------------------------------------------------------------------------------
+def environment_facts(seq_len: int = 0) -> dict[str, Any]:
+    """Versions, the device, and the SDPA kernel each attention_backend runs for the 0.4B shapes
+    (at ``seq_len`` tokens, default the config's)."""
+    import torch
+
+    from prodip.base.errors import InvalidInput
+    from prodip.train import attention
+    from prodip.train.config import ModelConfig
+
+    facts: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    for mod in ("triton", "transformers", "onnx", "onnxruntime", "onnxscript", "safetensors", "tokenizers"):
+        try:
+            facts[mod] = __import__(mod).__version__
+        except Exception:
+            facts[mod] = None
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        facts["gpu"] = torch.cuda.get_device_name(0)
+        facts["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        facts["compute_capability"] = f"{props.major}.{props.minor}"
+        facts["driver"] = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+            ).stdout.strip()
+            or None
+        )
+    else:
+        facts["gpu"] = None
+        facts["cpu_threads"] = torch.get_num_threads()
+    model = ModelConfig(**tomllib.loads(CONFIG.read_text())["model"])
+    seq = seq_len or tomllib.loads(CONFIG.read_text())["train"]["seq_len"]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kernels = {}
+    for backend in attention.BACKENDS:
+        try:
+            k = attention.probe(
+                backend,
+                device,
+                dtype,
+                heads=model.num_attention_heads,
+                kv_heads=model.num_key_value_heads,
+                head_dim=model.head_dim,
+                seq_len=seq,
+            )
+            kernels[backend] = f"{k.kernel} ({k.op})"
+        except InvalidInput as err:
+            kernels[backend] = f"refused: {err}"[:300]
+    facts["attention_kernels"] = kernels
+    return facts
+
+
+def summarise(run_dir: Path, skip: int) -> dict[str, Any]:
+    """Steady-state figures of one run's metrics.jsonl (the first ``skip`` steps left out)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steady = rows[skip:] if len(rows) > skip + 1 else rows[1:] or rows
+
+    def median(key):
+        vals = sorted(r[key] for r in steady if key in r)
+        return vals[len(vals) // 2] if vals else None
+
+    clean = [r["step_time_s"] for r in steady if "checkpoint_stall_s" not in r]
+    step_s = sorted(clean)[len(clean) // 2] if clean else median("step_time_s")
+    tokens = steady[-1]["tokens_seen"] - steady[0]["tokens_seen"]
+    wall = steady[-1]["elapsed_s"] - steady[0]["elapsed_s"]
+    return {
+        "steps": len(rows),
+        "tokens_per_step": rows[0]["tokens_seen"],
+        "tokens_per_s_median": median("tokens_per_s"),
+        "mfu_median": median("mfu"),
+        "step_time_s_median": step_s,
+        "tokens_per_s_wall": tokens / wall if wall > 0 else None,
+        "peak_memory_gib": max((r.get("peak_memory_gib", 0.0) for r in rows), default=None) or None,
+        "first_step_s": rows[0]["step_time_s"],
+        "compile_s_estimate": round(rows[0]["step_time_s"] - step_s, 2) if step_s else None,
+        "checkpoint_stall_s": [round(r["checkpoint_stall_s"], 4) for r in rows if "checkpoint_stall_s" in r],
+        "attention_backend": rows[0].get("attention_backend"),
+        "attention_kernel": rows[0].get("attention_kernel"),
+        "loss_first": rows[0]["loss"],
+        "loss_last": rows[-1]["loss"],
+    }
+
+
+def available_runtimes(env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The conformance runtimes this machine can run, and why the others are skipped."""
+    runtimes, skipped = [], {}
+    genai = subprocess.run([sys.executable, "-c", "import onnxruntime_genai"], env=env, capture_output=True)
+    if genai.returncode == 0:
+        runtimes.append("onnxruntime-genai")
+    else:
+        skipped["onnxruntime-genai"] = "python package onnxruntime_genai not installed here"
+    if shutil.which("node") and (ROOT / "node" / "node_modules" / "@huggingface" / "transformers").exists():
+        runtimes.append("transformers.js")
+    else:
+        skipped["transformers.js"] = "Node.js or node/node_modules (transformers.js) not on this machine"
+    return runtimes, skipped
+
+
+def conformance_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The verdict and each variant's verdict from conformance/report.json."""
+    out: dict[str, Any] = {"passed": report.get("passed", report.get("verdict"))}
+    variants = report.get("variants") or report.get("candidates") or {}
+    if isinstance(variants, dict):
+        out["variants"] = {
+            k: (v.get("passed", v.get("verdict")) if isinstance(v, dict) else v) for k, v in variants.items()
+        }
+    return out
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    try:
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def markdown(r: dict[str, Any]) -> str:
+    env = r.get("environment") or {}
+    st = r["stages"]
+    lines = [f"# GPU bench: {r['config']} ({r['mode']}, {r['date_utc']})", "", f"`{r['command']}`", ""]
+    lines += ["## Environment", ""]
+    for k, v in env.items():
+        if k not in ("status", "seconds", "attention_kernels"):
+            lines.append(f"- {k}: {v}")
+    for k, v in (env.get("attention_kernels") or {}).items():
+        lines.append(f"- attention_backend = {k}: {v}")
+    lines += ["", "## Stages", "", "| stage | status | seconds | note |", "|---|---|---:|---|"]
+    for name, s in st.items():
+        lines.append(
+            f"| {name} | {s['status']} | {_fmt(s.get('seconds'))} | {s.get('error') or s.get('reason') or ''} |"
+        )
+    thr = st.get("throughput", {})
+    if thr.get("attempts"):
+        lines += [
+            "",
+            "## Throughput (0.4B config)",
+            "",
+            "| # | micro-batch x accum | attention (kernel) | compile | result | tokens/s | MFU | peak GiB | "
+            "compile s | save stall s |",
+            "|---:|---|---|---|---|---:|---:|---:|---:|---|",
+        ]
+        for i, a in enumerate(thr["attempts"], 1):
+            s = a["settings"]
+            res = "ok" if a["exit_code"] == 0 else f"{a.get('failure')}: {a.get('error')}"
+            lines.append(
+                f"| {i} | {s['batch_size']} x {s['grad_accum_steps']} | {s['attention_backend']} "
+                f"({_fmt(a.get('attention_kernel'))}) | {s['compile']} | {res} | {_fmt(a.get('tokens_per_s_median'), ',.0f')} | "
+                f"{_fmt(a.get('mfu_median'), '.3f')} | {_fmt(a.get('peak_memory_gib'), '.1f')} | "
+                f"{_fmt(a.get('compile_s_estimate'))} | {_fmt(a.get('checkpoint_stall_s'))} |"
+            )
+    prof = st.get("profile", {})
+    if prof.get("split"):
+        lines += ["", f"## Profile ({prof.get('basis')})", "", "| part | ms | share |", "|---|---:|---:|"]
+        for k, v in prof["split"].items():
+            lines.append(f"| {k} | {v['ms']:.1f} | {v['share']:.1%} |")
+    res = st.get("resume", {})
+    for k, v in res.items():
+        if isinstance(v, dict):
+            lines += ["", f"## {k}", "", f"- {json.dumps(v)}"]
+    exp = st.get("export_conformance", {})
+    if exp.get("status") == "ok" or exp.get("conformance"):
+        lines += ["", "## Export + conformance", "", f"- conformance: {json.dumps(exp.get('conformance'))}"]
+        lines.append(f"- runtimes checked: {exp.get('runtimes')}; skipped: {json.dumps(exp.get('runtimes_skipped'))}")
+    ab = st.get("ab", {})
+    for row in ab.get("runs", []):
+        lines.append(
+            f"- A/B {row['lever']}: {_fmt(row.get('tokens_per_s_median'), ',.0f')} tokens/s, MFU {_fmt(row.get('mfu_median'), '.3f')} {row.get('error', '')}"
+        )
+    lines += ["", f"Total: {_fmt(r.get('total_s'))} s of a {r['budget_s']} s budget.", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# workers (run in subprocesses, so that a CUDA fault or a process-wide switch stays contained)
+# ---------------------------------------------------------------------------------------------
+def _model_and_train(spec: dict[str, Any], model_over: Optional[dict] = None) -> tuple[Any, dict[str, Any]]:
+    from prodip.train.config import ModelConfig
+
+    cfg = tomllib.loads(CONFIG.read_text())
+    model = dict(cfg["model"])
+    model.update(DRY_MODEL if spec["dry"] else (model_over or {}))
+    vocab = json.loads((Path(spec["shards"]) / "meta.json").read_text())["vocab_size"]
+    return ModelConfig(**model, vocab_size=vocab), cfg["train"]
+
+
+def worker_profile(spec: dict[str, Any]) -> dict[str, Any]:
+    """Profile a few steps of the winning settings (accumulation 1); returns the time split."""
+    import torch
+
+    from prodip.train import attention
+    from prodip.train.data import MixtureBatches
+    from prodip.train.loop import build_optimizer, train_step
+    from prodip.train.model import LlamaForCausalLM
+    from prodip.train.trainer import compile_model
+
+    mcfg, tcfg = _model_and_train(spec)
+    s = spec["settings"]
+    device = torch.device("cpu" if spec["dry"] else "cuda")
+    seq = 64 if spec["dry"] else tcfg["seq_len"]
+    amp = None if spec["dry"] else torch.bfloat16
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    model = LlamaForCausalLM(mcfg).to(device)
+    opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, device=device)
+    if s["compile"]:
+        fwd = compile_model(model, mode=s.get("compile_mode", "default"), scope=s.get("compile_scope", "model"))
+    else:
+        fwd = model
+    data = MixtureBatches(spec["shards"], tcfg.get("mixture", {}), s["batch_size"], seq, seed=0)
+
+    def step():
+        return train_step(fwd, opt, [data.next_batch()], lr=1e-4, grad_clip=1.0, device=device, autocast_dtype=amp)
+
+    warm, n = (1, 2) if spec["dry"] else (4, 3)
+    with attention.context(s["attention_backend"]):
+        for _ in range(warm):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        t = time.perf_counter()
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(n):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t) * 1e3
+    return time_split(prof, wall_ms, device.type == "cuda") | {
+        "steps": n,
+        "tokens_per_step": s["batch_size"] * seq,
+        "wall_ms": round(wall_ms, 1),
+    }
+
+
+#: kernel / op name patterns of each part of the profile split (first match wins).
+SPLIT_PATTERNS = (
+    ("optimizer", r"adam|multi_tensor|foreach|_fused_adamw|clip_grad|optimizer"),
+    ("attention", r"flash|fmha|cudnn_attention|sdpa|scaled_dot_product|attention|fwd_kernel|bwd_kernel"),
+    ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|wgmma|\bmm\b|aten::mm|aten::addmm|aten::bmm|matmul|linear"),
+    (
+        "norm/elementwise",
+        r"triton|elementwise|vectorized|reduce|norm|softmax|silu|mul|add|copy|cat|fill|pow|rsqrt|mean|embedding|index|cross_entropy|log_softmax|sum|exp",
+    ),
+)
+
+
+def categorise(name: str) -> str:
+    low = name.lower()
+    for part, pattern in SPLIT_PATTERNS:
+        if re.search(pattern, low):
+            return part
+    return "other"
+
+
+def time_split(prof: Any, wall_ms: float, cuda: bool) -> dict[str, Any]:
+    """Split the profiled time: device kernels on CUDA (idle = wall minus busy), leaf CPU ops on CPU."""
+    parts: dict[str, float] = {}
+    if cuda:
+        for e in prof.key_averages():
+            dev = getattr(e, "self_device_time_total", None)
+            if dev is None:
+                dev = getattr(e, "self_cuda_time_total", 0.0)
+            if (
+                dev
+                and e.device_type == getattr(e.device_type, "CUDA", e.device_type)
+                and not e.key.startswith("aten::")
+            ):
+                parts[categorise(e.key)] = parts.get(categorise(e.key), 0.0) + dev / 1e3
+        basis = "CUDA kernel time; idle = wall time with no kernel running"
+    else:
+        for e in prof.key_averages():
+            if e.self_cpu_time_total and e.key.startswith("aten::"):
+                parts[categorise(e.key)] = parts.get(categorise(e.key), 0.0) + e.self_cpu_time_total / 1e3
+        basis = "CPU self time of aten ops; idle = wall time outside them (Python, dispatch, waits)"
+    busy = sum(parts.values())
+    parts["idle"] = max(0.0, wall_ms - busy)
+    total = max(wall_ms, busy)
+    split = {k: {"ms": round(v, 2), "share": v / total} for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
+    return {"basis": basis, "split": split}
+
+
+def worker_resume(spec: dict[str, Any]) -> dict[str, Any]:
+    """N straight vs N/2 + resume with ``deterministic`` as given; compares the losses."""
+    import dataclasses
+
+    from prodip.train.determinism import compare_resume
+    from prodip.train.trainer import TrainConfig, run_training, train
+
+    mcfg, tcfg = _model_and_train(spec, SMALL_MODEL)
+    work, det = Path(spec["work"]), spec["deterministic"]
+    n = 6 if spec["dry"] else 8
+    base = dict(
+        shards_dir=spec["shards"],
+        tokenizer_dir=spec["tokenizer"],
+        steps=n,
+        batch_size=2 if spec["dry"] else 8,
+        seq_len=64 if spec["dry"] else 512,
+        grad_accum_steps=2,
+        lr=1e-3,
+        min_lr=1e-4,
+        warmup_steps=2,
+        checkpoint_every_steps=n // 2,
+        mixture=tcfg.get("mixture", {}),
+        device="cpu" if spec["dry"] else "cuda",
+        dtype="float32" if spec["dry"] else "bfloat16",
+        compile=not spec["dry"],
+        deterministic=det,
+        progress=False,
+        force=True,
+    )
+    t = time.perf_counter()
+    straight = train(TrainConfig(out_dir=str(work / "straight"), **base), mcfg)
+    straight_s = time.perf_counter() - t
+    half = TrainConfig(out_dir=str(work / "halves"), max_steps_this_run=n // 2, **base)
+    run_training(half, mcfg)
+    resumed = train(dataclasses.replace(half, max_steps_this_run=0, resume=True), mcfg)
+
+    def rows(d):
+        return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+    a, b = rows(straight), rows(resumed)
+    # bitwise is the promise on CPU and with deterministic = true on CUDA (prodip.train.determinism)
+    bitwise = det or spec["dry"]
+    result = compare_resume([r["loss"] for r in a], [r["loss"] for r in b], bitwise=bitwise)
+    steady = [r["tokens_per_s"] for r in a[2:]] or [r["tokens_per_s"] for r in a]
+    result.update(
+        deterministic=det,
+        steps=n,
+        attention_kernel=a[0].get("attention_kernel"),
+        tokens_per_s_median=sorted(steady)[len(steady) // 2],
+        straight_run_s=round(straight_s, 1),
+    )
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", nargs="?", default=os.environ.get("OUT") or "/tmp/prodip_gpu_bench", help="report folder")
+    ap.add_argument("--dry", action="store_true", help="CPU, tiny model: the same stages, for the test suite")
+    ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget, s (default 470 GPU, 600 dry)")
+    ap.add_argument("--steps", type=int, default=None, help="throughput steps (default 10 GPU, 6 dry)")
+    ap.add_argument("--skip", type=int, default=None, help="warm-up steps left out of the medians (default 3 / 2)")
+    ap.add_argument("--ab", action="store_true", help="also A/B the MFU levers if time is left (GPU)")
+    ap.add_argument("--work", default=None, help="scratch folder (default /tmp/prodip_gpu_bench_work[_dry])")
+    ap.add_argument("--worker", choices=("profile", "resume"), help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        spec = json.loads(args.spec)
+        fn = worker_profile if args.worker == "profile" else worker_resume
+        print(json.dumps(fn(spec), default=str), flush=True)
+        return 0
+    args.budget_s = args.budget_s or (600.0 if args.dry else 470.0)
+    args.steps = args.steps or (6 if args.dry else 10)
+    args.skip = args.skip if args.skip is not None else (2 if args.dry else 3)
+    args.work = args.work or ("/tmp/prodip_gpu_bench_work" + ("_dry" if args.dry else ""))
+    return Bench(args).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

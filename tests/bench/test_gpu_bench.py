@@ -1,0 +1,115 @@
+"""bench/gpu/bench.py (``make gpu-bench``): its fallback rules, its profile split, and its CPU dry run
+end to end in a Python that lacks what the GPU image lacks (tests/gpu_image), so it cannot rot
+between GPU windows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu" / "bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = _bench()
+
+OOM = """Traceback (most recent call last):
+  File "x.py", line 3, in <module>
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.8 GiB"""
+INDUCTOR = """torch._inductor.exc.InductorError: LoweringException: AssertionError: triton kernel failed
+  target: aten.embedding_dense_backward.default"""
+INDUCTOR_SDPA = """torch._inductor.exc.InductorError: RuntimeError: cuDNN Frontend error: No execution plans"""
+CUDNN = "RuntimeError: cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph."
+
+
+def test_failures_are_classified_and_each_has_its_fallback():
+    kinds = [bench.classify_failure(t) for t in (OOM, INDUCTOR, INDUCTOR_SDPA, CUDNN, "ValueError: bad shard")]
+    assert kinds == ["oom", "compile", "attention", "attention", "other"]
+    assert bench.error_line(OOM).startswith("torch.OutOfMemoryError: CUDA out of memory")
+    s = {"batch_size": 16, "grad_accum_steps": 8, "attention_backend": "cudnn", "compile": True}
+    # OOM: half the micro-batch, same tokens per step
+    assert bench.next_settings(s, "oom") == {**s, "batch_size": 8, "grad_accum_steps": 16}
+    assert bench.next_settings(s, "compile") == {**s, "compile": False}  # compiled -> eager
+    chain = [s["attention_backend"]]
+    while (s := bench.next_settings(s, "other")) is not None:  # cudnn -> flash -> efficient -> math -> give up
+        chain.append(s["attention_backend"])
+    assert chain == ["cudnn", "flash", "efficient", "math"]
+    one = {"batch_size": 1, "grad_accum_steps": 128, "attention_backend": "math", "compile": False}
+    assert bench.next_settings(one, "oom") is None and bench.next_settings(one, "compile") is None
+
+
+def test_profile_categories():
+    names = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
+        "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT": "matmul",
+        "aten::addmm": "matmul",
+        "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4>>": "attention",
+        "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0": "attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+        "triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norm/elementwise",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>": "norm/elementwise",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+        "aten::_fused_adamw_": "optimizer",
+        "Memcpy HtoD (Pinned -> Device)": "other",
+    }
+    assert {n: bench.categorise(n) for n in names} == names
+
+
+def test_site_dir_maps_the_stage_folders(tmp_path):
+    site = bench.site_dir(tmp_path)
+    assert (site / "prodip" / "train" / "trainer.py").is_file()
+    assert (site / "prodip" / "base" / "errors.py").is_file()
+    assert (site / "prodip" / "export").resolve() == ROOT / "export"
+
+
+@pytest.mark.slow
+def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
+    """``make gpu-bench-dry``: every stage runs on CPU, prodip imported in place, tomli_w from the wheel."""
+    # the GPU image: no prodip install, no tomli_w / onnxruntime-genai (sitecustomize), no Node (PATH)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "gpu_image"), "PATH": str(Path(sys.executable).parent)}
+    out, work = tmp_path / "out", tmp_path / "work"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu" / "bench.py"), "--dry", str(out), "--work", str(work)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    report = json.loads((out / "report.json").read_text())
+    stages = report["stages"]
+    assert proc.returncode == 0, (proc.stdout[-3000:], {k: v["status"] for k, v in stages.items()})
+    assert {k: v["status"] for k, v in stages.items()} == dict.fromkeys(
+        ("environment", "data", "throughput", "profile", "resume", "export_conformance"), "ok"
+    )
+    env_facts = stages["environment"]
+    assert env_facts["torch"] and env_facts["attention_kernels"]["math"].startswith("math")
+    assert env_facts["attention_kernels"]["cudnn"].startswith("refused: [train] attention_backend = cudnn")
+    # the fallback chain ran for real: cuDNN attention is refused on CPU, flash (CPU) then trains
+    attempts = stages["throughput"]["attempts"]
+    assert [a["settings"]["attention_backend"] for a in attempts] == ["cudnn", "flash"]
+    assert "attention_backend = cudnn cannot run on cpu" in attempts[0]["error"]
+    ok = attempts[1]
+    assert ok["exit_code"] == 0 and ok["attention_kernel"] == "flash (cpu)" and ok["tokens_per_s_median"] > 0
+    assert ok["steps"] == 6 and len(ok["checkpoint_stall_s"]) >= 3
+    split = stages["profile"]["split"]
+    assert split["matmul"]["ms"] > 0 and split["attention"]["ms"] > 0 and split["optimizer"]["ms"] > 0
+    assert abs(sum(v["share"] for v in split.values()) - 1) < 0.05
+    res = stages["resume"]
+    assert res["resume_deterministic_true"]["ok"] and res["resume_deterministic_true"]["mode"] == "bitwise"
+    assert res["resume_deterministic_false"]["ok"] and res["resume_deterministic_false"]["max_abs_diff"] == 0.0
+    exp = stages["export_conformance"]
+    # conformance ran on the export of the checkpoint trained in the resume stage; the runtimes the
+    # GPU image lacks (onnxruntime-genai; Node, off PATH here) are skipped, not failed
+    assert exp["conformance_exit_code"] in (0, 1) and exp["runtimes"] == []
+    assert set(exp["runtimes_skipped"]) == {"onnxruntime-genai", "transformers.js"}
+    variants = exp["conformance"]["variants"]
+    assert variants["safetensors"] is True and variants["fp32"] is True and "int4" in variants
+    md = (out / "report.md").read_text()
+    assert "## Throughput" in md and "## Profile" in md and "resume_deterministic_true" in md
