@@ -107,7 +107,7 @@ def test_an_impossible_backend_is_refused_before_training(tmp_path, tiny_tokeniz
     toml.write_text(
         f'[train]\nshards_dir = "{tiny_shards_dir}"\ntokenizer_dir = "{tiny_tokenizer_dir}"\n'
         f'out_dir = "{tmp_path / "r2"}"\ndevice = "cpu"\nseq_len = 16\nprogress = false\n'
-        '[model]\nhidden_size = 32\nintermediate_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 4\n'
+        "[model]\nhidden_size = 32\nintermediate_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 4\n"
         "num_key_value_heads = 2\nmax_position_embeddings = 64\n"
     )
     assert prodip_main(["train", "--config", str(toml), "--attention-backend", "efficient"]) == 2
