@@ -164,6 +164,7 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
         self.v_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
         self.o_proj = nn.Linear(self.num_heads * Dh, D, bias=False)
+        self.fused = False  # set by LlamaForCausalLM.fuse_projections
 
     def forward(
         self,
@@ -174,9 +175,15 @@ class LlamaAttention(nn.Module):
         past: Optional[tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.fused:  # one GEMM over the concatenated weights; the parameters stay HF's three
+            qkv = F.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+            q, k, v = qkv.split((self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                 self.num_kv_heads * self.head_dim), dim=-1)  # fmt: skip
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if past is not None:
             k = torch.cat((past[0], k), dim=2)  # (B, Hkv, P+T, Dh)
@@ -209,7 +216,12 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
+        self.fused = False  # set by LlamaForCausalLM.fuse_projections
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:  # gate and up in one GEMM; the parameters stay HF's two
+            gate, up = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -341,6 +353,19 @@ class LlamaForCausalLM(nn.Module):
             return linear_cross_entropy(h, self.lm_head.weight, labels, self.loss_chunk_tokens)
         logits = self.lm_head(h)
         return (logits, present) if use_cache else logits
+
+    def fuse_projections(self, fused: bool = True) -> None:
+        """Compute q/k/v and gate/up as one matrix product each (``[train] fused_projections``).
+
+        The weights are concatenated inside the forward (under autocast that copy is the bf16 cast
+        the separate products do anyway; torch.compile fuses it), so the parameters, ``state_dict``
+        keys, checkpoints and exports keep Hugging Face's separate ``q_proj``/``k_proj``/``v_proj``
+        and ``gate_proj``/``up_proj`` tensors: there is nothing to convert. Fewer, larger GEMMs
+        are the gain (a GPU lever; ``make gpu-bench --ab`` measures it).
+        """
+        for layer in self.model.layers:
+            layer.self_attn.fused = fused
+            layer.mlp.fused = fused
 
     def num_parameters(self) -> int:
         """Unique trainable parameters (a tied matrix counted once)."""

@@ -141,6 +141,11 @@ class TrainConfig:
         "its own: one graph reused by every layer, a shorter compile)",
         choices=("model", "layers"),
     )
+    fused_projections: bool = opt(
+        False,
+        "compute q/k/v and gate/up as one matrix product each (weights concatenated in the forward; "
+        "checkpoints and exports keep Hugging Face's separate tensors)",
+    )
     attention_backend: str = opt(
         "auto",
         "SDPA kernel: auto (PyTorch's choice) | flash | cudnn | efficient | math (torch.nn.attention.sdpa_kernel); "
@@ -275,6 +280,7 @@ def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, fsdp_
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(model_cfg).to(device)
     model.loss_chunk_tokens = cfg.loss_chunk_tokens
+    model.fuse_projections(cfg.fused_projections)
     if fsdp_shard:
         fsdp.shard_model(model, device)
     optimizer = build_optimizer(

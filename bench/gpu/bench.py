@@ -26,7 +26,8 @@ failure instead of stopping the call:
 6. export + conformance: the deterministic straight run's checkpoint (trained on this device)
    exported (safetensors, ONNX fp32 and int4) and checked by ``prodip conformance``; runtimes
    not on the machine (Node's transformers.js, onnxruntime-genai) are left out and reported as skipped;
-7. with ``--ab``, if time is left: A/B runs of the MFU levers (compile per layer, CUDA graphs).
+7. with ``--ab``, if time is left: A/B runs of the MFU levers (fused q/k/v and gate/up
+   projections, compile per layer, CUDA graphs), each against the throughput stage's settings.
 
 Writes ``OUT_DIR/report.json`` and ``OUT_DIR/report.md`` (after every stage, so a call cut short
 still leaves what it measured) and ``OUT_DIR/bench.log``; run logs go to ``--work``.
@@ -299,7 +300,7 @@ class Bench:
         flags += ["--force"]  # the bench corpus's fertility gate is not what is measured here
         for key in ("batch_size", "grad_accum_steps", "attention_backend", "compile"):
             flags += ["--" + key.replace("_", "-"), str(s[key]).lower()]
-        for key in ("compile_scope", "compile_mode"):
+        for key in ("compile_scope", "compile_mode", "fused_projections"):
             if key in s:
                 flags += ["--" + key.replace("_", "-"), str(s[key]).lower()]
         if self.dry:
@@ -415,7 +416,7 @@ class Bench:
 
     def ab(self) -> dict[str, Any]:
         """Short runs of each MFU lever against the winning settings (GPU only)."""
-        levers = [{"compile_scope": "layers"}, {"compile_mode": "reduce-overhead"}]
+        levers = [{"fused_projections": True}, {"compile_scope": "layers"}, {"compile_mode": "reduce-overhead"}]
         results = []
         for i, lever in enumerate(levers):
             if self.left() < 90:
@@ -432,20 +433,23 @@ class Bench:
         return {"runs": results}
 
     def main(self) -> int:
+        want = set(self.args.stages.split(","))
         env = self.stage("environment", self.environment, 5)
         self.report["environment"] = env
         data = self.stage("data", self.data, 30)
+        self.best = None
         if data["status"] == "ok":
-            self.best = None
-            thr = self.stage("throughput", self.throughput, 60)
-            if getattr(self, "best", None):
+            if "throughput" in want:
+                self.stage("throughput", self.throughput, 60)
+            if self.best and "profile" in want:
                 self.stage("profile", self.profile, 40)
-            self.stage("resume", self.resume, 40)
-            if getattr(self, "ckpt_run", None) and (self.ckpt_run / "checkpoints" / "latest").exists():
+            if "resume" in want:
+                self.stage("resume", self.resume, 40)
+            ckpt = getattr(self, "ckpt_run", None)
+            if "export" in want and ckpt and (ckpt / "checkpoints" / "latest").exists():
                 self.stage("export_conformance", self.export_conformance, 20)
             if self.args.ab and not self.dry and self.best:
                 self.stage("ab", self.ab, 90)
-            del thr
         self.report["total_s"] = round(time.monotonic() - self.t0, 1)
         self.write_reports()
         self.say(f"report: {self.out / 'report.json'}, {self.out / 'report.md'}")
@@ -677,6 +681,7 @@ def worker_profile(spec: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     model = LlamaForCausalLM(mcfg).to(device)
+    model.fuse_projections(bool(s.get("fused_projections", False)))
     opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, device=device)
     if s["compile"]:
         fwd = compile_model(model, mode=s.get("compile_mode", "default"), scope=s.get("compile_scope", "model"))
@@ -819,6 +824,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="throughput steps (default 10 GPU, 6 dry)")
     ap.add_argument("--skip", type=int, default=None, help="warm-up steps left out of the medians (default 3 / 2)")
     ap.add_argument("--ab", action="store_true", help="also A/B the MFU levers if time is left (GPU)")
+    ap.add_argument(
+        "--stages",
+        default="throughput,profile,resume,export",
+        help="stages after environment + data (a second window: --stages throughput --ab)",
+    )
     ap.add_argument("--work", default=None, help="scratch folder (default /tmp/prodip_gpu_bench_work[_dry])")
     ap.add_argument("--worker", choices=("profile", "resume"), help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)

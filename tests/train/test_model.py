@@ -349,3 +349,34 @@ def test_rope_cache_under_torch_compile() -> None:
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids), ours(ids), atol=ATOL, rtol=0)
         torch.testing.assert_close(compiled(ids, position_ids=pos), ours(ids, position_ids=pos), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_fused_projections_match_transformers_and_keep_hf_tensors(kv_heads: int) -> None:
+    """[train] fused_projections: one q/k/v and one gate/up GEMM, the same logits and gradients,
+    and the very same HF tensors in state_dict (nothing converted on save or export)."""
+    ours, hf = make_pair(kv_heads=kv_heads)
+    keys = {k: v.data_ptr() for k, v in ours.state_dict().items()}
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(1))
+    ref_loss = ours(ids, labels=ids)
+    ref_loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in ours.named_parameters()}
+    ours.zero_grad()
+    ours.fuse_projections()
+    assert all(layer.self_attn.fused and layer.mlp.fused for layer in ours.model.layers)
+    assert max_logit_diff(ours, hf, ids) <= ATOL  # the fused path against the independent implementation
+    loss = ours(ids, labels=ids)
+    loss.backward()
+    assert torch.allclose(loss, ref_loss, atol=1e-6)
+    for n, p in ours.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[n], atol=1e-6, rtol=1e-5), n
+    assert {k: v.data_ptr() for k, v in ours.state_dict().items()} == keys  # same keys, same storage
+    fused = len(_linear_calls(ours, ids))
+    ours.fuse_projections(False)
+    assert len(_linear_calls(ours, ids)) - fused == 3 * ours.config.num_hidden_layers  # q,k,v -> 1; gate,up -> 1
+
+
+def _linear_calls(model: LlamaForCausalLM, ids: torch.Tensor) -> list[str]:
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        model(ids)
+    return [e.name for e in prof.events() if e.name == "aten::linear"]
