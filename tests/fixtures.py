@@ -168,7 +168,8 @@ def byte_level_tokenizer_dir(
     out: Path, texts: dict[str, str], vocab_size: int, repeat: int, model_max_length: int
 ) -> Path:
     """A byte-level BPE (NFC) tokenizer dir trained on ``texts`` (each repeated ``repeat`` times), with
-    <|pad|>=0, <|bos|>=1, <|eos|>=2 and the <|bos|> post-processor; tokenizer.json + config files."""
+    <|pad|>=0, <|bos|>=1, <|eos|>=2 and the <|bos|> post-processor; tokenizer.json + config files. No chat
+    markers: a tokenizer made before they were reserved (fine-tuning for chat appends them)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +186,9 @@ def byte_level_tokenizer_dir(
     tok.train_from_iterator([t * repeat for t in texts.values()], trainer=trainer)
     with_bos_convention(tok).save(str(out / "tokenizer.json"))
     special = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length=model_max_length)))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config(model_max_length=model_max_length, chat_tokens=False))
+    )
     (out / "special_tokens_map.json").write_text(json.dumps(special))
     return out
 

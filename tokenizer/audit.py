@@ -35,7 +35,7 @@ from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import writing
 from prodip.tokenizer.bpe import (
     FORMAT_VERSION,
-    SPECIAL_TOKENS,
+    RESERVED_TOKENS,
     TokenizerTrainConfig,
     load_tokenizer,
     tokenizer_sha256,
@@ -107,7 +107,7 @@ def token_bytes(tok) -> tuple[list[bytes], np.ndarray]:
     fallback = np.zeros(tok.get_vocab_size(), dtype=bool)
     for i in range(tok.get_vocab_size()):
         piece = tok.id_to_token(i)
-        if piece in SPECIAL_TOKENS:
+        if piece in RESERVED_TOKENS:
             data = b""
         elif byte_level:
             data = bytes(inverse[c] for c in piece)

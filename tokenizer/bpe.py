@@ -9,7 +9,9 @@ the audit and its gate). ``kind = "custom"`` is the opt-in Bangla-aware regex wi
 GPT-2-style baseline on the natural (unbalanced) mix.
 
 Special-token convention (one for shards, tokenizer files, exports and servers): ids ``<|pad|>`` 0,
-``<|bos|>`` 1, ``<|eos|>`` 2; each document in the shards is ``<|bos|> ids <|eos|>``; ``tokenizer.json``'s
+``<|bos|>`` 1, ``<|eos|>`` 2, then the chat markers ``<|im_start|>`` 3 and ``<|im_end|>`` 4
+(:data:`prodip.base.chat.CHAT_TOKENS`, reserved by every kind; a tokenizer made before them gets them
+appended when it is fine-tuned for chat, :func:`add_chat_tokens`); each document in the shards is ``<|bos|> ids <|eos|>``; ``tokenizer.json``'s
 post-processor prepends ``<|bos|>``, so every runtime's default encode starts a prompt with the token that
 starts a document in training (an empty prompt is ``[<|bos|>]``); ``tokenizer_config.json`` says
 ``add_bos_token: true, add_eos_token: false``; the model generates ``<|eos|>`` at a document's end.
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256, raise_for_room
@@ -43,6 +46,8 @@ from prodip.tokenizer.wordcounts import WordCounts, corpus_casing, count_documen
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # ids 0, 1, 2 (fixed by CONTRACTS.md)
+#: What a new tokenizer reserves, in id order: the base specials, then the chat markers (ids 3, 4).
+RESERVED_TOKENS = SPECIAL_TOKENS + CHAT_TOKENS
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FORMAT_VERSION = 1
@@ -60,7 +65,7 @@ class TokenizerTrainConfig:
         "`datasets` folders), e.g. bn=data/bn,en=data/en",
     )
     out_dir: str = opt("runs/tokenizer", "output tokenizer dir (refused if it holds a tokenizer, unless overwrite)")
-    vocab_size: int = opt(32000, "vocabulary size in tokens, incl. the 3 special and 256 byte tokens")
+    vocab_size: int = opt(32000, "vocabulary size in tokens, incl. the 5 special and 256 byte tokens")
     proportions: dict[str, float] = opt(
         factory=dict,
         help="share of the training sample per language, by "
@@ -300,7 +305,7 @@ def _byte_level_trainer(vocab_size: int, min_frequency: int, progress: bool) -> 
     return trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in RESERVED_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=progress,
     )
@@ -339,11 +344,11 @@ def with_bos_convention(tok: Tokenizer) -> Tokenizer:
 
 def check_vocab_size(vocab_size: int, kind: str) -> None:
     """Raise InvalidInput when ``vocab_size`` cannot hold the special tokens plus the 256 byte tokens."""
-    need = len(SPECIAL_TOKENS) + 256 + 1
+    need = len(RESERVED_TOKENS) + 256 + 1
     if vocab_size < need:
         raise InvalidInput(
             f"vocab_size {vocab_size} is too small: the {kind} tokenizer needs "
-            f"{len(SPECIAL_TOKENS)} special + 256 byte tokens + at least 1 learned token = {need}"
+            f"{len(RESERVED_TOKENS)} special + 256 byte tokens + at least 1 learned token = {need}"
         )
 
 
@@ -389,7 +394,7 @@ def train_from_iterator(
         tok = train_custom(
             texts,
             vocab_size=vocab_size,
-            special_tokens=SPECIAL_TOKENS,
+            special_tokens=RESERVED_TOKENS,
             min_frequency=min_frequency,
             limit_alphabet=limit_alphabet,
             superword_share=superword_share,
@@ -404,14 +409,18 @@ def train_from_iterator(
     return with_bos_convention(tok)
 
 
-def tokenizer_config(model_max_length: int = 2048) -> dict:
+def tokenizer_config(model_max_length: int = 2048, *, chat_tokens: bool = True) -> dict:
     """``tokenizer_config.json``: the special tokens, their ids and the BOS convention.
 
     ``add_bos_token: true`` is what transformers, onnxruntime-extensions and lm-evaluation-harness read
     to put ``<|bos|>`` in front of a prompt (the post-processor in tokenizer.json does the same for
     ``tokenizers`` and transformers.js); ``add_eos_token: false``: a prompt does not end a document.
+    ``additional_special_tokens`` lists the chat markers (when the tokenizer has them), so transformers
+    keeps them whole and ``skip_special_tokens`` drops them. No ``chat_template`` here: a tokenizer
+    is a chat tokenizer only once a model was fine-tuned for chat with it (:func:`add_chat_tokens`).
     """
     names = dict(zip(("pad_token", "bos_token", "eos_token"), SPECIAL_TOKENS))
+    extra = {"additional_special_tokens": list(CHAT_TOKENS)} if chat_tokens else {}
     return {
         "format_version": FORMAT_VERSION,
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -423,6 +432,7 @@ def tokenizer_config(model_max_length: int = 2048) -> dict:
         "clean_up_tokenization_spaces": False,
         "add_bos_token": True,
         "add_eos_token": False,
+        **extra,
     }
 
 
@@ -450,9 +460,11 @@ def save_tokenizer_dir(
     tmp.mkdir()
     try:
         tok.save(str(tmp / "tokenizer.json"))
-        config = tokenizer_config(model_max_length)
+        chat = all(tok.token_to_id(t) is not None for t in CHAT_TOKENS)
+        config = tokenizer_config(model_max_length, chat_tokens=chat)
         (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        names = {k: config[k] for k in ("pad_token", "bos_token", "eos_token")}
+        keys = ("pad_token", "bos_token", "eos_token", "additional_special_tokens")
+        names = {k: config[k] for k in keys if k in config}
         (tmp / "special_tokens_map.json").write_text(json.dumps(names, indent=2) + "\n", encoding="utf-8")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
@@ -646,3 +658,55 @@ def tokenizer_sha256(tokenizer_dir: str | os.PathLike) -> str:
     if not path.is_file():
         raise MissingInput(f"{path}: not found; train a tokenizer with `prodip tokenizer train`")
     return file_sha256(path)
+
+
+def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
+    """Copy a tokenizer dir to ``out_dir`` as a chat tokenizer: the chat markers present, the template set.
+
+    The markers (:data:`prodip.base.chat.CHAT_TOKENS`) a tokenizer lacks (one made before they were
+    reserved) are appended as special tokens after its last id; ``tokenizer.json`` is rewritten only
+    then, so a tokenizer that has them keeps its bytes (and its sha256: shards encoded with it stay
+    valid). ``tokenizer_config.json`` gets ``additional_special_tokens`` and ``"chat_template"`` =
+    :data:`prodip.base.chat.CHAT_TEMPLATE` (the mark of a chat model that export carries into every
+    artifact); ``special_tokens_map.json`` lists the markers. Other files are copied as they are.
+    Written to a sibling temp dir and renamed into place (an existing ``out_dir`` is replaced).
+
+    Args:
+        src_dir: a tokenizer dir with prodip's special-token convention (:func:`load_tokenizer`).
+        out_dir: where the chat tokenizer goes (e.g. a fine-tuning run's ``tokenizer/``).
+    Returns:
+        ``{"added": [tokens appended], "ids": {token: id}, "vocab_size": tokens after}``.
+    Raises:
+        FileNotFoundError, InvalidInput: see :func:`load_tokenizer`.
+    """
+    src, out = Path(src_dir), Path(out_dir)
+    tok = load_tokenizer(src)
+    missing = [t for t in CHAT_TOKENS if tok.token_to_id(t) is None]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for f in sorted(src.iterdir()):
+            if f.is_file():
+                shutil.copy2(f, tmp / f.name)
+        if missing:
+            tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+            tok.save(str(tmp / "tokenizer.json"))
+        path = tmp / "tokenizer_config.json"
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else tokenizer_config()
+        listed = [t for t in config.get("additional_special_tokens") or [] if t not in CHAT_TOKENS]
+        config["additional_special_tokens"] = [*listed, *CHAT_TOKENS]
+        config["chat_template"] = CHAT_TEMPLATE
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        path = tmp / "special_tokens_map.json"
+        names = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        names.update({k: config[k] for k in ("pad_token", "bos_token", "eos_token") if k in config})
+        names["additional_special_tokens"] = config["additional_special_tokens"]
+        path.write_text(json.dumps(names, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"added": missing, "ids": {t: tok.token_to_id(t) for t in CHAT_TOKENS}, "vocab_size": tok.get_vocab_size()}

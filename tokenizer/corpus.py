@@ -380,6 +380,101 @@ def iter_documents(
         raise InvalidInput(f"{path}: empty file (no text for language {lang!r}); remove it from the inputs")
 
 
+#: Files :func:`iter_records` reads (one record per line or row); ``datasets`` folders too.
+RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".csv", ".csv.gz")
+
+
+def iter_records(
+    path: str | os.PathLike, field: str, *, errors: str = "strict", stats: ReadStats | None = None
+) -> Iterator[tuple[str, object]]:
+    """Yield ``(where, value)``: field ``field`` of each record, its structure kept (lists, dicts).
+
+    The structured sibling of :func:`iter_documents` for records that are not one text, e.g.
+    conversations (``{"messages": [{"role": ..., "content": ...}, ...]}``): a JSONL object's field, or
+    a Parquet / ``datasets`` column of any Arrow type (a list of structs arrives as a list of dicts);
+    a CSV cell is a string (a JSON text for structured values; the caller parses it). Null cells
+    and blank JSONL lines are skipped.
+
+    Args:
+        path: a ``.jsonl`` / ``.jsonl.gz`` / ``.parquet`` / ``.csv`` / ``.csv.gz`` file or a
+            ``datasets`` ``save_to_disk`` folder.
+        field: the JSONL key or column.
+        errors, stats: as :func:`iter_documents` (JSONL decoding).
+    Returns:
+        An iterator of ``("file:line"`` or ``"file row N"``, value).
+    Raises:
+        ValueError: bad JSON, a record without ``field``, a missing column, an unreadable file,
+            another suffix (naming the file), or no record at all.
+    """
+    path = Path(path)
+    stats = stats if stats is not None else ReadStats()
+    name = path.name.lower()
+    n = 0
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        for lineno, line in enumerate(iter_lines(path, errors, stats), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InvalidInput(
+                    f"{path}:{lineno}: not valid JSON ({err.msg}); expected one object per line"
+                ) from None
+            if not isinstance(record, dict) or field not in record:
+                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise InvalidInput(f"{path}:{lineno}: expected an object with a field {field!r} (has {keys})")
+            n += 1
+            yield f"{path}:{lineno}", record[field]
+    elif path.is_dir() or name.endswith((".parquet", ".csv", ".csv.gz")):
+        for value in _column_values(path, field, stats):
+            n += 1
+            if value is not None:
+                yield f"{path} row {n}", value
+    else:
+        raise InvalidInput(f"{path}: records are read from {', '.join(RECORD_SUFFIXES)} files or datasets folders")
+    stats.files += 1
+    if n == 0:
+        raise InvalidInput(f"{path}: no records; remove it from the inputs")
+
+
+def _column_values(path: Path, field: str, stats: ReadStats) -> Iterator[object]:
+    """Python values of column ``field`` of a Parquet / CSV file or a ``datasets`` folder, in row order."""
+    if path.is_dir():
+        try:
+            import datasets  # noqa: PLC0415 (optional extra, imported only for such folders)
+        except ImportError:
+            raise InvalidInput(
+                f"{path}: a `datasets` folder; reading it needs `pip install 'prodip[hf-datasets]'`"
+            ) from None
+        loaded = datasets.load_from_disk(str(path))  # local Arrow files only: never a hub
+        parts = [loaded[k] for k in sorted(loaded)] if isinstance(loaded, datasets.DatasetDict) else [loaded]
+        tables = []
+        for part in parts:
+            if field not in part.column_names:
+                raise InvalidInput(f"{path}: no column {field!r} (has {part.column_names})")
+            tables.append(part.data.to_batches(max_chunksize=_ROWS_PER_BATCH))
+        for batches in tables:
+            for batch in batches:
+                yield from batch.column(field).to_pylist()
+        return
+    stats.bytes += path.stat().st_size
+    try:
+        if path.name.lower().endswith(".parquet"):
+            pf = pq.ParquetFile(path)
+            if field not in pf.schema_arrow.names:
+                raise InvalidInput(f"{path}: no column {field!r} (has {pf.schema_arrow.names})")
+            batches = pf.iter_batches(batch_size=_ROWS_PER_BATCH, columns=[field])
+        else:
+            convert = pa_csv.ConvertOptions(column_types={field: pa.string()})
+            batches = pa_csv.open_csv(str(path), convert_options=convert)
+        for batch in batches:
+            if field not in batch.schema.names:
+                raise InvalidInput(f"{path}: no column {field!r} (has {batch.schema.names})")
+            yield from batch.column(field).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
+        raise InvalidInput(f"{path}: cannot read ({err})") from None
+
+
 def iter_language(files: list[Path], lang: str, **kwargs) -> Iterator[tuple[Path, int, str]]:
     """Yield ``(file, index_in_file, document)`` for every document of every file of one language."""
     for f in files:

@@ -59,7 +59,7 @@ def _custom_pipeline(tok: Tokenizer, pattern: str) -> Tokenizer:
 def _with_byte_fallback(
     trained: Tokenizer, vocab_size: int, specials: tuple[str, ...], extra_merges: list[tuple[str, str]] = ()
 ) -> Tokenizer:
-    """Rebuild a trained BPE with ids: ``specials`` first (0-2), ``<0x00>``..``<0xFF>`` 3-258, then the learned vocab,
+    """Rebuild a trained BPE with ids: ``specials`` first (0-4), ``<0x00>``..``<0xFF>`` 5-260, then the learned vocab,
     then the tokens of ``extra_merges`` (superwords; the phrase pre-tokeniser is used if there are any)."""
     model = json.loads(trained.to_str())["model"]
     vocab: dict[str, int] = {}

@@ -60,7 +60,8 @@ _PY_PACKAGES = {
 #: Strings that broke runtime tokenizers before (cases/2026-11-30.md C6), NFC-normalised before use:
 #: conjuncts, ZWJ/ZWNJ forms, nukta letters precomposed and decomposed, ো/ৌ as one and two code
 #: points, danda, Bengali digits, emoji sequences, other scripts (cased non-Latin too), whitespace runs,
-#: control characters, special-token strings inside text, and the empty string.
+#: control characters, special-token strings inside text (the chat markers and a rendered chat turn
+#: too), and the empty string.
 TRICKY = (
     "",
     " ",
@@ -149,6 +150,13 @@ TRICKY = (
     "<|bos|>",
     "<|eos|> inside text",
     "<0x41> looks like a byte token",
+    # the chat markers (ids 3 and 4), alone, glued to text, and as prodip.base.chat.render writes a turn
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|im_start|>user\nআমি বাংলায় গান গাই।<|im_end|>\n<|im_start|>assistant\n",
+    "<|bos|><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n",
+    "x<|im_end|>y <|im_start|> z",
+    "<|im_end |> <|im_start> not markers",
 )
 
 

@@ -131,7 +131,7 @@ def test_bad_inputs_leave_nothing(tmp_path, corpus):
         base = dict(inputs={"bn": [str(corpus["bn"])]}, out_dir=str(tmp_path / "out"), vocab_size=300)
         return TokenizerTrainConfig(**{**base, **kw})
 
-    with pytest.raises(ValueError, match="vocab_size 100 is too small.*= 260"):
+    with pytest.raises(ValueError, match="vocab_size 100 is too small.*5 special.*= 262"):
         train_tokenizer(cfg(vocab_size=100))
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(ValueError, match="empty.txt: empty file"):
@@ -193,3 +193,22 @@ def test_training_is_deterministic_and_superwords_need_the_custom_kind(corpus, t
     assert tokenizer_sha256(train_tokenizer(cfg)) == tokenizer_sha256(tok_dir)
     with pytest.raises(ValueError, match="superword_share = 0.2 needs kind = 'custom'"):
         train_tokenizer(TokenizerTrainConfig(**{**cfg.__dict__, "superword_share": 0.2, "overwrite": True}))
+
+
+@pytest.mark.parametrize("kind", ["portable", "naive", "custom"])
+def test_every_kind_reserves_the_chat_markers(tmp_path, kind):
+    """Issue 23: <|im_start|> and <|im_end|> are special tokens 3 and 4 of every new tokenizer, listed as
+    additional special tokens, and transformers keeps them whole (the ids chat rendering relies on)."""
+    from transformers import AutoTokenizer
+
+    from prodip.base.chat import CHAT_TOKENS
+
+    texts = {"bn": ["আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।"] * 3, "en": ["The quick brown fox jumps."] * 3}
+    out = train_tokenizer_from_texts(texts, 400, tmp_path / kind, kind=kind)
+    tok = load_tokenizer(out)
+    assert [tok.token_to_id(t) for t in ("<|pad|>", "<|bos|>", "<|eos|>", *CHAT_TOKENS)] == [0, 1, 2, 3, 4]
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        assert json.loads((out / name).read_text())["additional_special_tokens"] == list(CHAT_TOKENS)
+    hf = AutoTokenizer.from_pretrained(str(out))
+    ids = hf.encode("<|im_start|>user\nhi<|im_end|>", add_special_tokens=False)
+    assert ids[0] == 3 and ids[-1] == 4 and hf.decode(ids, skip_special_tokens=True) == "user\nhi"

@@ -20,7 +20,16 @@ MIXED = st.one_of(BANGLA, st.sampled_from(list(" \n\t.,!?।॥'’-\u200c\u200d
 
 def test_layout_byte_fallback_and_bos(custom_tok_dir):
     tok = load_tokenizer(custom_tok_dir)
-    assert tok.token_to_id("<0x00>") == 3 and tok.token_to_id("<0xFF>") == 258
+    # pad, bos, eos, <|im_start|>, <|im_end|> at 0-4 (every kind reserves the chat markers), then the bytes
+    assert [tok.token_to_id(t) for t in ("<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert tok.token_to_id("<0x00>") == 5 and tok.token_to_id("<0xFF>") == 260
+    assert tok.encode("a<|im_end|>").ids[-1] == 4
     assert tok.encode("").ids == [1] and tok.encode("আমি").ids[0] == 1
     text = "ক্ষ ক্‌ষ য\u09bc 👩‍👩‍👧 <0x41>"
     assert tok.decode(tok.encode(text).ids) == unicodedata.normalize("NFC", text)

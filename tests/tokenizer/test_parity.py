@@ -75,3 +75,21 @@ def test_missing_runtime_is_skipped_or_required(tok_dir, monkeypatch):
     assert report["runtimes"]["llama.cpp"]["status"] == "error" and not report["passed"]
     with pytest.raises(ValueError, match="unknown"):
         run_parity(tok_dir, {}, runtimes=("mlc",))
+
+
+def test_chat_markers_are_reserved_ids_in_every_runtime(parity_report, tok_dir):
+    """The chat markers are one special token each at ids 3 and 4, and every runtime that ran gives
+    those ids for them (alone, glued to text and in a rendered turn: TRICKY's chat strings)."""
+    from prodip.base.chat import CHAT_TOKENS, render
+    from prodip.tokenizer.bpe import load_tokenizer
+
+    tok = load_tokenizer(tok_dir)
+    assert [tok.token_to_id(t) for t in CHAT_TOKENS] == [3, 4]
+    assert tok.encode("<|im_start|>").ids == [1, 3] and tok.encode("x<|im_end|>").ids[-1] == 4
+    ids = tok.encode(render([{"role": "user", "content": "হ্যালো"}]), add_special_tokens=False).ids
+    assert ids[:2] == [1, 3] and ids.count(4) == 1
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    assert config["additional_special_tokens"] == list(CHAT_TOKENS) and "chat_template" not in config
+    ran = [r for r, v in parity_report["runtimes"].items() if v["status"] not in ("skipped", "reference")]
+    assert all(parity_report["runtimes"][r]["status"] == "identical" for r in ran), format_parity(parity_report)
+    assert sum(t.count("<|im_start|>") + t.count("<|im_end|>") for t in TRICKY) >= 8

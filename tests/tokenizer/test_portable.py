@@ -82,7 +82,8 @@ def test_gguf_metadata_reads_back(tok_dir, tmp_path):
     tokens = value("tokenizer.ggml.tokens")
     assert len(tokens) == 1024 and tokens[:3] == ["<|pad|>", "<|bos|>", "<|eos|>"]
     assert all(tokens[i] == t for t, i in tok_json["model"]["vocab"].items())
-    assert value("tokenizer.ggml.token_type")[:4] == [3, 3, 3, 1]  # CONTROL x3, NORMAL
+    # pad, bos, eos and the chat markers <|im_start|> <|im_end|>: CONTROL x5, then NORMAL
+    assert value("tokenizer.ggml.token_type")[:6] == [3, 3, 3, 3, 3, 1]
     assert len(value("tokenizer.ggml.merges")) == len(tok_json["model"]["merges"])
     assert (value("tokenizer.ggml.bos_token_id"), value("tokenizer.ggml.eos_token_id")) == (1, 2)
     assert (value("tokenizer.ggml.add_bos_token"), value("tokenizer.ggml.add_eos_token")) == (True, False)
