@@ -126,8 +126,8 @@ def train_step(
         model: the (possibly compiled / DDP- or FSDP2-wrapped) model; ``model(x, labels=y)`` ->
             () loss in nats/token.
         optimizer: its optimizer; ``lr`` is written into every group.
-        micro_batches: N pairs (inputs (B, T) int64, targets (B, T) int64), any device; a
-            sequence or a lazy iterator.
+        micro_batches: N pairs (inputs (B, T) int64, targets (B, T) int64), or packed chat rows
+            (:func:`batch_loss`), any device; a sequence or a lazy iterator.
         lr: learning rate for this step.
         grad_clip: clip the global L2 gradient norm to this (<= 0: no clipping, norm still measured).
         device: where the model lives.
@@ -149,11 +149,11 @@ def train_step(
     batches = iter(micro_batches)
     nxt = _to_device(next(batches), device)
     for i in range(n):
-        x, y = nxt
+        batch = nxt
         last = i == n - 1
         with _grad_sync(model, last):
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = model(x, labels=y) / n
+                loss = batch_loss(model, batch) / n
             loss.backward()
         if not last:
             nxt = _to_device(next(batches), device)
@@ -176,9 +176,19 @@ def train_step(
     return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
 
 
-def _to_device(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+def _to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def batch_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The mean loss of one batch: ``(inputs, targets)`` from the pretraining loader, or
+    ``(inputs, targets, position_ids, document_ids)`` of packed chat rows (targets -100 where not
+    trained; ``prodip.train.chat``), each (B, T) int64."""
+    if len(batch) == 2:
+        x, y = batch
+        return model(x, labels=y)
+    x, y, pos, doc = batch
+    return model(x, labels=y, position_ids=pos, document_ids=doc)
 
 
 def _grad_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -212,16 +222,19 @@ def evaluate(
 ) -> float:
     """Mean next-token NLL (nats/token) over fixed batches; the model is put back in train mode.
 
-    The loss comes from ``model(x, labels=y)`` (the chunked loss head: no (B, T, V) logits).
+    The loss comes from ``model(x, labels=y)`` (the chunked loss head: no (B, T, V) logits); a
+    batch is ``(x, y)`` or packed chat rows ``(x, y, position_ids, document_ids)`` (:func:`batch_loss`),
+    and the mean is over the counted targets (not -100).
     """
     model.eval()
     total, count = 0.0, 0
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
+    for batch in batches:
+        batch = _to_device(batch, device)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            mean = model(x, labels=y)
-        total += float(mean) * y.numel()
-        count += y.numel()
+            mean = batch_loss(model, batch)
+        counted = int((batch[1] != -100).sum())  # targets of -100 are not in the mean
+        total += float(mean) * counted
+        count += counted
     model.train()
     return total / max(1, count)
 

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import torch
 
+#: Target id that is not counted in the loss (F.cross_entropy's default ``ignore_index``): the
+#: positions of a chat conversation outside the assistant's replies, and padding.
+IGNORE_INDEX = -100
+
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     kind = t.device.type
@@ -35,7 +39,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             n = hidden.shape[0]
-            count = n  # mean over all tokens, as F.cross_entropy's default reduction
+            # mean over the counted tokens (F.cross_entropy's ignore_index=-100 rule): a tensor, so no
+            # host sync; 1 at least, so a batch with every target ignored gives loss 0, not NaN
+            keep = targets != IGNORE_INDEX
+            count = keep.sum().clamp(min=1).to(torch.float32)
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
             grad_w = (
@@ -45,18 +52,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
             )
             for start in range(0, n, chunk_tokens):
                 h = hidden[start : start + chunk_tokens].to(dtype)  # (c, D)
-                t = targets[start : start + chunk_tokens]  # (c,)
+                k = keep[start : start + chunk_tokens]  # (c,) counted tokens
+                t = targets[start : start + chunk_tokens].clamp(min=0)  # (c,) ignored ones read id 0
                 # one (c, V) fp32 buffer per chunk, transformed in place: logits -> shifted -> exp -> softmax
                 logits = (h @ w.t()).float()  # (c, V): the softmax is taken in fp32
                 logits.sub_(logits.amax(dim=-1, keepdim=True))  # shifted, so exp cannot overflow
                 target = logits.gather(1, t[:, None])[:, 0]  # (c,) shifted target logit
                 denom = logits.exp_().sum(dim=-1)  # (c,)
-                loss += (denom.log() - target).sum()  # -log softmax[target], summed
+                loss += torch.where(k, denom.log() - target, 0.0).sum()  # -log softmax[target], summed
                 if not want_grad:
                     continue
                 # d(mean loss)/d(logits) = (softmax - onehot) / count, in the same buffer
                 probs = logits.div_(denom[:, None])
                 probs[torch.arange(len(t), device=t.device), t] -= 1.0
+                probs.mul_(k[:, None])  # an ignored token's row has no gradient
                 g = probs.div_(count).to(dtype)  # (c, V)
                 if grad_h is not None:
                     grad_h[start : start + chunk_tokens] = (g @ w).to(hidden.dtype)
@@ -85,16 +94,17 @@ def linear_cross_entropy(
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of ``hidden @ weight.T`` without materialising all logits.
 
+    Targets equal to :data:`IGNORE_INDEX` (-100) are left out of the mean and get no gradient.
     Equal to ``F.cross_entropy((hidden @ weight.T).float(), targets)`` (fp32: to rounding; under
     bf16 autocast the weight gradient is summed over chunks in fp32, so it is closer to exact).
 
     Args:
         hidden: (N, D) or (B, T, D) float, the final-norm output.
         weight: (V, D) float, the lm_head weight.
-        targets: (N,) or (B, T) int64 token ids in [0, V).
+        targets: (N,) or (B, T) int64 token ids in [0, V), or -100 (not counted).
         chunk_tokens: tokens per chunk (>= 1); one chunk holds (chunk_tokens, V) fp32 logits.
     Returns:
-        () float32, nats/token.
+        () float32, nats/token over the counted targets (0 when none is counted).
     Raises:
         ValueError: ``chunk_tokens`` < 1, or hidden and targets differ in token count.
     """

@@ -310,6 +310,7 @@ class LlamaForCausalLM(nn.Module):
         past_key_values: Optional[KVCache] = None,
         use_cache: bool = False,
         labels: Optional[torch.Tensor] = None,
+        document_ids: Optional[torch.Tensor] = None,
     ):
         """Next-token logits, or with ``labels`` the mean next-token loss.
 
@@ -323,7 +324,11 @@ class LlamaForCausalLM(nn.Module):
                 the mean cross-entropy () float32 in nats/token, computed by
                 :func:`prodip.train.loss.linear_cross_entropy` in chunks of
                 ``self.loss_chunk_tokens`` tokens, so the (B, T, V) logits never exist and the
-                loss is part of whatever compiles this forward.
+                loss is part of whatever compiles this forward. A target of -100 is not counted.
+            document_ids: (B, T) int64, packed training rows (chat fine-tuning): a token attends
+                only to earlier tokens with the same id (block-diagonal causal mask), so one
+                conversation never sees another packed beside it; give each document's own
+                ``position_ids`` (0, 1, ... from its first token) too. No cache or padding mask with it.
 
         Returns:
             logits (B, T, V) in the parameter dtype (fp32 for fp32 weights); with ``use_cache``
@@ -335,7 +340,14 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)  # (B, T, D)
         cos, sin = self.model.rotary_emb(x, position_ids, offset=P)  # default positions P + arange(T)
         mask = None
-        if attention_mask is not None or P > 0:
+        if document_ids is not None:
+            if attention_mask is not None or P > 0:
+                raise InvalidInput(
+                    "LlamaForCausalLM.forward: document_ids (packed training rows) takes no cache or mask"
+                )
+            causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
+            mask = (causal[None] & (document_ids[:, :, None] == document_ids[:, None, :]))[:, None]  # (B, 1, T, T)
+        elif attention_mask is not None or P > 0:
             if attention_mask is None:
                 attention_mask = torch.ones(B, P + T, dtype=torch.int64, device=input_ids.device)
             mask = build_attention_mask(attention_mask, T)

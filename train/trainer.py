@@ -36,6 +36,7 @@ from prodip.train import attention, checkpoint, determinism, distributed, fsdp, 
 from prodip.train.config import ModelConfig
 from prodip.train.data import ORDERS, MixtureBatches, val_batches
 from prodip.train.loop import (
+    batch_loss,
     build_optimizer,
     enable_activation_checkpointing,
     evaluate,
@@ -292,12 +293,11 @@ def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, fsdp_
 def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh: bool) -> None:
     """Gradient-flow arbiter (every run, after compile) and update-flow probe (fresh runs)."""
 
-    x, y = batches[0]
-    x, y = x.to(device), y.to(device)
+    batch = tuple(t.to(device) for t in batches[0])
 
     def loss_fn(m):
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            return m(x, labels=y)
+            return batch_loss(m, batch)
 
     guards.check_gradient_flow(model, loss_fn)  # raises GuardError naming each parameter at fault
     log.info("gradient-flow arbiter: every trainable parameter got a finite, nonzero gradient")
@@ -361,11 +361,7 @@ class _Run:
 
     def execute(self) -> dict[str, Any]:
         cfg, info = self.cfg, self.info
-        self.tok_sha, meta = _check_inputs(cfg, self.model_cfg)
-        self.shards_meta_sha256 = meta_sha256(cfg.shards_dir)  # recorded in each checkpoint (train_done)
-        self.init = self._init_source() if cfg.init_from else None
-        # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
-        self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{cfg.shards_dir}/meta.json")
+        self._prepare()
         if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
             raise OutputExists(
                 f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
@@ -379,23 +375,12 @@ class _Run:
         if self.init is not None and not cfg.resume:
             init.apply_init(model, self.init)
             log.info("initialised from %s; fresh optimizer and lr schedule", self.init.source)
-        self.data = MixtureBatches(
-            cfg.shards_dir,
-            cfg.mixture,
-            cfg.batch_size,
-            cfg.seq_len,
-            seed=cfg.seed,
-            rank=info.rank,
-            world_size=info.world_size,
-            expected_tokenizer_sha256=self.tok_sha,
-            order=cfg.data_order,
-            pin_memory=self.device.type == "cuda",
-        )
+        self.data = self._make_data()
         if cfg.resume:
             self._resume()
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            _write_run_config(self.run_dir, cfg, self.model_cfg)
+            self._write_config()
             self._trim_metrics()
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -459,6 +444,35 @@ class _Run:
         if self.info.is_main:
             log.info("%s", kernel.describe())
         return kernel
+
+    # ---- what a fine-tuning run (prodip.train.sft) replaces: its inputs, data and run config
+
+    def _prepare(self) -> None:
+        """Check the inputs; set ``tok_sha``, ``init`` (``--init-from``) and the final ``model_cfg``."""
+        self.tok_sha, meta = _check_inputs(self.cfg, self.model_cfg)
+        self.shards_meta_sha256 = meta_sha256(self.cfg.shards_dir)  # recorded in each checkpoint (train_done)
+        self.init = self._init_source() if self.cfg.init_from else None
+        # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
+        self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{self.cfg.shards_dir}/meta.json")
+
+    def _make_data(self):
+        """The training batches: ``next_batch()``, ``state_dict()``, ``load_state_dict()``, ``langs``."""
+        cfg = self.cfg
+        return MixtureBatches(
+            cfg.shards_dir,
+            cfg.mixture,
+            cfg.batch_size,
+            cfg.seq_len,
+            seed=cfg.seed,
+            rank=self.info.rank,
+            world_size=self.info.world_size,
+            expected_tokenizer_sha256=self.tok_sha,
+            order=cfg.data_order,
+            pin_memory=self.device.type == "cuda",
+        )
+
+    def _write_config(self) -> None:
+        _write_run_config(self.run_dir, self.cfg, self.model_cfg)
 
     def _init_source(self) -> init.InitWeights:
         """Weights and model config of ``--init-from``; its architecture replaces the [model] table's."""
