@@ -22,6 +22,7 @@ _STAGES = [
     ("tokenizer", "prodip.tokenizer", "train, audit and gate a Bangla-aware BPE tokenizer"),
     ("data", "prodip.tokenizer", "encode a corpus into token shards with a tokenizer dir"),
     ("train", "prodip.train", "train a Llama-style model on token shards (torchrun for several GPUs)"),
+    ("sft", "prodip.train", "chat fine-tuning on conversations, loss on the assistant's tokens only"),
     ("eval", "prodip.train", "held-out NLL and bits/char of a checkpoint vs its random-initialised twin"),
     ("export", "prodip.export", "checkpoint -> HF safetensors + ONNX (fp32/fp16/int8/int4) + manifest"),
     ("conformance", "prodip.conformance", "prove every exported artifact computes what the training model computes"),

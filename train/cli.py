@@ -54,10 +54,42 @@ def _add_train(subparsers) -> None:
     parser.set_defaults(func=_train_main)
 
 
+def _sft_main(args: argparse.Namespace) -> int:
+    from prodip.train.sft import SFTConfig, sft  # noqa: PLC0415 (only this subcommand needs it)
+
+    run_dir = sft(resolve(SFTConfig, args, toml_path=args.config, section="sft"))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run dir: {run_dir}")
+    return 0
+
+
+def _add_sft(subparsers) -> None:
+    from prodip.train.sft import SFTConfig  # noqa: PLC0415
+
+    parser = subparsers.add_parser(
+        "sft",
+        help="chat fine-tuning: conversations (OpenAI messages) with the loss on assistant tokens only",
+        description="Fine-tune a prodip checkpoint or HF Llama folder on conversations from a TOML file's "
+        "[sft] table; flags override the file. Writes a chat model (its tokenizer carries the chat template).",
+    )
+    parser.add_argument("--config", metavar="TOML", help="file with an [sft] table")
+    add_arguments(parser, SFTConfig, skip=("resume",), section="sft")
+    parser.add_argument(
+        "--resume",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,
+        help="continue from OUT_DIR/checkpoints/latest (weights, Adam moments, RNG, data position)",
+    )
+    parser.set_defaults(func=_sft_main)
+
+
 def add_subcommands(subparsers, only: str | None = None) -> None:
-    """Register ``train`` and ``eval`` (or just ``only``) on the ``prodip`` subparsers."""
+    """Register ``train``, ``sft`` and ``eval`` (or just ``only``) on the ``prodip`` subparsers."""
     if only in (None, "train"):
         _add_train(subparsers)
+    if only in (None, "sft"):
+        _add_sft(subparsers)
     if only in (None, "eval"):
         add_eval_subcommand(subparsers)
 

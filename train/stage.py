@@ -1,4 +1,5 @@
-"""The train package's two pipeline stages: ``train`` (checkpoints) and ``eval`` (eval.json).
+"""The train package's pipeline stages: ``train`` (checkpoints), ``eval`` (eval.json) and ``sft`` (chat
+fine-tuning of the trained checkpoint, when ``[sft] inputs`` names conversations; export then takes it).
 
 python -c "from prodip.train.stage import STAGES; print([s.name for s in STAGES])"
 """
@@ -15,7 +16,7 @@ from prodip.base.errors import StageFailed
 from prodip.base.files import file_sha256_cached, read_json_or_none
 from prodip.base.stage import Plan, Stage, made_from
 from prodip.tokenizer.shards import meta_sha256
-from prodip.train import checkpoint, trainer
+from prodip.train import checkpoint, sft, trainer
 from prodip.train import eval as evaluation
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,43 @@ def eval_run(plan: Plan) -> None:
     evaluation.evaluate(plan["eval"])
 
 
+def _sft_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(recorded, current) hashes of what the fine-tuning run read: the starting weights and the conversations."""
+    cfg = plan["sft"]
+    doc = read_json_or_none(Path(cfg.out_dir) / sft.EVAL_FILE) or {}
+    recorded = {"init": doc.get("init_model_sha256"), "conversations": doc.get("inputs_sha256")}
+    return recorded, {"init": sft.source_sha256(cfg.init_from), "conversations": sft.inputs_sha256(cfg.inputs)}
+
+
+def sft_done(plan: Plan) -> bool:
+    """The fine-tuning run reached ``[sft] steps``, ``sft_eval.json`` scores its newest checkpoint, and it
+    started from the current pretrained checkpoint and conversations."""
+    if not sft.sft_done(plan["sft"]):
+        return False
+    recorded, current = _sft_inputs(plan)
+    return made_from(str(Path(plan["sft"].out_dir) / sft.EVAL_FILE), recorded, current)
+
+
+def sft_run(plan: Plan) -> None:
+    """Chat fine-tuning of the pretrained checkpoint (an interrupted run continues from its latest checkpoint).
+
+    Raises:
+        StageFailed: the run's checkpoints started from other weights or other conversations than the
+            current ones (an earlier stage was made again): move the run aside to fine-tune again.
+    """
+    cfg = plan["sft"]
+    if (Path(cfg.out_dir) / "checkpoints" / "latest").exists():
+        recorded, current = _sft_inputs(plan)
+        changed = [k for k, v in current.items() if recorded.get(k) is not None and recorded[k] != v]
+        if changed:
+            raise StageFailed(
+                f"{cfg.out_dir} was fine-tuned from other {' and '.join(changed)} than {cfg.init_from} / [sft] "
+                f"inputs hold now; move {cfg.out_dir} aside (or delete it) to fine-tune again"
+            )
+        cfg = dataclasses.replace(cfg, resume=True)
+    sft.sft(cfg)
+
+
 STAGES = (
     Stage(
         name="train",
@@ -124,5 +162,19 @@ STAGES = (
         describe=lambda p: f"held-out NLL and bits/char vs random twin -> {p['eval'].out}",
         done=eval_done,
         run=eval_run,
+    ),
+    Stage(
+        name="sft",
+        tables={"sft": "prodip.train.sft:SFTConfig"},
+        reads=("train",),
+        writes="sft",
+        needs="train",
+        describe=lambda p: (
+            f"chat fine-tuning, {p['sft'].steps} steps on {', '.join(p['sft'].inputs)} "
+            f"conversations -> {p['sft'].out_dir}"
+        ),
+        done=sft_done,
+        run=sft_run,
+        active=lambda p: bool(p["sft"].inputs),
     ),
 )

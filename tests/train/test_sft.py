@@ -1,0 +1,307 @@
+"""Issue 23: chat fine-tuning (``prodip sft``): chat tokens appended to an older tokenizer with mean-initialised
+rows, the assistant-only loss and its guard (planted faults caught before step 1), packing isolation, the
+readers, checkpoints/resume and the held-out assistant-token loss before and after."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, render
+from prodip.cli import main as prodip_main
+from prodip.tokenizer.bpe import load_tokenizer
+from prodip.train import chat
+from prodip.train import checkpoint as ck
+from prodip.train.guards import GuardError
+from prodip.train.loss import linear_cross_entropy
+from prodip.train.model import LlamaForCausalLM
+from prodip.train.sft import SFTConfig, extend_vocabulary, run_sft
+from prodip.train.trainer import TrainConfig, train
+from tests.fixtures import tiny_config
+
+WORDS = {
+    "bn": ["আমার", "সোনার", "বাংলা", "আমি", "তোমায়", "ভালোবাসি", "আকাশ", "বাতাস"],
+    "en": ["quick", "brown", "fox", "jumps", "over", "lazy", "dog", "time"],
+}
+
+
+def _conversations(lang: str, n: int, seed: int) -> list[dict]:
+    """Echo conversations: the reply repeats the user's words (learnable by a tiny model in a few steps)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        words = " ".join(rng.choice(WORDS[lang], size=3))
+        messages = [{"role": "user", "content": f"say {words}"}, {"role": "assistant", "content": words}]
+        if i % 3 == 0:
+            messages.insert(0, {"role": "system", "content": "Repeat."})
+        if i % 4 == 0:  # multi-turn
+            messages += [{"role": "user", "content": "again"}, {"role": "assistant", "content": words}]
+        out.append({"messages": messages})
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat")
+    files = {}
+    for k, lang in enumerate(("bn", "en")):
+        path = root / f"{lang}.jsonl"
+        path.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in _conversations(lang, 60, k)))
+        files[lang] = path
+    return files
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_tokenizer_dir, tiny_shards_dir):
+    """A pretrained tiny checkpoint whose tokenizer predates the chat markers."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    cfg = TrainConfig(
+        shards_dir=str(tiny_shards_dir), tokenizer_dir=str(tiny_tokenizer_dir), out_dir=str(out), steps=2,
+        batch_size=2, seq_len=32, warmup_steps=0, device="cpu", progress=False, guards=False,
+    )  # fmt: skip
+    return train(cfg, tiny_config(max_position_embeddings=128))
+
+
+def _sft_cfg(base, chat_files, out, **kw) -> SFTConfig:
+    values = dict(
+        inputs={lang: [str(p)] for lang, p in chat_files.items()},
+        init_from=str(base),
+        out_dir=str(out),
+        val_fraction=0.2,
+        steps=12,
+        batch_size=4,
+        seq_len=64,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup_steps=2,
+        device="cpu",
+        progress=False,
+    )
+    values.update(kw)
+    return SFTConfig(**values)
+
+
+def test_sft_appends_chat_tokens_trains_on_replies_and_reports_before_after(tmp_path, base_run, chat_files):
+    base_model, base_cfg, _ = ck.load_model(base_run)
+    old = load_tokenizer(ck.resolve_checkpoint(base_run) / "tokenizer")
+    assert all(old.token_to_id(t) is None for t in CHAT_TOKENS)
+    out = tmp_path / "sft"
+    result = run_sft(_sft_cfg(base_run, chat_files, out))
+    model, cfg, info = ck.load_model(out)
+    # the markers appended after the old vocabulary, rows added; the chat tokenizer in every checkpoint
+    v = old.get_vocab_size()
+    tok = load_tokenizer(info["tokenizer_dir"])
+    assert [tok.token_to_id(t) for t in CHAT_TOKENS] == [v, v + 1] and cfg.vocab_size == v + 2
+    config = json.loads((info["tokenizer_dir"] / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == CHAT_TEMPLATE and config["additional_special_tokens"] == list(CHAT_TOKENS)
+    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == (
+        info["tokenizer_dir"] / "tokenizer.json"
+    ).read_bytes()
+    assert info["step"] == 12 and result["step"] == 12
+    # held-out assistant-token loss before/after per language, and the curves as in pretraining
+    ev = json.loads((out / "sft_eval.json").read_text())
+    for lang in ("bn", "en"):
+        before, after = ev["before"][lang], ev["after"][lang]
+        assert before["assistant_tokens"] == after["assistant_tokens"] > 0 and before["conversations"] >= 3
+        assert after["nll_nats_per_token"] < before["nll_nats_per_token"] - 0.5, ev
+        assert after["bits_per_char"] == pytest.approx(
+            after["nll_nats_per_token"] * after["assistant_tokens"] / math.log(2) / after["assistant_chars"]
+        )
+    assert ev["model_sha256"] == info["model_sha256"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 13)) and (out / "loss.png").stat().st_size > 1000
+    # the base model's own rows were the start: unchanged shape, the rest of the network fine-tuned from them
+    assert cfg.hidden_size == base_cfg.hidden_size and cfg.num_hidden_layers == base_cfg.num_hidden_layers
+
+
+def test_extend_vocabulary_mean_rows_untied_and_tied():
+    from prodip.train.init import InitWeights
+
+    for tie in (False, True):
+        config = tiny_config(vocab_size=10, tie_word_embeddings=tie)
+        model = LlamaForCausalLM(config)
+        tensors = {k: v.clone() for k, v in model.state_dict().items()}
+        if tie:
+            tensors.pop("lm_head.weight")
+        w = InitWeights(config, tensors, "test", "prodip")
+        extend_vocabulary(w, 12, [10, 11], 10)
+        assert w.config.vocab_size == 12
+        keys = ["model.embed_tokens.weight"] + ([] if tie else ["lm_head.weight"])
+        for key in keys:
+            grown = w.tensors[key]
+            assert grown.shape == (12, config.hidden_size)
+            torch.testing.assert_close(grown[:10], model.state_dict()[key])
+            torch.testing.assert_close(grown[10], model.state_dict()[key].mean(0))
+            torch.testing.assert_close(grown[11], grown[10])
+        assert tie == ("lm_head.weight" not in w.tensors)
+
+
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        (
+            lambda offsets, spans: np.ones(len(offsets), dtype=bool),
+            r"not the assistant's: .*system tokens.*user tokens",
+        ),
+        (lambda offsets, spans: np.zeros(len(offsets), dtype=bool), "masks every token"),
+    ],
+    ids=["trains-on-user-and-system", "masks-everything"],
+)
+def test_planted_mask_faults_are_caught_before_step_one(tmp_path, base_run, chat_files, monkeypatch, fault, named):
+    monkeypatch.setattr(chat, "assistant_mask", fault)
+    out = tmp_path / "sft"
+    with pytest.raises(GuardError, match=named):
+        run_sft(_sft_cfg(base_run, chat_files, out, steps=2))
+    assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()
+
+
+def test_mask_covers_replies_and_their_end_of_turn_only(tiny_tokenizer_dir, tmp_path):
+    from prodip.tokenizer.bpe import add_chat_tokens
+
+    add_chat_tokens(tiny_tokenizer_dir, tmp_path / "tok")
+    tok = load_tokenizer(tmp_path / "tok")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "আমার সোনার বাংলা"},
+        {"role": "assistant", "content": "The quick fox."},
+        {"role": "user", "content": "<|im_end|> looks like a marker"},
+        {"role": "assistant", "content": "ভালোবাসি"},
+    ]
+    ex = chat.encode_conversation(tok, messages)
+    assert ex.ids.tolist() == tok.encode(render(messages, add_generation_prompt=False), add_special_tokens=False).ids
+    trained = tok.decode(ex.ids[ex.trained].tolist(), skip_special_tokens=False)
+    assert trained == "The quick fox.<|im_end|>ভালোবাসি<|im_end|>"
+    assert ex.assistant_chars == len("The quick fox.") + len("ভালোবাসি")
+    im = dict(im_start=tok.token_to_id("<|im_start|>"), im_end=tok.token_to_id("<|im_end|>"))
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+    assert chat.check_loss_mask([ex], **im, decode=decode)["trained"] == int(ex.trained.sum())
+    # a user turn whose text holds "<|im_end|>" is split there by the tokenizer, as in every runtime;
+    # the guard reads the ids as the model sees them, so a mask training on what follows is refused
+    shifted = dataclasses.replace(ex, trained=np.roll(ex.trained, 1))
+    with pytest.raises(GuardError, match="not the assistant's"):
+        chat.check_loss_mask([shifted], **im, decode=decode)
+
+
+def test_packing_isolation_logits_equal_alone(tiny_tokenizer_dir, tmp_path):
+    from prodip.tokenizer.bpe import add_chat_tokens
+
+    add_chat_tokens(tiny_tokenizer_dir, tmp_path / "tok")
+    tok = load_tokenizer(tmp_path / "tok")
+    a, b = (
+        chat.encode_conversation(tok, c["messages"])
+        for c in (_conversations("bn", 1, 0)[0], _conversations("en", 2, 1)[1])
+    )
+    T = 256
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(vocab_size=tok.get_vocab_size(), max_position_embeddings=256)).eval()
+    packed = chat.to_batch(chat.pack_rows([a, b], T, 0))
+    alone = chat.to_batch(chat.pack_rows([b], T, 0))
+    assert packed[0].shape == (1, T) and int(packed[3].max()) == 1  # both in one row
+    na, nb = len(a.ids) - 1, len(b.ids) - 1
+    with torch.no_grad():
+        lp = model(packed[0], position_ids=packed[2], document_ids=packed[3])
+        la = model(alone[0], position_ids=alone[2], document_ids=alone[3])
+        torch.testing.assert_close(lp[0, na : na + nb], la[0, :nb], atol=1e-5, rtol=1e-5)
+        # the test can fail: plain causal attention over the packed row lets b see a
+        leaky = model(packed[0], position_ids=packed[2])
+        assert (leaky[0, na : na + nb] - la[0, :nb]).abs().max() > 1e-3
+    # the targets are the next tokens where trained, -100 elsewhere (padding included)
+    y = packed[1][0]
+    assert torch.equal(y[:na][torch.from_numpy(a.trained[1:])], torch.from_numpy(a.ids[1:][a.trained[1:]]))
+    assert (y[na + nb :] == -100).all() and (packed[2][0, na : na + 3] == torch.arange(3)).all()
+
+
+def test_loss_ignores_minus_100_like_cross_entropy():
+    torch.manual_seed(0)
+    h = torch.randn(2, 8, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    t = torch.randint(0, 50, (2, 8))
+    t[0, :5] = -100
+    t[1, 7] = -100
+    ours = linear_cross_entropy(h, w, t, chunk_tokens=3)
+    ours.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad, w.grad = None, None
+    ref = F.cross_entropy((h @ w.t()).flatten(0, 1), t.flatten(), ignore_index=-100)
+    ref.backward()
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(gh, h.grad)
+    torch.testing.assert_close(gw, w.grad)
+
+
+def test_parquet_csv_and_datasets_inputs_read_like_jsonl(tmp_path, chat_files):
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    records = [json.loads(line) for line in chat_files["en"].read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "c.parquet")
+    pa_csv.write_csv(pa.table({"messages": [json.dumps(r["messages"]) for r in records]}), str(tmp_path / "c.csv"))
+    want = chat.read_conversations({"en": [str(chat_files["en"])]})["en"]
+    for name in ("c.parquet", "c.csv"):
+        got = chat.read_conversations({"en": [str(tmp_path / name)]})["en"]
+        assert [m for _, m in got] == [m for _, m in want], name
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "ds"))
+    got = chat.read_conversations({"en": [str(tmp_path / "ds")]})["en"]
+    assert [m for _, m in got] == [m for _, m in want]
+
+
+def test_bad_conversations_are_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    for line, match in (
+        ('{"messages": [{"role": "user", "content": "hi"}]}', "bad.jsonl:1: no assistant message"),
+        ('{"messages": [{"role": "tool", "content": "x"}]}', r"bad.jsonl:1: messages\[0\].role 'tool'"),
+        ('{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', r"messages\[0\].content must be a string"),
+        ('{"text": "hello"}', "bad.jsonl:1: expected an object with a field 'messages'"),
+    ):
+        bad.write_text(line + "\n")
+        with pytest.raises(ValueError, match=match):
+            chat.read_conversations({"en": [str(bad)]})
+
+
+def test_resume_matches_an_uninterrupted_run_and_cli(tmp_path, base_run, chat_files):
+    full = tmp_path / "full"
+    run_sft(_sft_cfg(base_run, chat_files, full, steps=4, checkpoint_every_steps=2))
+    part = tmp_path / "part"
+    argv = ["sft", "--init-from", str(base_run), "--out-dir", str(part), "--steps", "4", "--batch-size", "4"]
+    argv += ["--inputs", ",".join(f"{lang}={p}" for lang, p in chat_files.items()), "--val-fraction", "0.2"]
+    argv += ["--seq-len", "64", "--lr", "3e-3", "--min-lr", "3e-4", "--warmup-steps", "2", "--device", "cpu"]
+    argv += ["--progress", "false", "--checkpoint-every-steps", "2"]
+    assert prodip_main([*argv, "--max-steps-this-run", "2"]) == 0
+    assert prodip_main([*argv, "--resume"]) == 0
+    a, _, ia = ck.load_model(full)
+    b, _, ib = ck.load_model(part)
+    assert ia["step"] == ib["step"] == 4
+    for (name, pa_), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa_, pb, atol=0, rtol=0, msg=name)
+
+
+def test_init_from_hf_llama_folder_with_a_chat_tokenizer(tmp_path, chat_files):
+    """An HF Llama folder whose tokenizer already reserves the markers: no rows added, tokenizer bytes kept."""
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HF
+
+    from prodip.tokenizer.bpe import train_tokenizer_from_texts
+
+    texts = {lang: [" ".join(ws) * 20] for lang, ws in WORDS.items()}
+    hf_dir = train_tokenizer_from_texts(texts, 300, tmp_path / "hf")
+    tok = load_tokenizer(hf_dir)
+    assert tok.token_to_id("<|im_start|>") == 3
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+    )  # fmt: skip
+    HF(cfg).save_pretrained(hf_dir, safe_serialization=True)
+    out = tmp_path / "sft"
+    run_sft(_sft_cfg(hf_dir, chat_files, out, steps=1, guards=True))
+    _, mcfg, info = ck.load_model(out)
+    assert mcfg.vocab_size == tok.get_vocab_size() and mcfg.tie_word_embeddings
+    assert (info["tokenizer_dir"] / "tokenizer.json").read_bytes() == (hf_dir / "tokenizer.json").read_bytes()

@@ -1,0 +1,414 @@
+"""Chat fine-tuning data: conversations -> token ids with an assistant-only loss mask -> packed rows.
+
+A conversation is OpenAI's messages format, ``{"messages": [{"role": "system"|"user"|"assistant",
+"content": str}, ...]}`` (multi-turn, an optional system prompt, at least one assistant turn), read
+from JSONL, Parquet, CSV (the field a JSON text) or a ``datasets`` folder
+(:func:`prodip.tokenizer.corpus.iter_records`). It is rendered with the one chat template
+(:func:`prodip.base.chat.render`, no generation prompt) and tokenised as a whole, exactly as a runtime
+tokenises a prompt (``add_special_tokens=False``: the template writes ``<|bos|>``).
+
+**The loss mask.** A target is trained when its token belongs to an assistant reply: the reply's
+content and the ``<|im_end|>`` that closes it (so the model learns to end its turn). Everything else
+(``<|bos|>``, the markers and role headers, system and user content, the newline after each
+``<|im_end|>``) is a target of -100, not counted (:data:`prodip.train.loss.IGNORE_INDEX`). The mask
+is made from character spans of the rendered text (:func:`assistant_mask`). :func:`check_loss_mask`
+is the guard: it re-derives the roles from the token ids alone (``<|im_start|>`` role-header ...
+``<|im_end|>``) and refuses a mask that trains on anything but the assistant's tokens, or on none of
+them, before step 1, naming the roles and counts at fault. (nanochat #570: a rewrite silently
+dropped the mask and every loss curve still looked fine.)
+
+**Packing.** Conversations are packed whole into rows of ``seq_len`` positions (first fit, in a
+seeded order per epoch) and the row's tail is padding. Each conversation keeps its own positions
+(0, 1, ... from its ``<|bos|>``) and a document id; the model's block-diagonal causal mask
+(``LlamaForCausalLM.forward(document_ids=...)``) lets no token attend across a conversation
+boundary, so a conversation's logits in a packed row equal its logits alone. A conversation longer
+than ``seq_len + 1`` tokens is cut to that length (counted and warned about).
+
+    python -c "from prodip.train.chat import encode_conversation as e; from prodip.tokenizer.bpe import \
+load_tokenizer as l; print(e(l('runs/demo/tokenizer'), [{'role': 'user', 'content': 'hi'}, \
+{'role': 'assistant', 'content': 'hello'}]))"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from prodip.base.chat import IM_END, IM_START, ROLES, render
+from prodip.base.errors import InvalidInput
+from prodip.tokenizer.corpus import expand_inputs, iter_records
+from prodip.train.guards import GuardError
+from prodip.train.loss import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+
+LN2 = math.log(2.0)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+def parse_messages(value: Any, where: str) -> list[dict[str, str]]:
+    """Validate one record's ``messages`` (a list, or its JSON text from a CSV cell); NFC the contents.
+
+    Raises:
+        InvalidInput: not a list of ``{"role", "content"}`` objects with a known role and string
+            content, or no assistant turn (naming ``where`` and the message index).
+    """
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise InvalidInput(f"{where}: messages is a string but not JSON ({err.msg})") from None
+    if not isinstance(value, list) or not value:
+        raise InvalidInput(f"{where}: messages must be a non-empty list of {{role, content}} objects")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, Mapping):
+            raise InvalidInput(f"{where}: messages[{i}] is {type(m).__name__}, expected an object")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise InvalidInput(f"{where}: messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise InvalidInput(
+                f"{where}: messages[{i}].content must be a string (text only), got {type(content).__name__}"
+            )
+        out.append({"role": role, "content": unicodedata.normalize("NFC", content)})
+    if not any(m["role"] == "assistant" for m in out):
+        raise InvalidInput(f"{where}: no assistant message: nothing to learn from this conversation")
+    return out
+
+
+def read_conversations(
+    inputs: dict[str, list[str]], field: str = "messages"
+) -> dict[str, list[tuple[str, list[dict[str, str]]]]]:
+    """``{lang: [(where, messages), ...]}`` from ``{lang: [file or folder, ...]}``.
+
+    Raises:
+        InvalidInput, MissingInput: see :func:`prodip.tokenizer.corpus.expand_inputs`,
+            :func:`prodip.tokenizer.corpus.iter_records` and :func:`parse_messages`.
+    """
+    files = expand_inputs(inputs, what="sft inputs")
+    out: dict[str, list[tuple[str, list[dict[str, str]]]]] = {}
+    for lang, paths in files.items():
+        out[lang] = [(where, parse_messages(v, where)) for p in paths for where, v in iter_records(p, field)]
+    return out
+
+
+def is_heldout(messages: Sequence[Mapping[str, str]], fraction: float) -> bool:
+    """Held out when the sha256 of the conversation's JSON falls in the first ``fraction`` of the range
+    (stable: the same conversation is always on the same side, whatever the file order)."""
+    digest = hashlib.sha256(json.dumps(list(messages), ensure_ascii=False, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+# ---- encoding and the mask -------------------------------------------------------------------
+
+
+@dataclass
+class Example:
+    """One tokenised conversation.
+
+    Attributes:
+        ids: (L,) int64 token ids of the rendered conversation.
+        trained: (L,) bool, whether token i is a trained target (predicted from token i - 1).
+        assistant_chars: characters of the assistant replies kept (NFC), for bits/char.
+        where: the record it came from.
+    """
+
+    ids: np.ndarray
+    trained: np.ndarray
+    assistant_chars: int
+    where: str = ""
+
+
+def assistant_spans(messages: Sequence[Mapping[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the character spans ``[start, end)`` of each assistant reply: its
+    content and the ``<|im_end|>`` closing it.
+
+    The spans come from rendering the conversation one message longer at a time
+    (:func:`prodip.base.chat.render` is a prefix-stable template: each message appends its own text).
+    """
+    text = render(messages, add_generation_prompt=False)
+    spans = []
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start = len(render(messages[:k], add_generation_prompt=False)) + len(f"{IM_START}assistant\n")
+        end = start + len(m["content"]) + len(IM_END)
+        if text[start:end] != m["content"] + IM_END:  # the template changed shape: the spans would lie
+            raise AssertionError(f"assistant span of message {k} does not hold its content in the rendered text")
+        spans.append((start, end))
+    return text, spans
+
+
+def assistant_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """(L,) bool: token i is trained when its first character lies in an assistant span.
+
+    Args:
+        offsets: each token's ``(start, end)`` characters in the rendered text (``tokenizers``' offsets).
+        spans: :func:`assistant_spans`.
+    """
+    starts = np.array([s for s, _ in offsets], dtype=np.int64)
+    out = np.zeros(len(offsets), dtype=bool)
+    for a, b in spans:
+        out |= (starts >= a) & (starts < b)
+    return out
+
+
+def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]], where: str = "") -> Example:
+    """Render, tokenise (``add_special_tokens=False``) and mask one conversation (see the module docstring)."""
+    text, spans = assistant_spans(messages)
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    trained = assistant_mask(enc.offsets, spans)
+    chars = sum(len(m["content"]) for m in messages if m["role"] == "assistant")
+    return Example(ids=ids, trained=trained, assistant_chars=chars, where=where)
+
+
+def template_roles(ids: Sequence[int], im_start: int, im_end: int, decode) -> list[str]:
+    """Per token, its part of the template, from the ids alone: ``"marker"`` (``<|bos|>`` before the
+    first turn, ``<|im_start|>``, the role header up to its newline, the newline after a turn), or the
+    role whose content it is (``"system"``, ``"user"``, ``"assistant"``; the ``<|im_end|>`` closing a
+    turn belongs to that turn's role).
+
+    Args:
+        ids: a conversation's token ids (possibly cut short).
+        im_start, im_end: the markers' ids.
+        decode: ``decode([id]) -> str`` with special tokens kept.
+    """
+    roles = ["marker"] * len(ids)
+    role, i = None, 0
+    while i < len(ids):
+        t = int(ids[i])
+        if t == im_start:
+            header, j = "", i + 1
+            while j < len(ids) and "\n" not in header:
+                header += decode([int(ids[j])])
+                j += 1
+            role, i = header.split("\n", 1)[0].strip(), j  # header tokens stay "marker"
+            continue
+        if role is not None:
+            roles[i] = role
+            if t == im_end:
+                role = None
+        i += 1
+    return roles
+
+
+def check_loss_mask(examples: Sequence[Example], *, im_start: int, im_end: int, decode) -> dict[str, int]:
+    """The loss-mask guard: every trained target is an assistant token, and every assistant token is trained.
+
+    The roles are re-derived from the token ids (:func:`template_roles`), independently of how the
+    mask was made, for every conversation. Run before step 1 of a fine-tuning run.
+
+    Returns:
+        ``{"conversations", "tokens", "trained"}`` counts.
+    Raises:
+        GuardError: naming what the mask gets wrong: tokens of other roles trained (per role, with
+            the first conversation at fault), assistant tokens left out, or nothing trained at all.
+    """
+    wrong: dict[str, int] = {}
+    missing, trained, tokens, first = 0, 0, 0, None
+    for ex in examples:
+        roles = template_roles(ex.ids, im_start, im_end, decode)
+        want = np.array([r == "assistant" for r in roles], dtype=bool)
+        if ex.trained.shape != want.shape:
+            raise GuardError(f"loss mask: {ex.where}: {ex.trained.shape[0]} mask entries for {want.shape[0]} tokens")
+        for i in np.flatnonzero(ex.trained & ~want):
+            wrong[roles[i]] = wrong.get(roles[i], 0) + 1
+            first = first or ex.where
+        missing += int((want & ~ex.trained).sum())
+        trained += int(ex.trained.sum())
+        tokens += len(ex.ids)
+    if trained == 0:
+        raise GuardError(
+            f"loss mask: it masks every token of all {len(examples)} conversations ({tokens} tokens): "
+            "nothing would be trained (the assistant replies and their <|im_end|> must be targets)"
+        )
+    problems = []
+    if wrong:
+        what = ", ".join(f"{n} {role} tokens" for role, n in sorted(wrong.items()))
+        problems.append(f"it trains on tokens that are not the assistant's: {what} (first in {first})")
+    if missing:
+        problems.append(f"it leaves {missing} assistant tokens (replies or their <|im_end|>) untrained")
+    if problems:
+        raise GuardError("loss mask: " + "; ".join(problems) + "; the loss must be on assistant tokens only")
+    return {"conversations": len(examples), "tokens": tokens, "trained": trained}
+
+
+def fit_length(ex: Example, max_tokens: int) -> Example:
+    """``ex`` cut to ``max_tokens`` tokens (the assistant characters counted only for what is kept)."""
+    if len(ex.ids) <= max_tokens:
+        return ex
+    return Example(ex.ids[:max_tokens], ex.trained[:max_tokens], ex.assistant_chars, ex.where)
+
+
+# ---- packing ---------------------------------------------------------------------------------
+
+
+def pack_rows(examples: Sequence[Example], seq_len: int, pad_id: int) -> list[np.ndarray]:
+    """Pack whole conversations, in the given order, into rows of ``seq_len`` positions (first fit).
+
+    Each conversation of L tokens takes L - 1 positions (inputs ``ids[:-1]``, targets ``ids[1:]``).
+
+    Returns:
+        rows, each a (4, seq_len) int64 array: inputs, targets (-100 where not trained, and on
+        padding), position ids (0.. per conversation), document ids (0.. per conversation; -1 on padding).
+    Raises:
+        ValueError: a conversation longer than ``seq_len + 1`` tokens (cut them with :func:`fit_length`).
+    """
+    rows: list[np.ndarray] = []
+    row: list[Example] = []
+    used = 0
+    for ex in examples:
+        n = len(ex.ids) - 1
+        if n > seq_len:
+            raise ValueError(f"{ex.where}: {len(ex.ids)} tokens do not fit seq_len {seq_len} + 1")
+        if n < 1:
+            continue
+        if used + n > seq_len:
+            rows.append(_row(row, seq_len, pad_id))
+            row, used = [], 0
+        row.append(ex)
+        used += n
+    if row:
+        rows.append(_row(row, seq_len, pad_id))
+    return rows
+
+
+def _row(examples: Sequence[Example], seq_len: int, pad_id: int) -> np.ndarray:
+    out = np.empty((4, seq_len), dtype=np.int64)
+    out[0], out[1], out[2], out[3] = pad_id, IGNORE_INDEX, 0, -1
+    at = 0
+    for doc, ex in enumerate(examples):
+        n = len(ex.ids) - 1
+        out[0, at : at + n] = ex.ids[:-1]
+        out[1, at : at + n] = np.where(ex.trained[1:], ex.ids[1:], IGNORE_INDEX)
+        out[2, at : at + n] = np.arange(n)
+        out[3, at : at + n] = doc
+        at += n
+    out[2, at:] = np.arange(seq_len - at)  # padding: its own positions, attended by nothing real
+    return out
+
+
+def to_batch(rows: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+    """``(inputs, targets, position_ids, document_ids)``, each (B, T) int64, from packed rows."""
+    stacked = torch.from_numpy(np.stack(rows))  # (B, 4, T)
+    return tuple(stacked[:, k].contiguous() for k in range(4))
+
+
+class ChatBatches:
+    """Deterministic, resumable batches of packed conversations (the trainer's ``data``).
+
+    Each epoch shuffles the conversations with ``seed + epoch``, packs them (:func:`pack_rows`) and
+    serves the rows ``batch_size * world_size`` at a time (rank r takes its slice); an epoch's last
+    partial batch is completed from the next epoch.
+
+    Args:
+        examples: training conversations (already cut to ``seq_len + 1`` tokens).
+        langs: the languages present (for per-language validation).
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        batch_size: int,
+        seq_len: int,
+        *,
+        pad_id: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        langs: Sequence[str] = (),
+    ) -> None:
+        if not examples:
+            raise InvalidInput("sft: no training conversations (all held out, or none given)")
+        self.examples, self.batch_size, self.seq_len, self.pad_id = list(examples), batch_size, seq_len, pad_id
+        self.seed, self.rank, self.world_size, self.langs = seed, rank, world_size, list(langs)
+        self.epoch, self.row = 0, 0
+        self._rows = self._epoch_rows(0)
+
+    def _epoch_rows(self, epoch: int) -> list[np.ndarray]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
+        return pack_rows([self.examples[i] for i in order], self.seq_len, self.pad_id)
+
+    def next_batch(self) -> tuple[torch.Tensor, ...]:
+        rows = []
+        for _ in range(self.batch_size * self.world_size):
+            if self.row >= len(self._rows):
+                self.epoch, self.row = self.epoch + 1, 0
+                self._rows = self._epoch_rows(self.epoch)
+            rows.append(self._rows[self.row])
+            self.row += 1
+        mine = rows[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        return to_batch(mine)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able position: epoch and row within it, with the seed and languages it was made for."""
+        return {"epoch": self.epoch, "row": self.row, "seed": self.seed, "langs": self.langs, "kind": "chat"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`.
+
+        Raises:
+            InvalidInput: a state made for another seed or other languages, or by the pretraining loader.
+        """
+        if state.get("kind") != "chat" or state.get("seed") != self.seed or state.get("langs") != self.langs:
+            raise InvalidInput(
+                f"data state {state} was not saved by a chat fine-tuning run with seed {self.seed} and "
+                f"languages {self.langs}; resume with the same inputs and seed"
+            )
+        self.epoch, self.row = int(state["epoch"]), int(state["row"])
+        self._rows = self._epoch_rows(self.epoch)
+
+
+def val_batches(examples: Sequence[Example], batch_size: int, seq_len: int, pad_id: int) -> list[tuple]:
+    """Held-out conversations packed in file order, as batches (the last one may be smaller)."""
+    rows = pack_rows(examples, seq_len, pad_id)
+    return [to_batch(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+
+
+@torch.no_grad()
+def assistant_loss(
+    model: torch.nn.Module,
+    examples: Sequence[Example],
+    *,
+    batch_size: int,
+    seq_len: int,
+    pad_id: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """Held-out loss on the assistant tokens of ``examples``: summed nats, tokens, characters.
+
+    Returns:
+        ``{"conversations", "assistant_tokens", "assistant_chars", "nll_nats_per_token",
+        "bits_per_char"}``; bits/char = total nats / ln 2 / assistant characters (the replies' NFC
+        characters; the ``<|im_end|>`` token's loss is counted, it has no characters).
+    """
+    model.eval()
+    total, count = 0.0, 0
+    for x, y, pos, doc in val_batches(examples, batch_size, seq_len, pad_id):
+        x, y, pos, doc = (t.to(device) for t in (x, y, pos, doc))
+        n = int((y != IGNORE_INDEX).sum())
+        if n:
+            total += float(model(x, labels=y, position_ids=pos, document_ids=doc)) * n
+            count += n
+    model.train()
+    chars = sum(ex.assistant_chars for ex in examples)
+    return {
+        "conversations": len(examples),
+        "assistant_tokens": count,
+        "assistant_chars": chars,
+        "nll_nats_per_token": total / count if count else math.nan,
+        "bits_per_char": total / LN2 / chars if chars else math.nan,
+    }

@@ -1,0 +1,391 @@
+"""``prodip sft``: supervised chat fine-tuning of a prodip checkpoint or a Hugging Face Llama folder.
+
+Order of a run: read the conversations (``prodip.train.chat``), hold out a hash-chosen share ->
+make the run's chat tokenizer (``OUT_DIR/tokenizer``: the source's, with the chat markers appended
+when it lacks them and ``chat_template`` set; :func:`prodip.tokenizer.bpe.add_chat_tokens`) -> load the
+weights of ``--init-from`` and give the new markers embedding and lm_head rows (:func:`extend_vocabulary`)
+-> encode, and check the loss mask against the template's role spans (the guard; before step 1) ->
+held-out assistant-token loss of the starting weights -> the pretraining loop of
+``prodip.train.trainer`` (gradient-flow arbiter and update probe, AdamW with a fresh schedule,
+checkpoints with the chat tokenizer copied in, resume, ``metrics.jsonl``, ``loss.png``, TensorBoard)
+on packed conversations -> held-out assistant-token loss after -> ``OUT_DIR/sft_eval.json``.
+
+A checkpoint of this run is a chat model: its ``tokenizer/`` holds the chat markers and its
+``tokenizer_config.json`` has ``chat_template`` = :data:`prodip.base.chat.CHAT_TEMPLATE` (what
+``prodip export`` carries into every artifact).
+
+    prodip sft --init-from runs/demo/train --inputs bn=data/chat/bn.jsonl,en=data/chat/en.jsonl --out-dir runs/sft
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prodip.base.chat import CHAT_TOKENS, IM_END, IM_START
+from prodip.base.config import dump_toml, opt, write_text_atomic
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.files import file_sha256_cached
+from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_tokenizer
+from prodip.tokenizer.corpus import expand_inputs
+from prodip.train import chat, checkpoint, distributed, init
+from prodip.train.config import ModelConfig
+from prodip.train.schedule import SCHEDULES
+from prodip.train.trainer import TrainConfig, _Run
+
+log = logging.getLogger("prodip.sft")
+
+FORMAT_VERSION = 1
+EVAL_FILE = "sft_eval.json"
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """One chat fine-tuning run (TOML table ``[sft]``). A step is one optimizer step."""
+
+    inputs: dict[str, list[str]] = opt(
+        factory=dict,
+        help="language -> conversation files/folders (.jsonl, .parquet, .csv, `datasets` folders; one "
+        "conversation per record, field `messages`: OpenAI's [{role, content}, ...]); the language is the "
+        "one the replies are in (for the per-language held-out loss), e.g. bn=data/chat/bn.jsonl",
+    )
+    messages_field: str = opt("messages", "the JSONL field / column holding a conversation's messages")
+    init_from: str = opt(
+        "runs/demo/train",
+        "weights to fine-tune: a prodip run/checkpoint dir or a Hugging Face Llama folder (safetensors) "
+        "with a tokenizer in prodip's special-token convention",
+    )
+    tokenizer_dir: str = opt(
+        "", "tokenizer of --init-from (default: the checkpoint's tokenizer/ copy, or the HF folder's files)"
+    )
+    out_dir: str = opt("runs/demo/sft", "run dir: tokenizer/, config.toml, metrics.jsonl, sft_eval.json, checkpoints/")
+    val_fraction: float = opt(
+        0.1, "share of conversations held out (chosen by a hash of each) for the loss before/after"
+    )
+    steps: int = opt(100, "optimizer steps")
+    max_steps_this_run: int = opt(0, "stop after this many steps in this invocation, 0 = run to `steps`")
+    batch_size: int = opt(8, "packed rows per micro-batch per rank")
+    seq_len: int = opt(256, "positions per packed row (a longer conversation is cut to seq_len + 1 tokens)")
+    grad_accum_steps: int = opt(1, "micro-batches per optimizer step")
+    lr: float = opt(1e-4, "peak learning rate (after warmup)")
+    min_lr: float = opt(1e-5, "learning rate at the end of the decay")
+    warmup_steps: int = opt(10, "linear warmup (optimizer steps)")
+    lr_schedule: str = opt("cosine", "cosine | wsd (see prodip train)", choices=SCHEDULES)
+    weight_decay: float = opt(0.0, "AdamW decoupled weight decay on 2-D weights")
+    grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this, 0 = no clipping")
+    seed: int = opt(1234, "seed for the conversation order")
+    checkpoint_every_steps: int = opt(0, "save every N steps (and at the end), 0 = end only")
+    keep_last: int = opt(2, "checkpoints kept (newest)")
+    eval_every_steps: int = opt(0, "held-out assistant-token loss every N steps in metrics.jsonl, 0 = never")
+    device: str = opt("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
+    dtype: str = opt("auto", "auto | float32 | bfloat16", choices=("auto", "float32", "bfloat16"))
+    guards: bool = opt(True, "run the gradient-flow arbiter and update-flow probe (the loss-mask guard always runs)")
+    resume: bool = opt(False, "continue from OUT_DIR/checkpoints/latest")
+    progress: bool = opt(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise InvalidInput(f"SFTConfig.val_fraction must be in [0, 1), got {self.val_fraction}")
+
+    def train_config(self) -> TrainConfig:
+        """The trainer's settings for this run (the chat tokenizer is ``OUT_DIR/tokenizer``)."""
+        keep = {f.name for f in dataclasses.fields(TrainConfig)} & {f.name for f in dataclasses.fields(self)}
+        values = {k: getattr(self, k) for k in keep if k not in ("tokenizer_dir",)}
+        return TrainConfig(
+            **values,
+            shards_dir="",
+            tokenizer_dir=str(Path(self.out_dir) / "tokenizer"),
+            mixture={},
+        )
+
+
+def source_tokenizer_dir(cfg: SFTConfig) -> Path:
+    """The tokenizer of ``--init-from``: ``--tokenizer-dir``, a checkpoint's ``tokenizer/`` copy, or the HF folder.
+
+    Raises:
+        MissingInput: none found (naming where it was looked for).
+    """
+    if cfg.tokenizer_dir:
+        return Path(cfg.tokenizer_dir)
+    src = Path(cfg.init_from)
+    try:
+        return checkpoint.resolve_checkpoint(src) / checkpoint.TOKENIZER_SUBDIR
+    except (FileNotFoundError, ValueError):
+        pass
+    if (src / "tokenizer.json").is_file():
+        return src
+    raise MissingInput(
+        f"--init-from {src}: no tokenizer found (neither a prodip checkpoint's tokenizer/ nor tokenizer.json "
+        "in the folder); pass --tokenizer-dir"
+    )
+
+
+def extend_vocabulary(weights: init.InitWeights, vocab_size: int, new_ids: list[int], old_vocab: int) -> None:
+    """Give ``new_ids`` rows in the embedding and lm_head (in place), growing them to ``vocab_size`` rows.
+
+    Each new row is the mean of the rows of the ``old_vocab`` tokens the model was trained with. A
+    random row (N(0, initializer_range)) would have a norm unrelated to the trained rows and, in the
+    lm_head, a logit that can dominate or vanish; the mean row gives the new token a logit equal to
+    the average token's at every position, so the model's distribution over the old tokens barely
+    moves before fine-tuning and the new rows start where gradient descent reaches them quickly
+    (Hewitt 2021, "Initializing new word embeddings for pretrained language models"; the approach of
+    transformers' ``resize_token_embeddings(mean_resizing=True)``). A tied model has one matrix, so
+    the lm_head follows the embedding.
+
+    Args:
+        weights: the source's tensors and config (``config.vocab_size`` updated).
+        vocab_size: rows after (>= the source's).
+        new_ids: the token ids that are new (rows set to the mean, wherever they are).
+        old_vocab: tokens of the source tokenizer: rows ``[0, old_vocab)`` are averaged.
+    """
+    keys = ["model.embed_tokens.weight"]
+    if not weights.config.tie_word_embeddings and "lm_head.weight" in weights.tensors:
+        keys.append("lm_head.weight")
+    for key in keys:
+        w = weights.tensors[key]
+        mean = w[:old_vocab].mean(dim=0)
+        grown = torch.cat([w, mean.expand(vocab_size - w.shape[0], -1)]) if vocab_size > w.shape[0] else w.clone()
+        grown[new_ids] = mean
+        weights.tensors[key] = grown
+    weights.config = dataclasses.replace(weights.config, vocab_size=vocab_size)
+
+
+class _SFTRun(_Run):
+    """The trainer's run with chat data, a chat tokenizer, extended vocabulary and before/after eval."""
+
+    def __init__(self, sft_cfg: SFTConfig, info: distributed.DistInfo) -> None:
+        super().__init__(sft_cfg.train_config(), ModelConfig(), info)
+        self.sft = sft_cfg
+
+    def _prepare(self) -> None:
+        sft, cfg = self.sft, self.cfg
+        if not sft.inputs:
+            raise InvalidInput("sft inputs: no conversations given; expected e.g. bn=data/chat/bn.jsonl")
+        if not sft.init_from:
+            raise InvalidInput("sft init_from: fine-tuning starts from a checkpoint or HF Llama folder")
+        if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
+            raise OutputExists(f"{self.ckpt_dir} already holds checkpoints; pass --resume, or choose another --out-dir")
+        conversations = chat.read_conversations(sft.inputs, sft.messages_field)
+        self.init_sha256, self.inputs_sha256 = source_sha256(sft.init_from), inputs_sha256(sft.inputs)
+        self.shards_meta_sha256 = None  # no shards: the conversations' hash is in sft_eval.json
+        src_tok = source_tokenizer_dir(sft)
+        src_sha = checkpoint.file_sha256(src_tok / "tokenizer.json")
+        run_tok = Path(cfg.tokenizer_dir)
+        if self.info.is_main and not (cfg.resume and (run_tok / "tokenizer.json").is_file()):
+            added = add_chat_tokens(src_tok, run_tok)
+            if added["added"]:
+                log.info("appended %s to the tokenizer (ids %s)", added["added"], added["ids"])
+        distributed.barrier()  # the other ranks read the tokenizer rank 0 wrote
+        self.tok_sha = checkpoint.file_sha256(run_tok / "tokenizer.json")
+        old_tok, tok = load_tokenizer(src_tok), load_tokenizer(run_tok)
+        self.tokenizer = tok
+        source = init.load_init(sft.init_from, tokenizer_sha256=src_sha)
+        new_ids = [tok.token_to_id(t) for t in CHAT_TOKENS if old_tok.token_to_id(t) is None]
+        vocab = max(source.config.vocab_size, tok.get_vocab_size())
+        if new_ids or vocab != source.config.vocab_size:
+            extend_vocabulary(source, vocab, new_ids, old_tok.get_vocab_size())
+            log.info(
+                "embedding and lm_head grown to %d rows; new rows %s = the mean of the trained rows", vocab, new_ids
+            )
+        self.init, self.model_cfg = source, source.config
+        if cfg.seq_len > self.model_cfg.max_position_embeddings:
+            raise InvalidInput(
+                f"sft seq_len {cfg.seq_len} exceeds max_position_embeddings {self.model_cfg.max_position_embeddings} "
+                f"of --init-from {source.source}"
+            )
+        self._encode(conversations)
+
+    def _encode(self, conversations: dict[str, list[tuple[str, list[dict[str, str]]]]]) -> None:
+        tok, sft = self.tokenizer, self.sft
+        every, self.train_examples, self.val_examples, cut = [], [], {}, 0
+        for lang, convs in conversations.items():
+            for where, messages in convs:
+                ex = chat.encode_conversation(tok, messages, where)
+                every.append(ex)
+                fitted = chat.fit_length(ex, sft.seq_len + 1)
+                cut += fitted is not ex
+                if not fitted.trained.any():  # cut before its first reply: nothing to learn
+                    continue
+                if chat.is_heldout(messages, sft.val_fraction):
+                    self.val_examples.setdefault(lang, []).append(fitted)
+                else:
+                    self.train_examples.append(fitted)
+        # the guard, before step 1: the mask against the template's role spans, read from the ids
+        counts = chat.check_loss_mask(
+            every,
+            im_start=tok.token_to_id(IM_START),
+            im_end=tok.token_to_id(IM_END),
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
+        )
+        log.info(
+            "loss-mask guard: %d conversations, %d of %d tokens trained, all of them assistant tokens",
+            counts["conversations"],
+            counts["trained"],
+            counts["tokens"],
+        )
+        if cut:
+            log.warning("%d conversations longer than seq_len + 1 = %d tokens were cut to it", cut, sft.seq_len + 1)
+        self.langs = sorted(conversations)
+        missing = [lang for lang in self.langs if not self.val_examples.get(lang)]
+        if missing and sft.val_fraction > 0:
+            log.warning("no held-out conversations for %s: raise val_fraction to measure them", ", ".join(missing))
+
+    def _make_data(self):
+        if not self.cfg.resume and self.info.is_main:
+            self.before = self._assistant_eval()
+            self._write_eval({"before": self.before})
+        return chat.ChatBatches(
+            self.train_examples,
+            self.cfg.batch_size,
+            self.cfg.seq_len,
+            pad_id=PAD_ID,
+            seed=self.cfg.seed,
+            rank=self.info.rank,
+            world_size=self.info.world_size,
+            langs=self.langs,
+        )
+
+    def _val_sets(self) -> dict[str, list]:
+        self.no_val = [lang for lang in self.langs if not self.val_examples.get(lang)]
+        return {
+            lang: chat.val_batches(exs, self.cfg.batch_size, self.cfg.seq_len, PAD_ID)
+            for lang, exs in self.val_examples.items()
+        }
+
+    def _write_config(self) -> None:
+        text = dump_toml({"model": self.model_cfg.to_dict(), "sft": dataclasses.asdict(self.sft)})
+        write_text_atomic(self.run_dir / "config.toml", text)
+
+    def _assistant_eval(self) -> dict[str, dict[str, float]]:
+        return {
+            lang: chat.assistant_loss(
+                self.model,
+                exs,
+                batch_size=self.cfg.batch_size,
+                seq_len=self.cfg.seq_len,
+                pad_id=PAD_ID,
+                device=self.device,
+            )
+            for lang, exs in sorted(self.val_examples.items())
+        }
+
+    def _write_eval(self, update: dict[str, Any]) -> None:
+        path = self.run_dir / EVAL_FILE
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            doc = {}
+        doc.update(update)
+        doc.update(
+            format_version=FORMAT_VERSION,
+            init_from=self.init.source if self.init else self.sft.init_from,
+            init_model_sha256=self.init_sha256,
+            inputs_sha256=self.inputs_sha256,
+            metric="held-out loss on assistant tokens (replies and their <|im_end|>): nats/token and bits/char",
+            train_conversations=len(self.train_examples),
+        )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(_finite(doc), indent=2, ensure_ascii=False) + "\n")
+
+    def execute(self) -> dict[str, Any]:
+        result = super().execute()
+        if self.info.is_main and self.step >= self.cfg.steps:
+            after = self._assistant_eval()
+            self._write_eval({"after": after, "step": self.step, "model_sha256": _latest_sha(self.run_dir)})
+            for lang, a in after.items():
+                b = json.loads((self.run_dir / EVAL_FILE).read_text(encoding="utf-8")).get("before", {}).get(lang, {})
+                log.info(
+                    "%s held-out assistant-token loss %.3f -> %.3f nats/token (%.3f -> %.3f bits/char)",
+                    lang,
+                    b.get("nll_nats_per_token", math.nan),
+                    a["nll_nats_per_token"],
+                    b.get("bits_per_char", math.nan),
+                    a["bits_per_char"],
+                )
+        return result
+
+
+def _finite(doc: Any) -> Any:
+    """NaN (no held-out conversation) as null: JSON has no NaN."""
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    return doc
+
+
+def source_sha256(init_from: str | Path) -> str | None:
+    """sha256 of the starting weights: a prodip checkpoint's newest ``model.safetensors``, an HF folder's
+    ``model.safetensors`` (or its shard index); None when there is nothing there."""
+    path = Path(init_from)
+    try:
+        return checkpoint.model_sha256(checkpoint.resolve_checkpoint(path))
+    except (FileNotFoundError, ValueError):
+        pass
+    for name in ("model.safetensors", "model.safetensors.index.json"):
+        if (path / name).is_file():
+            return file_sha256_cached(path / name)
+    return None
+
+
+def inputs_sha256(inputs: dict[str, list[str]]) -> str | None:
+    """One sha256 over the conversation files (language, path, each file's sha256); None if one is missing."""
+    h = hashlib.sha256()
+    try:
+        for lang, paths in sorted(expand_inputs(inputs, what="sft inputs").items()):
+            for p in paths:
+                files = sorted(f for f in Path(p).rglob("*") if f.is_file()) if Path(p).is_dir() else [Path(p)]
+                for f in files:
+                    h.update(f"{lang}\t{f}\t{file_sha256_cached(f)}\n".encode())
+    except (OSError, InvalidInput, MissingInput):
+        return None
+    return h.hexdigest()
+
+
+def _latest_sha(run_dir: Path) -> str | None:
+    try:
+        return checkpoint.model_sha256(checkpoint.resolve_checkpoint(run_dir))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def sft(cfg: SFTConfig) -> Path:
+    """Run (or resume) a chat fine-tuning run; returns its run dir. See the module docstring.
+
+    Raises:
+        InvalidInput, MissingInput: bad conversations, inputs, tokenizer or source (named).
+        prodip.train.guards.GuardError: the loss mask is wrong (before step 1), or a parameter gets no
+            gradient / update.
+    """
+    return run_sft(cfg)["run_dir"]
+
+
+def run_sft(cfg: SFTConfig) -> dict[str, Any]:
+    """:func:`sft`, returning the trainer's ``{"run_dir", "model", "step", "last"}``."""
+    info = distributed.setup(cfg.device)
+    clean = False
+    try:
+        run = _SFTRun(cfg, info)
+        result = run.execute()
+        del run
+        clean = True
+        return result
+    finally:
+        distributed.teardown(clean=clean)
+
+
+def sft_done(cfg: SFTConfig) -> bool:
+    """The newest checkpoint reached ``steps`` and ``sft_eval.json`` scores it (after)."""
+    try:
+        doc = json.loads((Path(cfg.out_dir) / EVAL_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return doc.get("step", -1) >= cfg.steps and doc.get("model_sha256") == _latest_sha(Path(cfg.out_dir))
