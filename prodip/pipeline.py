@@ -35,7 +35,7 @@ from prodip.base.config import (
     write_text_atomic,
 )
 from prodip.base.errors import OutputExists
-from prodip.base.layout import stage_defaults
+from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 from prodip.base.stage import Stage
 from prodip.conformance.stage import STAGES as _CONFORMANCE
 from prodip.export.stage import STAGES as _EXPORT
@@ -66,7 +66,7 @@ def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dic
     Raises:
         ConfigError: an unknown key or wrong type in a table, naming the file and table.
     """
-    base = stage_defaults(out_dir)
+    base = stage_defaults(out_dir, chat=has_sft(tables))
     plan = {}
     for name, ref in CONFIG_CLASSES.items():
         cls = _load(ref)
@@ -103,7 +103,7 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
         )
     for name in wanted:
         dep = STAGES[name].needs
-        if dep and dep not in wanted and not STAGES[dep].done(plan):
+        if dep and STAGES[name].active(plan) and dep not in wanted and not STAGES[dep].done(plan):
             raise ConfigError(
                 f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
                 f"in this run's out_dir nor among the stages to run"
@@ -135,7 +135,12 @@ class RunConfig:
         help="language -> prompt sent to the HTTP endpoint at the end of the run",
         factory=lambda: {"bn": "একদিন সকালে", "en": "It was a bright cold day in April, and"},
     )
-    completion_max_tokens: int = opt(40, "new tokens per completion fetched over HTTP (tokens)")
+    completion_max_tokens: int = opt(40, "new tokens per completion (and chat reply) fetched over HTTP (tokens)")
+    chat_prompts: dict[str, str] = opt(
+        help="language -> a user message sent to /v1/chat/completions at the end of the run (a chat model's "
+        "reply is shown in the summary); empty = none",
+        factory=dict,
+    )
     completion_temperature: float = opt(0.0, "sampling temperature of those completions (0 = greedy)")
     completion_top_p: float = opt(1.0, "nucleus sampling mass of those completions, in (0, 1]")
     completion_frequency_penalty: float = opt(
@@ -152,7 +157,7 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
         ConfigError: an unknown table, an unknown key or a wrong type, naming the file and key.
     """
     doc = read_toml(path)
-    top = {k: v for k, v in doc.items() if not isinstance(v, dict) or k == "completion_prompts"}
+    top = {k: v for k, v in doc.items() if not isinstance(v, dict) or k in TOP_LEVEL_TABLE_KEYS}
     tables = {k: v for k, v in doc.items() if k not in top}
     for name in tables:
         if name not in SECTIONS:
@@ -173,6 +178,7 @@ _NOT_IDENTITY = (
     "stages",
     "force",
     "completion_prompts",
+    "chat_prompts",
     "completion_max_tokens",
     "completion_temperature",
     "completion_top_p",
@@ -251,6 +257,7 @@ def _run_stage(stage: Stage, name: str, plan: dict[str, Any], run: RunConfig, ou
             sampling=sampling,
             timeout_s=run.serve_timeout_s,
             out_dir=out_dir,
+            chat_prompts=run.chat_prompts,
         )
         return True
     stage.run(plan)
@@ -290,7 +297,9 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()},
     }
     check_plan(plan, run.stages, source=str(config_path))
-    _check_out_dir(out_dir, resolved, run.force, started=any(STAGES[n].done(plan) for n in ORDER[:-1]))
+    _check_out_dir(
+        out_dir, resolved, run.force, started=any(STAGES[n].active(plan) and STAGES[n].done(plan) for n in ORDER[:-1])
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out_dir / RUN_MARKER, json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
     write_text_atomic(out_dir / "config.toml", dump_toml(resolved))
@@ -304,6 +313,9 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     wanted = [s for s in ORDER if s in run.stages]
     for i, name in enumerate(wanted, 1):
         stage: Stage = STAGES[name]
+        if not stage.active(plan):
+            print(f"[{i}/{len(wanted)}] {name}: not configured, skipped", flush=True)
+            continue
         if name != "serve" and stage.done(plan):
             print(f"[{i}/{len(wanted)}] {name}: already complete, skipped ({stage.describe(plan)})", flush=True)
             continue

@@ -1,8 +1,9 @@
 """The table ``prodip run`` prints at the end, read back from the run's artifacts on disk.
 
 Tokenizer fertility per language, held-out bits/char and per-token NLL of the trained model
-against its random-initialised twin, export sizes per variant, conformance per variant, and the
-completions fetched over HTTP.
+against its random-initialised twin, the chat fine-tuning's held-out assistant-token loss before and
+after, export sizes per variant, conformance per variant, and the completions and chat replies
+fetched over HTTP.
 
     python -c "import json; print(json.dumps(json.load(open('runs/demo/summary.json')), indent=1))"
 """
@@ -40,6 +41,8 @@ def summarise(plan: dict, out_dir: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"format_version": 1, "out_dir": str(out_dir)}
     summary["fertility"] = _read_json(tok_dir / "fertility.json")
     summary["eval"] = _read_json(Path(plan["eval"].out))
+    sft = plan.get("sft")
+    summary["sft"] = _read_json(Path(sft.out_dir) / "sft_eval.json") if sft is not None and sft.inputs else None
     summary["export_manifest"] = _read_json(export_dir / "manifest.json")
     summary["conformance"] = _read_json(Path(plan["conformance"].out) / "report.json")
     summary["completions"] = _read_json(out_dir / "completions.json")
@@ -85,6 +88,28 @@ def _eval_rows(ev: dict) -> list[list[Any]]:
     return rows
 
 
+def _sft_rows(ev: dict) -> list[list[Any]]:
+    """Per language: held-out assistant-token loss before and after fine-tuning."""
+
+    def f(x: Any, digits: int = 3) -> str:
+        return "" if x is None else f"{x:.{digits}f}"
+
+    rows = []
+    for lang, before in sorted((ev.get("before") or {}).items()):
+        after = (ev.get("after") or {}).get(lang, {})
+        rows.append(
+            [
+                lang,
+                f(before.get("nll_nats_per_token")),
+                f(after.get("nll_nats_per_token")),
+                f(before.get("bits_per_char")),
+                f(after.get("bits_per_char")),
+                before.get("assistant_tokens", ""),
+            ]
+        )
+    return rows
+
+
 def _export_rows(manifest: dict, conformance: dict | None) -> list[list[Any]]:
     files = manifest.get("files", {})
     variants = manifest.get("variants", {})
@@ -119,7 +144,7 @@ def _variant_bytes(variant: dict, files: dict) -> int:
     return total
 
 
-_STAGE_ORDER = ("tokenizer", "data", "train", "eval", "export", "conformance", "serve")
+_STAGE_ORDER = ("tokenizer", "data", "train", "eval", "sft", "export", "conformance", "serve")
 
 
 def _parity_rows(parity: dict) -> tuple[list[str], list[list[Any]]]:
@@ -162,6 +187,14 @@ def print_summary(
                 _eval_rows(s["eval"]),
             )
         )
+    if s["sft"]:
+        print(_rule("chat fine-tuning: held-out loss on assistant tokens, before -> after"))
+        print(
+            _table(
+                ["lang", "NLL/token before", "after (nats)", "bits/char before", "after", "tokens"],
+                _sft_rows(s["sft"]),
+            )
+        )
     if s["export_manifest"]:
         print(_rule("export variants and conformance"))
         print(
@@ -188,6 +221,16 @@ def print_summary(
             print(f"  [{lang}] {c['prompt']}\u2502{text}")
             if not c["completion"].strip():
                 problems.append(f"the {lang} completion is empty or blank")
+        chats = s["completions"].get("chat") or {}
+        if chats:
+            print(_rule("chat replies over HTTP (/v1/chat/completions, choices[0].message.content)"))
+        for lang, c in chats.items():
+            print(f"  [{lang}] user: {c['user']}")
+            if "error" in c:  # e.g. 400 chat_not_supported: an export without a chat template
+                e = c["error"]
+                print(f"       no reply: HTTP {e['status']} {e.get('code') or ''}: {e['message']}".rstrip())
+            else:
+                print(f"       assistant: {c['reply'].replace(chr(10), ' ⏎ ')}")
     shown = {n: t["seconds"] for n, t in (stage_times or {}).items()} or dict(timings)
     if shown:
         print(_rule("stage wall time (seconds; * = an earlier invocation)"))

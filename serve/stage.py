@@ -49,6 +49,52 @@ def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> 
         raise StageFailed(f"{url}: HTTP {err.code}: {err.read().decode('utf-8', 'replace')[:500]}") from None
 
 
+def _http_post_status(url: str, body: dict, timeout_s: float = 120.0) -> tuple[int, dict]:
+    """POST JSON; returns ``(status, body)`` also for an HTTP error (its JSON body, or ``{"detail": text}``)."""
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("PRODIP_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['PRODIP_API_KEY']}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as err:
+        text = err.read().decode("utf-8", "replace")
+        try:
+            return err.code, json.loads(text)
+        except ValueError:
+            return err.code, {"detail": text[:500]}
+
+
+def chat_reply(base: str, model_id: str, content: str, max_tokens: int, sampling: dict[str, Any]) -> dict[str, Any]:
+    """One user message to ``/v1/chat/completions``; the reply is OpenAI's ``choices[0].message.content``.
+
+    A model the server cannot chat with (an export without a chat template answers 400, OpenAI error
+    code ``chat_not_supported``; a server without the route, 404) gives ``{"error": {"status", "code",
+    "message"}}`` instead of a reply, so the run shows why rather than failing.
+
+    Raises:
+        StageFailed: any other HTTP error (the status and the server's message named).
+    """
+    body = {"model": model_id, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **sampling}
+    t0 = time.perf_counter()
+    status, doc = _http_post_status(f"{base}/v1/chat/completions", body)
+    if status in (400, 404):
+        err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+        message = err.get("message") or doc.get("detail") or json.dumps(doc)[:300]
+        return {"user": content, "error": {"status": status, "code": err.get("code"), "message": str(message)}}
+    if status != 200:
+        raise StageFailed(f"{base}/v1/chat/completions: HTTP {status}: {json.dumps(doc)[:500]}")
+    choice = doc["choices"][0]
+    return {
+        "user": content,
+        "reply": choice["message"]["content"],
+        "finish_reason": choice.get("finish_reason"),
+        "usage": doc.get("usage"),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
 def serve_run(
     plan: Plan,
     *,
@@ -57,8 +103,10 @@ def serve_run(
     timeout_s: float,
     out_dir: Path,
     sampling: dict[str, Any] | None = None,
+    chat_prompts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt, stop it.
+    """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt (and one chat
+    reply per chat prompt, :func:`chat_reply`), stop it.
 
     Args:
         prompts: language -> prompt text.
@@ -67,6 +115,7 @@ def serve_run(
         out_dir: where ``completions.json`` and ``serve.log`` go.
         sampling: extra OpenAI completion parameters (``temperature``, ``top_p``,
             ``frequency_penalty``, ``seed``); default greedy.
+        chat_prompts: language -> a user message sent to ``/v1/chat/completions`` (same sampling).
     Writes ``OUT_DIR/completions.json`` (with the parameters used). Raises StageFailed if the
     server does not come up or refuses a request (its message and status are in the error).
     """
@@ -107,6 +156,10 @@ def serve_run(
                     "usage": resp.get("usage"),
                     "seconds": time.perf_counter() - t0,
                 }
+            chats = {
+                lang: chat_reply(base, model_id, content, max_tokens, sampling)
+                for lang, content in (chat_prompts or {}).items()
+            }
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -119,6 +172,7 @@ def serve_run(
         "url": f"http://127.0.0.1:{port}/v1/completions",
         "sampling": {"max_tokens": max_tokens, **sampling},
         "completions": results,
+        "chat": chats,
     }
     write_text_atomic(out_dir / "completions.json", json.dumps(doc, indent=2, ensure_ascii=False))
     return doc

@@ -394,3 +394,46 @@ def test_stage_times_count_interrupted_invocations(tmp_path, monkeypatch):
     pipeline.run_pipeline(str(cfg))
     second = json.loads((tmp_path / "run" / "stage_times.json").read_text())["tokenizer"]
     assert second["complete"] is True and second["invocations"] == 2 and second["seconds"] >= first["seconds"]
+
+
+@pytest.mark.slow
+def test_chat_fine_tuning_stage_chains_into_export(tmp_path):
+    """Issue 23: an [sft] table adds chat fine-tuning after pretraining and export takes that checkpoint
+    (the chat tokenizer and its template with it); a re-run skips it; without the table (every other test
+    here) the run exports the pretrained model."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _cut_corpus(corpus, "bn", 120_000, 10_000)
+    _cut_corpus(corpus, "en", 120_000, 10_000)
+    text = TINY_TOML.format(out=tmp_path / "run", corpus=corpus, repo=REPO)
+    text = 'stages = ["tokenizer", "data", "train", "sft", "export"]\n' + text.replace("steps = 30", "steps = 8")
+    text += f"""
+[sft]
+inputs = {{bn = ["{REPO}/data/chat/bn.jsonl.gz"], en = ["{REPO}/data/chat/en.jsonl.gz"]}}
+steps = 6
+batch_size = 4
+seq_len = 128
+lr = 3e-3
+warmup_steps = 1
+val_fraction = 0.02
+progress = false
+
+[export]
+variants = ["safetensors"]
+"""
+    config = tmp_path / "sft.toml"
+    config.write_text(text, encoding="utf-8")
+    proc = _prodip("run", str(config))
+    assert proc.returncode == 0, f"prodip run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    from prodip.base.chat import CHAT_TEMPLATE
+
+    run = tmp_path / "run"
+    ev = json.loads((run / "sft" / "sft_eval.json").read_text())
+    assert set(ev["before"]) == set(ev["after"]) == {"bn", "en"} and ev["step"] == 6
+    manifest = json.loads((run / "export" / "manifest.json").read_text())
+    assert Path(manifest["source_checkpoint"]["path"]).resolve().is_relative_to((run / "sft").resolve())
+    exported = json.loads((run / "export" / "tokenizer_config.json").read_text())
+    assert exported["chat_template"] == CHAT_TEMPLATE
+    assert "chat fine-tuning: held-out loss on assistant tokens" in proc.stdout
+    again = _prodip("run", str(config))
+    assert again.returncode == 0 and "sft: already complete, skipped" in again.stdout, again.stdout[-2000:]

@@ -33,7 +33,7 @@ import tomli_w
 
 from prodip.base.errors import ConfigError, InvalidInput
 from prodip.base.files import raise_for_room
-from prodip.base.layout import DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, stage_defaults
+from prodip.base.layout import DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 
 T = TypeVar("T")
 
@@ -327,7 +327,7 @@ def resolve(
         if unknown:
             raise ConfigError(f"{toml_path}: unknown table [{unknown[0]}]; known tables: {', '.join(TABLES)}")
     if base is None and section:
-        data = _layout_paths(cls, section, doc.get("out_dir"))
+        data = _layout_paths(cls, section, doc.get("out_dir"), chat=has_sft(doc))
     if toml_path:
         table = doc.get(section, {}) if section else doc
         if not isinstance(table, dict):
@@ -343,12 +343,12 @@ def resolve(
     return obj
 
 
-def _layout_paths(cls: type, section: str, out_dir: Any) -> dict[str, Any]:
+def _layout_paths(cls: type, section: str, out_dir: Any, chat: bool = False) -> dict[str, Any]:
     """The paths ``prodip run`` gives table ``section``: under ``out_dir`` (a pipeline file's), else
     under ``runs/demo`` for the fields whose dataclass default is a non-empty path string."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if isinstance(out_dir, str):
-        return {k: v for k, v in stage_defaults(Path(out_dir)).get(section, {}).items() if k in fields}
+        return {k: v for k, v in stage_defaults(Path(out_dir), chat=chat).get(section, {}).items() if k in fields}
     return {
         k: v
         for k, v in stage_defaults(DEFAULT_OUT_DIR).get(section, {}).items()

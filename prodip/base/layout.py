@@ -20,9 +20,9 @@ from typing import Any
 DEFAULT_OUT_DIR = Path("runs") / "demo"
 
 #: The config tables of a pipeline file, one per stage config (``prodip.pipeline.SECTIONS`` lists the same).
-TABLES = ("tokenizer", "audit", "data", "model", "train", "eval", "export", "conformance", "serve")
+TABLES = ("tokenizer", "audit", "data", "model", "train", "eval", "sft", "export", "conformance", "serve")
 #: Top-level keys of a pipeline file whose value is a TOML table but that are not stage tables.
-TOP_LEVEL_TABLE_KEYS = ("completion_prompts",)
+TOP_LEVEL_TABLE_KEYS = ("completion_prompts", "chat_prompts")
 
 
 def paths(out_dir: str | os.PathLike) -> dict[str, Path]:
@@ -31,7 +31,8 @@ def paths(out_dir: str | os.PathLike) -> dict[str, Path]:
     Args:
         out_dir: the run's folder (``out_dir`` of the pipeline file).
     Returns:
-        Stage artifact name -> path (folders, except ``eval``: ``train/eval.json``).
+        Stage artifact name -> path (folders, except ``eval``: ``train/eval.json``; ``sft`` is the
+        chat fine-tuning run dir).
     """
     out = Path(out_dir)
     return {
@@ -39,6 +40,7 @@ def paths(out_dir: str | os.PathLike) -> dict[str, Path]:
         "shards": out / "shards",
         "train": out / "train",
         "eval": out / "train" / "eval.json",
+        "sft": out / "sft",
         "export": out / "export",
         # inside the export, where `prodip conformance EXPORT_DIR` writes it too: one place, and a
         # re-export (which replaces the folder) takes the old report with it
@@ -46,16 +48,25 @@ def paths(out_dir: str | os.PathLike) -> dict[str, Path]:
     }
 
 
-def stage_defaults(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+def has_sft(doc: dict[str, Any]) -> bool:
+    """Whether a pipeline file fine-tunes for chat: its ``[sft]`` table names conversations (``inputs``)."""
+    table = doc.get("sft")
+    return isinstance(table, dict) and bool(table.get("inputs"))
+
+
+def stage_defaults(out_dir: str | os.PathLike, *, chat: bool = False) -> dict[str, dict[str, Any]]:
     """Path fields each config table gets before its TOML table is applied (the table may override them).
 
     Args:
         out_dir: the run's folder.
+        chat: the run fine-tunes for chat (:func:`has_sft`): export and conformance take the
+            fine-tuned checkpoint (``sft``) instead of the pretrained one (``train``).
     Returns:
         Table name (``tokenizer``, ``audit``, ``data``, ``model``, ``train``, ``eval``, ``export``,
         ``conformance``, ``serve``) -> ``{field: path string}``.
     """
     p = {k: str(v) for k, v in paths(out_dir).items()}
+    final = p["sft"] if chat else p["train"]  # the checkpoint that is exported
     return {
         "tokenizer": {"out_dir": p["tokenizer"]},
         "audit": {"tokenizer_dir": p["tokenizer"]},
@@ -63,10 +74,11 @@ def stage_defaults(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
         "model": {},
         "train": {"shards_dir": p["shards"], "tokenizer_dir": p["tokenizer"], "out_dir": p["train"]},
         "eval": {"checkpoint": p["train"], "shards_dir": p["shards"], "out": p["eval"]},
-        "export": {"checkpoint": p["train"], "out": p["export"]},
+        "sft": {"init_from": p["train"], "out_dir": p["sft"]},
+        "export": {"checkpoint": final, "out": p["export"]},
         "conformance": {
             "export_dir": p["export"],
-            "checkpoint": p["train"],
+            "checkpoint": final,
             "out": p["conformance"],
             "shards_dir": p["shards"],
         },

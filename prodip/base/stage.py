@@ -42,6 +42,8 @@ class Stage:
             damaged artifact (that is "not done").
         run: ``plan -> Any`` (serve takes keyword options too): produce the artifact. Raises
             :class:`prodip.base.errors.UserError` for what the user can fix.
+        active: ``plan -> bool``: whether the plan uses this stage at all (an optional stage, such
+            as chat fine-tuning without conversations, is left out of the run); default always.
     """
 
     name: str
@@ -52,6 +54,7 @@ class Stage:
     describe: Callable[[Plan], str]
     done: Callable[[Plan], bool]
     run: Callable[..., Any] = field(repr=False)
+    active: Callable[[Plan], bool] = field(default=lambda plan: True, repr=False)
 
 
 def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) -> bool:

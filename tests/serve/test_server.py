@@ -330,3 +330,23 @@ def test_cli_bind_failure_is_one_line_exit_2(tiny_export, host):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith(f"prodip serve: error: cannot bind {host}:{port} ("), r.stderr
     assert "Traceback" not in r.stderr and "Errno" not in r.stderr
+
+
+def test_pipeline_chat_reply_on_a_base_model_shows_why(server, monkeypatch):
+    """The run's chat fetch (prodip.serve.stage.chat_reply) against the real server: an export without a
+    chat template gets no reply but the server's reason (400 chat_not_supported; 404 on a server without the
+    route), not a crashed run; any other failure still raises."""
+    from prodip.base.errors import StageFailed
+    from prodip.serve.stage import _http_json, chat_reply
+
+    base, _ = server
+    monkeypatch.setenv("PRODIP_API_KEY", KEY)
+    model_id = _http_json(f"{base}/v1/models")["data"][0]["id"]
+    got = chat_reply(base, model_id, "হ্যালো", 4, {"temperature": 0.0})
+    assert "reply" not in got and got["user"] == "হ্যালো" and got["error"]["message"], got
+    assert got["error"]["status"] in (400, 404)
+    if got["error"]["status"] == 400:
+        assert got["error"]["code"] == "chat_not_supported", got
+    monkeypatch.setenv("PRODIP_API_KEY", "wrong-key")  # 401: a real failure, named
+    with pytest.raises(StageFailed, match="HTTP 401"):
+        chat_reply(base, model_id, "hi", 4, {})
