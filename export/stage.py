@@ -39,7 +39,8 @@ def export_done(plan: Plan) -> bool:
     return made_from(
         str(out),
         {"checkpoint": manifest["source_checkpoint"].get("model_sha256") or "?"},
-        {"checkpoint": latest_model_sha256(plan["train"].out_dir)},
+        # the checkpoint export takes: the pretrained run, or the chat fine-tuned one when [sft] is configured
+        {"checkpoint": latest_model_sha256(plan["export"].checkpoint)},
     )
 
 
