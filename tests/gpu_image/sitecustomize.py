@@ -4,7 +4,7 @@ the packages the image lacks cannot be imported from site-packages (nor prodip's
 Used by tests/bench/test_gpu_bench.py so the dry run proves the bench needs nothing the image
 lacks: ``prodip`` must come from the bench's in-place folder and ``tomli_w`` from its wheel.
 The list is the project's dependencies minus the image's packages
-(/work/.library/device/KINDS.md, nvidia-h200: "their image ... holds these").
+(as the lending tool describes the nvidia-h200 image; issue 26 lists them).
 """
 
 import importlib.machinery
