@@ -38,6 +38,7 @@ from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256, raise_for_room
+from prodip.base.sources import match_sources
 from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.custom import train_custom
 from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
@@ -117,6 +118,16 @@ class TokenizerTrainConfig:
         "strict",
         "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes",
         choices=ERROR_POLICIES,
+    )
+    sources: list[str] = opt(
+        factory=list,
+        help='source-record files ([[source]] tables, README "Your own corpus") for the inputs, besides the '
+        "sources.toml found beside each input or in a folder above it",
+    )
+    include_unknown_license: list[str] = opt(
+        factory=list,
+        help="source names or input paths whose licence is unknown or unrecorded, included knowingly (else "
+        "such an input stops the stage); every card then says so",
     )
     overwrite: bool = opt(False, "replace an existing tokenizer in out_dir")
     progress: bool = opt(True, "show the trainer's progress bars")
@@ -500,6 +511,8 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     Raises:
         ValueError: no inputs, a language without text, invalid UTF-8 (strict), bad proportions,
             vocab_size too small. FileNotFoundError: a missing input. FileExistsError: see save.
+        prodip.base.sources.LicenseGateError: an input whose licence is unknown or unrecorded and not in
+            ``include_unknown_license`` (before any text is read).
     """
     check_vocab_size(cfg.vocab_size, cfg.kind)
     if cfg.sample_chars < 1 or cfg.min_frequency < 1:
@@ -518,6 +531,20 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
     if (out / "tokenizer.json").exists() and not cfg.overwrite:
         raise OutputExists(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
     start, cpu_start = time.perf_counter(), _cpu_s()
+    text_files = expand_inputs(cfg.inputs) if cfg.inputs else {}
+    count_files = {
+        lang: [Path(e) for e in entries if not is_wordfreq(e) and Path(e).is_file()]  # missing: named below
+        for lang, entries in cfg.word_counts.items()
+    }
+    matched = match_sources(  # the licence gate, before any text is read (wordfreq:LANG: see its option)
+        {
+            lang: text_files.get(lang, []) + count_files.get(lang, [])
+            for lang in dict.fromkeys([*text_files, *count_files])
+        },
+        cfg.sources,
+        cfg.include_unknown_license,
+        what="tokenizer.inputs",
+    )
     sources = build_sources(
         cfg.inputs, cfg.word_counts, cfg.weights, errors=cfg.errors, wordfreq_chars=cfg.wordfreq_chars
     )
@@ -579,6 +606,7 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
             lang: [str(f) for s in ss for f in s.files or [] for _ in range(s.weight)] for lang, ss in sources.items()
         },
         "sources": [s.record(by_source[(lang, k)]) for lang, ss in sources.items() for k, s in enumerate(ss)],
+        "source_records": [rec.card_fields() for rec, _ in matched.values()],
     }
     extra = {
         "train_config.toml": dump_toml({"tokenizer": to_dict(cfg)}),

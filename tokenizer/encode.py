@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, OutputExists
 from prodip.base.files import raise_for_room
+from prodip.base.sources import match_sources
 from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
 from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
@@ -54,6 +55,16 @@ class DataPrepareConfig:
         "strict",
         "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes",
         choices=ERROR_POLICIES,
+    )
+    sources: list[str] = opt(
+        factory=list,
+        help='source-record files ([[source]] tables, README "Your own corpus") for the inputs, besides the '
+        "sources.toml found beside each input or in a folder above it",
+    )
+    include_unknown_license: list[str] = opt(
+        factory=list,
+        help="source names or input paths whose licence is unknown or unrecorded, included knowingly (else "
+        "such an input stops the stage); every card then says so",
     )
     overwrite: bool = opt(False, "replace existing shards in out_dir")
     progress: bool = opt(True, "show a progress bar")
@@ -115,7 +126,15 @@ def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
 
 
 def _encode_language(
-    tok, lang: str, files: list[Path], cfg: DataPrepareConfig, tmp: Path, token_dtype: str, bar, stats: ReadStats
+    tok,
+    lang: str,
+    files: list[Path],
+    cfg: DataPrepareConfig,
+    tmp: Path,
+    token_dtype: str,
+    bar,
+    stats: ReadStats,
+    per_file: dict[Path, dict[str, int]],
 ) -> dict:
     (tmp / lang).mkdir()
     writers = {s: _SplitWriter(tmp, lang, s, token_dtype, cfg.shard_tokens) for s in shards.SPLITS}
@@ -123,10 +142,14 @@ def _encode_language(
     eos = np.array([EOS_ID], dtype=np_dtype)
     pending: np.ndarray | None = None  # last train document, held back in case val ends up empty
 
-    def flush(batch: list[tuple[str, str]]) -> None:
+    def flush(batch: list[tuple[str, str, Path]]) -> None:
         nonlocal pending
-        for (split, text), ids in zip(batch, _encode_batch(tok, [t for _, t in batch])):
+        for (split, text, path), ids in zip(batch, _encode_batch(tok, [t for _, t, _ in batch])):
             doc = np.concatenate([np.asarray(ids, dtype=np_dtype), eos])
+            count = per_file.setdefault(path, {"documents": 0, "chars": 0, "tokens": 0})
+            count["documents"] += 1
+            count["chars"] += len(text)
+            count["tokens"] += int(doc.size)
             if split == "train":
                 if pending is not None:
                     writers["train"].add(pending)
@@ -135,14 +158,14 @@ def _encode_language(
                 writers["val"].add(doc)
             bar.update(len(text.encode("utf-8")))
 
-    batch: list[tuple[str, str]] = []
+    batch: list[tuple[str, str, Path]] = []
     size = 0
     docs = iter_language(
         files, lang, errors=cfg.errors, doc_chars=cfg.doc_chars, stats=stats, text_field=cfg.text_field
     )
     for path, index, text in docs:
         split = "val" if _doc_unit(cfg.seed, lang, path, index) < cfg.val_fraction else "train"
-        batch.append((split, text))
+        batch.append((split, text, path))
         size += len(text)
         if size >= cfg.batch_chars:
             flush(batch)
@@ -154,6 +177,21 @@ def _encode_language(
     return {s: w.close() for s, w in writers.items()} | {"documents": {s: w.documents for s, w in writers.items()}}
 
 
+def _source_entries(matched: dict, per_file: dict[Path, dict[str, int]]) -> list[dict]:
+    """meta.json's ``sources``: each record's card fields with its documents, characters and tokens (all
+    splits; tokens include each document's ``<|bos|>`` and ``<|eos|>``) and its shares of its language's."""
+    entries = []
+    for rec, files in matched.values():
+        counts = {k: sum(per_file.get(f, {}).get(k, 0) for f in files) for k in ("documents", "chars", "tokens")}
+        entries.append({**rec.card_fields(), **counts})
+    for e in entries:
+        same = [x for x in entries if x["language"] == e["language"]]
+        for k in ("chars", "tokens"):
+            total = sum(x[k] for x in same)
+            e[f"{k}_share_of_language"] = round(e[k] / total, 6) if total else 0.0
+    return entries
+
+
 def prepare_shards(cfg: DataPrepareConfig) -> Path:
     """Encode ``cfg.inputs`` into a shards dir (layout in tokenizer/shards.py); returns its path.
 
@@ -161,6 +199,8 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
         FileNotFoundError: tokenizer dir or an input missing.
         ValueError: no inputs, an empty file, invalid UTF-8 (strict), bad JSONL/TSV.
         FileExistsError: ``out_dir`` already holds shards and ``overwrite`` is false.
+        prodip.base.sources.LicenseGateError: an input whose licence is unknown or unrecorded and not in
+            ``include_unknown_license`` (before anything is read or written).
     """
     tok = load_tokenizer(cfg.tokenizer_dir)
     sha = tokenizer_sha256(cfg.tokenizer_dir)
@@ -168,6 +208,7 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
     token_dtype = shards.token_dtype_for(vocab_size)
     skipped: list[Path] = []
     files = expand_inputs(cfg.inputs, skipped=skipped)
+    matched = match_sources(files, cfg.sources, cfg.include_unknown_license, what="data.inputs")
     out = Path(cfg.out_dir)
     if out.exists() and any(out.iterdir()):
         if not (out / shards.META_NAME).exists():
@@ -180,12 +221,14 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
     tmp.mkdir()
     start = time.perf_counter()
     total_bytes = sum(_uncompressed_size(f) for fs in files.values() for f in fs)
-    languages, read = {}, {}
+    languages, read, per_file = {}, {}, {}
     try:
         with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="encode", disable=not cfg.progress) as bar:
             for lang, lang_files in files.items():
                 read[lang] = ReadStats()
-                languages[lang] = _encode_language(tok, lang, lang_files, cfg, tmp, token_dtype, bar, read[lang])
+                languages[lang] = _encode_language(
+                    tok, lang, lang_files, cfg, tmp, token_dtype, bar, read[lang], per_file
+                )
                 languages[lang].update(
                     chars=read[lang].chars, bytes=read[lang].bytes, skipped_bytes=read[lang].skipped_bytes
                 )
@@ -202,6 +245,7 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
             "val_fraction": cfg.val_fraction,
             "seed": cfg.seed,
             "languages": languages,
+            "sources": _source_entries(matched, per_file),
             "skipped_bytes": sum(r.skipped_bytes for r in read.values()),
             "skipped_where": [w for r in read.values() for w in r.skipped_where][:10],
             "skipped_files": [str(p) for p in skipped],

@@ -48,6 +48,14 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
         for doc in _bn_docs(60_000):
             fh.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
     (root / "en/part.txt").write_text(_en_text(60_000), encoding="utf-8")
+    # the records of the slices: the bundled files' own (data/sources.toml), found beside the corpus
+    (root / "sources.toml").write_text(
+        '[[source]]\nname = "majantali-site"\nfiles = ["bn/part.jsonl"]\nlanguage = "bn"\n'
+        'license = "LicenseRef-PublicDomain"\n\n'
+        '[[source]]\nname = "gutenberg-pride-and-prejudice"\nfiles = ["en/part.txt"]\nlanguage = "en"\n'
+        'license = "LicenseRef-PublicDomain"\n',
+        encoding="utf-8",
+    )
     return {"bn": root / "bn", "en": root / "en"}
 
 

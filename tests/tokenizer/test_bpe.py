@@ -22,6 +22,7 @@ from prodip.tokenizer.bpe import (
     train_tokenizer_from_texts,
 )
 from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name
+from tests.fixtures import write_sources
 
 TRICKY = [
     "",
@@ -133,6 +134,7 @@ def test_bad_inputs_leave_nothing(tmp_path, corpus):
 
     with pytest.raises(ValueError, match="vocab_size 100 is too small.*5 special.*= 262"):
         train_tokenizer(cfg(vocab_size=100))
+    write_sources(tmp_path, {"empty.txt": "en", "bad.txt": "bn"})
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(ValueError, match="empty.txt: empty file"):
         train_tokenizer(cfg(inputs={"bn": [str(corpus["bn"])], "en": [str(tmp_path / "empty.txt")]}))

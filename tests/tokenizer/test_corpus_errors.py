@@ -15,7 +15,13 @@ from prodip.tokenizer.corpus import iter_documents
 
 def _cfg(tmp_path, path, **kw) -> TokenizerTrainConfig:
     return TokenizerTrainConfig(
-        **{"inputs": {"bn": [str(path)]}, "out_dir": str(tmp_path / "out"), "vocab_size": 300, **kw}
+        **{
+            "inputs": {"bn": [str(path)]},
+            "out_dir": str(tmp_path / "out"),
+            "vocab_size": 300,
+            "include_unknown_license": [str(path)],  # test text: no licence record needed
+            **kw,
+        }
     )
 
 

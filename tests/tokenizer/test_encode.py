@@ -14,6 +14,7 @@ from prodip.tokenizer.bpe import BOS_ID, EOS_ID, load_tokenizer, tokenizer_sha25
 from prodip.tokenizer.corpus import expand_inputs, iter_language
 from prodip.tokenizer.encode import DataPrepareConfig, prepare_shards
 from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
+from tests.fixtures import write_sources
 
 
 def _cfg(corpus, tok_dir, out, **kw):
@@ -76,6 +77,7 @@ def test_bad_input_leaves_nothing(corpus, tok_dir, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "x.txt").write_bytes(b"hello\nworld \xc3\x28 again\n")
+    write_sources(bad, {"x.txt": "en"})
     cfg = DataPrepareConfig(
         tokenizer_dir=str(tok_dir), inputs={"en": [str(bad)]}, out_dir=str(tmp_path / "out"), progress=False
     )

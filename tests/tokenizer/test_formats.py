@@ -16,6 +16,7 @@ from prodip.cli import main as prodip_main
 from prodip.tokenizer.corpus import expand_inputs, iter_documents
 from prodip.tokenizer.encode import DataPrepareConfig, prepare_shards
 from prodip.tokenizer.shards import load_meta
+from tests.fixtures import write_sources
 
 DOCS = ["আমার সোনার বাংলা, আমি তোমায় ভালোবাসি।", "চিরদিন তোমার আকাশ, তোমার বাতাস", "It was a bright cold day."]
 
@@ -74,6 +75,7 @@ def test_repeated_language_key_merges_inputs(corpus, tok_dir, tmp_path, capsys):
     """Issue 12: `--inputs en=corpus/en,en=extra/en.tsv` kept only the second `en`."""
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"text": "An extra English document, never seen before."}) + "\n")
+    write_sources(tmp_path, {"extra.jsonl": "en"})
     out = tmp_path / "shards"
     argv = ["data", "prepare", "--tokenizer-dir", str(tok_dir), "--out-dir", str(out), "--progress", "false"]
     argv += ["--inputs", f"en={corpus['en']},en={extra}"]
@@ -89,6 +91,7 @@ def test_prepare_warns_for_an_unseen_script_and_low_chars_per_token(corpus, tok_
     """Issue 12: a language the tokenizer never saw (Hindi at 0.40 chars/token) was encoded with no warning."""
     hi = tmp_path / "hi.txt"
     hi.write_text("भारत एक विशाल देश है। यहाँ अनेक भाषाएँ बोली जाती हैं। " * 200, encoding="utf-8")
+    write_sources(tmp_path, {"hi.txt": "hi"})
     audited = tmp_path / "tok"
     shutil.copytree(tok_dir, audited)
     gate = {"passed": True, "failures": [], "min_chars_per_token": {"bn": 2.0, "en": 2.0}}

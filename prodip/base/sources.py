@@ -1,0 +1,386 @@
+"""Source records: what each corpus input is, where it came from, under which licence (the data card's facts).
+
+A *records file* (TOML, conventionally ``sources.toml``) lists ``[[source]]`` tables::
+
+    [[source]]
+    name = "majantali-site"                              # unique; cards and include lists use it
+    files = ["bn/bn_pd_literature_majantali_site.jsonl.gz"]   # relative to this file's folder; globs
+                                                         # (``bn/*.txt``, ``news/**``) match like Path.match
+    language = "bn"                                      # the input language it is listed under
+    variety = "literary Bangla (sadhu-bhasha), 1891-1929"   # optional
+    origin = "majantali/majantali.github.io@891da50"     # URL or repository@commit
+    license = "CC0-1.0"                                  # SPDX expression, "unknown", or "other"
+    license_name = ""                                    # "other": the licence's name ...
+    license_link = ""                                    # ... and a link to its text
+    dataset_id = ""                                      # Hugging Face dataset id, when it has one
+    notes = "..."                                        # known gaps, caveats (optional)
+
+plus any ``extra`` keys a table generator wants (``data/sources.toml`` keeps the sizes shown in
+``data/README.md``). Licences are parsed and validated with ``license-expression`` against the SPDX
+licence list (``LicenseRef-...`` identifiers allowed, e.g. ``LicenseRef-PublicDomain``).
+
+Each input file finds its record in the records files the config names (``sources``) and in any
+``sources.toml`` in the file's folder or a folder above it. A file that no record lists has a
+*missing* licence. :func:`gate` stops a stage when a file's licence is ``unknown`` or missing, unless
+the config's ``include_unknown_license`` names it (its record name or its path): then it is
+included by choice, and every card says so and that the mix is not fully cleared.
+
+:func:`licence_statement` derives the overall statement: share-alike and non-commercial terms of any
+source flow into it, and its restriction is the most restrictive source's (never more permissive).
+
+    python -m prodip.base.sources data/sources.toml     # print data/README.md's table from the records
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from license_expression import AND, OR, ExpressionError, get_spdx_licensing
+
+from prodip.base.config import read_toml
+from prodip.base.errors import InvalidInput, UserError
+
+SOURCES_FILE = "sources.toml"
+UNKNOWN = "unknown"
+OTHER = "other"
+#: Record keys with a meaning here; any other key is kept in ``extra``.
+_KEYS = (
+    "name",
+    "files",
+    "language",
+    "variety",
+    "origin",
+    "license",
+    "license_name",
+    "license_link",
+    "dataset_id",
+    "notes",
+)
+#: Restriction classes, least to most restrictive (the order a derived statement may only climb).
+CLASSES = ("public-domain", "attribution", "share-alike", "non-commercial", "unknown")
+_PUBLIC_DOMAIN = {
+    "CC0-1.0",
+    "PDDL-1.0",
+    "CC-PDDC",
+    "Unlicense",
+    "LicenseRef-PublicDomain",
+    "LicenseRef-scancode-public-domain",  # license-expression's key for LicenseRef-PublicDomain
+}
+_SHARE_ALIKE_PREFIXES = ("GPL-", "LGPL-", "AGPL-", "CC-BY-SA-", "ODbL-", "MPL-", "EUPL-", "CDLA-Sharing-", "OSL-")
+#: What a card prints for a source whose licence is unknown and which the config includes anyway.
+UNKNOWN_INCLUDED = "licence unknown, included by choice"
+
+
+class LicenseGateError(UserError):
+    """A corpus input whose licence is unknown or missing, not listed as knowingly included."""
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """One corpus source (see the module docstring for the TOML form).
+
+    ``files`` are absolute paths once loaded; ``where`` is the records file (or ``"(no record)"``).
+    """
+
+    name: str
+    files: tuple[str, ...]
+    language: str
+    license: str
+    variety: str = ""
+    origin: str = ""
+    license_name: str = ""
+    license_link: str = ""
+    dataset_id: str = ""
+    notes: str = ""
+    where: str = ""
+    included_by_choice: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def covers(self, path: str) -> bool:
+        """Whether absolute ``path`` is one of ``files`` (a pattern with ``*``/``?``/``[``: a glob; ``**``
+        also matches files in subfolders)."""
+        return any(path == f or (any(c in f for c in "*?[") and fnmatch.fnmatchcase(path, f)) for f in self.files)
+
+    @property
+    def unknown(self) -> bool:
+        return self.license == UNKNOWN
+
+    def card_fields(self) -> dict[str, Any]:
+        """The JSON-able fields every artifact carries (no file paths: they are the builder's)."""
+        out = {k: getattr(self, k) for k in _KEYS if k != "files"}
+        out["license_class"] = license_class(self.license)
+        out["included_by_choice"] = self.included_by_choice
+        return out
+
+
+@functools.cache
+def _licensing():
+    return get_spdx_licensing()  # the SPDX licence list bundled with license-expression (loaded once)
+
+
+def parse_license(expr: str, where: str):
+    """Parse an SPDX expression (``license-expression``), refusing unknown identifiers.
+
+    Returns:
+        The parsed ``LicenseExpression``.
+    Raises:
+        InvalidInput: not an expression, or an identifier neither on the SPDX list nor ``LicenseRef-*``.
+    """
+    lic = _licensing()
+    try:
+        parsed = lic.parse(expr)
+    except ExpressionError as err:
+        raise InvalidInput(f"{where}: license {expr!r} is not an SPDX expression ({err})") from None
+    if parsed is None:
+        raise InvalidInput(f"{where}: license is empty; give an SPDX expression, 'unknown' or 'other'")
+    bad = [k for k in lic.unknown_license_keys(parsed) if not k.startswith("LicenseRef-")]
+    if bad:
+        raise InvalidInput(
+            f"{where}: license {expr!r}: {', '.join(bad)} is not an SPDX licence identifier "
+            '(https://spdx.org/licenses/; a licence not on the list: license = "other" with license_name '
+            "and license_link, or LicenseRef-<name>)"
+        )
+    return parsed
+
+
+def _symbol_class(key: str) -> str:
+    if key in _PUBLIC_DOMAIN:
+        return "public-domain"
+    if "-NC" in key.upper():
+        return "non-commercial"
+    if key.startswith(_SHARE_ALIKE_PREFIXES) or "-SA-" in key:
+        return "share-alike"
+    return "attribution"
+
+
+def license_class(expr: str) -> str:
+    """The restriction class of a licence (one of :data:`CLASSES`).
+
+    ``A AND B`` is as restrictive as the more restrictive; ``A OR B`` lets the user pick, so it is the less
+    restrictive; ``other`` counts as non-commercial-level (its terms are unknown to prodip, never less).
+    """
+    if expr == UNKNOWN:
+        return "unknown"
+    if expr == OTHER:
+        return "non-commercial"
+
+    def rank(node) -> int:
+        if isinstance(node, AND):
+            return max(rank(a) for a in node.args)
+        if isinstance(node, OR):
+            return min(rank(a) for a in node.args)
+        key = getattr(node, "key", str(node))
+        return CLASSES.index(_symbol_class(key))
+
+    return CLASSES[rank(parse_license(expr, "license"))]
+
+
+def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
+    missing = [k for k in ("name", "files", "language", "license") if k not in table]
+    if missing:
+        raise InvalidInput(f"{where}: [[source]] {table.get('name', '?')!r} lacks {', '.join(missing)}")
+    name = table["name"]
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"{where}: [[source]] name must be a non-empty string")
+    where = f"{where} [[source]] {name!r}"
+    files = table["files"]
+    if isinstance(files, str):
+        files = [files]
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
+        raise InvalidInput(f"{where}: files must be a non-empty list of paths relative to the records file")
+    for key in _KEYS:
+        if key != "files" and key in table and not isinstance(table[key], str):
+            raise InvalidInput(f"{where}: {key} must be a string, got {table[key]!r}")
+    lic = table["license"].strip()
+    if lic == OTHER and not (table.get("license_name") and table.get("license_link")):
+        raise InvalidInput(f'{where}: license = "other" needs license_name and license_link')
+    if lic not in (UNKNOWN, OTHER):
+        parse_license(lic, where)  # validated; kept as written (the library spells some ids its own way)
+    return SourceRecord(
+        name=name,
+        files=tuple(
+            str(base.resolve() / f) if any(c in f for c in "*?[") else str((base / f).resolve()) for f in files
+        ),
+        language=table["language"],
+        license=lic,
+        **{k: table.get(k, "") for k in ("variety", "origin", "license_name", "license_link", "dataset_id", "notes")},
+        where=where,
+        extra={k: v for k, v in table.items() if k not in _KEYS},
+    )
+
+
+def read_records(path: str | os.PathLike) -> list[SourceRecord]:
+    """Read one records file (``[[source]]`` tables; paths relative to its folder).
+
+    Raises:
+        InvalidInput: not TOML, a record lacking name/files/language/license, a bad licence, a name twice.
+    """
+    path = Path(path)
+    doc = read_toml(path)
+    unknown = [k for k in doc if k != "source"]
+    if unknown:
+        raise InvalidInput(f"{path}: unknown key {unknown[0]!r}; a records file holds [[source]] tables only")
+    tables = doc.get("source", [])
+    if not isinstance(tables, list):
+        raise InvalidInput(f"{path}: source must be an array of tables ([[source]])")
+    records = [_record(t, path.parent, str(path)) for t in tables]
+    names = [r.name for r in records]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InvalidInput(f"{path}: source name {dup[0]!r} is given twice")
+    return records
+
+
+def _sidecars(path: Path) -> list[Path]:
+    return [d / SOURCES_FILE for d in (path.parent, *path.parent.parents) if (d / SOURCES_FILE).is_file()]
+
+
+def match_sources(
+    files: dict[str, list[Path]],
+    records_files: list[str] | tuple[str, ...] = (),
+    include_unknown: list[str] | tuple[str, ...] = (),
+    *,
+    what: str = "inputs",
+) -> dict[str, tuple[SourceRecord, list[Path]]]:
+    """Match every input file to its record, and gate unknown licences.
+
+    Args:
+        files: ``{lang: [file, ...]}`` as :func:`prodip.tokenizer.corpus.expand_inputs` returns it.
+        records_files: records files the config names (``sources``), besides the ``sources.toml`` sidecars.
+        include_unknown: record names or file paths whose unknown/missing licence the user accepts.
+        what: the config table named in messages (``data.inputs``).
+    Returns:
+        ``{source name: (record, [its input files])}`` in input order; a file without a record that
+        ``include_unknown`` names becomes a record named after the file, licence ``unknown``.
+    Raises:
+        LicenseGateError: one line naming the first file whose licence is unknown or missing and not included.
+        InvalidInput: a bad records file; a file listed under another language than its record's.
+    """
+    loaded: dict[Path, list[SourceRecord]] = {}
+
+    def records_of(p: Path) -> list[SourceRecord]:
+        p = p.resolve()
+        if p not in loaded:
+            loaded[p] = read_records(p)
+        return loaded[p]
+
+    explicit = [r for f in records_files for r in records_of(Path(f))]
+    out: dict[str, tuple[SourceRecord, list[Path]]] = {}
+    for lang, lang_files in files.items():
+        for f in lang_files:
+            real = str(Path(f).resolve())
+            candidates = explicit + [r for s in _sidecars(Path(f).resolve()) for r in records_of(s)]
+            rec = next((r for r in candidates if r.covers(real)), None)
+            if rec is None:
+                rec = SourceRecord(
+                    name=Path(f).name, files=(real,), language=lang, license=UNKNOWN, where="(no record)"
+                )
+            if rec.language != lang:
+                raise InvalidInput(
+                    f"{what}.{lang}: {f} is listed under {lang!r} but its record {rec.name!r} ({rec.where}) "
+                    f"says language {rec.language!r}"
+                )
+            if rec.unknown:
+                hit = [i for i in include_unknown if i in (rec.name, str(f)) or str(Path(i).resolve()) == real]
+                if not hit:
+                    why = "has no source record" if rec.where == "(no record)" else f"has licence unknown ({rec.where})"
+                    raise LicenseGateError(
+                        f"{what}.{lang}: {f} {why}: add a [[source]] record with its SPDX licence to a "
+                        f"{SOURCES_FILE} beside it (or one named in `sources`), or list it in "
+                        f"include_unknown_license to include it knowingly"
+                    )
+                rec = dataclasses.replace(rec, included_by_choice=True)
+            if rec.name in out:
+                out[rec.name][1].append(Path(f))
+            else:
+                out[rec.name] = (rec, [Path(f)])
+    return out
+
+
+def licence_statement(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The overall licence statement of a mix (records as :meth:`SourceRecord.card_fields` gives them).
+
+    Returns:
+        ``{"class", "licenses", "share_alike", "non_commercial", "attribution", "unknown_included",
+        "cleared", "text"}``: ``class`` is the most restrictive source's class (:data:`CLASSES`);
+        the name lists say which sources carry each term; ``cleared`` is false when any source's licence is
+        unknown; ``text`` is one paragraph for the cards.
+    """
+    by = {c: [r["name"] for r in records if r["license_class"] == c] for c in CLASSES}
+    worst = max((CLASSES.index(r["license_class"]) for r in records), default=0)
+    licenses = sorted({r["license"] for r in records if r["license"] != UNKNOWN})
+    parts = [f"Training data licences: {', '.join(licenses) or 'none recorded'}."]
+    if by["attribution"] or by["share-alike"] or by["non-commercial"]:
+        named = by["attribution"] + by["share-alike"] + by["non-commercial"]
+        parts.append(f"Attribution is required by: {', '.join(named)}.")
+    if by["share-alike"]:
+        parts.append(f"Share-alike terms apply (from {', '.join(by['share-alike'])}).")
+    if by["non-commercial"]:
+        parts.append(f"Non-commercial or unlisted terms apply (from {', '.join(by['non-commercial'])}).")
+    if by["unknown"]:
+        parts.append(
+            f"{', '.join(by['unknown'])}: {UNKNOWN_INCLUDED}. The mix is NOT fully cleared: its licence "
+            "cannot be stated as more permissive than the unknown terms of those sources."
+        )
+    else:
+        parts.append("Every source has a recorded licence.")
+    return {
+        "class": CLASSES[worst],
+        "licenses": licenses,
+        "share_alike": by["share-alike"],
+        "non_commercial": by["non-commercial"],
+        "attribution": by["attribution"],
+        "unknown_included": by["unknown"],
+        "cleared": not by["unknown"],
+        "text": " ".join(parts),
+    }
+
+
+def hf_license(records: list[dict[str, Any]]) -> dict[str, str]:
+    """The model card's ``license`` fields for a mix: one shared single SPDX id (lower-case, as the Hub
+    spells them) when every source has it, else ``other`` + ``license_name``/``license_link`` (the card's
+    data statement), never a licence more permissive than a source's."""
+    lics = {r["license"] for r in records}
+    if len(lics) == 1 and next(iter(lics)) not in (UNKNOWN, OTHER):
+        only = next(iter(lics))
+        if " " not in only and not only.startswith("LicenseRef-"):
+            return {"license": only.lower()}
+    return {"license": OTHER, "license_name": "prodip-data-mix", "license_link": "README.md#data-statement"}
+
+
+def readme_table(records: list[SourceRecord], root: Path) -> str:
+    """``data/README.md``'s table (markdown) from ``data/sources.toml``'s records (sizes from ``extra``)."""
+    head = (
+        "| file | language | content | source (repository @ commit) | licence (SPDX) | note | gz bytes | text bytes "
+        "| text chars |\n|---|---|---|---|---|---|---:|---:|---:|"
+    )
+
+    def num(v: Any) -> str:
+        return f"{v:,}" if isinstance(v, int) else "–"
+
+    rows = []
+    for r in records:
+        files = ", ".join(f"`{Path(f).relative_to(root.resolve()).as_posix()}`" for f in r.files)
+        e = r.extra
+        rows.append(
+            f"| {files} | {r.language} | {e.get('content', '')} | {r.origin} | `{r.license}` | {r.notes} | "
+            f"{num(e.get('gz_bytes'))} | {num(e.get('text_bytes'))} | {num(e.get('text_chars'))} |"
+        )
+    return "\n".join([head, *rows])
+
+
+def _main(argv: list[str]) -> int:
+    path = Path(argv[0] if argv else "data/sources.toml")
+    print(readme_table(read_records(path), path.parent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
