@@ -67,6 +67,7 @@ def save_checkpoint(
     train_config: dict[str, Any],
     data_state: dict[str, Any],
     keep_last: int,
+    extra_state: dict[str, Any] | None = None,
 ) -> float:
     """Save an FSDP2 run's step dir (every rank calls it at the same step); blocking.
 
@@ -104,7 +105,7 @@ def save_checkpoint(
             tokens_seen=tokens_seen,
             train_config=train_config,
             data_state=data_state,
-            extra_state={"world_size": world_size, "parallel": "fsdp"},
+            extra_state={"world_size": world_size, "parallel": "fsdp", **(extra_state or {})},
             keep_last=keep_last,
             prepared_dir=tmp,
         )

@@ -451,6 +451,7 @@ class _Run:
         """Check the inputs; set ``tok_sha``, ``init`` (``--init-from``) and the final ``model_cfg``."""
         self.tok_sha, meta = _check_inputs(self.cfg, self.model_cfg)
         self.shards_meta_sha256 = meta_sha256(self.cfg.shards_dir)  # recorded in each checkpoint (train_done)
+        self.sources = meta.get("sources", [])  # the shards' source records, for the model card
         self.init = self._init_source() if self.cfg.init_from else None
         # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
         self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{self.cfg.shards_dir}/meta.json")
@@ -710,6 +711,26 @@ class _Run:
             )
         return {lang: b for lang, b in sets.items() if b}
 
+    def _data_card(self) -> dict[str, Any]:
+        """What the checkpoint records for the export's card: the shards' source records, the tokens the
+        data loader served per language (``positions``: global, all ranks) and per source, and
+        ``--init-from``'s base model. Per source is the language's count times the source's share of the
+        language's tokens in the shards: exact in expectation, since windows are drawn across the whole
+        stream of a language (``data_order = "shuffle"``)."""
+        positions = getattr(self.data, "positions", {})  # MixtureBatches' counters (other loaders: none)
+        seen = {lang: int(n) for lang, n in positions.items()}
+        by_source = {
+            s["name"]: int(round(seen.get(s["language"], 0) * s.get("tokens_share_of_language", 0.0)))
+            for s in self.sources
+        }
+        return {
+            "sources": self.sources,
+            "tokens_seen_by_language": seen,
+            "tokens_seen_by_source": by_source,
+            "tokens_seen_by_source_method": "language counter x the source's share of the language's shard tokens",
+            "init_from": {"source": self.init.source, "kind": self.init.kind} if self.init else None,
+        }
+
     def _save(self) -> float:
         """Save this step (every rank calls it); returns the seconds training was held.
 
@@ -724,6 +745,7 @@ class _Run:
             train_config=dataclasses.asdict(self.cfg),
             data_state={**self.data.state_dict(), "shards_meta_sha256": self.shards_meta_sha256},
             keep_last=self.cfg.keep_last,
+            extra_state={"data_card": self._data_card()},
         )
         if self.fsdp:
             stall = fsdp.save_checkpoint(

@@ -62,7 +62,14 @@ def test_init_from_prodip_checkpoint_on_a_new_corpus(tmp_path, tiny_tokenizer_di
     base = train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "base"), tiny_config())
     src, _, _ = ck.load_model(base)
     ft = tmp_path / "ft"
-    argv = ["train", "--shards-dir", str(new_corpus), "--tokenizer-dir", str(tiny_tokenizer_dir)]
+    corpus = shutil.copytree(new_corpus, tmp_path / "corpus")  # + two source records in its meta.json
+    meta = json.loads((corpus / "meta.json").read_text())
+    meta["sources"] = [
+        {"name": "a", "language": "hi", "license": "CC0-1.0", "tokens_share_of_language": 0.25},
+        {"name": "b", "language": "hi", "license": "MIT", "tokens_share_of_language": 0.75},
+    ]
+    (corpus / "meta.json").write_text(json.dumps(meta))
+    argv = ["train", "--shards-dir", str(corpus), "--tokenizer-dir", str(tiny_tokenizer_dir)]
     argv += ["--out-dir", str(ft), "--init-from", str(base), "--steps", "2", "--batch-size", "2", "--seq-len", "16"]
     argv += ["--lr", "1e-9", "--min-lr", "0", "--warmup-steps", "0", "--device", "cpu", "--progress", "false"]
     argv += ["--mixture", "hi=1", "--hidden-size", "64", "--guards", "false"]  # [model] differs: the source wins
@@ -73,6 +80,10 @@ def test_init_from_prodip_checkpoint_on_a_new_corpus(tmp_path, tiny_tokenizer_di
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)  # lr 1e-9: the source's weights
     state = json.loads((ck.resolve_checkpoint(ft) / "trainer_state.json").read_text())
     assert state["train_config"]["init_from"] == str(base) and state["data_state"]["langs"] == ["hi"]
+    card = state["data_card"]  # what the export's model card says about the data
+    assert card["tokens_seen_by_language"] == {"hi": state["tokens_seen"]} == {"hi": 2 * 2 * 16}
+    assert card["tokens_seen_by_source"] == {"a": 16, "b": 48} and card["sources"] == meta["sources"]
+    assert card["init_from"] == {"source": f"{ck.resolve_checkpoint(base)} (step 4)", "kind": "prodip"}
     result = _eval(ft, new_corpus)
     assert result["languages"]["hi"]["trained"]["nll_nats_per_token"] > 0
 
