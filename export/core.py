@@ -29,13 +29,14 @@ from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
 from prodip.base.manifest import read_manifest, write_manifest
 from prodip.base.variants import BY_NAME, GGUF_VARIANTS, ONNX_DIR, ONNX_VARIANTS, PTE_DIR, PTE_VARIANTS, onnx_files
+from prodip.export import card as model_card
 from prodip.export import executorch as pte_export
 from prodip.export import genai, hf, quantize
 from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
 from prodip.tokenizer.portable import require_portable
-from prodip.train.checkpoint import TOKENIZER_SUBDIR, load_model, resolve_checkpoint
+from prodip.train.checkpoint import TOKENIZER_SUBDIR, TRAINER_STATE_FILE, load_model, resolve_checkpoint
 
 logger = logging.getLogger("export")
 
@@ -314,14 +315,14 @@ def check_device_targets(config: Any, cfg: ExportConfig, tokenizer_dir: Optional
 
 
 def _build_devices(
-    model: Any, root: Path, cfg: ExportConfig, tokenizer_dir: Optional[Path], step
+    model: Any, root: Path, cfg: ExportConfig, tokenizer_dir: Optional[Path], step, card: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """Write the requested GGUF and ExecuTorch variants; returns their manifest entries."""
     out: dict[str, dict[str, Any]] = {}
     for name in (v for v in GGUF_VARIANTS if v in cfg.variants):
         v = BY_NAME[name]
         with step(f"GGUF {name} (llama.cpp)"):
-            quant = gguf_export.export_gguf(model, Path(tokenizer_dir), root / v.path, name)
+            quant = gguf_export.export_gguf(model, Path(tokenizer_dir), root / v.path, name, card=card)
         out[name] = {"path": v.path, "format": "gguf", "dtype": v.dtype, "quantization": quant}
     pte = [v for v in PTE_VARIANTS if v in cfg.variants]
     if pte:
@@ -345,6 +346,7 @@ def export_model(
     tokenizer_dir: Optional[Path],
     source_checkpoint: dict[str, Any],
     tokenizer_sha256: Optional[str],
+    data_card: Optional[dict[str, Any]] = None,
 ) -> Path:
     """Export an in-memory ``prodip.train.model.LlamaForCausalLM`` into ``cfg.out`` (atomically).
 
@@ -354,6 +356,8 @@ def export_model(
         tokenizer_dir: folder with ``tokenizer.json`` etc. to copy, or None for none.
         source_checkpoint: ``{"path", "step", "model_sha256"}`` for the manifest.
         tokenizer_sha256: sha256 of ``tokenizer.json`` for the manifest.
+        data_card: the checkpoint's ``data_card`` (sources, tokens seen, base model) for the model card
+            (``prodip.export.card``); None: the card says the training data is unrecorded.
     Returns:
         The export dir ``cfg.out``.
     Raises:
@@ -377,7 +381,7 @@ def export_model(
     t0 = time.perf_counter()
     try:
         with _quiet_third_party(), writing(tmp, shown_as=out):  # a full disk: one line naming the file
-            _build_all(model, cfg, tmp, tokenizer_dir, source_checkpoint, tokenizer_sha256, step)
+            _build_all(model, cfg, tmp, tokenizer_dir, source_checkpoint, tokenizer_sha256, step, data_card)
         check_out_dir(out, cfg.force)  # again: someone may have written there meanwhile
         _swap_into_place(tmp, out)
     except BaseException:
@@ -396,8 +400,10 @@ def _build_all(
     source_checkpoint: dict[str, Any],
     tokenizer_sha256: Optional[str],
     step,
+    data_card: Optional[dict[str, Any]] = None,
 ) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
+    card = model_card.build_card(data_card)
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
     # model.safetensors is always written (it is what transformers loads), so it is always a variant:
@@ -414,8 +420,9 @@ def _build_all(
     if any(v["format"] == "onnx" for v in variants.values()):
         with step("ONNX runtime packages (weights in <file>_data, onnxruntime-genai shared-buffer graphs)"):
             _write_runtime_configs(tmp, variants)
-    variants.update(_build_devices(model, tmp, cfg, tokenizer_dir, step))
-    with step("manifest.json (sha256 of every file)"):
+    variants.update(_build_devices(model, tmp, cfg, tokenizer_dir, step, card))
+    with step("manifest.json (sha256 of every file), README.md model card, licence metadata"):
+        model_card.write_card(tmp, card)
         (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
         for path in tmp.rglob("*"):  # onnx/safetensors create some files 0600; exports are shared
             path.chmod(0o755 if path.is_dir() else 0o644)
@@ -425,6 +432,7 @@ def _build_all(
             tokenizer_sha256=tokenizer_sha256,
             variants=variants,
             export_config=dataclasses.asdict(cfg),
+            card=card,
         )
 
 
@@ -492,6 +500,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             f"the checkpoint being exported. Choose another --out"
         )
     model, _, info = load_model(ckpt)
+    state = json.loads((Path(info["checkpoint_dir"]) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     resolve_graph(cfg.onnx_graph, model.config)  # --onnx-graph contrib on a shape it cannot run: before any work
     source = {
         "path": str(Path(info["checkpoint_dir"]).resolve()),
@@ -504,6 +513,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         tokenizer_dir=Path(info["tokenizer_dir"]),
         source_checkpoint=source,
         tokenizer_sha256=info["tokenizer_sha256"],
+        data_card=state.get("data_card"),
     )
 
 

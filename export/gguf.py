@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.export.card import add_gguf_metadata
 from prodip.tokenizer.gguf import add_tokenizer_metadata
 from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name, read_tokenizer_json, require_portable
 
@@ -122,7 +123,13 @@ def tokenizer_size(tokenizer_dir: Path) -> int:
 
 
 def write_gguf(
-    model: Any, tokenizer_dir: Path, path: str | os.PathLike, qtype_name: str, *, permute: bool = True
+    model: Any,
+    tokenizer_dir: Path,
+    path: str | os.PathLike,
+    qtype_name: str,
+    *,
+    permute: bool = True,
+    card: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write one GGUF file of ``model`` with plain gguf-py types (F32, F16 or Q8_0 for 2-D weights).
 
@@ -132,6 +139,7 @@ def write_gguf(
         path: destination ``.gguf`` (written directly; the caller's export folder is temporary).
         qtype_name: ``"F32"``, ``"F16"`` or ``"Q8_0"`` (gguf.GGMLQuantizationType names).
         permute: apply :func:`permute_qk` (False only to plant a fault).
+        card: the export's card facts (``prodip.export.card.build_card``): licence, languages, datasets, tags.
     Returns:
         ``{"tensor_types": {type: count}, "pre": llama.cpp pre-tokenizer type, "tokens": token list length}``.
     Raises:
@@ -148,6 +156,8 @@ def write_gguf(
     }
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
     w.add_name("prodip")
+    if card is not None:
+        add_gguf_metadata(w, card)
     w.add_vocab_size(cfg.vocab_size)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -259,7 +269,9 @@ def tensor_types(path: Path) -> dict[str, int]:
     return dict(Counter(t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors))
 
 
-def export_gguf(model: Any, tokenizer_dir: Path, path: Path, variant: str) -> dict[str, Any]:
+def export_gguf(
+    model: Any, tokenizer_dir: Path, path: Path, variant: str, card: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Write the GGUF ``variant`` of ``model`` to ``path``; returns its manifest ``quantization`` entry.
 
     Raises:
@@ -272,7 +284,7 @@ def export_gguf(model: Any, tokenizer_dir: Path, path: Path, variant: str) -> di
         llama_cpp_lib_dir()  # refuse before the float32 file is written
         f32 = path.with_name(path.name + ".f32.tmp")
         try:
-            info = write_gguf(model, tokenizer_dir, f32, "F32")
+            info = write_gguf(model, tokenizer_dir, f32, "F32", card=card)  # llama.cpp's quantize keeps the keys
             llama_quantize(f32, path)
         finally:
             f32.unlink(missing_ok=True)
@@ -280,7 +292,7 @@ def export_gguf(model: Any, tokenizer_dir: Path, path: Path, variant: str) -> di
         info["quantizer"] = "llama.cpp llama_model_quantize (LLAMA_FTYPE_MOSTLY_Q4_K_M)"
     else:
         qtype = {"gguf-f16": "F16", "gguf-q8_0": "Q8_0"}[variant]
-        info = write_gguf(model, tokenizer_dir, path, qtype)
+        info = write_gguf(model, tokenizer_dir, path, qtype, card=card)
         info["quantizer"] = f"gguf-py gguf.quants.quantize ({qtype})"
     info["gguf_py_version"] = _version("gguf")
     return info

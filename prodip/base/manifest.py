@@ -8,6 +8,7 @@ Layout (CONTRACTS.md "Export dir")::
      files: {relpath: {bytes, sha256}},          # every file of the export but manifest.json
      variants: {name: {path, format, dtype, quantization, external_data: [relpath, ...]}},
      export_config: {...},                       # the resolved ExportConfig
+     card: {license, languages, datasets, tags, base_model, sources, statement, tokens_seen_by_language},
      conformance: null | {passed, variants: {name: bool}, report, report_sha256, checked_utc,
                          checks: {name: {passed, checked_utc, report, report_sha256}},
                          export_files_sha256}}  (merged per variant by conformance.suite.merge_verdict)
@@ -38,13 +39,18 @@ FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 #: Sub-folder written by `prodip conformance` after the export; not part of the hashed files.
 UNLISTED_DIRS = ("conformance/",)
+#: Files conformance rewrites after measuring (the model card with its quality figures).
+CARD_FILES = ("README.md",)
 
 
 def files_table_sha256(files: dict[str, Any]) -> str:
     """sha256 of a manifest ``files`` table as canonical JSON (sorted keys): what a conformance verdict
     records as ``export_files_sha256`` and what ``prodip serve`` compares it with (stable under the
-    verdict rewrite, changed by any file's new bytes or sha256)."""
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    verdict rewrite, changed by any file's new bytes or sha256). The model card (:data:`CARD_FILES`) is left
+    out: conformance writes its quality figures after measuring, so it is hashed in ``files`` (and checked
+    by conformance against the manifest) but is not a measured file."""
+    measured = {k: v for k, v in files.items() if k not in CARD_FILES}
+    return hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()
 
 
 def utc_now() -> str:
@@ -105,6 +111,7 @@ def write_manifest(
     tokenizer_sha256: str | None,
     variants: dict[str, dict[str, Any]],
     export_config: dict[str, Any] | None = None,
+    card: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Hash every file of ``export_dir`` and write ``manifest.json`` (atomically).
 
@@ -114,6 +121,8 @@ def write_manifest(
         tokenizer_sha256: sha256 of ``tokenizer.json`` (None when the export has no tokenizer).
         variants: name -> ``{path, format, dtype, quantization, ...}`` (paths relative).
         export_config: the resolved ExportConfig as a dict, recorded for reproduction.
+        card: the model card's facts (``prodip.export.card.build_card``): licence, languages, sources, ...;
+            ``README.md`` is hashed in ``files`` like every other file.
     Returns:
         The manifest dict.
     Raises:
@@ -135,6 +144,7 @@ def write_manifest(
         "files": files,
         "variants": variants,
         "export_config": export_config,
+        "card": card,
         "conformance": None,
     }
     _write_json_atomic(root / MANIFEST_FILE, manifest)

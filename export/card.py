@@ -1,0 +1,226 @@
+"""The export's model card: what it was trained on, under which licences (issue 24).
+
+The card's facts (``manifest.json``'s ``card``) come from the checkpoint's ``trainer_state.json``
+``data_card`` (the shards' source records, tokens seen per language and source, ``--init-from``'s
+base model) and are written into every artifact:
+
+- ``README.md``: a Hugging Face model card (YAML front matter through ``huggingface_hub``'s
+  ``ModelCardData``: ``license`` or ``license: other`` + ``license_name``/``license_link``, ``language``,
+  ``datasets``, ``base_model``, ``pipeline_tag``, ``library_name``, ``tags``), then the data statement;
+- each GGUF file: gguf-py's ``general.license``, ``general.license.name``, ``general.license.link``,
+  ``general.languages``, ``general.tags``, ``general.dataset.count`` + ``general.dataset.{i}.name`` (and
+  ``.repo_url``), the keys llama.cpp's ``gguf-py/gguf/metadata.py`` fills from a card;
+- each ``.onnx`` file: ``metadata_props`` (:func:`onnx_props`);
+- ``executorch/model_card.json``: the card beside the ``.pte`` files.
+
+``conformance.card`` reads every one back and compares it with the manifest.
+
+    python -c "from prodip.export.card import build_card; print(build_card(None)['statement']['text'])"
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from prodip.base.sources import UNKNOWN_INCLUDED, hf_license, licence_statement
+
+README_FILE = "README.md"
+PTE_CARD_FILE = "executorch/model_card.json"
+LIBRARY_NAME = "transformers"
+PIPELINE_TAG = "text-generation"
+#: ONNX ``metadata_props`` keys (strings; lists joined by ``,``, the sources as JSON).
+ONNX_KEYS = ("license", "license_name", "license_link", "languages", "datasets", "tags", "sources")
+
+
+def build_card(data_card: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records).
+
+    Returns:
+        ``{"license": {license[, license_name, license_link]}, "languages", "datasets", "tags", "base_model",
+        "sources": [record + chars/tokens/shares/tokens_seen], "statement": licence_statement(...),
+        "tokens_seen_by_language"}``. Without records every field says so and the mix is not cleared.
+    """
+    data_card = data_card or {}
+    seen = data_card.get("tokens_seen_by_source", {})
+    sources = [{**s, "tokens_seen": seen.get(s["name"])} for s in data_card.get("sources", [])]
+    if sources:
+        statement = licence_statement(sources)
+        lic = hf_license(sources)
+    else:
+        statement = {
+            "class": "unknown",
+            "licenses": [],
+            "share_alike": [],
+            "non_commercial": [],
+            "attribution": [],
+            "unknown_included": [],
+            "cleared": False,
+            "text": "The training data has no source records (shards made before prodip recorded them): its "
+            "licences are unknown and the mix is NOT cleared.",
+        }
+        lic = {
+            "license": "other",
+            "license_name": "unrecorded-training-data",
+            "license_link": "README.md#data-statement",
+        }
+    languages = sorted({s["language"] for s in sources} | set(data_card.get("tokens_seen_by_language", {})))
+    init = data_card.get("init_from")
+    return {
+        "license": lic,
+        "languages": languages,
+        "datasets": sorted({s["dataset_id"] for s in sources if s.get("dataset_id")}),
+        "tags": ["prodip", "llama", *(["licence-not-cleared"] if not statement["cleared"] else [])],
+        "base_model": init["source"] if init else None,
+        "sources": sources,
+        "statement": statement,
+        "tokens_seen_by_language": data_card.get("tokens_seen_by_language", {}),
+    }
+
+
+def _front_matter(card: dict[str, Any]):
+    from huggingface_hub import ModelCardData  # noqa: PLC0415 (train extra)
+
+    base = card["base_model"]
+    return ModelCardData(
+        **card["license"],
+        language=card["languages"] or None,
+        datasets=card["datasets"] or None,
+        base_model=base,
+        pipeline_tag=PIPELINE_TAG,
+        library_name=LIBRARY_NAME,
+        tags=card["tags"],
+    )
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
+
+
+def data_statement(card: dict[str, Any]) -> str:
+    """The README's ``## Data statement`` section (markdown)."""
+    lines = ["## Data statement", "", card["statement"]["text"], ""]
+    if card["sources"]:
+        lines += [
+            "| source | language (variety) | origin | licence | characters | tokens | share of language "
+            "(chars / tokens) | tokens seen in training |",
+            "|---|---|---|---|---:|---:|---:|---:|",
+        ]
+        for s in card["sources"]:
+            lic = f"`{s['license']}`" + (f" ({UNKNOWN_INCLUDED})" if s.get("included_by_choice") else "")
+            if s["license"] == "other":
+                lic = f"[{s['license_name']}]({s['license_link']})"
+            variety = f" ({s['variety']})" if s.get("variety") else ""
+            seen = f"{s['tokens_seen']:,}" if isinstance(s.get("tokens_seen"), int) else "–"
+            lines.append(
+                f"| {s['name']} | {s['language']}{variety} | {s.get('origin') or '–'} | {lic} | "
+                f"{s.get('chars', 0):,} | {s.get('tokens', 0):,} | {_pct(s.get('chars_share_of_language'))} / "
+                f"{_pct(s.get('tokens_share_of_language'))} | {seen} |"
+            )
+        lines.append("")
+        gaps = [f"- {s['name']}: {s['notes']}" for s in card["sources"] if s.get("notes")]
+        if gaps:
+            lines += ["Notes and known gaps:", "", *gaps, ""]
+    if card["statement"]["unknown_included"]:
+        lines += [
+            f"**Not fully cleared:** {', '.join(card['statement']['unknown_included'])}: {UNKNOWN_INCLUDED}.",
+            "",
+        ]
+    seen = card["tokens_seen_by_language"]
+    if seen:
+        lines += ["Tokens seen in training per language: " + ", ".join(f"{k} {v:,}" for k, v in seen.items()), ""]
+    if card["base_model"]:
+        lines += [f"Fine-tuned from: `{card['base_model']}` (its own card states its data).", ""]
+    return "\n".join(lines)
+
+
+def render_readme(card: dict[str, Any], quality: str = "") -> str:
+    """The whole ``README.md``: front matter, title, data statement, then ``quality`` (markdown, may be empty)."""
+    from huggingface_hub import ModelCard  # noqa: PLC0415 (train extra)
+
+    body = [
+        "# prodip model",
+        "",
+        "A small Llama-architecture language model trained and exported by prodip: `model.safetensors` "
+        "(transformers), `onnx/` (ONNX Runtime, onnxruntime-genai, transformers.js), and any `gguf/` (llama.cpp) "
+        "and `executorch/` (ExecuTorch) files listed in `manifest.json`.",
+        "",
+        data_statement(card),
+        quality
+        or "## Quality\n\nNot measured yet: `prodip conformance` writes the per-variant, per-language quality card here.\n",
+    ]
+    text = f"---\n{_front_matter(card).to_yaml()}\n---\n\n" + "\n".join(body)
+    ModelCard(text)  # parse it back now: a card huggingface_hub cannot load is never written
+    return text
+
+
+def onnx_props(card: dict[str, Any]) -> dict[str, str]:
+    """``metadata_props`` for every ``.onnx`` file (string values; ONNX metadata is ``str -> str``)."""
+    lic = card["license"]
+    return {
+        "license": lic["license"],
+        "license_name": lic.get("license_name", ""),
+        "license_link": lic.get("license_link", ""),
+        "languages": ",".join(card["languages"]),
+        "datasets": ",".join(card["datasets"]),
+        "tags": ",".join(card["tags"]),
+        "sources": json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True),
+    }
+
+
+def source_summary(card: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per source the fields every binary artifact carries: name, language, licence, included by choice."""
+    return [
+        {
+            "name": s["name"],
+            "language": s["language"],
+            "license": s["license"],
+            "included_by_choice": bool(s.get("included_by_choice")),
+        }
+        for s in card["sources"]
+    ]
+
+
+def add_gguf_metadata(writer: Any, card: dict[str, Any]) -> None:
+    """Write the card's keys into a ``gguf.GGUFWriter`` before its header is written (gguf-py's names)."""
+    lic = card["license"]
+    writer.add_license(lic["license"])
+    if lic.get("license_name"):
+        writer.add_license_name(lic["license_name"])
+    if lic.get("license_link"):
+        writer.add_license_link(lic["license_link"])
+    if card["languages"]:
+        writer.add_languages(card["languages"])
+    writer.add_tags(card["tags"])
+    writer.add_dataset_count(len(card["sources"]))
+    for i, s in enumerate(card["sources"]):  # llama.cpp's metadata.py: one general.dataset.{i}.* per dataset
+        writer.add_dataset_name(s["name"], i)
+        if s.get("origin"):
+            writer.add_dataset_repo_url(s["origin"], i)
+    writer.add_string("prodip.sources", json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True))
+
+
+def set_onnx_metadata(path: Path, card: dict[str, Any]) -> None:
+    """Put :func:`onnx_props` into ``path``'s ``metadata_props`` (graph, weights location untouched)."""
+    import onnx  # noqa: PLC0415
+
+    model = onnx.load(str(path), load_external_data=False)
+    props = onnx_props(card)
+    kept = [p for p in model.metadata_props if p.key not in props]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in props.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+
+
+def write_card(root: Path, card: dict[str, Any]) -> None:
+    """Write ``README.md``, every ``.onnx`` file's metadata and the ``.pte`` sidecar into export ``root``.
+
+    GGUF files get theirs when written (:func:`add_gguf_metadata`)."""
+    (root / README_FILE).write_text(render_readme(card), encoding="utf-8")
+    for path in sorted(root.rglob("*.onnx")):
+        set_onnx_metadata(path, card)
+    if any(root.rglob("*.pte")):
+        (root / PTE_CARD_FILE).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
