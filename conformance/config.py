@@ -67,7 +67,15 @@ class ConformanceConfig:
         factory=lambda: ["onnxruntime-genai", "transformers.js"],
     )
     runtime_tokens: int = opt(16, "new tokens each runtime decodes greedily per prompt (tokens)")
-    write_manifest: bool = opt(True, "record the verdict in the export's manifest.json conformance slot")
+    write_manifest: bool = opt(
+        True,
+        "record the verdict in the export's manifest.json conformance slot and the quality card in its README.md",
+    )
+    eval_json: Optional[str] = opt(
+        None,
+        "eval.json of `prodip eval` on the same checkpoint: the card's trained-vs-random-twin table (absent: "
+        "the card says so)",
+    )
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.runtimes if r not in ("onnxruntime-genai", "transformers.js")]

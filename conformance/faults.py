@@ -320,6 +320,39 @@ def plant_pte_max_seq_len(src: Path, dst: Path, variant: str = "pte-fp32", facto
     return dst
 
 
+def plant_card_licence_dropped(src: Path, dst: Path, rel: str = BY_NAME["fp16"].path) -> Path:
+    """One ONNX file's ``metadata_props`` without its ``license`` (an exporter that forgot one artifact)."""
+    dst = copy_export(src, dst)
+    model = onnx.load(str(dst / rel), load_external_data=False)
+    kept = [p for p in model.metadata_props if p.key != "license"]
+    if len(kept) == len(model.metadata_props):
+        raise InvalidInput(f"{dst / rel}: carries no license metadata to drop (an export made before model cards)")
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    onnx.save(model, str(dst / rel))
+    refresh_manifest(dst)
+    return dst
+
+
+def plant_card_figure_edited(src: Path, dst: Path) -> Path:
+    """README.md's quality card with one figure made better than measured (the first bits/char, -0.5)
+    while the manifest keeps the measured figures. Needs an export conformance has written a card into."""
+    import re  # noqa: PLC0415
+
+    dst = copy_export(src, dst)
+    path = dst / "README.md"
+    text = path.read_text(encoding="utf-8")
+    head, sep, quality = text.partition("\n## Quality\n")
+    row = re.search(r"^\| [^|]+ \| [^|]+ \| (\d+\.\d{4}) \|", quality, flags=re.M)
+    if not sep or row is None:
+        raise InvalidInput(f"{path}: no quality card figures (run `prodip conformance` on the export first)")
+    better = f"{float(row.group(1)) - 0.5:.4f}"
+    quality = quality[: row.start(1)] + better + quality[row.end(1) :]
+    path.write_text(head + sep + quality, encoding="utf-8")
+    refresh_manifest(dst)  # the manifest's card_quality keeps the measured figures
+    return dst
+
+
 FAULTS = {
     "rope_interleaved": plant_rope_interleaved,
     "static_seq": plant_static_seq,
@@ -333,6 +366,8 @@ FAULTS = {
     "gguf_rope_theta": plant_gguf_rope_theta,
     "gguf_unpermuted_qk": plant_gguf_unpermuted_qk,
     "pte_max_seq_len": plant_pte_max_seq_len,
+    "card_licence_dropped": plant_card_licence_dropped,
+    "card_figure_edited": plant_card_figure_edited,
 }
 
 

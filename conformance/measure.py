@@ -123,6 +123,10 @@ def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: 
                 "ppl_ref": ppl_r,
                 "ppl": ppl_c,
                 "ppl_rel_delta": ppl_c / ppl_r - 1.0,
+                # this language's positions alone: the quality card's per-language KL and top-1
+                "kl_mean": s["kl_mean"],
+                "kl_p999": s["kl_p999"],
+                "top1": s["top1"],
             }
     out.update(acc.result())
     out["by_input"] = by_input

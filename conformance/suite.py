@@ -32,7 +32,7 @@ from prodip.base.manifest import (
     tool_versions,
     verify_files,
 )
-from prodip.conformance import device_runners, measure, runners
+from prodip.conformance import card, device_runners, measure, runners
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.inputs import PROMPTS, build_inputs
@@ -204,6 +204,13 @@ def global_metrics(
         out["manifest_files_ok"] = True
     except (ValueError, FileNotFoundError) as err:
         out["manifest_files_ok"], out["manifest_files_error"] = False, str(err)
+    try:  # the model card's licence and source fields in every artifact, and its quality figures
+        problems = card.card_problems(export_dir, manifest)
+    except Exception as err:  # an unreadable artifact fails the check, it does not crash the suite
+        problems = [f"{type(err).__name__}: {str(err).strip()[:400]}"]
+    out["card_ok"] = not problems
+    if problems:
+        out["card_problems"] = problems
     tok_path = export_dir / "tokenizer.json"
     if not tok_path.is_file():
         out.update(
@@ -513,6 +520,29 @@ def _remove_previous_report(out: Path) -> None:
             (out / name).unlink()
 
 
+def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[str, Any]:
+    """Write the quality card into the export's README.md from this report (figures measured once).
+
+    Rows of variants this run did not check are kept from the manifest's previous card when it was
+    measured on the same export files (as :func:`merge_verdict` keeps their verdicts)."""
+    export_dir = Path(cfg.export_dir)
+    manifest = read_manifest(export_dir)
+    eval_report = None
+    if cfg.eval_json and Path(cfg.eval_json).is_file():
+        eval_report = json.loads(Path(cfg.eval_json).read_text(encoding="utf-8"))
+    elif cfg.eval_json:
+        logger.warning("conformance: %s not found; the card has no random-twin comparison", cfg.eval_json)
+    quality = card.quality_rows(report, manifest, eval_report)
+    quality["export_files_sha256"] = report["export_files_sha256"]
+    previous = manifest.get("card_quality") or {}
+    if previous.get("export_files_sha256") == report["export_files_sha256"]:
+        checked = {r["variant"] for r in quality["rows"]}
+        quality["rows"] = [r for r in previous.get("rows", []) if r["variant"] not in checked] + quality["rows"]
+        quality["twin"] = quality["twin"] or previous.get("twin", [])
+    card.write_quality(export_dir, quality)
+    return quality
+
+
 def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     """Check an export, write ``report.json`` + ``report.md`` and the manifest verdict.
 
@@ -537,6 +567,8 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         )
     _remove_previous_report(out)
     report = evaluate(cfg)
+    if cfg.write_manifest and report["global"]["metrics"].get("card_ok"):
+        report["card_quality"] = _write_quality_card(cfg, report)
     paths = write_report(report, out, cfg)
     report["report_json"] = str(paths["json"])
     if cfg.write_manifest:

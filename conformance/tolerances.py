@@ -9,7 +9,7 @@ leaving it out, and ``[global]`` (the export-wide structural checks) is always r
 
 Required checks per table (the set the shipped ``conformance/tolerances.toml`` gates):
 
-* ``[global]``: tokenizer_mismatches, tokenizer_sha256_match, manifest_files_ok, config_matches;
+* ``[global]``: tokenizer_mismatches, tokenizer_sha256_match, manifest_files_ok, config_matches, card_ok;
 * exact candidates (``[safetensors]``, ``[transformers]``, ``[fp32]``): max_abs_logit,
   greedy_identical, kv_cache_max_abs, padded_batch_max_abs, bpc_delta_max;
 * reduced precision (``[fp16]``, ``[int8]``, ``[int4]``, ``[safetensors_bfloat16]`` ...): top1,
@@ -49,6 +49,7 @@ GLOBAL_METRICS = {
     "tokenizer_sha256_match": "true",
     "manifest_files_ok": "true",
     "config_matches": "true",
+    "card_ok": "true",  # the model card's fields read back from every artifact == the manifest's (conformance.card)
 }
 CANDIDATE_METRICS = {
     "max_abs_logit": "max",

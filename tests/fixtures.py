@@ -230,8 +230,76 @@ def build_shards(out: Path, tokenizer_dir: Path) -> Path:
     return out
 
 
+#: A checkpoint's ``data_card`` as the trainer records it (``prodip.train.trainer._Run._data_card``): two
+#: recorded sources (one with a Hugging Face dataset id, one share-alike) and one unknown licence
+#: included by choice, so the conformance set's card carries every kind of statement.
+DATA_CARD = {
+    "sources": [
+        {
+            "name": "bn-news",
+            "language": "bn",
+            "variety": "news Bangla",
+            "origin": "https://example.org/bn-news",
+            "license": "CC-BY-SA-4.0",
+            "license_name": "",
+            "license_link": "",
+            "dataset_id": "example/bn-news",
+            "notes": "",
+            "license_class": "share-alike",
+            "included_by_choice": False,
+            "documents": 4,
+            "chars": 600,
+            "tokens": 300,
+            "chars_share_of_language": 0.75,
+            "tokens_share_of_language": 0.75,
+        },
+        {
+            "name": "bluck_bn_mcq.jsonl",
+            "language": "bn",
+            "variety": "",
+            "origin": "",
+            "license": "unknown",
+            "license_name": "",
+            "license_link": "",
+            "dataset_id": "",
+            "notes": "",
+            "license_class": "unknown",
+            "included_by_choice": True,
+            "documents": 2,
+            "chars": 200,
+            "tokens": 100,
+            "chars_share_of_language": 0.25,
+            "tokens_share_of_language": 0.25,
+        },
+        {
+            "name": "en-novels",
+            "language": "en",
+            "variety": "",
+            "origin": "GITenberg/Frankenstein_84@c98a483",
+            "license": "LicenseRef-PublicDomain",
+            "license_name": "",
+            "license_link": "",
+            "dataset_id": "",
+            "notes": "Project Gutenberg header removed",
+            "license_class": "public-domain",
+            "included_by_choice": False,
+            "documents": 4,
+            "chars": 700,
+            "tokens": 200,
+            "chars_share_of_language": 1.0,
+            "tokens_share_of_language": 1.0,
+        },
+    ],
+    "tokens_seen_by_language": {"bn": 4000, "en": 2000},
+    "tokens_seen_by_source": {"bn-news": 3000, "bluck_bn_mcq.jsonl": 1000, "en-novels": 2000},
+    "tokens_seen_by_source_method": "language counter x the source's share of the language's shard tokens",
+    "init_from": None,
+}
+
+
 def build_checkpoint(run_dir: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
-    """A 2-layer hidden-48 GQA model with a sharp random init, saved as a prodip checkpoint."""
+    """A 2-layer hidden-48 GQA model with a sharp random init, saved as a prodip checkpoint (with
+    :data:`DATA_CARD` as its trainer's record of the data)."""
     from prodip.train.checkpoint import save_checkpoint
     from prodip.train.config import ModelConfig
     from prodip.train.model import LlamaForCausalLM
@@ -252,7 +320,12 @@ def build_checkpoint(run_dir: Path, tokenizer_dir: Path, seed: int = 0, **overri
     model = LlamaForCausalLM(config)
     model.reset_parameters(seed=seed)
     return save_checkpoint(
-        run_dir / "checkpoints", step=1, model=model, model_config=config, tokenizer_dir=tokenizer_dir
+        run_dir / "checkpoints",
+        step=1,
+        model=model,
+        model_config=config,
+        tokenizer_dir=tokenizer_dir,
+        extra_state={"data_card": DATA_CARD},
     )
 
 
@@ -373,3 +446,15 @@ def tiny_config(**overrides) -> ModelConfig:
     )
     kw.update(overrides)
     return ModelConfig(**kw)
+
+
+def write_sources(folder: Path, records: dict[str, str], license: str = "CC0-1.0") -> Path:
+    """A ``sources.toml`` sidecar in ``folder`` with one record per ``{file or glob: language}``, all under
+    ``license`` (the test's own text): what the licence gate of tokenizer train / data prepare asks for."""
+    text = "".join(
+        f'[[source]]\nname = "test-{i}"\nfiles = ["{pattern}"]\nlanguage = "{lang}"\nlicense = "{license}"\n\n'
+        for i, (pattern, lang) in enumerate(records.items())
+    )
+    path = Path(folder) / "sources.toml"
+    path.write_text(text, encoding="utf-8")
+    return path

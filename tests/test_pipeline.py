@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from prodip.tokenizer.corpus import expand_inputs, iter_language
+from tests.fixtures import write_sources
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,6 +106,7 @@ def tiny_run(tmp_path_factory):
     corpus.mkdir()
     _cut_corpus(corpus, "bn", 250_000, 30_000)
     _cut_corpus(corpus, "en", 250_000, 30_000)
+    write_sources(corpus, {"bn_*.txt": "bn", "en_*.txt": "en"}, license="LicenseRef-PublicDomain")  # data/'s texts
     config = root / "tiny.toml"
     config.write_text(TINY_TOML.format(out=root / "run", corpus=corpus, repo=REPO), encoding="utf-8")
     proc = _prodip("run", str(config))
@@ -132,6 +134,7 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
             tokens = read_shard(shard_paths(run / "shards", lang, split)[0])
             assert tokens.size > 0 and int(tokens.max()) < meta["vocab_size"]
 
+    assert {s["name"]: s["language"] for s in meta["sources"]} == {"test-0": "bn", "test-1": "en"}
     model, cfg, info = load_model(run / "train")  # verifies the checkpoint's sha256 manifest
     assert info["step"] == 30 and cfg.hidden_size == 64
     assert (run / "train" / "loss.png").stat().st_size > 1000
@@ -147,6 +150,10 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
     assert manifest["source_checkpoint"]["model_sha256"] == info["model_sha256"]
     assert {"fp32", "fp16", "int8", "int4"} <= set(manifest["variants"])
     assert manifest["conformance"]["passed"] is True
+    card = (run / "export" / "README.md").read_text(encoding="utf-8")  # the model card, with its quality card
+    assert "| test-0 | bn | – | `LicenseRef-PublicDomain` |" in card and "| int4 | bn |" in card
+    bn = ev["languages"]["bn"]
+    assert f"| bn | {bn['trained']['nll_nats_per_token']:.4f} | {bn['trained']['bits_per_char']:.4f} |" in card
 
     report = json.loads(
         (run / "export" / "conformance" / "report.json").read_text()

@@ -81,6 +81,7 @@ def stage_defaults(out_dir: str | os.PathLike, *, chat: bool = False) -> dict[st
             "checkpoint": final,
             "out": p["conformance"],
             "shards_dir": p["shards"],
+            "eval_json": p["eval"],
         },
         "serve": {"export_dir": p["export"]},
     }

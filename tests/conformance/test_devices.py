@@ -144,3 +144,31 @@ def test_readme_executorch_snippet_runs(device_set, tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
     assert b"Generated" in run.stdout + run.stderr  # the runner's statistics: it decoded tokens
+
+
+def test_gguf_and_pte_carry_the_card(device_set, tmp_path):
+    """general.license / languages / datasets / tags read back with gguf-py's GGUFReader (llama.cpp's quantizer
+    keeps them in gguf-q4_k_m); the .pte sidecar is the manifest's card; a sidecar without its licence fails."""
+    import gguf
+
+    from prodip.conformance.card import card_problems
+    from prodip.conformance.faults import copy_export, refresh_manifest
+
+    export = device_set["export"]
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert card_problems(export) == []
+    for name in (v for v in GGUF if v in manifest["variants"]):
+        fields = gguf.GGUFReader(str(export / manifest["variants"][name]["path"])).fields
+        assert fields["general.license"].contents() == "other", name
+        assert fields["general.license.name"].contents() == "prodip-data-mix", name
+        assert fields["general.languages"].contents() == ["bn", "en"], name
+        assert fields["general.dataset.count"].contents() == 3, name
+        assert fields["general.dataset.1.name"].contents() == "bluck_bn_mcq.jsonl", name
+        assert "licence-not-cleared" in fields["general.tags"].contents(), name
+    side = json.loads((export / "executorch" / "model_card.json").read_text())
+    assert side == manifest["card"]
+    bad = copy_export(export, tmp_path / "bad")
+    side["license"] = {}
+    (bad / "executorch" / "model_card.json").write_text(json.dumps(side))
+    refresh_manifest(bad)
+    assert card_problems(bad) == ["executorch/model_card.json: differs from the manifest's card"]

@@ -1,0 +1,313 @@
+"""Conformance of the model card (issue 24): every artifact's licence and source fields read back, and the
+quality card written from the conformance report and checked against it.
+
+Read back, each with the library its users have, and compared with ``manifest.json``'s ``card``:
+
+- ``README.md``: front matter through ``huggingface_hub.ModelCard.load`` (``license``, ``license_name``,
+  ``license_link``, ``language``, ``datasets``, ``base_model``, ``pipeline_tag``, ``library_name``, ``tags``),
+  and the body: the data statement as ``prodip.export.card`` renders it from the manifest, and the quality
+  section as :func:`render_quality` renders it from the manifest's ``card_quality`` rows;
+- each GGUF file through ``gguf.GGUFReader``: ``general.license``, ``.license.name``, ``.license.link``,
+  ``general.languages``, ``general.tags``, ``general.dataset.count`` / ``general.dataset.{i}.name``,
+  ``prodip.sources``;
+- each ``.onnx`` file's ``metadata_props`` (``onnx.load(..., load_external_data=False)``);
+- ``executorch/model_card.json`` beside the ``.pte`` files.
+
+The quality card (:func:`quality_rows`) takes its numbers from the report: per variant and held-out language,
+bits/char and its change against the training model, mean and 99.9th-percentile KL(reference || variant)
+over the held-out positions, top-1 agreement, greedy agreement, size on disk and the runtimes that ran it
+(llama.cpp's ``llama-perplexity --kl-divergence`` defines "Mean KLD", "99.9% KLD" and "Same top p" the same
+way: KL of the base model's token distribution to the quantised one's, per position, in nats), plus the
+trained model against its random twin from ``eval.json``.
+
+    python -m prodip.conformance.card runs/demo/export     # print the problems (none: exit 0)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from prodip.base.errors import InvalidInput
+from prodip.base.files import file_sha256
+from prodip.base.manifest import read_manifest
+from prodip.export.card import (
+    LIBRARY_NAME,
+    PIPELINE_TAG,
+    PTE_CARD_FILE,
+    README_FILE,
+    data_statement,
+    onnx_props,
+    render_readme,
+    source_summary,
+)
+
+QUALITY_HEADING = "## Quality"
+
+
+def _front_matter_expected(card: dict[str, Any]) -> dict[str, Any]:
+    lic = card["license"]
+    return {
+        "license": lic["license"],
+        "license_name": lic.get("license_name"),
+        "license_link": lic.get("license_link"),
+        "language": card["languages"] or None,
+        "datasets": card["datasets"] or None,
+        "base_model": card["base_model"],
+        "pipeline_tag": PIPELINE_TAG,
+        "library_name": LIBRARY_NAME,
+        "tags": card["tags"],
+    }
+
+
+def _readme_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
+    from huggingface_hub import ModelCard  # noqa: PLC0415
+
+    card = manifest["card"]
+    path = root / README_FILE
+    if not path.is_file():
+        return [f"{README_FILE}: missing"]
+    try:
+        loaded = ModelCard.load(path)
+    except Exception as err:  # a card the Hub's parser refuses is a failed check, named
+        return [f"{README_FILE}: huggingface_hub.ModelCard cannot load it ({type(err).__name__}: {err})"]
+    data = loaded.data.to_dict()
+    problems = [
+        f"{README_FILE}: front matter {key} = {data.get(key)!r}, manifest says {want!r}"
+        for key, want in _front_matter_expected(card).items()
+        if data.get(key) != want
+    ]
+    if data_statement(card) not in loaded.text:
+        problems.append(f"{README_FILE}: the data statement differs from the one the manifest's card gives")
+    for s in card["sources"]:
+        if s.get("included_by_choice") and f"`{s['license']}` (licence unknown, included by choice)" not in loaded.text:
+            problems.append(f"{README_FILE}: source {s['name']} is not named as licence unknown, included by choice")
+    quality = manifest.get("card_quality")
+    if quality is not None and render_quality(quality) not in loaded.text:
+        problems.append(f"{README_FILE}: the quality card differs from the figures conformance measured")
+    return problems
+
+
+def _gguf_problems(path: Path, rel: str, card: dict[str, Any]) -> list[str]:
+    from gguf import GGUFReader  # noqa: PLC0415 (runtimes extra; the GGUF candidate needs it anyway)
+
+    fields = GGUFReader(str(path)).fields
+    lic = card["license"]
+    want: dict[str, Any] = {
+        "general.license": lic["license"],
+        "general.license.name": lic.get("license_name"),
+        "general.license.link": lic.get("license_link"),
+        "general.languages": card["languages"] or None,
+        "general.tags": card["tags"],
+        "general.dataset.count": len(card["sources"]),
+        "prodip.sources": json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True),
+    }
+    for i, s in enumerate(card["sources"]):
+        want[f"general.dataset.{i}.name"] = s["name"]
+    problems = []
+    for key, value in want.items():
+        got = fields[key].contents() if key in fields else None
+        if got != value:
+            problems.append(f"{rel}: {key} = {got!r}, manifest says {value!r}")
+    return problems
+
+
+def _onnx_problems(path: Path, rel: str, card: dict[str, Any]) -> list[str]:
+    import onnx  # noqa: PLC0415
+
+    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return [
+        f"{rel}: metadata_props[{key!r}] = {props.get(key)!r}, manifest says {value!r}"
+        for key, value in onnx_props(card).items()
+        if props.get(key) != value
+    ]
+
+
+def card_problems(export_dir: str | Path, manifest: Optional[dict[str, Any]] = None) -> list[str]:
+    """Every way the export's artifacts disagree with its manifest's card (empty: they all agree).
+
+    Raises:
+        FileNotFoundError / ValueError: no readable manifest.
+    """
+    root = Path(export_dir)
+    manifest = manifest or read_manifest(root)
+    card = manifest.get("card")
+    if not card:
+        return ["manifest.json: no card (an export made before prodip recorded licences: re-export it)"]
+    problems = _readme_problems(root, manifest)
+    for v in manifest["variants"].values():
+        path = root / v["path"]
+        if not path.is_file():
+            continue  # manifest_files_ok names a missing file
+        if v["format"] == "gguf":
+            problems += _gguf_problems(path, v["path"], card)
+    for path in sorted(root.rglob("*.onnx")):
+        problems += _onnx_problems(path, path.relative_to(root).as_posix(), card)
+    if any(v["format"] == "pte" for v in manifest["variants"].values()):
+        side = root / PTE_CARD_FILE
+        if not side.is_file():
+            problems.append(f"{PTE_CARD_FILE}: missing beside the .pte files")
+        elif json.loads(side.read_text(encoding="utf-8")) != card:
+            problems.append(f"{PTE_CARD_FILE}: differs from the manifest's card")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ quality card
+
+
+_RUNNERS = {
+    "onnx": "ONNX Runtime",
+    "gguf": "llama.cpp",
+    "pte": "ExecuTorch",
+    "prodip": "PyTorch (prodip)",
+    "transformers": "transformers",
+}
+
+
+def _runtimes_proven(entries: list[dict[str, Any]]) -> list[str]:
+    """The runtimes that ran a variant and passed: each candidate's own runner (ONNX Runtime, llama.cpp,
+    ExecuTorch, prodip's PyTorch model, transformers) whose checks all passed, plus each on-device runtime
+    (onnxruntime-genai, transformers.js) whose greedy ids matched ONNX Runtime's."""
+    out = []
+    for entry in entries:
+        if entry.get("passed"):
+            out.append(_RUNNERS.get(entry["kind"], entry["kind"]))
+        for name, res in (entry.get("runtimes") or {}).get("runtimes", {}).items():
+            if res.get("ids_identical"):
+                out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def quality_rows(report: dict[str, Any], manifest: dict[str, Any], eval_report: Optional[dict] = None) -> dict:
+    """The quality card's figures, from one conformance report (and ``eval.json``), written once.
+
+    Returns:
+        ``{"report_sha256", "rows": [{variant, language, bpc, bpc_ref, bpc_delta, kl_mean, kl_p999, top1,
+        greedy_agreement, bytes, runtimes}], "twin": [{language, nll_token, bpc, random_nll_token,
+        random_bpc}]}``; ``greedy_agreement`` is the mean share of the ``greedy_tokens`` new tokens identical
+        to the training model's before the first difference, over the prompts; ``bytes`` the variant's files
+        on disk (``manifest.json``).
+    """
+    files = manifest["files"]
+    rows = []
+    for name, entry in report["candidates"].items():
+        if name != entry["variant"]:  # e.g. a second program of the same weights: the variant's own row only
+            continue
+        v = manifest["variants"][name]
+        size = sum(files[r]["bytes"] for r in [v["path"], *v.get("external_data", [])] if r in files)
+        m = entry["metrics"]
+        n = m.get("greedy_tokens") or 0
+        prefix = m.get("greedy_prefix") or []
+        greedy = sum(prefix) / (len(prefix) * n) if prefix and n else None
+        for lang, h in sorted((m.get("heldout") or {}).items()):
+            rows.append(
+                {
+                    "variant": name,
+                    "language": lang,
+                    "bpc": h["bpc"],
+                    "bpc_ref": h["bpc_ref"],
+                    "bpc_delta": h["bpc_delta"],
+                    "kl_mean": h.get("kl_mean"),
+                    "kl_p999": h.get("kl_p999"),
+                    "top1": h.get("top1"),
+                    "greedy_agreement": greedy,
+                    "bytes": size,
+                    "runtimes": _runtimes_proven([e for e in report["candidates"].values() if e["variant"] == name]),
+                }
+            )
+    twin = []
+    for lang, e in sorted(((eval_report or {}).get("languages") or {}).items()):
+        model, rand = e["trained"], e["random_init"]  # eval.json (prodip.train.eval.run_eval)
+        twin.append(
+            {
+                "language": lang,
+                "nll_token": model["nll_nats_per_token"],
+                "bpc": model["bits_per_char"],
+                "random_nll_token": rand["nll_nats_per_token"],
+                "random_bpc": rand["bits_per_char"],
+            }
+        )
+    return {"rows": rows, "twin": twin}
+
+
+def _f(x: Any, spec: str) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, spec)
+
+
+def render_quality(quality: dict[str, Any]) -> str:
+    """The README's ``## Quality`` section from :func:`quality_rows`' figures (markdown)."""
+    lines = [
+        QUALITY_HEADING,
+        "",
+        "Measured by `prodip conformance` on held-out text (the shards' validation split), each variant in its "
+        "runtime against the training model in PyTorch. KL is KL(training model ‖ variant) per position in nats, "
+        "its mean and 99.9th percentile; top-1 is the share of positions where both pick the same most likely "
+        "token (llama.cpp's `llama-perplexity --kl-divergence`: Mean KLD, 99.9% KLD, Same top p). Greedy is the "
+        "share of greedily decoded tokens identical to the training model's before the first difference.",
+        "",
+        "| variant | language | bits/char | Δ vs training model | mean KL | 99.9% KL | top-1 | greedy | size (MiB) "
+        "| runtimes proven |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in quality["rows"]:
+        lines.append(
+            f"| {r['variant']} | {r['language']} | {_f(r['bpc'], '.4f')} | {_f(r['bpc_delta'], '+.4f')} | "
+            f"{_f(r['kl_mean'], '.2e')} | {_f(r['kl_p999'], '.2e')} | {_f(r['top1'], '.4f')} | "
+            f"{_f(r['greedy_agreement'], '.3f')} | {r['bytes'] / 2**20:.2f} | {', '.join(r['runtimes']) or 'none'} |"
+        )
+    lines.append("")
+    if quality["twin"]:
+        lines += [
+            "Trained model against its random-initialised twin (`prodip eval`, eval.json):",
+            "",
+            "| language | NLL/token (nats) | bits/char | random twin NLL/token | random twin bits/char |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for t in quality["twin"]:
+            lines.append(
+                f"| {t['language']} | {_f(t['nll_token'], '.4f')} | {_f(t['bpc'], '.4f')} | "
+                f"{_f(t['random_nll_token'], '.4f')} | {_f(t['random_bpc'], '.4f')} |"
+            )
+        lines.append("")
+    else:
+        lines += ["No eval.json was given to conformance: the random-twin comparison is not in this card.", ""]
+    return "\n".join(lines)
+
+
+def write_quality(export_dir: Path, quality: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite ``README.md`` with the quality card, record the figures in the manifest (``card_quality``)
+    and the card's new hash in ``files``. Returns the updated manifest.
+
+    Raises:
+        InvalidInput: the export has no card (made before prodip recorded one).
+    """
+    from prodip.base.manifest import _write_json_atomic  # noqa: PLC0415 (the manifest's one writer)
+
+    root = Path(export_dir)
+    manifest = read_manifest(root)
+    if not manifest.get("card"):
+        raise InvalidInput(f"{root / 'manifest.json'}: no card to write the quality figures into (re-export)")
+    path = root / README_FILE
+    text = render_readme(manifest["card"], render_quality(quality))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    manifest["card_quality"] = quality
+    manifest["files"][README_FILE] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    _write_json_atomic(root / "manifest.json", manifest)
+    return manifest
+
+
+def _main(argv: list[str]) -> int:
+    problems = card_problems(argv[0])
+    print("\n".join(problems) or "card: every artifact agrees with manifest.json")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
