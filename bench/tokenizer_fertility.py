@@ -51,6 +51,7 @@ PRESETS = {
             },
             "vocab_size": 32000,
             "proportions": {"bn": 0.5, "en": 0.5},
+            "sources": [str(REPO / "bench" / "shared_sources.toml")],  # their licence records (the gate)
         },
         "heldout": {"Tatoeba + UDHR": TATOEBA_UDHR},
     },

@@ -30,8 +30,6 @@ README_FILE = "README.md"
 PTE_CARD_FILE = "executorch/model_card.json"
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
-#: ONNX ``metadata_props`` keys (strings; lists joined by ``,``, the sources as JSON).
-ONNX_KEYS = ("license", "license_name", "license_link", "languages", "datasets", "tags", "sources")
 
 
 def build_card(data_card: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -195,9 +193,9 @@ def add_gguf_metadata(writer: Any, card: dict[str, Any]) -> None:
     writer.add_tags(card["tags"])
     writer.add_dataset_count(len(card["sources"]))
     for i, s in enumerate(card["sources"]):  # llama.cpp's metadata.py: one general.dataset.{i}.* per dataset
-        writer.add_dataset_name(s["name"], i)
+        writer.add_dataset_name(i, s["name"])
         if s.get("origin"):
-            writer.add_dataset_repo_url(s["origin"], i)
+            writer.add_dataset_repo_url(i, s["origin"])
     writer.add_string("prodip.sources", json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True))
 
 

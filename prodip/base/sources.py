@@ -116,6 +116,7 @@ class SourceRecord:
         """The JSON-able fields every artifact carries (no file paths: they are the builder's)."""
         out = {k: getattr(self, k) for k in _KEYS if k != "files"}
         out["license_class"] = license_class(self.license)
+        out["license_terms"] = license_terms(self.license)
         out["included_by_choice"] = self.included_by_choice
         return out
 
@@ -182,6 +183,41 @@ def license_class(expr: str) -> str:
     return CLASSES[rank(parse_license(expr, "license"))]
 
 
+def license_terms(expr: str) -> list[str]:
+    """The terms a licence imposes beyond attribution: ``share-alike``, ``non-commercial`` (sorted).
+
+    A non-commercial share-alike licence (CC-BY-NC-SA-4.0) has both. ``A AND B`` carries either's terms,
+    ``A OR B`` only the terms both carry; ``other`` is taken to carry both (prodip cannot read its terms).
+    """
+    if expr == UNKNOWN:
+        return []
+    if expr == OTHER:
+        return ["non-commercial", "share-alike"]
+
+    def terms(node) -> set[str]:
+        if isinstance(node, AND):
+            return set().union(*(terms(a) for a in node.args))
+        if isinstance(node, OR):
+            return set.intersection(*(terms(a) for a in node.args))
+        key = getattr(node, "key", str(node))
+        out = set()
+        if "-NC" in key.upper():
+            out.add("non-commercial")
+        if key.startswith(_SHARE_ALIKE_PREFIXES) or "-SA-" in key or key.endswith("-SA"):
+            out.add("share-alike")
+        return out
+
+    return sorted(terms(parse_license(expr, "license")))
+
+
+def _resolve_pattern(base: Path, pattern: str) -> str:
+    """``pattern`` (relative to ``base``) as an absolute path: its folders before the first wildcard resolved
+    (symlinks, ``..``) like the input files it is compared with, the wildcard part kept."""
+    parts = Path(pattern).parts
+    i = next((k for k, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))
+    return str(Path(base, *parts[:i]).resolve().joinpath(*parts[i:]))
+
+
 def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
     missing = [k for k in ("name", "files", "language", "license") if k not in table]
     if missing:
@@ -205,9 +241,7 @@ def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
         parse_license(lic, where)  # validated; kept as written (the library spells some ids its own way)
     return SourceRecord(
         name=name,
-        files=tuple(
-            str(base.resolve() / f) if any(c in f for c in "*?[") else str((base / f).resolve()) for f in files
-        ),
+        files=tuple(_resolve_pattern(base, f) for f in files),
         language=table["language"],
         license=lic,
         **{k: table.get(k, "") for k in ("variety", "origin", "license_name", "license_link", "dataset_id", "notes")},
@@ -314,11 +348,13 @@ def licence_statement(records: list[dict[str, Any]]) -> dict[str, Any]:
         unknown; ``text`` is one paragraph for the cards.
     """
     by = {c: [r["name"] for r in records if r["license_class"] == c] for c in CLASSES}
+    for term in ("share-alike", "non-commercial"):  # an NC-SA source carries both terms, whatever its class
+        by[term] = [r["name"] for r in records if term in r.get("license_terms", [r["license_class"]])]
     worst = max((CLASSES.index(r["license_class"]) for r in records), default=0)
     licenses = sorted({r["license"] for r in records if r["license"] != UNKNOWN})
     parts = [f"Training data licences: {', '.join(licenses) or 'none recorded'}."]
-    if by["attribution"] or by["share-alike"] or by["non-commercial"]:
-        named = by["attribution"] + by["share-alike"] + by["non-commercial"]
+    named = [r["name"] for r in records if r["license_class"] in ("attribution", "share-alike", "non-commercial")]
+    if named:
         parts.append(f"Attribution is required by: {', '.join(named)}.")
     if by["share-alike"]:
         parts.append(f"Share-alike terms apply (from {', '.join(by['share-alike'])}).")
@@ -336,7 +372,7 @@ def licence_statement(records: list[dict[str, Any]]) -> dict[str, Any]:
         "licenses": licenses,
         "share_alike": by["share-alike"],
         "non_commercial": by["non-commercial"],
-        "attribution": by["attribution"],
+        "attribution": named,
         "unknown_included": by["unknown"],
         "cleared": not by["unknown"],
         "text": " ".join(parts),

@@ -18,6 +18,7 @@ from prodip.base.sources import (
     hf_license,
     licence_statement,
     license_class,
+    license_terms,
     match_sources,
     read_records,
     readme_table,
@@ -90,6 +91,15 @@ def test_bundled_inputs_match_their_records():
 )
 def test_license_class(expr, cls):
     assert license_class(expr) == cls
+
+
+def test_non_commercial_share_alike_carries_both_terms_into_the_statement():
+    recs = [{"name": "news", "license": "CC-BY-NC-SA-4.0", "license_class": license_class("CC-BY-NC-SA-4.0")}]
+    recs[0]["license_terms"] = license_terms("CC-BY-NC-SA-4.0")
+    assert recs[0]["license_terms"] == ["non-commercial", "share-alike"]
+    st = licence_statement(recs)
+    assert st["share_alike"] == st["non_commercial"] == ["news"] and st["class"] == "non-commercial"
+    assert license_terms("GPL-3.0-only OR MIT") == [] and license_terms("ODbL-1.0") == ["share-alike"]
 
 
 def test_bad_records_are_refused_by_name(tmp_path):
