@@ -34,13 +34,14 @@ from prodip.base.config import (
     toml_roundtrip,
     write_text_atomic,
 )
-from prodip.base.errors import OutputExists
+from prodip.base.errors import MissingInput, OutputExists
 from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 from prodip.base.stage import Stage
 from prodip.conformance.stage import STAGES as _CONFORMANCE
 from prodip.export.stage import STAGES as _EXPORT
 from prodip.serve.stage import STAGES as _SERVE
 from prodip.summary import print_summary
+from prodip.tokenizer.corpus import expand_inputs
 from prodip.tokenizer.stage import STAGES as _TOKENIZER
 from prodip.train.stage import STAGES as _TRAIN
 
@@ -121,6 +122,35 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
         raise ConfigError(
             f"{source} [train] mixture names language(s) {', '.join(unknown)} that [data] inputs do not have "
             f"({', '.join(sorted(plan['data'].inputs))})"
+        )
+
+
+def check_inputs(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
+    """Every corpus path of every stage to run exists, checked before the first stage starts (a missing
+    [data] input was found only after the tokenizer had trained). Relative paths are read from the
+    current folder, as every prodip command reads them.
+
+    Raises:
+        MissingInput: a path that does not exist, naming the table, key and the current folder.
+        ConfigError: the tokenizer stage without ``[audit] heldout`` (its gate audits on text it never saw).
+    """
+    checks = []
+    if "tokenizer" in wanted:
+        checks.append(("[tokenizer] inputs", plan["tokenizer"].inputs))
+    if "data" in wanted:
+        checks.append(("[data] inputs", plan["data"].inputs))
+    if "tokenizer" in wanted and plan["audit"].heldout:
+        checks.append(("[audit] heldout", plan["audit"].heldout))
+    for what, inputs in checks:
+        try:
+            expand_inputs(inputs, what=f"{source} {what}")
+        except MissingInput as err:
+            raise MissingInput(f"{err} (relative paths are read from the current folder, {Path.cwd()})") from None
+    if "tokenizer" in wanted and not plan["audit"].heldout:
+        raise ConfigError(
+            f"{source} [audit] heldout: none given; the tokenizer stage audits its fertility gate on text of each "
+            f'language it never trained on, e.g. heldout = {{bn = ["data/heldout/udhr_ben.txt"], '
+            f'en = ["data/heldout/udhr_eng.txt"]}} (files outside [tokenizer] inputs)'
         )
 
 
@@ -300,6 +330,8 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     _check_out_dir(
         out_dir, resolved, run.force, started=any(STAGES[n].active(plan) and STAGES[n].done(plan) for n in ORDER[:-1])
     )
+    to_run = [n for n in run.stages if n in ("tokenizer", "data") and not STAGES[n].done(plan)]  # they read corpora
+    check_inputs(plan, to_run, source=str(config_path))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out_dir / RUN_MARKER, json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
     write_text_atomic(out_dir / "config.toml", dump_toml(resolved))

@@ -444,3 +444,25 @@ variants = ["safetensors"]
     assert "chat fine-tuning: held-out loss on assistant tokens" in proc.stdout
     again = _prodip("run", str(config))
     assert again.returncode == 0 and "sft: already complete, skipped" in again.stdout, again.stdout[-2000:]
+
+
+def test_every_input_is_checked_before_the_first_stage(tmp_path):
+    """A missing [data] input was found only after the tokenizer stage had trained; a missing [audit] heldout
+    failed without naming the table."""
+    data = REPO / "data"
+    base = (
+        f'out_dir = "{tmp_path / "run"}"\nstages = ["tokenizer", "data"]\n'
+        f'[tokenizer]\ninputs = {{bn = ["{data / "bn"}"]}}\n'
+        f'[data]\ninputs = {{bn = ["{data / "bn"}", "{tmp_path / "nope.txt"}"]}}\n'
+    )
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(base + f'[audit]\nheldout = {{bn = ["{data / "heldout" / "udhr_ben.txt"}"]}}\n', encoding="utf-8")
+    proc = _prodip("run", str(cfg), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"[data] inputs.bn: {tmp_path / 'nope.txt'} does not exist" in proc.stderr
+    assert "relative paths are read from the current folder" in proc.stderr
+    assert not (tmp_path / "run" / "tokenizer").exists()
+    cfg.write_text(base.replace(f', "{tmp_path / "nope.txt"}"', ""), encoding="utf-8")
+    proc = _prodip("run", str(cfg), timeout=120)
+    assert proc.returncode == 2 and "[audit] heldout: none given" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run" / "tokenizer").exists()

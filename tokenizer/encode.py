@@ -192,6 +192,31 @@ def _source_entries(matched: dict, per_file: dict[Path, dict[str, int]]) -> list
     return entries
 
 
+def split_share_warnings(languages: dict[str, dict], val_fraction: float, doc_chars: int) -> list[str]:
+    """A warning (logged, and kept in ``meta.json`` ``split_warnings``) per language whose validation share of
+    tokens is far from ``val_fraction``: documents go to a split whole, so with few long documents (a
+    ``.txt`` file becomes documents of about ``doc_chars`` characters) the share can be several times the
+    one asked for. Far: off by more than half of ``val_fraction`` and by more than one point."""
+    warnings = []
+    for lang, entry in languages.items():
+        n = {s: sum(e["n_tokens"] for e in entry.get(s, [])) for s in shards.SPLITS}
+        total = sum(n.values())
+        if not total or val_fraction <= 0:
+            continue
+        share = n["val"] / total
+        docs = entry.get("documents") or {}
+        if abs(share - val_fraction) > max(0.5 * val_fraction, 0.01):
+            warnings.append(
+                f"{lang}: the validation split holds {share:.1%} of the tokens, not val_fraction {val_fraction:.1%}: "
+                f"documents go to a split whole and there are {sum(docs.values())} ({docs.get('val', 0)} in "
+                f"validation); use more, shorter "
+                f"documents ([data] doc_chars, now {doc_chars}, cuts .txt files) or a held-out file of your own"
+            )
+    for w in warnings:
+        log.warning(w)
+    return warnings
+
+
 def prepare_shards(cfg: DataPrepareConfig) -> Path:
     """Encode ``cfg.inputs`` into a shards dir (layout in tokenizer/shards.py); returns its path.
 
@@ -255,6 +280,7 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
         meta["language_warnings"] = coverage.warn_languages(
             cfg.tokenizer_dir, tok, files, meta, tmp, text_field=cfg.text_field, errors=cfg.errors
         )
+        meta["split_warnings"] = split_share_warnings(languages, cfg.val_fraction, cfg.doc_chars)
         shards.write_meta(tmp, meta)
         (tmp / "data_config.toml").write_text(dump_toml({"data": to_dict(cfg)}), encoding="utf-8")
         if out.exists():

@@ -18,12 +18,11 @@ from tests.fixtures import write_sources
 
 
 def _cfg(corpus, tok_dir, out, **kw):
+    kw = {"doc_chars": 3000, "val_fraction": 0.1, **kw}
     return DataPrepareConfig(
         tokenizer_dir=str(tok_dir),
         inputs={k: [str(v)] for k, v in corpus.items()},
         out_dir=str(out),
-        doc_chars=3000,
-        val_fraction=0.1,
         progress=False,
         **kw,
     )
@@ -159,3 +158,20 @@ def test_a_byte_order_mark_is_not_text(tmp_path, name):
     got = [d for _, _, d in iter_language([files["bom"]], "xx")]
     assert got == [d for _, _, d in iter_language([files["plain"]], "xx")]
     assert got[0].startswith(docs[0])
+
+
+def test_a_split_share_far_from_val_fraction_is_warned(corpus, tok_dir, tmp_path, caplog):
+    """Few long .txt documents: the validation split can hold several times val_fraction of the text, said."""
+    few = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "few", doc_chars=20000, val_fraction=0.05))
+    meta = load_meta(few)
+    for lang, entry in meta["languages"].items():
+        n = {s: sum(e["n_tokens"] for e in entry[s]) for s in ("train", "val")}
+        share = n["val"] / (n["train"] + n["val"])
+        warned = [w for w in meta["split_warnings"] if w.startswith(f"{lang}: ")]
+        far = abs(share - 0.05) > 0.025
+        assert bool(warned) == far, (lang, share, warned)
+        if far:
+            assert f"holds {share:.1%} of the tokens, not val_fraction 5.0%" in warned[0] and warned[0] in caplog.text
+    assert meta["split_warnings"], "the 60k-character corpus in 20k-character documents should be far off 5%"
+    many = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "many", doc_chars=300, val_fraction=0.1))
+    assert load_meta(many)["split_warnings"] == []
