@@ -62,17 +62,23 @@ def _load(ref: str) -> Any:
 
 
 def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dict[str, Any]:
-    """Build every stage's config dataclass: run defaults < TOML table.
+    """Build every stage's config dataclass: run defaults < TOML table. ``[tokenizer]`` and ``[audit]``
+    read the corpus as ``[data]`` does (its ``text_field``, ``doc_chars``, ``errors``) unless their own
+    tables say otherwise.
 
     Raises:
         ConfigError: an unknown key or wrong type in a table, naming the file and table.
     """
     base = stage_defaults(out_dir, chat=has_sft(tables))
+    # one set of corpus-reader options: [data]'s, unless [tokenizer] or [audit] set their own
+    reader = {k: v for k, v in tables.get("data", {}).items() if k in ("text_field", "doc_chars", "errors")}
     plan = {}
     for name, ref in CONFIG_CLASSES.items():
         cls = _load(ref)
         fields = {f.name for f in dataclasses.fields(cls)}
         data = {k: v for k, v in base[name].items() if k in fields}
+        if name in ("tokenizer", "audit"):
+            data.update({k: v for k, v in reader.items() if k in fields and not (name == "audit" and k == "doc_chars")})
         data.update(tables.get(name, {}))
         plan[name] = from_dict(cls, data, source=f"{config_path} [{name}]")
     return plan

@@ -77,6 +77,9 @@ class AuditConfig:
     )
     parity_max_chars: int = opt(1_000_000, "at most this many held-out characters per language for the parity check")
     errors: str = opt("strict", "invalid UTF-8 in held-out files: strict or skip", choices=ERROR_POLICIES)
+    text_field: str = opt(
+        "text", "JSONL field, or Parquet/CSV/`datasets` column, holding held-out text (as [data] text_field)"
+    )
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -270,7 +273,12 @@ def warn_cut_samples(sample: dict[str, dict] | None, tokenizer_dir: Path) -> lis
 
 
 def load_heldout(
-    heldout: dict[str, list[str]], *, max_chars: int, errors: str, training_files: list[str] = ()
+    heldout: dict[str, list[str]],
+    *,
+    max_chars: int,
+    errors: str,
+    training_files: list[str] = (),
+    text_field: str = "text",
 ) -> dict[str, list[str]]:
     """Documents per language, at most ``max_chars`` characters each.
 
@@ -286,7 +294,7 @@ def load_heldout(
             if os.path.realpath(f) in trained:
                 raise InvalidInput(f"heldout.{lang}: {f} was used to train this tokenizer; audit on text it never saw")
         docs, size = [], 0
-        for _, _, doc in iter_language(lang_files, lang, errors=errors, doc_chars=2000):
+        for _, _, doc in iter_language(lang_files, lang, errors=errors, doc_chars=2000, text_field=text_field):
             docs.append(doc[: max_chars - size])
             size += len(docs[-1])
             if size >= max_chars:
@@ -373,7 +381,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     tok_dir = Path(cfg.tokenizer_dir)
     tok = load_tokenizer(tok_dir)
     training = [f for fs in _training_info(tok_dir).get("files", {}).values() for f in fs]
-    docs = load_heldout(cfg.heldout, max_chars=cfg.max_chars, errors=cfg.errors, training_files=training)
+    docs = load_heldout(
+        cfg.heldout, max_chars=cfg.max_chars, errors=cfg.errors, training_files=training, text_field=cfg.text_field
+    )
     languages = measure_languages(tok, docs)
     sample = sample_report(_training_info(tok_dir))
     failures = gate_failures(languages, cfg.min_chars_per_token, sample, tok.get_vocab_size())

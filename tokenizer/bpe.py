@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -114,6 +115,12 @@ class TokenizerTrainConfig:
         "stage; 0 = word-level only)",
     )
     seed: int = opt(0, "seed of the per-document sampling")
+    text_field: str = opt(
+        "text", "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text (as [data] text_field)"
+    )
+    doc_chars: int = opt(
+        20000, ".txt files: a document ends at the first blank line after this many characters (as [data] doc_chars)"
+    )
     errors: str = opt(
         "strict",
         "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes",
@@ -184,6 +191,7 @@ class Source:
     table: WordCounts | None = None
     chars: int = 0
     stats: ReadStats | None = None
+    read_options: dict[str, Any] | None = None  # iter_language's text_field and doc_chars, as `data prepare`'s
 
     def documents(self, errors: str) -> Iterator[tuple[Path, int, str]]:
         """``(key, index, document)``: the key and index seed the per-document sampling draw."""
@@ -191,7 +199,7 @@ class Source:
             key = Path(self.name)
             yield from ((key, i, doc) for i, doc in enumerate(count_documents(self.table.counts)))
         else:
-            yield from iter_language(self.files or [], self.lang, errors=errors)
+            yield from iter_language(self.files or [], self.lang, errors=errors, **(self.read_options or {}))
 
     def record(self, drawn: int) -> dict:
         """This source in ``train_info.json`` / ``fertility.json``: characters available (one copy) and drawn."""
@@ -213,8 +221,10 @@ def build_sources(
     *,
     errors: str,
     wordfreq_chars: int,
+    read_options: dict[str, Any] | None = None,
 ) -> dict[str, list[Source]]:
     """Resolve the text inputs and word-count tables into sources per language, counting their characters.
+    ``read_options``: :func:`iter_language`'s ``text_field`` and ``doc_chars`` for the text sources.
 
     A ``wordfreq:LANG`` table takes its casing from that language's text sources (one extra pass).
 
@@ -237,8 +247,11 @@ def build_sources(
     for lang, paths in inputs.items():
         for p in [paths] if isinstance(paths, str) else paths:
             files = expand_inputs({lang: [p]})[lang]
-            src = Source(lang, str(p), weights.get(str(p), 1), files=files, stats=ReadStats())
-            src.chars = sum(len(doc) for _, _, doc in iter_language(files, lang, errors=errors, stats=src.stats))
+            src = Source(
+                lang, str(p), weights.get(str(p), 1), files=files, stats=ReadStats(), read_options=read_options
+            )
+            docs = iter_language(files, lang, errors=errors, stats=src.stats, **(read_options or {}))
+            src.chars = sum(len(doc) for _, _, doc in docs)
             out.setdefault(lang, []).append(src)
     for lang, entries in word_counts.items():
         casing = None
@@ -546,7 +559,12 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
         what="tokenizer.inputs",
     )
     sources = build_sources(
-        cfg.inputs, cfg.word_counts, cfg.weights, errors=cfg.errors, wordfreq_chars=cfg.wordfreq_chars
+        cfg.inputs,
+        cfg.word_counts,
+        cfg.weights,
+        errors=cfg.errors,
+        wordfreq_chars=cfg.wordfreq_chars,
+        read_options={"text_field": cfg.text_field, "doc_chars": cfg.doc_chars},  # as `data prepare` reads them
     )
     read = [s.stats for ss in sources.values() for s in ss if s.stats is not None]
     chars = {lang: sum(s.chars * s.weight for s in ss) for lang, ss in sources.items()}

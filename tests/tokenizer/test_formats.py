@@ -108,3 +108,29 @@ def test_prepare_warns_for_an_unseen_script_and_low_chars_per_token(corpus, tok_
     assert any(w.startswith("hi: ") and "chars/token, below" in w for w in warnings), warnings
     assert any(w.startswith("hi: ") and "Devanagari script" in w for w in warnings), warnings
     assert not any(w.startswith("en: ") for w in warnings)
+
+
+def test_tokenizer_train_and_audit_take_the_text_field_as_data_prepare_does(tmp_path):
+    """`prodip tokenizer train` had no --text-field: a JSONL corpus whose text is not under "text" could not train
+    a tokenizer, though `data prepare` read it. In a pipeline file, [data]'s reader options are every stage's."""
+    from prodip.pipeline import resolve_all
+    from prodip.tokenizer.bpe import load_tokenizer
+
+    docs = [d + f" {i}" for i in range(200) for d in DOCS]
+    (tmp_path / "bn.jsonl").write_text(
+        "".join(json.dumps({"content": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
+    )
+    (tmp_path / "held.jsonl").write_text(json.dumps({"content": DOCS[0]}, ensure_ascii=False) + "\n", encoding="utf-8")
+    out = tmp_path / "tok"
+    args = ["tokenizer", "train", "--inputs", f"bn={tmp_path / 'bn.jsonl'}", "--out-dir", str(out)]
+    assert prodip_main([*args, "--vocab-size", "300"]) == 2  # the field is named in the one-line error
+    assert prodip_main([*args, "--vocab-size", "300", "--text-field", "content"]) == 0
+    info = json.loads((out / "train_info.json").read_text())
+    assert info["available_chars"]["bn"] == sum(map(len, docs))
+    assert load_tokenizer(out).get_vocab_size() <= 300
+    audit = ["tokenizer", "audit", "--tokenizer-dir", str(out), "--heldout", f"bn={tmp_path / 'held.jsonl'}"]
+    assert prodip_main([*audit, "--parity", "off", "--text-field", "content"]) == 0
+    tables = {"data": {"text_field": "content", "doc_chars": 500}, "audit": {"text_field": "body"}}
+    plan = resolve_all("c.toml", tables, tmp_path / "run")
+    assert (plan["tokenizer"].text_field, plan["tokenizer"].doc_chars) == ("content", 500)
+    assert plan["audit"].text_field == "body"  # a table's own setting wins
