@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # The on-device runtimes the tokenizer parity check and conformance run: pip extra "runtimes"
 # (onnxruntime-genai, gguf, pytorch-tokenizers) and the Node packages pinned in node/ (transformers.js,
 # node-llama-cpp's prebuilt llama.cpp; ~1.2 GB, npm needs no build step). RUNTIMES=0 skips them (the
-# parity check then lists those runtimes as skipped).
+# parity check and conformance then list those runtimes as skipped).
 RUNTIMES ?= 1
 
 .PHONY: install demo test test-fast lint clean gpu-bench gpu-bench-dry

@@ -172,7 +172,11 @@ def _runtime_lines(report: dict[str, Any]) -> list[str]:
         for r in checked:
             got = on_device["runtimes"].get(r) or {}
             cells.append(
-                "identical" if got.get("ids_identical") else f"**FAIL** {str(got.get('error') or 'ids differ')[:80]}"
+                f"skipped ({got['skipped'][:80]})"
+                if got.get("skipped")
+                else "identical"
+                if got.get("ids_identical")
+                else f"**FAIL** {str(got.get('error') or 'ids differ')[:80]}"
             )
         ref = on_device.get("reference_identical")
         lines.append(

@@ -185,6 +185,25 @@ def planned_metrics(variant: str, runtimes: Sequence[str]) -> list[str]:
     return [RUNTIME_METRICS[r] for r in runtimes] + ([REFERENCE_METRIC] if variant == "fp32" and runtimes else [])
 
 
+def _not_installed(err: Any) -> bool:
+    """The runtime is not installed (onnxruntime-genai's ImportError; ``node`` or its package missing:
+    :func:`transformersjs_greedy`'s FileNotFoundError), as opposed to installed and failing."""
+    return isinstance(err, (ImportError, FileNotFoundError))
+
+
+def _result(name: str, got: Any, want: list[list[int]], skip_missing: bool) -> dict[str, Any]:
+    """:func:`_compare`, or ``{ids_identical: None, skipped: reason}`` for a runtime that is not installed
+    when ``skip_missing`` (the tokenizer parity check's rule: listed as skipped, not a failure)."""
+    if skip_missing and _not_installed(got):
+        return {
+            "ids_identical": None,
+            "ids": None,
+            "error": None,
+            "skipped": f"not installed: {str(got).strip()[:300]}",
+        }
+    return _compare(name, got, want)
+
+
 def _compare(name: str, got: Any, want: list[list[int]]) -> dict[str, Any]:
     """One runtime's result: ``{ids_identical, ids, error}``; an exception is a failed result."""
     if isinstance(got, Exception):
@@ -203,8 +222,13 @@ def check_runtimes(
     runtimes: Sequence[str],
     max_new_tokens: int,
     threads: int = 0,
+    missing: str = "skip",
 ) -> dict[str, dict[str, Any]]:
     """Run every ONNX candidate in each runtime and compare greedy ids with ONNX Runtime's on the same file.
+
+    A runtime that is not installed is, with ``missing="skip"``, listed as skipped (``skipped``: the reason)
+    and no check (as the tokenizer's parity check does, and ``make RUNTIMES=0`` promises); with
+    ``missing="fail"`` it fails every variant's check.
 
     Args:
         export_dir: the export dir.
@@ -255,13 +279,13 @@ def check_runtimes(
                 got["ids"] = [truncate_at_eos(g, len(p), eos) for g, p in zip(got["ids"], ids)]
             except Exception as err:  # a runtime that cannot run fails this variant
                 got = err
-            results[GENAI] = _compare(GENAI, got, want)
+            results[GENAI] = _result(GENAI, got, want, missing == "skip")
         if TRANSFORMERS_JS in runtimes:
             dtype = BY_NAME[cand.variant].transformersjs_dtype
             got = tjs if isinstance(tjs, Exception) else tjs["results"].get(dtype, {"error": f"no result for {dtype}"})
             if isinstance(got, dict) and "ids" in got:
                 got = {"ids": [truncate_at_eos(g, len(p), eos) for g, p in zip(got["ids"], ids)]}
-            results[TRANSFORMERS_JS] = _compare(f"transformers.js dtype {dtype}", got, want)
+            results[TRANSFORMERS_JS] = _result(f"transformers.js dtype {dtype}", got, want, missing == "skip")
             results[TRANSFORMERS_JS]["dtype"] = dtype
             if isinstance(tjs, dict):
                 results[TRANSFORMERS_JS]["versions"] = tjs.get("versions")
@@ -274,6 +298,7 @@ def check_runtimes(
                 **({"note": res["error"]} if res["error"] else {}),
             }
             for r, res in results.items()
+            if not res.get("skipped")
         ]
         entry = {"prompts": names, "prompt_ids": ids, "onnxruntime": want, "runtimes": results, "checks": checks}
         if cand.variant == "fp32":

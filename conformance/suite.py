@@ -455,7 +455,15 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     }
     prompts = {k: train_tok.encode(PROMPTS[k]).ids for k in RUNTIME_PROMPTS}
     on_device = check_runtimes(
-        export_dir, candidates, prompts, ref_model, model_cfg, cfg.runtimes, cfg.runtime_tokens, cfg.threads
+        export_dir,
+        candidates,
+        prompts,
+        ref_model,
+        model_cfg,
+        cfg.runtimes,
+        cfg.runtime_tokens,
+        cfg.threads,
+        missing=cfg.missing_runtimes,
     )
     for name, rt in on_device.items():  # a runtime's failure fails its variant's candidate
         results[name]["checks"] += rt.pop("checks")

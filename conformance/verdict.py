@@ -67,6 +67,7 @@ def merge_verdict(
             for c in (report.get("candidates") or {}).values()
             if c.get("variant") == name
             for r, res in ((c.get("runtimes") or {}).get("runtimes") or {}).items()
+            if not res.get("skipped")
         }
         if on_device:
             checks[name]["runtimes"] = on_device

@@ -85,9 +85,24 @@ def test_verdict_and_markdown_name_each_runtime(report):
     assert "| int4 | identical | identical | - |" in md
 
 
-def test_a_runtime_that_cannot_run_fails_its_variants(tiny_artifacts, conf_cfg, tmp_path, monkeypatch):
+def test_a_runtime_that_is_not_installed_is_skipped_or_fails(tiny_artifacts, conf_cfg, tmp_path, monkeypatch):
+    """One rule with the tokenizer's parity check: not installed is listed as skipped (make RUNTIMES=0), unless
+    missing_runtimes = "fail" (CI); before, it failed every variant while the tokenizer stage said "skipped"."""
+    from prodip.conformance.report import render_markdown
+
     monkeypatch.setenv("PRODIP_NODE_ROOT", str(tmp_path))  # no node_modules there
     rep = evaluate(conf_cfg(tiny_artifacts["export"], runtimes=[TRANSFORMERS_JS], variants=["fp32"]))
+    metrics = [c["metric"] for c in rep["candidates"]["fp32"]["checks"]]
+    assert RUNTIME_METRICS[TRANSFORMERS_JS] not in metrics and rep["variants"]["fp32"] is True and rep["passed"]
+    skipped = rep["candidates"]["fp32"]["runtimes"]["runtimes"][TRANSFORMERS_JS]["skipped"]
+    assert skipped.startswith("not installed: ") and "npm install --ignore-scripts" in skipped
+    assert "| fp32 | skipped (not installed: " in render_markdown(rep)
+    verdict = merge_verdict(None, rep, ["fp32"], "conformance/report.json", "0" * 64)
+    assert "runtimes" not in verdict["checks"]["fp32"]  # vouches for no runtime it did not run
+
+    rep = evaluate(
+        conf_cfg(tiny_artifacts["export"], runtimes=[TRANSFORMERS_JS], variants=["fp32"], missing_runtimes="fail")
+    )
     check = next(c for c in rep["candidates"]["fp32"]["checks"] if c["metric"] == RUNTIME_METRICS[TRANSFORMERS_JS])
     assert check["passed"] is False and "npm install --ignore-scripts" in check["note"]
     assert rep["variants"]["fp32"] is False and rep["passed"] is False
