@@ -96,7 +96,7 @@ def list_files(export_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with writing(tmp, shown_as=path):
+    with writing(tmp, shown_as=path, remove_on_error=True):
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
             fh.flush()

@@ -184,3 +184,15 @@ def test_export_cli_one_line_exit_2_old_export_intact(exported, kib, file):
     assert f"file-size limit (ulimit -f) {kib}.0 KiB" in proc.stderr and " free on " in proc.stderr
     assert file_sha256(exp / "manifest.json") == before
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []  # no temp folder left
+
+
+def test_manifest_rewrite_keeps_the_old_one(tmp_path):
+    """The export manifest's verdict rewrite (conformance): the old manifest stays, no temp file is left."""
+    from prodip.base.manifest import _write_json_atomic
+
+    path = tmp_path / "manifest.json"
+    path.write_text('{"files": {}}\n')
+    with pytest.raises(WriteFailed) as info, file_size_limit(1024):
+        _write_json_atomic(path, {"files": {f"f{i}": "x" * 64 for i in range(64)}})
+    assert f"{path}: cannot write" in str(info.value)
+    assert path.read_text() == '{"files": {}}\n' and [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
