@@ -95,16 +95,19 @@ def _size(n: float) -> str:
 
 
 def room_left(path: str | os.PathLike, code: int | None = None) -> str:
-    """Free space on the file system holding ``path`` (its nearest existing parent), and for EFBIG the
+    """Free space on the file system holding ``path`` (named by its mount point), and for EFBIG the
     process's file-size limit (``ulimit -f``, RLIMIT_FSIZE), as words, e.g.
     ``"12.0 MiB free on /tmp; file-size limit (ulimit -f) 300.0 KiB"``."""
     where = Path(os.path.abspath(path))
     while not where.exists() and where != where.parent:
         where = where.parent
+    mount = where
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
     try:
-        words = f"{_size(shutil.disk_usage(where).free)} free on {where}"
+        words = f"{_size(shutil.disk_usage(where).free)} free on {mount}"
     except OSError:
-        words = f"free space on {where} unknown"
+        words = f"free space on {mount} unknown"
     if code == errno.EFBIG:
         try:
             import resource  # noqa: PLC0415 (POSIX only)

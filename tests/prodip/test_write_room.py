@@ -196,3 +196,30 @@ def test_manifest_rewrite_keeps_the_old_one(tmp_path):
         _write_json_atomic(path, {"files": {f"f{i}": "x" * 64 for i in range(64)}})
     assert f"{path}: cannot write" in str(info.value)
     assert path.read_text() == '{"files": {}}\n' and [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 64 KiB tmpfs (a real full disk: ENOSPC), where this process may mount one (root); else skipped."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_full_disk_names_file_and_mount(small_tmpfs):
+    from prodip.tokenizer import shards
+
+    path = small_tmpfs / "report.json"
+    path.write_text("old\n")
+    with pytest.raises(WriteFailed) as info:
+        write_text_atomic(path, "x" * 200_000)
+    assert info.value.errno == errno.ENOSPC and str(path) in str(info.value)
+    assert f"free on {small_tmpfs})" in str(info.value) and "No space left on device" in str(info.value)
+    assert path.read_text() == "old\n" and sorted(p.name for p in small_tmpfs.iterdir()) == ["report.json"]
+    with pytest.raises(WriteFailed, match="train_000.bin: cannot write: No space left on device"):
+        shards.write_shard(small_tmpfs / "train_000.bin", np.arange(100_000) % 300, "uint16")
