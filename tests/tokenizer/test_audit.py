@@ -152,10 +152,12 @@ def test_gate_failure_says_what_to_change_with_figures(tok_dir, heldout):
 def test_proportions_that_cut_a_language_are_logged_and_recorded(corpus, heldout, tmp_path, caplog):
     """Equal proportions over a small Bangla corpus cut the English sample to the Bangla size: said, not silent."""
     from prodip.tokenizer.bpe import TokenizerTrainConfig, train_tokenizer
+    from tests.fixtures import write_sources
 
     small = tmp_path / "bn_small.txt"
     lines = (corpus["bn"] / "part.jsonl").read_text(encoding="utf-8").splitlines()
     small.write_text("\n\n".join(json.loads(x)["text"] for x in lines)[:20000], encoding="utf-8")
+    write_sources(tmp_path, {"bn_small.txt": "bn"})
     tok = train_tokenizer(
         TokenizerTrainConfig(
             inputs={"bn": [str(small)], "en": [str(corpus["en"])]},

@@ -121,6 +121,7 @@ def test_tokenizer_train_and_audit_take_the_text_field_as_data_prepare_does(tmp_
         "".join(json.dumps({"content": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
     )
     (tmp_path / "held.jsonl").write_text(json.dumps({"content": DOCS[0]}, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_sources(tmp_path, {"bn.jsonl": "bn", "held.jsonl": "bn"})
     out = tmp_path / "tok"
     args = ["tokenizer", "train", "--inputs", f"bn={tmp_path / 'bn.jsonl'}", "--out-dir", str(out)]
     assert prodip_main([*args, "--vocab-size", "300"]) == 2  # the field is named in the one-line error
