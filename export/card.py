@@ -42,7 +42,7 @@ def build_card(data_card: Optional[dict[str, Any]]) -> dict[str, Any]:
     """
     data_card = data_card or {}
     seen = data_card.get("tokens_seen_by_source", {})
-    sources = [{**s, "tokens_seen": seen.get(s["name"])} for s in data_card.get("sources", [])]
+    sources = [{**s, "tokens_seen": seen.get(s["name"], s.get("tokens_seen"))} for s in data_card.get("sources", [])]
     if sources:
         statement = licence_statement(sources)
         lic = hf_license(sources)
@@ -92,6 +92,10 @@ def _front_matter(card: dict[str, Any]):
     )
 
 
+def _count(x: Any) -> str:
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else "–"
+
+
 def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
 
@@ -110,10 +114,11 @@ def data_statement(card: dict[str, Any]) -> str:
             if s["license"] == "other":
                 lic = f"[{s['license_name']}]({s['license_link']})"
             variety = f" ({s['variety']})" if s.get("variety") else ""
-            seen = f"{s['tokens_seen']:,}" if isinstance(s.get("tokens_seen"), int) else "–"
+            seen = _count(s.get("tokens_seen"))
+            stage = " (fine-tuning)" if s.get("stage") == "sft" else ""
             lines.append(
-                f"| {s['name']} | {s['language']}{variety} | {s.get('origin') or '–'} | {lic} | "
-                f"{s.get('chars', 0):,} | {s.get('tokens', 0):,} | {_pct(s.get('chars_share_of_language'))} / "
+                f"| {s['name']}{stage} | {s['language']}{variety} | {s.get('origin') or '–'} | {lic} | "
+                f"{_count(s.get('chars'))} | {_count(s.get('tokens'))} | {_pct(s.get('chars_share_of_language'))} / "
                 f"{_pct(s.get('tokens_share_of_language'))} | {seen} |"
             )
         lines.append("")

@@ -412,6 +412,7 @@ def test_chat_fine_tuning_stage_chains_into_export(tmp_path):
     corpus.mkdir()
     _cut_corpus(corpus, "bn", 120_000, 10_000)
     _cut_corpus(corpus, "en", 120_000, 10_000)
+    write_sources(corpus, {"bn_*.txt": "bn", "en_*.txt": "en"}, license="LicenseRef-PublicDomain")  # data/'s texts
     text = TINY_TOML.format(out=tmp_path / "run", corpus=corpus, repo=REPO)
     text = 'stages = ["tokenizer", "data", "train", "sft", "export"]\n' + text.replace("steps = 30", "steps = 8")
     text += f"""
@@ -439,6 +440,13 @@ variants = ["safetensors"]
     assert set(ev["before"]) == set(ev["after"]) == {"bn", "en"} and ev["step"] == 6
     manifest = json.loads((run / "export" / "manifest.json").read_text())
     assert Path(manifest["source_checkpoint"]["path"]).resolve().is_relative_to((run / "sft").resolve())
+    stages = {s["name"]: s.get("stage") for s in manifest["card"]["sources"]}  # the card: both stages' data
+    assert stages == {
+        "test-0": "pretraining",
+        "test-1": "pretraining",
+        "tatoeba-chat-bn": "sft",
+        "tatoeba-chat-en": "sft",
+    }
     exported = json.loads((run / "export" / "tokenizer_config.json").read_text())
     assert exported["chat_template"] == CHAT_TEMPLATE
     assert "chat fine-tuning: held-out loss on assistant tokens" in proc.stdout

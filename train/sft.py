@@ -34,6 +34,7 @@ from prodip.base.chat import CHAT_TOKENS, IM_END, IM_START
 from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256_cached
+from prodip.base.sources import match_sources
 from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_tokenizer
 from prodip.tokenizer.corpus import expand_inputs
 from prodip.train import chat, checkpoint, distributed, init
@@ -58,6 +59,16 @@ class SFTConfig:
         "one the replies are in (for the per-language held-out loss), e.g. bn=data/chat/bn.jsonl",
     )
     messages_field: str = opt("messages", "the JSONL field / column holding a conversation's messages")
+    sources: list[str] = opt(
+        factory=list,
+        help='source-record files ([[source]] tables, README "Your own corpus") for the inputs, besides the '
+        "sources.toml found beside each input or in a folder above it",
+    )
+    include_unknown_license: list[str] = opt(
+        factory=list,
+        help="source names or input paths whose licence is unknown or unrecorded, included knowingly (else "
+        "such an input stops the stage); every card then says so",
+    )
     init_from: str = opt(
         "runs/demo/train",
         "weights to fine-tune: a prodip run/checkpoint dir or a Hugging Face Llama folder (safetensors) "
@@ -173,7 +184,13 @@ class _SFTRun(_Run):
             raise InvalidInput("sft init_from: fine-tuning starts from a checkpoint or HF Llama folder")
         if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
             raise OutputExists(f"{self.ckpt_dir} already holds checkpoints; pass --resume, or choose another --out-dir")
+        matched = match_sources(  # the licence gate, before any conversation is read
+            expand_inputs(sft.inputs, what="sft inputs"), sft.sources, sft.include_unknown_license, what="sft.inputs"
+        )
         conversations = chat.read_conversations(sft.inputs, sft.messages_field)
+        self.sources = _base_sources(sft.init_from) + [
+            {**rec.card_fields(), "stage": "sft", "files": len(files)} for rec, files in matched.values()
+        ]
         self.init_sha256, self.inputs_sha256 = source_sha256(sft.init_from), inputs_sha256(sft.inputs)
         self.shards_meta_sha256 = None  # no shards: the conversations' hash is in sft_eval.json
         src_tok = source_tokenizer_dir(sft)
@@ -320,6 +337,19 @@ def _finite(doc: Any) -> Any:
     if isinstance(doc, float) and not math.isfinite(doc):
         return None
     return doc
+
+
+def _base_sources(init_from: str | Path) -> list[dict[str, Any]]:
+    """The pretraining sources a prodip checkpoint recorded (its ``data_card``), marked ``stage =
+    "pretraining"``; [] for a Hugging Face folder (its own card states its data) or an older checkpoint."""
+    try:
+        ckpt = checkpoint.resolve_checkpoint(init_from)
+    except (FileNotFoundError, ValueError):
+        return []
+    state = json.loads((ckpt / checkpoint.TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    card = state.get("data_card") or {}
+    seen = card.get("tokens_seen_by_source", {})
+    return [{**s, "stage": "pretraining", "tokens_seen": seen.get(s["name"])} for s in card.get("sources", [])]
 
 
 def source_sha256(init_from: str | Path) -> str | None:

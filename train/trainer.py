@@ -357,6 +357,7 @@ class _Run:
         self.device = info.device
         self.amp = autocast_dtype(cfg, self.device)
         self.step, self.tokens_seen = 0, 0
+        self.sources: list[dict[str, Any]] = []  # the shards' source records (_prepare), for the model card
         self.no_val: list[str] = []
 
     def execute(self) -> dict[str, Any]:
@@ -719,9 +720,10 @@ class _Run:
         stream of a language (``data_order = "shuffle"``)."""
         positions = getattr(self.data, "positions", {})  # MixtureBatches' counters (other loaders: none)
         seen = {lang: int(n) for lang, n in positions.items()}
-        by_source = {
-            s["name"]: int(round(seen.get(s["language"], 0) * s.get("tokens_share_of_language", 0.0)))
+        by_source = {  # sources of an earlier stage (a fine-tuning run's base) keep their own "tokens_seen"
+            s["name"]: int(round(seen[s["language"]] * s.get("tokens_share_of_language", 0.0)))
             for s in self.sources
+            if s["language"] in seen and "tokens_share_of_language" in s
         }
         return {
             "sources": self.sources,

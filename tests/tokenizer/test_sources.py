@@ -51,7 +51,9 @@ def test_data_readme_table_is_generated_from_the_records():
     assert readme_table(records, REPO / "data") in text
     listed = {Path(f) for r in records for f in r.files}
     shipped = {
-        p.resolve() for p in (REPO / "data").rglob("*") if p.is_file() and p.parent.name in ("bn", "en", "heldout")
+        p.resolve()
+        for p in (REPO / "data").rglob("*")
+        if p.is_file() and p.parent.name in ("bn", "en", "heldout", "chat")
     }
     assert listed == shipped  # every bundled text file has exactly one record, and no record names a missing file
 

@@ -54,6 +54,10 @@ def chat_files(tmp_path_factory):
         path = root / f"{lang}.jsonl"
         path.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in _conversations(lang, 60, k)))
         files[lang] = path
+    (root / "sources.toml").write_text(  # the records the licence gate asks for (the test's own text)
+        '[[source]]\nname = "chat-bn"\nfiles = ["bn.jsonl"]\nlanguage = "bn"\nlicense = "CC0-1.0"\n\n'
+        '[[source]]\nname = "chat-en"\nfiles = ["en.jsonl"]\nlanguage = "en"\nlicense = "CC0-1.0"\n'
+    )
     return files
 
 
@@ -114,6 +118,12 @@ def test_sft_appends_chat_tokens_trains_on_replies_and_reports_before_after(tmp_
             after["nll_nats_per_token"] * after["assistant_tokens"] / math.log(2) / after["assistant_chars"]
         )
     assert ev["model_sha256"] == info["model_sha256"]
+    card = json.loads((ck.resolve_checkpoint(out) / "trainer_state.json").read_text())["data_card"]
+    assert [(s["name"], s["stage"], s["license"]) for s in card["sources"]] == [
+        ("chat-bn", "sft", "CC0-1.0"),
+        ("chat-en", "sft", "CC0-1.0"),
+    ]  # the base's shards have no records: no pretraining sources
+    assert card["init_from"]["kind"] == "prodip"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 13)) and (out / "loss.png").stat().st_size > 1000
     # the base model's own rows were the start: unchanged shape, the rest of the network fine-tuned from them
