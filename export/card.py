@@ -24,7 +24,13 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from prodip.base.sources import UNKNOWN_INCLUDED, hf_license, licence_statement
+from prodip.base.sources import (
+    UNKNOWN_INCLUDED,
+    hf_license,
+    licence_statement,
+    license_class,
+    license_terms,
+)
 
 README_FILE = "README.md"
 PTE_CARD_FILE = "executorch/model_card.json"
@@ -32,8 +38,35 @@ LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
 
 
-def build_card(data_card: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records).
+def tokenizer_sources(train_info: Optional[dict[str, Any]], known: set[str]) -> list[dict[str, Any]]:
+    """The tokenizer's own inputs a card must name besides the model's training data (``stage = "tokenizer"``),
+    from its ``train_info.json``: its file inputs' records not among ``known`` names, and each word-count
+    table that states a licence (``wordfreq:LANG``: CC-BY-SA-4.0 word lists, share-alike)."""
+    info = train_info or {}
+    out = [{**r, "stage": "tokenizer"} for r in info.get("source_records", []) if r["name"] not in known]
+    for s in info.get("sources", []):
+        lic = s.get("license") or {}
+        if s.get("kind") != "word_counts" or not lic.get("license"):
+            continue
+        out.append(
+            {
+                "name": s["source"],
+                "language": s["language"],
+                "origin": f"{lic.get('url', '')} ({lic.get('wordlist', s['source'])}, version {s.get('version')})",
+                "license": lic["license"],
+                "license_class": license_class(lic["license"]),
+                "license_terms": license_terms(lic["license"]),
+                "included_by_choice": False,
+                "notes": "word-frequency table in the tokenizer's training sample only; " + lic.get("attribution", ""),
+                "stage": "tokenizer",
+            }
+        )
+    return out
+
+
+def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records) and
+    its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`).
 
     Returns:
         ``{"license": {license[, license_name, license_link]}, "languages", "datasets", "tags", "base_model",
@@ -43,6 +76,7 @@ def build_card(data_card: Optional[dict[str, Any]]) -> dict[str, Any]:
     data_card = data_card or {}
     seen = data_card.get("tokens_seen_by_source", {})
     sources = [{**s, "tokens_seen": seen.get(s["name"], s.get("tokens_seen"))} for s in data_card.get("sources", [])]
+    sources += tokenizer_sources(train_info, {s["name"] for s in sources}) if sources else []
     if sources:
         statement = licence_statement(sources)
         lic = hf_license(sources)
@@ -115,7 +149,7 @@ def data_statement(card: dict[str, Any]) -> str:
                 lic = f"[{s['license_name']}]({s['license_link']})"
             variety = f" ({s['variety']})" if s.get("variety") else ""
             seen = _count(s.get("tokens_seen"))
-            stage = " (fine-tuning)" if s.get("stage") == "sft" else ""
+            stage = {"sft": " (fine-tuning)", "tokenizer": " (tokenizer only)"}.get(s.get("stage"), "")
             lines.append(
                 f"| {s['name']}{stage} | {s['language']}{variety} | {s.get('origin') or '–'} | {lic} | "
                 f"{_count(s.get('chars'))} | {_count(s.get('tokens'))} | {_pct(s.get('chars_share_of_language'))} / "

@@ -347,6 +347,7 @@ def export_model(
     source_checkpoint: dict[str, Any],
     tokenizer_sha256: Optional[str],
     data_card: Optional[dict[str, Any]] = None,
+    tokenizer_info: Optional[dict[str, Any]] = None,
 ) -> Path:
     """Export an in-memory ``prodip.train.model.LlamaForCausalLM`` into ``cfg.out`` (atomically).
 
@@ -358,6 +359,7 @@ def export_model(
         tokenizer_sha256: sha256 of ``tokenizer.json`` for the manifest.
         data_card: the checkpoint's ``data_card`` (sources, tokens seen, base model) for the model card
             (``prodip.export.card``); None: the card says the training data is unrecorded.
+        tokenizer_info: the tokenizer's ``train_info.json`` (word-count tables, e.g. wordfreq's CC-BY-SA lists).
     Returns:
         The export dir ``cfg.out``.
     Raises:
@@ -381,7 +383,9 @@ def export_model(
     t0 = time.perf_counter()
     try:
         with _quiet_third_party(), writing(tmp, shown_as=out):  # a full disk: one line naming the file
-            _build_all(model, cfg, tmp, tokenizer_dir, source_checkpoint, tokenizer_sha256, step, data_card)
+            _build_all(
+                model, cfg, tmp, tokenizer_dir, source_checkpoint, tokenizer_sha256, step, data_card, tokenizer_info
+            )
         check_out_dir(out, cfg.force)  # again: someone may have written there meanwhile
         _swap_into_place(tmp, out)
     except BaseException:
@@ -401,9 +405,10 @@ def _build_all(
     tokenizer_sha256: Optional[str],
     step,
     data_card: Optional[dict[str, Any]] = None,
+    tokenizer_info: Optional[dict[str, Any]] = None,
 ) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
-    card = model_card.build_card(data_card)
+    card = model_card.build_card(data_card, tokenizer_info)
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
     # model.safetensors is always written (it is what transformers loads), so it is always a variant:
@@ -514,7 +519,14 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         source_checkpoint=source,
         tokenizer_sha256=info["tokenizer_sha256"],
         data_card=state.get("data_card"),
+        tokenizer_info=_read_train_info(Path(info["tokenizer_dir"])),
     )
+
+
+def _read_train_info(tokenizer_dir: Path) -> Optional[dict[str, Any]]:
+    """The tokenizer's ``train_info.json`` (its inputs and word-count tables, for the card), if it has one."""
+    path = tokenizer_dir / "train_info.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def size_table(export_dir: str | os.PathLike) -> str:

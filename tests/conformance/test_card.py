@@ -112,3 +112,33 @@ def test_kl_percentile_is_llama_cpps():
     assert got["kl_p999"] == pytest.approx(want, rel=1e-12)
     assert got["kl_mean"] == pytest.approx(kld.mean(), rel=1e-12)
     assert got["top1"] == np.mean(ref.argmax(-1) == cand.argmax(-1))
+
+
+def test_tokenizer_word_lists_flow_into_the_statement():
+    """A tokenizer trained on wordfreq's CC BY-SA 4.0 lists (train_info.json, as tokenizer train writes it)
+    makes the card name them and share-alike terms, though the model's data is public domain."""
+    from prodip.export.card import build_card
+    from prodip.tokenizer.wordcounts import WORDFREQ_LICENSE
+
+    data = {"sources": [dict(DATA_CARD["sources"][2])], "tokens_seen_by_source": {"en-novels": 5}}
+    info = {
+        "source_records": [dict(DATA_CARD["sources"][2]), {**DATA_CARD["sources"][0], "name": "tok-only"}],
+        "sources": [
+            {"language": "en", "source": "data/en", "kind": "text"},
+            {
+                "language": "bn",
+                "source": "wordfreq:bn",
+                "kind": "word_counts",
+                "license": dict(WORDFREQ_LICENSE, wordlist="large_bn"),
+                "version": "3.1.1",
+            },
+        ],
+    }
+    assert build_card(data)["statement"]["share_alike"] == []
+    card = build_card(data, info)
+    assert [(s["name"], s.get("stage")) for s in card["sources"]] == [
+        ("en-novels", None),
+        ("tok-only", "tokenizer"),
+        ("wordfreq:bn", "tokenizer"),
+    ]
+    assert card["statement"]["share_alike"] == ["tok-only", "wordfreq:bn"] and card["license"]["license"] == "other"
