@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import onnx
 
+from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
@@ -325,15 +326,19 @@ def _build_devices(
             quant = gguf_export.export_gguf(model, Path(tokenizer_dir), root / v.path, name, card=card)
         out[name] = {"path": v.path, "format": "gguf", "dtype": v.dtype, "quantization": quant}
     pte = [v for v in PTE_VARIANTS if v in cfg.variants]
+    chat = chat_contract(tokenizer_dir) if tokenizer_dir else None
     if pte:
         tok = pte_export.write_tokenizer(Path(tokenizer_dir), root / PTE_DIR) if tokenizer_dir else None
         tok_rel = tok.relative_to(root).as_posix() if tok else None
+        if chat is not None:  # ExecuTorch's tokenizers have no template engine: the app reads this file
+            (root / PTE_DIR / CHAT_TEMPLATE_FILE).write_text(chat["chat_template"], encoding="utf-8")
         bos, eos = model.config.bos_token_id, model.config.eos_token_id
+        eos_ids = [eos] if chat is None else [eos, chat["end_of_turn_id"]]
     for name in pte:
         v = BY_NAME[name]
         with step(f"ExecuTorch {name} (XNNPACK)"):
             quant = pte_export.export_pte(
-                model, root / v.path, name, bos_id=bos, eos_ids=[eos], group_size=cfg.pte_group_size
+                model, root / v.path, name, bos_id=bos, eos_ids=eos_ids, group_size=cfg.pte_group_size
             )
         out[name] = {"path": v.path, "format": "pte", "dtype": v.dtype, "quantization": quant, "tokenizer": tok_rel}
     return out
@@ -369,6 +374,8 @@ def export_model(
     out = Path(cfg.out)
     check_out_dir(out, cfg.force)
     check_device_targets(model.config, cfg, tokenizer_dir)  # refused before anything is written
+    if tokenizer_dir is not None:
+        chat_contract(tokenizer_dir)  # a half chat tokenizer (template without markers) too
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_dirs(out)
     tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")

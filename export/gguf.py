@@ -15,6 +15,7 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
   run on a float32 GGUF, from the prebuilt llama.cpp library node-llama-cpp ships (gguf-py has no Q4_K
   quantiser). Where a row length is not a multiple of 256 llama.cpp itself falls back (Q4_K -> Q5_0,
   Q6_K -> Q8_0); the manifest records the resulting tensor types.
+- a chat model's template as ``tokenizer.chat_template`` and its ``<|im_end|>`` as ``tokenizer.ggml.eot_token_id``;
 - the tokenizer's keys (``tokenizer.ggml.*``: gpt2 BPE, tokens, merges, types, pre-tokenizer type,
   BOS/EOS/PAD ids, add-BOS) from :mod:`prodip.tokenizer.gguf`; a token list shorter than the embedding
   matrix is padded with unused tokens (llama.cpp refuses a shorter list). Only a tokenizer llama.cpp
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from prodip.base.chat import chat_contract
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.export.card import add_gguf_metadata
 from prodip.tokenizer.gguf import add_tokenizer_metadata
@@ -174,6 +176,12 @@ def write_gguf(
     w.add_file_type(ftype[qtype_name])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tok = add_tokenizer_metadata(w, Path(tokenizer_dir), vocab_size=cfg.vocab_size)
+    chat = chat_contract(tokenizer_dir)
+    if chat is not None:
+        # llama.cpp renders this template (llama_chat_apply_template / --jinja) and ends generation at
+        # eot; it also knows <|im_end|> as end-of-generation by its text
+        w.add_chat_template(chat["chat_template"])
+        w.add_eot_token_id(chat["end_of_turn_id"])
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     types: Counter = Counter()
     for name, t in model.state_dict().items():

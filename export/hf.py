@@ -16,11 +16,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import writing
 from prodip.train.config import HF_FIXED_KEYS, ModelConfig
@@ -49,11 +50,19 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
     return out
 
 
-def generation_config(config: Any) -> dict[str, Any]:
-    """``generation_config.json``: token ids and greedy decoding up to the trained context."""
+def generation_config(config: Any, end_of_turn_id: Optional[int] = None) -> dict[str, Any]:
+    """``generation_config.json``: token ids and greedy decoding up to the trained context.
+
+    Args:
+        config: the ``ModelConfig``.
+        end_of_turn_id: a chat model's ``<|im_end|>`` id (``prodip.base.chat.chat_contract``): then
+            ``eos_token_id`` is the list ``[eos, end_of_turn]`` (transformers, transformers.js and
+            onnxruntime-genai stop at any id of the list); None (a base model): the single eos id.
+    """
+    eos = config.eos_token_id if end_of_turn_id is None else [config.eos_token_id, end_of_turn_id]
     return {
         "bos_token_id": config.bos_token_id,
-        "eos_token_id": config.eos_token_id,
+        "eos_token_id": eos,
         "pad_token_id": config.pad_token_id,
         "max_length": config.max_position_embeddings,
         "do_sample": False,
@@ -102,22 +111,30 @@ def write_hf(
         dtype: ``model.safetensors`` dtype: ``float32``, ``bfloat16`` or ``float16``.
         tokenizer_dir: folder holding ``tokenizer.json`` (+ ``tokenizer_config.json``,
             ``special_tokens_map.json``); ``None`` writes no tokenizer files.
+    A chat model's tokenizer (``prodip.base.chat.chat_contract``) adds ``chat_template.jinja`` (the
+    template of its ``tokenizer_config.json``) and its end-of-turn id to ``generation_config.json``.
+
     Returns:
         Paths written.
     Raises:
         FileNotFoundError: ``tokenizer_dir`` has no ``tokenizer.json``.
         ValueError: an unknown dtype.
+        InvalidInput: a chat template other than the contract's, or chat markers missing.
     """
     out = Path(out_dir)
+    chat = chat_contract(tokenizer_dir) if tokenizer_dir is not None else None
     written = []
     with writing(out / WEIGHTS_FILE):  # safetensors raises its own SafetensorError for a full disk
         save_file(export_state_dict(model, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     written.append(out / WEIGHTS_FILE)
     _write_json(out / CONFIG_FILE, hf_config(model.config, dtype))
-    _write_json(out / GENERATION_CONFIG_FILE, generation_config(model.config))
+    _write_json(out / GENERATION_CONFIG_FILE, generation_config(model.config, chat and chat["end_of_turn_id"]))
     written += [out / CONFIG_FILE, out / GENERATION_CONFIG_FILE]
     if tokenizer_dir is not None:
         written += copy_tokenizer(tokenizer_dir, out)
+    if chat is not None:
+        (out / CHAT_TEMPLATE_FILE).write_text(chat["chat_template"], encoding="utf-8")
+        written.append(out / CHAT_TEMPLATE_FILE)
     return written
 
 

@@ -27,10 +27,10 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -92,6 +92,7 @@ class Sequence:
         params: sampling settings.
         tokenizer: the export's tokenizer, for text deltas and stop strings.
         emit: called on the engine thread with each :class:`TokenOut` or :class:`PromptScores`.
+        eos_id: the id, or the ids, that end generation (finish_reason "stop", unless ``ignore_eos``).
         stream_index: choice index within the request, used to derive the seeded RNG stream.
     """
 
@@ -101,13 +102,14 @@ class Sequence:
         params: SamplingParams,
         tokenizer: Any,
         emit: Callable[[Any], None],
-        eos_id: int,
+        eos_id: Union[int, Collection[int]],
         stream_index: int = 0,
     ) -> None:
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.emit = emit
-        self.eos_id = eos_id
+        #: ids that end generation: <|eos|>, and a chat model's end of turn <|im_end|>
+        self.eos_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
         self.rng = make_rng(params.seed, stream_index)
         self.detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
         self.stopper = StopMatcher(params.stop)
@@ -162,7 +164,7 @@ class Sequence:
             lp, top = float(row[token]), _with_chosen(top_logprobs(row, p.logprobs), token, row)
         self.generated.append(token)
         self.penalties.observe(token)
-        if token == self.eos_id and not p.ignore_eos:
+        if token in self.eos_ids and not p.ignore_eos:
             self.emit(TokenOut(token, "", lp, top))
             self.finish("eos")
             return

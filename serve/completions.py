@@ -259,3 +259,108 @@ class _closing:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.agen.aclose()
+
+
+# ---- /v1/chat/completions ----------------------------------------------------------------------
+# The same choices, events and stop handling as /v1/completions (``_Choice``, ``_apply``); only the
+# shapes differ: ``message`` / ``delta`` instead of ``text``, and logprobs as ``content`` entries.
+
+
+def _piece_bytes(piece: str) -> list[int]:
+    """The UTF-8 bytes of a logprobs piece (``bytes:\\xe0\\xa6`` -> [224, 166])."""
+    if piece.startswith("bytes:"):
+        return list(piece[len("bytes:") :].encode("latin-1").decode("unicode_escape").encode("latin-1"))
+    return list(piece.encode("utf-8"))
+
+
+def chat_logprobs(block: dict[str, Any]) -> dict[str, Any]:
+    """A legacy logprobs block (``tokens``, ``token_logprobs``, ``top_logprobs``) in the chat shape:
+    ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``."""
+    return {
+        "content": [
+            {
+                "token": tok,
+                "logprob": lp,
+                "bytes": _piece_bytes(tok),
+                "top_logprobs": [{"token": t, "logprob": v, "bytes": _piece_bytes(t)} for t, v in (top or {}).items()],
+            }
+            for tok, lp, top in zip(block["tokens"], block["token_logprobs"], block["top_logprobs"])
+        ],
+        "refusal": None,
+    }
+
+
+async def chat_completion(
+    svc: Service, events: AsyncIterator, prompt: list[int], n: int, want_lp: bool, top: int
+) -> dict[str, Any]:
+    """The whole (non-streamed) ``chat.completion`` object; ``top``: top_logprobs per token."""
+    choices = _choices(svc, [prompt], n, [None], False)
+    async for index, event in events:
+        _apply(svc, choices[index], event, None, want_lp)
+    out = []
+    for i, ch in enumerate(choices):
+        lp = None
+        if want_lp:
+            lp = chat_logprobs(_logprobs_block(ch.tokens, ch.token_logprobs, _cut(ch.top_logprobs, top), []))
+        out.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": "".join(ch.text), "refusal": None},
+                "logprobs": lp,
+                "finish_reason": ch.finish_reason,
+            }
+        )
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": svc.model_name,
+        "choices": out,
+        "usage": _usage([prompt], choices),
+    }
+
+
+def _cut(tops: list, top: int) -> list:
+    """The ``top`` most likely alternatives of each token (the engine adds the chosen token to its
+    top-n when it is not among them; chat's ``top_logprobs`` is exactly n entries, 0 = none)."""
+    return [dict(sorted((t or {}).items(), key=lambda kv: -kv[1])[:top]) for t in tops]
+
+
+async def chat_completion_stream(
+    svc: Service, events: AsyncIterator, prompt: list[int], n: int, want_lp: bool, top: int, include_usage: bool
+) -> AsyncIterator[str]:
+    """SSE ``chat.completion.chunk`` events: per choice a first ``delta: {"role": "assistant"}``,
+    then text deltas (with their logprobs), then an empty delta with the finish reason; with
+    ``include_usage`` a last chunk with ``choices: []`` and ``usage``; then ``data: [DONE]``."""
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    choices = _choices(svc, [prompt], n, [None], False)
+
+    def chunk(body_choices: list[dict[str, Any]], **extra: Any) -> str:
+        return sse(
+            {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": svc.model_name,
+                "choices": body_choices,
+                **extra,
+            }
+        )
+
+    for i in range(len(choices)):
+        yield chunk(
+            [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        )
+    async with _closing(events):
+        async for index, event in events:
+            text, lp = _apply(svc, choices[index], event, None, want_lp)
+            finish = choices[index].finish_reason if isinstance(event, TokenOut) and event.finish_reason else None
+            has_lp = bool(lp and lp["tokens"])
+            if text or has_lp:
+                lp_out = chat_logprobs({**lp, "top_logprobs": _cut(lp["top_logprobs"], top)}) if has_lp else None
+                yield chunk([{"index": index, "delta": {"content": text}, "logprobs": lp_out, "finish_reason": None}])
+            if finish:
+                yield chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}])
+    if include_usage:
+        yield chunk([], usage=_usage([prompt], choices))
+    yield sse("[DONE]")

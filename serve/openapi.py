@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from prodip.serve.routes import OPEN_ROUTES
-from prodip.serve.schemas import CompletionRequest, GenerateRequest
+from prodip.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 #: OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}`` (prodip.serve.schemas.error_body).
 ERROR_SCHEMA: dict[str, Any] = {
@@ -95,8 +95,71 @@ GENERATE_SCHEMA: dict[str, Any] = {
         "usage": _USAGE_SCHEMA,
     },
 }
+_TOKEN_LOGPROB: dict[str, Any] = {
+    "type": "object",
+    "required": ["token", "logprob", "bytes"],
+    "properties": {
+        "token": {"type": "string"},
+        "logprob": {"type": "number"},
+        "bytes": {"type": ["array", "null"], "items": {"type": "integer"}},
+    },
+}
+#: OpenAI's ``chat.completion`` object as prodip.serve.completions.chat_completion returns it.
+CHAT_COMPLETION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices", "usage"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string", "enum": ["chat.completion"]},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "message", "logprobs", "finish_reason"],
+                "properties": {
+                    "index": {"type": "integer"},
+                    "message": {
+                        "type": "object",
+                        "required": ["role", "content"],
+                        "properties": {
+                            "role": {"type": "string", "enum": ["assistant"]},
+                            "content": {"type": "string"},
+                            "refusal": {"type": "null"},
+                        },
+                    },
+                    "finish_reason": {"type": ["string", "null"]},
+                    "logprobs": {
+                        "type": ["object", "null"],
+                        "required": ["content"],
+                        "properties": {
+                            "content": {
+                                "type": "array",
+                                "items": {
+                                    **_TOKEN_LOGPROB,
+                                    "required": [*_TOKEN_LOGPROB["required"], "top_logprobs"],
+                                    "properties": {
+                                        **_TOKEN_LOGPROB["properties"],
+                                        "top_logprobs": {"type": "array", "items": _TOKEN_LOGPROB},
+                                    },
+                                },
+                            },
+                            "refusal": {"type": "null"},
+                        },
+                    },
+                },
+            },
+        },
+        "usage": _USAGE_SCHEMA,
+    },
+}
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
-_BODY_SCHEMAS = {"/v1/completions": "CompletionResponse", "/v1/generate": "GenerateResponse"}
+_BODY_SCHEMAS = {
+    "/v1/completions": "CompletionResponse",
+    "/v1/generate": "GenerateResponse",
+    "/v1/chat/completions": "ChatCompletionResponse",
+}
 _WHY = {
     "400": "invalid request (bad JSON, a field out of range or of the wrong type, a prompt beyond the context window)",
     "401": "missing or wrong `Authorization: Bearer KEY` (only when the server has an API key)",
@@ -106,8 +169,8 @@ _WHY = {
     "503": "the model is still loading (or failed to load)",
 }
 #: paths answered before the model is ready (no 503) and without a body (no 400/413)
-_NO_503 = {"/health", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/chat/completions"}
-_STREAMING = {"/v1/completions", "/v1/generate"}
+_NO_503 = {"/health", "/metrics", "/v1/models", "/v1/models/{model}"}
+_STREAMING = {"/v1/completions", "/v1/generate", "/v1/chat/completions"}
 
 
 def _error(code: str) -> dict[str, Any]:
@@ -122,9 +185,14 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     schemas["ErrorResponse"] = ERROR_SCHEMA
     schemas["CompletionResponse"] = COMPLETION_SCHEMA
     schemas["GenerateResponse"] = GENERATE_SCHEMA
+    schemas["ChatCompletionResponse"] = CHAT_COMPLETION_SCHEMA
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
-    for name, model in (("CompletionRequest", CompletionRequest), ("GenerateRequest", GenerateRequest)):
+    for name, model in (
+        ("CompletionRequest", CompletionRequest),
+        ("GenerateRequest", GenerateRequest),
+        ("ChatCompletionRequest", ChatCompletionRequest),
+    ):
         if name in schemas:  # FastAPI's document model stores bounds as floats: 2**63 - 1 became 2**63
             _copy_int_bounds(model.model_json_schema(), schemas[name])
     keyed = bool(getattr(app.state, "config", None) and app.state.config.api_key)
@@ -143,16 +211,15 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                     op["security"] = [{"bearer": []}]
             if path not in _NO_503:
                 codes.append("503")
-            if path in ("/v1/completions", "/v1/generate", "/tokenize", "/detokenize", "/v1/models/{model}"):
+            if path in (
+                "/v1/completions",
+                "/v1/chat/completions",
+                "/v1/generate",
+                "/tokenize",
+                "/detokenize",
+                "/v1/models/{model}",
+            ):
                 codes.append("404")
-            if path == "/v1/chat/completions":
-                responses.pop("200", None)
-                op["requestBody"] = {
-                    "required": False,
-                    "description": "any OpenAI chat request: answered with a 400 (no chat template)",
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                }
-                codes.append("400")
             if path in _BODY_SCHEMAS and "200" in responses:
                 ref = {"$ref": f"#/components/schemas/{_BODY_SCHEMAS[path]}"}
                 responses["200"].setdefault("content", {})["application/json"] = {"schema": ref}

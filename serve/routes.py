@@ -15,7 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from prodip.serve import completions as fmt
-from prodip.serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
+from prodip.serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
 from prodip.serve.service import APIError, Service
 
 log = logging.getLogger("prodip.serve.app")
@@ -231,18 +237,25 @@ def add_routes(app: FastAPI, svc: Service) -> None:
         }
 
     @app.post("/v1/chat/completions")
-    async def chat_completions() -> Any:
-        """No chat: the export has no chat template (a base model). An OpenAI-shaped 400 that says
-        so and points to /v1/completions, instead of a bare 404."""
-        has_template = bool(svc.tokenizer_config.get("chat_template")) if svc.ready.is_set() else False
-        why = (
-            "this server does not apply chat templates"
-            if has_template
-            else "this model has no chat template (a base language model)"
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
+        """OpenAI chat completions: ``messages`` rendered with the export's chat template (the chat
+        contract, prodip.base.chat), then generated as /v1/completions does, stopping at the end of
+        turn ``<|im_end|>``. A base model (no template) answers 400 ``chat_not_supported``."""
+        svc.require_chat()
+        svc.require_ready()
+        svc.check_model(req.model)
+        prompt = svc.chat_prompt(req)
+        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = svc.config.default_max_tokens if max_tokens is None else max_tokens
+        top = req.top_logprobs or 0
+        params = svc.sampling_params(
+            req, max_tokens, [prompt], req.n, top if req.logprobs else None, max_tokens_field=field
         )
-        raise APIError(
-            400,
-            f"/v1/chat/completions is not served: {why}. Send text to POST /v1/completions with a prompt instead",
-            param="messages",
-            code="chat_not_supported",
-        )
+        events = svc.stream([prompt], params, req.n)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _sse(
+                fmt.chat_completion_stream(svc, events, prompt, req.n, req.logprobs, top, include_usage), request
+            )
+        return await _until_disconnect(request, fmt.chat_completion(svc, events, prompt, req.n, req.logprobs, top))

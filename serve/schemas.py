@@ -172,6 +172,49 @@ class CompletionRequest(_Sampling):
         return value
 
 
+class ChatMessage(_Strict):
+    """One message of OpenAI's ``messages``: ``role`` and text ``content``.
+
+    ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts (joined); other
+    part types (images, audio, files), a missing content (an assistant's tool call) and roles outside
+    system/user/assistant are refused by the service, naming ``messages[i]``.
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True)  # tool_calls, refusal, ...: refused by name in service
+    role: str
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions`` (OpenAI chat completions, text only; plus ``top_k``/``ignore_eos``).
+
+    ``tools``, ``tool_choice``, ``functions``, ``function_call``, ``parallel_tool_calls`` and a
+    ``response_format`` other than ``{"type": "text"}`` are accepted as fields and refused by the
+    route with ``code: "unsupported"`` (a clear answer instead of an unknown-field 400).
+    """
+
+    model: Optional[str] = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=0, description="tokens to generate (older name)")
+    max_completion_tokens: Optional[int] = Field(None, ge=0, description="tokens to generate; wins over max_tokens")
+    n: int = Field(1, ge=1)
+    logprobs: bool = Field(False, description="return the chosen tokens' logprobs (choices[].logprobs.content)")
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20, description="alternatives per token; needs logprobs")
+    stream_options: Optional[StreamOptions] = Field(None, description="only with stream: true (as OpenAI)")
+    user: Optional[str] = None
+    tools: Optional[Any] = None
+    tool_choice: Optional[Any] = None
+    functions: Optional[Any] = None
+    function_call: Optional[Any] = None
+    parallel_tool_calls: Optional[Any] = None
+    response_format: Optional[Any] = None
+
+    _only_when_streaming = field_validator("stream_options", mode="after")(
+        CompletionRequest._only_when_streaming.__func__
+    )
+
+
 class GenerateRequest(_Sampling):
     """``POST /v1/generate``: the native form (one prompt, one sequence; same sampling fields)."""
 

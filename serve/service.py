@@ -23,6 +23,7 @@ from collections.abc import Sequence as Seq
 from functools import lru_cache
 from typing import Any, Optional, Union
 
+from prodip.base.chat import CHAT_TEMPLATE, ROLES, render
 from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
@@ -114,6 +115,13 @@ class Service:
         self.adds_bos = False
         self._byte_level = False  # tokenizer.json's decoder is ByteLevel (set by load)
         self.document_start: list[int] = [self.eos_id]
+        gen = read_json_or_none(info.export_dir / "generation_config.json") or {}
+        eos = gen.get("eos_token_id", self.eos_id)
+        #: ids that end generation: generation_config.json's eos_token_id (a chat model's lists its
+        #: end of turn <|im_end|> beside <|eos|>), and config.json's eos_token_id
+        self.stop_ids = frozenset({self.eos_id, *(int(e) for e in (eos if isinstance(eos, list) else [eos]))})
+        #: the export's chat template (tokenizer_config.json ``chat_template``), None for a base model
+        self.chat_template: Optional[str] = self.tokenizer_config.get("chat_template") or None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -316,6 +324,95 @@ class Service:
         """Each prompt as sent when it is text (for echo), ``None`` for a token-id prompt."""
         return [p if isinstance(p, str) else None for p in self._prompt_list(prompt)]
 
+    def require_chat(self) -> None:
+        """Raises: APIError 400 ``chat_not_supported`` when the export has no chat template (a base
+        model) or one other than the chat contract's (read from tokenizer_config.json at start, so
+        answered while the model loads too)."""
+        if not self.chat_template:
+            raise APIError(
+                400,
+                "/v1/chat/completions is not served: this model has no chat template (a base language model). "
+                "Send text to POST /v1/completions with a prompt instead",
+                param="messages",
+                code="chat_not_supported",
+            )
+        if self.chat_template != CHAT_TEMPLATE:
+            raise APIError(
+                400,
+                "this export's chat_template (tokenizer_config.json) is not prodip's chat contract "
+                "(prodip.base.chat.CHAT_TEMPLATE); re-export the model with `prodip export`",
+                param="messages",
+                code="chat_not_supported",
+            )
+
+    def chat_prompt(self, req: Any) -> list[int]:
+        """The prompt ids of a chat request: its ``messages`` rendered with the chat contract's template
+        (``prodip.base.chat.render``, jinja2's sandbox) and encoded without added special tokens (the
+        template writes ``<|bos|>``). Text is normalised by the tokenizer (NFC), as /v1/completions'.
+
+        Raises:
+            APIError 400: the export has no chat template (a base model: code ``chat_not_supported``) or
+                another than the contract's; ``tools``/``functions``/``response_format`` other than text
+                (code ``unsupported``); a role outside system/user/assistant, a tool call, a non-text
+                content part (code ``unsupported_content``); a content holding a special token's text,
+                such as ``<|im_end|>`` (code ``special_token_in_content``: it would forge a turn);
+                ``top_logprobs`` without ``logprobs``.
+        """
+        self.require_chat()
+        for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
+            if getattr(req, name) is not None:
+                raise APIError(400, f"{name} is not supported (no tool calling)", param=name, code="unsupported")
+        fmt = req.response_format
+        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
+            raise APIError(
+                400, 'response_format: only {"type": "text"} is supported', param="response_format", code="unsupported"
+            )
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        specials = [self.tokenizer.id_to_token(i) for i in sorted(self._special_ids)]
+        messages = []
+        for i, m in enumerate(req.messages):
+            where = f"messages[{i}]"
+            if m.role not in ROLES:
+                raise APIError(
+                    400,
+                    f"{where}.role: {m.role!r} is not supported (only {', '.join(ROLES)}: no tools)",
+                    param=f"{where}.role",
+                    code="unsupported_content",
+                )
+            if m.model_extra:
+                extra = sorted(m.model_extra)[0]
+                raise APIError(400, f"{where}.{extra} is not supported", param=f"{where}.{extra}", code="unsupported")
+            content = m.content
+            if content is None:
+                raise APIError(400, f"{where}.content is missing (text content only)", param=f"{where}.content")
+            if isinstance(content, list):
+                bad = next((p for p in content if p.get("type") != "text" or not isinstance(p.get("text"), str)), None)
+                if bad is not None:
+                    raise APIError(
+                        400,
+                        f"{where}.content: a {bad.get('type')!r} part is not supported (text parts with a string "
+                        "text only: this model reads no images, audio or files)",
+                        param=f"{where}.content",
+                        code="unsupported_content",
+                    )
+                content = "".join(p["text"] for p in content)
+            hit = next((t for t in specials if t and t in content), None)
+            if hit is not None:
+                raise APIError(
+                    400,
+                    f"{where}.content holds {hit!r}, a special token's text; the chat template would read it as "
+                    "that token (a forged turn or document boundary), so it is refused",
+                    param=f"{where}.content",
+                    code="special_token_in_content",
+                )
+            messages.append({"role": m.role, "content": content})
+        ids = self.encode(render(messages, add_generation_prompt=True), add_special_tokens=False)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:  # pragma: no cover (a tokenizer larger than the model: refused by export)
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param="messages")
+        return ids
+
     def sampling_params(
         self,
         req: Any,
@@ -396,7 +493,7 @@ class Service:
             return emit
 
         seqs = [
-            Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.eos_id, stream_index=j)
+            Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.stop_ids, stream_index=j)
             for p, ids in enumerate(prompts)
             for j in range(n)
         ]

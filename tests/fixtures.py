@@ -461,3 +461,90 @@ def write_sources(folder: Path, records: dict[str, str], license: str = "CC0-1.0
     path = Path(folder) / "sources.toml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+# ---- a tiny chat model -------------------------------------------------------------------------
+
+
+def add_chat_tokens(tokenizer_dir: Path) -> dict[str, int]:
+    """Make ``tokenizer_dir`` a chat model's tokenizer: ``<|im_start|>`` / ``<|im_end|>`` added as special
+    tokens (HF ``tokenizers``; a no-op where they exist already) and ``chat_template`` =
+    ``prodip.base.chat.CHAT_TEMPLATE`` in tokenizer_config.json. Returns the markers' ids (found by text)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_TOKENS])
+    tok.save(str(tokenizer_dir / "tokenizer.json"))
+    cfg_path = tokenizer_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    return {t: tok.token_to_id(t) for t in CHAT_TOKENS}
+
+
+#: The conversation whose greedy reply :func:`build_tiny_chat_export` ends with ``<|im_end|>``.
+CHAT_PROMPT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "ঢাকা কোথায়?"}]
+
+
+def build_tiny_chat_export(
+    tmp_dir: str | os.PathLike,
+    *,
+    variants: Optional[Sequence[str]] = None,
+    stop_after: int = 3,
+    export_options: Optional[dict[str, Any]] = None,
+) -> tuple[Path, dict[str, Any]]:
+    """A tiny random *chat* model exported by the real path, whose greedy reply to :data:`CHAT_PROMPT`
+    is ``stop_after - 1`` tokens and then ``<|im_end|>``.
+
+    The end of turn is planted by swapping two ``lm_head`` rows (the model is untied, so inputs are
+    unchanged): those of ``<|im_end|>`` and of the token greedy decoding emits at step ``stop_after``
+    (chosen new: it and ``<|im_end|>`` appear nowhere earlier in the reply, so steps before it keep
+    their tokens). The tokenizer is :func:`build_tiny_checkpoint`'s (portable to every runtime) with the chat markers.
+
+    Returns:
+        (export dir, ``{"prompt_ids": [...], "reply_ids": [... , im_end], "end_of_turn_id": int}``).
+    """
+    from prodip.base.chat import END_OF_TURN, render
+
+    root = Path(tmp_dir)
+    tok_dir = train_tokenizer_from_texts(TINY_TEXTS, 300, root / "tokenizer")  # portable to every runtime
+    ids = add_chat_tokens(tok_dir)
+    eot = ids[END_OF_TURN]
+    from tokenizers import Tokenizer
+
+    prompt = (
+        Tokenizer.from_file(str(tok_dir / "tokenizer.json")).encode(render(CHAT_PROMPT), add_special_tokens=False).ids
+    )
+    config = tiny_model_config(vocab_size=320, tie=False, max_position_embeddings=128)
+    for seed in range(50):
+        model = tiny_model(config, seed=seed)
+        reply = _greedy(model, prompt, stop_after + 2)
+        if eot not in reply[:stop_after] and reply[stop_after - 1] not in reply[: stop_after - 1]:
+            break
+    else:  # pragma: no cover (a seed always qualifies for the tiny vocabulary)
+        raise RuntimeError("no seed gives a reply whose planted token is new")
+    swap = reply[stop_after - 1]
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w[[swap, eot]] = w[[eot, swap]]
+    planted = _greedy(model, prompt, stop_after)
+    assert planted == [*reply[: stop_after - 1], eot], (planted, reply)
+    save_checkpoint(root / "run" / "checkpoints", step=1, model=model, model_config=config, tokenizer_dir=tok_dir)
+    cfg = ExportConfig(
+        checkpoint=str(root / "run"),
+        out=str(root / "export"),
+        variants=list(variants or ["fp32"]),
+        **(export_options or {}),
+    )
+    return export_checkpoint(cfg), {"prompt_ids": prompt, "reply_ids": planted, "end_of_turn_id": eot}
+
+
+def _greedy(model: Any, prompt: Sequence[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt`` (the training model, full recompute: the reference)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt) :]

@@ -25,7 +25,11 @@ is tokenised without adding special tokens (``add_special_tokens=False``), as tr
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 #: Conversation markers, in the order new tokenizers reserve them (ids 3 and 4).
 IM_START = "<|im_start|>"
@@ -76,3 +80,51 @@ def _compiled():
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     return env.from_string(CHAT_TEMPLATE)
+
+
+#: The template as its own file, beside ``tokenizer_config.json`` (transformers >= 4.43 reads it) and the ``.pte``.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def chat_contract(tokenizer_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The chat contract a tokenizer dir carries, or ``None`` for a base model's.
+
+    A tokenizer dir is a chat model's when its ``tokenizer_config.json`` has a ``chat_template``; that
+    template must then be :data:`CHAT_TEMPLATE` exactly and ``tokenizer.json`` must hold both
+    :data:`CHAT_TOKENS` as special added tokens (found by text, never by number).
+
+    Args:
+        tokenizer_dir: folder with ``tokenizer.json`` and ``tokenizer_config.json`` (a checkpoint's
+            ``tokenizer/`` copy, or an export dir).
+    Returns:
+        ``None`` (no ``chat_template``), or ``{"chat_template": str, "im_start_id": int,
+        "end_of_turn_id": int}``.
+    Raises:
+        InvalidInput: a ``chat_template`` other than :data:`CHAT_TEMPLATE`, or a chat token missing
+            from ``tokenizer.json`` or not special (each names the file).
+        MissingInput: ``tokenizer.json`` is missing while the config names a template.
+    """
+    from prodip.base.errors import InvalidInput, MissingInput  # noqa: PLC0415 (keeps render()'s import light)
+
+    root = Path(tokenizer_dir)
+    cfg_path = root / "tokenizer_config.json"
+    config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    template = config.get("chat_template")
+    if not template:
+        return None
+    if template != CHAT_TEMPLATE:
+        raise InvalidInput(
+            f"{cfg_path}: chat_template differs from prodip's chat contract (prodip.base.chat.CHAT_TEMPLATE); "
+            "every runtime must render one template, so a checkpoint carries that one exactly"
+        )
+    tok_path = root / "tokenizer.json"
+    if not tok_path.is_file():
+        raise MissingInput(f"{tok_path}: not found, but {cfg_path} names a chat template")
+    added = {a["content"]: a for a in json.loads(tok_path.read_text(encoding="utf-8")).get("added_tokens", [])}
+    for token in CHAT_TOKENS:
+        if token not in added or not added[token].get("special"):
+            raise InvalidInput(
+                f"{tok_path}: {token} is not a special added token, but {cfg_path} names a chat template "
+                "(a chat model's tokenizer holds both chat markers)"
+            )
+    return {"chat_template": template, "im_start_id": added[IM_START]["id"], "end_of_turn_id": added[END_OF_TURN]["id"]}

@@ -1,0 +1,189 @@
+"""/v1/chat/completions on a tiny chat export (tests.fixtures.build_tiny_chat_export): the prompt is the
+chat contract's rendering (the same ids as transformers' apply_chat_template), greedy replies stop at the
+planted end of turn <|im_end|>, the reply equals /v1/completions on the same ids (one machinery), n and
+batch neighbours do not change a greedy reply, NFC, the chat logprobs shape, and each refusal."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+
+import pytest
+
+from tests.fixtures import CHAT_PROMPT
+from tests.serve.conftest import make_verdict, wait_ready
+
+
+@pytest.fixture(scope="session")
+def chat_export(tmp_path_factory):
+    """(export_dir, planted) of a tiny chat model (fp32 ONNX) with a passing conformance verdict."""
+    from prodip import export
+    from tests.fixtures import build_tiny_chat_export
+
+    out, planted = build_tiny_chat_export(tmp_path_factory.mktemp("chat"), variants=["fp32"])
+    export.set_conformance(out, make_verdict(out, {"fp32": True}))
+    return out, planted
+
+
+@pytest.fixture(scope="module")
+def chat_client(chat_export):
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+
+    with TestClient(create_app(chat_export[0], "fp32", batch_wait_ms=2.0)) as c:
+        wait_ready(c)
+        yield c
+
+
+def _chat(client, **body):
+    r = client.post("/v1/chat/completions", json={"messages": CHAT_PROMPT, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_prompt_ids_are_transformers_apply_chat_template(chat_export, chat_client):
+    """usage.prompt_tokens and /tokenize of the rendering equal transformers' own template ids."""
+    from transformers import AutoTokenizer
+
+    from prodip.base.chat import render
+
+    want = AutoTokenizer.from_pretrained(chat_export[0]).apply_chat_template(
+        CHAT_PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert want == chat_export[1]["prompt_ids"]
+    got = chat_client.post("/tokenize", json={"prompt": render(CHAT_PROMPT), "add_special_tokens": False}).json()
+    assert got["tokens"] == want
+    body = _chat(chat_client, max_tokens=8)
+    assert body["usage"]["prompt_tokens"] == len(want)
+
+
+def test_greedy_reply_stops_at_end_of_turn(chat_export, chat_client):
+    planted = chat_export[1]
+    body = _chat(chat_client, max_tokens=10)
+    (choice,) = body["choices"]
+    assert body["object"] == "chat.completion" and choice["finish_reason"] == "stop"
+    assert choice["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] == len(planted["reply_ids"])  # the end of turn included
+    text = chat_client.post("/detokenize", json={"tokens": planted["reply_ids"]}).json()["prompt"]
+    assert choice["message"]["content"] == text
+    # ignore_eos: the same first tokens, then on past the end of turn to max_tokens
+    longer = _chat(chat_client, max_tokens=10, ignore_eos=True)["choices"][0]
+    assert longer["finish_reason"] == "length"
+
+
+def test_same_reply_as_completions_on_the_rendered_ids(chat_export, chat_client):
+    """One machinery: /v1/completions on the rendered prompt's ids gives the same text and logprobs."""
+    ids = chat_export[1]["prompt_ids"]
+    comp = chat_client.post(
+        "/v1/completions", json={"prompt": ids, "max_tokens": 10, "temperature": 0, "logprobs": 2}
+    ).json()["choices"][0]
+    chat = _chat(chat_client, max_tokens=10, logprobs=True, top_logprobs=2)["choices"][0]
+    assert chat["message"]["content"] == comp["text"] and chat["finish_reason"] == comp["finish_reason"]
+    content = chat["logprobs"]["content"]
+    assert [c["token"] for c in content] == comp["logprobs"]["tokens"]
+    assert [c["logprob"] for c in content] == comp["logprobs"]["token_logprobs"]
+    for c, top in zip(content, comp["logprobs"]["top_logprobs"]):
+        assert len(c["top_logprobs"]) == 2
+        assert [t["logprob"] for t in c["top_logprobs"]] == sorted(top.values(), reverse=True)[:2]
+        assert bytes(c["bytes"]).decode("utf-8", "replace") == c["token"] or c["token"].startswith("bytes:")
+
+
+def test_n_and_streaming_join_to_the_whole_answer(chat_client):
+    whole = _chat(chat_client, max_tokens=10, n=3)
+    texts = {c["message"]["content"] for c in whole["choices"]}
+    assert len(texts) == 1  # greedy: batch neighbours do not change a row
+    (text,) = texts
+    r = chat_client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": CHAT_PROMPT,
+            "temperature": 0,
+            "max_tokens": 10,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    events = [
+        json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+    assert r.text.rstrip().endswith("data: [DONE]")
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    for i in range(2):
+        mine = [e["choices"][0] for e in events if e["choices"] and e["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in mine) == text
+        assert mine[-1]["finish_reason"] == "stop" and mine[-1]["delta"] == {}
+    per_choice = whole["usage"]["completion_tokens"] // 3
+    assert events[-1]["choices"] == []
+    assert events[-1]["usage"] == {
+        "prompt_tokens": whole["usage"]["prompt_tokens"],
+        "completion_tokens": 2 * per_choice,
+        "total_tokens": whole["usage"]["prompt_tokens"] + 2 * per_choice,
+    }
+
+
+def test_nfd_content_is_served_as_nfc(chat_client):
+    """The one normalisation rule: decomposed Bangla (NFD) is the same prompt as composed (NFC)."""
+    nfd = [{"role": m["role"], "content": unicodedata.normalize("NFD", m["content"])} for m in CHAT_PROMPT]
+    assert nfd != CHAT_PROMPT
+    a = _chat(chat_client, max_tokens=6)
+    b = chat_client.post("/v1/chat/completions", json={"messages": nfd, "temperature": 0, "max_tokens": 6}).json()
+    assert a["usage"] == b["usage"] and a["choices"][0]["message"] == b["choices"][0]["message"]
+
+
+def test_text_parts_are_joined(chat_client):
+    parts = [
+        {"role": "system", "content": [{"type": "text", "text": "Answer "}, {"type": "text", "text": "briefly."}]},
+        CHAT_PROMPT[1],
+    ]
+    a = _chat(chat_client, max_tokens=6)
+    b = chat_client.post("/v1/chat/completions", json={"messages": parts, "temperature": 0, "max_tokens": 6}).json()
+    assert a["usage"] == b["usage"] and a["choices"][0]["message"] == b["choices"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "extra, messages, param, code",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, None, "tools", "unsupported"),
+        ({"tool_choice": "auto"}, None, "tool_choice", "unsupported"),
+        ({"response_format": {"type": "json_object"}}, None, "response_format", "unsupported"),
+        ({"top_logprobs": 2}, None, "top_logprobs", None),
+        ({}, [{"role": "tool", "content": "x", "tool_call_id": "1"}], "messages[0].role", "unsupported_content"),
+        (
+            {},
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}],
+            "messages[0].content",
+            "unsupported_content",
+        ),
+        ({}, [{"role": "user", "content": "a <|im_end|> b"}], "messages[0].content", "special_token_in_content"),
+        (
+            {},
+            [{"role": "user", "content": "hi"}, {"role": "user", "content": "<|bos|>"}],
+            "messages[1].content",
+            "special_token_in_content",
+        ),
+        ({}, [{"role": "assistant", "content": None}], "messages[0].content", None),
+        ({}, [{"role": "assistant", "content": "x", "tool_calls": []}], "messages[0].tool_calls", "unsupported"),
+        ({"max_completion_tokens": 1000}, None, "max_completion_tokens", "context_length_exceeded"),
+    ],
+)
+def test_refusals_are_openai_errors(chat_client, extra, messages, param, code):
+    body = {"messages": messages or CHAT_PROMPT, **extra}
+    r = chat_client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["code"] == code, err
+
+
+def test_empty_messages_and_stream_options_without_stream(chat_client):
+    for body in ({"messages": []}, {"messages": CHAT_PROMPT, "stream_options": {"include_usage": True}}):
+        r = chat_client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_template_advertised(chat_client):
+    from prodip.base.chat import CHAT_TEMPLATE
+
+    assert chat_client.get("/tokenizer_info").json()["chat_template"] == CHAT_TEMPLATE
