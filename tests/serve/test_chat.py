@@ -6,6 +6,7 @@ batch neighbours do not change a greedy reply, NFC, the chat logprobs shape, and
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 
 import pytest
@@ -187,3 +188,132 @@ def test_template_advertised(chat_client):
     from prodip.base.chat import CHAT_TEMPLATE
 
     assert chat_client.get("/tokenizer_info").json()["chat_template"] == CHAT_TEMPLATE
+
+
+# ---- a real `prodip serve`: the openai client (README's example verbatim) and lm-evaluation-harness ----
+
+
+@pytest.fixture(scope="module")
+def chat_server(chat_export):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.serve.test_server import free_port, wait_http
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prodip.serve",
+            "serve",
+            str(chat_export[0]),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def readme_chat_example() -> str:
+    """README.md's `openai` chat example (the python block after "## HTTP API in brief" using chat.completions)."""
+    import re
+
+    from tests.serve.test_lm_eval import REPO
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "chat.completions.create" in b]
+    assert len(blocks) == 1, "README.md must hold one python block with the openai chat example"
+    return blocks[0]
+
+
+def _hf_greedy_reply(export_dir, messages, max_new_tokens: int) -> str:
+    """transformers' own template + generate (its generation_config.json: stops at any eos id)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(export_dir)
+    model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
+    return tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_readme_openai_chat_example_runs(chat_export, chat_server):
+    """The README's example, verbatim but for the port, against a real server: the reply is
+    transformers' greedy reply to the same messages (stopped at <|im_end|>), and streamed joins to it."""
+    import subprocess
+    import sys
+
+    code = readme_chat_example().replace("http://127.0.0.1:8000", chat_server)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    import openai
+
+    client = openai.OpenAI(base_url=f"{chat_server}/v1", api_key="unused", max_retries=0)
+    msgs = json.loads(re.search(r"messages = (\[.*?\])\n", code, re.S).group(1))
+    reply = client.chat.completions.create(model="export", messages=msgs, max_tokens=64, temperature=0)
+    assert lines == [repr(reply.choices[0].message.content), "stop", "True"], lines
+    assert reply.choices[0].message.content == _hf_greedy_reply(chat_export[0], msgs, 64)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="export", messages=msgs, tools=[{"type": "function", "function": {"name": "f"}}]
+        )
+    assert err.value.body["code"] == "unsupported"
+
+
+@pytest.mark.slow
+def test_lm_eval_local_chat_completions(chat_export, chat_server, tmp_path):
+    """lm-evaluation-harness's `local-chat-completions` with serve/README.md's command line (port and
+    task substituted): its generations equal transformers' greedy chat replies to the same messages."""
+    pytest.importorskip("lm_eval")
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.fixtures import CHAT_PROMPT
+    from tests.serve.test_lm_eval import REPO
+
+    text = (REPO / "serve" / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"^lm_eval --model local-chat-completions.*?(?<!\\)$", text, re.S | re.M)
+    assert m, "serve/README.md has no `lm_eval --model local-chat-completions` command"
+    cmd = shlex.split(m.group(0).replace("\\\n", " "))
+    cmd[:1] = [sys.executable, "-m", "lm_eval"]  # the lm_eval of this interpreter
+    cmd[cmd.index("--model_args") + 1] = cmd[cmd.index("--model_args") + 1].replace(
+        "http://127.0.0.1:8000", chat_server
+    )
+    docs = [{"q": CHAT_PROMPT[1]["content"]}, {"q": "Where is Dhaka?"}, {"q": "ঢাকা কোথায়? Where?"}]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    (tmp_path / "tiny_chat.yaml").write_text(
+        f"task: tiny_chat\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        "output_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: ''\n"
+        "generation_kwargs:\n  until: ['\\n\\n\\n']\n  max_gen_toks: 12\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n",
+        encoding="utf-8",
+    )
+    cmd[cmd.index("--tasks") + 1] = "tiny_chat"
+    extra = ["--include_path", str(tmp_path), "--log_samples", "--output_path", str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    r = subprocess.run(cmd + extra, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, f"{shlex.join(cmd + extra)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    samples = [
+        json.loads(x) for x in next((tmp_path / "out").rglob("samples_tiny_chat_*.jsonl")).read_text().splitlines()
+    ]
+    system = CHAT_PROMPT[0]["content"]
+    for s in sorted(samples, key=lambda s: s["doc_id"]):
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": docs[s["doc_id"]]["q"]}]
+        assert s["resps"][0][0] == _hf_greedy_reply(chat_export[0], msgs, 12), s
