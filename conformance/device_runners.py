@@ -25,7 +25,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -216,11 +216,13 @@ def runtime_token_ids(kind: str, runner: Any, tokenizer_json: Path, texts: list[
     return [list(tok.encode(t, 1, 0)) for t in texts]
 
 
-def metadata_problems(kind: str, runner: Any, config: Any) -> list[str]:
+def metadata_problems(kind: str, runner: Any, config: Any, eos_ids: Optional[list[int]] = None) -> list[str]:
     """What a runtime reads from the artifact that differs from the training model's config.
 
     Args:
         kind: ``gguf`` or ``pte``; runner: its runner; config: the checkpoint's ``ModelConfig``.
+        eos_ids: the ids that end generation (a chat model's ``<|eos|>`` and ``<|im_end|>``, from the
+            export's generation_config.json): the ``.pte``'s ``get_eos_ids``; None: ``[eos_token_id]``.
     Returns:
         Human-readable problems (empty: the runtime sees the right context, vocabulary and special tokens).
     """
@@ -244,5 +246,5 @@ def metadata_problems(kind: str, runner: Any, config: Any) -> list[str]:
         from prodip.export.executorch import runner_metadata  # noqa: PLC0415 (the expected values' one owner)
 
         got = pte_metadata(runner.path)
-        want = runner_metadata(config, bos_id=config.bos_token_id, eos_ids=[config.eos_token_id])
+        want = runner_metadata(config, bos_id=config.bos_token_id, eos_ids=eos_ids or [config.eos_token_id])
     return [f"{k} is {got.get(k)!r}, expected {v!r}" for k, v in want.items() if got.get(k) != v]

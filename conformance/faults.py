@@ -334,6 +334,43 @@ def plant_card_licence_dropped(src: Path, dst: Path, rel: str = BY_NAME["fp16"].
     return dst
 
 
+#: The template edit the chat faults plant: the newline after a turn's <|im_end|> becomes a space (same length,
+#: so a GGUF string can be edited in place); every rendered conversation then has other ids.
+_TURN_END, _TURN_END_EDITED = "'<|im_end|>' + '\n'", "'<|im_end|>' + ' '"
+
+
+def plant_chat_template_edited(src: Path, dst: Path, where: str = "gguf-f16") -> Path:
+    """The chat template edited in one artifact only (a converter rewriting it): ``where`` is a GGUF variant
+    (its ``tokenizer.chat_template``, edited in place with gguf-py), ``tokenizer_config.json`` (its
+    ``chat_template``: what transformers, transformers.js and onnxruntime-genai read) or a ``.jinja`` file."""
+    dst = copy_export(src, dst)
+    if where.startswith("gguf-"):
+        import gguf  # noqa: PLC0415 (optional: pip extra runtimes)
+
+        reader = gguf.GGUFReader(str(_gguf_path(dst, where)), "r+")
+        field = reader.get_field("tokenizer.chat_template")
+        if field is None:
+            raise InvalidInput(f"{where}: has no tokenizer.chat_template (not a chat model's export)")
+        raw = field.parts[field.data[0]]
+        text = bytes(raw).decode("utf-8")
+        if _TURN_END not in text:
+            raise InvalidInput(f"{where}: the chat template has no {_TURN_END!r} to edit")
+        raw[...] = np.frombuffer(text.replace(_TURN_END, _TURN_END_EDITED, 1).encode("utf-8"), np.uint8)
+        del reader  # flush the memory map
+    elif where.endswith(".json"):
+        path = dst / where
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if _TURN_END not in (config.get("chat_template") or ""):
+            raise InvalidInput(f"{path}: has no chat_template with {_TURN_END!r} to edit (not a chat model's export)")
+        config["chat_template"] = config["chat_template"].replace(_TURN_END, _TURN_END_EDITED, 1)
+        path.write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    else:
+        path = dst / where
+        path.write_text(path.read_text(encoding="utf-8").replace(_TURN_END, _TURN_END_EDITED, 1), encoding="utf-8")
+    refresh_manifest(dst)
+    return dst
+
+
 def plant_card_figure_edited(src: Path, dst: Path) -> Path:
     """README.md's quality card with one figure made better than measured (the first bits/char, -0.5)
     while the manifest keeps the measured figures. Needs an export conformance has written a card into."""
@@ -353,6 +390,23 @@ def plant_card_figure_edited(src: Path, dst: Path) -> Path:
     return dst
 
 
+def plant_end_of_turn_not_a_stop(src: Path, dst: Path, file: str = "genai_config.json") -> Path:
+    """``<|im_end|>`` left out of one runtime's stop set (an SFT export that never switched its EOS):
+    ``genai_config.json``'s ``model.eos_token_id`` (onnxruntime-genai) or ``generation_config.json``'s
+    ``eos_token_id`` (transformers, transformers.js, prodip serve) back to the single ``<|eos|>``."""
+    dst = copy_export(src, dst)
+    path = dst / file
+    config = json.loads(path.read_text(encoding="utf-8"))
+    table = config["model"] if file == "genai_config.json" else config
+    eos = table["eos_token_id"]
+    if not isinstance(eos, list) or len(eos) < 2:
+        raise InvalidInput(f"{path}: eos_token_id {eos!r} has no end-of-turn id to remove (not a chat model's)")
+    table["eos_token_id"] = eos[0]  # <|eos|> only
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    refresh_manifest(dst)
+    return dst
+
+
 FAULTS = {
     "rope_interleaved": plant_rope_interleaved,
     "static_seq": plant_static_seq,
@@ -368,6 +422,8 @@ FAULTS = {
     "pte_max_seq_len": plant_pte_max_seq_len,
     "card_licence_dropped": plant_card_licence_dropped,
     "card_figure_edited": plant_card_figure_edited,
+    "chat_template_edited_gguf": plant_chat_template_edited,
+    "end_of_turn_not_a_genai_stop": plant_end_of_turn_not_a_stop,
 }
 
 

@@ -185,6 +185,41 @@ def _runtime_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _chat_lines(report: dict[str, Any]) -> list[str]:
+    """The chat contract (a chat model's export): per runtime, the fixed conversations' template ids vs the
+    reference and whether the end of turn ends generation there; the template copies."""
+    chat = report.get("chat")
+    if not chat:
+        return []
+    convs = list(chat["conversations"])
+    eot = chat["end_of_turn"]
+    lines = [
+        "",
+        f"Chat contract: the conversations {', '.join(convs)} rendered by each runtime's own template engine "
+        f"and tokenizer vs `prodip.base.chat.render` + tokenizers ({', '.join(str(len(chat['reference'][k])) for k in convs)} "
+        f"tokens); end of turn `{eot['token']}` (id {eot['id']}) in each runtime's stop set.",
+        "",
+        "| runtime | " + " | ".join(convs) + " | stop ids | end of turn stops |",
+        "|---|" + "---|" * len(convs) + "---|---|",
+    ]
+    for name, res in chat["runtimes"].items():
+        ids = res.get("ids")
+        if res.get("skipped"):
+            cells = [f"skipped ({res['skipped'][:80]})"] + ["-"] * (len(convs) - 1)
+        elif res.get("error"):
+            cells = [f"**FAIL** {res['error'][:80]}"] + ["-"] * (len(convs) - 1)
+        elif ids is None:
+            cells = ["(renders none: serves with prodip.base.chat.render)"] + ["-"] * (len(convs) - 1)
+        else:
+            cells = ["identical" if ids.get(k) == chat["reference"][k] else "**differ**" for k in convs]
+        stops = res.get("stop_ids")
+        stop_cell = "-" if res.get("skipped") else ("yes" if res.get("end_of_turn_stops") else "**NO**")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'-' if stops is None else stops} | {stop_cell} |")
+    copies = ", ".join(f"{k} {'ok' if ok else '**DIFFERS**'}" for k, ok in chat["template_copies"].items())
+    lines += ["", f"Template copies (= prodip.base.chat.CHAT_TEMPLATE): {copies}."]
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The ten-second view: verdict, one row per candidate, then what failed and why."""
     verdict = "PASSED" if report["passed"] else "FAILED"
@@ -209,6 +244,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             + f" | {res['seconds']:.1f} |"
         )
     lines += _runtime_lines(report)
+    lines += _chat_lines(report)
     g = report["global"]
     lines += [
         "",

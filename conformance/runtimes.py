@@ -24,9 +24,9 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Union
 
 import numpy as np
 
@@ -51,33 +51,52 @@ def node_root() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / "node"
 
 
-def truncate_at_eos(ids: Sequence[int], prompt_len: int, eos_id: Optional[int]) -> list[int]:
-    """``ids`` up to and including the first generated ``eos_id`` (the prompt is never cut)."""
+def _stops(eos_id: Union[None, int, Collection[int]]) -> frozenset[int]:
+    return frozenset() if eos_id is None else frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
+
+
+def stop_ids(export_dir: Path) -> list[int]:
+    """The ids that end generation by the export's ``generation_config.json`` (``eos_token_id``, an int or a
+    list), else ``config.json``'s: what every runner here stops at."""
+    for name in ("generation_config.json", "config.json"):
+        path = Path(export_dir) / name
+        if path.is_file():
+            eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+            if eos is not None:
+                return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return []
+
+
+def truncate_at_eos(ids: Sequence[int], prompt_len: int, eos_id: Union[None, int, Collection[int]]) -> list[int]:
+    """``ids`` up to and including the first generated id of ``eos_id`` (an id, or the ids that end generation:
+    a chat model's ``<|eos|>`` and ``<|im_end|>``); the prompt is never cut."""
     ids = [int(i) for i in ids]
-    if eos_id is None:
-        return ids
+    stops = _stops(eos_id)
     for j in range(prompt_len, len(ids)):
-        if ids[j] == eos_id:
+        if ids[j] in stops:
             return ids[: j + 1]
     return ids
 
 
-def runner_greedy(runner: Any, prompt: Sequence[int], max_new_tokens: int, eos_id: Optional[int]) -> list[int]:
+def runner_greedy(
+    runner: Any, prompt: Sequence[int], max_new_tokens: int, eos_id: Union[None, int, Collection[int]]
+) -> list[int]:
     """Greedy ids (prompt + new) from a conformance runner, batch 1, no padding, KV cache.
 
     Args:
         runner: a :class:`prodip.conformance.runners.Runner` (ONNX Runtime or the training model).
         prompt: token ids.
         max_new_tokens: new tokens at most (tokens).
-        eos_id: stop after generating this id (it is included), or None.
+        eos_id: stop after generating this id, or any of these ids (it is included), or None.
     """
+    stops = _stops(eos_id)
     ids = [int(i) for i in prompt]
     x = np.asarray([ids], np.int64)
     logits, state = runner.forward(x, np.ones_like(x), np.arange(len(ids), dtype=np.int64)[None])
     for step in range(max_new_tokens):
         nxt = int(np.argmax(logits[0, -1]))
         ids.append(nxt)
-        if nxt == eos_id or step + 1 == max_new_tokens:
+        if nxt in stops or step + 1 == max_new_tokens:
             break
         n = len(ids)
         logits, state = runner.forward(
@@ -94,7 +113,8 @@ def genai_greedy(
     shared-buffer graph, ``onnx/<file>_genai.onnx``); a file no variant lists: that file, no shared buffer.
 
     Returns:
-        ``{"ids": [[prompt + new ids], ...], "versions": {...}}``, each ending with the EOS that stopped
+        ``{"ids": [[prompt + new ids], ...], "stop_ids": genai_config.json's eos ids, "versions": {...}}``,
+        each ending with the EOS that stopped
         it, as the other runners' do: onnxruntime-genai (0.18) stops on its ``eos_token_id`` but leaves
         that token out of ``get_sequence()``, so a sequence that stopped before ``max_length`` gets it
         back (a model that ends its text within the new tokens failed every variant's check without).
@@ -124,10 +144,12 @@ def genai_greedy(
             gen.generate_next_token()
         seq = [int(i) for i in gen.get_sequence(0)]
         stopped_early = len(seq) < len(prompt) + max_new_tokens  # only an EOS stops it before max_length
-        if stopped_early and len(eos_ids) == 1 and seq[-1:] != eos_ids:
-            seq.append(eos_ids[0])
+        if stopped_early:  # which of the eos ids stopped it: the token it chose last (get_next_tokens)
+            nxt = [int(t) for t in gen.get_next_tokens()] or eos_ids[:1]
+            if nxt[0] in eos_ids and seq[-1:] != nxt[:1]:
+                seq.append(nxt[0])
         out.append(seq)
-    return {"ids": out, "versions": {"onnxruntime-genai": getattr(og, "__version__", None)}}
+    return {"ids": out, "stop_ids": eos_ids, "versions": {"onnxruntime-genai": getattr(og, "__version__", None)}}
 
 
 def transformersjs_greedy(
@@ -252,7 +274,7 @@ def check_runtimes(
     # prompt + new tokens must fit the context (onnxruntime-genai refuses max_length > context_length)
     room = max(1, model_cfg.max_position_embeddings - max_new_tokens)
     names, ids = list(prompts), [list(prompts[k])[:room] for k in prompts]
-    eos = model_cfg.eos_token_id
+    eos = stop_ids(export_dir) or [model_cfg.eos_token_id]  # a chat model's: <|eos|> and <|im_end|>
     ref_ids = [runner_greedy(TorchRunner(reference, "reference"), p, max_new_tokens, eos) for p in ids]
     tjs: Any = None
     if TRANSFORMERS_JS in runtimes:
@@ -276,7 +298,9 @@ def check_runtimes(
         if GENAI in runtimes:
             try:
                 got: Any = genai_greedy(export_dir, cand.path, ids, max_new_tokens, threads)
-                got["ids"] = [truncate_at_eos(g, len(p), eos) for g, p in zip(got["ids"], ids)]
+                # cut at genai's own stop ids (genai_config.json), not the export's: an end of turn missing
+                # there lets genai run past it, and that must show as different ids
+                got["ids"] = [truncate_at_eos(g, len(p), got["stop_ids"]) for g, p in zip(got["ids"], ids)]
             except Exception as err:  # a runtime that cannot run fails this variant
                 got = err
             results[GENAI] = _result(GENAI, got, want, missing == "skip")

@@ -33,13 +33,14 @@ from prodip.base.manifest import (
     verify_files,
 )
 from prodip.conformance import card, device_runners, measure, runners
+from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION, check_chat, reference_ids
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.inputs import PROMPTS, build_inputs
 from prodip.conformance.reload import load_safetensors_model
 from prodip.conformance.report import write_report
 from prodip.conformance.runners import TorchRunner, onnx_axes_problems
-from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes
+from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_ids
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
 from prodip.conformance.verdict import merge_verdict
 from prodip.export.core import require_checkpoint_tokenizer
@@ -398,7 +399,7 @@ def check_candidate(
     else:
         if cand.kind in ("gguf", "pte"):  # what the runtime reads from the file: context, vocab, special ids
             try:
-                problems = device_runners.metadata_problems(cand.kind, runner, model_cfg)
+                problems = device_runners.metadata_problems(cand.kind, runner, model_cfg, stop_ids(export_dir))
             except Exception as err:  # an unreadable file fails the check, it does not crash the suite
                 problems = [f"{type(err).__name__}: {str(err).strip()[:400]}"]
             metrics["runtime_version"] = device_runners.runtime_version(cand.kind, runner)
@@ -454,6 +455,13 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         for cand in tqdm(candidates, desc="conformance", unit="candidate", disable=None)
     }
     prompts = {k: train_tok.encode(PROMPTS[k]).ids for k in RUNTIME_PROMPTS}
+    chat = check_chat(export_dir, cfg.runtimes, [c.variant for c in candidates], cfg.missing_runtimes)  # None: base
+    if chat is not None:  # the chat contract: export-wide checks, and greedy chat decoding in each runtime
+        g_checks += chat["checks"]
+        g_passed = g_passed and all(c["passed"] for c in chat["checks"])
+        prompts["chat"] = reference_ids(export_dir, {GREEDY_CONVERSATION: CONVERSATIONS[GREEDY_CONVERSATION]})[
+            GREEDY_CONVERSATION
+        ]
     on_device = check_runtimes(
         export_dir,
         candidates,
@@ -513,6 +521,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
             "heldout_bpc": {lang: bits_per_char(ref.nll[lang], h["chars"]) for lang, h in inputs.heldout.items()},
         },
         "global": {"metrics": g, "checks": g_checks, "passed": g_passed},
+        "chat": chat,
         "runtimes": {"checked": list(cfg.runtimes), "prompts": prompts, "new_tokens": cfg.runtime_tokens},
         "candidates": results,
         "seconds": time.perf_counter() - t_start,

@@ -15,7 +15,9 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
   run on a float32 GGUF, from the prebuilt llama.cpp library node-llama-cpp ships (gguf-py has no Q4_K
   quantiser). Where a row length is not a multiple of 256 llama.cpp itself falls back (Q4_K -> Q5_0,
   Q6_K -> Q8_0); the manifest records the resulting tensor types.
-- a chat model's template as ``tokenizer.chat_template`` and its ``<|im_end|>`` as ``tokenizer.ggml.eot_token_id``;
+- a chat model's template as ``tokenizer.chat_template`` and its ``<|im_end|>`` as ``tokenizer.ggml.eot_token_id``
+  (llama.cpp's end-of-generation set is then {<|im_end|>, <|eos|>}; it still logs "special_eos_id is not in
+  special_eog_ids" because ``<|eos|>`` is not a text it knows, and adds it to that set itself);
 - the tokenizer's keys (``tokenizer.ggml.*``: gpt2 BPE, tokens, merges, types, pre-tokenizer type,
   BOS/EOS/PAD ids, add-BOS) from :mod:`prodip.tokenizer.gguf`; a token list shorter than the embedding
   matrix is padded with unused tokens (llama.cpp refuses a shorter list). Only a tokenizer llama.cpp

@@ -484,8 +484,15 @@ def add_chat_tokens(tokenizer_dir: Path) -> dict[str, int]:
     return {t: tok.token_to_id(t) for t in CHAT_TOKENS}
 
 
-#: The conversation whose greedy reply :func:`build_tiny_chat_export` ends with ``<|im_end|>``.
-CHAT_PROMPT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "ঢাকা কোথায়?"}]
+def _chat_prompt() -> list[dict[str, str]]:
+    from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION
+
+    return CONVERSATIONS[GREEDY_CONVERSATION]
+
+
+#: The conversation whose greedy reply :func:`build_tiny_chat_export` ends with ``<|im_end|>``: the one
+#: conformance decodes greedily in every runtime (a system prompt and a Bangla question).
+CHAT_PROMPT = _chat_prompt()
 
 
 def build_tiny_chat_export(

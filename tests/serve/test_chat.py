@@ -135,8 +135,9 @@ def test_nfd_content_is_served_as_nfc(chat_client):
 
 
 def test_text_parts_are_joined(chat_client):
+    system = CHAT_PROMPT[0]["content"]
     parts = [
-        {"role": "system", "content": [{"type": "text", "text": "Answer "}, {"type": "text", "text": "briefly."}]},
+        {"role": "system", "content": [{"type": "text", "text": system[:7]}, {"type": "text", "text": system[7:]}]},
         CHAT_PROMPT[1],
     ]
     a = _chat(chat_client, max_tokens=6)
@@ -313,7 +314,7 @@ def test_lm_eval_local_chat_completions(chat_export, chat_server, tmp_path):
     samples = [
         json.loads(x) for x in next((tmp_path / "out").rglob("samples_tiny_chat_*.jsonl")).read_text().splitlines()
     ]
-    system = CHAT_PROMPT[0]["content"]
+    system = cmd[cmd.index("--system_instruction") + 1]
     for s in sorted(samples, key=lambda s: s["doc_id"]):
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": docs[s["doc_id"]]["q"]}]
         assert s["resps"][0][0] == _hf_greedy_reply(chat_export[0], msgs, 12), s

@@ -1,0 +1,73 @@
+// The chat contract in the Node runtimes: each renders the fixed conversations with its own template engine
+// from its own artifact and tokenizes the result; what conformance/chat.py compares across runtimes.
+//
+// stdin: {"export_dir": DIR, "conversations": [[{role, content}, ...], ...], "transformersjs": bool,
+//         "gguf": FILE or null, "end_of_turn_id": int, "node_root": folder whose node_modules holds the packages}
+// stdout: {"transformers.js": {"ids": [[...], ...], "version"} | {"error"},
+//          "llama.cpp": {"ids": [[...], ...], "template": str, "end_of_turn_is_eog": bool, "version"} | {"error"}}
+// transformers.js: AutoTokenizer.from_pretrained(export dir).apply_chat_template(messages, {add_generation_prompt:
+//   true}) (tokenizer_config.json's chat_template, @huggingface/jinja). llama.cpp: the GGUF's tokenizer.chat_template,
+//   read by node-llama-cpp and rendered with @huggingface/jinja (the engine node-llama-cpp's JinjaTemplateChatWrapper
+//   uses), then llama_tokenize(text, parse_special = true) with no BOS added (the template writes it); the end of turn
+//   is llama.cpp's own verdict, llama_vocab_is_eog (model.isEogToken).
+//
+//   echo '{"export_dir":"runs/demo/export","conversations":[[{"role":"user","content":"hi"}]],"transformersjs":true,
+//          "gguf":null,"end_of_turn_id":4,"node_root":"node"}' | node conformance/chat_template.mjs
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+const chunks = [];
+for await (const chunk of process.stdin) chunks.push(chunk);
+const job = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+const root = path.resolve(job.node_root);
+const require = createRequire(path.join(root, 'package.json'));
+const load = async (name) => import(pathToFileURL(require.resolve(name)).href);
+const version = (name) => {
+  try { return JSON.parse(readFileSync(path.join(root, 'node_modules', name, 'package.json'), 'utf8')).version; }
+  catch { return null; }
+};
+const message = (err) => String(err && err.message ? err.message : err).slice(0, 800);
+const out = {};
+
+if (job.transformersjs) {
+  try {
+    const { AutoTokenizer, env } = await load('@huggingface/transformers');
+    env.allowRemoteModels = false;
+    env.allowLocalModels = true;
+    const dir = path.resolve(job.export_dir);
+    env.localModelPath = path.dirname(dir) + path.sep;
+    const tok = await AutoTokenizer.from_pretrained(path.basename(dir), { local_files_only: true });
+    const ids = job.conversations.map((messages) => {
+      const r = tok.apply_chat_template(messages, { add_generation_prompt: true, tokenize: true, return_tensor: false });
+      return Array.from(r.input_ids ?? r, Number); // 4.x returns {input_ids, attention_mask}
+    });
+    out['transformers.js'] = { ids, version: `@huggingface/transformers ${version('@huggingface/transformers')}` };
+  } catch (err) {
+    out['transformers.js'] = { error: message(err) };
+  }
+}
+
+if (job.gguf) {
+  try {
+    const { getLlama, LlamaLogLevel } = await load('node-llama-cpp');
+    const { Template } = await load('@huggingface/jinja');
+    const llama = await getLlama({ gpu: false, build: 'never', logLevel: LlamaLogLevel.error, logger: () => {} });
+    const model = await llama.loadModel({ modelPath: job.gguf, vocabOnly: true });
+    const template = model.fileInfo.metadata.tokenizer?.chat_template ?? null;
+    if (template == null) throw new Error(`${job.gguf}: no tokenizer.chat_template`);
+    const engine = new Template(template);
+    const ids = job.conversations.map((messages) =>
+      Array.from(model.tokenize(engine.render({ messages, add_generation_prompt: true }), true), Number));
+    out['llama.cpp'] = {
+      ids, template, end_of_turn_is_eog: model.isEogToken(job.end_of_turn_id),
+      version: `llama.cpp ${llama.llamaCppRelease.release} (node-llama-cpp ${version('node-llama-cpp')}, @huggingface/jinja ${version('@huggingface/jinja')})`,
+    };
+    await model.dispose();
+    await llama.dispose();
+  } catch (err) {
+    out['llama.cpp'] = { error: message(err) };
+  }
+}
+console.log(JSON.stringify(out));
