@@ -264,10 +264,11 @@ def test_readme_openai_chat_example_runs(chat_export, chat_server):
     import openai
 
     client = openai.OpenAI(base_url=f"{chat_server}/v1", api_key="unused", max_retries=0)
-    msgs = json.loads(re.search(r"messages = (\[.*?\])\n", code, re.S).group(1))
-    reply = client.chat.completions.create(model="export", messages=msgs, max_tokens=64, temperature=0)
+    msgs = json.loads(re.sub(r",\s*\]$", "]", re.search(r"messages = (\[.*?\n\])\n", code, re.S).group(1)))
+    assert msgs == CHAT_PROMPT  # the planted conversation: its greedy reply ends its turn
+    reply = client.chat.completions.create(model="export", messages=msgs, max_tokens=32, temperature=0)
     assert lines == [repr(reply.choices[0].message.content), "stop", "True"], lines
-    assert reply.choices[0].message.content == _hf_greedy_reply(chat_export[0], msgs, 64)
+    assert reply.choices[0].message.content == _hf_greedy_reply(chat_export[0], msgs, 32)
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
             model="export", messages=msgs, tools=[{"type": "function", "function": {"name": "f"}}]
