@@ -25,12 +25,15 @@ def test_stop_strings_match_in_any_normalisation_form(client):
     """Case C2: a stop string is normalised as the prompt is (the tokenizer's NFC), so the forms
     U+09DF and U+09AF U+09BC (and U+09C7 U+09BE vs U+09CB) stop at the same place."""
     full = _complete(client, prompt=BN, ignore_eos=True)["text"]
-    assert unicodedata.normalize("NFC", full) == full
     # a stop string the model's text really contains, sent in both forms
     pairs = [(YA_NUKTA_NFC, YA_NUKTA_ONE), (O_NFC, O_TWO)]
     present = [(a, b) for a, b in pairs if a in full]
-    # the tiny model's text may lack both letters: then plant one through its own text
-    candidates = present or [(full[5:7], unicodedata.normalize("NFD", full[5:7]))]
+    # The tiny model's text may lack both letters: then plant one through its own text. An untrained
+    # byte-level model can write any code point, some not in NFC (U+F964 -> U+78FB; a trained model
+    # writes the NFC it was trained on), so take the first two characters that are already NFC.
+    nfc_pairs = [full[i : i + 2] for i in range(len(full) - 1) if unicodedata.is_normalized("NFC", full[i : i + 2])]
+    assert nfc_pairs, full
+    candidates = present or [(nfc_pairs[0], unicodedata.normalize("NFD", nfc_pairs[0]))]
     for nfc, other in candidates:
         a = _complete(client, prompt=BN, ignore_eos=True, stop=[nfc])
         b = _complete(client, prompt=BN, ignore_eos=True, stop=[other])
