@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib
 import json
 import logging
@@ -35,8 +36,9 @@ from prodip.base.config import (
     write_text_atomic,
 )
 from prodip.base.errors import MissingInput, OutputExists
+from prodip.base.files import read_json_or_none
 from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
-from prodip.base.stage import Stage
+from prodip.base.stage import Stage, made_from
 from prodip.conformance.stage import STAGES as _CONFORMANCE
 from prodip.export.stage import STAGES as _EXPORT
 from prodip.serve.stage import STAGES as _SERVE
@@ -158,6 +160,46 @@ def check_inputs(plan: dict[str, Any], wanted: list[str], *, source: str) -> Non
             f'language it never trained on, e.g. heldout = {{bn = ["data/heldout/udhr_ben.txt"], '
             f'en = ["data/heldout/udhr_eng.txt"]}} (files outside [tokenizer] inputs)'
         )
+
+
+#: stages that read corpus files (not artifacts with their own hashes) -> the config fields naming them
+CORPUS_INPUTS = {"tokenizer": (("tokenizer", "inputs"), ("audit", "heldout")), "data": (("data", "inputs"),)}
+CORPUS_STAMPS = "corpus_inputs.json"  # in OUT_DIR: stage -> corpus_fingerprint it was made from
+
+
+def corpus_fingerprint(plan: dict[str, Any], name: str) -> str | None:
+    """sha256 over (path, bytes, mtime) of every corpus file stage ``name`` reads (:data:`CORPUS_INPUTS`), or
+    None when it reads none or one is missing. Sizes and times, not contents: a corpus can be tens of GB, and
+    an edited, replaced, added or removed file changes them (a file only touched is read again)."""
+    rows = []
+    for table, key in CORPUS_INPUTS.get(name, ()):
+        inputs = getattr(plan[table], key)
+        if not inputs:
+            continue
+        try:
+            files = expand_inputs(inputs, what=f"[{table}] {key}")
+        except (MissingInput, ConfigError, ValueError):
+            return None
+        for lang, paths in sorted(files.items()):
+            for f in sorted(map(str, paths)):
+                st = Path(f).stat()
+                rows.append([table, key, lang, str(Path(f).resolve()), st.st_size, st.st_mtime_ns])
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest() if rows else None
+
+
+def _corpus_unchanged(out_dir: Path, plan: dict[str, Any], name: str) -> bool:
+    """The corpus stage ``name`` read when it was made is the one its config names now (made_from)."""
+    if name not in CORPUS_INPUTS:
+        return True
+    stamps = read_json_or_none(out_dir / CORPUS_STAMPS) or {}
+    return made_from(f"{out_dir}/{name}", {"corpus": stamps.get(name)}, {"corpus": corpus_fingerprint(plan, name)})
+
+
+def _stamp_corpus(out_dir: Path, plan: dict[str, Any], name: str) -> None:
+    if name in CORPUS_INPUTS:
+        stamps = read_json_or_none(out_dir / CORPUS_STAMPS) or {}
+        stamps[name] = corpus_fingerprint(plan, name)
+        write_text_atomic(out_dir / CORPUS_STAMPS, json.dumps(stamps, indent=2) + "\n")
 
 
 @dataclass
@@ -354,7 +396,8 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         if not stage.active(plan):
             print(f"[{i}/{len(wanted)}] {name}: not configured, skipped", flush=True)
             continue
-        if name != "serve" and stage.done(plan):
+        if name != "serve" and stage.done(plan) and _corpus_unchanged(out_dir, plan, name):
+            _stamp_corpus(out_dir, plan, name)  # a run made before corpus stamps: stamped now
             print(f"[{i}/{len(wanted)}] {name}: already complete, skipped ({stage.describe(plan)})", flush=True)
             continue
         print(f"[{i}/{len(wanted)}] {name}: {stage.describe(plan)}", flush=True)
@@ -373,6 +416,7 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
                 flush=True,
             )
             return {"ok": False, "paused_at": name}
+        _stamp_corpus(out_dir, plan, name)
         print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
     summary = print_summary(plan, out_dir, timings, {k: v for k, v in times.items() if k in run.stages})
     write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))

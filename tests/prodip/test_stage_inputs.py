@@ -137,3 +137,38 @@ def test_train_and_eval_are_tied_to_their_shards(tmp_path, caplog):
     with pytest.raises(StageFailed, match="was trained on another shards"):
         train_run(plan)  # neither resumed on other data nor deleted
     assert (ckpt / "model.safetensors").is_file()
+
+
+def test_a_changed_corpus_makes_the_tokenizer_and_data_stages_again(tmp_path, caplog):
+    """The tokenizer and data stages read corpus files, not artifacts with recorded hashes: `prodip run` stamps
+    the corpus each was made from (OUT_DIR/corpus_inputs.json) and makes them again when it changed."""
+    import dataclasses
+
+    from prodip.pipeline import _corpus_unchanged, _stamp_corpus, corpus_fingerprint
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("আমার সোনার বাংলা\n", encoding="utf-8")
+    held = tmp_path / "held.txt"
+    held.write_text("held out\n", encoding="utf-8")
+    plan = _plan(tmp_path / "run")
+    plan["tokenizer"] = dataclasses.replace(plan["tokenizer"], inputs={"bn": [str(corpus)]})
+    plan["audit"] = dataclasses.replace(plan["audit"], heldout={"bn": [str(held)]})
+    plan["data"] = dataclasses.replace(plan["data"], inputs={"bn": [str(corpus)]})
+    out = tmp_path / "run"
+    out.mkdir()
+    assert _corpus_unchanged(out, plan, "tokenizer")  # nothing recorded yet (a run from before the stamps)
+    for name in ("tokenizer", "data"):
+        _stamp_corpus(out, plan, name)
+    first = corpus_fingerprint(plan, "tokenizer")
+    assert first and _corpus_unchanged(out, plan, "tokenizer") and _corpus_unchanged(out, plan, "data")
+
+    (corpus / "b.txt").write_text("another file\n", encoding="utf-8")  # a file added to an input folder
+    assert corpus_fingerprint(plan, "tokenizer") != first
+    assert not _corpus_unchanged(out, plan, "tokenizer") and not _corpus_unchanged(out, plan, "data")
+    assert "was made from another corpus" in caplog.text
+    _stamp_corpus(out, plan, "tokenizer")
+    assert _corpus_unchanged(out, plan, "tokenizer")
+    held.write_text("held out, edited\n", encoding="utf-8")  # the audit's text is the tokenizer stage's input too
+    assert not _corpus_unchanged(out, plan, "tokenizer") and not _corpus_unchanged(out, plan, "data")
+    assert _corpus_unchanged(out, plan, "train")  # no corpus: its inputs are artifacts with their own hashes
