@@ -391,7 +391,8 @@ def test_stage_times_count_interrupted_invocations(tmp_path, monkeypatch):
     monkeypatch.setitem(pipeline.STAGES, "tokenizer", fake)
     cfg = tmp_path / "c.toml"
     cfg.write_text(
-        f'out_dir = "{tmp_path / "run"}"\nstages = ["tokenizer"]\n[tokenizer]\ninputs = {{bn = ["data/bn"]}}\n',
+        f'out_dir = "{tmp_path / "run"}"\nstages = ["tokenizer"]\n[tokenizer]\ninputs = {{bn = ["data/bn"]}}\n'
+        '[audit]\nheldout = {bn = ["data/heldout/udhr_ben.txt"]}\n',
         encoding="utf-8",
     )
     with pytest.raises(KeyboardInterrupt):
