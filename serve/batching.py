@@ -184,7 +184,8 @@ class _Batch:
     Attributes:
         seqs: the rows' sequences.
         past: 2 * layers caches (B, Hkv, P, Dh) float32: numpy arrays or OrtValues; with a
-            shared-buffer decoder (B, Hkv, capacity >= P, Dh), the first P slots valid.
+            shared-buffer decoder (B, Hkv, capacity >= P, Dh), the first P slots valid. A lone row's
+            cache may hold one more row, a twin of its last (:attr:`OnnxDecoder.row_rule`): rows ``[:B]`` count.
         length: P, the tokens in every row's cache = the next position id.
         next_ids: (B,) int64 last sampled token of each row (fed at the next step).
     """
@@ -207,7 +208,9 @@ class _Batch:
         """Stack two groups of the same length (ValueError otherwise: a bug)."""
         if a.length != b.length:
             raise ValueError(f"cannot merge groups of lengths {a.length} and {b.length}")
-        past = [np.concatenate(_same_capacity(to_numpy(x), to_numpy(y))) for x, y in zip(a.past, b.past)]
+        # [:len(seqs)]: without the twin row a cache may carry (OnnxDecoder.row_rule)
+        na, nb = len(a.seqs), len(b.seqs)
+        past = [np.concatenate(_same_capacity(to_numpy(x)[:na], to_numpy(y)[:nb])) for x, y in zip(a.past, b.past)]
         return _Batch(a.seqs + b.seqs, past, a.length, np.concatenate([a.next_ids, b.next_ids]))
 
 

@@ -12,6 +12,7 @@ This module imports neither torch nor ``train/``.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any, Optional
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
 from prodip.base import onnx_io
@@ -27,6 +29,7 @@ from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
 from prodip.base.manifest import files_table_sha256
 
+log = logging.getLogger(__name__)
 _MAKE = "`prodip export CHECKPOINT --out EXPORT_DIR`"
 
 
@@ -333,11 +336,10 @@ class OnnxDecoder:
                 f"decoder I/O of prodip.base.onnx_io for {self.num_layers} layers; re-run {_MAKE}"
             )
         self._outputs = ["logits", *self.present_names]
-        #: ONNX Runtime's 4-bit MatMulNBits kernels have a one-row (M = 1) path that rounds unlike
-        #: their many-row path (~1e-6 on logits; measured with onnxruntime 1.32, both accuracy
-        #: levels), so a lone row would differ from the same row in a batch. With such a graph a
-        #: one-row call runs as two identical rows (batch invariance; costs a copy of the cache).
-        self.min_rows = 2 if _has_sub8bit_matmul(onnx_path) else 1
+        #: what a row needs to get the same bits alone as among others (:func:`nbits_row_rule`:
+        #: ONNX Runtime's MatMulNBits kernels choose their path by the call's row count):
+        #: "none", "one" (a lone row runs with a twin) or "odd" (an odd row count gets a twin)
+        self.row_rule = nbits_row_rule(onnx_path, intra_op_threads)
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         """Zero-length KV cache for prefill: 2 * layers arrays of (B, Hkv, 0, Dh) float32."""
@@ -361,17 +363,27 @@ class OnnxDecoder:
             past: 2 * layers caches (B, Hkv, P, Dh) float32 in (layer, key|value) order, each a numpy
                 array or an OrtValue from a previous call.
         Returns:
-            logits (B, T, V) float32 numpy and present, 2 * layers OrtValues (B, Hkv, P+T, Dh) float32
-            (shared-buffer graph: (B, Hkv, capacity >= P+T, Dh), the first P+T slots valid).
+            logits (B, T, V) float32 numpy and present, 2 * layers OrtValues (B', Hkv, P+T, Dh) float32
+            (shared-buffer graph: (B', Hkv, capacity >= P+T, Dh), the first P+T slots valid). B' = B,
+            or B + 1 when :attr:`row_rule` gave the call a twin row (a copy of the last row, computed
+            alongside it): feed ``present`` back as ``past`` as it is, rows ``[:B]`` are the real ones.
         """
-        if input_ids.size < self.min_rows:  # one row of one token: see min_rows
-            twice = lambda a: np.concatenate([to_numpy(a)] * self.min_rows)  # noqa: E731
-            logits, present = self.forward(
-                twice(input_ids), twice(attention_mask), twice(position_ids), [twice(p) for p in past]
+        B, T = input_ids.shape
+        if needs_twin(self.row_rule, B * T):
+            # a cache from the previous step has its twin already (no copy); else the last row is
+            # doubled once (after a prefill, or when rows left)
+            past = [p if cache_rows(p) > B else _with_twin(to_numpy(p)) for p in past]
+            logits, present = self._run(
+                _with_twin(input_ids), _with_twin(attention_mask), _with_twin(position_ids), past
             )
-            # a copy: OrtValue.numpy() of a cache that wraps a numpy buffer is a view that does not keep
-            # the buffer alive (shared-buffer mode; read freed memory before this copy was added)
-            return logits[:1], [np.array(to_numpy(p)[:1]) for p in present]
+            return logits[:B], present
+        past = [p if cache_rows(p) == B else to_numpy(p)[:B] for p in past]  # a twin no longer needed
+        return self._run(input_ids, attention_mask, position_ids, past)
+
+    def _run(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+    ) -> tuple[np.ndarray, list[Any]]:
+        """:meth:`forward` without twin rows: every input has the same rows."""
         if self.shared_buffer:
             return self._forward_in_place(input_ids, attention_mask, position_ids, past)
         io = self.session.io_binding()
@@ -434,15 +446,105 @@ def open_decoder(info: ExportInfo, intra_op_threads: int = 0, shared_kv_buffer: 
     return OnnxDecoder(info.onnx_path, info.config, intra_op_threads)
 
 
-def _has_sub8bit_matmul(onnx_path: str | Path) -> bool:
-    """Whether the graph has a com.microsoft MatMulNBits node with ``bits`` < 8 (weights not loaded)."""
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    for node in graph.node:
-        if node.op_type == "MatMulNBits":
-            bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
-            if bits < 8:
-                return True
-    return False
+def needs_twin(rule: str, rows: int) -> bool:
+    """Whether a call of ``rows`` rows (batch x tokens) runs with a twin row under ``rule``
+    (:func:`nbits_row_rule`)."""
+    return (rule == "one" and rows == 1) or (rule == "odd" and rows % 2 == 1)
+
+
+def nbits_row_rule(onnx_path: str | Path, intra_op_threads: int = 0, rows: int = 16) -> str:
+    """How the graph's ``com.microsoft.MatMulNBits`` nodes treat a row depending on the call's row
+    count M (batch x tokens), on this CPU at ``intra_op_threads``.
+
+    ONNX Runtime's MLAS picks a MatMulNBits kernel by M, and a row's bits can depend on it. Measured
+    with onnxruntime 1.32 on an AVX-512 VNNI Xeon (bench/results/serve_speed_2026-12-01.md):
+    accuracy_level 0/1 run M = 1 through a path of its own (~1e-5 off the same row among others);
+    accuracy_level 4 with block_size 32 gives every row the same bits whatever M; accuracy_level 4
+    with block_size >= 64 runs the last row of an odd M through a one-row kernel. The path depends
+    on the shapes, attributes, CPU and thread count, not on the values, so each distinct node
+    configuration is run as a one-node graph with random weights of its shapes and dtypes, at
+    M = 1 .. ``rows``, and every row compared bitwise with the same row at M = ``rows``.
+
+    Returns:
+        "none": every row the same whatever M (also: no MatMulNBits node); "one": only a lone row
+        differs (it must run with a twin); "odd": rows differ when M is odd (an odd call gets a twin).
+        Any other pattern is logged as a warning and answered "odd" (the closest rule).
+    """
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    configs = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        ins = tuple(
+            (i, tuple(inits[name].dims), inits[name].data_type)
+            for i, name in enumerate(node.input)
+            if i > 0 and name and name in inits
+        )
+        configs[(tuple(sorted(attrs.items())), ins)] = None
+    bad: set[int] = set()
+    for attrs, ins in configs:
+        bad |= _nbits_bad_row_counts(dict(attrs), ins, intra_op_threads, rows)
+    if not bad:
+        return "none"
+    if bad == {1}:
+        return "one"
+    if any(m % 2 == 0 for m in bad):
+        log.warning(
+            "%s: MatMulNBits rows differ at row counts %s on this CPU; batch invariance is not assured",
+            onnx_path,
+            sorted(bad),
+        )
+    return "odd"
+
+
+def _nbits_bad_row_counts(attrs: dict[str, Any], ins: tuple, threads: int, rows: int) -> set[int]:
+    """Row counts M < ``rows`` at which a row of a one-node MatMulNBits graph (``attrs``; ``ins``:
+    (input index, dims, onnx dtype) of its constant inputs) differs from the same row at M = ``rows``."""
+    rng = np.random.default_rng(0)
+    names, tensors = ["A"], []
+    float_type = TensorProto.FLOAT
+    for index, dims, dtype in ins:
+        np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+        if np.issubdtype(np_dtype, np.integer):
+            value = rng.integers(0, 256 if index != 4 else 1, dims).astype(np_dtype)  # 4: g_idx, all zero
+        else:
+            value = (rng.random(dims) * 0.02).astype(np_dtype)
+            float_type = dtype if index == 2 else float_type  # scales: the activations' type
+        while len(names) < index:
+            names.append("")
+        names.append(f"in{index}")
+        tensors.append(numpy_helper.from_array(value, f"in{index}"))
+    K, N = int(attrs["K"]), int(attrs["N"])
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", **attrs)
+    graph = helper.make_graph(
+        [node],
+        "probe",
+        [helper.make_tensor_value_info("A", float_type, ["M", K])],
+        [helper.make_tensor_value_info("Y", float_type, ["M", N])],
+        tensors,
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(
+        helper.make_model(graph, opset_imports=opsets).SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
+    a = rng.standard_normal((rows, K)).astype(helper.tensor_dtype_to_np_dtype(float_type))
+    ref = session.run(None, {"A": a})[0]
+    return {m for m in range(1, rows) if not np.array_equal(session.run(None, {"A": a[:m]})[0], ref[:m])}
+
+
+def cache_rows(value: Any) -> int:
+    """Rows (batch dim) of a cache tensor, a numpy array or an OrtValue."""
+    return value.shape()[0] if isinstance(value, ort.OrtValue) else value.shape[0]
+
+
+def _with_twin(a: np.ndarray) -> np.ndarray:
+    """``a`` (B, ...) with its last row once more (B + 1, ...) (a copy)."""
+    return np.concatenate([a, a[-1:]])
 
 
 def to_numpy(value: Any) -> np.ndarray:

@@ -129,3 +129,27 @@ def test_shared_buffer_decodes_what_the_contract_graph_decodes(decoders, variant
     for w, g in zip(want, got):
         assert [t for t, _, _ in g] == [t for t, _, _ in w]
         assert max(abs(a[1] - b[1]) for a, b in zip(g, w)) < 1e-4
+
+
+@pytest.mark.parametrize("rule", ["one", "odd"])
+@pytest.mark.parametrize("kv", KV)
+def test_twin_rows_keep_the_answer(decoders, kv, rule, monkeypatch):
+    """Where a CPU's MatMulNBits kernels need it (OnnxDecoder.row_rule), a call runs with a twin of
+    its last row, kept in the cache from step to step: the real rows' tokens and logprobs are those
+    of the same request alone without twins, whatever shares the batch (groups merging and rows
+    leaving drop or re-make the twin), and the twin was used."""
+    decoder, tok = decoders["int4", kv]
+    params = MODES["seeded"]
+    monkeypatch.setattr(decoder, "row_rule", "none")
+    plain = run((decoder, tok), [(MINE, params, 0.0, 0)])[0]
+    monkeypatch.setattr(decoder, "row_rule", rule)
+    calls = []
+    real_run = decoder._run
+    monkeypatch.setattr(decoder, "_run", lambda ids, *rest: calls.append(ids.shape) or real_run(ids, *rest))
+    assert run((decoder, tok), [(MINE, params, 0.0, 0)])[0] == plain
+    assert (2, 1) in calls  # a lone row decoded with its twin
+    short = SamplingParams(max_new_tokens=3, temperature=0.8, seed=1, ignore_eos=True)
+    same_len = [(MINE, params, 0.0, 0)] + [([1] + [90 + i] * (len(MINE) - 1), short, 0.0, 0) for i in range(2)]
+    assert run((decoder, tok), same_len)[0] == plain, "3 rows of one length (odd), then alone"
+    joining = [(MINE, params, 0.0, 0)] + [(p, params, 0.01 * (i + 1), 0) for i, p in enumerate(OTHERS)]
+    assert run((decoder, tok), joining)[0] == plain, "others joining mid-decode"
