@@ -11,6 +11,7 @@ This module imports neither torch nor ``train/``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -485,7 +486,7 @@ def nbits_row_rule(onnx_path: str | Path, intra_op_threads: int = 0, rows: int =
         configs[(tuple(sorted(attrs.items())), ins)] = None
     bad: set[int] = set()
     for attrs, ins in configs:
-        bad |= _nbits_bad_row_counts(dict(attrs), ins, intra_op_threads, rows)
+        bad |= _nbits_bad_row_counts(attrs, ins, intra_op_threads, rows)
     if not bad:
         return "none"
     if bad == {1}:
@@ -499,9 +500,12 @@ def nbits_row_rule(onnx_path: str | Path, intra_op_threads: int = 0, rows: int =
     return "odd"
 
 
-def _nbits_bad_row_counts(attrs: dict[str, Any], ins: tuple, threads: int, rows: int) -> set[int]:
-    """Row counts M < ``rows`` at which a row of a one-node MatMulNBits graph (``attrs``; ``ins``:
-    (input index, dims, onnx dtype) of its constant inputs) differs from the same row at M = ``rows``."""
+@functools.lru_cache(maxsize=256)  # per process: a server's decoders, a test's many sessions
+def _nbits_bad_row_counts(attrs: tuple, ins: tuple, threads: int, rows: int) -> frozenset[int]:
+    """Row counts M < ``rows`` at which a row of a one-node MatMulNBits graph (``attrs``: sorted
+    (name, value) pairs; ``ins``: (input index, dims, onnx dtype) of its constant inputs) differs
+    from the same row at M = ``rows``."""
+    attrs = dict(attrs)
     rng = np.random.default_rng(0)
     names, tensors = ["A"], []
     float_type = TensorProto.FLOAT
@@ -534,7 +538,7 @@ def _nbits_bad_row_counts(attrs: dict[str, Any], ins: tuple, threads: int, rows:
     )
     a = rng.standard_normal((rows, K)).astype(helper.tensor_dtype_to_np_dtype(float_type))
     ref = session.run(None, {"A": a})[0]
-    return {m for m in range(1, rows) if not np.array_equal(session.run(None, {"A": a[:m]})[0], ref[:m])}
+    return frozenset(m for m in range(1, rows) if not np.array_equal(session.run(None, {"A": a[:m]})[0], ref[:m]))
 
 
 def cache_rows(value: Any) -> int:
