@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
 from functools import lru_cache
@@ -122,6 +123,7 @@ class Service:
         self.stop_ids = frozenset({self.eos_id, *(int(e) for e in (eos if isinstance(eos, list) else [eos]))})
         #: the export's chat template (tokenizer_config.json ``chat_template``), None for a base model
         self.chat_template: Optional[str] = self.tokenizer_config.get("chat_template") or None
+        self._poster: Optional[LoopPoster] = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -480,17 +482,14 @@ class Service:
         whose ``finish_reason`` is set. Closing the iterator early cancels all its sequences.
         """
         self.require_ready()
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        if self._poster is None or self._poster.loop is not loop:  # one per event loop
+            self._poster = LoopPoster(loop)
+        post = self._poster.post
 
         def emitter(index: int):
-            def emit(event: Any) -> None:
-                try:
-                    loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-                except RuntimeError:  # the loop is gone (server stopping); nobody is listening
-                    pass
-
-            return emit
+            return lambda event: post(queue, (index, event))
 
         seqs = [
             Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.stop_ids, stream_index=j)
@@ -530,6 +529,41 @@ class Service:
         finally:
             for seq in seqs:
                 seq.cancel()
+
+
+class LoopPoster:
+    """Hands items from the engine thread to asyncio queues of one event loop, in batches.
+
+    :meth:`post` (any thread) appends to an outbox; the first post after a delivery schedules one
+    callback on the loop (``call_soon_threadsafe``: a write to the loop's self-pipe), which puts
+    everything posted until then on its queue. So the loop wakes once per engine step however many
+    tokens the step made (one write per token before; bench/results/serve_speed_2026-12-01.md).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._outbox: deque[tuple[asyncio.Queue, Any]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False  # a _deliver is due and has not started draining
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:
+        """Put ``item`` on ``queue`` (an asyncio.Queue of :attr:`loop`) soon; thread-safe."""
+        self._outbox.append((queue, item))
+        with self._lock:
+            if self._scheduled:
+                return  # the due _deliver takes this item
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is gone (server stopping); nobody is listening
+            pass
+
+    def _deliver(self) -> None:
+        with self._lock:
+            self._scheduled = False  # before draining: an item posted from here on schedules anew
+        while self._outbox:
+            queue, item = self._outbox.popleft()
+            queue.put_nowait(item)
 
 
 class PieceWalk:
