@@ -175,8 +175,8 @@ def test_rows_are_batch_invariant(gqa_export, variant):
     of 2 and of 8 rows, for the prefill and for one-token decode steps: no variant computes anything
     across the batch (the former int8 had one activation scale per batch), and serve's scheduler,
     which never pads rows to each other, relies on it (prodip.serve.batching). Batch 1 as well,
-    except for 4-bit MatMulNBits, whose one-row kernel path rounds differently (serve runs such a
-    row twice: prodip.serve.engine.OnnxDecoder.min_rows). Padding is NOT invariant: a left-padded
+    except for 4-bit MatMulNBits, whose one-row kernel path can round differently (serve gives such a
+    row a twin where the CPU needs one: prodip.serve.engine.nbits_row_rule). Padding is NOT invariant: a left-padded
     row's attention sums run over a shifted axis (fp32 logits move by ~1e-6)."""
     config = source_model(gqa_export).config
     sess = ort_session(gqa_export, variant)
