@@ -10,6 +10,11 @@
 * int4: ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` (weight-only,
   blockwise RTN; MatMul -> com.microsoft.MatMulNBits, embedding Gather -> GatherBlockQuantized).
 
+Both then lower the GatherBlockQuantized lookup to standard ONNX operators over the same quantised
+bytes (:func:`prodip.export.graph.lower_gather_block_quantized`): onnxruntime-web's WASM build, which
+transformers.js runs in browsers, has no kernel for it; the embedding stays bit-identical
+(bench/results/wasm_embedding_2026-12-01.md).
+
 Tied embeddings (``tie_word_embeddings``: the lm_head weight IS the embedding table): the quantisers
 only see the lm_head weight once :func:`materialize_transposed_weights` has made it an initializer of
 its own, so they quantise the table twice (embedding Gather and lm_head MatMul). The int8 and int4
@@ -42,6 +47,7 @@ from prodip.export.graph import (
     find_embedding_gather,
     find_tied_embedding,
     fold_fp16_round_trips,
+    lower_gather_block_quantized,
     materialize_transposed_weights,
     quantize_embedding_int8,
     quantize_matmuls_rowwise_int8,
@@ -74,6 +80,11 @@ FP16_EXTRA_BLOCKED_OPS = (
 PROTOBUF_LIMIT_BYTES = 2 * 1024**3
 #: ONNX opset introducing the INT4/UINT4 tensor types GatherBlockQuantized's weights use.
 INT4_MIN_OPSET = 21
+#: The quantised embedding lookup in the int8/int4 files (:func:`prodip.export.graph.lower_gather_block_quantized`).
+WASM_EMBEDDING_LAYOUT = (
+    "Gather of the quantised code, zero-point and scale rows, (code - zero_point) * scale per block in "
+    "standard ONNX ops (no GatherBlockQuantized: onnxruntime-web's WASM build has no kernel for it)"
+)
 #: int8 default: 64 weights per scale in the (untied) embedding table.
 INT8_BLOCK_SIZE = 64
 
@@ -160,6 +171,7 @@ def to_int8(
     block_size: int = INT8_BLOCK_SIZE,
     quantize_embeddings: bool = True,
     share_tied_embedding: bool = True,
+    lower_embedding: bool = True,
     external_data: bool = False,
 ) -> dict[str, Any]:
     """8-bit weights and 8-bit per-token activations (W8A8, ``MatMulInteger``) of the fp32 decoder ``src``.
@@ -185,6 +197,9 @@ def to_int8(
             it stays fp32.
         share_tied_embedding: with tied embeddings, the embedding reads the lm_head's 8-bit codes
             (one table in the file); False quantises a second copy (for comparison).
+        lower_embedding: GatherBlockQuantized -> standard ONNX ops over the same bytes
+            (:func:`prodip.export.graph.lower_gather_block_quantized`; onnxruntime-web's WASM build
+            has no GatherBlockQuantized kernel). False keeps it (for comparison).
         external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
     Returns:
         Quantisation parameters, with ``embedding_shared_with_lm_head`` (and, for a tied model that
@@ -221,6 +236,7 @@ def to_int8(
         else:
             embedding_why = f"hidden {hidden} is not a multiple of any block size ONNX Runtime accepts"
             logger.info("int8: embedding kept float32 (%s)", embedding_why)
+    lowered = lower_gather_block_quantized(model) if lower_embedding else 0
     external = _save(model, Path(dst), external_data)
     params = {
         "tool": "prodip.export.graph.quantize_matmuls_rowwise_int8",
@@ -235,9 +251,12 @@ def to_int8(
         "embedding_quantized": shared or embedding_block is not None,
         "embedding_block_size": None if shared else embedding_block,
         "embedding_shared_with_lm_head": shared,
+        "embedding_lookup_lowered": lowered,
         "materialized_transposes": folded,
         "external_data": external,
     }
+    if lowered:
+        params["embedding_layout"] = WASM_EMBEDDING_LAYOUT
     if shared:
         params["embedding_layout"] = (
             "Gather(Transpose(lm_head codes [hidden, vocab])) -> (code - 128) * lm_head scale of the row "
@@ -264,6 +283,7 @@ def to_int4(
     quantize_lm_head: bool = True,
     share_tied_embedding: bool = True,
     accuracy_level: int = 4,
+    lower_embedding: bool = True,
     external_data: bool = False,
 ) -> dict[str, Any]:
     """Weight-only 4-bit blockwise quantisation (MatMulNBits) of the fp32 decoder ``src``.
@@ -276,6 +296,7 @@ def to_int4(
         share_tied_embedding: with tied embeddings (and both of the above), store the 4-bit table
             once: GatherBlockQuantized reads the lm_head's MatMulNBits weights, scales and zero
             points (:func:`share_tied_embedding_int4`). False keeps two copies (for comparison).
+        lower_embedding: as :func:`to_int8`'s.
         accuracy_level: MatMulNBits ``accuracy_level`` (0 = unset; 4 = int8 compute, the model builder's
             choice and ~3x faster on CPU; see ORT ContribOperators.md).
         external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
@@ -319,6 +340,7 @@ def to_int4(
         shared = why is None
         if not shared:
             logger.info("int4: tied embedding stored twice (%s)", why)
+    lowered = lower_gather_block_quantized(quant.model.model) if lower_embedding else 0
     external = _save(quant.model.model, Path(dst), external_data)
     params = {
         "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
@@ -331,16 +353,18 @@ def to_int4(
         "embedding_quantized": quantize_embeddings,
         "lm_head_quantized": quantize_lm_head,
         "embedding_shared_with_lm_head": shared,
+        "embedding_lookup_lowered": lowered,
         "accuracy_level": accuracy_level,
         "materialized_transposes": folded,
         "external_data": external,
         "opset": _opset(quant.model.model),
     }
+    if lowered:
+        params["embedding_layout"] = WASM_EMBEDDING_LAYOUT
     if shared:
         params["embedding_layout"] = (
-            "GatherBlockQuantized(bits=4, uint8 data) on Reshape(lm_head MatMulNBits B "
-            "[vocab, hidden/block, block/2] -> [vocab, hidden/2]), the same scales "
-            "and zero points"
+            "Gather of packed 4-bit rows of Reshape(lm_head MatMulNBits B [vocab, hidden/block, block/2] "
+            "-> [vocab, hidden/2]) and of the same scales and zero points, dequantised in standard ops"
         )
     elif tied is not None:
         params["embedding_not_shared_because"] = why
