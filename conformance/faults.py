@@ -237,6 +237,18 @@ def plant_config_rope_theta(src: Path, dst: Path, rope_theta: float = 500000.0) 
     return dst
 
 
+def plant_tokenizer_context(src: Path, dst: Path, model_max_length: int = 2048) -> Path:
+    """tokenizer_config.json stating another context than the model's (the tokenizer stage's default,
+    as exports wrote it before 2026-12-01)."""
+    dst = copy_export(src, dst)
+    path = dst / "tokenizer_config.json"
+    tok = json.loads(path.read_text(encoding="utf-8"))
+    tok["model_max_length"] = model_max_length
+    path.write_text(json.dumps(tok, indent=2), encoding="utf-8")
+    refresh_manifest(dst)
+    return dst
+
+
 def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
     """tokenizer.json with its NFC normaliser dropped (NFD input then tokenizes differently)."""
     dst = copy_export(src, dst)
@@ -371,6 +383,33 @@ def plant_chat_template_edited(src: Path, dst: Path, where: str = "gguf-f16") ->
     return dst
 
 
+def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].path) -> Path:
+    """The int4 file re-quantised with ONNX Runtime's ``com.microsoft.GatherBlockQuantized`` embedding
+    lookup kept (``lower_embedding=False``): ONNX Runtime's CPU build has the kernel, onnxruntime-web's
+    WASM build does not (the q4 file of 2026-11-30). Only the ``model_q4.onnx`` contract graph is
+    rewritten (its ``_genai`` twin then reads stale weights: check this file with onnxruntime-web only)."""
+    from prodip.export.genai import move_weights_out  # noqa: PLC0415
+    from prodip.export.quantize import to_int4  # noqa: PLC0415
+
+    dst = copy_export(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text(encoding="utf-8"))
+    q = manifest["variants"]["int4"]["quantization"]
+    path = dst / rel
+    for old in (path, path.with_name(path.name + "_data")):
+        old.unlink(missing_ok=True)
+    to_int4(
+        dst / BY_NAME["fp32"].path,
+        path,
+        block_size=q["block_size"],
+        symmetric=q["symmetric"],
+        accuracy_level=q["accuracy_level"],
+        lower_embedding=False,
+    )
+    move_weights_out(dst, rel)  # as the export lays it out: weights in <file>_data
+    refresh_manifest(dst)
+    return dst
+
+
 def plant_card_figure_edited(src: Path, dst: Path) -> Path:
     """README.md's quality card with one figure made better than measured (the first bits/char, -0.5)
     while the manifest keeps the measured figures. Needs an export conformance has written a card into."""
@@ -417,6 +456,7 @@ FAULTS = {
     "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel=BY_NAME["int4"].path),
     "config_rope_theta": plant_config_rope_theta,
     "tokenizer_without_nfc": plant_tokenizer_without_nfc,
+    "tokenizer_context": plant_tokenizer_context,
     "gguf_rope_theta": plant_gguf_rope_theta,
     "gguf_unpermuted_qk": plant_gguf_unpermuted_qk,
     "pte_max_seq_len": plant_pte_max_seq_len,
@@ -424,6 +464,7 @@ FAULTS = {
     "card_figure_edited": plant_card_figure_edited,
     "chat_template_edited_gguf": plant_chat_template_edited,
     "end_of_turn_not_a_genai_stop": plant_end_of_turn_not_a_stop,
+    "wasm_missing_kernel": plant_wasm_missing_kernel,
 }
 
 

@@ -44,6 +44,7 @@ from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_id
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
 from prodip.conformance.verdict import merge_verdict
 from prodip.export.core import require_checkpoint_tokenizer
+from prodip.export.hf import tokenizer_config_differences
 from prodip.train.checkpoint import load_model
 from prodip.train.config import ModelConfig
 
@@ -195,6 +196,8 @@ def global_metrics(
     try:
         exported = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text(encoding="utf-8")))
         diff = {k: [v, getattr(exported, k)] for k, v in model_cfg.to_dict().items() if getattr(exported, k) != v}
+        # tokenizer_config.json states the context and special ids too (transformers.js truncates by it)
+        diff.update(tokenizer_config_differences(export_dir, model_cfg))
         out["config_matches"] = not diff
         if diff:
             out["config_differences"] = diff  # field: [checkpoint, export]
@@ -472,6 +475,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         cfg.runtime_tokens,
         cfg.threads,
         missing=cfg.missing_runtimes,
+        tolerances=tolerances,
     )
     for name, rt in on_device.items():  # a runtime's failure fails its variant's candidate
         results[name]["checks"] += rt.pop("checks")

@@ -132,10 +132,46 @@ def write_hf(
     written += [out / CONFIG_FILE, out / GENERATION_CONFIG_FILE]
     if tokenizer_dir is not None:
         written += copy_tokenizer(tokenizer_dir, out)
+        if (out / TOKENIZER_CONFIG_FILE).is_file():
+            path = out / TOKENIZER_CONFIG_FILE
+            fixed = tokenizer_config_for_model(json.loads(path.read_text(encoding="utf-8")), model.config)
+            _write_json(path, fixed)
     if chat is not None:
         (out / CHAT_TEMPLATE_FILE).write_text(chat["chat_template"], encoding="utf-8")
         written.append(out / CHAT_TEMPLATE_FILE)
     return written
+
+
+#: The tokenizer's own settings file (copied from the tokenizer dir, then :func:`tokenizer_config_for_model`).
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+def tokenizer_config_for_model(tokenizer_config: dict[str, Any], config: Any) -> dict[str, Any]:
+    """``tokenizer_config.json`` with the fields ``config.json`` also states set from the model: a copy.
+
+    The tokenizer is trained before any model exists, so its ``model_max_length`` is the tokenizer
+    stage's default (2048) whatever the context; transformers and transformers.js truncate and warn by
+    it. In an export it is the model's ``max_position_embeddings``, and ``bos/eos/pad_token_id`` are
+    the model config's (the same ids by construction; set here so the two files cannot disagree).
+    """
+    out = dict(tokenizer_config)
+    out["model_max_length"] = int(config.max_position_embeddings)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(config, key, None) is not None:
+            out[key] = int(getattr(config, key))
+    return out
+
+
+def tokenizer_config_differences(export_dir: str | os.PathLike, config: Any) -> dict[str, list[Any]]:
+    """``tokenizer_config.json`` fields of an export that disagree with ``config`` (the checkpoint's
+    ModelConfig): ``{"tokenizer_config.json model_max_length": [expected, found], ...}``; empty when
+    they agree or the file is absent."""
+    path = Path(export_dir) / TOKENIZER_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    found = json.loads(path.read_text(encoding="utf-8"))
+    want = tokenizer_config_for_model(found, config)
+    return {f"{TOKENIZER_CONFIG_FILE} {k}": [v, found.get(k)] for k, v in want.items() if found.get(k) != v}
 
 
 def copy_tokenizer(tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:

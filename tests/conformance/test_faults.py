@@ -100,6 +100,17 @@ def test_config_with_wrong_rope_theta(tiny_artifacts, conf_cfg, tmp_path):
     assert "max_abs_logit" in _failed(report, "transformers")  # it reads config.json
 
 
+def test_tokenizer_config_with_another_context(tiny_artifacts, conf_cfg, tmp_path):
+    """tokenizer_config.json says model_max_length 2048 for a model whose context is shorter."""
+    bad = faults.plant_tokenizer_context(tiny_artifacts["export"], tmp_path / "bad")
+    report = evaluate(conf_cfg(bad, variants=["safetensors"]))
+    assert find_check(report, "export", "config_matches")["passed"] is False
+    context = report["global"]["metrics"].get("config_differences", {}).get("tokenizer_config.json model_max_length")
+    assert context is not None and context[1] == 2048 and context[0] < 2048
+    good = evaluate(conf_cfg(tiny_artifacts["export"], variants=["safetensors"]))
+    assert find_check(good, "export", "config_matches")["passed"] is True
+
+
 def test_tokenizer_without_normaliser(tiny_artifacts, conf_cfg, tmp_path):
     """The exported tokenizer lost NFC: NFD Bangla input tokenizes differently from training."""
     bad = faults.plant_tokenizer_without_nfc(tiny_artifacts["export"], tmp_path / "bad")

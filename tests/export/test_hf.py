@@ -46,6 +46,10 @@ def test_config_json_and_tied_weight_stored_once(any_export):
     assert "model.embed_tokens.weight" in keys
     gen = json.loads((any_export / "generation_config.json").read_text())
     assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (1, 2, 0)
+    # tokenizer_config.json states the model's context (the tokenizer dir's says its own default, 2048)
+    tok = json.loads((any_export / "tokenizer_config.json").read_text())
+    assert tok["model_max_length"] == cfg["max_position_embeddings"] != 2048
+    assert [tok[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")] == [1, 2, 0]
 
 
 def _hf_load(export_dir, caplog):
