@@ -62,10 +62,11 @@ class ConformanceConfig:
     runtimes: list[str] = opt(
         help="on-device runtimes that must reproduce ONNX Runtime's greedy ids on each ONNX variant: "
         "onnxruntime-genai (pip install 'prodip[runtimes]'), transformers.js (Node; `npm install --ignore-scripts --prefix node` "
-        "in the prodip repository, as make does). Each is a gated check; a runtime that cannot run fails the variant "
-        "(one that is not installed: see missing_runtimes). "
-        "Default: both; an empty list checks none (the report says so)",
-        factory=lambda: ["onnxruntime-genai", "transformers.js"],
+        "in the prodip repository, as make does), onnxruntime-web (its WASM backend, the build transformers.js runs in a "
+        "browser, under Node from the same install; also gates its logits by the variant's tolerance). Each is a gated "
+        "check; a runtime that cannot run fails the variant (one that is not installed: see missing_runtimes). "
+        "Default: all three; an empty list checks none (the report says so)",
+        factory=lambda: ["onnxruntime-genai", "transformers.js", "onnxruntime-web"],
     )
     missing_runtimes: str = opt(
         "skip",
@@ -85,10 +86,11 @@ class ConformanceConfig:
     )
 
     def __post_init__(self) -> None:
-        unknown = [r for r in self.runtimes if r not in ("onnxruntime-genai", "transformers.js")]
+        known = ("onnxruntime-genai", "transformers.js", "onnxruntime-web")
+        unknown = [r for r in self.runtimes if r not in known]
         if unknown:
             raise InvalidInput(
-                f"ConformanceConfig.runtimes: unknown runtime(s) {unknown}; choose from onnxruntime-genai, transformers.js"
+                f"ConformanceConfig.runtimes: unknown runtime(s) {unknown}; choose from {', '.join(known)}"
             )
         for name in ("greedy_tokens", "kv_steps", "runtime_tokens"):
             if getattr(self, name) < 1:

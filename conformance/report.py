@@ -159,7 +159,8 @@ def _runtime_lines(report: dict[str, Any]) -> list[str]:
         "",
         f"On-device runtimes: greedy ids on the prompts {', '.join(rt['prompts'])} ({rt['new_tokens']} new tokens) "
         "vs ONNX Runtime's on the same file (onnxruntime-genai runs each variant's shared-buffer graph, "
-        "`onnx/*_genai.onnx`, as the manifest's `genai_overlay` says; fp32: and the training model's).",
+        "`onnx/*_genai.onnx`, as the manifest's `genai_overlay` says; onnxruntime-web is its WASM backend, the build "
+        "transformers.js runs in a browser, under Node; fp32: and the training model's).",
         "",
         "| candidate | " + " | ".join(checked) + " | fp32 = training model |",
         "|---|" + "---|" * len(checked) + "---|",
@@ -171,13 +172,16 @@ def _runtime_lines(report: dict[str, Any]) -> list[str]:
         cells = []
         for r in checked:
             got = on_device["runtimes"].get(r) or {}
-            cells.append(
+            cell = (
                 f"skipped ({got['skipped'][:80]})"
                 if got.get("skipped")
                 else "identical"
                 if got.get("ids_identical")
                 else f"**FAIL** {str(got.get('error') or 'ids differ')[:80]}"
             )
+            if got.get("logits"):  # onnxruntime-web: its logits vs ONNX Runtime's on the same file
+                cell += f" (max abs logit diff {got['logits']['max_abs_logit']:.2g}, KL {got['logits']['kl_mean']:.2g})"
+            cells.append(cell)
         ref = on_device.get("reference_identical")
         lines.append(
             f"| {name} | " + " | ".join(cells) + f" | {'-' if ref is None else ('identical' if ref else '**FAIL**')} |"

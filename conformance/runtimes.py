@@ -1,13 +1,16 @@
 """The runtime axis of conformance: each ONNX variant run by the on-device runtimes that load an export.
 
 For every ONNX variant, onnxruntime-genai (its Python API, through the export's
-``genai_config.json``) and transformers.js (``@huggingface/transformers`` in Node, the dtype whose
-file name is the variant's) generate greedily from the fixed Bangla and English prompts; their
+``genai_config.json``), transformers.js (``@huggingface/transformers`` in Node, the dtype whose
+file name is the variant's) and onnxruntime-web's WASM backend (the build transformers.js loads in a
+browser, run under Node from the npm package: ``ortweb_greedy.mjs``) generate greedily from the fixed Bangla and English prompts; their
 ids must equal ONNX Runtime's on the same file (onnxruntime-genai runs each variant's
 shared-buffer graph ``onnx/<file>_genai.onnx``, as its manifest ``genai_overlay`` says, against ONNX
 Runtime on the variant's own file, same weights) (:class:`prodip.conformance.runners.OrtRunner`,
 batch 1, unpadded, the same stopping rule: ``max_new_tokens`` new tokens or the end-of-sequence id,
-included). For the fp32 variant ONNX Runtime's ids must also equal the training model's. Each
+included). onnxruntime-web's logits at every greedy step must also be within the variant's
+tolerance of ONNX Runtime's (``max_abs_logit`` where its table bounds it, else ``kl_mean``); a file
+the WASM build cannot load fails with ONNX Runtime's error, which names the operator. For the fp32 variant ONNX Runtime's ids must also equal the training model's. Each
 runtime is a gated check of the variant's candidate: a runtime that fails, or cannot run (not
 installed, load error), fails that variant's verdict.
 
@@ -21,25 +24,29 @@ binaries; the post-install script would download CUDA binaries).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from prodip.base.variants import BY_NAME
+from prodip.conformance.compare import check_value
 from prodip.conformance.runners import OrtRunner, TorchRunner
 from prodip.export.genai import variant_overlay
 
-GENAI, TRANSFORMERS_JS = "onnxruntime-genai", "transformers.js"
-RUNTIMES = (GENAI, TRANSFORMERS_JS)
+GENAI, TRANSFORMERS_JS, ORT_WEB = "onnxruntime-genai", "transformers.js", "onnxruntime-web"
+RUNTIMES = (GENAI, TRANSFORMERS_JS, ORT_WEB)
 #: Prompts (keys of ``prodip.conformance.inputs.PROMPTS``) every runtime decodes.
 RUNTIME_PROMPTS = ("bn", "en")
 #: The Node script that runs transformers.js (beside this file).
 NODE_SCRIPT = Path(__file__).with_name("transformersjs_greedy.mjs")
+#: The Node script that runs onnxruntime-web's WASM backend (beside this file).
+ORT_WEB_SCRIPT = Path(__file__).with_name("ortweb_greedy.mjs")
 #: Timeout of one Node run (s): loading 4 variants and decoding 2 prompts of a small model takes seconds.
 NODE_TIMEOUT_S = 900
 
@@ -79,7 +86,11 @@ def truncate_at_eos(ids: Sequence[int], prompt_len: int, eos_id: Union[None, int
 
 
 def runner_greedy(
-    runner: Any, prompt: Sequence[int], max_new_tokens: int, eos_id: Union[None, int, Collection[int]]
+    runner: Any,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    eos_id: Union[None, int, Collection[int]],
+    step_logits: Optional[list] = None,
 ) -> list[int]:
     """Greedy ids (prompt + new) from a conformance runner, batch 1, no padding, KV cache.
 
@@ -88,12 +99,15 @@ def runner_greedy(
         prompt: token ids.
         max_new_tokens: new tokens at most (tokens).
         eos_id: stop after generating this id, or any of these ids (it is included), or None.
+        step_logits: if given, each step's last-row logits (float32 [vocab]) are appended to it.
     """
     stops = _stops(eos_id)
     ids = [int(i) for i in prompt]
     x = np.asarray([ids], np.int64)
     logits, state = runner.forward(x, np.ones_like(x), np.arange(len(ids), dtype=np.int64)[None])
     for step in range(max_new_tokens):
+        if step_logits is not None:
+            step_logits.append(np.asarray(logits[0, -1], np.float32))
         nxt = int(np.argmax(logits[0, -1]))
         ids.append(nxt)
         if nxt in stops or step + 1 == max_new_tokens:
@@ -196,15 +210,130 @@ def transformersjs_greedy(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def ortweb_greedy(
+    export_dir: Path,
+    files: Sequence[str],
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    model_cfg: Any,
+    stop: Optional[Collection[int]] = None,
+) -> dict[str, Any]:
+    """Greedy ids and per-step logits from onnxruntime-web's WASM backend in Node, for each ONNX file.
+
+    Args:
+        export_dir: the export dir; files: ONNX paths relative to it (weights in ``<file>_data``).
+        prompts: token ids; max_new_tokens: new tokens per prompt; model_cfg: layers, kv heads,
+            head dim and eos id of the model (the KV-cache inputs' shapes); stop: the ids that end
+            generation (default: the model's eos id).
+    Returns:
+        ``{"versions": {...}, "results": {file: {"ids": [[...]], "logits": [[[float] per step]]}
+        or {"error": str}}}``.
+    Raises:
+        FileNotFoundError: ``node`` is not on PATH, or onnxruntime-web is not installed under
+            :func:`node_root` (it comes with transformers.js).
+        RuntimeError: the Node script failed (its stderr tail is in the message).
+    """
+    node = shutil.which("node")
+    root = node_root()
+    if node is None or not (root / "node_modules" / "onnxruntime-web" / "dist").is_dir():
+        raise FileNotFoundError(
+            f"onnxruntime-web needs node on PATH and {root}/node_modules/onnxruntime-web "
+            f"(`npm install --ignore-scripts` in {root}: it comes with transformers.js)"
+        )
+    job = {
+        "export_dir": str(Path(export_dir).resolve()),
+        "files": list(files),
+        "prompts": [list(map(int, p)) for p in prompts],
+        "max_new_tokens": max_new_tokens,
+        "stop_ids": [int(i) for i in (stop if stop is not None else [model_cfg.eos_token_id]) if i is not None],
+        "num_layers": model_cfg.num_hidden_layers,
+        "num_kv_heads": model_cfg.num_key_value_heads,
+        "head_dim": model_cfg.head_dim,
+        "node_root": str(root),
+    }
+    proc = subprocess.run(
+        [node, str(ORT_WEB_SCRIPT)], input=json.dumps(job), capture_output=True, text=True, timeout=NODE_TIMEOUT_S
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"node {ORT_WEB_SCRIPT.name} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class _TempModel:
+    """Context manager: a temporary ONNX file (weights inline), removed on exit."""
+
+    def __init__(self, model: Any) -> None:
+        import tempfile  # noqa: PLC0415
+
+        self._dir = tempfile.TemporaryDirectory(prefix="prodip_fp32_compute_")
+        self.path = Path(self._dir.name) / "model.onnx"
+        import onnx  # noqa: PLC0415
+
+        onnx.save_model(model, str(self.path))
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: Any) -> None:
+        self._dir.cleanup()
+
+
+def fp32_compute_copy(path: Path) -> Optional[_TempModel]:
+    """A copy of the ONNX file ``path`` whose ``MatMulNBits`` nodes have ``accuracy_level`` 0, or None if none differs.
+
+    ONNX Runtime's CPU build honours ``accuracy_level`` 4 (activations quantised to int8 inside
+    MatMulNBits, prodip's int4 default); onnxruntime-web's WASM kernel computes in float32 whatever the
+    attribute says. Measured on a tiny export's q4 file: WASM vs CPU at level 4, max |logit diff| 6e-2;
+    vs CPU at level 0, 2e-6. So the WASM runtime is compared with ONNX Runtime doing its arithmetic on
+    the same weights; the other runtimes with the file as it is.
+    """
+    import onnx  # noqa: PLC0415
+
+    model = onnx.load(str(path))
+    changed = False
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attr in node.attribute:
+                if attr.name == "accuracy_level" and attr.i != 0:
+                    attr.i, changed = 0, True
+    return _TempModel(model) if changed else None
+
+
+def logits_agreement(ref: Sequence[np.ndarray], cand: Sequence[Sequence[float]]) -> dict[str, float]:
+    """max |logit difference| and mean KL(ref || cand) (nats) over the steps both decoded.
+
+    ``ref``: ONNX Runtime's last-row logits per step; ``cand``: the runtime's, same steps (greedy
+    paths that diverge are compared up to the shorter one; the ids check catches the divergence).
+    """
+    from prodip.conformance.compare import kl_per_position  # noqa: PLC0415
+
+    n = min(len(ref), len(cand))
+    if n == 0:
+        return {"max_abs_logit": math.inf, "kl_mean": math.inf}
+    a, b = np.stack(ref[:n]).astype(np.float64), np.asarray(cand[:n], np.float64)
+    return {"max_abs_logit": float(np.abs(a - b).max()), "kl_mean": float(kl_per_position(a, b).mean())}
+
+
 #: Metric name of each runtime's check in a candidate's checks (``{equals: true}``, gated).
-RUNTIME_METRICS = {GENAI: "genai_greedy_identical", TRANSFORMERS_JS: "transformersjs_greedy_identical"}
+RUNTIME_METRICS = {
+    GENAI: "genai_greedy_identical",
+    TRANSFORMERS_JS: "transformersjs_greedy_identical",
+    ORT_WEB: "ortweb_wasm_greedy_identical",
+}
+#: onnxruntime-web's logits vs ONNX Runtime's on the same file, bounded by the variant's own
+#: tolerance table: ``max_abs_logit`` where it has one (the exact variants), else ``kl_mean``.
+ORT_WEB_LOGITS_METRIC = "ortweb_wasm_logits"
 #: fp32 only: ONNX Runtime's ids on the runtime prompts equal the training model's.
 REFERENCE_METRIC = "runtime_prompts_reference_identical"
 
 
 def planned_metrics(variant: str, runtimes: Sequence[str]) -> list[str]:
     """The runtime metrics gated for an ONNX ``variant`` (known before anything runs)."""
-    return [RUNTIME_METRICS[r] for r in runtimes] + ([REFERENCE_METRIC] if variant == "fp32" and runtimes else [])
+    return (
+        [RUNTIME_METRICS[r] for r in runtimes]
+        + ([ORT_WEB_LOGITS_METRIC] if ORT_WEB in runtimes else [])
+        + ([REFERENCE_METRIC] if variant == "fp32" and runtimes else [])
+    )
 
 
 def _not_installed(err: Any) -> bool:
@@ -245,6 +374,7 @@ def check_runtimes(
     max_new_tokens: int,
     threads: int = 0,
     missing: str = "skip",
+    tolerances: Optional[dict[str, dict[str, Any]]] = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every ONNX candidate in each runtime and compare greedy ids with ONNX Runtime's on the same file.
 
@@ -262,6 +392,8 @@ def check_runtimes(
         runtimes: names from :data:`RUNTIMES` (empty: nothing is run).
         max_new_tokens: new tokens per prompt (tokens).
         threads: ONNX Runtime / onnxruntime-genai intra-op threads (0 = library default).
+        tolerances: the tolerance file's tables (``candidate.tolerance_table`` -> metric -> bound):
+            onnxruntime-web's logits are held to the variant's ``max_abs_logit`` (else ``kl_mean``).
     Returns:
         candidate name -> ``{"prompts": [names], "prompt_ids": [[ids]], "onnxruntime": [[ids]], "runtimes": {runtime:
         {ids_identical, ids, error}}, "reference_identical": bool (fp32 only), "checks": [...]}``, the
@@ -283,6 +415,12 @@ def check_runtimes(
             tjs = transformersjs_greedy(export_dir, dtypes, ids, max_new_tokens)
         except Exception as err:  # not installed, node failed: every variant's check fails with it
             tjs = err
+    web: Any = None
+    if ORT_WEB in runtimes:
+        try:
+            web = ortweb_greedy(export_dir, [c.path for c in onnx_cands], ids, max_new_tokens, model_cfg, eos)
+        except Exception as err:  # not installed, node failed: every variant's check fails with it
+            web = err
     out: dict[str, dict[str, Any]] = {}
     for cand in onnx_cands:
         runner = OrtRunner(
@@ -293,8 +431,13 @@ def check_runtimes(
             head_dim=model_cfg.head_dim,
             threads=threads,
         )
-        want = [truncate_at_eos(runner_greedy(runner, p, max_new_tokens, eos), len(p), eos) for p in ids]
+        ort_logits: list[list[np.ndarray]] = [[] for _ in ids]
+        want = [
+            truncate_at_eos(runner_greedy(runner, p, max_new_tokens, eos, steps), len(p), eos)
+            for p, steps in zip(ids, ort_logits)
+        ]
         results: dict[str, dict[str, Any]] = {}
+        extra_checks: list[dict[str, Any]] = []
         if GENAI in runtimes:
             try:
                 got: Any = genai_greedy(export_dir, cand.path, ids, max_new_tokens, threads)
@@ -313,6 +456,51 @@ def check_runtimes(
             results[TRANSFORMERS_JS]["dtype"] = dtype
             if isinstance(tjs, dict):
                 results[TRANSFORMERS_JS]["versions"] = tjs.get("versions")
+        skipped_web = ORT_WEB in runtimes and missing == "skip" and _not_installed(web)
+        if skipped_web:
+            results[ORT_WEB] = _result(ORT_WEB, web, want, True)
+        elif ORT_WEB in runtimes:
+            got = web if isinstance(web, Exception) else web["results"].get(cand.path, {"error": "no result"})
+            web_want, web_logits, fp32_compute = want, ort_logits, fp32_compute_copy(export_dir / cand.path)
+            if fp32_compute is not None:  # ONNX Runtime doing the WASM kernels' arithmetic on the same weights
+                with fp32_compute as path:
+                    again = OrtRunner(
+                        path,
+                        cand.name,
+                        num_layers=model_cfg.num_hidden_layers,
+                        num_kv_heads=model_cfg.num_key_value_heads,
+                        head_dim=model_cfg.head_dim,
+                        threads=threads,
+                    )
+                    web_logits = [[] for _ in ids]
+                    web_want = [
+                        truncate_at_eos(runner_greedy(again, p, max_new_tokens, eos, steps), len(p), eos)
+                        for p, steps in zip(ids, web_logits)
+                    ]
+            res = _compare(f"onnxruntime-web (WASM) {cand.path}", got, web_want)
+            if fp32_compute is not None:
+                res["reference"] = "ONNX Runtime, MatMulNBits accuracy_level 0 (fp32 compute, as the WASM kernel)"
+            table = (tolerances or {}).get(cand.tolerance_table, {})
+            metric = "max_abs_logit" if "max_abs_logit" in table else "kl_mean"
+            bound = table.get(metric)
+            value: Any = None
+            if isinstance(got, dict) and "logits" in got:
+                agreement = [logits_agreement(r, c) for r, c in zip(web_logits, got["logits"])]
+                value = max(a[metric] for a in agreement)
+                res["logits"] = {m: max(a[m] for a in agreement) for m in ("max_abs_logit", "kl_mean")}
+            passed = value is not None and (bound is None or check_value(value, bound))
+            extra_checks.append(
+                {
+                    "metric": ORT_WEB_LOGITS_METRIC,
+                    "value": value,
+                    "tolerance": bound or {},
+                    "passed": passed,
+                    "note": res["error"] or f"{metric} vs ONNX Runtime on the same file, max over prompts",
+                }
+            )
+            if isinstance(web, dict):
+                res["versions"] = web.get("versions")
+            results[ORT_WEB] = res
         checks = [
             {
                 "metric": RUNTIME_METRICS[r],
@@ -323,7 +511,7 @@ def check_runtimes(
             }
             for r, res in results.items()
             if not res.get("skipped")
-        ]
+        ] + [c for c in extra_checks if not skipped_web]
         entry = {"prompts": names, "prompt_ids": ids, "onnxruntime": want, "runtimes": results, "checks": checks}
         if cand.variant == "fp32":
             same = want == [truncate_at_eos(r, len(p), eos) for r, p in zip(ref_ids, ids)]

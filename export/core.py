@@ -32,7 +32,7 @@ from prodip.base.manifest import read_manifest, write_manifest
 from prodip.base.variants import BY_NAME, GGUF_VARIANTS, ONNX_DIR, ONNX_VARIANTS, PTE_DIR, PTE_VARIANTS, onnx_files
 from prodip.export import card as model_card
 from prodip.export import executorch as pte_export
-from prodip.export import genai, hf, quantize
+from prodip.export import genai, hf, quantize, web
 from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
@@ -384,7 +384,7 @@ def export_model(
     derived = sum(v in cfg.variants for v in ("fp16", "int8", "int4"))
     devices = sum(v in cfg.variants for v in (*GGUF_VARIANTS, *PTE_VARIANTS))
     onnx_any = derived > 0 or "fp32" in cfg.variants
-    total = 2 + derived + 2 * onnx_any + devices  # ONNX: the fp32 graph, then the runtime packages
+    total = 2 + derived + 3 * onnx_any + devices  # ONNX: the fp32 graph, the runtime packages, the page
     counter = iter(range(1, total + 1))
     step = lambda name: _phase(next(counter), total, name)  # noqa: E731
     t0 = time.perf_counter()
@@ -432,6 +432,10 @@ def _build_all(
     if any(v["format"] == "onnx" for v in variants.values()):
         with step("ONNX runtime packages (weights in <file>_data, onnxruntime-genai shared-buffer graphs)"):
             _write_runtime_configs(tmp, variants)
+        with step("browser page (index.html; web/: transformers.js, onnxruntime-web's WASM build)"):
+            if web.library_sources() is None:
+                logger.warning("browser page without its library files: %s not installed", web.node_modules())
+            web.write_web_page(tmp)
     variants.update(_build_devices(model, tmp, cfg, tokenizer_dir, step, card))
     with step("manifest.json (sha256 of every file), README.md model card, licence metadata"):
         model_card.write_card(tmp, card)

@@ -1,4 +1,4 @@
-"""Conformance's runtime axis: onnxruntime-genai and transformers.js on every ONNX variant, gated.
+"""Conformance's runtime axis: onnxruntime-genai, transformers.js and onnxruntime-web (WASM) on every ONNX variant, gated.
 
 Real runtimes: onnxruntime-genai (pip extra ``runtimes``) and transformers.js from the repository's
 ``node/node_modules`` (``npm install --ignore-scripts --prefix node``).
@@ -13,12 +13,20 @@ import pytest
 
 from prodip.base.manifest import read_manifest
 from prodip.base.variants import ONNX_VARIANTS
-from prodip.conformance.runtimes import GENAI, REFERENCE_METRIC, RUNTIME_METRICS, TRANSFORMERS_JS, genai_greedy
+from prodip.conformance.runtimes import (
+    GENAI,
+    ORT_WEB,
+    ORT_WEB_LOGITS_METRIC,
+    REFERENCE_METRIC,
+    RUNTIME_METRICS,
+    TRANSFORMERS_JS,
+    genai_greedy,
+)
 from prodip.conformance.suite import evaluate
 from prodip.conformance.verdict import merge_verdict
 
 pytestmark = pytest.mark.slow
-BOTH = [GENAI, TRANSFORMERS_JS]
+BOTH = [GENAI, TRANSFORMERS_JS, ORT_WEB]
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +73,22 @@ def test_every_runtime_reproduces_onnx_runtime_on_every_variant(report):
         for runtime in BOTH:
             got = rt["runtimes"][runtime]
             assert got["error"] is None and got["ids_identical"], (variant, runtime, got)
-            assert got["ids"] == rt["onnxruntime"]
+            # onnxruntime-web on a MatMulNBits file: vs ONNX Runtime with the WASM kernel's fp32 arithmetic
+            assert (got["ids"] == rt["onnxruntime"]) or (runtime == ORT_WEB and "accuracy_level 0" in got["reference"])
             check = next(c for c in cand["checks"] if c["metric"] == RUNTIME_METRICS[runtime])
             assert check["passed"] is True
         assert all(len(ids) > len(p) for ids, p in zip(rt["onnxruntime"], rt["prompt_ids"]))
     assert report["candidates"]["fp32"]["runtimes"]["reference_identical"] is True
     assert any(c["metric"] == REFERENCE_METRIC for c in report["candidates"]["fp32"]["checks"])
     assert report["candidates"]["int4"]["runtimes"]["runtimes"][TRANSFORMERS_JS]["dtype"] == "q4"
+    assert "accuracy_level 0" in report["candidates"]["int4"]["runtimes"]["runtimes"][ORT_WEB]["reference"]
+    assert "reference" not in report["candidates"]["int8"]["runtimes"]["runtimes"][ORT_WEB]  # the file as it is
+    for variant in ONNX_VARIANTS:  # onnxruntime-web's logits, within the variant's own bound
+        check = next(c for c in report["candidates"][variant]["checks"] if c["metric"] == ORT_WEB_LOGITS_METRIC)
+        assert check["passed"] is True and check["value"] is not None, (variant, check)
+        assert ("max" in check["tolerance"]) and check["value"] <= check["tolerance"]["max"]
+    fp32_web = report["candidates"]["fp32"]["runtimes"]["runtimes"][ORT_WEB]["logits"]
+    assert fp32_web["max_abs_logit"] < 1e-3  # same fp32 file, another build of ONNX Runtime
 
 
 def test_verdict_and_markdown_name_each_runtime(report):
@@ -79,10 +96,10 @@ def test_verdict_and_markdown_name_each_runtime(report):
 
     verdict = merge_verdict(None, report, list(report["variants"]), "conformance/report.json", "0" * 64)
     for variant in ONNX_VARIANTS:
-        assert verdict["checks"][variant]["runtimes"] == {GENAI: True, TRANSFORMERS_JS: True}
+        assert verdict["checks"][variant]["runtimes"] == {GENAI: True, TRANSFORMERS_JS: True, ORT_WEB: True}
     md = render_markdown(report)
-    assert f"| candidate | {GENAI} | {TRANSFORMERS_JS} | fp32 = training model |" in md
-    assert "| int4 | identical | identical | - |" in md
+    assert f"| candidate | {GENAI} | {TRANSFORMERS_JS} | {ORT_WEB} | fp32 = training model |" in md
+    assert "| int4 | identical | identical | identical (max abs logit diff" in md
 
 
 def test_a_runtime_that_is_not_installed_is_skipped_or_fails(tiny_artifacts, conf_cfg, tmp_path, monkeypatch):
@@ -106,6 +123,26 @@ def test_a_runtime_that_is_not_installed_is_skipped_or_fails(tiny_artifacts, con
     check = next(c for c in rep["candidates"]["fp32"]["checks"] if c["metric"] == RUNTIME_METRICS[TRANSFORMERS_JS])
     assert check["passed"] is False and "npm install --ignore-scripts" in check["note"]
     assert rep["variants"]["fp32"] is False and rep["passed"] is False
+
+
+def test_an_operator_without_a_wasm_kernel_fails_naming_it(contrib_export, tiny_artifacts, conf_cfg, tmp_path):
+    """Planted: the int4 file with ONNX Runtime's com.microsoft.GatherBlockQuantized embedding lookup
+    (what the export wrote before its lookup was lowered to standard ops). ONNX Runtime's CPU build
+    runs it; onnxruntime-web's WASM build has no kernel for it: the WASM check fails and says which."""
+    from prodip.conformance.faults import plant_wasm_missing_kernel
+
+    export, ckpt = contrib_export
+    planted = plant_wasm_missing_kernel(export, tmp_path / "planted")
+    rep = evaluate(conf_cfg(planted, runtimes=[ORT_WEB], variants=["int4"], checkpoint=str(ckpt)))
+    checks = {c["metric"]: c for c in rep["candidates"]["int4"]["checks"]}
+    failed = checks[RUNTIME_METRICS[ORT_WEB]]
+    assert failed["passed"] is False and "GatherBlockQuantized" in failed["note"], failed
+    assert checks[ORT_WEB_LOGITS_METRIC]["passed"] is False
+    assert rep["variants"]["int4"] is False and rep["passed"] is False
+    # the unplanted file passes the same check
+    cfg = conf_cfg(export, runtimes=[ORT_WEB], variants=["int4"], checkpoint=str(ckpt))
+    ok = {c["metric"]: c for c in evaluate(cfg)["candidates"]["int4"]["checks"]}
+    assert ok[RUNTIME_METRICS[ORT_WEB]]["passed"] is True and ok[ORT_WEB_LOGITS_METRIC]["passed"] is True
 
 
 def test_no_runtimes_is_said_not_hidden(tiny_artifacts, conf_cfg):

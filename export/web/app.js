@@ -1,0 +1,76 @@
+// The export's browser page: transformers.js (web/transformers.min.js) with onnxruntime-web's WASM backend
+// (web/ort-wasm-simd-threaded.asyncify.{mjs,wasm}) loads the model from this folder and generates greedily,
+// streaming. URL parameters (used by the browser test): ?dtype=q4&prompt=...&max_new_tokens=16&autorun=1.
+// When a run ends, window.prodipResult = {dtype, ids (prompt + new), text, load_ms, tokens_per_s, bytes, error}.
+import { AutoModelForCausalLM, AutoTokenizer, TextStreamer, env } from './transformers.min.js';
+
+const here = new URL('./', import.meta.url);        // .../web/
+const root = new URL('../', here);                  // the export folder
+env.allowRemoteModels = false;                      // never the Hugging Face Hub
+env.allowLocalModels = true;                        // false by default in a browser
+env.localModelPath = root.pathname;
+env.backends.onnx.wasm.wasmPaths = here.href;       // not the CDN
+const MODEL = '.';                                  // the export folder itself
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const bytes = () => performance.getEntriesByType('resource')
+  .reduce((n, e) => n + (e.encodedBodySize || e.transferSize || 0), 0);
+performance.setResourceTimingBufferSize(10000);
+
+const config = await (await fetch(new URL('config.json', root))).json();
+const tjs = config['transformers.js_config'] || {};
+const FILES = { fp32: 'model', fp16: 'model_fp16', q8: 'model_quantized', q4: 'model_q4' };
+const offered = Object.keys(FILES).filter((d) => `${FILES[d]}.onnx` in (tjs.use_external_data_format || {}));
+for (const d of offered) $('dtype').add(new Option(d + (d === tjs.dtype ? ' (default)' : ''), d));
+$('dtype').value = params.get('dtype') || tjs.dtype || offered[0];
+if (params.has('prompt')) $('prompt').value = params.get('prompt');
+if (params.has('max_new_tokens')) $('tokens').value = params.get('max_new_tokens');
+
+let loaded = { dtype: null, model: null, tokenizer: null, load_ms: 0 };
+async function load(dtype) {
+  if (loaded.dtype === dtype) return loaded;
+  const t0 = performance.now();
+  const tokenizer = await AutoTokenizer.from_pretrained(MODEL);
+  const model = await AutoModelForCausalLM.from_pretrained(MODEL, { dtype, device: 'wasm' });
+  loaded = { dtype, model, tokenizer, load_ms: performance.now() - t0 };
+  return loaded;
+}
+
+async function run() {
+  const dtype = $('dtype').value;
+  $('go').disabled = true;
+  $('out').textContent = '';
+  const result = { dtype, ids: null, text: '', load_ms: null, tokens_per_s: null, bytes: null, error: null };
+  try {
+    $('stats').textContent = `loading ${dtype}…`;
+    const { model, tokenizer, load_ms } = await load(dtype);
+    result.load_ms = load_ms;
+    const inputs = tokenizer($('prompt').value);
+    let first = null, n = 0;
+    const streamer = new TextStreamer(tokenizer, {
+      skip_prompt: true,
+      callback_function: (text) => { $('out').textContent += text; result.text += text; },
+      token_callback_function: () => { n += 1; first ??= performance.now(); },
+    });
+    const out = await model.generate({ ...inputs, max_new_tokens: Number($('tokens').value), do_sample: false, streamer });
+    const t1 = performance.now();
+    result.ids = Array.from(out.data, Number);
+    // decode speed after the first new token (the prompt's prefill is in load-to-first-token)
+    result.tokens_per_s = n > 1 ? (n - 1) / ((t1 - first) / 1000) : null;
+  } catch (err) {
+    result.error = String(err && err.message ? err.message : err);
+    $('out').textContent = 'error: ' + result.error;
+  }
+  result.bytes = bytes();
+  $('stats').textContent = `dtype ${dtype} · load ${(result.load_ms ?? 0).toFixed(0)} ms · ` +
+    `${result.tokens_per_s ? result.tokens_per_s.toFixed(1) : '–'} tokens/s · ` +
+    `${(result.bytes / 1e6).toFixed(1)} MB downloaded`;
+  $('go').disabled = false;
+  window.prodipResult = result;
+}
+
+$('go').textContent = 'Generate';
+$('go').disabled = false;
+$('go').onclick = run;
+if (params.get('autorun') === '1') run();

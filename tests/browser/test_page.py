@@ -1,0 +1,147 @@
+"""The export's page in a real browser: Debian's Chromium (headless), driven by puppeteer-core pointed at
+the system browser (no browser download), loading the page from a 127.0.0.1 static server on a tiny export.
+
+For the default dtype (config.json ``transformers.js_config.dtype``) and fp32, the ids the page generates
+(transformers.js + onnxruntime-web's WASM backend) equal ONNX Runtime's greedy ids on the same file (for
+MatMulNBits files: with the fp32 arithmetic the WASM kernel does, see
+:func:`prodip.conformance.runtimes.fp32_compute_copy`); every request stays on the 127.0.0.1 server (no
+CDN, no Hub); the page reports load time, tokens/s and bytes downloaded. A failing page leaves a
+screenshot in ``$PRODIP_BROWSER_ARTIFACTS`` (default ``build/browser-artifacts``).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from prodip.conformance.runners import OrtRunner
+from prodip.conformance.runtimes import fp32_compute_copy, runner_greedy, truncate_at_eos
+from tests.tokenizer.conftest import skip_or_fail
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = REPO / "node" / "browser_page.mjs"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FILES = {
+    "fp32": "onnx/model.onnx",
+    "fp16": "onnx/model_fp16.onnx",
+    "q8": "onnx/model_quantized.onnx",
+    "q4": "onnx/model_q4.onnx",
+}
+NEW_TOKENS = 12
+PROMPT = "আমার সোনার বাংলা"
+
+pytestmark = pytest.mark.slow
+
+
+def node_root() -> Path:
+    env = os.environ.get("PRODIP_NODE_ROOT")
+    return Path(env) if env else REPO / "node"
+
+
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("PRODIP_BROWSER_ARTIFACTS", REPO / "build" / "browser-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser_ready():
+    if not Path(CHROMIUM).is_file():
+        skip_or_fail("chromium is not installed (apt-get install -y chromium)")
+    if shutil.which("node") is None or not (node_root() / "node_modules" / "puppeteer-core").is_dir():
+        skip_or_fail(
+            f"puppeteer-core is not installed under {node_root()} (npm install --ignore-scripts --prefix node)"
+        )
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # noqa: D401 (keep pytest's output clean)
+        pass
+
+
+@pytest.fixture(scope="module")
+def served_export(tmp_path_factory, browser_ready):
+    """A tiny export (vocab 512, hidden 64, 2 layers, GQA 4/2) served on 127.0.0.1 by http.server."""
+    from tests.fixtures import build_tiny_export
+
+    export = build_tiny_export(tmp_path_factory.mktemp("page"), vocab_size=512, hidden_size=64, seed=5)
+    assert (export / "index.html").is_file() and (export / "web" / "ort-wasm-simd-threaded.asyncify.wasm").is_file()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(export)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield export, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def open_page(url: str, result: str, name: str, actions=(), timeout_ms: int = 180_000) -> dict:
+    """The driver's answer for one page; a failed page leaves ``<name>.png`` in :func:`artifacts_dir`."""
+    job = {
+        "url": url,
+        "result": result,
+        "chromium": CHROMIUM,
+        "timeout_ms": timeout_ms,
+        "screenshot": str(artifacts_dir() / f"{name}.png"),
+        "node_root": str(node_root()),
+        "actions": [list(a) for a in actions],
+    }
+    proc = subprocess.run(["node", str(DRIVER)], input=json.dumps(job), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def ort_greedy(export: Path, rel: str, prompt: list[int]) -> list[int]:
+    cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
+    copy = fp32_compute_copy(export / rel)
+    path = export / rel
+    with copy if copy is not None else _Same(path) as path:
+        runner = OrtRunner(
+            path, rel, num_layers=cfg["num_hidden_layers"], num_kv_heads=cfg["num_key_value_heads"],
+            head_dim=cfg["head_dim"], threads=1,
+        )  # fmt: skip
+        ids = runner_greedy(runner, prompt, NEW_TOKENS, cfg["eos_token_id"])
+    return truncate_at_eos(ids, len(prompt), cfg["eos_token_id"])
+
+
+class _Same:
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_page_generates_onnx_runtimes_ids(served_export):
+    from tokenizers import Tokenizer
+
+    export, base = served_export
+    default = json.loads((export / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]["dtype"]
+    prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
+    for dtype in dict.fromkeys([default, "fp32"]):
+        from urllib.parse import quote
+
+        url = f"{base}/?dtype={dtype}&prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
+        got = open_page(url, "prodipResult", f"page_{dtype}")
+        assert got["error"] is None, (dtype, got["error"], got["console"][-10:])
+        res = got["result"]
+        assert res["dtype"] == dtype and res["ids"][: len(prompt)] == prompt  # transformers.js's tokenizer
+        assert res["ids"] == ort_greedy(export, FILES[dtype], prompt), dtype
+        assert res["load_ms"] > 0 and res["tokens_per_s"] > 0
+        # every byte from the 127.0.0.1 server: the library, the WASM build, the model files
+        assert all(u.startswith(base + "/") for u in got["requests"]), [
+            u for u in got["requests"] if not u.startswith(base)
+        ]
+        assert any(u.endswith("/" + FILES[dtype]) for u in got["requests"])
+        assert any(u.endswith("ort-wasm-simd-threaded.asyncify.wasm") for u in got["requests"])
+        weights = (export / (FILES[dtype] + "_data")).stat().st_size
+        assert res["bytes"] >= weights  # the page counts what it downloaded
