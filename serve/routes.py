@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from prodip.serve import completions as fmt
 from prodip.serve.schemas import (
@@ -43,7 +44,9 @@ ROUTES = (
 )
 #: answered without the API key: liveness probes, and the API's documentation (a browser cannot send
 #: the key to read it; it holds no secret)
-OPEN_ROUTES = ("/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+OPEN_ROUTES = ("/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/playground")
+#: The playground page (GET /playground): a prompt box streaming from /v1/completions (or chat).
+PLAYGROUND = Path(__file__).with_name("playground.html")
 
 
 def route_label(path: str) -> str:
@@ -113,6 +116,12 @@ def _conformance_body(svc: Service) -> dict[str, Any]:
 
 
 def add_routes(app: FastAPI, svc: Service) -> None:
+    @app.get("/playground", include_in_schema=False)
+    async def playground() -> HTMLResponse:
+        """A small page (no scripts from elsewhere) that streams completions from this server; the
+        API key, when the server has one, is typed into the page (the page itself is open)."""
+        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+
     @app.get("/health")
     async def health() -> JSONResponse:
         body = {
