@@ -18,6 +18,7 @@ from prodip.base.errors import InvalidInput
 from prodip.tokenizer.audit import AuditConfig, run_audit
 from prodip.tokenizer.bpe import TokenizerTrainConfig, tokenizer_sha256, train_tokenizer
 from prodip.tokenizer.wordcounts import WORD, count_documents, equivalent_text, read_counts_file, wordfreq_counts
+from tests.fixtures import write_sources
 
 from .conftest import REPO
 
@@ -60,6 +61,7 @@ def test_a_table_of_counts_is_its_equivalent_text(corpus, tmp_path):
     text_dir = tmp_path / "en_text"
     text_dir.mkdir()
     (text_dir / "words.txt").write_text(equivalent_text(counts), encoding="utf-8")
+    write_sources(tmp_path, {"en_counts.tsv": "en", "en_text/words.txt": "en"})  # the licence gate's records
     assert read_counts_file(table) == counts
     assert "".join(count_documents(counts, chunk_chars=50)) == equivalent_text(counts).replace("\n", "")
     bn = [str(corpus["bn"])]
@@ -117,6 +119,7 @@ def test_bad_weights_and_tables_are_refused(corpus, tmp_path):
     with pytest.raises(InvalidInput, match=r"is another language's list \(expected wordfreq:en\)"):
         _train(tmp_path, "c", inputs=inputs, word_counts={"en": ["wordfreq:bn"]})
     bad = tmp_path / "bad.tsv"
+    write_sources(tmp_path, {"bad.tsv": "en"})  # recorded, so the table's own errors are what is refused
     bad.write_text("the\t10\nof 5\n", encoding="utf-8")
     with pytest.raises(InvalidInput, match=r"bad\.tsv:2: expected 'word<TAB>count'"):
         _train(tmp_path, "d", inputs=inputs, word_counts={"en": [str(bad)]})
