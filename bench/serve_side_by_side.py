@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--note", default="", help="conditions to record (e.g. 'machine shared with other jobs')")
-    p.add_argument("--out", help="write OUT.json and OUT.md")
+    p.add_argument("--out", help="path prefix: the results are written to it with .json and .md added")
     args = p.parse_args(argv)
     export_dir = Path(args.export_dir)
     prompt = [int(t) for t in np.random.default_rng(0).integers(3, 300, args.prompt_tokens)]
