@@ -1,7 +1,8 @@
 """The export's page in a real browser: Debian's Chromium (headless), driven by puppeteer-core pointed at
 the system browser (no browser download), loading the page from a 127.0.0.1 static server on a tiny export.
 
-For the default dtype (config.json ``transformers.js_config.dtype``) and fp32, the ids the page generates
+For the default dtype (config.json ``transformers.js_config.dtype``) and every other transformers.js dtype
+of the variant table (fp32, fp16, q8, q4), the ids the page generates
 (transformers.js + onnxruntime-web's WASM backend) equal ONNX Runtime's greedy ids on the same file (for
 MatMulNBits files: with the fp32 arithmetic the WASM kernel does, see
 :func:`prodip.conformance.runtimes.fp32_compute_copy`); every request stays on the 127.0.0.1 server (no
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from prodip.base.variants import VARIANTS
 from prodip.conformance.runners import OrtRunner
 from prodip.conformance.runtimes import fp32_compute_copy, runner_greedy, truncate_at_eos
 from tests.tokenizer.conftest import skip_or_fail
@@ -29,12 +31,8 @@ from tests.tokenizer.conftest import skip_or_fail
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "node" / "browser_page.mjs"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FILES = {
-    "fp32": "onnx/model.onnx",
-    "fp16": "onnx/model_fp16.onnx",
-    "q8": "onnx/model_quantized.onnx",
-    "q4": "onnx/model_q4.onnx",
-}
+#: transformers.js dtype -> its file, from the variant table (a new dtype is picked up here by itself)
+FILES = {v.transformersjs_dtype: v.path for v in VARIANTS if v.transformersjs_dtype}
 NEW_TOKENS = 12
 PROMPT = "আমার সোনার বাংলা"
 
@@ -127,7 +125,7 @@ def test_page_generates_onnx_runtimes_ids(served_export):
     export, base = served_export
     default = json.loads((export / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]["dtype"]
     prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
-    for dtype in dict.fromkeys([default, "fp32"]):
+    for dtype in dict.fromkeys([default, *FILES]):  # the default first, then every dtype the export offers
         from urllib.parse import quote
 
         url = f"{base}/?dtype={dtype}&prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
