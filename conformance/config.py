@@ -11,6 +11,7 @@ from typing import Optional
 
 from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
+from prodip.base.variants import VARIANT_NAMES
 
 #: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
 DEFAULT_TOLERANCES = Path(__file__).with_name("tolerances.toml")
@@ -48,7 +49,7 @@ class ConformanceConfig:
     kv_steps: int = opt(8, "single-token decode steps in the KV-cache check (steps)")
     variants: list[str] = opt(
         help="candidates to check: safetensors, transformers, or manifest variant "
-        "names (fp32, fp16, int8, int4, gguf-f16, gguf-q8_0, gguf-q4_k_m, pte-fp32, pte-8da4w); "
+        f"names ({', '.join(v for v in VARIANT_NAMES if v != 'safetensors')}); "
         "default: every one in the manifest",
         factory=list,
     )

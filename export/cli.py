@@ -10,6 +10,7 @@ import argparse
 
 from prodip.base.config import add_arguments, resolve
 from prodip.base.errors import InvalidInput
+from prodip.base.variants import ONNX_VARIANTS
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.core import export_checkpoint
 
@@ -38,7 +39,7 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
 
     parser = subparsers.add_parser(
         "export",
-        help="checkpoint -> HF safetensors + ONNX (fp32/fp16/int8/int4) + manifest",
+        help=f"checkpoint -> HF safetensors + ONNX ({'/'.join(ONNX_VARIANTS)}) + manifest",
         description="Export a training checkpoint into an HF-loadable folder with ONNX decoders "
         f"(KV cache) and quantised variants ({', '.join(VARIANTS)}), each file hashed in "
         "manifest.json. Settings come from the [export] table of --config; flags override.",

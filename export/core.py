@@ -29,7 +29,17 @@ from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
 from prodip.base.manifest import read_manifest, write_manifest
-from prodip.base.variants import BY_NAME, GGUF_VARIANTS, ONNX_DIR, ONNX_VARIANTS, PTE_DIR, PTE_VARIANTS, onnx_files
+from prodip.base.variants import (
+    BY_NAME,
+    DERIVED_ONNX_VARIANTS,
+    GGUF_VARIANTS,
+    ONNX_DIR,
+    ONNX_SOURCE,
+    ONNX_VARIANTS,
+    PTE_DIR,
+    PTE_VARIANTS,
+    onnx_files,
+)
 from prodip.export import card as model_card
 from prodip.export import executorch as pte_export
 from prodip.export import genai, hf, quantize, web
@@ -381,9 +391,9 @@ def export_model(
     tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    derived = sum(v in cfg.variants for v in ("fp16", "int8", "int4"))
+    derived = sum(v in cfg.variants for v in DERIVED_ONNX_VARIANTS)
     devices = sum(v in cfg.variants for v in (*GGUF_VARIANTS, *PTE_VARIANTS))
-    onnx_any = derived > 0 or "fp32" in cfg.variants
+    onnx_any = derived > 0 or ONNX_SOURCE in cfg.variants
     total = 2 + derived + 3 * onnx_any + devices  # ONNX: the fp32 graph, the runtime packages, the page
     counter = iter(range(1, total + 1))
     step = lambda name: _phase(next(counter), total, name)  # noqa: E731

@@ -36,12 +36,12 @@ from typing import Any, Optional
 import onnx
 
 from prodip.base.manifest import read_manifest
-from prodip.base.variants import BY_NAME
+from prodip.base.variants import BY_NAME, GENAI_ORDER
 from prodip.export.graph import shared_buffer_graph
 
 GENAI_CONFIG = "genai_config.json"
 #: Which ONNX variant ``og.Model(EXPORT_DIR)`` loads: the first of these that the export has.
-DEFAULT_ORDER = ("int4", "int8", "fp16", "fp32")
+DEFAULT_ORDER = GENAI_ORDER  # narrowest weights first: prodip.base.variants owns the order
 
 
 def genai_config(

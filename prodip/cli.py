@@ -15,6 +15,7 @@ import sys
 
 from prodip import __version__
 from prodip.base.cli import run_command, setup_logging
+from prodip.base.variants import ONNX_VARIANTS
 
 # (subcommand, package providing it, one-line help). Packages are imported lazily so that
 # `prodip serve --help` does not pay for (or need) torch.
@@ -24,7 +25,7 @@ _STAGES = [
     ("train", "prodip.train", "train a Llama-style model on token shards (torchrun for several GPUs)"),
     ("sft", "prodip.train", "chat fine-tuning on conversations, loss on the assistant's tokens only"),
     ("eval", "prodip.train", "held-out NLL and bits/char of a checkpoint vs its random-initialised twin"),
-    ("export", "prodip.export", "checkpoint -> HF safetensors + ONNX (fp32/fp16/int8/int4) + manifest"),
+    ("export", "prodip.export", f"checkpoint -> HF safetensors + ONNX ({'/'.join(ONNX_VARIANTS)}) + manifest"),
     ("conformance", "prodip.conformance", "prove every exported artifact computes what the training model computes"),
     ("serve", "prodip.serve", "HTTP generation (OpenAI-compatible) from an export dir on ONNX Runtime"),
     ("run", "prodip.pipeline", "run the whole pipeline from one TOML config"),

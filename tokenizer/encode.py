@@ -30,7 +30,7 @@ from prodip.base.files import raise_for_room
 from prodip.base.sources import match_sources
 from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
-from prodip.tokenizer.corpus import ERROR_POLICIES, ReadStats, expand_inputs, iter_language
+from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, ReadStats, expand_inputs, iter_language
 from prodip.tokenizer.portable import nfc
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,9 @@ class DataPrepareConfig:
 
     tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
     inputs: dict[str, list[str]] = opt(
-        factory=dict, help="language -> files/folders of text to encode, e.g. bn=data/bn,en=data/en"
+        factory=dict,
+        help="language -> files/folders of text to encode (" + "/".join(SUFFIXES) + ", or Hugging Face "
+        "`datasets` folders), e.g. bn=data/bn,en=data/en",
     )
     out_dir: str = opt("runs/demo/shards", "output shards dir (refused if it holds shards, unless overwrite)")
     text_field: str = opt("text", "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text")

@@ -19,7 +19,9 @@ copy is written, under the ``q8`` name.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Optional
 
 ONNX_DIR = "onnx"
 GGUF_DIR = "gguf"
@@ -52,6 +54,7 @@ class Variant:
 
 
 #: Every variant ``prodip export`` can write, in build order (fp32 ONNX is the source of the others).
+#: The ONNX rows go from the widest weights to the narrowest: :data:`GENAI_ORDER` relies on it.
 VARIANTS: tuple[Variant, ...] = (
     Variant("safetensors", "model.safetensors", "safetensors", "float32", servable=False),
     Variant("fp32", f"{ONNX_DIR}/model.onnx", "onnx", "float32", servable=True, transformersjs_dtype="fp32"),
@@ -78,6 +81,13 @@ GGUF_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.format == "
 PTE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.format == "pte")
 #: Names ``prodip serve --variant`` accepts.
 SERVABLE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.servable)
+#: The ONNX variant the others are derived from (the first ONNX row: exported from torch).
+ONNX_SOURCE: str = ONNX_VARIANTS[0]
+#: ONNX variants built from :data:`ONNX_SOURCE` (float16 conversion or quantisation), in build order.
+DERIVED_ONNX_VARIANTS: tuple[str, ...] = ONNX_VARIANTS[1:]
+#: Which ONNX variant ``genai_config.json`` names when an export has several: narrowest weights
+#: first (the smallest and fastest on CPU), i.e. the ONNX rows in reverse.
+GENAI_ORDER: tuple[str, ...] = tuple(reversed(ONNX_VARIANTS))
 #: dtypes ``model.safetensors`` may be written in.
 SAFETENSORS_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
@@ -85,3 +95,19 @@ SAFETENSORS_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 def onnx_files() -> dict[str, str]:
     """ONNX variant name -> file path relative to the export dir."""
     return {v.name: v.path for v in VARIANTS if v.format == "onnx"}
+
+
+def variant_names(
+    *, format: Optional[str] = None, servable: Optional[bool] = None, table: Optional[Iterable[Variant]] = None
+) -> tuple[str, ...]:
+    """Names of the rows of ``table`` (default: :data:`VARIANTS`, looked up at call time, so a test
+    that adds a row to the module's table sees it) with the given ``format`` and ``servable`` flag
+    (``None`` = any), in table order. Test parametrisations use this rather than a list of names.
+
+        >>> variant_names(format="onnx", servable=True)
+        ('fp32', 'fp16', 'int8', 'int4')
+    """
+    rows = VARIANTS if table is None else table
+    return tuple(
+        v.name for v in rows if (format is None or v.format == format) and (servable is None or v.servable == servable)
+    )

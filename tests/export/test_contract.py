@@ -15,10 +15,13 @@ import onnxruntime as ort
 import pytest
 
 from prodip.base.manifest import read_manifest
+from prodip.base.variants import variant_names
 from prodip.export.graph import MASK_CHECK_NODE
 from tests.export.conftest import ort_session, positions, run_ort, source_model
 
-VARIANTS = ["fp32", "fp16", "int8", "int4"]
+VARIANTS = variant_names(format="onnx")  # every ONNX row of the table, so a new one is tested
+#: the standard-operator graph is checked on the widest and the narrowest variant
+STANDARD = [VARIANTS[0], VARIANTS[-1]]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def standard_export(tmp_path_factory):
         num_attention_heads=4,
         num_key_value_heads=2,
         seed=1,
-        variants=["fp32", "int4"],
+        variants=STANDARD,
         export_options={"onnx_graph": "standard"},
     )
 
@@ -59,7 +62,10 @@ def _cases(request):
     return request.getfixturevalue(request.param[0]), request.param[1]
 
 
-@pytest.fixture(params=[("gqa_export", v) for v in VARIANTS] + [("standard_export", v) for v in ("fp32", "int4")])
+@pytest.fixture(
+    params=[("gqa_export", v) for v in VARIANTS] + [("standard_export", v) for v in STANDARD],
+    ids=lambda p: f"{p[0].removesuffix('_export')}-{p[1]}",
+)
 def graph_variant(request):
     return _cases(request)
 

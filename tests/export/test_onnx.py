@@ -10,10 +10,11 @@ import onnx
 import pytest
 import torch
 
+from prodip.base.variants import variant_names
 from prodip.export.onnx import io_names
 from tests.export.conftest import ort_session, positions, run_ort, source_model
 
-ONNX_VARIANTS = ["fp32", "fp16", "int8", "int4"]
+ONNX_VARIANTS = variant_names(format="onnx")  # every ONNX row of the table, so a new one is tested
 #: max |logit diff| vs the torch model, relative to the torch logits' std, for fp32/fp16; for the
 #: quantised variants, the least Pearson correlation of their logits with torch's. Random
 #: weights have no structure for 4 bits to preserve, so int4 moves logits a lot (int4 is checked

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from prodip.base.manifest import read_manifest
+from prodip.base.variants import variant_names
 from prodip.export.genai import genai_config
 
 
@@ -95,7 +96,7 @@ def test_shared_buffer_graph_drops_the_cache_copies_and_keeps_the_rest(gqa_expor
         shared_buffer_graph(onnx.ModelProto())
 
 
-@pytest.mark.parametrize("variant", ["fp32", "fp16", "int8", "int4"])
+@pytest.mark.parametrize("variant", variant_names(format="onnx"))
 def test_shared_buffer_graph_reads_no_slot_past_the_mask(gqa_export, variant):
     """What onnxruntime-genai's shared buffer feeds the ``_genai`` graph: a cache of capacity C > past,
     the first ``past`` slots filled, the rest NaN (a buffer never written), and a mask of past + 1.
@@ -155,7 +156,7 @@ def test_standard_graph_with_external_weights_uses_the_transformersjs_name(tmp_p
     }
 
 
-@pytest.mark.parametrize("variant", ["fp32", "fp16", "int8", "int4"])
+@pytest.mark.parametrize("variant", variant_names(format="onnx"))
 def test_genai_graph_computes_the_contract_graph_on_what_genai_feeds(gqa_export, variant):
     """The ``_genai`` graph rotates queries and keys inside GroupQueryAttention
     (:func:`prodip.export.graph.fold_rotary_into_attention`; fp16 keeps its RotaryEmbedding nodes)

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from prodip.base.variants import SERVABLE_VARIANTS
+from prodip.base.variants import variant_names
 from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
 from prodip.serve.engine import OnnxDecoder, load_export, load_tokenizer
 
-VARIANTS = [v for v in ("fp32", "fp16", "int8", "int4") if v in SERVABLE_VARIANTS]
+VARIANTS = variant_names(format="onnx", servable=True)  # every servable row, so a new one is tested
 MINE = [1, 40, 41, 42, 43, 44, 45, 46, 47]
 #: 7 other prompts, every one of another length than MINE (and than each other)
 OTHERS = [[1, 50 + i] + [60 + j for j in range(n)] for i, n in enumerate((0, 2, 4, 9, 12, 15, 20))]
@@ -30,7 +30,7 @@ MODES = {
 def all_variants(tmp_path_factory):
     from tests.serve.conftest import build_export
 
-    return build_export(tmp_path_factory.mktemp("invariance"), variants=("fp32", "fp16", "int8", "int4"))[0]
+    return build_export(tmp_path_factory.mktemp("invariance"), variants=VARIANTS)[0]
 
 
 @pytest.fixture(scope="module")
