@@ -29,7 +29,10 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 #: Conversation markers, in the order new tokenizers reserve them (ids 3 and 4).
 IM_START = "<|im_start|>"
@@ -70,11 +73,11 @@ def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = 
             raise ValueError(f"messages[{i}].role: {m.get('role')!r} is not one of {', '.join(ROLES)}")
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}].content: expected a string, got {type(m.get('content')).__name__}")
-    return _compiled().render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt)
+    return str(_compiled().render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt))
 
 
 @functools.cache
-def _compiled():
+def _compiled() -> Template:
     """The template compiled once (compiling costs ~10 ms; fine-tuning renders thousands of conversations)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415 (serve's only jinja use)
 
@@ -86,7 +89,7 @@ def _compiled():
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def chat_contract(tokenizer_dir: str | os.PathLike) -> dict[str, Any] | None:
+def chat_contract(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The chat contract a tokenizer dir carries, or ``None`` for a base model's.
 
     A tokenizer dir is a chat model's when its ``tokenizer_config.json`` has a ``chat_template``; that

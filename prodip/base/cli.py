@@ -92,7 +92,9 @@ def tool_main(command: str, tool: Callable[[list[str]], int | None], argv: list[
     return run_command(lambda _args: tool(argv), argparse.Namespace(verbose=False), command)
 
 
-def stage_main(prog: str, register: Callable[[argparse._SubParsersAction], None], argv: list[str]) -> int:
+def stage_main(
+    prog: str, register: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], argv: list[str]
+) -> int:
     """``python -m prodip.<stage> VERB ...``: parse ``argv`` with the stage's subcommands and run it.
 
     Args:

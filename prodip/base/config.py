@@ -20,7 +20,10 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,11 +38,11 @@ from prodip.base.errors import ConfigError, InvalidInput
 from prodip.base.files import raise_for_room
 from prodip.base.layout import DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")  # a config dataclass
 
 
 def opt(
-    default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, choices: tuple | None = None
+    default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, choices: tuple[Any, ...] | None = None
 ) -> Any:
     """Declare a config field with its help text (state units in the text).
 
@@ -186,7 +189,7 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
     try:
         if origin is dict:
             _, val_tp = typing.get_args(tp)
-            out = {}
+            out: dict[str, Any] = {}
             for part in filter(None, (p.strip() for p in _DICT_ENTRY_SPLIT.split(text))):
                 k, sep, v = part.partition("=")
                 if not sep:
@@ -242,8 +245,8 @@ def add_arguments(
         elif isinstance(default, (list, tuple)):
             shown = ",".join(map(str, default)) or "none"
         else:
-            shown = default
-        shown = str(shown).replace("%", "%%")
+            shown = str(default)
+        shown = shown.replace("%", "%%")
         parse = functools.partial(_parse_flag, tp=hints[f.name], flag=flag)
         if _strip_optional(hints[f.name])[0] is bool:  # `--force` alone means true; `--force false` too
             group.add_argument(
@@ -277,7 +280,7 @@ def _metavar(tp: Any) -> str:
     return {int: "INT", float: "FLOAT", bool: "BOOL", str: "STR"}.get(tp, "VALUE")
 
 
-def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a TOML file.
 
     Raises:
@@ -286,7 +289,8 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            data: dict[str, Any] = tomllib.load(fh)  # tomli on 3.10: untyped to mypy
+            return data
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except IsADirectoryError:
@@ -378,10 +382,11 @@ def dump_toml(data: dict[str, Any]) -> str:
 
 def toml_roundtrip(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` as it reads back from a TOML file (tuples become lists, ``None`` values vanish)."""
-    return tomllib.loads(dump_toml(data))
+    out: dict[str, Any] = tomllib.loads(dump_toml(data))
+    return out
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` via ``path.tmp`` + fsync + rename, so readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")

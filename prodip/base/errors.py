@@ -43,7 +43,7 @@ class WriteFailed(UserError, OSError):
     set as on the ``OSError`` it replaces; the message names the file and the room left
     (:func:`prodip.base.files.writing` builds it)."""
 
-    def __init__(self, code: int, message: str, filename: str) -> None:
+    def __init__(self, code: int | None, message: str, filename: str) -> None:
         super().__init__(code, message, filename)
         self.message = message
 

@@ -24,7 +24,7 @@ from prodip.base.errors import WriteFailed
 ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
 
 
-def file_sha256(path: str | os.PathLike) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks.
 
     Raises:
@@ -37,7 +37,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def file_sha256_cached(path: str | os.PathLike) -> str:
+def file_sha256_cached(path: str | os.PathLike[str]) -> str:
     """:func:`file_sha256`, computed once per (path, mtime, size) in this process.
 
     The pipeline's done-checks ask for the same hashes several times per invocation (GBs at the
@@ -55,7 +55,7 @@ def _sha256_keyed(path: str, mtime_ns: int, size: int) -> str:
     return file_sha256(path)
 
 
-def read_json_or_none(path: str | os.PathLike) -> dict[str, Any] | None:
+def read_json_or_none(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """A JSON object from ``path``, or None when the file is missing, not JSON or not an object.
 
     For done-checks, where a missing or damaged artifact simply means "not done".
@@ -75,14 +75,15 @@ def room_errno(err: BaseException) -> int | None:
     and other wrapped errors carry only in their text.
     """
     seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in ROOM_ERRNOS:
-            return err.errno
-        match = re.search(r"\(os error (\d+)\)", str(err))
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in ROOM_ERRNOS:
+            return cur.errno
+        match = re.search(r"\(os error (\d+)\)", str(cur))
         if match and int(match.group(1)) in ROOM_ERRNOS:
             return int(match.group(1))
-        err = err.__cause__ or err.__context__
+        cur = cur.__cause__ or cur.__context__
     return None
 
 
@@ -94,7 +95,7 @@ def _size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def room_left(path: str | os.PathLike, code: int | None = None) -> str:
+def room_left(path: str | os.PathLike[str], code: int | None = None) -> str:
     """Free space on the file system holding ``path`` (named by its mount point), and for EFBIG the
     process's file-size limit (``ulimit -f``, RLIMIT_FSIZE), as words, e.g.
     ``"12.0 MiB free on /tmp; file-size limit (ulimit -f) 300.0 KiB"``."""
@@ -133,7 +134,7 @@ def _newest_file(folder: Path) -> Path | None:
     return best
 
 
-def room_message(target: str | os.PathLike, code: int, shown_as: str | os.PathLike | None = None) -> str:
+def room_message(target: str | os.PathLike[str], code: int, shown_as: str | os.PathLike[str] | None = None) -> str:
     """One line: the file that could not be written, why, and the room left.
 
     Args:
@@ -162,7 +163,7 @@ def room_message(target: str | os.PathLike, code: int, shown_as: str | os.PathLi
 
 @contextlib.contextmanager
 def writing(
-    target: str | os.PathLike, shown_as: str | os.PathLike | None = None, *, remove_on_error: bool = False
+    target: str | os.PathLike[str], shown_as: str | os.PathLike[str] | None = None, *, remove_on_error: bool = False
 ) -> Iterator[None]:
     """Turn a write refused for lack of room inside the block into one :class:`WriteFailed` naming the file.
 
@@ -196,7 +197,9 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def raise_for_room(err: Exception, target: str | os.PathLike, shown_as: str | os.PathLike | None = None) -> None:
+def raise_for_room(
+    err: Exception, target: str | os.PathLike[str], shown_as: str | os.PathLike[str] | None = None
+) -> None:
     """:func:`writing` for an ``except`` clause: raise ``err`` as a :class:`WriteFailed` naming the file if it is
     a write refused for lack of room; return (the caller re-raises ``err``) otherwise.
 
@@ -214,6 +217,6 @@ def raise_for_room(err: Exception, target: str | os.PathLike, shown_as: str | os
         raise WriteFailed(code, message, str(shown_as or target)) from err
 
 
-def _unchanged(shown_as: str | os.PathLike | None) -> str:
+def _unchanged(shown_as: str | os.PathLike[str] | None) -> str:
     """The reassurance that an earlier artifact at the final path is still there, whole."""
     return f"; the earlier {shown_as} is unchanged" if shown_as is not None and Path(shown_as).exists() else ""

@@ -25,7 +25,7 @@ TABLES = ("tokenizer", "audit", "data", "model", "train", "eval", "sft", "export
 TOP_LEVEL_TABLE_KEYS = ("completion_prompts", "chat_prompts")
 
 
-def paths(out_dir: str | os.PathLike) -> dict[str, Path]:
+def paths(out_dir: str | os.PathLike[str]) -> dict[str, Path]:
     """Artifact paths of a run: ``{"tokenizer", "shards", "train", "eval", "export", "conformance"}``.
 
     Args:
@@ -54,7 +54,7 @@ def has_sft(doc: dict[str, Any]) -> bool:
     return isinstance(table, dict) and bool(table.get("inputs"))
 
 
-def stage_defaults(out_dir: str | os.PathLike, *, chat: bool = False) -> dict[str, dict[str, Any]]:
+def stage_defaults(out_dir: str | os.PathLike[str], *, chat: bool = False) -> dict[str, dict[str, Any]]:
     """Path fields each config table gets before its TOML table is applied (the table may override them).
 
     Args:

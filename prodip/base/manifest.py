@@ -79,7 +79,7 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
-def list_files(export_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+def list_files(export_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """``{relpath: {bytes, sha256}}`` for every file under ``export_dir`` but the manifest.
 
     Relative paths use ``/``; files under :data:`UNLISTED_DIRS` are left out.
@@ -105,7 +105,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def write_manifest(
-    export_dir: str | os.PathLike,
+    export_dir: str | os.PathLike[str],
     *,
     source_checkpoint: dict[str, Any],
     tokenizer_sha256: str | None,
@@ -151,7 +151,7 @@ def write_manifest(
     return manifest
 
 
-def read_manifest(export_dir: str | os.PathLike) -> dict[str, Any]:
+def read_manifest(export_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and sanity-check ``export_dir/manifest.json``.
 
     Raises:
@@ -173,11 +173,12 @@ def read_manifest(export_dir: str | os.PathLike) -> dict[str, Any]:
     for key in ("files", "variants", "source_checkpoint"):
         if key not in data:
             raise InvalidInput(f"{path}: missing key {key!r} (re-run `prodip export`)")
-    return data
+    out: dict[str, Any] = data
+    return out
 
 
 def verify_files(
-    export_dir: str | os.PathLike, *, allow_unlisted: bool = False, hash_file: Callable[[Path], str] = file_sha256
+    export_dir: str | os.PathLike[str], *, allow_unlisted: bool = False, hash_file: Callable[[Path], str] = file_sha256
 ) -> dict[str, Any]:
     """Check every listed file's size and sha256, and that no unlisted file was added.
 
@@ -214,7 +215,7 @@ def verify_files(
     return manifest
 
 
-def set_conformance(export_dir: str | os.PathLike, verdict: dict[str, Any] | None) -> dict[str, Any]:
+def set_conformance(export_dir: str | os.PathLike[str], verdict: dict[str, Any] | None) -> dict[str, Any]:
     """Record a conformance verdict in the manifest's ``conformance`` slot (atomic rewrite).
 
     Args:

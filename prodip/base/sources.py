@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from license_expression import AND, OR, ExpressionError, get_spdx_licensing
+from license_expression import AND, OR, ExpressionError, LicenseExpression, Licensing, get_spdx_licensing
 
 from prodip.base.config import read_toml
 from prodip.base.errors import InvalidInput, UserError
@@ -122,11 +122,11 @@ class SourceRecord:
 
 
 @functools.cache
-def _licensing():
+def _licensing() -> Licensing:
     return get_spdx_licensing()  # the SPDX licence list bundled with license-expression (loaded once)
 
 
-def parse_license(expr: str, where: str):
+def parse_license(expr: str, where: str) -> LicenseExpression:
     """Parse an SPDX expression (``license-expression``), refusing unknown identifiers.
 
     Returns:
@@ -172,7 +172,7 @@ def license_class(expr: str) -> str:
     if expr == OTHER:
         return "non-commercial"
 
-    def rank(node) -> int:
+    def rank(node: LicenseExpression) -> int:
         if isinstance(node, AND):
             return max(rank(a) for a in node.args)
         if isinstance(node, OR):
@@ -194,7 +194,7 @@ def license_terms(expr: str) -> list[str]:
     if expr == OTHER:
         return ["non-commercial", "share-alike"]
 
-    def terms(node) -> set[str]:
+    def terms(node: LicenseExpression) -> set[str]:
         if isinstance(node, AND):
             return set().union(*(terms(a) for a in node.args))
         if isinstance(node, OR):
@@ -250,7 +250,7 @@ def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
     )
 
 
-def read_records(path: str | os.PathLike) -> list[SourceRecord]:
+def read_records(path: str | os.PathLike[str]) -> list[SourceRecord]:
     """Read one records file (``[[source]]`` tables; paths relative to its folder).
 
     Raises:
