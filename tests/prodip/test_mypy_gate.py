@@ -1,11 +1,11 @@
-"""tools/mypy_gate.py: errors are counted per file and held to the baseline; prodip.base allows none."""
+""".ci/mypy_gate.py: errors are counted per file and held to the baseline; prodip.base allows none."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-spec = importlib.util.spec_from_file_location("mypy_gate", Path(__file__).resolve().parents[2] / "tools/mypy_gate.py")
+spec = importlib.util.spec_from_file_location("mypy_gate", Path(__file__).resolve().parents[2] / ".ci/mypy_gate.py")
 gate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gate)
 

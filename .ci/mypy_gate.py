@@ -2,12 +2,12 @@
 
 mypy runs on ``build/lint`` (the package as installed, so ``prodip.serve`` is ``prodip/serve``, not the
 source tree's ``serve/``) with the ``[tool.mypy]`` settings of ``pyproject.toml``: ``prodip.base`` strict.
-Errors are counted per file and compared with ``mypy-baseline.json`` (file -> count): a file with more
+Errors are counted per file and compared with ``.ci/mypy-baseline.json`` (file -> count): a file with more
 errors than its count (or any error in ``prodip/base/``) fails; a file with fewer prints the command
 that lowers the baseline. Exit 0 clean, 1 over the baseline, 2 mypy itself failed.
 
-    python tools/mypy_gate.py            # after `make lint` has built build/lint
-    python tools/mypy_gate.py --update   # write the current counts (only after fixing errors)
+    python .ci/mypy_gate.py            # after `make lint` has built build/lint
+    python .ci/mypy_gate.py --update   # write the current counts (only after fixing errors)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_DIR = ROOT / "build" / "lint"
-BASELINE = ROOT / "mypy-baseline.json"
+BASELINE = ROOT / ".ci" / "mypy-baseline.json"
 #: modules checked strictly: no baseline, no error
 STRICT = ("prodip/base/",)
 ERROR = re.compile(r"^(?P<path>[^:\s]+\.py):\d+: error: ")
@@ -50,7 +50,7 @@ def compare(now: dict[str, int], baseline: dict[str, int]) -> tuple[list[str], l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--update", action="store_true", help="write the current counts to mypy-baseline.json")
+    parser.add_argument("--update", action="store_true", help="write the current counts to .ci/mypy-baseline.json")
     args = parser.parse_args(argv)
     if not (LINT_DIR / "prodip").is_dir():
         print(f"{LINT_DIR}: not built; run `make lint`", file=sys.stderr)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path}: {now[path]} mypy errors, at most {limit} allowed ({BASELINE.name})")
     if under:
         print(
-            f"mypy: fewer errors than {BASELINE.name} in {', '.join(under)}; lower it: python tools/mypy_gate.py --update"
+            f"mypy: fewer errors than {BASELINE.name} in {', '.join(under)}; lower it: python .ci/mypy_gate.py --update"
         )
     print(f"mypy: {sum(now.values())} errors (baseline {sum(baseline.values())})")
     return 1 if over else 0
