@@ -923,6 +923,16 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
     codes = rows_float(data, "codes")
     if bits == 4:
         codes = unpack(codes, "codes", hidden)
+    # GBQ quantises a row in blocks of block_size; the last block may be partial (hidden 48, block 32:
+    # 2 blocks). Pad the codes to whole blocks so they reshape to [..., blocks, block], and cut the
+    # padding off the result; the padded codes are multiplied by the last block's scale and dropped.
+    padded = blocks * block
+    if padded < hidden:
+        raise ValueError(f"{node.name}: {blocks} blocks of {block} do not cover {hidden} columns")
+    if padded != hidden:
+        pad = [const("pad_widths", [0, padded - hidden]), const("pad_value", 0.0, np.float32), last]
+        new.append(make("Pad", [codes, *pad], [f"{p}/codes_padded"], name=f"{p}/PadBlocks", mode="constant"))
+        codes = f"{p}/codes_padded"
     new.append(
         make(
             "Concat",
@@ -948,13 +958,18 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
     new.append(
         make(
             "Concat",
-            [f"{p}/ids_shape", const("hidden", [hidden])],
+            [f"{p}/ids_shape", const("hidden", [padded])],
             [f"{p}/out_shape"],
             name=f"{p}/ShapeOut",
             axis=0,
         )
     )
-    new.append(make("Reshape", [f"{p}/scaled", f"{p}/out_shape"], [node.output[0]], name=f"{p}/ReshapeOut"))
+    if padded == hidden:
+        new.append(make("Reshape", [f"{p}/scaled", f"{p}/out_shape"], [node.output[0]], name=f"{p}/ReshapeOut"))
+        return new
+    new.append(make("Reshape", [f"{p}/scaled", f"{p}/out_shape"], [f"{p}/out_padded"], name=f"{p}/ReshapeOut"))
+    cut = [const("cut_start", [0]), const("cut_end", [hidden]), last]
+    new.append(make("Slice", [f"{p}/out_padded", *cut], [node.output[0]], name=f"{p}/SliceBlocks"))
     return new
 
 

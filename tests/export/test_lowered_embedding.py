@@ -18,7 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 from prodip.export.graph import _pack_nibbles, lower_gather_block_quantized
 
 
-def _gbq_model(data: onnx.TensorProto, scales: np.ndarray, zero_points, bits: int, block: int) -> onnx.ModelProto:
+def _gbq_model(
+    data: onnx.TensorProto, scales: np.ndarray, zero_points, bits: int, block: int, hidden: int
+) -> onnx.ModelProto:
     inits = [data, numpy_helper.from_array(scales, "scales")]
     inputs = [data.name, "ids", "scales"]
     if zero_points is not None:
@@ -30,7 +32,7 @@ def _gbq_model(data: onnx.TensorProto, scales: np.ndarray, zero_points, bits: in
     )  # fmt: skip
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["b", "s", H])], inits,
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["b", "s", hidden])], inits,
     )  # fmt: skip
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
@@ -49,20 +51,25 @@ V, H = 37, 96
 
 
 @pytest.mark.parametrize(
-    "layout,block,with_zero_points",
+    "layout,block,with_zero_points,hidden",
     [
-        ("uint8_bits8", 32, False),
-        ("uint8_bits8", 16, True),
-        ("int4", 32, False),
-        ("int4", 16, True),
-        ("uint4", 32, True),
-        ("packed_uint8_bits4", 32, False),
-        ("packed_uint8_bits4", 32, True),  # 3 blocks: the last zero-point byte is half used
+        ("uint8_bits8", 32, False, H),
+        ("uint8_bits8", 16, True, H),
+        ("int4", 32, False, H),
+        ("int4", 16, True, H),
+        ("uint4", 32, True, H),
+        ("packed_uint8_bits4", 32, False, H),
+        ("packed_uint8_bits4", 32, True, H),  # 3 blocks: the last zero-point byte is half used
+        # a partial last block (hidden 48 = 32 + 16): the lowering pads to whole blocks and cuts back
+        ("uint8_bits8", 32, False, 48),
+        ("int4", 32, True, 48),
+        ("packed_uint8_bits4", 32, False, 48),
     ],
 )
-def test_lowered_lookup_is_bit_identical(layout, block, with_zero_points):
+def test_lowered_lookup_is_bit_identical(layout, block, with_zero_points, hidden):
+    H = hidden  # noqa: N806 (the table's width, as in the module's default)
     rng = np.random.default_rng(7)
-    blocks = H // block
+    blocks = -(-H // block)
     scales = rng.uniform(0.001, 0.1, (V, blocks)).astype(np.float32)
     zero_points, bits = None, 4
     if layout == "uint8_bits8":
@@ -82,7 +89,7 @@ def test_lowered_lookup_is_bit_identical(layout, block, with_zero_points):
             zero_points = numpy_helper.from_array(
                 _pack_nibbles(rng.integers(0, 16, (V, blocks)).astype(np.uint8)), "zp"
             )
-    model = _gbq_model(data, scales, zero_points, bits, block)
+    model = _gbq_model(data, scales, zero_points, bits, block, H)
     ids = rng.integers(0, V, (2, 5)).astype(np.int64)
     ref = _run(model, ids)
     assert lower_gather_block_quantized(model) == 1
