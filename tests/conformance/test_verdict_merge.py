@@ -47,17 +47,15 @@ def test_merge_known_answers():
 def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
     """After a (simulated) full run, `--variants fp32` keeps the other verdicts; a failing subset run
     flips the top-level verdict to false (planted fault: the mask ignores the KV cache in fp32)."""
-    import hashlib
-    import json
 
-    from prodip.base.manifest import read_manifest, set_conformance
+    from prodip.base.manifest import files_table_sha256, read_manifest, set_conformance
     from prodip.cli import main
     from prodip.conformance import run_conformance
     from prodip.conformance.faults import plant_mask_ignores_past
 
     def seed_full_pass(export):  # stands in for an earlier full run (same export files)
         m = read_manifest(export)
-        files_sha = hashlib.sha256(json.dumps(m["files"], sort_keys=True).encode()).hexdigest()
+        files_sha = files_table_sha256(m["files"])  # the fingerprint a verdict records (model card left out)
         set_conformance(
             export,
             merge_verdict(
