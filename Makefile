@@ -1,5 +1,5 @@
 # prodip: the two commands of the README, plus the developer habits (make lint, make test-fast).
-#   make demo   installs what it needs, then runs the whole pipeline on the bundled corpus (2-core CPU: about 10 min)
+#   make demo   installs what it needs, then runs the whole pipeline on the bundled corpus (2-core CPU: about 13 min)
 #   make test   installs what it needs, then runs the test suite
 # Everything goes into a virtual environment (.venv). On a machine without an NVIDIA GPU the CPU
 # build of torch is installed (PyTorch's CPU wheel index, or a local wheel that pip already knows);
