@@ -920,9 +920,9 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
         )
         return f"{p}/{tag}_n"
 
-    codes = rows_float(data, "codes")
+    code_rows = rows_float(data, "codes")  # a tensor name (``codes`` above is the INT4 initializer's array)
     if bits == 4:
-        codes = unpack(codes, "codes", hidden)
+        code_rows = unpack(code_rows, "codes", hidden)
     # GBQ quantises a row in blocks of block_size; the last block may be partial (hidden 48, block 32:
     # 2 blocks). Pad the codes to whole blocks so they reshape to [..., blocks, block], and cut the
     # padding off the result; the padded codes are multiplied by the last block's scale and dropped.
@@ -931,8 +931,8 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
         raise ValueError(f"{node.name}: {blocks} blocks of {block} do not cover {hidden} columns")
     if padded != hidden:
         pad = [const("pad_widths", [0, padded - hidden]), const("pad_value", 0.0, np.float32), last]
-        new.append(make("Pad", [codes, *pad], [f"{p}/codes_padded"], name=f"{p}/PadBlocks", mode="constant"))
-        codes = f"{p}/codes_padded"
+        new.append(make("Pad", [code_rows, *pad], [f"{p}/codes_padded"], name=f"{p}/PadBlocks", mode="constant"))
+        code_rows = f"{p}/codes_padded"
     new.append(
         make(
             "Concat",
@@ -942,7 +942,7 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
             axis=0,
         )
     )
-    new.append(make("Reshape", [codes, f"{p}/blocked_shape"], [f"{p}/blocked"], name=f"{p}/ReshapeBlocked"))
+    new.append(make("Reshape", [code_rows, f"{p}/blocked_shape"], [f"{p}/blocked"], name=f"{p}/ReshapeBlocked"))
     if zero_points:
         zp = rows_float(zero_points, "zero_points")
         if bits == 4:
