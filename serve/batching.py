@@ -379,7 +379,10 @@ def _same_capacity(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Two caches (B, Hkv, capacity, Dh) padded with zeros to the larger capacity (shared-buffer
     caches of groups that grew at different times; contract caches of one length pass unchanged)."""
     cap = max(x.shape[2], y.shape[2])
-    pad = lambda a: a if a.shape[2] == cap else np.pad(a, ((0, 0), (0, 0), (0, cap - a.shape[2]), (0, 0)))  # noqa: E731
+
+    def pad(a: np.ndarray) -> np.ndarray:
+        return a if a.shape[2] == cap else np.pad(a, ((0, 0), (0, 0), (0, cap - a.shape[2]), (0, 0)))
+
     return pad(x), pad(y)
 
 

@@ -62,11 +62,14 @@ class ExportInfo:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise MissingInput(f"{path}: missing; an export dir is written by {_MAKE}") from None
     except json.JSONDecodeError as err:
         raise InvalidInput(f"{path}: not valid JSON ({err}); re-run {_MAKE}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{path}: a JSON {type(value).__name__}, not an object; re-run {_MAKE}")
+    return value
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -473,17 +476,17 @@ def nbits_row_rule(onnx_path: str | Path, intra_op_threads: int = 0, rows: int =
     """
     model = onnx.load(str(onnx_path), load_external_data=False)
     inits = {t.name: t for t in model.graph.initializer}
-    configs = {}
+    configs: dict[tuple[_NBitsAttrs, _NBitsInputs], None] = {}  # ordered set: one probe per configuration
     for node in model.graph.node:
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attr = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         ins = tuple(
             (i, tuple(inits[name].dims), inits[name].data_type)
             for i, name in enumerate(node.input)
             if i > 0 and name and name in inits
         )
-        configs[(tuple(sorted(attrs.items())), ins)] = None
+        configs[(tuple(sorted(attr.items())), ins)] = None
     bad: set[int] = set()
     for attrs, ins in configs:
         bad |= _nbits_bad_row_counts(attrs, ins, intra_op_threads, rows)
@@ -500,15 +503,21 @@ def nbits_row_rule(onnx_path: str | Path, intra_op_threads: int = 0, rows: int =
     return "odd"
 
 
+#: a MatMulNBits node's attributes as sorted (name, value) pairs, and its constant inputs as
+#: (input index, dims, onnx dtype): hashable, so the probe below is cached per configuration
+_NBitsAttrs = tuple[tuple[str, Any], ...]
+_NBitsInputs = tuple[tuple[int, tuple[int, ...], int], ...]
+
+
 @functools.lru_cache(maxsize=256)  # per process: a server's decoders, a test's many sessions
-def _nbits_bad_row_counts(attrs: tuple, ins: tuple, threads: int, rows: int) -> frozenset[int]:
+def _nbits_bad_row_counts(attrs: _NBitsAttrs, ins: _NBitsInputs, threads: int, rows: int) -> frozenset[int]:
     """Row counts M < ``rows`` at which a row of a one-node MatMulNBits graph (``attrs``: sorted
     (name, value) pairs; ``ins``: (input index, dims, onnx dtype) of its constant inputs) differs
     from the same row at M = ``rows``."""
-    attrs = dict(attrs)
+    attr = dict(attrs)
     rng = np.random.default_rng(0)
     names, tensors = ["A"], []
-    float_type = TensorProto.FLOAT
+    float_type: int = TensorProto.FLOAT
     for index, dims, dtype in ins:
         np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
         if np.issubdtype(np_dtype, np.integer):
@@ -520,8 +529,8 @@ def _nbits_bad_row_counts(attrs: tuple, ins: tuple, threads: int, rows: int) -> 
             names.append("")
         names.append(f"in{index}")
         tensors.append(numpy_helper.from_array(value, f"in{index}"))
-    K, N = int(attrs["K"]), int(attrs["N"])
-    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", **attrs)
+    K, N = int(attr["K"]), int(attr["N"])
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", **attr)
     graph = helper.make_graph(
         [node],
         "probe",
@@ -543,7 +552,7 @@ def _nbits_bad_row_counts(attrs: tuple, ins: tuple, threads: int, rows: int) -> 
 
 def cache_rows(value: Any) -> int:
     """Rows (batch dim) of a cache tensor, a numpy array or an OrtValue."""
-    return value.shape()[0] if isinstance(value, ort.OrtValue) else value.shape[0]
+    return int(value.shape()[0] if isinstance(value, ort.OrtValue) else value.shape[0])
 
 
 def _with_twin(a: np.ndarray) -> np.ndarray:
@@ -553,4 +562,5 @@ def _with_twin(a: np.ndarray) -> np.ndarray:
 
 def to_numpy(value: Any) -> np.ndarray:
     """A cache tensor as numpy (copies an OrtValue out of ONNX Runtime memory)."""
-    return value.numpy() if isinstance(value, ort.OrtValue) else value
+    array: np.ndarray = value.numpy() if isinstance(value, ort.OrtValue) else value
+    return array

@@ -30,7 +30,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     """
     x = logits.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    out: np.ndarray = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return out
 
 
 def make_rng(seed: Optional[int], stream: int = 0) -> np.random.Generator:

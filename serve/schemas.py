@@ -59,7 +59,19 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
+def _stream_options_need_stream(value: Optional[StreamOptions], info: ValidationInfo) -> Optional[StreamOptions]:
+    """The ``stream_options`` validator of the completion requests.
+
+    Raises:
+        a validation error (-> 400, param ``stream_options``) without ``stream: true``, as OpenAI's API
+        and vLLM answer.
+    """
+    if value is not None and not info.data.get("stream"):
+        raise PydanticCustomError("stream_options", "stream_options is only allowed when stream is true")
+    return value
+
+
+class SamplingRequest(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, description="keep the k most likely tokens; -1 or 0 = all (extension)")
@@ -147,7 +159,7 @@ class _Sampling(_Strict):
         )
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingRequest):
     """``POST /v1/completions`` (OpenAI legacy completions, plus ``top_k``/``ignore_eos``; ``suffix`` and
     ``best_of != n`` are refused by the route)."""
 
@@ -162,14 +174,7 @@ class CompletionRequest(_Sampling):
     suffix: Optional[str] = None
     user: Optional[str] = None
 
-    @field_validator("stream_options", mode="after")
-    @classmethod
-    def _only_when_streaming(cls, value: Optional[StreamOptions], info: ValidationInfo) -> Optional[StreamOptions]:
-        """Raises: a validation error (-> 400, param ``stream_options``) without ``stream: true``, as
-        OpenAI's API and vLLM answer."""
-        if value is not None and not info.data.get("stream"):
-            raise PydanticCustomError("stream_options", "stream_options is only allowed when stream is true")
-        return value
+    _only_when_streaming = field_validator("stream_options", mode="after")(_stream_options_need_stream)
 
 
 class ChatMessage(_Strict):
@@ -186,7 +191,7 @@ class ChatMessage(_Strict):
     name: Optional[str] = None
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions`` (OpenAI chat completions, text only; plus ``top_k``/``ignore_eos``).
 
     ``tools``, ``tool_choice``, ``functions``, ``function_call``, ``parallel_tool_calls`` and a
@@ -210,12 +215,10 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: Optional[Any] = None
     response_format: Optional[Any] = None
 
-    _only_when_streaming = field_validator("stream_options", mode="after")(
-        CompletionRequest._only_when_streaming.__func__
-    )
+    _only_when_streaming = field_validator("stream_options", mode="after")(_stream_options_need_stream)
 
 
-class GenerateRequest(_Sampling):
+class GenerateRequest(SamplingRequest):
     """``POST /v1/generate``: the native form (one prompt, one sequence; same sampling fields)."""
 
     model: Optional[str] = Field(None, description="this server's model id (GET /v1/models) or omitted")
@@ -246,7 +249,11 @@ class TokenizeRequest(_Strict):
 
     @property
     def content(self) -> str:
-        return self.prompt if self.prompt is not None else self.text
+        """The text to tokenize: ``prompt``, else ``text`` (:meth:`_one_text` made sure one is set)."""
+        for value in (self.prompt, self.text):
+            if value is not None:
+                return value
+        raise ValueError("give exactly one of prompt (vLLM's name) or text")
 
 
 class DetokenizeRequest(_Strict):

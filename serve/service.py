@@ -19,10 +19,12 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from functools import lru_cache
 from typing import Any, Optional, Union
+
+from tokenizers import Tokenizer
 
 from prodip.base.chat import CHAT_TEMPLATE, ROLES, render
 from prodip.base.files import read_json_or_none
@@ -30,9 +32,11 @@ from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, 
 from prodip.serve.config import ServeConfig
 from prodip.serve.engine import ExportInfo, load_tokenizer, open_decoder
 from prodip.serve.metrics import ServeMetrics
-from prodip.serve.schemas import error_body
+from prodip.serve.schemas import SamplingRequest, error_body
 
 log = logging.getLogger(__name__)
+#: what a sequence emits: a generated token, or (once, first) the prompt's logprobs
+_Event = Union[TokenOut, PromptScores]
 #: the one answer to a token-id prompt without ids, whatever the route and nesting
 EMPTY_PROMPT = 'prompt has no token ids; send at least one id, or the text "" to start at the document start'
 #: most sequences (prompts x n) one request may start.
@@ -62,7 +66,7 @@ def bytes_piece(raw: bytes) -> str:
     return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
-def _is_byte_level(tokenizer: Any) -> bool:
+def _is_byte_level(tokenizer: Tokenizer) -> bool:
     """Whether the tokenizer's decoder is (or contains) HF ``ByteLevel``: its vocabulary then
     writes bytes in GPT-2's byte-to-unicode alphabet."""
     decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
@@ -100,7 +104,7 @@ class Service:
         self.config = config
         self.metrics = metrics
         self.model_name = config.model_name or info.export_dir.resolve().name
-        self.tokenizer: Any = None
+        self.tokenizer: Tokenizer  # set by load(); every request checks require_ready() first
         self.scheduler: Optional[BatchScheduler] = None
         self.ready = threading.Event()
         self.load_error: Optional[str] = None
@@ -182,8 +186,9 @@ class Service:
         cfg = self.tokenizer_config
         bos = cfg.get("bos_token")
         bos = bos.get("content") if isinstance(bos, dict) else bos
-        if cfg.get("add_bos_token") and isinstance(bos, str) and self.tokenizer.token_to_id(bos) is not None:
-            return [int(self.tokenizer.token_to_id(bos))], False
+        bos_id = self.tokenizer.token_to_id(bos) if isinstance(bos, str) else None
+        if cfg.get("add_bos_token") and bos_id is not None:
+            return [bos_id], False
         gen = read_json_or_none(self.info.export_dir / "generation_config.json") or {}
         eos = gen.get("eos_token_id", self.eos_id)
         return [int(eos[0] if isinstance(eos, list) else eos)], False
@@ -417,7 +422,7 @@ class Service:
 
     def sampling_params(
         self,
-        req: Any,
+        req: SamplingRequest,
         max_new_tokens: int,
         prompts: list[list[int]],
         n: int = 1,
@@ -475,20 +480,20 @@ class Service:
     # ---- generation -------------------------------------------------------------------------
     async def stream(
         self, prompts: list[list[int]], params: SamplingParams, n: int = 1
-    ) -> AsyncIterator[tuple[int, Union[TokenOut, PromptScores]]]:
+    ) -> AsyncIterator[tuple[int, _Event]]:
         """Run ``n`` sequences per prompt as one batch of arrivals; yield ``(choice_index, event)``.
 
         Choice ``index = prompt_index * n + j``. Every sequence ends with a :class:`TokenOut`
         whose ``finish_reason`` is set. Closing the iterator early cancels all its sequences.
         """
         self.require_ready()
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, _Event]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         if self._poster is None or self._poster.loop is not loop:  # one per event loop
             self._poster = LoopPoster(loop)
         post = self._poster.post
 
-        def emitter(index: int):
+        def emitter(index: int) -> Callable[[_Event], None]:
             return lambda event: post(queue, (index, event))
 
         seqs = [
@@ -500,6 +505,7 @@ class Service:
         first_token_s: dict[int, float] = {}
         counts = [0] * len(seqs)
         start = time.perf_counter()
+        assert self.scheduler is not None  # load() starts it before require_ready() passes
         try:
             self.scheduler.submit(seqs)
         except RuntimeError as err:
@@ -542,11 +548,11 @@ class LoopPoster:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._outbox: deque[tuple[asyncio.Queue, Any]] = deque()
+        self._outbox: deque[tuple[asyncio.Queue[Any], Any]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False  # a _deliver is due and has not started draining
 
-    def post(self, queue: asyncio.Queue, item: Any) -> None:
+    def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` on ``queue`` (an asyncio.Queue of :attr:`loop`) soon; thread-safe."""
         self._outbox.append((queue, item))
         with self._lock:
