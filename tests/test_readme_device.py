@@ -1,8 +1,10 @@
-"""README "Run it on device": each snippet runs as written against a tiny export in place of runs/demo/export.
+"""docs/devices.md "ONNX runtimes": each snippet runs as written against a tiny export in place of runs/demo/export.
 
-The snippets are cut from README.md (the ```python / ```js blocks of that section), the export path
+The snippets are cut from docs/devices.md (the ```python / ```js blocks of that section), the export path
 rewritten, and run in their real runtime: onnxruntime-genai (Python), transformers.js (Node, the
 repository's node_modules) and plain ONNX Runtime. Each must print text and exit 0.
+
+    python -m pytest tests/test_readme_device.py -q
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## Run it on device"
+DEVICES = ROOT / "docs" / "devices.md"
+SECTION = "## ONNX runtimes"
+
+
+def _docs_text() -> str:
+    """README.md and every page of docs/, joined: the text a reader follows."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return "\n".join(p.read_text(encoding="utf-8") for p in pages)
 
 
 def snippets() -> list[tuple[str, str]]:
-    """(language, code) of every fenced block in the README section."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """(language, code) of every python/js fenced block in the ONNX section of docs/devices.md."""
+    text = DEVICES.read_text(encoding="utf-8")
     start = text.index(SECTION)
     end = text.index("\n## ", start + len(SECTION))
     return re.findall(r"```(python|js)\n(.*?)```", text[start:end], flags=re.S)
@@ -45,17 +54,18 @@ def _config_exports() -> dict[str, set[str]]:
     return out
 
 
-def test_every_export_file_the_readme_names_is_written_by_the_config_it_names():
+def test_every_export_file_the_docs_name_is_written_by_the_config_they_name():
     """A snippet or command naming ``runs/NAME/export/FILE`` needs a config whose run writes that file: after
     `make demo` the device snippets named runs/demo/export/gguf/... and .pte files the demo never writes."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = _docs_text()
     exports = _config_exports()
     named = re.findall(r"(runs/[\w.-]+)/export/([\w./-]+\.(?:gguf|pte|onnx|json|safetensors))", text)
     assert len(named) >= 5, named
     for run, rel in named:
-        assert run in exports, f"README names {run}/export/{rel}: no configs/*.toml has out_dir = {run!r}"
-        assert rel in exports[run], f"README names {run}/export/{rel}, which that run's [export] variants do not write"
-    section = text[text.index("## Run it on device: llama.cpp") :]
+        assert run in exports, f"the docs name {run}/export/{rel}: no configs/*.toml has out_dir = {run!r}"
+        assert rel in exports[run], f"the docs name {run}/export/{rel}, which that run's [export] variants do not write"
+    devices = DEVICES.read_text(encoding="utf-8")
+    section = devices[devices.index("## llama.cpp (GGUF) and ExecuTorch") :]
     assert "CONFIG=configs/demo-devices.toml make demo" in section.split("```")[0]  # the command before the snippets
 
 
@@ -85,7 +95,7 @@ def export_parent(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_readme_has_the_three_snippets():
+def test_devices_page_has_the_three_snippets():
     langs = [lang for lang, _ in snippets()]
     assert langs == ["python", "js", "python"], langs
     codes = [code for _, code in snippets()]
@@ -100,7 +110,7 @@ def _run(lang: str, code: str, parent: Path, tmp: Path) -> subprocess.CompletedP
         cmd = [sys.executable, str(script)]
     else:
         node = shutil.which("node")
-        assert node, "node is not on PATH (README requires Node.js >= 18)"
+        assert node, "node is not on PATH (docs/install.md requires Node.js >= 20)"
         script = tmp / "snippet.mjs"
         script.write_text(code, encoding="utf-8")
         (tmp / "node_modules").symlink_to(ROOT / "node" / "node_modules")  # the repository's node/ install

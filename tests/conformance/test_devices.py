@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 
 GGUF = ["gguf-f16", "gguf-q8_0", "gguf-q4_k_m"]
 PTE = ["pte-fp32", "pte-8da4w"]
-README = Path(__file__).resolve().parents[2] / "README.md"
+DEVICES_DOC = Path(__file__).resolve().parents[2] / "docs" / "devices.md"
 HAS_LLAMA_CPP = shutil.which("node") is not None and (NODE_DIR / "node_modules" / "node-llama-cpp").is_dir()
 # CI (.ci/run) sets PRODIP_REQUIRE_RUNTIMES=1: a missing runtime is then a failure, never a skip
 needs_llama_cpp = pytest.mark.skipif(
@@ -119,10 +119,10 @@ def test_pte_wrong_max_seq_len_caught(device_set, dev_cfg, tmp_path):
 
 
 def _snippet(name: str, export_dir: Path) -> str:
-    """The README's code block under ``<!-- snippet: NAME ...-->``, pointed at ``export_dir``."""
-    text = README.read_text(encoding="utf-8")
+    """docs/devices.md's code block under ``<!-- snippet: NAME ...-->``, pointed at ``export_dir``."""
+    text = DEVICES_DOC.read_text(encoding="utf-8")
     m = re.search(rf"<!-- snippet: {re.escape(name)} [^\n]*-->\n```\w+\n(.*?)```", text, re.S)
-    assert m, f"README.md has no snippet {name!r}"
+    assert m, f"docs/devices.md has no snippet {name!r}"
     return m.group(1).replace("runs/demo-devices/export", str(export_dir))
 
 

@@ -191,7 +191,7 @@ def test_template_advertised(chat_client):
     assert chat_client.get("/tokenizer_info").json()["chat_template"] == CHAT_TEMPLATE
 
 
-# ---- a real `prodip serve`: the openai client (README's example verbatim) and lm-evaluation-harness ----
+# ---- a real `prodip serve`: the openai client (docs/serving.md's example verbatim) and lm-evaluation-harness ----
 
 
 @pytest.fixture(scope="module")
@@ -227,14 +227,14 @@ def chat_server(chat_export):
 
 
 def readme_chat_example() -> str:
-    """README.md's `openai` chat example (the python block after "## HTTP API in brief" using chat.completions)."""
+    """docs/serving.md's `openai` chat example (its python block using chat.completions)."""
     import re
 
     from tests.serve.test_lm_eval import REPO
 
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "chat.completions.create" in b]
-    assert len(blocks) == 1, "README.md must hold one python block with the openai chat example"
+    assert len(blocks) == 1, "docs/serving.md must hold one python block with the openai chat example"
     return blocks[0]
 
 
@@ -252,7 +252,7 @@ def _hf_greedy_reply(export_dir, messages, max_new_tokens: int) -> str:
 
 @pytest.mark.slow
 def test_readme_openai_chat_example_runs(chat_export, chat_server):
-    """The README's example, verbatim but for the port, against a real server: the reply is
+    """docs/serving.md's example, verbatim but for the port, against a real server: the reply is
     transformers' greedy reply to the same messages (stopped at <|im_end|>), and streamed joins to it."""
     import subprocess
     import sys
