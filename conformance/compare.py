@@ -4,7 +4,7 @@ Every function takes logits already restricted to the positions that count (padd
 shaped (N, V) float32 with N positions and V the vocabulary, and returns plain Python numbers
 so that the report is JSON as is. KL divergences are in nats, computed in float64.
 
-    python -c "import numpy as np; from conformance.compare import logit_stats; \
+    python -c "import numpy as np; from prodip.conformance.compare import logit_stats; \
 a = np.random.randn(4, 8).astype('f4'); print(logit_stats(a, a + 1e-5))"
 """
 

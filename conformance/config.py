@@ -1,6 +1,6 @@
 """ConformanceConfig: the settings of ``prodip conformance`` (flags, the ``[conformance]`` TOML table).
 
-python -c "from conformance.config import ConformanceConfig; print(ConformanceConfig(export_dir='runs/demo/export'))"
+python -c "from prodip.conformance.config import ConformanceConfig; print(ConformanceConfig(export_dir='runs/demo/export'))"
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ English, mixed script, a single token, a prompt that fills the context window, a
 batch of unequal lengths. Held-out text comes from the validation shards when a shards dir is
 given. All token ids come from the *training* tokenizer (the checkpoint's ``tokenizer/``).
 
-    python -c "from conformance.inputs import PROMPTS; print(list(PROMPTS))"
+    python -c "from prodip.conformance.inputs import PROMPTS; print(list(PROMPTS))"
 """
 
 from __future__ import annotations

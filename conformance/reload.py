@@ -3,7 +3,7 @@
 Deliberately independent of ``export/``: it reads only ``config.json`` and the safetensors file,
 as any consumer of the export would.
 
-    python -c "from conformance.reload import load_safetensors_model as f; print(f('runs/demo/export'))"
+    python -c "from prodip.conformance.reload import load_safetensors_model as f; print(f('runs/demo/export'))"
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ numpy arrays, where ``state`` is the runner's own KV cache (``None`` = empty, pa
 same conformance code then drives prodip's training model, transformers' ``LlamaForCausalLM``
 and ONNX Runtime sessions, with no per-variant copy of the comparison loop.
 
-    python -c "from conformance.runners import onnx_axes_problems; print(onnx_axes_problems('export/onnx/model.onnx'))"
+    python -c "from prodip.conformance.runners import onnx_axes_problems; print(onnx_axes_problems('export/onnx/model.onnx'))"
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Required checks per table (the set the shipped ``conformance/tolerances.toml`` g
 Any other measured metric (kl_p999, rel_max_abs_logit, greedy_prefix_min, kv_cache_top1 ...) may be
 gated in addition. ``note = "..."`` is allowed in any table and is not gated.
 
-    python -c "from conformance.tolerances import load_tolerances, DEFAULT; print(sorted(load_tolerances(DEFAULT)))"
+    python -c "from prodip.conformance.tolerances import load_tolerances, DEFAULT; print(sorted(load_tolerances(DEFAULT)))"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """ExportConfig: the settings of ``prodip export`` (flags, the ``[export]`` TOML table).
 
-python -c "from export.config import ExportConfig; print(ExportConfig(checkpoint='runs/demo/train'))"
+python -c "from prodip.export.config import ExportConfig; print(ExportConfig(checkpoint='runs/demo/train'))"
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ torchao's ``Int8DynamicActivationIntxWeightConfig`` (int4 weights per group, int
 activations): ExecuTorch's ``--qmode 8da4w`` (examples/models/llama/source_transformation/quantize.py),
 which XNNPACK runs as dynamically quantised linears.
 
-    python -m prodip.export CKPT --out OUT --variants pte-fp32,pte-8da4w
+    python -m prodip.export export CKPT --out OUT --variants pte-fp32,pte-8da4w
 """
 
 from __future__ import annotations

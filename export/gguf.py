@@ -23,7 +23,7 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
   matrix is padded with unused tokens (llama.cpp refuses a shorter list). Only a tokenizer llama.cpp
   reproduces (:func:`prodip.tokenizer.portable.require_portable`) is written.
 
-    python -m prodip.export CKPT --out OUT --variants gguf-f16,gguf-q8_0,gguf-q4_k_m
+    python -m prodip.export export CKPT --out OUT --variants gguf-f16,gguf-q8_0,gguf-q4_k_m
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ RoPE permutation: the model uses rotate-half RoPE like HF). A tied ``lm_head.wei
 once, as ``model.embed_tokens.weight``, with ``tie_word_embeddings: true`` in the config: HF
 re-ties it on load, and safetensors never sees two tensors sharing memory.
 
-    python -c "from export.hf import hf_config; from train.config import ModelConfig; \
+    python -c "from prodip.export.hf import hf_config; from prodip.train.config import ModelConfig; \
 print(hf_config(ModelConfig(vocab_size=8192), 'float32'))"
 """
 

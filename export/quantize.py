@@ -24,7 +24,7 @@ file holds the quantised table once, as the fp32 file does.
 
 Each function returns the quantisation parameters recorded in the manifest.
 
-    python -c "from export.quantize import fp16_op_block_list; print(fp16_op_block_list())"
+    python -c "from prodip.export.quantize import fp16_op_block_list; print(fp16_op_block_list())"
 """
 
 from __future__ import annotations

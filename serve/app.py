@@ -5,7 +5,7 @@ Endpoints: ``POST /v1/completions`` (OpenAI), ``POST /v1/generate`` (native), ``
 ``POST /detokenize``, ``GET /tokenizer_info``. Every error is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}``; bad parameters are 400, never 500.
 
-    python -c "from serve.app import create_app; app = create_app('EXPORT_DIR', allow_unverified=True)"
+    python -c "from prodip.serve.app import create_app; app = create_app('EXPORT_DIR', allow_unverified=True)"
 """
 
 from __future__ import annotations

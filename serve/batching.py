@@ -18,7 +18,7 @@ a request or streams with prompts of one length, share one call). Finished or ca
 leave their group after the step in which they finish. Results go back through each sequence's
 ``emit`` callback (called on this thread).
 
-    python -c "from serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
+    python -c "from prodip.serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``prodip serve EXPORT_DIR`` (and ``python -m prodip.serve serve EXPORT_DIR``): run the HTTP server.
 
-prodip serve runs/demo/export --variant int8 --port 8000   (the export `make demo` writes)
+prodip serve runs/demo/export --variant int8 --port 8000   # the export `make demo` writes
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ character it starts in; ``""`` for a special token), and tokens from a stop stri
 Logprobs are natural logs of the model's own distribution (before penalties, logit_bias,
 temperature, top-k and top-p).
 
-    python -c "from serve.completions import sse; print(sse({'a': 1}))"
+    python -c "from prodip.serve.completions import sse; print(sse({'a': 1}))"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``ServeConfig``: the run config of ``prodip serve`` (fields become ``--kebab-case`` flags).
 
-python -c "from serve.config import ServeConfig; print(ServeConfig(export_dir='runs/demo/export'))"
+python -c "from prodip.serve.config import ServeConfig; print(ServeConfig(export_dir='runs/demo/export'))"
 """
 
 from __future__ import annotations

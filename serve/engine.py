@@ -6,7 +6,7 @@ with the I/O of :mod:`prodip.base.onnx_io`: ``input_ids``, ``attention_mask``,
 ``position_ids``, ``past_key_values.{i}.key|value`` -> ``logits``, ``present.{i}.key|value``.
 This module imports neither torch nor ``train/``.
 
-    python -c "from serve.engine import load_export; print(load_export('EXPORT_DIR', 'fp32').onnx_path)"
+    python -c "from prodip.serve.engine import load_export; print(load_export('EXPORT_DIR', 'fp32').onnx_path)"
 """
 
 from __future__ import annotations

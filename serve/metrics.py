@@ -1,6 +1,6 @@
 """Prometheus metrics of one server (its own registry, so several apps can live in one process).
 
-python -c "from serve.metrics import ServeMetrics; print(ServeMetrics().render()[0][:80])"
+python -c "from prodip.serve.metrics import ServeMetrics; print(ServeMetrics().render()[0][:80])"
 """
 
 from __future__ import annotations

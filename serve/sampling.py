@@ -6,7 +6,7 @@ samples depend only on its seed, never on what else shares its batch. :class:`To
 one sequence's generated-token counts incrementally and adjusts its raw logits before
 :func:`sample_token`.
 
-    python -c "import numpy as np; from serve.sampling import sample_token; \
+    python -c "import numpy as np; from prodip.serve.sampling import sample_token; \
 print(sample_token(np.array([0., 2., 1.], np.float32), 0.0, 0, 1.0, None))"
 """
 

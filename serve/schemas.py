@@ -6,7 +6,7 @@ an optional field means its default, types are strict (a number sent as a string
 sent as ``2.0`` or a boolean sent as ``1`` is a 400; integers are fine for float fields), and every text (prompt, stop, model, ...) must be valid Unicode:
 a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's json accepts) is a 400 naming the field.
 
-    python -c "from serve.schemas import CompletionRequest as C; print(C(prompt='hi', max_tokens=4))"
+    python -c "from prodip.serve.schemas import CompletionRequest as C; print(C(prompt='hi', max_tokens=4))"
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ ids + :class:`SamplingParams`, or an :class:`APIError`) and iterate :meth:`Servi
 events, on the event loop; leaving the iteration early cancels the sequences, so a disconnected
 client stops its generation).
 
-    python -c "from serve.service import APIError; print(APIError(400, 'bad').body)"
+    python -c "from prodip.serve.service import APIError; print(APIError(400, 'bad').body)"
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ byte sequence) is held back until the next token completes it (the prefix/read o
 of Hugging Face TGI and vLLM). :class:`StopMatcher` finds stop strings across token boundaries and
 holds back any tail that could still become a stop string, so a stop string is never emitted.
 
-    python -c "from serve.text import StopMatcher; m = StopMatcher(['END']); \
+    python -c "from prodip.serve.text import StopMatcher; m = StopMatcher(['END']); \
 print(m.feed('abcE'), m.feed('NDxyz'))"
 """
 

@@ -19,7 +19,7 @@ process killed at any moment never leaves ``latest`` pointing at a partial check
 two halves: :func:`take_snapshot` copies the state to host memory, :func:`write_snapshot` writes
 it (``prodip.train.saver`` runs the second half in a background thread). Nothing here unpickles.
 
-    python -c "from train.checkpoint import load_model; print(load_model('runs/demo/train')[2])"
+    python -c "from prodip.train.checkpoint import load_model; print(load_model('runs/demo/train')[2])"
 """
 
 from __future__ import annotations

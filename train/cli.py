@@ -1,7 +1,7 @@
 """``prodip train`` and ``prodip eval`` subcommand registration.
 
 prodip train --config configs/demo.toml --steps 50
-python -m prodip.train train --config configs/demo.toml --resume true
+python -m prodip.train train --config configs/demo.toml --resume
 """
 
 from __future__ import annotations

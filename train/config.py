@@ -4,7 +4,7 @@ The checkpoint's ``config.json`` is ``dataclasses.asdict(ModelConfig)``; the exp
 ``config.json`` is the same dict plus the fixed HF keys (``architectures``, ``model_type``,
 ``torch_dtype``), so there is no renaming layer anywhere (see CONTRACTS.md "Run dir and checkpoints").
 
-    python -c "from train.config import ModelConfig; print(ModelConfig(vocab_size=8192).num_parameters())"
+    python -c "from prodip.train.config import ModelConfig; print(ModelConfig(vocab_size=8192).num_parameters())"
 """
 
 from __future__ import annotations

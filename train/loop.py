@@ -3,7 +3,7 @@
 Plain PyTorch, nothing hidden: ``train_step`` runs N micro-batches (loss of each divided by N,
 so the gradient equals that of one N-times-bigger batch), clips, checks finiteness, steps.
 
-    python -c "from train.loop import lr_at; print([round(lr_at(s, lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=10), 5) for s in range(10)])"
+    python -c "from prodip.train.loop import lr_at; print([round(lr_at(s, lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=10), 5) for s in range(10)])"
 """
 
 from __future__ import annotations

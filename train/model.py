@@ -6,7 +6,7 @@ keys (``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight`
 SDPA ``is_causal``, so flash/efficient kernels on GPU) and inference (attention mask + KV cache,
 used by the ONNX export and the eager reference in benchmarks).
 
-    python -c "from train.model import LlamaForCausalLM; from train.config import ModelConfig as C; \
+    python -c "from prodip.train.model import LlamaForCausalLM; from prodip.train.config import ModelConfig as C; \
 print(LlamaForCausalLM(C(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)))"
 """
 

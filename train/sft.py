@@ -14,7 +14,7 @@ A checkpoint of this run is a chat model: its ``tokenizer/`` holds the chat mark
 ``tokenizer_config.json`` has ``chat_template`` = :data:`prodip.base.chat.CHAT_TEMPLATE` (what
 ``prodip export`` carries into every artifact).
 
-    prodip sft --init-from runs/demo/train --inputs bn=data/chat/bn.jsonl,en=data/chat/en.jsonl --out-dir runs/sft
+    prodip sft --init-from runs/demo/train --inputs bn=data/chat/bn.jsonl.gz,en=data/chat/en.jsonl.gz --out-dir runs/sft
 """
 
 from __future__ import annotations
