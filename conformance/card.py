@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
-from prodip.base.manifest import read_manifest
+from prodip.base.manifest import read_manifest, save_manifest
 from prodip.export.card import (
     LIBRARY_NAME,
     PIPELINE_TAG,
@@ -286,8 +286,6 @@ def write_quality(export_dir: Path, quality: dict[str, Any]) -> dict[str, Any]:
     Raises:
         InvalidInput: the export has no card (made before prodip recorded one).
     """
-    from prodip.base.manifest import _write_json_atomic  # noqa: PLC0415 (the manifest's one writer)
-
     root = Path(export_dir)
     manifest = read_manifest(root)
     if not manifest.get("card"):
@@ -299,7 +297,7 @@ def write_quality(export_dir: Path, quality: dict[str, Any]) -> dict[str, Any]:
     tmp.replace(path)
     manifest["card_quality"] = quality
     manifest["files"][README_FILE] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    _write_json_atomic(root / "manifest.json", manifest)
+    save_manifest(root, manifest)
     return manifest
 
 

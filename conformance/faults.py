@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput
-from prodip.base.manifest import file_sha256, list_files
+from prodip.base.manifest import file_sha256, list_files, read_manifest, save_manifest
 from prodip.base.variants import BY_NAME
 
 
@@ -35,10 +35,9 @@ def copy_export(src: str | Path, dst: str | Path) -> Path:
 
 def refresh_manifest(export_dir: Path, **updates) -> None:
     """Re-hash every file into ``manifest.json`` (and apply top-level ``updates``); clears the verdict."""
-    path = export_dir / "manifest.json"
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest = read_manifest(export_dir)
     manifest.update(files=list_files(export_dir), conformance=None, **updates)
-    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    save_manifest(export_dir, manifest)
 
 
 def _config(export_dir: Path) -> dict:
@@ -260,7 +259,7 @@ def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
 
 
 def _gguf_path(export_dir: Path, variant: str) -> Path:
-    manifest = json.loads((export_dir / "manifest.json").read_text(encoding="utf-8"))
+    manifest = read_manifest(export_dir)
     if variant not in manifest["variants"]:
         raise InvalidInput(f"{export_dir}: has no {variant} variant to plant a fault in (export it first)")
     return export_dir / manifest["variants"][variant]["path"]
@@ -313,7 +312,7 @@ def plant_pte_max_seq_len(src: Path, dst: Path, variant: str = "pte-fp32", facto
     from prodip.train.checkpoint import load_model  # noqa: PLC0415 (only for this fault)
 
     dst = copy_export(src, dst)
-    manifest = json.loads((dst / "manifest.json").read_text(encoding="utf-8"))
+    manifest = read_manifest(dst)
     entry = manifest["variants"].get(variant)
     if entry is None or entry.get("format") != "pte":
         raise InvalidInput(f"{src}: has no ExecuTorch variant {variant!r} to plant a fault in")
@@ -392,7 +391,7 @@ def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].p
     from prodip.export.quantize import to_int4  # noqa: PLC0415
 
     dst = copy_export(src, dst)
-    manifest = json.loads((dst / "manifest.json").read_text(encoding="utf-8"))
+    manifest = read_manifest(dst)
     q = manifest["variants"]["int4"]["quantization"]
     path = dst / rel
     for old in (path, path.with_name(path.name + "_data")):

@@ -1,5 +1,8 @@
 """The conformance verdict in the export manifest: merge a new report into the earlier verdict, per variant.
 
+The verdict's shape is :class:`prodip.base.manifest.Verdict` (defined once, in the torch-free base, since
+``prodip serve`` reads it); this module only computes one from a report.
+
 python -c "from prodip.conformance.verdict import merge_verdict; help(merge_verdict)"
 """
 
@@ -7,9 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from prodip.base.manifest import (
-    utc_now,
-)
+from prodip.base.manifest import Verdict, utc_now
 
 
 def merge_verdict(
@@ -73,7 +74,7 @@ def merge_verdict(
             checks[name]["runtimes"] = on_device
     variants = {k: checks[k]["passed"] for k in manifest_variants if k in checks}
     passed = bool(variants) and len(variants) == len(manifest_variants) and all(variants.values())
-    out = {
+    fields: dict[str, Any] = {
         "passed": passed,
         "variants": variants,
         "checks": {k: checks[k] for k in variants},
@@ -83,5 +84,5 @@ def merge_verdict(
         "checked_utc": now,
     }
     if tol is not None:
-        out["tolerances"] = tol
-    return out
+        fields["tolerances"] = tol
+    return Verdict.parse(fields, "the merged conformance verdict").to_dict()  # its shape: prodip.base.manifest

@@ -28,7 +28,7 @@ from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
-from prodip.base.manifest import read_manifest, write_manifest
+from prodip.base.manifest import MANIFEST_FILE, ExportManifest, read_manifest, write_manifest
 from prodip.base.variants import (
     BY_NAME,
     DERIVED_ONNX_VARIANTS,
@@ -113,27 +113,18 @@ def check_out_dir(out: Path, force: bool) -> None:
         return
     if not force:
         raise OutputExists(f"{out}: exists and is not empty; choose another --out or pass --force")
-    try:
-        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-        is_export = (
-            isinstance(manifest, dict)
-            and isinstance(manifest.get("variants"), dict)
-            and isinstance(manifest.get("files"), dict)
-            and "source_checkpoint" in manifest
-            and "format_version" in manifest
-        )
-        listed = set(manifest["files"]) if is_export else set()
-        # every file there must be one the export wrote (its manifest lists it), or the manifest itself
-        strays = [
-            p
-            for p in out.rglob("*")
-            if p.is_file()
-            and p.relative_to(out).as_posix() not in listed
-            and p.name != "manifest.json"
-            and not p.relative_to(out).as_posix().startswith("conformance/")
-        ]
-    except (OSError, ValueError):
-        is_export = False
+    manifest = ExportManifest.read_or_none(out / MANIFEST_FILE)  # None: not an export's manifest
+    is_export = manifest is not None
+    listed = set(manifest.files) if manifest is not None else set()
+    # every file there must be one the export wrote (its manifest lists it), or the manifest itself
+    strays = [
+        p
+        for p in out.rglob("*")
+        if p.is_file()
+        and p.relative_to(out).as_posix() not in listed
+        and p.name != MANIFEST_FILE
+        and not p.relative_to(out).as_posix().startswith("conformance/")
+    ]
     if not is_export:
         raise OutputExists(
             f"{out}: is not empty and holds no export manifest.json; --force only replaces an "

@@ -1,4 +1,5 @@
-"""The export dir's ``manifest.json``: the only writer and reader of that file.
+"""The export dir's ``manifest.json``: the only writer and reader of that file (:class:`ExportManifest`,
+format_version 1), and the conformance verdict's one definition (:class:`Verdict`).
 
 Layout (CONTRACTS.md "Export dir")::
 
@@ -26,14 +27,18 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from prodip import __version__
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.files import file_sha256, writing
+from prodip.base.files import file_sha256
+from prodip.base.records import Record, describe_errors
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -94,14 +99,196 @@ def list_files(export_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     return files
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with writing(tmp, shown_as=path, remove_on_error=True):
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+class FileEntry(BaseModel):
+    """One file of the export: its size and sha256 (``manifest.json`` ``files[relpath]``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    bytes: StrictInt
+    sha256: str
+
+
+class SourceCheckpoint(BaseModel):
+    """The checkpoint an export was made from (``manifest.json`` ``source_checkpoint``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str | None = None
+    step: int | None = None
+    model_sha256: str | None = None
+
+
+class VariantEntry(BaseModel):
+    """The fields of a ``variants[name]`` entry other stages read (a typed view: the manifest keeps the
+    entry as written, whatever its keys and their order; :meth:`ExportManifest.variant` validates it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str
+    format: str
+    dtype: str | None = None
+    external_data: list[str] = Field(default_factory=list)
+    #: the shared-buffer graph for onnxruntime-genai (contrib graphs only)
+    genai_path: str | None = None
+    #: the file the variant's runner reads its tokenizer from (``.pte``), else tokenizer.json
+    tokenizer: str | None = None
+
+
+class ToleranceRecord(BaseModel):
+    """The tolerance file a conformance run used (``conformance.checks[name].tolerances``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str | None = None
+    sha256: str
+    shipped: StrictBool
+    #: bounds looser than the shipped file: ``[{table, metric, shipped, used}]``
+    loosened: list[dict[str, Any]]
+
+
+class VariantCheck(BaseModel):
+    """One variant's entry of the verdict's ``checks``: which run checked it, and how."""
+
+    model_config = ConfigDict(extra="allow")
+
+    passed: StrictBool
+    checked_utc: str | None = None
+    report: str | None = None
+    report_sha256: str | None = None
+    tolerances: ToleranceRecord | None = None
+    #: on-device runtime -> whether its ids were identical
+    runtimes: dict[str, StrictBool] | None = None
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
+class Verdict(BaseModel):
+    """The conformance verdict in the export manifest's ``conformance`` slot: its one definition.
+
+    ``prodip.conformance.verdict.merge_verdict`` builds it, :func:`set_conformance` validates and writes
+    it, and ``prodip serve`` asks :meth:`serve_problem` whether it vouches for a variant. Only ``passed``
+    is required of a slot (older prodips wrote ``{passed, variants, report, report_sha256}``); what
+    ``merge_verdict`` always writes, and serve requires, is checked by :meth:`serve_problem`.
+    Fields in the order ``merge_verdict`` writes them.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    passed: StrictBool
+    variants: dict[str, StrictBool] | None = None
+    checks: dict[str, VariantCheck] | None = None
+    #: :func:`files_table_sha256` of the files table the run measured
+    export_files_sha256: str | None = None
+    report: str | None = None
+    report_sha256: str | None = None
+    checked_utc: str | None = None
+    tolerances: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, slot: Any, where: str = MANIFEST_FILE) -> Verdict:
+        """Validate a ``conformance`` slot.
+
+        Raises:
+            InvalidInput: not an object, no boolean ``passed``, or a mistyped field (named).
+        """
+        if not isinstance(slot, dict):
+            raise InvalidInput(f"{where}: conformance verdict is {type(slot).__name__}, not an object")
+        try:
+            return cls.model_validate(slot)
+        except ValidationError as err:
+            raise InvalidInput(f"{where}: conformance verdict: {describe_errors(err)}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The slot as written (fields never set left out)."""
+        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        return out
+
+    def serve_problem(self, variant: str) -> str | None:
+        """What this verdict lacks to vouch for ``variant`` as ``merge_verdict`` writes it (None: complete;
+        a verdict that does not mention ``variant`` at all is also None: the caller says so).
+
+        Required: per-variant ``variants`` and ``checks``, ``export_files_sha256`` and ``report_sha256``
+        (64 hex digits), a ``report``, and for ``variant`` a consistent entry in both tables naming its
+        report and the tolerances it was checked with.
+        """
+        for key in ("variants", "checks"):
+            if getattr(self, key) is None:
+                return f"has no per-variant {key!r} table"
+        for key in ("export_files_sha256", "report_sha256"):
+            if not _is_sha256(getattr(self, key)):
+                return f"has no {key!r} (64 hex digits)"
+        if not self.report:
+            return "names no report"
+        per_variant, checks = self.variants or {}, self.checks or {}
+        if variant not in per_variant and variant not in checks:
+            return None
+        ok, check = per_variant.get(variant), checks.get(variant)
+        if ok is None or check is None or check.passed is not ok:
+            return f"has no consistent entry for variant {variant!r} in 'variants' and 'checks'"
+        if not _is_sha256(check.report_sha256) or check.report is None:
+            return f"names no report for variant {variant!r}"
+        if check.tolerances is None or not _is_sha256(check.tolerances.sha256):
+            return (
+                f"does not record the tolerances variant {variant!r} was checked with "
+                "(made by an older prodip conformance)"
+            )
+        return None
+
+
+class ExportManifest(Record):
+    """The export dir's ``manifest.json`` (layout in the module docstring). Written by ``prodip export``
+    (:func:`write_manifest`), rewritten by conformance (:func:`set_conformance`, :func:`save_manifest` for the
+    quality card); fields in the order ``prodip export`` writes them."""
+
+    FILE: ClassVar[str] = MANIFEST_FILE
+    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
+    READS: ClassVar[tuple[int, ...]] = (FORMAT_VERSION,)
+    MAKER: ClassVar[str] = "`prodip export`"
+
+    prodip_version: str | None = None
+    created_utc: str | None = None
+    source_checkpoint: SourceCheckpoint
+    tokenizer_sha256: str | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, FileEntry]
+    #: name -> entry as export wrote it (typed view: :meth:`variant`)
+    variants: dict[str, dict[str, Any]]
+    export_config: dict[str, Any] | None = None
+    card: dict[str, Any] | None = None
+    #: the conformance slot, kept as written so a damaged verdict can still be named, served with
+    #: ``--allow-unverified`` and replaced (typed view: :meth:`verdict`)
+    conformance: dict[str, Any] | None = None
+    #: the quality card's figures (written by conformance from its report)
+    card_quality: dict[str, Any] | None = None
+
+    def variant(self, name: str) -> VariantEntry:
+        """The typed view of ``variants[name]``.
+
+        Raises:
+            KeyError: no such variant.
+            InvalidInput: the entry lacks ``path``/``format`` or has a mistyped field (named).
+        """
+        try:
+            return VariantEntry.model_validate(self.variants[name])
+        except ValidationError as err:
+            raise InvalidInput(f"{MANIFEST_FILE}: variants.{name}: {describe_errors(err)}") from None
+
+    def verdict(self) -> Verdict | None:
+        """The conformance verdict (None when there is none).
+
+        Raises:
+            InvalidInput: the slot is not a verdict (see :meth:`Verdict.parse`).
+        """
+        return None if not self.conformance else Verdict.parse(self.conformance)
+
+    def files_table(self) -> dict[str, dict[str, Any]]:
+        """``files`` as plain dicts (what :func:`files_table_sha256` hashes)."""
+        return {rel: entry.model_dump(mode="python") for rel, entry in self.files.items()}
 
 
 def write_manifest(
@@ -134,47 +321,55 @@ def write_manifest(
         for rel in [variant["path"], *variant.get("external_data", [])]:
             if rel not in files:
                 raise MissingInput(f"{root / rel}: file of variant {name!r} missing from the export")
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "prodip_version": __version__,
-        "created_utc": utc_now(),
-        "source_checkpoint": source_checkpoint,
-        "tokenizer_sha256": tokenizer_sha256,
-        "versions": {**tool_versions(), "prodip": __version__},
-        "files": files,
-        "variants": variants,
-        "export_config": export_config,
-        "card": card,
-        "conformance": None,
-    }
-    _write_json_atomic(root / MANIFEST_FILE, manifest)
-    return manifest
+    manifest = ExportManifest(
+        format_version=FORMAT_VERSION,
+        prodip_version=__version__,
+        created_utc=utc_now(),
+        source_checkpoint=SourceCheckpoint.model_validate(source_checkpoint),
+        tokenizer_sha256=tokenizer_sha256,
+        versions={**tool_versions(), "prodip": __version__},
+        files={rel: FileEntry.model_validate(entry) for rel, entry in files.items()},
+        variants=variants,
+        export_config=export_config,
+        card=card,
+        conformance=None,
+    )
+    manifest.write(root / MANIFEST_FILE)
+    return manifest.to_dict()
 
 
-def read_manifest(export_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and sanity-check ``export_dir/manifest.json``.
+def load_manifest(export_dir: str | os.PathLike[str]) -> ExportManifest:
+    """The export dir's ``manifest.json`` as a typed record: the one reader.
 
     Raises:
         FileNotFoundError: no manifest (the dir was not made by `prodip export`, or is incomplete).
-        ValueError: not JSON, a different ``format_version``, or a missing top-level key.
+        ValueError: not JSON, a ``format_version`` this prodip does not read, or a missing or mistyped
+            field (file and field named).
+    """
+    return ExportManifest.read(Path(export_dir) / MANIFEST_FILE)
+
+
+def read_manifest(export_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """:func:`load_manifest` as the JSON object the file holds (for code that walks its free-form parts).
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`load_manifest`.
+    """
+    return load_manifest(export_dir).to_dict()
+
+
+def save_manifest(export_dir: str | os.PathLike[str], manifest: ExportManifest | dict[str, Any]) -> ExportManifest:
+    """Validate and write back a manifest read with :func:`read_manifest` / :func:`load_manifest` and edited
+    (conformance's quality card, a planted fault's re-hash): atomically, in the layout export wrote.
+
+    Raises:
+        ValueError: the edited manifest is no longer one (field named).
+        WriteFailed: no room to write it.
     """
     path = Path(export_dir) / MANIFEST_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MissingInput(f"{path}: export manifest not found (made by `prodip export`)") from None
-    except json.JSONDecodeError as err:
-        raise InvalidInput(f"{path}: not valid JSON: {err}") from None
-    if data.get("format_version") != FORMAT_VERSION:
-        raise InvalidInput(
-            f"{path}: format_version {data.get('format_version')!r}, expected {FORMAT_VERSION} "
-            "(re-export with this prodip's `prodip export`)"
-        )
-    for key in ("files", "variants", "source_checkpoint"):
-        if key not in data:
-            raise InvalidInput(f"{path}: missing key {key!r} (re-run `prodip export`)")
-    out: dict[str, Any] = data
-    return out
+    record = manifest if isinstance(manifest, ExportManifest) else ExportManifest.from_dict(manifest, path)
+    record.write(path)
+    return record
 
 
 def verify_files(
@@ -231,22 +426,22 @@ def set_conformance(export_dir: str | os.PathLike[str], verdict: dict[str, Any] 
         FileNotFoundError: no manifest.
     """
     root = Path(export_dir)
-    manifest = read_manifest(root)
+    manifest = load_manifest(root)
+    slot = None
     if verdict is not None:
-        if not isinstance(verdict.get("passed"), bool) or not isinstance(verdict.get("variants"), dict):
-            raise InvalidInput(
-                f"conformance verdict needs 'passed' (bool) and 'variants' ({{name: bool}}), got keys {sorted(verdict)}"
-            )
-        unknown = sorted(set(verdict["variants"]) - set(manifest["variants"]))
+        record = Verdict.parse(verdict, str(root / MANIFEST_FILE))
+        unknown = sorted(set(record.variants or {}) - set(manifest.variants))
         if unknown:
             raise InvalidInput(
                 f"conformance verdict names variant(s) {unknown} not in {root / MANIFEST_FILE} "
-                f"(has {sorted(manifest['variants'])})"
+                f"(has {sorted(manifest.variants)})"
             )
-        verdict = {**verdict, "checked_utc": verdict.get("checked_utc") or utc_now()}
-    manifest["conformance"] = verdict
-    _write_json_atomic(root / MANIFEST_FILE, manifest)
-    return manifest
+        if not record.checked_utc:
+            record.checked_utc = utc_now()
+        slot = record.to_dict()
+    manifest.conformance = slot
+    manifest.write(root / MANIFEST_FILE)
+    return manifest.to_dict()
 
 
 def verdict_is_current(manifest: dict[str, Any]) -> bool:

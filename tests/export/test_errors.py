@@ -156,7 +156,14 @@ def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypat
     out.mkdir()
     (out / "old.txt").write_text("old export")
     (out / "manifest.json").write_text(
-        json.dumps({"format_version": 1, "source_checkpoint": {}, "variants": {}, "files": {"old.txt": {}}})
+        json.dumps(
+            {
+                "format_version": 1,
+                "source_checkpoint": {},
+                "variants": {},
+                "files": {"old.txt": {"bytes": 10, "sha256": "0" * 64}},
+            }
+        )
     )
     with pytest.raises(RuntimeError):
         export_checkpoint(_cfg(run, out, variants=["safetensors", "int8"], force=True))

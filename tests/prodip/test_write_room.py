@@ -188,12 +188,14 @@ def test_export_cli_one_line_exit_2_old_export_intact(exported, kib, file):
 
 def test_manifest_rewrite_keeps_the_old_one(tmp_path):
     """The export manifest's verdict rewrite (conformance): the old manifest stays, no temp file is left."""
-    from prodip.base.manifest import _write_json_atomic
+    from prodip.base.manifest import ExportManifest
 
     path = tmp_path / "manifest.json"
     path.write_text('{"files": {}}\n')
+    big = {f"f{i}": {"bytes": 1, "sha256": "x" * 64} for i in range(64)}
+    record = ExportManifest(format_version=1, source_checkpoint={}, files=big, variants={})
     with pytest.raises(WriteFailed) as info, file_size_limit(1024):
-        _write_json_atomic(path, {"files": {f"f{i}": "x" * 64 for i in range(64)}})
+        record.write(path)
     assert f"{path}: cannot write" in str(info.value)
     assert path.read_text() == '{"files": {}}\n' and [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
 

@@ -1,0 +1,197 @@
+"""Typed artifact records: one pattern for every JSON artifact one stage writes and another reads.
+
+Each JSON artifact (shards ``meta.json``, ``fertility.json``, a checkpoint's ``trainer_state.json`` and
+``manifest.json``, ``eval.json``, ``sft_eval.json``, the export's ``manifest.json`` and its conformance
+verdict, conformance's ``report.json``, ``prodip run``'s ``stage_times.json``) is a subclass of
+:class:`Record` defined in the module CONTRACTS.md names as its owner. The class holds:
+
+- the fields, declared in the order the file has them (so a record written back is byte for byte what
+  the writer wrote before records existed: the export manifest's hash and the conformance verdict
+  depend on it), typed as far as any reader relies on them; parts read only by their owner stay
+  ``dict[str, Any]``;
+- ``FORMAT_VERSION`` (what :meth:`Record.write` writes), ``READS`` (the versions :meth:`Record.read`
+  accepts: an old layout still read is listed here), ``MAKER`` (the command that makes the file, for
+  the error message) and the JSON layout (``INDENT``, ``ENSURE_ASCII``, ``TRAILING_NEWLINE``);
+- exactly one writer, :meth:`Record.write` (temporary file + fsync + rename, a full disk named by
+  :func:`prodip.base.files.writing`), and one reader, :meth:`Record.read` (and :meth:`Record.read_or_none`
+  for done-checks, where a missing or damaged artifact means "not done").
+
+Keys a newer writer added that this code does not declare are kept (``extra="allow"``), in their
+order after the declared ones, so a read-modify-write (the verdict written into the export manifest)
+never drops them.
+
+Why pydantic v2 models rather than dataclasses or TypedDicts: pydantic is a core dependency already
+(``prodip serve``'s FastAPI), it validates nested types with the failing field's path (``languages.bn.
+train.0.n_tokens``), which is what the error must name, keeps unknown keys, and mypy understands its
+models (``dataclass_transform``) so attribute access is type-checked. A dataclass would need a
+hand-written validator per field and a TypedDict checks nothing at run time. Numbers a file holds as
+either int or float are typed ``int | float`` (pydantic's smart union keeps ``3`` as ``3``, where a
+``float`` field would write ``3.0`` and change the file's bytes).
+
+A reader raises :class:`RecordError` (an :class:`~prodip.base.errors.InvalidInput`, so a
+:class:`~prodip.base.errors.UserError`) naming the file and the field, or, for a ``format_version`` it
+cannot read, the version found and the versions it reads; a missing file is
+:class:`~prodip.base.errors.MissingInput` naming the command that makes it.
+
+    python -c "from prodip.base.records import Record; help(Record.read)"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
+
+from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.files import writing
+
+R = TypeVar("R", bound="Record")
+
+#: A JSON number that may be written as an int or a float (kept as written; see the module docstring).
+Number = int | float
+
+
+class RecordError(InvalidInput):
+    """An artifact file that is not the record it should be: not JSON, a ``format_version`` this prodip does
+    not read, or a field missing or of the wrong type. The message names the file and the field."""
+
+
+class Record(BaseModel):
+    """Base of every typed artifact record (see the module docstring for the pattern).
+
+    Subclasses set the class variables below and declare their fields after ``format_version``.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    #: the artifact's file name, for messages (``meta.json``)
+    FILE: ClassVar[str] = ""
+    #: the format_version :meth:`write` writes
+    FORMAT_VERSION: ClassVar[int] = 1
+    #: every format_version :meth:`read` accepts (the current one and the old layouts still read)
+    READS: ClassVar[tuple[int, ...]] = (1,)
+    #: the command that makes the file, named when it is missing, unreadable or of another version
+    MAKER: ClassVar[str] = ""
+    #: JSON layout of the file (kept as the writer wrote it before records existed)
+    INDENT: ClassVar[int | None] = 2
+    ENSURE_ASCII: ClassVar[bool] = False
+    TRAILING_NEWLINE: ClassVar[bool] = True
+
+    format_version: StrictInt
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    @classmethod
+    def _fix(cls) -> str:
+        return f"; re-run {cls.MAKER}" if cls.MAKER else ""
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any, source: str | os.PathLike[str] | None = None) -> R:
+        """Validate ``data`` (a parsed JSON value) as this record.
+
+        Args:
+            data: the parsed file.
+            source: the file it came from, named in errors (default: the class's ``FILE``).
+        Raises:
+            RecordError: not an object, a ``format_version`` not in ``READS`` (the version found and the
+                versions read are named), or a field missing or mistyped (the field's dotted path named).
+        """
+        where = str(source) if source is not None else cls.FILE
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: holds {type(data).__name__}, not a JSON object{cls._fix()}")
+        version = data.get("format_version")
+        if type(version) is not int or version not in cls.READS:
+            reads = ", ".join(str(v) for v in cls.READS)
+            raise RecordError(
+                f"{where}: format_version {version!r} is not one this prodip reads (reads {reads}; "
+                f"writes {cls.FORMAT_VERSION}){cls._fix()}"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise RecordError(f"{where}: {describe_errors(err)}{cls._fix()}") from None
+
+    @classmethod
+    def read(cls: type[R], path: str | os.PathLike[str]) -> R:
+        """Read and validate ``path`` (see :meth:`from_dict`).
+
+        Raises:
+            MissingInput: no such file (the command that makes it named).
+            RecordError: not UTF-8 JSON, or not this record (file and field named).
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):
+            made = f" (made by {cls.MAKER})" if cls.MAKER else ""
+            raise MissingInput(f"{path}: not found{made}") from None
+        except UnicodeDecodeError as err:
+            raise RecordError(f"{path}: not UTF-8 text ({err}){cls._fix()}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RecordError(f"{path}: not valid JSON ({err}){cls._fix()}") from None
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def read_or_none(cls: type[R], path: str | os.PathLike[str]) -> R | None:
+        """:meth:`read`, or None when the file is missing, damaged or not this record (for done-checks,
+        where such an artifact means "not done"; the reason is not logged)."""
+        try:
+            return cls.read(path)
+        except (MissingInput, RecordError, OSError):
+            return None
+
+    # ---- writing ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the JSON object the file holds: declared fields in order (those never set, and
+        left at their default, are left out as the writer left them out), then extra keys."""
+        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        out.setdefault("format_version", self.format_version)
+        return out
+
+    def to_json(self) -> str:
+        """The file's text (layout: the class's ``INDENT``, ``ENSURE_ASCII``, ``TRAILING_NEWLINE``)."""
+        text = json.dumps(self.to_dict(), indent=self.INDENT, ensure_ascii=self.ENSURE_ASCII)
+        return text + "\n" if self.TRAILING_NEWLINE else text
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the record to ``path`` atomically: a temporary file beside it, fsync, rename.
+
+        Returns:
+            ``path`` as a Path.
+        Raises:
+            WriteFailed: no room (disk full, ``ulimit -f``, quota, read-only), naming the file; the earlier
+                file at ``path``, if any, is unchanged.
+        """
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+        text = self.to_json()
+        with writing(tmp, shown_as=path, remove_on_error=True):
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        return path
+
+
+def describe_errors(err: ValidationError, limit: int = 3) -> str:
+    """pydantic's errors as ``field a.b.0: message; ...`` (the first ``limit``, then how many more)."""
+    items = err.errors()
+    parts = []
+    for e in items[:limit]:
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = "" if e["type"] == "missing" else f" (got {_short(e.get('input'))})"
+        parts.append(f"field {loc!r}: {e['msg'].lower()}{got}")
+    more = f"; and {len(items) - limit} more" if len(items) > limit else ""
+    return "; ".join(parts) + more
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
