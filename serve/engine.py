@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -28,7 +27,15 @@ from tokenizers import Tokenizer
 from prodip.base import onnx_io
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
-from prodip.base.manifest import files_table_sha256
+from prodip.base.manifest import (
+    MANIFEST_FILE,
+    ExportManifest,
+    VariantCheck,
+    VariantEntry,
+    Verdict,
+    files_table_sha256,
+    load_manifest,
+)
 
 log = logging.getLogger(__name__)
 _MAKE = "`prodip export CHECKPOINT --out EXPORT_DIR`"
@@ -42,7 +49,7 @@ class ExportInfo:
     variant: str
     onnx_path: Path
     config: dict[str, Any]
-    manifest: dict[str, Any]
+    manifest: ExportManifest
     tokenizer_path: Path
     tokenizer_sha256: str
     verified: bool
@@ -72,95 +79,52 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def _is_sha256(value: Any) -> bool:
-    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
-
-
-def _verdict_shape_problem(verdict: dict[str, Any], variant: str) -> str | None:
-    """What is missing from a verdict as ``prodip.conformance.verdict.merge_verdict`` writes it (None: complete)."""
-    if not isinstance(verdict, dict):
-        return f"is {type(verdict).__name__}, not an object"
-    if not isinstance(verdict.get("passed"), bool):
-        return "has no boolean 'passed'"
-    for key in ("variants", "checks"):
-        if not isinstance(verdict.get(key), dict):
-            return f"has no per-variant {key!r} table"
-    for key in ("export_files_sha256", "report_sha256"):
-        if not _is_sha256(verdict.get(key)):
-            return f"has no {key!r} (64 hex digits)"
-    if not isinstance(verdict.get("report"), str) or not verdict["report"]:
-        return "names no report"
-    per_variant, checks = verdict["variants"], verdict["checks"]
-    if variant not in per_variant and variant not in checks:
-        return None  # "does not cover the variant" is said by the caller
-    ok, check = per_variant.get(variant), checks.get(variant)
-    if not isinstance(ok, bool) or not isinstance(check, dict) or check.get("passed") is not ok:
-        return f"has no consistent entry for variant {variant!r} in 'variants' and 'checks'"
-    if not _is_sha256(check.get("report_sha256")) or not isinstance(check.get("report"), str):
-        return f"names no report for variant {variant!r}"
-    tol = check.get("tolerances")
-    if (
-        not isinstance(tol, dict)
-        or not isinstance(tol.get("shipped"), bool)
-        or not isinstance(tol.get("loosened"), list)
-        or not _is_sha256(tol.get("sha256"))
-    ):
-        return (
-            f"does not record the tolerances variant {variant!r} was checked with (made by an older prodip conformance)"
-        )
-    return None
-
-
-def conformance_check(manifest: dict[str, Any], variant: str) -> tuple[bool, str, dict[str, Any]]:
+def conformance_check(manifest: ExportManifest, variant: str) -> tuple[bool, str, VariantCheck | None]:
     """Whether the manifest's conformance verdict passes ``variant`` for the export's CURRENT files.
 
-    A variant is verified only when the verdict has the structure ``prodip.conformance.verdict.merge_verdict``
-    writes (per-variant ``variants`` and ``checks``, ``export_files_sha256``, ``report``,
-    ``report_sha256``, the tolerances each variant was checked with), the variant's own entry passed,
-    and ``export_files_sha256`` equals the sha256 of the manifest's current ``files`` table
-    (:func:`prodip.base.manifest.files_table_sha256`): a verdict does not survive a file being swapped.
+    A variant is verified only when the verdict is complete as ``prodip.conformance.verdict.merge_verdict``
+    writes it (:meth:`prodip.base.manifest.Verdict.serve_problem`: per-variant ``variants`` and ``checks``,
+    ``export_files_sha256``, ``report``, ``report_sha256``, the tolerances each variant was checked with),
+    the variant's own entry passed, and ``export_files_sha256`` equals the sha256 of the manifest's current
+    ``files`` table (:func:`prodip.base.manifest.files_table_sha256`): a verdict does not survive a file
+    being swapped.
 
     Returns:
-        ``(ok, reason, check)``: reason is "" when ok, else a sentence naming the fix; ``check`` is
-        the variant's entry of ``verdict["checks"]`` (``{}`` when there is none), whose
+        ``(ok, reason, check)``: reason is "" when ok, else a sentence naming the fix; ``check`` is the
+        variant's entry of the verdict's ``checks`` (None when there is none), whose
         ``tolerances.loosened`` lists bounds looser than the shipped tolerance file.
     """
-
-    verdict = manifest.get("conformance")
     fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
-    if not verdict:
-        return False, f"manifest.json has no conformance verdict; {fix}", {}
-    problem = _verdict_shape_problem(verdict, variant)
+    if not manifest.conformance:
+        return False, f"manifest.json has no conformance verdict; {fix}", None
+    try:
+        verdict = Verdict.parse(manifest.conformance)
+    except InvalidInput as err:
+        return False, f"the conformance verdict in {err}; {fix}", None
+    problem = verdict.serve_problem(variant)
     if problem:
-        return False, f"the conformance verdict in manifest.json {problem}; {fix}", {}
-    check = verdict["checks"].get(variant) or {}
-    if variant not in verdict["variants"]:
-        return False, f"the conformance verdict does not cover variant {variant!r}; {fix}", {}
-    files = manifest.get("files")
-    current = files_table_sha256(files) if isinstance(files, dict) else None
-    if current != verdict["export_files_sha256"]:
+        return False, f"the conformance verdict in manifest.json {problem}; {fix}", None
+    variants, checks = verdict.variants or {}, verdict.checks or {}
+    if variant not in variants:
+        return False, f"the conformance verdict does not cover variant {variant!r}; {fix}", None
+    check = checks[variant]
+    current = files_table_sha256(manifest.files_table())
+    measured = str(verdict.export_files_sha256)
+    if current != measured:
         return (
             False,
             (
                 f"the export's files changed after conformance ran (files table sha256 "
-                f"{str(current)[:12]}..., the verdict measured {verdict['export_files_sha256'][:12]}...): "
-                f"{fix}"
+                f"{current[:12]}..., the verdict measured {measured[:12]}...): {fix}"
             ),
             check,
         )
-    if not verdict["variants"][variant]:
-        return (
-            False,
-            f"variant {variant!r} FAILED conformance (see {check.get('report') or verdict['report']}); {fix}",
-            check,
-        )
+    if not variants[variant]:
+        return False, f"variant {variant!r} FAILED conformance (see {check.report or verdict.report}); {fix}", check
     return True, "", check
 
 
-def conformance_ok(manifest: dict[str, Any], variant: str) -> tuple[bool, str]:
+def conformance_ok(manifest: ExportManifest, variant: str) -> tuple[bool, str]:
     """Whether the manifest's conformance verdict passes ``variant``, and why not (see :func:`conformance_check`).
 
     Returns:
@@ -185,19 +149,148 @@ def _bound_str(bound: Any) -> str:
     return str(bound)
 
 
+# ---- load_export, one step per function ------------------------------------------------------------
+
+
+def _read_export_manifest(root: Path) -> ExportManifest:
+    """``root/manifest.json`` as a typed record (format_version and fields checked by its owner).
+
+    Raises:
+        FileNotFoundError: no export dir, or no manifest in it.
+        ValueError: the manifest is not one this prodip reads (file, field or version named).
+    """
+    if not root.is_dir():
+        raise MissingInput(f"{root}: export dir not found; it is written by {_MAKE}")
+    try:
+        return load_manifest(root)
+    except MissingInput:
+        raise MissingInput(f"{root / MANIFEST_FILE}: missing; an export dir is written by {_MAKE}") from None
+
+
+def _onnx_variant(root: Path, manifest: ExportManifest, variant: str) -> VariantEntry:
+    """The manifest entry of ``variant``, which must be an ONNX variant.
+
+    Raises:
+        ValueError: no such variant, or not ONNX (the export's ONNX variants named).
+    """
+    onnx_names = [k for k, v in manifest.variants.items() if (v or {}).get("format") == "onnx"]
+    if variant not in onnx_names:
+        raise InvalidInput(
+            f"{root / MANIFEST_FILE}: no ONNX variant {variant!r}; this export has {', '.join(onnx_names) or 'none'}"
+        )
+    return manifest.variant(variant)
+
+
+def _verification(
+    root: Path, manifest: ExportManifest, variant: str, allow_unverified: bool
+) -> tuple[bool, list[str], list[dict[str, Any]]]:
+    """Apply the conformance verdict to serving ``variant``.
+
+    Returns:
+        ``(verified, warnings, loosened)``: the warnings to show (unverified, or passed with loosened
+        tolerances) and the loosened bounds of a verified variant.
+    Raises:
+        ValueError: not verified and not ``allow_unverified`` (the reason and the fix named).
+    """
+    ok, reason, check = conformance_check(manifest, variant)
+    if not ok and not allow_unverified:
+        raise InvalidInput(f"{root}: refusing to serve: {reason}")
+    if not ok:
+        return False, [f"serving unverified variant {variant!r}: {reason}"], []
+    tol = check.tolerances if check is not None else None
+    loosened = list(tol.loosened) if tol is not None else []
+    if tol is None or not loosened:
+        return True, [], []
+    warning = (
+        f"variant {variant!r} passed conformance with LOOSENED tolerances ({tol.path}, "
+        f"looser than the shipped conformance/tolerances.toml): {loosened_text(loosened)}"
+    )
+    return True, [warning], loosened
+
+
+def _served_files(root: Path, manifest: ExportManifest, entry: VariantEntry, variant: str) -> list[str]:
+    """Every file serve reads, relative to ``root``, each checked to exist: the variant's graph, its
+    external data and shared-buffer graph, config.json, tokenizer.json, and tokenizer_config.json and
+    generation_config.json when the manifest lists them (read when present: BOS and EOS conventions).
+
+    Raises:
+        FileNotFoundError: one is missing (named).
+    """
+    if not (root / entry.path).is_file():
+        raise MissingInput(f"{root / entry.path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
+    if entry.genai_path and not (root / entry.genai_path).is_file():
+        raise MissingInput(
+            f"{root / entry.genai_path}: shared-buffer graph of variant {variant!r} missing; re-run {_MAKE}"
+        )
+    wanted = ["config.json", "tokenizer.json", entry.path, *entry.external_data]
+    wanted += [entry.genai_path] if entry.genai_path else []
+    wanted += [rel for rel in ("tokenizer_config.json", "generation_config.json") if rel in manifest.files]
+    for rel in wanted:
+        if not (root / rel).is_file():
+            raise MissingInput(f"{root / rel}: missing ({MANIFEST_FILE} lists it); re-run {_MAKE}")
+    return wanted
+
+
+def _verify_hashes(root: Path, manifest: ExportManifest, rels: list[str]) -> None:
+    """Each of ``rels`` has the sha256 the manifest lists (hashing reads every byte once).
+
+    Raises:
+        ValueError: a file the manifest does not list, or whose sha256 differs (both named).
+    """
+    for rel in rels:
+        listed = manifest.files.get(rel)
+        if listed is None:
+            raise InvalidInput(f"{root / MANIFEST_FILE}: lists no sha256 for {rel}; re-run {_MAKE}")
+        got = file_sha256(root / rel)
+        if got != listed.sha256:
+            raise InvalidInput(
+                f"{root / rel}: sha256 {got[:12]}... does not match {MANIFEST_FILE} "
+                f"({listed.sha256[:12]}...); the export was modified, re-run {_MAKE}"
+            )
+
+
+def _read_model_config(root: Path) -> dict[str, Any]:
+    """``root/config.json`` with the keys the decoder needs.
+
+    Raises:
+        FileNotFoundError: missing. ValueError: not a JSON object, or a needed key missing (named).
+    """
+    config = _read_json(root / "config.json")
+    for key in ("num_hidden_layers", "num_key_value_heads", "max_position_embeddings", "vocab_size"):
+        if key not in config:
+            raise InvalidInput(f"{root / 'config.json'}: missing {key!r}; re-run {_MAKE}")
+    return config
+
+
+def _tokenizer_file(root: Path, manifest: ExportManifest) -> tuple[Path, str]:
+    """``root/tokenizer.json`` and its sha256, checked against the manifest's ``tokenizer_sha256``.
+
+    Raises:
+        FileNotFoundError: missing. ValueError: its sha256 differs from the manifest's.
+    """
+    tok_path = root / "tokenizer.json"
+    if not tok_path.is_file():
+        raise MissingInput(f"{tok_path}: missing; re-run {_MAKE}")
+    tok_sha = file_sha256(tok_path)
+    if manifest.tokenizer_sha256 and manifest.tokenizer_sha256 != tok_sha:
+        raise InvalidInput(f"{tok_path}: sha256 differs from {MANIFEST_FILE} tokenizer_sha256; re-run {_MAKE}")
+    return tok_path, tok_sha
+
+
 def load_export(
     export_dir: str | Path, variant: str, *, allow_unverified: bool = False, verify_hashes: bool = True
 ) -> ExportInfo:
     """Read and check an export dir for serving ``variant``.
 
-    Checks ``format_version``, that the variant is an ONNX variant in manifest.json, its
-    conformance verdict, that every file serve reads is there, and its sha256 against manifest.json
-    ``files``: the variant's ``.onnx``, external-data files and shared-buffer graph, config.json,
-    tokenizer.json, and tokenizer_config.json and generation_config.json when the manifest lists them.
+    The steps, in order: read the manifest (:func:`_read_export_manifest`: format_version and fields), pick
+    the ONNX variant (:func:`_onnx_variant`), apply its conformance verdict (:func:`_verification`), check
+    that every file serve reads is there (:func:`_served_files`) and has the manifest's sha256
+    (:func:`_verify_hashes`), read config.json (:func:`_read_model_config`) and the tokenizer's hash
+    (:func:`_tokenizer_file`).
 
     Args:
         export_dir: dir written by ``prodip export``.
-        variant: "fp32" | "fp16" | "int8" | "int4".
+        variant: an ONNX variant of :data:`prodip.base.variants.VARIANTS` the export has.
         allow_unverified: serve even if the verdict is missing or failing (a warning is kept).
         verify_hashes: compare file hashes with the manifest (hashing reads every byte once).
     Returns:
@@ -208,70 +301,17 @@ def load_export(
             incomplete or stale (files changed since) conformance verdict without ``allow_unverified``.
     """
     root = Path(export_dir)
-    if not root.is_dir():
-        raise MissingInput(f"{root}: export dir not found; it is written by {_MAKE}")
-    manifest = _read_json(root / "manifest.json")
-    if manifest.get("format_version") != 1:
-        raise InvalidInput(
-            f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r}, expected 1; re-run {_MAKE}"
-        )
-    variants = manifest.get("variants") or {}
-    entry = variants.get(variant)
-    if not entry or entry.get("format") != "onnx":
-        onnx_names = [k for k, v in variants.items() if (v or {}).get("format") == "onnx"]
-        raise InvalidInput(
-            f"{root / 'manifest.json'}: no ONNX variant {variant!r}; this export has {', '.join(onnx_names) or 'none'}"
-        )
-    ok, reason, check = conformance_check(manifest, variant)
-    warnings = []
-    if not ok and not allow_unverified:
-        raise InvalidInput(f"{root}: refusing to serve: {reason}")
-    if not ok:
-        warnings.append(f"serving unverified variant {variant!r}: {reason}")
-    loosened = list((check.get("tolerances") or {}).get("loosened") or []) if ok else []
-    if loosened:
-        tol = check["tolerances"]
-        warnings.append(
-            f"variant {variant!r} passed conformance with LOOSENED tolerances ({tol.get('path')}, "
-            f"looser than the shipped conformance/tolerances.toml): {loosened_text(loosened)}"
-        )
-    onnx_path = root / entry["path"]
-    if not onnx_path.is_file():
-        raise MissingInput(f"{onnx_path}: ONNX file of variant {variant!r} missing; re-run {_MAKE}")
-    files = manifest.get("files") or {}
-    shared_path = root / entry["genai_path"] if entry.get("genai_path") else None
-    if shared_path is not None and not shared_path.is_file():
-        raise MissingInput(f"{shared_path}: shared-buffer graph of variant {variant!r} missing; re-run {_MAKE}")
-    # every file serve reads; the two optional ones (read when present: BOS and EOS conventions) are
-    # checked when the manifest lists them
-    wanted = ["config.json", "tokenizer.json", entry["path"], *entry.get("external_data", [])]
-    wanted += [entry["genai_path"]] if shared_path is not None else []
-    wanted += [rel for rel in ("tokenizer_config.json", "generation_config.json") if rel in files]
-    for rel in wanted:
-        if not (root / rel).is_file():
-            raise MissingInput(f"{root / rel}: missing (manifest.json lists it); re-run {_MAKE}")
+    manifest = _read_export_manifest(root)
+    entry = _onnx_variant(root, manifest, variant)
+    verified, warnings, loosened = _verification(root, manifest, variant, allow_unverified)
+    served = _served_files(root, manifest, entry, variant)
     if verify_hashes:
-        for rel in wanted:
-            if rel not in files:
-                raise InvalidInput(f"{root / 'manifest.json'}: lists no sha256 for {rel}; re-run {_MAKE}")
-            got = file_sha256(root / rel)
-            if got != files[rel].get("sha256"):
-                raise InvalidInput(
-                    f"{root / rel}: sha256 {got[:12]}... does not match manifest.json "
-                    f"({str(files[rel].get('sha256'))[:12]}...); the export was modified, re-run {_MAKE}"
-                )
-    config = _read_json(root / "config.json")
-    for key in ("num_hidden_layers", "num_key_value_heads", "max_position_embeddings", "vocab_size"):
-        if key not in config:
-            raise InvalidInput(f"{root / 'config.json'}: missing {key!r}; re-run {_MAKE}")
-    tok_path = root / "tokenizer.json"
-    if not tok_path.is_file():
-        raise MissingInput(f"{tok_path}: missing; re-run {_MAKE}")
-    tok_sha = file_sha256(tok_path)
-    if manifest.get("tokenizer_sha256") and manifest["tokenizer_sha256"] != tok_sha:
-        raise InvalidInput(f"{tok_path}: sha256 differs from manifest.json tokenizer_sha256; re-run {_MAKE}")
+        _verify_hashes(root, manifest, served)
+    config = _read_model_config(root)
+    tok_path, tok_sha = _tokenizer_file(root, manifest)
+    shared_path = root / entry.genai_path if entry.genai_path else None
     return ExportInfo(
-        root, variant, onnx_path, config, manifest, tok_path, tok_sha, ok, warnings, loosened, shared_path
+        root, variant, root / entry.path, config, manifest, tok_path, tok_sha, verified, warnings, loosened, shared_path
     )
 
 
