@@ -95,11 +95,6 @@ def synthetic_inputs(root: Path, vocab_size: int) -> tuple[Path, Path]:
     return tok, root / "shards"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _rates(wall: list[float], cpu: list[float], tokens_per_step: int, skip: int) -> dict[str, float]:
     """Tokens/s from the median per-step wall and CPU times (stamps after ``skip`` warm-up steps)."""
     out = {}

@@ -86,13 +86,6 @@ def reference_ids(export_dir: Path, conversations: dict[str, list[dict[str, str]
     return {k: tok.encode(render(m), add_special_tokens=False).ids for k, m in conversations.items()}
 
 
-def greedy_prompt(export_dir: Path) -> Optional[list[int]]:
-    """The ids of :data:`GREEDY_CONVERSATION` for a chat model's export, else None (a base model)."""
-    if chat_contract(export_dir) is None:
-        return None
-    return reference_ids(export_dir, {GREEDY_CONVERSATION: CONVERSATIONS[GREEDY_CONVERSATION]})[GREEDY_CONVERSATION]
-
-
 def _err(err: Exception) -> dict[str, Any]:
     return {"error": f"{type(err).__name__}: {str(err).strip()[:600]}"}
 

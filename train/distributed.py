@@ -62,15 +62,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_gather_strings(value: str) -> list[str]:
-    """Every rank's ``value`` (a world of one returns ``[value]``)."""
-    if not dist.is_initialized():
-        return [value]
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
 def all_gather_floats(value: float, device: torch.device) -> list[float]:
     """Every rank's ``value``, in rank order (one collective on ``device``; a world of one: ``[value]``)."""
     if not dist.is_initialized():
