@@ -31,7 +31,8 @@ from onnx import numpy_helper
 from onnxruntime.capi._pybind_state import quantize_matmul_8bits
 
 
-def _opset(model: onnx.ModelProto) -> int:
+def onnx_opset(model: onnx.ModelProto) -> int:
+    """The model's opset of the default ONNX domain (``""`` or ``"ai.onnx"``); StopIteration if it imports none."""
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 

@@ -49,6 +49,7 @@ from prodip.export.graph import (
     fold_fp16_round_trips,
     lower_gather_block_quantized,
     materialize_transposed_weights,
+    onnx_opset,
     quantize_embedding_int8,
     quantize_matmuls_rowwise_int8,
     share_tied_embedding_int4,
@@ -115,10 +116,6 @@ def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> bool:
         onnx.save_model(model, str(path))
         onnx.checker.check_model(model)
     return external
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def _all_inline(model: onnx.ModelProto) -> bool:
@@ -307,7 +304,7 @@ def to_int4(
     model = onnx.load(str(src))
     tied = find_tied_embedding(model.graph)
     folded = materialize_transposed_weights(model)
-    if _opset(model) < INT4_MIN_OPSET and not _too_big(model):
+    if onnx_opset(model) < INT4_MIN_OPSET and not _too_big(model):
         # int4/uint4 tensors need opset 21: convert properly rather than let ORT relabel the opset
         # (the converter serialises the model, so above 2 GB ORT's relabelling is what happens)
         model = onnx.version_converter.convert_version(model, INT4_MIN_OPSET)
@@ -357,7 +354,7 @@ def to_int4(
         "accuracy_level": accuracy_level,
         "materialized_transposes": folded,
         "external_data": external,
-        "opset": _opset(quant.model.model),
+        "opset": onnx_opset(quant.model.model),
     }
     if lowered:
         params["embedding_layout"] = WASM_EMBEDDING_LAYOUT
