@@ -10,16 +10,10 @@ fetched over HTTP.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+from prodip.base.files import read_json_or_none
 
 
 def _rule(title: str) -> str:
@@ -39,13 +33,13 @@ def summarise(plan: dict, out_dir: Path) -> dict[str, Any]:
     tok_dir = Path(plan["tokenizer"].out_dir)
     export_dir = Path(plan["export"].out)
     summary: dict[str, Any] = {"format_version": 1, "out_dir": str(out_dir)}
-    summary["fertility"] = _read_json(tok_dir / "fertility.json")
-    summary["eval"] = _read_json(Path(plan["eval"].out))
+    summary["fertility"] = read_json_or_none(tok_dir / "fertility.json")
+    summary["eval"] = read_json_or_none(Path(plan["eval"].out))
     sft = plan.get("sft")
-    summary["sft"] = _read_json(Path(sft.out_dir) / "sft_eval.json") if sft is not None and sft.inputs else None
-    summary["export_manifest"] = _read_json(export_dir / "manifest.json")
-    summary["conformance"] = _read_json(Path(plan["conformance"].out) / "report.json")
-    summary["completions"] = _read_json(out_dir / "completions.json")
+    summary["sft"] = read_json_or_none(Path(sft.out_dir) / "sft_eval.json") if sft is not None and sft.inputs else None
+    summary["export_manifest"] = read_json_or_none(export_dir / "manifest.json")
+    summary["conformance"] = read_json_or_none(Path(plan["conformance"].out) / "report.json")
+    summary["completions"] = read_json_or_none(out_dir / "completions.json")
     return summary
 
 
