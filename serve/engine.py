@@ -124,16 +124,6 @@ def conformance_check(manifest: ExportManifest, variant: str) -> tuple[bool, str
     return True, "", check
 
 
-def conformance_ok(manifest: ExportManifest, variant: str) -> tuple[bool, str]:
-    """Whether the manifest's conformance verdict passes ``variant``, and why not (see :func:`conformance_check`).
-
-    Returns:
-        (ok, reason): reason is "" when ok, else a sentence naming the fix.
-    """
-    ok, reason, _ = conformance_check(manifest, variant)
-    return ok, reason
-
-
 def loosened_text(loosened: list[dict[str, Any]]) -> str:
     """``[int8] top1 min 0.95 -> 0.02, ...`` for a list of loosened bounds."""
     return ", ".join(
