@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from prodip.train import eval as ev
 from prodip.train import mc
-from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
+from tests.fixtures import tiny_config
 
 DOCS = {
     "bn": [
@@ -83,17 +83,7 @@ def eval_env(tmp_path_factory, tiny_tokenizer_dir):
             "languages": langs,
         },
     )
-    cfg = ModelConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.002,
-        tie_word_embeddings=True,
-    )
+    cfg = tiny_config(vocab_size=vocab, max_position_embeddings=128, initializer_range=0.002, tie_word_embeddings=True)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     data = torch.from_numpy(np.concatenate([_encode_stream(tok, d, 6) for d in DOCS.values()]))
@@ -175,17 +165,7 @@ def test_random_twin_depends_on_seed_only(eval_env) -> None:
 
 def _uniform_model(vocab: int) -> LlamaForCausalLM:
     """lm_head = 0: every next-token distribution is uniform, log p = -ln V exactly."""
-    model = LlamaForCausalLM(
-        ModelConfig(
-            vocab_size=vocab,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )
-    )
+    model = LlamaForCausalLM(tiny_config(vocab_size=vocab))
     with torch.no_grad():
         model.lm_head.weight.zero_()
     return model.eval()

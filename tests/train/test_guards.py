@@ -15,26 +15,16 @@ import pytest
 import torch
 
 from prodip.train import guards
-from prodip.train.config import ModelConfig
 from prodip.train.guards import GuardError, NonFiniteError
 from prodip.train.model import LlamaForCausalLM
+from tests.fixtures import tiny_config
 
 V = 64
 
 
 def tiny_model(*, tied: bool = False, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = ModelConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tied,
-    )
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(tiny_config(vocab_size=V, tie_word_embeddings=tied))
 
 
 def batch(b: int = 4, t: int = 16, seed: int = 1) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 import prodip.train.model as tm
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
+from tests import fixtures
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,15 +33,11 @@ MAX_POS = 512
 
 
 def tiny_config(*, kv_heads: int = 2, tied: bool = False, vocab: int = 97) -> ModelConfig:
-    return ModelConfig(
+    """tests.fixtures' tiny model with 512 positions (RoPE near the end) and a wide init (visible logits)."""
+    return fixtures.tiny_config(
         vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         num_key_value_heads=kv_heads,
         max_position_embeddings=MAX_POS,
-        rope_theta=10000.0,
         tie_word_embeddings=tied,
         initializer_range=0.2,
     )
