@@ -16,15 +16,25 @@ from prodip.train.config import ModelConfig
 from prodip.train.eval import EvalConfig, evaluate, format_table
 from prodip.train.trainer import TrainConfig, train
 
+_RESUME_HELP = "continue from OUT_DIR/checkpoints/latest (weights, Adam moments, RNG, data position)"
 
-def _train_main(args: argparse.Namespace) -> int:
 
-    model_cfg = resolve(ModelConfig, args, toml_path=args.config, section="model")
-    train_cfg = resolve(TrainConfig, args, toml_path=args.config, section="train")
-    run_dir = train(train_cfg, model_cfg)
+def _add_flag(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    """A flag that sets its config field to True when given; absent, the TOML file's value stands."""
+    parser.add_argument(flag, action="store_const", const=True, default=argparse.SUPPRESS, help=help_text)
+
+
+def _done(run_dir: Any) -> int:
+    """Print the run dir once (rank 0 under torchrun) and return exit code 0."""
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"run dir: {run_dir}")
     return 0
+
+
+def _train_main(args: argparse.Namespace) -> int:
+    model_cfg = resolve(ModelConfig, args, toml_path=args.config, section="model")
+    train_cfg = resolve(TrainConfig, args, toml_path=args.config, section="train")
+    return _done(train(train_cfg, model_cfg))
 
 
 def _add_train(subparsers) -> None:
@@ -36,20 +46,8 @@ def _add_train(subparsers) -> None:
     )
     parser.add_argument("--config", metavar="TOML", help="file with [model] and [train] tables")
     add_arguments(parser, TrainConfig, skip=("resume", "force"), section="train")
-    parser.add_argument(
-        "--resume",
-        action="store_const",
-        const=True,
-        default=argparse.SUPPRESS,
-        help="continue from OUT_DIR/checkpoints/latest (weights, Adam moments, RNG, data position)",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_const",
-        const=True,
-        default=argparse.SUPPRESS,
-        help="train even if the tokenizer failed its fertility gate",
-    )
+    _add_flag(parser, "--resume", _RESUME_HELP)
+    _add_flag(parser, "--force", "train even if the tokenizer failed its fertility gate")
     add_arguments(parser, ModelConfig, section="model")
     parser.set_defaults(func=_train_main)
 
@@ -57,10 +55,7 @@ def _add_train(subparsers) -> None:
 def _sft_main(args: argparse.Namespace) -> int:
     from prodip.train.sft import SFTConfig, sft  # noqa: PLC0415 (only this subcommand needs it)
 
-    run_dir = sft(resolve(SFTConfig, args, toml_path=args.config, section="sft"))
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"run dir: {run_dir}")
-    return 0
+    return _done(sft(resolve(SFTConfig, args, toml_path=args.config, section="sft")))
 
 
 def _add_sft(subparsers) -> None:
@@ -74,13 +69,7 @@ def _add_sft(subparsers) -> None:
     )
     parser.add_argument("--config", metavar="TOML", help="file with an [sft] table")
     add_arguments(parser, SFTConfig, skip=("resume",), section="sft")
-    parser.add_argument(
-        "--resume",
-        action="store_const",
-        const=True,
-        default=argparse.SUPPRESS,
-        help="continue from OUT_DIR/checkpoints/latest (weights, Adam moments, RNG, data position)",
-    )
+    _add_flag(parser, "--resume", _RESUME_HELP)
     parser.set_defaults(func=_sft_main)
 
 
