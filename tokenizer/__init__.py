@@ -1,1 +1,1 @@
-"""prodip stage: tokenizer (see README.md)."""
+"""prodip stage: tokenizer (docs/tokenizer.md, docs/data.md)."""

@@ -41,7 +41,7 @@ from prodip.tokenizer.bpe import (
     tokenizer_sha256,
     train_tokenizer,
 )
-from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, expand_inputs, iter_language
+from prodip.tokenizer.corpus import ERROR_POLICIES, FORMATS_HELP, expand_inputs, iter_language
 from prodip.tokenizer.parity import format_parity, run_parity
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,8 @@ class AuditConfig:
     tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
     heldout: dict[str, list[str]] = opt(
         factory=dict,
-        help="language -> held-out files/folders never used in training (" + "/".join(SUFFIXES) + ", or Hugging "
-        "Face `datasets` folders; .tsv: the column named after the language)",
+        help=f"language -> held-out files/folders never used in training ({FORMATS_HELP}; .tsv: the column named "
+        "after the language)",
     )
     min_chars_per_token: dict[str, float] = opt(
         factory=dict, help="gate: minimum characters/token per language, e.g. bn=4.0,en=3.8 (empty: no gate)"

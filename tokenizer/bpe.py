@@ -39,8 +39,17 @@ from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256, raise_for_room
-from prodip.base.sources import match_sources
-from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, ReadStats, expand_inputs, iter_language
+from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
+from prodip.tokenizer.corpus import (
+    DOC_CHARS_HELP,
+    ERROR_POLICIES,
+    ERRORS_HELP,
+    FORMATS_HELP,
+    TEXT_FIELD_HELP,
+    ReadStats,
+    expand_inputs,
+    iter_language,
+)
 from prodip.tokenizer.custom import train_custom
 from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
 from prodip.tokenizer.wordcounts import WordCounts, corpus_casing, count_documents, is_wordfreq, load_counts
@@ -63,8 +72,7 @@ class TokenizerTrainConfig:
 
     inputs: dict[str, list[str]] = opt(
         factory=dict,
-        help="language -> files/folders of training text (" + "/".join(SUFFIXES) + ", or Hugging Face "
-        "`datasets` folders), e.g. bn=data/bn,en=data/en",
+        help=f"language -> files/folders of training text ({FORMATS_HELP}), e.g. bn=data/bn,en=data/en",
     )
     out_dir: str = opt("runs/tokenizer", "output tokenizer dir (refused if it holds a tokenizer, unless overwrite)")
     vocab_size: int = opt(32000, "vocabulary size in tokens, incl. the 5 special and 256 byte tokens")
@@ -115,26 +123,20 @@ class TokenizerTrainConfig:
         "stage; 0 = word-level only)",
     )
     seed: int = opt(0, "seed of the per-document sampling")
-    text_field: str = opt(
-        "text", "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text (as [data] text_field)"
-    )
-    doc_chars: int = opt(
-        20000, ".txt files: a document ends at the first blank line after this many characters (as [data] doc_chars)"
-    )
+    text_field: str = opt("text", f"{TEXT_FIELD_HELP} (as [data] text_field)")
+    doc_chars: int = opt(20000, f"{DOC_CHARS_HELP} (as [data] doc_chars)")
     errors: str = opt(
         "strict",
-        "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes",
+        ERRORS_HELP,
         choices=ERROR_POLICIES,
     )
     sources: list[str] = opt(
         factory=list,
-        help='source-record files ([[source]] tables, README "Your own corpus") for the inputs, besides the '
-        "sources.toml found beside each input or in a folder above it",
+        help=SOURCES_HELP,
     )
     include_unknown_license: list[str] = opt(
         factory=list,
-        help="source names or input paths whose licence is unknown or unrecorded, included knowingly (else "
-        "such an input stops the stage); every card then says so",
+        help=INCLUDE_UNKNOWN_HELP,
     )
     overwrite: bool = opt(False, "replace an existing tokenizer in out_dir")
     progress: bool = opt(True, "show the trainer's progress bars")

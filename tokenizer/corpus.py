@@ -42,6 +42,12 @@ SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".parquet", ".csv"
 HF_DATASET_MARKERS = (("dataset_info.json", "state.json"), ("dataset_dict.json",))
 _ROWS_PER_BATCH = 4096  # Parquet/CSV/datasets rows converted to Python strings at once
 ERROR_POLICIES = ("strict", "skip")
+#: Help texts of the reader options, shared by the stages that read a corpus (tokenizer train, tokenizer
+#: audit, data prepare): one wording, and the formats come from :data:`SUFFIXES`.
+FORMATS_HELP = "/".join(SUFFIXES) + ", or Hugging Face `datasets` folders"
+TEXT_FIELD_HELP = "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text"
+DOC_CHARS_HELP = ".txt files: a document ends at the first blank line after this many characters"
+ERRORS_HELP = "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes"
 
 
 @dataclass

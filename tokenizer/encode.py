@@ -27,10 +27,19 @@ from tqdm.auto import tqdm
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, OutputExists
 from prodip.base.files import raise_for_room
-from prodip.base.sources import match_sources
+from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
 from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
-from prodip.tokenizer.corpus import ERROR_POLICIES, SUFFIXES, ReadStats, expand_inputs, iter_language
+from prodip.tokenizer.corpus import (
+    DOC_CHARS_HELP,
+    ERROR_POLICIES,
+    ERRORS_HELP,
+    FORMATS_HELP,
+    TEXT_FIELD_HELP,
+    ReadStats,
+    expand_inputs,
+    iter_language,
+)
 from prodip.tokenizer.portable import nfc
 
 log = logging.getLogger(__name__)
@@ -43,30 +52,27 @@ class DataPrepareConfig:
     tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
     inputs: dict[str, list[str]] = opt(
         factory=dict,
-        help="language -> files/folders of text to encode (" + "/".join(SUFFIXES) + ", or Hugging Face "
-        "`datasets` folders), e.g. bn=data/bn,en=data/en",
+        help=f"language -> files/folders of text to encode ({FORMATS_HELP}), e.g. bn=data/bn,en=data/en",
     )
     out_dir: str = opt("runs/demo/shards", "output shards dir (refused if it holds shards, unless overwrite)")
-    text_field: str = opt("text", "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text")
+    text_field: str = opt("text", TEXT_FIELD_HELP)
     val_fraction: float = opt(0.02, "share of documents sent to the validation split (0-0.5)")
     seed: int = opt(0, "seed of the train/val document split")
     shard_tokens: int = opt(50_000_000, "maximum tokens per shard file")
-    doc_chars: int = opt(20000, ".txt files: a document ends at the first blank line after this many characters")
+    doc_chars: int = opt(20000, DOC_CHARS_HELP)
     batch_chars: int = opt(4_000_000, "characters sent to the batch encoder at once (memory vs overhead)")
     errors: str = opt(
         "strict",
-        "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes",
+        ERRORS_HELP,
         choices=ERROR_POLICIES,
     )
     sources: list[str] = opt(
         factory=list,
-        help='source-record files ([[source]] tables, README "Your own corpus") for the inputs, besides the '
-        "sources.toml found beside each input or in a folder above it",
+        help=SOURCES_HELP,
     )
     include_unknown_license: list[str] = opt(
         factory=list,
-        help="source names or input paths whose licence is unknown or unrecorded, included knowingly (else "
-        "such an input stops the stage); every card then says so",
+        help=INCLUDE_UNKNOWN_HELP,
     )
     overwrite: bool = opt(False, "replace existing shards in out_dir")
     progress: bool = opt(True, "show a progress bar")

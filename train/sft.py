@@ -34,7 +34,7 @@ from prodip.base.chat import CHAT_TOKENS, IM_END, IM_START
 from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256_cached
-from prodip.base.sources import match_sources
+from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
 from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_tokenizer
 from prodip.tokenizer.corpus import expand_inputs
 from prodip.train import chat, checkpoint, distributed, init
@@ -61,13 +61,11 @@ class SFTConfig:
     messages_field: str = opt("messages", "the JSONL field / column holding a conversation's messages")
     sources: list[str] = opt(
         factory=list,
-        help='source-record files ([[source]] tables, README "Your own corpus") for the inputs, besides the '
-        "sources.toml found beside each input or in a folder above it",
+        help=SOURCES_HELP,
     )
     include_unknown_license: list[str] = opt(
         factory=list,
-        help="source names or input paths whose licence is unknown or unrecorded, included knowingly (else "
-        "such an input stops the stage); every card then says so",
+        help=INCLUDE_UNKNOWN_HELP,
     )
     init_from: str = opt(
         "runs/demo/train",

@@ -77,6 +77,17 @@ _SHARE_ALIKE_PREFIXES = ("GPL-", "LGPL-", "AGPL-", "CC-BY-SA-", "ODbL-", "MPL-",
 #: What a card prints for a source whose licence is unknown and which the config includes anyway.
 UNKNOWN_INCLUDED = "licence unknown, included by choice"
 
+#: Help texts of the source-record options of every stage that reads corpus files (tokenizer train,
+#: data prepare, sft): one wording for all of them.
+SOURCES_HELP = (
+    "source-record files ([[source]] tables, docs/data.md) for the inputs, besides the sources.toml found "
+    "beside each input or in a folder above it"
+)
+INCLUDE_UNKNOWN_HELP = (
+    "source names or input paths whose licence is unknown or unrecorded, included knowingly (else such an "
+    "input stops the stage); every card then says so"
+)
+
 
 class LicenseGateError(UserError):
     """A corpus input whose licence is unknown or missing, not listed as knowingly included."""
