@@ -1,1 +1,1 @@
-"""prodip stage: serve (see README.md)."""
+"""prodip stage: serve (docs/serving.md, serve/README.md)."""

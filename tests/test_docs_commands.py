@@ -390,3 +390,19 @@ def test_the_checker_fails_on_planted_faults(tmp_path):
             "page.md: link nope.md: no such file",
             "page.md: link #no-such-heading: no such heading",
         ]
+
+
+def test_every_docs_page_the_code_cites_exists():
+    """A docstring, comment or help text that sends the reader to ``docs/<page>.md`` names a page that exists."""
+    missing = []
+    for d in (*CODE_DIRS, "tests", "configs", "data"):
+        for path in sorted((ROOT / d).rglob("*")):
+            if path.suffix in (".py", ".toml", ".md") and path.is_file():
+                for page in set(re.findall(r"(?<![\w/])docs/[a-z][\w-]*\.md", path.read_text(encoding="utf-8"))):
+                    if not (ROOT / page).is_file():
+                        missing.append(f"{path.relative_to(ROOT)} cites {page}")
+    for name in ("pyproject.toml", "Makefile", "CONTRACTS.md"):
+        for page in set(re.findall(r"(?<![\w/])docs/[a-z][\w-]*\.md", (ROOT / name).read_text(encoding="utf-8"))):
+            if not (ROOT / page).is_file():
+                missing.append(f"{name} cites {page}")
+    assert not missing, missing

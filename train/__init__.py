@@ -1,1 +1,1 @@
-"""prodip stage: train (see README.md)."""
+"""prodip stage: train (docs/training.md)."""

@@ -1,6 +1,6 @@
 """``[train] deterministic``: what a run does to be reproducible, and what resume then guarantees.
 
-What resume guarantees (the README's statement; :func:`compare_resume` checks it):
+What resume guarantees (docs/training.md's statement; :func:`compare_resume` checks it):
 
 - CPU, either setting: N straight steps and N/2 + ``--resume`` give bitwise-identical losses,
   weights and AdamW moments (CPU kernels are deterministic at a fixed thread count; the
