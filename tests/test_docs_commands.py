@@ -12,7 +12,9 @@ A command is a line of a fenced ``bash``/``sh`` block, an inline code span that 
   library, and reads no run folder, really runs.
 - ``make TARGET``: the Makefile has the target. ``pytest`` options are pytest's or the repository's.
 - Every repository path a command or inline code span names exists (``configs/*.toml``, ``bench/...``).
-- Every relative Markdown link of README.md and docs/ points at a file, and at a heading there.
+- Every relative Markdown link points at a file, and at a heading there.
+
+The Markdown pages are README.md, docs/, CONTRACTS.md, the READMEs beside the code and bench/*.md.
 
 ``test_the_checker_fails_on_planted_faults`` shows each check failing on a planted bad command.
 
@@ -39,7 +41,14 @@ import pytest
 from prodip.cli import _STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# the manual and the references beside the code (bench/results/ are records of past runs, kept as run)
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "CONTRACTS.md",
+    *sorted(ROOT.glob("*/README.md")),
+    *sorted((ROOT / "bench").glob("*.md")),
+]
 CODE_DIRS = ("prodip", "tokenizer", "train", "export", "conformance", "serve", "bench")
 # the first folder of a path that names a file of the repository (runs/, onnx/, /tmp/... are not)
 REPO_DIRS = ("configs", "data", "bench", "tests", "docs", "prodip", "tokenizer", "train", "export", "conformance",
@@ -84,6 +93,8 @@ def _is_inline_command(text: str) -> bool:
         words = words[1:]
     if not words or words[0] not in COMMANDS or "<" in text:
         return False
+    if words[0] == "prodip" and len(words) > 1 and not re.fullmatch(rf"{PRODIP_WORDS}|[A-Z_]+", words[1]):
+        return False  # a message it prints ("prodip serve: error: ..."), not a command line
     return len(words) > 2 or (words[0] == "make" and len(words) == 2)
 
 
