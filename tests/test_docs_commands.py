@@ -61,6 +61,8 @@ COMMANDS = ("prodip", "python", "python3", "torchrun", "make", "pytest", "npm", 
 OLD_PACKAGES = ("tokenizer", "train", "export", "conformance", "serve")
 # pytest's own options that the docs use; the repository's come from its pytest_addoption hooks
 PYTEST_OPTIONS = {"-q", "-x", "-k", "-m", "-p", "-ra", "--pyargs", "--timeout", "-s", "-v"}
+# a placeholder the reader fills in: CKPT, EXPORT_DIR, COMMAND
+PLACEHOLDER = re.compile(r"[A-Z][A-Z_]*")
 # what may follow `prodip` on a docstring's command line (so "prodip stage: ..." prose is not one)
 PRODIP_WORDS = "|".join(["--help", "--version", "-v", *(name for name, _, _ in _STAGES)])
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
@@ -296,20 +298,25 @@ def check_command(command: str) -> list[str]:
         return problems
     tool, args = argv[0], argv[1:]
     if tool == "prodip":
-        if args and not re.fullmatch(r"[A-Z_]+", args[0]):  # `prodip COMMAND --help` names no command
+        if args and not PLACEHOLDER.fullmatch(args[0]):  # `prodip COMMAND --help` names no command
             problems += _entry_point_problems("prodip", args)
     elif tool in ("python", "python3", "torchrun"):
         if "-c" in args and tool != "torchrun":
             problems += _python_c_problems(args[args.index("-c") + 1])
         elif "-m" in args:
             module, rest = args[args.index("-m") + 1], args[args.index("-m") + 2 :]
-            problems += _pytest_problems(rest) if module == "pytest" else _module_problems(module, rest)
+            if module == "pytest":
+                problems += _pytest_problems(rest)
+            elif not PLACEHOLDER.fullmatch(module):
+                problems += _module_problems(module, rest)
         elif args and args[0].endswith(".py") and not (ROOT / args[0]).is_file():
             problems.append(f"{args[0]}: no such script")
     elif tool == "make":
         targets = _makefile_targets()
         problems += [
-            f"make: no target {a}" for a in args if not a.startswith("-") and "=" not in a and a not in targets
+            f"make: no target {a}"
+            for a in args
+            if not a.startswith("-") and "=" not in a and a not in targets and not PLACEHOLDER.fullmatch(a)
         ]
     elif tool == "pytest":
         problems += _pytest_problems(args)
