@@ -16,7 +16,10 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-#: Page files (source beside this module -> path in the export).
+from prodip.base.page import render_page
+
+#: Page files (source beside this module -> path in the export). The HTML page gets the head every
+#: prodip page shares (:func:`prodip.base.page.render_page`); the others are copied as they are.
 PAGE_FILES = {"index.html": "index.html", "app.js": "web/app.js"}
 #: Library files (path under node_modules -> path in the export): transformers.js's browser bundle
 #: (onnxruntime-web's JS inside) and the WASM build it loads for its ``wasm`` device (the one that
@@ -54,6 +57,9 @@ def write_web_page(out_dir: str | os.PathLike) -> list[Path]:
     for src, dst in sources.items():
         path = out / dst
         path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, path)
+        if src.suffix == ".html":
+            path.write_text(render_page(src.read_text(encoding="utf-8")), encoding="utf-8")
+        else:
+            shutil.copyfile(src, path)
         written.append(path)
     return written

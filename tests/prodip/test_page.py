@@ -1,0 +1,36 @@
+"""The HTML pages prodip ships share one head (prodip.base.page): the export's browser page and serve's playground.
+
+python -m pytest tests/prodip/test_page.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prodip.base.page import render_page
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_render_page_puts_the_shared_head_above_the_body():
+    doc = render_page("<!-- title: a <b> & c -->\n<body><p>x</p></body>\n</html>\n")
+    assert doc.startswith('<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n')
+    assert "<title>a &lt;b&gt; &amp; c</title>" in doc  # the title is escaped
+    assert doc.endswith("</head>\n<body><p>x</p></body>\n</html>\n")
+    assert doc.count("<head>") == 1 and "<!-- title" not in doc
+
+
+def test_a_page_without_its_title_line_is_refused():
+    with pytest.raises(ValueError, match="title"):
+        render_page("<!doctype html>\n<html><head></head><body></body></html>")
+
+
+def test_the_export_page_is_written_with_the_shared_head(tmp_path):
+    from prodip.export.web import write_web_page
+
+    write_web_page(tmp_path)
+    source = (REPO / "export" / "web" / "index.html").read_text(encoding="utf-8")
+    assert "<head>" not in source  # the head lives in prodip.base.page only
+    assert (tmp_path / "index.html").read_text(encoding="utf-8") == render_page(source)
