@@ -10,13 +10,19 @@ left-padded row's attention sums run over a longer, shifted axis, so SIMD lanes 
 split them differently (fp32 logits move by ~1e-6, enough to flip a seeded sample on a tie), and
 the former int8 variant had one activation scale for the whole batch.
 
-So the running rows form groups, one per current length (:class:`_Batch`, no padding, mask all
-ones). Arrivals (within ``batch_wait_ms`` of an idle engine, or during any decode step) are
-prefilled together per prompt length and join the group of that length, if any. Each step decodes
-every group (one ONNX Runtime call per group; rows that started together, e.g. the ``n`` choices of
-a request or streams with prompts of one length, share one call). Finished or cancelled rows
-leave their group after the step in which they finish. Results go back through each sequence's
-``emit`` callback (called on this thread).
+So the running rows form groups (:class:`_Batch`, no padding of the computation). Arrivals (within
+``batch_wait_ms`` of an idle engine, or during any decode step) are prefilled together per prompt
+length and join a running group. With the contract graph a group holds rows of one length (mask all
+ones; a cache of P + 1 tokens per row), one ONNX Runtime call per group and step. With the
+shared-buffer graph (serve's default) every running row is in ONE group whatever its length: a decode
+step takes each row's own length from its mask (right-padded, ``seqlens_k`` = its ones - 1) and
+position, and ONNX Runtime's GroupQueryAttention reads and writes each row's cache up to that length
+alone, so a row gets the same bits as alone (tests/serve/test_batch_invariance.py) and a step is one
+call however the arrivals were spread over prefills (bench/results/serve_profile_2026-12-01.md).
+Finished or cancelled rows leave their group after the step in which they finish. Results go back
+through each sequence's ``emit`` callback (called on this thread); ``on_step`` is called just before
+each ONNX Runtime call and before the thread waits for work (serve hands the step's events to the
+event loop there, so the loop works on them while ONNX Runtime, which releases the GIL, runs).
 
     python -c "from prodip.serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
 """
@@ -179,39 +185,44 @@ class Sequence:
 
 @dataclass
 class _Batch:
-    """A group of running rows of one length: KV caches (B, Hkv, P, Dh), no padding.
+    """A group of running rows: KV caches, no padding of the computation.
 
     Attributes:
         seqs: the rows' sequences.
-        past: 2 * layers caches (B, Hkv, P, Dh) float32: numpy arrays or OrtValues; with a
-            shared-buffer decoder (B, Hkv, capacity >= P, Dh), the first P slots valid. A lone row's
-            cache may hold one more row, a twin of its last (:attr:`OnnxDecoder.row_rule`): rows ``[:B]`` count.
-        length: P, the tokens in every row's cache = the next position id.
+        past: 2 * layers caches float32, numpy arrays or OrtValues: contract graph (B, Hkv, P, Dh),
+            every row of one length P; shared-buffer graph (B, Hkv, capacity >= max P, Dh), row b's
+            first ``lengths[b]`` slots valid. A lone row's cache may hold one more row, a twin of its
+            last (:attr:`OnnxDecoder.row_rule`): rows ``[:B]`` count.
+        lengths: (B,) int64, the tokens in each row's cache = its next position id.
         next_ids: (B,) int64 last sampled token of each row (fed at the next step).
     """
 
     seqs: list[Sequence]
     past: list[Any]
-    length: int
+    lengths: np.ndarray
     next_ids: np.ndarray
 
     def select(self, keep: list[int]) -> _Batch:
         """The rows ``keep`` (indices); the same object when all are kept (no copy of the cache)."""
         if len(keep) == len(self.seqs):
             return self
-        return _Batch(
-            [self.seqs[i] for i in keep], [to_numpy(p)[keep] for p in self.past], self.length, self.next_ids[keep]
-        )
+        past = [to_numpy(p)[keep] for p in self.past]
+        return _Batch([self.seqs[i] for i in keep], past, self.lengths[keep], self.next_ids[keep])
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every row holds as many tokens (a contract-graph group always does)."""
+        return bool((self.lengths == self.lengths[0]).all())
 
     @staticmethod
     def merge(a: _Batch, b: _Batch) -> _Batch:
-        """Stack two groups of the same length (ValueError otherwise: a bug)."""
-        if a.length != b.length:
-            raise ValueError(f"cannot merge groups of lengths {a.length} and {b.length}")
+        """Stack two groups; their caches padded to one capacity (shared-buffer caches: groups of
+        different lengths may merge, each row keeps its length)."""
         # [:len(seqs)]: without the twin row a cache may carry (OnnxDecoder.row_rule)
         na, nb = len(a.seqs), len(b.seqs)
         past = [np.concatenate(_same_capacity(to_numpy(x)[:na], to_numpy(y)[:nb])) for x, y in zip(a.past, b.past)]
-        return _Batch(a.seqs + b.seqs, past, a.length, np.concatenate([a.next_ids, b.next_ids]))
+        lengths = np.concatenate([a.lengths, b.lengths])
+        return _Batch(a.seqs + b.seqs, past, lengths, np.concatenate([a.next_ids, b.next_ids]))
 
 
 class BatchScheduler:
@@ -223,6 +234,8 @@ class BatchScheduler:
         batch_wait_ms: when idle, wait this long (milliseconds) after the first arrival for others.
         on_queue_depth: called (engine thread) with the waiting and running sequence counts.
         on_decode_step: called (engine thread) with the number of rows of each decode step.
+        on_step: called (engine thread) just before each ONNX Runtime call and before the thread
+            waits for work: where the events its sequences emitted since are best handed on.
     """
 
     def __init__(
@@ -232,12 +245,14 @@ class BatchScheduler:
         batch_wait_ms: float = 5.0,
         on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None,
         on_decode_step: Callable[[int], None] = lambda rows: None,
+        on_step: Callable[[], None] = lambda: None,
     ) -> None:
         self.decoder = decoder
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.on_queue_depth = on_queue_depth
         self.on_decode_step = on_decode_step
+        self.on_step = on_step
         self._waiting: deque[Sequence] = deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -281,6 +296,8 @@ class BatchScheduler:
 
     def _run(self) -> None:
         while True:
+            if not self._groups:
+                self.on_step()  # the thread may wait now: hand on what the last step emitted
             new = self._take_waiting()
             if self._stop:
                 for seq in new:
@@ -302,19 +319,28 @@ class BatchScheduler:
         self._waiting.clear()
         self._groups = []
         self._report_depth()
+        self.on_step()
 
     def _running(self) -> int:
         return sum(len(g.seqs) for g in self._groups)
 
     def _join(self, group: _Batch) -> None:
-        """Add a prefilled group to the running group of its length, or as a new group."""
+        """Add a prefilled group to a running group: with the shared-buffer graph the one running
+        group (rows of any length), else the group of its length; or as a new group."""
         if not group.seqs:
             return
         for i, g in enumerate(self._groups):
-            if g.length == group.length:
+            if self.decoder.shared_buffer or g.lengths[0] == group.lengths[0]:
                 self._groups[i] = _Batch.merge(g, group)
                 return
         self._groups.append(group)
+
+    def _forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+    ) -> tuple[np.ndarray, list[Any]]:
+        """:meth:`OnnxDecoder.forward`, after ``on_step``."""
+        self.on_step()
+        return self.decoder.forward(input_ids, attention_mask, position_ids, past)
 
     def _report_depth(self) -> None:
         """Tell ``on_queue_depth`` the current waiting and running counts (engine thread)."""
@@ -340,7 +366,7 @@ class BatchScheduler:
             ids = np.array([s.prompt_ids for s in same], np.int64)
             mask = np.ones(ids.shape, np.int64)
             pos = np.broadcast_to(np.arange(T, dtype=np.int64), ids.shape)
-            logits, present = self.decoder.forward(ids, mask, pos, self.decoder.empty_past(len(same)))
+            logits, present = self._forward(ids, mask, pos, self.decoder.empty_past(len(same)))
             keep = []
             for r, s in enumerate(same):
                 if s.params.prompt_logprobs:
@@ -352,7 +378,8 @@ class BatchScheduler:
                 if not s.finished:
                     keep.append(r)
             next_ids = np.array([s.generated[-1] if s.generated else 0 for s in same], np.int64)
-            groups.append(_Batch(same, present, T, next_ids).select(keep))
+            lengths = np.full(len(same), T, np.int64)
+            groups.append(_Batch(same, present, lengths, next_ids).select(keep))
         return groups
 
     def _decode(self, b: _Batch) -> _Batch:
@@ -365,10 +392,12 @@ class BatchScheduler:
                 return b
         B = len(b.seqs)
         self.on_decode_step(B)
-        mask = np.ones((B, b.length + 1), np.int64)
-        pos = np.full((B, 1), b.length, np.int64)
-        logits, present = self.decoder.forward(b.next_ids[:, None], mask, pos, b.past)
-        b = _Batch(b.seqs, present, b.length + 1, b.next_ids.copy())
+        if b.uniform:
+            mask = np.ones((B, int(b.lengths[0]) + 1), np.int64)
+        else:  # shared-buffer graph: each row's ones are its own past + this token, padding on the right
+            mask = (np.arange(int(b.lengths.max()) + 1) <= b.lengths[:, None]).astype(np.int64)
+        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None].copy(), b.past)
+        b = _Batch(b.seqs, present, b.lengths + 1, b.next_ids.copy())
         for r, s in enumerate(b.seqs):
             s.step(logits[r, -1])
             b.next_ids[r] = s.generated[-1]

@@ -338,6 +338,8 @@ class OnnxDecoder:
         config: export config.json (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim`` or
             ``hidden_size``/``num_attention_heads``).
         intra_op_threads: ONNX Runtime intra-op threads, 0 = its default.
+        spinning: the intra-op threads spin while waiting for work (``session.intra_op.allow_spinning``,
+            ONNX Runtime's default); no effect on the numbers, only on speed and CPU time.
         shared_buffer: ``onnx_path`` is a shared-buffer graph.
     Raises:
         ValueError: the graph's inputs/outputs differ from the names of :mod:`prodip.base.onnx_io`.
@@ -347,7 +349,13 @@ class OnnxDecoder:
     MIN_CAPACITY = 64
 
     def __init__(
-        self, onnx_path: str | Path, config: dict[str, Any], intra_op_threads: int = 0, *, shared_buffer: bool = False
+        self,
+        onnx_path: str | Path,
+        config: dict[str, Any],
+        intra_op_threads: int = 0,
+        *,
+        shared_buffer: bool = False,
+        spinning: bool = True,
     ) -> None:
         self.shared_buffer = shared_buffer
         self.max_positions = int(config.get("max_position_embeddings") or 0)
@@ -355,6 +363,8 @@ class OnnxDecoder:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads:
             opts.intra_op_num_threads = intra_op_threads
+        if not spinning:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         self.num_layers = int(config["num_hidden_layers"])
         self.num_kv_heads = int(config["num_key_value_heads"])
@@ -370,6 +380,12 @@ class OnnxDecoder:
                 f"decoder I/O of prodip.base.onnx_io for {self.num_layers} layers; re-run {_MAKE}"
             )
         self._outputs = ["logits", *self.present_names]
+        logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
+        self._logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
+        self.vocab_size = int(config["vocab_size"])
+        #: the shared-buffer graph's last decode binding: (binding, its caches, its logits buffer,
+        #: the caches' capacity in tokens)
+        self._binding: Optional[tuple[ort.IOBinding, list[Any], np.ndarray, int]] = None
         #: what a row needs to get the same bits alone as among others (:func:`nbits_row_rule`:
         #: ONNX Runtime's MatMulNBits kernels choose their path by the call's row count):
         #: "none", "one" (a lone row runs with a twin) or "odd" (an odd row count gets a twin)
@@ -406,12 +422,13 @@ class OnnxDecoder:
         if needs_twin(self.row_rule, B * T):
             # a cache from the previous step has its twin already (no copy); else the last row is
             # doubled once (after a prefill, or when rows left)
-            past = [p if cache_rows(p) > B else _with_twin(to_numpy(p)) for p in past]
+            past = past if cache_rows(past[0]) > B else [_with_twin(to_numpy(p)) for p in past]
             logits, present = self._run(
                 _with_twin(input_ids), _with_twin(attention_mask), _with_twin(position_ids), past
             )
             return logits[:B], present
-        past = [p if cache_rows(p) == B else to_numpy(p)[:B] for p in past]  # a twin no longer needed
+        # every cache of a call has the same rows: the first tells
+        past = past if cache_rows(past[0]) == B else [to_numpy(p)[:B] for p in past]  # a twin no longer needed
         return self._run(input_ids, attention_mask, position_ids, past)
 
     def _run(
@@ -447,6 +464,9 @@ class OnnxDecoder:
         B, T = input_ids.shape
         total = attention_mask.shape[1]
         held = total - T
+        kept = self._binding
+        if T == 1 and kept is not None and kept[3] >= total and kept[2].shape[0] == B and _same(kept[1], past):
+            return self._run_bound(kept[0], input_ids, attention_mask, position_ids, kept[2]), kept[1]
         caches = []
         for value in past:
             capacity = value.shape()[2] if isinstance(value, ort.OrtValue) else value.shape[2]
@@ -459,25 +479,61 @@ class OnnxDecoder:
             if not isinstance(value, ort.OrtValue):
                 value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value, np.float32))
             caches.append(value)
-        io = self.session.io_binding()
+        io, logits = self._in_place_binding(caches, B, T)
+        return self._run_bound(io, input_ids, attention_mask, position_ids, logits), caches
+
+    def _run_bound(
+        self,
+        io: ort.IOBinding,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        logits: Optional[np.ndarray],
+    ) -> np.ndarray:
+        """Bind the step's inputs to ``io`` (caches and outputs bound already), run, return the logits."""
         io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
         io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
         io.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, np.int64))
+        self.session.run_with_iobinding(io)
+        if logits is None:
+            out: np.ndarray = io.get_outputs()[0].numpy()
+            return out
+        return logits.copy()  # a copy: the buffer is the next step's output
+
+    def _in_place_binding(
+        self, caches: list[Any], rows: int, tokens: int
+    ) -> tuple[ort.IOBinding, Optional[np.ndarray]]:
+        """An IO binding with ``caches`` bound as past and present, and for a decode step (``tokens``
+        = 1) a logits buffer (rows, 1, V) bound as the output, kept for the next decode step on the
+        same caches (:meth:`_forward_in_place` reuses it: binding 2 x layers caches, and ONNX Runtime
+        allocating the logits, cost ~0.1 ms a step in Python; bench/results/serve_profile_2026-12-01.md).
+        Returns the binding (inputs still to bind) and the logits buffer (None: bound as ONNX Runtime's)."""
+        io = self.session.io_binding()
         for name, value in zip(self.past_names, caches):
             io.bind_ortvalue_input(name, value)
-        io.bind_output("logits")
+        logits = None if tokens != 1 else np.empty((rows, 1, self.vocab_size), self._logits_dtype)
+        if logits is None:
+            io.bind_output("logits")  # first: get_outputs() lists the outputs in the order bound
+        else:
+            io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
         for name, value in zip(self.present_names, caches):
             io.bind_ortvalue_output(name, value)
-        self.session.run_with_iobinding(io)
-        return io.get_outputs()[0].numpy(), caches
+        capacity = int(caches[0].shape()[2])
+        self._binding = None if logits is None else (io, list(caches), logits, capacity)
+        return io, logits
 
 
-def open_decoder(info: ExportInfo, intra_op_threads: int = 0, shared_kv_buffer: bool = True) -> OnnxDecoder:
+def open_decoder(
+    info: ExportInfo, intra_op_threads: int = 0, shared_kv_buffer: bool = True, spinning: bool = True
+) -> OnnxDecoder:
     """The decoder serve runs for ``info``: its shared-buffer graph when ``shared_kv_buffer`` and the
-    export has one (:attr:`ExportInfo.shared_buffer_path`), else the contract graph."""
+    export has one (:attr:`ExportInfo.shared_buffer_path`), else the contract graph; ``spinning``: see
+    :class:`OnnxDecoder`."""
     if shared_kv_buffer and info.shared_buffer_path is not None:
-        return OnnxDecoder(info.shared_buffer_path, info.config, intra_op_threads, shared_buffer=True)
-    return OnnxDecoder(info.onnx_path, info.config, intra_op_threads)
+        return OnnxDecoder(
+            info.shared_buffer_path, info.config, intra_op_threads, shared_buffer=True, spinning=spinning
+        )
+    return OnnxDecoder(info.onnx_path, info.config, intra_op_threads, spinning=spinning)
 
 
 def needs_twin(rule: str, rows: int) -> bool:
@@ -578,6 +634,11 @@ def _nbits_bad_row_counts(attrs: _NBitsAttrs, ins: _NBitsInputs, threads: int, r
     a = rng.standard_normal((rows, K)).astype(helper.tensor_dtype_to_np_dtype(float_type))
     ref = session.run(None, {"A": a})[0]
     return frozenset(m for m in range(1, rows) if not np.array_equal(session.run(None, {"A": a[:m]})[0], ref[:m]))
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    """Whether two lists hold the very same objects, in order."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def cache_rows(value: Any) -> int:

@@ -153,3 +153,23 @@ def test_twin_rows_keep_the_answer(decoders, kv, rule, monkeypatch):
     assert run((decoder, tok), same_len)[0] == plain, "3 rows of one length (odd), then alone"
     joining = [(MINE, params, 0.0, 0)] + [(p, params, 0.01 * (i + 1), 0) for i, p in enumerate(OTHERS)]
     assert run((decoder, tok), joining)[0] == plain, "others joining mid-decode"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shared_buffer_decodes_every_length_in_one_call(decoders, variant, monkeypatch):
+    """With the shared-buffer graph every running row decodes in one ONNX Runtime call whatever its
+    length (its mask right-padded, its own position): requests arriving one by one, each prefilled
+    on its own, decode together from the step after each joins, and each gets the tokens and
+    logprobs it gets alone."""
+    decoder, tok = decoders[variant, "shared"]
+    params = SamplingParams(max_new_tokens=48, temperature=0, logprobs=2, ignore_eos=True)
+    jobs = [(MINE, params, 0.0, 0)] + [(p, params, 0.003 * (i + 1), 0) for i, p in enumerate(OTHERS)]
+    alone = [run((decoder, tok), [job])[0] for job in jobs]
+    calls = []
+    real_run = decoder._run
+    monkeypatch.setattr(
+        decoder, "_run", lambda ids, mask, *rest: calls.append(mask.copy()) or real_run(ids, mask, *rest)
+    )
+    assert run((decoder, tok), jobs) == alone
+    lengths = [set(m.sum(axis=1).tolist()) for m in calls if not m.all()]  # rows' lengths in one call
+    assert max(map(len, lengths), default=0) >= 3, "no decode call held rows of several lengths"
