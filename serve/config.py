@@ -40,6 +40,12 @@ class ServeConfig:
     default_max_tokens: int = opt(16, "max_tokens when a completion request gives none (tokens, OpenAI's default)")
     max_n: int = opt(16, "largest `n` (completions per prompt) accepted")
     intra_op_threads: int = opt(0, "ONNX Runtime intra-op threads (0 = ONNX Runtime's default: one per core)")
+    intra_op_spinning: bool = opt(
+        True,
+        "ONNX Runtime's intra-op threads spin while waiting for work (its default, and onnxruntime-genai's): "
+        "fastest on idle cores; false on a machine whose cores other programs keep busy (there spinning threads "
+        "steal the time the work needs: bench/results/serve_profile_2026-12-01.md)",
+    )
     shared_kv_buffer: bool = opt(
         True,
         "decode on the variant's shared-buffer graph (onnx/*_genai.onnx: the KV cache written in place) when the "

@@ -127,20 +127,25 @@ class Service:
         self.stop_ids = frozenset({self.eos_id, *(int(e) for e in (eos if isinstance(eos, list) else [eos]))})
         #: the export's chat template (tokenizer_config.json ``chat_template``), None for a base model
         self.chat_template: Optional[str] = self.tokenizer_config.get("chat_template") or None
-        self._poster: Optional[LoopPoster] = None
+        #: one per event loop that streams (the engine thread flushes them all at each step)
+        self._posters: list[LoopPoster] = []
+        self._posters_lock = threading.Lock()
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
         """Load tokenizer and ONNX session, start the engine thread; errors go to ``load_error``."""
         try:
             self.tokenizer = load_tokenizer(self.info)
-            decoder = open_decoder(self.info, self.config.intra_op_threads, self.config.shared_kv_buffer)
+            decoder = open_decoder(
+                self.info, self.config.intra_op_threads, self.config.shared_kv_buffer, self.config.intra_op_spinning
+            )
             self.scheduler = BatchScheduler(
                 decoder,
                 self.config.max_batch_size,
                 self.config.batch_wait_ms,
                 self.metrics.set_queue,
                 self.metrics.batch_rows.observe,
+                self._flush_events,
             )
             self.scheduler.start()
             self._token_text = lru_cache(maxsize=65536)(self._token_text_uncached)
@@ -488,10 +493,7 @@ class Service:
         """
         self.require_ready()
         queue: asyncio.Queue[tuple[int, _Event]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        if self._poster is None or self._poster.loop is not loop:  # one per event loop
-            self._poster = LoopPoster(loop)
-        post = self._poster.post
+        post = self._poster(asyncio.get_running_loop()).post_later  # delivered at the engine's next step
 
         def emitter(index: int) -> Callable[[_Event], None]:
             return lambda event: post(queue, (index, event))
@@ -536,6 +538,24 @@ class Service:
             for seq in seqs:
                 seq.cancel()
 
+    def _poster(self, loop: asyncio.AbstractEventLoop) -> LoopPoster:
+        """The :class:`LoopPoster` of ``loop`` (made on first use; those of closed loops dropped)."""
+        with self._posters_lock:
+            poster = next((p for p in self._posters if p.loop is loop), None)
+            if poster is None:
+                poster = LoopPoster(loop)
+                self._posters = [p for p in self._posters if not p.loop.is_closed()] + [poster]
+            return poster
+
+    def _flush_events(self) -> None:
+        """The engine's ``on_step`` (engine thread, just before an ONNX Runtime call or a wait):
+        deliver the events its sequences emitted since the last call. The event loop then wakes
+        while ONNX Runtime runs with the GIL released, rather than right after a step, when the
+        engine thread needs the GIL for sampling and the next step's inputs
+        (bench/results/serve_profile_2026-12-01.md)."""
+        for poster in self._posters:  # a list replaced, never changed in place: safe to read unlocked
+            poster.flush()
+
 
 class LoopPoster:
     """Hands items from the engine thread to asyncio queues of one event loop, in batches.
@@ -544,6 +564,8 @@ class LoopPoster:
     callback on the loop (``call_soon_threadsafe``: a write to the loop's self-pipe), which puts
     everything posted until then on its queue. So the loop wakes once per engine step however many
     tokens the step made (one write per token before; bench/results/serve_speed_2026-12-01.md).
+    :meth:`post_later` only appends; :meth:`flush` schedules the delivery (serve's engine calls it
+    just before each ONNX Runtime call: :meth:`Service._flush_events`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -555,6 +577,17 @@ class LoopPoster:
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` on ``queue`` (an asyncio.Queue of :attr:`loop`) soon; thread-safe."""
         self._outbox.append((queue, item))
+        self.flush()
+
+    def post_later(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        """Put ``item`` on ``queue`` at the next :meth:`flush` (or :meth:`post`); thread-safe."""
+        self._outbox.append((queue, item))
+
+    def flush(self) -> None:
+        """Have the loop take everything posted so far (one callback, none when nothing waits or
+        one is due already); thread-safe."""
+        if not self._outbox:
+            return
         with self._lock:
             if self._scheduled:
                 return  # the due _deliver takes this item

@@ -76,3 +76,13 @@ def test_cancel_stops_within_one_step(parts):
     out, finish = run(parts, PROMPTS[:2], params, cancel_after=3)
     assert finish == ["cancelled", "cancelled"]
     assert all(len(o) <= 4 for o in out)  # cancelled after token 3; at most the step in flight
+
+
+def test_spinning_changes_no_number(parts):
+    """``spinning=False`` (serve's ``--intra-op-spinning false``) only changes how ONNX Runtime's threads
+    wait: the same tokens as the default, at 2 threads."""
+    info, _, tok = parts
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
+    spin = OnnxDecoder(info.onnx_path, info.config, 2)
+    still = OnnxDecoder(info.onnx_path, info.config, 2, spinning=False)
+    assert run((info, still, tok), PROMPTS, params)[0] == run((info, spin, tok), PROMPTS, params)[0]
