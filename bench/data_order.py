@@ -81,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     doc = read_toml(args.config)
     data, train = doc["data"], doc["train"]
-    meta = load_meta(args.shards_dir)
+    meta = load_meta(args.shards_dir).to_dict()
     tok = load_tokenizer(args.tokenizer_dir)
     files = expand_inputs(data["inputs"])
     names, ends = {}, {}

@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--tokenizer-dir", default="runs/demo/tokenizer")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    meta = load_meta(args.shards_dir)
+    meta = load_meta(args.shards_dir).to_dict()
     cfg = json.loads(json.dumps(meta))  # val_fraction and seed of the split
     names, ends = file_boundaries(
         load_tokenizer(args.tokenizer_dir),

@@ -163,7 +163,7 @@ def heldout_items(
 
     meta = load_meta(shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     out = []
-    for lang in sorted(meta["languages"]):
+    for lang in sorted(meta.languages):
         tokens = []
         for shard in open_checked_shards(shards_dir, lang, "val"):
             tokens.append(np.asarray(shard[: heldout_tokens - sum(map(len, tokens))], dtype=np.int64))

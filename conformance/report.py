@@ -14,19 +14,21 @@ Owner of the report layout (CONTRACTS.md "Conformance report"). report.json::
 
 Non-finite numbers are written as the strings "inf", "-inf", "nan" (strict JSON).
 
-    python -c "import json; r = json.load(open('runs/demo/export/conformance/report.json')); print(r['passed'])"
+    python -c "from prodip.conformance.report import read_report; print(read_report('runs/demo/export/conformance').passed)"
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import StrictBool
 
 from prodip.base.config import dump_toml, to_dict, write_text_atomic
+from prodip.base.records import Record
 from prodip.conformance.tolerances import bound_change
 
 COLUMNS = [  # (header, metric key, format)
@@ -278,6 +280,42 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+REPORT_FILE = "report.json"
+FORMAT_VERSION = 1
+
+
+class ConformanceReport(Record):
+    """``report.json`` (format_version 1; layout in the module docstring). Written by :func:`write_report`
+    only; read by :func:`read_report`. The fields every reader needs are typed; the rest (checkpoint,
+    tolerances, config, versions, model, inputs, reference, global, chat, runtimes, candidates, ...) follow
+    in the order the suite writes them."""
+
+    FILE: ClassVar[str] = REPORT_FILE
+    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
+    READS: ClassVar[tuple[int, ...]] = (FORMAT_VERSION,)
+    MAKER: ClassVar[str] = "`prodip conformance EXPORT_DIR`"
+    ALLOW_NAN: ClassVar[bool] = False  # non-finite numbers are written as strings (:func:`_clean`)
+
+    entry: str | None = None
+    passed: StrictBool
+    variants: dict[str, StrictBool]
+    export_dir: str | None = None
+    #: sha256 of the export's manifest.json before the verdict was written
+    export_manifest_sha256: str | None = None
+    #: ``prodip.base.manifest.files_table_sha256`` of the files table measured
+    export_files_sha256: str
+
+
+def read_report(path: str | os.PathLike) -> ConformanceReport:
+    """A conformance ``report.json`` (a path to the file, or to the folder holding it) as a record.
+
+    Raises:
+        FileNotFoundError: no report. ValueError: not a conformance report (file and field named).
+    """
+    path = Path(path)
+    return ConformanceReport.read(path / REPORT_FILE if path.is_dir() else path)
+
+
 def write_report(report: dict[str, Any], out_dir: str | os.PathLike, cfg: Any = None) -> dict[str, Any]:
     """Write ``report.json``, ``report.md`` (and the resolved ``config.toml``) atomically.
 
@@ -286,13 +324,14 @@ def write_report(report: dict[str, Any], out_dir: str | os.PathLike, cfg: Any = 
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_clean(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    write_text_atomic(out / "report.json", text)
+    record = ConformanceReport.from_dict(_clean(report), out / REPORT_FILE)
+    text = record.to_json()
+    record.write(out / REPORT_FILE)
     write_text_atomic(out / "report.md", render_markdown(report))
     if cfg is not None:
         write_text_atomic(out / "config.toml", dump_toml({"conformance": to_dict(cfg)}))
     return {
-        "json": out / "report.json",
+        "json": out / REPORT_FILE,
         "md": out / "report.md",
         "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
     }

@@ -9,9 +9,10 @@ import logging
 from pathlib import Path
 
 from prodip.base.errors import StageFailed
-from prodip.base.files import file_sha256, read_json_or_none
-from prodip.base.manifest import MANIFEST_FILE, files_table_sha256, verdict_is_current
+from prodip.base.files import file_sha256
+from prodip.base.manifest import MANIFEST_FILE, ExportManifest, files_table_sha256, verdict_is_current
 from prodip.base.stage import Plan, Stage, made_from
+from prodip.conformance.report import REPORT_FILE, ConformanceReport
 from prodip.conformance.suite import run_conformance
 
 log = logging.getLogger(__name__)
@@ -22,27 +23,27 @@ def conformance_done(plan: Plan) -> bool:
     ``export_files_sha256`` is the sha256 of the manifest's files table now), checked every variant
     the manifest lists, and is the report the export's verdict names (``report_sha256``): a report
     left from an earlier export, or one of a subset run, is not complete."""
-    manifest = read_json_or_none(Path(plan["export"].out) / MANIFEST_FILE) or {}
-    report_path = Path(plan["conformance"].out) / "report.json"
-    report = read_json_or_none(report_path)
-    if not report or not manifest.get("files"):
+    manifest = ExportManifest.read_or_none(Path(plan["export"].out) / MANIFEST_FILE)
+    report_path = Path(plan["conformance"].out) / REPORT_FILE
+    report = ConformanceReport.read_or_none(report_path)
+    if report is None or manifest is None or not manifest.files:
         return False
     try:
         report_sha = file_sha256(report_path)
-    except OSError:
+        verdict = manifest.verdict()
+    except (OSError, ValueError):
         return False
-    verdict = manifest.get("conformance") or {}
-    if not made_from(
+    if verdict is None or not made_from(
         str(report_path),
-        {"export files table": report.get("export_files_sha256") or "?", "report": verdict.get("report_sha256") or "?"},
-        {"export files table": files_table_sha256(manifest["files"]), "report": report_sha},
+        {"export files table": report.export_files_sha256, "report": verdict.report_sha256 or "?"},
+        {"export files table": files_table_sha256(manifest.files_table()), "report": report_sha},
     ):
         return False
-    unchecked = sorted(set(manifest.get("variants") or {}) - set(report.get("variants") or {}))
+    unchecked = sorted(set(manifest.variants) - set(report.variants))
     if unchecked:
         log.warning("%s did not check variant(s) %s of the export; checking again", report_path, ", ".join(unchecked))
         return False
-    return bool(report.get("passed")) and bool(verdict.get("passed")) and verdict_is_current(manifest)
+    return report.passed and verdict.passed and verdict_is_current(manifest.to_dict())
 
 
 def conformance_run(plan: Plan) -> None:

@@ -47,6 +47,7 @@ from prodip.export.core import require_checkpoint_tokenizer
 from prodip.export.hf import tokenizer_config_differences
 from prodip.train.checkpoint import load_model
 from prodip.train.config import ModelConfig
+from prodip.train.records import EvalReport
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -550,7 +551,7 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
     manifest = read_manifest(export_dir)
     eval_report = None
     if cfg.eval_json and Path(cfg.eval_json).is_file():
-        eval_report = json.loads(Path(cfg.eval_json).read_text(encoding="utf-8"))
+        eval_report = EvalReport.read(cfg.eval_json).to_dict()
     elif cfg.eval_json:
         logger.warning("conformance: %s not found; the card has no random-twin comparison", cfg.eval_json)
     quality = card.quality_rows(report, manifest, eval_report)

@@ -48,6 +48,7 @@ from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
 from prodip.tokenizer.portable import require_portable
 from prodip.train.checkpoint import TOKENIZER_SUBDIR, TRAINER_STATE_FILE, load_model, resolve_checkpoint
+from prodip.train.records import TrainerState
 
 logger = logging.getLogger("export")
 
@@ -517,7 +518,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             f"the checkpoint being exported. Choose another --out"
         )
     model, _, info = load_model(ckpt)
-    state = json.loads((Path(info["checkpoint_dir"]) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    state = TrainerState.read(Path(info["checkpoint_dir"]) / TRAINER_STATE_FILE)
     resolve_graph(cfg.onnx_graph, model.config)  # --onnx-graph contrib on a shape it cannot run: before any work
     source = {
         "path": str(Path(info["checkpoint_dir"]).resolve()),
@@ -530,7 +531,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         tokenizer_dir=Path(info["tokenizer_dir"]),
         source_checkpoint=source,
         tokenizer_sha256=info["tokenizer_sha256"],
-        data_card=state.get("data_card"),
+        data_card=state.data_card,
         tokenizer_info=_read_train_info(Path(info["tokenizer_dir"])),
     )
 

@@ -38,7 +38,7 @@ from prodip.base.config import (
 from prodip.base.errors import MissingInput, OutputExists
 from prodip.base.files import read_json_or_none
 from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
-from prodip.base.stage import Stage, made_from
+from prodip.base.stage import STAGE_TIMES_FILE, Stage, StageTimes, made_from
 from prodip.conformance.stage import STAGES as _CONFORMANCE
 from prodip.export.stage import STAGES as _EXPORT
 from prodip.serve.stage import STAGES as _SERVE
@@ -342,21 +342,6 @@ def _run_stage(stage: Stage, name: str, plan: dict[str, Any], run: RunConfig, ou
     return stage.done(plan)
 
 
-def _add_time(times: dict[str, dict], name: str, seconds: float, finished: bool) -> None:
-    """Add one invocation's wall time to ``stage_times.json``'s entry for ``name`` (in place).
-
-    Time of invocations that did not complete the stage (paused, interrupted, failed) is carried
-    into the next one; a stage run again after it completed starts over.
-    """
-    prev = times.get(name, {})
-    resumed = not prev.get("complete", True)
-    times[name] = {
-        "seconds": (float(prev.get("seconds", 0.0)) if resumed else 0.0) + seconds,
-        "complete": finished,
-        "invocations": (int(prev.get("invocations", 0)) if resumed else 0) + 1,
-    }
-
-
 def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
     """Run every configured stage of the pipeline described by ``config_path``.
 
@@ -384,11 +369,8 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     write_text_atomic(out_dir / RUN_MARKER, json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
     write_text_atomic(out_dir / "config.toml", dump_toml(resolved))
 
-    times_path = out_dir / "stage_times.json"  # wall time per stage, summed over invocations
-    try:
-        times = json.loads(times_path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        times = {}
+    times_path = out_dir / STAGE_TIMES_FILE  # wall time per stage, summed over invocations
+    times = StageTimes.read_or_none(times_path) or StageTimes(format_version=StageTimes.FORMAT_VERSION)
     timings: dict[str, float] = {}
     wanted = [s for s in ORDER if s in run.stages]
     for i, name in enumerate(wanted, 1):
@@ -407,8 +389,8 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
             finished = _run_stage(stage, name, plan, run, out_dir)
         finally:
             timings[name] = time.perf_counter() - t0
-            _add_time(times, name, timings[name], finished)
-            write_text_atomic(times_path, json.dumps(times, indent=2) + "\n")
+            times.add(name, timings[name], finished)
+            times.write(times_path)
         if not finished:  # e.g. training stopped at max_steps_this_run
             print(
                 f"[{i}/{len(wanted)}] {name}: stopped before completion after {timings[name]:.1f} s; "
@@ -418,7 +400,7 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
             return {"ok": False, "paused_at": name}
         _stamp_corpus(out_dir, plan, name)
         print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
-    summary = print_summary(plan, out_dir, timings, {k: v for k, v in times.items() if k in run.stages})
+    summary = print_summary(plan, out_dir, timings, {k: v for k, v in times.stages.items() if k in run.stages})
     write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
     return summary
 

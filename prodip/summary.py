@@ -14,6 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from prodip.base.files import read_json_or_none
+from prodip.base.manifest import MANIFEST_FILE, ExportManifest
+from prodip.base.records import Record
+from prodip.base.stage import StageTime
+from prodip.conformance.report import REPORT_FILE, ConformanceReport
+from prodip.tokenizer.audit import read_fertility_or_none
+from prodip.train.records import SFT_EVAL_FILE, EvalReport, SftEvalReport
+
+
+def _as_dict(record: Record | None) -> dict[str, Any] | None:
+    return None if record is None else record.to_dict()
 
 
 def _rule(title: str) -> str:
@@ -33,12 +43,13 @@ def summarise(plan: dict, out_dir: Path) -> dict[str, Any]:
     tok_dir = Path(plan["tokenizer"].out_dir)
     export_dir = Path(plan["export"].out)
     summary: dict[str, Any] = {"format_version": 1, "out_dir": str(out_dir)}
-    summary["fertility"] = read_json_or_none(tok_dir / "fertility.json")
-    summary["eval"] = read_json_or_none(Path(plan["eval"].out))
+    summary["fertility"] = _as_dict(read_fertility_or_none(tok_dir))
+    summary["eval"] = _as_dict(EvalReport.read_or_none(plan["eval"].out))
     sft = plan.get("sft")
-    summary["sft"] = read_json_or_none(Path(sft.out_dir) / "sft_eval.json") if sft is not None and sft.inputs else None
-    summary["export_manifest"] = read_json_or_none(export_dir / "manifest.json")
-    summary["conformance"] = read_json_or_none(Path(plan["conformance"].out) / "report.json")
+    sft_eval = SftEvalReport.read_or_none(Path(sft.out_dir) / SFT_EVAL_FILE) if sft is not None and sft.inputs else None
+    summary["sft"] = _as_dict(sft_eval)
+    summary["export_manifest"] = _as_dict(ExportManifest.read_or_none(export_dir / MANIFEST_FILE))
+    summary["conformance"] = _as_dict(ConformanceReport.read_or_none(Path(plan["conformance"].out) / REPORT_FILE))
     summary["completions"] = read_json_or_none(out_dir / "completions.json")
     return summary
 
@@ -157,7 +168,7 @@ def _parity_rows(parity: dict) -> tuple[list[str], list[list[Any]]]:
 
 
 def print_summary(
-    plan: dict, out_dir: Path, timings: dict[str, float], stage_times: dict[str, dict] | None = None
+    plan: dict, out_dir: Path, timings: dict[str, float], stage_times: dict[str, StageTime] | None = None
 ) -> dict[str, Any]:
     """Print the run's summary table to stdout and return it as a dict (with an ``ok`` verdict)."""
     s = summarise(plan, out_dir)
@@ -225,14 +236,15 @@ def print_summary(
                 print(f"       no reply: HTTP {e['status']} {e.get('code') or ''}: {e['message']}".rstrip())
             else:
                 print(f"       assistant: {c['reply'].replace(chr(10), ' ⏎ ')}")
-    shown = {n: t["seconds"] for n, t in (stage_times or {}).items()} or dict(timings)
+    times = stage_times or {}
+    shown = {n: float(t.seconds) for n, t in times.items()} or dict(timings)
     if shown:
         print(_rule("stage wall time (seconds; * = an earlier invocation)"))
         names = [n for n in _STAGE_ORDER if n in shown] + [n for n in shown if n not in _STAGE_ORDER]
-        earlier = {n for n in names if n not in timings or (stage_times or {}).get(n, {}).get("invocations", 1) > 1}
+        earlier = {n for n in names if n not in timings or (n in times and times[n].invocations > 1)}
         print(_table(["stage", "seconds"], [[n + ("*" if n in earlier else ""), f"{shown[n]:.1f}"] for n in names]))
     s["timings_s"] = timings
-    s["stage_times"] = stage_times or {}
+    s["stage_times"] = {n: t.model_dump() for n, t in times.items()}
     s["ok"] = not problems
     s["problems"] = problems
     print(_rule("verdict"))

@@ -157,7 +157,7 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
     fert = json.loads((run / "tokenizer" / "fertility.json").read_text())
     assert fert["gate"]["passed"] and set(fert["languages"]) == {"bn", "en"}
 
-    meta = load_meta(run / "shards", expected_tokenizer_sha256=tokenizer_sha256(run / "tokenizer"))
+    meta = load_meta(run / "shards", expected_tokenizer_sha256=tokenizer_sha256(run / "tokenizer")).to_dict()
     for lang in ("bn", "en"):
         for split in ("train", "val"):
             tokens = read_shard(shard_paths(run / "shards", lang, split)[0])
@@ -208,7 +208,7 @@ def test_rerun_skips_completed_stages_and_refuses_another_config(tiny_run, tmp_p
     again = _prodip("run", str(config), "--stages", "tokenizer,data,train,eval,export,conformance")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already complete, skipped") == 6
-    times = json.loads((run / "stage_times.json").read_text())
+    times = json.loads((run / "stage_times.json").read_text())["stages"]
     assert set(times) == {"tokenizer", "data", "train", "eval", "export", "conformance", "serve"}
     assert all(t["complete"] and t["seconds"] > 0 for t in times.values())
     assert "train*" in again.stdout  # the summary shows earlier invocations' times, marked
@@ -428,10 +428,10 @@ def test_stage_times_count_interrupted_invocations(tmp_path, monkeypatch):
     )
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_pipeline(str(cfg))
-    first = json.loads((tmp_path / "run" / "stage_times.json").read_text())["tokenizer"]
+    first = json.loads((tmp_path / "run" / "stage_times.json").read_text())["stages"]["tokenizer"]
     assert first["complete"] is False and first["invocations"] == 1
     pipeline.run_pipeline(str(cfg))
-    second = json.loads((tmp_path / "run" / "stage_times.json").read_text())["tokenizer"]
+    second = json.loads((tmp_path / "run" / "stage_times.json").read_text())["stages"]["tokenizer"]
     assert second["complete"] is True and second["invocations"] == 2 and second["seconds"] >= first["seconds"]
 
 

@@ -25,14 +25,15 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import regex
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from prodip.base.config import from_dict, opt, read_toml
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.files import writing
+from prodip.base.records import Number, Record
 from prodip.tokenizer.bpe import (
     FORMAT_VERSION,
     RESERVED_TOKENS,
@@ -46,6 +47,54 @@ from prodip.tokenizer.parity import format_parity, run_parity
 
 log = logging.getLogger(__name__)
 FERTILITY_NAME = "fertility.json"
+
+
+class FertilityGate(BaseModel):
+    """``fertility.json`` ``gate``: the minimum characters per token per language, and the verdict."""
+
+    model_config = ConfigDict(extra="allow")
+
+    min_chars_per_token: dict[str, Number] = Field(default_factory=dict)
+    passed: StrictBool
+    failures: list[str] = Field(default_factory=list)
+
+
+class FertilityReport(Record):
+    """A tokenizer dir's ``fertility.json``: the audit (format_version 1, the tokenizer dir's version).
+    Written by :func:`run_audit` (``prodip tokenizer audit``), read by :func:`read_fertility`."""
+
+    FILE: ClassVar[str] = FERTILITY_NAME
+    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
+    READS: ClassVar[tuple[int, ...]] = (FORMAT_VERSION,)
+    MAKER: ClassVar[str] = "`prodip tokenizer audit`"
+
+    tokenizer_sha256: str
+    vocab_size: StrictInt
+    created_utc: str | None = None
+    config: dict[str, Any] | None = None
+    #: language -> figures (:func:`measure`)
+    languages: dict[str, dict[str, Any]]
+    #: ``train_info.json``'s ``sources`` (absent in audits made before sources were recorded)
+    training_sources: list[dict[str, Any]] | None = None
+    gate: FertilityGate
+    sample: dict[str, Any] | None = None
+    sample_warnings: list[str] = Field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+    parity: dict[str, Any] | None = None
+
+
+def read_fertility(tokenizer_dir: str | os.PathLike) -> FertilityReport:
+    """``tokenizer_dir/fertility.json`` as a record.
+
+    Raises:
+        FileNotFoundError: never audited. ValueError: not a fertility report (file and field named).
+    """
+    return FertilityReport.read(Path(tokenizer_dir) / FERTILITY_NAME)
+
+
+def read_fertility_or_none(tokenizer_dir: str | os.PathLike) -> FertilityReport | None:
+    """:func:`read_fertility`, or None when missing or unreadable (done-checks, the coverage warning)."""
+    return FertilityReport.read_or_none(Path(tokenizer_dir) / FERTILITY_NAME)
 
 
 @dataclass
@@ -417,12 +466,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             "tokenizer_sha256": tokenizer_sha256(base_dir),
             "languages": measure_languages(base, docs),
         }
-    path = tok_dir / FERTILITY_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    with writing(path):
-        tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    return report
+    record = FertilityReport.from_dict(report, tok_dir / FERTILITY_NAME)
+    record.write(tok_dir / FERTILITY_NAME)
+    return record.to_dict()
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -478,12 +524,12 @@ def check_gate(tokenizer_dir: str | os.PathLike, *, force: bool = False, require
             raise InvalidInput(f"{path}: tokenizer was never audited; {fix}")
         log.warning("%s: tokenizer not audited (no fertility gate applied)", tokenizer_dir)
         return None
-    report = json.loads(path.read_text(encoding="utf-8"))
-    if report.get("tokenizer_sha256") != tokenizer_sha256(tokenizer_dir):
+    report = read_fertility(tokenizer_dir)
+    if report.tokenizer_sha256 != tokenizer_sha256(tokenizer_dir):
         raise InvalidInput(f"{path}: audits a different tokenizer.json (stale audit); {fix}")
-    if not report["gate"]["passed"]:
-        message = f"{tokenizer_dir}: tokenizer failed its fertility audit: " + "; ".join(report["gate"]["failures"])
+    if not report.gate.passed:
+        message = f"{tokenizer_dir}: tokenizer failed its fertility audit: " + "; ".join(report.gate.failures)
         if not force:
             raise InvalidInput(message + " (retrain the tokenizer, or force to train anyway)")
         log.warning("%s (forced)", message)
-    return report
+    return report.to_dict()

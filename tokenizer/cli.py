@@ -75,15 +75,15 @@ def _audit(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     out = prepare_shards(_cfg(args))
     meta = load_meta(out)
-    for lang, info in meta["languages"].items():
-        n = {s: sum(e["n_tokens"] for e in info[s]) for s in ("train", "val")}
+    for lang, info in meta.languages.items():
+        n = {s: sum(e.n_tokens for e in info.split(s)) for s in ("train", "val")}
         print(
-            f"{lang}: {n['train']:,} train + {n['val']:,} val tokens from {info['documents']['train']} + "
-            f"{info['documents']['val']} documents ({info['bytes'] / 1e6:.2f} MB)"
+            f"{lang}: {n['train']:,} train + {n['val']:,} val tokens from {info.documents.get('train', 0)} + "
+            f"{info.documents.get('val', 0)} documents ({info.bytes / 1e6:.2f} MB)"
         )
     print(
-        f"shards written to {out} at {meta['mb_per_s']:.2f} MB/s"
-        + (f"; skipped {meta['skipped_bytes']} undecodable bytes" if meta["skipped_bytes"] else "")
+        f"shards written to {out} at {meta.mb_per_s or 0:.2f} MB/s"
+        + (f"; skipped {meta.skipped_bytes} undecodable bytes" if meta.skipped_bytes else "")
     )
     return 0
 

@@ -19,7 +19,6 @@ Neither stops the encode (the shards are valid); both are logged and kept in met
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import unicodedata
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from prodip.tokenizer import shards
+from prodip.tokenizer.audit import read_fertility_or_none
 from prodip.tokenizer.corpus import iter_language
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,8 @@ def text_tokens(shards_dir: Path, entries: dict[str, list[dict]]) -> int:
 
 
 def _gate(tokenizer_dir: str | Path) -> dict[str, float]:
-    try:
-        report = json.loads((Path(tokenizer_dir) / "fertility.json").read_text(encoding="utf-8"))
-        return {k: float(v) for k, v in report["gate"]["min_chars_per_token"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    report = read_fertility_or_none(tokenizer_dir)
+    return {} if report is None else {k: float(v) for k, v in report.gate.min_chars_per_token.items()}
 
 
 def _unseen_letters(sample: str, known: set[str]) -> tuple[float, str]:

@@ -21,12 +21,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256_cached, writing
+from prodip.base.records import Number, Record
 
 MAGIC = 20240520
 HEADER_INTS = 256
@@ -137,24 +139,83 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
 
 
+class ShardEntry(BaseModel):
+    """One shard of a language's split in ``meta.json``: its file (relative to the shards dir), tokens,
+    largest id and sha256 (the last two absent in shards written before checksums existed)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    file: str
+    n_tokens: StrictInt
+    max_id: StrictInt | None = None
+    sha256: str | None = None
+
+
+class LanguageShards(BaseModel):
+    """A language's shards and counts in ``meta.json`` ``languages[lang]``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    train: list[ShardEntry] = Field(default_factory=list)
+    val: list[ShardEntry] = Field(default_factory=list)
+    #: documents per split
+    documents: dict[str, int] = Field(default_factory=dict)
+    chars: StrictInt = 0
+    bytes: StrictInt = 0
+    skipped_bytes: StrictInt = 0
+
+    def split(self, split: str) -> list[ShardEntry]:
+        """The shards of ``split`` (``train`` | ``val``)."""
+        return self.train if split == "train" else self.val
+
+
+class ShardsMeta(Record):
+    """A shards dir's ``meta.json`` (format_version 2; version 1, documents without ``<|bos|>``, is not
+    read). Written by :func:`write_meta` (``prodip data prepare``), read by :func:`load_meta`."""
+
+    FILE: ClassVar[str] = META_NAME
+    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
+    READS: ClassVar[tuple[int, ...]] = (FORMAT_VERSION,)
+    MAKER: ClassVar[str] = f"`{_PRODUCER}`"
+    REFUSED: ClassVar[dict[int, str]] = {
+        1: f"version 1 stored documents without <|bos|>; each is now {DOCUMENT_LAYOUT}"
+    }
+
+    tokenizer_sha256: str
+    vocab_size: StrictInt
+    token_dtype: str
+    bos_id: StrictInt
+    eos_id: StrictInt
+    pad_id: StrictInt | None = None
+    document_layout: str | None = None
+    val_fraction: Number | None = None
+    seed: StrictInt | None = None
+    languages: dict[str, LanguageShards]
+    #: each input's source record with its documents, characters and tokens (``prodip.base.sources``)
+    sources: list[dict[str, Any]] = Field(default_factory=list)
+    skipped_bytes: StrictInt = 0
+    skipped_where: list[Any] = Field(default_factory=list)
+    skipped_files: list[str] = Field(default_factory=list)
+    encode_s: Number | None = None
+    mb_per_s: Number | None = None
+    language_warnings: list[str] = Field(default_factory=list)
+    split_warnings: list[str] = Field(default_factory=list)
+
+
 def write_meta(shards_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
-    """Write ``meta.json`` atomically, adding ``format_version`` and each shard's ``sha256`` and ``max_id``.
+    """Write ``meta.json`` atomically (:class:`ShardsMeta`), adding ``format_version`` and each shard's
+    ``sha256`` and ``max_id``.
 
     Raises:
-        ValueError: a shard holds an id >= ``meta["vocab_size"]`` (named).
+        ValueError: a shard holds an id >= ``meta["vocab_size"]`` (named), or ``meta`` is not a
+            :class:`ShardsMeta` (field named).
     """
     add_checksums(shards_dir, meta)
     path = Path(shards_dir) / META_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    with writing(path):
-        tmp.write_text(
-            json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, ensure_ascii=False) + "\n",
-            encoding="utf-8",
-        )
-        os.replace(tmp, path)
+    ShardsMeta.from_dict({"format_version": FORMAT_VERSION, **meta}, path).write(path)
 
 
-def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | None = None) -> dict[str, Any]:
+def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | None = None) -> ShardsMeta:
     """Read and check a shards dir's ``meta.json``.
 
     Args:
@@ -163,35 +224,29 @@ def load_meta(shards_dir: str | os.PathLike, expected_tokenizer_sha256: str | No
             with (``prodip.tokenizer.bpe.tokenizer_sha256(dir)``); a different hash is refused.
 
     Returns:
-        the meta dict: ``{format_version, tokenizer_sha256, vocab_size, token_dtype, bos_id, eos_id, pad_id,
-        document_layout, languages: {lang: {train: [{file, n_tokens}], val: [...]}}, ...}``.
+        the :class:`ShardsMeta` record.
 
     Raises:
         FileNotFoundError: no ``meta.json``.
-        ValueError: wrong ``format_version``, missing keys, or tokenizer hash mismatch.
+        ValueError: a ``format_version`` other than 2 (version and layout named), a missing or mistyped
+            field (named), or a tokenizer hash mismatch.
     """
     path = Path(shards_dir) / META_NAME
     if not path.is_file():
         raise MissingInput(f"{path}: not found; {shards_dir} is not a shards dir (make one with `{_PRODUCER}`)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise InvalidInput(f"{path}: not valid JSON ({err})") from None
-    if meta.get("format_version") != FORMAT_VERSION:
+    meta = ShardsMeta.read(path)
+    if expected_tokenizer_sha256 is not None and meta.tokenizer_sha256 != expected_tokenizer_sha256:
         raise InvalidInput(
-            f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION} (each document "
-            f"{DOCUMENT_LAYOUT}); re-run `{_PRODUCER}`"
-        )
-    for key in ("tokenizer_sha256", "vocab_size", "token_dtype", "bos_id", "eos_id", "languages"):
-        if key not in meta:
-            raise InvalidInput(f"{path}: missing key {key!r}")
-    if expected_tokenizer_sha256 is not None and meta["tokenizer_sha256"] != expected_tokenizer_sha256:
-        raise InvalidInput(
-            f"{path}: shards were encoded with tokenizer sha256 {meta['tokenizer_sha256'][:16]}…, but this run "
+            f"{path}: shards were encoded with tokenizer sha256 {meta.tokenizer_sha256[:16]}…, but this run "
             f"uses tokenizer sha256 {expected_tokenizer_sha256[:16]}…; re-encode with `{_PRODUCER}` using the "
             "run's tokenizer dir"
         )
     return meta
+
+
+def read_meta_or_none(shards_dir: str | os.PathLike) -> ShardsMeta | None:
+    """``meta.json`` as a record, or None when it is missing or unreadable (for done-checks)."""
+    return ShardsMeta.read_or_none(Path(shards_dir) / META_NAME)
 
 
 def shard_paths(shards_dir: str | os.PathLike, lang: str, split: str) -> list[Path]:
@@ -202,12 +257,12 @@ def shard_paths(shards_dir: str | os.PathLike, lang: str, split: str) -> list[Pa
         FileNotFoundError: meta.json or a listed shard is missing.
     """
     meta = load_meta(shards_dir)
-    langs = meta["languages"]
+    langs = meta.languages
     if lang not in langs:
         raise InvalidInput(f"{shards_dir}: no language {lang!r} in meta.json (has {', '.join(sorted(langs))})")
     if split not in SPLITS:
         raise InvalidInput(f"split must be one of {SPLITS}, got {split!r}")
-    paths = [Path(shards_dir) / entry["file"] for entry in langs[lang].get(split, [])]
+    paths = [Path(shards_dir) / entry.file for entry in langs[lang].split(split)]
     for p in paths:
         if not p.is_file():
             raise MissingInput(f"{p}: listed in {shards_dir}/meta.json but missing; re-run `{_PRODUCER}`")
@@ -256,22 +311,22 @@ def open_checked_shards(shards_dir: str | os.PathLike, lang: str, split: str) ->
     """
     meta = load_meta(shards_dir)
     paths = shard_paths(shards_dir, lang, split)
-    entries = meta["languages"][lang].get(split, [])
+    entries = meta.languages[lang].split(split)
     arrays = []
     for path, entry in zip(paths, entries):
         tokens = read_shard(path)
-        if "sha256" in entry:
+        if entry.sha256 is not None:
             actual = file_sha256_cached(path)
-            if actual != entry["sha256"]:
+            if actual != entry.sha256:
                 raise InvalidInput(
-                    f"{path}: sha256 {actual[:16]}… differs from {entry['sha256'][:16]}… in "
+                    f"{path}: sha256 {actual[:16]}… differs from {entry.sha256[:16]}… in "
                     f"{Path(shards_dir) / META_NAME} (the shard changed after it was written); re-run `{_PRODUCER}`"
                 )
-            max_id = int(entry["max_id"])
+            max_id = int(entry.max_id if entry.max_id is not None else -1)
         else:
             _warn_unchecked(shards_dir)
             max_id = int(tokens.max()) if len(tokens) else -1
-        _check_max_id(path, max_id, meta["vocab_size"])
+        _check_max_id(path, max_id, meta.vocab_size)
         arrays.append(tokens)
     return arrays
 
@@ -296,8 +351,8 @@ def _main(argv: list[str]) -> int:
         print("usage: python -m prodip.tokenizer.shards SHARDS_DIR", file=sys.stderr)
         return 2
     meta = load_meta(argv[0])
-    print(json.dumps({k: v for k, v in meta.items() if k != "languages"}, indent=2))
-    for lang in meta["languages"]:
+    print(json.dumps({k: v for k, v in meta.to_dict().items() if k != "languages"}, indent=2, ensure_ascii=False))
+    for lang in meta.languages:
         for split in SPLITS:
             n = sum(int(read_shard(p).shape[0]) for p in shard_paths(argv[0], lang, split))
             print(f"{lang:>6} {split:>5}: {n:>12,d} tokens")

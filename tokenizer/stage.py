@@ -9,15 +9,14 @@ import dataclasses
 from pathlib import Path
 
 from prodip.base.errors import StageFailed
-from prodip.base.files import read_json_or_none
 from prodip.base.stage import Plan, Stage, made_from
-from prodip.tokenizer import audit, bpe, encode
+from prodip.tokenizer import audit, bpe, encode, shards
 
 
 def tokenizer_done(plan: Plan) -> bool:
     """Trained, audited and through the fertility gate (``fertility.json`` says passed)."""
-    fert = read_json_or_none(Path(plan["tokenizer"].out_dir) / "fertility.json")
-    return bool(fert and fert.get("gate", {}).get("passed"))
+    fert = audit.read_fertility_or_none(plan["tokenizer"].out_dir)
+    return fert is not None and fert.gate.passed
 
 
 def tokenizer_run(plan: Plan) -> None:
@@ -35,26 +34,26 @@ def tokenizer_run(plan: Plan) -> None:
         raise StageFailed(
             "tokenizer fertility gate failed: "
             + "; ".join(report["gate"]["failures"])
-            + f" (see {Path(plan['tokenizer'].out_dir) / 'fertility.json'})"
+            + f" (see {Path(plan['tokenizer'].out_dir) / audit.FERTILITY_NAME})"
         )
 
 
 def data_done(plan: Plan) -> bool:
     """Shards exist and were encoded with the current tokenizer (``meta.json`` names its sha256)."""
-    meta = read_json_or_none(Path(plan["data"].out_dir) / "meta.json")
+    meta = shards.read_meta_or_none(plan["data"].out_dir)
     try:
         current = bpe.tokenizer_sha256(plan["data"].tokenizer_dir)
     except (FileNotFoundError, ValueError):
         return False
-    return bool(meta) and made_from(
-        plan["data"].out_dir, {"tokenizer": meta.get("tokenizer_sha256") or "?"}, {"tokenizer": current}
+    return meta is not None and made_from(
+        plan["data"].out_dir, {"tokenizer": meta.tokenizer_sha256}, {"tokenizer": current}
     )
 
 
 def data_run(plan: Plan) -> None:
     """Encode the corpus into shards (replacing shards of an earlier tokenizer of this run)."""
     cfg = plan["data"]
-    stale = (Path(cfg.out_dir) / "meta.json").exists()
+    stale = (Path(cfg.out_dir) / shards.META_NAME).exists()
     encode.prepare_shards(dataclasses.replace(cfg, overwrite=True) if stale else cfg)
 
 

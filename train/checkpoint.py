@@ -40,6 +40,7 @@ from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, writing
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
+from prodip.train.records import CHECKPOINT_MANIFEST_FILE, TRAINER_STATE_FILE, CheckpointManifest, TrainerState
 from prodip.train.safetensors_stream import write_safetensors
 
 FORMAT_VERSION = 1
@@ -50,8 +51,7 @@ CONFIG_FILE = "config.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_DCP_DIR = "optimizer"  # FSDP2 runs: sharded AdamW state, torch.distributed.checkpoint format
 RNG_FILE = "rng.safetensors"
-TRAINER_STATE_FILE = "trainer_state.json"
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = CHECKPOINT_MANIFEST_FILE
 TOKENIZER_SUBDIR = "tokenizer"
 TIED_KEY, TIED_ALIAS = "model.embed_tokens.weight", "lm_head.weight"
 _PREFIXES = ("_orig_mod.", "module.")  # torch.compile and DDP wrappers
@@ -383,13 +383,14 @@ def write_snapshot(
             "data_state": data_state,
             **(extra_state or {}),
         }
-        for rel, data in ((CONFIG_FILE, model_config.to_dict()), (TRAINER_STATE_FILE, state)):
-            _write_json(tmp / rel, data)
+        _write_json(tmp / CONFIG_FILE, model_config.to_dict())
+        TrainerState.from_dict(state, root / name / TRAINER_STATE_FILE).write(tmp / TRAINER_STATE_FILE)
         for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
             rel = path.relative_to(tmp).as_posix()
             if rel not in files:  # small files: json, tokenizer copy
                 files[rel] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-        _write_json(tmp / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "files": dict(sorted(files.items()))})
+        listed = {"format_version": FORMAT_VERSION, "files": dict(sorted(files.items()))}
+        CheckpointManifest.from_dict(listed, root / name / MANIFEST_FILE).write(tmp / MANIFEST_FILE)
         for rel in (CONFIG_FILE, TRAINER_STATE_FILE, MANIFEST_FILE):
             with open(tmp / rel, "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -453,7 +454,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
-def verify_manifest(ckpt_dir: Path) -> dict[str, Any]:
+def verify_manifest(ckpt_dir: Path) -> CheckpointManifest:
     """Check every file listed in ``manifest.json`` (bytes + sha256) and that no file is unlisted.
 
     Raises:
@@ -461,19 +462,17 @@ def verify_manifest(ckpt_dir: Path) -> dict[str, Any]:
         FileNotFoundError: the manifest or a listed file is missing.
     """
     mpath = ckpt_dir / MANIFEST_FILE
-    manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise InvalidInput(f"{mpath}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
-    files = manifest["files"]
+    manifest = CheckpointManifest.read(mpath)
+    files = manifest.files
     for rel, meta in files.items():
         path = ckpt_dir / rel
         if not path.is_file():
             raise MissingInput(f"{path}: listed in {mpath} but missing")
-        if path.stat().st_size != meta["bytes"]:
+        if path.stat().st_size != meta.bytes:
             raise InvalidInput(
-                f"{path}: {path.stat().st_size} bytes, manifest says {meta['bytes']} (truncated or tampered)"
+                f"{path}: {path.stat().st_size} bytes, manifest says {meta.bytes} (truncated or tampered)"
             )
-        if file_sha256(path) != meta["sha256"]:
+        if file_sha256(path) != meta.sha256:
             raise InvalidInput(f"{path}: sha256 differs from {mpath} (tampered or corrupted)")
     for path in ckpt_dir.rglob("*"):
         rel = path.relative_to(ckpt_dir).as_posix()
@@ -516,12 +515,12 @@ def load_model(
     ckpt = resolve_checkpoint(path)
     manifest = verify_manifest(ckpt)
     config = ModelConfig.load(ckpt / CONFIG_FILE)
-    state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    state = TrainerState.read(ckpt / TRAINER_STATE_FILE)
     tok_sha = file_sha256(ckpt / TOKENIZER_SUBDIR / "tokenizer.json")
-    if state.get("tokenizer_sha256") != tok_sha:
+    if state.tokenizer_sha256 != tok_sha:
         raise InvalidInput(
             f"{ckpt / TOKENIZER_SUBDIR}: tokenizer.json sha256 {tok_sha[:12]} differs from "
-            f"{TRAINER_STATE_FILE}'s {str(state.get('tokenizer_sha256'))[:12]}"
+            f"{TRAINER_STATE_FILE}'s {state.tokenizer_sha256[:12]}"
         )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -535,8 +534,8 @@ def load_model(
     model.load_state_dict(tensors, strict=True)
     model.eval()
     info = {
-        "step": state["step"],
-        "model_sha256": manifest["files"][MODEL_FILE]["sha256"],
+        "step": state.step,
+        "model_sha256": manifest.files[MODEL_FILE].sha256,
         "tokenizer_dir": ckpt / TOKENIZER_SUBDIR,
         "tokenizer_sha256": tok_sha,
         "checkpoint_dir": ckpt,
@@ -586,7 +585,7 @@ def load_training_state(
         cuda = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
         if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-    state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    state = TrainerState.read(ckpt / TRAINER_STATE_FILE).to_dict()
     state["checkpoint_dir"] = str(ckpt)
     return state
 

@@ -140,9 +140,9 @@ class MixtureBatches:
             raise InvalidInput(f"data order must be one of {ORDERS}, got {order!r}")
         self.order = order
         self.meta = load_meta(shards_dir, expected_tokenizer_sha256=expected_tokenizer_sha256)
-        known = self.meta["languages"]
+        known = self.meta.languages
         if not mixture:
-            mixture = {lang: float(sum(e["n_tokens"] for e in v.get(split, []))) for lang, v in known.items()}
+            mixture = {lang: float(sum(e.n_tokens for e in v.split(split))) for lang, v in known.items()}
         unknown = sorted(set(mixture) - set(known))
         if unknown:
             raise InvalidInput(

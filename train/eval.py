@@ -26,7 +26,6 @@ Results go to ``eval.json`` (in the run dir, or ``--out``) and are printed as a 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -42,18 +41,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from prodip.base.config import opt, write_text_atomic
+from prodip.base.config import opt
 from prodip.base.errors import InvalidInput
 from prodip.tokenizer.bpe import load_tokenizer
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train.checkpoint import load_model
 from prodip.train.mc import read_mc, score_mc
 from prodip.train.model import LlamaForCausalLM
+from prodip.train.records import EVAL_FILE, EvalReport
 
 log = logging.getLogger("prodip.eval")
 
 FORMAT_VERSION = 1
-EVAL_FILE = "eval.json"
 LN2 = math.log(2.0)
 
 
@@ -206,21 +205,21 @@ def _eval_languages(
     """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
 
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
-    if meta["vocab_size"] > vocab_size:
+    if meta.vocab_size > vocab_size:
         raise InvalidInput(
-            f"{cfg.shards_dir}/meta.json: vocab_size {meta['vocab_size']} exceeds the model's "
+            f"{cfg.shards_dir}/meta.json: vocab_size {meta.vocab_size} exceeds the model's "
             f"{vocab_size}; these shards are not for this checkpoint"
         )
-    langs = list(cfg.languages) or sorted(meta["languages"])
-    unknown = [lang for lang in langs if lang not in meta["languages"]]
+    langs = list(cfg.languages) or sorted(meta.languages)
+    unknown = [lang for lang in langs if lang not in meta.languages]
     if unknown:
         raise InvalidInput(
             f"EvalConfig.languages: {unknown} not in {cfg.shards_dir}/meta.json "
-            f"(has {', '.join(sorted(meta['languages']))})"
+            f"(has {', '.join(sorted(meta.languages))})"
         )
     results, skipped = {}, {}
     for lang in langs:
-        if not cfg.languages and not any(e["n_tokens"] for e in meta["languages"][lang].get("val", [])):
+        if not cfg.languages and not any(e.n_tokens for e in meta.languages[lang].val):
             log.warning("%s: language %r has no validation tokens; skipped", cfg.shards_dir, lang)
             skipped[lang] = "no validation tokens"
             continue
@@ -319,7 +318,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         }
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    EvalReport.from_dict(result, out).write(out)
     return result
 
 

@@ -16,7 +16,6 @@ to rank 0; the AdamW state is saved sharded, each rank writing its own shard, wi
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from torch.distributed.fsdp import fully_shard
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.train import checkpoint
 from prodip.train.config import ModelConfig
+from prodip.train.records import TrainerState
 
 
 def shard_model(model: torch.nn.Module, device: torch.device) -> None:
@@ -152,6 +152,6 @@ def load_training_state(
     if restore_rng:
         rng = load_file(str(ckpt / checkpoint.RNG_FILE))
         torch.set_rng_state(rng["torch_cpu"])
-    out: dict[str, Any] = json.loads((ckpt / checkpoint.TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    out: dict[str, Any] = TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).to_dict()
     out["checkpoint_dir"] = str(ckpt)
     return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -39,13 +38,14 @@ from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_tokenizer
 from prodip.tokenizer.corpus import expand_inputs
 from prodip.train import chat, checkpoint, distributed, init
 from prodip.train.config import ModelConfig
+from prodip.train.records import SFT_EVAL_FILE, SftEvalReport, TrainerState
 from prodip.train.schedule import SCHEDULES
 from prodip.train.trainer import TrainConfig, _Run
 
 log = logging.getLogger("prodip.sft")
 
 FORMAT_VERSION = 1
-EVAL_FILE = "sft_eval.json"
+EVAL_FILE = SFT_EVAL_FILE  # the name other modules import from here
 
 
 @dataclass(frozen=True)
@@ -294,10 +294,8 @@ class _SFTRun(_Run):
 
     def _write_eval(self, update: dict[str, Any]) -> None:
         path = self.run_dir / EVAL_FILE
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            doc = {}
+        earlier = SftEvalReport.read_or_none(path)
+        doc = earlier.to_dict() if earlier is not None else {}
         doc.update(update)
         doc.update(
             format_version=FORMAT_VERSION,
@@ -308,7 +306,7 @@ class _SFTRun(_Run):
             train_conversations=len(self.train_examples),
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(_finite(doc), indent=2, ensure_ascii=False) + "\n")
+        SftEvalReport.from_dict(_finite(doc), path).write(path)
 
     def execute(self) -> dict[str, Any]:
         result = super().execute()
@@ -316,7 +314,7 @@ class _SFTRun(_Run):
             after = self._assistant_eval()
             self._write_eval({"after": after, "step": self.step, "model_sha256": _latest_sha(self.run_dir)})
             for lang, a in after.items():
-                b = json.loads((self.run_dir / EVAL_FILE).read_text(encoding="utf-8")).get("before", {}).get(lang, {})
+                b = SftEvalReport.read(self.run_dir / EVAL_FILE).before.get(lang, {})
                 log.info(
                     "%s held-out assistant-token loss %.3f -> %.3f nats/token (%.3f -> %.3f bits/char)",
                     lang,
@@ -344,8 +342,7 @@ def _base_sources(init_from: str | Path) -> list[dict[str, Any]]:
         ckpt = checkpoint.resolve_checkpoint(init_from)
     except (FileNotFoundError, ValueError):
         return []
-    state = json.loads((ckpt / checkpoint.TRAINER_STATE_FILE).read_text(encoding="utf-8"))
-    card = state.get("data_card") or {}
+    card = TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).data_card or {}
     seen = card.get("tokens_seen_by_source", {})
     return [{**s, "stage": "pretraining", "tokens_seen": seen.get(s["name"])} for s in card.get("sources", [])]
 
@@ -412,8 +409,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
 
 def sft_done(cfg: SFTConfig) -> bool:
     """The newest checkpoint reached ``steps`` and ``sft_eval.json`` scores it (after)."""
-    try:
-        doc = json.loads((Path(cfg.out_dir) / EVAL_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    doc = SftEvalReport.read_or_none(Path(cfg.out_dir) / EVAL_FILE)
+    if doc is None or doc.step is None:
         return False
-    return doc.get("step", -1) >= cfg.steps and doc.get("model_sha256") == _latest_sha(Path(cfg.out_dir))
+    return doc.step >= cfg.steps and doc.model_sha256 == _latest_sha(Path(cfg.out_dir))

@@ -7,17 +7,17 @@ python -c "from prodip.train.stage import STAGES; print([s.name for s in STAGES]
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from prodip.base.errors import StageFailed
-from prodip.base.files import file_sha256_cached, read_json_or_none
+from prodip.base.files import file_sha256_cached
 from prodip.base.stage import Plan, Stage, made_from
 from prodip.tokenizer.shards import meta_sha256
 from prodip.train import checkpoint, sft, trainer
 from prodip.train import eval as evaluation
+from prodip.train.records import TRAINER_STATE_FILE, EvalReport, SftEvalReport, TrainerState
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,10 @@ def _train_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any], Path] | N
         ckpt = checkpoint.resolve_checkpoint(plan["train"].out_dir)
     except (FileNotFoundError, ValueError):
         return None
-    state = read_json_or_none(ckpt / "trainer_state.json") or {}
+    state = TrainerState.read_or_none(ckpt / TRAINER_STATE_FILE)
     recorded = {
-        "tokenizer": state.get("tokenizer_sha256"),
-        "shards": (state.get("data_state") or {}).get("shards_meta_sha256"),
+        "tokenizer": state.tokenizer_sha256 if state is not None else None,
+        "shards": state.shards_meta_sha256 if state is not None else None,
     }
     try:
         tok = file_sha256_cached(Path(plan["train"].tokenizer_dir) / "tokenizer.json")
@@ -57,11 +57,11 @@ def train_done(plan: Plan) -> bool:
         return False
     recorded, current, ckpt = inputs
     try:
-        state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+        state = TrainerState.read(ckpt / TRAINER_STATE_FILE)
     except (OSError, ValueError) as err:  # damaged: training resumes, and names what is wrong
-        log.warning("%s: unreadable trainer_state.json (%s); the checkpoint is not complete", ckpt, err)
+        log.warning("%s: unreadable %s (%s); the checkpoint is not complete", ckpt, TRAINER_STATE_FILE, err)
         return False
-    return int(state["step"]) >= plan["train"].steps and made_from(str(ckpt), recorded, current)
+    return state.step >= plan["train"].steps and made_from(str(ckpt), recorded, current)
 
 
 def train_run(plan: Plan) -> None:
@@ -89,13 +89,10 @@ def train_run(plan: Plan) -> None:
 
 def eval_done(plan: Plan) -> bool:
     """``eval.json`` exists, scores the newest checkpoint, and read the current shards."""
-    ev = read_json_or_none(Path(plan["eval"].out))
-    if not ev:
+    ev = EvalReport.read_or_none(plan["eval"].out)
+    if ev is None:
         return False
-    recorded = {
-        "checkpoint": ev.get("checkpoint", {}).get("model_sha256") or "?",
-        "shards": ev.get("shards_meta_sha256"),
-    }
+    recorded = {"checkpoint": ev.checkpoint.model_sha256, "shards": ev.shards_meta_sha256}
     current = {"checkpoint": latest_model_sha256(plan["train"].out_dir), "shards": meta_sha256(plan["eval"].shards_dir)}
     return made_from(plan["eval"].out, recorded, current)
 
@@ -108,8 +105,11 @@ def eval_run(plan: Plan) -> None:
 def _sft_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
     """(recorded, current) hashes of what the fine-tuning run read: the starting weights and the conversations."""
     cfg = plan["sft"]
-    doc = read_json_or_none(Path(cfg.out_dir) / sft.EVAL_FILE) or {}
-    recorded = {"init": doc.get("init_model_sha256"), "conversations": doc.get("inputs_sha256")}
+    doc = SftEvalReport.read_or_none(Path(cfg.out_dir) / sft.EVAL_FILE)
+    recorded = {
+        "init": doc.init_model_sha256 if doc is not None else None,
+        "conversations": doc.inputs_sha256 if doc is not None else None,
+    }
     return recorded, {"init": sft.source_sha256(cfg.init_from), "conversations": sft.inputs_sha256(cfg.inputs)}
 
 

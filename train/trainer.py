@@ -31,7 +31,7 @@ from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import raise_for_room
 from prodip.tokenizer.audit import check_gate
-from prodip.tokenizer.shards import load_meta, meta_sha256
+from prodip.tokenizer.shards import ShardsMeta, load_meta, meta_sha256
 from prodip.train import attention, checkpoint, determinism, distributed, fsdp, guards, init
 from prodip.train.config import ModelConfig
 from prodip.train.data import ORDERS, MixtureBatches, val_batches
@@ -249,7 +249,7 @@ def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dty
     return torch.bfloat16
 
 
-def _check_inputs(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[str, dict]:
+def _check_inputs(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[str, ShardsMeta]:
     """Tokenizer gate, shard/tokenizer hash and vocab checks. Returns (tokenizer sha256, meta)."""
 
     tok_json = Path(cfg.tokenizer_dir) / "tokenizer.json"
@@ -452,10 +452,10 @@ class _Run:
         """Check the inputs; set ``tok_sha``, ``init`` (``--init-from``) and the final ``model_cfg``."""
         self.tok_sha, meta = _check_inputs(self.cfg, self.model_cfg)
         self.shards_meta_sha256 = meta_sha256(self.cfg.shards_dir)  # recorded in each checkpoint (train_done)
-        self.sources = meta.get("sources", [])  # the shards' source records, for the model card
+        self.sources = meta.sources  # the shards' source records, for the model card
         self.init = self._init_source() if self.cfg.init_from else None
         # the one place the model's vocabulary meets the tokenizer's (shards are tied to the tokenizer by sha256)
-        self.model_cfg = self.model_cfg.with_vocab_size(meta["vocab_size"], source=f"{self.cfg.shards_dir}/meta.json")
+        self.model_cfg = self.model_cfg.with_vocab_size(meta.vocab_size, source=f"{self.cfg.shards_dir}/meta.json")
 
     def _make_data(self):
         """The training batches: ``next_batch()``, ``state_dict()``, ``load_state_dict()``, ``langs``."""

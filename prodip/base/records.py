@@ -11,7 +11,8 @@ verdict, conformance's ``report.json``, ``prodip run``'s ``stage_times.json``) i
   ``dict[str, Any]``;
 - ``FORMAT_VERSION`` (what :meth:`Record.write` writes), ``READS`` (the versions :meth:`Record.read`
   accepts: an old layout still read is listed here), ``MAKER`` (the command that makes the file, for
-  the error message) and the JSON layout (``INDENT``, ``ENSURE_ASCII``, ``TRAILING_NEWLINE``);
+  the error message), ``REFUSED`` (old versions no longer read, and why) and the JSON layout (``INDENT``,
+  ``ENSURE_ASCII``, ``SORT_KEYS``, ``TRAILING_NEWLINE``);
 - exactly one writer, :meth:`Record.write` (temporary file + fsync + rename, a full disk named by
   :func:`prodip.base.files.writing`), and one reader, :meth:`Record.read` (and :meth:`Record.read_or_none`
   for done-checks, where a missing or damaged artifact means "not done").
@@ -75,9 +76,14 @@ class Record(BaseModel):
     READS: ClassVar[tuple[int, ...]] = (1,)
     #: the command that makes the file, named when it is missing, unreadable or of another version
     MAKER: ClassVar[str] = ""
+    #: old versions no longer read -> why (said when one is found)
+    REFUSED: ClassVar[dict[int, str]] = {}
     #: JSON layout of the file (kept as the writer wrote it before records existed)
     INDENT: ClassVar[int | None] = 2
     ENSURE_ASCII: ClassVar[bool] = False
+    SORT_KEYS: ClassVar[bool] = False
+    #: False: NaN and infinities are refused on writing (strict JSON)
+    ALLOW_NAN: ClassVar[bool] = True
     TRAILING_NEWLINE: ClassVar[bool] = True
 
     format_version: StrictInt
@@ -105,9 +111,10 @@ class Record(BaseModel):
         version = data.get("format_version")
         if type(version) is not int or version not in cls.READS:
             reads = ", ".join(str(v) for v in cls.READS)
+            why = cls.REFUSED.get(version) if type(version) is int else None
             raise RecordError(
                 f"{where}: format_version {version!r} is not one this prodip reads (reads {reads}; "
-                f"writes {cls.FORMAT_VERSION}){cls._fix()}"
+                f"writes {cls.FORMAT_VERSION}){f': {why}' if why else ''}{cls._fix()}"
             )
         try:
             return cls.model_validate(data)
@@ -155,8 +162,14 @@ class Record(BaseModel):
         return out
 
     def to_json(self) -> str:
-        """The file's text (layout: the class's ``INDENT``, ``ENSURE_ASCII``, ``TRAILING_NEWLINE``)."""
-        text = json.dumps(self.to_dict(), indent=self.INDENT, ensure_ascii=self.ENSURE_ASCII)
+        """The file's text (layout: the class's ``INDENT``, ``ENSURE_ASCII``, ``SORT_KEYS``, ``TRAILING_NEWLINE``)."""
+        text = json.dumps(
+            self.to_dict(),
+            indent=self.INDENT,
+            ensure_ascii=self.ENSURE_ASCII,
+            sort_keys=self.SORT_KEYS,
+            allow_nan=self.ALLOW_NAN,
+        )
         return text + "\n" if self.TRAILING_NEWLINE else text
 
     def write(self, path: str | os.PathLike[str]) -> Path:

@@ -17,12 +17,19 @@ table's config dataclass instance.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from prodip.base.records import Number, Record
 
 Plan = dict[str, Any]
 log = logging.getLogger("prodip.run")
+STAGE_TIMES_FILE = "stage_times.json"
+_T = TypeVar("_T", bound="StageTimes")
 
 
 @dataclass(frozen=True)
@@ -84,3 +91,50 @@ def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) 
             )
             return False
     return True
+
+
+class StageTime(BaseModel):
+    """One stage's wall time in ``stage_times.json``, summed over the invocations that made it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    #: wall seconds, summed over the invocations since the stage last completed
+    seconds: Number
+    complete: StrictBool
+    invocations: StrictInt
+
+
+class StageTimes(Record):
+    """``OUT_DIR/stage_times.json``: wall time per stage (written by ``prodip run``, shown by its summary).
+
+    format_version 1 is ``{format_version, stages: {name: {seconds, complete, invocations}}}``; files
+    written before records existed hold the ``stages`` table alone (no ``format_version``) and still read.
+    """
+
+    FILE: ClassVar[str] = STAGE_TIMES_FILE
+    MAKER: ClassVar[str] = "`prodip run`"
+
+    stages: dict[str, StageTime] = Field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls: type[_T], data: Any, source: str | os.PathLike[str] | None = None) -> _T:
+        """:meth:`Record.from_dict`, reading the unversioned layout (a bare ``{name: {...}}`` table) too."""
+        if isinstance(data, dict) and "format_version" not in data and "stages" not in data:
+            data = {"format_version": 1, "stages": data}
+        return super().from_dict(data, source)
+
+    def add(self, name: str, seconds: float, finished: bool) -> None:
+        """Add one invocation's wall time to ``name``'s entry.
+
+        Time of invocations that did not complete the stage (paused, interrupted, failed) is carried
+        into the next one; a stage run again after it completed starts over.
+        """
+        prev = self.stages.get(name)
+        resumed = prev is not None and not prev.complete
+        carried = prev if resumed and prev is not None else StageTime(seconds=0.0, complete=True, invocations=0)
+        self.stages = {
+            **self.stages,
+            name: StageTime(
+                seconds=float(carried.seconds) + seconds, complete=finished, invocations=carried.invocations + 1
+            ),
+        }

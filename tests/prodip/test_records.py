@@ -147,3 +147,153 @@ def test_verdict_parse_and_serve_problem():
         Verdict.parse({"passed": True, "variants": {"fp32": "yes"}})
     with pytest.raises(ValueError, match=r"is list, not an object"):
         Verdict.parse([])
+
+
+def _artifact_examples():
+    """(record class, a minimal file as its writer lays it out, a required field) for every artifact."""
+    from prodip.base.stage import StageTimes
+    from prodip.conformance.report import ConformanceReport
+    from prodip.tokenizer.audit import FertilityReport
+    from prodip.tokenizer.shards import ShardsMeta
+    from prodip.train.records import CheckpointManifest, EvalReport, SftEvalReport, TrainerState
+
+    shard = {"file": "bn/train_000000.bin", "n_tokens": 5, "max_id": 9, "sha256": "a" * 64}
+    return [
+        (
+            ShardsMeta,
+            {
+                "format_version": 2,
+                "tokenizer_sha256": "a" * 64,
+                "vocab_size": 512,
+                "token_dtype": "uint16",
+                "bos_id": 1,
+                "eos_id": 2,
+                "languages": {"bn": {"train": [shard], "val": [], "documents": {"train": 1, "val": 0}}},
+                "sources": [{"name": "ক", "tokens": 5}],
+            },
+            "vocab_size",
+        ),
+        (
+            FertilityReport,
+            {
+                "format_version": 1,
+                "tokenizer_sha256": "a" * 64,
+                "vocab_size": 512,
+                "languages": {"bn": {"chars_per_token": 3.5}},
+                "gate": {"min_chars_per_token": {"bn": 2}, "passed": True, "failures": []},
+            },
+            "gate",
+        ),
+        (
+            TrainerState,
+            {
+                "data_card": {"sources": []},
+                "data_state": {"shards_meta_sha256": "b" * 64},
+                "format_version": 1,
+                "numpy_rng": [1, 2],
+                "step": 3,
+                "tokenizer_sha256": "a" * 64,
+                "tokens_seen": 96,
+                "train_config": {"lr": 0.001},
+            },
+            "step",
+        ),
+        (
+            CheckpointManifest,
+            {"files": {"model.safetensors": {"bytes": 1, "sha256": "c" * 64}}, "format_version": 1},
+            "files",
+        ),
+        (
+            EvalReport,
+            {
+                "format_version": 1,
+                "checkpoint": {"path": "/r/step_3", "step": 3, "model_sha256": "d" * 64},
+                "shards_meta_sha256": "b" * 64,
+                "languages": {"bn": {"trained": {"bits_per_char": 2.5}}},
+                "mc": None,
+                "elapsed_s": 1,
+            },
+            "checkpoint",
+        ),
+        (
+            SftEvalReport,
+            {"format_version": 1, "init_from": "runs/x", "before": {"bn": {"bits_per_char": 5.5}}, "step": 4},
+            "format_version",
+        ),
+        (
+            ConformanceReport,
+            {
+                "format_version": 1,
+                "entry": "conformance.run_conformance",
+                "passed": True,
+                "variants": {"fp32": True},
+                "export_files_sha256": "e" * 64,
+                "candidates": {"fp32": {"max_abs_logit": "inf"}},
+            },
+            "variants",
+        ),
+        (
+            StageTimes,
+            {"format_version": 1, "stages": {"train": {"seconds": 1.5, "complete": True, "invocations": 1}}},
+            "format_version",  # no required field besides: an empty table is a run that timed nothing yet
+        ),
+    ]
+
+
+def _text(cls, data):
+    return json.dumps(data, indent=cls.INDENT, ensure_ascii=cls.ENSURE_ASCII, sort_keys=cls.SORT_KEYS) + "\n"
+
+
+def test_every_artifact_record_round_trips_byte_for_byte(tmp_path):
+    for cls, data, _ in _artifact_examples():
+        path = tmp_path / cls.FILE
+        path.write_text(_text(cls, data), encoding="utf-8")
+        record = cls.read(path)
+        record.write(tmp_path / "again.json")
+        assert (tmp_path / "again.json").read_text(encoding="utf-8") == _text(cls, data), cls.__name__
+
+
+def test_every_artifact_record_refuses_another_version_and_names_a_missing_field(tmp_path):
+    for cls, data, required in _artifact_examples():
+        path = tmp_path / cls.FILE
+        newer = max(cls.READS) + 1
+        path.write_text(json.dumps({**data, "format_version": newer}))
+        with pytest.raises(RecordError) as err:
+            cls.read(path)
+        reads = ", ".join(map(str, cls.READS))
+        assert f"{path}: format_version {newer} is not one this prodip reads (reads {reads}" in str(err.value)
+        assert cls.MAKER and cls.MAKER in str(err.value)
+        if required == "format_version":
+            continue
+        path.write_text(json.dumps({k: v for k, v in data.items() if k != required}))
+        with pytest.raises(RecordError, match=rf"{cls.FILE}: field '{required}': field required"):
+            cls.read(path)
+
+
+def test_mistyped_nested_fields_are_named_with_their_path(tmp_path):
+    from prodip.tokenizer.shards import ShardsMeta
+
+    cls, data, _ = _artifact_examples()[0]
+    assert cls is ShardsMeta
+    data["languages"]["bn"]["train"][0]["n_tokens"] = "five"
+    path = tmp_path / "meta.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"meta.json: field 'languages.bn.train.0.n_tokens'.*\(got 'five'\)"):
+        ShardsMeta.read(path)
+
+
+def test_stage_times_written_before_records_still_read(tmp_path):
+    from prodip.base.stage import StageTimes
+
+    path = tmp_path / "stage_times.json"
+    path.write_text(json.dumps({"tokenizer": {"seconds": 2.0, "complete": False, "invocations": 1}}))
+    times = StageTimes.read(path)
+    assert times.format_version == 1 and times.stages["tokenizer"].complete is False
+    times.add("tokenizer", 3.0, True)  # the interrupted invocation's time is carried
+    times.add("train", 1.0, False)
+    assert (times.stages["tokenizer"].seconds, times.stages["tokenizer"].invocations) == (5.0, 2)
+    times.write(path)
+    again = StageTimes.read(path)
+    assert json.loads(path.read_text())["format_version"] == 1 and again.stages == times.stages
+    times.add("tokenizer", 1.0, True)  # run again after completing: starts over
+    assert (times.stages["tokenizer"].seconds, times.stages["tokenizer"].invocations) == (1.0, 1)

@@ -41,14 +41,25 @@ def _export_with_report(plan: dict, files: dict, variants: list[str], checked: l
     exp = Path(plan["export"].out)
     report_dir = Path(plan["conformance"].out)
     report_dir.mkdir(parents=True)
-    report = {"passed": True, "variants": dict.fromkeys(checked, True), "export_files_sha256": files_sha}
+    report = {
+        "format_version": 1,
+        "passed": True,
+        "variants": dict.fromkeys(checked, True),
+        "export_files_sha256": files_sha,
+    }
     (report_dir / "report.json").write_text(json.dumps(report))
     verdict = {
         "passed": set(checked) >= set(variants),
         "export_files_sha256": files_sha,
         "report_sha256": file_sha256(report_dir / "report.json"),
     }
-    manifest = {"files": files, "variants": dict.fromkeys(variants, {}), "conformance": verdict}
+    manifest = {
+        "format_version": 1,
+        "source_checkpoint": {},
+        "files": files,
+        "variants": dict.fromkeys(variants, {}),
+        "conformance": verdict,
+    }
     (exp / "manifest.json").write_text(json.dumps(manifest))
     return exp
 
@@ -84,7 +95,12 @@ def test_conformance_report_of_a_subset_or_another_verdict(tmp_path, caplog):
     report = Path(plan["conformance"].out) / "report.json"
     report.write_text(
         json.dumps(
-            {"passed": True, "variants": {"fp32": True, "q8_0": True}, "export_files_sha256": files_table_sha256(MORE)}
+            {
+                "format_version": 1,
+                "passed": True,
+                "variants": {"fp32": True, "q8_0": True},
+                "export_files_sha256": files_table_sha256(MORE),
+            }
         )
     )
     assert not conformance_done(plan)  # the verdict in the manifest names another report
@@ -124,7 +140,8 @@ def test_train_and_eval_are_tied_to_their_shards(tmp_path, caplog):
     eval_json.write_text(
         json.dumps(
             {
-                "checkpoint": {"model_sha256": file_sha256(ckpt / "model.safetensors")},
+                "format_version": 1,
+                "checkpoint": {"path": str(ckpt), "step": 10, "model_sha256": file_sha256(ckpt / "model.safetensors")},
                 "shards_meta_sha256": file_sha256(Path(plan["eval"].shards_dir) / "meta.json"),
             }
         )

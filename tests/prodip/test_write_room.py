@@ -89,7 +89,8 @@ def test_conformance_report(tmp_path):
     from prodip.conformance.report import write_report
 
     with pytest.raises(WriteFailed) as info, file_size_limit(256):
-        write_report({"verdict": "pass", "rows": ["x" * 64] * 20}, tmp_path)
+        report = {"format_version": 1, "passed": True, "variants": {}, "export_files_sha256": "0" * 64}
+        write_report({**report, "rows": ["x" * 64] * 20}, tmp_path)
     assert str(tmp_path / "report.json") in str(info.value)
 
 

@@ -112,7 +112,17 @@ def test_check_gate_stale_and_unaudited(tmp_path):
     assert check_gate(d) is None
     with pytest.raises(ValueError, match="never audited"):
         check_gate(d, require_audit=True)
-    (d / "fertility.json").write_text(json.dumps({"tokenizer_sha256": "0" * 64, "gate": {"passed": True}}))
+    (d / "fertility.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "tokenizer_sha256": "0" * 64,
+                "vocab_size": 300,
+                "languages": {},
+                "gate": {"passed": True},
+            }
+        )
+    )
     with pytest.raises(ValueError, match="stale"):
         check_gate(d)
 

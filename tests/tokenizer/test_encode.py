@@ -40,7 +40,7 @@ def _docs(tok, shards_dir, lang, split):
 
 def test_shards_hold_exactly_the_documents(corpus, tok_dir, tmp_path):
     out = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "shards"))
-    meta = load_meta(out, expected_tokenizer_sha256=tokenizer_sha256(tok_dir))
+    meta = load_meta(out, expected_tokenizer_sha256=tokenizer_sha256(tok_dir)).to_dict()
     assert meta["token_dtype"] == "uint16" and meta["vocab_size"] == 1024
     assert (meta["bos_id"], meta["eos_id"], meta["document_layout"]) == (1, 2, "<|bos|> ids <|eos|>")
     tok = load_tokenizer(tok_dir)
@@ -84,7 +84,7 @@ def test_bad_input_leaves_nothing(corpus, tok_dir, tmp_path):
         prepare_shards(cfg)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp*"))
     out = prepare_shards(DataPrepareConfig(**{**cfg.__dict__, "errors": "skip"}))
-    meta = load_meta(out)
+    meta = load_meta(out).to_dict()
     assert meta["skipped_bytes"] == 1 and "x.txt@12" in meta["skipped_where"][0]
     with pytest.raises(FileExistsError, match="already holds shards"):
         prepare_shards(cfg)
@@ -163,7 +163,7 @@ def test_a_byte_order_mark_is_not_text(tmp_path, name):
 def test_a_split_share_far_from_val_fraction_is_warned(corpus, tok_dir, tmp_path, caplog):
     """Few long .txt documents: the validation split can hold several times val_fraction of the text, said."""
     few = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "few", doc_chars=20000, val_fraction=0.05))
-    meta = load_meta(few)
+    meta = load_meta(few).to_dict()
     for lang, entry in meta["languages"].items():
         n = {s: sum(e["n_tokens"] for e in entry[s]) for s in ("train", "val")}
         share = n["val"] / (n["train"] + n["val"])
@@ -174,4 +174,4 @@ def test_a_split_share_far_from_val_fraction_is_warned(corpus, tok_dir, tmp_path
             assert f"holds {share:.1%} of the tokens, not val_fraction 5.0%" in warned[0] and warned[0] in caplog.text
     assert meta["split_warnings"], "the 60k-character corpus in 20k-character documents should be far off 5%"
     many = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "many", doc_chars=300, val_fraction=0.1))
-    assert load_meta(many)["split_warnings"] == []
+    assert load_meta(many).to_dict()["split_warnings"] == []

@@ -80,7 +80,7 @@ def test_repeated_language_key_merges_inputs(corpus, tok_dir, tmp_path, capsys):
     argv = ["data", "prepare", "--tokenizer-dir", str(tok_dir), "--out-dir", str(out), "--progress", "false"]
     argv += ["--inputs", f"en={corpus['en']},en={extra}"]
     assert prodip_main(argv) == 0
-    en = load_meta(out)["languages"]["en"]
+    en = load_meta(out).to_dict()["languages"]["en"]
     assert en["chars"] > 50_000  # the folder's 60k characters and the extra document
     with pytest.raises(SystemExit):  # argparse: exit 2 naming the flag
         prodip_main(["train", "--mixture", "bn=0.5,bn=0.5", "--steps", "1"])
@@ -95,7 +95,8 @@ def test_prepare_warns_for_an_unseen_script_and_low_chars_per_token(corpus, tok_
     audited = tmp_path / "tok"
     shutil.copytree(tok_dir, audited)
     gate = {"passed": True, "failures": [], "min_chars_per_token": {"bn": 2.0, "en": 2.0}}
-    (audited / "fertility.json").write_text(json.dumps({"format_version": 1, "gate": gate}))
+    audit = {"format_version": 1, "tokenizer_sha256": "0" * 64, "vocab_size": 1024, "languages": {}, "gate": gate}
+    (audited / "fertility.json").write_text(json.dumps(audit))
     cfg = DataPrepareConfig(
         tokenizer_dir=str(audited),
         inputs={"en": [str(corpus["en"])], "hi": [str(hi)]},
@@ -104,7 +105,7 @@ def test_prepare_warns_for_an_unseen_script_and_low_chars_per_token(corpus, tok_
     )
     with caplog.at_level(logging.WARNING):
         prepare_shards(cfg)
-    warnings = load_meta(tmp_path / "shards")["language_warnings"]
+    warnings = load_meta(tmp_path / "shards").to_dict()["language_warnings"]
     assert any(w.startswith("hi: ") and "chars/token, below" in w for w in warnings), warnings
     assert any(w.startswith("hi: ") and "Devanagari script" in w for w in warnings), warnings
     assert not any(w.startswith("en: ") for w in warnings)

@@ -192,7 +192,7 @@ def test_meta_json_counts_characters_and_tokens_per_source(corpus, tok_dir, tmp_
         include_unknown_license=["q.jsonl"],
         progress=False,
     )
-    meta = load_meta(prepare_shards(cfg))
+    meta = load_meta(prepare_shards(cfg)).to_dict()
     by = {s["name"]: s for s in meta["sources"]}
     assert set(by) == {"majantali-site", "gutenberg-pride-and-prejudice", "q.jsonl"}
     assert by["q.jsonl"]["included_by_choice"] and by["q.jsonl"]["license"] == "unknown"

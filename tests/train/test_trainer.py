@@ -164,6 +164,8 @@ def test_failed_tokenizer_gate_refused_unless_forced(tmp_path, tiny_tokenizer_di
             {
                 "format_version": 1,
                 "tokenizer_sha256": tokenizer_sha256(tok),
+                "vocab_size": 512,
+                "languages": {},
                 "gate": {"passed": False, "failures": ["bn: 1.2 chars/token < 2.0"]},
             }
         )
