@@ -9,6 +9,8 @@ stage; nothing here imports a stage, the pipeline driver or the command line. On
 - :mod:`prodip.base.layout`: where each artifact of a ``prodip run`` lives under its ``out_dir``.
 - :mod:`prodip.base.variants`: the export variants (names, files, formats, dtypes).
 - :mod:`prodip.base.onnx_io`: the ONNX decoder's input and output names.
+- :mod:`prodip.base.records`: the one pattern of typed artifact records (format_version, one atomic
+  writer, one validating reader).
 - :mod:`prodip.base.manifest`: the export dir's ``manifest.json`` and its conformance verdict.
 - :mod:`prodip.base.stage`: the record each stage gives the pipeline driver.
 
