@@ -26,7 +26,14 @@ _OPTIONS = [  # (flag, env var, ConformanceConfig field, help)
     ("--shards-dir", "PRODIP_SHARDS_DIR", "shards_dir", "shards dir for held-out text (required: bpc_delta_max)"),
     ("--conformance-threads", "PRODIP_CONFORMANCE_THREADS", "threads", "CPU threads (0 = default)"),
     ("--conformance-variants", "PRODIP_CONFORMANCE_VARIANTS", "variants", "comma-separated candidates (default: all)"),
+    (
+        "--conformance-runtimes",
+        "PRODIP_CONFORMANCE_RUNTIMES",
+        "runtimes",
+        "comma-separated on-device runtimes (default: all three, as `prodip conformance --runtimes`)",
+    ),
 ]
+_LISTS = ("variants", "runtimes")  # comma-separated
 SKIP_REASON = "no export dir: pass --export-dir DIR (or set PRODIP_EXPORT_DIR) to run the conformance checks"
 
 
@@ -46,7 +53,7 @@ def conformance_config(config: pytest.Config):
                 int(value)
                 if field == "threads"
                 else [v.strip() for v in value.split(",") if v.strip()]
-                if field == "variants"
+                if field in _LISTS
                 else value
             )
     if not values.get("export_dir"):

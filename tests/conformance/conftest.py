@@ -26,26 +26,58 @@ def tiny_artifacts(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.fixture
-def conf_cfg(tiny_artifacts):
-    """Factory: a ConformanceConfig for an export dir, with the tiny tolerances, the tiny shards (held-out
-    text: 192 tokens per language, two context windows) and 1 thread. No on-device runtimes by default
+def tiny_conf_cfg(tiny_artifacts: dict[str, Path], export_dir, **kw):
+    """A ConformanceConfig for an export dir, with the tiny tolerances, the tiny shards (held-out text: 192
+    tokens per language, two context windows) and 1 thread. No on-device runtimes by default
     (tests/conformance/test_runtimes.py checks them; each adds a Node and an onnxruntime-genai run)."""
     from prodip.conformance import ConformanceConfig
 
+    base = dict(
+        export_dir=str(export_dir),
+        checkpoint=str(tiny_artifacts["checkpoint"]),
+        tolerances=str(TINY_TOLERANCES),
+        threads=1,
+        greedy_tokens=24,
+        write_manifest=False,
+        shards_dir=str(tiny_artifacts["shards"]),
+        heldout_tokens=192,
+        runtimes=[],
+    )
+    base.update(kw)
+    return ConformanceConfig(**base)
+
+
+@pytest.fixture
+def conf_cfg(tiny_artifacts):
+    """Factory: ``conf_cfg(export_dir, **overrides)`` -> :func:`tiny_conf_cfg`."""
+
     def make(export_dir, **kw):
-        base = dict(
-            export_dir=str(export_dir),
-            checkpoint=str(tiny_artifacts["checkpoint"]),
-            tolerances=str(TINY_TOLERANCES),
-            threads=1,
-            greedy_tokens=24,
-            write_manifest=False,
-            shards_dir=str(tiny_artifacts["shards"]),
-            heldout_tokens=192,
-            runtimes=[],
-        )
-        base.update(kw)
-        return ConformanceConfig(**base)
+        return tiny_conf_cfg(tiny_artifacts, export_dir, **kw)
 
     return make
+
+
+#: The eval.json figures (trained model vs its random twin, Bangla) the conformed export's card shows.
+EVAL_TWIN = {
+    "trained": {"nll_nats_per_token": 2.5, "bits_per_char": 1.75},
+    "random_init": {"nll_nats_per_token": 5.9, "bits_per_char": 4.25},
+}
+
+
+@pytest.fixture(scope="session")
+def conformed_export(tiny_artifacts, tmp_path_factory) -> tuple[Path, dict]:
+    """(export, report): a copy of the tiny export after one passing ``run_conformance`` of every variant (no
+    runtimes) that wrote its report, verdict and quality card (with :data:`EVAL_TWIN` as eval.json). Shared by
+    the tests of the report, the verdict and the card (one run, ~10-20 s); a test that changes it works on a
+    copy (``prodip.conformance.faults`` plants into copies)."""
+    import json
+
+    from prodip.conformance import run_conformance
+    from prodip.conformance.faults import copy_export
+
+    root = tmp_path_factory.mktemp("conformed")
+    export = copy_export(tiny_artifacts["export"], root / "export")
+    eval_json = root / "eval.json"
+    eval_json.write_text(json.dumps({"languages": {"bn": EVAL_TWIN}}))
+    report = run_conformance(tiny_conf_cfg(tiny_artifacts, export, write_manifest=True, eval_json=str(eval_json)))
+    return export, report

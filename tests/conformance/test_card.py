@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from prodip.conformance.faults import copy_export, plant_card_figure_edited, plant_card_licence_dropped
+from prodip.conformance.faults import plant_card_figure_edited, plant_card_licence_dropped
 from tests.fixtures import DATA_CARD
 
 
@@ -58,17 +58,12 @@ def test_licence_dropped_from_one_artifact_fails(tiny_artifacts, conf_cfg, tmp_p
 
 
 @pytest.mark.slow
-def test_quality_card_comes_from_the_report_and_an_edited_figure_fails(tiny_artifacts, conf_cfg, tmp_path):
+def test_quality_card_comes_from_the_report_and_an_edited_figure_fails(conformed_export, conf_cfg, tmp_path):
     from prodip.base.manifest import read_manifest, verdict_is_current, verify_files
-    from prodip.conformance import evaluate, run_conformance
+    from prodip.conformance import evaluate
     from prodip.conformance.card import card_problems
 
-    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
-    eval_json = tmp_path / "eval.json"
-    twin = {"trained": {"nll_nats_per_token": 2.5, "bits_per_char": 1.75}}
-    twin["random_init"] = {"nll_nats_per_token": 5.9, "bits_per_char": 4.25}
-    eval_json.write_text(json.dumps({"languages": {"bn": twin}}))
-    report = run_conformance(conf_cfg(export, write_manifest=True, eval_json=str(eval_json)))
+    export, report = conformed_export  # run_conformance with write_manifest and eval.json = EVAL_TWIN
     assert report["passed"], report["global"]
     manifest = verify_files(export)
     assert verdict_is_current(manifest)  # the card written after measuring does not void the verdict
@@ -83,7 +78,7 @@ def test_quality_card_comes_from_the_report_and_an_edited_figure_fails(tiny_arti
     int4 = manifest["variants"]["int4"]
     on_disk = sum((export / f).stat().st_size for f in [int4["path"], *int4.get("external_data", [])])
     assert rows[("int4", "bn")]["bytes"] == on_disk
-    assert "| bn | 2.5000 | 1.7500 | 5.9000 | 4.2500 |" in text  # trained vs random twin, from eval.json
+    assert "| bn | 2.5000 | 1.7500 | 5.9000 | 4.2500 |" in text  # trained vs random twin, from eval.json (EVAL_TWIN)
     assert card_problems(export) == []
     bad = plant_card_figure_edited(export, tmp_path / "bad")
     assert card_problems(bad) == ["README.md: the quality card differs from the figures conformance measured"]

@@ -45,11 +45,12 @@ def contrib_export(tiny_artifacts, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def report(tiny_artifacts, contrib_export):
+def report_cfg(tiny_artifacts, contrib_export):
+    """The config of :func:`report`: every runtime on every ONNX variant of the contrib export."""
     from prodip.conformance import ConformanceConfig
     from tests.conformance.conftest import TINY_TOLERANCES
 
-    cfg = ConformanceConfig(
+    return ConformanceConfig(
         export_dir=str(contrib_export[0]),
         checkpoint=str(contrib_export[1]),
         tolerances=str(TINY_TOLERANCES),
@@ -61,7 +62,11 @@ def report(tiny_artifacts, contrib_export):
         runtimes=BOTH,
         variants=list(ONNX_VARIANTS),
     )
-    return evaluate(cfg)
+
+
+@pytest.fixture(scope="module")
+def report(report_cfg):
+    return evaluate(report_cfg)
 
 
 def test_every_runtime_reproduces_onnx_runtime_on_every_variant(report):
@@ -89,6 +94,23 @@ def test_every_runtime_reproduces_onnx_runtime_on_every_variant(report):
         assert ("max" in check["tolerance"]) and check["value"] <= check["tolerance"]["max"]
     fp32_web = report["candidates"]["fp32"]["runtimes"]["runtimes"][ORT_WEB]["logits"]
     assert fp32_web["max_abs_logit"] < 1e-3  # same fp32 file, another build of ONNX Runtime
+
+
+def test_every_planned_check_is_in_the_report(report_cfg, report):
+    """The pytest plugin names one test per planned check (``plan_checks``) before anything runs: each
+    runtime's checks, planned, are the ones the report holds (tests/conformance/test_suite.py runs the
+    plugin with one runtime). Whether they pass: test_every_runtime_reproduces_onnx_runtime_on_every_variant."""
+    from prodip.conformance.checks import find_check, plan_checks
+
+    plan = plan_checks(report_cfg)
+    for runtime in BOTH:
+        for variant in ONNX_VARIANTS:
+            assert (variant, RUNTIME_METRICS[runtime]) in plan
+    assert all((v, ORT_WEB_LOGITS_METRIC) in plan for v in ONNX_VARIANTS)
+    for candidate, metric in plan:
+        find_check(report, candidate, metric)  # KeyError: planned (a test named) but not reported
+    in_report = {(c, k["metric"]) for c, cand in report["candidates"].items() for k in cand["checks"]}
+    assert in_report == {(c, m) for c, m in plan if c != "export"}  # nothing reported that was not planned
 
 
 def test_verdict_and_markdown_name_each_runtime(report):
@@ -125,7 +147,7 @@ def test_a_runtime_that_is_not_installed_is_skipped_or_fails(tiny_artifacts, con
     assert rep["variants"]["fp32"] is False and rep["passed"] is False
 
 
-def test_an_operator_without_a_wasm_kernel_fails_naming_it(contrib_export, tiny_artifacts, conf_cfg, tmp_path):
+def test_an_operator_without_a_wasm_kernel_fails_naming_it(contrib_export, report, conf_cfg, tmp_path):
     """Planted: the int4 file with ONNX Runtime's com.microsoft.GatherBlockQuantized embedding lookup
     (what the export wrote before its lookup was lowered to standard ops). ONNX Runtime's CPU build
     runs it; onnxruntime-web's WASM build has no kernel for it: the WASM check fails and says which."""
@@ -139,9 +161,8 @@ def test_an_operator_without_a_wasm_kernel_fails_naming_it(contrib_export, tiny_
     assert failed["passed"] is False and "GatherBlockQuantized" in failed["note"], failed
     assert checks[ORT_WEB_LOGITS_METRIC]["passed"] is False
     assert rep["variants"]["int4"] is False and rep["passed"] is False
-    # the unplanted file passes the same check
-    cfg = conf_cfg(export, runtimes=[ORT_WEB], variants=["int4"], checkpoint=str(ckpt))
-    ok = {c["metric"]: c for c in evaluate(cfg)["candidates"]["int4"]["checks"]}
+    # the unplanted file passes the same checks (the module's report: the same export, config and runtime)
+    ok = {c["metric"]: c for c in report["candidates"]["int4"]["checks"]}
     assert ok[RUNTIME_METRICS[ORT_WEB]]["passed"] is True and ok[ORT_WEB_LOGITS_METRIC]["passed"] is True
 
 

@@ -20,12 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_good_export_passes_and_records_verdict(tiny_artifacts, conf_cfg, tmp_path):
+def test_good_export_passes_and_records_verdict(conformed_export):
     from prodip.base.manifest import file_sha256, read_manifest, verify_files
-    from prodip.conformance import run_conformance
 
-    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
-    report = run_conformance(conf_cfg(export, shards_dir=str(tiny_artifacts["shards"]), write_manifest=True))
+    export, report = conformed_export  # run_conformance of every variant, write_manifest=True
     assert report["passed"], json.dumps({k: v["checks"] for k, v in report["candidates"].items()}, default=str)
     assert set(report["candidates"]) == {"safetensors", "transformers", "fp32", "fp16", "int8", "int4"}
     fp32 = report["candidates"]["fp32"]["metrics"]
@@ -87,6 +85,8 @@ def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
             str(tiny_artifacts["checkpoint"]),
             "--variants",
             "fp32",
+            "--runtimes",
+            "onnxruntime-genai",  # in process; the Node runtimes' failures: tests/conformance/test_runtimes.py
             "--tolerances",
             str(TINY_TOLERANCES),
             "--shards-dir",
@@ -113,6 +113,7 @@ def _pytest(args: list[str]) -> subprocess.CompletedProcess:
         "PRODIP_TOLERANCES",
         "PRODIP_SHARDS_DIR",
         "PRODIP_CONFORMANCE_VARIANTS",
+        "PRODIP_CONFORMANCE_RUNTIMES",
     ):
         env.pop(var, None)
     return subprocess.run(
@@ -138,8 +139,15 @@ def _pytest(args: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
-    """`pytest conformance/ --export-dir DIR` runs one test per check; a planted fault fails its tests."""
+    """`pytest conformance/ --export-dir DIR` runs one test per check; a planted fault fails its tests.
+
+    One on-device runtime (onnxruntime-genai, in process) shows its checks become tests too; each runtime's
+    checks are planned and reported alike (tests/conformance/test_runtimes.py checks the plan against a
+    report of all three, whose Node runs would double this test's time)."""
+    from prodip.conformance import ConformanceConfig
+    from prodip.conformance.checks import plan_checks
     from prodip.conformance.faults import plant_position_off_by_one
+    from prodip.conformance.runtimes import GENAI, RUNTIME_METRICS
 
     shards = ["--shards-dir", str(tiny_artifacts["shards"])]
     good = _pytest(
@@ -150,6 +158,8 @@ def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
             str(tiny_artifacts["checkpoint"]),
             "--tolerances",
             str(TINY_TOLERANCES),
+            "--conformance-runtimes",
+            GENAI,
             *shards,
         ]
     )
@@ -157,6 +167,15 @@ def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
     assert "test_check[fp32::kv_cache_max_abs]" not in good.stdout  # -q: passing tests are not listed
     n_passed = int(good.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
     assert n_passed >= 40  # 6 candidates x ~6 metrics + export-wide checks
+    plan = plan_checks(
+        ConformanceConfig(
+            export_dir=str(tiny_artifacts["export"]),
+            tolerances=str(TINY_TOLERANCES),
+            shards_dir=str(tiny_artifacts["shards"]),
+            runtimes=[GENAI],
+        )
+    )
+    assert n_passed == len(plan) and ("int4", RUNTIME_METRICS[GENAI]) in plan  # one test per check, runtime's too
 
     bad = plant_position_off_by_one(tiny_artifacts["export"], tmp_path / "bad")
     failed = _pytest(
@@ -169,6 +188,8 @@ def test_pytest_collection_on_tiny_export(tiny_artifacts, tmp_path):
             str(TINY_TOLERANCES),
             "--conformance-variants",
             "fp32,int8",
+            "--conformance-runtimes",
+            GENAI,
             *shards,
         ]
     )
@@ -218,6 +239,8 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
             "1",
             "--greedy-tokens",
             "8",
+            "--runtimes",
+            "",  # what is tested is the tolerance file; no runtime check reads one
         ]
     )
     out, err = capsys.readouterr()
@@ -252,6 +275,8 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
             "1",
             "--greedy-tokens",
             "8",
+            "--runtimes",
+            "",  # what is tested is the tolerance file; no runtime check reads one
         ]
     )
     out, err = capsys.readouterr()
