@@ -70,14 +70,16 @@ def conformed_export(tiny_artifacts, tmp_path_factory) -> tuple[Path, dict]:
     runtimes) that wrote its report, verdict and quality card (with :data:`EVAL_TWIN` as eval.json). Shared by
     the tests of the report, the verdict and the card (one run, ~10-20 s); a test that changes it works on a
     copy (``prodip.conformance.faults`` plants into copies)."""
-    import json
-
+    from prodip.base.files import file_sha256
     from prodip.conformance import run_conformance
     from prodip.conformance.faults import copy_export
+    from prodip.train.records import Checkpointed, EvalReport
 
     root = tmp_path_factory.mktemp("conformed")
     export = copy_export(tiny_artifacts["export"], root / "export")
-    eval_json = root / "eval.json"
-    eval_json.write_text(json.dumps({"languages": {"bn": EVAL_TWIN}}))
+    ckpt = Path(tiny_artifacts["checkpoint"])
+    scored = Checkpointed(path=str(ckpt), step=1, model_sha256=file_sha256(ckpt / "model.safetensors"))
+    twin = EvalReport(format_version=EvalReport.FORMAT_VERSION, checkpoint=scored, languages={"bn": EVAL_TWIN})
+    eval_json = twin.write(root / "eval.json")  # as `prodip eval` writes it (its record's writer)
     report = run_conformance(tiny_conf_cfg(tiny_artifacts, export, write_manifest=True, eval_json=str(eval_json)))
     return export, report
