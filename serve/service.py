@@ -130,6 +130,9 @@ class Service:
         #: one per event loop that streams (the engine thread flushes them all at each step)
         self._posters: list[LoopPoster] = []
         self._posters_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._waker = threading.Thread(target=self._wake_loops, name="prodip-loop-waker", daemon=True)
+        self._stopping = False
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -147,6 +150,7 @@ class Service:
                 self.metrics.batch_rows.observe,
                 self._flush_events,
             )
+            self._waker.start()
             self.scheduler.start()
             self._token_text = lru_cache(maxsize=65536)(self._token_text_uncached)
             self._special_ids = frozenset(
@@ -164,6 +168,8 @@ class Service:
         """Stop the engine thread; running sequences end with finish_reason "cancelled"."""
         if self.scheduler is not None:
             self.scheduler.shutdown()
+        self._stopping = True  # after the engine's last events: the waker flushes them, then ends
+        self._wake.set()
 
     def require_ready(self) -> None:
         """Raises: APIError 503 while the model is loading or after a failed load."""
@@ -549,12 +555,22 @@ class Service:
 
     def _flush_events(self) -> None:
         """The engine's ``on_step`` (engine thread, just before an ONNX Runtime call or a wait):
-        deliver the events its sequences emitted since the last call. The event loop then wakes
-        while ONNX Runtime runs with the GIL released, rather than right after a step, when the
-        engine thread needs the GIL for sampling and the next step's inputs
-        (bench/results/serve_profile_2026-12-01.md)."""
-        for poster in self._posters:  # a list replaced, never changed in place: safe to read unlocked
-            poster.flush()
+        deliver the events its sequences emitted since the last call, through the waker thread
+        (:meth:`_wake_loops`). The event loop then wakes while ONNX Runtime runs with the GIL
+        released, rather than right after a step, when the engine thread needs the GIL for sampling
+        and the next step's inputs; and the engine thread makes no system call for it: a write to a
+        loop's self-pipe releases the GIL, the woken loop takes it, and the engine thread waited
+        for it before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md)."""
+        if any(p.pending for p in self._posters):  # a list replaced, never changed in place: safe unlocked
+            self._wake.set()
+
+    def _wake_loops(self) -> None:
+        """The waker thread: flush every loop's poster each time the engine asks (:meth:`_flush_events`)."""
+        while not self._stopping:
+            self._wake.wait()
+            self._wake.clear()  # before flushing: a request from here on is seen next round
+            for poster in self._posters:
+                poster.flush()
 
 
 class LoopPoster:
@@ -582,6 +598,11 @@ class LoopPoster:
     def post_later(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` on ``queue`` at the next :meth:`flush` (or :meth:`post`); thread-safe."""
         self._outbox.append((queue, item))
+
+    @property
+    def pending(self) -> bool:
+        """Whether items wait in the outbox."""
+        return bool(self._outbox)
 
     def flush(self) -> None:
         """Have the loop take everything posted so far (one callback, none when nothing waits or

@@ -4,6 +4,7 @@ loop wake-up for everything posted before the loop delivers."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections import deque
 
@@ -86,3 +87,30 @@ def test_an_item_posted_as_a_delivery_ends_gets_a_wakeup():
         return [await asyncio.wait_for(queue.get(), 5) for _ in range(2)]
 
     assert asyncio.run(main()) == ["first", "late"]
+
+
+def test_the_engine_thread_never_wakes_the_loop_itself(tiny_export, monkeypatch):
+    """Served streams reach the client through the waker thread: the engine thread only appends to the
+    outbox and sets an event; the write to the loop's self-pipe (which hands the GIL to the woken loop)
+    is the waker's. Every token arrives, and the waker ends with the server."""
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+    from tests.serve.conftest import wait_ready
+
+    callers = []
+    real = asyncio.BaseEventLoop.call_soon_threadsafe
+
+    def spy(self, callback, *args, **kwargs):
+        callers.append(threading.current_thread().name)
+        return real(self, callback, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "call_soon_threadsafe", spy)
+    with TestClient(create_app(tiny_export[0], "fp32", batch_wait_ms=2.0)) as client:
+        wait_ready(client)
+        body = {"prompt": [1, 40, 41], "max_new_tokens": 12, "temperature": 0, "stream": True, "ignore_eos": True}
+        with client.stream("POST", "/v1/generate", json=body) as resp:
+            events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    assert sum(e["token_id"] is not None for e in events) == 12 and events[-1]["finish_reason"] == "length"
+    assert "prodip-loop-waker" in callers and "prodip-engine" not in callers
+    assert not any(t.name == "prodip-loop-waker" and t.is_alive() for t in threading.enumerate())
