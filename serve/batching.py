@@ -20,9 +20,9 @@ position, and ONNX Runtime's GroupQueryAttention reads and writes each row's cac
 alone, so a row gets the same bits as alone (tests/serve/test_batch_invariance.py) and a step is one
 call however the arrivals were spread over prefills (bench/results/serve_profile_2026-12-01.md).
 Finished or cancelled rows leave their group after the step in which they finish. Results go back
-through each sequence's ``emit`` callback (called on this thread); ``on_step`` is called just before
-each ONNX Runtime call and before the thread waits for work (serve hands the step's events to the
-event loop there, so the loop works on them while ONNX Runtime, which releases the GIL, runs).
+through each sequence's ``emit`` callback (called on this thread); ``on_step`` is called after each
+step, before each ONNX Runtime call and before the thread waits for work: serve hands the events
+emitted since to the event loop there (through a thread of its own: serve/service.py).
 
     python -c "from prodip.serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
 """
@@ -234,8 +234,8 @@ class BatchScheduler:
         batch_wait_ms: when idle, wait this long (milliseconds) after the first arrival for others.
         on_queue_depth: called (engine thread) with the waiting and running sequence counts.
         on_decode_step: called (engine thread) with the number of rows of each decode step.
-        on_step: called (engine thread) just before each ONNX Runtime call and before the thread
-            waits for work: where the events its sequences emitted since are best handed on.
+        on_step: called (engine thread) after each step, just before each ONNX Runtime call and
+            before the thread waits for work: where the events emitted since are handed on.
     """
 
     def __init__(
@@ -297,7 +297,7 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             if not self._groups:
-                self.on_step()  # the thread may wait now: hand on what the last step emitted
+                self.on_step()  # the thread may wait now: hand on what was emitted (errors, cancels)
             new = self._take_waiting()
             if self._stop:
                 for seq in new:
@@ -308,6 +308,7 @@ class BatchScheduler:
                 for group in self._prefill(new):
                     self._join(group)
                 self._groups = [g for g in (self._decode(g) for g in self._groups) if g.seqs]
+                self.on_step()  # the step's tokens go out while the next step's inputs are made
             except Exception as err:  # never let one bad step kill the server: fail the rows in flight
                 log.exception("engine step failed")
                 for seq in [s for g in self._groups for s in g.seqs] + new:

@@ -554,13 +554,11 @@ class Service:
             return poster
 
     def _flush_events(self) -> None:
-        """The engine's ``on_step`` (engine thread, just before an ONNX Runtime call or a wait):
-        deliver the events its sequences emitted since the last call, through the waker thread
-        (:meth:`_wake_loops`). The event loop then wakes while ONNX Runtime runs with the GIL
-        released, rather than right after a step, when the engine thread needs the GIL for sampling
-        and the next step's inputs; and the engine thread makes no system call for it: a write to a
-        loop's self-pipe releases the GIL, the woken loop takes it, and the engine thread waited
-        for it before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md)."""
+        """The engine's ``on_step`` (engine thread, after each step, before an ONNX Runtime call or a
+        wait): deliver the events its sequences emitted since, through the waker thread
+        (:meth:`_wake_loops`), so the engine thread makes no system call for it: a write to a loop's
+        self-pipe releases the GIL, the woken loop takes it, and the engine thread waited for it
+        before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md)."""
         if any(p.pending for p in self._posters):  # a list replaced, never changed in place: safe unlocked
             self._wake.set()
 
@@ -581,7 +579,7 @@ class LoopPoster:
     everything posted until then on its queue. So the loop wakes once per engine step however many
     tokens the step made (one write per token before; bench/results/serve_speed_2026-12-01.md).
     :meth:`post_later` only appends; :meth:`flush` schedules the delivery (serve's engine calls it
-    just before each ONNX Runtime call: :meth:`Service._flush_events`).
+    after each engine step: :meth:`Service._flush_events`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
