@@ -1,7 +1,7 @@
 """``make lint``'s type check: mypy over the installed package, held to a baseline that only goes down.
 
 mypy runs on ``build/lint`` (the package as installed, so ``prodip.serve`` is ``prodip/serve``, not the
-source tree's ``serve/``) with the ``[tool.mypy]`` settings of ``pyproject.toml``: ``prodip.base`` strict.
+source tree's ``serve/``) with the ``[tool.mypy]`` settings of ``pyproject.toml``: ``prodip.base`` and ``prodip.serve`` strict.
 Errors are counted per file and compared with ``.ci/mypy-baseline.json`` (file -> count): a file with more
 errors than its count (or any error in ``prodip/base/``) fails; a file with fewer prints the command
 that lowers the baseline. Exit 0 clean, 1 over the baseline, 2 mypy itself failed.
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LINT_DIR = ROOT / "build" / "lint"
 BASELINE = ROOT / ".ci" / "mypy-baseline.json"
 #: modules checked strictly: no baseline, no error
-STRICT = ("prodip/base/",)
+STRICT = ("prodip/base/", "prodip/serve/")
 ERROR = re.compile(r"^(?P<path>[^:\s]+\.py):\d+: error: ")
 
 

@@ -1,9 +1,8 @@
 """FastAPI app over an export dir: ``create_app(export_dir)``; thin routes over ``prodip.serve.service``.
 
-Endpoints: ``POST /v1/completions`` (OpenAI), ``POST /v1/generate`` (native), ``GET /v1/models[/{model}]``,
-``GET /health`` (503 until the model is loaded), ``GET /metrics`` (Prometheus), ``POST /tokenize``,
-``POST /detokenize``, ``GET /tokenizer_info``. Every error is OpenAI's
-``{"error": {"message", "type", "param", "code"}}``; bad parameters are 400, never 500.
+The endpoints are the routers of ``prodip.serve.routes`` (their list: ``GET /openapi.json``, or
+``GET /docs`` in a browser). Every error is OpenAI's ``{"error": {"message", "type", "param", "code"}}``;
+bad parameters are 400, never 500.
 
     python -c "from prodip.serve.app import create_app; app = create_app('EXPORT_DIR', allow_unverified=True)"
 """
@@ -16,7 +15,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Optional
 
@@ -41,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def create_app(
-    export_dir: str | os.PathLike | None = None,
+    export_dir: str | os.PathLike[str] | None = None,
     variant: str = "fp32",
     *,
     config: Optional[ServeConfig] = None,
@@ -86,9 +85,9 @@ def create_app(
     app.state.service = service
     app.state.config = config
     _install_errors(app)
-    add_routes(app, service)
+    add_routes(app)
     install_openapi(app)
-    app.add_middleware(GuardMiddleware, config=config, metrics=service.metrics)
+    app.add_middleware(GuardMiddleware, config=config, metrics=service.metrics, api=app)
     return app
 
 
@@ -141,7 +140,7 @@ _MEMBER_WORDS = {
 }
 
 
-def _union_members(errors: list[dict[str, Any]], field: Any) -> list[str]:
+def _union_members(errors: Sequence[Any], field: Any) -> list[str]:
     """What a union-typed body field accepts, in words, from pydantic's errors for it (one error
     per member, ``loc`` = ``("body", field, member tag, ...)``); [] when ``field`` is not a union."""
     tags: list[str] = []
@@ -224,9 +223,11 @@ def run_server(config: ServeConfig) -> int:
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        timeout_graceful_shutdown=config.graceful_shutdown_s,
+        # uvicorn annotates these two as int, but uses them as asyncio timeouts, where seconds may be
+        # fractional (a ServeConfig float such as 0.5 works): its annotation is narrower than its use
+        timeout_graceful_shutdown=config.graceful_shutdown_s,  # type: ignore[arg-type]
         http=deadline_protocol(config.request_timeout_s),  # 408 for a request not received in time
-        timeout_keep_alive=config.keep_alive_s,
+        timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
         limit_concurrency=config.max_connections,
         h11_max_incomplete_event_size=config.max_header_bytes,
     )

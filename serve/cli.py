@@ -12,7 +12,7 @@ from prodip.serve.app import run_server
 from prodip.serve.config import ServeConfig
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
+def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], only: str | None = None) -> None:
     """Register ``serve`` on the ``prodip`` parser (see prodip/cli.py)."""
     if only not in (None, "serve"):
         return

@@ -20,12 +20,21 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from prodip.serve.batching import PromptScores, TokenOut
-from prodip.serve.service import PieceWalk, Service
+from prodip.serve.service import PieceWalk, Service, StreamEvent
+
+#: what prodip.serve.service.Service.stream yields: ``(choice index, event)``
+Events = AsyncGenerator[tuple[int, StreamEvent], None]
+#: per prompt with echo: (echoed text, logprobs pieces, their offsets); None without echo
+Echo = Optional[tuple[str, list[str], list[int]]]
+#: the logprobs of some tokens: one value per token (None for a prompt's first token)
+Logprobs = list[Optional[float]]
+#: the alternatives of some tokens: ``{text: logprob}`` per token (None for a prompt's first token)
+Tops = list[Optional[dict[str, float]]]
 
 
 def sse(payload: Any) -> str:
@@ -56,7 +65,7 @@ class _Choice:
     returned: int = 0  # characters of completion text returned so far
     finish_reason: Optional[str] = None
 
-    def add(self, tokens: list[str], lps: list, tops: list, offsets: list[int]) -> dict[str, Any]:
+    def add(self, tokens: list[str], lps: Logprobs, tops: Tops, offsets: list[int]) -> dict[str, Any]:
         self.tokens += tokens
         self.token_logprobs += lps
         self.top_logprobs += tops
@@ -78,17 +87,20 @@ def _top_dict(svc: Service, top: list[tuple[int, float]]) -> dict[str, float]:
     return {svc.token_text(t): lp for t, lp in top}
 
 
-def _logprobs_block(tokens: list[str], lps: list, tops: list, offsets: list[int]) -> dict[str, Any]:
+def _logprobs_block(
+    tokens: list[str], lps: Logprobs, tops: Sequence[Optional[dict[str, float]]], offsets: list[int]
+) -> dict[str, Any]:
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _apply(
-    svc: Service, choice: _Choice, event: Any, echo: Optional[tuple[str, list[str], list[int]]], want_lp: bool
-) -> tuple[str, Optional[dict]]:
+    svc: Service, choice: _Choice, event: StreamEvent, echo: Echo, want_lp: bool
+) -> tuple[str, Optional[dict[str, Any]]]:
     """Fold one event into ``choice``; return (text delta, logprobs delta or None) for streaming."""
     if isinstance(event, PromptScores):
+        assert echo is not None, "prompt logprobs are asked for only with echo (Service.sampling_params)"
         text, pieces, offsets = echo
-        tops = [None] + [_top_dict(svc, t) for t in event.top[1:]]
+        tops: Tops = [None] + [_top_dict(svc, t) for t in event.top[1:]]
         return text, choice.add(pieces, list(event.logprobs), tops, offsets)
     choice.text.append(event.text)
     choice.returned += len(event.text)
@@ -96,6 +108,7 @@ def _apply(
         choice.token_ids.append(event.token_id)
         choice.all_logprobs.append(event.logprob)
         if want_lp:
+            assert choice.walk is not None, "a choice with logprobs has its piece walk (_choices)"
             piece, offset = choice.walk.add(event.token_id)
             choice.pending.append((piece, event.logprob, _top_dict(svc, event.top), offset))
     if event.finish_reason:
@@ -110,9 +123,7 @@ def _usage(prompts: list[list[int]], choices: list[_Choice]) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def _echoes(
-    svc: Service, prompts: list[list[int]], texts: Optional[list[Optional[str]]], echo: bool
-) -> list[Optional[tuple[str, list[str], list[int]]]]:
+def _echoes(svc: Service, prompts: list[list[int]], texts: Optional[list[Optional[str]]], echo: bool) -> list[Echo]:
     """Per prompt: (echoed text, logprobs pieces, offsets) with ``echo``, else None."""
     if not echo:
         return [None] * len(prompts)
@@ -120,17 +131,26 @@ def _echoes(
     return [svc.echo(ids, raw) for ids, raw in zip(prompts, texts)]
 
 
-def _choices(svc: Service, prompts: list[list[int]], n: int, echoes: list, echo: bool) -> list[_Choice]:
+def _choices(svc: Service, prompts: list[list[int]], n: int, echoes: list[Echo]) -> list[_Choice]:
     """One :class:`_Choice` per prompt x n, its offsets after the echoed prompt."""
     return [
-        _Choice(base=len(echoes[i // n][0]) if echo else 0, walk=svc.piece_walk(prompts[i // n]))
-        for i in range(len(prompts) * n)
+        _Choice(base=_echoed(echoes[i // n]), walk=svc.piece_walk(prompts[i // n])) for i in range(len(prompts) * n)
     ]
+
+
+def _echo_text(echo: Echo) -> str:
+    """The echoed prompt text ("" without echo)."""
+    return echo[0] if echo is not None else ""
+
+
+def _echoed(echo: Echo) -> int:
+    """Characters of the echoed prompt (0 without echo): where the completion's offsets start."""
+    return len(_echo_text(echo))
 
 
 async def completion(
     svc: Service,
-    events: AsyncIterator,
+    events: Events,
     prompts: list[list[int]],
     n: int,
     echo: bool,
@@ -142,12 +162,12 @@ async def completion(
     ``prompt_texts``: each prompt as sent when it was text (echoed verbatim), else None.
     """
     echoes = _echoes(svc, prompts, prompt_texts, echo)
-    choices = _choices(svc, prompts, n, echoes, echo)
+    choices = _choices(svc, prompts, n, echoes)
     async for index, event in events:
         _apply(svc, choices[index], event, echoes[index // n], want_lp)
     out = []
     for i, ch in enumerate(choices):
-        text = (echoes[i // n][0] if echo else "") + "".join(ch.text)
+        text = _echo_text(echoes[i // n]) + "".join(ch.text)
         lp = _logprobs_block(ch.tokens, ch.token_logprobs, ch.top_logprobs, ch.text_offset) if want_lp else None
         out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": ch.finish_reason})
     return {
@@ -162,14 +182,14 @@ async def completion(
 
 async def completion_stream(
     svc: Service,
-    events: AsyncIterator,
+    events: Events,
     prompts: list[list[int]],
     n: int,
     echo: bool,
     want_lp: bool,
     include_usage: bool,
     prompt_texts: Optional[list[Optional[str]]] = None,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """SSE chunks of a ``text_completion`` stream, then ``data: [DONE]``.
 
     ``text_offset`` counts from the start of the choice's text over the whole stream (the echoed
@@ -177,7 +197,7 @@ async def completion_stream(
     """
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     echoes = _echoes(svc, prompts, prompt_texts, echo)
-    choices = _choices(svc, prompts, n, echoes, echo)
+    choices = _choices(svc, prompts, n, echoes)
 
     def chunk(index: int, text: str, lp: Any, finish: Optional[str]) -> str:
         return sse(
@@ -193,7 +213,7 @@ async def completion_stream(
     if echo:
         for i in range(len(choices)):
             if not want_lp:  # with logprobs the prompt comes with its scores (PromptScores event)
-                yield chunk(i, echoes[i // n][0], None, None)
+                yield chunk(i, _echo_text(echoes[i // n]), None, None)
     async with _closing(events):
         async for index, event in events:
             text, lp = _apply(svc, choices[index], event, echoes[index // n], want_lp)
@@ -214,7 +234,7 @@ async def completion_stream(
     yield sse("[DONE]")
 
 
-async def generate(svc: Service, events: AsyncIterator, prompt: list[int], want_lp: bool) -> dict[str, Any]:
+async def generate(svc: Service, events: Events, prompt: list[int], want_lp: bool) -> dict[str, Any]:
     """The native ``/v1/generate`` body."""
     ch = _Choice()
     async for _, event in events:
@@ -229,14 +249,14 @@ async def generate(svc: Service, events: AsyncIterator, prompt: list[int], want_
     }
 
 
-async def generate_stream(svc: Service, events: AsyncIterator, prompt: list[int], want_lp: bool) -> AsyncIterator[str]:
+async def generate_stream(svc: Service, events: Events, prompt: list[int], want_lp: bool) -> AsyncGenerator[str, None]:
     """SSE events ``{"text", "token_id", "logprob", "finish_reason"}`` then ``data: [DONE]``."""
     ch = _Choice()
     async with _closing(events):
         async for _, event in events:
             text, _ = _apply(svc, ch, event, None, False)
             if isinstance(event, TokenOut) and (text or event.token_id is not None or event.finish_reason):
-                body = {
+                body: dict[str, Any] = {
                     "text": text,
                     "token_id": event.token_id,
                     "logprob": event.logprob if want_lp else None,
@@ -251,13 +271,13 @@ async def generate_stream(svc: Service, events: AsyncIterator, prompt: list[int]
 class _closing:
     """``async with`` that closes an async generator (cancelling its sequences) on any exit."""
 
-    def __init__(self, agen: Any) -> None:
+    def __init__(self, agen: Events) -> None:
         self.agen = agen
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> Events:
         return self.agen
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.agen.aclose()
 
 
@@ -291,10 +311,10 @@ def chat_logprobs(block: dict[str, Any]) -> dict[str, Any]:
 
 
 async def chat_completion(
-    svc: Service, events: AsyncIterator, prompt: list[int], n: int, want_lp: bool, top: int
+    svc: Service, events: Events, prompt: list[int], n: int, want_lp: bool, top: int
 ) -> dict[str, Any]:
     """The whole (non-streamed) ``chat.completion`` object; ``top``: top_logprobs per token."""
-    choices = _choices(svc, [prompt], n, [None], False)
+    choices = _choices(svc, [prompt], n, [None])
     async for index, event in events:
         _apply(svc, choices[index], event, None, want_lp)
     out = []
@@ -320,20 +340,20 @@ async def chat_completion(
     }
 
 
-def _cut(tops: list, top: int) -> list:
+def _cut(tops: Tops, top: int) -> list[dict[str, float]]:
     """The ``top`` most likely alternatives of each token (the engine adds the chosen token to its
     top-n when it is not among them; chat's ``top_logprobs`` is exactly n entries, 0 = none)."""
     return [dict(sorted((t or {}).items(), key=lambda kv: -kv[1])[:top]) for t in tops]
 
 
 async def chat_completion_stream(
-    svc: Service, events: AsyncIterator, prompt: list[int], n: int, want_lp: bool, top: int, include_usage: bool
-) -> AsyncIterator[str]:
+    svc: Service, events: Events, prompt: list[int], n: int, want_lp: bool, top: int, include_usage: bool
+) -> AsyncGenerator[str, None]:
     """SSE ``chat.completion.chunk`` events: per choice a first ``delta: {"role": "assistant"}``,
     then text deltas (with their logprobs), then an empty delta with the finish reason; with
     ``include_usage`` a last chunk with ``choices: []`` and ``usage``; then ``data: [DONE]``."""
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    choices = _choices(svc, [prompt], n, [None], False)
+    choices = _choices(svc, [prompt], n, [None])
 
     def chunk(body_choices: list[dict[str, Any]], **extra: Any) -> str:
         return sse(
@@ -355,9 +375,9 @@ async def chat_completion_stream(
         async for index, event in events:
             text, lp = _apply(svc, choices[index], event, None, want_lp)
             finish = choices[index].finish_reason if isinstance(event, TokenOut) and event.finish_reason else None
-            has_lp = bool(lp and lp["tokens"])
+            has_lp = lp is not None and bool(lp["tokens"])
             if text or has_lp:
-                lp_out = chat_logprobs({**lp, "top_logprobs": _cut(lp["top_logprobs"], top)}) if has_lp else None
+                lp_out = chat_logprobs({**lp, "top_logprobs": _cut(lp["top_logprobs"], top)}) if lp and has_lp else None
                 yield chunk([{"index": index, "delta": {"content": text}, "logprobs": lp_out, "finish_reason": None}])
             if finish:
                 yield chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}])

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any, Optional
+from typing import Optional
 
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prodip.serve.config import ServeConfig
 from prodip.serve.metrics import ServeMetrics
-from prodip.serve.routes import OPEN_ROUTES, _printable, route_label
+from prodip.serve.openapi import find_route, is_open
+from prodip.serve.routes import _printable
 from prodip.serve.schemas import error_body
 
 log = logging.getLogger("prodip.serve.app")  # one logger name for the server, as before the split
@@ -28,24 +31,34 @@ class GuardMiddleware:
     server (uvicorn: "Exception in ASGI application") logged a second traceback of the same error.
     Only when the response has already started (a stream) is the error re-raised unlogged: the
     status line is gone, so the server must abort the connection, and its log is then the only one.
+
+    Args:
+        app: the next ASGI app.
+        config: the server's settings (API key, size caps).
+        metrics: where the per-route request counter goes.
+        api: the FastAPI app whose route table names the routes: a request's metrics label is the
+            path template of the route it matches ("other" for none), and the routes declared open
+            (prodip.serve.openapi.is_open) need no API key.
     """
 
-    def __init__(self, app: Any, config: ServeConfig, metrics: ServeMetrics) -> None:
-        self.app, self.config, self.metrics = app, config, metrics
+    def __init__(self, app: ASGIApp, config: ServeConfig, metrics: ServeMetrics, api: FastAPI) -> None:
+        self.app, self.config, self.metrics, self.api = app, config, metrics, api
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        route = route_label(scope["path"])
+            await self.app(scope, receive, send)
+            return
+        route = find_route(self.api, scope["path"])
+        label = route[0] if route is not None else "other"
         status = {"code": 500, "started": False}
 
-        async def send_counted(message: dict) -> None:
+        async def send_counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
             await send(message)
 
         try:
-            error = self._check(scope)
+            error = self._check(scope, route is not None and is_open(self.api, *route))
             if error is not None:
                 await error(scope, receive, send_counted)
                 return
@@ -63,7 +76,7 @@ class GuardMiddleware:
                 scope, receive, send_counted
             )
         finally:
-            self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
+            self.metrics.requests.labels(route=label, status=str(status["code"])).inc()
 
     def _too_large(self) -> JSONResponse:
         return JSONResponse(
@@ -71,7 +84,8 @@ class GuardMiddleware:
             status_code=413,
         )
 
-    def _check(self, scope: dict) -> Optional[JSONResponse]:
+    def _check(self, scope: Scope, open_route: bool) -> Optional[JSONResponse]:
+        """The answer that stops the request before any route runs (431, 413, 401), or None."""
         head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
         if head > self.config.max_header_bytes:  # h11 caps only headers still arriving; this, the whole
             return JSONResponse(
@@ -85,7 +99,7 @@ class GuardMiddleware:
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
             return self._too_large()
-        if self.config.api_key and scope["path"] not in OPEN_ROUTES:
+        if self.config.api_key and not open_route:
             auth = headers.get(b"authorization", b"")  # bytes as sent; the key is printable ASCII (ServeConfig)
             token = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.config.api_key.encode("ascii")):
@@ -100,7 +114,7 @@ class GuardMiddleware:
                 )
         return None
 
-    async def _buffered(self, receive: Any) -> Any:
+    async def _buffered(self, receive: Receive) -> Receive:
         """Read a body of unknown length whole; raise _TooLarge past the cap; replay it after."""
         body, more = bytearray(), True
         while more:
@@ -113,7 +127,7 @@ class GuardMiddleware:
                 raise _TooLarge()
         replayed = {"done": False}
 
-        async def replay() -> dict:
+        async def replay() -> Message:
             if not replayed["done"]:
                 replayed["done"] = True
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
@@ -121,10 +135,10 @@ class GuardMiddleware:
 
         return replay
 
-    def _capped(self, receive: Any) -> Any:
+    def _capped(self, receive: Receive) -> Receive:
         seen = {"bytes": 0}
 
-        async def capped() -> dict:
+        async def capped() -> Message:
             message = await receive()
             if message["type"] == "http.request":
                 seen["bytes"] += len(message.get("body", b""))

@@ -1,26 +1,34 @@
 """The served OpenAPI document (``GET /openapi.json``) made to say what the server does.
 
-FastAPI documents 200 and 422 for every route with a body. prodip answers request errors with 400
-in OpenAI's error form (never 422: :func:`prodip.serve.app._install_errors`), 401 without the API
-key (when one is set: the document then declares a bearer security scheme), 413 above
-``max_body_bytes``, 404 for another model id, 503 while the model loads, 500 on a bug; ``/metrics``
-is Prometheus text; completions stream as ``text/event-stream``; the 200 bodies of completions and
-generate follow :data:`COMPLETION_SCHEMA` and :data:`GENERATE_SCHEMA`.
-:func:`install_openapi` rewrites the generated document accordingly;
-tests/serve/test_openapi.py runs schemathesis against a real server with it.
+Each fact is declared once, where it is made true:
 
-    python -c "from prodip.serve.openapi import ERROR_SCHEMA; print(ERROR_SCHEMA)"
+- **on the route** (prodip.serve.routes, the decorator): its 200 body (``responses={200: {"model":
+  ...}}``, a model of prodip.serve.schemas), other content types (:data:`SSE` for streams, Prometheus text),
+  the errors only that route gives (:func:`errors`: 404 for another model id, 503 while the model loads),
+  and ``openapi_extra=OPEN`` for a route answered without the API key;
+- **here, for every route**, the answers of the middleware and exception handlers that stand in front
+  of all routes (prodip.serve.middleware, prodip.serve.app): 500 on a bug; for a route with a request
+  body, 400 in OpenAI's error form (never FastAPI's 422) and 413 above ``max_body_bytes``; 401 without
+  the API key unless the route is ``OPEN`` (and, when the server has a key, a bearer security scheme).
+
+tests/serve/test_openapi.py runs schemathesis against a real server with this document.
+
+    python -c "from prodip.serve.openapi import errors; print(errors(404))"
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import re
+from collections.abc import Iterator
+from typing import Any, Optional, Union
 
+import fastapi.routing
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-
-from prodip.serve.routes import OPEN_ROUTES
-from prodip.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.routing import BaseRoute, compile_path
 
 #: OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}`` (prodip.serve.schemas.error_body).
 ERROR_SCHEMA: dict[str, Any] = {
@@ -39,210 +47,128 @@ ERROR_SCHEMA: dict[str, Any] = {
         }
     },
 }
-_NUMBER_OR_NULL = {"type": ["number", "null"]}
-_USAGE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-    "properties": {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
-}
-#: OpenAI's legacy ``text_completion`` object as prodip.serve.completions.completion returns it.
-COMPLETION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"type": "string", "enum": ["text_completion"]},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "text", "logprobs", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "text": {"type": "string"},
-                    "finish_reason": {"type": ["string", "null"]},
-                    "logprobs": {
-                        "type": ["object", "null"],
-                        "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
-                        "properties": {
-                            "tokens": {"type": "array", "items": {"type": "string"}},
-                            "token_logprobs": {"type": "array", "items": _NUMBER_OR_NULL},
-                            "top_logprobs": {
-                                "type": "array",
-                                "items": {"type": ["object", "null"], "additionalProperties": {"type": "number"}},
-                            },
-                            "text_offset": {"type": "array", "items": {"type": "integer"}},
-                        },
-                    },
-                },
-            },
-        },
-        "usage": _USAGE_SCHEMA,
-    },
-}
-#: the native ``/v1/generate`` body (prodip.serve.completions.generate).
-GENERATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["model", "text", "token_ids", "finish_reason", "logprobs", "usage"],
-    "properties": {
-        "model": {"type": "string"},
-        "text": {"type": "string"},
-        "token_ids": {"type": "array", "items": {"type": "integer"}},
-        "finish_reason": {"type": ["string", "null"]},
-        "logprobs": {"type": ["array", "null"], "items": _NUMBER_OR_NULL},
-        "usage": _USAGE_SCHEMA,
-    },
-}
-_TOKEN_LOGPROB: dict[str, Any] = {
-    "type": "object",
-    "required": ["token", "logprob", "bytes"],
-    "properties": {
-        "token": {"type": "string"},
-        "logprob": {"type": "number"},
-        "bytes": {"type": ["array", "null"], "items": {"type": "integer"}},
-    },
-}
-#: OpenAI's ``chat.completion`` object as prodip.serve.completions.chat_completion returns it.
-CHAT_COMPLETION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"type": "string", "enum": ["chat.completion"]},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "message", "logprobs", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "message": {
-                        "type": "object",
-                        "required": ["role", "content"],
-                        "properties": {
-                            "role": {"type": "string", "enum": ["assistant"]},
-                            "content": {"type": "string"},
-                            "refusal": {"type": "null"},
-                        },
-                    },
-                    "finish_reason": {"type": ["string", "null"]},
-                    "logprobs": {
-                        "type": ["object", "null"],
-                        "required": ["content"],
-                        "properties": {
-                            "content": {
-                                "type": "array",
-                                "items": {
-                                    **_TOKEN_LOGPROB,
-                                    "required": [*_TOKEN_LOGPROB["required"], "top_logprobs"],
-                                    "properties": {
-                                        **_TOKEN_LOGPROB["properties"],
-                                        "top_logprobs": {"type": "array", "items": _TOKEN_LOGPROB},
-                                    },
-                                },
-                            },
-                            "refusal": {"type": "null"},
-                        },
-                    },
-                },
-            },
-        },
-        "usage": _USAGE_SCHEMA,
-    },
-}
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
-_BODY_SCHEMAS = {
-    "/v1/completions": "CompletionResponse",
-    "/v1/generate": "GenerateResponse",
-    "/v1/chat/completions": "ChatCompletionResponse",
+#: why each error status is answered (the response's description)
+WHY = {
+    400: "invalid request (bad JSON, a field out of range or of the wrong type, a prompt beyond the context window)",
+    401: "missing or wrong `Authorization: Bearer KEY` (only when the server has an API key)",
+    404: "the model id is not this server's",
+    413: "request body larger than max_body_bytes",
+    500: "internal error",
+    503: "the model is still loading (or failed to load)",
 }
-_WHY = {
-    "400": "invalid request (bad JSON, a field out of range or of the wrong type, a prompt beyond the context window)",
-    "401": "missing or wrong `Authorization: Bearer KEY` (only when the server has an API key)",
-    "404": "the model id is not this server's",
-    "413": "request body larger than max_body_bytes",
-    "500": "internal error",
-    "503": "the model is still loading (or failed to load)",
+#: ``openapi_extra`` of a route answered without the API key (OpenAPI: an empty security list): liveness
+#: probes, the playground page. FastAPI's own documentation pages are open too (see :func:`is_open`).
+OPEN: dict[str, Any] = {"security": []}
+#: the 200 content of a route that streams when the request says ``stream: true``
+SSE: dict[str, Any] = {
+    "text/event-stream": {
+        "schema": {
+            "description": "when stream is true: server-sent events, each `data:` a JSON chunk, then `data: [DONE]`"
+        }
+    }
 }
-#: paths answered before the model is ready (no 503) and without a body (no 400/413)
-_NO_503 = {"/health", "/metrics", "/v1/models", "/v1/models/{model}"}
-_STREAMING = {"/v1/completions", "/v1/generate", "/v1/chat/completions"}
+Responses = dict[Union[int, str], dict[str, Any]]
 
 
-def _error(code: str) -> dict[str, Any]:
-    return {"description": _WHY[code], "content": {"application/json": {"schema": _ERROR_REF}}}
+def errors(*codes: int) -> Responses:
+    """``responses=`` entries for error statuses, each in OpenAI's error form (:data:`ERROR_SCHEMA`).
+
+    Raises:
+        KeyError: a status without a description in :data:`WHY`.
+    """
+    return {code: {"description": WHY[code], "content": {"application/json": {"schema": _ERROR_REF}}} for code in codes}
+
+
+def route_table(app: FastAPI) -> Iterator[tuple[str, BaseRoute]]:
+    """``(path template, route)`` of every route of ``app`` in matching order, included routers' too.
+
+    FastAPI up to about 0.12x copies an included router's routes into ``app.routes``; later versions
+    keep the router as one lazy entry there and list the routes through ``iter_route_contexts``
+    (what their own OpenAPI generator reads), so both are read here.
+    """
+    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    if contexts is None:
+        for route in app.routes:
+            path = getattr(route, "path", None)
+            if isinstance(path, str):
+                yield path, route
+        return
+    for context in contexts(app.routes):
+        if isinstance(context.path, str):
+            yield context.path, context.original_route
+
+
+@functools.lru_cache(maxsize=1024)
+def _path_regex(template: str) -> re.Pattern[str]:
+    regex: re.Pattern[str] = compile_path(template)[
+        0
+    ]  # Starlette's own: "/v1/models/{model}" -> ^/v1/models/(?P<model>[^/]+)$
+    return regex
+
+
+def find_route(app: FastAPI, path: str) -> Optional[tuple[str, BaseRoute]]:
+    """The ``(path template, route)`` of ``app`` whose template matches a request path (any method),
+    or None (a 404): the template is the request's metrics label (prodip.serve.middleware)."""
+    for template, route in route_table(app):
+        if _path_regex(template).match(path):
+            return template, route
+    return None
+
+
+def is_open(app: FastAPI, template: str, route: BaseRoute) -> bool:
+    """Whether a route of ``app`` (from :func:`route_table`) is answered without the API key: one
+    declared with ``openapi_extra=OPEN``, or one of FastAPI's documentation pages (the document and
+    the pages showing it hold no secret, and a browser cannot send the key to read them)."""
+    if isinstance(route, APIRoute):
+        return (route.openapi_extra or {}).get("security") == []
+    return template in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document with the real status codes and content types (see the module doc)."""
+    """FastAPI's document of ``app``'s routes with the statuses every route shares (see the module doc).
+
+    Returns:
+        The OpenAPI document (a JSON-ready dict), ``components.schemas.ErrorResponse`` included.
+    """
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas["ErrorResponse"] = ERROR_SCHEMA
-    schemas["CompletionResponse"] = COMPLETION_SCHEMA
-    schemas["GenerateResponse"] = GENERATE_SCHEMA
-    schemas["ChatCompletionResponse"] = CHAT_COMPLETION_SCHEMA
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
-    for name, model in (
-        ("CompletionRequest", CompletionRequest),
-        ("GenerateRequest", GenerateRequest),
-        ("ChatCompletionRequest", ChatCompletionRequest),
-    ):
-        if name in schemas:  # FastAPI's document model stores bounds as floats: 2**63 - 1 became 2**63
-            _copy_int_bounds(model.model_json_schema(), schemas[name])
+    for model in _body_models(app):
+        if model.__name__ in schemas:  # FastAPI's document model stores bounds as floats: 2**63 - 1 became 2**63
+            _copy_int_bounds(model.model_json_schema(), schemas[model.__name__])
     keyed = bool(getattr(app.state, "config", None) and app.state.config.api_key)
     if keyed:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-    for path, ops in doc.get("paths", {}).items():
-        for method, op in ops.items():
+    for ops in doc.get("paths", {}).values():
+        for op in ops.values():
             responses = op.setdefault("responses", {})
-            responses.pop("422", None)
-            codes = ["500"]
-            if method in ("post", "put", "patch"):
-                codes += ["400", "413"]
-            if path not in OPEN_ROUTES:
-                codes.append("401")
+            responses.pop("422", None)  # validation errors are 400s (prodip.serve.app._install_errors)
+            codes = [500]
+            if "requestBody" in op:
+                codes += [400, 413]
+            if op.get("security") != []:  # not OPEN
+                codes.append(401)
                 if keyed:
                     op["security"] = [{"bearer": []}]
-            if path not in _NO_503:
-                codes.append("503")
-            if path in (
-                "/v1/completions",
-                "/v1/chat/completions",
-                "/v1/generate",
-                "/tokenize",
-                "/detokenize",
-                "/v1/models/{model}",
-            ):
-                codes.append("404")
-            if path in _BODY_SCHEMAS and "200" in responses:
-                ref = {"$ref": f"#/components/schemas/{_BODY_SCHEMAS[path]}"}
-                responses["200"].setdefault("content", {})["application/json"] = {"schema": ref}
-            for code in codes:
-                responses[code] = _error(code)
-            if path == "/metrics":
-                responses["200"] = {
-                    "description": "Prometheus text exposition format",
-                    "content": {"text/plain": {"schema": {"type": "string"}}},
-                }
-            if path == "/health":
-                ok = responses.get("200", {}).get("content", {}).get("application/json", {"schema": {}})
-                responses["503"] = {
-                    "description": "loading, or the load failed (body says which)",
-                    "content": {"application/json": ok},
-                }
-            if path in _STREAMING and "200" in responses:
-                responses["200"].setdefault("content", {})["text/event-stream"] = {
-                    "schema": {
-                        "description": "when stream is true: server-sent events, each `data:` a JSON chunk, then `data: [DONE]`"
-                    }
-                }
+            for code, response in errors(*codes).items():
+                responses.setdefault(str(code), response)
     return doc
+
+
+def _body_models(app: FastAPI) -> list[type[BaseModel]]:
+    """The pydantic models the app's routes take as request bodies (FastAPI's parse of the handlers)."""
+    models: list[type[BaseModel]] = []
+    for _, route in route_table(app):
+        if isinstance(route, APIRoute):
+            for param in route.dependant.body_params:
+                hint = param.field_info.annotation
+                if isinstance(hint, type) and issubclass(hint, BaseModel) and hint not in models:
+                    models.append(hint)
+    return models
 
 
 def _copy_int_bounds(src: Any, dst: Any) -> None:
@@ -270,4 +196,5 @@ def install_openapi(app: FastAPI) -> None:
             app.openapi_schema = build_openapi(app)
         return app.openapi_schema
 
+    # FastAPI's documented way to customise the document ("Extending OpenAPI"); mypy sees a method
     app.openapi = openapi  # type: ignore[method-assign]

@@ -69,8 +69,9 @@ class DeadlineH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def _cancel_deadline(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()
+        deadline = getattr(self, "_deadline", None)
+        if deadline is not None:
+            deadline.cancel()
             self._deadline = None
 
     def _request_timed_out(self) -> None:

@@ -1,27 +1,49 @@
 """The HTTP routes of prodip serve: thin handlers from the request models (serve/schemas.py) to the
 service (serve/service.py) and back; streaming over SSE; cancellation when the client goes away.
 
-    python -c "from prodip.serve.routes import ROUTES; print(ROUTES)"
+One :class:`~fastapi.APIRouter` per concern (:data:`ROUTERS`): status (health, models, metrics),
+completions (OpenAI's and the native generate), chat, tokenizer, playground. Each route declares its
+own OpenAPI facts on its decorator (prodip.serve.openapi says which ones and adds those every route
+shares); the metrics label of a request is the path template of the route it matches in the app's own
+route table (prodip.serve.openapi.find_route, used by prodip.serve.middleware), and the API key check skips the routes
+declared ``OPEN``.
+
+Adding an endpoint: write the handler in the router of its concern (or a new router added to
+:data:`ROUTERS`), with ``responses=`` for its 200 body (a model in serve/schemas.py) and the errors only
+it gives (``errors(404, 503)``), and ``openapi_extra=OPEN`` if it needs no API key. Nothing else:
+its metrics label, its 400/401/413/500 answers and their documentation follow from the app.
+
+    python -c "from prodip.serve.routes import ROUTERS; print([r.path for x in ROUTERS for r in x.routes])"
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar, Union
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from prodip.serve import completions as fmt
+from prodip.serve.openapi import OPEN, SSE, errors
 from prodip.serve.schemas import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
+    DetokenizeResponse,
     GenerateRequest,
+    GenerateResponse,
+    Health,
+    ModelCard,
+    ModelList,
     TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
 )
 from prodip.serve.service import APIError, Service
 
@@ -29,36 +51,22 @@ log = logging.getLogger("prodip.serve.app")
 
 
 _DISCONNECT_POLL_S = 0.05
-#: Paths with their own metrics label (others count as "other").
-ROUTES = (
-    "/v1/completions",
-    "/v1/generate",
-    "/v1/models",
-    "/v1/models/{model}",
-    "/health",
-    "/metrics",
-    "/tokenize",
-    "/detokenize",
-    "/tokenizer_info",
-    "/v1/chat/completions",
-)
-#: answered without the API key: liveness probes, and the API's documentation (a browser cannot send
-#: the key to read it; it holds no secret)
-OPEN_ROUTES = ("/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/playground")
 #: The playground page (GET /playground): a prompt box streaming from /v1/completions (or chat).
 PLAYGROUND = Path(__file__).with_name("playground.html")
+T = TypeVar("T")
 
 
-def route_label(path: str) -> str:
-    """The metrics label of a request path: the route it matches in :data:`ROUTES`, else "other"."""
-    if path in ROUTES:
-        return path
-    if path.startswith("/v1/models/") and "/" not in path[len("/v1/models/") :]:
-        return "/v1/models/{model}"
-    return "other"
+async def service(request: Request) -> Service:
+    """The app's :class:`Service` (``app.state.service``), for handlers: ``svc: Svc``. A coroutine, so
+    FastAPI calls it on the event loop, not in its thread pool."""
+    svc: Service = request.app.state.service
+    return svc
 
 
-async def _until_disconnect(request: Request, work: Any) -> Any:
+Svc = Annotated[Service, Depends(service)]
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> Union[T, Response]:
     """Await ``work`` but cancel it (and so its sequences) if the client goes away."""
     task = asyncio.ensure_future(work)
     try:
@@ -74,7 +82,7 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
             task.cancel()
 
 
-async def _sse_guard(chunks: AsyncIterator[str], request: Request) -> AsyncIterator[str]:
+async def _sse_guard(chunks: AsyncGenerator[str, None], request: Request) -> AsyncGenerator[str, None]:
     """Errors after the stream started cannot change the status: send them as an error event.
 
     Stops (closing ``chunks``, which cancels the sequences) as soon as the client is gone. Between
@@ -100,7 +108,7 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _sse(chunks: AsyncIterator[str], request: Request) -> StreamingResponse:
+def _sse(chunks: AsyncGenerator[str, None], request: Request) -> StreamingResponse:
     return StreamingResponse(
         _sse_guard(chunks, request),
         media_type="text/event-stream",
@@ -108,163 +116,230 @@ def _sse(chunks: AsyncIterator[str], request: Request) -> StreamingResponse:
     )
 
 
-def _conformance_body(svc: Service) -> dict[str, Any]:
+def _conformance(svc: Service) -> dict[str, Any]:
     """``{verified, loosened_tolerances: [{table, metric, shipped, used}]}`` of the served variant:
     loosened = bounds of the tolerance file its verdict was made with that are looser than the shipped
     conformance/tolerances.toml (empty: the shipped bounds or stricter)."""
     return {"verified": svc.info.verified, "loosened_tolerances": svc.info.loosened_tolerances}
 
 
-def add_routes(app: FastAPI, svc: Service) -> None:
-    @app.get("/playground", include_in_schema=False)
-    async def playground() -> HTMLResponse:
-        """A small page (no scripts from elsewhere) that streams completions from this server; the
-        API key, when the server has one, is typed into the page (the page itself is open)."""
-        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+# ---- status: health, models, metrics ------------------------------------------------------------
+status_routes = APIRouter()
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        body = {
-            "status": "ok" if svc.ready.is_set() else ("error" if svc.load_error else "loading"),
-            "model": svc.model_name,
-            "variant": svc.info.variant,
-            "verified": svc.info.verified,
-            "conformance": _conformance_body(svc),
-        }
-        if svc.load_error:
-            body["error"] = svc.load_error
-        return JSONResponse(body, status_code=200 if svc.ready.is_set() else 503)
 
-    def model_card() -> dict[str, Any]:
-        return {
-            "id": svc.model_name,
-            "object": "model",
-            "created": svc.created,
-            "owned_by": "prodip",
-            "variant": svc.info.variant,
-            "max_model_len": svc.info.max_model_len,
-            "conformance": _conformance_body(svc),
-        }
+@status_routes.get(
+    "/health",
+    response_model=None,
+    responses={
+        200: {"model": Health},
+        503: {"model": Health, "description": "loading, or the load failed (body says which)"},
+    },
+    openapi_extra=OPEN,
+)
+async def health(svc: Svc) -> JSONResponse:
+    """200 when the model is loaded; 503 while it loads or after a failed load (``status``, ``error``)."""
+    body: dict[str, Any] = {
+        "status": "ok" if svc.ready.is_set() else ("error" if svc.load_error else "loading"),
+        "model": svc.model_name,
+        "variant": svc.info.variant,
+        "verified": svc.info.verified,
+        "conformance": _conformance(svc),
+    }
+    if svc.load_error:
+        body["error"] = svc.load_error
+    return JSONResponse(body, status_code=200 if svc.ready.is_set() else 503)
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model}")
-    async def model(model: str) -> dict:
-        """OpenAI's "retrieve model" (the ``openai`` client's ``models.retrieve``); 404 for another id."""
-        svc.check_model(model)
-        return model_card()
+def _model_card(svc: Service) -> dict[str, Any]:
+    return {
+        "id": svc.model_name,
+        "object": "model",
+        "created": svc.created,
+        "owned_by": "prodip",
+        "variant": svc.info.variant,
+        "max_model_len": svc.info.max_model_len,
+        "conformance": _conformance(svc),
+    }
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        body, content_type = svc.metrics.render()
-        return Response(body, media_type=content_type)
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request) -> Any:
-        svc.require_ready()
-        svc.check_model(req.model)
-        if req.suffix:
-            raise APIError(400, "suffix is not supported (no fill-in-the-middle)", param="suffix", code="unsupported")
-        if req.best_of is not None and req.best_of != req.n:
-            raise APIError(400, "best_of must equal n (no server-side reranking)", param="best_of")
-        prompts = svc.prompt_ids(req.prompt)
-        max_tokens = svc.config.default_max_tokens if req.max_tokens is None else req.max_tokens
-        if req.echo and req.max_tokens is None:
-            max_tokens = max(0, min(max_tokens, svc.info.max_model_len - max(map(len, prompts))))
-        params = svc.sampling_params(req, max_tokens, prompts, req.n, req.logprobs, req.echo)
-        events = svc.stream(prompts, params, req.n)
-        want_lp = req.logprobs is not None
-        texts = svc.prompt_texts(req.prompt) if req.echo else None
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(
-                fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage, texts), request
-            )
-        return await _until_disconnect(request, fmt.completion(svc, events, prompts, req.n, req.echo, want_lp, texts))
+@status_routes.get("/v1/models", response_model=None, responses={200: {"model": ModelList}})
+async def models(svc: Svc) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_card(svc)]}
 
-    @app.post("/v1/generate")
-    async def generate(req: GenerateRequest, request: Request) -> Any:
-        svc.require_ready()
-        svc.check_model(req.model)
-        prompts = svc.prompt_ids(req.prompt if isinstance(req.prompt, str) else [req.prompt])
-        max_new = svc.config.default_max_tokens if req.max_new_tokens is None else req.max_new_tokens
-        params = svc.sampling_params(req, max_new, prompts, 1, req.logprobs, max_tokens_field="max_new_tokens")
-        events = svc.stream(prompts, params, 1)
-        if req.stream:
-            return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None), request)
-        return await _until_disconnect(request, fmt.generate(svc, events, prompts[0], req.logprobs is not None))
 
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> dict:
-        """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``."""
-        svc.require_ready()
-        svc.check_model(req.model)
-        ids = svc.encode(req.content, req.add_special_tokens)
-        body: dict[str, Any] = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
-        if req.return_token_strs:
-            body["token_strs"] = [svc.tokenizer.id_to_token(t) for t in ids]
-        return body
+@status_routes.get("/v1/models/{model}", response_model=None, responses={200: {"model": ModelCard}, **errors(404)})
+async def model(model: str, svc: Svc) -> dict[str, Any]:
+    """OpenAI's "retrieve model" (the ``openai`` client's ``models.retrieve``); 404 for another id."""
+    svc.check_model(model)
+    return _model_card(svc)
 
-    @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest) -> dict:
-        """vLLM's shape ``{prompt}``, plus ``text`` (prodip's older name, the same string)."""
-        svc.require_ready()
-        svc.check_model(req.model)
-        bad = [t for t in req.tokens if not 0 <= t < svc.vocab_size]
-        if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {svc.vocab_size})", param="tokens")
-        text = svc.decode(req.tokens, req.skip_special_tokens)
-        return {"prompt": text, "text": text}
 
-    @app.get("/tokenizer_info")
-    async def tokenizer_info() -> dict:
-        """vLLM's keys (``tokenizer_class``, ``bos_token``, ``eos_token``, ``pad_token``,
-        ``model_max_length``, ``add_bos_token``, ``chat_template``: what lm-eval's remote tokenizer
-        reads), then prodip's: vocabulary sizes, ids of the special tokens, sha256, normaliser."""
-        svc.require_ready()
-        tok = svc.tokenizer
-        specials = {
-            name: {"id": tid, "text": tok.id_to_token(tid)}
-            for name, tid in (("pad", svc.pad_id), ("bos", svc.bos_id), ("eos", svc.eos_id))
-        }
-        return {
-            "tokenizer_class": svc.tokenizer_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
-            "bos_token": specials["bos"]["text"],
-            "eos_token": specials["eos"]["text"],
-            "pad_token": specials["pad"]["text"],
-            "model_max_length": svc.info.max_model_len,
-            "add_bos_token": svc.adds_bos,
-            "chat_template": svc.tokenizer_config.get("chat_template"),
-            "vocab_size": tok.get_vocab_size(),
-            "model_vocab_size": svc.vocab_size,
-            "max_model_len": svc.info.max_model_len,
-            "tokenizer_sha256": svc.info.tokenizer_sha256,
-            "special_tokens": specials,
-            "normalizer": type(tok.normalizer).__name__ if tok.normalizer is not None else None,
-        }
+@status_routes.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"description": "Prometheus text exposition format"}},
+)
+async def metrics(svc: Svc) -> Response:
+    body, content_type = svc.metrics.render()
+    return Response(body, media_type=content_type)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
-        """OpenAI chat completions: ``messages`` rendered with the export's chat template (the chat
-        contract, prodip.base.chat), then generated as /v1/completions does, stopping at the end of
-        turn ``<|im_end|>``. A base model (no template) answers 400 ``chat_not_supported``."""
-        svc.require_chat()
-        svc.require_ready()
-        svc.check_model(req.model)
-        prompt = svc.chat_prompt(req)
-        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = svc.config.default_max_tokens if max_tokens is None else max_tokens
-        top = req.top_logprobs or 0
-        params = svc.sampling_params(
-            req, max_tokens, [prompt], req.n, top if req.logprobs else None, max_tokens_field=field
+
+# ---- completions: OpenAI's /v1/completions and the native /v1/generate ---------------------------
+completion_routes = APIRouter()
+
+
+@completion_routes.post(
+    "/v1/completions",
+    response_model=None,
+    responses={200: {"model": CompletionResponse, "content": SSE}, **errors(404, 503)},
+)
+async def completions(req: CompletionRequest, request: Request, svc: Svc) -> Response | dict[str, Any]:
+    svc.require_ready()
+    svc.check_model(req.model)
+    if req.suffix:
+        raise APIError(400, "suffix is not supported (no fill-in-the-middle)", param="suffix", code="unsupported")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, "best_of must equal n (no server-side reranking)", param="best_of")
+    prompts = svc.prompt_ids(req.prompt)
+    max_tokens = svc.config.default_max_tokens if req.max_tokens is None else req.max_tokens
+    if req.echo and req.max_tokens is None:
+        max_tokens = max(0, min(max_tokens, svc.info.max_model_len - max(map(len, prompts))))
+    params = svc.sampling_params(req, max_tokens, prompts, req.n, req.logprobs, req.echo)
+    events = svc.stream(prompts, params, req.n)
+    want_lp = req.logprobs is not None
+    texts = svc.prompt_texts(req.prompt) if req.echo else None
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return _sse(
+            fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage, texts), request
         )
-        events = svc.stream([prompt], params, req.n)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(
-                fmt.chat_completion_stream(svc, events, prompt, req.n, req.logprobs, top, include_usage), request
-            )
-        return await _until_disconnect(request, fmt.chat_completion(svc, events, prompt, req.n, req.logprobs, top))
+    return await _until_disconnect(request, fmt.completion(svc, events, prompts, req.n, req.echo, want_lp, texts))
+
+
+@completion_routes.post(
+    "/v1/generate",
+    response_model=None,
+    responses={200: {"model": GenerateResponse, "content": SSE}, **errors(404, 503)},
+)
+async def generate(req: GenerateRequest, request: Request, svc: Svc) -> Response | dict[str, Any]:
+    svc.require_ready()
+    svc.check_model(req.model)
+    prompts = svc.prompt_ids(req.prompt if isinstance(req.prompt, str) else [req.prompt])
+    max_new = svc.config.default_max_tokens if req.max_new_tokens is None else req.max_new_tokens
+    params = svc.sampling_params(req, max_new, prompts, 1, req.logprobs, max_tokens_field="max_new_tokens")
+    events = svc.stream(prompts, params, 1)
+    if req.stream:
+        return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None), request)
+    return await _until_disconnect(request, fmt.generate(svc, events, prompts[0], req.logprobs is not None))
+
+
+# ---- chat: OpenAI's /v1/chat/completions ---------------------------------------------------------
+chat_routes = APIRouter()
+
+
+@chat_routes.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses={200: {"model": ChatCompletionResponse, "content": SSE}, **errors(404, 503)},
+)
+async def chat_completions(req: ChatCompletionRequest, request: Request, svc: Svc) -> Response | dict[str, Any]:
+    """OpenAI chat completions: ``messages`` rendered with the export's chat template (the chat
+    contract, prodip.base.chat), then generated as /v1/completions does, stopping at the end of
+    turn ``<|im_end|>``. A base model (no template) answers 400 ``chat_not_supported``."""
+    svc.require_chat()
+    svc.require_ready()
+    svc.check_model(req.model)
+    prompt = svc.chat_prompt(req)
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = svc.config.default_max_tokens if max_tokens is None else max_tokens
+    top = req.top_logprobs or 0
+    params = svc.sampling_params(
+        req, max_tokens, [prompt], req.n, top if req.logprobs else None, max_tokens_field=field
+    )
+    events = svc.stream([prompt], params, req.n)
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return _sse(fmt.chat_completion_stream(svc, events, prompt, req.n, req.logprobs, top, include_usage), request)
+    return await _until_disconnect(request, fmt.chat_completion(svc, events, prompt, req.n, req.logprobs, top))
+
+
+# ---- tokenizer: vLLM's /tokenize, /detokenize, /tokenizer_info -----------------------------------
+tokenizer_routes = APIRouter()
+
+
+@tokenizer_routes.post(
+    "/tokenize", response_model=None, responses={200: {"model": TokenizeResponse}, **errors(404, 503)}
+)
+async def tokenize(req: TokenizeRequest, svc: Svc) -> dict[str, Any]:
+    """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``."""
+    svc.require_ready()
+    svc.check_model(req.model)
+    ids = svc.encode(req.content, req.add_special_tokens)
+    body: dict[str, Any] = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
+    if req.return_token_strs:
+        body["token_strs"] = [svc.tokenizer.id_to_token(t) for t in ids]
+    return body
+
+
+@tokenizer_routes.post(
+    "/detokenize", response_model=None, responses={200: {"model": DetokenizeResponse}, **errors(404, 503)}
+)
+async def detokenize(req: DetokenizeRequest, svc: Svc) -> dict[str, Any]:
+    """vLLM's shape ``{prompt}``, plus ``text`` (prodip's older name, the same string)."""
+    svc.require_ready()
+    svc.check_model(req.model)
+    bad = [t for t in req.tokens if not 0 <= t < svc.vocab_size]
+    if bad:
+        raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {svc.vocab_size})", param="tokens")
+    text = svc.decode(req.tokens, req.skip_special_tokens)
+    return {"prompt": text, "text": text}
+
+
+@tokenizer_routes.get("/tokenizer_info", response_model=None, responses={200: {"model": TokenizerInfo}, **errors(503)})
+async def tokenizer_info(svc: Svc) -> dict[str, Any]:
+    """vLLM's keys (``tokenizer_class``, ``bos_token``, ``eos_token``, ``pad_token``,
+    ``model_max_length``, ``add_bos_token``, ``chat_template``: what lm-eval's remote tokenizer
+    reads), then prodip's: vocabulary sizes, ids of the special tokens, sha256, normaliser."""
+    svc.require_ready()
+    tok = svc.tokenizer
+    specials = {
+        name: {"id": tid, "text": tok.id_to_token(tid)}
+        for name, tid in (("pad", svc.pad_id), ("bos", svc.bos_id), ("eos", svc.eos_id))
+    }
+    return {
+        "tokenizer_class": svc.tokenizer_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
+        "bos_token": specials["bos"]["text"],
+        "eos_token": specials["eos"]["text"],
+        "pad_token": specials["pad"]["text"],
+        "model_max_length": svc.info.max_model_len,
+        "add_bos_token": svc.adds_bos,
+        "chat_template": svc.tokenizer_config.get("chat_template"),
+        "vocab_size": tok.get_vocab_size(),
+        "model_vocab_size": svc.vocab_size,
+        "max_model_len": svc.info.max_model_len,
+        "tokenizer_sha256": svc.info.tokenizer_sha256,
+        "special_tokens": specials,
+        "normalizer": type(tok.normalizer).__name__ if tok.normalizer is not None else None,
+    }
+
+
+# ---- playground: a page for people (not part of the API document) -------------------------------
+playground_routes = APIRouter()
+
+
+@playground_routes.get("/playground", include_in_schema=False, openapi_extra=OPEN)
+async def playground() -> HTMLResponse:
+    """A small page (no scripts from elsewhere) that streams completions from this server; the
+    API key, when the server has one, is typed into the page (the page itself is open)."""
+    return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+
+
+#: every router of the server, in the order of the OpenAPI document
+ROUTERS = (status_routes, completion_routes, chat_routes, tokenizer_routes, playground_routes)
+
+
+def add_routes(app: FastAPI) -> None:
+    """Include :data:`ROUTERS` in ``app`` (its handlers find the service at ``app.state.service``)."""
+    for router in ROUTERS:
+        app.include_router(router)

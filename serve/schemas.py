@@ -1,4 +1,6 @@
-"""Request bodies of the HTTP API (pydantic, ``extra="forbid"``: an unknown field is a 400).
+"""Request and response bodies of the HTTP API (pydantic).
+
+Requests are ``extra="forbid"``: an unknown field is a 400.
 
 Ranges are checked here (-> 400 in OpenAI's error form, see ``prodip.serve.app``); limits that need the
 model (context window, vocabulary) are checked in ``prodip.serve.service``. As in OpenAI's API, ``null`` for
@@ -6,13 +8,17 @@ an optional field means its default, types are strict (a number sent as a string
 sent as ``2.0`` or a boolean sent as ``1`` is a 400; integers are fine for float fields), and every text (prompt, stop, model, ...) must be valid Unicode:
 a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's json accepts) is a 400 naming the field.
 
+The response models document the 200 bodies in the OpenAPI document (``responses={200: {"model": ...}}``
+on the route); the handlers build the bodies as plain dicts (prodip.serve.completions), and
+tests/serve/test_openapi.py checks real answers against these schemas with schemathesis.
+
     python -c "from prodip.serve.schemas import CompletionRequest as C; print(C(prompt='hi', max_tokens=4))"
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -289,3 +295,175 @@ def error_body(
 ) -> dict[str, Any]:
     """OpenAI's error form: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+# ---- response bodies (documentation: the OpenAPI document's 200 schemas) -----------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy logprobs: per token its text, logprob (nats; None for an echoed first token),
+    the top alternatives ``{text: logprob}`` and the character offset in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[Optional[float]]
+    top_logprobs: list[Optional[dict[str, float]]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs]
+    finish_reason: Optional[str]
+
+
+class CompletionResponse(BaseModel):
+    """OpenAI's legacy ``text_completion`` object (prodip.serve.completions.completion)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class GenerateResponse(BaseModel):
+    """The native ``/v1/generate`` body (prodip.serve.completions.generate); logprobs in nats."""
+
+    model: str
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str]
+    logprobs: Optional[list[Optional[float]]]
+    usage: Usage
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+    refusal: None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: Optional[ChatLogprobs]
+    finish_reason: Optional[str]
+
+
+class ChatCompletionResponse(BaseModel):
+    """OpenAI's ``chat.completion`` object (prodip.serve.completions.chat_completion)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class LoosenedBound(BaseModel):
+    """A tolerance bound the served variant's verdict used that is looser than the shipped one."""
+
+    table: str
+    metric: str
+    shipped: Any
+    used: Any
+
+
+class Conformance(BaseModel):
+    """The served variant's conformance: verified by ``prodip conformance``, and any loosened bounds."""
+
+    verified: bool
+    loosened_tolerances: list[LoosenedBound]
+
+
+class Health(BaseModel):
+    """``GET /health``: 200 when the model is loaded, else 503 with ``status`` loading or error."""
+
+    status: Literal["ok", "loading", "error"]
+    model: str
+    variant: str
+    verified: bool
+    conformance: Conformance
+    error: Optional[str] = Field(None, description="why the load failed (status error only)")
+
+
+class ModelCard(BaseModel):
+    """OpenAI's ``model`` object, plus prodip's variant, context window and conformance."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    variant: str
+    max_model_len: int
+    conformance: Conformance
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    """vLLM's ``/tokenize`` answer."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[Optional[str]]] = Field(None, description="only with return_token_strs")
+
+
+class DetokenizeResponse(BaseModel):
+    """vLLM's ``{prompt}`` plus ``text`` (prodip's older name, the same string)."""
+
+    prompt: str
+    text: str
+
+
+class SpecialToken(BaseModel):
+    id: int
+    text: Optional[str]
+
+
+class TokenizerInfo(BaseModel):
+    """vLLM's ``/tokenizer_info`` keys, then prodip's."""
+
+    tokenizer_class: str
+    bos_token: Optional[str]
+    eos_token: Optional[str]
+    pad_token: Optional[str]
+    model_max_length: int
+    add_bos_token: bool
+    chat_template: Optional[Union[str, list[dict[str, Any]]]] = Field(
+        description="tokenizer_config.json's chat_template (a string, or Hugging Face's list of named templates)"
+    )
+    vocab_size: int
+    model_vocab_size: int
+    max_model_len: int
+    tokenizer_sha256: str
+    special_tokens: dict[str, SpecialToken]
+    normalizer: Optional[str]

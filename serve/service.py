@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from collections.abc import Sequence as Seq
 from functools import lru_cache
 from typing import Any, Optional, Union
@@ -36,7 +36,7 @@ from prodip.serve.schemas import SamplingRequest, error_body
 
 log = logging.getLogger(__name__)
 #: what a sequence emits: a generated token, or (once, first) the prompt's logprobs
-_Event = Union[TokenOut, PromptScores]
+StreamEvent = Union[TokenOut, PromptScores]
 #: the one answer to a token-id prompt without ids, whatever the route and nesting
 EMPTY_PROMPT = 'prompt has no token ids; send at least one id, or the text "" to start at the document start'
 #: most sequences (prompts x n) one request may start.
@@ -491,17 +491,17 @@ class Service:
     # ---- generation -------------------------------------------------------------------------
     async def stream(
         self, prompts: list[list[int]], params: SamplingParams, n: int = 1
-    ) -> AsyncIterator[tuple[int, _Event]]:
+    ) -> AsyncGenerator[tuple[int, StreamEvent], None]:
         """Run ``n`` sequences per prompt as one batch of arrivals; yield ``(choice_index, event)``.
 
         Choice ``index = prompt_index * n + j``. Every sequence ends with a :class:`TokenOut`
         whose ``finish_reason`` is set. Closing the iterator early cancels all its sequences.
         """
         self.require_ready()
-        queue: asyncio.Queue[tuple[int, _Event]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
         post = self._poster(asyncio.get_running_loop()).post_later  # delivered at the engine's next step
 
-        def emitter(index: int) -> Callable[[_Event], None]:
+        def emitter(index: int) -> Callable[[StreamEvent], None]:
             return lambda event: post(queue, (index, event))
 
         seqs = [

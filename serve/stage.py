@@ -29,10 +29,26 @@ def free_port() -> int:
     """A free TCP port on 127.0.0.1 (bound then released; a tiny race is acceptable here)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> dict:
+def _json_object(url: str, text: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object.
+
+    Raises:
+        StageFailed: not JSON, or JSON that is not an object (the URL and the start of the text named).
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise StageFailed(f"{url}: the answer is not a JSON object: {text[:300]!r}")
+    return doc
+
+
+def _http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
     """GET (no body) or POST JSON; an HTTP error raises StageFailed with the server's error body.
 
     Sends ``Authorization: Bearer $PRODIP_API_KEY`` when that variable is set (the server reads it too).
@@ -44,12 +60,12 @@ def _http_json(url: str, body: dict | None = None, timeout_s: float = 120.0) -> 
     req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read().decode("utf-8"))
+            return _json_object(url, resp.read().decode("utf-8"))
     except urllib.error.HTTPError as err:
         raise StageFailed(f"{url}: HTTP {err.code}: {err.read().decode('utf-8', 'replace')[:500]}") from None
 
 
-def _http_post_status(url: str, body: dict, timeout_s: float = 120.0) -> tuple[int, dict]:
+def _http_post_status(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, Any]]:
     """POST JSON; returns ``(status, body)`` also for an HTTP error (its JSON body, or ``{"detail": text}``)."""
     headers = {"Content-Type": "application/json"}
     if os.environ.get("PRODIP_API_KEY"):
@@ -57,12 +73,12 @@ def _http_post_status(url: str, body: dict, timeout_s: float = 120.0) -> tuple[i
     req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, json.loads(resp.read().decode("utf-8"))
+            return resp.status, _json_object(url, resp.read().decode("utf-8"))
     except urllib.error.HTTPError as err:
         text = err.read().decode("utf-8", "replace")
         try:
-            return err.code, json.loads(text)
-        except ValueError:
+            return err.code, _json_object(url, text)
+        except StageFailed:
             return err.code, {"detail": text[:500]}
 
 
@@ -80,7 +96,8 @@ def chat_reply(base: str, model_id: str, content: str, max_tokens: int, sampling
     t0 = time.perf_counter()
     status, doc = _http_post_status(f"{base}/v1/chat/completions", body)
     if status in (400, 404):
-        err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+        error = doc.get("error")
+        err: dict[str, Any] = error if isinstance(error, dict) else {}
         message = err.get("message") or doc.get("detail") or json.dumps(doc)[:300]
         return {"user": content, "error": {"status": status, "code": err.get("code"), "message": str(message)}}
     if status != 200:
@@ -178,7 +195,7 @@ def serve_run(
     return doc
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+def _wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

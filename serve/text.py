@@ -12,7 +12,7 @@ print(m.feed('abcE'), m.feed('NDxyz'))"
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tokenizers import Tokenizer
 
@@ -64,7 +64,7 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text) :]
 
 
-def _clean_context(decode, ids: list[int]) -> tuple[list[int], int]:
+def _clean_context(decode: Callable[[list[int]], str], ids: list[int]) -> tuple[list[int], int]:
     """Up to :data:`_CONTEXT_TOKENS` prompt-tail ids that decode with no U+FFFD, and where they end.
 
     Byte-fallback decoders turn a whole run of byte tokens into U+FFFD when any part of it is

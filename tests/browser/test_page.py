@@ -148,22 +148,15 @@ def test_page_generates_onnx_runtimes_ids(served_export):
 def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):
     """``prodip serve``'s /playground page, in Chromium: one streamed completion from /v1/completions,
     whose text equals the same request's non-streamed text (greedy), in more than one chunk."""
-    import signal
-    import sys
     from urllib.parse import quote
 
     import httpx
 
-    from tests.serve.conftest import build_export
-    from tests.serve.test_server import free_port, wait_http
+    from tests.serve.conftest import build_export, serve_export
 
     export, _ = build_export(tmp_path_factory.mktemp("playground"), variants=("fp32",))
-    port = free_port()
-    cmd = [sys.executable, "-m", "prodip.serve", "serve", str(export), "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{base}/health", proc=proc)
+    with serve_export(export, "--log-level", "warning") as srv:
+        base = srv.base
         model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
         body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
         want = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
@@ -174,9 +167,3 @@ def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):
         res = got["result"]
         assert res["mode"] == "completion" and res["text"] == want and res["chunks"] > 1
         assert all(u.startswith(base + "/") for u in got["requests"])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()

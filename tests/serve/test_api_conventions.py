@@ -5,8 +5,12 @@ only with ``stream``, errors naming the field as the client wrote it, and the Op
 
 from __future__ import annotations
 
-import pytest
+from typing import Optional
 
+import pytest
+from pydantic import BaseModel
+
+from prodip.serve.routes import Svc
 from tests.serve.conftest import wait_ready
 
 
@@ -106,6 +110,79 @@ def test_with_an_api_key_the_document_declares_it_and_docs_stay_readable(tiny_ex
         doc = c.get("/openapi.json").json()
         assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
         assert doc["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
-        assert "security" not in doc["paths"]["/health"]["get"]
+        assert doc["paths"]["/health"]["get"]["security"] == []  # OpenAPI's "no key needed"
+        assert "401" not in doc["paths"]["/health"]["get"]["responses"]
+        assert c.get("/health").status_code == 200 and c.get("/playground").status_code == 200
         assert c.get("/v1/models").status_code == 401
         assert c.get("/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+
+
+class EchoRequest(BaseModel):
+    """The body of the test route below (module level, as ``Svc``: FastAPI resolves the handler's
+    annotations, strings under ``from __future__ import annotations``, in the module's namespace)."""
+
+    model: Optional[str] = None
+    text: str
+
+
+class EchoResponse(BaseModel):
+    text: str
+    model: str
+
+
+def test_a_new_route_needs_no_other_edit(tiny_export):
+    """A route added to a server (here by a test, on its own router) gets its metrics label from the
+    app's route table and its OpenAPI statuses from what it declares plus what every route shares;
+    a route declared OPEN needs no key. Nothing else was edited for either."""
+    from fastapi import APIRouter
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+    from prodip.serve.openapi import OPEN, errors
+
+    extra = APIRouter()
+
+    @extra.post("/v1/echo/{times}", response_model=None, responses={200: {"model": EchoResponse}, **errors(404)})
+    async def echo(times: int, req: EchoRequest, svc: Svc) -> dict[str, str]:
+        svc.check_model(req.model)
+        return {"text": req.text * times, "model": svc.model_name}
+
+    @extra.get("/v1/open-ping", openapi_extra=OPEN)
+    async def ping() -> dict[str, str]:
+        return {"pong": "yes"}
+
+    app = create_app(tiny_export[0], "fp32", api_key="sekret")
+    app.include_router(extra)
+    key = {"Authorization": "Bearer sekret"}
+    with TestClient(app) as c:
+        wait_ready(c)
+        assert c.post("/v1/echo/2", json={"text": "ab"}, headers=key).json() == {"text": "abab", "model": "export"}
+        assert c.post("/v1/echo/2", json={"text": "ab", "model": "x"}, headers=key).status_code == 404
+        assert c.post("/v1/echo/2", json={"text": 3}, headers=key).status_code == 400  # not FastAPI's 422
+        assert c.post("/v1/echo/2", json={"text": "ab"}).status_code == 401
+        assert c.get("/v1/open-ping").json() == {"pong": "yes"}  # OPEN: no key
+        assert c.get("/v1/nowhere", headers=key).status_code == 404
+        text = c.get("/metrics", headers=key).text
+        doc = c.get("/openapi.json").json()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = {
+        (sample.labels["route"], sample.labels["status"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "prodip_requests_total"
+    }
+    for status in ("200", "404", "400", "401"):
+        assert counts[("/v1/echo/{times}", status)] == 1.0, counts
+    assert counts[("/v1/open-ping", "200")] == 1.0
+    assert counts[("other", "404")] == 1.0  # only a path no route matches is "other"
+    op = doc["paths"]["/v1/echo/{times}"]["post"]
+    assert set(op["responses"]) == {"200", "400", "401", "404", "413", "500"}
+    assert op["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/EchoResponse"
+    }
+    error = {"$ref": "#/components/schemas/ErrorResponse"}
+    assert all(op["responses"][c]["content"]["application/json"]["schema"] == error for c in ("400", "401", "404"))
+    assert op["security"] == [{"bearer": []}]
+    open_op = doc["paths"]["/v1/open-ping"]["get"]
+    assert set(open_op["responses"]) == {"200", "500"} and open_op["security"] == []

@@ -196,34 +196,10 @@ def test_template_advertised(chat_client):
 
 @pytest.fixture(scope="module")
 def chat_server(chat_export):
-    import signal
-    import subprocess
-    import sys
+    from tests.serve.conftest import serve_export
 
-    from tests.serve.test_server import free_port, wait_http
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prodip.serve",
-            "serve",
-            str(chat_export[0]),
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    with serve_export(chat_export[0], "--log-level", "warning") as srv:
+        yield srv.base
 
 
 def readme_chat_example() -> str:

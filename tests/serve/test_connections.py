@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from tests.serve.test_server import free_port, wait_http
+from prodip.serve.stage import free_port
+from tests.serve.conftest import serve_export
 
 UNICODE_KEY = "ключ-চাবি-1"
 
@@ -89,35 +90,10 @@ REQUEST_S, IDLE_S, MAX_CONN = 1.5, 1.0, 4
 
 @pytest.fixture(scope="module")
 def deadline_server(tiny_export):
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "prodip",
-        "serve",
-        str(tiny_export[0]),
-        "--variant",
-        "fp32",
-        "--port",
-        str(port),
-        "--request-timeout-s",
-        str(REQUEST_S),
-        "--keep-alive-s",
-        str(IDLE_S),
-        "--max-connections",
-        str(MAX_CONN),
-        "--max-header-bytes",
-        "4096",
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    limits = ["--request-timeout-s", str(REQUEST_S), "--keep-alive-s", str(IDLE_S), "--max-connections", str(MAX_CONN)]
+    args = ["--variant", "fp32", *limits, "--max-header-bytes", "4096", "--log-level", "warning"]
+    with serve_export(tiny_export[0], *args, prog=(sys.executable, "-m", "prodip", "serve")) as srv:
+        yield srv.port
 
 
 def _connect(port: int) -> socket.socket:

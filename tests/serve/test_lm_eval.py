@@ -9,14 +9,13 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.serve.test_server import free_port, wait_http
+from tests.serve.conftest import serve_export
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -78,17 +77,10 @@ def test_lm_eval_readme_command_matches_hf(tiny_export, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["HF_HOME"] = str(tmp_path / "hf_home")
     bin_dir = Path(sys.executable).parent
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prodip.serve", "serve", str(export_dir), "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+    with serve_export(export_dir, "--log-level", "warning") as srv:
         cmd = readme_command()
         args = cmd[cmd.index("--model_args") + 1]
-        args = args.replace("http://127.0.0.1:8000", f"http://127.0.0.1:{port}")
+        args = args.replace("http://127.0.0.1:8000", srv.base)
         args = args.replace("tokenizer=runs/demo/export", f"tokenizer={export_dir}")
         args = args.replace("max_length=256", f"max_length={max_len}")
         cmd[cmd.index("--model_args") + 1] = args
@@ -96,9 +88,6 @@ def test_lm_eval_readme_command_matches_hf(tiny_export, tmp_path):
         cmd[0] = str(bin_dir / "lm_eval")
         extra = ["--include_path", str(tasks), "--log_samples", "--batch_size", "1"]
         _run(cmd + extra + ["--output_path", str(tmp_path / "served")], env)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
     hf = [
         str(bin_dir / "lm_eval"),
         "--model",

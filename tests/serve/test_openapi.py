@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.test_server import free_port, wait_http
+from tests.serve.conftest import serve_export
 
 pytestmark = pytest.mark.slow
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
@@ -23,31 +22,8 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 
 @pytest.fixture(scope="module")
 def base_url(tiny_export):
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prodip.serve",
-            "serve",
-            str(tiny_export[0]),
-            "--port",
-            str(port),
-            "--log-level",
-            "error",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with serve_export(tiny_export[0], "--log-level", "error") as srv:
+        yield srv.base
 
 
 def test_document_lists_real_status_codes_and_types(base_url):

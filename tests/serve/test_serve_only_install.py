@@ -5,7 +5,6 @@ a completion on a tiny export; ``import torch`` fails there."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import venv
@@ -14,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.test_server import free_port, wait_http
+from tests.serve.conftest import serve_export
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -43,24 +42,11 @@ def test_default_install_serves_without_torch(tiny_export, tmp_path):
         cwd=tmp_path,
     )
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(env_dir / "bin" / "prodip"), "serve", str(tiny_export[0]), "--port", str(port), "--variant", "int8"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=tmp_path,  # not the repo: the installed package, not the source tree, is imported
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120, proc=proc)
+    prodip = (str(env_dir / "bin" / "prodip"), "serve")
+    # cwd: not the repo, so the installed package, not the source tree, is imported
+    with serve_export(tiny_export[0], "--variant", "int8", prog=prodip, timeout_s=120, env=env, cwd=tmp_path) as srv:
         body = {"prompt": "আমার", "max_tokens": 5, "temperature": 0}
-        out = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        out = httpx.post(f"{srv.base}/v1/completions", json=body, timeout=60)
         assert out.status_code == 200, out.text
         assert out.json()["usage"]["completion_tokens"] == 5
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     assert sys.executable != str(py)

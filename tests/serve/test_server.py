@@ -4,74 +4,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 
 import httpx
 import pytest
 
+from prodip.serve.stage import free_port
+from tests.serve.conftest import SERVE, serve_app, serve_export
+
 pytestmark = pytest.mark.slow
 KEY = "test-key"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout_s: float = 60.0, proc=None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
 @pytest.fixture(scope="module")
 def server(tiny_export):
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prodip.serve",
-            "serve",
-            str(tiny_export[0]),
-            "--port",
-            str(port),
-            "--variant",
-            "int8",
-            "--api-key",
-            KEY,
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with serve_export(tiny_export[0], "--variant", "int8", "--api-key", KEY, "--log-level", "warning") as srv:
+        yield srv.base, srv.proc
 
 
 def test_openai_client_plain_and_streaming(server):
@@ -139,7 +93,7 @@ def test_cli_refuses_unverified_export(tiny_export, tmp_path):
     m["conformance"]["variants"]["fp32"] = m["conformance"]["checks"]["fp32"]["passed"] = False
     (d / "manifest.json").write_text(json.dumps(m))
     r = subprocess.run(
-        [sys.executable, "-m", "prodip.serve", "serve", str(d), "--port", str(free_port())],
+        [*SERVE, str(d), "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=60,
@@ -148,32 +102,13 @@ def test_cli_refuses_unverified_export(tiny_export, tmp_path):
 
 
 def test_graceful_shutdown_on_sigterm(tiny_export):
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prodip.serve",
-            "serve",
-            str(tiny_export[0]),
-            "--port",
-            str(port),
-            "--log-level",
-            "info",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
-        proc.send_signal(signal.SIGTERM)
+    with serve_export(tiny_export[0], "--log-level", "info") as srv:
+        srv.proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down (lifespan end: engine thread stopped), then re-raises the signal
-        assert proc.wait(15) in (0, -signal.SIGTERM)
-        log = proc.stderr.read().decode()
+        assert srv.proc.wait(15) in (0, -signal.SIGTERM)
+        assert srv.proc.stderr is not None
+        log = srv.proc.stderr.read().decode()
         assert "Application shutdown complete" in log and "Finished server process" in log
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 class _SlowDecoder:
@@ -193,21 +128,14 @@ class _SlowDecoder:
 
 
 def test_client_disconnect_stops_generation(tiny_export):
-    import uvicorn
-
     from prodip.serve.app import create_app
 
     app = create_app(tiny_export[0])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health")
+    with serve_app(app) as base:
         sched = app.state.service.scheduler
         sched.decoder = slow = _SlowDecoder(sched.decoder)
         body = {"prompt": "আমি", "max_tokens": 120, "ignore_eos": True, "temperature": 0, "stream": True}
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as r:
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
             for _ in range(3):
                 next(lines)
@@ -217,13 +145,10 @@ def test_client_disconnect_stops_generation(tiny_export):
         assert not sched._groups
         # same for a non-streamed request whose client times out
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={**body, "stream": False}, timeout=0.3)
+            httpx.post(f"{base}/v1/completions", json={**body, "stream": False}, timeout=0.3)
         calls_at_close = slow.calls
         time.sleep(0.4)
         assert slow.calls - calls_at_close <= 4
-    finally:
-        server.should_exit = True
-        thread.join(15)
 
 
 def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
@@ -233,15 +158,9 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
     status cannot change: then the server's log is the only one and the connection is cut."""
     import logging
 
-    import uvicorn
-
     from prodip.serve.app import create_app
 
     app = create_app(tiny_export[0])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     seen: dict[int, logging.LogRecord] = {}
 
     class Collect(logging.Handler):
@@ -257,17 +176,18 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
 
     handler = Collect(logging.ERROR)
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "serve", "prodip.serve.app")]
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health")  # uvicorn has configured its loggers by now
+    with serve_app(app) as base, contextlib.ExitStack() as handlers:
+        # uvicorn has configured its loggers by now
         for lg in loggers:
             lg.addHandler(handler)
+            handlers.callback(lg.removeHandler, handler)
 
         def boom(*args, **kwargs):
             raise RuntimeError("planted")
 
         svc = app.state.service
         monkeypatch.setattr(svc, "prompt_ids", boom)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x"}, timeout=10)
+        r = httpx.post(f"{base}/v1/completions", json={"prompt": "x"}, timeout=10)
         assert r.status_code == 500
         assert r.json()["error"] == {
             "message": "internal error: RuntimeError",
@@ -282,7 +202,7 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
         monkeypatch.setattr(svc, "token_text", boom)  # fails after the stream's 200 went out
         with pytest.raises(httpx.RemoteProtocolError):
             httpx.post(
-                f"http://127.0.0.1:{port}/v1/completions",
+                f"{base}/v1/completions",
                 json={"prompt": "x", "stream": True, "logprobs": 1},
                 timeout=10,
             )
@@ -290,16 +210,8 @@ def test_unhandled_error_logs_one_traceback(tiny_export, monkeypatch):
         assert len(logged) == 1 and logged[0].name == "uvicorn.error", [(x.name, x.getMessage()) for x in logged]
         monkeypatch.undo()
         assert (
-            httpx.post(
-                f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10
-            ).status_code
-            == 200
+            httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10).status_code == 200
         )
-    finally:
-        for lg in loggers:
-            lg.removeHandler(handler)
-        server.should_exit = True
-        thread.join(15)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "no-such-host.invalid", "203.0.113.7"])
@@ -310,10 +222,7 @@ def test_cli_bind_failure_is_one_line_exit_2(tiny_export, host):
         port = held.getsockname()[1]
         r = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "prodip.serve",
-                "serve",
+                *SERVE,
                 str(tiny_export[0]),
                 "--host",
                 host,
