@@ -501,7 +501,8 @@ class OnnxDecoder:
         if logits is None:
             out: np.ndarray = io.get_outputs()[0].numpy()
             return out
-        return logits.copy()  # a copy: the buffer is the next step's output
+        copied: np.ndarray = logits.copy()  # a copy: the buffer is the next step's output
+        return copied
 
     def _in_place_binding(
         self, caches: list[Any], rows: int, tokens: int
