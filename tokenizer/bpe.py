@@ -52,7 +52,15 @@ from prodip.tokenizer.corpus import (
 )
 from prodip.tokenizer.custom import train_custom
 from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
-from prodip.tokenizer.wordcounts import WordCounts, corpus_casing, count_documents, is_wordfreq, load_counts
+from prodip.tokenizer.wordcounts import (
+    ASCII_DIGITS,
+    WordCounts,
+    corpus_casing,
+    corpus_digits,
+    count_documents,
+    is_wordfreq,
+    load_counts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,18 @@ class TokenizerTrainConfig:
     )
     wordfreq_chars: int = opt(
         2_000_000, "characters of equivalent text each wordfreq:LANG table gives (before its weight)"
+    )
+    bare_share: dict[str, float] = opt(
+        factory=dict,
+        help="language -> share of each word_counts word's occurrences given without the leading space, as a "
+        "word that starts a line or follows an opening quote or bracket is (a pre-token BPE learns apart; "
+        "data/bn: 8.9%% of words start a line, 3.2%% follow a mark), e.g. bn=0.12 (default 0: all spaced)",
+    )
+    capitalised_share: dict[str, float] = opt(
+        factory=dict,
+        help="language -> share of each lower-case word_counts word's occurrences given capitalised (Word), as "
+        "a sentence's first word is (wordfreq's lists are lower case; data/en: 7.1%% of words are capitalised "
+        "words otherwise written in lower case), e.g. en=0.07 (default 0)",
     )
     weights: dict[str, int] = opt(
         factory=dict,
@@ -194,12 +214,17 @@ class Source:
     chars: int = 0
     stats: ReadStats | None = None
     read_options: dict[str, Any] | None = None  # iter_language's text_field and doc_chars, as `data prepare`'s
+    bare_share: float = 0.0  # tables: share of each word's count without its leading space
+    capitalised_share: float = 0.0  # tables: share of a lower-case word's count capitalised
 
     def documents(self, errors: str) -> Iterator[tuple[Path, int, str]]:
         """``(key, index, document)``: the key and index seed the per-document sampling draw."""
         if self.table is not None:
             key = Path(self.name)
-            yield from ((key, i, doc) for i, doc in enumerate(count_documents(self.table.counts)))
+            docs = count_documents(
+                self.table.counts, bare_share=self.bare_share, capitalised_share=self.capitalised_share
+            )
+            yield from ((key, i, doc) for i, doc in enumerate(docs))
         else:
             yield from iter_language(self.files or [], self.lang, errors=errors, **(self.read_options or {}))
 
@@ -209,6 +234,7 @@ class Source:
         out["sample_chars"] = drawn
         if self.table is not None:
             out.update(kind="word_counts", words=len(self.table.counts))
+            out.update(bare_share=self.bare_share, capitalised_share=self.capitalised_share)
             if self.table.license:
                 out.update(license=self.table.license, version=self.table.version)
         else:
@@ -224,16 +250,30 @@ def build_sources(
     errors: str,
     wordfreq_chars: int,
     read_options: dict[str, Any] | None = None,
+    bare_share: dict[str, float] | None = None,
+    capitalised_share: dict[str, float] | None = None,
 ) -> dict[str, list[Source]]:
     """Resolve the text inputs and word-count tables into sources per language, counting their characters.
-    ``read_options``: :func:`iter_language`'s ``text_field`` and ``doc_chars`` for the text sources.
+    ``read_options``: :func:`iter_language`'s ``text_field`` and ``doc_chars`` for the text sources;
+    ``bare_share``, ``capitalised_share``: language -> share of a table's word occurrences without the
+    leading space, and capitalised.
 
-    A ``wordfreq:LANG`` table takes its casing from that language's text sources (one extra pass).
+    A ``wordfreq:LANG`` table takes its casing and its digits from that language's text sources (one
+    extra pass).
 
     Raises:
-        InvalidInput: a weight naming no source, or a weight < 1; see ``expand_inputs`` and
-            ``wordcounts.load_counts`` for the inputs' own errors.
+        InvalidInput: a weight naming no source, or a weight < 1; a bare or capitalised share outside
+            [0, 1] or for a language without word_counts; see ``expand_inputs`` and ``wordcounts.load_counts`` for the
+            inputs' own errors.
     """
+    for option, shares in (("bare_share", bare_share), ("capitalised_share", capitalised_share)):
+        for lang, share in (shares or {}).items():
+            if lang not in word_counts:
+                raise InvalidInput(
+                    f"{option}.{lang}: {lang!r} has no word_counts table (languages: {sorted(word_counts)})"
+                )
+            if not 0.0 <= share <= 1.0:
+                raise InvalidInput(f"{option}.{lang}: {share} must be a share in [0, 1]")
     names = {str(p) for ps in inputs.values() for p in ([ps] if isinstance(ps, str) else ps)}
     names |= {str(p) for ps in word_counts.values() for p in ps}
     for name, w in weights.items():
@@ -256,14 +296,16 @@ def build_sources(
             src.chars = sum(len(doc) for _, _, doc in docs)
             out.setdefault(lang, []).append(src)
     for lang, entries in word_counts.items():
-        casing = None
+        casing, digits = None, ASCII_DIGITS
         if any(is_wordfreq(e) for e in entries) and out.get(lang):
-            casing = corpus_casing(doc for s in out[lang] for _, _, doc in s.documents(errors))
+            texts = [doc for s in out[lang] for _, _, doc in s.documents(errors)]
+            casing, digits = corpus_casing(texts), corpus_digits(texts)
         for e in entries:
-            table = load_counts(str(e), lang, wordfreq_chars=wordfreq_chars, casing=casing)
-            out.setdefault(lang, []).append(
-                Source(lang, str(e), weights.get(str(e), 1), table=table, chars=table.chars())
-            )
+            table = load_counts(str(e), lang, wordfreq_chars=wordfreq_chars, casing=casing, digits=digits)
+            src = Source(lang, str(e), weights.get(str(e), 1), table=table, chars=table.chars())
+            src.bare_share = (bare_share or {}).get(lang, 0.0)
+            src.capitalised_share = (capitalised_share or {}).get(lang, 0.0)
+            out.setdefault(lang, []).append(src)
     return out
 
 
@@ -566,6 +608,8 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
         cfg.weights,
         errors=cfg.errors,
         wordfreq_chars=cfg.wordfreq_chars,
+        bare_share=cfg.bare_share,
+        capitalised_share=cfg.capitalised_share,
         read_options={"text_field": cfg.text_field, "doc_chars": cfg.doc_chars},  # as `data prepare` reads them
     )
     read = [s.stats for ss in sources.values() for s in ss if s.stats is not None]

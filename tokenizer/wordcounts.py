@@ -14,8 +14,18 @@ Sources (``[tokenizer] word_counts = { bn = [...] }``):
 - ``wordfreq:LANG``: the ``large`` (else ``small``) list that the ``wordfreq`` package (PyPI, code
   Apache-2.0, data CC BY-SA 4.0, https://github.com/rspeer/wordfreq) ships inside its wheel: nothing
   is downloaded. Frequencies become counts scaled so the equivalent text has about ``chars``
-  characters; words that are not letters/marks (wordfreq writes every digit as ``0``) are dropped;
-  wordfreq lower-cases, so each word takes the casing the language's text inputs use most for it.
+  characters; entries that are not letters/marks are dropped, except numbers: wordfreq writes every
+  digit as ``0`` (``0000`` is any 4-digit number), and each such entry of 1 to 4 digits is spread over
+  the concrete numbers by wordfreq's own estimate (``word_frequency``: Benford's law, years apart), in
+  the digits the language's text inputs use most (Bangla: ০-৯); without them a tokenizer learns no
+  digit merges and spends a token per digit. wordfreq lower-cases, so each word takes the casing the
+  language's text inputs use most for it.
+
+Running text does not put a space before every word: a word that starts a line, or follows an opening
+quote or bracket, is a pre-token without one (o200k's pattern), and BPE learns those merges apart.
+``bare_share`` gives that share of each word's count without the space (:func:`split_bare`). Likewise a
+sentence's first word is capitalised, and wordfreq's lists are lower case: ``capitalised_share`` gives
+that share of a lower-case word's count as ``Word`` (:func:`occurrences`).
 
     python -m prodip.tokenizer.wordcounts wordfreq:bn     # words, counts and licence of a source
 """
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import gzip
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,8 +48,13 @@ from prodip.base.errors import InvalidInput, MissingInput
 WORDFREQ_PREFIX = "wordfreq:"
 #: A word a table may hold: letters and combining marks, with internal apostrophes (``don't``).
 WORD = regex.compile(r"[\p{L}\p{M}]+(?:['’][\p{L}\p{M}]+)*")
+#: A decimal digit of any script (\p{Nd}).
+DIGIT = regex.compile(r"\p{Nd}")
 #: The most characters of equivalent text in one training document (a frequent word is cut into many).
 CHUNK_CHARS = 10_000
+#: Digit strings wordfreq stores in place of numbers (every digit written as 0), spread by :func:`numbers`.
+NUMBER_DIGITS = (1, 2, 3, 4)
+ASCII_DIGITS = "0123456789"
 #: Licence record of the ``wordfreq`` source (SPDX ids): the code and the word lists differ.
 WORDFREQ_LICENSE = {
     "name": "wordfreq",
@@ -117,12 +133,50 @@ def corpus_casing(docs: Iterable[str]) -> dict[str, str]:
     return {key: form for key, (_, form) in best.items()}
 
 
-def wordfreq_counts(lang: str, chars: int, casing: dict[str, str] | None = None) -> WordCounts:
+def corpus_digits(docs: Iterable[str]) -> str:
+    """The ten decimal digits (0 to 9, one script) ``docs`` use most; ASCII when they hold none."""
+    zeros: Counter[str] = Counter()
+    for doc in docs:
+        zeros.update(chr(ord(ch) - unicodedata.decimal(ch)) for ch in DIGIT.findall(doc))
+    if not zeros:
+        return ASCII_DIGITS
+    zero = ord(zeros.most_common(1)[0][0])
+    return "".join(chr(zero + i) for i in range(10))
+
+
+def numbers(lang: str, freqs: dict[str, float], wordlist: str, digits: str = ASCII_DIGITS) -> list[tuple[str, float]]:
+    """Concrete numbers of 1 to 4 digits with frequencies, from wordfreq's digit-smashed entries.
+
+    wordfreq stores ``0``, ``00``, ... in place of the numbers of that many digits; each entry's
+    frequency is spread over its ``10**k`` numbers in proportion to ``wordfreq.word_frequency`` (the
+    package's own estimate for a number: Benford's law, with a separate distribution for years),
+    so the numbers of ``k`` digits keep the list's total for them. Written with ``digits``
+    (``digits[i]`` for digit ``i``).
+    """
+    import wordfreq  # noqa: PLC0415
+
+    table = str.maketrans(ASCII_DIGITS, digits)
+    out: list[tuple[str, float]] = []
+    for k in NUMBER_DIGITS:
+        mass = freqs.get("0" * k, 0.0)
+        if mass <= 0:
+            continue
+        each = [
+            (str(n).zfill(k), wordfreq.word_frequency(str(n).zfill(k), lang, wordlist=wordlist)) for n in range(10**k)
+        ]
+        total = sum(f for _, f in each)
+        out += [(w.translate(table), f * mass / total) for w, f in each if f > 0]
+    return out
+
+
+def wordfreq_counts(
+    lang: str, chars: int, casing: dict[str, str] | None = None, digits: str = ASCII_DIGITS
+) -> WordCounts:
     """The ``wordfreq`` list of ``lang`` as counts whose equivalent text has about ``chars`` characters.
 
     count = round(frequency * N), N chosen (a few fixed-point steps) so sum((len(word) + 1) * count) is
     within 0.5 % of ``chars``; words whose count rounds to 0 are dropped, so a larger ``chars`` also
-    brings in rarer words.
+    brings in rarer words. Numbers of 1 to 4 digits come in written with ``digits`` (:func:`numbers`).
 
     Raises:
         InvalidInput: ``wordfreq`` is not installed, or has no list for ``lang``; ``chars`` < 1.
@@ -138,7 +192,8 @@ def wordfreq_counts(lang: str, chars: int, casing: dict[str, str] | None = None)
     if lang not in wordfreq.available_languages(wordlist="large") and lang not in wordfreq.available_languages():
         raise InvalidInput(f"word_counts: wordfreq ships no list for language {lang!r}")
     wordlist = "large" if lang in wordfreq.available_languages(wordlist="large") else "small"
-    freqs = [(w, f) for w, f in wordfreq.get_frequency_dict(lang, wordlist=wordlist).items() if WORD.fullmatch(w)]
+    table = wordfreq.get_frequency_dict(lang, wordlist=wordlist)
+    freqs = [(w, f) for w, f in table.items() if WORD.fullmatch(w)] + numbers(lang, table, wordlist, digits)
     cased = [((casing or {}).get(w, w), f) for w, f in freqs]
     scale = chars / sum((len(w) + 1) * f for w, f in freqs)  # at this N, before rounding
     for _ in range(8):  # rounding drops the rare words: rescale until the rounded table has ~chars
@@ -158,7 +213,14 @@ def wordfreq_counts(lang: str, chars: int, casing: dict[str, str] | None = None)
     )
 
 
-def load_counts(source: str, lang: str, *, wordfreq_chars: int, casing: dict[str, str] | None = None) -> WordCounts:
+def load_counts(
+    source: str,
+    lang: str,
+    *,
+    wordfreq_chars: int,
+    casing: dict[str, str] | None = None,
+    digits: str = ASCII_DIGITS,
+) -> WordCounts:
     """A ``word_counts`` entry: ``wordfreq:LANG`` or a ``word<TAB>count`` file (see the module docstring).
 
     Raises:
@@ -168,24 +230,56 @@ def load_counts(source: str, lang: str, *, wordfreq_chars: int, casing: dict[str
         wf_lang = source[len(WORDFREQ_PREFIX) :]
         if wf_lang != lang:
             raise InvalidInput(f"word_counts.{lang}: {source} is another language's list (expected wordfreq:{lang})")
-        return wordfreq_counts(lang, wordfreq_chars, casing)
+        return wordfreq_counts(lang, wordfreq_chars, casing, digits)
     return WordCounts(str(source), read_counts_file(source))
 
 
-def count_documents(counts: Iterable[tuple[str, int]], chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
-    """The equivalent text as training documents: ``" word" * count``, cut into <= ``chunk_chars`` pieces."""
+def split_bare(count: int, bare_share: float) -> tuple[int, int]:
+    """``(spaced, bare)`` occurrences of a word counted ``count`` times: ``round(count * bare_share)`` bare."""
+    bare = round(count * bare_share)
+    return count - bare, bare
+
+
+def occurrences(
+    counts: Iterable[tuple[str, int]], bare_share: float = 0.0, capitalised_share: float = 0.0
+) -> Iterator[tuple[str, int]]:
+    """The pieces of text a table stands for, as ``(piece, times)``: ``" word"`` and, for the bare share,
+    ``"word\n"`` (:func:`split_bare`); a word written in lower case first gives ``round(count *
+    capitalised_share)`` of its occurrences as ``"Word"`` (a sentence's first word), split the same way."""
     for word, count in counts:
-        piece = " " + word
+        title = word[:1].upper() + word[1:]
+        n_title = round(count * capitalised_share) if word[:1].islower() and title != word else 0
+        for form, n in ((word, count - n_title), (title, n_title)):
+            spaced, bare = split_bare(n, bare_share)
+            if spaced:
+                yield " " + form, spaced
+            if bare:
+                yield form + "\n", bare
+
+
+def count_documents(
+    counts: Iterable[tuple[str, int]],
+    chunk_chars: int = CHUNK_CHARS,
+    bare_share: float = 0.0,
+    capitalised_share: float = 0.0,
+) -> Iterator[str]:
+    """The equivalent text as training documents: each piece of :func:`occurrences` repeated, cut into
+    <= ``chunk_chars`` characters."""
+    for piece, times in occurrences(counts, bare_share, capitalised_share):
         per_doc = max(1, chunk_chars // len(piece))
-        while count > 0:
-            n = min(count, per_doc)
+        while times > 0:
+            n = min(times, per_doc)
             yield piece * n
-            count -= n
+            times -= n
 
 
-def equivalent_text(counts: Iterable[tuple[str, int]]) -> str:
-    """The text a table stands for: one line per word, ``" word"`` repeated ``count`` times."""
-    return "".join(" " + w + (" " + w) * (c - 1) + "\n" for w, c in counts)
+def equivalent_text(counts: Iterable[tuple[str, int]], bare_share: float = 0.0, capitalised_share: float = 0.0) -> str:
+    """The text a table stands for (:func:`occurrences`): a line of ``" word"`` repeated per spaced form,
+    one line ``"word"`` per bare occurrence."""
+    return "".join(
+        piece * n + "\n" if piece.startswith(" ") else piece * n
+        for piece, n in occurrences(counts, bare_share, capitalised_share)
+    )
 
 
 def _main(argv: list[str]) -> int:

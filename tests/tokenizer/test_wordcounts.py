@@ -17,7 +17,14 @@ import pytest
 from prodip.base.errors import InvalidInput
 from prodip.tokenizer.audit import AuditConfig, run_audit
 from prodip.tokenizer.bpe import TokenizerTrainConfig, tokenizer_sha256, train_tokenizer
-from prodip.tokenizer.wordcounts import WORD, count_documents, equivalent_text, read_counts_file, wordfreq_counts
+from prodip.tokenizer.wordcounts import (
+    WORD,
+    corpus_digits,
+    count_documents,
+    equivalent_text,
+    read_counts_file,
+    wordfreq_counts,
+)
 from tests.fixtures import write_sources
 
 from .conftest import REPO
@@ -53,19 +60,33 @@ def test_weight_two_is_the_source_listed_twice(corpus, tmp_path, proportions):
         assert sum(s["sample_chars"] for s in t["sources"] if s["language"] == "bn") == bn_src["sample_chars"]
 
 
-def test_a_table_of_counts_is_its_equivalent_text(corpus, tmp_path):
+@pytest.mark.parametrize(("bare_share", "cap_share"), [(0.0, 0.0), (0.25, 0.2)], ids=["spaced", "bare-capitalised"])
+def test_a_table_of_counts_is_its_equivalent_text(corpus, tmp_path, bare_share, cap_share):
     en_text = next(corpus["en"].glob("*.txt")).read_text(encoding="utf-8")
     counts = Counter(WORD.findall(en_text)).most_common(400)
     table = tmp_path / "en_counts.tsv"
     table.write_text("".join(f"{w}\t{c}\n" for w, c in counts), encoding="utf-8")
     text_dir = tmp_path / "en_text"
     text_dir.mkdir()
-    (text_dir / "words.txt").write_text(equivalent_text(counts), encoding="utf-8")
+    text = equivalent_text(counts, bare_share, cap_share)
+    (text_dir / "words.txt").write_text(text, encoding="utf-8")
     write_sources(tmp_path, {"en_counts.tsv": "en", "en_text/words.txt": "en"})  # the licence gate's records
     assert read_counts_file(table) == counts
-    assert "".join(count_documents(counts, chunk_chars=50)) == equivalent_text(counts).replace("\n", "")
+    docs = list(count_documents(counts, chunk_chars=50, bare_share=bare_share, capitalised_share=cap_share))
+    assert "".join(docs).replace("\n", "") == text.replace("\n", "")
+    # the bare share: round(count * share) occurrences of each word start a line, without the space
+    # a lower-case word whose capitalised form the table lacks: its "Word" occurrences are the share's
+    the, n_the = next((w, c) for w, c in counts if w.islower() and w.capitalize() not in dict(counts))
+    title = the.capitalize()
+    assert n_the * bare_share * cap_share > 1 or not bare_share
+    n_title = round(n_the * cap_share)  # a sentence's first word, split into spaced and bare the same way
+    assert text.split("\n").count(the) == round((n_the - n_title) * bare_share)
+    assert text.split("\n").count(title) == round(n_title * bare_share)
+    words = Counter(text.split())
+    assert words[the] + words[title] == n_the and words[title] == n_title
     bn = [str(corpus["bn"])]
-    from_table = _train(tmp_path, "table", inputs={"bn": bn}, word_counts={"en": [str(table)]})
+    shares = {"bare_share": {"en": bare_share}, "capitalised_share": {"en": cap_share}} if bare_share else {}
+    from_table = _train(tmp_path, "table", inputs={"bn": bn}, word_counts={"en": [str(table)]}, **shares)
     from_text = _train(tmp_path, "text", inputs={"bn": bn, "en": [str(text_dir)]})
     a = json.loads((from_table / "tokenizer.json").read_text(encoding="utf-8"))["model"]
     b = json.loads((from_text / "tokenizer.json").read_text(encoding="utf-8"))["model"]
@@ -73,7 +94,8 @@ def test_a_table_of_counts_is_its_equivalent_text(corpus, tmp_path):
     assert len(a["merges"]) > 300  # the table taught English merges (e.g. " the")
     assert "Ġthe" in a["vocab"]
     (src,) = [s for s in _info(from_table)["sources"] if s["language"] == "en"]
-    assert src["kind"] == "word_counts" and src["words"] == 400
+    assert src["kind"] == "word_counts" and src["words"] == 400 and src["bare_share"] == bare_share
+    assert src["capitalised_share"] == cap_share
     assert src["available_chars"] == sum((len(w) + 1) * c for w, c in counts) == src["sample_chars"]
 
 
@@ -82,12 +104,18 @@ def test_wordfreq_lists_are_true_cased_and_carry_their_licence(corpus, tmp_path)
     table = wordfreq_counts("en", 300_000, casing)
     words = dict(table.counts)
     assert "Elizabeth" in words and "elizabeth" not in words and "the" in words
-    assert all(WORD.fullmatch(w) for w in words)  # wordfreq's "0000" (any 4-digit number) is left out
+    # wordfreq's "0000" (any 4-digit number) is spread over the concrete numbers, years the likeliest
+    assert all(WORD.fullmatch(w) or w.isdigit() for w in words)
+    assert words["2000"] > words.get("7382", 0) and words["2000"] > words.get("0042", 0)
     assert abs(table.chars() - 300_000) / 300_000 < 0.01
     assert words["the"] > words["of"] > words["house"] > 0  # frequency order kept
     assert table.license["license"] == "CC-BY-SA-4.0" and table.license["share_alike"]
     bn_table = wordfreq_counts("bn", 100_000)
-    assert "এবং" in dict(bn_table.counts)
+    assert "এবং" in dict(bn_table.counts) and any(w.isascii() and w.isdigit() for w, _ in bn_table.counts)
+    # numbers in the digits the language's text uses (data/bn writes ০-৯; build_sources passes them)
+    assert corpus_digits(["১৯৭১ সালে ২৬ মার্চ, 1971"]) == "০১২৩৪৫৬৭৮৯" and corpus_digits(["no digits"]) == "0123456789"
+    bn_words = dict(wordfreq_counts("bn", 100_000, digits=corpus_digits(["১৯৭১"])).counts)
+    assert any(w.isdigit() for w in bn_words) and not any(ch in "0123456789" for w in bn_words for ch in w)
 
     bn = str(corpus["bn"])
     tok = _train(
@@ -118,6 +146,10 @@ def test_bad_weights_and_tables_are_refused(corpus, tmp_path):
         _train(tmp_path, "b", inputs=inputs, weights={bn: 0})
     with pytest.raises(InvalidInput, match=r"is another language's list \(expected wordfreq:en\)"):
         _train(tmp_path, "c", inputs=inputs, word_counts={"en": ["wordfreq:bn"]})
+    with pytest.raises(InvalidInput, match=r"bare_share\.en: 'en' has no word_counts table"):
+        _train(tmp_path, "f", inputs=inputs, word_counts={"bn": ["wordfreq:bn"]}, bare_share={"en": 0.1})
+    with pytest.raises(InvalidInput, match=r"capitalised_share\.en: 1\.5 must be a share in \[0, 1\]"):
+        _train(tmp_path, "g", inputs=inputs, word_counts={"en": ["wordfreq:en"]}, capitalised_share={"en": 1.5})
     bad = tmp_path / "bad.tsv"
     write_sources(tmp_path, {"bad.tsv": "en"})  # recorded, so the table's own errors are what is refused
     bad.write_text("the\t10\nof 5\n", encoding="utf-8")
@@ -126,5 +158,5 @@ def test_bad_weights_and_tables_are_refused(corpus, tmp_path):
     bad.write_text("the\tmany\n", encoding="utf-8")
     with pytest.raises(InvalidInput, match=r"bad\.tsv:1: count 'many' is not a positive integer"):
         _train(tmp_path, "e", inputs=inputs, word_counts={"en": [str(bad)]})
-    for name in "abcde":
+    for name in "abcdefg":
         assert not (tmp_path / name).exists()
