@@ -27,6 +27,7 @@ from typing import Annotated, Any, TypeVar, Union
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from prodip.base.page import render_page
 from prodip.serve import completions as fmt
 from prodip.serve.openapi import OPEN, SSE, errors
 from prodip.serve.schemas import (
@@ -51,7 +52,8 @@ log = logging.getLogger("prodip.serve.app")
 
 
 _DISCONNECT_POLL_S = 0.05
-#: The playground page (GET /playground): a prompt box streaming from /v1/completions (or chat).
+#: The playground page (GET /playground): a prompt box streaming from /v1/completions (or chat); its
+#: head is the one every prodip page shares (:func:`prodip.base.page.render_page`).
 PLAYGROUND = Path(__file__).with_name("playground.html")
 T = TypeVar("T")
 
@@ -332,7 +334,7 @@ playground_routes = APIRouter()
 async def playground() -> HTMLResponse:
     """A small page (no scripts from elsewhere) that streams completions from this server; the
     API key, when the server has one, is typed into the page (the page itself is open)."""
-    return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+    return HTMLResponse(render_page(PLAYGROUND.read_text(encoding="utf-8")))
 
 
 #: every router of the server, in the order of the OpenAPI document

@@ -34,3 +34,18 @@ def test_the_export_page_is_written_with_the_shared_head(tmp_path):
     source = (REPO / "export" / "web" / "index.html").read_text(encoding="utf-8")
     assert "<head>" not in source  # the head lives in prodip.base.page only
     assert (tmp_path / "index.html").read_text(encoding="utf-8") == render_page(source)
+
+
+def test_the_playground_is_served_with_the_shared_head():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.routes import playground_routes
+
+    app = FastAPI()
+    app.include_router(playground_routes)
+    source = (REPO / "serve" / "playground.html").read_text(encoding="utf-8")
+    assert "<head>" not in source
+    reply = TestClient(app).get("/playground")
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html")
+    assert reply.text == render_page(source)
