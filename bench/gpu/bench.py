@@ -3,9 +3,10 @@
 Made to run blind on a lent H100/H200 whose image has torch, triton, transformers, onnx,
 onnxruntime, onnxscript, safetensors, tokenizers, tensorboard, pyarrow, matplotlib and pytest
 but no package registry: the repository is imported in place (a folder of links that maps the
-stage folders to ``prodip.*`` as pyproject.toml's package-dir does) and the one pure-Python
-dependency the image lacks, ``tomli_w``, is the wheel committed beside this file. Nothing is
-installed. Stages, each bounded by what is left of ``--budget-s`` and each reporting its
+stage folders to ``prodip.*`` as pyproject.toml's package-dir does) and the dependencies the
+image lacks (``tomli_w``; ``pydantic`` with its core for CPython 3.11 and 3.12, which the artifact
+records of ``prodip.base.records`` need) are wheels committed beside this file, unpacked into the
+work folder. Nothing is installed. Stages, each bounded by what is left of ``--budget-s`` and each reporting its
 failure instead of stopping the call:
 
 1. environment: Python, torch / CUDA / cuDNN / triton versions, the GPU, and which SDPA kernel
@@ -50,6 +51,7 @@ import subprocess
 import sys
 import time
 import traceback
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -108,12 +110,38 @@ def site_dir(work: Path) -> Path:
     return site
 
 
+#: module the image lacks -> the committed wheels (file-name prefixes) that provide it and its needs
+#: (the image has typing-extensions; KINDS.md's package list)
+CARRIED = {
+    "tomli_w": ("tomli_w-",),
+    "pydantic": ("pydantic-", "pydantic_core-", "annotated_types-", "typing_inspection-"),
+}
+
+
+def wheel_fits(wheel: Path) -> bool:
+    """True for a pure-Python wheel or one built for this interpreter (``cp312`` on the image's 3.12)."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    return "-py3-none-any" in wheel.name or f"-{tag}-{tag}-" in wheel.name
+
+
 def python_path(work: Path) -> str:
-    """PYTHONPATH for the subprocesses: the in-place package, and wheels for what is missing."""
+    """PYTHONPATH for the subprocesses: the in-place package, and the committed wheels for what is missing.
+
+    Wheels are unpacked into ``work/carried`` rather than imported as zips, because pydantic-core
+    holds a compiled extension and Python cannot import a ``.so`` from inside a zip.
+    """
     parts = [str(site_dir(work))]
-    probe = subprocess.run([sys.executable, "-c", "import tomli_w"], capture_output=True)
-    if probe.returncode:
-        parts += [str(w) for w in sorted(WHEELS.glob("*.whl"))]  # pure-Python wheels import as zips
+    carried = work / "carried"
+    for module, prefixes in CARRIED.items():
+        probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+        if not probe.returncode:
+            continue
+        for wheel in sorted(WHEELS.glob("*.whl")):
+            if wheel.name.startswith(prefixes) and wheel_fits(wheel):
+                with zipfile.ZipFile(wheel) as archive:
+                    archive.extractall(carried)
+    if carried.exists():
+        parts.append(str(carried))
     return os.pathsep.join(parts + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 

@@ -76,7 +76,7 @@ def test_site_dir_maps_the_stage_folders(tmp_path):
 
 @pytest.mark.slow
 def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
-    """``make gpu-bench-dry``: every stage runs on CPU, prodip imported in place, tomli_w from the wheel."""
+    """``make gpu-bench-dry``: every stage runs on CPU, prodip imported in place, tomli_w and pydantic from the wheels."""
     # the GPU image: no prodip install, no tomli_w / onnxruntime-genai (sitecustomize), no Node (PATH)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "gpu_image"), "PATH": str(Path(sys.executable).parent)}
     out, work = tmp_path / "out", tmp_path / "work"
