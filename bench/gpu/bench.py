@@ -111,7 +111,7 @@ def site_dir(work: Path) -> Path:
 
 
 #: module the image lacks -> the committed wheels (file-name prefixes) that provide it and its needs
-#: (the image has typing-extensions; KINDS.md's package list)
+#: (the image has typing-extensions: the device library lists its packages)
 CARRIED = {
     "tomli_w": ("tomli_w-",),
     "pydantic": ("pydantic-", "pydantic_core-", "annotated_types-", "typing_inspection-"),
