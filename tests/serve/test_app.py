@@ -479,7 +479,7 @@ def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
     of queued chunks written without yielding to the event loop, so the transport's connection_lost
     (scheduled with call_soon after the first failed write) never ran in between. The SSE wrapper now
     yields once per chunk, and stops pulling (closing the generator, so its sequences are cancelled)
-    as soon as the request reports a disconnect."""
+    as soon as the response has seen the client leave."""
     import asyncio
 
     from prodip.serve.routes import _sse_guard
@@ -494,14 +494,10 @@ def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
         finally:
             state["closed"] = True
 
-    class FakeRequest:
-        async def is_disconnected(self):
-            return state["lost"]
-
     async def main():
         loop = asyncio.get_running_loop()
         sent = []
-        async for chunk in _sse_guard(chunks(), FakeRequest()):
+        async for chunk in _sse_guard(chunks(), lambda: state["lost"]):
             sent.append(chunk)
             if len(sent) == 3:  # the write of chunk 3 fails: the transport schedules connection_lost
                 loop.call_soon(state.__setitem__, "lost", True)
@@ -509,3 +505,46 @@ def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
 
     sent = asyncio.run(main())
     assert len(sent) == 3 and state["pulled"] == 3 and state["closed"]
+
+
+def test_sse_response_stops_when_the_asgi_server_reports_the_client_gone():
+    """Through Starlette itself (ASGI spec 2.3, uvicorn's): the receive channel reports
+    ``http.disconnect`` after the second body write; the stream stops pulling within a chunk or two and
+    closes its generator (which cancels the sequences), without a receive call of its own per chunk."""
+    import asyncio
+
+    from prodip.serve.routes import _SSEResponse
+
+    state = {"pulled": 0, "closed": False, "receives": 0}
+
+    async def chunks():
+        try:
+            for i in range(1000):
+                state["pulled"] += 1
+                await asyncio.sleep(0)  # an engine step
+                yield f"data: {i}\n\n"
+        finally:
+            state["closed"] = True
+
+    async def main():
+        written: list[bytes] = []
+        lost = asyncio.Event()
+
+        async def receive():
+            state["receives"] += 1
+            await lost.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                written.append(message["body"])
+                if len(written) == 2:
+                    lost.set()
+
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+        await _SSEResponse(chunks())(scope, receive, send)
+        return written
+
+    written = asyncio.run(main())
+    assert 2 <= len(written) <= 4 and state["pulled"] <= 4, (len(written), state)
+    assert state["closed"] and state["receives"] <= 2
