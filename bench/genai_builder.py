@@ -41,7 +41,7 @@ import onnxruntime as ort  # noqa: E402
 import onnxruntime_genai as og  # noqa: E402
 import torch  # noqa: E402
 
-from prodip.base.manifest import read_manifest  # noqa: E402
+from prodip.base.manifest import load_manifest  # noqa: E402
 from prodip.export import quantize  # noqa: E402
 from prodip.export.genai import variant_overlay  # noqa: E402
 from prodip.train.checkpoint import load_model  # noqa: E402
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     export = build_tiny_export(work / "contrib", variants=["fp32", "int4"], **MODEL)
     graphs = {}  # label -> (folder for og.Config, onnx file overlay or None, onnx path)
     for v in precisions:
-        rel = read_manifest(export)["variants"][v]["path"]
+        rel = load_manifest(export).variants[v].path
         graphs[f"{v} prodip"] = (export, rel, export / rel)
         out = builder(export, work / f"builder_{v}", v)
         graphs[f"{v} builder"] = (out, None, out / "model.onnx")
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             **MODEL,
         )
         for v in precisions:
-            rel = read_manifest(std)["variants"][v]["path"]
+            rel = load_manifest(std).variants[v].path
             graphs[f"{v} prodip standard (before)"] = (std, rel, std / rel)
     setup_s = time.perf_counter() - t0
     model = load_model(export.parent / "run")[0].float().eval()

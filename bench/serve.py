@@ -49,7 +49,7 @@ def build_export(tmp: Path, args: argparse.Namespace) -> Path:
         num_key_value_heads=args.kv_heads,
         max_position_embeddings=1024,
     )
-    variants = [k for k, v in export.read_manifest(out)["variants"].items() if v.get("format") == "onnx"]
+    variants = export.load_manifest(out).formats("onnx")
     export.set_conformance(
         out,
         {
@@ -220,8 +220,8 @@ def _graph(export_dir: Path, variant: str, kv: str) -> Path:
     shared and the export has one, else the contract graph."""
     from prodip import export
 
-    entry = export.read_manifest(export_dir)["variants"][variant]
-    return export_dir / (entry.get("genai_path") if kv == "shared" and entry.get("genai_path") else entry["path"])
+    entry = export.load_manifest(export_dir).variants[variant]
+    return export_dir / (entry.genai_path if kv == "shared" and entry.genai_path else entry.path)
 
 
 def _model_from_export(export_dir: Path):

@@ -34,6 +34,7 @@ machine in about 8 minutes (3 rounds of 64 tokens):
 from __future__ import annotations
 
 import argparse
+import copy
 import http.client
 import json
 import os
@@ -204,9 +205,11 @@ def genai_rate(model: Any, prompt: list[int], tokens: int, streams: int) -> Rate
 def load_genai(export_dir: Path, variant: str, threads: int) -> Any:
     import onnxruntime_genai as og
 
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
-    overlay = json.loads(json.dumps(read_manifest(export_dir)["variants"][variant]["genai_overlay"]))
+    overlay = copy.deepcopy(load_manifest(export_dir).variants[variant].genai_overlay)
+    if overlay is None:
+        raise SystemExit(f"{export_dir}: variant {variant!r} has no genai_overlay (not an ONNX variant)")
     overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
     config = og.Config(str(export_dir))
     config.overlay(json.dumps(overlay))
@@ -240,7 +243,7 @@ def build_models(work_dir: Path) -> Path:
         max_position_embeddings=1024,
         variants=["safetensors", "fp32", "int8", "int4", "gguf-f16", "gguf-q8_0", "gguf-q4_k_m"],
     )
-    onnx_variants = [k for k, v in export.read_manifest(out)["variants"].items() if v.get("format") == "onnx"]
+    onnx_variants = export.load_manifest(out).formats("onnx")
     verdict = {"passed": True, "variants": dict.fromkeys(onnx_variants, True), "report": "bench (not checked)"}
     export.set_conformance(out, {**verdict, "report_sha256": "0" * 64})
     return out

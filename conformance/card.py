@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
-from prodip.base.manifest import read_manifest, save_manifest
+from prodip.base.manifest import ExportManifest, FileEntry, load_manifest, save_manifest
 from prodip.export.card import (
     LIBRARY_NAME,
     PIPELINE_TAG,
@@ -63,10 +63,9 @@ def _front_matter_expected(card: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _readme_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
+def _readme_problems(root: Path, manifest: ExportManifest, card: dict[str, Any]) -> list[str]:
     from huggingface_hub import ModelCard  # noqa: PLC0415
 
-    card = manifest["card"]
     path = root / README_FILE
     if not path.is_file():
         return [f"{README_FILE}: missing"]
@@ -85,7 +84,7 @@ def _readme_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
     for s in card["sources"]:
         if s.get("included_by_choice") and f"`{s['license']}` (licence unknown, included by choice)" not in loaded.text:
             problems.append(f"{README_FILE}: source {s['name']} is not named as licence unknown, included by choice")
-    quality = manifest.get("card_quality")
+    quality = manifest.card_quality
     if quality is not None and render_quality(quality) not in loaded.text:
         problems.append(f"{README_FILE}: the quality card differs from the figures conformance measured")
     return problems
@@ -126,27 +125,27 @@ def _onnx_problems(path: Path, rel: str, card: dict[str, Any]) -> list[str]:
     ]
 
 
-def card_problems(export_dir: str | Path, manifest: Optional[dict[str, Any]] = None) -> list[str]:
+def card_problems(export_dir: str | Path, manifest: Optional[ExportManifest] = None) -> list[str]:
     """Every way the export's artifacts disagree with its manifest's card (empty: they all agree).
 
     Raises:
         FileNotFoundError / ValueError: no readable manifest.
     """
     root = Path(export_dir)
-    manifest = manifest or read_manifest(root)
-    card = manifest.get("card")
+    manifest = manifest or load_manifest(root)
+    card = manifest.card
     if not card:
         return ["manifest.json: no card (an export made before prodip recorded licences: re-export it)"]
-    problems = _readme_problems(root, manifest)
-    for v in manifest["variants"].values():
-        path = root / v["path"]
+    problems = _readme_problems(root, manifest, card)
+    for v in manifest.variants.values():
+        path = root / v.path
         if not path.is_file():
             continue  # manifest_files_ok names a missing file
-        if v["format"] == "gguf":
-            problems += _gguf_problems(path, v["path"], card)
+        if v.format == "gguf":
+            problems += _gguf_problems(path, v.path, card)
     for path in sorted(root.rglob("*.onnx")):
         problems += _onnx_problems(path, path.relative_to(root).as_posix(), card)
-    if any(v["format"] == "pte" for v in manifest["variants"].values()):
+    if manifest.formats("pte"):
         side = root / PTE_CARD_FILE
         if not side.is_file():
             problems.append(f"{PTE_CARD_FILE}: missing beside the .pte files")
@@ -181,7 +180,7 @@ def _runtimes_proven(entries: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def quality_rows(report: dict[str, Any], manifest: dict[str, Any], eval_report: Optional[dict] = None) -> dict:
+def quality_rows(report: dict[str, Any], manifest: ExportManifest, eval_report: Optional[dict] = None) -> dict:
     """The quality card's figures, from one conformance report (and ``eval.json``), written once.
 
     Returns:
@@ -191,13 +190,12 @@ def quality_rows(report: dict[str, Any], manifest: dict[str, Any], eval_report: 
         to the training model's before the first difference, over the prompts; ``bytes`` the variant's files
         on disk (``manifest.json``).
     """
-    files = manifest["files"]
+    files = manifest.files
     rows = []
     for name, entry in report["candidates"].items():
         if name != entry["variant"]:  # e.g. a second program of the same weights: the variant's own row only
             continue
-        v = manifest["variants"][name]
-        size = sum(files[r]["bytes"] for r in [v["path"], *v.get("external_data", [])] if r in files)
+        size = sum(files[r].bytes for r in manifest.variants[name].files() if r in files)
         m = entry["metrics"]
         n = m.get("greedy_tokens") or 0
         prefix = m.get("greedy_prefix") or []
@@ -279,7 +277,7 @@ def render_quality(quality: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_quality(export_dir: Path, quality: dict[str, Any]) -> dict[str, Any]:
+def write_quality(export_dir: Path, quality: dict[str, Any]) -> ExportManifest:
     """Rewrite ``README.md`` with the quality card, record the figures in the manifest (``card_quality``)
     and the card's new hash in ``files``. Returns the updated manifest.
 
@@ -287,18 +285,17 @@ def write_quality(export_dir: Path, quality: dict[str, Any]) -> dict[str, Any]:
         InvalidInput: the export has no card (made before prodip recorded one).
     """
     root = Path(export_dir)
-    manifest = read_manifest(root)
-    if not manifest.get("card"):
+    manifest = load_manifest(root)
+    if not manifest.card:
         raise InvalidInput(f"{root / 'manifest.json'}: no card to write the quality figures into (re-export)")
     path = root / README_FILE
-    text = render_readme(manifest["card"], render_quality(quality))
+    text = render_readme(manifest.card, render_quality(quality))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
-    manifest["card_quality"] = quality
-    manifest["files"][README_FILE] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    save_manifest(root, manifest)
-    return manifest
+    manifest.card_quality = quality
+    manifest.files[README_FILE] = FileEntry(bytes=path.stat().st_size, sha256=file_sha256(path))
+    return save_manifest(root, manifest)
 
 
 def _main(argv: list[str]) -> int:

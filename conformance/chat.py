@@ -44,7 +44,7 @@ from typing import Any, Optional
 from tokenizers import Tokenizer
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, END_OF_TURN, chat_contract, render
-from prodip.base.manifest import read_manifest
+from prodip.base.manifest import ExportManifest, load_manifest
 from prodip.base.variants import ONNX_VARIANTS, PTE_DIR
 from prodip.conformance.runtimes import node_root, stop_ids
 
@@ -166,7 +166,7 @@ def _gguf_template(path: Path) -> Optional[str]:
     return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8")
 
 
-def template_copies(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Optional[str]]:
+def template_copies(export_dir: Path, manifest: ExportManifest) -> dict[str, Optional[str]]:
     """Every copy of the chat template in the export: file (or GGUF) -> its text (None: missing)."""
 
     def config_template(path: Path) -> Optional[str]:
@@ -179,16 +179,16 @@ def template_copies(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Opt
         "tokenizer_config.json": config_template(export_dir / "tokenizer_config.json"),
         CHAT_TEMPLATE_FILE: text(export_dir / CHAT_TEMPLATE_FILE),
     }
-    formats = {v.get("format") for v in manifest["variants"].values()}
+    formats = {v.format for v in manifest.variants.values()}
     if "pte" in formats:
         copies[f"{PTE_DIR}/tokenizer_config.json"] = config_template(export_dir / PTE_DIR / "tokenizer_config.json")
         copies[f"{PTE_DIR}/{CHAT_TEMPLATE_FILE}"] = text(export_dir / PTE_DIR / CHAT_TEMPLATE_FILE)
-    for v in manifest["variants"].values():
-        if v.get("format") == "gguf":
+    for v in manifest.variants.values():
+        if v.format == "gguf":
             try:
-                copies[f"{v['path']} tokenizer.chat_template"] = _gguf_template(export_dir / v["path"])
+                copies[f"{v.path} tokenizer.chat_template"] = _gguf_template(export_dir / v.path)
             except Exception:  # an unreadable GGUF is reported by its own candidate; here: no template read
-                copies[f"{v['path']} tokenizer.chat_template"] = None
+                copies[f"{v.path} tokenizer.chat_template"] = None
     return copies
 
 
@@ -223,8 +223,8 @@ def check_chat(
         contract = {"error": str(err)}
     if contract is None:
         return None
-    manifest = read_manifest(export_dir)
-    wanted = set(variants) if variants else set(manifest["variants"])
+    manifest = load_manifest(export_dir)
+    wanted = set(variants) if variants else set(manifest.variants)
     tok = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
     eot = tok.token_to_id(END_OF_TURN)
     convs = CONVERSATIONS
@@ -242,17 +242,17 @@ def check_chat(
         results[TRANSFORMERS] = _err(err)
     serve_stops = sorted(set(stop_ids(export_dir)))
     results[SERVE] = {"stop_ids": serve_stops, "end_of_turn_stops": eot in serve_stops, "ids": None}
-    onnx_variants = [v for v in ONNX_VARIANTS if v in wanted and v in manifest["variants"]]
+    onnx_variants = [v for v in ONNX_VARIANTS if v in wanted and v in manifest.variants]
     if GENAI in runtimes and onnx_variants:
         try:
             results[GENAI] = _genai(export_dir, convs, eot)
         except Exception as err:
             results[GENAI] = failed(err)
-    ggufs = [v for n, v in manifest["variants"].items() if n in wanted and v.get("format") == "gguf"]
+    ggufs = [v for n, v in manifest.variants.items() if n in wanted and v.format == "gguf"]
     tjs = "transformers.js" in runtimes and bool(onnx_variants)
     if tjs or ggufs:
         try:
-            node = _node(export_dir, convs, eot, tjs, export_dir / ggufs[0]["path"] if ggufs else None)
+            node = _node(export_dir, convs, eot, tjs, export_dir / ggufs[0].path if ggufs else None)
         except Exception as err:
             node = {name: failed(err) for name in ([TRANSFORMERS_JS] if tjs else []) + ([LLAMA_CPP] if ggufs else [])}
         for name, res in node.items():
@@ -263,12 +263,12 @@ def check_chat(
         if TRANSFORMERS_JS in results and "error" not in results[TRANSFORMERS_JS]:
             # transformers.js's generate stops at generation_config.json's eos_token_id (its generation_config)
             results[TRANSFORMERS_JS].update(stop_ids=serve_stops, end_of_turn_stops=eot in serve_stops)
-    ptes = [v for n, v in manifest["variants"].items() if n in wanted and v.get("format") == "pte"]
+    ptes = [v for n, v in manifest.variants.items() if n in wanted and v.format == "pte"]
     if ptes:
         texts = {k: render(m) for k, m in convs.items()}
-        tok_json = export_dir / (ptes[0].get("tokenizer") or "tokenizer.json")
+        tok_json = export_dir / (ptes[0].tokenizer or "tokenizer.json")
         try:
-            results[EXECUTORCH] = _executorch(export_dir / ptes[0]["path"], tok_json, texts, eot)
+            results[EXECUTORCH] = _executorch(export_dir / ptes[0].path, tok_json, texts, eot)
         except Exception as err:
             results[EXECUTORCH] = failed(err)
     for res in results.values():

@@ -9,9 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prodip.base.manifest import (
-    read_manifest,
-)
+from prodip.base.manifest import load_manifest
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.runtimes import planned_metrics
 from prodip.conformance.suite import preflight
@@ -27,7 +25,7 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
         ValueError / FileNotFoundError: unreadable manifest, bad tolerance file, missing file
             (see :func:`preflight`).
     """
-    manifest = read_manifest(cfg.export_dir)
+    manifest = load_manifest(cfg.export_dir)
     tolerances, candidates = preflight(
         Path(cfg.export_dir),
         manifest,

@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput
-from prodip.base.manifest import file_sha256, list_files, read_manifest, save_manifest
+from prodip.base.manifest import FileEntry, file_sha256, list_files, load_manifest, save_manifest
 from prodip.base.variants import BY_NAME
 
 
@@ -35,8 +35,11 @@ def copy_export(src: str | Path, dst: str | Path) -> Path:
 
 def refresh_manifest(export_dir: Path, **updates) -> None:
     """Re-hash every file into ``manifest.json`` (and apply top-level ``updates``); clears the verdict."""
-    manifest = read_manifest(export_dir)
-    manifest.update(files=list_files(export_dir), conformance=None, **updates)
+    manifest = load_manifest(export_dir)
+    manifest.files = {rel: FileEntry.model_validate(meta) for rel, meta in list_files(export_dir).items()}
+    manifest.conformance = None
+    for key, value in updates.items():
+        setattr(manifest, key, value)
     save_manifest(export_dir, manifest)
 
 
@@ -259,10 +262,10 @@ def plant_tokenizer_without_nfc(src: Path, dst: Path) -> Path:
 
 
 def _gguf_path(export_dir: Path, variant: str) -> Path:
-    manifest = read_manifest(export_dir)
-    if variant not in manifest["variants"]:
+    manifest = load_manifest(export_dir)
+    if variant not in manifest.variants:
         raise InvalidInput(f"{export_dir}: has no {variant} variant to plant a fault in (export it first)")
-    return export_dir / manifest["variants"][variant]["path"]
+    return export_dir / manifest.variants[variant].path
 
 
 def plant_gguf_rope_theta(src: Path, dst: Path, variant: str = "gguf-f16", rope_theta: float = 500000.0) -> Path:
@@ -312,19 +315,21 @@ def plant_pte_max_seq_len(src: Path, dst: Path, variant: str = "pte-fp32", facto
     from prodip.train.checkpoint import load_model  # noqa: PLC0415 (only for this fault)
 
     dst = copy_export(src, dst)
-    manifest = read_manifest(dst)
-    entry = manifest["variants"].get(variant)
-    if entry is None or entry.get("format") != "pte":
+    manifest = load_manifest(dst)
+    entry = manifest.variants.get(variant)
+    if entry is None or entry.format != "pte" or not entry.quantization:
         raise InvalidInput(f"{src}: has no ExecuTorch variant {variant!r} to plant a fault in")
-    model, config, _ = load_model(manifest["source_checkpoint"]["path"])
-    meta = entry["quantization"]["runner_metadata"]
+    if not manifest.source_checkpoint.path:
+        raise InvalidInput(f"{src / 'manifest.json'}: names no source_checkpoint.path to re-export {variant} from")
+    model, config, _ = load_model(manifest.source_checkpoint.path)
+    meta = entry.quantization["runner_metadata"]
     export_pte(
         model.float().eval(),
-        dst / entry["path"],
+        dst / entry.path,
         variant,
         bos_id=meta["get_bos_id"],
         eos_ids=meta["get_eos_ids"],
-        group_size=entry["quantization"].get("group_size") or 32,
+        group_size=entry.quantization.get("group_size") or 32,
         metadata_overrides={"get_max_seq_len": factor * config.max_position_embeddings},
     )
     refresh_manifest(dst)
@@ -391,8 +396,7 @@ def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].p
     from prodip.export.quantize import to_int4  # noqa: PLC0415
 
     dst = copy_export(src, dst)
-    manifest = read_manifest(dst)
-    q = manifest["variants"]["int4"]["quantization"]
+    q = load_manifest(dst).variants["int4"].quantization or {}
     path = dst / rel
     for old in (path, path.with_name(path.name + "_data")):
         old.unlink(missing_ok=True)

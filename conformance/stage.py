@@ -30,9 +30,9 @@ def conformance_done(plan: Plan) -> bool:
         return False
     try:
         report_sha = file_sha256(report_path)
-        verdict = manifest.verdict()
-    except (OSError, ValueError):
+    except OSError:
         return False
+    verdict = manifest.conformance
     if verdict is None or not made_from(
         str(report_path),
         {"export files table": report.export_files_sha256, "report": verdict.report_sha256 or "?"},
@@ -43,7 +43,7 @@ def conformance_done(plan: Plan) -> bool:
     if unchecked:
         log.warning("%s did not check variant(s) %s of the export; checking again", report_path, ", ".join(unchecked))
         return False
-    return report.passed and verdict.passed and verdict_is_current(manifest.to_dict())
+    return report.passed and verdict.passed and verdict_is_current(manifest)
 
 
 def conformance_run(plan: Plan) -> None:

@@ -25,9 +25,10 @@ from tqdm import tqdm
 from prodip.base.config import ConfigError
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.manifest import (
+    ExportManifest,
     file_sha256,
     files_table_sha256,
-    read_manifest,
+    load_manifest,
     set_conformance,
     tool_versions,
     verify_files,
@@ -72,7 +73,7 @@ class Candidate:
         return self.table or self.name
 
 
-def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) -> list[Candidate]:
+def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) -> list[Candidate]:
     """Candidates of an export: the safetensors variant twice (prodip's model, transformers),
     and each ONNX, GGUF (llama.cpp) and ExecuTorch variant once.
 
@@ -83,21 +84,20 @@ def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) 
         ValueError: a variant of unknown format, or a name in ``only`` that matches nothing.
     """
     out = []
-    for vname, v in manifest["variants"].items():
-        if v.get("format") == "safetensors":
+    for vname, v in manifest.variants.items():
+        if v.format == "safetensors":
             # a bf16/fp16 file is not exact: it needs its own table (fail closed until one exists)
-            dtype = v.get("dtype") or "float32"
+            dtype = v.dtype or "float32"
             suffix = "" if dtype == "float32" else f"_{dtype}"
             out += [
-                Candidate("safetensors", vname, "prodip", v["path"], "safetensors" + suffix),
-                Candidate("transformers", vname, "transformers", v["path"], "transformers" + suffix),
+                Candidate("safetensors", vname, "prodip", v.path, "safetensors" + suffix),
+                Candidate("transformers", vname, "transformers", v.path, "transformers" + suffix),
             ]
-        elif v.get("format") in ("onnx", "gguf", "pte"):
-            out.append(Candidate(vname, vname, v["format"], v["path"]))
+        elif v.format in ("onnx", "gguf", "pte"):
+            out.append(Candidate(vname, vname, v.format, v.path))
         else:
             raise InvalidInput(
-                f"manifest variant {vname!r} has format {v.get('format')!r}; expected 'safetensors', 'onnx', "
-                "'gguf' or 'pte'"
+                f"manifest variant {vname!r} has format {v.format!r}; expected 'safetensors', 'onnx', 'gguf' or 'pte'"
             )
     if only:
         unknown = set(only) - {c.name for c in out} - {c.variant for c in out}
@@ -110,7 +110,7 @@ def plan_candidates(manifest: dict[str, Any], only: Optional[list[str]] = None) 
     return out
 
 
-def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def load_reference(cfg: ConformanceConfig, manifest: ExportManifest) -> tuple[Any, Any, dict[str, Any]]:
     """Load the training model from the checkpoint the manifest names, refusing another one.
 
     Raises:
@@ -118,16 +118,16 @@ def load_reference(cfg: ConformanceConfig, manifest: dict[str, Any]) -> tuple[An
         FileNotFoundError: no checkpoint at the path, or it lacks ``tokenizer/tokenizer.json`` (named).
     """
 
-    src = manifest.get("source_checkpoint") or {}
-    path = cfg.checkpoint or src.get("path")
+    src = manifest.source_checkpoint
+    path = cfg.checkpoint or src.path
     if not path:
         raise InvalidInput(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
     model, model_cfg, info = load_model(require_checkpoint_tokenizer(path))
-    if info["model_sha256"] != src.get("model_sha256"):
+    if info["model_sha256"] != src.model_sha256:
         raise InvalidInput(
             f"checkpoint {info['checkpoint_dir']} has model sha256 {info['model_sha256'][:16]}.., but "
-            f"{cfg.export_dir}/manifest.json says the export was made from {str(src.get('model_sha256'))[:16]}.. "
-            f"({src.get('path')}); refusing to compare an export with a different checkpoint. Pass the "
+            f"{cfg.export_dir}/manifest.json says the export was made from {str(src.model_sha256)[:16]}.. "
+            f"({src.path}); refusing to compare an export with a different checkpoint. Pass the "
             "checkpoint it was exported from, or re-export this one with `prodip export`."
         )
     return model.float().eval(), model_cfg, info
@@ -184,7 +184,7 @@ def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[s
 
 def global_metrics(
     export_dir: Path,
-    manifest: dict[str, Any],
+    manifest: ExportManifest,
     info: dict[str, Any],
     texts: list[str],
     train_tokenizer: Any,
@@ -223,7 +223,7 @@ def global_metrics(
         )
         return out
     sha = file_sha256(tok_path)
-    out["tokenizer_sha256_match"] = sha == info["tokenizer_sha256"] == manifest.get("tokenizer_sha256")
+    out["tokenizer_sha256_match"] = sha == info["tokenizer_sha256"] == manifest.tokenizer_sha256
     exported = Tokenizer.from_file(str(tok_path))
     bad = [
         t[:40]
@@ -251,7 +251,7 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     if not cfg.export_dir:
         raise InvalidInput("ConformanceConfig.export_dir is empty: give the export dir made by `prodip export`")
     export_dir = Path(cfg.export_dir)
-    manifest = read_manifest(export_dir)
+    manifest = load_manifest(export_dir)
     tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
     tolerances, candidates = preflight(
         export_dir, manifest, tol_path, cfg.variants, shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens
@@ -267,7 +267,7 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
 
 def preflight(
     export_dir: Path,
-    manifest: dict[str, Any],
+    manifest: ExportManifest,
     tol_path: Path,
     only: Optional[list[str]] = None,
     *,
@@ -308,10 +308,10 @@ def preflight(
             )
     missing: dict[str, str] = {}
     for cand in candidates:
-        entry = manifest["variants"][cand.variant]
+        entry = manifest.variants[cand.variant]
         # what the checks read: the artifact, its weights, and the tokenizer its runtime loads (the
         # export's tokenizer.json is read for every variant: the reference ids)
-        needed = [cand.path, *(entry.get("external_data") or []), entry.get("tokenizer"), "tokenizer.json"]
+        needed = [cand.path, *entry.external_data, entry.tokenizer, "tokenizer.json"]
         for rel in [r for r in needed if r]:
             if rel not in missing and not (export_dir / rel).is_file():
                 missing[rel] = cand.variant
@@ -325,7 +325,7 @@ def preflight(
     return tolerances, candidates
 
 
-def _check_readable(export_dir: Path, manifest: dict[str, Any], candidates: list[Candidate]) -> None:
+def _check_readable(export_dir: Path, manifest: ExportManifest, candidates: list[Candidate]) -> None:
     """Each checked file has its manifest size, and each ONNX graph parses (weights not loaded).
 
     A damaged input is the user's to fix (exit 2, file named), not a failed measurement.
@@ -335,10 +335,10 @@ def _check_readable(export_dir: Path, manifest: dict[str, Any], candidates: list
     """
     for cand in {c.path: c for c in candidates}.values():
         path = export_dir / cand.path
-        listed = manifest.get("files", {}).get(cand.path)
-        if listed is not None and path.stat().st_size != listed.get("bytes"):
+        listed = manifest.files.get(cand.path)
+        if listed is not None and path.stat().st_size != listed.bytes:
             raise InvalidInput(
-                f"{path}: {path.stat().st_size} bytes, manifest.json says {listed.get('bytes')} (truncated or "
+                f"{path}: {path.stat().st_size} bytes, manifest.json says {listed.bytes} (truncated or "
                 "replaced); re-run `prodip export` (nothing was measured or written)"
             )
         if cand.kind == "onnx":
@@ -354,7 +354,7 @@ def _check_readable(export_dir: Path, manifest: dict[str, Any], candidates: list
 def _runtime_tokenizer(cand: Candidate, runner: Any, export_dir: Path, texts: list[str], metrics: dict) -> None:
     """``runtime_tokenizer_mismatches``: prompts (NFC) whose ids from the runtime's own tokenizer differ
     from ``tokenizers``' default encode of the export's ``tokenizer.json`` (BOS included)."""
-    manifest_tok = (read_manifest(export_dir)["variants"][cand.variant].get("tokenizer")) or "tokenizer.json"
+    manifest_tok = load_manifest(export_dir).variants[cand.variant].tokenizer or "tokenizer.json"
     texts = [unicodedata.normalize("NFC", t) for t in texts]
     want = [e.ids for e in Tokenizer.from_file(str(export_dir / "tokenizer.json")).encode_batch(texts)]
     try:
@@ -493,7 +493,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         "export_dir": str(export_dir.resolve()),
         "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),  # before the verdict is written
         # stable under the verdict rewrite: sha256 of the manifest's "files" table as canonical JSON
-        "export_files_sha256": files_table_sha256(manifest["files"]),
+        "export_files_sha256": files_table_sha256(manifest.files_table()),
         "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
         "tolerances_file": str(tol_path.resolve()),
         "tolerances_sha256": file_sha256(tol_path),
@@ -548,7 +548,7 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
     Rows of variants this run did not check are kept from the manifest's previous card when it was
     measured on the same export files (as :func:`merge_verdict` keeps their verdicts)."""
     export_dir = Path(cfg.export_dir)
-    manifest = read_manifest(export_dir)
+    manifest = load_manifest(export_dir)
     eval_report = None
     if cfg.eval_json and Path(cfg.eval_json).is_file():
         eval_report = EvalReport.read(cfg.eval_json).to_dict()
@@ -556,7 +556,7 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
         logger.warning("conformance: %s not found; the card has no random-twin comparison", cfg.eval_json)
     quality = card.quality_rows(report, manifest, eval_report)
     quality["export_files_sha256"] = report["export_files_sha256"]
-    previous = manifest.get("card_quality") or {}
+    previous = manifest.card_quality or {}
     if previous.get("export_files_sha256") == report["export_files_sha256"]:
         checked = {r["variant"] for r in quality["rows"]}
         quality["rows"] = [r for r in previous.get("rows", []) if r["variant"] not in checked] + quality["rows"]
@@ -597,10 +597,10 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         export_dir = Path(cfg.export_dir).resolve()
         rj = paths["json"].resolve()
         rel = rj.relative_to(export_dir).as_posix() if rj.is_relative_to(export_dir) else str(rj)
-        manifest = read_manifest(export_dir)
+        manifest = load_manifest(export_dir)
         set_conformance(
             export_dir,
-            merge_verdict(manifest.get("conformance"), report, list(manifest["variants"]), rel, paths["sha256"]),
+            merge_verdict(manifest.conformance, report, list(manifest.variants), rel, paths["sha256"]),
         )
     logger.info("conformance %s: %s", "PASSED" if report["passed"] else "FAILED", paths["md"])
     return report

@@ -14,7 +14,7 @@ from prodip.base.manifest import Verdict, utc_now
 
 
 def merge_verdict(
-    previous: Optional[dict[str, Any]],
+    previous: Verdict | dict[str, Any] | None,
     report: dict[str, Any],
     manifest_variants: list[str],
     report_path: str,
@@ -30,7 +30,8 @@ def merge_verdict(
     so a subset run (``--variants fp32``) never vouches for variants it did not check.
 
     Args:
-        previous: the manifest's current ``conformance`` slot (or None).
+        previous: the manifest's current ``conformance`` verdict (``ExportManifest.conformance``, or the
+            dict a previous call returned), or None.
         report: this run's report (``variants`` {name: bool}, ``export_files_sha256``).
         manifest_variants: the export's variant names.
         report_path / report_sha256: this run's report.json (path as recorded, sha256 of its bytes).
@@ -45,6 +46,8 @@ def merge_verdict(
         ``tolerances`` gives checks without it, which ``prodip serve`` does not accept.
     """
 
+    if isinstance(previous, Verdict):
+        previous = previous.to_dict()
     now = checked_utc or utc_now()
     files_sha = report["export_files_sha256"]
     checks: dict[str, Any] = {}

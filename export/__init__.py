@@ -20,7 +20,7 @@ _LAZY = {
     "export_checkpoint": "prodip.export.core",
     "export_model": "prodip.export.core",
     "size_table": "prodip.export.core",
-    "read_manifest": "prodip.base.manifest",
+    "load_manifest": "prodip.base.manifest",
     "verify_files": "prodip.base.manifest",
     "set_conformance": "prodip.base.manifest",
 }

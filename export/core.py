@@ -28,7 +28,7 @@ from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
-from prodip.base.manifest import MANIFEST_FILE, ExportManifest, read_manifest, write_manifest
+from prodip.base.manifest import MANIFEST_FILE, ExportManifest, load_manifest, write_manifest
 from prodip.base.variants import (
     BY_NAME,
     DERIVED_ONNX_VARIANTS,
@@ -547,17 +547,13 @@ def size_table(export_dir: str | os.PathLike) -> str:
 
     Targets from issue 5: int8 <= 0.30x, int4 <= 0.20x with embeddings quantised.
     """
-    manifest = read_manifest(export_dir)
-    files = manifest["files"]
-    sizes = {
-        name: sum(files[rel]["bytes"] for rel in [v["path"], *v.get("external_data", [])])
-        for name, v in manifest["variants"].items()
-    }
+    manifest = load_manifest(export_dir)
+    sizes = {name: sum(manifest.files[rel].bytes for rel in v.files()) for name, v in manifest.variants.items()}
     base = sizes.get("fp32")
     lines = [f"{'variant':<12} {'file':<26} {'MiB':>9} {'vs fp32':>8}"]
-    for name, v in manifest["variants"].items():
-        ratio = f"{sizes[name] / base:.3f}x" if base and v["format"] in ("onnx", "gguf", "pte") else "-"
-        lines.append(f"{name:<12} {v['path']:<26} {sizes[name] / 2**20:>9.2f} {ratio:>8}")
+    for name, v in manifest.variants.items():
+        ratio = f"{sizes[name] / base:.3f}x" if base and v.format in ("onnx", "gguf", "pte") else "-"
+        lines.append(f"{name:<12} {v.path:<26} {sizes[name] / 2**20:>9.2f} {ratio:>8}")
     return "\n".join(lines)
 
 

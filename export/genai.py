@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import onnx
 
-from prodip.base.manifest import read_manifest
+from prodip.base.manifest import load_manifest
 from prodip.base.variants import BY_NAME, GENAI_ORDER
 from prodip.export.graph import shared_buffer_graph
 
@@ -119,9 +119,9 @@ def genai_overlay(onnx_file: str, share_buffer: bool = False) -> dict[str, Any]:
 def variant_overlay(export_dir: str | Path, onnx_file: str) -> dict[str, Any]:
     """The manifest's ``genai_overlay`` of the variant whose file is ``onnx_file`` (a copy), or, for a
     file no variant lists, :func:`genai_overlay` of it (no shared buffer)."""
-    for variant in read_manifest(export_dir).get("variants", {}).values():
-        if variant.get("path") == onnx_file and "genai_overlay" in variant:
-            return copy.deepcopy(variant["genai_overlay"])
+    for variant in load_manifest(export_dir).variants.values():
+        if variant.path == onnx_file and variant.genai_overlay is not None:
+            return copy.deepcopy(variant.genai_overlay)
     return genai_overlay(onnx_file)
 
 

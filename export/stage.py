@@ -30,7 +30,7 @@ def export_done(plan: Plan) -> bool:
     except (OSError, ValueError) as err:
         log.warning("%s; exporting again", err)
         return False
-    made_with = (manifest.get("export_config") or {}).get("variants")
+    made_with = (manifest.export_config or {}).get("variants")
     if made_with is not None and sorted(made_with) != sorted(plan["export"].variants):
         log.warning(
             "%s holds variants %s, [export] variants are %s; exporting again", out, made_with, plan["export"].variants
@@ -38,7 +38,7 @@ def export_done(plan: Plan) -> bool:
         return False
     return made_from(
         str(out),
-        {"checkpoint": manifest["source_checkpoint"].get("model_sha256") or "?"},
+        {"checkpoint": manifest.source_checkpoint.model_sha256 or "?"},
         # the checkpoint export takes: the pretrained run, or the chat fine-tuned one when [sft] is configured
         {"checkpoint": latest_model_sha256(plan["export"].checkpoint)},
     )

@@ -32,7 +32,6 @@ from prodip.base.manifest import (
     ExportManifest,
     VariantCheck,
     VariantEntry,
-    Verdict,
     files_table_sha256,
     load_manifest,
 )
@@ -95,12 +94,9 @@ def conformance_check(manifest: ExportManifest, variant: str) -> tuple[bool, str
         ``tolerances.loosened`` lists bounds looser than the shipped tolerance file.
     """
     fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
-    if not manifest.conformance:
+    verdict = manifest.conformance
+    if verdict is None:
         return False, f"manifest.json has no conformance verdict; {fix}", None
-    try:
-        verdict = Verdict.parse(manifest.conformance)
-    except InvalidInput as err:
-        return False, f"the conformance verdict in {err}; {fix}", None
     problem = verdict.serve_problem(variant)
     if problem:
         return False, f"the conformance verdict in manifest.json {problem}; {fix}", None
@@ -163,12 +159,12 @@ def _onnx_variant(root: Path, manifest: ExportManifest, variant: str) -> Variant
     Raises:
         ValueError: no such variant, or not ONNX (the export's ONNX variants named).
     """
-    onnx_names = [k for k, v in manifest.variants.items() if (v or {}).get("format") == "onnx"]
+    onnx_names = manifest.formats("onnx")
     if variant not in onnx_names:
         raise InvalidInput(
             f"{root / MANIFEST_FILE}: no ONNX variant {variant!r}; this export has {', '.join(onnx_names) or 'none'}"
         )
-    return manifest.variant(variant)
+    return manifest.variants[variant]
 
 
 def _verification(

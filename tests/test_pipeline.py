@@ -145,7 +145,7 @@ def rerun_run(tmp_path_factory, tiny_corpus):
 
 @pytest.mark.slow
 def test_every_artifact_exists_and_is_valid(tiny_run):
-    from prodip.base.manifest import read_manifest, verify_files
+    from prodip.base.manifest import load_manifest, verify_files
     from prodip.tokenizer.bpe import load_tokenizer, tokenizer_sha256
     from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
     from prodip.train.checkpoint import load_model
@@ -174,11 +174,11 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
         trained, twin = ev["languages"][lang]["trained"], ev["languages"][lang]["random_init"]
         assert trained["bits_per_char"] < twin["bits_per_char"], lang
 
-    manifest = read_manifest(run / "export")
+    manifest = load_manifest(run / "export")
     verify_files(run / "export")
-    assert manifest["source_checkpoint"]["model_sha256"] == info["model_sha256"]
-    assert {"fp32", "fp16", "int8", "int4"} <= set(manifest["variants"])
-    assert manifest["conformance"]["passed"] is True
+    assert manifest.source_checkpoint.model_sha256 == info["model_sha256"]
+    assert {"fp32", "fp16", "int8", "int4"} <= set(manifest.variants)
+    assert manifest.conformance is not None and manifest.conformance.passed is True
     card = (run / "export" / "README.md").read_text(encoding="utf-8")  # the model card, with its quality card
     assert "| test-0 | bn | – | `LicenseRef-PublicDomain` |" in card and "| int4 | bn |" in card
     bn = ev["languages"]["bn"]

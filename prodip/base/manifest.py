@@ -7,12 +7,17 @@ Layout (CONTRACTS.md "Export dir")::
      source_checkpoint: {path, step, model_sha256}, tokenizer_sha256,
      versions: {prodip, python, torch, onnx, onnxruntime, onnxscript, safetensors, transformers?},
      files: {relpath: {bytes, sha256}},          # every file of the export but manifest.json
-     variants: {name: {path, format, dtype, quantization, external_data: [relpath, ...]}},
+     variants: {name: {path, format, dtype, quantization, external_data: [relpath, ...], ...}},  # VariantEntry
      export_config: {...},                       # the resolved ExportConfig
      card: {license, languages, datasets, tags, base_model, sources, statement, tokens_seen_by_language},
      conformance: null | {passed, variants: {name: bool}, report, report_sha256, checked_utc,
                          checks: {name: {passed, checked_utc, report, report_sha256}},
-                         export_files_sha256}}  (merged per variant by conformance.suite.merge_verdict)
+                         export_files_sha256},  # Verdict (merged per variant by conformance.verdict.merge_verdict)
+     card_quality?: {...}}                       # the quality card's figures, written by conformance
+
+Every other module reads the file through :func:`load_manifest` (or :func:`verify_files`) and walks the
+typed record; an edited record is written back with :func:`save_manifest`. A ``format_version`` newer than
+this prodip reads is refused naming the version (:class:`prodip.base.records.NewerFormat`).
 
 Files under ``conformance/`` (the conformance report, written after the export) are not
 listed and not checked.
@@ -119,19 +124,45 @@ class SourceCheckpoint(BaseModel):
 
 
 class VariantEntry(BaseModel):
-    """The fields of a ``variants[name]`` entry other stages read (a typed view: the manifest keeps the
-    entry as written, whatever its keys and their order; :meth:`ExportManifest.variant` validates it)."""
+    """One variant of the export (``manifest.json`` ``variants[name]``): every key ``prodip export`` writes,
+    declared in the order it writes them (a variant has only those of its format; the ones it lacks stay
+    unset and are not written back). Keys a newer export adds are kept.
+    """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
+    #: the variant's file, relative to the export dir (``onnx/model_q4.onnx``)
     path: str
+    #: ``safetensors``, ``onnx``, ``gguf`` or ``pte`` (``prodip.base.variants``)
     format: str
+    #: weight dtype as the export names it (``float32``, ``int4``, ``bfloat16``, ``q8_0``, ...)
     dtype: str | None = None
+    #: how the weights were quantised (``prodip.export.quantize`` / ``gguf`` / ``executorch``; None: not)
+    quantization: dict[str, Any] | None = None
+    #: files holding the graph's weights (ONNX ``<file>_data``), relative to the export dir
     external_data: list[str] = Field(default_factory=list)
-    #: the shared-buffer graph for onnxruntime-genai (contrib graphs only)
+    #: ONNX: dtype of the graph's float inputs and outputs, and of the KV cache
+    io_dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    #: ONNX: the default-domain opset, and every domain's (``{"ai.onnx": 17, "com.microsoft": 1}``)
+    opset: StrictInt | None = None
+    opset_imports: dict[str, StrictInt] | None = None
+    #: ONNX: ``contrib`` (ONNX Runtime's fused operators) or ``standard`` (ONNX operators only)
+    graph: str | None = None
+    #: ONNX contrib: the shared-buffer graph for onnxruntime-genai
     genai_path: str | None = None
-    #: the file the variant's runner reads its tokenizer from (``.pte``), else tokenizer.json
+    #: ONNX: the dtype transformers.js loads the variant by (``fp32``, ``q8``, ...)
+    transformersjs_dtype: str | None = None
+    #: ONNX: what ``og.Config.overlay`` needs to load the variant (``prodip.export.genai.genai_overlay``)
+    genai_overlay: dict[str, Any] | None = None
+    #: ONNX: whether ``genai_config.json`` names this variant
+    genai_default: StrictBool | None = None
+    #: ``.pte``: the file its runner reads its tokenizer from (others read ``tokenizer.json``)
     tokenizer: str | None = None
+
+    def files(self) -> list[str]:
+        """The variant's file and its external data, relative to the export dir."""
+        return [self.path, *self.external_data]
 
 
 class ToleranceRecord(BaseModel):
@@ -256,39 +287,21 @@ class ExportManifest(Record):
     tokenizer_sha256: str | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     files: dict[str, FileEntry]
-    #: name -> entry as export wrote it (typed view: :meth:`variant`)
-    variants: dict[str, dict[str, Any]]
+    variants: dict[str, VariantEntry]
     export_config: dict[str, Any] | None = None
     card: dict[str, Any] | None = None
-    #: the conformance slot, kept as written so a damaged verdict can still be named, served with
-    #: ``--allow-unverified`` and replaced (typed view: :meth:`verdict`)
-    conformance: dict[str, Any] | None = None
+    #: the conformance verdict (None: conformance has not run on this export, or it was cleared)
+    conformance: Verdict | None = None
     #: the quality card's figures (written by conformance from its report)
     card_quality: dict[str, Any] | None = None
-
-    def variant(self, name: str) -> VariantEntry:
-        """The typed view of ``variants[name]``.
-
-        Raises:
-            KeyError: no such variant.
-            InvalidInput: the entry lacks ``path``/``format`` or has a mistyped field (named).
-        """
-        try:
-            return VariantEntry.model_validate(self.variants[name])
-        except ValidationError as err:
-            raise InvalidInput(f"{MANIFEST_FILE}: variants.{name}: {describe_errors(err)}") from None
-
-    def verdict(self) -> Verdict | None:
-        """The conformance verdict (None when there is none).
-
-        Raises:
-            InvalidInput: the slot is not a verdict (see :meth:`Verdict.parse`).
-        """
-        return None if not self.conformance else Verdict.parse(self.conformance)
 
     def files_table(self) -> dict[str, dict[str, Any]]:
         """``files`` as plain dicts (what :func:`files_table_sha256` hashes)."""
         return {rel: entry.model_dump(mode="python") for rel, entry in self.files.items()}
+
+    def formats(self, fmt: str) -> list[str]:
+        """Names of the variants of format ``fmt`` (``onnx``, ``gguf``, ...), in the manifest's order."""
+        return [name for name, v in self.variants.items() if v.format == fmt]
 
 
 def write_manifest(
@@ -299,82 +312,79 @@ def write_manifest(
     variants: dict[str, dict[str, Any]],
     export_config: dict[str, Any] | None = None,
     card: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> ExportManifest:
     """Hash every file of ``export_dir`` and write ``manifest.json`` (atomically).
 
     Args:
         export_dir: a complete export dir (all artifacts already written).
         source_checkpoint: ``{"path": str, "step": int, "model_sha256": str}``.
         tokenizer_sha256: sha256 of ``tokenizer.json`` (None when the export has no tokenizer).
-        variants: name -> ``{path, format, dtype, quantization, ...}`` (paths relative).
+        variants: name -> ``{path, format, dtype, quantization, ...}`` (paths relative; the keys of
+            :class:`VariantEntry`, in its order).
         export_config: the resolved ExportConfig as a dict, recorded for reproduction.
         card: the model card's facts (``prodip.export.card.build_card``): licence, languages, sources, ...;
             ``README.md`` is hashed in ``files`` like every other file.
     Returns:
-        The manifest dict.
+        The manifest written.
     Raises:
-        FileNotFoundError: a variant's ``path`` is not a file of ``export_dir``.
+        MissingInput: a variant's file is not a file of ``export_dir``.
+        RecordError: a variant entry is not a :class:`VariantEntry` (field named).
     """
     root = Path(export_dir)
     files = list_files(root)
-    for name, variant in variants.items():
-        for rel in [variant["path"], *variant.get("external_data", [])]:
+    manifest = ExportManifest.from_dict(
+        {
+            "format_version": FORMAT_VERSION,
+            "prodip_version": __version__,
+            "created_utc": utc_now(),
+            "source_checkpoint": source_checkpoint,
+            "tokenizer_sha256": tokenizer_sha256,
+            "versions": {**tool_versions(), "prodip": __version__},
+            "files": files,
+            "variants": variants,
+            "export_config": export_config,
+            "card": card,
+            "conformance": None,
+        },
+        root / MANIFEST_FILE,
+    )
+    for name, entry in manifest.variants.items():
+        for rel in entry.files():
             if rel not in files:
                 raise MissingInput(f"{root / rel}: file of variant {name!r} missing from the export")
-    manifest = ExportManifest(
-        format_version=FORMAT_VERSION,
-        prodip_version=__version__,
-        created_utc=utc_now(),
-        source_checkpoint=SourceCheckpoint.model_validate(source_checkpoint),
-        tokenizer_sha256=tokenizer_sha256,
-        versions={**tool_versions(), "prodip": __version__},
-        files={rel: FileEntry.model_validate(entry) for rel, entry in files.items()},
-        variants=variants,
-        export_config=export_config,
-        card=card,
-        conformance=None,
-    )
     manifest.write(root / MANIFEST_FILE)
-    return manifest.to_dict()
+    return manifest
 
 
 def load_manifest(export_dir: str | os.PathLike[str]) -> ExportManifest:
     """The export dir's ``manifest.json`` as a typed record: the one reader.
 
     Raises:
-        FileNotFoundError: no manifest (the dir was not made by `prodip export`, or is incomplete).
-        ValueError: not JSON, a ``format_version`` this prodip does not read, or a missing or mistyped
-            field (file and field named).
+        MissingInput: no manifest (the dir was not made by `prodip export`, or is incomplete).
+        NewerFormat: a ``format_version`` newer than this prodip reads (found and read versions named).
+        RecordError: not JSON, another ``format_version`` this prodip does not read, or a missing or
+            mistyped field (file and field named; a :class:`~prodip.base.errors.InvalidInput`).
     """
     return ExportManifest.read(Path(export_dir) / MANIFEST_FILE)
 
 
-def read_manifest(export_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """:func:`load_manifest` as the JSON object the file holds (for code that walks its free-form parts).
+def save_manifest(export_dir: str | os.PathLike[str], manifest: ExportManifest) -> ExportManifest:
+    """Write back a manifest read with :func:`load_manifest` and edited (conformance's quality card, a
+    planted fault's re-hash): revalidated, then written atomically in the layout export wrote.
 
     Raises:
-        FileNotFoundError, ValueError: see :func:`load_manifest`.
-    """
-    return load_manifest(export_dir).to_dict()
-
-
-def save_manifest(export_dir: str | os.PathLike[str], manifest: ExportManifest | dict[str, Any]) -> ExportManifest:
-    """Validate and write back a manifest read with :func:`read_manifest` / :func:`load_manifest` and edited
-    (conformance's quality card, a planted fault's re-hash): atomically, in the layout export wrote.
-
-    Raises:
-        ValueError: the edited manifest is no longer one (field named).
+        RecordError: the edited manifest is no longer one (field named).
         WriteFailed: no room to write it.
     """
     path = Path(export_dir) / MANIFEST_FILE
-    record = manifest if isinstance(manifest, ExportManifest) else ExportManifest.from_dict(manifest, path)
+    record = ExportManifest.from_dict(manifest.to_dict(), path)
     record.write(path)
     return record
 
 
 def verify_files(
     export_dir: str | os.PathLike[str], *, allow_unlisted: bool = False, hash_file: Callable[[Path], str] = file_sha256
-) -> dict[str, Any]:
+) -> ExportManifest:
     """Check every listed file's size and sha256, and that no unlisted file was added.
 
     Args:
@@ -382,52 +392,51 @@ def verify_files(
         allow_unlisted: accept files the manifest does not list (outside ``conformance/``).
         hash_file: path -> hex sha256 (the pipeline passes a cached one).
     Returns:
-        The manifest dict.
+        The manifest (:func:`load_manifest`).
     Raises:
-        FileNotFoundError: the manifest or a listed file is missing (named).
-        ValueError: a file whose bytes or sha256 differ from the manifest, or an unlisted file
-            (named, with both values).
+        MissingInput: the manifest or a listed file is missing (named).
+        InvalidInput: an unreadable manifest (:func:`load_manifest`), a file whose bytes or sha256 differ
+            from the manifest, or an unlisted file (named, with both values).
     """
     root = Path(export_dir)
-    manifest = read_manifest(root)
-    for rel, meta in manifest["files"].items():
+    manifest = load_manifest(root)
+    for rel, meta in manifest.files.items():
         path = root / rel
         if not path.is_file():
             raise MissingInput(f"{path}: missing from the export (listed in {root / MANIFEST_FILE})")
         size = path.stat().st_size
-        if size != meta["bytes"]:
-            raise InvalidInput(f"{path}: {size} bytes, manifest says {meta['bytes']} (truncated or replaced)")
+        if size != meta.bytes:
+            raise InvalidInput(f"{path}: {size} bytes, manifest says {meta.bytes} (truncated or replaced)")
         digest = hash_file(path)
-        if digest != meta["sha256"]:
+        if digest != meta.sha256:
             raise InvalidInput(
                 f"{path}: sha256 differs from the export manifest's ({digest[:16]}.. vs "
-                f"{meta['sha256'][:16]}..; modified after export)"
+                f"{meta.sha256[:16]}..; modified after export)"
             )
     if not allow_unlisted:
-        extra = sorted(set(list_files(root)) - set(manifest["files"]))
+        extra = sorted(set(list_files(root)) - set(manifest.files))
         if extra:
             raise InvalidInput(f"{root}: file(s) not listed in {MANIFEST_FILE}: {', '.join(extra)}")
     return manifest
 
 
-def set_conformance(export_dir: str | os.PathLike[str], verdict: dict[str, Any] | None) -> dict[str, Any]:
+def set_conformance(export_dir: str | os.PathLike[str], verdict: dict[str, Any] | None) -> ExportManifest:
     """Record a conformance verdict in the manifest's ``conformance`` slot (atomic rewrite).
 
     Args:
         export_dir: an export dir.
-        verdict: ``{"passed": bool, "variants": {name: bool}, "report": path,
-            "report_sha256": str, "checked_utc": str}`` (``checked_utc`` is filled in when absent),
-            or ``None`` to clear the slot.
+        verdict: a :class:`Verdict` as a dict (``prodip.conformance.verdict.merge_verdict``;
+            ``checked_utc`` is filled in when absent), or ``None`` to clear the slot.
     Returns:
         The updated manifest.
     Raises:
-        ValueError: ``verdict`` lacks a bool ``passed`` or a ``variants`` dict, or names a variant
-            the manifest does not have.
-        FileNotFoundError: no manifest.
+        InvalidInput: ``verdict`` is not a :class:`Verdict` (field named), or names a variant the manifest
+            does not have.
+        MissingInput: no manifest.
     """
     root = Path(export_dir)
     manifest = load_manifest(root)
-    slot = None
+    record = None
     if verdict is not None:
         record = Verdict.parse(verdict, str(root / MANIFEST_FILE))
         unknown = sorted(set(record.variants or {}) - set(manifest.variants))
@@ -438,22 +447,19 @@ def set_conformance(export_dir: str | os.PathLike[str], verdict: dict[str, Any] 
             )
         if not record.checked_utc:
             record.checked_utc = utc_now()
-        slot = record.to_dict()
-    manifest.conformance = slot
+    manifest.conformance = record
     manifest.write(root / MANIFEST_FILE)
-    return manifest.to_dict()
+    return manifest
 
 
-def verdict_is_current(manifest: dict[str, Any]) -> bool:
+def verdict_is_current(manifest: ExportManifest) -> bool:
     """Whether the manifest's conformance verdict was measured on the export's current files.
 
     A verdict records ``export_files_sha256`` (:func:`files_table_sha256` of the files table it
     checked); a re-export or a changed file changes the table, which voids the verdict.
 
-    Args:
-        manifest: a manifest dict (:func:`read_manifest`).
     Returns:
         True when there is a verdict and it names the current files table (passed or not).
     """
-    verdict = manifest.get("conformance") or {}
-    return bool(verdict) and verdict.get("export_files_sha256") == files_table_sha256(manifest.get("files") or {})
+    verdict = manifest.conformance
+    return verdict is not None and verdict.export_files_sha256 == files_table_sha256(manifest.files_table())

@@ -24,7 +24,7 @@ def test_export_writes_the_card_into_every_artifact(tiny_artifacts):
 
     export = tiny_artifacts["export"]
     manifest = verify_files(export)  # README.md is hashed like every other file
-    assert "README.md" in manifest["files"]
+    assert "README.md" in manifest.files
     card = ModelCard.load(export / "README.md")
     data = card.data.to_dict()
     assert data["license"] == "other" and data["license_name"] == "prodip-data-mix"
@@ -34,16 +34,16 @@ def test_export_writes_the_card_into_every_artifact(tiny_artifacts):
     assert "Share-alike terms apply (from bn-news)" in card.text and "NOT fully cleared" in card.text
     assert "| bn-news | bn (news Bangla) |" in card.text and "| 3,000 |" in card.text  # tokens seen in training
     onnx_files = sorted(export.rglob("*.onnx"))
-    onnx_variants = [v for v in manifest["variants"].values() if v["format"] == "onnx"]
-    listed = {v["path"] for v in onnx_variants} | {v["genai_path"] for v in onnx_variants if v.get("genai_path")}
+    onnx_variants = [manifest.variants[name] for name in manifest.formats("onnx")]
+    listed = {v.path for v in onnx_variants} | {v.genai_path for v in onnx_variants if v.genai_path}
     assert {p.relative_to(export).as_posix() for p in onnx_files} == listed and len(listed) >= 4
     for path in onnx_files:
         props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
         assert props["license"] == "other" and props["languages"] == "bn,en", path
         sources = {s["name"]: s for s in json.loads(props["sources"])}
         assert sources["bluck_bn_mcq.jsonl"]["included_by_choice"] and sources["bn-news"]["license"] == "CC-BY-SA-4.0"
-    assert manifest["card"]["statement"]["unknown_included"] == ["bluck_bn_mcq.jsonl"]
-    assert [s["name"] for s in manifest["card"]["sources"]] == [s["name"] for s in DATA_CARD["sources"]]
+    assert manifest.card is not None and manifest.card["statement"]["unknown_included"] == ["bluck_bn_mcq.jsonl"]
+    assert [s["name"] for s in manifest.card["sources"]] == [s["name"] for s in DATA_CARD["sources"]]
     assert card_problems(export) == []
 
 
@@ -59,7 +59,7 @@ def test_licence_dropped_from_one_artifact_fails(tiny_artifacts, conf_cfg, tmp_p
 
 @pytest.mark.slow
 def test_quality_card_comes_from_the_report_and_an_edited_figure_fails(conformed_export, conf_cfg, tmp_path):
-    from prodip.base.manifest import read_manifest, verdict_is_current, verify_files
+    from prodip.base.manifest import load_manifest, verdict_is_current, verify_files
     from prodip.conformance import evaluate
     from prodip.conformance.card import card_problems
 
@@ -67,7 +67,8 @@ def test_quality_card_comes_from_the_report_and_an_edited_figure_fails(conformed
     assert report["passed"], report["global"]
     manifest = verify_files(export)
     assert verdict_is_current(manifest)  # the card written after measuring does not void the verdict
-    rows = {(r["variant"], r["language"]): r for r in manifest["card_quality"]["rows"]}
+    assert manifest.card_quality is not None
+    rows = {(r["variant"], r["language"]): r for r in manifest.card_quality["rows"]}
     assert set(rows) == {(v, lang) for v in ("safetensors", "fp32", "fp16", "int8", "int4") for lang in ("bn", "en")}
     text = (export / "README.md").read_text(encoding="utf-8")
     for (variant, lang), row in rows.items():
@@ -75,15 +76,14 @@ def test_quality_card_comes_from_the_report_and_an_edited_figure_fails(conformed
         assert row["bpc"] == h["bpc"] and row["kl_p999"] == h["kl_p999"] and row["top1"] == h["top1"]
         assert f"| {variant} | {lang} | {h['bpc']:.4f} | {h['bpc_delta']:+.4f} | {h['kl_mean']:.2e} |" in text
     assert "ONNX Runtime" in rows[("int4", "bn")]["runtimes"]
-    int4 = manifest["variants"]["int4"]
-    on_disk = sum((export / f).stat().st_size for f in [int4["path"], *int4.get("external_data", [])])
+    on_disk = sum((export / f).stat().st_size for f in manifest.variants["int4"].files())
     assert rows[("int4", "bn")]["bytes"] == on_disk
     assert "| bn | 2.5000 | 1.7500 | 5.9000 | 4.2500 |" in text  # trained vs random twin, from eval.json (EVAL_TWIN)
     assert card_problems(export) == []
     bad = plant_card_figure_edited(export, tmp_path / "bad")
     assert card_problems(bad) == ["README.md: the quality card differs from the figures conformance measured"]
     assert not evaluate(conf_cfg(bad, variants=["fp32"]))["passed"]
-    assert read_manifest(bad)["card_quality"] == manifest["card_quality"]
+    assert load_manifest(bad).card_quality == manifest.card_quality
 
 
 def test_kl_percentile_is_llama_cpps():

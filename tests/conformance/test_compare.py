@@ -113,15 +113,21 @@ def test_config_from_toml_table(tmp_path):
 
 
 def test_candidates_of_a_manifest():
+    from prodip.base.manifest import ExportManifest
     from prodip.conformance.suite import plan_candidates
 
-    manifest = {
-        "variants": {
-            "safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"},
-            "fp32": {"path": "onnx/model.onnx", "format": "onnx"},
-            "int8": {"path": "onnx/model_quantized.onnx", "format": "onnx"},
+    manifest = ExportManifest.from_dict(
+        {
+            "format_version": 1,
+            "source_checkpoint": {},
+            "files": {},
+            "variants": {
+                "safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"},
+                "fp32": {"path": "onnx/model.onnx", "format": "onnx"},
+                "int8": {"path": "onnx/model_quantized.onnx", "format": "onnx"},
+            },
         }
-    }
+    )
     cands = plan_candidates(manifest)
     assert [(c.name, c.variant, c.kind, c.tolerance_table) for c in cands] == [
         ("safetensors", "safetensors", "prodip", "safetensors_bfloat16"),

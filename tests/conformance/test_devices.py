@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from prodip.base.manifest import ExportManifest
 from prodip.conformance import evaluate, faults
 from prodip.conformance.device_runners import NODE_DIR
 from prodip.conformance.suite import plan_candidates
@@ -79,7 +80,7 @@ def test_manifest_records_device_variants(device_set):
     assert v["gguf-f16"]["quantization"]["pre"] == "granite-embed-multi-97m"  # the portable tokenizer's type
     assert v["pte-8da4w"]["quantization"]["runner_metadata"]["get_max_seq_len"] == 96
     assert v["pte-fp32"]["tokenizer"] == "executorch/tokenizer.json"
-    assert {c.kind for c in plan_candidates(manifest)} >= {"gguf", "pte"}
+    assert {c.kind for c in plan_candidates(ExportManifest.from_dict(manifest))} >= {"gguf", "pte"}
 
 
 @needs_llama_cpp

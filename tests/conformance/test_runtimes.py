@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from prodip.base.manifest import read_manifest
+from prodip.base.manifest import load_manifest
 from prodip.base.variants import ONNX_VARIANTS
 from prodip.conformance.runtimes import (
     GENAI,
@@ -40,7 +40,7 @@ def contrib_export(tiny_artifacts, tmp_path_factory):
     root = tmp_path_factory.mktemp("runtimes")
     ckpt = tiny.build_checkpoint(root / "run", tiny_artifacts["tokenizer"], hidden_size=64)
     export = export_checkpoint(ExportConfig(checkpoint=str(ckpt), out=str(root / "export")))
-    assert read_manifest(export)["variants"]["fp32"]["graph"] == "contrib"
+    assert load_manifest(export).variants["fp32"].graph == "contrib"
     return export, ckpt
 
 
@@ -246,7 +246,7 @@ def test_genai_batch_decodes_what_each_prompt_decodes_alone(contrib_export, vari
     export, _ = contrib_export
     pad = json.loads((export / "config.json").read_text(encoding="utf-8"))["pad_token_id"]
     config = og.Config(str(export))
-    config.overlay(json.dumps(variant_overlay(export, read_manifest(export)["variants"][variant]["path"])))
+    config.overlay(json.dumps(variant_overlay(export, load_manifest(export).variants[variant].path)))
     model = og.Model(config)
     prompts = [[1, 8, 4], [1, 5, 9, 14, 3, 22, 7], [1, 30, 31, 32, 33, 34, 35, 36, 37, 38]]
     width, new = max(map(len, prompts)), 14

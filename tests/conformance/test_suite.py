@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_good_export_passes_and_records_verdict(conformed_export):
-    from prodip.base.manifest import file_sha256, read_manifest, verify_files
+    from prodip.base.manifest import file_sha256, load_manifest, verify_files
 
     export, report = conformed_export  # run_conformance of every variant, write_manifest=True
     assert report["passed"], json.dumps({k: v["checks"] for k, v in report["candidates"].items()}, default=str)
@@ -37,10 +37,10 @@ def test_good_export_passes_and_records_verdict(conformed_export):
     assert strict["passed"] is True and "versions" in strict and strict["entry"] == "conformance.run_conformance"
     md = (out / "report.md").read_text()
     assert md.startswith("# Conformance PASSED") and "| int4 | pass |" in md
-    verdict = read_manifest(export)["conformance"]
-    assert verdict["passed"] is True and verdict["report"] == "conformance/report.json"
-    assert verdict["variants"] == {"safetensors": True, "fp32": True, "fp16": True, "int8": True, "int4": True}
-    assert verdict["report_sha256"] == file_sha256(out / "report.json")
+    verdict = load_manifest(export).conformance
+    assert verdict is not None and verdict.passed is True and verdict.report == "conformance/report.json"
+    assert verdict.variants == {"safetensors": True, "fp32": True, "fp16": True, "int8": True, "int4": True}
+    assert verdict.report_sha256 == file_sha256(out / "report.json")
     verify_files(export)  # the report dir is not part of the hashed export
 
 
@@ -72,7 +72,7 @@ def test_refuses_checkpoint_other_than_the_manifests(tiny_artifacts, conf_cfg, t
 @pytest.mark.slow
 def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
     """`prodip conformance` exits 1 on a failing check and still writes the report + verdict."""
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
     from prodip.cli import main
     from prodip.conformance.faults import plant_mask_ignores_past
 
@@ -101,7 +101,7 @@ def test_cli_exit_code_on_failure(tiny_artifacts, tmp_path, capsys):
     )
     assert rc == 1
     assert "# Conformance FAILED" in capsys.readouterr().out
-    assert read_manifest(export)["conformance"]["variants"] == {"fp32": False}
+    assert load_manifest(export).conformance.variants == {"fp32": False}
     assert (export / "conformance" / "config.toml").is_file()
 
 
@@ -215,7 +215,7 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
     """breaker2 D1: a run with bounds looser than the shipped file still passes, but report.md lists
     them under LOOSENED TOLERANCES, report.json and the manifest verdict record them, the CLI warns,
     and `prodip serve` (serve.engine.load_export) carries them; a run with the shipped file lists none."""
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
     from prodip.cli import main
     from prodip.conformance.tolerances import compare_with_shipped, load_tolerances
     from prodip.serve.engine import load_export
@@ -251,7 +251,7 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
     assert "WARNING: 2 tolerance bound(s) looser than the shipped" in err and "[int8] top1 min 0.95 -> min 0.8" in err
     report = json.loads((export / "conformance" / "report.json").read_text())
     assert report["tolerances"] == want and report["candidates"]["int8"]["tolerance_table"] == "int8"
-    verdict = read_manifest(export)["conformance"]
+    verdict = load_manifest(export).conformance.to_dict()
     assert verdict["tolerances"] == want and verdict["checks"]["int8"]["tolerances"] == want
     # serve: verified (the other variants have no verdict), with the loosened bounds named
     info = load_export(export, "int8")
@@ -282,7 +282,7 @@ def test_loosened_tolerances_are_visible_and_recorded(tiny_artifacts, tmp_path, 
     out, err = capsys.readouterr()
     assert rc == 0, out
     assert "LOOSENED" not in out and "WARNING" not in err
-    verdict = read_manifest(export)["conformance"]
+    verdict = load_manifest(export).conformance.to_dict()
     assert verdict["checks"]["fp32"]["tolerances"]["shipped"] is True
     assert verdict["checks"]["int8"]["tolerances"] == want  # kept from the earlier run
     assert load_export(export, "fp32").loosened_tolerances == []

@@ -119,13 +119,19 @@ def test_onnx_only_metric_in_a_safetensors_table(tmp_path):
 
 def test_missing_table_for_a_checked_candidate(tiny_artifacts, conf_cfg, tmp_path):
     """A bfloat16 model.safetensors needs [safetensors_bfloat16]: refused up front, not measured."""
+    from prodip.base.manifest import ExportManifest
     from prodip.conformance import evaluate
     from prodip.conformance.suite import plan_candidates, preflight
     from prodip.conformance.tolerances import require_tables
 
-    manifest = {
-        "variants": {"safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"}}
-    }
+    manifest = ExportManifest.from_dict(
+        {
+            "format_version": 1,
+            "source_checkpoint": {},
+            "files": {},
+            "variants": {"safetensors": {"path": "model.safetensors", "format": "safetensors", "dtype": "bfloat16"}},
+        }
+    )
     tol = load_tolerances(TINY_TOLERANCES)
     with pytest.raises(ConfigError, match=r"safetensors_bfloat16\].*required: top1"):
         require_tables(tol, [c.tolerance_table for c in plan_candidates(manifest)], TINY_TOLERANCES)
@@ -133,11 +139,11 @@ def test_missing_table_for_a_checked_candidate(tiny_artifacts, conf_cfg, tmp_pat
     path.write_text(TINY.split("[int4]")[0], encoding="utf-8")  # no [int4] table
     with pytest.raises(ConfigError, match=r"tol.toml: no tolerance table .*\[int4\]"):
         evaluate(conf_cfg(tiny_artifacts["export"], tolerances=str(path), variants=["int4"]))
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
     preflight(
         tiny_artifacts["export"],
-        read_manifest(tiny_artifacts["export"]),
+        load_manifest(tiny_artifacts["export"]),
         path,
         ["fp32"],
         shards_dir=str(tiny_artifacts["shards"]),
@@ -146,14 +152,14 @@ def test_missing_table_for_a_checked_candidate(tiny_artifacts, conf_cfg, tmp_pat
 
 def _seed_verdict(export: Path) -> bytes:
     """Give the export a (pretend) earlier passing verdict; return the manifest bytes."""
-    from prodip.base.manifest import read_manifest, set_conformance
+    from prodip.base.manifest import load_manifest, set_conformance
 
-    m = read_manifest(export)
+    m = load_manifest(export)
     set_conformance(
         export,
         {
             "passed": True,
-            "variants": {v: True for v in m["variants"]},
+            "variants": {v: True for v in m.variants},
             "report": "conformance/old.json",
             "checked_utc": "2026-01-01T00:00:00Z",
         },

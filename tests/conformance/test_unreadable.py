@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from prodip.base.manifest import read_manifest
+from prodip.base.manifest import load_manifest, save_manifest
 from prodip.cli import main as prodip_main
 from prodip.conformance.faults import copy_export
 from tests import fixtures as tiny
@@ -21,17 +21,17 @@ def test_truncated_onnx_is_exit_2_and_the_old_report_is_gone(tiny_artifacts, tmp
     onnx_path = export / "onnx" / "model.onnx"
     data = onnx_path.read_bytes()
     onnx_path.write_bytes(data[: len(data) // 3])
-    manifest = read_manifest(export)  # as if the manifest had been refreshed: size agrees, content is cut
-    manifest["files"]["onnx/model.onnx"]["bytes"] = onnx_path.stat().st_size
-    (export / "manifest.json").write_text(json.dumps(manifest))
+    manifest = load_manifest(export)  # as if the manifest had been refreshed: size agrees, content is cut
+    manifest.files["onnx/model.onnx"].bytes = onnx_path.stat().st_size
+    save_manifest(export, manifest)
     argv = ["conformance", str(export), "--checkpoint", str(tiny_artifacts["checkpoint"])]
     argv += ["--shards-dir", str(tiny_artifacts["shards"]), "--tolerances", str(TINY_TOLERANCES), "--variants", "fp32"]
     assert prodip_main(argv) == 2
     err = capsys.readouterr().err
     assert "model.onnx: not a readable ONNX model" in err and "Traceback" not in err
     assert not (old / "report.md").exists() and not (old / "report.json").exists()
-    manifest["files"]["onnx/model.onnx"]["bytes"] = len(data)  # the size no longer matches: named too
-    (export / "manifest.json").write_text(json.dumps(manifest))
+    manifest.files["onnx/model.onnx"].bytes = len(data)  # the size no longer matches: named too
+    save_manifest(export, manifest)
     assert prodip_main(argv) == 2
     assert "truncated or replaced" in capsys.readouterr().err
 
@@ -41,6 +41,6 @@ def test_model_safetensors_is_always_a_variant(tmp_path):
     from prodip.conformance.suite import plan_candidates
 
     export = tiny.build_tiny_export(tmp_path, variants=["fp32"])
-    manifest = read_manifest(export)
-    assert manifest["variants"]["safetensors"]["path"] == "model.safetensors"
+    manifest = load_manifest(export)
+    assert manifest.variants["safetensors"].path == "model.safetensors"
     assert {c.name for c in plan_candidates(manifest)} == {"safetensors", "transformers", "fp32"}

@@ -48,35 +48,36 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
     """After a (simulated) full run, `--variants fp32` keeps the other verdicts; a failing subset run
     flips the top-level verdict to false (planted fault: the mask ignores the KV cache in fp32)."""
 
-    from prodip.base.manifest import files_table_sha256, read_manifest, set_conformance
+    from prodip.base.manifest import files_table_sha256, load_manifest, set_conformance
     from prodip.cli import main
     from prodip.conformance import run_conformance
     from prodip.conformance.faults import plant_mask_ignores_past
 
     def seed_full_pass(export):  # stands in for an earlier full run (same export files)
-        m = read_manifest(export)
-        files_sha = files_table_sha256(m["files"])  # the fingerprint a verdict records (model card left out)
+        m = load_manifest(export)
+        files_sha = files_table_sha256(m.files_table())  # the fingerprint a verdict records (model card left out)
         set_conformance(
             export,
             merge_verdict(
                 None,
-                _report({v: True for v in m["variants"]}, files_sha),
-                list(m["variants"]),
+                _report({v: True for v in m.variants}, files_sha),
+                list(m.variants),
                 "conformance/old.json",
                 "0" * 64,
                 "2026-01-01T00:00:00Z",
             ),
         )
-        return list(m["variants"])
+        return list(m.variants)
 
     good = copy_export(tiny_artifacts["export"], tmp_path / "good")
     names = seed_full_pass(good)
     report = run_conformance(conf_cfg(good, variants=["fp32"], write_manifest=True))
     assert report["passed"] and report["variants"] == {"fp32": True}
-    verdict = read_manifest(good)["conformance"]
-    assert verdict["passed"] is True and verdict["variants"] == {v: True for v in names}
-    assert verdict["checks"]["fp32"]["checked_utc"] != "2026-01-01T00:00:00Z"
-    assert verdict["checks"]["int4"]["report"] == "conformance/old.json"
+    verdict = load_manifest(good).conformance
+    assert verdict is not None and verdict.checks is not None
+    assert verdict.passed is True and verdict.variants == {v: True for v in names}
+    assert verdict.checks["fp32"].checked_utc != "2026-01-01T00:00:00Z"
+    assert verdict.checks["int4"].report == "conformance/old.json"
 
     bad = plant_mask_ignores_past(tiny_artifacts["export"], tmp_path / "bad")
     seed_full_pass(bad)
@@ -103,9 +104,10 @@ def test_subset_runs_keep_other_verdicts(tiny_artifacts, conf_cfg, tmp_path):
         ]
     )
     assert rc == 1
-    verdict = read_manifest(bad)["conformance"]
-    assert verdict["passed"] is False and verdict["variants"]["fp32"] is False
-    assert all(verdict["variants"][v] for v in names if v != "fp32")
+    verdict = load_manifest(bad).conformance
+    assert verdict is not None and verdict.variants is not None
+    assert verdict.passed is False and verdict.variants["fp32"] is False
+    assert all(verdict.variants[v] for v in names if v != "fp32")
 
 
 def test_merge_records_the_tolerances_each_variant_was_checked_with():

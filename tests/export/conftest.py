@@ -74,12 +74,12 @@ def source_model(export_dir: Path):
 def ort_session(export_dir: Path, variant: str):
     import onnxruntime as ort
 
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.log_severity_level = 3
-    path = export_dir / read_manifest(export_dir)["variants"][variant]["path"]
+    path = export_dir / load_manifest(export_dir).variants[variant].path
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 

@@ -25,7 +25,7 @@ def chat_export(tmp_path_factory):
 def test_template_and_end_of_turn_in_every_artifact(chat_export):
     import gguf
 
-    from prodip.base.manifest import read_manifest, verify_files
+    from prodip.base.manifest import load_manifest, verify_files
 
     export, planted = chat_export
     eot = planted["end_of_turn_id"]
@@ -38,7 +38,7 @@ def test_template_and_end_of_turn_in_every_artifact(chat_export):
     assert bytes(field.parts[field.data[0]]).decode() == CHAT_TEMPLATE
     eot_field = reader.fields["tokenizer.ggml.eot_token_id"]
     assert int(eot_field.parts[eot_field.data[0]][0]) == eot
-    assert CHAT_TEMPLATE_FILE in read_manifest(export)["files"]
+    assert CHAT_TEMPLATE_FILE in load_manifest(export).files
     verify_files(export)
 
 

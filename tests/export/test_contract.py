@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from prodip.base.manifest import read_manifest
+from prodip.base.manifest import load_manifest
 from prodip.base.variants import variant_names
 from prodip.export.graph import MASK_CHECK_NODE
 from tests.export.conftest import ort_session, positions, run_ort, source_model
@@ -71,9 +71,8 @@ def graph_variant(request):
 
 
 def test_graph_kind_recorded(gqa_export, standard_export):
-    m = read_manifest(gqa_export)["variants"]["fp32"]
-    assert m["graph"] == "contrib"
-    assert read_manifest(standard_export)["variants"]["fp32"]["graph"] == "standard"
+    assert load_manifest(gqa_export).variants["fp32"].graph == "contrib"
+    assert load_manifest(standard_export).variants["fp32"].graph == "standard"
 
 
 @pytest.mark.parametrize("length", ["one", "past", "past+4"])

@@ -136,7 +136,7 @@ def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
     assert (run / "checkpoints" / "latest").exists()
     from prodip.base.manifest import verify_files
 
-    assert set(verify_files(out)["variants"]) == {"safetensors"}
+    assert set(verify_files(out).variants) == {"safetensors"}
 
 
 def test_failure_midway_leaves_old_export_intact(gqa_export, tmp_path, monkeypatch):
@@ -193,11 +193,11 @@ def test_cli_toml_and_flags(gqa_export, tmp_path, capsys):
         'safetensors_dtype = "bfloat16"\n'
     )
     assert main(["export", "--config", str(toml), "--variants", "safetensors"]) == 0
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
-    m = read_manifest(tmp_path / "e")
-    assert set(m["variants"]) == {"safetensors"} and m["variants"]["safetensors"]["dtype"] == "bfloat16"
-    assert m["export_config"]["safetensors_dtype"] == "bfloat16"
+    m = load_manifest(tmp_path / "e")
+    assert set(m.variants) == {"safetensors"} and m.variants["safetensors"].dtype == "bfloat16"
+    assert m.export_config is not None and m.export_config["safetensors_dtype"] == "bfloat16"
     assert "variant" in capsys.readouterr().out  # the size table
 
 
@@ -241,7 +241,7 @@ def test_stale_temp_dirs_of_killed_exports_are_removed(gqa_export, tmp_path, cap
     assert len(removed) == 2 and all(str(dead) in m for m in removed)
     from prodip.base.manifest import verify_files
 
-    assert set(verify_files(out)["variants"]) == {"safetensors"}
+    assert set(verify_files(out).variants) == {"safetensors"}
 
 
 def test_conflicting_checkpoints_are_refused(tmp_path, capsys):

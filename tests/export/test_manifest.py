@@ -7,29 +7,30 @@ import shutil
 
 import pytest
 
-from prodip.base.manifest import read_manifest, set_conformance, verify_files
+from prodip.base.manifest import load_manifest, set_conformance, verify_files
 
 
 def test_manifest_contents(any_export):
     from prodip.train.checkpoint import model_sha256
 
-    m = read_manifest(any_export)
-    assert m["format_version"] == 1 and m["conformance"] is None
+    m = load_manifest(any_export)
+    assert m.format_version == 1 and m.conformance is None
     run = any_export.parent / "run"
-    assert m["source_checkpoint"]["model_sha256"] == model_sha256(run)
-    assert m["source_checkpoint"]["step"] == 10
-    assert m["tokenizer_sha256"] == m["files"]["tokenizer.json"]["sha256"]
+    assert m.source_checkpoint.model_sha256 == model_sha256(run)
+    assert m.source_checkpoint.step == 10
+    assert m.tokenizer_sha256 == m.files["tokenizer.json"].sha256
     for key in ("prodip", "torch", "onnx", "onnxruntime"):
-        assert m["versions"][key]
+        assert m.versions[key]
     listed = {p.relative_to(any_export).as_posix() for p in any_export.rglob("*") if p.is_file()}
-    assert set(m["files"]) == listed - {"manifest.json"}
-    assert set(m["variants"]) == {"safetensors", "fp32", "fp16", "int8", "int4"}
-    assert m["variants"]["fp32"]["path"] == "onnx/model.onnx" and m["variants"]["fp32"]["quantization"] is None
-    q8, q4 = m["variants"]["int8"]["quantization"], m["variants"]["int4"]["quantization"]
+    assert set(m.files) == listed - {"manifest.json"}
+    assert set(m.variants) == {"safetensors", "fp32", "fp16", "int8", "int4"}
+    assert m.variants["fp32"].path == "onnx/model.onnx" and m.variants["fp32"].quantization is None
+    q8, q4 = m.variants["int8"].quantization, m.variants["int4"].quantization
+    assert q8 is not None and q4 is not None
     assert q8["bits"] == 8 and q8["symmetric"] is True and q8["weight_granularity"] == "per output channel"
     assert q8["activation_quantization"].startswith("dynamic, per row") and q8["matmuls_quantized"] >= 5
     assert q4["bits"] == 4 and q4["block_size"] == 32 and q4["embedding_quantized"] is True
-    assert "Softmax" in m["variants"]["fp16"]["quantization"]["op_block_list"]
+    assert "Softmax" in (m.variants["fp16"].quantization or {})["op_block_list"]
     verify_files(any_export)
 
 
@@ -64,7 +65,7 @@ def test_verify_files_refuses_unlisted_files(gqa_export, tmp_path):
 
 def test_set_conformance_atomic_rewrite(gqa_export, tmp_path):
     copy = shutil.copytree(gqa_export, tmp_path / "export")
-    before = read_manifest(copy)
+    before = load_manifest(copy)
     verdict = {
         "passed": False,
         "variants": {"fp32": True, "int4": False},
@@ -72,11 +73,12 @@ def test_set_conformance_atomic_rewrite(gqa_export, tmp_path):
         "report_sha256": "0" * 64,
     }
     set_conformance(copy, verdict)
-    after = read_manifest(copy)
-    assert after["conformance"]["passed"] is False and after["conformance"]["variants"]["int4"] is False
-    assert after["conformance"]["checked_utc"].endswith("Z")
-    assert {k: v for k, v in after.items() if k != "conformance"} == {
-        k: v for k, v in before.items() if k != "conformance"
+    after = load_manifest(copy)
+    assert after.conformance is not None and after.conformance.variants is not None
+    assert after.conformance.passed is False and after.conformance.variants["int4"] is False
+    assert str(after.conformance.checked_utc).endswith("Z")
+    assert {k: v for k, v in after.to_dict().items() if k != "conformance"} == {
+        k: v for k, v in before.to_dict().items() if k != "conformance"
     }
     assert not list(copy.glob(".manifest.json.tmp*"))
     verify_files(copy)  # the verdict does not invalidate the file hashes
@@ -85,12 +87,12 @@ def test_set_conformance_atomic_rewrite(gqa_export, tmp_path):
     with pytest.raises(ValueError, match="passed"):
         set_conformance(copy, {"variants": {}})
     set_conformance(copy, None)
-    assert read_manifest(copy)["conformance"] is None
+    assert load_manifest(copy).conformance is None
 
 
-def test_read_manifest_errors(tmp_path):
+def test_load_manifest_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="prodip export"):
-        read_manifest(tmp_path)
+        load_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 2}))
     with pytest.raises(ValueError, match="format_version"):
-        read_manifest(tmp_path)
+        load_manifest(tmp_path)

@@ -51,10 +51,10 @@ def _torch_logits(model, ids, mask):
 
 @pytest.mark.parametrize("variant", ONNX_VARIANTS)
 def test_io_contract(any_export, variant):
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
     config = source_model(any_export).config
-    rel = read_manifest(any_export)["variants"][variant]["path"]
+    rel = load_manifest(any_export).variants[variant].path
     graph = onnx.load(str(any_export / rel)).graph
     want_in, want_out = io_names(config.num_hidden_layers)
     assert [i.name for i in graph.input] == want_in
@@ -151,22 +151,22 @@ def test_external_data_layout(tied_export, gqa_export):
     """A contrib variant keeps its weights in ``<file>_data`` (transformers.js's external-data name),
     read by its graph and by its onnxruntime-genai graph, whether the fp32 export was external
     (forced here via onnx_external_data, the > 2 GB path, which wrote ``<file>.data``) or not."""
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
     for export_dir in (tied_export, gqa_export):
-        m = read_manifest(export_dir)
+        m = load_manifest(export_dir)
         for name in ONNX_VARIANTS:
-            v = m["variants"][name]
-            assert v["graph"] == "contrib" and v["external_data"] == [v["path"] + "_data"]
-            assert m["files"][v["path"] + "_data"]["bytes"] > m["files"][v["path"]]["bytes"]  # the weights
-            assert v["path"] + ".data" not in m["files"] and not (export_dir / (v["path"] + ".data")).exists()
-            for rel in (v["path"], v["genai_path"]):
+            v = m.variants[name]
+            assert v.graph == "contrib" and v.external_data == [v.path + "_data"] and v.genai_path is not None
+            assert m.files[v.path + "_data"].bytes > m.files[v.path].bytes  # the weights
+            assert v.path + ".data" not in m.files and not (export_dir / (v.path + ".data")).exists()
+            for rel in (v.path, v.genai_path):
                 graph = onnx.load(str(export_dir / rel), load_external_data=False).graph
                 locations = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
-                assert locations == {Path(v["path"]).name + "_data"}, rel
+                assert locations == {Path(v.path).name + "_data"}, rel
                 onnx.checker.check_model(str(export_dir / rel))
         config = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
-        files = {Path(m["variants"][n]["path"]).name: 1 for n in ONNX_VARIANTS}
+        files = {Path(m.variants[n].path).name: 1 for n in ONNX_VARIANTS}
         assert config["transformers.js_config"]["use_external_data_format"] == files
 
 
@@ -204,10 +204,10 @@ def test_rows_are_batch_invariant(gqa_export, variant):
 
 def test_onnx_files_hold_no_build_paths(gqa_export):
     """No file of an export names the machine it was built on (the exporter's stack traces are dropped)."""
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
     root = str(Path(__file__).resolve().parents[2])
-    for rel in read_manifest(gqa_export)["files"]:
+    for rel in load_manifest(gqa_export).files:
         if rel.endswith(".onnx"):
             data = (gqa_export / rel).read_bytes()
             assert root.encode() not in data and b"pkg.torch.onnx.stack_trace" not in data, rel

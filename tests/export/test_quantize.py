@@ -78,15 +78,14 @@ def test_int4_flags(gqa_export, tmp_path, embeddings, lm_head):
 
 def _variant_bytes(manifest, name):
     """A variant's bytes on disk: its graph and its weights file (``<file>_data``)."""
-    v = manifest["variants"][name]
-    return sum(manifest["files"][rel]["bytes"] for rel in [v["path"], *v.get("external_data", [])])
+    return sum(manifest.files[rel].bytes for rel in manifest.variants[name].files())
 
 
 def test_size_ratios_with_embeddings_quantised(gqa_export):
     """Issue 5 targets, on the untied fixture where weights dominate: int8 <= 0.30x, int4 <= 0.20x."""
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
-    m = read_manifest(gqa_export)
+    m = load_manifest(gqa_export)
     size = {name: _variant_bytes(m, name) for name in ("fp32", "fp16", "int8", "int4")}
     assert size["fp16"] / size["fp32"] <= 0.55
     assert size["int8"] / size["fp32"] <= 0.30
@@ -193,12 +192,12 @@ def _big_initializers(model: onnx.ModelProto, min_bytes: int) -> dict[str, int]:
 def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     """Tied fixture (vocab 70,000, hidden 64, external data): int4 and int8 hold the table once, and
     the embedding lookup reads the lm_head's quantised tensors (same codes, scales, zero points)."""
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
-    m = read_manifest(tied_export)
+    m = load_manifest(tied_export)
     V, H = 70_000, 64
     for name in ("int8", "int4"):
-        q = m["variants"][name]["quantization"]
+        q = m.variants[name].quantization
         assert q["embedding_shared_with_lm_head"] is True and "embedding_not_shared_because" not in q
     int4 = onnx.load(str(tied_export / "onnx" / "model_q4.onnx"))
     assert list(_big_initializers(int4, V * H // 4).values()) == [V * H // 2]  # one 4-bit table
@@ -219,9 +218,9 @@ def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     assert transpose.op_type == "Transpose" and transpose.input[0] == lm8.input[1]
     scale_gather = next(n for n in int8.graph.node if n.op_type == "Gather" and n.input[0] == lm8.input[1] + "_scales")
     assert scale_gather.input[1] == gather.input[1]  # the same ids pick the rows' scales
-    untied = read_manifest(gqa_export)["variants"]
+    untied = load_manifest(gqa_export).variants
     for name in ("int8", "int4"):  # untied: nothing to share, nothing to explain
-        q = untied[name]["quantization"]
+        q = untied[name].quantization
         assert q["embedding_shared_with_lm_head"] is False and "embedding_not_shared_because" not in q
 
 
@@ -258,10 +257,10 @@ def tied_demo_shape(tmp_path_factory):
 def test_tied_size_ratios(tied_demo_shape):
     """Issue 5 targets on a tied demo-shaped model: int8 <= 0.30x, int4 <= 0.20x of fp32 (the old
     duplicated table gave ~0.36x / ~0.22x); dropping the copy saves at least one quantised table."""
-    from prodip.base.manifest import read_manifest
+    from prodip.base.manifest import load_manifest
 
     export_dir, dup = tied_demo_shape
-    m = read_manifest(export_dir)
+    m = load_manifest(export_dir)
     size = {name: _variant_bytes(m, name) for name in ("fp32", "int8", "int4")}
     assert size["int8"] / size["fp32"] <= 0.30
     assert size["int4"] / size["fp32"] <= 0.20

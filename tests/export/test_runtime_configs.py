@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from prodip.base.manifest import read_manifest
+from prodip.base.manifest import load_manifest
 from prodip.base.variants import variant_names
 from prodip.export.genai import genai_config
 
@@ -17,7 +17,7 @@ def test_genai_config_matches_the_export(gqa_export):
     gen = json.loads((gqa_export / "generation_config.json").read_text(encoding="utf-8"))
     genai = json.loads((gqa_export / "genai_config.json").read_text(encoding="utf-8"))
     model, decoder, search = genai["model"], genai["model"]["decoder"], genai["search"]
-    assert read_manifest(gqa_export)["variants"]["int4"]["graph"] == "contrib"
+    assert load_manifest(gqa_export).variants["int4"].graph == "contrib"
     # the int4 decoder made for onnxruntime-genai's shared past/present buffer
     assert model["type"] == "llama" and decoder["filename"] == "onnx/model_q4_genai.onnx"
     assert (model["bos_token_id"], model["eos_token_id"], model["pad_token_id"]) == (
@@ -38,18 +38,18 @@ def test_genai_config_matches_the_export(gqa_export):
 
 
 def test_manifest_and_config_name_every_variant_for_both_runtimes(gqa_export):
-    manifest = read_manifest(gqa_export)
-    assert "genai_config.json" in manifest["files"]
+    manifest = load_manifest(gqa_export)
+    assert "genai_config.json" in manifest.files
     want = {"fp32": ("onnx/model.onnx", "fp32"), "fp16": ("onnx/model_fp16.onnx", "fp16")}
     want |= {"int8": ("onnx/model_quantized.onnx", "q8"), "int4": ("onnx/model_q4.onnx", "q4")}
     for name, (path, dtype) in want.items():
-        v = manifest["variants"][name]
-        assert (v["path"], v["transformersjs_dtype"]) == (path, dtype)
-        assert v["genai_default"] is (name == "int4")
+        v = manifest.variants[name]
+        assert (v.path, v.transformersjs_dtype) == (path, dtype)
+        assert v.genai_default is (name == "int4")
         # each variant's shared-buffer graph for onnxruntime-genai, listed and hashed like every file
-        assert v["genai_path"] == path.replace(".onnx", "_genai.onnx") and v["genai_path"] in manifest["files"]
-        shared = {"model": {"decoder": {"filename": v["genai_path"]}}, "search": {"past_present_share_buffer": True}}
-        assert v["genai_overlay"] == shared
+        assert v.genai_path == path.replace(".onnx", "_genai.onnx") and v.genai_path in manifest.files
+        shared = {"model": {"decoder": {"filename": v.genai_path}}, "search": {"past_present_share_buffer": True}}
+        assert v.genai_overlay == shared
     config = json.loads((gqa_export / "config.json").read_text(encoding="utf-8"))
     files = {"model.onnx": 1, "model_fp16.onnx": 1, "model_quantized.onnx": 1, "model_q4.onnx": 1}
     assert config["transformers.js_config"] == {"dtype": "q4", "use_external_data_format": files}
@@ -110,7 +110,7 @@ def test_shared_buffer_graph_reads_no_slot_past_the_mask(gqa_export, variant):
     contract = ort_session(gqa_export, variant)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    genai_path = gqa_export / read_manifest(gqa_export)["variants"][variant]["genai_path"]
+    genai_path = gqa_export / load_manifest(gqa_export).variants[variant].genai_path
     shared = ort.InferenceSession(str(genai_path), opts, providers=["CPUExecutionProvider"])
     ids = np.random.default_rng(0).integers(3, config.vocab_size, (1, 10))
     mask = np.ones_like(ids)
@@ -142,13 +142,14 @@ def test_standard_graph_with_external_weights_uses_the_transformersjs_name(tmp_p
     export = build_tiny_export(
         tmp_path, export_options={"onnx_graph": "standard", "onnx_external_data": True}, variants=["fp32", "int8"]
     )
-    m = read_manifest(export)
+    m = load_manifest(export)
     for name in ("fp32", "int8"):
-        v = m["variants"][name]
-        assert v["graph"] == "standard" and v["external_data"] == [v["path"] + "_data"] and "genai_path" not in v
-        assert v["genai_overlay"]["search"]["past_present_share_buffer"] is False
-        assert not (export / (v["path"] + ".data")).exists()
-        ort.InferenceSession(str(export / v["path"]), providers=["CPUExecutionProvider"])
+        v = m.variants[name]
+        assert v.graph == "standard" and v.external_data == [v.path + "_data"] and v.genai_path is None
+        assert "genai_path" not in v.model_fields_set  # not written at all
+        assert v.genai_overlay is not None and v.genai_overlay["search"]["past_present_share_buffer"] is False
+        assert not (export / (v.path + ".data")).exists()
+        ort.InferenceSession(str(export / v.path), providers=["CPUExecutionProvider"])
     config = json.loads((export / "config.json").read_text(encoding="utf-8"))
     assert config["transformers.js_config"]["use_external_data_format"] == {
         "model.onnx": 1,
@@ -171,7 +172,7 @@ def test_genai_graph_computes_the_contract_graph_on_what_genai_feeds(gqa_export,
     from tests.export.conftest import ort_session, run_ort, source_model
 
     config = source_model(gqa_export).config
-    genai_path = gqa_export / read_manifest(gqa_export)["variants"][variant]["genai_path"]
+    genai_path = gqa_export / load_manifest(gqa_export).variants[variant].genai_path
     graph = onnx.load(str(genai_path), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
     gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]

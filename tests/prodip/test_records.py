@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 
 from prodip.base.errors import MissingInput, UserError
-from prodip.base.manifest import ExportManifest, Verdict
+from prodip.base.manifest import ExportManifest, VariantEntry, Verdict
 from prodip.base.records import Number, Record, RecordError
 
 
@@ -105,7 +105,7 @@ def test_export_manifest_round_trip_and_errors(tmp_path):
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"  # export's layout, byte for byte
     path.write_text(text)
     m = ExportManifest.read(path)
-    assert m.variant("fp32").path == "onnx/model.onnx" and m.variant("fp32").external_data == []
+    assert m.variants["fp32"].path == "onnx/model.onnx" and m.variants["fp32"].external_data == []
     assert m.files["onnx/model.onnx"].bytes == 10 and m.source_checkpoint.step == 1
     m.write(path)
     assert path.read_text() == text
@@ -116,6 +116,78 @@ def test_export_manifest_round_trip_and_errors(tmp_path):
     del broken["files"]["onnx/model.onnx"]["sha256"]
     path.write_text(json.dumps(broken))
     with pytest.raises(RecordError, match=r"manifest.json: field 'files.onnx/model.onnx.sha256': field required"):
+        ExportManifest.read(path)
+
+
+#: every key export writes into an ONNX variant entry (export.core._onnx_variant, _write_runtime_configs), in
+#: its order, and a .pte entry's (export.core._build_devices)
+_ONNX_ENTRY = {
+    "path": "onnx/model_q4.onnx",
+    "format": "onnx",
+    "dtype": "int4",
+    "quantization": {"bits": 4, "block_size": 32, "external_data": True},
+    "external_data": ["onnx/model_q4.onnx_data"],
+    "io_dtype": "float32",
+    "kv_cache_dtype": "float32",
+    "opset": 17,
+    "opset_imports": {"ai.onnx": 17, "com.microsoft": 1},
+    "graph": "contrib",
+    "genai_path": "onnx/model_q4_genai.onnx",
+    "transformersjs_dtype": "q4",
+    "genai_overlay": {"model": {"decoder": {"filename": "onnx/model_q4_genai.onnx"}}},
+    "genai_default": True,
+}
+_PTE_ENTRY = {
+    "path": "executorch/model.pte",
+    "format": "pte",
+    "dtype": "float32",
+    "quantization": {"runner_metadata": {"get_max_seq_len": 96}},
+    "tokenizer": "executorch/tokenizer.json",
+}
+
+
+def test_export_manifest_variants_and_verdict_are_typed(tmp_path):
+    """variants[name] is a VariantEntry with every key export writes, conformance a Verdict: read by attribute,
+    written back byte for byte (keys a variant lacks stay absent, a newer export's extra keys are kept)."""
+    verdict = {"passed": True, "variants": {"int4": True}, "report": "conformance/report.json"}
+    data = _manifest(
+        variants={"int4": {**_ONNX_ENTRY, "from_a_newer_export": [1]}, "pte-fp32": _PTE_ENTRY},
+        conformance=verdict,
+    )
+    path = tmp_path / "manifest.json"
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    path.write_text(text)
+    m = ExportManifest.read(path)
+    int4, pte = m.variants["int4"], m.variants["pte-fp32"]
+    assert isinstance(int4, VariantEntry) and isinstance(m.conformance, Verdict)
+    assert int4.files() == ["onnx/model_q4.onnx", "onnx/model_q4.onnx_data"]
+    assert (int4.opset, int4.opset_imports, int4.graph) == (17, {"ai.onnx": 17, "com.microsoft": 1}, "contrib")
+    assert (int4.genai_path, int4.transformersjs_dtype, int4.genai_default) == ("onnx/model_q4_genai.onnx", "q4", True)
+    assert int4.genai_overlay == _ONNX_ENTRY["genai_overlay"] and int4.quantization == _ONNX_ENTRY["quantization"]
+    assert (pte.tokenizer, pte.genai_path, pte.external_data) == ("executorch/tokenizer.json", None, [])
+    assert m.formats("onnx") == ["int4"] and m.formats("pte") == ["pte-fp32"] and m.formats("gguf") == []
+    assert m.conformance.passed is True and m.conformance.variants == {"int4": True}
+    m.write(path)
+    assert path.read_text() == text
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d["variants"]["fp32"].update(opset="17"), "variants.fp32.opset"),
+        (lambda d: d["variants"]["fp32"].pop("path"), "variants.fp32.path"),
+        (lambda d: d["variants"]["fp32"].update(external_data="onnx/model.onnx_data"), "variants.fp32.external_data"),
+        (lambda d: d["variants"]["fp32"].update(genai_default="yes"), "variants.fp32.genai_default"),
+        (lambda d: d.update(conformance={"variants": {}}), "conformance.passed"),
+        (lambda d: d.update(conformance={"passed": True, "variants": {"fp32": "yes"}}), "conformance.variants.fp32"),
+    ],
+)
+def test_export_manifest_names_a_mistyped_variant_or_verdict_field(tmp_path, edit, field):
+    data = _manifest()
+    edit(data)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=rf"manifest.json: field '{field}'"):
         ExportManifest.read(path)
 
 

@@ -57,11 +57,18 @@ def _export_with_report(plan: dict, files: dict, variants: list[str], checked: l
         "format_version": 1,
         "source_checkpoint": {},
         "files": files,
-        "variants": dict.fromkeys(variants, {}),
+        "variants": {v: _entry(v) for v in variants},
         "conformance": verdict,
     }
     (exp / "manifest.json").write_text(json.dumps(manifest))
     return exp
+
+
+def _entry(variant: str) -> dict:
+    """A manifest variant entry (path and format are required of one)."""
+    return (
+        {"path": "onnx/model.onnx", "format": "onnx"} if variant == "fp32" else {"path": "model.gguf", "format": "gguf"}
+    )
 
 
 FILES = {"onnx/model.onnx": {"bytes": 1, "sha256": "a" * 64}}
@@ -80,7 +87,7 @@ def test_conformance_report_must_match_the_export(tmp_path, caplog):
     # (a passing verdict on its current files, from a report written elsewhere); the run's old report kept
     manifest = json.loads((exp / "manifest.json").read_text())
     verdict = {"passed": True, "export_files_sha256": files_table_sha256(MORE), "report_sha256": "c" * 64}
-    manifest.update(files=MORE, variants={"fp32": {}, "q8_0": {}}, conformance=verdict)
+    manifest.update(files=MORE, variants={"fp32": _entry("fp32"), "q8_0": _entry("q8_0")}, conformance=verdict)
     (exp / "manifest.json").write_text(json.dumps(manifest))
     assert not conformance_done(plan)
     assert "made from another export files table" in caplog.text

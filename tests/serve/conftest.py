@@ -29,18 +29,18 @@ def make_verdict(
 ) -> dict:
     """A manifest verdict as ``prodip conformance`` writes it (prodip.conformance.verdict.merge_verdict) for the
     export's current files, checked with the shipped tolerances (plus ``loosened`` bounds, if any)."""
-    from prodip.base.manifest import files_table_sha256, read_manifest
+    from prodip.base.manifest import files_table_sha256, load_manifest
     from prodip.conformance.verdict import merge_verdict
 
-    m = read_manifest(export_dir)
+    m = load_manifest(export_dir)
     tol = {"path": "/x/tolerances.toml", "sha256": "1" * 64, "shipped": not loosened, "loosened": loosened or []}
     report = {
         "variants": variants,
         "tolerances": tol,
-        "export_files_sha256": files_sha256 or files_table_sha256(m["files"]),
+        "export_files_sha256": files_sha256 or files_table_sha256(m.files_table()),
         "candidates": {v: {"variant": v, "tolerance_table": v} for v in variants},
     }
-    return merge_verdict(None, report, list(m["variants"]), "conformance/report.json", "0" * 64)
+    return merge_verdict(None, report, list(m.variants), "conformance/report.json", "0" * 64)
 
 
 def build_export(tmp_dir: Path, *, variants=("fp32", "int8"), verdict: bool | None = True, **kwargs):
