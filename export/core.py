@@ -29,6 +29,7 @@ from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest, load_manifest, write_manifest
+from prodip.base.records import NewerFormat, RecordError
 from prodip.base.variants import (
     BY_NAME,
     DERIVED_ONNX_VARIANTS,
@@ -101,7 +102,8 @@ def check_out_dir(out: Path, force: bool) -> None:
 
     Raises:
         FileExistsError: ``out`` exists and is not empty (pass --force to replace an export), holds
-            something that is not an export, or is a file.
+            something that is not an export (no manifest, or one that is not an export manifest), an
+            export of a newer prodip (its manifest's format_version named), or is a file.
     """
     if out.is_symlink():
         raise OutputExists(
@@ -114,9 +116,8 @@ def check_out_dir(out: Path, force: bool) -> None:
         return
     if not force:
         raise OutputExists(f"{out}: exists and is not empty; choose another --out or pass --force")
-    manifest = ExportManifest.read_or_none(out / MANIFEST_FILE)  # None: not an export's manifest
-    is_export = manifest is not None
-    listed = set(manifest.files) if manifest is not None else set()
+    manifest = _earlier_export(out)
+    listed = set(manifest.files)
     # every file there must be one the export wrote (its manifest lists it), or the manifest itself
     strays = [
         p
@@ -126,17 +127,38 @@ def check_out_dir(out: Path, force: bool) -> None:
         and p.name != MANIFEST_FILE
         and not p.relative_to(out).as_posix().startswith("conformance/")
     ]
-    if not is_export:
-        raise OutputExists(
-            f"{out}: is not empty and holds no export manifest.json; --force only replaces an "
-            f"earlier export. Choose another --out, or empty that folder yourself"
-        )
     if strays:
         raise OutputExists(
             f"{out}: holds files its export manifest does not list ({strays[0].relative_to(out)}"
             f"{f' and {len(strays) - 1} more' if len(strays) > 1 else ''}); --force only "
             f"replaces an export as written. Move those files, or choose another --out"
         )
+
+
+def _earlier_export(out: Path) -> ExportManifest:
+    """The manifest of the export ``--force`` is asked to replace in the non-empty folder ``out``.
+
+    Raises:
+        OutputExists: ``out`` holds no ``manifest.json``; holds one of a newer format_version (an export
+            of a newer prodip: the file and the version named); or holds one that is not an export
+            manifest this prodip reads (why named). Nothing is deleted in any case.
+    """
+    path = out / MANIFEST_FILE
+    refuse = "--force only replaces an earlier export. Choose another --out, or empty that folder yourself"
+    try:
+        return ExportManifest.read(path)
+    except NewerFormat as err:
+        raise OutputExists(
+            f"{out}: holds an export of a newer prodip ({path} has format_version {err.found}; this prodip "
+            f"reads {', '.join(map(str, err.reads))}); --force does not replace an export it cannot read. "
+            f"Upgrade prodip, or choose another --out"
+        ) from None
+    except MissingInput:
+        raise OutputExists(f"{out}: is not empty and holds no export {MANIFEST_FILE}; {refuse}") from None
+    except (RecordError, OSError) as err:
+        raise OutputExists(
+            f"{out}: is not empty and its {MANIFEST_FILE} is not an export manifest this prodip reads ({err}); {refuse}"
+        ) from None
 
 
 def _pid_alive(pid: int) -> bool:

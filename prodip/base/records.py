@@ -31,7 +31,8 @@ either int or float are typed ``int | float`` (pydantic's smart union keeps ``3`
 
 A reader raises :class:`RecordError` (an :class:`~prodip.base.errors.InvalidInput`, so a
 :class:`~prodip.base.errors.UserError`) naming the file and the field, or, for a ``format_version`` it
-cannot read, the version found and the versions it reads; a missing file is
+cannot read, the version found and the versions it reads (:class:`NewerFormat` when it is newer than all
+of them: a newer prodip wrote it, and nothing may replace it as if it were damaged); a missing file is
 :class:`~prodip.base.errors.MissingInput` naming the command that makes it.
 
     python -c "from prodip.base.records import Record; help(Record.read)"
@@ -58,6 +59,21 @@ Number = int | float
 class RecordError(InvalidInput):
     """An artifact file that is not the record it should be: not JSON, a ``format_version`` this prodip does
     not read, or a field missing or of the wrong type. The message names the file and the field."""
+
+
+class NewerFormat(RecordError):
+    """An artifact whose ``format_version`` is newer than every version this prodip reads: written by a newer
+    prodip. Not damage: code that replaces artifacts (``--force``, ``--overwrite``) must leave it alone.
+
+    Attributes:
+        found: the ``format_version`` the file holds.
+        reads: the versions this prodip reads.
+    """
+
+    def __init__(self, message: str, found: int, reads: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.found = found
+        self.reads = reads
 
 
 class Record(BaseModel):
@@ -102,6 +118,7 @@ class Record(BaseModel):
             data: the parsed file.
             source: the file it came from, named in errors (default: the class's ``FILE``).
         Raises:
+            NewerFormat: a ``format_version`` above every one in ``READS`` (a :class:`RecordError`).
             RecordError: not an object, a ``format_version`` not in ``READS`` (the version found and the
                 versions read are named), or a field missing or mistyped (the field's dotted path named).
         """
@@ -111,6 +128,15 @@ class Record(BaseModel):
         version = data.get("format_version")
         if type(version) is not int or version not in cls.READS:
             reads = ", ".join(str(v) for v in cls.READS)
+            if type(version) is int and version > max(cls.READS):
+                made = f" (made by {cls.MAKER})" if cls.MAKER else ""
+                raise NewerFormat(
+                    f"{where}: format_version {version} is not one this prodip reads (reads {reads}; "
+                    f"writes {cls.FORMAT_VERSION}): it is newer, written by a newer prodip{made}; upgrade prodip "
+                    "to read it",
+                    found=version,
+                    reads=cls.READS,
+                )
             why = cls.REFUSED.get(version) if type(version) is int else None
             raise RecordError(
                 f"{where}: format_version {version!r} is not one this prodip reads (reads {reads}; "

@@ -49,6 +49,56 @@ def _cfg(run: Path, out: Path, **kw) -> ExportConfig:
     return ExportConfig(checkpoint=str(run), out=str(out), **kw)
 
 
+def _export_like(out: Path, manifest) -> Path:
+    """A folder holding ``model.safetensors`` and the given manifest.json text (no model is built)."""
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"weights")
+    (out / "manifest.json").write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
+    return out
+
+
+def test_force_refuses_an_export_of_a_newer_prodip_naming_its_version(tmp_path, capsys):
+    """`prodip export --force` onto an export whose manifest.json has a newer format_version said the folder
+    "holds no export manifest.json"; it is an export this prodip cannot read: the file and version are named,
+    and nothing is deleted (checked before the checkpoint is even looked at)."""
+    from prodip.cli import main
+
+    newer = {"format_version": 2, "files": {"model.safetensors": {"bytes": 7, "sha256": "0" * 64}}, "variants": {}}
+    out = _export_like(tmp_path / "export", newer)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(FileExistsError) as err:
+        export_checkpoint(_cfg(tmp_path / "no-run", out, variants=["safetensors"], force=True))
+    msg = str(err.value)
+    assert f"{out}: holds an export of a newer prodip ({out / 'manifest.json'} has format_version 2;" in msg
+    assert "this prodip reads 1" in msg and "Upgrade prodip" in msg and "holds no" not in msg
+    assert sorted(p.name for p in out.iterdir()) == before and (out / "model.safetensors").read_bytes() == b"weights"
+    rc = main(["export", str(tmp_path / "no-run"), "--out", str(out), "--force"])
+    stderr = capsys.readouterr().err
+    assert rc == 2 and "format_version 2" in stderr and "Traceback" not in stderr
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "manifest, why",
+    [
+        (None, "is not empty and holds no export manifest.json"),
+        ("{not json", "is not an export manifest this prodip reads (.*manifest.json: not valid JSON"),
+        ({"format_version": 0, "files": {}}, "is not an export manifest this prodip reads (.*format_version 0"),
+        ({"format_version": 1, "files": {}}, "is not an export manifest this prodip reads (.*field 'variants'"),
+    ],
+)
+def test_force_names_why_a_folder_is_not_an_export(tmp_path, manifest, why):
+    out = tmp_path / "export"
+    if manifest is None:
+        out.mkdir()
+        (out / "model.safetensors").write_bytes(b"weights")
+    else:
+        _export_like(out, manifest)
+    with pytest.raises(FileExistsError, match=why.replace("(", r"\(")):
+        export_checkpoint(_cfg(tmp_path / "no-run", out, variants=["safetensors"], force=True))
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+
+
 def test_checkpoint_hash_mismatch(gqa_export, tmp_path):
     run = _copy_run(gqa_export, tmp_path)
     weights = _step_dir(run) / "model.safetensors"
@@ -123,7 +173,7 @@ def test_non_empty_out_refused_then_forced(gqa_export, tmp_path):
     fake.mkdir()
     (fake / "thesis.tex").write_text("precious")
     (fake / "manifest.json").write_text('{"variants": {}}')  # looks like a manifest, is not an export's
-    with pytest.raises(FileExistsError, match="holds no export manifest.json"):
+    with pytest.raises(FileExistsError, match="its manifest.json is not an export manifest this prodip reads"):
         export_checkpoint(_cfg(run, fake, variants=["safetensors"], force=True))
     assert (fake / "thesis.tex").read_text() == "precious"
     link = tmp_path / "link"

@@ -10,7 +10,7 @@ import pytest
 
 from prodip.base.errors import MissingInput, UserError
 from prodip.base.manifest import ExportManifest, VariantEntry, Verdict
-from prodip.base.records import Number, Record, RecordError
+from prodip.base.records import NewerFormat, Number, Record, RecordError
 
 
 class _Toy(Record):
@@ -189,6 +189,23 @@ def test_export_manifest_names_a_mistyped_variant_or_verdict_field(tmp_path, edi
     path.write_text(json.dumps(data))
     with pytest.raises(RecordError, match=rf"manifest.json: field '{field}'"):
         ExportManifest.read(path)
+
+
+def test_newer_format_version_is_its_own_error(tmp_path):
+    """A manifest of a newer prodip: NewerFormat (a RecordError) with the version found, the file named and the
+    versions read; an older or non-integer version stays a plain RecordError."""
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(_manifest(format_version=7)))
+    with pytest.raises(NewerFormat) as err:
+        ExportManifest.read(path)
+    assert (err.value.found, err.value.reads) == (7, (1,))
+    assert str(err.value).startswith(f"{path}: format_version 7 is not one this prodip reads (reads 1; writes 1)")
+    assert "newer prodip (made by `prodip export`); upgrade prodip" in str(err.value)
+    for version in (0, "1", None):
+        path.write_text(json.dumps(_manifest(format_version=version)))
+        with pytest.raises(RecordError) as err:
+            ExportManifest.read(path)
+        assert not isinstance(err.value, NewerFormat), version
 
 
 def test_verdict_parse_and_serve_problem():
