@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from prodip.base.config import ConfigError
-from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.manifest import (
     ExportManifest,
     file_sha256,
@@ -33,13 +33,14 @@ from prodip.base.manifest import (
     tool_versions,
     verify_files,
 )
+from prodip.base.records import NewerFormat, RecordError
 from prodip.conformance import card, device_runners, measure, runners
 from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION, check_chat, reference_ids
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.inputs import PROMPTS, build_inputs
 from prodip.conformance.reload import load_safetensors_model
-from prodip.conformance.report import write_report
+from prodip.conformance.report import REPORT_FILE, ConformanceReport, write_report
 from prodip.conformance.runners import TorchRunner, onnx_axes_problems
 from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_ids
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
@@ -535,7 +536,21 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
 
 def _remove_previous_report(out: Path) -> None:
     """Delete an earlier ``report.json``/``report.md`` in ``out`` before a new run starts, so a run
-    that stops (bad input, Ctrl-C) never leaves an older PASSED report looking current."""
+    that stops (bad input, Ctrl-C) never leaves an older PASSED report looking current.
+
+    Raises:
+        OutputExists: the earlier ``report.json`` was written by a newer prodip (its format_version
+            named); nothing is deleted.
+    """
+    try:
+        ConformanceReport.read(out / REPORT_FILE)
+    except NewerFormat as err:
+        raise OutputExists(
+            f"{out / REPORT_FILE}: a report of a newer prodip (format_version {err.found}; this prodip reads "
+            f"{', '.join(map(str, err.reads))}); not replaced. Upgrade prodip, or give another --out"
+        ) from None
+    except (MissingInput, RecordError, OSError):
+        pass  # none, or a damaged one: replaced
     for name in ("report.json", "report.md"):
         if (out / name).is_file():
             logger.info("conformance: removing the previous %s before this run", out / name)
@@ -578,6 +593,7 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     Raises:
         ValueError / FileNotFoundError: see :func:`evaluate`; also ``out`` inside the export but
             outside its ``conformance/`` folder (nothing is written then).
+        FileExistsError: ``out`` holds a ``report.json`` of a newer prodip (nothing is removed).
     """
 
     out = Path(cfg.out) if cfg.out else Path(cfg.export_dir) / "conformance"
@@ -587,6 +603,8 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
             f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
             "folder; files there would break the export's manifest (leave --out unset)"
         )
+    if cfg.export_dir:  # an unreadable export (or one of a newer prodip) fails before anything is removed
+        load_manifest(export_root)
     _remove_previous_report(out)
     report = evaluate(cfg)
     if cfg.write_manifest and report["global"]["metrics"].get("card_ok"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from prodip.base.manifest import load_manifest, save_manifest
 from prodip.cli import main as prodip_main
 from prodip.conformance.faults import copy_export
@@ -44,3 +46,30 @@ def test_model_safetensors_is_always_a_variant(tmp_path):
     manifest = load_manifest(export)
     assert manifest.variants["safetensors"].path == "model.safetensors"
     assert {c.name for c in plan_candidates(manifest)} == {"safetensors", "transformers", "fp32"}
+
+
+def test_a_newer_export_or_report_is_refused_before_the_old_report_is_removed(tmp_path):
+    """Running an older prodip's conformance on an export (or a report) of a newer prodip removed the earlier
+    report.json/report.md first and then failed on the manifest; now nothing is removed, and the error names
+    the file and its format_version (no checkpoint or model needed: refused before either is read)."""
+    from prodip.base.errors import OutputExists
+    from prodip.base.records import NewerFormat
+    from prodip.conformance import ConformanceConfig, run_conformance
+
+    export = tmp_path / "export"
+    (export / "conformance").mkdir(parents=True)
+    report, md = export / "conformance" / "report.json", export / "conformance" / "report.md"
+    report.write_text(json.dumps({"format_version": 1, "passed": True, "variants": {}}))
+    md.write_text("# Conformance PASSED\n")
+    (export / "manifest.json").write_text(json.dumps({"format_version": 5, "files": {}, "variants": {}}))
+    cfg = ConformanceConfig(export_dir=str(export), checkpoint=str(tmp_path / "none"))
+    with pytest.raises(NewerFormat, match=r"export/manifest.json: format_version 5 is not one this prodip reads"):
+        run_conformance(cfg)
+    assert report.is_file() and md.is_file()
+    (export / "manifest.json").write_text(
+        json.dumps({"format_version": 1, "source_checkpoint": {}, "files": {}, "variants": {}})
+    )
+    report.write_text(json.dumps({"format_version": 3, "passed": True, "variants": {}}))
+    with pytest.raises(OutputExists, match=r"conformance/report.json: a report of a newer prodip \(format_version 3;"):
+        run_conformance(cfg)
+    assert report.is_file() and md.is_file()
