@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from prodip.base.sources import (
     UNKNOWN_INCLUDED,
@@ -32,27 +32,32 @@ from prodip.base.sources import (
     license_terms,
 )
 
+if TYPE_CHECKING:
+    from prodip.tokenizer.bpe import TrainInfo
+
 README_FILE = "README.md"
 PTE_CARD_FILE = "executorch/model_card.json"
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
 
 
-def tokenizer_sources(train_info: Optional[dict[str, Any]], known: set[str]) -> list[dict[str, Any]]:
+def tokenizer_sources(train_info: Optional[TrainInfo], known: set[str]) -> list[dict[str, Any]]:
     """The tokenizer's own inputs a card must name besides the model's training data (``stage = "tokenizer"``),
-    from its ``train_info.json``: its file inputs' records not among ``known`` names, and each word-count
-    table that states a licence (``wordfreq:LANG``: CC-BY-SA-4.0 word lists, share-alike)."""
-    info = train_info or {}
-    out = [{**r, "stage": "tokenizer"} for r in info.get("source_records", []) if r["name"] not in known]
-    for s in info.get("sources", []):
-        lic = s.get("license") or {}
-        if s.get("kind") != "word_counts" or not lic.get("license"):
+    from its ``train_info.json`` (:func:`prodip.tokenizer.bpe.read_train_info`; None: the tokenizer has none):
+    its file inputs' records not among ``known`` names, and each word-count table that states a licence
+    (``wordfreq:LANG``: CC-BY-SA-4.0 word lists, share-alike)."""
+    if train_info is None:
+        return []
+    out = [{**r, "stage": "tokenizer"} for r in train_info.source_records if r["name"] not in known]
+    for s in train_info.sources:
+        lic = s.license or {}
+        if s.kind != "word_counts" or not lic.get("license"):
             continue
         out.append(
             {
-                "name": s["source"],
-                "language": s["language"],
-                "origin": f"{lic.get('url', '')} ({lic.get('wordlist', s['source'])}, version {s.get('version')})",
+                "name": s.source,
+                "language": s.language,
+                "origin": f"{lic.get('url', '')} ({lic.get('wordlist', s.source)}, version {s.version})",
                 "license": lic["license"],
                 "license_class": license_class(lic["license"]),
                 "license_terms": license_terms(lic["license"]),
@@ -64,7 +69,7 @@ def tokenizer_sources(train_info: Optional[dict[str, Any]], known: set[str]) -> 
     return out
 
 
-def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None) -> dict[str, Any]:
     """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records) and
     its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`).
 

@@ -47,6 +47,7 @@ from prodip.export import genai, hf, quantize, web
 from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
+from prodip.tokenizer.bpe import TrainInfo, read_train_info
 from prodip.tokenizer.portable import require_portable
 from prodip.train.checkpoint import TOKENIZER_SUBDIR, TRAINER_STATE_FILE, load_model, resolve_checkpoint
 from prodip.train.records import TrainerState
@@ -376,7 +377,7 @@ def export_model(
     source_checkpoint: dict[str, Any],
     tokenizer_sha256: Optional[str],
     data_card: Optional[dict[str, Any]] = None,
-    tokenizer_info: Optional[dict[str, Any]] = None,
+    tokenizer_info: Optional[TrainInfo] = None,
 ) -> Path:
     """Export an in-memory ``prodip.train.model.LlamaForCausalLM`` into ``cfg.out`` (atomically).
 
@@ -388,7 +389,8 @@ def export_model(
         tokenizer_sha256: sha256 of ``tokenizer.json`` for the manifest.
         data_card: the checkpoint's ``data_card`` (sources, tokens seen, base model) for the model card
             (``prodip.export.card``); None: the card says the training data is unrecorded.
-        tokenizer_info: the tokenizer's ``train_info.json`` (word-count tables, e.g. wordfreq's CC-BY-SA lists).
+        tokenizer_info: the tokenizer's ``train_info.json`` (``prodip.tokenizer.bpe.read_train_info``: its inputs'
+            records and word-count tables, e.g. wordfreq's CC-BY-SA lists), or None.
     Returns:
         The export dir ``cfg.out``.
     Raises:
@@ -436,7 +438,7 @@ def _build_all(
     tokenizer_sha256: Optional[str],
     step,
     data_card: Optional[dict[str, Any]] = None,
-    tokenizer_info: Optional[dict[str, Any]] = None,
+    tokenizer_info: Optional[TrainInfo] = None,
 ) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
     card = model_card.build_card(data_card, tokenizer_info)
@@ -554,14 +556,8 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         source_checkpoint=source,
         tokenizer_sha256=info["tokenizer_sha256"],
         data_card=state.data_card,
-        tokenizer_info=_read_train_info(Path(info["tokenizer_dir"])),
+        tokenizer_info=read_train_info(Path(info["tokenizer_dir"])),
     )
-
-
-def _read_train_info(tokenizer_dir: Path) -> Optional[dict[str, Any]]:
-    """The tokenizer's ``train_info.json`` (its inputs and word-count tables, for the card), if it has one."""
-    path = tokenizer_dir / "train_info.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def size_table(export_dir: str | os.PathLike) -> str:

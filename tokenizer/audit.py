@@ -38,7 +38,9 @@ from prodip.tokenizer.bpe import (
     FORMAT_VERSION,
     RESERVED_TOKENS,
     TokenizerTrainConfig,
+    TrainInfo,
     load_tokenizer,
+    read_train_info,
     tokenizer_sha256,
     train_tokenizer,
 )
@@ -277,13 +279,13 @@ def gate_failures(
     return failures
 
 
-def sample_report(info: dict[str, Any]) -> dict[str, dict] | None:
+def sample_report(info: TrainInfo | None) -> dict[str, dict] | None:
     """Per language, the tokenizer's training sample against the text available (``train_info.json``):
     ``{lang: {sample_chars, available_chars, used, sample_share}}`` (``used``: the fraction of the available
     text the sample took), or None for a tokenizer dir without those figures."""
-    drawn, available = info.get("sample_chars"), info.get("available_chars")
-    if not isinstance(drawn, dict) or not isinstance(available, dict) or not drawn:
+    if info is None or not info.sample_chars:
         return None
+    drawn, available = info.sample_chars, info.available_chars
     total = max(sum(drawn.values()), 1)
     return {
         lang: {
@@ -353,11 +355,6 @@ def load_heldout(
     return docs_by_lang
 
 
-def _training_info(tokenizer_dir: Path) -> dict:
-    path = tokenizer_dir / "train_info.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
 def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
     """Reuse or train the naive (GPT-2 byte-level, unbalanced) baseline for ``tokenizer_dir``.
 
@@ -373,11 +370,12 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
             "`prodip tokenizer train` or pass --baseline-dir of an existing naive tokenizer"
         )
     cfg = from_dict(TokenizerTrainConfig, read_toml(config_path).get("tokenizer", {}), source=str(config_path))
-    info = _training_info(out)
+    info, ours = read_train_info(out), read_train_info(tokenizer_dir)
     if (
         (out / "tokenizer.json").is_file()
-        and info.get("kind") == "naive"
-        and info.get("files") == _training_info(tokenizer_dir).get("files")
+        and info is not None
+        and info.kind == "naive"
+        and info.files == (ours.files if ours is not None else None)
     ):
         return out
     # the trap it shows: the text corpus's natural mix, without word-count tables or source weights
@@ -430,12 +428,13 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     """
     tok_dir = Path(cfg.tokenizer_dir)
     tok = load_tokenizer(tok_dir)
-    training = [f for fs in _training_info(tok_dir).get("files", {}).values() for f in fs]
+    info = read_train_info(tok_dir)
+    training = info.training_files() if info is not None else []
     docs = load_heldout(
         cfg.heldout, max_chars=cfg.max_chars, errors=cfg.errors, training_files=training, text_field=cfg.text_field
     )
     languages = measure_languages(tok, docs)
-    sample = sample_report(_training_info(tok_dir))
+    sample = sample_report(info)
     failures = gate_failures(languages, cfg.min_chars_per_token, sample, tok.get_vocab_size())
     parity = None
     if cfg.parity != "off":
@@ -449,7 +448,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "config": dataclasses.asdict(cfg),
         "languages": languages,
         # what the tokenizer was trained on: per source its weight, characters available and drawn, licence
-        "training_sources": _training_info(tok_dir).get("sources"),
+        "training_sources": info.sources_as_dicts() if info is not None else None,
         "gate": {"min_chars_per_token": dict(cfg.min_chars_per_token), "passed": not failures, "failures": failures},
         "sample": sample,
         "sample_warnings": warn_cut_samples(sample, tok_dir),

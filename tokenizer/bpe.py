@@ -31,14 +31,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256, raise_for_room
+from prodip.base.records import Number, Record
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
 from prodip.tokenizer.corpus import (
     DOC_CHARS_HELP,
@@ -70,8 +72,93 @@ RESERVED_TOKENS = SPECIAL_TOKENS + CHAT_TOKENS
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FORMAT_VERSION = 1
+TRAIN_INFO_FILE = "train_info.json"
 
 KINDS = ("portable", "custom", "naive")
+
+
+class TrainSource(BaseModel):
+    """One entry of ``train_info.json`` ``sources`` (:meth:`Source.record`): an ``inputs`` or ``word_counts``
+    entry of one language with its weight and characters; a word-count table adds ``words``, the shares and,
+    for ``wordfreq:LANG``, ``license`` (``license`` SPDX id, ``url``, ``wordlist``, ``attribution``, ...)
+    and ``version``. Fields in the order the file has them; those a kind does not write stay unset."""
+
+    model_config = ConfigDict(extra="allow")
+
+    language: str
+    source: str
+    weight: StrictInt = 1
+    #: characters of one copy
+    available_chars: StrictInt = 0
+    #: characters drawn into the sample (all copies)
+    sample_chars: StrictInt = 0
+    #: ``text`` | ``word_counts``
+    kind: str = "text"
+    files: list[str] | None = None
+    words: StrictInt | None = None
+    bare_share: Number | None = None
+    capitalised_share: Number | None = None
+    license: dict[str, Any] | None = None
+    version: str | None = None
+
+
+class TrainInfo(Record):
+    """A tokenizer dir's ``train_info.json`` (format_version 1, the tokenizer dir's version): what
+    ``prodip tokenizer train`` sampled and made. Written by :func:`train_tokenizer` (into the tokenizer dir
+    before it is renamed into place), read by :func:`read_train_info`.
+
+    Tokenizers made before a field existed lack it (``pretokenizer``, ``requested_vocab_size``,
+    ``skipped_*``, ``train_cpu_s``, ``sources``, ``source_records``): those read as their defaults.
+    """
+
+    FILE: ClassVar[str] = TRAIN_INFO_FILE
+    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
+    READS: ClassVar[tuple[int, ...]] = (FORMAT_VERSION,)
+    MAKER: ClassVar[str] = "`prodip tokenizer train`"
+
+    kind: str
+    pretokenizer: str | None = None
+    #: the size obtained (a small corpus may give fewer tokens than requested)
+    vocab_size: StrictInt
+    requested_vocab_size: StrictInt | None = None
+    #: language -> characters drawn into the sample
+    sample_chars: dict[str, StrictInt] = Field(default_factory=dict)
+    #: language -> characters available (all copies of every source)
+    available_chars: dict[str, StrictInt] = Field(default_factory=dict)
+    skipped_bytes: StrictInt = 0
+    skipped_where: list[Any] = Field(default_factory=list)
+    #: wall and CPU seconds, peak resident memory (MiB)
+    train_s: Number | None = None
+    train_cpu_s: Number | None = None
+    peak_rss_mb: Number | None = None
+    #: language -> text files, each listed once per copy (its weight)
+    files: dict[str, list[str]] = Field(default_factory=dict)
+    sources: list[TrainSource] = Field(default_factory=list)
+    #: the inputs' source records (``prodip.base.sources``' card fields: name, language, license, ...)
+    source_records: list[dict[str, Any]] = Field(default_factory=list)
+
+    def training_files(self) -> list[str]:
+        """Every text file the tokenizer was trained on (each as often as its weight)."""
+        return [f for fs in self.files.values() for f in fs]
+
+    def sources_as_dicts(self) -> list[dict[str, Any]] | None:
+        """``sources`` as the JSON objects the file holds (for ``fertility.json``'s ``training_sources``), or
+        None for a tokenizer made before sources were recorded."""
+        if "sources" not in self.model_fields_set:
+            return None
+        return [s.model_dump(mode="python", exclude_unset=True) for s in self.sources]
+
+
+def read_train_info(tokenizer_dir: str | os.PathLike) -> TrainInfo | None:
+    """``tokenizer_dir/train_info.json`` as a record, or None when the dir has none (a tokenizer not made by
+    ``prodip tokenizer train``: a test fixture's, or one copied from elsewhere).
+
+    Raises:
+        RecordError (ValueError): the file is there but damaged, of another format_version (named), or a field
+            is missing or mistyped (file and field named).
+    """
+    path = Path(tokenizer_dir) / TRAIN_INFO_FILE
+    return TrainInfo.read(path) if path.is_file() else None
 
 
 @dataclass
@@ -509,10 +596,12 @@ def save_tokenizer_dir(
     out_dir: str | os.PathLike,
     *,
     model_max_length: int = 2048,
-    extra_files: dict[str, str] | None = None,
+    extra_files: dict[str, str | Record] | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write the tokenizer dir atomically (a sibling temp dir renamed into place).
+
+    ``extra_files``: file name -> text, or a record (written by its :meth:`Record.write`).
 
     Raises:
         FileExistsError: ``out_dir`` already holds a tokenizer and ``overwrite`` is false.
@@ -534,8 +623,11 @@ def save_tokenizer_dir(
         keys = ("pad_token", "bos_token", "eos_token", "additional_special_tokens")
         names = {k: config[k] for k in keys if k in config}
         (tmp / "special_tokens_map.json").write_text(json.dumps(names, indent=2) + "\n", encoding="utf-8")
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
+        for name, content in (extra_files or {}).items():
+            if isinstance(content, Record):
+                content.write(tmp / name)
+            else:
+                (tmp / name).write_text(content, encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -653,7 +745,7 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
             cfg.vocab_size - obtained,
             obtained,
         )
-    info = {
+    info = {  # the record validates it (a field this code forgot to fill in is a bug named here)
         "format_version": FORMAT_VERSION,
         "kind": cfg.kind,
         "pretokenizer": cfg.pretokenizer if cfg.kind == "portable" else None,
@@ -672,9 +764,9 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
         "sources": [s.record(by_source[(lang, k)]) for lang, ss in sources.items() for k, s in enumerate(ss)],
         "source_records": [rec.card_fields() for rec, _ in matched.values()],
     }
-    extra = {
+    extra: dict[str, str | Record] = {
         "train_config.toml": dump_toml({"tokenizer": to_dict(cfg)}),
-        "train_info.json": json.dumps(info, indent=2, ensure_ascii=False) + "\n",
+        TRAIN_INFO_FILE: TrainInfo.from_dict(info, out / TRAIN_INFO_FILE),
     }
     save_tokenizer_dir(tok, out, model_max_length=cfg.model_max_length, extra_files=extra, overwrite=cfg.overwrite)
     log.info("tokenizer (%s, %d tokens) written to %s in %.1f s", cfg.kind, tok.get_vocab_size(), out, elapsed)

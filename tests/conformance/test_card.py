@@ -113,10 +113,14 @@ def test_tokenizer_word_lists_flow_into_the_statement():
     """A tokenizer trained on wordfreq's CC BY-SA 4.0 lists (train_info.json, as tokenizer train writes it)
     makes the card name them and share-alike terms, though the model's data is public domain."""
     from prodip.export.card import build_card
+    from prodip.tokenizer.bpe import TrainInfo
     from prodip.tokenizer.wordcounts import WORDFREQ_LICENSE
 
     data = {"sources": [dict(DATA_CARD["sources"][2])], "tokens_seen_by_source": {"en-novels": 5}}
-    info = {
+    raw = {
+        "format_version": 1,
+        "kind": "portable",
+        "vocab_size": 512,
         "source_records": [dict(DATA_CARD["sources"][2]), {**DATA_CARD["sources"][0], "name": "tok-only"}],
         "sources": [
             {"language": "en", "source": "data/en", "kind": "text"},
@@ -129,6 +133,7 @@ def test_tokenizer_word_lists_flow_into_the_statement():
             },
         ],
     }
+    info = TrainInfo.from_dict(raw)
     assert build_card(data)["statement"]["share_alike"] == []
     card = build_card(data, info)
     assert [(s["name"], s.get("stage")) for s in card["sources"]] == [
