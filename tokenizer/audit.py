@@ -501,7 +501,9 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def check_gate(tokenizer_dir: str | os.PathLike, *, force: bool = False, require_audit: bool = False) -> dict | None:
+def check_gate(
+    tokenizer_dir: str | os.PathLike, *, force: bool = False, require_audit: bool = False
+) -> FertilityReport | None:
     """Refuse a tokenizer whose fertility audit failed (``prodip train`` calls this).
 
     Args:
@@ -510,7 +512,8 @@ def check_gate(tokenizer_dir: str | os.PathLike, *, force: bool = False, require
         require_audit: also refuse a tokenizer that was never audited.
 
     Returns:
-        the fertility report, or None when there is none (and ``require_audit`` is false).
+        the fertility report (``gate.passed`` false only when forced), or None when there is none (and
+        ``require_audit`` is false).
 
     Raises:
         ValueError: the audit's gate failed (message names language, figure and threshold), the
@@ -531,4 +534,4 @@ def check_gate(tokenizer_dir: str | os.PathLike, *, force: bool = False, require
         if not force:
             raise InvalidInput(message + " (retrain the tokenizer, or force to train anyway)")
         log.warning("%s (forced)", message)
-    return report.to_dict()
+    return report

@@ -46,7 +46,8 @@ def test_audit_with_naive_baseline_shows_the_trap(tok_dir, heldout, tmp_path, ca
     assert naive["bn"]["inside_cluster_share"] > ours["bn"]["inside_cluster_share"]
     assert naive["bn"]["token_share_over_char_share"] > ours["bn"]["token_share_over_char_share"]
     assert json.loads((tok_dir / "fertility.json").read_text())["tokenizer_sha256"] == report["tokenizer_sha256"]
-    assert check_gate(tok_dir)["gate"]["passed"]
+    gated = check_gate(tok_dir)
+    assert gated is not None and gated.gate.passed and gated.tokenizer_sha256 == report["tokenizer_sha256"]
     # the parity table (runtime x language) is in the report and fertility.json, and printed
     parity = json.loads((tok_dir / "fertility.json").read_text())["parity"]
     assert parity == report["parity"] and parity["passed"]
@@ -92,7 +93,9 @@ def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
     assert "bn: " in captured.err and "below the minimum 50" in captured.err
     with pytest.raises(ValueError, match=r"bn: \d+\.\d+ chars/token is below the minimum 50"):
         check_gate(tok_dir)
-    assert check_gate(tok_dir, force=True)["gate"]["passed"] is False
+    forced = check_gate(tok_dir, force=True)
+    assert forced is not None and forced.gate.passed is False
+    assert forced.gate.min_chars_per_token == {"bn": 50} and forced.gate.failures[0].startswith("bn: ")
     # a re-audit that passes lifts the refusal; a changed tokenizer.json makes the audit stale
     args = [
         "tokenizer",
