@@ -19,11 +19,14 @@ import hashlib
 import importlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import Field
 
 from prodip.base.config import (
     ConfigError,
@@ -36,8 +39,8 @@ from prodip.base.config import (
     write_text_atomic,
 )
 from prodip.base.errors import MissingInput, OutputExists
-from prodip.base.files import read_json_or_none
 from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
+from prodip.base.records import Record
 from prodip.base.stage import STAGE_TIMES_FILE, Stage, StageTimes, made_from
 from prodip.conformance.stage import STAGES as _CONFORMANCE
 from prodip.export.stage import STAGES as _EXPORT
@@ -166,6 +169,30 @@ def check_inputs(plan: dict[str, Any], wanted: list[str], *, source: str) -> Non
 CORPUS_INPUTS = {"tokenizer": (("tokenizer", "inputs"), ("audit", "heldout")), "data": (("data", "inputs"),)}
 CORPUS_STAMPS = "corpus_inputs.json"  # in OUT_DIR: stage -> corpus_fingerprint it was made from
 
+_C = TypeVar("_C", bound="CorpusStamps")
+
+
+class CorpusStamps(Record):
+    """``OUT_DIR/corpus_inputs.json``: per stage that reads corpus files (:data:`CORPUS_INPUTS`), the
+    :func:`corpus_fingerprint` of the corpus it was made from (None: it read none, or one was missing).
+
+    format_version 1 is ``{format_version, stages: {name: fingerprint}}``; files written before records
+    existed hold the ``{name: fingerprint}`` table alone (no ``format_version``) and still read.
+    Written and read by ``prodip run`` only (:func:`_stamp_corpus`, :func:`_corpus_unchanged`).
+    """
+
+    FILE: ClassVar[str] = CORPUS_STAMPS
+    MAKER: ClassVar[str] = "`prodip run`"
+
+    stages: dict[str, str | None] = Field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls: type[_C], data: Any, source: str | os.PathLike[str] | None = None) -> _C:
+        """:meth:`Record.from_dict`, reading the unversioned layout (a bare ``{name: fingerprint}`` table) too."""
+        if isinstance(data, dict) and "format_version" not in data and "stages" not in data:
+            data = {"format_version": 1, "stages": data}
+        return super().from_dict(data, source)
+
 
 def corpus_fingerprint(plan: dict[str, Any], name: str) -> str | None:
     """sha256 over (path, bytes, mtime) of every corpus file stage ``name`` reads (:data:`CORPUS_INPUTS`), or
@@ -191,15 +218,23 @@ def _corpus_unchanged(out_dir: Path, plan: dict[str, Any], name: str) -> bool:
     """The corpus stage ``name`` read when it was made is the one its config names now (made_from)."""
     if name not in CORPUS_INPUTS:
         return True
-    stamps = read_json_or_none(out_dir / CORPUS_STAMPS) or {}
-    return made_from(f"{out_dir}/{name}", {"corpus": stamps.get(name)}, {"corpus": corpus_fingerprint(plan, name)})
+    stamps = _read_stamps(out_dir)
+    return made_from(
+        f"{out_dir}/{name}", {"corpus": stamps.stages.get(name)}, {"corpus": corpus_fingerprint(plan, name)}
+    )
+
+
+def _read_stamps(out_dir: Path) -> CorpusStamps:
+    """The run's corpus stamps; none yet (or a damaged file) is an empty table, so the stages are stamped anew."""
+    empty = CorpusStamps(format_version=CorpusStamps.FORMAT_VERSION)
+    return CorpusStamps.read_or_none(out_dir / CORPUS_STAMPS) or empty
 
 
 def _stamp_corpus(out_dir: Path, plan: dict[str, Any], name: str) -> None:
     if name in CORPUS_INPUTS:
-        stamps = read_json_or_none(out_dir / CORPUS_STAMPS) or {}
-        stamps[name] = corpus_fingerprint(plan, name)
-        write_text_atomic(out_dir / CORPUS_STAMPS, json.dumps(stamps, indent=2) + "\n")
+        stamps = _read_stamps(out_dir)
+        stamps.stages = {**stamps.stages, name: corpus_fingerprint(plan, name)}
+        stamps.write(out_dir / CORPUS_STAMPS)
 
 
 @dataclass
@@ -269,6 +304,19 @@ _RUNTIME_KEYS = ("progress", "max_steps_this_run", "resume", "force", "overwrite
 RUN_MARKER = "prodip_run.json"  # written by `prodip run` only: --force deletes nothing without it
 
 
+class RunMarker(Record):
+    """``OUT_DIR/prodip_run.json`` (format_version 1): marks a folder ``prodip run`` made, so ``--force``
+    deletes nothing else; ``config`` names the resolved config saved beside it. Written by
+    :func:`run_pipeline`, read by :func:`_check_out_dir` (a marker this prodip cannot read is refused,
+    naming its version, rather than taken as a run it may delete)."""
+
+    FILE: ClassVar[str] = RUN_MARKER
+    MAKER: ClassVar[str] = "`prodip run`"
+    INDENT: ClassVar[int | None] = None
+
+    config: str = "config.toml"
+
+
 def _identity(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         k: ({kk: vv for kk, vv in v.items() if kk not in _RUNTIME_KEYS} if isinstance(v, dict) else v)
@@ -297,7 +345,7 @@ def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started
     Raises:
         FileExistsError: OUT_DIR is not a prodip run, or holds one made with another config.
     """
-    saved, marker = out_dir / "config.toml", out_dir / RUN_MARKER
+    marker = out_dir / RUN_MARKER
     if not marker.exists():
         if out_dir.exists() and not out_dir.is_dir():
             raise OutputExists(f"--out-dir {out_dir} is a file, not a folder")
@@ -307,6 +355,7 @@ def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started
                 f"choose another --out-dir (--force never deletes a folder prodip did not make)"
             )
         return
+    saved = out_dir / RunMarker.read(marker).config
     changed = _changed_keys(_identity(read_toml(saved)), _identity(toml_roundtrip(resolved)))
     if not changed or not started:
         return
@@ -366,7 +415,7 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     to_run = [n for n in run.stages if n in ("tokenizer", "data") and not STAGES[n].done(plan)]  # they read corpora
     check_inputs(plan, to_run, source=str(config_path))
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / RUN_MARKER, json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
+    RunMarker(format_version=RunMarker.FORMAT_VERSION, config="config.toml").write(out_dir / RUN_MARKER)
     write_text_atomic(out_dir / "config.toml", dump_toml(resolved))
 
     times_path = out_dir / STAGE_TIMES_FILE  # wall time per stage, summed over invocations

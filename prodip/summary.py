@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prodip.base.files import read_json_or_none
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Record
 from prodip.base.stage import StageTime
 from prodip.conformance.report import REPORT_FILE, ConformanceReport
+from prodip.serve.stage import COMPLETIONS_FILE, Completions
 from prodip.tokenizer.audit import read_fertility_or_none
 from prodip.train.records import SFT_EVAL_FILE, EvalReport, SftEvalReport
 
@@ -50,7 +50,7 @@ def summarise(plan: dict, out_dir: Path) -> dict[str, Any]:
     summary["sft"] = _as_dict(sft_eval)
     summary["export_manifest"] = _as_dict(ExportManifest.read_or_none(export_dir / MANIFEST_FILE))
     summary["conformance"] = _as_dict(ConformanceReport.read_or_none(Path(plan["conformance"].out) / REPORT_FILE))
-    summary["completions"] = read_json_or_none(out_dir / "completions.json")
+    summary["completions"] = _as_dict(Completions.read_or_none(out_dir / COMPLETIONS_FILE))
     return summary
 
 

@@ -18,11 +18,65 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from prodip.base.config import write_text_atomic
+from pydantic import BaseModel, ConfigDict, Field
+
 from prodip.base.errors import StageFailed
+from prodip.base.records import Number, Record
 from prodip.base.stage import Plan, Stage
+
+COMPLETIONS_FILE = "completions.json"
+
+
+class Completion(BaseModel):
+    """``completions.json`` ``completions[lang]``: one prompt sent to ``/v1/completions`` and its answer."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str
+    completion: str
+    finish_reason: str | None = None
+    #: OpenAI's ``usage`` (prompt_tokens, completion_tokens, total_tokens)
+    usage: dict[str, Any] | None = None
+    #: wall time of the request (seconds)
+    seconds: Number | None = None
+
+
+class ChatReply(BaseModel):
+    """``completions.json`` ``chat[lang]``: one user message sent to ``/v1/chat/completions`` and the reply,
+    or ``error`` (``{status, code, message}``) when the server cannot chat with the model (:func:`chat_reply`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    user: str
+    reply: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    seconds: Number | None = None
+    error: dict[str, Any] | None = None
+
+
+class Completions(Record):
+    """``OUT_DIR/completions.json`` (format_version 1): what ``prodip run``'s serve stage fetched over HTTP.
+    Written by :func:`serve_run`, read by ``prodip.summary`` through :meth:`Record.read_or_none`.
+
+    ``sampling`` (the OpenAI parameters used) and ``chat`` are absent in files made before they were recorded.
+    """
+
+    FILE: ClassVar[str] = COMPLETIONS_FILE
+    MAKER: ClassVar[str] = "`prodip run` (its serve stage)"
+    TRAILING_NEWLINE: ClassVar[bool] = False
+
+    variant: str
+    #: the completions endpoint the run asked (a loopback port, gone after the run)
+    url: str
+    #: ``max_tokens``, ``temperature``, ``top_p``, ``frequency_penalty``, ``seed``
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    #: language -> the completion of its prompt
+    completions: dict[str, Completion] = Field(default_factory=dict)
+    #: language -> the chat reply to its user message
+    chat: dict[str, ChatReply] = Field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -121,7 +175,7 @@ def serve_run(
     out_dir: Path,
     sampling: dict[str, Any] | None = None,
     chat_prompts: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Completions:
     """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt (and one chat
     reply per chat prompt, :func:`chat_reply`), stop it.
 
@@ -133,8 +187,10 @@ def serve_run(
         sampling: extra OpenAI completion parameters (``temperature``, ``top_p``,
             ``frequency_penalty``, ``seed``); default greedy.
         chat_prompts: language -> a user message sent to ``/v1/chat/completions`` (same sampling).
-    Writes ``OUT_DIR/completions.json`` (with the parameters used). Raises StageFailed if the
-    server does not come up or refuses a request (its message and status are in the error).
+    Returns:
+        the :class:`Completions` it wrote to ``OUT_DIR/completions.json`` (with the parameters used).
+    Raises:
+        StageFailed: the server does not come up or refuses a request (its message and status named).
     """
     sampling = {"temperature": 0.0, **(sampling or {})}
     cfg = plan["serve"]
@@ -184,15 +240,16 @@ def serve_run(
             except subprocess.TimeoutExpired:
                 proc.kill()
     doc = {
-        "format_version": 1,
+        "format_version": Completions.FORMAT_VERSION,
         "variant": cfg.variant,
         "url": f"http://127.0.0.1:{port}/v1/completions",
         "sampling": {"max_tokens": max_tokens, **sampling},
         "completions": results,
         "chat": chats,
     }
-    write_text_atomic(out_dir / "completions.json", json.dumps(doc, indent=2, ensure_ascii=False))
-    return doc
+    record = Completions.from_dict(doc, out_dir / COMPLETIONS_FILE)
+    record.write(out_dir / COMPLETIONS_FILE)
+    return record
 
 
 def _wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> None:

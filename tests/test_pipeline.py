@@ -506,3 +506,41 @@ def test_every_input_is_checked_before_the_first_stage(tmp_path):
     proc = _prodip("run", str(cfg), timeout=120)
     assert proc.returncode == 2 and "[audit] heldout: none given" in proc.stderr, proc.stderr
     assert not (tmp_path / "run" / "tokenizer").exists()
+
+
+def test_run_marker_and_corpus_stamps_are_records_and_old_stamps_still_read(tmp_path, monkeypatch):
+    """prodip_run.json and corpus_inputs.json go through their records: a corpus_inputs.json written before
+    it had a format_version (the bare table) still says the corpus is unchanged, and a marker of a version
+    this prodip does not read is refused naming it (never taken as a run --force may delete)."""
+    import dataclasses
+
+    from prodip import pipeline
+    from prodip.base.errors import UserError
+
+    calls = []
+    tok = pipeline.STAGES["tokenizer"]
+    fake = dataclasses.replace(tok, run=lambda plan: calls.append(1), done=lambda plan: bool(calls))
+    monkeypatch.setitem(pipeline.STAGES, "tokenizer", fake)
+    run = tmp_path / "run"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'out_dir = "{run}"\nstages = ["tokenizer"]\n[tokenizer]\ninputs = {{bn = ["data/bn"]}}\n'
+        '[audit]\nheldout = {bn = ["data/heldout/udhr_ben.txt"]}\n',
+        encoding="utf-8",
+    )
+    pipeline.run_pipeline(str(cfg))
+    assert (run / "prodip_run.json").read_text() == '{"format_version": 1, "config": "config.toml"}\n'
+    stamps = pipeline.CorpusStamps.read(run / "corpus_inputs.json")
+    fingerprint = stamps.stages["tokenizer"]
+    assert stamps.format_version == 1 and isinstance(fingerprint, str) and len(fingerprint) == 64
+    # the layout written before records: the bare table; the corpus is the same, so the stage is skipped
+    (run / "corpus_inputs.json").write_text(json.dumps({"tokenizer": fingerprint}, indent=2) + "\n")
+    pipeline.run_pipeline(str(cfg))
+    assert calls == [1]
+    assert json.loads((run / "corpus_inputs.json").read_text()) == {
+        "format_version": 1,
+        "stages": {"tokenizer": fingerprint},
+    }
+    (run / "prodip_run.json").write_text('{"format_version": 9, "config": "config.toml"}\n')
+    with pytest.raises(UserError, match=r"prodip_run.json: format_version 9 is not one this prodip reads \(reads 1"):
+        pipeline.run_pipeline(str(cfg))

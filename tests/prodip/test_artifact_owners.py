@@ -29,6 +29,10 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "sft_eval.json": ("train/records.py", "train/sft.py"),
     "report.json": ("conformance/report.py",),
     "stage_times.json": ("prodip/base/stage.py",),
+    "train_info.json": ("tokenizer/bpe.py",),
+    "completions.json": ("serve/stage.py",),
+    "prodip_run.json": ("prodip/pipeline.py",),
+    "corpus_inputs.json": ("prodip/pipeline.py",),
 }
 #: the constants the code names those files by -> the file
 CONSTANTS = {
@@ -41,6 +45,10 @@ CONSTANTS = {
     "SFT_EVAL_FILE": "sft_eval.json",
     "REPORT_FILE": "report.json",
     "STAGE_TIMES_FILE": "stage_times.json",
+    "TRAIN_INFO_FILE": "train_info.json",
+    "COMPLETIONS_FILE": "completions.json",
+    "RUN_MARKER": "prodip_run.json",
+    "CORPUS_STAMPS": "corpus_inputs.json",
 }
 #: calls that open, parse or write an artifact's text
 JSON_CALLS = {
@@ -134,7 +142,11 @@ def bad(d, ckpt, out, plan):
         passed = json.load(fh)
     write_text_atomic(out / "eval.json", json.dumps({}))
     (out / "stage_times.json").write_text("{}")
-    return n, ok, step, passed
+    info = json.loads((d / "train_info.json").read_text(encoding="utf-8"))
+    said = read_json_or_none(out / "completions.json")
+    write_text_atomic(out / RUN_MARKER, "{}")
+    stamps = read_json_or_none(out / CORPUS_STAMPS) or {}
+    return n, ok, step, passed, info, said, stamps
 """
 
 
@@ -148,6 +160,10 @@ def test_a_planted_violation_of_each_kind_is_caught():
         "report.json",
         "eval.json",
         "stage_times.json",
+        "train_info.json",
+        "completions.json",
+        "prodip_run.json",
+        "corpus_inputs.json",
     ):
         assert f"on {artifact}" in joined, (artifact, joined)
     assert all(v.startswith("serve/fake.py:") for v in found)

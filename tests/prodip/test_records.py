@@ -242,7 +242,10 @@ def _artifact_examples():
     """(record class, a minimal file as its writer lays it out, a required field) for every artifact."""
     from prodip.base.stage import StageTimes
     from prodip.conformance.report import ConformanceReport
+    from prodip.pipeline import CorpusStamps, RunMarker
+    from prodip.serve.stage import Completions
     from prodip.tokenizer.audit import FertilityReport
+    from prodip.tokenizer.bpe import TrainInfo
     from prodip.tokenizer.shards import ShardsMeta
     from prodip.train.records import CheckpointManifest, EvalReport, SftEvalReport, TrainerState
 
@@ -326,11 +329,74 @@ def _artifact_examples():
             {"format_version": 1, "stages": {"train": {"seconds": 1.5, "complete": True, "invocations": 1}}},
             "format_version",  # no required field besides: an empty table is a run that timed nothing yet
         ),
+        (
+            TrainInfo,
+            {
+                "format_version": 1,
+                "kind": "portable",
+                "pretokenizer": "o200k-marks",
+                "vocab_size": 510,
+                "requested_vocab_size": 512,
+                "sample_chars": {"bn": 300, "en": 200},
+                "available_chars": {"bn": 300, "en": 900},
+                "train_s": 0.5,
+                "files": {"bn": ["a.txt", "a.txt"]},
+                "sources": [
+                    {
+                        "language": "bn",
+                        "source": "a.txt",
+                        "weight": 2,
+                        "available_chars": 150,
+                        "sample_chars": 300,
+                        "kind": "text",
+                        "files": ["a.txt"],
+                    },
+                    {
+                        "language": "en",
+                        "source": "wordfreq:en",
+                        "weight": 1,
+                        "available_chars": 900,
+                        "sample_chars": 200,
+                        "kind": "word_counts",
+                        "words": 40,
+                        "bare_share": 0.1,
+                        "capitalised_share": 0,
+                        "license": {"license": "CC-BY-SA-4.0"},
+                        "version": "3.1.1",
+                    },
+                ],
+                "source_records": [{"name": "a.txt", "license": "CC0-1.0"}],
+            },
+            "vocab_size",
+        ),
+        (
+            Completions,
+            {
+                "format_version": 1,
+                "variant": "int8",
+                "url": "http://127.0.0.1:5/v1/completions",
+                "sampling": {"max_tokens": 4, "temperature": 0.0},
+                "completions": {
+                    "bn": {
+                        "prompt": "একদিন",
+                        "completion": " সকালে",
+                        "finish_reason": "length",
+                        "usage": None,
+                        "seconds": 0.25,
+                    }
+                },
+                "chat": {"en": {"user": "hi", "error": {"status": 400, "code": "chat_not_supported", "message": "m"}}},
+            },
+            "variant",
+        ),
+        (RunMarker, {"format_version": 1, "config": "config.toml"}, "format_version"),
+        (CorpusStamps, {"format_version": 1, "stages": {"tokenizer": "a" * 64, "data": None}}, "format_version"),
     ]
 
 
 def _text(cls, data):
-    return json.dumps(data, indent=cls.INDENT, ensure_ascii=cls.ENSURE_ASCII, sort_keys=cls.SORT_KEYS) + "\n"
+    text = json.dumps(data, indent=cls.INDENT, ensure_ascii=cls.ENSURE_ASCII, sort_keys=cls.SORT_KEYS)
+    return text + "\n" if cls.TRAILING_NEWLINE else text
 
 
 def test_every_artifact_record_round_trips_byte_for_byte(tmp_path):
@@ -386,3 +452,45 @@ def test_stage_times_written_before_records_still_read(tmp_path):
     assert json.loads(path.read_text())["format_version"] == 1 and again.stages == times.stages
     times.add("tokenizer", 1.0, True)  # run again after completing: starts over
     assert (times.stages["tokenizer"].seconds, times.stages["tokenizer"].invocations) == (1.0, 1)
+
+
+def test_files_written_before_their_records_still_read(tmp_path):
+    """corpus_inputs.json without format_version (the bare table), completions.json before sampling and chat
+    were recorded, train_info.json of the first tokenizers (no sources, pretokenizer, ...), prodip_run.json as
+    prodip run wrote it: each reads, and a version this prodip does not read is refused naming it."""
+    from prodip.pipeline import CorpusStamps, RunMarker
+    from prodip.serve.stage import Completions
+    from prodip.tokenizer.bpe import TrainInfo
+
+    path = tmp_path / "corpus_inputs.json"
+    path.write_text(json.dumps({"tokenizer": "a" * 64, "data": None}, indent=2) + "\n")
+    stamps = CorpusStamps.read(path)
+    assert stamps.format_version == 1 and stamps.stages == {"tokenizer": "a" * 64, "data": None}
+    stamps.write(path)
+    assert json.loads(path.read_text()) == {"format_version": 1, "stages": {"tokenizer": "a" * 64, "data": None}}
+
+    path = tmp_path / "completions.json"
+    old = {"format_version": 1, "variant": "fp32", "url": "http://127.0.0.1:9/v1/completions",
+           "completions": {"en": {"prompt": "It", "completion": " was", "finish_reason": "length",
+                                  "usage": {"total_tokens": 3}, "seconds": 0.5}}}  # fmt: skip
+    path.write_text(json.dumps(old, indent=2, ensure_ascii=False))
+    said = Completions.read(path)
+    assert said.sampling == {} and said.chat == {} and said.completions["en"].completion == " was"
+    assert said.to_dict() == old  # nothing added on the way back
+
+    path = tmp_path / "train_info.json"
+    first = {"format_version": 1, "kind": "bytelevel_bpe", "vocab_size": 300, "sample_chars": {"bn": 10},
+             "available_chars": {"bn": 10}, "train_s": 0.1, "peak_rss_mb": 80.5, "files": {"bn": ["x.txt"]}}  # fmt: skip
+    path.write_text(json.dumps(first, indent=2))
+    info = TrainInfo.read(path)
+    assert info.sources == [] and info.sources_as_dicts() is None and info.training_files() == ["x.txt"]
+    assert info.to_dict() == first
+    path.write_text(json.dumps({**first, "format_version": 2}))
+    with pytest.raises(RecordError, match=r"train_info.json: format_version 2 is not one this prodip reads \(reads 1"):
+        TrainInfo.read(path)
+
+    path = tmp_path / "prodip_run.json"
+    path.write_text(json.dumps({"format_version": 1, "config": "config.toml"}) + "\n")
+    assert RunMarker.read(path).config == "config.toml"
+    RunMarker.read(path).write(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == path.read_text()
