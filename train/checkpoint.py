@@ -121,6 +121,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What :func:`load_training_state` (and ``prodip.train.fsdp``'s) restored: the checkpoint's
+    ``trainer_state.json`` and the step dir it came from."""
+
+    state: TrainerState
+    checkpoint_dir: Path
+
+
 @dataclass
 class Snapshot:
     """Host copies of what a checkpoint holds, taken at one step; see :func:`take_snapshot`.
@@ -548,7 +557,7 @@ def load_training_state(
     model: torch.nn.Module,
     optimizer: Optional[torch.optim.Optimizer] = None,
     restore_rng: bool = True,
-) -> dict[str, Any]:
+) -> Resumed:
     """Restore weights, optimizer state and torch RNG for ``--resume``; verify hashes first.
 
     Args:
@@ -557,7 +566,7 @@ def load_training_state(
         optimizer: built over the same parameters in the same order as when saved.
         restore_rng: also set torch CPU (and CUDA) RNG states.
     Returns:
-        ``trainer_state.json`` as a dict, plus ``"checkpoint_dir"``.
+        :class:`Resumed`: ``trainer_state.json`` as a :class:`TrainerState` and the step dir.
     Raises:
         ValueError / FileNotFoundError: as :func:`load_model`; also a config.json differing from
             ``model.config`` or a checkpoint without optimizer state.
@@ -585,9 +594,7 @@ def load_training_state(
         cuda = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
         if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-    state = TrainerState.read(ckpt / TRAINER_STATE_FILE).to_dict()
-    state["checkpoint_dir"] = str(ckpt)
-    return state
+    return Resumed(TrainerState.read(ckpt / TRAINER_STATE_FILE), ckpt)
 
 
 def _load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:

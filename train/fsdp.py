@@ -115,14 +115,14 @@ def save_checkpoint(
 
 def load_training_state(
     path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, restore_rng: bool = True
-) -> dict[str, Any]:
+) -> checkpoint.Resumed:
     """Resume an FSDP2 run: full weights from ``model.safetensors``, sharded AdamW state via DCP.
 
     Args:
         path: step dir, checkpoints dir or run dir.
         model: the ``fully_shard``-ed model; optimizer: its AdamW.
     Returns:
-        ``trainer_state.json`` as a dict, plus ``"checkpoint_dir"``.
+        :class:`prodip.train.checkpoint.Resumed`: the checkpoint's :class:`TrainerState` and its step dir.
     Raises:
         FileNotFoundError: no checkpoint, or one without ``optimizer/`` (a DDP run's checkpoint:
             resume it with ``parallel = "ddp"``).
@@ -152,6 +152,4 @@ def load_training_state(
     if restore_rng:
         rng = load_file(str(ckpt / checkpoint.RNG_FILE))
         torch.set_rng_state(rng["torch_cpu"])
-    out: dict[str, Any] = TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).to_dict()
-    out["checkpoint_dir"] = str(ckpt)
-    return out
+    return checkpoint.Resumed(TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE), ckpt)

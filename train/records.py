@@ -47,6 +47,8 @@ class TrainerState(Record):
     data_state: dict[str, Any] | None = None
     #: the model card's data facts: sources, tokens seen by language and source, ``init_from``
     data_card: dict[str, Any] | None = None
+    #: processes of the run that saved it (absent in checkpoints saved before it was recorded: 1)
+    world_size: StrictInt | None = None
 
     @property
     def shards_meta_sha256(self) -> str | None:

@@ -532,33 +532,35 @@ class _Run:
 
     def _resume(self) -> None:
         if self.fsdp:
-            state = fsdp.load_training_state(self.ckpt_dir, self.model, self.optimizer)
+            resumed = fsdp.load_training_state(self.ckpt_dir, self.model, self.optimizer)
         else:
-            state = checkpoint.load_training_state(self.ckpt_dir, self.model, self.optimizer)
-        if state["tokenizer_sha256"] != self.tok_sha:
+            resumed = checkpoint.load_training_state(self.ckpt_dir, self.model, self.optimizer)
+        state, where = resumed.state, resumed.checkpoint_dir
+        if state.tokenizer_sha256 != self.tok_sha:
             raise InvalidInput(
-                f"{state['checkpoint_dir']}: trained with tokenizer sha256 "
-                f"{state['tokenizer_sha256'][:12]}, this run's tokenizer is {self.tok_sha[:12]}"
+                f"{where}: trained with tokenizer sha256 "
+                f"{state.tokenizer_sha256[:12]}, this run's tokenizer is {self.tok_sha[:12]}"
             )
-        if (
-            state.get("world_size", 1) * state["train_config"].get("batch_size", 0)
-            != self.info.world_size * self.cfg.batch_size
-        ):
+        if (state.world_size or 1) * state.train_config.get(
+            "batch_size", 0
+        ) != self.info.world_size * self.cfg.batch_size:
             log.warning(
                 "global batch differs from the checkpoint's; the token stream continues but "
                 "the run is no longer bitwise comparable"
             )
-        changed = resume_differences(state["train_config"], self.cfg)
+        changed = resume_differences(state.train_config, self.cfg)
         if changed:  # legitimate (e.g. a lower lr after a spike), but never silent
             log.warning(
                 "resuming with changed training settings (%s); the run is no longer bitwise "
                 "comparable to an uninterrupted one",
                 "; ".join(changed),
             )
-        self._check_lr_continuity(state["train_config"], int(state["step"]))
-        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
-        self.data.load_state_dict(state["data_state"])
-        log.info("resumed from %s at step %d", state["checkpoint_dir"], self.step)
+        self._check_lr_continuity(state.train_config, state.step)
+        self.step, self.tokens_seen = state.step, state.tokens_seen
+        if state.data_state is None:
+            raise InvalidInput(f"{where / checkpoint.TRAINER_STATE_FILE}: no data_state; cannot resume the data stream")
+        self.data.load_state_dict(state.data_state)
+        log.info("resumed from %s at step %d", where, self.step)
 
     def _trim_metrics(self) -> None:
         """Drop metrics lines past the resume step (written by a killed run after its last save)."""

@@ -169,8 +169,9 @@ def test_optimizer_state_round_trip(tmp_path, tiny_tokenizer_dir, tiny_model_con
     )
     model2 = _model(tiny_model_config, seed=1)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
-    state = ck.load_training_state(tmp_path, model2, opt2)
-    assert state["step"] == 2 and state["data_state"] == {"pos": 7}
+    resumed = ck.load_training_state(tmp_path, model2, opt2)
+    assert resumed.state.step == 2 and resumed.state.data_state == {"pos": 7}
+    assert resumed.checkpoint_dir == ck.resolve_checkpoint(tmp_path) and resumed.checkpoint_dir.name == "step_0000002"
     for a, b in zip(model.parameters(), model2.parameters()):
         assert torch.equal(a, b)
     sd, sd2 = opt.state_dict(), opt2.state_dict()

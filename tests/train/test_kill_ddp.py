@@ -83,8 +83,8 @@ def test_sigkill_never_leaves_bad_latest(tmp_path, tiny_tokenizer_dir, tiny_shar
         assert cfg == tiny_config() and all(torch.isfinite(p).all() for p in model.parameters())
         fresh = LlamaForCausalLM(cfg)
         opt = build_optimizer(fresh, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, device=torch.device("cpu"))
-        state = ck.load_training_state(out, fresh, opt)
-        assert state["step"] == info["step"] >= last_step  # resumes never go backwards
+        resumed = ck.load_training_state(out, fresh, opt)
+        assert resumed.state.step == info["step"] >= last_step  # resumes never go backwards
         kills_after_a_checkpoint += info["step"] > last_step
         last_step = info["step"]
     assert kills_after_a_checkpoint >= 3 and last_step > 3
