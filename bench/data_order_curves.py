@@ -27,6 +27,7 @@ from data_order import file_boundaries  # noqa: E402
 from prodip.tokenizer.bpe import load_tokenizer  # noqa: E402
 from prodip.tokenizer.corpus import expand_inputs  # noqa: E402
 from prodip.tokenizer.shards import load_meta  # noqa: E402
+from prodip.train.records import EVAL_FILE, EvalReport  # noqa: E402
 
 
 def _rows(run: Path) -> list[dict]:
@@ -42,19 +43,20 @@ def main() -> None:
     ap.add_argument("--tokenizer-dir", default="runs/demo/tokenizer")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    meta = load_meta(args.shards_dir).to_dict()
-    cfg = json.loads(json.dumps(meta))  # val_fraction and seed of the split
+    meta = load_meta(args.shards_dir)
+    if meta.val_fraction is None or meta.seed is None:
+        ap.error(f"--shards-dir {args.shards_dir}: meta.json records no val_fraction and seed of the split")
     names, ends = file_boundaries(
         load_tokenizer(args.tokenizer_dir),
         "en",
         expand_inputs({"en": [args.inputs]})["en"],
-        cfg["val_fraction"],
-        cfg["seed"],
+        meta.val_fraction,
+        meta.seed,
     )
     rows = {"sequential": _rows(args.sequential), "shuffle": _rows(args.shuffle)}
     first = rows["sequential"][0]
     tokens_per_step = first["tokens_seen"] // first["step"]
-    stream = sum(e["n_tokens"] for e in meta["languages"]["en"]["train"])
+    stream = sum(e.n_tokens for e in meta.languages["en"].train)
     steps = rows["sequential"][-1]["step"]
     # the sequential stream advances tokens_per_step per step: where it enters each source file
     starts = np.concatenate([[0], ends[:-1]])
@@ -70,8 +72,7 @@ def main() -> None:
         loss = np.array([r["loss"] for r in rs])
         smooth = np.convolve(loss, np.ones(5) / 5, mode="valid")
         val = [(r["step"], r["val_loss"]["en"]) for r in rs if "val_loss" in r]
-        ev = json.loads(((args.sequential if order == "sequential" else args.shuffle) / "eval.json").read_text())
-        en = ev["languages"]["en"]
+        en = EvalReport.read((args.sequential if order == "sequential" else args.shuffle) / EVAL_FILE).languages["en"]
         ax1.plot(np.arange(5, len(loss) + 1), smooth, label=f"{order} (5-step mean)", lw=1)
         ax2.plot(*zip(*val), marker="o", ms=3, label=order)
         rises = smooth[5:] - smooth[:-5]

@@ -28,7 +28,7 @@ from pathlib import Path
 import tomli_w
 
 from prodip.tokenizer.audit import load_heldout, measure_languages
-from prodip.tokenizer.bpe import load_tokenizer
+from prodip.tokenizer.bpe import TRAIN_INFO_FILE, TrainInfo, load_tokenizer
 from prodip.tokenizer.parity import format_parity, run_parity
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,16 +80,15 @@ VARIANTS = {
 }
 
 
-def _train(train: dict, variant: dict, out: Path, work: Path) -> dict:
+def _train(train: dict, variant: dict, out: Path, work: Path) -> tuple[TrainInfo, float]:
+    """Train one variant in its own process; its ``train_info.json`` and the wall time (seconds)."""
     config = work / f"{out.name}.toml"
     table = {**train, **variant, "out_dir": str(out), "overwrite": True, "progress": False}
     config.write_text(tomli_w.dumps({"tokenizer": table}))
     start = time.perf_counter()
     cmd = [sys.executable, "-m", "prodip.tokenizer", "train", "--config", str(config)]
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    info = json.loads((out / "train_info.json").read_text())
-    info["wall_s"] = round(time.perf_counter() - start, 1)
-    return info
+    return TrainInfo.read(out / TRAIN_INFO_FILE), round(time.perf_counter() - start, 1)
 
 
 def _lines(spec: str) -> dict[str, list[str]]:
@@ -140,20 +139,20 @@ def main() -> int:
         sets[folder.name] = {d.name: [str(d)] for d in langs}
     heldouts = {title: load_heldout(h, max_chars=3_000_000, errors="strict") for title, h in sets.items()}
     for name in args.variants.split(","):
-        info = _train(preset["train"], VARIANTS[name], work / name, work)
+        info, wall_s = _train(preset["train"], VARIANTS[name], work / name, work)
         tok = load_tokenizer(work / name)
         figures = {title: measure_languages(tok, docs) for title, docs in heldouts.items()}
         results["variants"][name] = {
-            "train_s": info["train_s"],
-            "wall_s": info["wall_s"],
-            "peak_rss_mb": info["peak_rss_mb"],
-            "sample_chars": info["sample_chars"],
-            "vocab_size": info["vocab_size"],
+            "train_s": info.train_s,
+            "wall_s": wall_s,
+            "peak_rss_mb": info.peak_rss_mb,
+            "sample_chars": info.sample_chars,
+            "vocab_size": info.vocab_size,
             "heldout": figures,
         }
         print(
-            f"{name:>10}: train {info['train_s']:.1f} s, peak RSS {info['peak_rss_mb']:.0f} MB, "
-            f"sample {info['sample_chars']}",
+            f"{name:>10}: train {info.train_s or 0:.1f} s, peak RSS {info.peak_rss_mb or 0:.0f} MB, "
+            f"sample {info.sample_chars}",
             flush=True,
         )
     print(f"\n== {args.preset}: vocab {preset['train']['vocab_size']}, proportions {preset['train']['proportions']}")

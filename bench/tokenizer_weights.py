@@ -28,6 +28,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prodip.tokenizer.bpe import TrainInfo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +105,9 @@ def parse_setting(text: str) -> dict:
     }
 
 
-def train(setting: dict, root: Path, vocab: int, out: Path, tables: dict | None = None) -> dict:
+def train(setting: dict, root: Path, vocab: int, out: Path, tables: dict | None = None) -> TrainInfo:
+    from prodip.tokenizer.bpe import TRAIN_INFO_FILE, TrainInfo  # noqa: PLC0415
+
     bn, en = str(root / "bn"), str(root / "en")
     cfg = {
         "inputs": {"bn": [bn], "en": [en]},
@@ -124,7 +130,7 @@ def train(setting: dict, root: Path, vocab: int, out: Path, tables: dict | None 
         "train_tokenizer(from_dict(TokenizerTrainConfig, json.loads(sys.argv[1]), source='bench'))"
     )
     subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], check=True)
-    return json.loads((out / "train_info.json").read_text())
+    return TrainInfo.read(out / TRAIN_INFO_FILE)
 
 
 def measure(tok_dir: Path, docs: dict[str, list[str]]) -> dict:
@@ -189,9 +195,9 @@ def main() -> int:
                 if args.final
                 else {f"{lang}_words": words_cpt(work / name, dev_words[lang]) for lang in ("bn", "en")}
             ),
-            "sample_chars": info["sample_chars"],
-            "train_cpu_s": info["train_cpu_s"],
-            "peak_rss_mb": info["peak_rss_mb"],
+            "sample_chars": info.sample_chars,
+            "train_cpu_s": info.train_cpu_s,
+            "peak_rss_mb": info.peak_rss_mb,
         }
         if not args.final:
             row["score"] = round(min((row[lang] + row[f"{lang}_words"]) / 2 for lang in ("bn", "en")), 4)

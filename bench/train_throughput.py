@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prodip.base.config import resolve  # noqa: E402
+from prodip.tokenizer.shards import META_NAME, load_meta  # noqa: E402
 from prodip.train.config import ModelConfig  # noqa: E402
 from prodip.train.data import MixtureBatches  # noqa: E402
 from prodip.train.loop import build_optimizer, causal_lm_loss, peak_flops  # noqa: E402
@@ -307,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         tok, shards = Path(args.tokenizer_dir), Path(args.shards_dir)
     else:
         tok, shards = synthetic_inputs(tmp, model_cfg.vocab_size or CPU_MODEL["vocab_size"])
-    meta = shards / "meta.json"  # the vocabulary comes from the tokenizer, as in the trainer
-    model_cfg = model_cfg.with_vocab_size(json.loads(meta.read_text(encoding="utf-8"))["vocab_size"], source=str(meta))
+    # the vocabulary comes from the tokenizer, as in the trainer
+    model_cfg = model_cfg.with_vocab_size(load_meta(shards).vocab_size, source=str(shards / META_NAME))
     cfg = dataclasses.replace(
         cfg, shards_dir=str(shards), tokenizer_dir=str(tok), progress=False, compile=cfg.compile or args.compile
     )

@@ -682,13 +682,13 @@ def markdown(r: dict[str, Any]) -> str:
 # workers (run in subprocesses, so that a CUDA fault or a process-wide switch stays contained)
 # ---------------------------------------------------------------------------------------------
 def _model_and_train(spec: dict[str, Any], model_over: Optional[dict] = None) -> tuple[Any, dict[str, Any]]:
+    from prodip.tokenizer.shards import load_meta
     from prodip.train.config import ModelConfig
 
     cfg = tomllib.loads(CONFIG.read_text())
     model = dict(cfg["model"])
     model.update(DRY_MODEL if spec["dry"] else (model_over or {}))
-    vocab = json.loads((Path(spec["shards"]) / "meta.json").read_text())["vocab_size"]
-    return ModelConfig(**model, vocab_size=vocab), cfg["train"]
+    return ModelConfig(**model, vocab_size=load_meta(spec["shards"]).vocab_size), cfg["train"]
 
 
 def worker_profile(spec: dict[str, Any]) -> dict[str, Any]:
