@@ -26,25 +26,34 @@ def tiny_artifacts(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def tiny_conf_cfg(tiny_artifacts: dict[str, Path], export_dir, **kw):
-    """A ConformanceConfig for an export dir, with the tiny tolerances, the tiny shards (held-out text: 192
-    tokens per language, two context windows) and 1 thread. No on-device runtimes by default
-    (tests/conformance/test_runtimes.py checks them; each adds a Node and an onnxruntime-genai run)."""
+def conformance_config(export_dir, checkpoint, shards_dir, **kw):
+    """A ConformanceConfig for the tiny test models: the tiny tolerances, held-out text from ``shards_dir``
+    (192 tokens per language, two context windows), 24 greedy tokens, 1 thread, no manifest write and no
+    on-device runtimes unless ``kw`` says otherwise (tests/conformance/test_runtimes.py checks them; each
+    adds a Node and an onnxruntime-genai run). ``checkpoint`` / ``shards_dir`` None: none given. The one
+    place these settings are spelled out."""
     from prodip.conformance import ConformanceConfig
 
     base = dict(
         export_dir=str(export_dir),
-        checkpoint=str(tiny_artifacts["checkpoint"]),
+        checkpoint=None if checkpoint is None else str(checkpoint),
         tolerances=str(TINY_TOLERANCES),
         threads=1,
         greedy_tokens=24,
         write_manifest=False,
-        shards_dir=str(tiny_artifacts["shards"]),
+        shards_dir=None if shards_dir is None else str(shards_dir),
         heldout_tokens=192,
         runtimes=[],
     )
     base.update(kw)
     return ConformanceConfig(**base)
+
+
+def tiny_conf_cfg(tiny_artifacts: dict[str, Path], export_dir, **kw):
+    """:func:`conformance_config` for an export of the session's tiny checkpoint, on its shards (``kw`` may
+    name another ``checkpoint`` or ``shards_dir``)."""
+    checkpoint = kw.pop("checkpoint", tiny_artifacts["checkpoint"])
+    return conformance_config(export_dir, checkpoint, kw.pop("shards_dir", tiny_artifacts["shards"]), **kw)
 
 
 @pytest.fixture

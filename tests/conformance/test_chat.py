@@ -12,7 +12,7 @@ import pytest
 
 from prodip.conformance import evaluate, faults
 from prodip.conformance.chat import CONVERSATIONS
-from tests.conformance.conftest import TINY_TOLERANCES
+from tests.conformance.conftest import conformance_config
 
 RUNTIMES = ["onnxruntime-genai", "transformers.js"]
 
@@ -20,7 +20,6 @@ RUNTIMES = ["onnxruntime-genai", "transformers.js"]
 @pytest.fixture(scope="module")
 def chat_conf(tmp_path_factory):
     """(export dir, planted reply, config factory) of a tiny chat model with fp32 and gguf-f16 variants."""
-    from prodip.conformance import ConformanceConfig
     from tests.fixtures import build_shards, build_tiny_chat_export
 
     root = tmp_path_factory.mktemp("chat_conf")
@@ -28,21 +27,8 @@ def chat_conf(tmp_path_factory):
     shards = build_shards(root / "shards", root / "tokenizer")
 
     def make(export_dir, **kw):
-        base = dict(
-            export_dir=str(export_dir),
-            checkpoint=str(root / "run"),
-            tolerances=str(TINY_TOLERANCES),
-            threads=1,
-            greedy_tokens=8,
-            write_manifest=False,
-            shards_dir=str(shards),
-            heldout_tokens=64,
-            runtimes=RUNTIMES,
-            runtime_tokens=6,
-            variants=["fp32"],
-        )
-        base.update(kw)
-        return ConformanceConfig(**base)
+        settings = dict(greedy_tokens=8, heldout_tokens=64, runtimes=RUNTIMES, runtime_tokens=6, variants=["fp32"])
+        return conformance_config(export_dir, root / "run", shards, **{**settings, **kw})
 
     return export, planted, make
 

@@ -46,19 +46,14 @@ def contrib_export(tiny_artifacts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report_cfg(tiny_artifacts, contrib_export):
-    """The config of :func:`report`: every runtime on every ONNX variant of the contrib export."""
-    from prodip.conformance import ConformanceConfig
-    from tests.conformance.conftest import TINY_TOLERANCES
+    """The config of :func:`report`: every runtime on every ONNX variant of the contrib export (the tiny
+    tolerances, shards and settings of every conformance test: ``conftest.tiny_conf_cfg``)."""
+    from tests.conformance.conftest import tiny_conf_cfg
 
-    return ConformanceConfig(
-        export_dir=str(contrib_export[0]),
+    return tiny_conf_cfg(
+        tiny_artifacts,
+        contrib_export[0],
         checkpoint=str(contrib_export[1]),
-        tolerances=str(TINY_TOLERANCES),
-        threads=1,
-        greedy_tokens=24,
-        write_manifest=False,
-        shards_dir=str(tiny_artifacts["shards"]),
-        heldout_tokens=192,
         runtimes=BOTH,
         variants=list(ONNX_VARIANTS),
     )
