@@ -444,10 +444,15 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """Find a step dir from a step dir, a checkpoints dir or a run dir (following ``latest``).
 
     Raises:
-        FileNotFoundError: nothing checkpoint-like at ``path``, or ``latest`` names a missing dir.
+        FileNotFoundError: nothing checkpoint-like at ``path``, ``latest`` names a missing dir, or ``path``
+            is a prodip export dir (its ``manifest.json`` is an export's: the message names the checkpoint
+            it was exported from). So ``--init-from EXPORT_DIR`` reads an export as the Hugging Face folder
+            it is, and ``prodip export``/``eval``/``conformance`` given one say so instead of failing on a
+            file a checkpoint has and an export lacks.
     """
     path = Path(path)
     if (path / MANIFEST_FILE).is_file():  # a step dir (loading it verifies every listed file)
+        _refuse_export_dir(path)
         return path
     for root in (path, path / CHECKPOINTS_DIRNAME):
         latest = root / LATEST_FILE
@@ -460,6 +465,28 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     raise MissingInput(
         f"{path}: no checkpoint (expected a step dir with {MANIFEST_FILE}, or a "
         f"run/checkpoints dir with a '{LATEST_FILE}' file; made by `prodip train`)"
+    )
+
+
+def _refuse_export_dir(path: Path) -> None:
+    """Raise when ``path/manifest.json`` is a prodip export's (it has ``source_checkpoint``; a checkpoint's
+    has only ``files`` and ``format_version``). An unreadable manifest passes: the checkpoint reader names
+    what is wrong with it.
+
+    Raises:
+        FileNotFoundError: ``path`` is an export dir (naming the checkpoint it was exported from).
+    """
+    try:
+        doc = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return
+    if not (isinstance(doc, dict) and "source_checkpoint" in doc):
+        return
+    source = doc["source_checkpoint"]
+    made_from = source.get("path") if isinstance(source, dict) else None
+    raise MissingInput(
+        f"{path}: a prodip export dir (made by `prodip export`), not a checkpoint; pass the run or step dir "
+        f"`prodip train` wrote" + (f", e.g. the one it was exported from: {made_from}" if made_from else "")
     )
 
 

@@ -100,6 +100,28 @@ def test_init_from_prodip_checkpoint_of_another_tokenizer_is_refused(tmp_path, t
         train(_cfg(tok2, shards2, tmp_path / "ft", init_from=str(base), mixture={}), tiny_config())
 
 
+def test_an_export_dir_is_an_hf_folder_to_init_from_and_no_checkpoint(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    """docs/training.md: a prodip export is a Hugging Face folder for --init-from. Its manifest.json is not a
+    checkpoint's: export/eval/conformance given one name the checkpoint it came from, not a missing file."""
+    from prodip.export.core import ExportConfig, export_checkpoint
+
+    base = train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "base", steps=1), tiny_config())
+    exp = export_checkpoint(ExportConfig(checkpoint=str(base), out=str(tmp_path / "exp"), variants=["safetensors"]))
+    step_dir = ck.resolve_checkpoint(base)
+    with pytest.raises(FileNotFoundError, match="a prodip export dir") as err:
+        ck.resolve_checkpoint(exp)
+    assert str(step_dir) in str(err.value)  # the checkpoint it was exported from
+    src, _, _ = ck.load_model(base)
+    ft = tmp_path / "ft"
+    cfg = _cfg(tiny_tokenizer_dir, tiny_shards_dir, ft, init_from=str(exp), steps=1, lr=1e-9, min_lr=0.0)
+    train(cfg, tiny_config())
+    model, _, _ = ck.load_model(ft)
+    for (name, a), b in zip(src.named_parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)  # lr 1e-9: the export's weights
+    card = json.loads((ck.resolve_checkpoint(ft) / "trainer_state.json").read_text())["data_card"]
+    assert card["init_from"]["kind"] == "hf"
+
+
 @pytest.fixture(scope="module")
 def hf_llama_dir(tmp_path_factory):
     """A tiny random Hugging Face Llama folder, written by transformers' save_pretrained."""
