@@ -93,7 +93,7 @@ def conformance_check(manifest: ExportManifest, variant: str) -> tuple[bool, str
         variant's entry of the verdict's ``checks`` (None when there is none), whose
         ``tolerances.loosened`` lists bounds looser than the shipped tolerance file.
     """
-    fix = "run `prodip conformance EXPORT_DIR`, or pass --allow-unverified"
+    fix = "run `prodip conformance EXPORT_DIR`"  # the refusal adds ", or pass --allow-unverified"
     verdict = manifest.conformance
     if verdict is None:
         return False, f"manifest.json has no conformance verdict; {fix}", None
@@ -180,9 +180,9 @@ def _verification(
     """
     ok, reason, check = conformance_check(manifest, variant)
     if not ok and not allow_unverified:
-        raise InvalidInput(f"{root}: refusing to serve: {reason}")
-    if not ok:
-        return False, [f"serving unverified variant {variant!r}: {reason}"], []
+        raise InvalidInput(f"{root}: refusing to serve: {reason}, or pass --allow-unverified")
+    if not ok:  # --allow-unverified was passed: the warning names the fix, not that flag again
+        return False, [f"serving unverified variant {variant!r} (--allow-unverified): {reason}"], []
     tol = check.tolerances if check is not None else None
     loosened = list(tol.loosened) if tol is not None else []
     if tol is None or not loosened:

@@ -159,7 +159,12 @@ def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
     none = _copy_export(root, tmp_path / "none", lambda m: m.update(conformance=None))
     with pytest.raises(ValueError, match="no conformance verdict"):
         load_export(none, "fp32")
-    assert not load_export(none, "fp32", allow_unverified=True).verified
+    info = load_export(none, "fp32", allow_unverified=True)
+    assert not info.verified  # the warning names the fix, not the flag already passed
+    assert info.warnings == [
+        "serving unverified variant 'fp32' (--allow-unverified): manifest.json has no conformance verdict; "
+        "run `prodip conformance EXPORT_DIR`"
+    ]
     bad = _copy_export(root, tmp_path / "bad", _fail_int8)
     with pytest.raises(ValueError, match="FAILED conformance"):
         load_export(bad, "int8")
