@@ -532,6 +532,8 @@ def check_gate(
     if not report.gate.passed:
         message = f"{tokenizer_dir}: tokenizer failed its fertility audit: " + "; ".join(report.gate.failures)
         if not force:
-            raise InvalidInput(message + " (retrain the tokenizer, or force to train anyway)")
+            raise InvalidInput(
+                message + " (retrain the tokenizer, or pass --force ([train] force = true) to train anyway)"
+            )
         log.warning("%s (forced)", message)
     return report

@@ -91,8 +91,9 @@ def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
     captured = capsys.readouterr()
     assert "chars/tok" in captured.out
     assert "bn: " in captured.err and "below the minimum 50" in captured.err
-    with pytest.raises(ValueError, match=r"bn: \d+\.\d+ chars/token is below the minimum 50"):
+    with pytest.raises(ValueError, match=r"bn: \d+\.\d+ chars/token is below the minimum 50") as err:
         check_gate(tok_dir)
+    assert str(err.value).endswith("(retrain the tokenizer, or pass --force ([train] force = true) to train anyway)")
     forced = check_gate(tok_dir, force=True)
     assert forced is not None and forced.gate.passed is False
     assert forced.gate.min_chars_per_token == {"bn": 50} and forced.gate.failures[0].startswith("bn: ")
