@@ -27,8 +27,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from prodip.base.config import dump_toml, opt, write_text_atomic
-from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.config import dump_toml, opt, read_toml, write_text_atomic
+from prodip.base.errors import ConfigError, InvalidInput, MissingInput, OutputExists
 from prodip.base.files import raise_for_room
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import ShardsMeta, load_meta, meta_sha256
@@ -310,6 +310,41 @@ def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh:
         log.info("update-flow probe: every parameter moved and stayed finite")
 
 
+#: the tables of the config.toml a run dir holds: ``prodip train`` writes [model] + [train], ``prodip sft`` [model] + [sft]
+RUN_CONFIG_TABLES = ({"model", "train"}, {"model", "sft"})
+
+
+def refuse_foreign_run_dir(run_dir: Path) -> None:
+    """Refuse an ``out_dir`` that is not empty and that no ``prodip train``/``sft`` made, before anything is
+    written: a run writes config.toml, metrics.jsonl, loss.png there, and would replace a file of those
+    names that is the user's (as ``prodip tokenizer train``, ``data prepare`` and ``export`` refuse theirs).
+
+    A run dir is one with ``checkpoints/`` or a ``config.toml`` of exactly :data:`RUN_CONFIG_TABLES`'s
+    tables (a run stopped before its first checkpoint has it), or only the ``tokenizer/`` that ``prodip sft``
+    writes first; a missing or empty folder is fine.
+
+    Raises:
+        FileExistsError: ``run_dir`` holds anything else (naming it and the fix).
+    """
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return
+    if (run_dir / checkpoint.CHECKPOINTS_DIRNAME).is_dir():
+        return
+    if [p.name for p in run_dir.iterdir()] == ["tokenizer"] and (run_dir / "tokenizer" / "tokenizer.json").is_file():
+        return  # an sft run stopped after writing its chat tokenizer, before its config.toml
+    try:
+        tables = set(read_toml(run_dir / "config.toml"))
+    except (ConfigError, OSError):
+        tables = set()
+    if tables in RUN_CONFIG_TABLES:
+        return
+    raise OutputExists(
+        f"{run_dir}: is not empty and is not a training run dir (no checkpoints/, no config.toml written by "
+        "`prodip train`), and a run would replace its config.toml, metrics.jsonl and loss.png; choose another "
+        "--out-dir, or empty that folder yourself"
+    )
+
+
 def _write_run_config(run_dir: Path, cfg: TrainConfig, model_cfg: ModelConfig) -> None:
     text = dump_toml({"model": model_cfg.to_dict(), "train": dataclasses.asdict(cfg)})
     write_text_atomic(run_dir / "config.toml", text)
@@ -362,6 +397,7 @@ class _Run:
 
     def execute(self) -> dict[str, Any]:
         cfg, info = self.cfg, self.info
+        refuse_foreign_run_dir(self.run_dir)  # before _prepare: sft writes its tokenizer/ into the run dir
         self._prepare()
         if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
             raise OutputExists(

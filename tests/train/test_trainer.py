@@ -119,6 +119,32 @@ def test_refusals(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
         dataclasses.replace(cfg, lr=-1.0)
 
 
+def test_a_folder_no_run_made_is_refused_before_anything_is_written(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    """A run writes config.toml, metrics.jsonl, loss.png into --out-dir: a folder of the user's that holds
+    such files is refused untouched; an empty folder, and a run stopped before its first checkpoint, are not."""
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "config.toml").write_text('name = "my project"\n')
+    (mine / "metrics.jsonl").write_text("mine\n")
+    with pytest.raises(FileExistsError, match="is not a training run dir") as err:
+        train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, mine, steps=1), tiny_config())
+    assert str(mine) in str(err.value)
+    assert sorted(p.name for p in mine.iterdir()) == ["config.toml", "metrics.jsonl"]
+    assert (mine / "config.toml").read_text() == 'name = "my project"\n' and (
+        mine / "metrics.jsonl"
+    ).read_text() == "mine\n"
+    (tmp_path / "empty").mkdir()
+    assert ck.resolve_checkpoint(
+        train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "empty", steps=1), tiny_config())
+    )
+    stopped = tmp_path / "stopped"  # a run killed before its first checkpoint: its config.toml and metrics only
+    stopped.mkdir()
+    (stopped / "config.toml").write_text((tmp_path / "empty" / "config.toml").read_text())
+    (stopped / "metrics.jsonl").write_text("")
+    train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, stopped, steps=1), tiny_config())
+    assert ck.load_model(stopped)[2]["step"] == 1
+
+
 @pytest.mark.slow
 def test_cli_reads_model_and_train_tables(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, capsys):
     toml = tmp_path / "run.toml"
