@@ -33,7 +33,16 @@ from typing import Any, Optional
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
-from prodip.base.manifest import ExportManifest, FileEntry, load_manifest, save_manifest
+from prodip.base.manifest import (
+    Card,
+    CardQuality,
+    ExportManifest,
+    FileEntry,
+    QualityRow,
+    TwinRow,
+    load_manifest,
+    save_manifest,
+)
 from prodip.export.card import (
     LIBRARY_NAME,
     PIPELINE_TAG,
@@ -48,22 +57,22 @@ from prodip.export.card import (
 QUALITY_HEADING = "## Quality"
 
 
-def _front_matter_expected(card: dict[str, Any]) -> dict[str, Any]:
-    lic = card["license"]
+def _front_matter_expected(card: Card) -> dict[str, Any]:
+    lic = card.license
     return {
-        "license": lic["license"],
-        "license_name": lic.get("license_name"),
-        "license_link": lic.get("license_link"),
-        "language": card["languages"] or None,
-        "datasets": card["datasets"] or None,
-        "base_model": card["base_model"],
+        "license": lic.license,
+        "license_name": lic.license_name,
+        "license_link": lic.license_link,
+        "language": card.languages or None,
+        "datasets": card.datasets or None,
+        "base_model": card.base_model,
         "pipeline_tag": PIPELINE_TAG,
         "library_name": LIBRARY_NAME,
-        "tags": card["tags"],
+        "tags": card.tags,
     }
 
 
-def _readme_problems(root: Path, manifest: ExportManifest, card: dict[str, Any]) -> list[str]:
+def _readme_problems(root: Path, manifest: ExportManifest, card: Card) -> list[str]:
     from huggingface_hub import ModelCard  # noqa: PLC0415
 
     path = root / README_FILE
@@ -81,31 +90,31 @@ def _readme_problems(root: Path, manifest: ExportManifest, card: dict[str, Any])
     ]
     if data_statement(card) not in loaded.text:
         problems.append(f"{README_FILE}: the data statement differs from the one the manifest's card gives")
-    for s in card["sources"]:
-        if s.get("included_by_choice") and f"`{s['license']}` (licence unknown, included by choice)" not in loaded.text:
-            problems.append(f"{README_FILE}: source {s['name']} is not named as licence unknown, included by choice")
+    for s in card.sources:
+        if s.included_by_choice and f"`{s.license}` (licence unknown, included by choice)" not in loaded.text:
+            problems.append(f"{README_FILE}: source {s.name} is not named as licence unknown, included by choice")
     quality = manifest.card_quality
     if quality is not None and render_quality(quality) not in loaded.text:
         problems.append(f"{README_FILE}: the quality card differs from the figures conformance measured")
     return problems
 
 
-def _gguf_problems(path: Path, rel: str, card: dict[str, Any]) -> list[str]:
+def _gguf_problems(path: Path, rel: str, card: Card) -> list[str]:
     from gguf import GGUFReader  # noqa: PLC0415 (runtimes extra; the GGUF candidate needs it anyway)
 
     fields = GGUFReader(str(path)).fields
-    lic = card["license"]
+    lic = card.license
     want: dict[str, Any] = {
-        "general.license": lic["license"],
-        "general.license.name": lic.get("license_name"),
-        "general.license.link": lic.get("license_link"),
-        "general.languages": card["languages"] or None,
-        "general.tags": card["tags"],
-        "general.dataset.count": len(card["sources"]),
+        "general.license": lic.license,
+        "general.license.name": lic.license_name,
+        "general.license.link": lic.license_link,
+        "general.languages": card.languages or None,
+        "general.tags": card.tags,
+        "general.dataset.count": len(card.sources),
         "prodip.sources": json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True),
     }
-    for i, s in enumerate(card["sources"]):
-        want[f"general.dataset.{i}.name"] = s["name"]
+    for i, s in enumerate(card.sources):
+        want[f"general.dataset.{i}.name"] = s.name
     problems = []
     for key, value in want.items():
         got = fields[key].contents() if key in fields else None
@@ -114,7 +123,7 @@ def _gguf_problems(path: Path, rel: str, card: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _onnx_problems(path: Path, rel: str, card: dict[str, Any]) -> list[str]:
+def _onnx_problems(path: Path, rel: str, card: Card) -> list[str]:
     import onnx  # noqa: PLC0415
 
     props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
@@ -149,7 +158,7 @@ def card_problems(export_dir: str | Path, manifest: Optional[ExportManifest] = N
         side = root / PTE_CARD_FILE
         if not side.is_file():
             problems.append(f"{PTE_CARD_FILE}: missing beside the .pte files")
-        elif json.loads(side.read_text(encoding="utf-8")) != card:
+        elif json.loads(side.read_text(encoding="utf-8")) != card.to_dict():
             problems.append(f"{PTE_CARD_FILE}: differs from the manifest's card")
     return problems
 
@@ -180,15 +189,18 @@ def _runtimes_proven(entries: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def quality_rows(report: dict[str, Any], manifest: ExportManifest, eval_report: Optional[dict] = None) -> dict:
+def quality_rows(
+    report: dict[str, Any], manifest: ExportManifest, eval_report: Optional[dict] = None
+) -> tuple[list[QualityRow], list[TwinRow]]:
     """The quality card's figures, from one conformance report (and ``eval.json``), written once.
 
     Returns:
-        ``{"report_sha256", "rows": [{variant, language, bpc, bpc_ref, bpc_delta, kl_mean, kl_p999, top1,
-        greedy_agreement, bytes, runtimes}], "twin": [{language, nll_token, bpc, random_nll_token,
-        random_bpc}]}``; ``greedy_agreement`` is the mean share of the ``greedy_tokens`` new tokens identical
-        to the training model's before the first difference, over the prompts; ``bytes`` the variant's files
-        on disk (``manifest.json``).
+        ``(rows, twin)``: per variant and held-out language a :class:`~prodip.base.manifest.QualityRow`
+        (``variant, language, bpc, bpc_ref, bpc_delta, kl_mean, kl_p999, top1, greedy_agreement, bytes,
+        runtimes``), and per language of ``eval.json`` a :class:`~prodip.base.manifest.TwinRow`
+        (``language, nll_token, bpc, random_nll_token, random_bpc``); ``greedy_agreement`` is the mean share
+        of the ``greedy_tokens`` new tokens identical to the training model's before the first difference,
+        over the prompts; ``bytes`` the variant's files on disk (``manifest.json``).
     """
     files = manifest.files
     rows = []
@@ -202,33 +214,33 @@ def quality_rows(report: dict[str, Any], manifest: ExportManifest, eval_report: 
         greedy = sum(prefix) / (len(prefix) * n) if prefix and n else None
         for lang, h in sorted((m.get("heldout") or {}).items()):
             rows.append(
-                {
-                    "variant": name,
-                    "language": lang,
-                    "bpc": h["bpc"],
-                    "bpc_ref": h["bpc_ref"],
-                    "bpc_delta": h["bpc_delta"],
-                    "kl_mean": h.get("kl_mean"),
-                    "kl_p999": h.get("kl_p999"),
-                    "top1": h.get("top1"),
-                    "greedy_agreement": greedy,
-                    "bytes": size,
-                    "runtimes": _runtimes_proven([e for e in report["candidates"].values() if e["variant"] == name]),
-                }
+                QualityRow(
+                    variant=name,
+                    language=lang,
+                    bpc=h["bpc"],
+                    bpc_ref=h["bpc_ref"],
+                    bpc_delta=h["bpc_delta"],
+                    kl_mean=h.get("kl_mean"),
+                    kl_p999=h.get("kl_p999"),
+                    top1=h.get("top1"),
+                    greedy_agreement=greedy,
+                    bytes=size,
+                    runtimes=_runtimes_proven([e for e in report["candidates"].values() if e["variant"] == name]),
+                )
             )
     twin = []
     for lang, e in sorted(((eval_report or {}).get("languages") or {}).items()):
         model, rand = e["trained"], e["random_init"]  # eval.json (prodip.train.eval.run_eval)
         twin.append(
-            {
-                "language": lang,
-                "nll_token": model["nll_nats_per_token"],
-                "bpc": model["bits_per_char"],
-                "random_nll_token": rand["nll_nats_per_token"],
-                "random_bpc": rand["bits_per_char"],
-            }
+            TwinRow(
+                language=lang,
+                nll_token=model["nll_nats_per_token"],
+                bpc=model["bits_per_char"],
+                random_nll_token=rand["nll_nats_per_token"],
+                random_bpc=rand["bits_per_char"],
+            )
         )
-    return {"rows": rows, "twin": twin}
+    return rows, twin
 
 
 def _f(x: Any, spec: str) -> str:
@@ -237,7 +249,7 @@ def _f(x: Any, spec: str) -> str:
     return format(x, spec)
 
 
-def render_quality(quality: dict[str, Any]) -> str:
+def render_quality(quality: CardQuality) -> str:
     """The README's ``## Quality`` section from :func:`quality_rows`' figures (markdown)."""
     lines = [
         QUALITY_HEADING,
@@ -252,24 +264,24 @@ def render_quality(quality: dict[str, Any]) -> str:
         "| runtimes proven |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in quality["rows"]:
+    for r in quality.rows:
         lines.append(
-            f"| {r['variant']} | {r['language']} | {_f(r['bpc'], '.4f')} | {_f(r['bpc_delta'], '+.4f')} | "
-            f"{_f(r['kl_mean'], '.2e')} | {_f(r['kl_p999'], '.2e')} | {_f(r['top1'], '.4f')} | "
-            f"{_f(r['greedy_agreement'], '.3f')} | {r['bytes'] / 2**20:.2f} | {', '.join(r['runtimes']) or 'none'} |"
+            f"| {r.variant} | {r.language} | {_f(r.bpc, '.4f')} | {_f(r.bpc_delta, '+.4f')} | "
+            f"{_f(r.kl_mean, '.2e')} | {_f(r.kl_p999, '.2e')} | {_f(r.top1, '.4f')} | "
+            f"{_f(r.greedy_agreement, '.3f')} | {r.bytes / 2**20:.2f} | {', '.join(r.runtimes) or 'none'} |"
         )
     lines.append("")
-    if quality["twin"]:
+    if quality.twin:
         lines += [
             "Trained model against its random-initialised twin (`prodip eval`, eval.json):",
             "",
             "| language | NLL/token (nats) | bits/char | random twin NLL/token | random twin bits/char |",
             "|---|---:|---:|---:|---:|",
         ]
-        for t in quality["twin"]:
+        for t in quality.twin:
             lines.append(
-                f"| {t['language']} | {_f(t['nll_token'], '.4f')} | {_f(t['bpc'], '.4f')} | "
-                f"{_f(t['random_nll_token'], '.4f')} | {_f(t['random_bpc'], '.4f')} |"
+                f"| {t.language} | {_f(t.nll_token, '.4f')} | {_f(t.bpc, '.4f')} | "
+                f"{_f(t.random_nll_token, '.4f')} | {_f(t.random_bpc, '.4f')} |"
             )
         lines.append("")
     else:
@@ -277,7 +289,7 @@ def render_quality(quality: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_quality(export_dir: Path, quality: dict[str, Any]) -> ExportManifest:
+def write_quality(export_dir: Path, quality: CardQuality) -> ExportManifest:
     """Rewrite ``README.md`` with the quality card, record the figures in the manifest (``card_quality``)
     and the card's new hash in ``files``. Returns the updated manifest.
 

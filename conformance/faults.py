@@ -22,7 +22,15 @@ from onnx import helper, numpy_helper
 from safetensors.torch import load_file, save_file
 
 from prodip.base.errors import InvalidInput
-from prodip.base.manifest import FileEntry, file_sha256, list_files, load_manifest, save_manifest
+from prodip.base.manifest import (
+    FileEntry,
+    OnnxQuantization,
+    PteQuantization,
+    file_sha256,
+    list_files,
+    load_manifest,
+    save_manifest,
+)
 from prodip.base.variants import BY_NAME
 
 
@@ -317,19 +325,19 @@ def plant_pte_max_seq_len(src: Path, dst: Path, variant: str = "pte-fp32", facto
     dst = copy_export(src, dst)
     manifest = load_manifest(dst)
     entry = manifest.variants.get(variant)
-    if entry is None or entry.format != "pte" or not entry.quantization:
+    if entry is None or not isinstance(entry.quantization, PteQuantization):
         raise InvalidInput(f"{src}: has no ExecuTorch variant {variant!r} to plant a fault in")
     if not manifest.source_checkpoint.path:
         raise InvalidInput(f"{src / 'manifest.json'}: names no source_checkpoint.path to re-export {variant} from")
     model, config, _ = load_model(manifest.source_checkpoint.path)
-    meta = entry.quantization["runner_metadata"]
+    meta = entry.quantization.runner_metadata
     export_pte(
         model.float().eval(),
         dst / entry.path,
         variant,
-        bos_id=meta["get_bos_id"],
-        eos_ids=meta["get_eos_ids"],
-        group_size=entry.quantization.get("group_size") or 32,
+        bos_id=meta.get_bos_id,
+        eos_ids=meta.get_eos_ids,
+        group_size=entry.quantization.group_size or 32,
         metadata_overrides={"get_max_seq_len": factor * config.max_position_embeddings},
     )
     refresh_manifest(dst)
@@ -395,17 +403,20 @@ def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].p
     from prodip.export.genai import move_weights_out  # noqa: PLC0415
     from prodip.export.quantize import to_int4  # noqa: PLC0415
 
+    entry = load_manifest(src).variants.get("int4")
+    q = entry.quantization if entry is not None else None
+    if not isinstance(q, OnnxQuantization) or q.block_size is None or q.symmetric is None or q.accuracy_level is None:
+        raise InvalidInput(f"{src / 'manifest.json'}: no int4 variant recording block_size, symmetric, accuracy_level")
     dst = copy_export(src, dst)
-    q = load_manifest(dst).variants["int4"].quantization or {}
     path = dst / rel
     for old in (path, path.with_name(path.name + "_data")):
         old.unlink(missing_ok=True)
     to_int4(
         dst / BY_NAME["fp32"].path,
         path,
-        block_size=q["block_size"],
-        symmetric=q["symmetric"],
-        accuracy_level=q["accuracy_level"],
+        block_size=q.block_size,
+        symmetric=q.symmetric,
+        accuracy_level=q.accuracy_level,
         lower_embedding=False,
     )
     move_weights_out(dst, rel)  # as the export lays it out: weights in <file>_data

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from prodip.base.config import ConfigError
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.manifest import (
+    CardQuality,
     ExportManifest,
     file_sha256,
     files_table_sha256,
@@ -569,15 +570,15 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
         eval_report = EvalReport.read(cfg.eval_json).to_dict()
     elif cfg.eval_json:
         logger.warning("conformance: %s not found; the card has no random-twin comparison", cfg.eval_json)
-    quality = card.quality_rows(report, manifest, eval_report)
-    quality["export_files_sha256"] = report["export_files_sha256"]
-    previous = manifest.card_quality or {}
-    if previous.get("export_files_sha256") == report["export_files_sha256"]:
-        checked = {r["variant"] for r in quality["rows"]}
-        quality["rows"] = [r for r in previous.get("rows", []) if r["variant"] not in checked] + quality["rows"]
-        quality["twin"] = quality["twin"] or previous.get("twin", [])
+    rows, twin = card.quality_rows(report, manifest, eval_report)
+    previous = manifest.card_quality
+    if previous is not None and previous.export_files_sha256 == report["export_files_sha256"]:
+        checked = {r.variant for r in rows}
+        rows = [r for r in previous.rows if r.variant not in checked] + rows
+        twin = twin or previous.twin
+    quality = CardQuality(rows=rows, twin=twin, export_files_sha256=report["export_files_sha256"])
     card.write_quality(export_dir, quality)
-    return quality
+    return quality.to_dict()
 
 
 def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:

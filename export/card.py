@@ -15,7 +15,10 @@ base model) and are written into every artifact:
 
 ``conformance.card`` reads every one back and compares it with the manifest.
 
-    python -c "from prodip.export.card import build_card; print(build_card(None)['statement']['text'])"
+The card's shape is :class:`prodip.base.manifest.Card` (declared in the base, beside the manifest record that
+holds it); :func:`build_card` builds it and every function here reads it by attribute.
+
+    python -c "from prodip.export.card import build_card; print(build_card(None).statement.text)"
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from prodip.base.manifest import Card
 from prodip.base.sources import (
     UNKNOWN_INCLUDED,
     hf_license,
@@ -69,14 +73,17 @@ def tokenizer_sources(train_info: Optional[TrainInfo], known: set[str]) -> list[
     return out
 
 
-def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None) -> dict[str, Any]:
+def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None) -> Card:
     """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records) and
     its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`).
 
     Returns:
-        ``{"license": {license[, license_name, license_link]}, "languages", "datasets", "tags", "base_model",
-        "sources": [record + chars/tokens/shares/tokens_seen], "statement": licence_statement(...),
-        "tokens_seen_by_language"}``. Without records every field says so and the mix is not cleared.
+        The :class:`~prodip.base.manifest.Card` (``manifest.json``'s ``card``): ``license`` ({license[,
+        license_name, license_link]}), ``languages``, ``datasets``, ``tags``, ``base_model``, ``sources``
+        (record + chars/tokens/shares/tokens_seen), ``statement`` (``licence_statement(...)``),
+        ``tokens_seen_by_language``. Without records every field says so and the mix is not cleared.
+    Raises:
+        pydantic.ValidationError: a source record that is not a card source (a bug upstream: field named).
     """
     data_card = data_card or {}
     seen = data_card.get("tokens_seen_by_source", {})
@@ -104,30 +111,31 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
         }
     languages = sorted({s["language"] for s in sources} | set(data_card.get("tokens_seen_by_language", {})))
     init = data_card.get("init_from")
-    return {
-        "license": lic,
-        "languages": languages,
-        "datasets": sorted({s["dataset_id"] for s in sources if s.get("dataset_id")}),
-        "tags": ["prodip", "llama", *(["licence-not-cleared"] if not statement["cleared"] else [])],
-        "base_model": init["source"] if init else None,
-        "sources": sources,
-        "statement": statement,
-        "tokens_seen_by_language": data_card.get("tokens_seen_by_language", {}),
-    }
+    return Card.model_validate(
+        {
+            "license": lic,
+            "languages": languages,
+            "datasets": sorted({s["dataset_id"] for s in sources if s.get("dataset_id")}),
+            "tags": ["prodip", "llama", *(["licence-not-cleared"] if not statement["cleared"] else [])],
+            "base_model": init["source"] if init else None,
+            "sources": sources,
+            "statement": statement,
+            "tokens_seen_by_language": data_card.get("tokens_seen_by_language", {}),
+        }
+    )
 
 
-def _front_matter(card: dict[str, Any]):
+def _front_matter(card: Card):
     from huggingface_hub import ModelCardData  # noqa: PLC0415 (train extra)
 
-    base = card["base_model"]
     return ModelCardData(
-        **card["license"],
-        language=card["languages"] or None,
-        datasets=card["datasets"] or None,
-        base_model=base,
+        **card.license.model_dump(exclude_unset=True),
+        language=card.languages or None,
+        datasets=card.datasets or None,
+        base_model=card.base_model,
         pipeline_tag=PIPELINE_TAG,
         library_name=LIBRARY_NAME,
-        tags=card["tags"],
+        tags=card.tags,
     )
 
 
@@ -139,45 +147,41 @@ def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
 
 
-def data_statement(card: dict[str, Any]) -> str:
+def data_statement(card: Card) -> str:
     """The README's ``## Data statement`` section (markdown)."""
-    lines = ["## Data statement", "", card["statement"]["text"], ""]
-    if card["sources"]:
+    lines = ["## Data statement", "", card.statement.text, ""]
+    if card.sources:
         lines += [
             "| source | language (variety) | origin | licence | characters | tokens | share of language "
             "(chars / tokens) | tokens seen in training |",
             "|---|---|---|---|---:|---:|---:|---:|",
         ]
-        for s in card["sources"]:
-            lic = f"`{s['license']}`" + (f" ({UNKNOWN_INCLUDED})" if s.get("included_by_choice") else "")
-            if s["license"] == "other":
-                lic = f"[{s['license_name']}]({s['license_link']})"
-            variety = f" ({s['variety']})" if s.get("variety") else ""
-            seen = _count(s.get("tokens_seen"))
-            stage = {"sft": " (fine-tuning)", "tokenizer": " (tokenizer only)"}.get(s.get("stage"), "")
+        for s in card.sources:
+            lic = f"`{s.license}`" + (f" ({UNKNOWN_INCLUDED})" if s.included_by_choice else "")
+            if s.license == "other":
+                lic = f"[{s.license_name}]({s.license_link})"
+            variety = f" ({s.variety})" if s.variety else ""
+            stage = {"sft": " (fine-tuning)", "tokenizer": " (tokenizer only)"}.get(s.stage or "", "")
             lines.append(
-                f"| {s['name']}{stage} | {s['language']}{variety} | {s.get('origin') or '–'} | {lic} | "
-                f"{_count(s.get('chars'))} | {_count(s.get('tokens'))} | {_pct(s.get('chars_share_of_language'))} / "
-                f"{_pct(s.get('tokens_share_of_language'))} | {seen} |"
+                f"| {s.name}{stage} | {s.language}{variety} | {s.origin or '–'} | {lic} | "
+                f"{_count(s.chars)} | {_count(s.tokens)} | {_pct(s.chars_share_of_language)} / "
+                f"{_pct(s.tokens_share_of_language)} | {_count(s.tokens_seen)} |"
             )
         lines.append("")
-        gaps = [f"- {s['name']}: {s['notes']}" for s in card["sources"] if s.get("notes")]
+        gaps = [f"- {s.name}: {s.notes}" for s in card.sources if s.notes]
         if gaps:
             lines += ["Notes and known gaps:", "", *gaps, ""]
-    if card["statement"]["unknown_included"]:
-        lines += [
-            f"**Not fully cleared:** {', '.join(card['statement']['unknown_included'])}: {UNKNOWN_INCLUDED}.",
-            "",
-        ]
-    seen = card["tokens_seen_by_language"]
+    if card.statement.unknown_included:
+        lines += [f"**Not fully cleared:** {', '.join(card.statement.unknown_included)}: {UNKNOWN_INCLUDED}.", ""]
+    seen = card.tokens_seen_by_language
     if seen:
         lines += ["Tokens seen in training per language: " + ", ".join(f"{k} {v:,}" for k, v in seen.items()), ""]
-    if card["base_model"]:
-        lines += [f"Fine-tuned from: `{card['base_model']}` (its own card states its data).", ""]
+    if card.base_model:
+        lines += [f"Fine-tuned from: `{card.base_model}` (its own card states its data).", ""]
     return "\n".join(lines)
 
 
-def render_readme(card: dict[str, Any], quality: str = "") -> str:
+def render_readme(card: Card, quality: str = "") -> str:
     """The whole ``README.md``: front matter, title, data statement, then ``quality`` (markdown, may be empty)."""
     from huggingface_hub import ModelCard  # noqa: PLC0415 (train extra)
 
@@ -197,53 +201,48 @@ def render_readme(card: dict[str, Any], quality: str = "") -> str:
     return text
 
 
-def onnx_props(card: dict[str, Any]) -> dict[str, str]:
+def onnx_props(card: Card) -> dict[str, str]:
     """``metadata_props`` for every ``.onnx`` file (string values; ONNX metadata is ``str -> str``)."""
-    lic = card["license"]
+    lic = card.license
     return {
-        "license": lic["license"],
-        "license_name": lic.get("license_name", ""),
-        "license_link": lic.get("license_link", ""),
-        "languages": ",".join(card["languages"]),
-        "datasets": ",".join(card["datasets"]),
-        "tags": ",".join(card["tags"]),
+        "license": lic.license,
+        "license_name": lic.license_name or "",
+        "license_link": lic.license_link or "",
+        "languages": ",".join(card.languages),
+        "datasets": ",".join(card.datasets),
+        "tags": ",".join(card.tags),
         "sources": json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True),
     }
 
 
-def source_summary(card: dict[str, Any]) -> list[dict[str, Any]]:
+def source_summary(card: Card) -> list[dict[str, Any]]:
     """Per source the fields every binary artifact carries: name, language, licence, included by choice."""
     return [
-        {
-            "name": s["name"],
-            "language": s["language"],
-            "license": s["license"],
-            "included_by_choice": bool(s.get("included_by_choice")),
-        }
-        for s in card["sources"]
+        {"name": s.name, "language": s.language, "license": s.license, "included_by_choice": bool(s.included_by_choice)}
+        for s in card.sources
     ]
 
 
-def add_gguf_metadata(writer: Any, card: dict[str, Any]) -> None:
+def add_gguf_metadata(writer: Any, card: Card) -> None:
     """Write the card's keys into a ``gguf.GGUFWriter`` before its header is written (gguf-py's names)."""
-    lic = card["license"]
-    writer.add_license(lic["license"])
-    if lic.get("license_name"):
-        writer.add_license_name(lic["license_name"])
-    if lic.get("license_link"):
-        writer.add_license_link(lic["license_link"])
-    if card["languages"]:
-        writer.add_languages(card["languages"])
-    writer.add_tags(card["tags"])
-    writer.add_dataset_count(len(card["sources"]))
-    for i, s in enumerate(card["sources"]):  # llama.cpp's metadata.py: one general.dataset.{i}.* per dataset
-        writer.add_dataset_name(i, s["name"])
-        if s.get("origin"):
-            writer.add_dataset_repo_url(i, s["origin"])
+    lic = card.license
+    writer.add_license(lic.license)
+    if lic.license_name:
+        writer.add_license_name(lic.license_name)
+    if lic.license_link:
+        writer.add_license_link(lic.license_link)
+    if card.languages:
+        writer.add_languages(card.languages)
+    writer.add_tags(card.tags)
+    writer.add_dataset_count(len(card.sources))
+    for i, s in enumerate(card.sources):  # llama.cpp's metadata.py: one general.dataset.{i}.* per dataset
+        writer.add_dataset_name(i, s.name)
+        if s.origin:
+            writer.add_dataset_repo_url(i, s.origin)
     writer.add_string("prodip.sources", json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True))
 
 
-def set_onnx_metadata(path: Path, card: dict[str, Any]) -> None:
+def set_onnx_metadata(path: Path, card: Card) -> None:
     """Put :func:`onnx_props` into ``path``'s ``metadata_props`` (graph, weights location untouched)."""
     import onnx  # noqa: PLC0415
 
@@ -257,7 +256,7 @@ def set_onnx_metadata(path: Path, card: dict[str, Any]) -> None:
     onnx.save(model, str(path))
 
 
-def write_card(root: Path, card: dict[str, Any]) -> None:
+def write_card(root: Path, card: Card) -> None:
     """Write ``README.md``, every ``.onnx`` file's metadata and the ``.pte`` sidecar into export ``root``.
 
     GGUF files get theirs when written (:func:`add_gguf_metadata`)."""
@@ -265,4 +264,5 @@ def write_card(root: Path, card: dict[str, Any]) -> None:
     for path in sorted(root.rglob("*.onnx")):
         set_onnx_metadata(path, card)
     if any(root.rglob("*.pte")):
-        (root / PTE_CARD_FILE).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        text = json.dumps(card.to_dict(), indent=2, ensure_ascii=False) + "\n"
+        (root / PTE_CARD_FILE).write_text(text, encoding="utf-8")

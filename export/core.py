@@ -28,7 +28,7 @@ from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
-from prodip.base.manifest import MANIFEST_FILE, ExportManifest, load_manifest, write_manifest
+from prodip.base.manifest import MANIFEST_FILE, Card, ExportManifest, load_manifest, write_manifest
 from prodip.base.records import NewerFormat, RecordError
 from prodip.base.variants import (
     BY_NAME,
@@ -341,7 +341,7 @@ def check_device_targets(config: Any, cfg: ExportConfig, tokenizer_dir: Optional
 
 
 def _build_devices(
-    model: Any, root: Path, cfg: ExportConfig, tokenizer_dir: Optional[Path], step, card: dict[str, Any]
+    model: Any, root: Path, cfg: ExportConfig, tokenizer_dir: Optional[Path], step, card: Card
 ) -> dict[str, dict[str, Any]]:
     """Write the requested GGUF and ExecuTorch variants; returns their manifest entries."""
     out: dict[str, dict[str, Any]] = {}

@@ -39,6 +39,7 @@ import torch
 
 from prodip.base.chat import chat_contract
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.manifest import Card
 from prodip.export.card import add_gguf_metadata
 from prodip.tokenizer.gguf import add_tokenizer_metadata
 from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name, read_tokenizer_json, require_portable
@@ -133,7 +134,7 @@ def write_gguf(
     qtype_name: str,
     *,
     permute: bool = True,
-    card: dict[str, Any] | None = None,
+    card: Card | None = None,
 ) -> dict[str, Any]:
     """Write one GGUF file of ``model`` with plain gguf-py types (F32, F16 or Q8_0 for 2-D weights).
 
@@ -279,9 +280,7 @@ def tensor_types(path: Path) -> dict[str, int]:
     return dict(Counter(t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors))
 
 
-def export_gguf(
-    model: Any, tokenizer_dir: Path, path: Path, variant: str, card: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def export_gguf(model: Any, tokenizer_dir: Path, path: Path, variant: str, card: Card | None = None) -> dict[str, Any]:
     """Write the GGUF ``variant`` of ``model`` to ``path``; returns its manifest ``quantization`` entry.
 
     Raises:

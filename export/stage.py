@@ -30,7 +30,7 @@ def export_done(plan: Plan) -> bool:
     except (OSError, ValueError) as err:
         log.warning("%s; exporting again", err)
         return False
-    made_with = (manifest.export_config or {}).get("variants")
+    made_with = manifest.export_config.variants if manifest.export_config else None
     if made_with is not None and sorted(made_with) != sorted(plan["export"].variants):
         log.warning(
             "%s holds variants %s, [export] variants are %s; exporting again", out, made_with, plan["export"].variants

@@ -7,13 +7,14 @@ Layout (CONTRACTS.md "Export dir")::
      source_checkpoint: {path, step, model_sha256}, tokenizer_sha256,
      versions: {prodip, python, torch, onnx, onnxruntime, onnxscript, safetensors, transformers?},
      files: {relpath: {bytes, sha256}},          # every file of the export but manifest.json
-     variants: {name: {path, format, dtype, quantization, external_data: [relpath, ...], ...}},  # VariantEntry
-     export_config: {...},                       # the resolved ExportConfig
-     card: {license, languages, datasets, tags, base_model, sources, statement, tokens_seen_by_language},
+     variants: {name: {path, format, dtype, quantization, external_data: [relpath, ...], ...}},  # VariantEntry;
+                                                 # quantization: Onnx-/Gguf-/PteQuantization by writer
+     export_config: {variants, ...},             # ExportSettings: the resolved ExportConfig
+     card: {license, languages, datasets, tags, base_model, sources, statement, tokens_seen_by_language},  # Card
      conformance: null | {passed, variants: {name: bool}, report, report_sha256, checked_utc,
                          checks: {name: {passed, checked_utc, report, report_sha256}},
                          export_files_sha256},  # Verdict (merged per variant by conformance.verdict.merge_verdict)
-     card_quality?: {...}}                       # the quality card's figures, written by conformance
+     card_quality?: {rows, twin, export_files_sha256}}  # CardQuality: the quality card's figures, by conformance
 
 Every other module reads the file through :func:`load_manifest` (or :func:`verify_files`) and walks the
 typed record; an edited record is written back with :func:`save_manifest`. A ``format_version`` newer than
@@ -36,14 +37,24 @@ import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from prodip import __version__
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
-from prodip.base.records import Record, describe_errors
+from prodip.base.records import AsWritten, Number, Record, describe_errors
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -123,6 +134,119 @@ class SourceCheckpoint(BaseModel):
     model_sha256: str | None = None
 
 
+class OnnxQuantization(BaseModel):
+    """An ONNX variant's ``quantization`` (``prodip.export.quantize``: ``to_fp16``, ``to_int8``, ``to_int4``):
+    every key those write, in their order (each writes only its own; the fp32 variant has none). Keys a newer
+    export adds are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    #: the function or library that rewrote the graph
+    tool: str
+    #: fp16: float32 inputs and outputs kept; the op types left in float32; nodes kept float32; casts removed
+    keep_io_types: StrictBool | None = None
+    op_block_list: list[str] | None = None
+    rope_nodes_kept_fp32: StrictInt | None = None
+    rmsnorm_nodes_kept_fp32: StrictInt | None = None
+    fp16_round_trips_removed: StrictInt | None = None
+    #: int8/int4: rounding algorithm, the operator format, bits per weight
+    algorithm: str | None = None
+    format: str | None = None
+    bits: StrictInt | None = None
+    #: int8: one scale per output channel; activations quantised per row at run time
+    weight_granularity: str | None = None
+    activation_quantization: str | None = None
+    #: int4: weights per block along the input dim
+    block_size: StrictInt | None = None
+    symmetric: StrictBool | None = None
+    #: int8: MatMuls rewritten to MatMulInteger
+    matmuls_quantized: StrictInt | None = None
+    op_types: list[str] | None = None
+    embedding_quantized: StrictBool | None = None
+    #: int8: weights per scale of an untied embedding table (None: shared with the lm_head)
+    embedding_block_size: StrictInt | None = None
+    lm_head_quantized: StrictBool | None = None
+    embedding_shared_with_lm_head: StrictBool | None = None
+    #: GatherBlockQuantized lookups lowered to standard operators (count)
+    embedding_lookup_lowered: StrictInt | None = None
+    #: int4: MatMulNBits ``accuracy_level``
+    accuracy_level: StrictInt | None = None
+    materialized_transposes: StrictInt | None = None
+    #: whether the weights are in an external file (set to True when export moved them to ``<file>_data``)
+    external_data: StrictBool | None = None
+    #: int4: the graph's default-domain opset after quantisation
+    opset: StrictInt | None = None
+    embedding_layout: str | None = None
+    embedding_not_shared_because: str | None = None
+    embedding_not_quantized_because: str | None = None
+
+
+class GgufQuantization(BaseModel):
+    """A GGUF variant's ``quantization`` (``prodip.export.gguf.export_gguf``), keys in its order."""
+
+    model_config = ConfigDict(extra="allow")
+
+    #: GGUF tensor type -> number of tensors of it (``{"Q4_K": 14, "F32": 5}``)
+    tensor_types: dict[str, StrictInt]
+    #: llama.cpp pre-tokenizer type (``tokenizer.ggml.pre``)
+    pre: str | None = None
+    #: tokens in the GGUF vocabulary (padded to the embedding's rows)
+    tokens: StrictInt | None = None
+    quantizer: str | None = None
+    gguf_py_version: str | None = None
+
+
+class RunnerMetadata(BaseModel):
+    """The constant methods of a ``.pte`` ExecuTorch's LLM runners read (``prodip.export.executorch.runner_metadata``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    get_bos_id: StrictInt
+    get_eos_ids: list[StrictInt]
+    get_max_seq_len: StrictInt
+    get_max_context_len: StrictInt | None = None
+    get_vocab_size: StrictInt | None = None
+    get_n_layers: StrictInt | None = None
+    use_kv_cache: StrictBool | None = None
+    use_sdpa_with_kv_cache: StrictBool | None = None
+    enable_dynamic_shape: StrictBool | None = None
+
+
+class PteQuantization(BaseModel):
+    """A ``.pte`` variant's ``quantization`` (``prodip.export.executorch.export_pte``), keys in its order."""
+
+    model_config = ConfigDict(extra="allow")
+
+    #: ``8da4w`` (8-bit dynamic activations, 4-bit grouped weights) or None (float32)
+    scheme: str | None
+    #: 8da4w: int4 weights per group along each Linear's input dim
+    group_size: StrictInt | None = None
+    quantizer: str | None = None
+    backend: str | None = None
+    runner_metadata: RunnerMetadata
+    executorch_version: str | None = None
+    torchao_version: str | None = None
+
+
+def _quantization_kind(value: Any) -> str:
+    """Which writer's ``quantization`` ``value`` is, by the key only that writer writes."""
+    if isinstance(value, BaseModel):
+        return {PteQuantization: "pte", GgufQuantization: "gguf"}.get(type(value), "onnx")
+    keys = value if isinstance(value, dict) else {}
+    return "pte" if "runner_metadata" in keys else "gguf" if "tensor_types" in keys else "onnx"
+
+
+#: a variant's ``quantization``: which one is told by the keys only its writer writes (an error names the kind
+#: in its path: ``variants.int4.quantization.onnx.bits``); :class:`VariantEntry` checks it fits ``format``
+Quantization = Annotated[
+    Annotated[OnnxQuantization, Tag("onnx")]
+    | Annotated[GgufQuantization, Tag("gguf")]
+    | Annotated[PteQuantization, Tag("pte")],
+    Discriminator(_quantization_kind),
+]
+_QUANTIZATION_OF = {"onnx": OnnxQuantization, "gguf": GgufQuantization, "pte": PteQuantization}
+
+
 class VariantEntry(BaseModel):
     """One variant of the export (``manifest.json`` ``variants[name]``): every key ``prodip export`` writes,
     declared in the order it writes them (a variant has only those of its format; the ones it lacks stay
@@ -137,8 +261,8 @@ class VariantEntry(BaseModel):
     format: str
     #: weight dtype as the export names it (``float32``, ``int4``, ``bfloat16``, ``q8_0``, ...)
     dtype: str | None = None
-    #: how the weights were quantised (``prodip.export.quantize`` / ``gguf`` / ``executorch``; None: not)
-    quantization: dict[str, Any] | None = None
+    #: how the weights were converted or quantised (:data:`Quantization`; None: not)
+    quantization: Quantization | None = None
     #: files holding the graph's weights (ONNX ``<file>_data``), relative to the export dir
     external_data: list[str] = Field(default_factory=list)
     #: ONNX: dtype of the graph's float inputs and outputs, and of the KV cache
@@ -159,6 +283,14 @@ class VariantEntry(BaseModel):
     genai_default: StrictBool | None = None
     #: ``.pte``: the file its runner reads its tokenizer from (others read ``tokenizer.json``)
     tokenizer: str | None = None
+
+    @model_validator(mode="after")
+    def _quantization_fits_format(self) -> VariantEntry:
+        want = _QUANTIZATION_OF.get(self.format)
+        if self.quantization is not None and want is not None and not isinstance(self.quantization, want):
+            kind = _quantization_kind(self.quantization)
+            raise ValueError(f"quantization is a {kind} variant's, but the variant's format is {self.format!r}")
+        return self
 
     def files(self) -> list[str]:
         """The variant's file and its external data, relative to the export dir."""
@@ -271,6 +403,168 @@ class Verdict(BaseModel):
         return None
 
 
+class ExportSettings(BaseModel):
+    """The resolved ``prodip.export.config.ExportConfig`` an export was made with (``manifest.json``
+    ``export_config``, ``dataclasses.asdict`` of it): its fields, in its order (a test holds the two equal).
+    Only ``variants`` is required (read by the pipeline's done-check); keys a newer export adds are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    checkpoint: str | None = None
+    out: str | None = None
+    #: the variants asked for (``model.safetensors`` is written whatever this says)
+    variants: list[str]
+    safetensors_dtype: str | None = None
+    opset: StrictInt | None = None
+    onnx_graph: str | None = None
+    onnx_external_data: StrictBool | None = None
+    int8_block_size: StrictInt | None = None
+    int8_quantize_embeddings: StrictBool | None = None
+    int4_block_size: StrictInt | None = None
+    int4_symmetric: StrictBool | None = None
+    int4_quantize_embeddings: StrictBool | None = None
+    int4_quantize_lm_head: StrictBool | None = None
+    int4_accuracy_level: StrictInt | None = None
+    pte_group_size: StrictInt | None = None
+    force: StrictBool | None = None
+
+
+class CardLicense(BaseModel):
+    """The card's licence for the Hub (``prodip.base.sources.hf_license``): one SPDX id in lower case, or
+    ``other`` with ``license_name`` and ``license_link``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    license: str
+    license_name: str | None = None
+    license_link: str | None = None
+
+
+class CardSource(AsWritten):
+    """One source of the card (``card.sources[i]``): its record's card fields
+    (``prodip.base.sources.SourceRecord.card_fields``) with the counts the shards recorded and the tokens
+    training saw, or a tokenizer-only input (``stage`` ``tokenizer``) or a fine-tuning one (``sft``). Its
+    writers order the keys differently (each entry is copied from the artifact that recorded it), so an entry
+    keeps the order it was read in (:class:`~prodip.base.records.AsWritten`)."""
+
+    name: str
+    language: str
+    variety: str | None = None
+    origin: str | None = None
+    #: SPDX expression, ``unknown`` or ``other``
+    license: str
+    license_name: str | None = None
+    license_link: str | None = None
+    dataset_id: str | None = None
+    notes: str | None = None
+    #: ``prodip.base.sources.CLASSES``
+    license_class: str | None = None
+    license_terms: list[str] | None = None
+    included_by_choice: StrictBool | None = None
+    #: documents, characters and tokens of the source in the shards (all splits), and its shares of its language
+    documents: StrictInt | None = None
+    chars: StrictInt | None = None
+    tokens: StrictInt | None = None
+    chars_share_of_language: Number | None = None
+    tokens_share_of_language: Number | None = None
+    #: ``pretraining``, ``sft`` or ``tokenizer`` (absent: pretraining)
+    stage: str | None = None
+    #: sft: the number of files the source matched
+    files: StrictInt | None = None
+    #: tokens of the source the training run saw (None: not counted)
+    tokens_seen: StrictInt | None = None
+
+
+class CardStatement(AsWritten):
+    """The card's licence statement of the mix (``prodip.base.sources.licence_statement``)."""
+
+    #: the most restrictive source's class (``prodip.base.sources.CLASSES``); the file's key is ``class``
+    class_: str = Field(alias="class")
+    licenses: list[str]
+    share_alike: list[str]
+    non_commercial: list[str]
+    attribution: list[str]
+    unknown_included: list[str]
+    cleared: StrictBool
+    #: one paragraph for the cards
+    text: str
+
+
+class Card(BaseModel):
+    """The model card's facts (``manifest.json`` ``card``; owner ``prodip.export.card``, which builds it with
+    ``build_card`` and writes it into every artifact; ``prodip.conformance.card`` reads it back), keys in
+    ``build_card``'s order. Keys a newer export adds are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    license: CardLicense
+    languages: list[str]
+    datasets: list[str]
+    tags: list[str]
+    #: the checkpoint or Hub id fine-tuning started from (None: trained from scratch)
+    base_model: str | None
+    sources: list[CardSource]
+    statement: CardStatement
+    #: language -> tokens of it training saw
+    tokens_seen_by_language: dict[str, StrictInt] = Field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The card as ``manifest.json`` holds it (fields never set left out)."""
+        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        return out
+
+
+class QualityRow(BaseModel):
+    """One variant and held-out language of the quality card (``card_quality.rows[i]``,
+    ``prodip.conformance.card.quality_rows``): bits/char, the training model's and the change, KL(training
+    model || variant) mean and 99.9th percentile (nats), top-1 and greedy agreement (shares), the variant's
+    bytes on disk and the runtimes that ran it and passed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    variant: str
+    language: str
+    bpc: Number | None
+    bpc_ref: Number | None
+    bpc_delta: Number | None
+    kl_mean: Number | None
+    kl_p999: Number | None
+    top1: Number | None
+    greedy_agreement: Number | None
+    bytes: StrictInt
+    runtimes: list[str]
+
+
+class TwinRow(BaseModel):
+    """The trained model against its random-initialised twin for one language (``card_quality.twin[i]``, from
+    ``eval.json``): NLL per token (nats) and bits/char of each."""
+
+    model_config = ConfigDict(extra="allow")
+
+    language: str
+    nll_token: Number | None
+    bpc: Number | None
+    random_nll_token: Number | None
+    random_bpc: Number | None
+
+
+class CardQuality(BaseModel):
+    """The quality card's figures (``manifest.json`` ``card_quality``; owner ``prodip.conformance.card``,
+    written from its report by ``write_quality``), keys in its order. Keys a newer conformance adds are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    rows: list[QualityRow]
+    twin: list[TwinRow] = Field(default_factory=list)
+    #: :func:`files_table_sha256` of the files the figures were measured on
+    export_files_sha256: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as ``manifest.json`` holds them (fields never set left out)."""
+        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        return out
+
+
 class ExportManifest(Record):
     """The export dir's ``manifest.json`` (layout in the module docstring). Written by ``prodip export``
     (:func:`write_manifest`), rewritten by conformance (:func:`set_conformance`, :func:`save_manifest` for the
@@ -288,12 +582,12 @@ class ExportManifest(Record):
     versions: dict[str, str] = Field(default_factory=dict)
     files: dict[str, FileEntry]
     variants: dict[str, VariantEntry]
-    export_config: dict[str, Any] | None = None
-    card: dict[str, Any] | None = None
+    export_config: ExportSettings | None = None
+    card: Card | None = None
     #: the conformance verdict (None: conformance has not run on this export, or it was cleared)
     conformance: Verdict | None = None
     #: the quality card's figures (written by conformance from its report)
-    card_quality: dict[str, Any] | None = None
+    card_quality: CardQuality | None = None
 
     def files_table(self) -> dict[str, dict[str, Any]]:
         """``files`` as plain dicts (what :func:`files_table_sha256` hashes)."""
@@ -311,7 +605,7 @@ def write_manifest(
     tokenizer_sha256: str | None,
     variants: dict[str, dict[str, Any]],
     export_config: dict[str, Any] | None = None,
-    card: dict[str, Any] | None = None,
+    card: Card | dict[str, Any] | None = None,
 ) -> ExportManifest:
     """Hash every file of ``export_dir`` and write ``manifest.json`` (atomically).
 

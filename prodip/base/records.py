@@ -46,7 +46,18 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from typing_extensions import Self
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import writing
@@ -235,3 +246,51 @@ def describe_errors(err: ValidationError, limit: int = 3) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+class AsWritten(BaseModel):
+    """A part of a record (a nested object) written back as it was read: its keys in the order the file had
+    them, and under the names the file spells them (a field whose key is a Python keyword, ``class``, is
+    declared as ``class_`` with ``alias="class"``).
+
+    For parts whose writers put the keys in more than one order, so that no declaration order reproduces every
+    file: the card's source entries, copied from whichever shards ``meta.json``, checkpoint or tokenizer
+    recorded them. Made in code, a part keeps the order of the keywords it was given (``model_construct``: the
+    declared order). Two parts are equal when their fields and extra keys are, whatever order they were read in.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_key_order(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        part = handler(data)
+        if isinstance(data, dict) and part is not data:
+            part._keys = tuple(data)
+        return part
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        fields = type(self).model_fields
+        out = {(fields[k].alias or k) if k in fields else k: v for k, v in dumped.items()}
+        first = {k: out[k] for k in self._keys if k in out}
+        return {**first, **{k: v for k, v in out.items() if k not in first}}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AsWritten):
+            return NotImplemented
+        return (
+            type(self) is type(other)
+            and self.__dict__ == other.__dict__
+            and (self.__pydantic_extra__ or {}) == (other.__pydantic_extra__ or {})
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like every pydantic model
+
+    def to_dict(self) -> dict[str, Any]:
+        """The part as the JSON object the file holds (fields never set left out)."""
+        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        return out

@@ -42,8 +42,8 @@ def test_export_writes_the_card_into_every_artifact(tiny_artifacts):
         assert props["license"] == "other" and props["languages"] == "bn,en", path
         sources = {s["name"]: s for s in json.loads(props["sources"])}
         assert sources["bluck_bn_mcq.jsonl"]["included_by_choice"] and sources["bn-news"]["license"] == "CC-BY-SA-4.0"
-    assert manifest.card is not None and manifest.card["statement"]["unknown_included"] == ["bluck_bn_mcq.jsonl"]
-    assert [s["name"] for s in manifest.card["sources"]] == [s["name"] for s in DATA_CARD["sources"]]
+    assert manifest.card is not None and manifest.card.statement.unknown_included == ["bluck_bn_mcq.jsonl"]
+    assert [s.name for s in manifest.card.sources] == [s["name"] for s in DATA_CARD["sources"]]
     assert card_problems(export) == []
 
 
@@ -68,16 +68,16 @@ def test_quality_card_comes_from_the_report_and_an_edited_figure_fails(conformed
     manifest = verify_files(export)
     assert verdict_is_current(manifest)  # the card written after measuring does not void the verdict
     assert manifest.card_quality is not None
-    rows = {(r["variant"], r["language"]): r for r in manifest.card_quality["rows"]}
+    rows = {(r.variant, r.language): r for r in manifest.card_quality.rows}
     assert set(rows) == {(v, lang) for v in ("safetensors", "fp32", "fp16", "int8", "int4") for lang in ("bn", "en")}
     text = (export / "README.md").read_text(encoding="utf-8")
     for (variant, lang), row in rows.items():
         h = report["candidates"][variant]["metrics"]["heldout"][lang]
-        assert row["bpc"] == h["bpc"] and row["kl_p999"] == h["kl_p999"] and row["top1"] == h["top1"]
+        assert row.bpc == h["bpc"] and row.kl_p999 == h["kl_p999"] and row.top1 == h["top1"]
         assert f"| {variant} | {lang} | {h['bpc']:.4f} | {h['bpc_delta']:+.4f} | {h['kl_mean']:.2e} |" in text
-    assert "ONNX Runtime" in rows[("int4", "bn")]["runtimes"]
+    assert "ONNX Runtime" in rows[("int4", "bn")].runtimes
     on_disk = sum((export / f).stat().st_size for f in manifest.variants["int4"].files())
-    assert rows[("int4", "bn")]["bytes"] == on_disk
+    assert rows[("int4", "bn")].bytes == on_disk
     assert "| bn | 2.5000 | 1.7500 | 5.9000 | 4.2500 |" in text  # trained vs random twin, from eval.json (EVAL_TWIN)
     assert card_problems(export) == []
     bad = plant_card_figure_edited(export, tmp_path / "bad")
@@ -134,11 +134,11 @@ def test_tokenizer_word_lists_flow_into_the_statement():
         ],
     }
     info = TrainInfo.from_dict(raw)
-    assert build_card(data)["statement"]["share_alike"] == []
+    assert build_card(data).statement.share_alike == []
     card = build_card(data, info)
-    assert [(s["name"], s.get("stage")) for s in card["sources"]] == [
+    assert [(s.name, s.stage) for s in card.sources] == [
         ("en-novels", None),
         ("tok-only", "tokenizer"),
         ("wordfreq:bn", "tokenizer"),
     ]
-    assert card["statement"]["share_alike"] == ["tok-only", "wordfreq:bn"] and card["license"]["license"] == "other"
+    assert card.statement.share_alike == ["tok-only", "wordfreq:bn"] and card.license.license == "other"

@@ -247,7 +247,7 @@ def test_cli_toml_and_flags(gqa_export, tmp_path, capsys):
 
     m = load_manifest(tmp_path / "e")
     assert set(m.variants) == {"safetensors"} and m.variants["safetensors"].dtype == "bfloat16"
-    assert m.export_config is not None and m.export_config["safetensors_dtype"] == "bfloat16"
+    assert m.export_config is not None and m.export_config.safetensors_dtype == "bfloat16"
     assert "variant" in capsys.readouterr().out  # the size table
 
 

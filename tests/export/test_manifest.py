@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from prodip.base.manifest import load_manifest, set_conformance, verify_files
+from prodip.base.manifest import OnnxQuantization, load_manifest, set_conformance, verify_files
 
 
 def test_manifest_contents(any_export):
@@ -25,12 +25,14 @@ def test_manifest_contents(any_export):
     assert set(m.files) == listed - {"manifest.json"}
     assert set(m.variants) == {"safetensors", "fp32", "fp16", "int8", "int4"}
     assert m.variants["fp32"].path == "onnx/model.onnx" and m.variants["fp32"].quantization is None
-    q8, q4 = m.variants["int8"].quantization, m.variants["int4"].quantization
-    assert q8 is not None and q4 is not None
-    assert q8["bits"] == 8 and q8["symmetric"] is True and q8["weight_granularity"] == "per output channel"
-    assert q8["activation_quantization"].startswith("dynamic, per row") and q8["matmuls_quantized"] >= 5
-    assert q4["bits"] == 4 and q4["block_size"] == 32 and q4["embedding_quantized"] is True
-    assert "Softmax" in (m.variants["fp16"].quantization or {})["op_block_list"]
+    q8, q4, q16 = (m.variants[name].quantization for name in ("int8", "int4", "fp16"))
+    assert isinstance(q8, OnnxQuantization) and isinstance(q4, OnnxQuantization) and isinstance(q16, OnnxQuantization)
+    assert q8.bits == 8 and q8.symmetric is True and q8.weight_granularity == "per output channel"
+    assert (q8.activation_quantization or "").startswith("dynamic, per row") and (q8.matmuls_quantized or 0) >= 5
+    assert q4.bits == 4 and q4.block_size == 32 and q4.embedding_quantized is True
+    assert "Softmax" in (q16.op_block_list or [])
+    assert m.export_config is not None and set(m.export_config.variants) <= set(m.variants)
+    assert m.card is not None and m.card.statement.text
     verify_files(any_export)
 
 

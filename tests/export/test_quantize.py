@@ -192,13 +192,14 @@ def _big_initializers(model: onnx.ModelProto, min_bytes: int) -> dict[str, int]:
 def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     """Tied fixture (vocab 70,000, hidden 64, external data): int4 and int8 hold the table once, and
     the embedding lookup reads the lm_head's quantised tensors (same codes, scales, zero points)."""
-    from prodip.base.manifest import load_manifest
+    from prodip.base.manifest import OnnxQuantization, load_manifest
 
     m = load_manifest(tied_export)
     V, H = 70_000, 64
     for name in ("int8", "int4"):
         q = m.variants[name].quantization
-        assert q["embedding_shared_with_lm_head"] is True and "embedding_not_shared_because" not in q
+        assert isinstance(q, OnnxQuantization)
+        assert q.embedding_shared_with_lm_head is True and q.embedding_not_shared_because is None
     int4 = onnx.load(str(tied_export / "onnx" / "model_q4.onnx"))
     assert list(_big_initializers(int4, V * H // 4).values()) == [V * H // 2]  # one 4-bit table
     producer = {o: n for n in int4.graph.node for o in n.output}
@@ -221,7 +222,8 @@ def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     untied = load_manifest(gqa_export).variants
     for name in ("int8", "int4"):  # untied: nothing to share, nothing to explain
         q = untied[name].quantization
-        assert q["embedding_shared_with_lm_head"] is False and "embedding_not_shared_because" not in q
+        assert isinstance(q, OnnxQuantization)
+        assert q.embedding_shared_with_lm_head is False and q.embedding_not_shared_because is None
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 
 from prodip.base.errors import MissingInput, UserError
-from prodip.base.manifest import ExportManifest, VariantEntry, Verdict
+from prodip.base.manifest import ExportManifest, OnnxQuantization, PteQuantization, VariantEntry, Verdict
 from prodip.base.records import NewerFormat, Number, Record, RecordError
 
 
@@ -125,7 +125,24 @@ _ONNX_ENTRY = {
     "path": "onnx/model_q4.onnx",
     "format": "onnx",
     "dtype": "int4",
-    "quantization": {"bits": 4, "block_size": 32, "external_data": True},
+    "quantization": {  # export.quantize.to_int4's keys, in its order
+        "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
+        "algorithm": "RTN (DEFAULT)",
+        "format": "QOperator",
+        "bits": 4,
+        "block_size": 32,
+        "symmetric": True,
+        "op_types": ["MatMul", "Gather"],
+        "embedding_quantized": True,
+        "lm_head_quantized": True,
+        "embedding_shared_with_lm_head": True,
+        "embedding_lookup_lowered": 1,
+        "accuracy_level": 4,
+        "materialized_transposes": 0,
+        "external_data": True,
+        "opset": 21,
+        "embedding_layout": "Gather of packed 4-bit rows",
+    },
     "external_data": ["onnx/model_q4.onnx_data"],
     "io_dtype": "float32",
     "kv_cache_dtype": "float32",
@@ -141,7 +158,23 @@ _PTE_ENTRY = {
     "path": "executorch/model.pte",
     "format": "pte",
     "dtype": "float32",
-    "quantization": {"runner_metadata": {"get_max_seq_len": 96}},
+    "quantization": {  # export.executorch.export_pte's keys for pte-fp32, in its order
+        "scheme": None,
+        "backend": "xnnpack",
+        "runner_metadata": {
+            "get_bos_id": 1,
+            "get_eos_ids": [2],
+            "get_max_seq_len": 96,
+            "get_max_context_len": 96,
+            "get_vocab_size": 512,
+            "get_n_layers": 2,
+            "use_kv_cache": True,
+            "use_sdpa_with_kv_cache": False,
+            "enable_dynamic_shape": True,
+        },
+        "executorch_version": "1.0.0",
+        "torchao_version": None,
+    },
     "tokenizer": "executorch/tokenizer.json",
 }
 
@@ -163,7 +196,9 @@ def test_export_manifest_variants_and_verdict_are_typed(tmp_path):
     assert int4.files() == ["onnx/model_q4.onnx", "onnx/model_q4.onnx_data"]
     assert (int4.opset, int4.opset_imports, int4.graph) == (17, {"ai.onnx": 17, "com.microsoft": 1}, "contrib")
     assert (int4.genai_path, int4.transformersjs_dtype, int4.genai_default) == ("onnx/model_q4_genai.onnx", "q4", True)
-    assert int4.genai_overlay == _ONNX_ENTRY["genai_overlay"] and int4.quantization == _ONNX_ENTRY["quantization"]
+    assert int4.genai_overlay == _ONNX_ENTRY["genai_overlay"]
+    assert isinstance(int4.quantization, OnnxQuantization) and int4.quantization.block_size == 32
+    assert isinstance(pte.quantization, PteQuantization) and pte.quantization.runner_metadata.get_max_seq_len == 96
     assert (pte.tokenizer, pte.genai_path, pte.external_data) == ("executorch/tokenizer.json", None, [])
     assert m.formats("onnx") == ["int4"] and m.formats("pte") == ["pte-fp32"] and m.formats("gguf") == []
     assert m.conformance.passed is True and m.conformance.variants == {"int4": True}
