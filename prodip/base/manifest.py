@@ -16,8 +16,10 @@ Layout (CONTRACTS.md "Export dir")::
                          export_files_sha256},  # Verdict (merged per variant by conformance.verdict.merge_verdict)
      card_quality?: {rows, twin, export_files_sha256}}  # CardQuality: the quality card's figures, by conformance
 
-Every other module reads the file through :func:`load_manifest` (or :func:`verify_files`) and walks the
-typed record; an edited record is written back with :func:`save_manifest`. A ``format_version`` newer than
+Every part is typed here, beside the record that holds it (the base imports no stage), though ``card`` is
+built by ``prodip.export.card`` and ``card_quality`` by ``prodip.conformance.card``: each declares every key its
+writer writes, in the writer's order, and keeps keys a newer writer adds. Every other module reads the file
+through :func:`load_manifest` (or :func:`verify_files`) and walks the typed record; an edited record is written back with :func:`save_manifest`. A ``format_version`` newer than
 this prodip reads is refused naming the version (:class:`prodip.base.records.NewerFormat`).
 
 Files under ``conformance/`` (the conformance report, written after the export) are not

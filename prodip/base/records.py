@@ -20,7 +20,8 @@ of :class:`Record` defined in the module CONTRACTS.md names as its owner. The cl
 
 Keys a newer writer added that this code does not declare are kept (``extra="allow"``), in their
 order after the declared ones, so a read-modify-write (the verdict written into the export manifest)
-never drops them.
+never drops them. A nested part whose writers order its keys in more than one way (the export card's
+source entries) derives from :class:`AsWritten`, which writes the keys back in the order they were read.
 
 Why pydantic v2 models rather than dataclasses or TypedDicts: pydantic is a core dependency already
 (``prodip serve``'s FastAPI), it validates nested types with the failing field's path (``languages.bn.
