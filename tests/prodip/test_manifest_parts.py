@@ -28,6 +28,7 @@ from prodip.base.manifest import (
 from prodip.base.records import RecordError
 from prodip.export.card import build_card
 from prodip.export.config import ExportConfig
+from prodip.tokenizer.bpe import TrainInfo
 from prodip.tokenizer.wordcounts import WORDFREQ_LICENSE
 from tests.fixtures import DATA_CARD
 
@@ -46,6 +47,9 @@ _SFT_DATA_CARD = {
 #: the tokenizer's train_info.json with a wordfreq table (export.card.tokenizer_sources writes its entry in
 #: another key order than a source record's card fields)
 _TRAIN_INFO = {
+    "format_version": 1,
+    "kind": "portable",
+    "vocab_size": 8192,
     "source_records": [],
     "sources": [
         {
@@ -188,7 +192,7 @@ def _manifest() -> dict:
             for name, q in _QUANTIZATION.items()
         },
         "export_config": dataclasses.asdict(config),
-        "card": build_card(_SFT_DATA_CARD, _TRAIN_INFO).to_dict(),
+        "card": build_card(_SFT_DATA_CARD, TrainInfo.from_dict(_TRAIN_INFO)).to_dict(),
         "conformance": None,
         "card_quality": copy.deepcopy(_CARD_QUALITY),
     }
