@@ -379,7 +379,7 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
     ):
         return out
     # the trap it shows: the text corpus's natural mix, without word-count tables or source weights
-    naive = dataclasses.replace(cfg, kind="naive", out_dir=str(out), overwrite=True, word_counts={}, weights={})
+    naive = dataclasses.replace(cfg.corpus_only(), kind="naive", out_dir=str(out), overwrite=True)
     return train_tokenizer(naive)
 
 

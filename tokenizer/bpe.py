@@ -21,6 +21,7 @@ starts a document in training (an empty prompt is ``[<|bos|>]``); ``tokenizer_co
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -247,6 +248,14 @@ class TokenizerTrainConfig:
     )
     overwrite: bool = opt(False, "replace an existing tokenizer in out_dir")
     progress: bool = opt(True, "show the trainer's progress bars")
+
+    def corpus_only(self) -> TokenizerTrainConfig:
+        """This config without its word-count tables and the options that only shape them or the mix
+        (``word_counts``, ``wordfreq_chars``'s tables, ``bare_share``, ``capitalised_share``, ``weights``):
+        the text corpus's natural mix, what the audit's naive baseline trains on. A new option that only
+        applies to word-count tables must be reset here too (tests/tokenizer/test_audit.py trains the
+        baseline from a config that sets every one)."""
+        return dataclasses.replace(self, word_counts={}, bare_share={}, capitalised_share={}, weights={})
 
 
 # ---------------------------------------------------------------------------------------------- sampling

@@ -137,6 +137,39 @@ def test_wordfreq_lists_are_true_cased_and_carry_their_licence(corpus, tmp_path)
     assert {s["source"] for s in recorded} == {bn, str(corpus["en"]), "wordfreq:bn"}
 
 
+def test_the_naive_baseline_trains_from_a_config_with_every_word_list_option(corpus, tmp_path):
+    """The audit's naive baseline is the text corpus's natural mix: a tokenizer trained with word-count
+    tables, their weights and their bare and capitalised shares still gets one (it used to fail with
+    "bare_share.bn: 'bn' has no word_counts table" after dropping only the tables)."""
+    from dataclasses import fields
+
+    from prodip.tokenizer.audit import naive_baseline
+
+    bn = str(corpus["bn"])
+    tok = _train(
+        tmp_path,
+        "wf",
+        inputs={"bn": [bn], "en": [str(corpus["en"])]},
+        word_counts={"bn": ["wordfreq:bn"], "en": ["wordfreq:en"]},
+        wordfreq_chars=50_000,
+        weights={"wordfreq:bn": 3, bn: 2},
+        bare_share={"bn": 0.12},
+        capitalised_share={"en": 0.07},
+    )
+    naive = naive_baseline(tok, str(tmp_path / "naive"))
+    info = _info(naive)
+    assert info["kind"] == "naive"
+    assert {s["source"] for s in info["sources"]} == {bn, str(corpus["en"])}
+    assert all(s["kind"] == "text" and s["weight"] == 1 for s in info["sources"])
+    # every option whose help ties it to the word-count tables or the per-source mix is reset
+    cfg = TokenizerTrainConfig(word_counts={"bn": ["x"]}, bare_share={"bn": 0.1}, capitalised_share={"bn": 0.1})
+    cfg.weights = {"x": 2}
+    tied = ["word_counts"] + [f.name for f in fields(cfg) if "word_counts" in str(f.metadata.get("help", ""))]
+    assert set(tied) >= {"bare_share", "capitalised_share", "weights"}, tied
+    plain = cfg.corpus_only()
+    assert all(getattr(plain, name) == getattr(TokenizerTrainConfig(), name) for name in tied)
+
+
 def test_bad_weights_and_tables_are_refused(corpus, tmp_path):
     bn, en = str(corpus["bn"]), str(corpus["en"])
     inputs = {"bn": [bn], "en": [en]}
