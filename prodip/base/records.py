@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -60,7 +61,7 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
 
 R = TypeVar("R", bound="Record")
@@ -230,6 +231,88 @@ class Record(BaseModel):
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         return path
+
+
+# ---- replacing artifacts ---------------------------------------------------------------------
+
+
+def refuse_newer(record: type[Record], path: str | os.PathLike[str], *, action: str, instead: str) -> None:
+    """Refuse to replace or delete ``path`` when it holds ``record`` written by a newer prodip.
+
+    Code that deletes or rewrites an existing artifact (``--overwrite``, ``--force``, a stage rerun) calls
+    this first: a file of a newer ``format_version`` is not damage, and an older prodip must leave it alone.
+    A missing file, an older version, or a damaged one passes (the caller's own rules decide those).
+
+    Args:
+        record: the artifact's record class (its ``read`` decides the version).
+        path: the artifact file.
+        action: what would replace it, for the message (``"--overwrite"``, ``"prodip tokenizer audit"``).
+        instead: what the user can do instead (``"choose another out_dir"``).
+    Raises:
+        OutputExists: ``path`` has a ``format_version`` newer than every one ``record`` reads; the message (one
+            line) names the file, the version found and the versions read. Nothing is deleted.
+    """
+    try:
+        record.read(path)
+    except NewerFormat as err:
+        raise OutputExists(
+            f"{path}: written by a newer prodip (format_version {err.found}; this prodip reads "
+            f"{', '.join(map(str, err.reads))}); {action} does not replace it, nothing was removed. "
+            f"Upgrade prodip, or {instead}"
+        ) from None
+    except (MissingInput, RecordError, OSError):
+        return
+
+
+def check_replaceable_dir(
+    out: str | os.PathLike[str],
+    *,
+    what: str,
+    marker: str,
+    records: Iterable[type[Record]],
+    replace: bool,
+    option: str,
+    holds: str = "",
+    instead: str = "choose another out_dir",
+) -> bool:
+    """Check, before anything is written, that the folder ``out`` may be replaced by a new ``what``.
+
+    The folder is deleted and a new one renamed into its place only when it is one prodip made (it holds
+    ``marker``), the user asked for it (``replace``), and no record in it was written by a newer prodip.
+
+    Args:
+        out: the artifact folder (a shards dir, a tokenizer dir).
+        what: the artifact, for messages (``"shards dir"``).
+        marker: the file whose presence makes a non-empty folder one prodip made (``meta.json``).
+        records: the records kept in the folder; each at ``out / record.FILE`` is checked by :func:`refuse_newer`.
+        replace: the user asked to replace an existing one (``--overwrite true``).
+        option: how the user asks for that, for the message (``"--overwrite true"``).
+        holds: what an earlier one is called in "already holds ..." (default: ``a {what}``).
+        instead: what the user can do instead, for the messages.
+    Returns:
+        True when ``out`` holds an earlier ``what`` that will be replaced; False when it is absent or empty.
+    Raises:
+        OutputExists (one line, nothing deleted): ``out`` is a symbolic link or a file; is not empty and holds
+            no ``marker`` (not a prodip ``what``: never deleted, even with ``option``); holds a record of a
+            newer prodip (file and version named); or holds a ``what`` and ``replace`` is false.
+    """
+    out = Path(out)
+    if out.is_symlink():
+        raise OutputExists(f"{out}: is a symbolic link; give the real folder path ({instead})")
+    if out.exists() and not out.is_dir():
+        raise OutputExists(f"{out}: is a file, not a {what}; {instead}")
+    if not out.is_dir() or not any(out.iterdir()):
+        return False
+    if not (out / marker).is_file():
+        raise OutputExists(
+            f"{out}: is not empty and is not a {what} (no {marker}); {option} never deletes a folder prodip did "
+            f"not make. Empty it yourself, or {instead}"
+        )
+    for record in records:
+        refuse_newer(record, out / record.FILE, action=option, instead=instead)
+    if not replace:
+        raise OutputExists(f"{out}: already holds {holds or 'a ' + what}; {instead} or pass {option}")
+    return True
 
 
 def describe_errors(err: ValidationError, limit: int = 3) -> str:
