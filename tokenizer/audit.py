@@ -25,17 +25,15 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import regex
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from prodip.base.config import from_dict, opt, read_toml
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.records import Number, Record
+from prodip.base.records import refuse_newer
 from prodip.tokenizer.bpe import (
-    FORMAT_VERSION,
     RESERVED_TOKENS,
     TokenizerTrainConfig,
     TrainInfo,
@@ -46,43 +44,9 @@ from prodip.tokenizer.bpe import (
 )
 from prodip.tokenizer.corpus import ERROR_POLICIES, FORMATS_HELP, expand_inputs, iter_language
 from prodip.tokenizer.parity import format_parity, run_parity
+from prodip.tokenizer.records import FERTILITY_NAME, FORMAT_VERSION, FertilityReport
 
 log = logging.getLogger(__name__)
-FERTILITY_NAME = "fertility.json"
-
-
-class FertilityGate(BaseModel):
-    """``fertility.json`` ``gate``: the minimum characters per token per language, and the verdict."""
-
-    model_config = ConfigDict(extra="allow")
-
-    min_chars_per_token: dict[str, Number] = Field(default_factory=dict)
-    passed: StrictBool
-    failures: list[str] = Field(default_factory=list)
-
-
-class FertilityReport(Record):
-    """A tokenizer dir's ``fertility.json``: the audit (format_version 1, the tokenizer dir's version).
-    Written by :func:`run_audit` (``prodip tokenizer audit``), read by :func:`read_fertility`."""
-
-    FILE: ClassVar[str] = FERTILITY_NAME
-    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
-    READS: ClassVar[tuple[int, ...]] = (FORMAT_VERSION,)
-    MAKER: ClassVar[str] = "`prodip tokenizer audit`"
-
-    tokenizer_sha256: str
-    vocab_size: StrictInt
-    created_utc: str | None = None
-    config: dict[str, Any] | None = None
-    #: language -> figures (:func:`measure`)
-    languages: dict[str, dict[str, Any]]
-    #: ``train_info.json``'s ``sources`` (absent in audits made before sources were recorded)
-    training_sources: list[dict[str, Any]] | None = None
-    gate: FertilityGate
-    sample: dict[str, Any] | None = None
-    sample_warnings: list[str] = Field(default_factory=list)
-    baseline: dict[str, Any] | None = None
-    parity: dict[str, Any] | None = None
 
 
 def read_fertility(tokenizer_dir: str | os.PathLike) -> FertilityReport:
@@ -413,20 +377,25 @@ def parity_failures(parity: dict[str, Any]) -> list[str]:
     return failures
 
 
-def run_audit(cfg: AuditConfig) -> dict[str, Any]:
+def run_audit(cfg: AuditConfig) -> FertilityReport:
     """Audit ``cfg.tokenizer_dir``, write ``fertility.json`` into it and return the report.
 
     Returns:
-        {format_version, tokenizer_sha256, vocab_size, heldout, languages: {lang: figures}, gate: {
-         min_chars_per_token, passed, failures}, sample: {lang: {sample_chars, available_chars, used,
-         sample_share}} | null, sample_warnings: [str], baseline: null | {kind, tokenizer_dir, languages},
-         parity: null | the tokenizer/parity.py report}.
+        the :class:`FertilityReport` written (``tokenizer_sha256``, ``vocab_size``, ``config``, ``languages``:
+        {lang: figures}, ``gate``: {min_chars_per_token, passed, failures}, ``sample``: {lang: {sample_chars,
+        available_chars, used, sample_share}} | None, ``sample_warnings``, ``baseline``: None | {kind,
+        tokenizer_dir, languages}, ``parity``: None | the tokenizer/parity.py report).
 
     Raises:
         FileNotFoundError / ValueError: missing tokenizer or held-out files, a held-out file used in
             training, invalid UTF-8 (strict). The gate failing is *not* an exception: see ``gate.passed``.
+        FileExistsError: the dir's ``fertility.json`` was written by a newer prodip (its format_version
+            named); checked before any work, and the file is left as it is.
     """
     tok_dir = Path(cfg.tokenizer_dir)
+    refuse_newer(
+        FertilityReport, tok_dir / FERTILITY_NAME, action="prodip tokenizer audit", instead="audit a copy elsewhere"
+    )
     tok = load_tokenizer(tok_dir)
     info = read_train_info(tok_dir)
     training = info.training_files() if info is not None else []
@@ -467,20 +436,20 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         }
     record = FertilityReport.from_dict(report, tok_dir / FERTILITY_NAME)
     record.write(tok_dir / FERTILITY_NAME)
-    return record.to_dict()
+    return record
 
 
-def format_table(report: dict[str, Any]) -> str:
+def format_table(report: FertilityReport) -> str:
     """The audit as a fixed-width text table (ours, and the baseline's figures beside them)."""
-    base = (report.get("baseline") or {}).get("languages", {})
+    base = (report.baseline or {}).get("languages", {})
     head = (
         f"{'lang':<5} {'chars/tok':>9} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} "
         f"{'tok/char share':>14} {'lossless':>8}"
     )
     if base:
         head += f" | {'naive c/t':>9} {'naive t/w':>9} {'naive in%':>9} {'naive share':>11}"
-    lines = [f"tokenizer {report['tokenizer_sha256'][:12]} (vocab {report['vocab_size']})", head, "-" * len(head)]
-    for lang, m in report["languages"].items():
+    lines = [f"tokenizer {report.tokenizer_sha256[:12]} (vocab {report.vocab_size})", head, "-" * len(head)]
+    for lang, m in report.languages.items():
         line = (
             f"{lang:<5} {m['chars_per_token']:>9.3f} {m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
             f"{100 * m['inside_cluster_share']:>9.2f} {100 * m['byte_fallback_share']:>8.3f} "
@@ -493,11 +462,11 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}"
             )
         lines.append(line)
-    if report.get("parity"):
-        lines.append(format_parity(report["parity"]))
-    gate = report["gate"]
-    if gate["min_chars_per_token"] or report.get("parity"):
-        lines.append("gate: " + ("PASSED" if gate["passed"] else "FAILED: " + "; ".join(gate["failures"])))
+    if report.parity:
+        lines.append(format_parity(report.parity))
+    gate = report.gate
+    if gate.min_chars_per_token or report.parity:
+        lines.append("gate: " + ("PASSED" if gate.passed else "FAILED: " + "; ".join(gate.failures)))
     return "\n".join(lines)
 
 

@@ -39,9 +39,9 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
 from prodip.base.config import dump_toml, opt, to_dict
-from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, raise_for_room
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, check_replaceable_dir
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
 from prodip.tokenizer.corpus import (
     DOC_CHARS_HELP,
@@ -55,6 +55,7 @@ from prodip.tokenizer.corpus import (
 )
 from prodip.tokenizer.custom import train_custom
 from prodip.tokenizer.portable import DEFAULT_PRETOKENIZER, PRETOKENIZERS
+from prodip.tokenizer.records import FORMAT_VERSION, FertilityReport
 from prodip.tokenizer.wordcounts import (
     ASCII_DIGITS,
     WordCounts,
@@ -72,7 +73,6 @@ SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # ids 0, 1, 2 (fixed by CONT
 RESERVED_TOKENS = SPECIAL_TOKENS + CHAT_TOKENS
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-FORMAT_VERSION = 1
 TRAIN_INFO_FILE = "train_info.json"
 
 KINDS = ("portable", "custom", "naive")
@@ -600,6 +600,28 @@ def tokenizer_config(model_max_length: int = 2048, *, chat_tokens: bool = True) 
     }
 
 
+def check_tokenizer_out_dir(out: Path, overwrite: bool, *, option: str = "--overwrite true") -> bool:
+    """May the tokenizer dir ``out`` be (re)written? (:func:`prodip.base.records.check_replaceable_dir`).
+
+    Returns:
+        True when ``out`` holds an earlier tokenizer that will be replaced; False when absent or empty.
+    Raises:
+        FileExistsError (``OutputExists``, nothing deleted): ``out`` already holds a tokenizer and ``overwrite``
+            is false; is not empty and holds no ``tokenizer.json``; holds a ``train_info.json`` (the tokenizer
+            dir's version) or ``fertility.json`` written by a newer prodip (the file and its format_version
+            named); or is a file or a symbolic link.
+    """
+    return check_replaceable_dir(
+        out,
+        what="tokenizer dir",
+        marker="tokenizer.json",
+        holds="a tokenizer",
+        records=[TrainInfo, FertilityReport],
+        replace=overwrite,
+        option=option,
+    )
+
+
 def save_tokenizer_dir(
     tok: Tokenizer,
     out_dir: str | os.PathLike,
@@ -613,13 +635,10 @@ def save_tokenizer_dir(
     ``extra_files``: file name -> text, or a record (written by its :meth:`Record.write`).
 
     Raises:
-        FileExistsError: ``out_dir`` already holds a tokenizer and ``overwrite`` is false.
+        FileExistsError: see :func:`check_tokenizer_out_dir` (nothing is deleted then).
     """
     out = Path(out_dir)
-    if (out / "tokenizer.json").exists() and not overwrite:
-        raise OutputExists(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
-    if out.exists() and any(out.iterdir()) and not (out / "tokenizer.json").exists():
-        raise OutputExists(f"{out}: exists and is not a tokenizer dir; refusing to replace it")
+    check_tokenizer_out_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -686,8 +705,7 @@ def train_tokenizer(cfg: TokenizerTrainConfig) -> Path:
             f"{cfg.kind!r}): multi-word tokens are reproduced by no runtime but tokenizers"
         )
     out = Path(cfg.out_dir)
-    if (out / "tokenizer.json").exists() and not cfg.overwrite:
-        raise OutputExists(f"{out}: already holds a tokenizer; choose another out_dir or pass --overwrite true")
+    check_tokenizer_out_dir(out, cfg.overwrite)  # before the corpus is read (save checks again)
     start, cpu_start = time.perf_counter(), _cpu_s()
     text_files = expand_inputs(cfg.inputs) if cfg.inputs else {}
     count_files = {
@@ -862,7 +880,8 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
     valid). ``tokenizer_config.json`` gets ``additional_special_tokens`` and ``"chat_template"`` =
     :data:`prodip.base.chat.CHAT_TEMPLATE` (the mark of a chat model that export carries into every
     artifact); ``special_tokens_map.json`` lists the markers. Other files are copied as they are.
-    Written to a sibling temp dir and renamed into place (an existing ``out_dir`` is replaced).
+    Written to a sibling temp dir and renamed into place (an existing tokenizer in ``out_dir`` is replaced;
+    any other non-empty folder, or a tokenizer of a newer prodip, is refused: :func:`check_tokenizer_out_dir`).
 
     Args:
         src_dir: a tokenizer dir with prodip's special-token convention (:func:`load_tokenizer`).
@@ -871,9 +890,11 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
         ``{"added": [tokens appended], "ids": {token: id}, "vocab_size": tokens after}``.
     Raises:
         FileNotFoundError, InvalidInput: see :func:`load_tokenizer`.
+        FileExistsError: ``out_dir`` is not a tokenizer dir, or one of a newer prodip (nothing deleted).
     """
     src, out = Path(src_dir), Path(out_dir)
     tok = load_tokenizer(src)
+    check_tokenizer_out_dir(out, True, option="fine-tuning")
     missing = [t for t in CHAT_TOKENS if tok.token_to_id(t) is None]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

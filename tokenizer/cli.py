@@ -66,8 +66,8 @@ def _train(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     report = run_audit(_cfg(args))
     print(format_table(report))
-    if not report["gate"]["passed"]:
-        print("fertility gate failed: " + "; ".join(report["gate"]["failures"]), file=sys.stderr)
+    if not report.gate.passed:
+        print("fertility gate failed: " + "; ".join(report.gate.failures), file=sys.stderr)
         return 1
     return 0
 

@@ -25,8 +25,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from prodip.base.config import dump_toml, opt, to_dict
-from prodip.base.errors import InvalidInput, OutputExists
+from prodip.base.errors import InvalidInput
 from prodip.base.files import raise_for_room
+from prodip.base.records import check_replaceable_dir
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
 from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
@@ -231,7 +232,9 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
     Raises:
         FileNotFoundError: tokenizer dir or an input missing.
         ValueError: no inputs, an empty file, invalid UTF-8 (strict), bad JSONL/TSV.
-        FileExistsError: ``out_dir`` already holds shards and ``overwrite`` is false.
+        FileExistsError: ``out_dir`` already holds shards and ``overwrite`` is false; is not empty and not a
+            shards dir; or holds shards of a newer prodip (``meta.json`` and its format_version named).
+            Nothing is deleted (:func:`prodip.base.records.check_replaceable_dir`).
         prodip.base.sources.LicenseGateError: an input whose licence is unknown or unrecorded and not in
             ``include_unknown_license`` (before anything is read or written).
     """
@@ -243,11 +246,15 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
     files = expand_inputs(cfg.inputs, skipped=skipped)
     matched = match_sources(files, cfg.sources, cfg.include_unknown_license, what="data.inputs")
     out = Path(cfg.out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not (out / shards.META_NAME).exists():
-            raise OutputExists(f"{out}: exists and is not a shards dir; refusing to replace it")
-        if not cfg.overwrite:
-            raise OutputExists(f"{out}: already holds shards; choose another out_dir or pass --overwrite true")
+    check_replaceable_dir(
+        out,
+        what="shards dir",
+        marker=shards.META_NAME,
+        holds="shards",
+        records=[shards.ShardsMeta],
+        replace=cfg.overwrite,
+        option="--overwrite true",
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -30,10 +30,10 @@ def tokenizer_run(plan: Plan) -> None:
     bpe.train_tokenizer(dataclasses.replace(plan["tokenizer"], overwrite=True))
     report = audit.run_audit(plan["audit"])  # writes fertility.json
     print(audit.format_table(report), flush=True)
-    if not report["gate"]["passed"]:
+    if not report.gate.passed:
         raise StageFailed(
             "tokenizer fertility gate failed: "
-            + "; ".join(report["gate"]["failures"])
+            + "; ".join(report.gate.failures)
             + f" (see {Path(plan['tokenizer'].out_dir) / audit.FERTILITY_NAME})"
         )
 

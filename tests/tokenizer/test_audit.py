@@ -40,17 +40,17 @@ def test_audit_with_naive_baseline_shows_the_trap(tok_dir, heldout, tmp_path, ca
         baseline_dir=str(tmp_path / "naive"),
     )
     report = run_audit(cfg)
-    ours, naive = report["languages"], report["baseline"]["languages"]
-    assert report["gate"]["passed"] and ours["bn"]["lossless"] and naive["bn"]["lossless"]
+    ours, naive = report.languages, report.baseline["languages"]
+    assert report.gate.passed and ours["bn"]["lossless"] and naive["bn"]["lossless"]
     assert naive["bn"]["chars_per_token"] < 0.8 * ours["bn"]["chars_per_token"]
     assert naive["bn"]["inside_cluster_share"] > ours["bn"]["inside_cluster_share"]
     assert naive["bn"]["token_share_over_char_share"] > ours["bn"]["token_share_over_char_share"]
-    assert json.loads((tok_dir / "fertility.json").read_text())["tokenizer_sha256"] == report["tokenizer_sha256"]
+    assert json.loads((tok_dir / "fertility.json").read_text())["tokenizer_sha256"] == report.tokenizer_sha256
     gated = check_gate(tok_dir)
-    assert gated is not None and gated.gate.passed and gated.tokenizer_sha256 == report["tokenizer_sha256"]
+    assert gated is not None and gated.gate.passed and gated.tokenizer_sha256 == report.tokenizer_sha256
     # the parity table (runtime x language) is in the report and fertility.json, and printed
     parity = json.loads((tok_dir / "fertility.json").read_text())["parity"]
-    assert parity == report["parity"] and parity["passed"]
+    assert parity == report.parity and parity["passed"]
     assert set(parity["languages"]) == {"bn", "en", "tricky"}
     assert all(r["status"] in ("reference", "identical", "skipped") for r in parity["runtimes"].values())
     assert "tokenizer parity vs tokenizers" in format_table(report)
@@ -70,8 +70,8 @@ def test_parity_failure_fails_the_gate(tok_dir, heldout, monkeypatch):
     monkeypatch.setattr("prodip.tokenizer.audit.run_parity", differs)
     monkeypatch.setattr("prodip.tokenizer.audit.format_parity", lambda report: "")
     report = run_audit(AuditConfig(tokenizer_dir=str(tok_dir), heldout={"bn": [str(heldout["bn"])]}))
-    assert not report["gate"]["passed"]
-    assert report["gate"]["failures"] == ["parity: llama.cpp gives different ids on 1 texts (bn 1; first: bn 'কো')"]
+    assert not report.gate.passed
+    assert report.gate.failures == ["parity: llama.cpp gives different ids on 1 texts (bn 1; first: bn 'কো')"]
 
 
 def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
@@ -147,9 +147,9 @@ def test_gate_failure_says_what_to_change_with_figures(tok_dir, heldout):
             parity="off",
         )
     )
-    bn, xx = report["gate"]["failures"]
-    measured = report["languages"]["bn"]["chars_per_token"]
-    sample = report["sample"]["bn"]
+    bn, xx = report.gate.failures
+    measured = report.languages["bn"]["chars_per_token"]
+    sample = report.sample["bn"]
     assert (
         sample["sample_chars"] == info["sample_chars"]["bn"]
         and sample["available_chars"] == info["available_chars"]["bn"]
@@ -158,7 +158,7 @@ def test_gate_failure_says_what_to_change_with_figures(tok_dir, heldout):
         info["sample_chars"]["bn"] / sum(info["sample_chars"].values()), abs=1e-4
     )
     assert f"it held {sample['sample_chars']:,} bn characters" in bn and "[tokenizer] proportions" in bn
-    assert f"a larger [tokenizer] vocab_size (now {report['vocab_size']})" in bn
+    assert f"a larger [tokenizer] vocab_size (now {report.vocab_size})" in bn
     assert f"[audit] min_chars_per_token.bn (measured {measured:.3f})" in bn
     assert "add xx files to [audit] heldout" in xx
 
@@ -181,10 +181,10 @@ def test_proportions_that_cut_a_language_are_logged_and_recorded(corpus, heldout
         )
     )
     report = run_audit(AuditConfig(tokenizer_dir=str(tok), heldout={"bn": [str(heldout["bn"])]}, parity="off"))
-    en = report["sample"]["en"]
-    assert report["sample"]["bn"]["used"] >= 0.99 and en["used"] < 0.5
-    assert en["sample_chars"] <= 1.05 * report["sample"]["bn"]["sample_chars"]  # equal shares: bn's size
-    (warning,) = report["sample_warnings"]
+    en = report.sample["en"]
+    assert report.sample["bn"]["used"] >= 0.99 and en["used"] < 0.5
+    assert en["sample_chars"] <= 1.05 * report.sample["bn"]["sample_chars"]  # equal shares: bn's size
+    (warning,) = report.sample_warnings
     assert warning.startswith(f"en: the tokenizer in {tok} was trained on {en['sample_chars']:,} of ")
     assert "proportions set the sample's size from bn's text" in warning and warning in caplog.text
     assert json.loads((tok / "fertility.json").read_text())["sample_warnings"] == [warning]

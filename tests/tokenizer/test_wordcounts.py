@@ -133,7 +133,7 @@ def test_wordfreq_lists_are_true_cased_and_carry_their_licence(corpus, tmp_path)
         AuditConfig(tokenizer_dir=str(tok), heldout={"bn": [str(REPO / "data/heldout/udhr_ben.txt")]}, parity="off")
     )
     recorded = json.loads((tok / "fertility.json").read_text(encoding="utf-8"))["training_sources"]
-    assert recorded == report["training_sources"] == _info(tok)["sources"]
+    assert recorded == report.training_sources == _info(tok)["sources"]
     assert {s["source"] for s in recorded} == {bn, str(corpus["en"]), "wordfreq:bn"}
 
 
