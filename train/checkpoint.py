@@ -38,6 +38,7 @@ from safetensors.torch import load_file
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, writing
+from prodip.base.records import refuse_newer
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
 from prodip.train.records import CHECKPOINT_MANIFEST_FILE, TRAINER_STATE_FILE, CheckpointManifest, TrainerState
@@ -406,6 +407,8 @@ def write_snapshot(
         _fsync_dir(tmp)
         final = root / name
         if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
+            for record in (TrainerState, CheckpointManifest):  # never one a newer prodip wrote
+                refuse_newer(record, final / record.FILE, action="saving a checkpoint", instead="move it away")
             old = root / f".old_{name}_{os.getpid()}"
             os.replace(final, old)
             os.replace(tmp, final)
@@ -416,6 +419,24 @@ def write_snapshot(
         _write_latest(root, name)
     _prune(root, keep_last, keep=name)
     return final
+
+
+def refuse_newer_checkpoints(checkpoints_dir: str | os.PathLike, *, action: str = "prodip train") -> None:
+    """Refuse to train into ``checkpoints_dir`` when a step dir there was written by a newer prodip.
+
+    A run replaces a step dir of the number it saves and prunes the older ones (:func:`write_snapshot`), so a
+    checkpoint this prodip cannot read must stop the run before its first step, not be deleted by it.
+
+    Raises:
+        OutputExists: a ``step_*/trainer_state.json`` or ``manifest.json`` has a format_version newer than this
+            prodip reads (the file and the version named; :func:`prodip.base.records.refuse_newer`).
+    """
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        return
+    for step in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_")):
+        for record in (TrainerState, CheckpointManifest):
+            refuse_newer(record, step / record.FILE, action=action, instead="choose another --out-dir")
 
 
 def _write_latest(root: Path, name: str) -> None:

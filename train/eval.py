@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from prodip.base.config import opt
 from prodip.base.errors import InvalidInput
+from prodip.base.records import refuse_newer
 from prodip.tokenizer.bpe import load_tokenizer
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train.checkpoint import load_model
@@ -260,6 +261,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         ValueError: no checkpoint / nothing to score, ``seq_len`` > ``max_position_embeddings``,
             shards from another tokenizer or vocabulary, an unknown language, a bad MC file.
         FileNotFoundError: checkpoint, shards or MC file missing.
+        FileExistsError: the ``eval.json`` to write was written by a newer prodip (its format_version named;
+            left as it is).
     """
 
     if not cfg.checkpoint:
@@ -281,6 +284,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
     tokenizer = load_tokenizer(info["tokenizer_dir"])
     out = Path(cfg.out) if cfg.out else default_out(Path(info["checkpoint_dir"]))
+    refuse_newer(EvalReport, out, action="prodip eval", instead="give another --out")  # before the scoring
     result: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

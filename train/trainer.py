@@ -404,6 +404,7 @@ class _Run:
                 f"{self.ckpt_dir} already holds checkpoints; pass --resume to continue "
                 "that run, or choose another --out-dir"
             )
+        checkpoint.refuse_newer_checkpoints(self.ckpt_dir)  # saving replaces and prunes step dirs
         determinism.configure(cfg.deterministic, self.device)
         self.attn = self._attention_kernel()
         self.fsdp = cfg.parallel == "fsdp" and info.world_size > 1

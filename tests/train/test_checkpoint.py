@@ -179,3 +179,38 @@ def test_optimizer_state_round_trip(tmp_path, tiny_tokenizer_dir, tiny_model_con
     for idx in sd["state"]:
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(sd["state"][idx][name], sd2["state"][idx][name])
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_train_refuses_a_checkpoint_of_a_newer_prodip(
+    tmp_path, tiny_tokenizer_dir, tiny_shards_dir, tiny_model_config, capsys, resume
+):
+    """A run saves over a step dir of the same number and prunes older ones: a checkpoint a newer prodip wrote
+    stops `prodip train` before its first step (exit 2, one line naming the file and the version), untouched."""
+    from prodip.cli import main as prodip_main
+
+    run = tmp_path / "run"
+    step = ck.save_checkpoint(
+        run / "checkpoints",
+        step=1,
+        model=_model(tiny_model_config),
+        model_config=tiny_model_config,
+        tokenizer_dir=tiny_tokenizer_dir,
+    )
+    state = json.loads((step / "trainer_state.json").read_text())
+    (step / "trainer_state.json").write_text(json.dumps({**state, "format_version": 7}, sort_keys=True))
+    if not resume:  # no `latest`: a fresh run would save step dirs beside it and prune it
+        (run / "checkpoints" / "latest").unlink()
+    before = _snapshot(run)
+    argv = ["train", "--shards-dir", str(tiny_shards_dir), "--tokenizer-dir", str(tiny_tokenizer_dir)]
+    argv += ["--out-dir", str(run), "--steps", "2", "--batch-size", "2", "--seq-len", "16", "--device", "cpu"]
+    argv += ["--progress", "false", *(["--resume"] if resume else [])]
+    assert prodip_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{step / 'trainer_state.json'}: written by a newer prodip (format_version 7; this prodip reads 1)" in err
+    assert _snapshot(run) == before

@@ -355,3 +355,20 @@ def test_conflicting_mc_files_are_refused(tmp_path, capsys):
 
     assert main(["eval", "--mc", str(tmp_path / "a.jsonl"), "--mc-file", str(tmp_path / "b.jsonl")]) == 2
     assert "two multiple-choice files given" in capsys.readouterr().err
+
+
+def test_prodip_eval_refuses_an_eval_json_of_a_newer_prodip(eval_env, tmp_path, capsys) -> None:
+    """`prodip eval --out` over an eval.json a newer prodip wrote: exit 2, one line naming the file and its
+    format_version, the file unchanged."""
+    from prodip.cli import main
+
+    run, shards, _, _ = eval_env
+    out = tmp_path / "eval.json"
+    out.write_text(json.dumps({"format_version": 6, "languages": {}}))
+    before = out.read_bytes()
+    argv = ["eval", "--checkpoint", str(run), "--shards-dir", str(shards), "--out", str(out), "--eval-tokens", "64"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{out}: written by a newer prodip (format_version 6; this prodip reads 1)" in err
+    assert out.read_bytes() == before
