@@ -40,14 +40,30 @@ from prodip.base.config import (
 )
 from prodip.base.errors import MissingInput, OutputExists
 from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
-from prodip.base.records import Record
+from prodip.base.manifest import MANIFEST_FILE, ExportManifest
+from prodip.base.records import Record, refuse_newer
 from prodip.base.stage import STAGE_TIMES_FILE, Stage, StageTimes, made_from
+from prodip.conformance.report import REPORT_FILE, ConformanceReport
 from prodip.conformance.stage import STAGES as _CONFORMANCE
 from prodip.export.stage import STAGES as _EXPORT
 from prodip.serve.stage import STAGES as _SERVE
+from prodip.serve.stage import Completions
 from prodip.summary import print_summary
+from prodip.tokenizer.bpe import TRAIN_INFO_FILE, TrainInfo
 from prodip.tokenizer.corpus import expand_inputs
+from prodip.tokenizer.records import FERTILITY_NAME, FertilityReport
+from prodip.tokenizer.shards import META_NAME, ShardsMeta
 from prodip.tokenizer.stage import STAGES as _TOKENIZER
+from prodip.train.checkpoint import CHECKPOINTS_DIRNAME
+from prodip.train.records import (
+    CHECKPOINT_MANIFEST_FILE,
+    SFT_EVAL_FILE,
+    TRAINER_STATE_FILE,
+    CheckpointManifest,
+    EvalReport,
+    SftEvalReport,
+    TrainerState,
+)
 from prodip.train.stage import STAGES as _TRAIN
 
 log = logging.getLogger("prodip.run")
@@ -317,6 +333,44 @@ class RunMarker(Record):
     config: str = "config.toml"
 
 
+def _run_artifacts(plan: dict[str, Any], out_dir: Path) -> list[tuple[type[Record], Path]]:
+    """Every JSON artifact a run (re)writes or ``--force`` removes, with its record: ``OUT_DIR``'s own files,
+    then each stage's (the plan's paths), the checkpoints of the training and fine-tuning runs included."""
+    found: list[tuple[type[Record], Path]] = [
+        (record, out_dir / record.FILE) for record in (RunMarker, StageTimes, CorpusStamps, Completions)
+    ]
+    tok = Path(plan["tokenizer"].out_dir)
+    found += [(TrainInfo, tok / TRAIN_INFO_FILE), (FertilityReport, tok / FERTILITY_NAME)]
+    found.append((ShardsMeta, Path(plan["data"].out_dir) / META_NAME))
+    if plan["eval"].out:
+        found.append((EvalReport, Path(plan["eval"].out)))
+    runs = [Path(plan["train"].out_dir)]
+    sft = plan.get("sft")
+    if sft is not None:
+        runs.append(Path(sft.out_dir))
+        found.append((SftEvalReport, Path(sft.out_dir) / SFT_EVAL_FILE))
+    for run in runs:
+        for step in sorted((run / CHECKPOINTS_DIRNAME).glob("step_*")):
+            found += [(TrainerState, step / TRAINER_STATE_FILE), (CheckpointManifest, step / CHECKPOINT_MANIFEST_FILE)]
+    found.append((ExportManifest, Path(plan["export"].out) / MANIFEST_FILE))
+    report_dir = plan["conformance"].out or Path(plan["export"].out) / "conformance"  # unset: inside the export
+    found.append((ConformanceReport, Path(report_dir) / REPORT_FILE))
+    return found
+
+
+def _refuse_newer_artifacts(plan: dict[str, Any], out_dir: Path, force: bool) -> None:
+    """Refuse a run over artifacts a newer prodip wrote, before anything is written or removed: a stage's
+    done-check takes one as "not done" and would rewrite it, and ``--force`` would delete it.
+
+    Raises:
+        OutputExists: one of :func:`_run_artifacts` has a format_version newer than this prodip reads (the
+            file and the version named; :func:`prodip.base.records.refuse_newer`).
+    """
+    action = "prodip run --force" if force else "prodip run"
+    for record, path in _run_artifacts(plan, out_dir):
+        refuse_newer(record, path, action=action, instead="choose another --out-dir")
+
+
 def _identity(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         k: ({kk: vv for kk, vv in v.items() if kk not in _RUNTIME_KEYS} if isinstance(v, dict) else v)
@@ -400,6 +454,8 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     Raises:
         ConfigError, FileExistsError, FileNotFoundError, ValueError: from the stages, naming the
         file or key at fault; the artifacts of completed stages are kept.
+        FileExistsError: an artifact of the run was written by a newer prodip (file and format_version
+        named; :func:`_refuse_newer_artifacts`), before anything is written or removed.
     """
     run, tables = load_run_config(config_path, args)
     out_dir = Path(run.out_dir)
@@ -409,6 +465,7 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()},
     }
     check_plan(plan, run.stages, source=str(config_path))
+    _refuse_newer_artifacts(plan, out_dir, run.force)
     _check_out_dir(
         out_dir, resolved, run.force, started=any(STAGES[n].active(plan) and STAGES[n].done(plan) for n in ORDER[:-1])
     )

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from prodip.base.errors import StageFailed
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, refuse_newer
 from prodip.base.stage import Plan, Stage
 
 COMPLETIONS_FILE = "completions.json"
@@ -191,7 +191,10 @@ def serve_run(
         the :class:`Completions` it wrote to ``OUT_DIR/completions.json`` (with the parameters used).
     Raises:
         StageFailed: the server does not come up or refuses a request (its message and status named).
+        FileExistsError: ``OUT_DIR/completions.json`` was written by a newer prodip (its format_version
+            named); checked before the server starts, and the file is left as it is.
     """
+    refuse_newer(Completions, out_dir / COMPLETIONS_FILE, action="the serve stage", instead="choose another --out-dir")
     sampling = {"temperature": 0.0, **(sampling or {})}
     cfg = plan["serve"]
     port = free_port()

@@ -365,6 +365,38 @@ def test_force_never_deletes_a_folder_prodip_did_not_make(tmp_path):
     assert (project / "src" / "main.py").read_text() == "print(1)\n"
 
 
+@pytest.mark.parametrize(
+    ("rel", "version", "reads"),
+    [
+        ("shards/meta.json", 5, "2"),
+        ("completions.json", 3, "1"),
+        ("train/checkpoints/step_0000004/trainer_state.json", 4, "1"),
+        ("export/manifest.json", 2, "1"),
+    ],
+)
+@pytest.mark.parametrize("force", [False, True])
+def test_run_refuses_artifacts_of_a_newer_prodip_before_removing_any(tmp_path, capsys, rel, version, reads, force):
+    """A run dir of this prodip (its marker reads) holding one artifact a newer prodip wrote: `prodip run`
+    would take it as "not done" and rewrite it, `--force` (another config) would delete the folder. Both stop
+    first: exit 2, one line naming the file and its format_version, every file unchanged."""
+    from prodip.cli import main as prodip_main
+
+    run = tmp_path / "run"
+    (run / rel).parent.mkdir(parents=True)
+    (run / rel).write_text(json.dumps({"format_version": version}), encoding="utf-8")
+    (run / "prodip_run.json").write_text('{"format_version": 1, "config": "config.toml"}\n', encoding="utf-8")
+    (run / "config.toml").write_text('out_dir = "elsewhere"\n', encoding="utf-8")  # another config
+    before = {p.relative_to(run).as_posix(): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('stages = ["tokenizer"]\n[tokenizer]\ninputs = {bn = ["data/bn"]}\n', encoding="utf-8")
+    assert prodip_main(["run", str(cfg), "--out-dir", str(run), *(["--force"] if force else [])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{run / rel}: written by a newer prodip (format_version {version}; this prodip reads {reads})" in err
+    assert ("prodip run --force does not" if force else "prodip run does not") in err
+    assert {p.relative_to(run).as_posix(): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
 def test_cross_table_errors_come_before_any_stage(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text(
@@ -542,5 +574,7 @@ def test_run_marker_and_corpus_stamps_are_records_and_old_stamps_still_read(tmp_
         "stages": {"tokenizer": fingerprint},
     }
     (run / "prodip_run.json").write_text('{"format_version": 9, "config": "config.toml"}\n')
-    with pytest.raises(UserError, match=r"prodip_run.json: format_version 9 is not one this prodip reads \(reads 1"):
+    with pytest.raises(
+        UserError, match=r"prodip_run.json: written by a newer prodip \(format_version 9; this prodip reads 1"
+    ):
         pipeline.run_pipeline(str(cfg))
