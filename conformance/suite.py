@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from prodip.base.config import ConfigError
-from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.manifest import (
     CardQuality,
     ExportManifest,
@@ -34,7 +34,7 @@ from prodip.base.manifest import (
     tool_versions,
     verify_files,
 )
-from prodip.base.records import NewerFormat, RecordError
+from prodip.base.records import refuse_newer
 from prodip.conformance import card, device_runners, measure, runners
 from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION, check_chat, reference_ids
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
@@ -543,15 +543,8 @@ def _remove_previous_report(out: Path) -> None:
         OutputExists: the earlier ``report.json`` was written by a newer prodip (its format_version
             named); nothing is deleted.
     """
-    try:
-        ConformanceReport.read(out / REPORT_FILE)
-    except NewerFormat as err:
-        raise OutputExists(
-            f"{out / REPORT_FILE}: a report of a newer prodip (format_version {err.found}; this prodip reads "
-            f"{', '.join(map(str, err.reads))}); not replaced. Upgrade prodip, or give another --out"
-        ) from None
-    except (MissingInput, RecordError, OSError):
-        pass  # none, or a damaged one: replaced
+    # none, or a damaged one: replaced
+    refuse_newer(ConformanceReport, out / REPORT_FILE, action="prodip conformance", instead="give another --out")
     for name in ("report.json", "report.md"):
         if (out / name).is_file():
             logger.info("conformance: removing the previous %s before this run", out / name)

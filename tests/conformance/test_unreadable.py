@@ -70,6 +70,6 @@ def test_a_newer_export_or_report_is_refused_before_the_old_report_is_removed(tm
         json.dumps({"format_version": 1, "source_checkpoint": {}, "files": {}, "variants": {}})
     )
     report.write_text(json.dumps({"format_version": 3, "passed": True, "variants": {}}))
-    with pytest.raises(OutputExists, match=r"conformance/report.json: a report of a newer prodip \(format_version 3;"):
+    with pytest.raises(OutputExists, match=r"conformance/report.json: written by a newer prodip \(format_version 3;"):
         run_conformance(cfg)
     assert report.is_file() and md.is_file()
