@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from prodip.base.config import (
     ConfigError,
@@ -41,7 +41,7 @@ from prodip.base.config import (
 from prodip.base.errors import MissingInput, OutputExists
 from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
-from prodip.base.records import Record, refuse_newer
+from prodip.base.records import Number, Record, refuse_newer
 from prodip.base.stage import STAGE_TIMES_FILE, Stage, StageTimes, made_from
 from prodip.conformance.report import REPORT_FILE, ConformanceReport
 from prodip.conformance.stage import STAGES as _CONFORMANCE
@@ -318,6 +318,7 @@ _NOT_IDENTITY = (
 )
 _RUNTIME_KEYS = ("progress", "max_steps_this_run", "resume", "force", "overwrite", "threads", "write_manifest")
 RUN_MARKER = "prodip_run.json"  # written by `prodip run` only: --force deletes nothing without it
+SUMMARY_FILE = "summary.json"
 
 
 class RunMarker(Record):
@@ -333,11 +334,38 @@ class RunMarker(Record):
     config: str = "config.toml"
 
 
+class RunSummary(Record):
+    """``OUT_DIR/summary.json`` (format_version 1): the figures ``prodip run`` printed at its end, read back
+    from the run's artifacts (:func:`prodip.summary.print_summary`), with the verdict. Written by
+    :func:`run_pipeline` when every stage asked for completed (a paused run writes none); read with
+    ``RunSummary.read``. The artifacts' parts are kept as their files hold them (``None``: not made)."""
+
+    FILE: ClassVar[str] = SUMMARY_FILE
+    MAKER: ClassVar[str] = "`prodip run`"
+    TRAILING_NEWLINE: ClassVar[bool] = False
+
+    out_dir: str
+    #: fertility.json, eval.json, sft_eval.json, the export's manifest.json, conformance's report.json and
+    #: completions.json as their records' dicts
+    fertility: dict[str, Any] | None = None
+    eval: dict[str, Any] | None = None
+    sft: dict[str, Any] | None = None
+    export_manifest: dict[str, Any] | None = None
+    conformance: dict[str, Any] | None = None
+    completions: dict[str, Any] | None = None
+    #: stage -> wall seconds of this invocation
+    timings_s: dict[str, Number] = Field(default_factory=dict)
+    #: stage -> {seconds, complete, invocations} over every invocation (``stage_times.json``)
+    stage_times: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    ok: StrictBool
+    problems: list[str] = Field(default_factory=list)
+
+
 def _run_artifacts(plan: dict[str, Any], out_dir: Path) -> list[tuple[type[Record], Path]]:
     """Every JSON artifact a run (re)writes or ``--force`` removes, with its record: ``OUT_DIR``'s own files,
     then each stage's (the plan's paths), the checkpoints of the training and fine-tuning runs included."""
     found: list[tuple[type[Record], Path]] = [
-        (record, out_dir / record.FILE) for record in (RunMarker, StageTimes, CorpusStamps, Completions)
+        (record, out_dir / record.FILE) for record in (RunMarker, StageTimes, CorpusStamps, Completions, RunSummary)
     ]
     tok = Path(plan["tokenizer"].out_dir)
     found += [(TrainInfo, tok / TRAIN_INFO_FILE), (FertilityReport, tok / FERTILITY_NAME)]
@@ -507,7 +535,7 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         _stamp_corpus(out_dir, plan, name)
         print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
     summary = print_summary(plan, out_dir, timings, {k: v for k, v in times.stages.items() if k in run.stages})
-    write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
+    RunSummary.from_dict(summary, out_dir / SUMMARY_FILE).write(out_dir / SUMMARY_FILE)
     return summary
 
 

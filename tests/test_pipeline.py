@@ -191,8 +191,11 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
 
     completions = json.loads((run / "completions.json").read_text())["completions"]
     assert set(completions) == {"bn", "en"} and all(c["completion"] for c in completions.values())
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["ok"] is True
+    from prodip.pipeline import RunSummary
+
+    summary = RunSummary.read(run / "summary.json")
+    assert summary.ok is True and summary.problems == [] and summary.out_dir == str(run)
+    assert summary.format_version == 1 and summary.completions is not None
     for heading in (
         "tokenizer fertility",
         "trained model vs random-initialised twin",
@@ -370,6 +373,7 @@ def test_force_never_deletes_a_folder_prodip_did_not_make(tmp_path):
     [
         ("shards/meta.json", 5, "2"),
         ("completions.json", 3, "1"),
+        ("summary.json", 2, "1"),
         ("train/checkpoints/step_0000004/trainer_state.json", 4, "1"),
         ("export/manifest.json", 2, "1"),
     ],

@@ -33,6 +33,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "completions.json": ("serve/stage.py",),
     "prodip_run.json": ("prodip/pipeline.py",),
     "corpus_inputs.json": ("prodip/pipeline.py",),
+    "summary.json": ("prodip/pipeline.py",),
 }
 #: the constants the code names those files by -> the file
 CONSTANTS = {
@@ -49,6 +50,7 @@ CONSTANTS = {
     "COMPLETIONS_FILE": "completions.json",
     "RUN_MARKER": "prodip_run.json",
     "CORPUS_STAMPS": "corpus_inputs.json",
+    "SUMMARY_FILE": "summary.json",
 }
 #: calls that open, parse or write an artifact's text
 JSON_CALLS = {
@@ -146,7 +148,8 @@ def bad(d, ckpt, out, plan):
     said = read_json_or_none(out / "completions.json")
     write_text_atomic(out / RUN_MARKER, "{}")
     stamps = read_json_or_none(out / CORPUS_STAMPS) or {}
-    return n, ok, step, passed, info, said, stamps
+    verdict = json.loads((out / "summary.json").read_text())["ok"]
+    return n, ok, step, passed, info, said, stamps, verdict
 """
 
 
@@ -164,6 +167,7 @@ def test_a_planted_violation_of_each_kind_is_caught():
         "completions.json",
         "prodip_run.json",
         "corpus_inputs.json",
+        "summary.json",
     ):
         assert f"on {artifact}" in joined, (artifact, joined)
     assert all(v.startswith("serve/fake.py:") for v in found)

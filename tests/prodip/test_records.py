@@ -277,7 +277,7 @@ def _artifact_examples():
     """(record class, a minimal file as its writer lays it out, a required field) for every artifact."""
     from prodip.base.stage import StageTimes
     from prodip.conformance.report import ConformanceReport
-    from prodip.pipeline import CorpusStamps, RunMarker
+    from prodip.pipeline import CorpusStamps, RunMarker, RunSummary
     from prodip.serve.stage import Completions
     from prodip.tokenizer.audit import FertilityReport
     from prodip.tokenizer.bpe import TrainInfo
@@ -426,6 +426,24 @@ def _artifact_examples():
         ),
         (RunMarker, {"format_version": 1, "config": "config.toml"}, "format_version"),
         (CorpusStamps, {"format_version": 1, "stages": {"tokenizer": "a" * 64, "data": None}}, "format_version"),
+        (
+            RunSummary,
+            {
+                "format_version": 1,
+                "out_dir": "runs/ক",
+                "fertility": {"format_version": 1, "languages": {"bn": {"chars_per_token": 4.38}}},
+                "eval": None,
+                "sft": None,
+                "export_manifest": None,
+                "conformance": None,
+                "completions": {"format_version": 1, "completions": {"bn": {"completion": "আমি"}}},
+                "timings_s": {"tokenizer": 1.5, "serve": 2},
+                "stage_times": {"tokenizer": {"seconds": 1.5, "complete": True, "invocations": 1}},
+                "ok": False,
+                "problems": ["the bn completion is empty or blank"],
+            },
+            "ok",
+        ),
     ]
 
 
