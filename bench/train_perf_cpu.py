@@ -42,6 +42,7 @@ from prodip.train.config import ModelConfig
 from prodip.train.loop import build_optimizer
 from prodip.train.loss import linear_cross_entropy
 from prodip.train.model import LlamaForCausalLM, LlamaRMSNorm
+from prodip.train.records import CheckpointManifest
 from prodip.train.saver import AsyncCheckpointer
 
 MODEL_0P4B = dict(
@@ -78,8 +79,8 @@ def blocking_save(root: Path, step: int, model, cfg: ModelConfig, opt, tok: Path
     save_file(snap.model, str(tmp / ck.MODEL_FILE), metadata={"format": "pt"})
     save_file(snap.optimizer, str(tmp / ck.OPTIMIZER_FILE), metadata={"optimizer": snap.optimizer_meta})
     save_file(snap.rng, str(tmp / ck.RNG_FILE))
-    files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())}
-    (tmp / ck.MANIFEST_FILE).write_text(json.dumps(files))
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
+    CheckpointManifest.from_dict({"format_version": ck.FORMAT_VERSION, "files": files}).write(tmp / ck.MANIFEST_FILE)
     for p in tmp.iterdir():
         with open(p, "rb+") as fh:
             os.fsync(fh.fileno())

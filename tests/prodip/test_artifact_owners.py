@@ -1,12 +1,13 @@
 """Every JSON artifact is read and written only by its owner, through its typed record (CONTRACTS.md).
 
-An AST scan of the package: a call that opens, parses or writes an artifact's text (``open``, ``.read_text``,
+An AST scan of the package and of bench/ (the benchmarks, the bare-python orchestrator of bench/gpu/bench.py
+exempted in :data:`EXEMPT`): a call that opens, parses or writes an artifact's text (``open``, ``.read_text``,
 ``json.load(s)``, ``read_json_or_none``, ``write_text_atomic``, ``.write_text``, or any function whose name
 says json, such as a private ``_read_json``) whose arguments or receiver name an artifact's
 file (the literal ``"meta.json"``, or a constant such as ``TRAINER_STATE_FILE``) is allowed only in that
 artifact's owner modules. Everyone else goes through the record (``ShardsMeta.read``, ``load_manifest``,
-``EvalReport.read_or_none``, ...). The scan has no exceptions on the tree, and a planted violation of each
-kind is caught.
+``EvalReport.read_or_none``, ...). The scan finds nothing on the tree beyond :data:`EXEMPT` (each entry
+still needed), and a planted violation of each kind is caught.
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 #: the package's source folders (pyproject's [tool.setuptools.package-dir])
 PACKAGE_DIRS = ("prodip", "tokenizer", "train", "export", "conformance", "serve")
+#: the benchmarks, run with the package importable: they read artifacts through the records too
+SCANNED_DIRS = (*PACKAGE_DIRS, "bench")
+
+#: (module, top-level class or function, artifact): JSON calls on an artifact allowed outside its owners.
+#: Each is there by design; the scan fails when one is no longer needed (so none outlives its reason).
+EXEMPT = {
+    # bench/gpu/bench.py's orchestrator (class Bench) runs on the GPU image's bare python3, without the
+    # prodip package or pydantic on its path (it unpacks them for the workers it starts, which read through
+    # the records): it reads the shards' meta.json itself. (Its read of conformance's report.json names the
+    # file through a variable, which the scan does not see.)
+    ("bench/gpu/bench.py", "Bench", "meta.json"),
+}
 
 #: artifact file name -> the modules that may read or write it with JSON calls (its owners)
 OWNERS: dict[str, tuple[str, ...]] = {
@@ -89,10 +102,30 @@ def _artifacts_named(node: ast.AST) -> set[str]:
     return found
 
 
-def violations(source: str, module: str) -> list[str]:
-    """``module:line: call names artifact`` for each JSON call outside the artifact's owners."""
+def _top_level_names(tree: ast.Module) -> list[tuple[int, int, str]]:
+    """(first line, last line, name) of each top-level class and function."""
+    return [
+        (n.lineno, n.end_lineno or n.lineno, n.name)
+        for n in tree.body
+        if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+
+
+def _exempt(module: str, tree: ast.Module, line: int, artifact: str, used: set | None) -> bool:
+    for first, last, name in _top_level_names(tree):
+        if first <= line <= last and (module, name, artifact) in EXEMPT:
+            if used is not None:
+                used.add((module, name, artifact))
+            return True
+    return False
+
+
+def violations(source: str, module: str, used: set | None = None) -> list[str]:
+    """``module:line: call names artifact`` for each JSON call outside the artifact's owners (and not in
+    :data:`EXEMPT`; the exemptions that matched are added to ``used``)."""
     out = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
         name = _call_name(node.func) if isinstance(node, ast.Call) else ""
         if not (name in JSON_CALLS or "json" in name.lower()):
             continue  # a private helper such as _read_json / _write_json_atomic counts as a JSON call
@@ -102,22 +135,41 @@ def violations(source: str, module: str) -> list[str]:
         if isinstance(node.func, ast.Attribute):  # (path / "meta.json").write_text(...)
             named |= _artifacts_named(node.func.value)
         for artifact in sorted(named):
-            if module not in OWNERS[artifact]:
+            if module not in OWNERS[artifact] and not _exempt(module, tree, node.lineno, artifact, used):
                 out.append(
                     f"{module}:{node.lineno}: {_call_name(node.func)} on {artifact} (owners: {OWNERS[artifact]})"
                 )
     return out
 
 
-def _package_modules() -> list[Path]:
-    return sorted(p for d in PACKAGE_DIRS for p in (ROOT / d).rglob("*.py"))
+def _scanned_modules() -> list[Path]:
+    return sorted(p for d in SCANNED_DIRS for p in (ROOT / d).rglob("*.py"))
 
 
 def test_no_artifact_is_read_or_written_outside_its_owner():
-    modules = _package_modules()
+    modules = _scanned_modules()
     assert len(modules) > 60  # the scan sees the package (not an empty folder)
-    found = [v for p in modules for v in violations(p.read_text(encoding="utf-8"), p.relative_to(ROOT).as_posix())]
+    assert ROOT / "bench" / "gpu" / "bench.py" in modules and ROOT / "bench" / "train_perf_cpu.py" in modules
+    used: set = set()
+    found = [
+        v for p in modules for v in violations(p.read_text(encoding="utf-8"), p.relative_to(ROOT).as_posix(), used)
+    ]
     assert found == [], "\n".join(found)
+    assert used == EXEMPT, f"exemptions no longer needed (remove them): {sorted(EXEMPT - used)}"
+
+
+def test_an_exemption_covers_only_its_own_class():
+    """bench/gpu/bench.py's orchestrator may read meta.json; a worker function in the same file may not."""
+    source = (
+        "import json\n"
+        "class Bench:\n"
+        "    def data(self, shards):\n"
+        "        return json.loads((shards / 'meta.json').read_text())\n"
+        "def worker_train(shards):\n"
+        "    return json.loads((shards / 'meta.json').read_text())\n"
+    )
+    found = violations(source, "bench/gpu/bench.py")
+    assert found and all(v.startswith("bench/gpu/bench.py:6: ") for v in found), found
 
 
 def test_owners_exist_and_still_own_their_artifact():
