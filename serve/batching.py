@@ -337,11 +337,18 @@ class BatchScheduler:
         self._groups.append(group)
 
     def _forward(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+        seqs: list[Sequence],
     ) -> tuple[np.ndarray, list[Any]]:
-        """:meth:`OnnxDecoder.forward`, after ``on_step``."""
+        """:meth:`OnnxDecoder.forward`, after ``on_step``; a cache it allocates holds the most tokens any
+        of ``seqs`` (the call's rows) can reach: prompt + max new tokens."""
         self.on_step()
-        return self.decoder.forward(input_ids, attention_mask, position_ids, past)
+        reserve = max(len(s.prompt_ids) + s.params.max_new_tokens for s in seqs)
+        return self.decoder.forward(input_ids, attention_mask, position_ids, past, reserve)
 
     def _report_depth(self) -> None:
         """Tell ``on_queue_depth`` the current waiting and running counts (engine thread)."""
@@ -367,7 +374,7 @@ class BatchScheduler:
             ids = np.array([s.prompt_ids for s in same], np.int64)
             mask = np.ones(ids.shape, np.int64)
             pos = np.broadcast_to(np.arange(T, dtype=np.int64), ids.shape)
-            logits, present = self._forward(ids, mask, pos, self.decoder.empty_past(len(same)))
+            logits, present = self._forward(ids, mask, pos, self.decoder.empty_past(len(same)), same)
             keep = []
             for r, s in enumerate(same):
                 if s.params.prompt_logprobs:
@@ -397,7 +404,7 @@ class BatchScheduler:
             mask = np.ones((B, int(b.lengths[0]) + 1), np.int64)
         else:  # shared-buffer graph: each row's ones are its own past + this token, padding on the right
             mask = (np.arange(int(b.lengths.max()) + 1) <= b.lengths[:, None]).astype(np.int64)
-        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None].copy(), b.past)
+        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None].copy(), b.past, b.seqs)
         b = _Batch(b.seqs, present, b.lengths + 1, b.next_ids.copy())
         for r, s in enumerate(b.seqs):
             s.step(logits[r, -1])

@@ -396,7 +396,12 @@ class OnnxDecoder:
         return [np.zeros(shape, np.float32) for _ in self.past_names]
 
     def forward(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+        reserve: int = 0,
     ) -> tuple[np.ndarray, list[Any]]:
         """Run the graph once.
 
@@ -411,6 +416,9 @@ class OnnxDecoder:
             position_ids: (B, T) int64.
             past: 2 * layers caches (B, Hkv, P, Dh) float32 in (layer, key|value) order, each a numpy
                 array or an OrtValue from a previous call.
+            reserve: shared-buffer graph: the most tokens any row of this call will hold (prompt +
+                max new tokens; 0: unknown). A cache that must be (re)allocated gets this capacity, so
+                it is allocated once, as onnxruntime-genai allocates ``max_length``; else it doubles.
         Returns:
             logits (B, T, V) float32 numpy and present, 2 * layers OrtValues (B', Hkv, P+T, Dh) float32
             (shared-buffer graph: (B', Hkv, capacity >= P+T, Dh), the first P+T slots valid). B' = B,
@@ -423,19 +431,24 @@ class OnnxDecoder:
             # doubled once (after a prefill, or when rows left)
             past = past if cache_rows(past[0]) > B else [_with_twin(to_numpy(p)) for p in past]
             logits, present = self._run(
-                _with_twin(input_ids), _with_twin(attention_mask), _with_twin(position_ids), past
+                _with_twin(input_ids), _with_twin(attention_mask), _with_twin(position_ids), past, reserve
             )
             return logits[:B], present
         # every cache of a call has the same rows: the first tells
         past = past if cache_rows(past[0]) == B else [to_numpy(p)[:B] for p in past]  # a twin no longer needed
-        return self._run(input_ids, attention_mask, position_ids, past)
+        return self._run(input_ids, attention_mask, position_ids, past, reserve)
 
     def _run(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+        reserve: int = 0,
     ) -> tuple[np.ndarray, list[Any]]:
         """:meth:`forward` without twin rows: every input has the same rows."""
         if self.shared_buffer:
-            return self._forward_in_place(input_ids, attention_mask, position_ids, past)
+            return self._forward_in_place(input_ids, attention_mask, position_ids, past, reserve)
         io = self.session.io_binding()
         io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
         io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
@@ -452,11 +465,17 @@ class OnnxDecoder:
         return logits.numpy(), present
 
     def _forward_in_place(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[Any]
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+        reserve: int = 0,
     ) -> tuple[np.ndarray, list[Any]]:
         """:meth:`forward` on the shared-buffer graph: ``past`` (B, Hkv, capacity, Dh) holds P =
         mask length - T tokens; the T new ones are written after them, in place. A cache without
-        room for P + T gets a new one of twice the capacity (at least P + T and :attr:`MIN_CAPACITY`,
+        room for P + T gets a new one of ``reserve`` tokens when that is more than P + T, else of twice the
+        capacity (at least P + T and :attr:`MIN_CAPACITY`,
         at most ``max_position_embeddings`` unless P + T is more; its first P slots copied).
         Returns logits and the same caches (OrtValues, each keeping its numpy buffer alive), now
         holding P + T."""
@@ -470,7 +489,10 @@ class OnnxDecoder:
         for value in past:
             capacity = value.shape()[2] if isinstance(value, ort.OrtValue) else value.shape[2]
             if capacity < total:
-                grown = max(self.MIN_CAPACITY, 2 * capacity, total)
+                # the request's own maximum when known: one allocation, no copies on the way, and the
+                # attention reads a buffer no longer than needed (a 1024-slot buffer for 144 tokens decoded
+                # 3% slower at 2 threads; bench/results/serve_capacity_2026-12-01.md)
+                grown = reserve if reserve > total else max(self.MIN_CAPACITY, 2 * capacity, total)
                 grown = min(grown, max(total, self.max_positions))  # never past the context window
                 buffer = np.zeros((B, self.num_kv_heads, grown, self.head_dim), np.float32)
                 buffer[:, :, :held] = to_numpy(value)[:, :, :held]

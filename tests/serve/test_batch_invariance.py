@@ -173,3 +173,31 @@ def test_shared_buffer_decodes_every_length_in_one_call(decoders, variant, monke
     assert run((decoder, tok), jobs) == alone
     lengths = [set(m.sum(axis=1).tolist()) for m in calls if not m.all()]  # rows' lengths in one call
     assert max(map(len, lengths), default=0) >= 3, "no decode call held rows of several lengths"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cache_reserved_for_the_request_decodes_what_a_growing_one_does(decoders, variant, monkeypatch):
+    """The scheduler reserves each shared-buffer cache for its rows' most tokens (prompt + max new
+    tokens, as onnxruntime-genai allocates max_length): allocated once, at that capacity, and the
+    tokens and logprobs are those of a cache grown from 4 slots on the way, alone and in a crowd."""
+    decoder, tok = decoders[variant, "shared"]
+    params = MODES["seeded"]
+    capacities = []
+    real = decoder._forward_in_place
+
+    def spy(ids, mask, pos, past, reserve=0):
+        logits, caches = real(ids, mask, pos, past, reserve)
+        capacities.append(int(caches[0].shape()[2]))
+        return logits, caches
+
+    monkeypatch.setattr(decoder, "_forward_in_place", spy)
+    reserved = run((decoder, tok), [(MINE, params, 0.0, 0)])[0]
+    assert set(capacities) == {len(MINE) + params.max_new_tokens}, "one allocation of the request's maximum"
+    crowd = [(MINE, params, 0.0, 0)] + [(p, params, 0.005 * i, 0) for i, p in enumerate(OTHERS)]
+    reserved_crowd = run((decoder, tok), crowd)
+    capacities.clear()
+    monkeypatch.setattr(decoder, "_forward_in_place", lambda ids, mask, pos, past, reserve=0: spy(ids, mask, pos, past))
+    grown = run((decoder, tok), [(MINE, params, 0.0, 0)])[0]
+    assert len(set(capacities)) > 2, "the cache grew on the way"
+    assert grown == reserved
+    assert run((decoder, tok), crowd) == reserved_crowd
