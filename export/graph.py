@@ -37,14 +37,21 @@ def onnx_opset(model: onnx.ModelProto) -> int:
 
 
 def _ancestors(graph: onnx.GraphProto, targets: set[str]) -> set[str]:
-    """Names of nodes whose outputs flow into any node of op type in ``targets``."""
+    """Names of nodes whose outputs flow into any node of op type in ``targets``.
+
+    The targets themselves are not included (unless one feeds another). Used with ``{"Cos", "Sin"}``
+    for the fp16 variant's ``node_block_list``: the RoPE angles (positions * inverse frequencies)
+    reach ``max_position_embeddings`` radians, where fp16's spacing (0.5 at 1024) would scramble
+    positions (:data:`prodip.export.quantize.FP16_EXTRA_BLOCKED_OPS`). Nodes are deduplicated by
+    name: unnamed nodes all count as ``""``, and only the first one met is walked through.
+    """
     producer = {out: node for node in graph.node for out in node.output}
     seen: set[str] = set()
     stack = [n for n in graph.node if n.op_type in targets]
     while stack:
         node = stack.pop()
         for name in node.input:
-            parent = producer.get(name)
+            parent = producer.get(name)  # None for graph inputs and initializers: the walk stops there
             if parent is not None and parent.name not in seen:
                 seen.add(parent.name)
                 stack.append(parent)
@@ -58,11 +65,17 @@ def _rmsnorm_nodes(graph: onnx.GraphProto) -> set[str]:
     Blocking op *types* is not enough: the ``mean + eps`` Add would run in fp16, and a mean of
     squares above 65504 (rms > 256, which trained models reach at "massive activation" tokens)
     becomes inf, 1/rms becomes 0 and the whole row of logits collapses to 0.
+
+    The walk follows only consumers of the chain's op types, at most four steps from each
+    ReduceMean, and stops at a Mul: the Mul that applies 1/rms is kept fp32, the ``* weight`` Mul
+    after it is not (it is an ordinary fp16 op). The ReduceMean itself is blocked by type
+    (:data:`prodip.export.quantize.FP16_EXTRA_BLOCKED_OPS`), not listed here.
     """
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
+    # Div: 1/rms as a Div instead of Reciprocal
     chain_ops = {"Add", "Sqrt", "Reciprocal", "Div", "Mul"}
     seen: set[str] = set()
     for start in (n for n in graph.node if n.op_type == "ReduceMean"):
@@ -76,6 +89,8 @@ def _rmsnorm_nodes(graph: onnx.GraphProto) -> set[str]:
                 if c.op_type in chain_ops and c.name not in seen
             ]
             seen.update(c.name for c in nxt)
+            # the first Mul reached applies 1/rms: the walk ends there, so the ``* weight`` Mul and
+            # whatever follows the norm stay in fp16
             frontier = [c for c in nxt if c.op_type != "Mul"]
     return seen
 
@@ -88,8 +103,10 @@ def fold_fp16_round_trips(model: onnx.ModelProto) -> int:
     1/rms becomes 0 and the row's logits collapse to 0. Consumers of the second Cast read the
     fp32 tensor directly instead (exact); the fp16 Cast stays only if something else uses it.
 
+    Args:
+        model: the fp16 graph from ``onnxruntime.transformers.float16.convert_float_to_float16``.
     Returns:
-        Number of round trips removed.
+        Number of round trips removed (second Casts whose consumers were rewired).
     """
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
@@ -98,6 +115,7 @@ def fold_fp16_round_trips(model: onnx.ModelProto) -> int:
     def cast_to(node: onnx.NodeProto) -> int:
         return next((a.i for a in node.attribute if a.name == "to"), -1)
 
+    # second Cast's output -> the fp32 tensor the first Cast read
     rename: dict[str, str] = {}
     for node in graph.node:
         parent = producer.get(node.input[0]) if node.op_type == "Cast" and node.input else None
@@ -106,6 +124,7 @@ def fold_fp16_round_trips(model: onnx.ModelProto) -> int:
             and parent.op_type == "Cast"
             and cast_to(node) == onnx.TensorProto.FLOAT
             and cast_to(parent) == onnx.TensorProto.FLOAT16
+            # a Cast producing a graph output stays (the output keeps its name and producer): not counted
             and node.output[0] not in outputs
         ):
             rename[node.output[0]] = parent.input[0]
@@ -113,6 +132,8 @@ def fold_fp16_round_trips(model: onnx.ModelProto) -> int:
         for i, name in enumerate(node.input):
             if name in rename:
                 node.input[i] = rename[name]
+    # Only Casts were orphaned by the rewiring. Two passes at least: the fp32 Cast is unread once
+    # its consumers are rewired, the fp16 Cast before it only once the fp32 Cast is gone.
     used = {name for node in graph.node for name in node.input} | outputs
     while True:  # prune casts nobody reads any more
         dead = [n for n in graph.node if n.op_type == "Cast" and not any(o in used for o in n.output)]
@@ -130,6 +151,8 @@ def materialize_transposed_weights(model: onnx.ModelProto) -> int:
     The exporter leaves the tied lm_head as ``MatMul(x, Transpose(embed_tokens.weight))`` (one
     stored copy); weight quantisers only touch MatMuls whose weight *is* an initializer, so the
     quantised variants get their own transposed copy (quantised, it costs far less than fp32).
+    Every Transpose of an initializer is folded, not only the lm_head's; the original initializer
+    is not removed (a tied table's embedding Gather still reads it).
 
     Returns:
         Number of Transpose nodes folded.
@@ -141,7 +164,10 @@ def materialize_transposed_weights(model: onnx.ModelProto) -> int:
         if node.op_type != "Transpose" or node.input[0] not in inits:
             continue
         array = numpy_helper.to_array(inits[node.input[0]])
+        # no perm attribute: ONNX Transpose reverses the axes, as numpy's transpose(None) does
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        # the initializer takes the Transpose's output name, so its consumers (the lm_head MatMul)
+        # need no rewiring; C order, as numpy_helper stores it (the lm_head's: [hidden, vocab])
         graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)), node.output[0]))
         graph.node.remove(node)
         folded += 1
@@ -176,14 +202,19 @@ def find_tied_embedding(graph: onnx.GraphProto) -> Optional[TiedEmbedding]:
 
     Tied means: the MatMul producing ``logits`` reads ``Transpose(E)`` (perm [1, 0] or default)
     of a 2-D initializer E that is also the data of exactly one Gather (axis 0).
+
+    None also when that Gather has no name: :func:`share_tied_embedding_int4` and
+    :func:`share_tied_embedding_int8` name the nodes they write after it.
     """
     inits = {t.name: t for t in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
+    # "logits": the decoder's output name (prodip.base.onnx_io); its producer is the lm_head
     lm_head = next((n for n in graph.node if n.op_type == "MatMul" and "logits" in n.output), None)
     transpose = producer.get(lm_head.input[1]) if lm_head is not None else None
     if transpose is None or transpose.op_type != "Transpose" or transpose.input[0] not in inits:
         return None
     table = inits[transpose.input[0]]
+    # absent perm reverses the axes: [1, 0] for a 2-D table
     perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), [1, 0])
     if len(table.dims) != 2 or perm != [1, 0]:
         return None
@@ -210,6 +241,7 @@ def find_tied_embedding(graph: onnx.GraphProto) -> Optional[TiedEmbedding]:
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """Attribute ``name`` of ``node`` as a Python value, or ``default`` when absent (pass the spec's default)."""
     return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
@@ -220,15 +252,18 @@ def _replace_embedding_nodes(graph: onnx.GraphProto, tied: TiedEmbedding, new_no
     up to the indices (e.g. int8's ``Gather -> DequantizeLinear``). Initializers only they read
     are dropped. ``new_nodes`` go where the first removed node was (indices and initializers are
     all they read, so the order stays topological).
+
+    Raises:
+        ValueError: ``tied.embedding`` is not computed from ``tied.indices`` along first inputs (a bug).
     """
     producer = {out: node for node in graph.node for out in node.output}
     chain, name = [], tied.embedding
     while name in producer:
         node = producer[name]
         chain.append(node)
-        if tied.indices in node.input:
+        if tied.indices in node.input:  # the lookup itself (Gather or GatherBlockQuantized)
             break
-        name = node.input[0]
+        name = node.input[0]  # the data path: DequantizeLinear's x, Cast's input, ...
     else:
         raise ValueError(f"no path from {tied.indices!r} to {tied.embedding!r}")  # a bug, not an input error
     position = min(list(graph.node).index(n) for n in chain)
@@ -237,6 +272,7 @@ def _replace_embedding_nodes(graph: onnx.GraphProto, tied: TiedEmbedding, new_no
         graph.node.remove(node)
     for i, node in enumerate(new_nodes):
         graph.node.insert(position + i, node)
+    # computed after the insertion: the lm_head tensors the new nodes read are kept
     used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for init in [t for t in graph.initializer if t.name in read and t.name not in used]:
         graph.initializer.remove(init)
@@ -265,10 +301,15 @@ def share_tied_embedding_int4(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
     quantiser differed from them only at rounding ties (2 of 2.1 M codes on a random demo-shaped
     model).
 
+    Args:
+        model: the int4 graph after ``MatMulNBitsQuantizer`` (lm_head MatMulNBits, embedding
+            GatherBlockQuantized); tied: :func:`find_tied_embedding` of its fp32 graph.
     Returns:
         None when shared, else why not (the graph is then left as it was).
     """
     graph = model.graph
+    # the quantiser keeps output names, so the lm_head is found by tied.logits and the lookup by
+    # tied.embedding
     mnb = next((n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == tied.logits), None)
     producer = {out: node for node in graph.node for out in node.output}
     gbq = producer.get(tied.embedding)
@@ -277,14 +318,19 @@ def share_tied_embedding_int4(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
     if gbq is None or gbq.op_type != "GatherBlockQuantized":
         return "the embedding is not a GatherBlockQuantized node"
     block = _attr(mnb, "block_size")
+    # K = hidden, N = vocab: B's row n is then vocabulary entry n (the layout above); bits 4 is
+    # MatMulNBits's default
     if (_attr(mnb, "K"), _attr(mnb, "N"), _attr(mnb, "bits", 4)) != (tied.hidden, tied.vocab, 4):
         return f"MatMulNBits K/N/bits {_attr(mnb, 'K')}/{_attr(mnb, 'N')}/{_attr(mnb, 'bits')} do not match the table"
     if tied.hidden % block:
         return f"hidden {tied.hidden} is not a multiple of block_size {block} (MatMulNBits pads the last block)"
     weight, scales = mnb.input[1], mnb.input[2]
+    # symmetric int4 has none; both ops then use 8, so leaving it out keeps the two in agreement
     zero_points = mnb.input[3] if len(mnb.input) > 3 and mnb.input[3] else None
     shape = f"{weight}_as_embedding_shape"
     data = f"{weight}_as_embedding"
+    # Reshape's shape input must be int64 (ONNX Reshape); [vocab, hidden/2] is B [vocab, hidden/b, b/2]
+    # with its last two axes merged: the same bytes, no second table in the file
     graph.initializer.append(numpy_helper.from_array(np.array([tied.vocab, tied.hidden // 2], np.int64), shape))
     reshape = onnx.helper.make_node("Reshape", [weight, shape], [data], name=f"{tied.gather_node}_shared_reshape")
     gather = onnx.helper.make_node(
@@ -295,6 +341,8 @@ def share_tied_embedding_int4(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
         domain="com.microsoft",
         bits=4,
         block_size=block,
+        # the spec's constraints for packed uint8 data: gather rows (axis 0), blocks along the
+        # last axis (the packing axis), as MatMulNBits blocks along K
         gather_axis=0,
         quantize_axis=1,
     )
@@ -318,7 +366,10 @@ class EmbeddingGather:
 
 
 def find_embedding_gather(graph: onnx.GraphProto) -> Optional[EmbeddingGather]:
-    """The Gather (axis 0) of a 2-D float initializer by the graph input ``input_ids``, or None."""
+    """The Gather (axis 0) of a 2-D float32 initializer by a graph input (``input_ids``), or None.
+
+    Call it on the fp32 graph before quantisation: the first match in node order is returned.
+    """
     inits = {t.name: t for t in graph.initializer}
     inputs = {i.name for i in graph.input}
     for n in graph.node:
@@ -343,8 +394,13 @@ def quantize_embedding_int8(model: onnx.ModelProto, emb: EmbeddingGather, block_
     [vocab, hidden/block], i.e. exactly the layout GatherBlockQuantized reads for uint8 data with
     ``bits=8`` (data [vocab, hidden], quantize_axis 1, absent zero points = 128; ORT's
     ContribOperators.md). ORT's ``MatMulNBitsQuantizer`` quantises Gathers at 4 bits only, hence
-    this helper. ``hidden`` must be a multiple of ``block_size`` (ValueError otherwise: a bug of
-    the caller, who checks it).
+    this helper.
+
+    Args:
+        emb: :func:`find_embedding_gather` of the fp32 graph; block_size: weights per scale, one of
+            the sizes GatherBlockQuantized accepts (a power of 2, >= 16; checked by the caller).
+    Raises:
+        ValueError: ``hidden`` is not a multiple of ``block_size`` (a bug of the caller, who checks it).
     """
     graph = model.graph
     init = next(t for t in graph.initializer if t.name == emb.table)
@@ -356,13 +412,20 @@ def quantize_embedding_int8(model: onnx.ModelProto, emb: EmbeddingGather, block_
     codes = np.zeros((vocab, blocks, block_size), np.uint8)
     scales = np.zeros((vocab, blocks), np.float32)
     zero_points = np.zeros((vocab, blocks), np.uint8)  # unused when symmetric
+    # The kernel quantises a MatMul weight B [K, N] (row-major) in blocks along K and writes the
+    # codes and scales per output column n. With B = E^T (K = hidden, N = vocab), column n is
+    # vocabulary row n: the codes come out [vocab, blocks, block], rows of E. Arguments as ORT's
+    # MatMulNBitsQuantizer passes them: (dst, src, scales, zero_points, block_size, N, K, symmetric).
     quantize_matmul_8bits(codes, np.ascontiguousarray(table.T), scales, zero_points, block_size, vocab, hidden, True)
     data, scale = _int8_names(emb.table)
+    # [vocab, blocks, block] -> [vocab, hidden]: the same bytes, the 2-D data GatherBlockQuantized reads
     graph.initializer.extend(
         [numpy_helper.from_array(codes.reshape(vocab, hidden), data), numpy_helper.from_array(scales, scale)]
     )
     gather = onnx.helper.make_node(
         "GatherBlockQuantized",
+        # no zero points: GatherBlockQuantized's default for uint8 data is 2^(bits-1) = 128, the
+        # kernel's symmetric zero point
         [data, emb.indices, scale],
         [emb.embedding],
         name=emb.node,
@@ -372,12 +435,16 @@ def quantize_embedding_int8(model: onnx.ModelProto, emb: EmbeddingGather, block_
         gather_axis=0,
         quantize_axis=1,
     )
+    # replaced where it stood: it reads only an initializer and a graph input, so the order stays
+    # topological (matched by output too, in case the name is empty or shared)
     old = next(n for n in graph.node if n.name == emb.node and emb.embedding in n.output)
     position = list(graph.node).index(old)
     graph.node.remove(old)
     graph.node.insert(position, gather)
     if not any(emb.table in n.input for n in graph.node):
         graph.initializer.remove(init)
+    # a node of a domain the model does not import fails onnx.checker and session load; ORT's
+    # contrib operators are all registered at version 1 of com.microsoft
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
@@ -393,7 +460,13 @@ def _int8_names(weight: str) -> tuple[str, str]:
 
 
 def _rowwise_constants(graph: onnx.GraphProto) -> None:
-    """The scalar initializers the row-wise int8 nodes read (added once)."""
+    """The scalar initializers the row-wise int8 nodes read (added once).
+
+    ``zero_point`` uint8 128 (MatMulInteger's zero points: same type as its operands) and its
+    float32 twin; ``qmax`` 127.0 (symmetric codes); ``tiny`` float32's smallest normal (the floor of
+    a row scale); ``code_min``/``code_max`` 0.0/255.0 (uint8's range, clipped in float before the
+    Cast); ``last_axis`` int64 [-1] (ReduceMax-18 and Unsqueeze-13 take axes as an int64 input).
+    """
     if any(t.name == f"{_ROWWISE}_zero_point" for t in graph.initializer):
         return
     f32 = np.float32
@@ -402,6 +475,7 @@ def _rowwise_constants(graph: onnx.GraphProto) -> None:
             numpy_helper.from_array(np.array(INT8_ZERO_POINT, np.uint8), f"{_ROWWISE}_zero_point"),
             numpy_helper.from_array(np.array(INT8_ZERO_POINT, f32), f"{_ROWWISE}_zero_point_f"),
             numpy_helper.from_array(np.array(127.0, f32), f"{_ROWWISE}_qmax"),
+            # an all-zero row has amax 0: the scale is floored here so x / scale is 0, not 0/0 = NaN
             numpy_helper.from_array(np.array(np.finfo(f32).tiny, f32), f"{_ROWWISE}_tiny"),
             numpy_helper.from_array(np.array(0.0, f32), f"{_ROWWISE}_code_min"),
             numpy_helper.from_array(np.array(255.0, f32), f"{_ROWWISE}_code_max"),
@@ -422,7 +496,10 @@ def quantize_weight_per_column_int8(weight: np.ndarray) -> tuple[np.ndarray, np.
     """
     weight = np.asarray(weight, np.float32)
     amax = np.abs(weight).max(axis=0)
+    # 1.0 for a zero column avoids 0/0; its codes are 128 (value 0) whatever the scale
     scales = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    # np.rint rounds half to even, as ONNX Round does for the activations; -127..127 keeps the
+    # codes symmetric (no -128), so the zero point 128 maps them to 1..255
     codes = np.clip(np.rint(weight / scales), -127, 127) + INT8_ZERO_POINT
     return codes.astype(np.uint8), scales
 
@@ -449,6 +526,10 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
     the 109 M bench model, u8 x s8 had twice the KL of u8 x u8 against fp32).
     Nodes reading the same x share one quantisation of it (q/k/v, gate/up).
 
+    A 2-D initializer weight is required: a weight computed at run time (or a batched 3-D one) is
+    left as an fp32 MatMul. Run it after :func:`materialize_transposed_weights`, so the tied lm_head
+    is one of them.
+
     Returns:
         The number of MatMuls replaced. Initializers ``<W>_Q8`` (codes) and ``<W>_Q8_scales`` replace
         each weight ``<W>`` (``<W>`` is dropped when nothing else reads it).
@@ -457,6 +538,8 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
     inits = {t.name: t for t in graph.initializer}
     _rowwise_constants(graph)
     c = {k: f"{_ROWWISE}_{k}" for k in ("zero_point", "zero_point_f", "qmax", "tiny", "code_min", "code_max")}
+    # The node list is rebuilt in order: each activation's quantisation nodes go just before the
+    # first MatMul reading it (x is produced earlier), so the result stays topologically sorted.
     nodes: list[onnx.NodeProto] = []
     quantized: dict[str, tuple[str, str]] = {}  # x -> (codes, row scales)
     replaced, dropped = 0, set()
@@ -469,6 +552,11 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
         if x not in quantized:
             p = f"{_ROWWISE}/{len(quantized)}"
             make = onnx.helper.make_node
+            # s_x = max(max|x| / 127, tiny) over the last axis (K): one scale per token, [..., 1]
+            # (keepdims) so it broadcasts over K here and over N after the MatMul. Then q = uint8 of
+            # clip(round(x / s_x) + 128, 0, 255): Round is half-to-even (ONNX Round), like the
+            # weights' np.rint; the Clip comes before the Cast because ONNX's Cast of an
+            # out-of-range float to an integer type is undefined (Cast spec), not saturating.
             nodes += [
                 make("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs"),
                 make(
@@ -488,6 +576,10 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
         graph.initializer.extend([numpy_helper.from_array(codes, wq), numpy_helper.from_array(scales, ws)])
         q, sx = quantized[x]
         out = node.output[0]
+        # y = float(MatMulInteger(q, codes, 128, 128)) * s_x * s_w: scalar zero points (one per
+        # tensor, MatMulInteger spec); the int32 sums are converted to float32 before the scales
+        # ([..., 1] per row, [N] per column) apply. The last Mul writes the MatMul's output name,
+        # so its consumers are not rewired.
         nodes += [
             onnx.helper.make_node(
                 "MatMulInteger",
@@ -505,6 +597,7 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
         replaced += 1
     del graph.node[:]
     graph.node.extend(nodes)
+    # a replaced weight that some other node still reads stays
     used = {i for n in graph.node for i in n.input}
     for init in [t for t in graph.initializer if t.name in dropped and t.name not in used]:
         graph.initializer.remove(init)
@@ -521,6 +614,9 @@ def share_tied_embedding_int8(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
     operators; ONNX Runtime folds the constant Transpose when it loads the session, so the file
     holds the table once. The embedding's fp32 table is dropped.
 
+    Args:
+        model: the graph after :func:`quantize_matmuls_rowwise_int8`; tied: :func:`find_tied_embedding`
+            of its fp32 graph.
     Returns:
         None when shared, else why not (the graph is then left as it was).
     """
@@ -534,6 +630,10 @@ def share_tied_embedding_int8(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
         return f"the lm_head codes {codes.name!r} are {list(codes.dims)}, not [hidden, vocab] = [{tied.hidden}, {tied.vocab}]"
     p = f"{tied.gather_node}_shared"
     make = onnx.helper.make_node
+    # C [hidden, vocab] -> [vocab, hidden] so a Gather on axis 0 reads one vocabulary entry per id;
+    # the codes are cast to float32 before the zero point is subtracted (in uint8, codes below 128
+    # cannot go negative); the row scales s[ids] (B, T) get a trailing axis to broadcast over
+    # hidden. The Gather keeps the old lookup's node name.
     new = [
         make("Transpose", [codes.name], [f"{p}/table"], name=f"{p}/Transpose", perm=[1, 0]),
         make("Gather", [f"{p}/table", tied.indices], [f"{p}/codes"], name=tied.gather_node, axis=0),
@@ -563,8 +663,13 @@ def add_mask_length_check(model: onnx.ModelProto) -> None:
     silently broadcast over every cache slot (case C3), and GroupQueryAttention reads a shorter mask
     as a preallocated ("static") cache.
 
+    Reshape checks the element count only: a mask of B * (P + T) elements in another 2-D shape
+    (e.g. (1, 2 (P + T)) for B = 2) is reshaped, not refused.
+
     Args:
         model: an exported decoder with the inputs of :mod:`prodip.base.onnx_io`.
+    Raises:
+        ValueError: the graph has no ``attention_mask`` or no ``past_key_values.0.key`` input.
     """
     graph = model.graph
     checked = "attention_mask_checked"
@@ -578,6 +683,9 @@ def add_mask_length_check(model: onnx.ModelProto) -> None:
         )
 
     p = "mask_check/"
+    # target shape [B, P + T] (int64 [2]): B = ids_shape[0:1], T = ids_shape[1:2], P = the past
+    # axis of (B, Hkv, P, Dh), read with Shape-15's start/end (an int64 [1], no Gather needed).
+    # Every entry is positive (B, T >= 1): no 0 or -1, so Reshape infers nothing from the mask.
     nodes = [
         onnx.helper.make_node("Shape", ["input_ids"], [p + "ids_shape"]),
         onnx.helper.make_node("Shape", ["past_key_values.0.key"], [p + "past"], start=2, end=3),
@@ -590,10 +698,12 @@ def add_mask_length_check(model: onnx.ModelProto) -> None:
         onnx.helper.make_node("Concat", [p + "batch", p + "total"], [p + "shape"], axis=0),
         onnx.helper.make_node("Reshape", ["attention_mask", p + "shape"], [checked], name=MASK_CHECK_NODE),
     ]
+    # rewire before inserting, so the check itself still reads the raw input
     for node in graph.node:
         for i, name in enumerate(node.input):
             if name == "attention_mask":
                 node.input[i] = checked
+    # at the front: the check reads graph inputs only, and every former mask reader comes after it
     for i, node in enumerate(nodes):
         graph.node.insert(i, node)
 
@@ -603,6 +713,11 @@ def drop_unused_outputs(
 ) -> int:
     """Blank the optional outputs of ``op_types`` nodes that nothing reads (a kernel then skips them), in place.
 
+    The exporter names every declared output. SkipSimplifiedLayerNormalization (onnxruntime
+    docs/ContribOperators.md) has ``output`` and the optional ``mean``, ``inv_std_var`` and
+    ``input_skip_bias_sum``; the decoder reads outputs 0 and 3 (:mod:`prodip.export.contrib`).
+    An empty name is how ONNX marks an optional output as absent.
+
     Returns:
         The number of outputs blanked.
     """
@@ -610,7 +725,7 @@ def drop_unused_outputs(
     n = 0
     for node in model.graph.node:
         if node.op_type in op_types:
-            for i in range(1, len(node.output)):
+            for i in range(1, len(node.output)):  # output 0 is required by the op's schema
                 if node.output[i] and node.output[i] not in used:
                     node.output[i] = ""
                     n += 1
@@ -648,6 +763,11 @@ def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
     producer = {out: node for node in graph.node for out in node.output}
     folded = 0
     for node in graph.node:
+        # GroupQueryAttention inputs (ContribOperators.md): 0 query (or packed qkv), 1 key, 2 value,
+        # 3 past_key, 4 past_value, 5 seqlens_k, 6 total_sequence_length, 7 cos_cache, 8 sin_cache,
+        # 9 position_ids, 10 attention_bias. Slots 7-9 must exist (the contrib graph writes them
+        # empty ahead of its bias) and be empty: run this before right_padded_attention, which
+        # drops trailing empty inputs.
         if node.op_type != "GroupQueryAttention" or _attr(node, "do_rotary", 0) or len(node.input) < 10:
             continue
         if any(node.input[i] for i in (7, 8, 9)):
@@ -655,6 +775,8 @@ def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
         rq, rk = producer.get(node.input[0]), producer.get(node.input[1])
         if rq is None or rk is None or not rq.op_type == rk.op_type == "RotaryEmbedding":
             continue
+        # RotaryEmbedding(input, position_ids, cos_cache, sin_cache): GQA takes one set for q and k,
+        # so both must read the same three; its rotation here is non-interleaved (rotate-half)
         if list(rq.input[1:4]) != list(rk.input[1:4]) or _attr(rq, "interleaved", 0) or _attr(rk, "interleaved", 0):
             continue
         # q, k, v straight from one Split. An fp16 graph casts them to fp32 first, and there the
@@ -665,14 +787,20 @@ def fold_rotary_into_attention(model: onnx.ModelProto) -> int:
         if split is None or split.op_type != "Split" or list(split.output) != [rq.input[0], rk.input[0], node.input[2]]:
             continue
         position_ids, cos_cache, sin_cache = rq.input[1:4]
+        # query = the packed qkv the Split read; key and value empty select GQA's packed mode
         node.input[0], node.input[1], node.input[2] = split.input[0], "", ""
+        # the RotaryEmbedding tables are already GQA's layout: (max_position_embeddings, Dh / 2)
         node.input[7], node.input[8], node.input[9] = cos_cache, sin_cache, position_ids
+        # replace, not append: the contrib graph sets do_rotary=0 explicitly, and a repeated
+        # attribute name is an invalid node
         attrs = [a for a in node.attribute if a.name not in ("do_rotary", "rotary_interleaved")]
         del node.attribute[:]
         node.attribute.extend(attrs)
         node.attribute.extend(
             [onnx.helper.make_attribute("do_rotary", 1), onnx.helper.make_attribute("rotary_interleaved", 0)]
         )
+        # The Split and RotaryEmbedding nodes are left unread, not removed: shared_buffer_graph's
+        # liveness pass drops them.
         folded += 1
     return folded
 
@@ -694,6 +822,9 @@ def right_padded_attention(model: onnx.ModelProto) -> int:
     rows compute what the contract graph computes; a left-padded row does not (it would read its
     padding), which onnxruntime-genai never feeds.
 
+    The nodes that computed the old ``seqlens_k``, ``total_sequence_length`` and bias are left
+    unread, not removed (:func:`shared_buffer_graph` prunes them).
+
     Args:
         model: a contrib-graph decoder (:mod:`prodip.export.contrib`) reading ``attention_mask``.
     Returns:
@@ -712,6 +843,10 @@ def right_padded_attention(model: onnx.ModelProto) -> int:
             onnx.helper.make_tensor(p + "scalar", onnx.TensorProto.INT64, [0], []),
         ]
     )
+    # GroupQueryAttention's seqlens_k and total_sequence_length are int32 (type constraint M), the
+    # first (B,), the second a scalar: the int64 mask is cast before the sum, and the mask length
+    # S (Shape-15 start/end: int64 [1]) is cast and reshaped to shape [] (an empty shape tensor
+    # means a scalar, ONNX Reshape).
     nodes = [
         onnx.helper.make_node("Cast", ["attention_mask"], [p + "mask"], to=int32),
         onnx.helper.make_node("ReduceSum", [p + "mask", p + "last"], [p + "count"], keepdims=0),  # (B,)
@@ -723,10 +858,10 @@ def right_padded_attention(model: onnx.ModelProto) -> int:
     for node in gqa:
         node.input[5], node.input[6] = p + "seqlens_k", p + "total"
         if len(node.input) > 10:
-            node.input[10] = ""
+            node.input[10] = ""  # attention_bias: no bias, the kernel's faster path
         while node.input and not node.input[-1]:  # drop the trailing empty optional inputs
             del node.input[-1]
-    for i, node in enumerate(nodes):
+    for i, node in enumerate(nodes):  # at the front: they read a graph input only
         graph.node.insert(i, node)
     return len(gqa)
 
@@ -770,7 +905,12 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
 
     def cache_input(name: str) -> Optional[str]:
         """The past input that ``name`` is, through Where(keep, x, 0) and Cast (fp16 graphs cast the
-        cache to float16 and back around the Where), when the chain's last type is the input's."""
+        cache to float16 and back around the Where), when the chain's last type is the input's.
+
+        GroupQueryAttention writes in place only when its past_key/past_value IS the bound buffer;
+        any node in between hands it a copy. The type check keeps the dtype GQA reads unchanged
+        when the Casts are bypassed."""
+        # walking up, the first Cast met is the last one applied: the type GQA reads
         last_cast = None
         while name not in past:
             node = producer.get(name)
@@ -778,11 +918,16 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
                 return None
             if node.op_type == "Cast" and last_cast is None:
                 last_cast = _attr(node, "to")
+            # Where(condition, X, Y): the cache is X, the zeros Y
             name = node.input[1] if node.op_type == "Where" else node.input[0]
         return name if last_cast in (None, past[name]) else None
 
+    # this order: right_padded_attention drops GQA's trailing empty inputs, and
+    # fold_rotary_into_attention needs its empty slots 7-9
     fold_rotary_into_attention(model)
     right_padded_attention(model)
+    # the check's readers read the raw mask: P, read from the buffer's shape, is its full length,
+    # so the check would refuse every call (the buffer is longer than past + T by design)
     rename = {check.output[0]: "attention_mask"}
     nodes = [node for node in graph.node if node is not check]
     for node in nodes:
@@ -795,7 +940,10 @@ def shared_buffer_graph(model: onnx.ModelProto) -> onnx.ModelProto:
         for i, name in enumerate(node.input):
             node.input[i] = rename.get(name, name)
     wanted = {o.name for o in graph.output}
-    while True:  # drop what fed only the removed nodes (the mask slice the Where read, the check's shape)
+    # drop what fed only the removed nodes (the mask slice the Where read, the check's shape) and
+    # what the two rewrites left unread (Split, RotaryEmbedding, the bias and the old seqlens_k);
+    # repeated until nothing changes, as removing a node can orphan its producers
+    while True:
         used = wanted | {name for node in nodes for name in node.input}
         live = [node for node in nodes if any(out in used for out in node.output if out)]
         if len(live) == len(nodes):
@@ -820,6 +968,7 @@ def _uint4_codes(init: onnx.TensorProto) -> tuple[np.ndarray, int]:
     UINT4 codes are returned as they are (offset 0); INT4 codes c (-8..7) as c + 8 (offset 8), so
     that ``(c + 8) - (z + 8) == c - z``: one unsigned layout for both.
     """
+    # to_array gives ml_dtypes int4/uint4 arrays, which cannot hold c + 8: widen first
     values = numpy_helper.to_array(init).astype(np.int16)
     offset = 8 if init.data_type == onnx.TensorProto.INT4 else 0
     return (values + offset).astype(np.uint8), offset
@@ -827,6 +976,8 @@ def _uint4_codes(init: onnx.TensorProto) -> tuple[np.ndarray, int]:
 
 def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
     """uint8 values 0..15 [..., n] -> uint8 [..., ceil(n/2)], element 2i in the low nibble (ORT's packing)."""
+    # an odd count leaves the last byte's high nibble 0 (GatherBlockQuantized's zero points are
+    # [rows, ceil(blocks / 2)]); unpack() slices it off again
     if codes.shape[-1] % 2:
         codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (1,), np.uint8)], axis=-1)
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
@@ -834,31 +985,46 @@ def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
 
 def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, producer: dict) -> list[onnx.NodeProto]:
     """The standard-op nodes computing GatherBlockQuantized ``node``'s output (see
-    :func:`lower_gather_block_quantized`); new initializers are appended to ``graph``."""
+    :func:`lower_gather_block_quantized`); new initializers are appended to ``graph``.
+
+    ``inits`` maps initializer names to tensors, ``producer`` output names to nodes (to find the
+    shared tied table's Reshape). The output is float32 (*ids_shape, hidden), with float32 scales
+    (what prodip's quantisers write).
+
+    Raises:
+        ValueError: another gather/quantize axis, a data type other than uint8/INT4/UINT4, or
+            scales whose blocks do not cover the row.
+    """
     make = onnx.helper.make_node
+    # defaults as in the GatherBlockQuantized schema: bits 4, block_size 128, gather_axis 0,
+    # quantize_axis 1
     bits, block = _attr(node, "bits", 4), _attr(node, "block_size", 128)
     if _attr(node, "gather_axis", 0) != 0 or _attr(node, "quantize_axis", 1) not in (1, -1):
         raise ValueError(f"{node.name}: only gather_axis 0 and quantize_axis 1 are lowered")
     data, ids, scales = node.input[0], node.input[1], node.input[2]
     zero_points = node.input[3] if len(node.input) > 3 and node.input[3] else None
     p = f"{node.name}{LOWERED_GBQ}"
-    init = inits.get(data)
+    init = inits.get(data)  # None for the shared tied table: a Reshape's output, not an initializer
+    # INT4/UINT4 tensors are repacked as uint8 bytes, two codes per byte, low nibble first: the
+    # layout unpack() decodes, and GatherBlockQuantized's own for uint8 data with bits 4
     if init is not None and init.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
         codes, offset = _uint4_codes(init)
         data = f"{p}/packed_codes"
         graph.initializer.append(numpy_helper.from_array(_pack_nibbles(codes), data))
-        if zero_points:
+        if zero_points:  # the same type as data (spec), so the same offset, which cancels in code - zp
             zps, _ = _uint4_codes(inits[zero_points])
             zero_points = f"{p}/packed_zero_points"
             graph.initializer.append(numpy_helper.from_array(_pack_nibbles(zps), zero_points))
+        # the spec's default for int4/uint4 data is 0; INT4 codes are shifted by 8, so 0 is 8
         default_zero_point = 8 if offset else 0
     elif init is not None and init.data_type != onnx.TensorProto.UINT8:
         raise ValueError(f"{node.name}: data type {init.data_type} is not lowered")
     else:
-        default_zero_point = 1 << (bits - 1)
+        default_zero_point = 1 << (bits - 1)  # the spec's default for uint8 data: 2^(bits-1)
+    # blocks per row from the scales [vocab, ceil(hidden / block)], which counts a partial last block
     scale_init = inits.get(scales)
     blocks = int(scale_init.dims[-1]) if scale_init is not None else None
-    if init is not None:
+    if init is not None:  # uint8 with bits 4 holds two codes per byte; INT4/UINT4 dims count codes
         hidden = int(init.dims[-1]) * (2 if init.data_type == onnx.TensorProto.UINT8 and bits == 4 else 1)
     else:  # the shared tied table: Reshape(MatMulNBits B, [vocab, hidden / 2])
         shape = inits[producer[data].input[1]]
@@ -869,12 +1035,15 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
         graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype), f"{p}/{name}"))
         return f"{p}/{name}"
 
-    last = const("last_axis", [-1])
+    last = const("last_axis", [-1])  # int64 [-1]: Unsqueeze-13 and Slice take axes as inputs
     sixteen = const("sixteen", 16.0, np.float32) if bits == 4 else None
+    # the ids' shape (e.g. [B, T]) heads every target shape below: rows are gathered per id
     new = [make("Shape", [ids], [f"{p}/ids_shape"], name=f"{p}/Shape")]
 
     def rows_float(src: str, tag: str) -> str:
-        """Gather rows of ``src`` by the ids, as float32."""
+        """Gather rows of ``src`` by the ids, as float32 (exact for uint8 values): nibbles are then
+        split and zero points subtracted in float arithmetic, over the ops listed in
+        :func:`lower_gather_block_quantized`."""
         new.append(make("Gather", [src, ids], [f"{p}/{tag}_rows"], name=f"{p}/Gather_{tag}", axis=0))
         new.append(
             make("Cast", [f"{p}/{tag}_rows"], [f"{p}/{tag}_f"], name=f"{p}/Cast_{tag}", to=onnx.TensorProto.FLOAT)
@@ -882,7 +1051,11 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
         return f"{p}/{tag}_f"
 
     def unpack(x: str, tag: str, n: int) -> str:
-        """float32 packed bytes [..., k] -> float32 nibbles [..., n] (n <= 2k), low nibble first."""
+        """float32 packed bytes [..., k] -> float32 nibbles [..., n] (n <= 2k), low nibble first.
+
+        hi = floor(x / 16), lo = x - 16 hi (exact in float32 for 0..255); lo and hi are stacked on
+        a new last axis, [..., k, 2], and reshaped to [*ids_shape, 2k], which interleaves them as
+        element 2i (low), 2i+1 (high); the Slice drops the padding nibble of an odd count."""
         new.extend(
             [
                 make("Div", [x, sixteen], [f"{p}/{tag}_div"], name=f"{p}/Div_{tag}"),
@@ -944,6 +1117,8 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
         )
     )
     new.append(make("Reshape", [code_rows, f"{p}/blocked_shape"], [f"{p}/blocked"], name=f"{p}/ReshapeBlocked"))
+    # zero points and scales are per block, [..., blocks]: a trailing axis broadcasts them over the
+    # block's codes in [..., blocks, block]
     if zero_points:
         zp = rows_float(zero_points, "zero_points")
         if bits == 4:
@@ -951,7 +1126,8 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
         new.append(make("Unsqueeze", [zp, last], [f"{p}/zero_points_1"], name=f"{p}/UnsqueezeZeroPoints"))
         zp = f"{p}/zero_points_1"
     else:
-        zp = const("default_zero_point", float(default_zero_point), np.float32)
+        zp = const("default_zero_point", float(default_zero_point), np.float32)  # a scalar broadcasts
+    # (code - zero_point) * scale, in this order and in float32: the kernel's computation
     new.append(make("Sub", [f"{p}/blocked", zp], [f"{p}/centred"], name=f"{p}/SubZeroPoint"))
     new.append(make("Gather", [scales, ids], [f"{p}/scale_rows"], name=f"{p}/Gather_scales", axis=0))
     new.append(make("Unsqueeze", [f"{p}/scale_rows", last], [f"{p}/scale_1"], name=f"{p}/UnsqueezeScale"))
@@ -965,6 +1141,7 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
             axis=0,
         )
     )
+    # the last node writes the GatherBlockQuantized's output name: its consumers are not rewired
     if padded == hidden:
         new.append(make("Reshape", [f"{p}/scaled", f"{p}/out_shape"], [node.output[0]], name=f"{p}/ReshapeOut"))
         return new
@@ -1008,11 +1185,14 @@ def lower_gather_block_quantized(model: onnx.ModelProto) -> int:
             nodes.append(node)
             continue
         read.update(node.input)
+        # in the GBQ's place: the new nodes read what it read, so the order stays topological
         nodes.extend(_lower_gbq(graph, node, inits, producer))
         lowered += 1
     if lowered:
         del graph.node[:]
         graph.node.extend(nodes)
+        # INT4/UINT4 tables and zero points were repacked under new names: the originals go;
+        # uint8 data and the scales are still read by the Gathers and stay
         used = {i for n in graph.node for i in n.input}
         for init in [t for t in graph.initializer if t.name in read and t.name not in used]:
             graph.initializer.remove(init)
