@@ -95,6 +95,8 @@ def conformance_check(manifest: ExportManifest, variant: str) -> tuple[bool, str
     """
     fix = "run `prodip conformance EXPORT_DIR`"  # the refusal adds ", or pass --allow-unverified"
     verdict = manifest.conformance
+    if verdict is None and manifest.conformance_problem:
+        return False, f"manifest.json's conformance verdict is damaged ({manifest.conformance_problem}); {fix}", None
     if verdict is None:
         return False, f"manifest.json has no conformance verdict; {fix}", None
     problem = verdict.serve_problem(variant)

@@ -586,10 +586,31 @@ class ExportManifest(Record):
     variants: dict[str, VariantEntry]
     export_config: ExportSettings | None = None
     card: Card | None = None
-    #: the conformance verdict (None: conformance has not run on this export, or it was cleared)
+    #: the conformance verdict (None: conformance has not run on this export, it was cleared, or the file's
+    #: verdict is damaged: see :attr:`conformance_problem`)
     conformance: Verdict | None = None
+    #: why the file's verdict was set aside (field and reason), not written back. A damaged verdict must not
+    #: make the whole export unreadable: serve refuses it by name (or serves with --allow-unverified) and
+    #: `prodip conformance` replaces it; the next write of the manifest drops it.
+    conformance_problem: str | None = Field(default=None, exclude=True)
     #: the quality card's figures (written by conformance from its report)
     card_quality: CardQuality | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _set_aside_a_damaged_verdict(cls, data: Any) -> Any:
+        """A ``conformance`` object that is not a :class:`Verdict` becomes None with the reason in
+        ``conformance_problem``; an empty object is no verdict (what older writers left)."""
+        if not isinstance(data, dict) or data.get("conformance") is None:
+            return data
+        raw = data["conformance"]
+        if raw == {}:
+            return {**data, "conformance": None}
+        try:
+            Verdict.model_validate(raw)
+        except ValidationError as err:
+            return {**data, "conformance": None, "conformance_problem": describe_errors(err)}
+        return data
 
     def files_table(self) -> dict[str, dict[str, Any]]:
         """``files`` as plain dicts (what :func:`files_table_sha256` hashes)."""
@@ -744,6 +765,7 @@ def set_conformance(export_dir: str | os.PathLike[str], verdict: dict[str, Any] 
         if not record.checked_utc:
             record.checked_utc = utc_now()
     manifest.conformance = record
+    manifest.conformance_problem = None
     manifest.write(root / MANIFEST_FILE)
     return manifest
 

@@ -213,17 +213,42 @@ def test_export_manifest_variants_and_verdict_are_typed(tmp_path):
         (lambda d: d["variants"]["fp32"].pop("path"), "variants.fp32.path"),
         (lambda d: d["variants"]["fp32"].update(external_data="onnx/model.onnx_data"), "variants.fp32.external_data"),
         (lambda d: d["variants"]["fp32"].update(genai_default="yes"), "variants.fp32.genai_default"),
-        (lambda d: d.update(conformance={"variants": {}}), "conformance.passed"),
-        (lambda d: d.update(conformance={"passed": True, "variants": {"fp32": "yes"}}), "conformance.variants.fp32"),
     ],
 )
-def test_export_manifest_names_a_mistyped_variant_or_verdict_field(tmp_path, edit, field):
+def test_export_manifest_names_a_mistyped_variant_field(tmp_path, edit, field):
     data = _manifest()
     edit(data)
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(data))
     with pytest.raises(RecordError, match=rf"manifest.json: field '{field}'"):
         ExportManifest.read(path)
+
+
+@pytest.mark.parametrize(
+    "verdict, field",
+    [
+        ({"variants": {}}, "passed"),
+        ({"passed": True, "variants": {"fp32": "yes"}}, "variants.fp32"),
+        ({"passed": "yes"}, "passed"),
+    ],
+)
+def test_a_damaged_verdict_is_set_aside_not_fatal(tmp_path, verdict, field):
+    """A damaged conformance verdict leaves the manifest readable (serve refuses it by name or serves it
+    with --allow-unverified; conformance replaces it): no verdict, the reason kept beside it, and the next
+    write drops it. An empty object is no verdict, as older writers left it."""
+    data = _manifest()
+    data["conformance"] = verdict
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(data))
+    m = ExportManifest.read(path)
+    assert m.conformance is None and f"field '{field}'" in m.conformance_problem
+    m.write(path)
+    assert "conformance" not in json.loads(path.read_text()) or json.loads(path.read_text())["conformance"] is None
+    assert "conformance_problem" not in path.read_text()
+    data["conformance"] = {}
+    path.write_text(json.dumps(data))
+    empty = ExportManifest.read(path)
+    assert empty.conformance is None and empty.conformance_problem is None
 
 
 def test_newer_format_version_is_its_own_error(tmp_path):

@@ -165,6 +165,11 @@ def test_load_export_refuses_unverified_and_failing(tiny_export, tmp_path):
         "serving unverified variant 'fp32' (--allow-unverified): manifest.json has no conformance verdict; "
         "run `prodip conformance EXPORT_DIR`"
     ]
+    # a damaged verdict: refused by name, served with the flag (the manifest stays readable)
+    damaged = _copy_export(root, tmp_path / "damaged", lambda m: m.update(conformance={"passed": "yes"}))
+    with pytest.raises(ValueError, match=r"conformance verdict is damaged \(field 'passed'"):
+        load_export(damaged, "fp32")
+    assert not load_export(damaged, "fp32", allow_unverified=True).verified
     bad = _copy_export(root, tmp_path / "bad", _fail_int8)
     with pytest.raises(ValueError, match="FAILED conformance"):
         load_export(bad, "int8")
