@@ -346,6 +346,11 @@ class OnnxDecoder:
 
     #: smallest cache capacity (tokens) the shared-buffer mode allocates; it doubles from there
     MIN_CAPACITY = 64
+    #: most tokens a cache is reserved for at once from a request's maximum (``forward``'s ``reserve``):
+    #: short answers get one allocation of their maximum; a request allowed more starts here and doubles,
+    #: so a client sending a large max_tokens does not hold the whole context per row before it is used
+    #: (the 0.4B model: 112 KiB per token and row, 56 MiB a row at 512)
+    MAX_RESERVE = 512
 
     def __init__(
         self,
@@ -419,8 +424,9 @@ class OnnxDecoder:
             past: 2 * layers caches (B, Hkv, P, Dh) float32 in (layer, key|value) order, each a numpy
                 array or an OrtValue from a previous call.
             reserve: shared-buffer graph: the most tokens any row of this call will hold (prompt +
-                max new tokens; 0: unknown). A cache that must be (re)allocated gets this capacity, so
-                it is allocated once, as onnxruntime-genai allocates ``max_length``; else it doubles.
+                max new tokens; 0: unknown). A cache that must be (re)allocated gets this capacity when it
+                is at most :attr:`MAX_RESERVE` (allocated once, as onnxruntime-genai allocates
+                ``max_length``); else it doubles from :attr:`MAX_RESERVE`, never past ``reserve``.
         Returns:
             logits (B, T, V) float32 numpy and present, 2 * layers OrtValues (B', Hkv, P+T, Dh) float32
             (shared-buffer graph: (B', Hkv, capacity >= P+T, Dh), the first P+T slots valid). B' = B,
@@ -476,7 +482,8 @@ class OnnxDecoder:
     ) -> tuple[np.ndarray, list[Any]]:
         """:meth:`forward` on the shared-buffer graph: ``past`` (B, Hkv, capacity, Dh) holds P =
         mask length - T tokens; the T new ones are written after them, in place. A cache without
-        room for P + T gets a new one of ``reserve`` tokens when that is more than P + T, else of twice the
+        room for P + T gets a new one of ``reserve`` tokens when that is more than P + T (at most
+        :attr:`MAX_RESERVE` at once, which may be less than :attr:`MIN_CAPACITY`), else of twice the
         capacity (at least P + T and :attr:`MIN_CAPACITY`,
         at most ``max_position_embeddings`` unless P + T is more; its first P slots copied).
         Returns logits and the same caches (OrtValues, each keeping its numpy buffer alive), now
@@ -494,7 +501,9 @@ class OnnxDecoder:
                 # the request's own maximum when known: one allocation, no copies on the way, and the
                 # attention reads a buffer no longer than needed (a 1024-slot buffer for 144 tokens decoded
                 # 3% slower at 2 threads; bench/results/serve_capacity_2026-12-01.md)
-                grown = reserve if reserve > total else max(self.MIN_CAPACITY, 2 * capacity, total)
+                grown = max(self.MIN_CAPACITY, 2 * capacity, total)
+                if reserve > total:  # at once up to MAX_RESERVE; past it, doubling; never past the maximum
+                    grown = min(reserve, max(total, self.MAX_RESERVE, 2 * capacity))
                 grown = min(grown, max(total, self.max_positions))  # never past the context window
                 buffer = np.zeros((B, self.num_kv_heads, grown, self.head_dim), np.float32)
                 buffer[:, :, :held] = to_numpy(value)[:, :, :held]

@@ -201,3 +201,9 @@ def test_cache_reserved_for_the_request_decodes_what_a_growing_one_does(decoders
     assert len(set(capacities)) > 2, "the cache grew on the way"
     assert grown == reserved
     assert run((decoder, tok), crowd) == reserved_crowd
+    # a request allowed more than MAX_RESERVE tokens starts there and doubles, never past its maximum
+    monkeypatch.setattr(decoder, "_forward_in_place", spy)
+    monkeypatch.setattr(decoder, "MAX_RESERVE", 12)
+    capacities.clear()
+    assert run((decoder, tok), [(MINE, params, 0.0, 0)])[0] == reserved
+    assert sorted(set(capacities)) == [12, 24, len(MINE) + params.max_new_tokens]
