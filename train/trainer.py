@@ -45,6 +45,7 @@ from prodip.train.loop import (
 )
 from prodip.train.model import LlamaForCausalLM
 from prodip.train.observe import RunObserver, interrupt_message, plot_loss  # noqa: F401 (plot_loss re-exported)
+from prodip.train.records import SFT_EVAL_FILE
 from prodip.train.saver import AsyncCheckpointer
 from prodip.train.schedule import SCHEDULES, lr_for
 
@@ -330,8 +331,15 @@ def refuse_foreign_run_dir(run_dir: Path) -> None:
         return
     if (run_dir / checkpoint.CHECKPOINTS_DIRNAME).is_dir():
         return
-    if [p.name for p in run_dir.iterdir()] == ["tokenizer"] and (run_dir / "tokenizer" / "tokenizer.json").is_file():
-        return  # an sft run stopped after writing its chat tokenizer, before its config.toml
+    names = {p.name for p in run_dir.iterdir()}
+    if (
+        "tokenizer" in names
+        and names <= {"tokenizer", SFT_EVAL_FILE}
+        and (run_dir / "tokenizer" / "tokenizer.json").is_file()
+    ):
+        # an sft run stopped after writing its chat tokenizer (and its "before" score, sft_eval.json), before its
+        # config.toml: e.g. its conversations were refused, or it was interrupted there
+        return
     try:
         tables = set(read_toml(run_dir / "config.toml"))
     except (ConfigError, OSError):

@@ -200,3 +200,24 @@ def test_failed_tokenizer_gate_refused_unless_forced(tmp_path, tiny_tokenizer_di
     with pytest.raises(ValueError, match="fertility"):
         train(cfg, tiny_config())
     assert ck.load_model(train(dataclasses.replace(cfg, force=True), tiny_config()))[2]["step"] == 1
+
+
+def test_an_sft_run_stopped_before_its_config_is_its_own_run_dir(tmp_path):
+    """prodip sft writes tokenizer/ and sft_eval.json ("before") ahead of config.toml; if it stops there (its
+    conversations refused, an interrupt), the same --out-dir must be accepted when it is run again. A folder
+    with anything else beside them is still the user's."""
+    from prodip.train.trainer import refuse_foreign_run_dir
+
+    run = tmp_path / "sft"
+    (run / "tokenizer").mkdir(parents=True)
+    (run / "tokenizer" / "tokenizer.json").write_text("{}")
+    refuse_foreign_run_dir(run)
+    (run / "sft_eval.json").write_text("{}")
+    refuse_foreign_run_dir(run)
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is not a training run dir"):
+        refuse_foreign_run_dir(run)
+    (run / "notes.txt").unlink()
+    (run / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(FileExistsError, match="is not a training run dir"):
+        refuse_foreign_run_dir(run)
