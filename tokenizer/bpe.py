@@ -251,11 +251,14 @@ class TokenizerTrainConfig:
 
     def corpus_only(self) -> TokenizerTrainConfig:
         """This config without its word-count tables and the options that only shape them or the mix
-        (``word_counts``, ``wordfreq_chars``'s tables, ``bare_share``, ``capitalised_share``, ``weights``):
-        the text corpus's natural mix, what the audit's naive baseline trains on. A new option that only
+        (``word_counts``, ``wordfreq_chars``'s tables, ``bare_share``, ``capitalised_share``, ``weights``) and
+        without sample ``proportions``: the text corpus's natural mix, what the audit's naive baseline trains on
+        (proportions could name a language that only a word-count table brought). A new option that only
         applies to word-count tables must be reset here too (tests/tokenizer/test_audit.py trains the
         baseline from a config that sets every one)."""
-        return dataclasses.replace(self, word_counts={}, bare_share={}, capitalised_share={}, weights={})
+        return dataclasses.replace(
+            self, word_counts={}, bare_share={}, capitalised_share={}, weights={}, proportions={}
+        )
 
 
 # ---------------------------------------------------------------------------------------------- sampling

@@ -166,8 +166,10 @@ def test_the_naive_baseline_trains_from_a_config_with_every_word_list_option(cor
     cfg.weights = {"x": 2}
     tied = ["word_counts"] + [f.name for f in fields(cfg) if "word_counts" in str(f.metadata.get("help", ""))]
     assert set(tied) >= {"bare_share", "capitalised_share", "weights"}, tied
+    cfg.proportions = {"bn": 0.6, "en": 0.4}
     plain = cfg.corpus_only()
     assert all(getattr(plain, name) == getattr(TokenizerTrainConfig(), name) for name in tied)
+    assert plain.proportions == {}  # the natural mix (a share could name a language only a table brought)
 
 
 def test_bad_weights_and_tables_are_refused(corpus, tmp_path):
