@@ -113,8 +113,11 @@ class _SSEResponse(StreamingResponse):
     Why: ``Request.is_disconnected`` after every chunk (an anyio cancel scope and a cancelled receive
     each time) was ~16 % of the event loop's Python per token at one stream
     (bench/results/serve_profile_2026-12-01.md); a flag costs nothing. Under uvicorn (ASGI spec 2.3)
-    Starlette also cancels the body when its listener sees the disconnect; the flag makes the body stop
-    at its next chunk on servers that do not (spec >= 2.4 servers raise on the failed write instead).
+    Starlette's listener receives the disconnect through :meth:`__call__`'s ``watched`` and cancels the
+    body at once (its sequences are cancelled by the generators' ``finally``, even while no token flows);
+    the flag stops the guard at its next chunk should that cancellation land later. A server of ASGI spec
+    >= 2.4 has no listener: there a disconnect surfaces as the failed write of the next chunk (the
+    per-chunk check also ran only between chunks: a stream waiting for its first token noticed neither way).
     """
 
     def __init__(self, chunks: AsyncGenerator[str, None]) -> None:
