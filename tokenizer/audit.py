@@ -32,7 +32,7 @@ import regex
 
 from prodip.base.config import from_dict, opt, read_toml
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.records import refuse_newer
+from prodip.base.records import RecordError, refuse_newer
 from prodip.tokenizer.bpe import (
     RESERVED_TOKENS,
     TokenizerTrainConfig,
@@ -334,12 +334,22 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
             "`prodip tokenizer train` or pass --baseline-dir of an existing naive tokenizer"
         )
     cfg = from_dict(TokenizerTrainConfig, read_toml(config_path).get("tokenizer", {}), source=str(config_path))
-    info, ours = read_train_info(out), read_train_info(tokenizer_dir)
+    ours = read_train_info(tokenizer_dir)
+    try:
+        info = read_train_info(out)
+    except RecordError:  # a damaged baseline is retrained, not a reason to fail the audit
+        info = None
+
+    def text_files(files: dict[str, list[str]]) -> dict[str, list[str]]:
+        # each file once: ours lists a file once per copy (its weight), the baseline, trained without weights, once
+        return {lang: sorted(set(paths)) for lang, paths in files.items()}
+
     if (
         (out / "tokenizer.json").is_file()
         and info is not None
         and info.kind == "naive"
-        and info.files == (ours.files if ours is not None else None)
+        and ours is not None
+        and text_files(info.files) == text_files(ours.files)
     ):
         return out
     # the trap it shows: the text corpus's natural mix, without word-count tables or source weights

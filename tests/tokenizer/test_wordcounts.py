@@ -157,6 +157,11 @@ def test_the_naive_baseline_trains_from_a_config_with_every_word_list_option(cor
         capitalised_share={"en": 0.07},
     )
     naive = naive_baseline(tok, str(tmp_path / "naive"))
+    stamp = (naive / "tokenizer.json").stat().st_mtime_ns
+    assert naive_baseline(tok, str(tmp_path / "naive")) == naive  # reused although data/bn is weighted 2
+    assert (naive / "tokenizer.json").stat().st_mtime_ns == stamp
+    (naive / "train_info.json").write_text("{damaged")
+    assert naive_baseline(tok, str(tmp_path / "naive")) == naive  # a damaged baseline is retrained
     info = _info(naive)
     assert info["kind"] == "naive"
     assert {s["source"] for s in info["sources"]} == {bn, str(corpus["en"])}
