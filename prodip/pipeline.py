@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, field_validator
 
 from prodip.base.config import (
     ConfigError,
@@ -332,6 +332,14 @@ class RunMarker(Record):
     INDENT: ClassVar[int | None] = None
 
     config: str = "config.toml"
+
+    @field_validator("config")
+    @classmethod
+    def _bare_file_name(cls, name: str) -> str:
+        """The saved config lies beside the marker: a bare file name, never a path out of the run dir."""
+        if not name or name in (".", "..") or "/" in name or "\\" in name:
+            raise ValueError(f"must be a file name in the run dir, got {name!r}")
+        return name
 
 
 class RunSummary(Record):

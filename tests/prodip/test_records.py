@@ -572,3 +572,16 @@ def test_files_written_before_their_records_still_read(tmp_path):
     assert RunMarker.read(path).config == "config.toml"
     RunMarker.read(path).write(tmp_path / "again.json")
     assert (tmp_path / "again.json").read_text() == path.read_text()
+
+
+@pytest.mark.parametrize("name", ["../elsewhere.toml", "/etc/passwd", "sub/config.toml", ".."])
+def test_a_run_marker_names_a_file_beside_it_only(tmp_path, name):
+    """prodip_run.json's ``config`` is joined to the run dir: a path out of it is refused, naming the field."""
+    from prodip.pipeline import RunMarker
+
+    path = tmp_path / "prodip_run.json"
+    path.write_text(json.dumps({"format_version": 1, "config": name}))
+    with pytest.raises(RecordError, match="field 'config'"):
+        RunMarker.read(path)
+    path.write_text(json.dumps({"format_version": 1, "config": "config.toml"}))
+    assert RunMarker.read(path).config == "config.toml"
