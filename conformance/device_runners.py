@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -30,8 +31,11 @@ from typing import Any, Optional
 import numpy as np
 
 from prodip.base.errors import MissingInput
+from prodip.base.files import native_stderr_to_log
 from prodip.conformance.runners import Runner
 from prodip.export.executorch import quiet_optional_imports
+
+log = logging.getLogger("prodip.conformance.device_runners")
 
 NODE_DIR = Path(os.environ.get("PRODIP_NODE_DIR", Path(__file__).resolve().parents[1] / "node"))
 EVAL_SCRIPT = "llamacpp_eval.mjs"
@@ -212,7 +216,8 @@ def runtime_token_ids(kind: str, runner: Any, tokenizer_json: Path, texts: list[
     from pytorch_tokenizers import CppHFTokenizer  # noqa: PLC0415 (optional: installed with executorch)
 
     tok = CppHFTokenizer()
-    tok.load(str(tokenizer_json))
+    with native_stderr_to_log(log):  # its re2 "Error parsing" before the PCRE2 fallback: expected, harmless
+        tok.load(str(tokenizer_json))
     return [list(tok.encode(t, 1, 0)) for t in texts]
 
 

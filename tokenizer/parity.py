@@ -28,6 +28,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -40,9 +41,12 @@ from typing import Any
 import tokenizers
 
 from prodip.base.errors import InvalidInput
+from prodip.base.files import native_stderr_to_log
 from prodip.tokenizer.corpus import iter_language
 from prodip.tokenizer.gguf import write_vocab_gguf
 from prodip.tokenizer.portable import nfc, portability, write_target_files
+
+log = logging.getLogger("prodip.tokenizer.parity")
 
 RUNTIMES = ("tokenizers", "transformers", "transformers.js", "onnxruntime-genai", "llama.cpp", "executorch")
 REFERENCE = "tokenizers"
@@ -209,7 +213,8 @@ def _executorch(tok_dir: Path, texts: list[str], work: Path) -> tuple[list[list[
     folder = work / "executorch"
     write_target_files(tok_dir, folder, "executorch")
     tok = pytorch_tokenizers.CppHFTokenizer()
-    tok.load(str(folder / "tokenizer.json"))
+    with native_stderr_to_log(log):  # its re2 "Error parsing" before the PCRE2 fallback: expected, harmless
+        tok.load(str(folder / "tokenizer.json"))
     version = importlib.metadata.version("pytorch-tokenizers")
     return [list(tok.encode(t, 1, 0)) for t in texts], f"pytorch-tokenizers {version} (HFTokenizer)"
 

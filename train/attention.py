@@ -17,6 +17,7 @@ print(probe('auto', torch.device('cpu'), torch.float32, heads=4, kv_heads=2, hea
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from prodip.base.errors import InvalidInput
+from prodip.base.files import native_stderr_to_log
+
+log = logging.getLogger("prodip.train")
 
 #: ``[train] attention_backend`` choices -> the SDPA backends allowed (``None``: PyTorch's choice).
 BACKENDS: dict[str, tuple[SDPBackend, ...] | None] = {
@@ -95,7 +99,8 @@ def probe(
     k = torch.randn((1, kv_heads, seq_len, head_dim), generator=gen).to(device, dtype).requires_grad_()
     v = torch.randn((1, kv_heads, seq_len, head_dim), generator=gen).to(device, dtype).requires_grad_()
     try:
-        with context(backend), torch.profiler.profile() as prof:
+        # the CPU build's profiler prints "USDT: ... profiler_start/stop" from C++ on every use: keep it in the log
+        with native_stderr_to_log(log), context(backend), torch.profiler.profile() as prof:
             F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=heads != kv_heads).sum().backward()
     except RuntimeError as err:
         reason = " ".join(str(err).split())[:300]

@@ -11,9 +11,12 @@ import errno
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,3 +223,31 @@ def raise_for_room(
 def _unchanged(shown_as: str | os.PathLike[str] | None) -> str:
     """The reassurance that an earlier artifact at the final path is still there, whole."""
     return f"; the earlier {shown_as} is unchanged" if shown_as is not None and Path(shown_as).exists() else ""
+
+
+@contextlib.contextmanager
+def native_stderr_to_log(logger: logging.Logger, level: int = logging.DEBUG) -> Iterator[None]:
+    """Send what native code writes to the process's standard error (file descriptor 2) inside the block to
+    ``logger`` at ``level``, one record per line, instead of the terminal.
+
+    For libraries that print expected, harmless diagnostics from C++ where Python's ``sys.stderr``
+    redirection cannot reach: ExecuTorch's ``HFTokenizer`` logs "E0000 ... re2.cc ... Error parsing ...
+    invalid perl operator" and "Re2 failed to compile regex" for every pre-tokenizer with a lookahead, then
+    compiles it with PCRE2 and tokenizes correctly (tokenizer/parity.py checks the ids), which reads as an
+    error in a user's run. Keep the block short: anything else written to fd 2 meanwhile (another thread's
+    log line) is logged at ``level`` too.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode("utf-8", "replace").splitlines():
+                if line.strip():
+                    logger.log(level, "%s", line)

@@ -91,3 +91,36 @@ def test_gguf_metadata_reads_back(tok_dir, tmp_path):
     assert padded["tokens"][-1] == "<|unused_5|>" and padded["token_types"][-1] == 5  # UNUSED
     with pytest.raises(ValueError, match="smaller than the tokenizer's 1024"):
         tokenizer_metadata(tok_dir, vocab_size=1000)
+
+
+def test_executorch_tokenizer_loads_without_alarming_the_terminal(tok_dir, tmp_path, capfd, caplog):
+    """ExecuTorch's HFTokenizer prints "E0000 ... re2.cc ... Error parsing" for the pre-tokenizer's lookahead, then
+    compiles it with PCRE2 and tokenizes correctly: the parity check keeps that off the terminal (it goes to
+    prodip's log at DEBUG) and still gets the runtime's ids."""
+    import logging
+
+    if importlib.util.find_spec("pytorch_tokenizers") is None:
+        skip_or_fail("pytorch-tokenizers (ExecuTorch's tokenizer, pip extra runtimes) not installed")
+    from prodip.tokenizer.parity import _executorch
+
+    with caplog.at_level(logging.DEBUG, logger="prodip.tokenizer.parity"):
+        ids, version = _executorch(tok_dir, ["আমি বাড়ি যাই।", "Hello, world!"], tmp_path)
+    err = capfd.readouterr().err
+    assert "re2" not in err and "Error parsing" not in err, err
+    assert any("re2" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+    assert version.startswith("pytorch-tokenizers") and all(len(row) > 1 for row in ids)
+
+
+def test_native_stderr_goes_to_the_log_and_the_terminal_comes_back(capfd, caplog):
+    import logging
+    import os
+
+    from prodip.base.files import native_stderr_to_log
+
+    log = logging.getLogger("prodip.test.native")
+    with caplog.at_level(logging.DEBUG, logger="prodip.test.native"):
+        with native_stderr_to_log(log):
+            os.write(2, b"E0000 from C++\n\n")
+        os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"
+    assert [r.getMessage() for r in caplog.records] == ["E0000 from C++"]

@@ -113,3 +113,16 @@ def test_an_impossible_backend_is_refused_before_training(tmp_path, tiny_tokeniz
     assert prodip_main(["train", "--config", str(toml), "--attention-backend", "efficient"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert any("attention_backend = efficient cannot run on cpu" in line for line in err)
+
+
+def test_the_probe_keeps_the_profilers_native_lines_off_the_terminal(capfd):
+    """The CPU build's profiler prints "USDT: ... profiler_start/stop" to fd 2 at every use; the probe runs it
+    at every training start, so those lines go to prodip's log, and the terminal shows nothing."""
+    import torch
+
+    from prodip.train.attention import probe
+
+    kernel = probe("auto", torch.device("cpu"), torch.float32, heads=2, kv_heads=1, head_dim=8, seq_len=16)
+    assert kernel.backend == "auto"
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_st" not in err, err
