@@ -195,19 +195,23 @@ class _Batch:
             last (:attr:`OnnxDecoder.row_rule`): rows ``[:B]`` count.
         lengths: (B,) int64, the tokens in each row's cache = its next position id.
         next_ids: (B,) int64 last sampled token of each row (fed at the next step).
+        reserve: the most tokens any row can reach (prompt + max new tokens; rows that left may leave
+            it high): what a cache the decoder allocates for this group is sized for, set once per
+            group rather than recomputed at every decode step.
     """
 
     seqs: list[Sequence]
     past: list[Any]
     lengths: np.ndarray
     next_ids: np.ndarray
+    reserve: int = 0
 
     def select(self, keep: list[int]) -> _Batch:
         """The rows ``keep`` (indices); the same object when all are kept (no copy of the cache)."""
         if len(keep) == len(self.seqs):
             return self
         past = [to_numpy(p)[keep] for p in self.past]
-        return _Batch([self.seqs[i] for i in keep], past, self.lengths[keep], self.next_ids[keep])
+        return _Batch([self.seqs[i] for i in keep], past, self.lengths[keep], self.next_ids[keep], self.reserve)
 
     @property
     def uniform(self) -> bool:
@@ -222,7 +226,8 @@ class _Batch:
         na, nb = len(a.seqs), len(b.seqs)
         past = [np.concatenate(_same_capacity(to_numpy(x)[:na], to_numpy(y)[:nb])) for x, y in zip(a.past, b.past)]
         lengths = np.concatenate([a.lengths, b.lengths])
-        return _Batch(a.seqs + b.seqs, past, lengths, np.concatenate([a.next_ids, b.next_ids]))
+        next_ids = np.concatenate([a.next_ids, b.next_ids])
+        return _Batch(a.seqs + b.seqs, past, lengths, next_ids, max(a.reserve, b.reserve))
 
 
 class BatchScheduler:
@@ -342,12 +347,11 @@ class BatchScheduler:
         attention_mask: np.ndarray,
         position_ids: np.ndarray,
         past: list[Any],
-        seqs: list[Sequence],
+        reserve: int,
     ) -> tuple[np.ndarray, list[Any]]:
-        """:meth:`OnnxDecoder.forward`, after ``on_step``; a cache it allocates holds the most tokens any
-        of ``seqs`` (the call's rows) can reach: prompt + max new tokens."""
+        """:meth:`OnnxDecoder.forward`, after ``on_step``; a cache it allocates is sized for ``reserve``
+        tokens (:attr:`_Batch.reserve`)."""
         self.on_step()
-        reserve = max(len(s.prompt_ids) + s.params.max_new_tokens for s in seqs)
         return self.decoder.forward(input_ids, attention_mask, position_ids, past, reserve)
 
     def _report_depth(self) -> None:
@@ -374,7 +378,8 @@ class BatchScheduler:
             ids = np.array([s.prompt_ids for s in same], np.int64)
             mask = np.ones(ids.shape, np.int64)
             pos = np.broadcast_to(np.arange(T, dtype=np.int64), ids.shape)
-            logits, present = self._forward(ids, mask, pos, self.decoder.empty_past(len(same)), same)
+            reserve = T + max(s.params.max_new_tokens for s in same)
+            logits, present = self._forward(ids, mask, pos, self.decoder.empty_past(len(same)), reserve)
             keep = []
             for r, s in enumerate(same):
                 if s.params.prompt_logprobs:
@@ -387,7 +392,7 @@ class BatchScheduler:
                     keep.append(r)
             next_ids = np.array([s.generated[-1] if s.generated else 0 for s in same], np.int64)
             lengths = np.full(len(same), T, np.int64)
-            groups.append(_Batch(same, present, lengths, next_ids).select(keep))
+            groups.append(_Batch(same, present, lengths, next_ids, reserve).select(keep))
         return groups
 
     def _decode(self, b: _Batch) -> _Batch:
@@ -404,8 +409,8 @@ class BatchScheduler:
             mask = np.ones((B, int(b.lengths[0]) + 1), np.int64)
         else:  # shared-buffer graph: each row's ones are its own past + this token, padding on the right
             mask = (np.arange(int(b.lengths.max()) + 1) <= b.lengths[:, None]).astype(np.int64)
-        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None].copy(), b.past, b.seqs)
-        b = _Batch(b.seqs, present, b.lengths + 1, b.next_ids.copy())
+        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None].copy(), b.past, b.reserve)
+        b = _Batch(b.seqs, present, b.lengths + 1, b.next_ids.copy(), b.reserve)
         for r, s in enumerate(b.seqs):
             s.step(logits[r, -1])
             b.next_ids[r] = s.generated[-1]
