@@ -31,6 +31,7 @@ from prodip.export.config import ExportConfig
 from prodip.tokenizer.bpe import TrainInfo
 from prodip.tokenizer.wordcounts import WORDFREQ_LICENSE
 from tests.fixtures import DATA_CARD
+from tests.prodip.test_records import _ONNX_ENTRY
 
 #: a fine-tuned checkpoint's data card: its base's pretraining sources (prodip.train.sft._base_sources: ``stage``
 #: then ``tokens_seen``), a fine-tuning source (``stage``, ``files``), as train/sft.py writes them
@@ -91,24 +92,7 @@ _QUANTIZATION = {
         "embedding_layout": "uint8 codes and scales",
         "embedding_not_shared_because": "share_tied_embedding=False",
     },
-    "int4": {  # export.quantize.to_int4
-        "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
-        "algorithm": "RTN (DEFAULT)",
-        "format": "QOperator",
-        "bits": 4,
-        "block_size": 32,
-        "symmetric": True,
-        "op_types": ["MatMul", "Gather"],
-        "embedding_quantized": True,
-        "lm_head_quantized": True,
-        "embedding_shared_with_lm_head": True,
-        "embedding_lookup_lowered": 1,
-        "accuracy_level": 4,
-        "materialized_transposes": 0,
-        "external_data": True,
-        "opset": 21,
-        "embedding_layout": "Gather of packed 4-bit rows",
-    },
+    "int4": _ONNX_ENTRY["quantization"],  # export.quantize.to_int4 (the entry test_records reads)
     "gguf-q4_k_m": {  # export.gguf.export_gguf
         "tensor_types": {"Q4_K": 10, "Q6_K": 4, "F32": 5},
         "pre": "granite-embed-multi-97m",

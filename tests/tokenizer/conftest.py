@@ -91,3 +91,20 @@ def custom_tok_dir(corpus, tmp_path_factory) -> Path:
 def heldout(tmp_path_factory) -> dict[str, Path]:
     """Held-out files: the bundled UDHR texts (never in ``corpus``)."""
     return {"bn": REPO / "data/heldout/udhr_ben.txt", "en": REPO / "data/heldout/udhr_eng.txt"}
+
+
+def prepare_args(corpus, tok_dir, out: Path, *more: str) -> list[str]:
+    """`prodip data prepare` arguments for the tests' corpus and tokenizer into ``out``, plus ``more``."""
+    return [
+        "data",
+        "prepare",
+        "--tokenizer-dir",
+        str(tok_dir),
+        "--inputs",
+        f"bn={corpus['bn']},en={corpus['en']}",
+        "--out-dir",
+        str(out),
+        "--progress",
+        "false",
+        *more,
+    ]

@@ -15,6 +15,7 @@ from prodip.tokenizer.corpus import expand_inputs, iter_language
 from prodip.tokenizer.encode import DataPrepareConfig, prepare_shards
 from prodip.tokenizer.shards import load_meta, read_shard, shard_paths
 from tests.fixtures import write_sources
+from tests.tokenizer.conftest import prepare_args
 
 
 def _cfg(corpus, tok_dir, out, **kw):
@@ -92,18 +93,7 @@ def test_bad_input_leaves_nothing(corpus, tok_dir, tmp_path):
 
 def test_cli_prepare_and_errors(corpus, tok_dir, tmp_path, capsys):
     out = tmp_path / "cli"
-    args = [
-        "data",
-        "prepare",
-        "--tokenizer-dir",
-        str(tok_dir),
-        "--inputs",
-        f"bn={corpus['bn']},en={corpus['en']}",
-        "--out-dir",
-        str(out),
-        "--progress",
-        "false",
-    ]
+    args = prepare_args(corpus, tok_dir, out)
     assert prodip_main(args) == 0
     assert "MB/s" in capsys.readouterr().out and (out / "data_config.toml").is_file()
     assert prodip_main(args) == 2  # refuses to overwrite

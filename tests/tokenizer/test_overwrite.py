@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from prodip.cli import main as prodip_main
+from tests.tokenizer.conftest import prepare_args
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -29,29 +30,13 @@ def _one_line_error(capsys) -> str:
     return err
 
 
-def _prepare_args(corpus, tok_dir, out: Path, *more: str) -> list[str]:
-    return [
-        "data",
-        "prepare",
-        "--tokenizer-dir",
-        str(tok_dir),
-        "--inputs",
-        f"bn={corpus['bn']},en={corpus['en']}",
-        "--out-dir",
-        str(out),
-        "--progress",
-        "false",
-        *more,
-    ]
-
-
 def test_data_prepare_overwrite_refuses_newer_shards_and_foreign_dirs(corpus, tok_dir, tmp_path, capsys):
     out = tmp_path / "shards"
-    assert prodip_main(_prepare_args(corpus, tok_dir, out)) == 0
+    assert prodip_main(prepare_args(corpus, tok_dir, out)) == 0
     _set_version(out / "meta.json", 3)
     before = _snapshot(out)
     capsys.readouterr()
-    assert prodip_main(_prepare_args(corpus, tok_dir, out, "--overwrite", "true")) == 2
+    assert prodip_main(prepare_args(corpus, tok_dir, out, "--overwrite", "true")) == 2
     err = _one_line_error(capsys)
     assert f"{out / 'meta.json'}: written by a newer prodip (format_version 3; this prodip reads 2)" in err
     assert "nothing was removed" in err
@@ -59,7 +44,7 @@ def test_data_prepare_overwrite_refuses_newer_shards_and_foreign_dirs(corpus, to
 
     # an older prodip's shards (format_version 1, no longer read) are prodip's: --overwrite replaces them
     _set_version(out / "meta.json", 1)
-    assert prodip_main(_prepare_args(corpus, tok_dir, out, "--overwrite", "true")) == 0
+    assert prodip_main(prepare_args(corpus, tok_dir, out, "--overwrite", "true")) == 0
     assert json.loads((out / "meta.json").read_text(encoding="utf-8"))["format_version"] == 2
 
     # a folder that holds no meta.json is not prodip's: never deleted, even with --overwrite
@@ -67,7 +52,7 @@ def test_data_prepare_overwrite_refuses_newer_shards_and_foreign_dirs(corpus, to
     other.mkdir()
     (other / "holiday.jpg").write_bytes(b"\xff\xd8 not shards")
     capsys.readouterr()
-    assert prodip_main(_prepare_args(corpus, tok_dir, other, "--overwrite", "true")) == 2
+    assert prodip_main(prepare_args(corpus, tok_dir, other, "--overwrite", "true")) == 2
     err = _one_line_error(capsys)
     assert f"{other}: is not empty and is not a shards dir (no meta.json)" in err
     assert _snapshot(other) == {"holiday.jpg": b"\xff\xd8 not shards"}
