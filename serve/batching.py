@@ -198,6 +198,9 @@ class _Batch:
         reserve: the most tokens any row can reach (prompt + max new tokens; rows that left may leave
             it high): what a cache the decoder allocates for this group is sized for, set once per
             group rather than recomputed at every decode step.
+        uniform: every row holds as many tokens (a contract-graph group always does): known where rows
+            come together or leave (:meth:`merge`, :meth:`select`) and kept by a decode step, rather
+            than recomputed at every step.
     """
 
     seqs: list[Sequence]
@@ -205,18 +208,16 @@ class _Batch:
     lengths: np.ndarray
     next_ids: np.ndarray
     reserve: int = 0
+    uniform: bool = True
 
     def select(self, keep: list[int]) -> _Batch:
         """The rows ``keep`` (indices); the same object when all are kept (no copy of the cache)."""
         if len(keep) == len(self.seqs):
             return self
         past = [to_numpy(p)[keep] for p in self.past]
-        return _Batch([self.seqs[i] for i in keep], past, self.lengths[keep], self.next_ids[keep], self.reserve)
-
-    @property
-    def uniform(self) -> bool:
-        """Whether every row holds as many tokens (a contract-graph group always does)."""
-        return bool((self.lengths == self.lengths[0]).all())
+        lengths = self.lengths[keep]
+        uniform = self.uniform or _all_equal(lengths)
+        return _Batch([self.seqs[i] for i in keep], past, lengths, self.next_ids[keep], self.reserve, uniform)
 
     @staticmethod
     def merge(a: _Batch, b: _Batch) -> _Batch:
@@ -227,7 +228,7 @@ class _Batch:
         past = [np.concatenate(_same_capacity(to_numpy(x)[:na], to_numpy(y)[:nb])) for x, y in zip(a.past, b.past)]
         lengths = np.concatenate([a.lengths, b.lengths])
         next_ids = np.concatenate([a.next_ids, b.next_ids])
-        return _Batch(a.seqs + b.seqs, past, lengths, next_ids, max(a.reserve, b.reserve))
+        return _Batch(a.seqs + b.seqs, past, lengths, next_ids, max(a.reserve, b.reserve), _all_equal(lengths))
 
 
 class BatchScheduler:
@@ -237,7 +238,7 @@ class BatchScheduler:
         decoder: the ONNX decoder.
         max_batch_size: most rows decoded together (rows); further arrivals wait in a queue.
         batch_wait_ms: when idle, wait this long (milliseconds) after the first arrival for others.
-        on_queue_depth: called (engine thread) with the waiting and running sequence counts.
+        on_queue_depth: called (engine thread) with the waiting and running sequence counts when they change.
         on_decode_step: called (engine thread) with the number of rows of each decode step.
         on_step: called (engine thread) after each step, just before each ONNX Runtime call and
             before the thread waits for work: where the events emitted since are handed on.
@@ -262,6 +263,8 @@ class BatchScheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._groups: list[_Batch] = []  # running rows, one group per length
+        self._ones = np.ones(0, np.int64)  # the masks of uniform groups are views of it (never written)
+        self._reported = (-1, -1)  # the (waiting, running) counts on_queue_depth was told last
         self._thread = threading.Thread(target=self._run, name="prodip-engine", daemon=True)
 
     def start(self) -> None:
@@ -284,6 +287,8 @@ class BatchScheduler:
             self._thread.join(timeout_s)
 
     def _take_waiting(self) -> list[Sequence]:
+        if self._groups and not self._waiting and not self._stop:
+            return []  # the usual decode step: no lock (a submit that lands now is taken next step)
         with self._cond:
             running = self._running()
             while not self._waiting and running == 0 and not self._stop:
@@ -296,8 +301,14 @@ class BatchScheduler:
                         break
             room = self.max_batch_size - running
             taken = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-            self.on_queue_depth(len(self._waiting), running + len(taken))
+            self._tell_depth(len(self._waiting), running + len(taken))
             return taken
+
+    def _tell_depth(self, waiting: int, running: int) -> None:
+        """``on_queue_depth(waiting, running)`` when the counts changed since it was last told."""
+        if (waiting, running) != self._reported:
+            self._reported = (waiting, running)
+            self.on_queue_depth(waiting, running)
 
     def _run(self) -> None:
         while True:
@@ -354,11 +365,18 @@ class BatchScheduler:
         self.on_step()
         return self.decoder.forward(input_ids, attention_mask, position_ids, past, reserve)
 
+    def _all_ones(self, rows: int, cols: int) -> np.ndarray:
+        """A (rows, cols) int64 mask of ones: a view of one buffer, grown by doubling, that is never
+        written (the decoder only reads it), so a decode step allocates no mask."""
+        if self._ones.size < rows * cols:
+            self._ones = np.ones(max(rows * cols, 2 * self._ones.size), np.int64)
+        return self._ones[: rows * cols].reshape(rows, cols)
+
     def _report_depth(self) -> None:
         """Tell ``on_queue_depth`` the current waiting and running counts (engine thread)."""
         with self._cond:
             waiting = len(self._waiting)
-        self.on_queue_depth(waiting, self._running())
+        self._tell_depth(waiting, self._running())
 
     @staticmethod
     def _drop_if_cancelled(seq: Sequence) -> bool:
@@ -406,15 +424,20 @@ class BatchScheduler:
         B = len(b.seqs)
         self.on_decode_step(B)
         if b.uniform:
-            mask = np.ones((B, int(b.lengths[0]) + 1), np.int64)
+            mask = self._all_ones(B, int(b.lengths[0]) + 1)
         else:  # shared-buffer graph: each row's ones are its own past + this token, padding on the right
             mask = (np.arange(int(b.lengths.max()) + 1) <= b.lengths[:, None]).astype(np.int64)
-        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None].copy(), b.past, b.reserve)
-        b = _Batch(b.seqs, present, b.lengths + 1, b.next_ids.copy(), b.reserve)
+        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None], b.past, b.reserve)
+        b = _Batch(b.seqs, present, b.lengths + 1, b.next_ids.copy(), b.reserve, b.uniform)
         for r, s in enumerate(b.seqs):
             s.step(logits[r, -1])
             b.next_ids[r] = s.generated[-1]
         return b.select([i for i, s in enumerate(b.seqs) if not s.finished])
+
+
+def _all_equal(lengths: np.ndarray) -> bool:
+    """Whether every row holds as many tokens (``lengths``: (B,) int64, B >= 1)."""
+    return bool((lengths == lengths[0]).all())
 
 
 def _same_capacity(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -389,9 +390,8 @@ class OnnxDecoder:
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self._logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
         self.vocab_size = int(config["vocab_size"])
-        #: the shared-buffer graph's last decode binding: (binding, its caches, its logits buffer,
-        #: the caches' capacity in tokens)
-        self._binding: Optional[tuple[ort.IOBinding, list[Any], np.ndarray, int]] = None
+        #: the shared-buffer graph's last decode binding, kept for the next decode step on the same caches
+        self._binding: Optional[_DecodeBinding] = None
         #: what a row needs to get the same bits alone as among others (:func:`nbits_row_rule`:
         #: ONNX Runtime's MatMulNBits kernels choose their path by the call's row count):
         #: "none", "one" (a lone row runs with a twin) or "odd" (an odd row count gets a twin)
@@ -432,6 +432,8 @@ class OnnxDecoder:
             (shared-buffer graph: (B', Hkv, capacity >= P+T, Dh), the first P+T slots valid). B' = B,
             or B + 1 when :attr:`row_rule` gave the call a twin row (a copy of the last row, computed
             alongside it): feed ``present`` back as ``past`` as it is, rows ``[:B]`` are the real ones.
+            The logits of a shared-buffer decode step (T = 1) are the decoder's output buffer, which
+            the next call overwrites: use them, or copy them, before calling again.
         """
         B, T = input_ids.shape
         if needs_twin(self.row_rule, B * T):
@@ -487,13 +489,13 @@ class OnnxDecoder:
         capacity (at least P + T and :attr:`MIN_CAPACITY`,
         at most ``max_position_embeddings`` unless P + T is more; its first P slots copied).
         Returns logits and the same caches (OrtValues, each keeping its numpy buffer alive), now
-        holding P + T."""
+        holding P + T; a decode step's logits are the kept binding's buffer (:class:`_DecodeBinding`)."""
         B, T = input_ids.shape
         total = attention_mask.shape[1]
         held = total - T
         kept = self._binding
-        if T == 1 and kept is not None and kept[3] >= total and kept[2].shape[0] == B and _same(kept[1], past):
-            return self._run_bound(kept[0], input_ids, attention_mask, position_ids, kept[2]), kept[1]
+        if T == 1 and kept is not None and kept.capacity >= total and kept.rows == B and _same(kept.caches, past):
+            return kept.run(self.session, input_ids, attention_mask, position_ids), kept.caches
         caches = []
         for value in past:
             capacity = value.shape()[2] if isinstance(value, ort.OrtValue) else value.shape[2]
@@ -511,49 +513,91 @@ class OnnxDecoder:
             if not isinstance(value, ort.OrtValue):
                 value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value, np.float32))
             caches.append(value)
-        io, logits = self._in_place_binding(caches, B, T)
-        return self._run_bound(io, input_ids, attention_mask, position_ids, logits), caches
-
-    def _run_bound(
-        self,
-        io: ort.IOBinding,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray,
-        position_ids: np.ndarray,
-        logits: Optional[np.ndarray],
-    ) -> np.ndarray:
-        """Bind the step's inputs to ``io`` (caches and outputs bound already), run, return the logits."""
+        if T == 1:  # a decode step: a binding kept for the next steps on these caches
+            self._binding = _DecodeBinding.make(self.session, self.past_names, self.present_names, caches, self._logits)
+            return self._binding.run(self.session, input_ids, attention_mask, position_ids), caches
+        io = self.session.io_binding()  # a prefill: ONNX Runtime allocates the (B, T, V) logits
+        for name, value in zip(self.past_names, caches):
+            io.bind_ortvalue_input(name, value)
+        io.bind_output("logits")  # first: get_outputs() lists the outputs in the order bound
+        for name, value in zip(self.present_names, caches):
+            io.bind_ortvalue_output(name, value)
         io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
         io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
         io.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, np.int64))
         self.session.run_with_iobinding(io)
-        if logits is None:
-            out: np.ndarray = io.get_outputs()[0].numpy()
-            return out
-        copied: np.ndarray = logits.copy()  # a copy: the buffer is the next step's output
-        return copied
+        logits: np.ndarray = io.get_outputs()[0].numpy()
+        return logits, caches
 
-    def _in_place_binding(
-        self, caches: list[Any], rows: int, tokens: int
-    ) -> tuple[ort.IOBinding, Optional[np.ndarray]]:
-        """An IO binding with ``caches`` bound as past and present, and for a decode step (``tokens``
-        = 1) a logits buffer (rows, 1, V) bound as the output, kept for the next decode step on the
-        same caches (:meth:`_forward_in_place` reuses it: binding 2 x layers caches, and ONNX Runtime
-        allocating the logits, cost ~0.1 ms a step in Python; bench/results/serve_profile_2026-12-01.md).
-        Returns the binding (inputs still to bind) and the logits buffer (None: bound as ONNX Runtime's)."""
-        io = self.session.io_binding()
-        for name, value in zip(self.past_names, caches):
+    def _logits(self, rows: int) -> np.ndarray:
+        """A decode step's logits buffer: (rows, 1, V) in the graph's logits dtype."""
+        return np.empty((rows, 1, self.vocab_size), self._logits_dtype)
+
+
+@dataclass
+class _DecodeBinding:
+    """An IO binding for decode steps (T = 1) of the shared-buffer graph, kept from step to step while
+    the caches stay the same objects (:meth:`OnnxDecoder._forward_in_place`).
+
+    Bound once: the 2 x layers caches as past and present, a logits buffer (rows, 1, V) as the output,
+    and (rows, 1) int64 buffers as ``input_ids`` and ``position_ids``, which a step overwrites in place; a
+    step binds only ``attention_mask`` (its length grows by one) and runs. Why: the Python between two
+    ONNX Runtime runs executes with cold caches (a run streams the weights through L1/L2), so each
+    allocation and binding call costs ~10x its warm time; binding the caches and allocating the logits
+    each step cost ~0.1 ms (bench/results/serve_profile_2026-12-01.md), the input arrays, their bindings
+    and a copy of the logits another ~70 us, ~5 % of an int4 step at 2 threads
+    (bench/results/serve_engine_2026-12-01.md).
+    """
+
+    io: ort.IOBinding
+    caches: list[Any]
+    #: (rows, 1, V): the output, overwritten by every run
+    logits: np.ndarray
+    #: (rows, 1) int64, bound as ``input_ids`` / ``position_ids``
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    #: the caches' capacity (tokens)
+    capacity: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.logits.shape[0])
+
+    @classmethod
+    def make(
+        cls,
+        session: ort.InferenceSession,
+        past_names: list[str],
+        present_names: list[str],
+        caches: list[Any],
+        logits_buffer: Callable[[int], np.ndarray],
+    ) -> _DecodeBinding:
+        """Bind ``caches`` (OrtValues (rows, Hkv, capacity, Dh)) as past and present, a new logits buffer
+        (``logits_buffer(rows)``) and new input buffers."""
+        rows = int(caches[0].shape()[0])
+        io = session.io_binding()
+        for name, value in zip(past_names, caches):
             io.bind_ortvalue_input(name, value)
-        logits = None if tokens != 1 else np.empty((rows, 1, self.vocab_size), self._logits_dtype)
-        if logits is None:
-            io.bind_output("logits")  # first: get_outputs() lists the outputs in the order bound
-        else:
-            io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
-        for name, value in zip(self.present_names, caches):
+        logits = logits_buffer(rows)
+        io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+        for name, value in zip(present_names, caches):
             io.bind_ortvalue_output(name, value)
-        capacity = int(caches[0].shape()[2])
-        self._binding = None if logits is None else (io, list(caches), logits, capacity)
-        return io, logits
+        ids, pos = np.zeros((rows, 1), np.int64), np.zeros((rows, 1), np.int64)
+        # OrtValues over the numpy buffers (no copy): writing the arrays changes what the next run reads
+        io.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(ids))
+        io.bind_ortvalue_input("position_ids", ort.OrtValue.ortvalue_from_numpy(pos))
+        return cls(io, list(caches), logits, ids, pos, int(caches[0].shape()[2]))
+
+    def run(
+        self, session: ort.InferenceSession, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray
+    ) -> np.ndarray:
+        """One decode step: ``input_ids``/``position_ids`` (rows, 1) int64 written into the bound
+        buffers, ``attention_mask`` (rows, P + 1) bound; returns :attr:`logits` (overwritten by the next run)."""
+        self.input_ids[...] = input_ids
+        self.position_ids[...] = position_ids
+        self.io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
+        session.run_with_iobinding(self.io)
+        return self.logits
 
 
 def open_decoder(

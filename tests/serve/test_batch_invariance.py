@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from prodip.base.variants import variant_names
@@ -207,3 +208,35 @@ def test_cache_reserved_for_the_request_decodes_what_a_growing_one_does(decoders
     capacities.clear()
     assert run((decoder, tok), [(MINE, params, 0.0, 0)])[0] == reserved
     assert sorted(set(capacities)) == [12, 24, len(MINE) + params.max_new_tokens]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kept_decode_binding_computes_what_a_new_binding_does(decoders, variant):
+    """Decode steps on the IO binding kept from step to step (input ids and positions written into bound
+    buffers, the logits into one bound buffer) give bit for bit the logits of a binding made anew at every
+    step; a step's logits are that buffer, overwritten by the next step (OnnxDecoder.forward says so)."""
+    decoder, _ = decoders[variant, "shared"]
+    T, steps = len(MINE), 6
+
+    def decode(fresh):
+        ids = np.array([MINE, MINE[::-1]], np.int64)
+        logits, past = decoder.forward(
+            ids, np.ones((2, T), np.int64), np.tile(np.arange(T), (2, 1)), decoder.empty_past(2), reserve=T + steps
+        )
+        out, buffers = [], []
+        for step in range(steps):
+            nxt = logits[:2, -1].argmax(-1)[:, None]
+            if fresh:
+                decoder._binding = None
+            logits, past = decoder.forward(
+                nxt, np.ones((2, T + step + 1), np.int64), np.full((2, 1), T + step), past, reserve=T + steps
+            )
+            out.append(logits[:2].copy())
+            buffers.append(logits)
+        return out, buffers
+
+    kept, buffers = decode(fresh=False)
+    new, _ = decode(fresh=True)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, new))
+    assert len({b.__array_interface__["data"][0] for b in buffers}) == 1, "one logits buffer, bound once"
+    assert not np.array_equal(buffers[0], kept[0]), "the next step overwrote it"
