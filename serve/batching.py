@@ -20,9 +20,9 @@ position, and ONNX Runtime's GroupQueryAttention reads and writes each row's cac
 alone, so a row gets the same bits as alone (tests/serve/test_batch_invariance.py) and a step is one
 call however the arrivals were spread over prefills (bench/results/serve_profile_2026-12-01.md).
 Finished or cancelled rows leave their group after the step in which they finish. Results go back
-through each sequence's ``emit`` callback (called on this thread); ``on_step`` is called after each
-step, before each ONNX Runtime call and before the thread waits for work: serve hands the events
-emitted since to the event loop there (through a thread of its own: serve/service.py).
+through each sequence's ``emit`` callback (called on this thread); ``on_step(idle)`` is called after each
+step and before each ONNX Runtime call (``idle`` False), and before the thread waits for work (True): serve
+hands the events emitted since to the event loop there (through a thread of its own: serve/service.py).
 
     python -c "from prodip.serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
 """
@@ -240,8 +240,9 @@ class BatchScheduler:
         batch_wait_ms: when idle, wait this long (milliseconds) after the first arrival for others.
         on_queue_depth: called (engine thread) with the waiting and running sequence counts when they change.
         on_decode_step: called (engine thread) with the number of rows of each decode step.
-        on_step: called (engine thread) after each step, just before each ONNX Runtime call and
-            before the thread waits for work: where the events emitted since are handed on.
+        on_step: called (engine thread) with False after each step and just before each ONNX Runtime
+            call, with True before the thread waits for work (or ends): where the events emitted since
+            are handed on (all of them when True).
     """
 
     def __init__(
@@ -251,7 +252,7 @@ class BatchScheduler:
         batch_wait_ms: float = 5.0,
         on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None,
         on_decode_step: Callable[[int], None] = lambda rows: None,
-        on_step: Callable[[], None] = lambda: None,
+        on_step: Callable[[bool], None] = lambda idle: None,
     ) -> None:
         self.decoder = decoder
         self.max_batch_size = max_batch_size
@@ -313,7 +314,7 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             if not self._groups:
-                self.on_step()  # the thread may wait now: hand on what was emitted (errors, cancels)
+                self.on_step(True)  # the thread may wait now: hand on what was emitted (errors, cancels)
             new = self._take_waiting()
             if self._stop:
                 for seq in new:
@@ -324,7 +325,7 @@ class BatchScheduler:
                 for group in self._prefill(new):
                     self._join(group)
                 self._groups = [g for g in (self._decode(g) for g in self._groups) if g.seqs]
-                self.on_step()  # the step's tokens go out while the next step's inputs are made
+                self.on_step(False)  # the step's tokens go out while the next step's inputs are made
             except Exception as err:  # never let one bad step kill the server: fail the rows in flight
                 log.exception("engine step failed")
                 for seq in [s for g in self._groups for s in g.seqs] + new:
@@ -336,7 +337,7 @@ class BatchScheduler:
         self._waiting.clear()
         self._groups = []
         self._report_depth()
-        self.on_step()
+        self.on_step(True)
 
     def _running(self) -> int:
         return sum(len(g.seqs) for g in self._groups)
@@ -362,7 +363,7 @@ class BatchScheduler:
     ) -> tuple[np.ndarray, list[Any]]:
         """:meth:`OnnxDecoder.forward`, after ``on_step``; a cache it allocates is sized for ``reserve``
         tokens (:attr:`_Batch.reserve`)."""
-        self.on_step()
+        self.on_step(False)
         return self.decoder.forward(input_ids, attention_mask, position_ids, past, reserve)
 
     def _all_ones(self, rows: int, cols: int) -> np.ndarray:

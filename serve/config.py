@@ -36,6 +36,12 @@ class ServeConfig:
     )
     max_batch_size: int = opt(32, "most sequences decoded together in one batch (rows)")
     batch_wait_ms: float = opt(5.0, "when idle, wait this long for more requests to prefill together (milliseconds)")
+    stream_interval_ms: float = opt(
+        20.0,
+        "while a stream runs, hand its tokens to the HTTP side at most this often (milliseconds; a sequence's first "
+        "token and its end go at once; 0 = every engine step): each hand-over wakes the event loop and the client, "
+        "whose work takes a core from the model's threads (bench/results/serve_engine_2026-12-01.md)",
+    )
     max_body_bytes: int = opt(1_000_000, "largest request body accepted (bytes); larger -> 413")
     default_max_tokens: int = opt(16, "max_tokens when a completion request gives none (tokens, OpenAI's default)")
     max_n: int = opt(16, "largest `n` (completions per prompt) accepted")
@@ -72,8 +78,9 @@ class ServeConfig:
                 raise InvalidInput(f"ServeConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise InvalidInput(f"ServeConfig.port must be in [0, 65535], got {self.port}")
-        if self.batch_wait_ms < 0 or self.default_max_tokens < 0:
-            raise InvalidInput("ServeConfig.batch_wait_ms and default_max_tokens must be >= 0")
+        for name in ("batch_wait_ms", "stream_interval_ms", "default_max_tokens"):
+            if not getattr(self, name) >= 0:
+                raise InvalidInput(f"ServeConfig.{name} must be >= 0, got {getattr(self, name)}")
         check_threads("ServeConfig.intra_op_threads", self.intra_op_threads)
         for name in ("request_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:

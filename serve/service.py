@@ -133,6 +133,9 @@ class Service:
         self._wake = threading.Event()
         self._waker = threading.Thread(target=self._wake_loops, name="prodip-loop-waker", daemon=True)
         self._stopping = False
+        #: when the engine thread last had the loops woken (time.perf_counter seconds; engine thread only)
+        self._woken_s = 0.0
+        self._stream_interval_s = config.stream_interval_ms / 1000.0
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -502,7 +505,17 @@ class Service:
         post = self._poster(asyncio.get_running_loop()).post_later  # delivered at the engine's next step
 
         def emitter(index: int) -> Callable[[StreamEvent], None]:
-            return lambda event: post(queue, (index, event))
+            started = False
+
+            def emit(event: StreamEvent) -> None:  # engine thread
+                # a sequence's first token and its end go out at the engine's next step; the tokens between
+                # them at most every stream_interval_ms (Service._flush_events)
+                nonlocal started
+                urgent = isinstance(event, TokenOut) and (event.finish_reason is not None or not started)
+                started = started or isinstance(event, TokenOut)
+                post(queue, (index, event), urgent)
+
+            return emit
 
         seqs = [
             Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.stop_ids, stream_index=j)
@@ -553,14 +566,28 @@ class Service:
                 self._posters = [p for p in self._posters if not p.loop.is_closed()] + [poster]
             return poster
 
-    def _flush_events(self) -> None:
+    def _flush_events(self, idle: bool = False) -> None:
         """The engine's ``on_step`` (engine thread, after each step, before an ONNX Runtime call or a
         wait): deliver the events its sequences emitted since, through the waker thread
         (:meth:`_wake_loops`), so the engine thread makes no system call for it: a write to a loop's
         self-pipe releases the GIL, the woken loop takes it, and the engine thread waited for it
-        before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md)."""
-        if any(p.pending for p in self._posters):  # a list replaced, never changed in place: safe unlocked
-            self._wake.set()
+        before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md).
+
+        At most every ``stream_interval_ms`` while sequences run, unless an event that must not wait is
+        pending (a sequence's first token or its end) or the engine is about to wait (``idle``): each
+        delivery wakes two threads and the client, whose Python takes a core from ONNX Runtime's threads
+        in the middle of the next run; one per token cost 10-15 % of the decode speed of one stream at 2
+        threads on 2 cores (bench/results/serve_engine_2026-12-01.md)."""
+        posters = self._posters  # a list replaced, never changed in place: safe unlocked
+        if not any(p.fresh for p in posters):
+            return
+        now = time.perf_counter()
+        if not idle and now - self._woken_s < self._stream_interval_s and not any(p.urgent for p in posters):
+            return
+        self._woken_s = now
+        for poster in posters:
+            poster.fresh = poster.urgent = False  # set and cleared on the engine thread only
+        self._wake.set()
 
     def _wake_loops(self) -> None:
         """The waker thread: flush every loop's poster each time the engine asks (:meth:`_flush_events`)."""
@@ -578,8 +605,9 @@ class LoopPoster:
     callback on the loop (``call_soon_threadsafe``: a write to the loop's self-pipe), which puts
     everything posted until then on its queue. So the loop wakes once per engine step however many
     tokens the step made (one write per token before; bench/results/serve_speed_2026-12-01.md).
-    :meth:`post_later` only appends; :meth:`flush` schedules the delivery (serve's engine calls it
-    after each engine step: :meth:`Service._flush_events`).
+    :meth:`post_later` only appends; :meth:`flush` schedules the delivery (serve's engine has it called
+    after an engine step, at most every ``stream_interval_ms`` unless an item is urgent:
+    :meth:`Service._flush_events`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -587,20 +615,23 @@ class LoopPoster:
         self._outbox: deque[tuple[asyncio.Queue[Any], Any]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False  # a _deliver is due and has not started draining
+        #: items were posted with :meth:`post_later` since the owner last cleared this (and had them flushed)
+        self.fresh = False
+        #: one of them should not wait (:meth:`post_later`)
+        self.urgent = False
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` on ``queue`` (an asyncio.Queue of :attr:`loop`) soon; thread-safe."""
         self._outbox.append((queue, item))
         self.flush()
 
-    def post_later(self, queue: asyncio.Queue[Any], item: Any) -> None:
-        """Put ``item`` on ``queue`` at the next :meth:`flush` (or :meth:`post`); thread-safe."""
+    def post_later(self, queue: asyncio.Queue[Any], item: Any, urgent: bool = False) -> None:
+        """Put ``item`` on ``queue`` at the next :meth:`flush` (or :meth:`post`); thread-safe. Raises
+        :attr:`fresh`, and :attr:`urgent` when ``urgent`` (whoever calls :meth:`flush` should not wait)."""
         self._outbox.append((queue, item))
-
-    @property
-    def pending(self) -> bool:
-        """Whether items wait in the outbox."""
-        return bool(self._outbox)
+        self.fresh = True
+        if urgent:
+            self.urgent = True
 
     def flush(self) -> None:
         """Have the loop take everything posted so far (one callback, none when nothing waits or

@@ -8,6 +8,8 @@ import json
 import threading
 from collections import deque
 
+import pytest
+
 from prodip.serve.service import LoopPoster
 
 
@@ -114,3 +116,31 @@ def test_the_engine_thread_never_wakes_the_loop_itself(tiny_export, monkeypatch)
     assert sum(e["token_id"] is not None for e in events) == 12 and events[-1]["finish_reason"] == "length"
     assert "prodip-loop-waker" in callers and "prodip-engine" not in callers
     assert not any(t.name == "prodip-loop-waker" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("interval_ms", [0.0, 60_000.0])
+def test_tokens_between_the_first_and_the_end_wait_for_the_stream_interval(tiny_export, interval_ms):
+    """--stream-interval-ms: the engine has a stream's first token and its end handed to the loop at its next
+    step, the tokens between them at most that often. With a minute, a 12-token stream asks the waker twice
+    (its first token; the rest with its end); at 0, after every engine step. Every token arrives, in order."""
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+    from tests.serve.conftest import wait_ready
+
+    app = create_app(tiny_export[0], "fp32", batch_wait_ms=2.0, stream_interval_ms=interval_ms)
+    with TestClient(app) as client:
+        wait_ready(client)
+        svc = app.state.service
+        asks = []
+        real_set = svc._wake.set
+        svc._wake.set = lambda: asks.append(threading.current_thread().name) or real_set()
+        body = {"prompt": [1, 40, 41], "max_new_tokens": 12, "temperature": 0, "stream": True, "ignore_eos": True}
+        with client.stream("POST", "/v1/generate", json=body) as resp:
+            events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+        streamed_asks = asks.count("prodip-engine")
+        whole = client.post("/v1/generate", json={**body, "stream": False}).json()
+    tokens = [e["token_id"] for e in events if e["token_id"] is not None]
+    assert len(tokens) == 12 and events[-1]["finish_reason"] == "length"
+    assert tokens == whole["token_ids"]
+    assert streamed_asks == (2 if interval_ms else 12)  # at 0: the prefill's step and 11 decode steps
