@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from prodip.serve.batching import PromptScores, TokenOut
-from prodip.serve.service import PieceWalk, Service, StreamEvent
+from prodip.serve.service import EventStream, PieceWalk, Service, StreamEvent
 
 #: what prodip.serve.service.Service.stream yields: ``(choice index, event)``
-Events = AsyncGenerator[tuple[int, StreamEvent], None]
+Events = EventStream
 #: per prompt with echo: (echoed text, logprobs pieces, their offsets); None without echo
 Echo = Optional[tuple[str, list[str], list[int]]]
 #: the logprobs of some tokens: one value per token (None for a prompt's first token)
@@ -269,7 +269,7 @@ async def generate_stream(svc: Service, events: Events, prompt: list[int], want_
 
 
 class _closing:
-    """``async with`` that closes an async generator (cancelling its sequences) on any exit."""
+    """``async with`` that closes a request's events (cancelling its sequences) on any exit."""
 
     def __init__(self, agen: Events) -> None:
         self.agen = agen

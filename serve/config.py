@@ -37,7 +37,7 @@ class ServeConfig:
     max_batch_size: int = opt(32, "most sequences decoded together in one batch (rows)")
     batch_wait_ms: float = opt(5.0, "when idle, wait this long for more requests to prefill together (milliseconds)")
     stream_interval_ms: float = opt(
-        20.0,
+        50.0,
         "while a stream runs, hand its tokens to the HTTP side at most this often (milliseconds; a sequence's first "
         "token and its end go at once; 0 = every engine step): each hand-over wakes the event loop and the client, "
         "whose work takes a core from the model's threads (bench/results/serve_engine_2026-12-01.md)",

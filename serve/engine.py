@@ -337,9 +337,11 @@ class OnnxDecoder:
         config: export config.json (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim`` or
             ``hidden_size``/``num_attention_heads``).
         intra_op_threads: ONNX Runtime intra-op threads, 0 = its default.
-        spinning: the intra-op threads spin while waiting for work within a run
-            (``session.intra_op.allow_spinning``, ONNX Runtime's default), and stop when it returns
-            (``session.force_spinning_stop``); no effect on the numbers, only on speed and CPU time.
+        spinning: the intra-op threads spin while waiting for work (``session.intra_op.allow_spinning``,
+            ONNX Runtime's default and onnxruntime-genai's), also for a while after a run, so the next
+            decode step finds them awake (stopping them when a run returns, ``session.force_spinning_stop``,
+            decoded one stream 2-7 % slower at 2 threads: bench/results/serve_engine_2026-12-01.md); no
+            effect on the numbers, only on speed and CPU time.
         shared_buffer: ``onnx_path`` is a shared-buffer graph.
     Raises:
         ValueError: the graph's inputs/outputs differ from the names of :mod:`prodip.base.onnx_io`.
@@ -370,8 +372,6 @@ class OnnxDecoder:
             opts.intra_op_num_threads = intra_op_threads
         if not spinning:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        else:  # spin within a run, not after it: the engine's and the server's Python need the cores then
-            opts.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         self.num_layers = int(config["num_hidden_layers"])
         self.num_kv_heads = int(config["num_key_value_heads"])

@@ -47,7 +47,7 @@ from prodip.serve.schemas import (
     TokenizeResponse,
     TokenizerInfo,
 )
-from prodip.serve.service import APIError, Service
+from prodip.serve.service import APIError, EventStream, Service
 
 log = logging.getLogger("prodip.serve.app")
 
@@ -85,17 +85,31 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> Union[T, Re
             task.cancel()
 
 
-async def _sse_guard(chunks: AsyncGenerator[str, None], gone: Callable[[], bool]) -> AsyncGenerator[str, None]:
+async def _sse_guard(
+    chunks: AsyncGenerator[str, None], gone: Callable[[], bool], ready: Callable[[], bool]
+) -> AsyncGenerator[str, None]:
     """Errors after the stream started cannot change the status: send them as an error event.
 
+    The chunks made from the events that are here already (``ready()``: the request's
+    :meth:`~prodip.serve.service.EventStream.ready`) go out as one write: the engine hands a stream's
+    tokens over several at a time, and each write wakes the client, whose work takes a core from the
+    model's threads (one write per token cost ~5 % at one stream on 2 cores; bench/results/
+    serve_engine_2026-12-01.md).
+
     Stops (closing ``chunks``, which cancels the sequences) as soon as ``gone()`` says the client left.
-    Between chunks it yields to the event loop once, so the server learns of a failed socket write before
-    the next chunk: without that, a burst of queued events is written to a dead socket, and asyncio
+    Between writes it yields to the event loop once, so the server learns of a failed socket write before
+    the next one: without that, a burst of queued events is written to a dead socket, and asyncio
     logs "socket.send() raised exception." for every write past the fifth.
     """
     try:
         async for chunk in chunks:
-            yield chunk
+            joined = [chunk]
+            while ready():  # the next chunk is made without waiting for the engine
+                try:
+                    joined.append(await chunks.__anext__())
+                except StopAsyncIteration:
+                    break
+            yield "".join(joined)
             await asyncio.sleep(0)
             if gone():
                 break
@@ -120,10 +134,10 @@ class _SSEResponse(StreamingResponse):
     per-chunk check also ran only between chunks: a stream waiting for its first token noticed neither way).
     """
 
-    def __init__(self, chunks: AsyncGenerator[str, None]) -> None:
+    def __init__(self, chunks: AsyncGenerator[str, None], ready: Callable[[], bool]) -> None:
         self.client_gone = False
         super().__init__(
-            _sse_guard(chunks, lambda: self.client_gone),
+            _sse_guard(chunks, lambda: self.client_gone, ready),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -143,8 +157,9 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _sse(chunks: AsyncGenerator[str, None]) -> StreamingResponse:
-    return _SSEResponse(chunks)
+def _sse(chunks: AsyncGenerator[str, None], events: EventStream) -> StreamingResponse:
+    """The SSE response of ``chunks``, made from ``events``."""
+    return _SSEResponse(chunks, events.ready)
 
 
 def _conformance(svc: Service) -> dict[str, Any]:
@@ -241,7 +256,7 @@ async def completions(req: CompletionRequest, request: Request, svc: Svc) -> Res
     texts = svc.prompt_texts(req.prompt) if req.echo else None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return _sse(fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage, texts))
+        return _sse(fmt.completion_stream(svc, events, prompts, req.n, req.echo, want_lp, include_usage, texts), events)
     return await _until_disconnect(request, fmt.completion(svc, events, prompts, req.n, req.echo, want_lp, texts))
 
 
@@ -258,7 +273,7 @@ async def generate(req: GenerateRequest, request: Request, svc: Svc) -> Response
     params = svc.sampling_params(req, max_new, prompts, 1, req.logprobs, max_tokens_field="max_new_tokens")
     events = svc.stream(prompts, params, 1)
     if req.stream:
-        return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None))
+        return _sse(fmt.generate_stream(svc, events, prompts[0], req.logprobs is not None), events)
     return await _until_disconnect(request, fmt.generate(svc, events, prompts[0], req.logprobs is not None))
 
 
@@ -289,7 +304,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, svc: Sv
     events = svc.stream([prompt], params, req.n)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return _sse(fmt.chat_completion_stream(svc, events, prompt, req.n, req.logprobs, top, include_usage))
+        return _sse(fmt.chat_completion_stream(svc, events, prompt, req.n, req.logprobs, top, include_usage), events)
     return await _until_disconnect(request, fmt.chat_completion(svc, events, prompt, req.n, req.logprobs, top))
 
 

@@ -492,16 +492,21 @@ class Service:
         return req.to_sampling_params(max_new_tokens, logprobs, echo and logprobs is not None, stop)
 
     # ---- generation -------------------------------------------------------------------------
-    async def stream(
-        self, prompts: list[list[int]], params: SamplingParams, n: int = 1
-    ) -> AsyncGenerator[tuple[int, StreamEvent], None]:
-        """Run ``n`` sequences per prompt as one batch of arrivals; yield ``(choice_index, event)``.
+    def stream(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> EventStream:
+        """Run ``n`` sequences per prompt as one batch of arrivals; iterate ``(choice_index, event)``.
 
         Choice ``index = prompt_index * n + j``. Every sequence ends with a :class:`TokenOut`
-        whose ``finish_reason`` is set. Closing the iterator early cancels all its sequences.
+        whose ``finish_reason`` is set. Closing the iterator early cancels all its sequences. The
+        sequences are submitted at the first iteration.
         """
-        self.require_ready()
         queue: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
+        return EventStream(self._events(queue, prompts, params, n), queue)
+
+    async def _events(
+        self, queue: asyncio.Queue[tuple[int, StreamEvent]], prompts: list[list[int]], params: SamplingParams, n: int
+    ) -> AsyncGenerator[tuple[int, StreamEvent], None]:
+        """:meth:`stream`'s events, through ``queue``."""
+        self.require_ready()
         post = self._poster(asyncio.get_running_loop()).post_later  # delivered at the engine's next step
 
         def emitter(index: int) -> Callable[[StreamEvent], None]:
@@ -596,6 +601,35 @@ class Service:
             self._wake.clear()  # before flushing: a request from here on is seen next round
             for poster in self._posters:
                 poster.flush()
+
+
+class EventStream:
+    """One request's events, ``(choice index, event)``, as the engine hands them over (an async iterator;
+    :meth:`aclose` cancels its sequences: :meth:`Service.stream`).
+
+    :meth:`ready` says whether the next event is here already, so that iterating would not wait: a stream
+    writer joins what is ready into one write (serve/routes.py), since the engine hands a stream's tokens
+    over several at a time (``stream_interval_ms``) and each socket write wakes the client.
+    """
+
+    def __init__(
+        self, events: AsyncGenerator[tuple[int, StreamEvent], None], queue: asyncio.Queue[tuple[int, StreamEvent]]
+    ) -> None:
+        self._events = events
+        self._queue = queue
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> tuple[int, StreamEvent]:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    def ready(self) -> bool:
+        """Whether an event has arrived that iterating has not taken yet."""
+        return not self._queue.empty()
 
 
 class LoopPoster:

@@ -497,7 +497,7 @@ def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
     async def main():
         loop = asyncio.get_running_loop()
         sent = []
-        async for chunk in _sse_guard(chunks(), lambda: state["lost"]):
+        async for chunk in _sse_guard(chunks(), lambda: state["lost"], lambda: False):
             sent.append(chunk)
             if len(sent) == 3:  # the write of chunk 3 fails: the transport schedules connection_lost
                 loop.call_soon(state.__setitem__, "lost", True)
@@ -505,6 +505,27 @@ def test_sse_stops_at_disconnect_and_yields_to_the_loop_between_chunks():
 
     sent = asyncio.run(main())
     assert len(sent) == 3 and state["pulled"] == 3 and state["closed"]
+
+
+def test_sse_joins_the_chunks_of_events_already_here_into_one_write():
+    """The chunks made from events that have arrived (the request's EventStream.ready) go out as one write;
+    a chunk that would wait for the engine starts the next write. Nothing is lost or reordered."""
+    import asyncio
+    from collections import deque
+
+    from prodip.serve.routes import _sse_guard
+
+    here = deque([True, True, False, True, False])  # after each chunk: is the next event here already?
+
+    async def chunks():
+        for i in range(5):
+            yield f"data: {i}\n\n"
+
+    async def main():
+        return [chunk async for chunk in _sse_guard(chunks(), lambda: False, here.popleft)]
+
+    assert asyncio.run(main()) == ["data: 0\n\ndata: 1\n\ndata: 2\n\n", "data: 3\n\ndata: 4\n\n"]
+    assert not here
 
 
 def test_sse_response_stops_when_the_asgi_server_reports_the_client_gone():
@@ -542,7 +563,7 @@ def test_sse_response_stops_when_the_asgi_server_reports_the_client_gone():
                     lost.set()
 
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
-        await _SSEResponse(chunks())(scope, receive, send)
+        await _SSEResponse(chunks(), lambda: False)(scope, receive, send)
         return written
 
     written = asyncio.run(main())
