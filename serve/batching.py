@@ -321,9 +321,10 @@ class BatchScheduler:
                     seq.finish("cancelled")
                 break
             try:
-                new = [s for s in new if not self._drop_if_cancelled(s)]
-                for group in self._prefill(new):
-                    self._join(group)
+                if new:  # (a decode step with no arrival runs no Python it does not need: see _decode)
+                    new = [s for s in new if not self._drop_if_cancelled(s)]
+                    for group in self._prefill(new):
+                        self._join(group)
                 self._groups = [g for g in (self._decode(g) for g in self._groups) if g.seqs]
                 self.on_step(False)  # the step's tokens go out while the next step's inputs are made
             except Exception as err:  # never let one bad step kill the server: fail the rows in flight
@@ -374,10 +375,9 @@ class BatchScheduler:
         return self._ones[: rows * cols].reshape(rows, cols)
 
     def _report_depth(self) -> None:
-        """Tell ``on_queue_depth`` the current waiting and running counts (engine thread)."""
-        with self._cond:
-            waiting = len(self._waiting)
-        self._tell_depth(waiting, self._running())
+        """Tell ``on_queue_depth`` the current waiting and running counts (engine thread; the length of a
+        deque is read atomically, no lock needed)."""
+        self._tell_depth(len(self._waiting), self._running())
 
     @staticmethod
     def _drop_if_cancelled(seq: Sequence) -> bool:
@@ -416,10 +416,14 @@ class BatchScheduler:
 
     def _decode(self, b: _Batch) -> _Batch:
         """One decode step for every row of group ``b``; returns the group without the rows that
-        finished or were cancelled."""
-        keep = [i for i, s in enumerate(b.seqs) if not self._drop_if_cancelled(s)]
-        if len(keep) < len(b.seqs):
-            b = b.select(keep)
+        finished or were cancelled.
+
+        The group is updated in place (its caches, lengths and next ids; the decoder copied the inputs
+        into its own buffers before running): the Python between two ONNX Runtime runs slows the next run
+        by more than its own time (bench/results/serve_engine_2026-12-01.md), so a step makes no new
+        objects it does not need."""
+        if any(s.cancelled.is_set() for s in b.seqs):
+            b = b.select([i for i, s in enumerate(b.seqs) if not self._drop_if_cancelled(s)])
             if not b.seqs:
                 return b
         B = len(b.seqs)
@@ -428,12 +432,14 @@ class BatchScheduler:
             mask = self._all_ones(B, int(b.lengths[0]) + 1)
         else:  # shared-buffer graph: each row's ones are its own past + this token, padding on the right
             mask = (np.arange(int(b.lengths.max()) + 1) <= b.lengths[:, None]).astype(np.int64)
-        logits, present = self._forward(b.next_ids[:, None], mask, b.lengths[:, None], b.past, b.reserve)
-        b = _Batch(b.seqs, present, b.lengths + 1, b.next_ids.copy(), b.reserve, b.uniform)
+        logits, b.past = self._forward(b.next_ids[:, None], mask, b.lengths[:, None], b.past, b.reserve)
+        b.lengths += 1
+        finished = False
         for r, s in enumerate(b.seqs):
             s.step(logits[r, -1])
             b.next_ids[r] = s.generated[-1]
-        return b.select([i for i, s in enumerate(b.seqs) if not s.finished])
+            finished = finished or s.finished
+        return b.select([i for i, s in enumerate(b.seqs) if not s.finished]) if finished else b
 
 
 def _all_equal(lengths: np.ndarray) -> bool:

@@ -436,6 +436,12 @@ class OnnxDecoder:
             the next call overwrites: use them, or copy them, before calling again.
         """
         B, T = input_ids.shape
+        kept = self._binding
+        if T == 1 and kept is not None and kept.rows == B and _same(kept.caches, past):
+            # the usual decode step, on the caches of the previous one (no twin row: a twin's binding has B + 1
+            # rows); the checks below only cost Python between two runs
+            if kept.capacity >= attention_mask.shape[1] and not needs_twin(self.row_rule, B):
+                return kept.run(self.session, input_ids, attention_mask, position_ids), kept.caches
         if needs_twin(self.row_rule, B * T):
             # a cache from the previous step has its twin already (no copy); else the last row is
             # doubled once (after a prefill, or when rows left)
