@@ -522,7 +522,8 @@ class OnnxDecoder:
         if T == 1:  # a decode step: a binding kept for the next steps on these caches
             self._binding = _DecodeBinding.make(self.session, self.past_names, self.present_names, caches, self._logits)
             return self._binding.run(self.session, input_ids, attention_mask, position_ids), caches
-        io = self.session.io_binding()  # a prefill: ONNX Runtime allocates the (B, T, V) logits
+        self._binding = None  # a prefill: no longer hold the last decode's caches; the next decode binds anew
+        io = self.session.io_binding()  # ONNX Runtime allocates the (B, T, V) logits
         for name, value in zip(self.past_names, caches):
             io.bind_ortvalue_input(name, value)
         io.bind_output("logits")  # first: get_outputs() lists the outputs in the order bound

@@ -104,11 +104,14 @@ async def _sse_guard(
     try:
         async for chunk in chunks:
             joined = [chunk]
-            while ready():  # the next chunk is made without waiting for the engine
-                try:
+            try:
+                while ready():  # the next chunk is made without waiting for the engine
                     joined.append(await chunks.__anext__())
-                except StopAsyncIteration:
-                    break
+            except StopAsyncIteration:
+                pass
+            except APIError:
+                yield "".join(joined)  # what came before the error goes out first
+                raise
             yield "".join(joined)
             await asyncio.sleep(0)
             if gone():

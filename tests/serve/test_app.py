@@ -528,6 +528,27 @@ def test_sse_joins_the_chunks_of_events_already_here_into_one_write():
     assert not here
 
 
+def test_sse_sends_the_joined_chunks_before_an_error_event():
+    """An error while chunks are being joined (a sequence failed in the engine) comes after them, as the
+    error event and [DONE]: nothing already made is lost."""
+    import asyncio
+
+    from prodip.serve.routes import _sse_guard
+    from prodip.serve.service import APIError
+
+    async def chunks():
+        yield "data: 0\n\n"
+        yield "data: 1\n\n"
+        raise APIError(500, "generation failed: boom", "server_error")
+
+    async def main():
+        return [chunk async for chunk in _sse_guard(chunks(), lambda: False, lambda: True)]
+
+    sent = asyncio.run(main())
+    assert sent[0] == "data: 0\n\ndata: 1\n\n"
+    assert "generation failed: boom" in sent[1] and sent[-1] == "data: [DONE]\n\n"
+
+
 def test_sse_response_stops_when_the_asgi_server_reports_the_client_gone():
     """Through Starlette itself (ASGI spec 2.3, uvicorn's): the receive channel reports
     ``http.disconnect`` after the second body write; the stream stops pulling within a chunk or two and
