@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -436,12 +435,11 @@ class OnnxDecoder:
             the next call overwrites: use them, or copy them, before calling again.
         """
         B, T = input_ids.shape
-        kept = self._binding
-        if T == 1 and kept is not None and kept.rows == B and _same(kept.caches, past):
-            # the usual decode step, on the caches of the previous one (no twin row: a twin's binding has B + 1
-            # rows); the checks below only cost Python between two runs
-            if kept.capacity >= attention_mask.shape[1] and not needs_twin(self.row_rule, B):
-                return kept.run(self.session, input_ids, attention_mask, position_ids), kept.caches
+        kept = self._kept_binding(B, T, attention_mask.shape[1], past)
+        if kept is not None and not needs_twin(self.row_rule, B):
+            # the usual decode step, on the caches of the previous one: the checks below only cost Python
+            # between two runs (a twin row's binding has B + 1 rows: _forward_in_place finds it)
+            return kept.run(self.session, input_ids, attention_mask, position_ids), kept.caches
         if needs_twin(self.row_rule, B * T):
             # a cache from the previous step has its twin already (no copy); else the last row is
             # doubled once (after a prefill, or when rows left)
@@ -499,8 +497,8 @@ class OnnxDecoder:
         B, T = input_ids.shape
         total = attention_mask.shape[1]
         held = total - T
-        kept = self._binding
-        if T == 1 and kept is not None and kept.capacity >= total and kept.rows == B and _same(kept.caches, past):
+        kept = self._kept_binding(B, T, total, past)
+        if kept is not None:
             return kept.run(self.session, input_ids, attention_mask, position_ids), kept.caches
         caches = []
         for value in past:
@@ -520,7 +518,10 @@ class OnnxDecoder:
                 value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value, np.float32))
             caches.append(value)
         if T == 1:  # a decode step: a binding kept for the next steps on these caches
-            self._binding = _DecodeBinding.make(self.session, self.past_names, self.present_names, caches, self._logits)
+            logits_buffer = np.empty((B, 1, self.vocab_size), self._logits_dtype)
+            self._binding = _DecodeBinding.make(
+                self.session, self.past_names, self.present_names, caches, logits_buffer
+            )
             return self._binding.run(self.session, input_ids, attention_mask, position_ids), caches
         self._binding = None  # a prefill: no longer hold the last decode's caches; the next decode binds anew
         io = self.session.io_binding()  # ONNX Runtime allocates the (B, T, V) logits
@@ -536,9 +537,13 @@ class OnnxDecoder:
         logits: np.ndarray = io.get_outputs()[0].numpy()
         return logits, caches
 
-    def _logits(self, rows: int) -> np.ndarray:
-        """A decode step's logits buffer: (rows, 1, V) in the graph's logits dtype."""
-        return np.empty((rows, 1, self.vocab_size), self._logits_dtype)
+    def _kept_binding(self, rows: int, tokens: int, total: int, past: list[Any]) -> Optional[_DecodeBinding]:
+        """The kept decode binding when this call is a decode step (``tokens`` = 1) of ``rows`` rows on
+        the very caches ``past`` it holds, with room for ``total`` tokens; else None."""
+        kept = self._binding
+        if tokens == 1 and kept is not None and kept.rows == rows and kept.capacity >= total:
+            return kept if _same(kept.caches, past) else None
+        return None
 
 
 @dataclass
@@ -577,15 +582,14 @@ class _DecodeBinding:
         past_names: list[str],
         present_names: list[str],
         caches: list[Any],
-        logits_buffer: Callable[[int], np.ndarray],
+        logits: np.ndarray,
     ) -> _DecodeBinding:
-        """Bind ``caches`` (OrtValues (rows, Hkv, capacity, Dh)) as past and present, a new logits buffer
-        (``logits_buffer(rows)``) and new input buffers."""
+        """Bind ``caches`` (OrtValues (rows, Hkv, capacity, Dh)) as past and present, ``logits`` (rows, 1, V)
+        as the output, and new input buffers."""
         rows = int(caches[0].shape()[0])
         io = session.io_binding()
         for name, value in zip(past_names, caches):
             io.bind_ortvalue_input(name, value)
-        logits = logits_buffer(rows)
         io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
         for name, value in zip(present_names, caches):
             io.bind_ortvalue_output(name, value)
