@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import copy
 import http.client
+import inspect
 import json
 import os
 import platform
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -151,8 +153,14 @@ class Engine:
 
     def rate(self, prompt: list[int], tokens: int, streams: int) -> Rate:
         from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut
+        from prodip.serve.config import ServeConfig
 
-        sched = BatchScheduler(self.decoder, max_batch_size=32, batch_wait_ms=5)
+        # as `prodip serve` runs it: tokens emitted every stream_interval_ms, its default (the arms of serve_ab.py
+        # may run an older revision, whose scheduler has no such argument)
+        kw = {}
+        if "stream_interval_ms" in inspect.signature(BatchScheduler).parameters:
+            kw["stream_interval_ms"] = next(f.default for f in fields(ServeConfig) if f.name == "stream_interval_ms")
+        sched = BatchScheduler(self.decoder, max_batch_size=32, batch_wait_ms=5, **kw)
         stamps: list[list[float]] = [[] for _ in range(streams)]
         left, done, lock = [streams], threading.Event(), threading.Lock()
 

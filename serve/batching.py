@@ -20,7 +20,8 @@ position, and ONNX Runtime's GroupQueryAttention reads and writes each row's cac
 alone, so a row gets the same bits as alone (tests/serve/test_batch_invariance.py) and a step is one
 call however the arrivals were spread over prefills (bench/results/serve_profile_2026-12-01.md).
 Finished or cancelled rows leave their group after the step in which they finish. Results go back
-through each sequence's ``emit`` callback (called on this thread); ``on_step(idle)`` is called after each
+through each sequence's ``emit`` callback (called on this thread; a sequence's tokens between its first
+and its end every ``stream_interval_ms``, several at once: :meth:`Sequence.render`); ``on_step(idle)`` is called after each
 step and before each ONNX Runtime call (``idle`` False), and before the thread waits for work (True): serve
 hands the events emitted since to the event loop there (through a thread of its own: serve/service.py).
 
@@ -120,6 +121,10 @@ class Sequence:
         self.detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
         self.stopper = StopMatcher(params.stop)
         self.generated: list[int] = []
+        #: chosen tokens not yet emitted, (id, logprob, top): see :meth:`render`
+        self._pending: list[tuple[int, Optional[float], list[tuple[int, float]]]] = []
+        #: its tokens may wait for :meth:`render`: with no stop strings only ids end it (eos, length)
+        self.defers = not params.stop
         self.penalties = TokenPenalties(params.presence_penalty, params.frequency_penalty, params.logit_bias)
         self.cancelled = threading.Event()
         self.finished = False
@@ -137,6 +142,7 @@ class Sequence:
         """
         if self.finished:
             return
+        self.render()
         self.finished = True
         tail = ""
         if reason in ("eos", "length"):
@@ -156,7 +162,9 @@ class Sequence:
         )
 
     def step(self, logits: np.ndarray) -> None:
-        """Choose the next token from this row's last logits (V,) float32 and emit it.
+        """Choose the next token from this row's last logits (V,) float32; emit it, or keep it for
+        :meth:`render` when the sequence :attr:`defers` and it is not the first (time to first token is
+        not delayed) nor the last (:meth:`finish` renders).
 
         The token is sampled from the logits after this sequence's penalties and logit_bias
         (:class:`~serve.sampling.TokenPenalties`); its logprobs are those of the raw logits, the
@@ -171,16 +179,34 @@ class Sequence:
         self.generated.append(token)
         self.penalties.observe(token)
         if token in self.eos_ids and not p.ignore_eos:
+            self.render()
             self.emit(TokenOut(token, "", lp, top))
             self.finish("eos")
             return
-        piece = self.detok.add(token)
-        text = self.stopper.feed(piece)
-        self.emit(TokenOut(token, text, lp, top, piece=piece))
+        self._pending.append((token, lp, top))
+        if not self.defers or len(self.generated) == 1:
+            self.render()
         if self.stopper.stopped:
             self.finish("stop")
         elif len(self.generated) >= p.max_new_tokens:
             self.finish("length")
+
+    def render(self) -> None:
+        """Emit the tokens chosen since the last call, in order, with their text (engine thread).
+
+        Why tokens may wait: turning a token into text (two tokenizer decodes, stop strings, an event) between
+        two ONNX Runtime runs costs the next run more than its own time, since the run evicted the caches it
+        needs and it evicts what the run needs (bench/results/serve_engine_2026-12-02.md); the same work for
+        several tokens in a row runs warm and disturbs one run. The scheduler calls this every
+        ``stream_interval_ms`` (:class:`BatchScheduler`). A sequence with stop strings does not :attr:`defers`:
+        it renders each token as it is chosen, so the token that completes a stop string is its last.
+        """
+        if not self._pending:
+            return
+        for token, lp, top in self._pending:
+            piece = self.detok.add(token)
+            self.emit(TokenOut(token, self.stopper.feed(piece), lp, top, piece=piece))
+        self._pending.clear()
 
 
 @dataclass
@@ -242,7 +268,11 @@ class BatchScheduler:
         on_decode_step: called (engine thread) with the number of rows of each decode step.
         on_step: called (engine thread) with False after each step and just before each ONNX Runtime
             call, with True before the thread waits for work (or ends): where the events emitted since
-            are handed on (all of them when True).
+            are handed on.
+        stream_interval_ms: the tokens of running sequences that :attr:`Sequence.defers` are emitted
+            (:meth:`Sequence.render`) after the first decode step that ends at least this long (milliseconds)
+            after the last such emission; 0: after every step. A sequence's first token and its end are
+            emitted at once whatever this is.
     """
 
     def __init__(
@@ -253,6 +283,7 @@ class BatchScheduler:
         on_queue_depth: Callable[[int, int], None] = lambda waiting, running: None,
         on_decode_step: Callable[[int], None] = lambda rows: None,
         on_step: Callable[[bool], None] = lambda idle: None,
+        stream_interval_ms: float = 0.0,
     ) -> None:
         self.decoder = decoder
         self.max_batch_size = max_batch_size
@@ -260,6 +291,8 @@ class BatchScheduler:
         self.on_queue_depth = on_queue_depth
         self.on_decode_step = on_decode_step
         self.on_step = on_step
+        self.stream_interval_s = stream_interval_ms / 1000.0
+        self._rendered_s = 0.0  # when the running sequences' tokens were last emitted (time.perf_counter s)
         self._waiting: deque[Sequence] = deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -322,10 +355,13 @@ class BatchScheduler:
                 break
             try:
                 if new:  # (a decode step with no arrival runs no Python it does not need: see _decode)
+                    if not self._groups:
+                        self._rendered_s = time.perf_counter()  # the interval counts from the first tokens
                     new = [s for s in new if not self._drop_if_cancelled(s)]
                     for group in self._prefill(new):
                         self._join(group)
                 self._groups = [g for g in (self._decode(g) for g in self._groups) if g.seqs]
+                self._render_due()
                 self.on_step(False)  # the step's tokens go out while the next step's inputs are made
             except Exception as err:  # never let one bad step kill the server: fail the rows in flight
                 log.exception("engine step failed")
@@ -339,6 +375,16 @@ class BatchScheduler:
         self._groups = []
         self._report_depth()
         self.on_step(True)
+
+    def _render_due(self) -> None:
+        """Emit the running sequences' waiting tokens when ``stream_interval_ms`` has passed since the last
+        time (:meth:`Sequence.render`)."""
+        now = time.perf_counter()
+        if now - self._rendered_s >= self.stream_interval_s:
+            self._rendered_s = now
+            for g in self._groups:
+                for s in g.seqs:
+                    s.render()
 
     def _running(self) -> int:
         return sum(len(g.seqs) for g in self._groups)

@@ -38,9 +38,11 @@ class ServeConfig:
     batch_wait_ms: float = opt(5.0, "when idle, wait this long for more requests to prefill together (milliseconds)")
     stream_interval_ms: float = opt(
         50.0,
-        "while a stream runs, hand its tokens to the HTTP side at most this often (milliseconds; a sequence's first "
-        "token and its end go at once; 0 = every engine step): each hand-over wakes the event loop and the client, "
-        "whose work takes a core from the model's threads (bench/results/serve_engine_2026-12-01.md)",
+        "while a stream runs, turn its tokens into text and hand them to the HTTP side at most this often "
+        "(milliseconds; a sequence's first token and its end go at once, as does every token of a request with stop "
+        "strings; 0 = every engine step): that work between two model runs slows the next run, and each hand-over "
+        "wakes the event loop and the client, whose work takes a core from the model's threads "
+        "(bench/results/serve_engine_2026-12-01.md, serve_engine_2026-12-02.md)",
     )
     max_body_bytes: int = opt(1_000_000, "largest request body accepted (bytes); larger -> 413")
     default_max_tokens: int = opt(16, "max_tokens when a completion request gives none (tokens, OpenAI's default)")

@@ -133,9 +133,6 @@ class Service:
         self._wake = threading.Event()
         self._waker = threading.Thread(target=self._wake_loops, name="prodip-loop-waker", daemon=True)
         self._stopping = False
-        #: when the engine thread last had the loops woken (time.perf_counter seconds; engine thread only)
-        self._woken_s = 0.0
-        self._stream_interval_s = config.stream_interval_ms / 1000.0
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -152,6 +149,7 @@ class Service:
                 self.metrics.set_queue,
                 self.metrics.batch_rows.observe,
                 self._flush_events,
+                self.config.stream_interval_ms,
             )
             self._waker.start()
             self.scheduler.start()
@@ -510,17 +508,9 @@ class Service:
         post = self._poster(asyncio.get_running_loop()).post_later  # delivered at the engine's next step
 
         def emitter(index: int) -> Callable[[StreamEvent], None]:
-            started = False
-
-            def emit(event: StreamEvent) -> None:  # engine thread
-                # a sequence's first token and its end go out at the engine's next step; the tokens between
-                # them at most every stream_interval_ms (Service._flush_events)
-                nonlocal started
-                urgent = isinstance(event, TokenOut) and (event.finish_reason is not None or not started)
-                started = started or isinstance(event, TokenOut)
-                post(queue, (index, event), urgent)
-
-            return emit
+            # engine thread; the scheduler emits a sequence's tokens between its first and its end every
+            # stream_interval_ms (BatchScheduler), and hands them on at its next step (Service._flush_events)
+            return lambda event: post(queue, (index, event))
 
         seqs = [
             Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.stop_ids, stream_index=j)
@@ -578,20 +568,17 @@ class Service:
         self-pipe releases the GIL, the woken loop takes it, and the engine thread waited for it
         before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md).
 
-        At most every ``stream_interval_ms`` while sequences run, unless an event that must not wait is
-        pending (a sequence's first token or its end) or the engine is about to wait (``idle``): each
-        delivery wakes two threads and the client, whose Python takes a core from ONNX Runtime's threads
-        in the middle of the next run; one per token cost 10-15 % of the decode speed of one stream at 2
-        threads on 2 cores (bench/results/serve_engine_2026-12-01.md)."""
+        The scheduler emits a running stream's tokens every ``stream_interval_ms`` (a sequence's first token
+        and its end at once: :class:`BatchScheduler`), so the loops are woken that often: each delivery wakes
+        two threads and the client, whose Python takes a core from ONNX Runtime's threads in the middle of
+        the next run; one per token cost 10-15 % of the decode speed of one stream at 2 threads on 2 cores
+        (bench/results/serve_engine_2026-12-01.md). ``idle`` needs nothing of its own: what was emitted
+        is handed on at every call."""
         posters = self._posters  # a list replaced, never changed in place: safe unlocked
         if not any(p.fresh for p in posters):
             return
-        now = time.perf_counter()
-        if not idle and now - self._woken_s < self._stream_interval_s and not any(p.urgent for p in posters):
-            return
-        self._woken_s = now
         for poster in posters:
-            poster.fresh = poster.urgent = False  # set and cleared on the engine thread only
+            poster.fresh = False  # set and cleared on the engine thread only
         self._wake.set()
 
     def _wake_loops(self) -> None:
@@ -640,8 +627,7 @@ class LoopPoster:
     everything posted until then on its queue. So the loop wakes once per engine step however many
     tokens the step made (one write per token before; bench/results/serve_speed_2026-12-01.md).
     :meth:`post_later` only appends; :meth:`flush` schedules the delivery (serve's engine has it called
-    after an engine step, at most every ``stream_interval_ms`` unless an item is urgent:
-    :meth:`Service._flush_events`).
+    after an engine step that emitted something: :meth:`Service._flush_events`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -651,21 +637,17 @@ class LoopPoster:
         self._scheduled = False  # a _deliver is due and has not started draining
         #: items were posted with :meth:`post_later` since the owner last cleared this (and had them flushed)
         self.fresh = False
-        #: one of them should not wait (:meth:`post_later`)
-        self.urgent = False
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` on ``queue`` (an asyncio.Queue of :attr:`loop`) soon; thread-safe."""
         self._outbox.append((queue, item))
         self.flush()
 
-    def post_later(self, queue: asyncio.Queue[Any], item: Any, urgent: bool = False) -> None:
+    def post_later(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` on ``queue`` at the next :meth:`flush` (or :meth:`post`); thread-safe. Raises
-        :attr:`fresh`, and :attr:`urgent` when ``urgent`` (whoever calls :meth:`flush` should not wait)."""
+        :attr:`fresh`."""
         self._outbox.append((queue, item))
         self.fresh = True
-        if urgent:
-            self.urgent = True
 
     def flush(self) -> None:
         """Have the loop take everything posted so far (one callback, none when nothing waits or

@@ -86,3 +86,62 @@ def test_spinning_changes_no_number(parts):
     spin = OnnxDecoder(info.onnx_path, info.config, 2)
     still = OnnxDecoder(info.onnx_path, info.config, 2, spinning=False)
     assert run((info, still, tok), PROMPTS, params)[0] == run((info, spin, tok), PROMPTS, params)[0]
+
+
+def _events_by_step(parts, prompts, params, interval_ms):
+    """Run ``prompts`` together at ``stream_interval_ms=interval_ms``; each sequence's events as (engine step
+    at which it was emitted, token id, text, piece, finish reason): steps counted by ``on_step`` calls."""
+    info, decoder, tok = parts
+    steps = [0]
+    sched = BatchScheduler(
+        decoder,
+        batch_wait_ms=20,
+        on_step=lambda idle: steps.__setitem__(0, steps[0] + 1),
+        stream_interval_ms=interval_ms,
+    )
+    out = [[] for _ in prompts]
+    done = [threading.Event() for _ in prompts]
+
+    def emitter(i):
+        def emit(ev):
+            out[i].append((steps[0], ev.token_id, ev.text, ev.piece, ev.finish_reason))
+            if ev.finish_reason:
+                done[i].set()
+
+        return emit
+
+    sched.start()
+    try:
+        sched.submit([Sequence(p, params, tok, emitter(i), 2) for i, p in enumerate(prompts)])
+        assert all(d.wait(30) for d in done)
+    finally:
+        sched.shutdown()
+    return out
+
+
+def test_tokens_wait_for_the_stream_interval_and_come_whole(parts):
+    """stream_interval_ms: a sequence's first token is emitted at once, the ones after it together (with a
+    minute, at its end), and the events, text and pieces included, are those of an emission per step."""
+    params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    each = _events_by_step(parts, PROMPTS[:2], params, 0.0)
+    held = _events_by_step(parts, PROMPTS[:2], params, 60_000.0)
+    for e, h in zip(each, held):
+        assert [x[1:] for x in h] == [x[1:] for x in e]  # the same tokens, text and pieces, in order
+        assert len(h) == 13 and "".join(x[2] for x in h)  # 12 tokens and the end; some text
+        assert len({x[0] for x in e[:12]}) == 12  # at 0: one token per step
+        assert h[0][0] < h[1][0] and len({x[0] for x in h[1:]}) == 1  # the first at once, the rest with the end
+
+
+def test_a_sequence_with_stop_strings_emits_each_token_at_once(parts):
+    """A stop string must end a sequence at the token that completes it, so a request with stop strings
+    is not held by stream_interval_ms: one token per step, and it stops where it stops at interval 0."""
+    free = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    pieces = [x[3] for x in _events_by_step(parts, PROMPTS[:1], free, 0.0)[0] if x[3]]
+    stop = pieces[len(pieces) // 2]  # the text of a token in the middle of the answer
+    params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True, stop=(stop,))
+    each = _events_by_step(parts, PROMPTS[:1], params, 0.0)[0]
+    held = _events_by_step(parts, PROMPTS[:1], params, 60_000.0)[0]
+    assert [x[1:] for x in held] == [x[1:] for x in each] and held[-1][4] == "stop"
+    assert len(held) < 13  # stopped early
+    tokens = [x for x in held if x[1] is not None]
+    assert len({x[0] for x in tokens}) == len(tokens)  # each token at its own step
