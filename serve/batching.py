@@ -219,8 +219,10 @@ class _Batch:
             every row of one length P; shared-buffer graph (B, Hkv, capacity >= max P, Dh), row b's
             first ``lengths[b]`` slots valid. A lone row's cache may hold one more row, a twin of its
             last (:attr:`OnnxDecoder.row_rule`): rows ``[:B]`` count.
-        lengths: (B,) int64, the tokens in each row's cache = its next position id.
-        next_ids: (B,) int64 last sampled token of each row (fed at the next step).
+        lengths: the tokens in each row's cache = its next position id (B ints).
+        next_ids: the last sampled token of each row, fed at the next step (B ints).
+            Python lists, not arrays: a decode step updates both, and a numpy call between two ONNX Runtime
+            runs costs ~10x its warm time (bench/results/serve_engine_2026-12-02.md).
         reserve: the most tokens any row can reach (prompt + max new tokens; rows that left may leave
             it high): what a cache the decoder allocates for this group is sized for, set once per
             group rather than recomputed at every decode step.
@@ -231,8 +233,8 @@ class _Batch:
 
     seqs: list[Sequence]
     past: list[Any]
-    lengths: np.ndarray
-    next_ids: np.ndarray
+    lengths: list[int]
+    next_ids: list[int]
     reserve: int = 0
     uniform: bool = True
 
@@ -241,9 +243,10 @@ class _Batch:
         if len(keep) == len(self.seqs):
             return self
         past = [to_numpy(p)[keep] for p in self.past]
-        lengths = self.lengths[keep]
+        lengths = [self.lengths[i] for i in keep]
         uniform = self.uniform or _all_equal(lengths)
-        return _Batch([self.seqs[i] for i in keep], past, lengths, self.next_ids[keep], self.reserve, uniform)
+        next_ids = [self.next_ids[i] for i in keep]
+        return _Batch([self.seqs[i] for i in keep], past, lengths, next_ids, self.reserve, uniform)
 
     @staticmethod
     def merge(a: _Batch, b: _Batch) -> _Batch:
@@ -252,9 +255,10 @@ class _Batch:
         # [:len(seqs)]: without the twin row a cache may carry (OnnxDecoder.row_rule)
         na, nb = len(a.seqs), len(b.seqs)
         past = [np.concatenate(_same_capacity(to_numpy(x)[:na], to_numpy(y)[:nb])) for x, y in zip(a.past, b.past)]
-        lengths = np.concatenate([a.lengths, b.lengths])
-        next_ids = np.concatenate([a.next_ids, b.next_ids])
-        return _Batch(a.seqs + b.seqs, past, lengths, next_ids, max(a.reserve, b.reserve), _all_equal(lengths))
+        lengths = a.lengths + b.lengths
+        return _Batch(
+            a.seqs + b.seqs, past, lengths, a.next_ids + b.next_ids, max(a.reserve, b.reserve), _all_equal(lengths)
+        )
 
 
 class BatchScheduler:
@@ -297,7 +301,6 @@ class BatchScheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._groups: list[_Batch] = []  # running rows, one group per length
-        self._ones = np.ones(0, np.int64)  # the masks of uniform groups are views of it (never written)
         self._reported = (-1, -1)  # the (waiting, running) counts on_queue_depth was told last
         self._thread = threading.Thread(target=self._run, name="prodip-engine", daemon=True)
 
@@ -413,13 +416,6 @@ class BatchScheduler:
         self.on_step(False)
         return self.decoder.forward(input_ids, attention_mask, position_ids, past, reserve)
 
-    def _all_ones(self, rows: int, cols: int) -> np.ndarray:
-        """A (rows, cols) int64 mask of ones: a view of one buffer, grown by doubling, that is never
-        written (the decoder only reads it), so a decode step allocates no mask."""
-        if self._ones.size < rows * cols:
-            self._ones = np.ones(max(rows * cols, 2 * self._ones.size), np.int64)
-        return self._ones[: rows * cols].reshape(rows, cols)
-
     def _report_depth(self) -> None:
         """Tell ``on_queue_depth`` the current waiting and running counts (engine thread; the length of a
         deque is read atomically, no lock needed)."""
@@ -455,9 +451,8 @@ class BatchScheduler:
                 s.step(logits[r, -1])
                 if not s.finished:
                     keep.append(r)
-            next_ids = np.array([s.generated[-1] if s.generated else 0 for s in same], np.int64)
-            lengths = np.full(len(same), T, np.int64)
-            groups.append(_Batch(same, present, lengths, next_ids, reserve).select(keep))
+            next_ids = [s.generated[-1] if s.generated else 0 for s in same]
+            groups.append(_Batch(same, present, [T] * len(same), next_ids, reserve).select(keep))
         return groups
 
     def _decode(self, b: _Batch) -> _Batch:
@@ -472,14 +467,10 @@ class BatchScheduler:
             b = b.select([i for i, s in enumerate(b.seqs) if not self._drop_if_cancelled(s)])
             if not b.seqs:
                 return b
-        B = len(b.seqs)
-        self.on_decode_step(B)
-        if b.uniform:
-            mask = self._all_ones(B, int(b.lengths[0]) + 1)
-        else:  # shared-buffer graph: each row's ones are its own past + this token, padding on the right
-            mask = (np.arange(int(b.lengths.max()) + 1) <= b.lengths[:, None]).astype(np.int64)
-        logits, b.past = self._forward(b.next_ids[:, None], mask, b.lengths[:, None], b.past, b.reserve)
-        b.lengths += 1
+        self.on_decode_step(len(b.seqs))
+        self.on_step(False)
+        logits, b.past = self.decoder.decode(b.next_ids, b.lengths, b.past, b.reserve, b.uniform)
+        b.lengths = [n + 1 for n in b.lengths]
         finished = False
         for r, s in enumerate(b.seqs):
             s.step(logits[r, -1])
@@ -488,9 +479,9 @@ class BatchScheduler:
         return b.select([i for i, s in enumerate(b.seqs) if not s.finished]) if finished else b
 
 
-def _all_equal(lengths: np.ndarray) -> bool:
-    """Whether every row holds as many tokens (``lengths``: (B,) int64, B >= 1)."""
-    return bool((lengths == lengths[0]).all())
+def _all_equal(lengths: list[int]) -> bool:
+    """Whether every row holds as many tokens (``lengths``: B >= 1 ints)."""
+    return lengths.count(lengths[0]) == len(lengths)
 
 
 def _same_capacity(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

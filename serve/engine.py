@@ -14,9 +14,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import onnx
@@ -452,6 +453,34 @@ class OnnxDecoder:
         past = past if cache_rows(past[0]) == B else [to_numpy(p)[:B] for p in past]  # a twin no longer needed
         return self._run(input_ids, attention_mask, position_ids, past, reserve)
 
+    def decode(
+        self, next_ids: Seq[int], lengths: Seq[int], past: list[Any], reserve: int = 0, uniform: bool = True
+    ) -> tuple[np.ndarray, list[Any]]:
+        """One decode step (T = 1): :meth:`forward` of ``input_ids = next_ids[:, None]``, ``position_ids =
+        lengths[:, None]`` and, per row, ``lengths + 1`` ones then zeros as the mask.
+
+        On the kept binding of the shared-buffer graph (the usual step) the ids and positions are written into
+        its bound buffers and the mask of a uniform step is one made beforehand (:meth:`_DecodeBinding.decode`):
+        no array or OrtValue is made between two runs.
+
+        Args:
+            next_ids: each row's last chosen token (B ints, a list or an int64 array).
+            lengths: the tokens each row's cache holds, = the new token's position (B ints).
+            past, reserve: as for :meth:`forward`.
+            uniform: every row holds as many tokens (the caller's word: a uniform step reads ``lengths[0]``
+                only); the mask is then all ones.
+        Returns:
+            as :meth:`forward` with T = 1.
+        """
+        B = len(next_ids)
+        total = int(lengths[0] if uniform else max(lengths)) + 1
+        kept = self._kept_binding(B, 1, total, past)
+        if kept is not None and not needs_twin(self.row_rule, B):
+            return kept.decode(self.session, next_ids, lengths, total, uniform), kept.caches
+        positions = np.asarray(lengths, np.int64)[:, None]
+        mask = _right_padded_mask(positions, total)
+        return self.forward(np.asarray(next_ids, np.int64)[:, None], mask, positions, past, reserve)
+
     def _run(
         self,
         input_ids: np.ndarray,
@@ -542,7 +571,8 @@ class OnnxDecoder:
         the very caches ``past`` it holds, with room for ``total`` tokens; else None."""
         kept = self._binding
         if tokens == 1 and kept is not None and kept.rows == rows and kept.capacity >= total:
-            return kept if _same(kept.caches, past) else None
+            # the scheduler hands back the very list the last step returned: one identity test, usually
+            return kept if past is kept.caches or _same(kept.caches, past) else None
         return None
 
 
@@ -570,6 +600,15 @@ class _DecodeBinding:
     position_ids: np.ndarray
     #: the caches' capacity (tokens)
     capacity: int
+    #: (rows * capacity,) int64 ones; the all-ones masks of :meth:`decode` are views of it
+    ones: np.ndarray = field(default_factory=lambda: np.ones(0, np.int64))
+    #: OrtValues of the all-ones (rows, L) masks for L = ``masks_from`` + i, made :data:`MASKS_AT_ONCE` at a time
+    masks: list[Any] = field(default_factory=list)
+    masks_from: int = 0
+
+    #: all-ones masks made in one go when :meth:`decode` needs a length it has none for: made one per step, each
+    #: would cost as much as binding a new array (the Python between two runs runs cold), made together they run warm
+    MASKS_AT_ONCE: ClassVar[int] = 64
 
     @property
     def rows(self) -> int:
@@ -609,6 +648,42 @@ class _DecodeBinding:
         self.io.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
         session.run_with_iobinding(self.io)
         return self.logits
+
+    def decode(
+        self, session: ort.InferenceSession, next_ids: Seq[int], lengths: Seq[int], total: int, uniform: bool
+    ) -> np.ndarray:
+        """One decode step of :meth:`OnnxDecoder.decode` (its arguments; ``total`` = the longest row + 1 <=
+        :attr:`capacity`): ids and positions written into the bound buffers, the mask an all-ones one made
+        beforehand when ``uniform``, else made and bound; returns :attr:`logits` (overwritten by the next run)."""
+        self.input_ids[:, 0] = next_ids
+        self.position_ids[:, 0] = lengths
+        if uniform:
+            self.io.bind_ortvalue_input("attention_mask", self._ones_mask(total))
+        else:
+            self.io.bind_cpu_input("attention_mask", _right_padded_mask(self.position_ids, total))
+        session.run_with_iobinding(self.io)
+        return self.logits
+
+    def _ones_mask(self, total: int) -> Any:
+        """The OrtValue of a (rows, ``total``) int64 mask of ones (``total`` <= :attr:`capacity`)."""
+        i = total - self.masks_from
+        if not 0 <= i < len(self.masks):
+            rows = self.rows
+            if self.ones.size == 0:
+                self.ones = np.ones(rows * self.capacity, np.int64)  # never written: the masks only read it
+            stop = min(total + self.MASKS_AT_ONCE, self.capacity + 1)
+            # views of one buffer (OrtValues over numpy memory, no copy); this binding keeps the buffer alive
+            self.masks = [
+                ort.OrtValue.ortvalue_from_numpy(self.ones[: rows * n].reshape(rows, n)) for n in range(total, stop)
+            ]
+            self.masks_from, i = total, 0
+        return self.masks[i]
+
+
+def _right_padded_mask(positions: np.ndarray, total: int) -> np.ndarray:
+    """(B, ``total``) int64 mask of each row's ``positions[b, 0] + 1`` ones then zeros: its past and the new
+    token, padding on the right (a shared-buffer decode step of rows of several lengths)."""
+    return (np.arange(total) <= positions).astype(np.int64)
 
 
 def open_decoder(

@@ -240,3 +240,59 @@ def test_kept_decode_binding_computes_what_a_new_binding_does(decoders, variant)
     assert all(np.array_equal(a, b) for a, b in zip(kept, new))
     assert len({b.__array_interface__["data"][0] for b in buffers}) == 1, "one logits buffer, bound once"
     assert not np.array_equal(buffers[0], kept[0]), "the next step overwrote it"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("graph", ["shared", "contract"])
+def test_decode_steps_compute_what_forward_does(decoders, variant, graph, monkeypatch):
+    """OnnxDecoder.decode (ids and positions written into the kept binding's buffers, all-ones masks made
+    beforehand a few lengths at a time) gives bit for bit the logits of forward with the step's arrays on a
+    binding made anew: rows of one length (uniform) and, on the shared-buffer graph, rows of three lengths."""
+    decoder, _ = decoders[variant, graph]
+    from prodip.serve.engine import _DecodeBinding
+
+    monkeypatch.setattr(_DecodeBinding, "MASKS_AT_ONCE", 2)  # several refills within the steps below
+    steps = 7
+    prompts = [MINE, MINE[::-1]] if graph == "contract" else [MINE, MINE[:4], MINE[:6]]
+
+    def run(via_decode):
+        decoder._binding = None  # no binding kept from another test
+        outs = []
+        for prompt in prompts if graph == "shared" else [None]:
+            group = [prompt] if prompt is not None else prompts
+            T = len(group[0])
+            logits, past = decoder.forward(
+                np.array(group, np.int64),
+                np.ones((len(group), T), np.int64),
+                np.tile(np.arange(T), (len(group), 1)),
+                decoder.empty_past(len(group)),
+                reserve=T + steps,
+            )
+            outs.append((logits[:, -1].argmax(-1), past, T))
+        if graph == "shared":  # one ragged group of the rows prefilled apart, as the scheduler merges them
+            from prodip.serve.batching import _Batch
+
+            batches = [_Batch([None], past, [T], nxt.tolist(), T + steps) for nxt, past, T in outs]
+            merged = batches[0]
+            for b in batches[1:]:
+                merged = _Batch.merge(merged, b)
+            nxt, past, uniform = np.array(merged.next_ids), merged.past, merged.uniform
+            lengths = np.array(merged.lengths)
+        else:
+            nxt, past, T = outs[0]
+            lengths, uniform = np.full(len(prompts), T, np.int64), True
+        got = []
+        for _ in range(steps):
+            if via_decode:
+                logits, past = decoder.decode(nxt, lengths, past, lengths.max() + steps, uniform)
+            else:
+                decoder._binding = None
+                mask = (np.arange(lengths.max() + 1) <= lengths[:, None]).astype(np.int64)
+                logits, past = decoder.forward(nxt[:, None], mask, lengths[:, None], past, lengths.max() + steps)
+            got.append(logits[: len(nxt), -1].copy())
+            nxt, lengths = got[-1].argmax(-1).astype(np.int64), lengths + 1
+        return got, uniform
+
+    (stepped, uniform), (fresh, _) = run(True), run(False)
+    assert uniform == (graph == "contract")
+    assert all(np.array_equal(a, b) for a, b in zip(stepped, fresh))
