@@ -215,11 +215,15 @@ async def completion_stream(
             if not want_lp:  # with logprobs the prompt comes with its scores (PromptScores event)
                 yield chunk(i, _echo_text(echoes[i // n]), None, None)
     async with _closing(events):
-        async for index, event in events:
-            text, lp = _apply(svc, choices[index], event, echoes[index // n], want_lp)
-            finish = choices[index].finish_reason if isinstance(event, TokenOut) and event.finish_reason else None
-            if text or (lp and lp["tokens"]) or finish:
-                yield chunk(index, text, lp, finish)
+        async for batch in events.batches():  # one string of the chunks of what arrived together
+            out = []
+            for index, event in batch:
+                text, lp = _apply(svc, choices[index], event, echoes[index // n], want_lp)
+                finish = choices[index].finish_reason if isinstance(event, TokenOut) and event.finish_reason else None
+                if text or (lp and lp["tokens"]) or finish:
+                    out.append(chunk(index, text, lp, finish))
+            if out:
+                yield "".join(out)
     if include_usage:
         yield sse(
             {
@@ -253,18 +257,22 @@ async def generate_stream(svc: Service, events: Events, prompt: list[int], want_
     """SSE events ``{"text", "token_id", "logprob", "finish_reason"}`` then ``data: [DONE]``."""
     ch = _Choice()
     async with _closing(events):
-        async for _, event in events:
-            text, _ = _apply(svc, ch, event, None, False)
-            if isinstance(event, TokenOut) and (text or event.token_id is not None or event.finish_reason):
-                body: dict[str, Any] = {
-                    "text": text,
-                    "token_id": event.token_id,
-                    "logprob": event.logprob if want_lp else None,
-                    "finish_reason": ch.finish_reason if event.finish_reason else None,
-                }
-                if event.finish_reason:
-                    body["usage"] = _usage([prompt], [ch])
-                yield sse(body)
+        async for batch in events.batches():  # one string of the events of what arrived together
+            out = []
+            for _, event in batch:
+                text, _ = _apply(svc, ch, event, None, False)
+                if isinstance(event, TokenOut) and (text or event.token_id is not None or event.finish_reason):
+                    body: dict[str, Any] = {
+                        "text": text,
+                        "token_id": event.token_id,
+                        "logprob": event.logprob if want_lp else None,
+                        "finish_reason": ch.finish_reason if event.finish_reason else None,
+                    }
+                    if event.finish_reason:
+                        body["usage"] = _usage([prompt], [ch])
+                    out.append(sse(body))
+            if out:
+                yield "".join(out)
     yield sse("[DONE]")
 
 
@@ -372,15 +380,22 @@ async def chat_completion_stream(
             [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
         )
     async with _closing(events):
-        async for index, event in events:
-            text, lp = _apply(svc, choices[index], event, None, want_lp)
-            finish = choices[index].finish_reason if isinstance(event, TokenOut) and event.finish_reason else None
-            has_lp = lp is not None and bool(lp["tokens"])
-            if text or has_lp:
-                lp_out = chat_logprobs({**lp, "top_logprobs": _cut(lp["top_logprobs"], top)}) if lp and has_lp else None
-                yield chunk([{"index": index, "delta": {"content": text}, "logprobs": lp_out, "finish_reason": None}])
-            if finish:
-                yield chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}])
+        async for batch in events.batches():  # one string of the chunks of what arrived together
+            out = []
+            for index, event in batch:
+                text, lp = _apply(svc, choices[index], event, None, want_lp)
+                finish = choices[index].finish_reason if isinstance(event, TokenOut) and event.finish_reason else None
+                has_lp = lp is not None and bool(lp["tokens"])
+                if text or has_lp:
+                    lp_out = (
+                        chat_logprobs({**lp, "top_logprobs": _cut(lp["top_logprobs"], top)}) if lp and has_lp else None
+                    )
+                    delta = {"index": index, "delta": {"content": text}, "logprobs": lp_out, "finish_reason": None}
+                    out.append(chunk([delta]))
+                if finish:
+                    out.append(chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}]))
+            if out:
+                yield "".join(out)
     if include_usage:
         yield chunk([], usage=_usage([prompt], choices))
     yield sse("[DONE]")

@@ -495,22 +495,38 @@ class Service:
 
         Choice ``index = prompt_index * n + j``. Every sequence ends with a :class:`TokenOut`
         whose ``finish_reason`` is set. Closing the iterator early cancels all its sequences. The
-        sequences are submitted at the first iteration.
+        sequences are submitted at the first iteration. :meth:`EventStream.batches` gives the events as
+        they arrive, several at a time.
         """
         queue: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
         return EventStream(self._events(queue, prompts, params, n), queue)
 
     async def _events(
         self, queue: asyncio.Queue[tuple[int, StreamEvent]], prompts: list[list[int]], params: SamplingParams, n: int
-    ) -> AsyncGenerator[tuple[int, StreamEvent], None]:
-        """:meth:`stream`'s events, through ``queue``."""
+    ) -> AsyncGenerator[list[tuple[int, StreamEvent]], None]:
+        """:meth:`stream`'s events, through ``queue``, as lists of those that arrived together: the loop's
+        Python for a hand-over runs while the model does, on its cores (at 2 threads on 2 cores each
+        hand-over cost the engine ~1.7 ms, most of it the ~0.5 ms of the loop's Python per hand-over
+        stealing a core: bench/results/serve_engine_2026-12-02.md), and an event taken and passed on alone
+        costs an await and an async generator step at every layer."""
         self.require_ready()
-        post = self._poster(asyncio.get_running_loop()).post_later  # delivered at the engine's next step
+        poster = self._poster(asyncio.get_running_loop())
+        post, every_step = poster.post_later, self.config.stream_interval_ms == 0
 
         def emitter(index: int) -> Callable[[StreamEvent], None]:
-            # engine thread; the scheduler emits a sequence's tokens between its first and its end every
-            # stream_interval_ms (BatchScheduler), and hands them on at its next step (Service._flush_events)
-            return lambda event: post(queue, (index, event))
+            started = False
+
+            def emit(event: StreamEvent) -> None:  # engine thread
+                # a sequence's first token, its end and prompt scores go out at the engine's next step (it has
+                # the loop woken: Service._flush_events); the tokens between them, which the scheduler emits
+                # every stream_interval_ms, when the loop polls (LoopPoster.watch)
+                nonlocal started
+                token = isinstance(event, TokenOut)
+                urgent = every_step or not token or not started or event.finish_reason is not None
+                started = started or token
+                post(queue, (index, event), urgent)
+
+            return emit
 
         seqs = [
             Sequence(ids, params, self.tokenizer, emitter(p * n + j), self.stop_ids, stream_index=j)
@@ -527,14 +543,19 @@ class Service:
         except RuntimeError as err:
             raise APIError(503, str(err), "service_unavailable") from None
         remaining = len(seqs)
+        poster.watch()
         try:
             while remaining:
-                index, event = await queue.get()
-                if isinstance(event, TokenOut):
-                    now = time.perf_counter()
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                now, tokens = time.perf_counter(), 0
+                for i, (index, event) in enumerate(batch):
+                    if not isinstance(event, TokenOut):
+                        continue
                     if event.token_id is not None:
                         counts[index] += 1
-                        self.metrics.generated_tokens.inc()
+                        tokens += 1
                         if index not in first_token_s:
                             first_token_s[index] = now
                             self.metrics.time_to_first_token.observe(now - start)
@@ -546,9 +567,14 @@ class Service:
                                 (counts[index] - 1) / max(now - first_token_s[index], 1e-9)
                             )
                         if event.finish_reason == "error":
+                            self.metrics.generated_tokens.inc(tokens)
+                            if i:
+                                yield batch[:i]  # what came before the error goes out first
                             raise APIError(500, f"generation failed: {event.error}", "server_error")
-                yield index, event
+                self.metrics.generated_tokens.inc(tokens)
+                yield batch
         finally:
+            poster.unwatch()
             for seq in seqs:
                 seq.cancel()
 
@@ -557,28 +583,28 @@ class Service:
         with self._posters_lock:
             poster = next((p for p in self._posters if p.loop is loop), None)
             if poster is None:
-                poster = LoopPoster(loop)
+                poster = LoopPoster(loop, self.config.stream_interval_ms / 1000.0)
                 self._posters = [p for p in self._posters if not p.loop.is_closed()] + [poster]
             return poster
 
     def _flush_events(self, idle: bool = False) -> None:
         """The engine's ``on_step`` (engine thread, after each step, before an ONNX Runtime call or a
-        wait): deliver the events its sequences emitted since, through the waker thread
-        (:meth:`_wake_loops`), so the engine thread makes no system call for it: a write to a loop's
-        self-pipe releases the GIL, the woken loop takes it, and the engine thread waited for it
-        before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md).
+        wait): have the events that must not wait (a sequence's first token, its end: :attr:`LoopPoster.urgent`)
+        delivered, with everything emitted before them, and all of them when the engine is about to wait
+        (``idle``), through the waker thread (:meth:`_wake_loops`), so the engine thread makes no system call
+        for it: a write to a loop's self-pipe releases the GIL, the woken loop takes it, and the engine thread
+        waited for it before its next ONNX Runtime call (bench/results/serve_profile_2026-12-01.md).
 
-        The scheduler emits a running stream's tokens every ``stream_interval_ms`` (a sequence's first token
-        and its end at once: :class:`BatchScheduler`), so the loops are woken that often: each delivery wakes
-        two threads and the client, whose Python takes a core from ONNX Runtime's threads in the middle of
-        the next run; one per token cost 10-15 % of the decode speed of one stream at 2 threads on 2 cores
-        (bench/results/serve_engine_2026-12-01.md). ``idle`` needs nothing of its own: what was emitted
-        is handed on at every call."""
+        The tokens in between are not the engine's business: the loop takes them when it polls
+        (:meth:`LoopPoster.watch`, every ``stream_interval_ms``). Waking it from here cost the engine ~0.1 ms
+        per hand-over for the wake alone, and the waker's and loop's Python in the middle of the next run
+        (bench/results/serve_engine_2026-12-02.md); a hand-over per token cost 10-15 % of the decode speed
+        of one stream at 2 threads on 2 cores (bench/results/serve_engine_2026-12-01.md)."""
         posters = self._posters  # a list replaced, never changed in place: safe unlocked
-        if not any(p.fresh for p in posters):
+        if not any(p.urgent or (idle and p.fresh) for p in posters):
             return
         for poster in posters:
-            poster.fresh = False  # set and cleared on the engine thread only
+            poster.urgent = poster.fresh = False  # set and cleared on the engine thread only
         self._wake.set()
 
     def _wake_loops(self) -> None:
@@ -594,29 +620,40 @@ class EventStream:
     """One request's events, ``(choice index, event)``, as the engine hands them over (an async iterator;
     :meth:`aclose` cancels its sequences: :meth:`Service.stream`).
 
+    :meth:`batches` gives them as they arrive, several at a time (a stream writer makes one chunk of each:
+    serve/completions.py); iterating gives them one by one; a stream is read one way or the other.
     :meth:`ready` says whether the next event is here already, so that iterating would not wait: a stream
     writer joins what is ready into one write (serve/routes.py), since the engine hands a stream's tokens
     over several at a time (``stream_interval_ms``) and each socket write wakes the client.
     """
 
     def __init__(
-        self, events: AsyncGenerator[tuple[int, StreamEvent], None], queue: asyncio.Queue[tuple[int, StreamEvent]]
+        self,
+        batches: AsyncGenerator[list[tuple[int, StreamEvent]], None],
+        queue: asyncio.Queue[tuple[int, StreamEvent]],
     ) -> None:
-        self._events = events
+        self._batches = batches
         self._queue = queue
+        self._taken: deque[tuple[int, StreamEvent]] = deque()  # of the last batch, not iterated yet
 
     def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> tuple[int, StreamEvent]:
-        return await self._events.__anext__()
+        while not self._taken:
+            self._taken.extend(await self._batches.__anext__())
+        return self._taken.popleft()
+
+    def batches(self) -> AsyncGenerator[list[tuple[int, StreamEvent]], None]:
+        """The events as lists of those that arrived together, in order."""
+        return self._batches
 
     async def aclose(self) -> None:
-        await self._events.aclose()
+        await self._batches.aclose()
 
     def ready(self) -> bool:
         """Whether an event has arrived that iterating has not taken yet."""
-        return not self._queue.empty()
+        return bool(self._taken) or not self._queue.empty()
 
 
 class LoopPoster:
@@ -627,27 +664,41 @@ class LoopPoster:
     everything posted until then on its queue. So the loop wakes once per engine step however many
     tokens the step made (one write per token before; bench/results/serve_speed_2026-12-01.md).
     :meth:`post_later` only appends; :meth:`flush` schedules the delivery (serve's engine has it called
-    after an engine step that emitted something: :meth:`Service._flush_events`).
+    after an engine step that emitted an urgent item: :meth:`Service._flush_events`), and while streams
+    run on the loop (:meth:`watch`) the loop takes the outbox itself every ``interval_s``, woken by its own
+    timer rather than by the engine.
+
+    Args:
+        loop: the event loop whose queues the items go to.
+        interval_s: how often the loop polls while :meth:`watch` counts a stream (seconds; 0: it does not
+            poll, every item must be flushed).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = 0.0) -> None:
         self.loop = loop
+        self.interval_s = interval_s
         self._outbox: deque[tuple[asyncio.Queue[Any], Any]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False  # a _deliver is due and has not started draining
         #: items were posted with :meth:`post_later` since the owner last cleared this (and had them flushed)
         self.fresh = False
+        #: one of them should not wait for the loop's poll (:meth:`post_later`)
+        self.urgent = False
+        self._streams = 0  # streams watching (loop thread only)
+        self._poll_handle: Optional[asyncio.TimerHandle] = None
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` on ``queue`` (an asyncio.Queue of :attr:`loop`) soon; thread-safe."""
         self._outbox.append((queue, item))
         self.flush()
 
-    def post_later(self, queue: asyncio.Queue[Any], item: Any) -> None:
-        """Put ``item`` on ``queue`` at the next :meth:`flush` (or :meth:`post`); thread-safe. Raises
-        :attr:`fresh`."""
+    def post_later(self, queue: asyncio.Queue[Any], item: Any, urgent: bool = False) -> None:
+        """Put ``item`` on ``queue`` at the next :meth:`flush`, :meth:`post` or poll; thread-safe. Raises
+        :attr:`fresh`, and :attr:`urgent` when ``urgent`` (whoever calls :meth:`flush` should not wait)."""
         self._outbox.append((queue, item))
         self.fresh = True
+        if urgent:
+            self.urgent = True
 
     def flush(self) -> None:
         """Have the loop take everything posted so far (one callback, none when nothing waits or
@@ -662,6 +713,21 @@ class LoopPoster:
             self.loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:  # the loop is gone (server stopping); nobody is listening
             pass
+
+    def watch(self) -> None:
+        """A stream starts on this loop (loop thread): poll the outbox every :attr:`interval_s` until the
+        last one :meth:`unwatch` es."""
+        self._streams += 1
+        if self.interval_s > 0 and self._poll_handle is None:
+            self._poll_handle = self.loop.call_later(self.interval_s, self._poll)
+
+    def unwatch(self) -> None:
+        """A stream ended (loop thread); the poll stops at its next turn when it was the last."""
+        self._streams -= 1
+
+    def _poll(self) -> None:
+        self._deliver()
+        self._poll_handle = self.loop.call_later(self.interval_s, self._poll) if self._streams else None
 
     def _deliver(self) -> None:
         with self._lock:

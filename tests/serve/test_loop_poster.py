@@ -144,3 +144,105 @@ def test_tokens_between_the_first_and_the_end_wait_for_the_stream_interval(tiny_
     assert len(tokens) == 12 and events[-1]["finish_reason"] == "length"
     assert tokens == whole["token_ids"]
     assert streamed_asks == (2 if interval_ms else 12)  # at 0: the prefill's step and 11 decode steps
+
+
+def test_a_watched_loop_takes_later_items_itself_until_the_last_stream_ends():
+    """LoopPoster.watch: while a stream runs, the loop takes what was posted with post_later every interval,
+    woken by its own timer (no call_soon_threadsafe); the polling stops after the last unwatch."""
+    loop = asyncio.new_event_loop()
+    try:
+        wakeups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda cb, *a: wakeups.append(cb) or real(cb, *a)
+        poster = LoopPoster(loop, interval_s=0.01)
+        q = asyncio.Queue()
+
+        async def stream():
+            poster.watch()
+            got = []
+            try:
+                feeder = threading.Thread(target=lambda: [poster.post_later(q, i) for i in range(3)])
+                feeder.start()
+                feeder.join()
+                while len(got) < 3:
+                    got.append(await asyncio.wait_for(q.get(), 5))
+            finally:
+                poster.unwatch()
+            return got
+
+        assert loop.run_until_complete(stream()) == [0, 1, 2]
+        assert wakeups == []
+        assert poster._poll_handle is not None  # the poll's last turn is due, then it stops
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert poster._poll_handle is None
+        poster.post_later(q, 3)
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert q.empty()  # nobody watches: only a flush delivers now
+        poster.flush()
+        loop.run_until_complete(asyncio.sleep(0))
+        assert q.get_nowait() == 3
+    finally:
+        loop.close()
+
+
+def test_tokens_between_the_first_and_the_end_come_with_the_loops_poll(tiny_export):
+    """At a stream interval shorter than the stream, the engine has the loop woken for the first token and the
+    end only; the tokens between arrive with the loop's own polls. Every token arrives, in order."""
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+    from prodip.serve.service import LoopPoster
+    from tests.serve.conftest import wait_ready
+
+    app = create_app(tiny_export[0], "fp32", batch_wait_ms=2.0, stream_interval_ms=1.0)
+    polls = []
+    real_poll = LoopPoster._poll
+    with TestClient(app) as client:
+        wait_ready(client)
+        svc = app.state.service
+        asks = []
+        real_set = svc._wake.set
+        svc._wake.set = lambda: asks.append(threading.current_thread().name) or real_set()
+        LoopPoster._poll = lambda self: polls.append(1) or real_poll(self)
+        try:
+            body = {"prompt": [1, 40, 41], "max_new_tokens": 80, "temperature": 0, "stream": True, "ignore_eos": True}
+            with client.stream("POST", "/v1/generate", json=body) as resp:
+                events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+        finally:
+            LoopPoster._poll = real_poll
+        streamed_asks = asks.count("prodip-engine")
+        whole = client.post("/v1/generate", json={**body, "stream": False}).json()
+    tokens = [e["token_id"] for e in events if e["token_id"] is not None]
+    assert tokens == whole["token_ids"] and len(tokens) == 80
+    assert streamed_asks == 2  # the first token, the end
+    assert len(polls) >= 2
+
+
+def test_tokens_before_an_engine_error_arrive_before_it(tiny_export, monkeypatch):
+    """A sequence that fails in the engine while its tokens wait for the stream interval: the tokens it had
+    are emitted before its end, arrive in one hand-over with it, and are streamed before the error event."""
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+    from prodip.serve.engine import OnnxDecoder
+    from tests.serve.conftest import wait_ready
+
+    real_decode, calls = OnnxDecoder.decode, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("boom")
+        return real_decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(OnnxDecoder, "decode", failing)
+    app = create_app(tiny_export[0], "fp32", batch_wait_ms=2.0, stream_interval_ms=60_000.0)
+    with TestClient(app) as client:
+        wait_ready(client)
+        body = {"prompt": [1, 40, 41], "max_new_tokens": 20, "temperature": 0, "stream": True, "ignore_eos": True}
+        with client.stream("POST", "/v1/generate", json=body) as resp:
+            events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+        metrics = client.get("/metrics").text
+    assert [e.get("token_id") is not None for e in events] == [True] * 5 + [False]  # prefill's token + 4 steps
+    assert "RuntimeError: boom" in events[-1]["error"]["message"]
+    assert "prodip_generated_tokens_total 5.0" in metrics
