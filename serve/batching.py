@@ -126,6 +126,8 @@ class Sequence:
         #: its tokens may wait for :meth:`render`: with no stop strings only ids end it (eos, length)
         self.defers = not params.stop
         self.penalties = TokenPenalties(params.presence_penalty, params.frequency_penalty, params.logit_bias)
+        #: the token is the raw logits' argmax (greedy, nothing added to the logits)
+        self._greedy = (params.temperature == 0 or params.top_k == 1) and not self.penalties.active
         self.cancelled = threading.Event()
         self.finished = False
         self.submitted_s = time.perf_counter()
@@ -171,7 +173,10 @@ class Sequence:
         model's own distribution.
         """
         p = self.params
-        token = sample_token(self.penalties.apply(logits), p.temperature, p.top_k, p.top_p, self.rng)
+        if self._greedy:  # sample_token's greedy choice, without its checks and calls between two runs
+            token = int(logits.argmax())
+        else:
+            token = sample_token(self.penalties.apply(logits), p.temperature, p.top_k, p.top_p, self.rng)
         lp, top = None, []
         if p.logprobs is not None:
             row = log_softmax(logits)
@@ -302,6 +307,7 @@ class BatchScheduler:
         self._stop = False
         self._groups: list[_Batch] = []  # running rows, one group per length
         self._reported = (-1, -1)  # the (waiting, running) counts on_queue_depth was told last
+        self._rows_left = False  # rows finished, were cancelled or failed since the counts were last reported
         self._thread = threading.Thread(target=self._run, name="prodip-engine", daemon=True)
 
     def start(self) -> None:
@@ -363,6 +369,7 @@ class BatchScheduler:
                     new = [s for s in new if not self._drop_if_cancelled(s)]
                     for group in self._prefill(new):
                         self._join(group)
+                    self.on_step(False)  # the first tokens go out before the decode step
                 self._groups = [g for g in (self._decode(g) for g in self._groups) if g.seqs]
                 self._render_due()
                 self.on_step(False)  # the step's tokens go out while the next step's inputs are made
@@ -371,7 +378,10 @@ class BatchScheduler:
                 for seq in [s for g in self._groups for s in g.seqs] + new:
                     seq.finish("error", error=f"{type(err).__name__}: {err}")
                 self._groups = []
-            self._report_depth()  # rows that finished or were cancelled this step have left
+                self._rows_left = True
+            if new or self._rows_left:
+                self._rows_left = False
+                self._report_depth()  # rows that finished or were cancelled this step have left
         for seq in list(self._waiting) + [s for g in self._groups for s in g.seqs]:
             seq.finish("cancelled")
         self._waiting.clear()
@@ -465,10 +475,11 @@ class BatchScheduler:
         objects it does not need."""
         if any(s.cancelled.is_set() for s in b.seqs):
             b = b.select([i for i, s in enumerate(b.seqs) if not self._drop_if_cancelled(s)])
+            self._rows_left = True
+            self.on_step(False)  # their ends go out before the run
             if not b.seqs:
                 return b
         self.on_decode_step(len(b.seqs))
-        self.on_step(False)
         logits, b.past = self.decoder.decode(b.next_ids, b.lengths, b.past, b.reserve, b.uniform)
         b.lengths = [n + 1 for n in b.lengths]
         finished = False
@@ -476,7 +487,10 @@ class BatchScheduler:
             s.step(logits[r, -1])
             b.next_ids[r] = s.generated[-1]
             finished = finished or s.finished
-        return b.select([i for i, s in enumerate(b.seqs) if not s.finished]) if finished else b
+        if finished:
+            self._rows_left = True
+            return b.select([i for i, s in enumerate(b.seqs) if not s.finished])
+        return b
 
 
 def _all_equal(lengths: list[int]) -> bool:

@@ -145,3 +145,30 @@ def test_a_sequence_with_stop_strings_emits_each_token_at_once(parts):
     assert len(held) < 13  # stopped early
     tokens = [x for x in held if x[1] is not None]
     assert len({x[0] for x in tokens}) == len(tokens)  # each token at its own step
+
+
+def test_queue_depth_is_told_as_rows_arrive_and_leave(parts):
+    """on_queue_depth hears the running count change as rows join and as each one finishes (told when it
+    changes, not at every step)."""
+    info, decoder, tok = parts
+    told = []
+    sched = BatchScheduler(decoder, batch_wait_ms=20, on_queue_depth=lambda w, r: told.append((w, r)))
+    done = threading.Event()
+    ends = []
+
+    def emit(ev):
+        if isinstance(ev, TokenOut) and ev.finish_reason:
+            ends.append(ev)
+            if len(ends) == 2:
+                done.set()
+
+    short = SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)
+    long = SamplingParams(max_new_tokens=9, temperature=0, ignore_eos=True)
+    sched.start()
+    try:
+        sched.submit([Sequence(PROMPTS[0], short, tok, emit, 2), Sequence(PROMPTS[1], long, tok, emit, 2)])
+        assert done.wait(30)
+    finally:
+        sched.shutdown()
+    assert [r for _, r in told] == [2, 1, 0]
+    assert all(w == 0 for w, _ in told)
