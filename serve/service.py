@@ -521,9 +521,11 @@ class Service:
                 # the loop woken: Service._flush_events); the tokens between them, which the scheduler emits
                 # every stream_interval_ms, when the loop polls (LoopPoster.watch)
                 nonlocal started
-                token = isinstance(event, TokenOut)
-                urgent = every_step or not token or not started or event.finish_reason is not None
-                started = started or token
+                if isinstance(event, TokenOut):
+                    urgent = every_step or not started or event.finish_reason is not None
+                    started = True
+                else:
+                    urgent = True
                 post(queue, (index, event), urgent)
 
             return emit
