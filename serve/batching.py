@@ -21,9 +21,10 @@ alone, so a row gets the same bits as alone (tests/serve/test_batch_invariance.p
 call however the arrivals were spread over prefills (bench/results/serve_profile_2026-12-01.md).
 Finished or cancelled rows leave their group after the step in which they finish. Results go back
 through each sequence's ``emit`` callback (called on this thread; a sequence's tokens between its first
-and its end every ``stream_interval_ms``, several at once: :meth:`Sequence.render`); ``on_step(idle)`` is called after each
-step and before each ONNX Runtime call (``idle`` False), and before the thread waits for work (True): serve
-hands the events emitted since to the event loop there (through a thread of its own: serve/service.py).
+and its end every ``stream_interval_ms``, several at once: :meth:`Sequence.render`). ``on_step(idle)`` is
+called after each step, before a decode run that follows a prefill or a cancel (``idle`` False), and before
+the thread waits for work (True): serve has the event loop woken there for what must not wait (through a
+thread of its own: serve/service.py); the loop takes a stream's other tokens on its own timer.
 
     python -c "from prodip.serve.batching import SamplingParams; print(SamplingParams(max_new_tokens=8))"
 """
@@ -275,9 +276,9 @@ class BatchScheduler:
         batch_wait_ms: when idle, wait this long (milliseconds) after the first arrival for others.
         on_queue_depth: called (engine thread) with the waiting and running sequence counts when they change.
         on_decode_step: called (engine thread) with the number of rows of each decode step.
-        on_step: called (engine thread) with False after each step and just before each ONNX Runtime
-            call, with True before the thread waits for work (or ends): where the events emitted since
-            are handed on.
+        on_step: called (engine thread) with False after each step, before each prefill run and before a
+            decode run that follows a prefill or a cancel (so no emitted event waits out a run), with True
+            before the thread waits for work (or ends): where the events emitted since are handed on.
         stream_interval_ms: the tokens of running sequences that :attr:`Sequence.defers` are emitted
             (:meth:`Sequence.render`) after the first decode step that ends at least this long (milliseconds)
             after the last such emission; 0: after every step. A sequence's first token and its end are
@@ -358,6 +359,7 @@ class BatchScheduler:
             if not self._groups:
                 self.on_step(True)  # the thread may wait now: hand on what was emitted (errors, cancels)
             new = self._take_waiting()
+            arrived = bool(new)  # _take_waiting told the counts with them; some may be cancelled before the prefill
             if self._stop:
                 for seq in new:
                     seq.finish("cancelled")
@@ -379,7 +381,7 @@ class BatchScheduler:
                     seq.finish("error", error=f"{type(err).__name__}: {err}")
                 self._groups = []
                 self._rows_left = True
-            if new or self._rows_left:
+            if arrived or self._rows_left:
                 self._rows_left = False
                 self._report_depth()  # rows that finished or were cancelled this step have left
         for seq in list(self._waiting) + [s for g in self._groups for s in g.seqs]:

@@ -172,3 +172,23 @@ def test_queue_depth_is_told_as_rows_arrive_and_leave(parts):
         sched.shutdown()
     assert [r for _, r in told] == [2, 1, 0]
     assert all(w == 0 for w, _ in told)
+
+
+def test_queue_depth_comes_back_when_an_arrival_is_cancelled_before_its_prefill(parts):
+    """A sequence taken from the queue counts as running; cancelled before its prefill, it leaves at once, and
+    on_queue_depth hears so without waiting for another step."""
+    info, decoder, tok = parts
+    told, done = [], threading.Event()
+    sched = BatchScheduler(decoder, batch_wait_ms=20, on_queue_depth=lambda w, r: told.append((w, r)))
+    seq = Sequence(PROMPTS[0], SamplingParams(max_new_tokens=5, temperature=0), tok, lambda ev: done.set(), 2)
+    seq.cancel()
+    sched.start()
+    try:
+        sched.submit([seq])
+        assert done.wait(30)
+        deadline = time.monotonic() + 5
+        while told[-1:] != [(0, 0)] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert told == [(0, 1), (0, 0)]
+    finally:
+        sched.shutdown()
