@@ -339,6 +339,8 @@ def test_stream_usage_and_generate_logprobs(client):
 
 
 class _BrokenDecoder:
+    """The decoder failing at both entry points, ``forward`` (prefill) and ``decode`` (a decode step)."""
+
     def __init__(self, inner):
         self.inner = inner
 
@@ -346,6 +348,9 @@ class _BrokenDecoder:
         return getattr(self.inner, name)
 
     def forward(self, *args):
+        raise RuntimeError("planted failure")
+
+    def decode(self, *args):
         raise RuntimeError("planted failure")
 
 

@@ -112,7 +112,8 @@ def test_graceful_shutdown_on_sigterm(tiny_export):
 
 
 class _SlowDecoder:
-    """Wraps the ONNX decoder so that each step takes >= 20 ms (makes a disconnect observable)."""
+    """Wraps the ONNX decoder so that each step takes >= 20 ms (makes a disconnect observable): its two entry
+    points, ``forward`` (prefill) and ``decode`` (a decode step)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -125,6 +126,11 @@ class _SlowDecoder:
         self.calls += 1
         time.sleep(0.02)
         return self.inner.forward(*args)
+
+    def decode(self, *args):
+        self.calls += 1
+        time.sleep(0.02)
+        return self.inner.decode(*args)
 
 
 def test_client_disconnect_stops_generation(tiny_export):
