@@ -7,7 +7,8 @@ a last arm.
 Why: bench/serve_ab.py compares arms that each hold one session for their whole life, so a speed that belongs to
 the session (where its weights landed) rather than to the code would read as a code difference.
 bench/results/serve_engine_2026-12-02.md found the first session of a process 6-13 % slower per run than the ones
-made after it, at 1 thread.
+made after it, at 1 thread, in one half hour, and within 1.5 % an hour later: run this beside an A/B to see whether
+it applies.
 
 Prints each session's median of its per-round mean run time (us) and the quartiles of its per-round ratio to the
 first session, and genai's per-step time.
