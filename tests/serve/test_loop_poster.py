@@ -118,16 +118,18 @@ def test_the_engine_thread_never_wakes_the_loop_itself(tiny_export, monkeypatch)
     assert not any(t.name == "prodip-loop-waker" and t.is_alive() for t in threading.enumerate())
 
 
-@pytest.mark.parametrize("interval_ms", [0.0, 60_000.0])
-def test_tokens_between_the_first_and_the_end_wait_for_the_stream_interval(tiny_export, interval_ms):
-    """--stream-interval-ms: the engine has a stream's first token and its end handed to the loop at its next
-    step, the tokens between them at most that often. With a minute, a 12-token stream asks the waker twice
-    (its first token; the rest with its end); at 0, after every engine step. Every token arrives, in order."""
+def _stream_counting_wakes(tiny_export, monkeypatch, interval_ms, max_new_tokens):
+    """One streamed greedy /v1/generate at ``stream_interval_ms=interval_ms``: (its events, how often the engine
+    thread asked the waker to wake the loop during it, how often the loop polled during it, the same request
+    unstreamed)."""
     from fastapi.testclient import TestClient
 
     from prodip.serve.app import create_app
     from tests.serve.conftest import wait_ready
 
+    polls = []
+    real_poll = LoopPoster._poll
+    monkeypatch.setattr(LoopPoster, "_poll", lambda self: polls.append(1) or real_poll(self))
     app = create_app(tiny_export[0], "fp32", batch_wait_ms=2.0, stream_interval_ms=interval_ms)
     with TestClient(app) as client:
         wait_ready(client)
@@ -135,11 +137,21 @@ def test_tokens_between_the_first_and_the_end_wait_for_the_stream_interval(tiny_
         asks = []
         real_set = svc._wake.set
         svc._wake.set = lambda: asks.append(threading.current_thread().name) or real_set()
-        body = {"prompt": [1, 40, 41], "max_new_tokens": 12, "temperature": 0, "stream": True, "ignore_eos": True}
+        body = {"prompt": [1, 40, 41], "max_new_tokens": max_new_tokens, "temperature": 0, "stream": True}
+        body["ignore_eos"] = True
         with client.stream("POST", "/v1/generate", json=body) as resp:
             events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
-        streamed_asks = asks.count("prodip-engine")
+        streamed_asks, streamed_polls = asks.count("prodip-engine"), len(polls)
         whole = client.post("/v1/generate", json={**body, "stream": False}).json()
+    return events, streamed_asks, streamed_polls, whole
+
+
+@pytest.mark.parametrize("interval_ms", [0.0, 60_000.0])
+def test_tokens_between_the_first_and_the_end_wait_for_the_stream_interval(tiny_export, monkeypatch, interval_ms):
+    """--stream-interval-ms: the engine has a stream's first token and its end handed to the loop at its next
+    step, the tokens between them at most that often. With a minute, a 12-token stream asks the waker twice
+    (its first token; the rest with its end); at 0, after every engine step. Every token arrives, in order."""
+    events, streamed_asks, _, whole = _stream_counting_wakes(tiny_export, monkeypatch, interval_ms, 12)
     tokens = [e["token_id"] for e in events if e["token_id"] is not None]
     assert len(tokens) == 12 and events[-1]["finish_reason"] == "length"
     assert tokens == whole["token_ids"]
@@ -185,37 +197,14 @@ def test_a_watched_loop_takes_later_items_itself_until_the_last_stream_ends():
         loop.close()
 
 
-def test_tokens_between_the_first_and_the_end_come_with_the_loops_poll(tiny_export):
+def test_tokens_between_the_first_and_the_end_come_with_the_loops_poll(tiny_export, monkeypatch):
     """At a stream interval shorter than the stream, the engine has the loop woken for the first token and the
     end only; the tokens between arrive with the loop's own polls. Every token arrives, in order."""
-    from fastapi.testclient import TestClient
-
-    from prodip.serve.app import create_app
-    from prodip.serve.service import LoopPoster
-    from tests.serve.conftest import wait_ready
-
-    app = create_app(tiny_export[0], "fp32", batch_wait_ms=2.0, stream_interval_ms=1.0)
-    polls = []
-    real_poll = LoopPoster._poll
-    with TestClient(app) as client:
-        wait_ready(client)
-        svc = app.state.service
-        asks = []
-        real_set = svc._wake.set
-        svc._wake.set = lambda: asks.append(threading.current_thread().name) or real_set()
-        LoopPoster._poll = lambda self: polls.append(1) or real_poll(self)
-        try:
-            body = {"prompt": [1, 40, 41], "max_new_tokens": 80, "temperature": 0, "stream": True, "ignore_eos": True}
-            with client.stream("POST", "/v1/generate", json=body) as resp:
-                events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
-        finally:
-            LoopPoster._poll = real_poll
-        streamed_asks = asks.count("prodip-engine")
-        whole = client.post("/v1/generate", json={**body, "stream": False}).json()
+    events, streamed_asks, streamed_polls, whole = _stream_counting_wakes(tiny_export, monkeypatch, 1.0, 80)
     tokens = [e["token_id"] for e in events if e["token_id"] is not None]
     assert tokens == whole["token_ids"] and len(tokens) == 80
     assert streamed_asks == 2  # the first token, the end
-    assert len(polls) >= 2
+    assert streamed_polls >= 2
 
 
 def test_tokens_before_an_engine_error_arrive_before_it(tiny_export, monkeypatch):
