@@ -150,6 +150,12 @@ class Engine:
         info = load_export(export_dir, variant, allow_unverified=True, verify_hashes=False)
         self.decoder = open_decoder(info, threads)
         self.tokenizer = load_tokenizer(info)
+        try:  # as `prodip serve` does by default (--huge-pages; a revision of serve_ab.py's arms may predate it)
+            from prodip.serve.memory import use_huge_pages
+        except ImportError:
+            pass
+        else:
+            print(use_huge_pages(), file=sys.stderr)
 
     def rate(self, prompt: list[int], tokens: int, streams: int) -> Rate:
         from prodip.serve.batching import BatchScheduler, SamplingParams, Sequence, TokenOut

@@ -54,6 +54,13 @@ class ServeConfig:
         "fastest on idle cores; false on a machine whose cores other programs keep busy (there spinning threads "
         "steal the time the work needs: bench/results/serve_profile_2026-12-01.md)",
     )
+    huge_pages: bool = opt(
+        True,
+        "once the model is loaded, move the server's large resident memory (the weights ONNX Runtime prepacked) into "
+        "transparent huge pages (Linux; prodip.serve.memory): a decode step reads every weight, and 2 MiB pages "
+        "save most of its TLB misses (one stream 1.05-1.18x faster for int8 and fp32 on a 2-core VM: "
+        "bench/results/serve_onestream_2026-12-02.md); the numbers do not change",
+    )
     shared_kv_buffer: bool = opt(
         True,
         "decode on the variant's shared-buffer graph (onnx/*_genai.onnx: the KV cache written in place) when the "

@@ -31,6 +31,7 @@ from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
 from prodip.serve.engine import ExportInfo, load_tokenizer, open_decoder
+from prodip.serve.memory import use_huge_pages
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.schemas import SamplingRequest, error_body
 
@@ -142,6 +143,8 @@ class Service:
             decoder = open_decoder(
                 self.info, self.config.intra_op_threads, self.config.shared_kv_buffer, self.config.intra_op_spinning
             )
+            if self.config.huge_pages:  # the weights are in memory now (prepacked at the session's creation)
+                log.info("%s", use_huge_pages())
             self.scheduler = BatchScheduler(
                 decoder,
                 self.config.max_batch_size,
