@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: madvise(2) advice values (Linux uapi asm-generic/mman-common.h)
 MADV_HUGEPAGE = 14
@@ -39,8 +41,9 @@ class HugePages:
     """What :func:`use_huge_pages` did.
 
     Attributes:
-        status: "collapsed" (the regions are in huge pages now), "advised" (marked only: a kernel before 6.1 has
-            no MADV_COLLAPSE; khugepaged collapses them over time) or "unavailable: <why>" (nothing done).
+        status: "collapsed" (regions are in huge pages now), "advised" (marked only: a kernel before 6.1 has no
+            MADV_COLLAPSE; khugepaged collapses them over time), "none collapsed" (no mapping large and resident
+            enough, or no free huge page) or "unavailable: <why>" (nothing done).
         regions: mappings marked.
         huge_bytes: anonymous memory in huge pages after the call (``AnonHugePages`` of /proc/self/smaps_rollup),
             bytes.
@@ -86,24 +89,28 @@ def use_huge_pages(min_bytes: int = 4 << 20, min_resident: float = 0.75) -> Huge
         page = int((_THP / "hpage_pmd_size").read_text())
     except (OSError, ValueError):
         page = 2 << 20
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise.restype = ctypes.c_int
     start = time.perf_counter()
     rss_before = _rollup("Rss")
-    regions, status = 0, "collapsed"
+    regions = collapsed = refused = 0
     for lo, hi in _candidates(min_bytes, min_resident):
         lo, hi = -(-lo // page) * page, hi // page * page  # the whole huge pages inside the mapping
         if hi - lo < page:
             continue
-        if libc.madvise(lo, hi - lo, MADV_HUGEPAGE) != 0:
-            continue  # e.g. a mapping that went away since it was read
+        if _madvise(lo, hi - lo, MADV_HUGEPAGE) != 0:
+            continue  # e.g. a mapping that went away since it was read, or one the kernel will not advise
         regions += 1
-        if status == "collapsed" and libc.madvise(lo, hi - lo, MADV_COLLAPSE) != 0:
-            err = ctypes.get_errno()
-            if err == errno.EINVAL:  # this kernel has no MADV_COLLAPSE (before 6.1): marked only
-                status = "advised"
-            # EAGAIN / ENOMEM: no free huge page at the moment; the rest of the mapping stays as it was
+        err = _madvise(lo, hi - lo, MADV_COLLAPSE)
+        if err == 0:
+            collapsed += 1
+        elif err == errno.EINVAL:
+            refused += 1  # a kernel before 6.1 (no MADV_COLLAPSE), or a mapping it cannot collapse
+        # EAGAIN / ENOMEM: no free huge page at the moment; that mapping stays as it was
+    if collapsed:
+        status = "collapsed"
+    elif refused:  # every collapse refused: a kernel without MADV_COLLAPSE; the marks still let khugepaged do it
+        status = "advised"
+    else:  # no mapping large and resident enough, or no free huge page
+        status = "none collapsed"
     return HugePages(
         status,
         regions,
@@ -111,6 +118,21 @@ def use_huge_pages(min_bytes: int = 4 << 20, min_resident: float = 0.75) -> Huge
         max(0, _rollup("Rss") - rss_before),
         time.perf_counter() - start,
     )
+
+
+def _madvise(address: int, length: int, advice: int) -> int:
+    """madvise(2) on [address, address + length): 0, or the errno it failed with."""
+    madvise = _libc_madvise()
+    return 0 if madvise(address, length, advice) == 0 else ctypes.get_errno()
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_madvise() -> Any:
+    """The C library's madvise, setting errno (the process's own libc: ``CDLL(None)``)."""
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
 
 
 def _candidates(min_bytes: int, min_resident: float) -> list[tuple[int, int]]:

@@ -4,6 +4,7 @@ transparent huge pages gets a status that says why nothing was done."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import sys
@@ -91,3 +92,29 @@ def test_thp_disabled_or_missing_is_a_status(tmp_path, monkeypatch):
 def test_serve_moves_weights_by_default_and_can_be_told_not_to():
     assert ServeConfig().huge_pages is True
     assert ServeConfig(huge_pages=False).huge_pages is False
+
+
+@needs_thp
+@pytest.mark.parametrize(
+    ("collapse_errno", "status"),
+    [(0, "collapsed"), (errno.EINVAL, "advised"), (errno.EAGAIN, "none collapsed")],
+)
+def test_status_follows_what_the_kernel_answered(monkeypatch, collapse_errno, status):
+    """EINVAL from every MADV_COLLAPSE is a kernel before 6.1 (marked only); EAGAIN is no free huge page."""
+    region = mmap.mmap(-1, 24 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.write(b"y" * (24 * MIB))
+        calls: list[tuple[int, int]] = []
+
+        def fake(address: int, length: int, advice: int) -> int:
+            calls.append((advice, length))
+            return collapse_errno if advice == memory.MADV_COLLAPSE else 0
+
+        monkeypatch.setattr(memory, "_madvise", fake)
+        report = use_huge_pages(min_bytes=16 * MIB)
+        assert report.status == status and report.regions >= 1, report
+        # each marked mapping is asked to collapse once, in whole 2 MiB blocks
+        assert [a for a, _ in calls].count(memory.MADV_HUGEPAGE) == report.regions
+        assert all(length % (2 * MIB) == 0 for _, length in calls)
+    finally:
+        region.close()
