@@ -118,3 +118,37 @@ def test_status_follows_what_the_kernel_answered(monkeypatch, collapse_errno, st
         assert all(length % (2 * MIB) == 0 for _, length in calls)
     finally:
         region.close()
+
+
+@pytest.mark.parametrize("huge_pages", [True, False])
+def test_loading_server_moves_its_memory_unless_told_not_to(tiny_export, monkeypatch, caplog, huge_pages):
+    """Service.load calls use_huge_pages after the sessions exist (the weights are prepacked then) and logs what it
+    did; ``--huge-pages false`` skips it."""
+    from fastapi.testclient import TestClient
+
+    from prodip.serve import service
+    from prodip.serve.app import create_app
+    from tests.serve.conftest import wait_ready
+
+    order: list[str] = []
+    real_huge, real_open = service.use_huge_pages, service.open_decoder
+
+    def spy_huge() -> memory.HugePages:
+        order.append("huge pages")
+        return real_huge()
+
+    def spy_open(*args, **kwargs):  # noqa: ANN002, ANN003 (open_decoder's)
+        order.append("decoder")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(service, "use_huge_pages", spy_huge)
+    monkeypatch.setattr(service, "open_decoder", spy_open)
+    with caplog.at_level("INFO", logger="prodip.serve.service"):
+        with TestClient(create_app(tiny_export[0], "fp32", huge_pages=huge_pages)) as c:
+            wait_ready(c)
+            assert (
+                c.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "temperature": 0}).status_code == 200
+            )
+    assert order == (["decoder", "huge pages"] if huge_pages else ["decoder"])
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("huge pages")]
+    assert len(logged) == order.count("huge pages"), logged
