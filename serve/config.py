@@ -56,10 +56,9 @@ class ServeConfig:
     )
     huge_pages: bool = opt(
         True,
-        "once the model is loaded, move the server's large resident memory (the weights ONNX Runtime prepacked) into "
-        "transparent huge pages (Linux; prodip.serve.memory): a decode step reads every weight, and 2 MiB pages "
-        "save most of its TLB misses (one stream 1.05-1.18x faster for int8 and fp32 on a 2-core VM: "
-        "bench/results/serve_onestream_2026-12-02.md); the numbers do not change",
+        "once the model is loaded, collapse the server's resident anonymous memory (the weights ONNX Runtime "
+        "prepacked) into transparent huge pages (Linux 6.1+, prodip.serve.memory): every decode step reads every "
+        "weight (bench/results/serve_onestream_2026-12-02.md); outputs are unchanged",
     )
     shared_kv_buffer: bool = opt(
         True,

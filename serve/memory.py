@@ -1,19 +1,18 @@
-"""The server's memory in transparent huge pages (Linux): the model's weights read by every decode step.
+"""The server's memory in transparent huge pages (Linux): the model's weights, read by every decode step.
 
 A decode step streams all the weights (55-440 MB for bench/serve.py's ~109 M-parameter model, int4 to fp32) through
-the caches; in 4 KiB pages that is one TLB entry per 4 KiB, most of them misses, in 2 MiB pages one per 2 MiB. ONNX
-Runtime keeps the weights it prepacks (MatMulNBits, int8 and fp32 GEMM) in ordinary heap or anonymous memory, and with
-the usual kernel setting (``/sys/kernel/mm/transparent_hugepage/enabled`` = ``madvise``) such memory gets huge pages
-only where a program asked for them: nobody does, so none did (``AnonHugePages: 0 kB``). Measured at one stream,
-collapsing the server's resident anonymous memory into huge pages after the model is loaded made the engine's decode
-1.05-1.18x faster (int8 and fp32; less for int4, whose weights are smallest): bench/results/serve_onestream_2026-12-02.md.
+the caches. ONNX Runtime keeps the weights it prepacks (MatMulNBits, int8 and fp32 GEMM) in ordinary heap or
+anonymous memory, and under the usual kernel setting (``/sys/kernel/mm/transparent_hugepage/enabled`` = ``madvise``)
+such memory gets huge pages only where a program asks for them: nobody does, so the server had none
+(``AnonHugePages: 0 kB``). With the resident weights collapsed into 2 MiB pages after loading, one stream decoded
+0.98-1.18x as fast as without, by variant and run (up to 1.18x for int8 at 1 thread; bench/results/
+serve_onestream_2026-12-02.md). Fewer TLB misses per step is the likely reason; it was not measured with counters.
 
-How: after the sessions are made, each private anonymous mapping (or the heap) of at least ``min_bytes`` that is
-mostly resident is marked ``MADV_HUGEPAGE`` (later growth of it gets huge pages too, and the kernel's khugepaged may
-collapse what is left) and collapsed now with ``MADV_COLLAPSE`` (Linux 6.1+; madvise(2)). Only the whole 2 MiB
-blocks inside a mapping are touched. Mostly-empty mappings (thread stacks, reserved arenas) are left alone, so the
-resident memory grows little (each collapsed block is fully resident). The numbers computed do not change: this
-moves pages, not data.
+How: after the sessions are made, the private anonymous mappings and the heap are read from /proc/self/smaps, and
+each whole huge-page block inside them that is mostly resident (``mincore``) is collapsed with ``MADV_COLLAPSE``
+(Linux 6.1+; madvise(2)), one block per call, so an empty block does not stop the ones after it and a mostly empty one
+does not become resident. Nothing is marked ``MADV_HUGEPAGE``: later allocations are left to the kernel's own
+setting. Outputs are unchanged: the kernel moves pages, not their contents.
 
     python -c "from prodip.serve.memory import use_huge_pages; print(use_huge_pages())"
 """
@@ -24,14 +23,17 @@ import ctypes
 import errno
 import functools
 import os
+import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: madvise(2) advice values (Linux uapi asm-generic/mman-common.h)
-MADV_HUGEPAGE = 14
+import numpy as np
+
+#: madvise(2) advice (Linux uapi asm-generic/mman-common.h): collapse a range into huge pages now (Linux 6.1+)
 MADV_COLLAPSE = 25
 _THP = Path("/sys/kernel/mm/transparent_hugepage")
 
@@ -41,19 +43,22 @@ class HugePages:
     """What :func:`use_huge_pages` did.
 
     Attributes:
-        status: "collapsed" (regions are in huge pages now), "advised" (marked only: a kernel before 6.1 has no
-            MADV_COLLAPSE; khugepaged collapses them over time), "none collapsed" (no mapping large and resident
-            enough, or no free huge page) or "unavailable: <why>" (nothing done).
-        regions: mappings marked.
-        huge_bytes: anonymous memory in huge pages after the call (``AnonHugePages`` of /proc/self/smaps_rollup),
-            bytes.
-        rss_added_bytes: resident memory added by the collapse (bytes; blocks that were partly resident).
-        seconds: time taken (the collapse copies pages: ~0.1-1 s for 100-400 MB).
+        status: "collapsed" (some blocks are huge pages now), "none collapsed" (no block was resident enough, or
+            every collapse was refused or found no free huge page) or "unavailable: <why>" (nothing tried).
+        blocks: huge-page blocks collapsed by this call.
+        block_bytes: the huge-page size (bytes; 2 MiB on x86-64).
+        refused: blocks the kernel would not collapse (EINVAL: e.g. THP disabled for this process or size).
+        busy: blocks for which no free huge page was found (EAGAIN / ENOMEM).
+        rss_added_bytes: resident memory added meanwhile by the whole process (bytes; a collapsed block is wholly
+            resident, so partly resident ones grow).
+        seconds: time taken (the kernel copies each block: ~0.1-1 s for 100-400 MB).
     """
 
     status: str
-    regions: int = 0
-    huge_bytes: int = 0
+    blocks: int = 0
+    block_bytes: int = 2 << 20
+    refused: int = 0
+    busy: int = 0
     rss_added_bytes: int = 0
     seconds: float = 0.0
 
@@ -61,106 +66,125 @@ class HugePages:
         if self.status.startswith("unavailable"):
             return f"huge pages {self.status}"
         return (
-            f"huge pages {self.status}: {self.regions} regions, {self.huge_bytes >> 20} MiB in huge pages, "
-            f"+{self.rss_added_bytes >> 20} MiB resident, {self.seconds:.2f} s"
+            f"huge pages {self.status}: {self.blocks} blocks of {self.block_bytes >> 20} MiB "
+            f"({self.blocks * self.block_bytes >> 20} MiB), {self.refused} refused, {self.busy} without a free "
+            f"huge page, +{self.rss_added_bytes >> 20} MiB resident, {self.seconds:.2f} s"
         )
 
 
-def use_huge_pages(min_bytes: int = 4 << 20, min_resident: float = 0.75) -> HugePages:
-    """Back this process's large, mostly resident anonymous memory with transparent huge pages (see the module).
+def use_huge_pages(min_resident: float = 0.75) -> HugePages:
+    """Collapse this process's resident anonymous memory into transparent huge pages (see the module).
 
     Args:
-        min_bytes: smallest mapping considered (bytes).
-        min_resident: the fraction of a mapping that must be resident for it to be collapsed (so a mostly empty
-            mapping does not become resident).
+        min_resident: the fraction of a huge-page block's base pages that must be resident for it to be collapsed
+            (so at most ``1 - min_resident`` of what is collapsed becomes newly resident).
     Returns:
-        :class:`HugePages`; never raises for want of support (non-Linux, THP disabled, madvise refused): the status
-        says why nothing was done.
+        :class:`HugePages`. Never raises: another OS, THP set to ``never``, a kernel before 6.1 or any error on the
+        way is a status saying why nothing was done (an optional speed-up must not stop the server).
     """
     if not sys.platform.startswith("linux"):
         return HugePages(f"unavailable: not Linux ({sys.platform})")
     try:
-        enabled = (_THP / "enabled").read_text()
+        enabled = (_THP / "enabled").read_text().strip()
     except OSError:
-        return HugePages(f"unavailable: no {_THP / 'enabled'} (kernel without transparent huge pages)")
+        return HugePages(f"unavailable: no {_THP / 'enabled'} (a kernel without transparent huge pages)")
     if "[never]" in enabled:
-        return HugePages(f"unavailable: disabled ({_THP / 'enabled'}: {enabled.strip()})")
+        return HugePages(f"unavailable: disabled ({_THP / 'enabled'}: {enabled})")
+    release = _kernel_version()
+    if release < (6, 1):
+        return HugePages(f"unavailable: Linux {release[0]}.{release[1]} has no MADV_COLLAPSE (6.1+)")
     try:
-        page = int((_THP / "hpage_pmd_size").read_text())
+        return _collapse(min_resident)
+    except Exception as err:  # noqa: BLE001 (reported, never raised: see Returns)
+        return HugePages(f"unavailable: {type(err).__name__}: {err}")
+
+
+def _collapse(min_resident: float) -> HugePages:
+    try:
+        block = int((_THP / "hpage_pmd_size").read_text())
     except (OSError, ValueError):
-        page = 2 << 20
-    start = time.perf_counter()
-    rss_before = _rollup("Rss")
-    regions = collapsed = refused = 0
-    for lo, hi in _candidates(min_bytes, min_resident):
-        lo, hi = -(-lo // page) * page, hi // page * page  # the whole huge pages inside the mapping
-        if hi - lo < page:
-            continue
-        if _madvise(lo, hi - lo, MADV_HUGEPAGE) != 0:
-            continue  # e.g. a mapping that went away since it was read, or one the kernel will not advise
-        regions += 1
-        err = _madvise(lo, hi - lo, MADV_COLLAPSE)
-        if err == 0:
-            collapsed += 1
-        elif err == errno.EINVAL:
-            refused += 1  # a kernel before 6.1 (no MADV_COLLAPSE), or a mapping it cannot collapse
-        # EAGAIN / ENOMEM: no free huge page at the moment; that mapping stays as it was
-    if collapsed:
-        status = "collapsed"
-    elif refused:  # every collapse refused: a kernel without MADV_COLLAPSE; the marks still let khugepaged do it
-        status = "advised"
-    else:  # no mapping large and resident enough, or no free huge page
-        status = "none collapsed"
+        block = 2 << 20
+    base = os.sysconf("SC_PAGE_SIZE")
+    start, rss_before = time.perf_counter(), _rollup("Rss")
+    blocks = refused = busy = 0
+    with open(f"/proc/{os.getpid()}/smaps") as smaps:
+        mappings = _anonymous_mappings(smaps, block)
+    for lo, hi in mappings:
+        for at in range(-(-lo // block) * block, hi // block * block, block):  # the whole blocks inside
+            if _resident_fraction(at, block, base) < min_resident:
+                continue
+            err = _madvise(at, block, MADV_COLLAPSE)
+            if err == 0:
+                blocks += 1
+            elif err == errno.EINVAL:
+                refused += 1
+            elif err in (errno.EAGAIN, errno.ENOMEM):
+                busy += 1
+            # else (EFAULT: unmapped since smaps was read, ...): that block is left as it was
     return HugePages(
-        status,
-        regions,
-        _rollup("AnonHugePages"),
+        "collapsed" if blocks else "none collapsed",
+        blocks,
+        block,
+        refused,
+        busy,
         max(0, _rollup("Rss") - rss_before),
         time.perf_counter() - start,
     )
 
 
+def _anonymous_mappings(smaps: Iterable[str], min_bytes: int) -> list[tuple[int, int]]:
+    """(start, end) addresses of the private writable anonymous mappings (no name) and the heap, at least
+    ``min_bytes`` long and with at least ``min_bytes`` resident, from the text of /proc/PID/smaps (proc(5): a
+    header line ``lo-hi perms offset dev inode [name]`` then ``Field: value kB`` lines and ``VmFlags:``). Named
+    anonymous mappings (``[anon:...]``, ``[stack]``) and file mappings are left out."""
+    out: list[tuple[int, int]] = []
+    current: tuple[int, int] | None = None
+    for line in smaps:
+        head = line.split()
+        if not head:
+            continue
+        if not head[0].endswith(":") and "-" in head[0] and len(head) >= 5:
+            lo_s, _, hi_s = head[0].partition("-")
+            name = " ".join(head[5:])
+            lo, hi = int(lo_s, 16), int(hi_s, 16)
+            wanted = head[1][:2] == "rw" and head[1][3:4] == "p" and name in ("", "[heap]") and hi - lo >= min_bytes
+            current = (lo, hi) if wanted else None
+        elif current is not None and head[0] == "Rss:":
+            if int(head[1]) * 1024 >= min_bytes:
+                out.append(current)
+            current = None
+    return out
+
+
+def _resident_fraction(address: int, length: int, page: int) -> float:
+    """The fraction of the base pages of [address, address + length) that are resident (mincore(2)); 0 on error."""
+    vec = (ctypes.c_ubyte * (length // page))()
+    if _libc().mincore(address, length, vec) != 0:
+        return 0.0
+    return float((np.frombuffer(bytes(vec), np.uint8) & 1).mean())  # bit 0: resident; the other bits are reserved
+
+
 def _madvise(address: int, length: int, advice: int) -> int:
     """madvise(2) on [address, address + length): 0, or the errno it failed with."""
-    madvise = _libc_madvise()
-    return 0 if madvise(address, length, advice) == 0 else ctypes.get_errno()
+    return 0 if _libc().madvise(address, length, advice) == 0 else ctypes.get_errno()
 
 
 @functools.lru_cache(maxsize=1)
-def _libc_madvise() -> Any:
-    """The C library's madvise, setting errno (the process's own libc: ``CDLL(None)``)."""
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
+def _libc() -> Any:
+    """The process's own C library (``CDLL(None)``), with madvise and mincore typed and setting errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.mincore.restype = ctypes.c_int
+    return libc
 
 
-def _candidates(min_bytes: int, min_resident: float) -> list[tuple[int, int]]:
-    """(start, end) addresses of the private writable anonymous mappings and the heap of at least ``min_bytes``
-    with at least ``min_resident`` of them resident (/proc/self/smaps; proc(5))."""
-    out: list[tuple[int, int]] = []
-    current: tuple[int, int] | None = None
-    with open(f"/proc/{os.getpid()}/smaps") as f:
-        for line in f:
-            head = line.split()
-            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
-                # a mapping's first line: "lo-hi perms offset dev inode [path]"
-                current = None
-                lo_s, _, hi_s = head[0].partition("-")
-                path = head[5] if len(head) > 5 else ""
-                lo, hi = int(lo_s, 16), int(hi_s, 16)
-                if (
-                    head[1].startswith("rw")
-                    and head[1].endswith("p")
-                    and path in ("", "[heap]")
-                    and hi - lo >= min_bytes
-                ):
-                    current = (lo, hi)
-            elif current is not None and head[:1] == ["Rss:"]:
-                if int(head[1]) * 1024 >= min_resident * (current[1] - current[0]):
-                    out.append(current)
-                current = None
-    return out
+def _kernel_version() -> tuple[int, int]:
+    """(major, minor) of the running kernel (``os.uname().release``, e.g. "6.18.44-fc" -> (6, 18)); (0, 0) if
+    unreadable."""
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
 def _rollup(field: str) -> int:
