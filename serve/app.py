@@ -230,6 +230,6 @@ def run_server(config: ServeConfig) -> int:
         timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
         limit_concurrency=config.max_connections,
         h11_max_incomplete_event_size=config.max_header_bytes,
-        loop="auto",  # uvloop when installed (a default dependency where it builds; see pyproject.toml)
+        loop="auto",  # uvloop when installed (a default dependency on CPython outside Windows: pyproject.toml)
     )
     return 0
