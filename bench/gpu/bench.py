@@ -111,10 +111,21 @@ def site_dir(work: Path) -> Path:
 
 
 #: module the image lacks -> the committed wheels (file-name prefixes) that provide it and its needs
-#: (the image has typing-extensions: the device library lists its packages)
+#: (the image has typing-extensions: image-packages.txt lists its packages). tests/bench derives
+#: pyproject.toml's dependencies minus that list, and each must be here or in NOT_CARRIED.
 CARRIED = {
     "tomli_w": ("tomli_w-",),
     "pydantic": ("pydantic-", "pydantic_core-", "annotated_types-", "typing_inspection-"),
+    # prodip.base.sources parses SPDX licence expressions (source records); boolean.py is its one need
+    "license_expression": ("license_expression-", "boolean_py-"),
+}
+#: project dependencies the image lacks that the bench path never imports (distribution -> why);
+#: the dry run, whose imports tests/gpu_image refuses outside the image's list, proves it.
+NOT_CARRIED = {
+    "fastapi": "prodip serve only",
+    "uvicorn": "prodip serve only",
+    "wordfreq": "only a tokenizer config with word_counts = wordfreq:LANG imports it",
+    "tomli": "Python < 3.11 only (the image runs 3.12)",
 }
 
 

@@ -74,6 +74,66 @@ def test_site_dir_maps_the_stage_folders(tmp_path):
     assert (site / "prodip" / "export").resolve() == ROOT / "export"
 
 
+def _image():
+    spec = importlib.util.spec_from_file_location("gpu_image_site", ROOT / "tests" / "gpu_image" / "sitecustomize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # defines the image's finder; inserted into this process's meta path too
+    sys.meta_path.remove(mod._ImageFinder)
+    return mod
+
+
+def test_what_the_project_needs_beyond_the_image_is_carried_or_named():
+    """pyproject.toml's dependencies (and train extra) minus the committed image list: each one is
+    carried as wheels or named as off the bench path, and nothing else is."""
+    image = _image()
+    lacking = image.project_distributions() - image.image_distributions()
+    carried = {image.normalise(module) for module in bench.CARRIED}
+    assert lacking == carried | set(bench.NOT_CARRIED), (lacking, carried, set(bench.NOT_CARRIED))
+    assert not carried & set(bench.NOT_CARRIED)
+    for prefixes in bench.CARRIED.values():  # every wheel is committed, in a form the image's 3.12 takes
+        for prefix in prefixes:
+            names = [w.name for w in bench.WHEELS.glob(prefix + "*.whl")]
+            assert any("-py3-none-any" in n or "-cp312-cp312-" in n for n in names), (prefix, names)
+
+
+def _imports(tmp_path, code, pythonpath):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "gpu_image"), *pythonpath])}
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+
+
+def _carried(tmp_path, monkeypatch):
+    """bench.python_path as the device runs it: its probes see the image, so it unpacks the wheels."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests" / "gpu_image"))
+    return bench.python_path(tmp_path / "work")
+
+
+def test_the_image_refuses_what_it_lacks_unless_the_bench_carries_it(tmp_path, monkeypatch):
+    """A module importing a package the image lacks fails under tests/gpu_image, as on the device."""
+    (tmp_path / "stage_a.py").write_text("import numpy, onnx\n")
+    (tmp_path / "stage_b.py").write_text("import fastapi\n")  # a project dependency, not on the image
+    (tmp_path / "stage_c.py").write_text("import license_expression, pydantic, tomli_w\n")
+    assert _imports(tmp_path, "import stage_a", [str(tmp_path)]).returncode == 0
+    proc = _imports(tmp_path, "import stage_b", [str(tmp_path)])
+    assert proc.returncode and "No module named 'fastapi' (not in the GPU image" in proc.stderr
+    proc = _imports(tmp_path, "import stage_c", [str(tmp_path)])
+    assert proc.returncode and "No module named 'license_expression' (not in the GPU image" in proc.stderr
+    assert (tmp_path / "work" / "carried").is_dir() is False
+    proc = _imports(tmp_path, "import stage_c", [str(tmp_path), _carried(tmp_path, monkeypatch)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "work" / "carried" / "license_expression").is_dir()
+
+
+def test_the_bench_path_imports_only_the_image_and_what_is_carried(tmp_path, monkeypatch):
+    """Every stage module the bench runs imports, at module level, nothing the image lacks (the
+    dry run below covers the imports inside functions)."""
+    modules = ["prodip.cli", "prodip.tokenizer.cli", "prodip.train.trainer", "prodip.train.cli", "prodip.export.cli"]
+    modules += ["prodip.conformance.cli", "prodip.train.determinism", "prodip.base.sources"]
+    code = "import " + ", ".join(modules) + "; import prodip; print(prodip.__file__)"
+    proc = _imports(tmp_path, code, [_carried(tmp_path, monkeypatch)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().startswith(str(tmp_path / "work" / "site"))  # in place, not the editable install
+
+
 @pytest.mark.slow
 def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
     """``make gpu-bench-dry``: every stage runs on CPU, prodip imported in place, tomli_w and pydantic from the wheels."""

@@ -1,43 +1,126 @@
 """Make this Python look like the GPU image's (``bench/gpu/bench.py``'s target): on PYTHONPATH,
-the packages the image lacks cannot be imported from site-packages (nor prodip's editable install).
+a top-level module found in site-packages imports only when a distribution that provides it is
+on the image's package list, ``bench/gpu/image-packages.txt`` (a committed copy of the list the
+device library gives). Any other module must come from outside site-packages: the bench's
+in-place ``prodip`` folder, or the wheels it carries (``bench.CARRIED``) unpacked into its work
+folder. Otherwise the import fails with "not in the GPU image".
 
-Used by tests/bench/test_gpu_bench.py so the dry run proves the bench needs nothing the image
-lacks: ``prodip`` must come from the bench's in-place folder and ``tomli_w`` from its wheel.
-The list is the project's dependencies minus the image's packages
-(as the lending tool describes the nvidia-h200 image; issue 26 lists them).
+The versions here differ from the image's (torch, transformers, huggingface-hub, ...), and a
+newer version may need a distribution the image's older one does not (huggingface-hub 2.x:
+httpx2). So the requirements of the image's distributions, as installed here and followed
+transitively (extras left out), count as the image's too: they come with the image's packages.
+The project's own dependencies (pyproject.toml's ``dependencies`` and ``train`` extra) never come
+that way (typer here requires pydantic; the image has no pydantic): what the project needs beyond
+the image's list is what the bench must carry.
+
+Nothing here is a hand-written list of what the image lacks: the set is derived from the
+committed file and from the installed distributions' own records
+(``importlib.metadata.packages_distributions``), so a new dependency that the image lacks fails
+the dry run (tests/bench/test_gpu_bench.py) unless the bench carries it.
 """
 
 import importlib.machinery
+import re
 import sys
+from pathlib import Path
 
-MISSING = {
-    "prodip",  # not installed there: bench.py maps the checkout in place
-    "tomli_w",
-    "fastapi",
-    "uvicorn",
-    "pydantic",
-    "starlette",
-    "onnxruntime_genai",
-    "gguf",
-    "executorch",
-    "pytorch_tokenizers",
-    "datasets",
-    "lm_eval",
-    "schemathesis",
-}
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE_LIST = ROOT / "bench" / "gpu" / "image-packages.txt"
+#: The project itself: the image does not have it installed (the bench maps the checkout in place).
+PROJECT = "prodip"
+
+
+def normalise(name: str) -> str:
+    """A distribution name in PEP 503 normal form (``typing_extensions`` -> ``typing-extensions``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_distributions(path: Path = IMAGE_LIST) -> set[str]:
+    """The normalised distribution names of the image's list (``#`` comments and blank lines skipped)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return {normalise(ln.strip()) for ln in lines if ln.strip() and not ln.lstrip().startswith("#")}
+
+
+def project_distributions(pyproject: Path = ROOT / "pyproject.toml") -> set[str]:
+    """The normalised names of pyproject.toml's ``dependencies`` and ``train`` extra (the bench path's)."""
+    import tomllib  # noqa: PLC0415 (Python >= 3.11, as on the image)
+
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    reqs = project["dependencies"] + project["optional-dependencies"]["train"]
+    return {normalise(re.match(r"[A-Za-z0-9._-]+", r).group(0)) for r in reqs}
+
+
+IMAGE = image_distributions()
+_SITE_MARKS = ("site-packages", "dist-packages")
+_providers = None
+_allowed = None
+
+
+def _in_site(spec) -> bool:
+    where = spec.origin or next(iter(spec.submodule_search_locations or []), "")
+    return any(m in str(where) for m in _SITE_MARKS)
+
+
+def with_requirements(names: set[str], never: set[str]) -> set[str]:
+    """``names`` and, transitively, the requirements of those installed here (no extras), except ``never``."""
+    import importlib.metadata  # noqa: PLC0415 (stdlib; imported on the first site-packages module)
+
+    done, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in done or (name in never and name not in names):
+            continue
+        done.add(name)
+        try:
+            reqs = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for req in reqs:
+            if "extra ==" not in req.replace('"', "").replace("'", ""):
+                todo.append(normalise(re.match(r"[A-Za-z0-9._-]+", req).group(0)))
+    return done
+
+
+def _at_site_root(spec) -> bool:
+    where = Path(spec.origin or next(iter(spec.submodule_search_locations or []), ""))
+    parent = where.parent.parent if where.name == "__init__.py" else where.parent
+    return parent.name in _SITE_MARKS
+
+
+def _distributions_of(name: str) -> list:
+    global _providers, _allowed
+    if _providers is None:
+        import importlib.metadata  # noqa: PLC0415
+
+        _providers = importlib.metadata.packages_distributions()
+        _allowed = with_requirements(IMAGE, project_distributions())
+    return _providers.get(name, [])
 
 
 class _ImageFinder:
-    """Finds a MISSING top-level module only on path entries outside site-packages."""
+    """Refuses a top-level site-packages module whose distribution is not on the image's list."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if path is not None or name not in MISSING:
-            return None
-        paths = [p for p in sys.path if "site-packages" not in p and "dist-packages" not in p]
-        spec = importlib.machinery.PathFinder.find_spec(name, paths)
+        if path is not None or name in sys.builtin_module_names or name in sys.stdlib_module_names:
+            return None  # a submodule follows its package; the standard library is on every image
+        spec = importlib.machinery.PathFinder.find_spec(name)
+        if name != PROJECT and (spec is None or not _in_site(spec)):
+            return None  # not found at all (the normal error), or found outside site-packages
+        dists = [] if name == PROJECT else _distributions_of(name)
+        if not dists and name != PROJECT and not _at_site_root(spec):
+            return spec  # a folder an installed package put on sys.path (onnxruntime/transformers)
+        if any(normalise(d) in _allowed for d in dists):
+            return spec
+        outside = [p for p in sys.path if not any(m in p for m in _SITE_MARKS)]
+        spec = importlib.machinery.PathFinder.find_spec(name, outside)
         if spec is None:
-            raise ModuleNotFoundError(f"No module named {name!r} (not in the GPU image)", name=name)
+            provider = ", ".join(dists) or "no installed distribution"
+            raise ModuleNotFoundError(
+                f"No module named {name!r} (not in the GPU image: {provider} is not on "
+                f"bench/gpu/image-packages.txt, and bench/gpu/bench.py does not carry it)",
+                name=name,
+            )
         return spec
 
 
