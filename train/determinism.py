@@ -11,13 +11,21 @@ What resume guarantees (docs/training.md's statement; :func:`compare_resume` che
   needs it for reproducible split-K reductions, CUDA docs "Results reproducibility"),
   ``cudnn.deterministic`` / no ``cudnn.benchmark``, Inductor's deterministic mode where the
   installed torch has it, and an attention kernel with a deterministic backward
-  (:func:`attention_choice`: memory-efficient, else math; flash and cuDNN attention
-  accumulate dQ with atomics). Cost: the efficient/math attention kernels and deterministic
-  scatter/index_add backwards are slower than the defaults; ``make gpu-bench`` measures the
-  throughput of both settings side by side.
+  (:func:`attention_choice`: flash, then memory-efficient, then math). Under
+  ``use_deterministic_algorithms(True)`` (not warn-only) PyTorch runs the flash and
+  memory-efficient backwards in their deterministic form (aten/src/ATen/native/transformers/
+  cuda/attention_backward.cu passes ``deterministic`` to both): dQ is accumulated in a fixed
+  order instead of with atomics. Flash supports GQA (``enable_gqa``) on CUDA; memory-efficient
+  does not, so a GQA model goes flash -> math. Math is last because it materialises the
+  ``(batch, heads, seq, seq)`` probabilities in fp32 for every layer (0.4B config at micro-batch
+  16: ~4 GiB a layer, ~112 GiB over 28 layers). cuDNN attention is refused: its backward has no
+  deterministic form. Cost: the deterministic flash backward and scatter/index_add backwards are
+  slower than the defaults; ``bench/gpu/bench.py`` measures both settings side by side.
 - CUDA with ``deterministic = false`` (the default; fastest kernels): weights, moments, data
-  position and RNG are restored exactly, but later steps differ in the last bits, so the
-  resumed losses equal the straight run's only within :data:`RESUME_LOSS_RTOL` per step.
+  position and RNG are restored exactly, but later steps differ in the last bits. Two straight
+  runs differ by as much, so the bench measures that noise floor in the same call and requires
+  the resumed losses to stay within :func:`resume_rtol` of it (a wrong data position or a lost
+  optimizer state moves the loss by ~3e-3 relative, far above a floor of ~1e-5).
 """
 
 from __future__ import annotations
@@ -35,11 +43,15 @@ from prodip.base.errors import InvalidInput
 log = logging.getLogger("prodip.train")
 
 #: Relative tolerance per step between a resumed run's loss and the straight run's when kernels
-#: are not deterministic (CUDA, ``deterministic = false``). Reordered bf16 reductions move the
-#: loss by ~1e-4 relative over a few steps; 2e-3 leaves room for that, yet a run on other data
-#: (another seed: ~3e-3 even on random-token shards, tests/train/test_attention.py) fails it.
-#: Provisional until a GPU run measures the spread (``make gpu-bench`` reports max_rel_diff).
+#: are not deterministic and no noise floor was measured (tests on CPU): another seed moves the
+#: loss by ~3e-3 even on random-token shards (tests/train/test_attention.py). A run on CUDA
+#: measures its floor and uses :func:`resume_rtol` instead, which is much tighter.
 RESUME_LOSS_RTOL = 2e-3
+#: :func:`resume_rtol`: a resumed run may differ from the straight one by this many times the
+#: noise floor (two straight runs' largest relative loss difference), but never less than
+#: ``MIN_RESUME_RTOL``, below which bf16 reductions alone differ.
+NOISE_FACTOR = 5.0
+MIN_RESUME_RTOL = 1e-4
 
 #: The cuBLAS workspace setting PyTorch asks for with deterministic algorithms on CUDA.
 CUBLAS_WORKSPACE = ":4096:8"
@@ -81,26 +93,47 @@ def configure(deterministic: bool, device: torch.device) -> None:
     )
 
 
-def attention_choice(backend: str, deterministic: bool, device: torch.device) -> list[str]:
+def attention_choice(backend: str, deterministic: bool, device: torch.device, *, gqa: bool = False) -> list[str]:
     """The ``[train] attention_backend`` values to try, in order, for this run.
 
-    ``auto`` with ``deterministic`` on CUDA becomes ``efficient`` then ``math`` (both have a
-    deterministic backward under ``use_deterministic_algorithms``). An explicit ``flash`` or
-    ``cudnn`` with ``deterministic`` on CUDA is refused: their backward is not deterministic.
+    ``auto`` with ``deterministic`` on CUDA becomes ``flash``, ``efficient``, ``math`` (each has a
+    deterministic backward under ``use_deterministic_algorithms(True)``; the module docstring says
+    why flash comes first and math last); with ``gqa`` (fewer key/value heads than query heads)
+    ``efficient`` is left out, since PyTorch's memory-efficient kernel refuses ``enable_gqa`` on
+    CUDA. An explicit ``cudnn`` with ``deterministic`` on CUDA is refused. Elsewhere, or without
+    ``deterministic``, the setting is tried as given.
 
+    Args:
+        backend: the ``[train] attention_backend`` value (``auto`` | ``cudnn`` | ``flash`` | ...).
+        deterministic: ``[train] deterministic``.
+        device: the training device.
+        gqa: ``num_key_value_heads < num_attention_heads``.
     Raises:
-        InvalidInput: flash/cudnn together with ``deterministic = true`` on CUDA.
+        InvalidInput: cudnn together with ``deterministic = true`` on CUDA.
     """
     if device.type != "cuda" or not deterministic:
         return [backend]
     if backend == "auto":
-        return ["efficient", "math"]
-    if backend in ("flash", "cudnn"):
+        return ["flash", "math"] if gqa else ["flash", "efficient", "math"]
+    if backend == "cudnn":
         raise InvalidInput(
-            f"[train] attention_backend = {backend} has a nondeterministic backward on CUDA: with "
-            "deterministic = true use auto, efficient or math"
+            "[train] attention_backend = cudnn has a nondeterministic backward on CUDA: with "
+            "deterministic = true use auto, flash, efficient or math"
         )
     return [backend]
+
+
+def noise_floor(first: Sequence[float], second: Sequence[float]) -> float:
+    """The largest per-step relative difference between two straight runs' losses (same config,
+    same seed): what non-deterministic kernels alone change. ``inf`` when the lengths differ."""
+    if len(first) != len(second) or not first:
+        return math.inf
+    return max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(first, second))
+
+
+def resume_rtol(floor: float) -> float:
+    """The per-step relative tolerance of a resume check: ``max(NOISE_FACTOR x floor, MIN_RESUME_RTOL)``."""
+    return max(NOISE_FACTOR * floor, MIN_RESUME_RTOL)
 
 
 def compare_resume(

@@ -477,7 +477,8 @@ class _Run:
             InvalidInput: the backend cannot run here (one line naming the option and the reason).
         """
         m, cfg = self.model_cfg, self.cfg
-        choices = determinism.attention_choice(cfg.attention_backend, cfg.deterministic, self.device)
+        gqa = m.num_key_value_heads < m.num_attention_heads
+        choices = determinism.attention_choice(cfg.attention_backend, cfg.deterministic, self.device, gqa=gqa)
         shapes = dict(heads=m.num_attention_heads, kv_heads=m.num_key_value_heads, head_dim=m.head_dim)
         dtype = self.amp or torch.float32
         for i, backend in enumerate(choices):

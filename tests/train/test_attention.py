@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from prodip.base.errors import InvalidInput
@@ -16,6 +18,8 @@ from prodip.train.model import LlamaForCausalLM
 from prodip.train.trainer import run_training, train
 from tests.fixtures import tiny_config
 from tests.train.test_trainer import _cfg, _losses
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SHAPES = dict(heads=4, kv_heads=2, head_dim=8, seq_len=16)
 
@@ -50,14 +54,34 @@ def test_the_model_runs_the_chosen_kernel():
 
 
 def test_deterministic_attention_choice_on_cuda():
+    """Flash first (deterministic backward, GQA), math last (fp32 probabilities); efficient only without GQA."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert determinism.attention_choice("auto", True, cuda) == ["efficient", "math"]
-    assert determinism.attention_choice("auto", False, cuda) == ["auto"]
+    # the 0.4B config is GQA (16 query heads, 8 key/value heads)
+    model = tomllib.loads((ROOT / "configs" / "h100-0.4b.toml").read_text())["model"]
+    gqa = model["num_key_value_heads"] < model["num_attention_heads"]
+    assert gqa and determinism.attention_choice("auto", True, cuda, gqa=gqa) == ["flash", "math"]
+    assert determinism.attention_choice("auto", True, cuda, gqa=False) == ["flash", "efficient", "math"]
+    assert determinism.attention_choice("auto", False, cuda, gqa=True) == ["auto"]
     assert determinism.attention_choice("math", True, cuda) == ["math"]
-    assert determinism.attention_choice("flash", True, cpu) == ["flash"]
-    for name in ("flash", "cudnn"):
-        with pytest.raises(InvalidInput, match=f"attention_backend = {name} has a nondeterministic backward"):
-            determinism.attention_choice(name, True, cuda)
+    assert determinism.attention_choice("flash", True, cuda, gqa=True) == ["flash"]
+    assert determinism.attention_choice("cudnn", True, cpu) == ["cudnn"]
+    with pytest.raises(InvalidInput, match="attention_backend = cudnn has a nondeterministic backward"):
+        determinism.attention_choice("cudnn", True, cuda)
+
+
+def test_resume_tolerance_follows_the_measured_noise_floor():
+    straight = [10.0, 9.5, 9.0, 8.7]
+    again = [10.0, 9.5 * (1 + 2e-5), 9.0 * (1 - 3e-5), 8.7]  # a second straight run: kernel noise only
+    floor = determinism.noise_floor(straight, again)
+    assert floor == pytest.approx(3e-5, rel=1e-6)
+    assert determinism.resume_rtol(floor) == pytest.approx(1.5e-4)  # 5 x floor
+    assert determinism.resume_rtol(0.0) == determinism.MIN_RESUME_RTOL  # CPU: bitwise runs, floor 0
+    assert determinism.noise_floor(straight, straight[:3]) == float("inf")
+    # a lost optimizer state / wrong data position (~3e-3 relative) fails; noise-sized resume passes
+    off = [10.0, 9.5, 9.0 * (1 + 3e-3), 8.7]
+    assert not determinism.compare_resume(straight, off, bitwise=False, rtol=determinism.resume_rtol(floor))["ok"]
+    near = [10.0, 9.5 * (1 + 1e-4), 9.0, 8.7]
+    assert determinism.compare_resume(straight, near, bitwise=False, rtol=determinism.resume_rtol(floor))["ok"]
 
 
 def test_compare_resume_bitwise_and_tolerance():
