@@ -41,7 +41,10 @@ def test_failures_are_classified_and_each_has_its_fallback():
     s = {"batch_size": 16, "grad_accum_steps": 8, "attention_backend": "cudnn", "compile": True}
     # OOM: half the micro-batch, same tokens per step
     assert bench.next_settings(s, "oom") == {**s, "batch_size": 8, "grad_accum_steps": 16}
-    assert bench.next_settings(s, "compile") == {**s, "compile": False}  # compiled -> eager
+    # a compile failure: compile with flash attention first (cuDNN inside Inductor), then eager with flash
+    flash = bench.next_settings(s, "compile")
+    assert flash == {**s, "attention_backend": "flash"}
+    assert bench.next_settings(flash, "compile") == {**flash, "compile": False}
     chain = [s["attention_backend"]]
     while (s := bench.next_settings(s, "other")) is not None:  # cudnn -> flash -> efficient -> math -> give up
         chain.append(s["attention_backend"])
@@ -65,6 +68,23 @@ def test_profile_categories():
         "Memcpy HtoD (Pinned -> Device)": "other",
     }
     assert {n: bench.categorise(n) for n in names} == names
+
+
+def test_summary_leaves_out_warm_up_and_saves_and_keeps_a_cut_off_run(tmp_path):
+    """Medians over the steps after the warm-up that hold no save; the rows of a run cut short count."""
+    rows = []
+    for step in range(1, 7):  # a run killed after step 6: saves at 4 (and none later)
+        row = {"step": step, "loss": 10.0 - step, "tokens_seen": 100 * step, "tokens_per_s": 1000.0 + step}
+        row.update(step_time_s=0.1, elapsed_s=0.1 * step + 5.0, mfu=0.4 + step / 100)
+        if step == 4:
+            row.update(checkpoint_stall_s=0.5, tokens_per_s=500.0)
+        rows.append(row)
+    rows[0].update(step_time_s=5.0, attention_kernel="flash (cpu)", loop_start_unix_s=1000.0)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = bench.summarise(tmp_path, skip=2, spawned_unix_s=990.5)
+    assert s["steps"] == 6 and s["steps_in_median"] == 3  # steps 3, 5, 6
+    assert s["tokens_per_s_median"] == 1005.0 and s["mfu_median"] == 0.45
+    assert s["time_to_first_step_s"] == 9.5 and s["first_step_s"] == 5.0 and s["checkpoint_stall_s"] == [0.5]
 
 
 def test_site_dir_maps_the_stage_folders(tmp_path):
@@ -136,7 +156,8 @@ def test_the_bench_path_imports_only_the_image_and_what_is_carried(tmp_path, mon
 
 @pytest.mark.slow
 def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
-    """``make gpu-bench-dry``: every stage runs on CPU, prodip imported in place, tomli_w and pydantic from the wheels."""
+    """``make gpu-bench-dry``: every stage runs on CPU, prodip imported in place, what the image lacks from the
+    committed wheels; the report holds every figure (CPU values, N/A where CUDA is needed)."""
     # the GPU image: no prodip install, no tomli_w / onnxruntime-genai (sitecustomize), no Node (PATH)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "gpu_image"), "PATH": str(Path(sys.executable).parent)}
     out, work = tmp_path / "out", tmp_path / "work"
@@ -152,18 +173,32 @@ def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
     assert env_facts["torch"] and env_facts["attention_kernels"]["math"].startswith("math")
     assert env_facts["attention_kernels"]["cudnn"].startswith("refused: [train] attention_backend = cudnn")
     # the fallback chain ran for real: cuDNN attention is refused on CPU, flash (CPU) then trains
+    assert env_facts["gemm"]["dtype"] == "float32" and env_facts["gemm"]["tflops"] > 0
     attempts = stages["throughput"]["attempts"]
     assert [a["settings"]["attention_backend"] for a in attempts] == ["cudnn", "flash"]
     assert "attention_backend = cudnn cannot run on cpu" in attempts[0]["error"]
     ok = attempts[1]
     assert ok["exit_code"] == 0 and ok["attention_kernel"] == "flash (cpu)" and ok["tokens_per_s_median"] > 0
-    assert ok["steps"] == 6 and len(ok["checkpoint_stall_s"]) >= 3
-    split = stages["profile"]["split"]
+    # 8 steps, 2 left out, saves at 4 and 8: the medians hold steps 3, 5, 6, 7
+    assert ok["steps"] == 8 and len(ok["checkpoint_stall_s"]) == 2 and ok["steps_in_median"] == 4
+    assert 0 < ok["time_to_first_step_s"] < ok["wall_s"]
+    assert ok["peak_rss_gib"] > 0 and ok["peak_allocated_gib"] is None and ok["mfu_median"] is None  # no CUDA
+    assert ok["compile_s"] is None and ok["graph_breaks"] is None  # compile off on CPU
+    assert 0 < ok["fraction_of_gemm"] and ok["model_tflops"] > 0
+    prof = stages["profile"]
+    split = prof["split"]
     assert split["matmul"]["ms"] > 0 and split["attention"]["ms"] > 0 and split["optimizer"]["ms"] > 0
     assert abs(sum(v["share"] for v in split.values()) - 1) < 0.05
+    top = prof["top_kernels"]
+    assert len(top) == 15 and top[0]["ms"] >= top[-1]["ms"] > 0
+    assert "aten::mm" in [r["name"] for r in top] and {"matmul", "attention"} <= {r["part"] for r in top}
+    # on CPU the "device" is the CPU: the same batch and weights give the same loss
+    assert prof["step1_loss"]["rel_diff"] == 0.0 and 5 < prof["step1_loss"]["cpu_fp32"] < 10
+    assert prof["checkpoint_io"]["gb"] > 0 and prof["checkpoint_io"]["writer_s"] > 0
     res = stages["resume"]
     assert res["resume_deterministic_true"]["ok"] and res["resume_deterministic_true"]["mode"] == "bitwise"
     assert res["resume_deterministic_false"]["ok"] and res["resume_deterministic_false"]["max_abs_diff"] == 0.0
+    assert res["resume_deterministic_false"]["noise_floor"] == 0.0  # the second straight run, bitwise on CPU
     exp = stages["export_conformance"]
     # conformance ran on the export of the checkpoint trained in the resume stage; the runtimes the
     # GPU image lacks (onnxruntime-genai; Node, off PATH here) are skipped, not failed
@@ -171,5 +206,14 @@ def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
     assert set(exp["runtimes_skipped"]) == {"onnxruntime-genai", "transformers.js"}
     variants = exp["conformance"]["variants"]
     assert variants["safetensors"] is True and variants["fp32"] is True and "int4" in variants
+    # everything comes back in OUT: each subprocess's log tail, and one verdict line per item
+    logs = (out / "logs.txt").read_text()
+    assert "===== train_1: exit 2" in logs and "attention_backend = cudnn cannot run on cpu" in logs
+    assert "===== conformance: exit" in logs
+    verdict = (out / "verdict.txt").read_text().splitlines()
+    assert verdict == report["verdict"] and all(v.split()[0] in ("PASS", "FAIL", "N/A") for v in verdict)
+    assert "PASS throughput" in verdict[2] and verdict[3].startswith("N/A  MFU")
+    assert "PASS resume_deterministic_false: max rel diff 0.0e+00, bitwise" in verdict
+    assert "PASS conformance safetensors: passed" in verdict and "PASS conformance fp32: passed" in verdict
     md = (out / "report.md").read_text()
-    assert "## Throughput" in md and "## Profile" in md and "resume_deterministic_true" in md
+    assert "## Throughput" in md and "## Profile" in md and "resume_deterministic_true" in md and "## Verdict" in md

@@ -5,13 +5,10 @@ device library gives). Any other module must come from outside site-packages: th
 in-place ``prodip`` folder, or the wheels it carries (``bench.CARRIED``) unpacked into its work
 folder. Otherwise the import fails with "not in the GPU image".
 
-The versions here differ from the image's (torch, transformers, huggingface-hub, ...), and a
-newer version may need a distribution the image's older one does not (huggingface-hub 2.x:
-httpx2). So the requirements of the image's distributions, as installed here and followed
-transitively (extras left out), count as the image's too: they come with the image's packages.
-The project's own dependencies (pyproject.toml's ``dependencies`` and ``train`` extra) never come
-that way (typer here requires pydantic; the image has no pydantic): what the project needs beyond
-the image's list is what the bench must carry.
+Only the imports the project makes are checked: the bench path's own modules, the carried
+wheels and command lines. An import made by code in site-packages is that package's business
+(transformers probes optional packages such as torchao; huggingface-hub 2.x here needs httpx2,
+the image's older one does not): on the image its own version decides what it imports.
 
 Nothing here is a hand-written list of what the image lacks: the set is derived from the
 committed file and from the installed distributions' own records
@@ -20,6 +17,7 @@ the dry run (tests/bench/test_gpu_bench.py) unless the bench carries it.
 """
 
 import importlib.machinery
+import os
 import re
 import sys
 from pathlib import Path
@@ -53,7 +51,6 @@ def project_distributions(pyproject: Path = ROOT / "pyproject.toml") -> set[str]
 IMAGE = image_distributions()
 _SITE_MARKS = ("site-packages", "dist-packages")
 _providers = None
-_allowed = None
 
 
 def _in_site(spec) -> bool:
@@ -61,24 +58,19 @@ def _in_site(spec) -> bool:
     return any(m in str(where) for m in _SITE_MARKS)
 
 
-def with_requirements(names: set[str], never: set[str]) -> set[str]:
-    """``names`` and, transitively, the requirements of those installed here (no extras), except ``never``."""
-    import importlib.metadata  # noqa: PLC0415 (stdlib; imported on the first site-packages module)
-
-    done, todo = set(), list(names)
-    while todo:
-        name = todo.pop()
-        if name in done or (name in never and name not in names):
-            continue
-        done.add(name)
-        try:
-            reqs = importlib.metadata.requires(name) or []
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        for req in reqs:
-            if "extra ==" not in req.replace('"', "").replace("'", ""):
-                todo.append(normalise(re.match(r"[A-Za-z0-9._-]+", req).group(0)))
-    return done
+def _importer_in_site() -> bool:
+    """True when the module being imported is imported by code in site-packages (the first frame
+    outside importlib's machinery and the standard library)."""
+    stdlib = os.path.dirname(os.__file__)
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if any(m in name for m in _SITE_MARKS):
+            return True
+        if not (name.startswith("<frozen") or name.startswith(stdlib) or name == __file__):
+            return False
+        frame = frame.f_back
+    return False
 
 
 def _at_site_root(spec) -> bool:
@@ -88,12 +80,11 @@ def _at_site_root(spec) -> bool:
 
 
 def _distributions_of(name: str) -> list:
-    global _providers, _allowed
+    global _providers
     if _providers is None:
-        import importlib.metadata  # noqa: PLC0415
+        import importlib.metadata  # noqa: PLC0415 (stdlib; imported on the first site-packages module)
 
         _providers = importlib.metadata.packages_distributions()
-        _allowed = with_requirements(IMAGE, project_distributions())
     return _providers.get(name, [])
 
 
@@ -110,7 +101,7 @@ class _ImageFinder:
         dists = [] if name == PROJECT else _distributions_of(name)
         if not dists and name != PROJECT and not _at_site_root(spec):
             return spec  # a folder an installed package put on sys.path (onnxruntime/transformers)
-        if any(normalise(d) in _allowed for d in dists):
+        if any(normalise(d) in IMAGE for d in dists) or _importer_in_site():
             return spec
         outside = [p for p in sys.path if not any(m in p for m in _SITE_MARKS)]
         spec = importlib.machinery.PathFinder.find_spec(name, outside)
