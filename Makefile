@@ -20,8 +20,9 @@ RUNTIMES ?= 1
 
 .PHONY: install demo test test-fast lint clean gpu-bench gpu-bench-dry
 
-# One GPU window, one call (bench/gpu/bench.py): run with the machine's own python3, nothing installed;
-# the report (report.json, report.md, bench.log) goes to $(OUT), e.g. the device tool's $OUT.
+# One GPU window, one call: `python3 bench/gpu/bench.py "$OUT"` (make is not needed, and may be absent
+# there); run with the machine's own python3, nothing installed. The report (report.json, report.md,
+# bench.log, logs.txt, verdict.txt) goes to $(OUT), e.g. the device tool's $OUT.
 OUT ?= /tmp/prodip_gpu_bench
 GPU_PYTHON ?= python3
 gpu-bench:

@@ -643,6 +643,7 @@ class _Run:
         observer = RunObserver(self.run_dir, self.step, self.no_val) if info.is_main else None
         last: dict[str, float] = {}
         loop_start, cpu_start = time.perf_counter(), time.process_time()
+        self.loop_start_unix_s = time.time()  # wall clock: comparable with the launcher's (time to first step)
         self.last_save_t = loop_start
         n = cfg.grad_accum_steps
         attention_written = False
@@ -724,12 +725,15 @@ class _Run:
                 observer.close()  # also on Ctrl-C: loss.png shows every step that was logged
         return last
 
-    def _attention_fields(self) -> dict[str, str]:
-        """The first metrics line of each invocation names the attention setting and the kernel that ran."""
+    def _attention_fields(self) -> dict[str, Any]:
+        """The first metrics line of each invocation names the attention setting and the kernel that ran,
+        and when (Unix seconds) its training loop started: a launcher subtracts its own start time
+        to get the time to the first step (imports, data, model, compile, guards)."""
         return {
             "attention_backend": self.attn.backend,
             "attention_kernel": self.attn.kernel,
             "deterministic": self.cfg.deterministic,
+            "loop_start_unix_s": round(self.loop_start_unix_s, 3),
         }
 
     def _save_due(self, end: int) -> bool:

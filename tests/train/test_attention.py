@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,7 @@ def test_resume_without_deterministic_is_within_tolerance_and_bitwise_on_cpu(
     and a run that differs for real (another seed) fails it."""
     mcfg = tiny_config()
     kw = dict(deterministic=False, attention_backend="math", steps=6, checkpoint_every_steps=3)
+    launched = time.time()
     straight = train(_cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "a", **kw), mcfg)
     half = _cfg(tiny_tokenizer_dir, tiny_shards_dir, tmp_path / "b", max_steps_this_run=3, **kw)
     run_training(half, mcfg)
@@ -116,7 +118,9 @@ def test_resume_without_deterministic_is_within_tolerance_and_bitwise_on_cpu(
     assert not determinism.compare_resume(_losses(straight), _losses(other), bitwise=False)["ok"]
     rows = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["attention_kernel"] == "math" and rows[0]["deterministic"] is False
-    assert "attention_kernel" not in rows[1]
+    assert "attention_kernel" not in rows[1] and "loop_start_unix_s" not in rows[1]
+    # the loop's wall-clock start: after this test launched it, before its first step ended
+    assert launched < rows[0]["loop_start_unix_s"] < time.time() - rows[-1]["elapsed_s"]
     resumed_rows = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert resumed_rows[3]["attention_kernel"] == "math"  # each invocation names its kernel
     assert 'attention_backend = "math"' in (straight / "config.toml").read_text()
