@@ -1,8 +1,11 @@
 """torch.distributed set-up for runs launched by ``torchrun`` (DDP; gloo on CPU, NCCL on CUDA).
 
-A plain ``python -m prodip.train train`` is a world of one and touches no process group.
+A plain ``python -m prodip.train train`` is a world of one and touches no process group. Under
+torchrun a world of one joins a group too when ``--parallel`` is given (``ddp`` or ``fsdp``), so
+one GPU can exercise NCCL, DDP under compile and FSDP2.
 
     torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --device cpu
+    torchrun --nproc_per_node 1 -m prodip.train train --config configs/demo.toml --device cpu --parallel fsdp
 """
 
 from __future__ import annotations
@@ -19,23 +22,27 @@ from prodip.base.errors import InvalidInput
 
 @dataclass(frozen=True)
 class DistInfo:
-    """This process's place: ``rank`` of ``world_size``, on ``device``."""
+    """This process's place: ``rank`` of ``world_size``, on ``device``; ``grouped``: in a process group."""
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    grouped: bool = False
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def setup(device: str) -> DistInfo:
-    """Join the process group if launched by torchrun (``WORLD_SIZE`` > 1 in the environment).
+def setup(device: str, *, group: bool = False) -> DistInfo:
+    """Join the process group if launched by torchrun with ``WORLD_SIZE`` > 1, or with
+    ``WORLD_SIZE`` = 1 when ``group`` (an explicit ``--parallel``). Without torchrun (no
+    ``MASTER_ADDR`` in the environment) a world of one never joins a group.
 
     Args:
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``.
+        group: join a group at world size 1 too (under torchrun).
     Returns:
         DistInfo; under torchrun with CUDA each rank gets ``cuda:{LOCAL_RANK}``.
     Raises:
@@ -52,9 +59,10 @@ def setup(device: str) -> DistInfo:
     dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    if world > 1 and not dist.is_initialized():
+    launched = "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ  # torchrun sets both
+    if (world > 1 or (group and launched)) and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return DistInfo(rank, world, local, dev)
+    return DistInfo(rank, world, local, dev, grouped=dist.is_initialized())
 
 
 def barrier() -> None:

@@ -165,10 +165,11 @@ class TrainConfig:
         "tokens per chunk of the fused lm_head + cross-entropy: one chunk of (tokens x vocab) fp32 logits at a time",
     )
     parallel: str = opt(
-        "ddp",
+        "auto",
         "several ranks: ddp (replicated weights) | fsdp (FSDP2 fully_shard: weights, gradients and AdamW state "
-        "sharded; for models that do not fit one GPU with DDP)",
-        choices=("ddp", "fsdp"),
+        "sharded; for models that do not fit one GPU with DDP) | auto (ddp with several ranks, none with one). "
+        "ddp or fsdp given explicitly under torchrun apply at one rank too (one GPU exercises NCCL, DDP, FSDP2)",
+        choices=("auto", "ddp", "fsdp"),
     )
     guards: bool = opt(True, "run the gradient-flow arbiter before step 1 and the update-flow probe")
     resume: bool = opt(False, "continue from OUT_DIR/checkpoints/latest (weights, Adam, RNG, data)")
@@ -378,7 +379,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
 
 def run_training(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
     """:func:`train`, returning {"run_dir", "model", "step", "last"} (for tests and benches)."""
-    info = distributed.setup(cfg.device)
+    info = distributed.setup(cfg.device, group=cfg.parallel != "auto")
     clean = False
     try:
         run = _Run(cfg, model_cfg, info)
@@ -415,7 +416,7 @@ class _Run:
         checkpoint.refuse_newer_checkpoints(self.ckpt_dir)  # saving replaces and prunes step dirs
         determinism.configure(cfg.deterministic, self.device)
         self.attn = self._attention_kernel()
-        self.fsdp = cfg.parallel == "fsdp" and info.world_size > 1
+        self.fsdp = cfg.parallel == "fsdp" and info.grouped
         model, self.optimizer = _build(cfg, self.model_cfg, self.device, self.fsdp)
         self.model = model
         if self.init is not None and not cfg.resume:
@@ -431,7 +432,7 @@ class _Run:
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.fwd = compile_model(model, mode=cfg.compile_mode, scope=cfg.compile_scope) if cfg.compile else model
-        if info.world_size > 1 and not self.fsdp:
+        if info.grouped and not self.fsdp:
             # broadcast_buffers=False: the only buffers are the RoPE tables, identical on every rank;
             # gradient_as_bucket_view: each .grad is a view into its all-reduce bucket (no second copy)
             self.fwd = DDP(
@@ -440,6 +441,8 @@ class _Run:
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
             )
+        if info.grouped and info.is_main:
+            log.info("parallel: %s over %d rank(s)", "fsdp" if self.fsdp else "ddp", info.world_size)
         self.saver = None
         if not self.fsdp:
             self.saver = AsyncCheckpointer(

@@ -100,8 +100,8 @@ _FLAKY = (
 )
 
 
-def _torchrun(toml, run_dir, *extra):
-    """``torchrun --nproc_per_node 2 -m prodip.train train``; returns the CompletedProcess.
+def _torchrun(toml, run_dir, *extra, nproc=2):
+    """``torchrun --nproc_per_node NPROC -m prodip.train train``; returns the CompletedProcess.
 
     Retried once: a port race with other jobs, or a rank that aborted inside gloo ("terminate
     called without an active exception", exit -6; seen once in ~15 CI-like runs before
@@ -109,7 +109,7 @@ def _torchrun(toml, run_dir, *extra):
     group). A second failure fails the test and shows both attempts.
     """
     errors = []
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     cmd += ["-m", "prodip.train", "train", "--config", str(toml), *extra]
     for attempt in ("first", "retry"):
         res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=100)
@@ -177,3 +177,27 @@ def test_torchrun_fsdp2_matches_single_process_through_a_sharded_resume(tmp_path
     ck.verify_manifest(ckpt)  # the shards are hashed in the manifest like every other file
     _torchrun(toml, run_dir, "--resume")  # ... and resumes through torch.distributed.checkpoint
     _assert_same_training(run_dir, _single(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, **kw))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_explicit_parallel_runs_at_one_rank_under_torchrun(tmp_path, tiny_tokenizer_dir, tiny_shards_dir, parallel):
+    """``--parallel ddp|fsdp`` under torchrun with one process joins a gloo group and wraps the model
+    (so one GPU can exercise the multi-GPU code); it trains the same as a plain single process."""
+    kw = dict(steps=2, checkpoint_every_steps=2)
+    run_dir = tmp_path / parallel
+    toml = _toml(tmp_path / "one.toml", tiny_tokenizer_dir, tiny_shards_dir, run_dir, parallel=parallel, **kw)
+    res = _torchrun(toml, run_dir, nproc=1)
+    assert f"parallel: {parallel} over 1 rank(s)" in res.stderr
+    ckpt = ck.resolve_checkpoint(run_dir)
+    assert (ckpt / ck.OPTIMIZER_DCP_DIR).is_dir() == (parallel == "fsdp")  # FSDP2 saves AdamW through DCP
+    plain = train(
+        TrainConfig(
+            shards_dir=str(tiny_shards_dir), tokenizer_dir=str(tiny_tokenizer_dir), out_dir=str(tmp_path / "plain"),
+            batch_size=2, seq_len=16, device="cpu", progress=False, lr=3e-3, warmup_steps=2, **kw,
+        ),
+        tiny_config(),
+    )  # fmt: skip
+    losses = [[json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (run_dir, plain)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
