@@ -577,7 +577,7 @@ def environment_facts(seq_len: int = 0) -> dict[str, Any]:
     import torch
 
     from prodip.base.errors import InvalidInput
-    from prodip.train import attention
+    from prodip.train import attention, determinism
     from prodip.train.config import ModelConfig
 
     facts: dict[str, Any] = {
@@ -626,6 +626,9 @@ def environment_facts(seq_len: int = 0) -> dict[str, Any]:
         except InvalidInput as err:
             kernels[backend] = f"refused: {err}"[:300]
     facts["attention_kernels"] = kernels
+    # what deterministic = true tries, in order, for this config on CUDA (a pure choice: no GPU needed)
+    gqa = model.num_key_value_heads < model.num_attention_heads
+    facts["deterministic_attention_on_cuda"] = determinism.attention_choice("auto", True, torch.device("cuda"), gqa=gqa)
     facts["gemm"] = gemm_reference(device)
     return facts
 
@@ -711,6 +714,9 @@ def verdict(r: dict[str, Any]) -> list[str]:
     for name in ("environment", "data"):
         s = st.get(name, {"status": "not run"})
         add(s["status"] == "ok", name, s.get("error") or s.get("reason") or s["status"])
+    choice = (st.get("environment") or {}).get("deterministic_attention_on_cuda")
+    if choice:  # flash first: math's fp32 probabilities of the 0.4B config do not fit a GPU
+        add(choice[0] == "flash", "deterministic attention on CUDA", " -> ".join(choice))
     thr = st.get("throughput", {})
     ok = next((a for a in thr.get("attempts", []) if a["exit_code"] == 0), None)
     if ok:

@@ -87,6 +87,28 @@ def test_summary_leaves_out_warm_up_and_saves_and_keeps_a_cut_off_run(tmp_path):
     assert s["time_to_first_step_s"] == 9.5 and s["first_step_s"] == 5.0 and s["checkpoint_stall_s"] == [0.5]
 
 
+def test_compile_figures_are_dynamos_own_counts():
+    """Compile seconds, graph breaks and graphs as Dynamo counts them in the compiling process."""
+    import torch
+    import torch._dynamo.utils as dynamo_utils
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    dynamo_utils.compilation_time_metrics.clear()
+    assert bench.compile_figures()["compile_s"] is None  # nothing compiled: N/A, not 0
+
+    def f(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    torch.compile(f, backend="eager")(torch.ones(3))
+    fig = bench.compile_figures()
+    assert fig["compile_s"] > 0 and fig["graph_breaks"] == 1 and fig["unique_graphs"] == 2
+    assert "graph_break" in fig["graph_break_reasons"][0]
+    torch._dynamo.reset()
+
+
 def test_site_dir_maps_the_stage_folders(tmp_path):
     site = bench.site_dir(tmp_path)
     assert (site / "prodip" / "train" / "trainer.py").is_file()
@@ -174,6 +196,7 @@ def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
     assert env_facts["attention_kernels"]["cudnn"].startswith("refused: [train] attention_backend = cudnn")
     # the fallback chain ran for real: cuDNN attention is refused on CPU, flash (CPU) then trains
     assert env_facts["gemm"]["dtype"] == "float32" and env_facts["gemm"]["tflops"] > 0
+    assert env_facts["deterministic_attention_on_cuda"] == ["flash", "math"]  # the 0.4B config is GQA
     attempts = stages["throughput"]["attempts"]
     assert [a["settings"]["attention_backend"] for a in attempts] == ["cudnn", "flash"]
     assert "attention_backend = cudnn cannot run on cpu" in attempts[0]["error"]
@@ -212,7 +235,8 @@ def test_dry_run_passes_every_stage_without_what_the_gpu_image_lacks(tmp_path):
     assert "===== conformance: exit" in logs
     verdict = (out / "verdict.txt").read_text().splitlines()
     assert verdict == report["verdict"] and all(v.split()[0] in ("PASS", "FAIL", "N/A") for v in verdict)
-    assert "PASS throughput" in verdict[2] and verdict[3].startswith("N/A  MFU")
+    assert verdict[2] == "PASS deterministic attention on CUDA: flash -> math"
+    assert "PASS throughput" in verdict[3] and verdict[4].startswith("N/A  MFU")
     assert "PASS resume_deterministic_false: max rel diff 0.0e+00, bitwise" in verdict
     assert "PASS conformance safetensors: passed" in verdict and "PASS conformance fp32: passed" in verdict
     md = (out / "report.md").read_text()
