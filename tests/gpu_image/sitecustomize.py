@@ -106,7 +106,7 @@ class _ImageFinder:
         outside = [p for p in sys.path if not any(m in p for m in _SITE_MARKS)]
         spec = importlib.machinery.PathFinder.find_spec(name, outside)
         if spec is None:
-            provider = ", ".join(dists) or "no installed distribution"
+            provider = ", ".join(dists) or name
             raise ModuleNotFoundError(
                 f"No module named {name!r} (not in the GPU image: {provider} is not on "
                 f"bench/gpu/image-packages.txt, and bench/gpu/bench.py does not carry it)",
