@@ -207,6 +207,18 @@ def classify_failure(text: str) -> str:
     return "other"
 
 
+def last_json(text: str) -> Any:
+    """The last output line that is a JSON object: a worker's result, even when a library logs a
+    line after it at exit (compile workers, allocator warnings)."""
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise RuntimeError(f"no result line in the worker's output: {error_line(text)}")
+
+
 def error_line(text: str) -> str:
     """The last line that looks like an error (one line, for the report)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -332,7 +344,7 @@ class Bench:
         rc, text, _ = self.run("environment", self.py("-c", code), min(120, self.left()))
         if rc:
             raise RuntimeError(error_line(text))
-        facts = json.loads(text.strip().splitlines()[-1])
+        facts = last_json(text)
         for key, value in facts.items():
             self.say(f"  {key}: {value}")
         return facts
@@ -412,7 +424,7 @@ class Bench:
                 attempt.update(summarise(run_dir, skip=self.args.skip, spawned_unix_s=self.spawned_unix_s))
                 attempt["partial"] = rc != 0  # a failed or cut-off attempt: the rows it did write
             if rc == 0:
-                worker = json.loads(text.strip().splitlines()[-1])
+                worker = last_json(text)
                 self.profiled = worker.pop("profile", None)
                 attempt.update(worker)
                 attempt["config_tokens_per_step"] = cfg["batch_size"] * cfg["seq_len"] * cfg["grad_accum_steps"]
@@ -462,9 +474,7 @@ class Bench:
                 self.py(__file__, "--worker", "resume", "--spec", json.dumps(spec)),
                 self.left() - self.reserve(f"resume_{i}"),
             )
-            out[name] = (
-                json.loads(text.strip().splitlines()[-1]) if rc == 0 else {"ok": False, "error": error_line(text)}
-            )
+            out[name] = last_json(text) if rc == 0 else {"ok": False, "error": error_line(text)}
             self.say(f"  {name}: {out[name]}")
         self.ckpt_run = self.work / "resume_det1" / "straight"
         return out
@@ -523,7 +533,7 @@ class Bench:
             row = {"lever": lever, "exit_code": rc, "wall_s": round(wall, 1)}
             if rc == 0:
                 row.update(summarise(run_dir, skip=self.args.skip, spawned_unix_s=self.spawned_unix_s))
-                row.update(json.loads(text.strip().splitlines()[-1]))
+                row.update(last_json(text))
             else:
                 row["error"] = error_line(text)
             results.append(row)

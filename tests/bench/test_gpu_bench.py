@@ -53,6 +53,13 @@ def test_failures_are_classified_and_each_has_its_fallback():
     assert bench.next_settings(one, "oom") is None and bench.next_settings(one, "compile") is None
 
 
+def test_a_workers_result_is_found_under_lines_logged_after_it():
+    text = 'step 1\n{"tokens_per_s": 5.0}\n[W1202 compile_worker] shutting down\n'
+    assert bench.last_json(text) == {"tokens_per_s": 5.0}
+    with pytest.raises(RuntimeError, match="no result line.*ValueError: boom"):
+        bench.last_json("Traceback (most recent call last):\nValueError: boom\n")
+
+
 def test_profile_categories():
     names = {
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
