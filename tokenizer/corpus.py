@@ -71,17 +71,25 @@ def is_hf_dataset_dir(path: Path) -> bool:
     return path.is_dir() and any(all((path / m).is_file() for m in marks) for marks in HF_DATASET_MARKERS)
 
 
-def _folder_files(folder: Path, skipped: list[Path]) -> list[Path]:
+def _folder_files(folder: Path, skipped: list[Path], seen_dirs: set[Path] | None = None) -> list[Path]:
     """Readable inputs under ``folder`` (sorted); anything else goes to ``skipped``.
 
-    A ``save_to_disk`` folder is one input; the files inside it are not searched.
+    A ``save_to_disk`` folder is one input; the files inside it are not searched. Each real folder is
+    searched once (``seen_dirs``: resolved paths): a symlink back to a folder already searched (a loop such
+    as ``lic/loop -> lic``, or a second link to one folder) adds nothing.
     """
+    if seen_dirs is None:
+        seen_dirs = set()
+    real = folder.resolve()
+    if real in seen_dirs:
+        return []
+    seen_dirs.add(real)
     if is_hf_dataset_dir(folder):
         return [folder]
     out: list[Path] = []
     for entry in sorted(folder.iterdir()):
         if entry.is_dir():
-            out.extend(_folder_files(entry, skipped))
+            out.extend(_folder_files(entry, skipped, seen_dirs))
         elif entry.is_file() and _suffix_ok(entry):
             out.append(entry)
         elif entry.is_file():
@@ -99,7 +107,10 @@ def expand_inputs(
     """Resolve ``{lang: [file or folder]}`` into ``{lang: [files]}`` (folders searched recursively).
 
     A ``datasets`` ``save_to_disk`` folder is kept whole (one entry). Files inside folders with an
-    unsupported suffix are skipped: each is logged in one warning and appended to ``skipped``.
+    unsupported suffix are skipped: each is logged in one warning and appended to ``skipped``. Each real
+    file (symlinks resolved) is listed once per language, however many paths reach it: symlinked folders
+    are followed once and a symlink loop ends where it comes back; the extra paths are named in one
+    warning (reading a file twice would silently double its weight).
 
     Raises:
         ValueError: empty mapping, a language tag that is not a plain code (it names folders and
@@ -119,18 +130,35 @@ def expand_inputs(
     for lang, paths in inputs.items():
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        files: list[Path] = []
+        found: list[Path] = []
         passed: list[Path] = []
+        seen_dirs: set[Path] = set()
         for p in paths:
             p = Path(p)
             if p.is_dir():
-                files.extend(_folder_files(p, passed))
+                found.extend(_folder_files(p, passed, seen_dirs))
             elif p.is_file():
                 if not _suffix_ok(p):
                     raise InvalidInput(f"{what}.{lang}: {p} has an unsupported suffix; expected one of {SUFFIXES}")
-                files.append(p)
+                found.append(p)
             else:
                 raise MissingInput(f"{what}.{lang}: {p} does not exist")
+        files: list[Path] = []
+        again: list[Path] = []
+        real_files: set[Path] = set()
+        for f in found:
+            real = f.resolve()
+            (again if real in real_files else files).append(f)
+            real_files.add(real)
+        if again:
+            log.warning(
+                "%s.%s: %d path(s) reach a file already listed (a symlink or a path given twice); each file is "
+                "read once: %s",
+                what,
+                lang,
+                len(again),
+                ", ".join(map(str, again)),
+            )
         if passed:
             log.warning(
                 "%s.%s: skipped %d file(s) with an unsupported suffix (supported: %s): %s",
