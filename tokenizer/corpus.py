@@ -2,7 +2,8 @@
 
 Inputs are a mapping ``language -> [file or folder, ...]``. Supported files (folders are searched
 recursively, sorted by path; suffixes in any case): ``.txt`` / ``.txt.gz`` (documents = runs of
-paragraphs, cut at a blank line once ``doc_chars`` characters are reached), ``.jsonl`` / ``.jsonl.gz``
+paragraphs, cut at a blank line once ``doc_chars`` characters are reached, or at a line end at twice
+that when no blank line comes, as in a file of one sentence per line), ``.jsonl`` / ``.jsonl.gz``
 (one document per line, its ``text_field``, default ``text``), ``.parquet`` and ``.csv`` /
 ``.csv.gz`` (one document per row, column ``text_field``; read with pyarrow in batches), ``.tsv``
 (header row; the column named after the language, one document per row), and a folder written by
@@ -46,7 +47,11 @@ ERROR_POLICIES = ("strict", "skip")
 #: audit, data prepare): one wording, and the formats come from :data:`SUFFIXES`.
 FORMATS_HELP = "/".join(SUFFIXES) + ", or Hugging Face `datasets` folders"
 TEXT_FIELD_HELP = "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text"
-DOC_CHARS_HELP = ".txt files: a document ends at the first blank line after this many characters"
+DOC_CHARS_HELP = (
+    ".txt files: a document ends at the first blank line after this many characters (at a line end after twice "
+    "as many when no blank line comes, e.g. one sentence per line); documents go to the train or validation "
+    "split whole"
+)
 ERRORS_HELP = "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes"
 
 
@@ -256,6 +261,11 @@ def _decode_skipping(raw: bytes, path: Path, offset: int, stats: ReadStats) -> s
 
 
 def _txt_documents(lines: Iterator[str], doc_chars: int) -> Iterator[str]:
+    """Documents of a ``.txt`` file: a document ends at the first blank line after ``doc_chars``
+    characters, or, when no blank line comes, at the end of the line that takes it to ``2 * doc_chars``.
+    The second rule is for files without paragraphs (one sentence per line, the commonest scraped shape):
+    without it such a file is one document, which goes to one split whole, so its language gets no
+    validation text however ``val_fraction`` and ``doc_chars`` are set."""
     buf: list[str] = []
     size = 0
     for line in lines:
@@ -268,6 +278,9 @@ def _txt_documents(lines: Iterator[str], doc_chars: int) -> Iterator[str]:
             continue
         buf.append(line if line.endswith("\n") else line + "\n")
         size += len(line)
+        if size >= 2 * doc_chars:
+            yield "".join(buf).strip("\n")
+            buf, size = [], 0
     if buf:
         yield "".join(buf).strip("\n")
 
@@ -380,7 +393,8 @@ def iter_documents(
         lang: the language tag (selects the ``.tsv`` column).
         errors: ``"strict"`` (invalid UTF-8 is an error) or ``"skip"`` (drop and count the bytes);
             Parquet, CSV and ``datasets`` inputs are decoded by pyarrow, which always refuses invalid UTF-8.
-        doc_chars: ``.txt`` documents are cut at the first blank line after this many characters.
+        doc_chars: ``.txt`` documents are cut at the first blank line after this many characters, or at a
+            line end after twice as many when no blank line comes.
         stats: counters updated in place.
         text_field: the JSONL field, or Parquet/CSV/``datasets`` column, holding the text.
 
