@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -22,6 +23,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -39,22 +41,11 @@ from prodip.base.config import (
     write_text_atomic,
 )
 from prodip.base.errors import MissingInput, OutputExists
-from prodip.base.layout import TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
+from prodip.base.layout import TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Number, Record, refuse_newer
 from prodip.base.stage import STAGE_TIMES_FILE, Stage, StageTimes, made_from
-from prodip.conformance.report import REPORT_FILE, ConformanceReport
-from prodip.conformance.stage import STAGES as _CONFORMANCE
-from prodip.export.stage import STAGES as _EXPORT
-from prodip.serve.stage import STAGES as _SERVE
 from prodip.serve.stage import Completions
-from prodip.summary import print_summary
-from prodip.tokenizer.bpe import TRAIN_INFO_FILE, TrainInfo
-from prodip.tokenizer.corpus import expand_inputs
-from prodip.tokenizer.records import FERTILITY_NAME, FertilityReport
-from prodip.tokenizer.shards import META_NAME, ShardsMeta
-from prodip.tokenizer.stage import STAGES as _TOKENIZER
-from prodip.train.checkpoint import CHECKPOINTS_DIRNAME
 from prodip.train.records import (
     CHECKPOINT_MANIFEST_FILE,
     SFT_EVAL_FILE,
@@ -64,17 +55,53 @@ from prodip.train.records import (
     SftEvalReport,
     TrainerState,
 )
-from prodip.train.stage import STAGES as _TRAIN
 
+# The stage packages' own modules (their ``stage`` registries, the corpus reader, the summary) import
+# torch, onnx and pyarrow: they are imported where a run needs them, not here, so that `prodip run --help`
+# and a refused config (checked before any stage runs) do not wait for them (10 s of a 22 s --help under load).
 log = logging.getLogger("prodip.run")
 
 
-#: Every stage, in pipeline order; each package's ``stage`` module owns its records.
-STAGES: dict[str, Stage] = {s.name: s for s in (*_TOKENIZER, *_TRAIN, *_EXPORT, *_CONFORMANCE, *_SERVE)}
-ORDER: list[str] = list(STAGES)
-#: Config table -> "module:ConfigClass", in pipeline order.
-CONFIG_CLASSES: dict[str, str] = {t: ref for s in STAGES.values() for t, ref in s.tables.items()}
-SECTIONS: list[str] = list(CONFIG_CLASSES)
+#: Every stage's name, in pipeline order (the registry, :func:`_stages`, is checked against it).
+ORDER: list[str] = ["tokenizer", "data", "train", "eval", "sft", "export", "conformance", "serve"]
+#: The config tables, in pipeline order (``prodip.base.layout.TABLES``; the stages' tables, checked).
+SECTIONS: list[str] = list(TABLES)
+
+
+@functools.cache
+def _stages() -> dict[str, Stage]:
+    """Every stage, in pipeline order; each package's ``stage`` module owns its records (imported on first
+    use: they import torch and onnx). Also ``prodip.pipeline.STAGES``.
+
+    Raises:
+        RuntimeError: the registry disagrees with :data:`ORDER` or :data:`SECTIONS` (a stage added in one
+            place only).
+    """
+    from prodip.conformance.stage import STAGES as conformance  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.export.stage import STAGES as export  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.serve.stage import STAGES as serve  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.tokenizer.stage import STAGES as tokenizer  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.train.stage import STAGES as train  # noqa: PLC0415 (lazy: torch, onnx)
+
+    stages = {s.name: s for s in (*tokenizer, *train, *export, *conformance, *serve)}
+    tables = [t for s in stages.values() for t in s.tables]
+    if list(stages) != ORDER or tables != SECTIONS:
+        raise RuntimeError(f"stage registry {list(stages)} / {tables} differs from ORDER {ORDER} / SECTIONS {SECTIONS}")
+    return stages
+
+
+def _config_classes() -> dict[str, str]:
+    """Config table -> ``"module:ConfigClass"``, in pipeline order (also ``prodip.pipeline.CONFIG_CLASSES``)."""
+    return {t: ref for s in _stages().values() for t, ref in s.tables.items()}
+
+
+def __getattr__(name: str) -> Any:
+    """``STAGES`` and ``CONFIG_CLASSES`` as module attributes, made on first use (PEP 562)."""
+    if name == "STAGES":
+        return _stages()
+    if name == "CONFIG_CLASSES":
+        return _config_classes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _load(ref: str) -> Any:
@@ -94,7 +121,7 @@ def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dic
     # one set of corpus-reader options: [data]'s, unless [tokenizer] or [audit] set their own
     reader = {k: v for k, v in tables.get("data", {}).items() if k in ("text_field", "doc_chars", "errors")}
     plan = {}
-    for name, ref in CONFIG_CLASSES.items():
+    for name, ref in _config_classes().items():
         cls = _load(ref)
         fields = {f.name for f in dataclasses.fields(cls)}
         data = {k: v for k, v in base[name].items() if k in fields}
@@ -129,9 +156,10 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
         raise ConfigError(
             f"{source} [serve] variant = {plan['serve'].variant!r} is not among [export] variants {exported}"
         )
+    stages = _stages()
     for name in wanted:
-        dep = STAGES[name].needs
-        if dep and STAGES[name].active(plan) and dep not in wanted and not STAGES[dep].done(plan):
+        dep = stages[name].needs
+        if dep and stages[name].active(plan) and dep not in wanted and not stages[dep].done(plan):
             raise ConfigError(
                 f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
                 f"in this run's out_dir nor among the stages to run"
@@ -161,6 +189,8 @@ def check_inputs(plan: dict[str, Any], wanted: list[str], *, source: str) -> Non
         MissingInput: a path that does not exist, naming the table, key and the current folder.
         ConfigError: the tokenizer stage without ``[audit] heldout`` (its gate audits on text it never saw).
     """
+    from prodip.tokenizer.corpus import expand_inputs  # noqa: PLC0415 (lazy: torch, onnx)
+
     checks = []
     if "tokenizer" in wanted:
         checks.append(("[tokenizer] inputs", plan["tokenizer"].inputs))
@@ -214,6 +244,8 @@ def corpus_fingerprint(plan: dict[str, Any], name: str) -> str | None:
     """sha256 over (path, bytes, mtime) of every corpus file stage ``name`` reads (:data:`CORPUS_INPUTS`), or
     None when it reads none or one is missing. Sizes and times, not contents: a corpus can be tens of GB, and
     an edited, replaced, added or removed file changes them (a file only touched is read again)."""
+    from prodip.tokenizer.corpus import expand_inputs  # noqa: PLC0415 (lazy: torch, onnx)
+
     rows = []
     for table, key in CORPUS_INPUTS.get(name, ()):
         inputs = getattr(plan[table], key)
@@ -372,6 +404,12 @@ class RunSummary(Record):
 def _run_artifacts(plan: dict[str, Any], out_dir: Path) -> list[tuple[type[Record], Path]]:
     """Every JSON artifact a run (re)writes or ``--force`` removes, with its record: ``OUT_DIR``'s own files,
     then each stage's (the plan's paths), the checkpoints of the training and fine-tuning runs included."""
+    from prodip.conformance.report import REPORT_FILE, ConformanceReport  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.tokenizer.bpe import TRAIN_INFO_FILE, TrainInfo  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.tokenizer.records import FERTILITY_NAME, FertilityReport  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.tokenizer.shards import META_NAME, ShardsMeta  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.train.checkpoint import CHECKPOINTS_DIRNAME  # noqa: PLC0415 (lazy: torch, onnx)
+
     found: list[tuple[type[Record], Path]] = [
         (record, out_dir / record.FILE) for record in (RunMarker, StageTimes, CorpusStamps, Completions, RunSummary)
     ]
@@ -426,12 +464,61 @@ def _changed_keys(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return keys
 
 
-def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started: bool) -> None:
+#: How many changed keys a refusal names before "and N more".
+_SHOWN_CHANGES = 12
+
+
+def _derived(key: str, plan: dict[str, Any], tables: dict[str, dict]) -> bool:
+    """Whether changed ``key`` (``"[table] name"``) is one the user did not write now and whose value was
+    derived from other settings (``[model] head_dim`` from hidden_size and the heads; a stage's paths from
+    out_dir): its value is not the field's default. A key the user removed (back to its default) is not."""
+    if not key.startswith("["):
+        return False
+    table, _, name = key[1:].partition("] ")
+    cfg = plan.get(table)
+    if name in tables.get(table, {}) or cfg is None or not dataclasses.is_dataclass(cfg):
+        return False
+    field = next((f for f in dataclasses.fields(cfg) if f.name == name), None)
+    if field is None:
+        return False
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        default = field.default_factory()
+    else:
+        return False
+    return getattr(cfg, name) != default
+
+
+def describe_changes(changed: list[str], plan: dict[str, Any], tables: dict[str, dict]) -> str:
+    """The changed keys a user can act on, for a refusal: every key they wrote (or removed), the first
+    :data:`_SHOWN_CHANGES` then "and N more"; keys derived from them are counted, not named (all are named
+    when only derived keys changed, e.g. a newer prodip derives a default otherwise)."""
+    derived = [k for k in changed if _derived(k, plan, tables)]
+    named = [k for k in changed if k not in derived] or changed
+    text = ", ".join(named[:_SHOWN_CHANGES])
+    if len(named) > _SHOWN_CHANGES:
+        text += f" and {len(named) - _SHOWN_CHANGES} more"
+    rest = len(changed) - len(named)
+    return text + (f" (and {rest} setting{'s' if rest > 1 else ''} derived from them)" if rest else "")
+
+
+def _check_out_dir(
+    out_dir: Path,
+    resolved: dict[str, Any],
+    force: bool,
+    started: Callable[[], bool],
+    plan: dict[str, Any] | None = None,
+    tables: dict[str, dict] | None = None,
+) -> None:
     """Refuse to mix two different runs in one folder (nothing is overwritten without --force).
 
     Args:
-        started: whether any stage of the earlier run completed; a run that never completed a
-            stage (e.g. a typo'd corpus path) is simply replaced.
+        started: whether any stage of the earlier run completed (asked only when the config changed: it
+            imports the stages); a run that never completed a stage (e.g. a typo'd corpus path) is simply
+            replaced.
+        plan, tables: the resolved configs and the tables the user wrote, to name the changes they made
+            (:func:`describe_changes`).
     Raises:
         FileExistsError: OUT_DIR is not a prodip run, or holds one made with another config.
     """
@@ -447,11 +534,11 @@ def _check_out_dir(out_dir: Path, resolved: dict[str, Any], force: bool, started
         return
     saved = out_dir / RunMarker.read(marker).config
     changed = _changed_keys(_identity(read_toml(saved)), _identity(toml_roundtrip(resolved)))
-    if not changed or not started:
+    if not changed or not started():
         return
     if not force:
         raise OutputExists(
-            f"{out_dir} holds a run made with a different config ({', '.join(changed[:6])} "
+            f"{out_dir} holds a run made with a different config ({describe_changes(changed, plan or {}, tables or {})} "
             f"differ from {saved}); use another --out-dir, or --force to start over there"
         )
     log.warning("--force: removing the earlier run in %s", out_dir)
@@ -500,12 +587,21 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
         **{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
         **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()},
     }
+    out_dir_check = functools.partial(
+        _check_out_dir,
+        out_dir,
+        resolved,
+        run.force,
+        started=lambda: any(_stages()[n].active(plan) and _stages()[n].done(plan) for n in ORDER[:-1]),
+        plan=plan,
+        tables=tables,
+    )
+    if not run.force and RunMarker.read_or_none(out_dir / RUN_MARKER) is not None:
+        out_dir_check()  # a changed config is refused first, before the plan's checks import every stage
     check_plan(plan, run.stages, source=str(config_path))
     _refuse_newer_artifacts(plan, out_dir, run.force)
-    _check_out_dir(
-        out_dir, resolved, run.force, started=any(STAGES[n].active(plan) and STAGES[n].done(plan) for n in ORDER[:-1])
-    )
-    to_run = [n for n in run.stages if n in ("tokenizer", "data") and not STAGES[n].done(plan)]  # they read corpora
+    out_dir_check()  # again (cheap): --force removes the earlier run only once nothing in it is refused as newer
+    to_run = [n for n in run.stages if n in ("tokenizer", "data") and not _stages()[n].done(plan)]  # they read corpora
     check_inputs(plan, to_run, source=str(config_path))
     out_dir.mkdir(parents=True, exist_ok=True)
     RunMarker(format_version=RunMarker.FORMAT_VERSION, config="config.toml").write(out_dir / RUN_MARKER)
@@ -516,7 +612,7 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     timings: dict[str, float] = {}
     wanted = [s for s in ORDER if s in run.stages]
     for i, name in enumerate(wanted, 1):
-        stage: Stage = STAGES[name]
+        stage: Stage = _stages()[name]
         if not stage.active(plan):
             print(f"[{i}/{len(wanted)}] {name}: not configured, skipped", flush=True)
             continue
@@ -542,6 +638,8 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
             return {"ok": False, "paused_at": name}
         _stamp_corpus(out_dir, plan, name)
         print(f"[{i}/{len(wanted)}] {name}: done in {timings[name]:.1f} s", flush=True)
+    from prodip.summary import print_summary  # noqa: PLC0415 (lazy: torch, onnx)
+
     summary = print_summary(plan, out_dir, timings, {k: v for k, v in times.stages.items() if k in run.stages})
     RunSummary.from_dict(summary, out_dir / SUMMARY_FILE).write(out_dir / SUMMARY_FILE)
     return summary

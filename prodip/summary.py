@@ -192,6 +192,8 @@ def print_summary(
                 _eval_rows(s["eval"]),
             )
         )
+        for lang, why in sorted((s["eval"].get("skipped_languages") or {}).items()):
+            print(f"  {lang}: not evaluated: {why}")
     if s["sft"]:
         print(_rule("chat fine-tuning: held-out loss on assistant tokens, before -> after"))
         print(
@@ -209,6 +211,13 @@ def print_summary(
             )
         )
     problems = []
+    for lang, why in sorted(((s["eval"] or {}).get("skipped_languages") or {}).items()):
+        # a language of the corpus without held-out text was never evaluated: not an OK run (a Bangla-first
+        # run whose Bangla is one .txt document would otherwise report English alone and pass)
+        problems.append(
+            f"{lang} was not evaluated ({why}: its text went to the training split whole; see [data] "
+            f"split_warnings in {Path(plan['data'].out_dir) / 'meta.json'})"
+        )
     if s["conformance"] is not None and not s["conformance"].get("passed"):
         problems.append(f"conformance failed (see {Path(plan['conformance'].out) / 'report.md'})")
     if s["completions"]:

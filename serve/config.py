@@ -5,6 +5,7 @@ python -c "from prodip.serve.config import ServeConfig; print(ServeConfig(export
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,6 +30,12 @@ class ServeConfig:
         None,
         "if set, require `Authorization: Bearer KEY` (also read from $PRODIP_API_KEY); printable ASCII only, as "
         "HTTP clients send header values",
+    )
+    allowed_hosts: tuple[str, ...] = opt(
+        (),
+        "without an API key, the Host names served besides the bound address and localhost/127.0.0.1/[::1] "
+        "(comma-separated; `*.example.org` for its subdomains, `*` for any): another Host gets 403, so a web page "
+        "whose name is rebound to this address (DNS rebinding) cannot use the API",
     )
     allow_unverified: bool = opt(False, "serve a variant whose conformance verdict is missing or failing")
     model_name: Optional[str] = opt(
@@ -95,6 +102,12 @@ class ServeConfig:
                 raise InvalidInput(f"ServeConfig.{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.api_key is not None:
             check_api_key(self.api_key)
+        for name in self.allowed_hosts:
+            if not name or any(c in name for c in "/ ") or "*" in name.lstrip("*."):
+                raise InvalidInput(
+                    f"ServeConfig.allowed_hosts: {name!r} is not a host name (e.g. myhost.lan, 10.0.0.5, "
+                    "*.example.org or *)"
+                )
 
 
 def check_api_key(key: str, source: str = "--api-key / $PRODIP_API_KEY") -> None:
@@ -113,3 +126,51 @@ def check_api_key(key: str, source: str = "--api-key / $PRODIP_API_KEY") -> None
                 f"{source}: the API key has {ch!r} (U+{ord(ch):04X}) at position {i}; use printable ASCII "
                 "characters only (no spaces), which every HTTP client sends unchanged in `Authorization: Bearer KEY`"
             )
+
+
+#: Host names that always reach this machine's loopback (browsers resolve ``localhost`` themselves).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: Bind addresses that listen on every interface (any of the machine's addresses may be the Host).
+_WILDCARD_BINDS = ("", "0.0.0.0", "::")
+
+
+def host_name(value: str) -> str:
+    """The name in a ``Host`` header value: lowercased, without its port, brackets or a trailing dot
+    (``[::1]:8000`` -> ``::1``, ``Example.org.:80`` -> ``example.org``)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostCheck:
+    """Which ``Host`` a server without an API key answers: the address it is bound to, the loopback names,
+    and ``allowed_hosts`` (``name``, ``*.domain`` for its subdomains, ``*`` for any). Bound to every
+    interface (``0.0.0.0``, ``::``), any IP address literal is its own address too. A DNS name other than
+    these is what DNS rebinding sends (a page on attacker.example whose name now resolves to 127.0.0.1 is
+    same-origin with the server in the browser); an IP literal cannot be rebound. With an API key the page
+    cannot know the key, so every Host is served (``active`` is False).
+    """
+
+    def __init__(self, config: ServeConfig) -> None:
+        allowed = [host_name(h) for h in config.allowed_hosts]
+        self.active = not config.api_key and "*" not in allowed
+        bound = host_name(config.host)
+        self.any_ip = bound in _WILDCARD_BINDS
+        self.names = {*LOOPBACK_HOSTS, *([] if self.any_ip else [bound]), *(h for h in allowed if "*" not in h)}
+        self.suffixes = tuple(h[1:] for h in allowed if h.startswith("*."))  # "*.example.org" -> ".example.org"
+
+    def allows(self, host: str) -> bool:
+        """Whether a request whose ``Host`` header is ``host`` is served."""
+        name = host_name(host)
+        return not self.active or name in self.names or name.endswith(self.suffixes) or (self.any_ip and _is_ip(name))

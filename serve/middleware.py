@@ -1,4 +1,5 @@
-"""ASGI middleware of prodip serve: API key, body-size cap and per-route metrics, before any route runs.
+"""ASGI middleware of prodip serve: Host check, API key, body-size cap and per-route metrics, before any route
+runs.
 
 python -c "from prodip.serve.middleware import GuardMiddleware; help(GuardMiddleware)"
 """
@@ -13,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prodip.serve.config import ServeConfig
+from prodip.serve.config import HostCheck, ServeConfig
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.openapi import find_route, is_open
 from prodip.serve.routes import _printable
@@ -24,7 +25,8 @@ log = logging.getLogger("prodip.serve.app")  # one logger name for the server, a
 
 class GuardMiddleware:
     """Pure ASGI middleware (so streaming and disconnects pass through untouched): header-size cap
-    (431), body-size cap (413), bearer auth (401, constant-time compare), per-route request counter, and the 500 answer.
+    (431), Host check without an API key (403, :class:`HostCheck`), body-size cap (413), bearer auth (401,
+    constant-time compare), per-route request counter, and the 500 answer.
 
     An unhandled error is logged here, once, and answered with a 500 in OpenAI's form. It is not
     left to Starlette's ``ServerErrorMiddleware``: that one always re-raises after answering, so the
@@ -43,6 +45,7 @@ class GuardMiddleware:
 
     def __init__(self, app: ASGIApp, config: ServeConfig, metrics: ServeMetrics, api: FastAPI) -> None:
         self.app, self.config, self.metrics, self.api = app, config, metrics, api
+        self.hosts = HostCheck(config)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -85,7 +88,7 @@ class GuardMiddleware:
         )
 
     def _check(self, scope: Scope, open_route: bool) -> Optional[JSONResponse]:
-        """The answer that stops the request before any route runs (431, 413, 401), or None."""
+        """The answer that stops the request before any route runs (431, 403, 413, 401), or None."""
         head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
         if head > self.config.max_header_bytes:  # h11 caps only headers still arriving; this, the whole
             return JSONResponse(
@@ -96,6 +99,18 @@ class GuardMiddleware:
                 status_code=431,
             )
         headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host")  # none: HTTP/1.0 without one, never a browser (browsers always send it)
+        if host is not None and not self.hosts.allows(host.decode("latin-1")):
+            return JSONResponse(
+                error_body(
+                    f"Host {_printable(host.decode('latin-1'))[:100]!r} is not served: this server has no API key, "
+                    "so it answers only for its own address and localhost (a page whose name is rebound to this "
+                    "address must not use it); start it with --allowed-hosts NAME to serve that name, or --api-key",
+                    "permission_error",
+                    code="host_not_allowed",
+                ),
+                status_code=403,
+            )
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
             return self._too_large()

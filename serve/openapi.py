@@ -9,7 +9,8 @@ Each fact is declared once, where it is made true:
 - **here, for every route**, the answers of the middleware and exception handlers that stand in front
   of all routes (prodip.serve.middleware, prodip.serve.app): 500 on a bug; for a route with a request
   body, 400 in OpenAI's error form (never FastAPI's 422) and 413 above ``max_body_bytes``; 401 without
-  the API key unless the route is ``OPEN`` (and, when the server has a key, a bearer security scheme).
+  the API key unless the route is ``OPEN`` (and, when the server has a key, a bearer security scheme); 403
+  for a foreign ``Host`` when the server has no key (prodip.serve.config.HostCheck).
 
 tests/serve/test_openapi.py runs schemathesis against a real server with this document.
 
@@ -29,6 +30,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, compile_path
+
+from prodip.serve.config import HostCheck
 
 #: OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}`` (prodip.serve.schemas.error_body).
 ERROR_SCHEMA: dict[str, Any] = {
@@ -52,6 +55,8 @@ _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 WHY = {
     400: "invalid request (bad JSON, a field out of range or of the wrong type, a prompt beyond the context window)",
     401: "missing or wrong `Authorization: Bearer KEY` (only when the server has an API key)",
+    403: "the Host header names neither this server's address, localhost nor an --allowed-hosts name "
+    "(only when the server has no API key)",
     404: "the model id is not this server's",
     413: "request body larger than max_body_bytes",
     500: "internal error",
@@ -140,14 +145,16 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     for model in _body_models(app):
         if model.__name__ in schemas:  # FastAPI's document model stores bounds as floats: 2**63 - 1 became 2**63
             _copy_int_bounds(model.model_json_schema(), schemas[model.__name__])
-    keyed = bool(getattr(app.state, "config", None) and app.state.config.api_key)
+    config = getattr(app.state, "config", None)
+    keyed = bool(config and config.api_key)
+    hosts_checked = config is not None and HostCheck(config).active
     if keyed:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for ops in doc.get("paths", {}).values():
         for op in ops.values():
             responses = op.setdefault("responses", {})
             responses.pop("422", None)  # validation errors are 400s (prodip.serve.app._install_errors)
-            codes = [500]
+            codes = [500, 403] if hosts_checked else [500]
             if "requestBody" in op:
                 codes += [400, 413]
             if op.get("security") != []:  # not OPEN

@@ -2,7 +2,8 @@
 
 Inputs are a mapping ``language -> [file or folder, ...]``. Supported files (folders are searched
 recursively, sorted by path; suffixes in any case): ``.txt`` / ``.txt.gz`` (documents = runs of
-paragraphs, cut at a blank line once ``doc_chars`` characters are reached), ``.jsonl`` / ``.jsonl.gz``
+paragraphs, cut at a blank line once ``doc_chars`` characters are reached, or at a line end at twice
+that when no blank line comes, as in a file of one sentence per line), ``.jsonl`` / ``.jsonl.gz``
 (one document per line, its ``text_field``, default ``text``), ``.parquet`` and ``.csv`` /
 ``.csv.gz`` (one document per row, column ``text_field``; read with pyarrow in batches), ``.tsv``
 (header row; the column named after the language, one document per row), and a folder written by
@@ -46,7 +47,11 @@ ERROR_POLICIES = ("strict", "skip")
 #: audit, data prepare): one wording, and the formats come from :data:`SUFFIXES`.
 FORMATS_HELP = "/".join(SUFFIXES) + ", or Hugging Face `datasets` folders"
 TEXT_FIELD_HELP = "JSONL field, or Parquet/CSV/`datasets` column, holding each document's text"
-DOC_CHARS_HELP = ".txt files: a document ends at the first blank line after this many characters"
+DOC_CHARS_HELP = (
+    ".txt files: a document ends at the first blank line after this many characters (at a line end after twice "
+    "as many when no blank line comes, e.g. one sentence per line); documents go to the train or validation "
+    "split whole"
+)
 ERRORS_HELP = "invalid UTF-8: strict = error naming file and byte offset; skip = drop and count the bytes"
 
 
@@ -71,17 +76,25 @@ def is_hf_dataset_dir(path: Path) -> bool:
     return path.is_dir() and any(all((path / m).is_file() for m in marks) for marks in HF_DATASET_MARKERS)
 
 
-def _folder_files(folder: Path, skipped: list[Path]) -> list[Path]:
+def _folder_files(folder: Path, skipped: list[Path], seen_dirs: set[Path] | None = None) -> list[Path]:
     """Readable inputs under ``folder`` (sorted); anything else goes to ``skipped``.
 
-    A ``save_to_disk`` folder is one input; the files inside it are not searched.
+    A ``save_to_disk`` folder is one input; the files inside it are not searched. Each real folder is
+    searched once (``seen_dirs``: resolved paths): a symlink back to a folder already searched (a loop such
+    as ``lic/loop -> lic``, or a second link to one folder) adds nothing.
     """
+    if seen_dirs is None:
+        seen_dirs = set()
+    real = folder.resolve()
+    if real in seen_dirs:
+        return []
+    seen_dirs.add(real)
     if is_hf_dataset_dir(folder):
         return [folder]
     out: list[Path] = []
     for entry in sorted(folder.iterdir()):
         if entry.is_dir():
-            out.extend(_folder_files(entry, skipped))
+            out.extend(_folder_files(entry, skipped, seen_dirs))
         elif entry.is_file() and _suffix_ok(entry):
             out.append(entry)
         elif entry.is_file():
@@ -99,7 +112,10 @@ def expand_inputs(
     """Resolve ``{lang: [file or folder]}`` into ``{lang: [files]}`` (folders searched recursively).
 
     A ``datasets`` ``save_to_disk`` folder is kept whole (one entry). Files inside folders with an
-    unsupported suffix are skipped: each is logged in one warning and appended to ``skipped``.
+    unsupported suffix are skipped: each is logged in one warning and appended to ``skipped``. Each real
+    file (symlinks resolved) is listed once per language, however many paths reach it: symlinked folders
+    are followed once and a symlink loop ends where it comes back; the extra paths are named in one
+    warning (reading a file twice would silently double its weight).
 
     Raises:
         ValueError: empty mapping, a language tag that is not a plain code (it names folders and
@@ -119,18 +135,35 @@ def expand_inputs(
     for lang, paths in inputs.items():
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        files: list[Path] = []
+        found: list[Path] = []
         passed: list[Path] = []
+        seen_dirs: set[Path] = set()
         for p in paths:
             p = Path(p)
             if p.is_dir():
-                files.extend(_folder_files(p, passed))
+                found.extend(_folder_files(p, passed, seen_dirs))
             elif p.is_file():
                 if not _suffix_ok(p):
                     raise InvalidInput(f"{what}.{lang}: {p} has an unsupported suffix; expected one of {SUFFIXES}")
-                files.append(p)
+                found.append(p)
             else:
                 raise MissingInput(f"{what}.{lang}: {p} does not exist")
+        files: list[Path] = []
+        again: list[Path] = []
+        real_files: set[Path] = set()
+        for f in found:
+            real = f.resolve()
+            (again if real in real_files else files).append(f)
+            real_files.add(real)
+        if again:
+            log.warning(
+                "%s.%s: %d path(s) reach a file already listed (a symlink or a path given twice); each file is "
+                "read once: %s",
+                what,
+                lang,
+                len(again),
+                ", ".join(map(str, again)),
+            )
         if passed:
             log.warning(
                 "%s.%s: skipped %d file(s) with an unsupported suffix (supported: %s): %s",
@@ -228,6 +261,11 @@ def _decode_skipping(raw: bytes, path: Path, offset: int, stats: ReadStats) -> s
 
 
 def _txt_documents(lines: Iterator[str], doc_chars: int) -> Iterator[str]:
+    """Documents of a ``.txt`` file: a document ends at the first blank line after ``doc_chars``
+    characters, or, when no blank line comes, at the end of the line that takes it to ``2 * doc_chars``.
+    The second rule is for files without paragraphs (one sentence per line, the commonest scraped shape):
+    without it such a file is one document, which goes to one split whole, so its language gets no
+    validation text however ``val_fraction`` and ``doc_chars`` are set."""
     buf: list[str] = []
     size = 0
     for line in lines:
@@ -240,6 +278,9 @@ def _txt_documents(lines: Iterator[str], doc_chars: int) -> Iterator[str]:
             continue
         buf.append(line if line.endswith("\n") else line + "\n")
         size += len(line)
+        if size >= 2 * doc_chars:
+            yield "".join(buf).strip("\n")
+            buf, size = [], 0
     if buf:
         yield "".join(buf).strip("\n")
 
@@ -352,7 +393,8 @@ def iter_documents(
         lang: the language tag (selects the ``.tsv`` column).
         errors: ``"strict"`` (invalid UTF-8 is an error) or ``"skip"`` (drop and count the bytes);
             Parquet, CSV and ``datasets`` inputs are decoded by pyarrow, which always refuses invalid UTF-8.
-        doc_chars: ``.txt`` documents are cut at the first blank line after this many characters.
+        doc_chars: ``.txt`` documents are cut at the first blank line after this many characters, or at a
+            line end after twice as many when no blank line comes.
         stats: counters updated in place.
         text_field: the JSONL field, or Parquet/CSV/``datasets`` column, holding the text.
 

@@ -215,11 +215,13 @@ def split_share_warnings(languages: dict[str, dict], val_fraction: float, doc_ch
         share = n["val"] / total
         docs = entry.get("documents") or {}
         if abs(share - val_fraction) > max(0.5 * val_fraction, 0.01):
+            none = " (none: eval will skip this language)" if not n["val"] else ""
             warnings.append(
-                f"{lang}: the validation split holds {share:.1%} of the tokens, not val_fraction {val_fraction:.1%}: "
-                f"documents go to a split whole and there are {sum(docs.values())} ({docs.get('val', 0)} in "
-                f"validation); use more, shorter "
-                f"documents ([data] doc_chars, now {doc_chars}, cuts .txt files) or a held-out file of your own"
+                f"{lang}: the validation split holds {share:.1%} of the tokens, not val_fraction {val_fraction:.1%}"
+                f"{none}: documents go to a split whole and there are {sum(docs.values())} ({docs.get('val', 0)} in "
+                f"validation); use more, shorter documents: a smaller [data] doc_chars (now {doc_chars}; it cuts "
+                f".txt files, at a blank line or at a line end after twice as many characters), or split the "
+                f"language's JSONL/Parquet/CSV text into more rows (one document per row)"
             )
     for w in warnings:
         log.warning(w)

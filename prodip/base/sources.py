@@ -4,8 +4,9 @@ A *records file* (TOML, conventionally ``sources.toml``) lists ``[[source]]`` ta
 
     [[source]]
     name = "majantali-site"                              # unique; cards and include lists use it
-    files = ["bn/bn_pd_literature_majantali_site.jsonl.gz"]   # relative to this file's folder; globs
-                                                         # (``bn/*.txt``, ``news/**``) match like Path.match
+    files = ["bn/bn_pd_literature_majantali_site.jsonl.gz"]   # relative to this file's folder; globs:
+                                                         # ``*``/``?``/``[...]`` within one folder level
+                                                         # (``bn/*.txt``), ``**`` across levels (``news/**``)
     language = "bn"                                      # the input language it is listed under
     variety = "literary Bangla (sadhu-bhasha), 1891-1929"   # optional
     origin = "majantali/majantali.github.io@891da50"     # URL or repository@commit
@@ -21,7 +22,8 @@ licence list (``LicenseRef-...`` identifiers allowed, e.g. ``LicenseRef-PublicDo
 
 Each input file finds its record in the records files the config names (``sources``) and in any
 ``sources.toml`` in the file's folder or a folder above it. A file that no record lists has a
-*missing* licence. :func:`gate` stops a stage when a file's licence is ``unknown`` or missing, unless
+*missing* licence. Two records with different licences for one file are refused (both named): which
+one holds is the user's to say, by narrowing a record's ``files``. :func:`gate` stops a stage when a file's licence is ``unknown`` or missing, unless
 the config's ``include_unknown_license`` names it (its record name or its path): then it is
 included by choice, and every card says so and that the mix is not fully cleared.
 
@@ -34,9 +36,9 @@ source flow into it, and its restriction is the most restrictive source's (never
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import functools
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,9 +117,9 @@ class SourceRecord:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def covers(self, path: str) -> bool:
-        """Whether absolute ``path`` is one of ``files`` (a pattern with ``*``/``?``/``[``: a glob; ``**``
-        also matches files in subfolders)."""
-        return any(path == f or (any(c in f for c in "*?[") and fnmatch.fnmatchcase(path, f)) for f in self.files)
+        """Whether absolute ``path`` is one of ``files`` (a pattern with ``*``/``?``/``[``: a glob, see
+        :func:`glob_match`)."""
+        return any(path == f or (any(c in f for c in "*?[") and glob_match(path, f)) for f in self.files)
 
     @property
     def unknown(self) -> bool:
@@ -130,6 +132,80 @@ class SourceRecord:
         out["license_terms"] = license_terms(self.license)
         out["included_by_choice"] = self.included_by_choice
         return out
+
+
+def _glob_set(body: str) -> str:
+    """The members of a glob set ``[body]`` (``a-z`` ranges, anything else literal) as a regex set body, every
+    character escaped so ``^``, ``\\``, ``[``, ``--`` and ``&&`` stay plain members.
+
+    Raises:
+        re.error: a range whose ends are out of order (``z-a``).
+    """
+    out, i = [], 0
+    while i < len(body):
+        if i + 2 < len(body) and body[i + 1] == "-":
+            lo, hi = body[i], body[i + 2]
+            if lo > hi:
+                raise re.error(f"bad character range {lo}-{hi}")
+            out.append(f"{re.escape(lo)}-{re.escape(hi)}")
+            i += 3
+        else:
+            out.append(re.escape(body[i]))
+            i += 1
+    return "".join(out)
+
+
+@functools.cache
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` (``/``-separated) as a regular expression over a whole path; see :func:`glob_match`."""
+    segments = pattern.split("/")
+    out = []
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if seg == "**":
+            out.append(".*" if last else "(?:[^/]*/)*")  # any number of whole folder levels, none included
+            continue
+        k, n = 0, len(seg)
+        while k < n:
+            c = seg[k]
+            k += 1
+            if c == "*":
+                while k < n and seg[k] == "*":  # "a**b" inside a segment is a plain "*" (as in pathlib)
+                    k += 1
+                out.append("[^/]*")
+            elif c == "?":
+                out.append("[^/]")
+            elif c == "[":
+                j = k + (k < n and seg[k] == "!")
+                j += j < n and seg[j] == "]"  # a "]" first in the set is a member
+                j = seg.find("]", j)
+                if j < 0:  # no closing bracket: a literal "["
+                    out.append(re.escape(c))
+                    continue
+                body, k = seg[k:j], j + 1
+                neg = body.startswith("!")
+                out.append(
+                    f"(?!/)[{'^' if neg else ''}{_glob_set(body[neg:])}]"
+                )  # a range like [+-0] must not reach "/"
+            else:
+                out.append(re.escape(c))
+        if not last:
+            out.append("/")
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+def glob_match(path: str, pattern: str) -> bool:
+    """Whether ``path`` matches the glob ``pattern`` as a whole (case-sensitive, ``/``-separated).
+
+    ``*`` matches any run of characters within one folder level, ``?`` one character, ``[...]``/``[!...]``
+    one character of (not of) a set, none of them ``/``; a ``**`` level matches any number of folder levels,
+    none included (``news/**`` is every file below ``news``; ``data/**/*.jsonl`` includes ``data/a.jsonl``).
+    These are the semantics of Python 3.13's ``PurePath.full_match`` (hidden files included); ``fnmatch``'s ``*`` would also cross ``/``, letting ``news/*.jsonl`` cover ``news/private/x.jsonl``.
+    """
+    sep = os.sep
+    if sep != "/":
+        path, pattern = path.replace(sep, "/"), pattern.replace(sep, "/")
+    return _glob_regex(pattern).match(path) is not None
 
 
 @functools.cache
@@ -245,6 +321,11 @@ def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
     for key in _KEYS:
         if key != "files" and key in table and not isinstance(table[key], str):
             raise InvalidInput(f"{where}: {key} must be a string, got {table[key]!r}")
+    for f in files:
+        try:
+            _glob_regex(f.replace(os.sep, "/"))
+        except re.error as e:  # a set such as [z-a]
+            raise InvalidInput(f"{where}: files entry {f!r} is not a valid glob ({e})") from None
     lic = table["license"].strip()
     if lic == OTHER and not (table.get("license_name") and table.get("license_link")):
         raise InvalidInput(f'{where}: license = "other" needs license_name and license_link')
@@ -287,6 +368,14 @@ def _sidecars(path: Path) -> list[Path]:
     return [d / SOURCES_FILE for d in (path.parent, *path.parent.parents) if (d / SOURCES_FILE).is_file()]
 
 
+def _licence_key(rec: SourceRecord) -> tuple[str, ...]:
+    """What two records must agree on to describe one file: the licence (SPDX expressions compared in
+    their normalised form, so ``mit`` equals ``MIT``), and for ``other`` its name and link."""
+    if rec.license in (UNKNOWN, OTHER):
+        return (rec.license, rec.license_name, rec.license_link)
+    return (str(_licensing().parse(rec.license, simple=False)),)
+
+
 def match_sources(
     files: dict[str, list[Path]],
     records_files: list[str] | tuple[str, ...] = (),
@@ -303,10 +392,14 @@ def match_sources(
         what: the config table named in messages (``data.inputs``).
     Returns:
         ``{source name: (record, [its input files])}`` in input order; a file without a record that
-        ``include_unknown`` names becomes a record named after the file, licence ``unknown``.
+        ``include_unknown`` names becomes a record named after the file, licence ``unknown``. Where several
+        records with one licence cover a file, the first describes it: the config's records files in
+        order, then the nearest ``sources.toml``.
     Raises:
         LicenseGateError: one line naming the first file whose licence is unknown or missing and not included.
-        InvalidInput: a bad records file; a file listed under another language than its record's.
+        InvalidInput: a bad records file; a file listed under another language than its record's; a file
+            covered by two records with different licences (both named: a config-level record must not
+            silently override a stricter one beside the file, or the reverse).
     """
     loaded: dict[Path, list[SourceRecord]] = {}
 
@@ -322,7 +415,16 @@ def match_sources(
         for f in lang_files:
             real = str(Path(f).resolve())
             candidates = explicit + [r for s in _sidecars(Path(f).resolve()) for r in records_of(s)]
-            rec = next((r for r in candidates if r.covers(real)), None)
+            covering = [r for r in candidates if r.covers(real)]
+            rec = covering[0] if covering else None
+            other = next((r for r in covering[1:] if _licence_key(r) != _licence_key(covering[0])), None)
+            if other is not None:
+                raise InvalidInput(
+                    f"{what}.{lang}: {f} is covered by two records with different licences: "
+                    f"{covering[0].name!r} ({covering[0].where}) says {covering[0].license!r} and "
+                    f"{other.name!r} ({other.where}) says {other.license!r}; narrow one record's files so "
+                    f"that one record lists it"
+                )
             if rec is None:
                 rec = SourceRecord(
                     name=Path(f).name, files=(real,), language=lang, license=UNKNOWN, where="(no record)"

@@ -22,6 +22,9 @@ from prodip.serve.stage import free_port
 
 #: ``prodip serve`` through the serve-only command line (``python -m prodip.serve``)
 SERVE = (sys.executable, "-m", "prodip.serve", "serve")
+#: The base URL of in-process test clients: a Host the server answers without an API key (TestClient's own
+#: default, ``testserver``, is a foreign name, refused like any other: serve/config.py HostCheck).
+LOCAL = "http://localhost"
 
 
 def make_verdict(
@@ -81,7 +84,7 @@ def client(tiny_export):
 
     from prodip.serve.app import create_app
 
-    with TestClient(create_app(tiny_export[0], "fp32", batch_wait_ms=2.0)) as c:
+    with TestClient(create_app(tiny_export[0], "fp32", batch_wait_ms=2.0), base_url=LOCAL) as c:
         wait_ready(c)
         yield c
 

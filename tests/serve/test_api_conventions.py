@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from prodip.serve.routes import Svc
-from tests.serve.conftest import wait_ready
+from tests.serve.conftest import LOCAL, wait_ready
 
 
 def test_retrieve_model_as_the_openai_client_does(client):
@@ -104,7 +104,7 @@ def test_with_an_api_key_the_document_declares_it_and_docs_stay_readable(tiny_ex
 
     from prodip.serve.app import create_app
 
-    with TestClient(create_app(tiny_export[0], "fp32", api_key="sekret")) as c:
+    with TestClient(create_app(tiny_export[0], "fp32", api_key="sekret"), base_url=LOCAL) as c:
         wait_ready(c)
         assert c.get("/docs").status_code == 200  # a browser cannot send the key to read them
         doc = c.get("/openapi.json").json()
@@ -154,7 +154,7 @@ def test_a_new_route_needs_no_other_edit(tiny_export):
     app = create_app(tiny_export[0], "fp32", api_key="sekret")
     app.include_router(extra)
     key = {"Authorization": "Bearer sekret"}
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         wait_ready(c)
         assert c.post("/v1/echo/2", json={"text": "ab"}, headers=key).json() == {"text": "abab", "model": "export"}
         assert c.post("/v1/echo/2", json={"text": "ab", "model": "x"}, headers=key).status_code == 404
@@ -186,3 +186,65 @@ def test_a_new_route_needs_no_other_edit(tiny_export):
     assert op["security"] == [{"bearer": []}]
     open_op = doc["paths"]["/v1/open-ping"]["get"]
     assert set(open_op["responses"]) == {"200", "500"} and open_op["security"] == []
+
+
+@pytest.mark.parametrize(
+    "bind, allowed, host, served",
+    [
+        ("127.0.0.1", (), "127.0.0.1:8000", True),
+        ("127.0.0.1", (), "localhost:8000", True),
+        ("127.0.0.1", (), "LOCALHOST.", True),  # case and the root dot do not matter
+        ("127.0.0.1", (), "[::1]:8000", True),
+        ("127.0.0.1", (), "evil.example:8000", False),  # a name rebound to 127.0.0.1
+        ("127.0.0.1", (), "127.0.0.1.evil.example", False),
+        ("127.0.0.1", (), "10.0.0.5:8000", False),  # not the bound address
+        ("127.0.0.1", ("myhost.lan",), "MyHost.lan:8000", True),
+        ("127.0.0.1", ("*.example.org",), "api.example.org", True),
+        ("127.0.0.1", ("*.example.org",), "example.org.evil.example", False),
+        ("127.0.0.1", ("*",), "evil.example", True),  # the check turned off
+        ("10.0.0.5", (), "10.0.0.5:8000", True),  # bound to one address: that address
+        ("10.0.0.5", (), "10.0.0.6:8000", False),
+        ("0.0.0.0", (), "192.168.1.20:8000", True),  # every interface: any IP literal is its own
+        ("::", (), "[fe80::1]:8000", True),
+        ("0.0.0.0", (), "box.lan:8000", False),  # a name must be listed
+    ],
+)
+def test_host_check_table(bind, allowed, host, served):
+    from prodip.serve.config import HostCheck, ServeConfig
+
+    assert HostCheck(ServeConfig(host=bind, allowed_hosts=allowed)).allows(host) is served
+    assert HostCheck(ServeConfig(host=bind, allowed_hosts=allowed, api_key="k")).allows(host)  # a key: any Host
+
+
+def test_a_foreign_host_is_refused_without_an_api_key(client, tiny_export):
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends Host: evil.example.
+    Without a key the server refuses it on every route (open ones too), in OpenAI's error form; a named
+    host is served, and a key makes the Host irrelevant (the page cannot know the key)."""
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+
+    evil = {"Host": "evil.example:8000"}
+    for method, path, body in (
+        ("POST", "/v1/completions", {"prompt": "a", "max_tokens": 1}),
+        ("GET", "/metrics", None),
+        ("GET", "/health", None),
+        ("GET", "/playground", None),
+    ):
+        r = client.request(method, path, json=body, headers=evil)
+        assert r.status_code == 403, (path, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "permission_error" and err["code"] == "host_not_allowed"
+        assert "'evil.example:8000' is not served" in err["message"] and "--allowed-hosts" in err["message"]
+    assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
+    assert "403" in client.get("/openapi.json").json()["paths"]["/v1/completions"]["post"]["responses"]
+    # no lifespan: nothing loaded, so a served Host gets /health's 503 and a refused one the 403 before it
+    named = TestClient(create_app(tiny_export[0], allowed_hosts=("*.example",)), base_url=LOCAL)
+    assert named.get("/health", headers=evil).status_code == 503
+    assert named.get("/health", headers={"Host": "other.test"}).status_code == 403
+    keyed = TestClient(create_app(tiny_export[0], api_key="k"), base_url=LOCAL)
+    assert keyed.get("/health", headers={"Host": "other.test"}).status_code == 503
+    from prodip.base.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="allowed_hosts: 'http://a' is not a host name"):
+        create_app(tiny_export[0], allowed_hosts=("http://a",))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.serve.conftest import wait_ready
+from tests.serve.conftest import LOCAL, wait_ready
 
 PROMPT = "আমি বাংলায়"
 
@@ -52,7 +52,7 @@ def test_health_503_until_loaded(tiny_export):
 
     from prodip.serve.app import create_app
 
-    c = TestClient(create_app(tiny_export[0]))  # lifespan not entered: nothing loaded
+    c = TestClient(create_app(tiny_export[0]), base_url=LOCAL)  # lifespan not entered: nothing loaded
     r = c.get("/health")
     assert r.status_code == 503 and r.json()["status"] == "loading"
     r = c.post("/v1/completions", json={"prompt": "x"})
@@ -238,7 +238,7 @@ def test_body_cap_auth_and_metrics(tiny_export):
     from prodip.serve.app import create_app
 
     app = create_app(tiny_export[0], "int8", api_key="sekret", max_body_bytes=2000)
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         wait_ready(c)
         assert c.get("/health").status_code == 200  # open for probes
         r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
@@ -295,7 +295,7 @@ def test_loosened_tolerances_in_health_models_and_startup_log(tiny_export, tmp_p
         app = create_app(d, "int8")
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("LOOSENED tolerances" in w and "[int8] kl_mean max 0.02 -> max 1e+300" in w for w in warned), warned
-    c = TestClient(app)  # lifespan not entered: /health is 503 but still says what would be served
+    c = TestClient(app, base_url=LOCAL)  # lifespan not entered: /health is 503 but still says what would be served
     want = {"verified": True, "loosened_tolerances": loose}
     assert c.get("/health").json()["conformance"] == want
     assert c.get("/v1/models").json()["data"][0]["conformance"] == want
@@ -306,7 +306,7 @@ def test_chunked_body_over_cap_is_413(tiny_export):
 
     from prodip.serve.app import create_app
 
-    with TestClient(create_app(tiny_export[0], max_body_bytes=100)) as c:
+    with TestClient(create_app(tiny_export[0], max_body_bytes=100), base_url=LOCAL) as c:
         wait_ready(c)
 
         def chunks():  # no Content-Length: the cap is enforced while reading

@@ -12,7 +12,7 @@ import unicodedata
 import pytest
 
 from tests.fixtures import CHAT_PROMPT
-from tests.serve.conftest import make_verdict, wait_ready
+from tests.serve.conftest import LOCAL, make_verdict, wait_ready
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +32,7 @@ def chat_client(chat_export):
 
     from prodip.serve.app import create_app
 
-    with TestClient(create_app(chat_export[0], "fp32", batch_wait_ms=2.0)) as c:
+    with TestClient(create_app(chat_export[0], "fp32", batch_wait_ms=2.0), base_url=LOCAL) as c:
         wait_ready(c)
         yield c
 
@@ -295,3 +295,96 @@ def test_lm_eval_local_chat_completions(chat_export, chat_server, tmp_path):
     for s in sorted(samples, key=lambda s: s["doc_id"]):
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": docs[s["doc_id"]]["q"]}]
         assert s["resps"][0][0] == _hf_greedy_reply(chat_export[0], msgs, 12), s
+
+
+class _Held:
+    """Stands in for a slow step (tokenising or rendering a huge request): ``call`` enters, then waits until
+    the test releases it (at most 30 s), then does the real work. Were the step on the event loop, the
+    loop would wait with it, and no other request could be answered meanwhile."""
+
+    def __init__(self, real):
+        import threading
+
+        self.real, self.entered, self.release = real, threading.Event(), threading.Event()
+
+    def __call__(self, *args, **kwargs):
+        self.entered.set()
+        assert self.release.wait(30), "never released: the test's other request was not answered"
+        return self.real(*args, **kwargs)
+
+
+class _HeldTokenizer:
+    def __init__(self, tok):
+        self._tok, self.encode_batch, self.decode_batch = tok, _Held(tok.encode_batch), _Held(tok.decode_batch)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+@pytest.mark.parametrize(
+    "held, path, body",
+    [
+        ("render", "/v1/chat/completions", {"messages": CHAT_PROMPT, "max_tokens": 1, "temperature": 0}),
+        ("encode_batch", "/v1/chat/completions", {"messages": CHAT_PROMPT, "max_tokens": 1, "temperature": 0}),
+        ("encode_batch", "/v1/completions", {"prompt": "আমি", "max_tokens": 1, "temperature": 0}),
+        ("encode_batch", "/v1/generate", {"prompt": "আমি", "max_new_tokens": 1, "temperature": 0}),
+        ("encode_batch", "/tokenize", {"prompt": "আমি"}),
+        ("decode_batch", "/detokenize", {"tokens": [5, 6, 7]}),
+    ],
+)
+def test_slow_tokenising_or_rendering_does_not_block_other_requests(chat_client, monkeypatch, held, path, body):
+    """While one request's template rendering or tokenising is held, /health is answered, and the held
+    request then gets its ordinary answer: that work runs in a worker thread, not on the event loop."""
+    import threading
+
+    import prodip.serve.service as service
+
+    svc = chat_client.app.state.service
+    expected = chat_client.post(path, json=body).json()
+    if held == "render":
+        step = _Held(service.render)
+        monkeypatch.setattr(service, "render", step)
+    else:
+        monkeypatch.setattr(svc, "tokenizer", _HeldTokenizer(svc.tokenizer))
+        step = getattr(svc.tokenizer, held)
+    got = {}
+    worker = threading.Thread(target=lambda: got.setdefault("r", chat_client.post(path, json=body)))
+    worker.start()
+    try:
+        assert step.entered.wait(30), got.get("r") and got["r"].text
+        probe = threading.Thread(target=lambda: got.setdefault("health", chat_client.get("/health")))
+        probe.start()
+        probe.join(20)
+        assert "health" in got and got["health"].status_code == 200, "/health waited for the held request"
+    finally:
+        step.release.set()
+        worker.join(30)
+    assert got["r"].status_code == 200, got["r"].text
+    reply = got["r"].json()
+    for key in ("id", "created"):
+        reply.pop(key, None), expected.pop(key, None)
+    assert reply == expected  # the held request's answer is the ordinary one
+
+
+def test_the_tokenizer_lets_other_threads_run_while_it_encodes(chat_client):
+    """Service.encode/decode release the GIL (tokenizers' encode holds it for the whole text: a worker thread
+    alone would not free the event loop). The main thread sleeps in 20 ms steps while a worker encodes ~900 KB;
+    holding the GIL would let it wake at most once or twice before the encode ends."""
+    import threading
+    import time
+
+    svc = chat_client.app.state.service
+    big = "আমি বাংলায় গান গাই। " * 16000  # ~900 KB of UTF-8
+    done, ids = threading.Event(), []
+    worker = threading.Thread(target=lambda: (ids.extend(svc.encode(big)), done.set()))
+    t0 = time.monotonic()
+    worker.start()
+    wakes = 0
+    while not done.is_set():
+        time.sleep(0.02)
+        wakes += 1
+    took = time.monotonic() - t0
+    worker.join()
+    assert ids == svc.tokenizer.encode(big).ids
+    assert took < 0.2 or wakes >= took / 0.02 / 4, (wakes, took)  # (a fast machine: nothing to measure)
+    assert svc.decode(ids[:50]) == svc.tokenizer.decode(ids[:50])

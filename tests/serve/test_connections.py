@@ -18,7 +18,7 @@ import time
 import pytest
 
 from prodip.serve.stage import free_port
-from tests.serve.conftest import serve_export
+from tests.serve.conftest import LOCAL, serve_export
 
 UNICODE_KEY = "ключ-চাবি-1"
 
@@ -53,7 +53,7 @@ def test_key_compared_as_sent(tiny_export):
 
     from prodip.serve.app import create_app
 
-    with TestClient(create_app(tiny_export[0], "fp32", api_key="k-1~!")) as c:
+    with TestClient(create_app(tiny_export[0], "fp32", api_key="k-1~!"), base_url=LOCAL) as c:
         assert c.get("/v1/models", headers={"Authorization": "Bearer k-1~!"}).status_code == 200
         assert c.get("/v1/models", headers={"Authorization": "bearer k-1~!"}).status_code == 200
         assert c.get("/v1/models", headers={"Authorization": "Bearer k-1~"}).status_code == 401
@@ -111,7 +111,9 @@ def _answer(s: socket.socket) -> tuple[float, bytes]:
 
 
 BODY = json.dumps({"prompt": "a", "max_tokens": 1}).encode()
-HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+HEAD = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+)
 
 
 @pytest.mark.slow
@@ -123,7 +125,7 @@ def test_trickled_request_gets_408_then_close(deadline_server, part):
     if part == "body":
         s.sendall(HEAD % len(BODY) + BODY[:3])
     else:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: a")
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nX-Pad: a")
     s.settimeout(0.3)
     data = b""
     while time.monotonic() - t0 < REQUEST_S + 5:  # a byte every 0.3 s keeps the socket busy, not complete
@@ -164,17 +166,17 @@ def test_slow_but_timely_request_and_connection_cap(deadline_server):
     s.close()
     held = [_connect(deadline_server) for _ in range(MAX_CONN)]
     for h in held:
-        h.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        h.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # headers never finished
     time.sleep(0.2)
     extra = _connect(deadline_server)
-    extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    extra.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     _, data = _answer(extra)
     assert data.startswith(b"HTTP/1.1 503 "), data[:200]
     for h in held:
         h.close()
     time.sleep(0.3)
     again = _connect(deadline_server)
-    again.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    again.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     assert _answer(again)[1].startswith(b"HTTP/1.1 200 ")
 
 
@@ -182,8 +184,8 @@ def test_slow_but_timely_request_and_connection_cap(deadline_server):
 def test_oversized_headers_are_refused(deadline_server):
     """Whole (431, from the app) or still arriving past the cap (400, from h11): never parsed on and on."""
     s = _connect(deadline_server)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: " + b"a" * 5000 + b"\r\n\r\n")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Pad: " + b"a" * 5000 + b"\r\n\r\n")
     assert _answer(s)[1].startswith(b"HTTP/1.1 431 ")
     s = _connect(deadline_server)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 5000)  # no end of headers
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 5000)  # no end of headers
     assert _answer(s)[1].startswith(b"HTTP/1.1 400 ")

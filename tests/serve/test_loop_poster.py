@@ -98,7 +98,7 @@ def test_the_engine_thread_never_wakes_the_loop_itself(tiny_export, monkeypatch)
     from fastapi.testclient import TestClient
 
     from prodip.serve.app import create_app
-    from tests.serve.conftest import wait_ready
+    from tests.serve.conftest import LOCAL, wait_ready
 
     callers = []
     real = asyncio.BaseEventLoop.call_soon_threadsafe
@@ -108,7 +108,7 @@ def test_the_engine_thread_never_wakes_the_loop_itself(tiny_export, monkeypatch)
         return real(self, callback, *args, **kwargs)
 
     monkeypatch.setattr(asyncio.BaseEventLoop, "call_soon_threadsafe", spy)
-    with TestClient(create_app(tiny_export[0], "fp32", batch_wait_ms=2.0)) as client:
+    with TestClient(create_app(tiny_export[0], "fp32", batch_wait_ms=2.0), base_url=LOCAL) as client:
         wait_ready(client)
         body = {"prompt": [1, 40, 41], "max_new_tokens": 12, "temperature": 0, "stream": True, "ignore_eos": True}
         with client.stream("POST", "/v1/generate", json=body) as resp:
@@ -125,13 +125,13 @@ def _stream_counting_wakes(tiny_export, monkeypatch, interval_ms, max_new_tokens
     from fastapi.testclient import TestClient
 
     from prodip.serve.app import create_app
-    from tests.serve.conftest import wait_ready
+    from tests.serve.conftest import LOCAL, wait_ready
 
     polls = []
     real_poll = LoopPoster._poll
     monkeypatch.setattr(LoopPoster, "_poll", lambda self: polls.append(1) or real_poll(self))
     app = create_app(tiny_export[0], "fp32", batch_wait_ms=2.0, stream_interval_ms=interval_ms)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         wait_ready(client)
         svc = app.state.service
         asks = []
@@ -214,7 +214,7 @@ def test_tokens_before_an_engine_error_arrive_before_it(tiny_export, monkeypatch
 
     from prodip.serve.app import create_app
     from prodip.serve.engine import OnnxDecoder
-    from tests.serve.conftest import wait_ready
+    from tests.serve.conftest import LOCAL, wait_ready
 
     real_decode, calls = OnnxDecoder.decode, []
 
@@ -226,7 +226,7 @@ def test_tokens_before_an_engine_error_arrive_before_it(tiny_export, monkeypatch
 
     monkeypatch.setattr(OnnxDecoder, "decode", failing)
     app = create_app(tiny_export[0], "fp32", batch_wait_ms=2.0, stream_interval_ms=60_000.0)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         wait_ready(client)
         body = {"prompt": [1, 40, 41], "max_new_tokens": 20, "temperature": 0, "stream": True, "ignore_eos": True}
         with client.stream("POST", "/v1/generate", json=body) as resp:

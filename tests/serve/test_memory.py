@@ -207,7 +207,7 @@ def test_loading_server_moves_its_memory_unless_told_not_to(tiny_export, monkeyp
 
     from prodip.serve import service
     from prodip.serve.app import create_app
-    from tests.serve.conftest import wait_ready
+    from tests.serve.conftest import LOCAL, wait_ready
 
     order: list[str] = []
     real_huge, real_open = service.use_huge_pages, service.open_decoder
@@ -223,7 +223,7 @@ def test_loading_server_moves_its_memory_unless_told_not_to(tiny_export, monkeyp
     monkeypatch.setattr(service, "use_huge_pages", spy_huge)
     monkeypatch.setattr(service, "open_decoder", spy_open)
     with caplog.at_level("INFO", logger="prodip.serve.service"):
-        with TestClient(create_app(tiny_export[0], "fp32", huge_pages=huge_pages)) as c:
+        with TestClient(create_app(tiny_export[0], "fp32", huge_pages=huge_pages), base_url=LOCAL) as c:
             wait_ready(c)
             assert (
                 c.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "temperature": 0}).status_code == 200

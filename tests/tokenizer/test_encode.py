@@ -165,3 +165,68 @@ def test_a_split_share_far_from_val_fraction_is_warned(corpus, tok_dir, tmp_path
     assert meta["split_warnings"], "the 60k-character corpus in 20k-character documents should be far off 5%"
     many = prepare_shards(_cfg(corpus, tok_dir, tmp_path / "many", doc_chars=300, val_fraction=0.1))
     assert load_meta(many).to_dict()["split_warnings"] == []
+
+
+def _sentence_per_line(path, n_chars: int) -> str:
+    """Real Bangla from the demo corpus, one sentence per line, no blank line: the commonest scraped shape."""
+    from tests.tokenizer.conftest import _bn_docs
+
+    sentences = [s.strip() + "।" for d in _bn_docs(n_chars) for s in d.replace("\n", " ").split("।") if s.strip()]
+    text = "\n".join(sentences) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    write_sources(path.parent.parent, {f"{path.parent.name}/{path.name}": "bn"}, license="LicenseRef-PublicDomain")
+    return text
+
+
+def test_a_sentence_per_line_txt_gets_its_validation_share(tok_dir, tmp_path):
+    """A .txt without blank lines is cut at line ends (at 2 * doc_chars), so it is many documents and its
+    language gets validation text near val_fraction; the documents are the file's lines, whole and in order."""
+    text = _sentence_per_line(tmp_path / "bn" / "lines.txt", 60_000)
+    docs = [d for _, _, d in iter_language([tmp_path / "bn" / "lines.txt"], "bn", doc_chars=1500)]
+    assert "\n".join(docs) + "\n" == text  # nothing lost, no line cut
+    longest_line = max(map(len, text.splitlines()))
+    assert len(docs) >= 15 and all(len(d) < 3000 + longest_line for d in docs)
+    out = prepare_shards(
+        DataPrepareConfig(
+            tokenizer_dir=str(tok_dir),
+            inputs={"bn": [str(tmp_path / "bn")]},
+            out_dir=str(tmp_path / "shards"),
+            progress=False,
+            doc_chars=1500,
+            val_fraction=0.1,
+        )
+    )
+    meta = load_meta(out).to_dict()
+    n = {s: sum(e["n_tokens"] for e in meta["languages"]["bn"][s]) for s in ("train", "val")}
+    assert meta["languages"]["bn"]["documents"]["val"] >= 1 and 0.03 < n["val"] / (n["train"] + n["val"]) < 0.3, n
+    # paragraphs are still cut at blank lines only: a document ends at the first one after doc_chars
+    para = "\n\n".join(["ক" * 40] * 5) + "\n"
+    assert [len(d) for _, _, d in iter_language([_write(tmp_path / "p.txt", para)], "bn", doc_chars=50)] == [82, 82, 40]
+
+
+def _write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_language_left_without_validation_text_is_named_with_the_real_remedy(tok_dir, tmp_path, caplog):
+    """One short .txt document: nothing can go to validation. The warning says so, that eval will skip the
+    language, and names options that exist ([data] doc_chars, more rows), not an unnamed held-out file."""
+    _sentence_per_line(tmp_path / "bn" / "lines.txt", 3000)
+    out = prepare_shards(
+        DataPrepareConfig(
+            tokenizer_dir=str(tok_dir),
+            inputs={"bn": [str(tmp_path / "bn")]},
+            out_dir=str(tmp_path / "shards"),
+            progress=False,
+            doc_chars=20000,
+            val_fraction=0.1,
+        )
+    )
+    meta = load_meta(out).to_dict()
+    assert meta["languages"]["bn"]["documents"] == {"train": 1, "val": 0}
+    (warned,) = meta["split_warnings"]
+    assert warned.startswith("bn: the validation split holds 0.0% of the tokens, not val_fraction 10.0% (none: eval")
+    assert "a smaller [data] doc_chars (now 20000" in warned and "held-out file of your own" not in warned
+    assert warned in caplog.text

@@ -15,6 +15,7 @@ from prodip.base.errors import InvalidInput
 from prodip.base.sources import (
     UNKNOWN_INCLUDED,
     LicenseGateError,
+    glob_match,
     hf_license,
     licence_statement,
     license_class,
@@ -202,3 +203,114 @@ def test_meta_json_counts_characters_and_tokens_per_source(corpus, tok_dir, tmp_
         assert sum(s["chars"] for s in mine) == info["chars"]
         assert sum(s["tokens"] for s in mine) == sum(e["n_tokens"] for sp in ("train", "val") for e in info[sp])
         assert sum(s["tokens_share_of_language"] for s in mine) == pytest.approx(1.0, abs=1e-5)
+
+
+# (path, pattern, matches): the documented semantics, `*`/`?`/`[...]` within one folder level, `**` across
+# levels (Python 3.13's PurePath.full_match, which the test also consults where it exists).
+GLOB_CASES = [
+    ("/d/news/a.jsonl", "/d/news/*.jsonl", True),
+    ("/d/news/private/secret.jsonl", "/d/news/*.jsonl", False),  # `*` never crosses "/" (fnmatch's does)
+    ("/d/news/private/secret.jsonl", "/d/news/**", True),
+    ("/d/news/a.jsonl", "/d/news/**", True),
+    ("/d/news/a/b/c.jsonl", "/d/news/**/*.jsonl", True),
+    ("/d/news/a.jsonl", "/d/news/**/*.jsonl", True),  # `**` is zero levels too
+    ("/d/news/a/b/c.txt", "/d/news/**/*.jsonl", False),
+    ("/d/news/a/b/c.jsonl", "/d/news/*/c.jsonl", False),
+    ("/d/news/a/c.jsonl", "/d/news/*/c.jsonl", True),
+    ("/d/news/ab.txt", "/d/news/a?.txt", True),
+    ("/d/news/a/.txt", "/d/news/a?.txt", False),  # `?` is not "/"
+    ("/d/news/a.txt", "/d/news/[ab].txt", True),
+    ("/d/news/c.txt", "/d/news/[!ab].txt", True),
+    ("/d/news/a.txt", "/d/news/[!ab].txt", False),
+    ("/d/x/y", "/d/x[!a]y", False),  # a negated set never matches "/"
+    ("/d/x/y", "/d/x[+-0]y", False),  # nor a range that spans it
+    ("/d/x-y", "/d/x[+-0]y", True),
+    ("/d/news/.hidden.jsonl", "/d/news/*.jsonl", True),
+    ("/d/news/A.jsonl", "/d/news/a.jsonl", False),  # case-sensitive
+    ("/d/news/a.jsonl.gz", "/d/news/*.jsonl", False),  # the whole path, not a prefix
+    ("/d/n[ews/a", "/d/n[ews/a", True),  # an unclosed "[" is a literal
+    ("/d/a^b", "/d/a[\\^]b", True),
+    ("/d/a-b", "/d/a[--0]b", True),  # "--" is a range from "-", not a set operation
+    ("/d/a&b", "/d/a[&&]b", True),
+    ("/d/a.b", "/d/a.b", True),
+    ("/d/axb", "/d/a.b", False),  # "." is literal
+    ("/d/news/a/b/c.jsonl", "/d/news/a**", False),  # "**" inside a level is a plain "*"
+    ("/d/news/abc", "/d/news/a**", True),
+]
+
+
+@pytest.mark.parametrize(("path", "pattern", "expected"), GLOB_CASES)
+def test_record_globs_keep_star_within_one_folder_level(path, pattern, expected):
+    assert glob_match(path, pattern) is expected
+    from pathlib import PurePosixPath
+
+    # Python 3.13+: the standard library's answer must agree, except that 3.13.0's full_match lets a
+    # negated set or a range match the separator ("/d/x[!a]y" matches "/d/x/y"), which we refuse
+    if hasattr(PurePosixPath, "full_match") and "[" not in pattern:
+        assert PurePosixPath(path).full_match(pattern) is expected
+
+
+def _conv(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"text": "hello"}) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_star_record_does_not_cover_a_subfolder_file(tmp_path):
+    """`news/*.jsonl` leaves news/private/ unrecorded: the gate stops on it by name; `news/**` covers it."""
+    _conv(tmp_path / "news" / "a.jsonl")
+    _conv(tmp_path / "news" / "private" / "secret.jsonl")
+    write_sources(tmp_path, {"news/*.jsonl": "en"})
+    files = expand_inputs({"en": [str(tmp_path / "news")]})
+    with pytest.raises(LicenseGateError, match=r"private/secret.jsonl has no source record"):
+        match_sources(files)
+    write_sources(tmp_path, {"news/**": "en"})
+    rec, got = match_sources(files)["test-0"]
+    assert sorted(p.name for p in got) == ["a.jsonl", "secret.jsonl"]
+    (tmp_path / "sources.toml").write_text(
+        '[[source]]\nname = "x"\nfiles = ["news/[z-a].jsonl"]\nlanguage = "en"\nlicense = "MIT"\n'
+    )
+    with pytest.raises(InvalidInput, match=r"files entry 'news/\[z-a\].jsonl' is not a valid glob"):
+        read_records(tmp_path / "sources.toml")
+
+
+def test_symlinked_folders_are_read_once(tmp_path, caplog):
+    """A loop (lic/loop -> lic) ends where it comes back; a second link to a folder, or a file given twice,
+    lists the real file once (with a warning naming the extra path)."""
+    lic = tmp_path / "lic"
+    a = _conv(lic / "a.jsonl")
+    _conv(lic / "sub" / "b.jsonl")
+    (lic / "loop").symlink_to(lic, target_is_directory=True)
+    (lic / "sub" / "up").symlink_to(lic, target_is_directory=True)
+    (tmp_path / "alias").symlink_to(lic / "sub", target_is_directory=True)
+    files = expand_inputs({"en": [str(lic)]})["en"]
+    assert [p.relative_to(lic).as_posix() for p in files] == ["a.jsonl", "sub/b.jsonl"]
+    with caplog.at_level("WARNING"):
+        files = expand_inputs({"en": [str(lic), str(tmp_path / "alias"), str(a)]})["en"]
+    assert [p.relative_to(lic).as_posix() for p in files] == ["a.jsonl", "sub/b.jsonl"]
+    assert "1 path(s) reach a file already listed" in caplog.text and str(a) in caplog.text
+    write_sources(lic, {"**": "en"})
+    assert [len(fs) for _, fs in match_sources({"en": files}).values()] == [2]
+
+
+def test_records_that_disagree_on_a_files_licence_are_refused(tmp_path):
+    """A config-level record and the sidecar beside the file: different licences are refused, both named;
+    the same licence (however spelled) is no conflict, and the config's record describes the file."""
+    x = _conv(tmp_path / "data" / "nc" / "x.jsonl")
+    write_sources(x.parent, {"x.jsonl": "en"}, license="CC-BY-NC-4.0")
+    cfg = tmp_path / "cfg" / "my_sources.toml"
+    cfg.parent.mkdir()
+    cfg.write_text(
+        f'[[source]]\nname = "broad"\nfiles = ["{tmp_path}/data/**/*.jsonl"]\nlanguage = "en"\nlicense = "CC0-1.0"\n'
+    )
+    files = expand_inputs({"en": [str(tmp_path / "data")]})
+    with pytest.raises(
+        InvalidInput,
+        match=r"x.jsonl is covered by two records with different licences: 'broad' \(.*my_sources.toml.*\) says "
+        r"'CC0-1.0' and 'test-0' \(.*nc/sources.toml.*\) says 'CC-BY-NC-4.0'",
+    ):
+        match_sources(files, [str(cfg)])
+    assert list(match_sources(files)) == ["test-0"]  # the sidecar alone: its record holds
+    cfg.write_text(cfg.read_text().replace("CC0-1.0", "cc-by-nc-4.0"))
+    rec, _ = match_sources(files, [str(cfg)])["broad"]
+    assert rec.license == "cc-by-nc-4.0" and rec.card_fields()["license_terms"] == ["non-commercial"]
