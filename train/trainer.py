@@ -87,7 +87,9 @@ class TrainConfig:
     )
     batch_size: int = opt(8, "sequences per micro-batch per rank")
     seq_len: int = opt(256, "tokens per sequence (<= max_position_embeddings)")
-    grad_accum_steps: int = opt(1, "micro-batches per optimizer step (loss divided by this)")
+    grad_accum_steps: int = opt(
+        1, "micro-batches per optimizer step (the loss is the mean over all their trained targets)"
+    )
     lr: float = opt(3e-4, "peak learning rate (after warmup)")
     min_lr: float = opt(3e-5, "learning rate at the end of the decay")
     warmup_steps: int = opt(20, "linear warmup (optimizer steps)")
@@ -392,15 +394,19 @@ class StopRequest:
     A signal only sets a flag (the step in progress may be inside ``optimizer.step``, updating the weights
     and AdamW moments in place, so nothing is saved from the middle of it); the loop reads the flag after
     each step (:meth:`requested`, every rank agreeing: DDP saves are collective), saves that step and
-    raises ``KeyboardInterrupt`` (exit 130, ``prodip ...: interrupted``). A second signal stops at once,
-    keeping only the checkpoints already written. Installed on the main thread only (Python delivers
-    signals there), for signals not ignored (a job started with ``nohup`` or ``&`` keeps ignoring them).
+    raises ``KeyboardInterrupt`` (exit 130, ``prodip ...: interrupted``). A second signal, a second or
+    more after the first, stops at once, keeping only the checkpoints already written. Installed on the
+    main thread only (Python delivers signals there), for signals not ignored (a job started with
+    ``nohup`` or ``&`` keeps ignoring them).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    #: seconds after the first signal within which another is taken as its copy, not as a second one
+    REPEAT_S = 1.0
 
     def __init__(self, announce: bool = True) -> None:
         self.signum: Optional[int] = None
+        self._first_t = 0.0
         self.announce = announce
         self._old: dict[int, Any] = {}
 
@@ -417,9 +423,14 @@ class StopRequest:
         self._old.clear()
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self.signum is not None:  # the second one: stop now
-            raise KeyboardInterrupt
-        self.signum = signum
+        now = time.monotonic()
+        if self.signum is not None:
+            # a copy of the first (a terminal's Ctrl-C reaches torchrun and every rank, and torchrun then
+            # forwards it) is ignored; a signal sent later is the user's second: stop now
+            if now - self._first_t >= self.REPEAT_S:
+                raise KeyboardInterrupt
+            return
+        self.signum, self._first_t = signum, now
         if self.announce:
             log.warning(
                 "%s: finishing this step, then saving a checkpoint of it and stopping (send it again to stop at "

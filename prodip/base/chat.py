@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,8 +92,9 @@ def special_token_texts(tokenizer: Any) -> tuple[str, ...]:
     return tuple(decoder[i].content for i in sorted(decoder) if decoder[i].special and decoder[i].content)
 
 
-def special_token_in(content: str, specials: Sequence[str]) -> str | None:
-    """The first of ``specials`` (texts of special tokens) that ``content`` holds, or ``None``.
+def special_token_in(content: str, specials: Iterable[str | None]) -> str | None:
+    """The first of ``specials`` (texts of special tokens; ``None`` or empty ones are skipped) that ``content``
+    holds, or ``None``.
 
     The one rule for chat content, in training data and in requests alike: a message's content must not
     hold a special token's text. The template inserts content verbatim and the tokenizer matches added

@@ -463,3 +463,17 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it(tmp_path, ba
     resumed = run_sft(dataclasses.replace(cfg, resume=True, max_steps_this_run=1))
     assert resumed["step"] == state["step"] + 1
     assert ck.load_model(out)[2]["step"] == state["step"] + 1
+
+
+def test_a_run_made_before_sft_had_checkpoint_every_s_is_the_same_run():
+    """A pipeline folder whose saved [sft] table predates the key (or sets another value) is not refused
+    as "a different config": the key says when saves happen, not what is trained."""
+    from prodip.pipeline import _changed_keys, _identity
+
+    saved = {"sft": {"steps": 100, "lr": 1e-4}, "train": {"steps": 5, "checkpoint_every_s": 0.0}}
+    now = {
+        "sft": {"steps": 100, "lr": 1e-4, "checkpoint_every_s": 0.0},
+        "train": {"steps": 5, "checkpoint_every_s": 60.0},
+    }
+    assert _changed_keys(_identity(saved), _identity(now)) == []
+    assert _changed_keys(_identity(saved), _identity({**now, "sft": {**now["sft"], "lr": 2e-4}})) == ["[sft] lr"]

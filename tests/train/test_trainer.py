@@ -310,3 +310,26 @@ progress = false
     assert step >= 2 and any(f"saved step {step} on SIGINT" in line for line in lines)
     hint = next(line for line in lines if "resume with:" in line)
     assert hint.endswith(f"-m prodip train --config {toml} --force --resume")  # train's --force: the tokenizer gate
+
+
+def test_stop_request_first_signal_asks_a_copy_is_ignored_a_later_one_stops_at_once(monkeypatch):
+    import os
+    import signal
+    import time
+
+    from prodip.train.trainer import StopRequest
+
+    monkeypatch.setattr(StopRequest, "REPEAT_S", 0.3)
+    before = signal.getsignal(signal.SIGINT)
+    with StopRequest(announce=False) as stop:
+        assert not stop.requested(torch.device("cpu"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.signum == signal.SIGTERM and stop.requested(torch.device("cpu"))
+        os.kill(os.getpid(), signal.SIGINT)  # within REPEAT_S: the same request (torchrun forwards a copy)
+        time.sleep(0.05)
+        time.sleep(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+    assert signal.getsignal(signal.SIGINT) is before
