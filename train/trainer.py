@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -312,13 +313,16 @@ class _HoldGrads(torch.optim.SGD):
 
 @contextlib.contextmanager
 def _exact_fp32():
-    """fp32 matmuls without TF32 and the math attention kernel, for a comparison to 1e-5: bf16 autocast,
-    TF32 and the fused attention kernels round differently for a batch and its micro-batches."""
+    """fp32 matmuls without TF32, for a comparison to 1e-4: bf16 autocast and TF32 round differently for a
+    batch and its micro-batches. Attention may use any SDPA kernel that computes in fp32 (CUDA: the
+    memory-efficient one, which keeps no (T x T) matrix; CPU: its flash kernel), whatever backend the run
+    chose for bf16 (flash and cuDNN on CUDA take half precision only)."""
     precision, cudnn_tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     torch.set_float32_matmul_precision("highest")
     torch.backends.cudnn.allow_tf32 = False
+    fp32_kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     try:
-        with attention.context("math"):
+        with sdpa_kernel(fp32_kernels):
             yield
     finally:
         torch.set_float32_matmul_precision(precision)
@@ -331,7 +335,7 @@ def check_accumulation(model, batches, device) -> guards.AccumulationReport:
 
     Packed chat rows hold unequal numbers of trained targets, so a step that weighed micro-batches
     instead of trained tokens fails here. One row per micro-batch keeps the one-batch side no bigger
-    than a micro-batch of k rows. Both run in exact fp32 (no autocast, no TF32, math attention), so
+    than a micro-batch of k rows. Both run in exact fp32 (no autocast, no TF32: :func:`_exact_fp32`), so
     the tolerance is a relative L2 difference of 1e-5 on CPU and 1e-4 on CUDA, where matmul kernels
     still sum in a shape-dependent order; a wrong weighting differs by 1e-2 or more.
 
