@@ -14,7 +14,7 @@ import importlib
 import sys
 
 from prodip import __version__
-from prodip.base.cli import run_command, setup_logging
+from prodip.base.cli import leave_after_interrupt, run_command, setup_logging
 from prodip.base.variants import ONNX_VARIANTS
 
 # (subcommand, package providing it, one-line help). Packages are imported lazily so that
@@ -51,7 +51,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``prodip`` console script; returns the process exit code."""
+    """Entry point of the ``prodip`` console script; returns the process exit code.
+
+    Called as the command (``argv`` None), a run stopped by Ctrl-C ends the process right after saying so
+    (:func:`prodip.base.cli.leave_after_interrupt`); called with ``argv`` (tests), it returns 130.
+    """
+    as_command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -63,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit:
             pass
         return 2
-    return run_command(func, args, args.command)
+    code = run_command(func, args, args.command)
+    return leave_after_interrupt(code) if as_command else code
 
 
 if __name__ == "__main__":

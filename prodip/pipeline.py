@@ -348,7 +348,16 @@ _NOT_IDENTITY = (
     "serve_timeout_s",
     "serve",
 )
-_RUNTIME_KEYS = ("progress", "max_steps_this_run", "resume", "force", "overwrite", "threads", "write_manifest")
+_RUNTIME_KEYS = (
+    "progress",
+    "max_steps_this_run",
+    "resume",
+    "force",
+    "overwrite",
+    "threads",
+    "write_manifest",
+    "checkpoint_every_s",  # when a save happens, not what is trained (a resume is bitwise)
+)
 RUN_MARKER = "prodip_run.json"  # written by `prodip run` only: --force deletes nothing without it
 SUMMARY_FILE = "summary.json"
 

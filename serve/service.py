@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 
 from tokenizers import Tokenizer
 
-from prodip.base.chat import CHAT_TEMPLATE, ROLES, render
+from prodip.base.chat import CHAT_TEMPLATE, ROLES, render, special_token_in
 from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
@@ -423,7 +423,7 @@ class Service:
                         code="unsupported_content",
                     )
                 content = "".join(p["text"] for p in content)
-            hit = next((t for t in specials if t and t in content), None)
+            hit = special_token_in(content, specials)
             if hit is not None:
                 raise APIError(
                     400,

@@ -6,8 +6,8 @@ torchrun --nproc_per_node 2 -m prodip.train train --config configs/demo.toml --d
 
 import sys
 
-from prodip.base.cli import stage_main
+from prodip.base.cli import leave_after_interrupt, stage_main
 from prodip.train.cli import add_subcommands
 
 if __name__ == "__main__":
-    sys.exit(stage_main("python -m prodip.train", add_subcommands, sys.argv[1:]))
+    sys.exit(leave_after_interrupt(stage_main("python -m prodip.train", add_subcommands, sys.argv[1:])))

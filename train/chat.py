@@ -31,6 +31,7 @@ load_tokenizer as l; print(e(l('runs/demo/tokenizer'), [{'role': 'user', 'conten
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -38,14 +39,15 @@ import math
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from prodip.base.chat import IM_END, IM_START, ROLES, render
+from prodip.base.chat import IM_END, IM_START, ROLES, render, special_token_in, special_token_texts
 from prodip.base.errors import InvalidInput
-from prodip.tokenizer.corpus import expand_inputs, iter_records
+from prodip.tokenizer.corpus import ReadStats, expand_inputs, iter_records
 from prodip.train.guards import GuardError
 from prodip.train.loss import IGNORE_INDEX
 
@@ -62,7 +64,9 @@ def parse_messages(value: Any, where: str) -> list[dict[str, str]]:
 
     Raises:
         InvalidInput: not a list of ``{"role", "content"}`` objects with a known role and string
-            content, or no assistant turn (naming ``where`` and the message index).
+            content; a content holding a lone surrogate (valid JSON, ``"\\ud800"``, but not Unicode
+            text); an assistant reply that is empty or whitespace only (it would teach the model to
+            answer nothing); or no assistant turn (each naming ``where`` and the message index).
     """
     if isinstance(value, str):
         try:
@@ -82,6 +86,19 @@ def parse_messages(value: Any, where: str) -> list[dict[str, str]]:
             raise InvalidInput(
                 f"{where}: messages[{i}].content must be a string (text only), got {type(content).__name__}"
             )
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as err:  # half of a UTF-16 pair: no tokenizer can encode it
+            raise InvalidInput(
+                f"{where}: messages[{i}].content holds a lone surrogate (U+{ord(content[err.start]):04X}) at "
+                f"character {err.start}: not Unicode text (a JSON \\uD800-\\uDFFF escape without its pair); "
+                "fix the record"
+            ) from None
+        if role == "assistant" and not content.strip():
+            raise InvalidInput(
+                f"{where}: messages[{i}].content: an empty (or whitespace-only) assistant reply would teach the "
+                "model to answer nothing; write the reply or remove the conversation"
+            )
         out.append({"role": role, "content": unicodedata.normalize("NFC", content)})
     if not any(m["role"] == "assistant" for m in out):
         raise InvalidInput(f"{where}: no assistant message: nothing to learn from this conversation")
@@ -95,13 +112,42 @@ def read_conversations(
 
     Raises:
         InvalidInput, MissingInput: see :func:`prodip.tokenizer.corpus.expand_inputs`,
-            :func:`prodip.tokenizer.corpus.iter_records` and :func:`parse_messages`.
+            :func:`prodip.tokenizer.corpus.iter_records` and :func:`parse_messages`; a JSONL line that is
+            not UTF-8 (naming FILE:LINE).
     """
     files = expand_inputs(inputs, what="sft inputs")
     out: dict[str, list[tuple[str, list[dict[str, str]]]]] = {}
     for lang, paths in files.items():
-        out[lang] = [(where, parse_messages(v, where)) for p in paths for where, v in iter_records(p, field)]
+        out[lang] = [conv for p in paths for conv in _read_file(p, field)]
     return out
+
+
+def _read_file(path: Any, field: str) -> list[tuple[str, list[dict[str, str]]]]:
+    """The conversations of one file; invalid UTF-8 is refused naming FILE:LINE.
+
+    The lines are decoded with ``errors="skip"`` only to learn whether and where undecodable bytes are
+    (the counter grows as lines are decoded); the first one's line is counted from its byte offset, so a
+    conversation is never trained with bytes dropped from it.
+    """
+    stats, out = ReadStats(), []
+    for where, value in iter_records(path, field, errors="skip", stats=stats):
+        _refuse_bad_bytes(stats, Path(path))
+        out.append((where, parse_messages(value, where)))
+    _refuse_bad_bytes(stats, Path(path))  # bytes on a line no record was read from (e.g. a blank one)
+    return out
+
+
+def _refuse_bad_bytes(stats: ReadStats, path: Path) -> None:
+    if not stats.skipped_bytes:
+        return
+    offset = int(stats.skipped_where[0].rsplit("@", 1)[-1])  # in the (decompressed) byte stream
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        line = fh.read(offset).count(b"\n") + 1
+    raise InvalidInput(
+        f"{path}:{line}: invalid UTF-8 (byte offset {offset} of the file); conversations are read as UTF-8: "
+        "re-save the file as UTF-8"
+    )
 
 
 def is_heldout(messages: Sequence[Mapping[str, str]], fraction: float) -> bool:
@@ -166,7 +212,23 @@ def assistant_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int
 
 
 def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]], where: str = "") -> Example:
-    """Render, tokenise (``add_special_tokens=False``) and mask one conversation (see the module docstring)."""
+    """Render, tokenise (``add_special_tokens=False``) and mask one conversation (see the module docstring).
+
+    Raises:
+        InvalidInput: a content holds the text of one of the tokenizer's special tokens (``<|eos|>``,
+            ``<|im_end|>``, ...; :func:`prodip.base.chat.special_token_in`, the rule ``prodip serve``
+            applies to requests), naming ``where`` and the message: the tokenizer would read it as the
+            control token (a forged turn, or an end-of-document the model learns to emit mid-reply).
+    """
+    specials = special_token_texts(tokenizer)
+    for i, m in enumerate(messages):
+        hit = special_token_in(m["content"], specials)
+        if hit is not None:
+            raise InvalidInput(
+                f"{where}: messages[{i}].content holds {hit!r}, a special token's text; the chat template would "
+                "read it as that token (a forged turn or document boundary, trained as a control token), so it "
+                "is refused, as `prodip serve` refuses it in a request; remove or reword it"
+            )
     text, spans = assistant_spans(messages)
     enc = tokenizer.encode(text, add_special_tokens=False)
     ids = np.asarray(enc.ids, dtype=np.int64)

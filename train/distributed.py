@@ -89,6 +89,15 @@ def broadcast_flag(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
+def any_flag(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any rank (an all-reduce MAX; a world of one: ``flag``)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def teardown(clean: bool = True) -> None:
     """Leave the process group.
 

@@ -1,7 +1,8 @@
 """The training step and its pieces: AdamW groups, warmup + cosine lr, accumulation, clipping, MFU.
 
-Plain PyTorch, nothing hidden: ``train_step`` runs N micro-batches (loss of each divided by N,
-so the gradient equals that of one N-times-bigger batch), clips, checks finiteness, steps.
+Plain PyTorch, nothing hidden: ``train_step`` runs N micro-batches (each weighted by its share of
+the step's trained target tokens, so the gradient equals that of one N-times-bigger batch), clips,
+checks finiteness, steps.
 
     python -c "from prodip.train.loop import lr_at; print([round(lr_at(s, lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=10), 5) for s in range(10)])"
 """
@@ -21,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from prodip.train.guards import check_finite as _check
+from prodip.train.loss import IGNORE_INDEX
 
 # Peak dense bf16 tensor-core throughput (FLOP/s, no sparsity) by device-name substring; first
 # match wins, so more specific names come first. Sources: NVIDIA datasheets - H100 SXM5/H200
@@ -110,10 +112,17 @@ def train_step(
 ) -> dict[str, float]:
     """One optimizer step over N micro-batches.
 
-    Each micro-batch loss is divided by N before ``backward``, so the accumulated gradient is
-    that of the mean loss over all N micro-batches (equal token counts), i.e. of one batch N
-    times bigger. Under DDP only the last micro-batch all-reduces (``no_sync``; FSDP2:
-    ``set_requires_gradient_sync``), and the returned loss is averaged over all ranks.
+    Token-weighted accumulation: the step's loss is the sum of the per-token losses of every
+    trained target (targets not -100) in all N micro-batches on all ranks, divided by the number
+    of those targets, G. So the gradient is exactly that of one batch holding all the rows, however
+    unequally the trained targets fall between micro-batches and ranks (packed chat rows: a row
+    with 3 assistant tokens weighs 3, one with 25 weighs 25; dividing each micro-batch's mean by N
+    would weigh them equally, huggingface/transformers #24725). G is known only after the last
+    micro-batch (and, across ranks, after an all-reduce), so micro-batch i's mean loss is scaled by
+    ``n_i / D`` before ``backward`` with ``D = N x`` its target positions (the same on every rank),
+    and the accumulated gradient by ``world_size x D / G`` after (DDP and FSDP2 average over
+    ranks): exactly 1 when every target counts (pretraining windows), where it is skipped. Under
+    DDP only the last micro-batch all-reduces (``no_sync``; FSDP2: ``set_requires_gradient_sync``).
 
     The loss is ``model(x, labels=y)``: the model computes it inside its forward, so it is part of
     a compiled graph (:meth:`prodip.train.model.LlamaForCausalLM.forward`). Micro-batch i+1 is
@@ -137,31 +146,46 @@ def train_step(
         num_micro_batches: N; needed when ``micro_batches`` has no ``len``.
 
     Returns:
-        {"loss": mean loss over the micro-batches and ranks (nats/token), "grad_norm": pre-clip
-        L2 norm, "lr": lr}.
+        {"loss": mean loss over the trained targets of all micro-batches and ranks (nats/token),
+        "grad_norm": pre-clip L2 norm (of the token-weighted gradient), "lr": lr,
+        "trained_tokens": G (all ranks)}.
     Raises:
         train.guards.NonFiniteError: NaN/inf loss or gradient (the optimizer step is skipped).
     """
     n = len(micro_batches) if num_micro_batches is None else num_micro_batches  # type: ignore[arg-type]
     for group in optimizer.param_groups:
         group["lr"] = lr
-    total = torch.zeros((), device=device)
+    total = torch.zeros((), dtype=torch.float64, device=device)  # summed per-token losses (nats)
     batches = iter(micro_batches)
-    nxt = _to_device(next(batches), device)
+    nxt, count = _draw(batches, device)
+    scale_d = n * nxt[1].numel()  # D: target positions of the step on one rank
+    local = 0
     for i in range(n):
-        batch = nxt
+        batch, n_i = nxt, count
         last = i == n - 1
         with _grad_sync(model, last):
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = batch_loss(model, batch) / n
+                mean = batch_loss(model, batch)
+                loss = mean * (n_i / scale_d)
             loss.backward()
         if not last:
-            nxt = _to_device(next(batches), device)
-        total += loss.detach()
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(total)  # the logged loss is the whole batch's, not rank 0's share
-        total /= dist.get_world_size()
+            nxt, count = _draw(batches, device)
+        total += mean.detach().double() * n_i
+        local += n_i
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world > 1:  # G over all ranks, and the logged loss is the whole batch's, not rank 0's share
+        both = torch.stack([total, torch.tensor(float(local), dtype=torch.float64, device=device)])
+        dist.all_reduce(both)
+        total, trained = both[0], int(both[1].item())
+    else:
+        trained = local
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    factor = world * scale_d / max(trained, 1)
+    if factor != 1.0:  # exactly 1 when every target position counts (pretraining)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    total = (total / max(trained, 1)).float()
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     if isinstance(grad_norm, DTensor):  # FSDP2: already reduced over the mesh; a plain tensor here
@@ -173,7 +197,14 @@ def train_step(
     loss_v, norm_v = torch.stack([total, grad_norm.to(total.device)]).tolist()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
+    return {"loss": loss_v, "grad_norm": norm_v, "lr": lr, "trained_tokens": trained}
+
+
+def _draw(batches, device: torch.device) -> tuple[tuple[torch.Tensor, ...], int]:
+    """The next micro-batch on ``device`` and its trained targets (not -100), counted on the host
+    copy the loader made (no device sync)."""
+    batch = next(batches)
+    return _to_device(batch, device), int((batch[1] != IGNORE_INDEX).sum())
 
 
 def _to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -75,10 +75,14 @@ def interrupt_message(ckpt_dir: Path, kept: Path | None, argv: Sequence[str] | N
         ckpt_dir: the run's ``checkpoints/`` dir.
         kept: the newest complete checkpoint (None: none was saved yet).
         argv: the command line (default ``sys.argv``), from which the resume command is built:
-            ``prodip run ...`` is repeated as it was (the pipeline resumes by itself); a stage
-            command gets ``--resume`` added when there is a checkpoint to resume from.
+            ``prodip run ...`` is repeated without ``--force`` (the pipeline resumes by itself, and
+            ``--force`` would delete the run if its config changed since); a stage command gets
+            ``--resume`` added when there is a checkpoint to resume from (``prodip train --force``
+            only overrides the tokenizer gate, which a resume passes again, so it is kept there).
     """
     argv = list(sys.argv if argv is None else argv)
+    if argv[1:2] == ["run"]:
+        argv = _without_force(argv)
     entry = Path(argv[0])
     if entry.name == "__main__.py":  # python -m prodip (prodip/__main__.py) or python -m prodip.train
         prog = f"{Path(sys.executable).name} -m {'prodip' if entry.parent.name == 'prodip' else 'prodip.train'}"
@@ -94,6 +98,25 @@ def interrupt_message(ckpt_dir: Path, kept: Path | None, argv: Sequence[str] | N
         args.append("--resume")
     command = shlex.join([*prog.split(), *args])
     return f"training interrupted; kept checkpoint {kept} (the newest complete one); resume with: {command}"
+
+
+_BOOL_WORDS = {"true", "false", "yes", "no", "1", "0"}  # what a bool flag accepts
+
+
+def _without_force(argv: list[str]) -> list[str]:
+    """``argv`` without ``--force``, ``--force BOOL`` or ``--force=BOOL``."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == "--force":
+            skip = i + 1 < len(argv) and argv[i + 1].lower() in _BOOL_WORDS
+            continue
+        if arg.startswith("--force="):
+            continue
+        out.append(arg)
+    return out
 
 
 def plot_loss(metrics_path: str | os.PathLike, out_path: str | os.PathLike, no_val: Sequence[str] = ()) -> None:

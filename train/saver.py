@@ -165,6 +165,11 @@ class AsyncCheckpointer:
             checkpoint.write_snapshot(self.dir, snap, **kwargs)
         self.last_write_s = time.perf_counter() - start
 
+    @property
+    def busy(self) -> bool:
+        """A save (or the buffers' allocation) is still in flight."""
+        return self._future is not None and not self._future.done()
+
     def wait(self) -> None:
         """Block until the save in flight (if any) is on disk; re-raise its error."""
         future, self._future = self._future, None

@@ -92,6 +92,9 @@ class SFTConfig:
     grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this, 0 = no clipping")
     seed: int = opt(1234, "seed for the conversation order")
     checkpoint_every_steps: int = opt(0, "save every N steps (and at the end), 0 = end only")
+    checkpoint_every_s: float = opt(
+        0.0, "also save when this many seconds of wall time have passed since the last save (rank 0's clock), 0 = off"
+    )
     keep_last: int = opt(2, "checkpoints kept (newest)")
     eval_every_steps: int = opt(0, "held-out assistant-token loss every N steps in metrics.jsonl, 0 = never")
     device: str = opt("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
@@ -220,7 +223,7 @@ class _SFTRun(_Run):
 
     def _encode(self, conversations: dict[str, list[tuple[str, list[dict[str, str]]]]]) -> None:
         tok, sft = self.tokenizer, self.sft
-        every, self.train_examples, self.val_examples, cut = [], [], {}, 0
+        every, self.train_examples, self.val_examples, cut, cut_away = [], [], {}, 0, []
         for lang, convs in conversations.items():
             for where, messages in convs:
                 ex = chat.encode_conversation(tok, messages, where)
@@ -228,6 +231,7 @@ class _SFTRun(_Run):
                 fitted = chat.fit_length(ex, sft.seq_len + 1)
                 cut += fitted is not ex
                 if not fitted.trained.any():  # cut before its first reply: nothing to learn
+                    cut_away.append(where)
                     continue
                 if chat.is_heldout(messages, sft.val_fraction):
                     self.val_examples.setdefault(lang, []).append(fitted)
@@ -248,6 +252,14 @@ class _SFTRun(_Run):
         )
         if cut:
             log.warning("%d conversations longer than seq_len + 1 = %d tokens were cut to it", cut, sft.seq_len + 1)
+        if cut_away:
+            log.warning(
+                "skipped %d conversations whose every reply lies beyond seq_len + 1 = %d tokens (nothing of them "
+                "would be trained; first %s); raise --seq-len to keep them",
+                len(cut_away),
+                sft.seq_len + 1,
+                ", ".join(cut_away[:3]),
+            )
         self.langs = sorted(conversations)
         missing = [lang for lang in self.langs if not self.val_examples.get(lang)]
         if missing and sft.val_fraction > 0:

@@ -15,15 +15,19 @@ with a fresh optimizer and schedule (``train/init.py``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -84,7 +88,9 @@ class TrainConfig:
     )
     batch_size: int = opt(8, "sequences per micro-batch per rank")
     seq_len: int = opt(256, "tokens per sequence (<= max_position_embeddings)")
-    grad_accum_steps: int = opt(1, "micro-batches per optimizer step (loss divided by this)")
+    grad_accum_steps: int = opt(
+        1, "micro-batches per optimizer step (the loss is the mean over all their trained targets)"
+    )
     lr: float = opt(3e-4, "peak learning rate (after warmup)")
     min_lr: float = opt(3e-5, "learning rate at the end of the decay")
     warmup_steps: int = opt(20, "linear warmup (optimizer steps)")
@@ -292,8 +298,75 @@ def _build(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, fsdp_
     return model, optimizer
 
 
-def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh: bool) -> None:
-    """Gradient-flow arbiter (every run, after compile) and update-flow probe (fresh runs)."""
+class _HoldGrads(torch.optim.SGD):
+    """An optimizer for the accumulation guard: ``train_step`` runs as in training, and the gradients it
+    accumulated stay in ``.grad`` (no step, no zeroing) for the guard to read."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, lr=0.0)
+
+    def step(self, closure=None):  # noqa: ARG002 (the optimizer interface)
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002
+        return None
+
+
+@contextlib.contextmanager
+def _exact_fp32():
+    """fp32 matmuls without TF32, for a comparison to 1e-4: bf16 autocast and TF32 round differently for a
+    batch and its micro-batches. Attention may use any SDPA kernel that computes in fp32 (CUDA: the
+    memory-efficient one, which keeps no (T x T) matrix; CPU: its flash kernel), whatever backend the run
+    chose for bf16 (flash and cuDNN on CUDA take half precision only)."""
+    precision, cudnn_tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    fp32_kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    try:
+        with sdpa_kernel(fp32_kernels):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+
+
+def check_accumulation(model, batches, device) -> guards.AccumulationReport:
+    """:func:`guards.check_accumulation` on the run's own micro-batches: ``train_step`` over k of them
+    (their first row each; k = min(N, 4)) against ``train_step`` over those k rows as one batch.
+
+    Packed chat rows hold unequal numbers of trained targets, so a step that weighed micro-batches
+    instead of trained tokens fails here. One row per micro-batch keeps the one-batch side no bigger
+    than a micro-batch of k rows. Both run in exact fp32 (no autocast, no TF32: :func:`_exact_fp32`), so
+    the tolerance is a relative L2 difference of 1e-5 on CPU and 1e-4 on CUDA, where matmul kernels
+    still sum in a shape-dependent order; a wrong weighting differs by 1e-2 or more.
+
+    Args:
+        model: the eager model (not compiled: the batch shapes differ from training's), fp32 weights.
+        batches: the step's N >= 2 micro-batches, as the loader gives them.
+    Raises:
+        GuardError: the accumulated gradient differs from the one-batch gradient.
+    """
+    rows = [tuple(t[:1] for t in b) for b in batches[: min(len(batches), 4)]]
+    one = tuple(torch.cat(parts) for parts in zip(*rows))
+
+    def run(micro):
+        def fn(m):
+            train_step(
+                m, _HoldGrads(m.parameters()), micro, lr=0.0, grad_clip=0.0, device=device,
+                autocast_dtype=None, check_finite=False,
+            )  # fmt: skip
+
+        return fn
+
+    with _exact_fp32():
+        return guards.check_accumulation(
+            model, run([one]), run(rows), max_rel_diff=1e-5 if device.type == "cpu" else 1e-4
+        )
+
+
+def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh: bool, eager=None) -> None:
+    """Gradient-flow arbiter (every run, after compile), the accumulation check (when a step has
+    several micro-batches; on ``eager``, the uncompiled model) and update-flow probe (fresh runs)."""
 
     batch = tuple(t.to(device) for t in batches[0])
 
@@ -303,6 +376,14 @@ def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh:
 
     guards.check_gradient_flow(model, loss_fn)  # raises GuardError naming each parameter at fault
     log.info("gradient-flow arbiter: every trainable parameter got a finite, nonzero gradient")
+    if len(batches) > 1 and eager is not None:
+        report = check_accumulation(eager, batches, device)
+        log.info(
+            "accumulation guard: %d accumulated micro-batches give the one-batch gradient (relative difference "
+            "%.2g), weighed by their trained tokens",
+            min(len(batches), 4),
+            report.rel_diff,
+        )
     if fresh:
 
         def step_fn(m, opt):
@@ -310,6 +391,61 @@ def _run_guards(cfg: TrainConfig, model, optimizer, batches, device, amp, fresh:
 
         guards.check_update_flow(model, optimizer, step_fn, restore=True)
         log.info("update-flow probe: every parameter moved and stayed finite")
+
+
+class StopRequest:
+    """SIGINT (Ctrl-C) and SIGTERM during the step loop: finish the step, checkpoint it, then stop.
+
+    A signal only sets a flag (the step in progress may be inside ``optimizer.step``, updating the weights
+    and AdamW moments in place, so nothing is saved from the middle of it); the loop reads the flag after
+    each step (:meth:`requested`, every rank agreeing: DDP saves are collective), saves that step and
+    raises ``KeyboardInterrupt`` (exit 130, ``prodip ...: interrupted``). A second signal, a second or
+    more after the first, stops at once, keeping only the checkpoints already written. Installed on the
+    main thread only (Python delivers signals there), for signals not ignored (a job started with
+    ``nohup`` or ``&`` keeps ignoring them).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    #: seconds after the first signal within which another is taken as its copy, not as a second one
+    REPEAT_S = 1.0
+
+    def __init__(self, announce: bool = True) -> None:
+        self.signum: Optional[int] = None
+        self._first_t = 0.0
+        self.announce = announce
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old.clear()
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        now = time.monotonic()
+        if self.signum is not None:
+            # a copy of the first (a terminal's Ctrl-C reaches torchrun and every rank, and torchrun then
+            # forwards it) is ignored; a signal sent later is the user's second: stop now
+            if now - self._first_t >= self.REPEAT_S:
+                raise KeyboardInterrupt
+            return
+        self.signum, self._first_t = signum, now
+        if self.announce:
+            log.warning(
+                "%s: finishing this step, then saving a checkpoint of it and stopping (send it again to stop at "
+                "once, keeping only the checkpoints already written)",
+                signal.Signals(signum).name,
+            )
+
+    def requested(self, device: torch.device) -> bool:
+        """Whether any rank was signalled (one tiny all-reduce per step under torchrun)."""
+        return distributed.any_flag(self.signum is not None, device)
 
 
 #: the tables of the config.toml a run dir holds: ``prodip train`` writes [model] + [train], ``prodip sft`` [model] + [sft]
@@ -455,12 +591,17 @@ class _Run:
                     saved = self.data.state_dict()
                     probe = [self.data.next_batch() for _ in range(cfg.grad_accum_steps)]
                     self.data.load_state_dict(saved)  # the probe does not consume the stream
-                    _run_guards(cfg, self.fwd, self.optimizer, probe, self.device, self.amp, fresh=self.step == 0)
+                    _run_guards(
+                        cfg, self.fwd, self.optimizer, probe, self.device, self.amp, fresh=self.step == 0,
+                        eager=None if self.fsdp else model,
+                    )  # fmt: skip
                 if self.device.type == "cuda":  # the probes' model/optimizer snapshots are not training's peak
                     torch.cuda.reset_peak_memory_stats(self.device)
                 last = self._loop()
         except KeyboardInterrupt:
             if self.saver is not None:
+                if self.saver.busy and info.is_main:  # say what the exit waits for
+                    log.warning("waiting for the checkpoint in flight to be written to %s", self.ckpt_dir)
                 self.saver.close()  # the save in flight completes first: it may be the one to resume from
                 self.saver = None
             if info.is_main:
@@ -650,7 +791,9 @@ class _Run:
         self.last_save_t = loop_start
         n = cfg.grad_accum_steps
         attention_written = False
+        stop = StopRequest(announce=info.is_main)
         try:
+            stop.__enter__()
             while self.step < end:
                 t0 = time.perf_counter()
                 lr = self._lr(self.step)
@@ -699,7 +842,8 @@ class _Run:
                 held = self.saver.pop_held_s() if self.saver is not None else 0.0  # a CPU snapshot's copy
                 if held:
                     last["checkpoint_stall_s"] = held
-                saved = self._save_due(end)
+                stopping = stop.requested(self.device)
+                saved = self._save_due(end) or stopping  # a signal: this step is the one to resume from
                 if saved:
                     last["checkpoint_stall_s"] = last.get("checkpoint_stall_s", 0.0) + self._save()
                 last["elapsed_s"] = time.perf_counter() - loop_start
@@ -717,10 +861,15 @@ class _Run:
                 )
                 if observer and (saved or "val_loss" in last):
                     observer.refresh()
+                if stopping and self.step < end:  # on the last step the run is complete: it ends as usual
+                    if info.is_main:
+                        log.warning("saved step %d on %s; stopping", self.step, signal.Signals(stop.signum or 2).name)
+                    raise KeyboardInterrupt
         except Exception as err:
             raise_for_room(err, self.run_dir)  # metrics.jsonl, TensorBoard events, loss.png: named
             raise
         finally:
+            stop.__exit__()
             bar.close()
             if metrics:
                 metrics.close()

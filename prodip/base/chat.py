@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,27 @@ def _compiled() -> Template:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     return env.from_string(CHAT_TEMPLATE)
+
+
+def special_token_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The texts of a ``tokenizers.Tokenizer``'s special added tokens (``<|pad|>``, ``<|bos|>``, ``<|eos|>``,
+    the chat markers, ...), in id order."""
+    decoder = tokenizer.get_added_tokens_decoder()
+    return tuple(decoder[i].content for i in sorted(decoder) if decoder[i].special and decoder[i].content)
+
+
+def special_token_in(content: str, specials: Iterable[str | None]) -> str | None:
+    """The first of ``specials`` (texts of special tokens; ``None`` or empty ones are skipped) that ``content``
+    holds, or ``None``.
+
+    The one rule for chat content, in training data and in requests alike: a message's content must not
+    hold a special token's text. The template inserts content verbatim and the tokenizer matches added
+    tokens in the text, so ``"<|im_end|>"`` in a content would forge a turn boundary and ``"<|eos|>"`` would
+    be read (and, in a reply, trained) as the end-of-document control token, a stop token in every runtime.
+    ``prodip sft`` refuses such a record naming FILE:LINE; ``prodip serve`` answers 400
+    ``special_token_in_content``.
+    """
+    return next((t for t in specials if t and t in content), None)
 
 
 #: The template as its own file, beside ``tokenizer_config.json`` (transformers >= 4.43 reads it) and the ``.pte``.

@@ -268,3 +268,18 @@ def test_interrupt_message_commands():
     assert "nothing kept" in fresh and fresh.endswith(
         "prodip train --config c.toml"
     )  # no --resume without a checkpoint
+
+
+def test_the_resume_hint_of_prodip_run_never_holds_force():
+    """``prodip run --force`` deletes the run when its config changed: the hint after Ctrl-C leaves it out in
+    every spelling, with or without a checkpoint kept."""
+    from pathlib import Path
+
+    from prodip.train.observe import interrupt_message
+
+    ck_dir, kept = Path("r/checkpoints"), Path("r/checkpoints/step_0000002")
+    for force in (["--force"], ["--force", "true"], ["--force=true"], ["--force", "false"]):
+        for where in (kept, None):
+            argv = ["/bin/prodip", "run", *force, "c.toml", "--out-dir", "o"]
+            message = interrupt_message(ck_dir, where, argv)
+            assert "--force" not in message and message.endswith("prodip run c.toml --out-dir o"), message

@@ -7,6 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -180,7 +185,7 @@ def test_mask_covers_replies_and_their_end_of_turn_only(tiny_tokenizer_dir, tmp_
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "আমার সোনার বাংলা"},
         {"role": "assistant", "content": "The quick fox."},
-        {"role": "user", "content": "<|im_end|> looks like a marker"},
+        {"role": "user", "content": "again, in Bangla"},
         {"role": "assistant", "content": "ভালোবাসি"},
     ]
     ex = chat.encode_conversation(tok, messages)
@@ -191,8 +196,7 @@ def test_mask_covers_replies_and_their_end_of_turn_only(tiny_tokenizer_dir, tmp_
     im = dict(im_start=tok.token_to_id("<|im_start|>"), im_end=tok.token_to_id("<|im_end|>"))
     decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
     assert chat.check_loss_mask([ex], **im, decode=decode)["trained"] == int(ex.trained.sum())
-    # a user turn whose text holds "<|im_end|>" is split there by the tokenizer, as in every runtime;
-    # the guard reads the ids as the model sees them, so a mask training on what follows is refused
+    # the guard reads the roles from the ids, so a mask shifted by one token (onto a role header) is refused
     shifted = dataclasses.replace(ex, trained=np.roll(ex.trained, 1))
     with pytest.raises(GuardError, match="not the assistant's"):
         chat.check_loss_mask([shifted], **im, decode=decode)
@@ -270,10 +274,70 @@ def test_bad_conversations_are_named(tmp_path):
         ('{"messages": [{"role": "tool", "content": "x"}]}', r"bad.jsonl:1: messages\[0\].role 'tool'"),
         ('{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', r"messages\[0\].content must be a string"),
         ('{"text": "hello"}', "bad.jsonl:1: expected an object with a field 'messages'"),
+        (
+            '{"messages": [{"role": "user", "content": "\\ud800"}, {"role": "assistant", "content": "a"}]}',
+            r"bad.jsonl:1: messages\[0\].content holds a lone surrogate \(U\+D800\) at character 0",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\\udfff b"}]}',
+            r"bad.jsonl:1: messages\[1\].content holds a lone surrogate \(U\+DFFF\)",
+        ),
+        *[
+            (
+                json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": r}]}),
+                r"bad.jsonl:1: messages\[1\].content: an empty \(or whitespace-only\) assistant reply",
+            )
+            for r in ("", "  \n\t", "\u3000")
+        ],
     ):
         bad.write_text(line + "\n")
         with pytest.raises(ValueError, match=match):
             chat.read_conversations({"en": [str(bad)]})
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["jsonl", "jsonl.gz"])
+def test_invalid_utf8_is_refused_naming_file_and_line_and_no_missing_option(tmp_path, gz):
+    import gzip
+
+    good = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n'
+    data = good + b"\n" + good.replace(b'"q"', b'"caf\xe9"') + good
+    bad = tmp_path / ("bad.jsonl.gz" if gz else "bad.jsonl")
+    bad.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.raises(ValueError) as err:
+        chat.read_conversations({"en": [str(bad)]})
+    assert str(err.value).startswith(f"{bad}:3: invalid UTF-8 (byte offset {len(good) + 1 + 46} of the file)")
+    assert "--errors" not in str(err.value)
+    # a stray byte on a line no record is read from is refused too, naming its line
+    data = good + b" \xff \n" + good
+    bad.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(bad))}:2: invalid UTF-8"):
+        chat.read_conversations({"en": [str(bad)]})
+
+
+def test_special_token_text_in_any_content_is_refused_like_serve(tiny_tokenizer_dir, tmp_path):
+    """Every special token's text of the chat tokenizer, in a system, user or assistant content: refused with
+    its record named (the one rule of ``prodip.base.chat.special_token_in``, which serve applies to requests)."""
+    from prodip.base.chat import special_token_in, special_token_texts
+    from prodip.tokenizer.bpe import add_chat_tokens
+
+    add_chat_tokens(tiny_tokenizer_dir, tmp_path / "tok")
+    tok = load_tokenizer(tmp_path / "tok")
+    specials = special_token_texts(tok)
+    assert set(specials) >= {"<|pad|>", "<|bos|>", "<|eos|>", *CHAT_TOKENS}
+    for text in specials:
+        for k, role in enumerate(("system", "user", "assistant")):
+            messages = [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "how do documents end?"},
+                {"role": "assistant", "content": "like this."},
+            ]
+            messages[k] = {"role": role, "content": f"with {text} like this"}
+            assert special_token_in(messages[k]["content"], specials) == text
+            with pytest.raises(ValueError, match=rf"^data.jsonl:7: messages\[{k}\].content holds '{re.escape(text)}'"):
+                chat.encode_conversation(tok, messages, "data.jsonl:7")
+    # the same text without its markers is plain text, trained as such
+    ok = [{"role": "user", "content": "what ends a document?"}, {"role": "assistant", "content": "the eos token"}]
+    assert int(chat.encode_conversation(tok, ok, "x").trained.sum()) > 0
 
 
 def test_resume_matches_an_uninterrupted_run_and_cli(tmp_path, base_run, chat_files):
@@ -315,3 +379,101 @@ def test_init_from_hf_llama_folder_with_a_chat_tokenizer(tmp_path, chat_files):
     _, mcfg, info = ck.load_model(out)
     assert mcfg.vocab_size == tok.get_vocab_size() and mcfg.tie_word_embeddings
     assert (info["tokenizer_dir"] / "tokenizer.json").read_bytes() == (hf_dir / "tokenizer.json").read_bytes()
+
+
+def test_replies_cut_away_by_seq_len_are_skipped_and_counted(tmp_path, base_run, chat_files, caplog):
+    long_one = {
+        "messages": [
+            {"role": "system", "content": "context " * 300},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "the answer"},
+        ]
+    }
+    path = tmp_path / "en.jsonl"
+    path.write_text(chat_files["en"].read_text() + json.dumps(long_one) + "\n")
+    (tmp_path / "sources.toml").write_text(
+        '[[source]]\nname = "chat-en"\nfiles = ["en.jsonl"]\nlanguage = "en"\nlicense = "CC0-1.0"\n'
+    )
+    cfg = _sft_cfg(base_run, {"en": path}, tmp_path / "sft", steps=1, val_fraction=0.0, guards=False)
+    with caplog.at_level("WARNING", logger="prodip.sft"):
+        run_sft(cfg)
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped ")]
+    assert warned == [
+        "skipped 1 conversations whose every reply lies beyond seq_len + 1 = 65 tokens (nothing of them would be "
+        f"trained; first {path}:61); raise --seq-len to keep them"
+    ]
+    assert json.loads((tmp_path / "sft" / "sft_eval.json").read_text())["train_conversations"] == 60
+
+
+def test_accumulation_guard_runs_on_sft_batches(tmp_path, base_run, chat_files, caplog, monkeypatch):
+    """With --grad-accum-steps 2 the trainer checks, before step 1 and on the packed chat rows, that the
+    accumulated gradient is the one-batch gradient; a step weighing micro-batches equally is refused."""
+    from prodip.train import trainer
+    from prodip.train.loop import batch_loss
+
+    with caplog.at_level("INFO", logger="prodip.train"):
+        run_sft(_sft_cfg(base_run, chat_files, tmp_path / "ok", steps=1, grad_accum_steps=2, guards=True))
+    assert any(r.getMessage().startswith("accumulation guard: 2 accumulated") for r in caplog.records)
+
+    def micro_weighted(m, _opt, micro, **_kw):  # the fault: each micro-batch's mean divided by N
+        micro = list(micro)
+        for mb in micro:
+            (batch_loss(m, mb) / len(micro)).backward()
+
+    monkeypatch.setattr(trainer, "train_step", micro_weighted)
+    out = tmp_path / "bad"
+    with pytest.raises(GuardError, match="gradient accumulation: accumulated gradients differ"):
+        run_sft(_sft_cfg(base_run, chat_files, out, steps=1, grad_accum_steps=4, batch_size=1, guards=True))
+    assert not (out / "checkpoints").exists()
+
+
+def _signal_after(run_dir, steps: int, sig: int) -> threading.Thread:
+    """Send ``sig`` to this process once ``run_dir/metrics.jsonl`` holds ``steps`` lines."""
+
+    def watch():
+        path, deadline = run_dir / "metrics.jsonl", time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if path.exists() and len(path.read_text().splitlines()) >= steps:
+                os.kill(os.getpid(), sig)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sigterm_saves_the_current_step_and_the_run_resumes_from_it(tmp_path, base_run, chat_files):
+    """No checkpoint is due (end only, none by time): SIGTERM after step 2 saves the step the run stopped
+    at, and --resume continues from it."""
+    out = tmp_path / "sft"
+    cfg = _sft_cfg(base_run, chat_files, out, steps=400, checkpoint_every_steps=0, guards=False)
+    assert cfg.train_config().checkpoint_every_s == 0.0
+    assert _sft_cfg(base_run, chat_files, out, checkpoint_every_s=30.0).train_config().checkpoint_every_s == 30.0
+    before = signal.getsignal(signal.SIGTERM)
+    watcher = _signal_after(out, 2, signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        run_sft(cfg)
+    watcher.join()
+    assert signal.getsignal(signal.SIGTERM) is before  # the run's handler is gone with it
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    kept = ck.resolve_checkpoint(out)
+    state = json.loads((kept / "trainer_state.json").read_text())
+    assert 2 <= state["step"] == steps[-1] < 400 and len(list((out / "checkpoints").glob("step_*"))) == 1
+    resumed = run_sft(dataclasses.replace(cfg, resume=True, max_steps_this_run=1))
+    assert resumed["step"] == state["step"] + 1
+    assert ck.load_model(out)[2]["step"] == state["step"] + 1
+
+
+def test_a_run_made_before_sft_had_checkpoint_every_s_is_the_same_run():
+    """A pipeline folder whose saved [sft] table predates the key (or sets another value) is not refused
+    as "a different config": the key says when saves happen, not what is trained."""
+    from prodip.pipeline import _changed_keys, _identity
+
+    saved = {"sft": {"steps": 100, "lr": 1e-4}, "train": {"steps": 5, "checkpoint_every_s": 0.0}}
+    now = {
+        "sft": {"steps": 100, "lr": 1e-4, "checkpoint_every_s": 0.0},
+        "train": {"steps": 5, "checkpoint_every_s": 60.0},
+    }
+    assert _changed_keys(_identity(saved), _identity(now)) == []
+    assert _changed_keys(_identity(saved), _identity({**now, "sft": {**now["sft"], "lr": 2e-4}})) == ["[sft] lr"]

@@ -221,3 +221,115 @@ def test_an_sft_run_stopped_before_its_config_is_its_own_run_dir(tmp_path):
     (run / "tokenizer" / "tokenizer.json").unlink()
     with pytest.raises(FileExistsError, match="is not a training run dir"):
         refuse_foreign_run_dir(run)
+
+
+def test_ctrl_c_saves_the_current_step_and_the_run_resumes_from_it(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    """SIGINT between two checkpoints (every 1000 steps): the step in progress finishes, is saved, and a
+    resume continues from it, bitwise like a run that was never interrupted."""
+    import os
+    import signal
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    cfg = _cfg(tiny_tokenizer_dir, tiny_shards_dir, run, steps=2000, checkpoint_every_steps=1000, guards=False)
+
+    def interrupt_after_step_3():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            path = run / "metrics.jsonl"
+            if path.exists() and len(path.read_text().splitlines()) >= 3:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=interrupt_after_step_3, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tiny_config())
+    step = json.loads((ck.resolve_checkpoint(run) / "trainer_state.json").read_text())["step"]
+    assert 3 <= step < 1000 and _losses(run) and len(_losses(run)) == step
+    resumed = run_training(dataclasses.replace(cfg, resume=True, max_steps_this_run=2), tiny_config())
+    assert resumed["step"] == step + 2
+    straight = dataclasses.replace(cfg, out_dir=str(tmp_path / "straight"), max_steps_this_run=step + 2)
+    run_training(straight, tiny_config())  # never interrupted: the same losses, step for step
+    assert _losses(run) == _losses(tmp_path / "straight")
+
+
+@pytest.mark.slow
+def test_the_prodip_command_saves_and_exits_at_once_after_ctrl_c(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
+    """The command, as a user runs it: SIGINT -> the step is saved, `prodip train: interrupted`, and the
+    process ends right after that line (its teardown is skipped), exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    toml = tmp_path / "run.toml"
+    toml.write_text(f"""
+[model]
+vocab_size = 320
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 2
+max_position_embeddings = 32
+
+[train]
+shards_dir = "{tiny_shards_dir}"
+tokenizer_dir = "{tiny_tokenizer_dir}"
+out_dir = "{tmp_path / "run"}"
+steps = 5000
+batch_size = 2
+seq_len = 16
+checkpoint_every_steps = 0
+device = "cpu"
+progress = false
+""")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prodip", "train", "--config", str(toml), "--force"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    lines, said = [], None
+    for line in proc.stderr:
+        lines.append(line.rstrip())
+        if line.startswith("prodip train: interrupted"):
+            said = time.monotonic()
+    assert proc.wait() == 130 and said is not None, lines
+    assert time.monotonic() - said < 2.0
+    step = json.loads((ck.resolve_checkpoint(tmp_path / "run") / "trainer_state.json").read_text())["step"]
+    assert step >= 2 and any(f"saved step {step} on SIGINT" in line for line in lines)
+    hint = next(line for line in lines if "resume with:" in line)
+    assert hint.endswith(f"-m prodip train --config {toml} --force --resume")  # train's --force: the tokenizer gate
+
+
+def test_stop_request_first_signal_asks_a_copy_is_ignored_a_later_one_stops_at_once(monkeypatch):
+    import os
+    import signal
+    import time
+
+    from prodip.train.trainer import StopRequest
+
+    monkeypatch.setattr(StopRequest, "REPEAT_S", 0.3)
+    before = signal.getsignal(signal.SIGINT)
+    with StopRequest(announce=False) as stop:
+        assert not stop.requested(torch.device("cpu"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.signum == signal.SIGTERM and stop.requested(torch.device("cpu"))
+        os.kill(os.getpid(), signal.SIGINT)  # within REPEAT_S: the same request (torchrun forwards a copy)
+        time.sleep(0.05)
+        time.sleep(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+    assert signal.getsignal(signal.SIGINT) is before
