@@ -205,3 +205,11 @@ def test_card_base_model_is_a_hub_id_or_absent(standins, tmp_path, capsys):
     assert main(bad) == 2
     assert "a Hub id is owner/name" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_shards_refuse_an_imported_tokenizer_in_one_line(standins):
+    """Shards use prodip's special-token layout; an imported tokenizer is named as such, not as a bad id."""
+    from prodip.tokenizer.bpe import load_tokenizer
+
+    with pytest.raises(InvalidInput, match="an imported model's own tokenizer .*prodip export FOLDER"):
+        load_tokenizer(standins["llama32"])
