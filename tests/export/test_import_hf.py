@@ -213,3 +213,19 @@ def test_shards_refuse_an_imported_tokenizer_in_one_line(standins):
 
     with pytest.raises(InvalidInput, match="an imported model's own tokenizer .*prodip export FOLDER"):
         load_tokenizer(standins["llama32"])
+
+
+@pytest.mark.slow
+def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
+    """ExecuTorch plans memory for a whole-window prompt: 1.8 TB for Llama 3.2's 131072 tokens. The
+    export refuses it naming max_position_embeddings rather than writing a program no runtime loads."""
+    pytest.importorskip("executorch")
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+
+    cfg = ExportConfig(checkpoint=str(standins["llama32"]), out=str(tmp_path / "pte"), variants=["pte-fp32"])
+    with pytest.raises(
+        InvalidInput, match=r"pte-fp32: the program would plan \d+\.\d GiB .*max_position_embeddings = 131072"
+    ):
+        export_checkpoint(cfg)
+    assert not (tmp_path / "pte").exists()
