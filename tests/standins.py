@@ -31,6 +31,12 @@ Nothing is downloaded.
   ``<|im_start|>``, ``<|im_end|>`` and the other Qwen specials appended, no bos, eos
   ``<|im_end|>``, pad ``<|endoftext|>``; its ChatML template with the default system prompt.
 
+- ``tinyllama``: TinyLlama-1.1B-Chat-v1.0, Llama 2's SentencePiece-derived fast tokenizer: a BPE with
+  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), the ``Prepend("▁")`` + ``Replace(" ", "▁")``
+  normaliser, no pre-tokenizer, ``<unk>`` 0 / ``<s>`` 1 / ``</s>`` 2, the bos prepended; untied,
+  GQA, ``rope_theta`` 1e4, ``max_position_embeddings`` 2048; its Zephyr chat template (``eos_token``
+  as a variable).
+
 The weights are N(0, ``std``) with norms near 1 (as :func:`tests.fixtures.tiny_model`), biases
 N(0, ``std``), so logits spread and a fault in RoPE, masks or biases is not lost in rounding.
 
@@ -48,7 +54,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-KINDS = ("smollm2", "llama32", "qwen25")
+KINDS = ("smollm2", "llama32", "qwen25", "tinyllama")
 _REPO = Path(__file__).resolve().parents[1]
 _EN_FILES = ("pg11_Alice-s-Adventures-in-Wonderland.txt.gz", "pg35_The-Time-Machine.txt.gz")
 
@@ -57,6 +63,7 @@ HUB_IDS = {
     "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct",
     "llama32": "meta-llama/Llama-3.2-1B-Instruct",
     "qwen25": "Qwen/Qwen2.5-0.5B-Instruct",
+    "tinyllama": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
 }
 
 # The pre-tokenizer split patterns, verbatim from the real tokenizer.json files.
@@ -217,6 +224,37 @@ def _byte_level_bpe(kind: str, vocab_size: int) -> Any:
     return tok
 
 
+TINYLLAMA_TEMPLATE = (
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}"
+    "\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n"
+    "{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"
+)
+
+
+def _sentencepiece_bpe(vocab_size: int) -> Any:
+    """Llama 2's fast tokenizer layout: byte-fallback BPE over "▁"-joined text, bytes at ids 3..258."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + byte_tokens, show_progress=False)
+    tok.train_from_iterator(english_lines(), trainer=trainer)
+    data = json.loads(tok.to_str())  # the byte tokens are vocabulary entries, not added tokens, in Llama 2's
+    data["added_tokens"] = [a for a in data["added_tokens"] if a["content"] in specials]
+    tok = Tokenizer.from_str(json.dumps(data))
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    return tok
+
+
 def build_tokenizer(kind: str, vocab_size: int = 1024) -> Any:
     """``kind``'s stand-in ``tokenizers.Tokenizer``: BPE of ``vocab_size`` entries plus its specials.
 
@@ -226,6 +264,8 @@ def build_tokenizer(kind: str, vocab_size: int = 1024) -> Any:
     """
     from tokenizers import AddedToken, processors
 
+    if kind == "tinyllama":
+        return _sentencepiece_bpe(vocab_size)
     tok = _byte_level_bpe(kind, vocab_size)
     if kind == "llama32":
         n = tok.get_vocab_size()
@@ -259,6 +299,9 @@ def _tokenizer_files(kind: str, tok: Any, out: Path) -> dict[str, Any]:
     elif kind == "llama32":
         kw = dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
         template = LLAMA3_TEMPLATE
+    elif kind == "tinyllama":
+        kw = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>")
+        template = TINYLLAMA_TEMPLATE
     else:
         kw = dict(eos_token="<|im_end|>", pad_token="<|endoftext|>")
         kw["additional_special_tokens"] = [s for s in QWEN2_SPECIALS if s not in ("<|endoftext|>",)]
@@ -276,7 +319,7 @@ def _tokenizer_files(kind: str, tok: Any, out: Path) -> dict[str, Any]:
         }
         for a in tok.get_added_tokens_decoder().values()
     }
-    cfg: dict[str, Any] = {"add_prefix_space": False} if kind != "llama32" else {}
+    cfg: dict[str, Any] = {"add_prefix_space": False} if kind not in ("llama32", "tinyllama") else {}
     cfg["added_tokens_decoder"] = added
     cfg.update({k: kw.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token") if k in kw})
     if kind == "qwen25":
@@ -285,11 +328,12 @@ def _tokenizer_files(kind: str, tok: Any, out: Path) -> dict[str, Any]:
         cfg["additional_special_tokens"] = kw["additional_special_tokens"]
     cfg["chat_template"] = template
     cfg["clean_up_tokenization_spaces"] = False
-    cfg["model_max_length"] = {"smollm2": 8192, "llama32": 131072, "qwen25": 131072}[kind]
+    cfg["model_max_length"] = {"smollm2": 8192, "llama32": 131072, "qwen25": 131072, "tinyllama": 2048}[kind]
     cfg["tokenizer_class"] = {
         "smollm2": "GPT2Tokenizer",
         "llama32": "PreTrainedTokenizerFast",
         "qwen25": "Qwen2Tokenizer",
+        "tinyllama": "LlamaTokenizer",
     }[kind]
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", "utf-8")
@@ -348,7 +392,19 @@ def build_standin(
         tie_word_embeddings=True,
         initializer_range=std,
     )
-    if kind == "smollm2":
+    if kind == "tinyllama":
+        config = LlamaConfig(
+            **{**common, "tie_word_embeddings": False},
+            vocab_size=n_tok,
+            max_position_embeddings=max_position_embeddings or 2048,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+        gen = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, max_length=2048)
+        model_cls: Any = LlamaForCausalLM
+    elif kind == "smollm2":
         config = LlamaConfig(
             **common,
             vocab_size=n_tok,
@@ -360,7 +416,7 @@ def build_standin(
             pad_token_id=ids["pad_token"],
         )
         gen = dict(bos_token_id=ids["bos_token"], eos_token_id=ids["eos_token"], pad_token_id=ids["pad_token"])
-        model_cls: Any = LlamaForCausalLM
+        model_cls = LlamaForCausalLM
     elif kind == "llama32":
         eos_ids = [tok.token_to_id(s) for s in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")]
         config = LlamaConfig(

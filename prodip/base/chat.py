@@ -194,7 +194,7 @@ def _imported_contract(root: Path, config: dict[str, Any], template: str) -> dic
             f"{cfg_path}: eos_token {eot!r} is not a special added token of {tok_path}; a chat model's "
             "end-of-turn token (its eos_token) must be one"
         )
-    if eot not in template:
+    if eot not in template and "eos_token" not in template:  # literally, or as the variable (TinyLlama/Zephyr)
         raise InvalidInput(f"{cfg_path}: the chat_template never writes the eos_token {eot!r} (the end of a turn)")
     start = added.get(IM_START)
     return {

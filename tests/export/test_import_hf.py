@@ -229,3 +229,28 @@ def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
     ):
         export_checkpoint(cfg)
     assert not (tmp_path / "pte").exists()
+
+
+def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):
+    """A Llama 2 / TinyLlama fast tokenizer (byte-fallback BPE, "▁" normaliser, <s> prepended) exports
+    with its ids and Zephyr template (eos_token as a variable); GGUF is refused in one line naming why."""
+    from prodip.base.chat import chat_contract
+
+    folder = build_standin("tinyllama", tmp_path / "tinyllama")
+    out = _export(folder, tmp_path / "export", "fp32")
+    config = _prodip(folder).config
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = np.asarray([tok("Hello world 123. আমার সোনার বাংলা।")["input_ids"]], dtype=np.int64)
+    assert ids[0, 0] == 1 and read_specials(out).add_bos
+    ref = _reference(folder, torch.from_numpy(ids)).numpy()
+    assert np.abs(_reference(out, torch.from_numpy(ids)).numpy() - ref).max() < 1e-5
+    assert np.abs(_ort_logits(out / "onnx" / "model.onnx", config, ids) - ref).max() < 1e-4
+    assert chat_contract(out)["end_of_turn"] == "</s>"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert transformers.AutoTokenizer.from_pretrained(str(out)).apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False
+    ) == tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    from prodip.cli import main
+
+    assert main(["export", str(folder), "--out", str(tmp_path / "gguf"), "--variants", "gguf-f16"]) == 2
+    assert not (tmp_path / "gguf").exists()
