@@ -254,3 +254,17 @@ def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):
 
     assert main(["export", str(folder), "--out", str(tmp_path / "gguf"), "--variants", "gguf-f16"]) == 2
     assert not (tmp_path / "gguf").exists()
+
+
+def test_card_states_the_base_licence_and_hub_name(standins, tmp_path):
+    """The folder's README front matter licence and a Hub-shaped _name_or_path reach the card."""
+    from prodip.base.manifest import load_manifest
+
+    folder = _edited(standins["smollm2"], tmp_path / "folder", _name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\nlanguage:\n- en\n---\n# SmolLM2\n", "utf-8")
+    out = _export(folder, tmp_path / "export", "fp32")
+    card = load_manifest(out).card
+    assert card.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert card.license.license == "apache-2.0" and "(licence: apache-2.0)" in card.statement.text
+    readme = (out / "README.md").read_text()
+    assert "license: apache-2.0" in readme and "`HuggingFaceTB/SmolLM2-135M-Instruct`" in readme
