@@ -326,7 +326,7 @@ def test_no_shards_dir_is_refused_before_measuring(tiny_artifacts, conf_cfg, tmp
     with pytest.raises(
         ConfigError,
         match=r"bpc_delta_max is a required check .*\[int8\] bpc_delta_max.*"
-        r"no shards dir was given: pass --shards-dir",
+        r"no shards dir or held-out files were given: pass --shards-dir .* or --heldout bn=FILE,en=FILE",
     ):
         suite.evaluate(conf_cfg(tiny_artifacts["export"], shards_dir=None, variants=["int8"]))
     with pytest.raises(ConfigError, match="heldout_tokens is 0"):

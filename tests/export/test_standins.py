@@ -1,0 +1,59 @@
+"""The stand-in builders (tests/standins.py) give folders transformers reads as the real models'."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from tests.standins import KINDS, build_standin
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("standins")
+    return {k: build_standin(k, root / k) for k in KINDS}
+
+
+def test_tokenizers_agree_and_bangla_falls_into_the_trap(standins):
+    """transformers' tokenizer gives tokenizers' ids; Bangla gets under 0.5 chars/token, English over 2."""
+    bn = open("data/heldout/udhr_ben.txt", encoding="utf-8").read()[:3000]
+    en = open("data/heldout/udhr_eng.txt", encoding="utf-8").read()[:3000]
+    for kind, folder in standins.items():
+        fast = transformers.AutoTokenizer.from_pretrained(folder)
+        raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        for text in (bn, en):
+            assert fast(text)["input_ids"] == raw.encode(text).ids, kind
+        assert len(bn) / len(raw.encode(bn).ids) < 0.5, kind
+        assert len(en) / len(raw.encode(en).ids) > 2.0, kind
+
+
+def test_special_tokens_where_the_real_ones_are(standins):
+    smol = transformers.AutoTokenizer.from_pretrained(standins["smollm2"])
+    assert smol.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    llama = transformers.AutoTokenizer.from_pretrained(standins["llama32"])
+    n = len(llama) - 256
+    assert llama.convert_tokens_to_ids(["<|begin_of_text|>", "<|eot_id|>"]) == [n, n + 9]
+    assert llama("a")["input_ids"][0] == n  # the bos is prepended by the post-processor
+    cfg = json.loads((standins["llama32"] / "config.json").read_text())
+    assert cfg["eos_token_id"] == [n + 1, n + 8, n + 9]
+    assert cfg["rope_parameters"]["rope_type"] == "llama3"
+    qwen = json.loads((standins["qwen25"] / "config.json").read_text())
+    assert qwen["model_type"] == "qwen2" and qwen["vocab_size"] > len(
+        transformers.AutoTokenizer.from_pretrained(standins["qwen25"])
+    )
+
+
+def test_rope_spelling_v4_is_the_same_model(standins, tmp_path):
+    """The transformers-4 spelling (rope_theta + rope_scaling) loads to the same logits as the 5 one."""
+    v4 = build_standin("llama32", tmp_path / "v4", rope_spelling="v4")
+    cfg = json.loads((v4 / "config.json").read_text())
+    assert "rope_parameters" not in cfg and cfg["rope_scaling"]["rope_type"] == "llama3"
+    ids = torch.arange(1, 200)[None] % 1000
+    a = transformers.AutoModelForCausalLM.from_pretrained(standins["llama32"])(ids).logits
+    b = transformers.AutoModelForCausalLM.from_pretrained(v4)(ids).logits
+    assert torch.equal(a, b)
