@@ -400,6 +400,19 @@ def _docs(inputs: dict[str, list[str]], cfg: ExtendConfig) -> Iterator[str]:
                 break
 
 
+def pretoken_chars(tok: Tokenizer, docs: list[str]) -> float:
+    """Characters per pre-token of ``docs`` (NFC, then ``tok``'s normaliser and pre-tokenizer): the most
+    characters per token any vocabulary behind that pre-tokenizer can reach (one token per pre-token)."""
+    chars = pieces = 0
+    for doc in docs:
+        text = unicodedata.normalize("NFC", doc)
+        chars += len(text)
+        if tok.normalizer is not None:
+            text = tok.normalizer.normalize_str(text)
+        pieces += len(tok.pre_tokenizer.pre_tokenize_str(text)) if tok.pre_tokenizer is not None else 1
+    return round(chars / max(pieces, 1), 4)
+
+
 def default_out(base: str) -> Path:
     """``BASE-extended`` beside the base folder (or beside the tokenizer.json's folder)."""
     path = Path(base)
@@ -496,6 +509,7 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
         if heldout:
             before = measure_languages(base, heldout)
             after = measure_languages(ext, heldout)
+            ceiling = {lang: pretoken_chars(base, docs) for lang, docs in heldout.items()}
             record["fertility"] = {
                 lang: {
                     "chars_per_token_before": before[lang]["chars_per_token"],
@@ -503,6 +517,7 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
                     "tokens_before": before[lang]["tokens"],
                     "tokens_after": after[lang]["tokens"],
                     "chars": after[lang]["chars"],
+                    "chars_per_pretoken": ceiling[lang],
                     "lossless": after[lang]["lossless"],
                 }
                 for lang in heldout
@@ -544,12 +559,17 @@ def format_record(record: dict[str, Any]) -> str:
             f"{'tied' if m['tied'] else 'untied'} embeddings ({m['dtype']}), new rows = mean of their base pieces"
         )
     if record.get("fertility"):
-        lines.append(f"{'lang':<5} {'chars/tok before':>16} {'after':>8} {'tokens before':>14} {'after':>8}")
+        lines.append(
+            f"{'lang':<5} {'chars/tok before':>16} {'after':>8} {'ceiling':>8} {'tokens before':>14} {'after':>8}"
+        )
         for lang, f in record["fertility"].items():
             lines.append(
                 f"{lang:<5} {f['chars_per_token_before']:>16.3f} {f['chars_per_token_after']:>8.3f} "
-                f"{f['tokens_before']:>14,} {f['tokens_after']:>8,}"
+                f"{f['chars_per_pretoken']:>8.3f} {f['tokens_before']:>14,} {f['tokens_after']:>8,}"
             )
+        lines.append(
+            "ceiling: characters per pre-token of the base's pre-tokenizer, which no vocabulary behind it exceeds"
+        )
     if record.get("parity"):
         lines.append(format_parity(record["parity"]))
     gate = record["gate"]
