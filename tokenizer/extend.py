@@ -63,6 +63,8 @@ _PUA = 0xF0000
 _PUA_SIZE = 65534
 #: The files the extension rewrites; every other file of the base folder is copied unchanged.
 _REWRITTEN = ("tokenizer.json", "config.json", "model.safetensors", "model.safetensors.index.json", RECORD_FILE)
+#: Weights in other formats hold the base's vocabulary size: left out, not copied stale.
+_STALE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".onnx_data")
 
 
 @dataclass
@@ -327,7 +329,7 @@ def resize_model(base: Path, out: Path, first_new: int, pieces: list[list[int]])
     """Write ``out/config.json`` and the safetensors with ``embed_tokens``/``lm_head`` resized.
 
     Returns:
-        ``{vocab_size_before, vocab_size, tied, dtype, files: [names written]}``.
+        ``{vocab_size_before, vocab_size, tied, dtype, files: [names rewritten], shards: [every weights file]}``.
 
     Raises:
         MissingInput: no config.json or weights. InvalidInput: no ``model.embed_tokens.weight``.
@@ -383,6 +385,7 @@ def resize_model(base: Path, out: Path, first_new: int, pieces: list[list[int]])
         "tied": head is None,
         "dtype": dtype,
         "files": written,
+        "shards": sorted(set(weight_map.values())),
     }
 
 
@@ -476,9 +479,15 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
         model = None
         if (base_dir / "config.json").is_file() and tok_path.name == "tokenizer.json" and Path(cfg.base).is_dir():
             model = resize_model(base_dir, tmp, added[0][1], [seq for _, _, seq in added])
-            for f in base_dir.iterdir():
-                if f.is_file() and f.name not in _REWRITTEN and not f.name.startswith("model-"):
-                    shutil.copyfile(f, tmp / f.name)
+            for f in sorted(base_dir.iterdir()):
+                if not f.is_file() or f.name in _REWRITTEN or f.name in model["shards"]:
+                    continue
+                if f.name.endswith(_STALE_WEIGHTS):
+                    log.warning(
+                        "%s: not copied (weights of the base's vocabulary size; the safetensors are resized)", f
+                    )
+                    continue
+                shutil.copyfile(f, tmp / f.name)
         record: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

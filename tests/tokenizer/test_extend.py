@@ -261,3 +261,33 @@ def test_extended_tokenizer_ids_are_identical_in_every_runtime(extended, heldout
     if llama["status"] == "error" and "expected 0" in llama["reason"]:
         pytest.xfail("the vocabulary GGUF still assumes prodip's special-token ids (tokenizer/gguf.py)")
     assert llama["status"] == "identical", llama
+
+
+@pytest.mark.slow
+def test_sharded_weights_are_resized_and_load_in_transformers(bases, corpus, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    base = tmp_path / "sharded"
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(bases["smollm2"]))
+    model.save_pretrained(str(base), max_shard_size="100KB")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (base / name).write_bytes((bases["smollm2"] / name).read_bytes())
+    (base / "pytorch_model.bin").write_bytes(b"stale")  # another format of the base's weights: left out
+    index = json.loads((base / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    record = extend(
+        ExtendConfig(base=str(base), out=str(tmp_path / "ext"), inputs={"bn": [str(corpus["bn"])]}, new_tokens=60)
+    )
+    ext = tmp_path / "ext"
+    assert not (ext / "pytorch_model.bin").exists()
+    assert set(record["model"]["shards"]) == set(index["weight_map"].values())
+    assert len(record["model"]["files"]) == 1  # tied: only the shard holding embed_tokens is rewritten
+    new_index = json.loads((ext / "model.safetensors.index.json").read_text())
+    grown = 60 * model.config.hidden_size * 4  # float32 rows
+    assert new_index["metadata"]["total_size"] == index["metadata"]["total_size"] + grown
+    m_e = transformers.AutoModelForCausalLM.from_pretrained(str(ext)).eval()
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.no_grad():
+        lb, le = model.eval()(ids).logits, m_e(ids).logits
+    n = lb.shape[-1]
+    assert le.shape[-1] == n + 60 and torch.equal(lb, le[..., :n])
