@@ -161,7 +161,8 @@ def base_words(base: Tokenizer, docs: Iterator[str], skip_ids: set[int], batch: 
     def flush(chunk: list[str]) -> list[list[int]]:
         words: list[list[int]] = []
         for enc in base.encode_batch(chunk, add_special_tokens=False):
-            current, last = [], None
+            current: list[int] = []
+            last: int | None = None
             for i, w in zip(enc.ids, enc.word_ids):
                 if w != last and current:
                     words.append(current)

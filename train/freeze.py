@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.train.model import LlamaForCausalLM
 
 #: The record ``prodip tokenizer extend`` writes into the extended folder (tokenizer/extend.py RECORD_FILE).
 EXTENSION_FILE = "extension.json"
@@ -62,7 +63,7 @@ class NewRowsOnly:
         InvalidInput: ``first_new_id`` is not inside the embedding.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, first_new_id: int) -> None:
+    def __init__(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer, first_new_id: int) -> None:
         self.model, self.optimizer, self.first = model, optimizer, first_new_id
         rows = model.model.embed_tokens.weight.shape[0]
         if not 0 < first_new_id < rows:

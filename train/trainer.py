@@ -440,7 +440,7 @@ class _Run:
             if self.fsdp:
                 raise InvalidInput("TrainConfig.new_embeddings_first_steps: not with parallel = fsdp (sharded rows)")
             first = freeze.read_first_new_id(cfg.init_from)
-            self.freeze = freeze.NewRowsOnly(checkpoint.unwrap_model(model), self.optimizer, first)
+            self.freeze = freeze.NewRowsOnly(model, self.optimizer, first)  # not yet wrapped (DDP, compile)
         self.data = self._make_data()
         if cfg.resume:
             self._resume()
