@@ -43,7 +43,14 @@ from typing import Any, Optional
 
 from tokenizers import Tokenizer
 
-from prodip.base.chat import CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, END_OF_TURN, chat_contract, render
+from prodip.base.chat import (
+    CHAT_TEMPLATE,
+    CHAT_TEMPLATE_FILE,
+    END_OF_TURN,
+    chat_contract,
+    render,
+    template_variables,
+)
 from prodip.base.manifest import ExportManifest, load_manifest
 from prodip.base.variants import ONNX_VARIANTS, PTE_DIR
 from prodip.conformance.runtimes import node_root, stop_ids
@@ -80,10 +87,21 @@ GENAI, TRANSFORMERS, TRANSFORMERS_JS, LLAMA_CPP, EXECUTORCH = (
 SERVE = "prodip serve"
 
 
+def reference_texts(export_dir: Path, conversations: dict[str, list[dict[str, str]]]) -> dict[str, str]:
+    """``prodip.base.chat.render`` of each conversation with the export's template: prodip's contract, or an
+    imported model's own (its ``chat_contract``), with the special-token strings transformers passes."""
+    contract = chat_contract(export_dir) or {}
+    template = contract.get("chat_template")
+    own = None if template in (None, CHAT_TEMPLATE) else template
+    variables = template_variables(export_dir) if own else None
+    return {k: render(m, template=own, variables=variables) for k, m in conversations.items()}
+
+
 def reference_ids(export_dir: Path, conversations: dict[str, list[dict[str, str]]]) -> dict[str, list[int]]:
-    """``prodip.base.chat.render`` of each conversation, encoded by ``tokenizers`` without added specials."""
+    """:func:`reference_texts`, encoded by ``tokenizers`` without added specials."""
     tok = Tokenizer.from_file(str(Path(export_dir) / "tokenizer.json"))
-    return {k: tok.encode(render(m), add_special_tokens=False).ids for k, m in conversations.items()}
+    texts = reference_texts(Path(export_dir), conversations)
+    return {k: tok.encode(t, add_special_tokens=False).ids for k, t in texts.items()}
 
 
 def _err(err: Exception) -> dict[str, Any]:
@@ -226,7 +244,9 @@ def check_chat(
     manifest = load_manifest(export_dir)
     wanted = set(variants) if variants else set(manifest.variants)
     tok = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
-    eot = tok.token_to_id(END_OF_TURN)
+    eot_text = contract.get("end_of_turn", END_OF_TURN)
+    eot = tok.token_to_id(eot_text)
+    expected = contract.get("chat_template", CHAT_TEMPLATE)
     convs = CONVERSATIONS
     ref = reference_ids(export_dir, convs)
     results: dict[str, dict[str, Any]] = {}
@@ -265,7 +285,7 @@ def check_chat(
             results[TRANSFORMERS_JS].update(stop_ids=serve_stops, end_of_turn_stops=eot in serve_stops)
     ptes = [v for n, v in manifest.variants.items() if n in wanted and v.format == "pte"]
     if ptes:
-        texts = {k: render(m) for k, m in convs.items()}
+        texts = reference_texts(export_dir, convs)
         tok_json = export_dir / (ptes[0].tokenizer or "tokenizer.json")
         try:
             results[EXECUTORCH] = _executorch(export_dir / ptes[0].path, tok_json, texts, eot)
@@ -274,7 +294,7 @@ def check_chat(
     for res in results.values():
         if res.get("ids") is not None:
             res["identical"] = res["ids"] == ref
-    copies = {name: text == CHAT_TEMPLATE for name, text in template_copies(export_dir, manifest).items()}
+    copies = {name: text == expected for name, text in template_copies(export_dir, manifest).items()}
     ran = {k: v for k, v in results.items() if "skipped" not in v}
     rendered = {k: v for k, v in ran.items() if k != SERVE}
     ids_ok = all(r.get("identical") is True for r in rendered.values())
@@ -295,10 +315,10 @@ def check_chat(
     checks = [
         check("chat_template_ids_identical", ids_ok, f"ids differ from the reference in: {', '.join(differ)}"),
         check("chat_template_copies_identical", not bad_copies, f"template differs in: {', '.join(bad_copies)}"),
-        check("chat_end_of_turn_stops", stops_ok, f"{END_OF_TURN} does not end generation in: {', '.join(no_stop)}"),
+        check("chat_end_of_turn_stops", stops_ok, f"{eot_text} does not end generation in: {', '.join(no_stop)}"),
     ]
     return {
-        "end_of_turn": {"token": END_OF_TURN, "id": eot},
+        "end_of_turn": {"token": eot_text, "id": eot},
         "conversations": convs,
         "reference": ref,
         "runtimes": results,

@@ -8,7 +8,8 @@
 // transformers.js: AutoTokenizer.from_pretrained(export dir).apply_chat_template(messages, {add_generation_prompt:
 //   true}) (tokenizer_config.json's chat_template, @huggingface/jinja). llama.cpp: the GGUF's tokenizer.chat_template,
 //   read by node-llama-cpp and rendered with @huggingface/jinja (the engine node-llama-cpp's JinjaTemplateChatWrapper
-//   uses), then llama_tokenize(text, parse_special = true) with no BOS added (the template writes it); the end of turn
+//   uses; bos_token and eos_token are the GGUF's token texts), then llama_tokenize(text, parse_special = true) with
+//   no BOS added (the template writes it); the end of turn
 //   is llama.cpp's own verdict, llama_vocab_is_eog (model.isEogToken).
 //
 //   echo '{"export_dir":"runs/demo/export","conversations":[[{"role":"user","content":"hi"}]],"transformersjs":true,
@@ -58,8 +59,11 @@ if (job.gguf) {
     const template = model.fileInfo.metadata.tokenizer?.chat_template ?? null;
     if (template == null) throw new Error(`${job.gguf}: no tokenizer.chat_template`);
     const engine = new Template(template);
+    // the special-token texts a template may read (an imported model's, e.g. Llama 3's {{ bos_token }}),
+    // from the GGUF's own vocabulary, as llama.cpp's server passes them
+    const specials = { bos_token: model.tokens.bosString ?? '', eos_token: model.tokens.eosString ?? '' };
     const ids = job.conversations.map((messages) =>
-      Array.from(model.tokenize(engine.render({ messages, add_generation_prompt: true }), true), Number));
+      Array.from(model.tokenize(engine.render({ messages, add_generation_prompt: true, ...specials }), true), Number));
     out['llama.cpp'] = {
       ids, template, end_of_turn_is_eog: model.isEogToken(job.end_of_turn_id),
       version: `llama.cpp ${llama.llamaCppRelease.release} (node-llama-cpp ${version('node-llama-cpp')}, @huggingface/jinja ${version('@huggingface/jinja')})`,

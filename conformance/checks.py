@@ -31,7 +31,8 @@ def plan_checks(cfg: ConformanceConfig) -> list[tuple[str, str]]:
         manifest,
         Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES,
         cfg.variants,
-        shards_dir=cfg.shards_dir,
+        shards_dir=cfg.shards_dir or None,
+        heldout_files=cfg.heldout,
         heldout_tokens=cfg.heldout_tokens,
     )
     out = [("export", m) for m, t in tolerances.get("global", {}).items() if not isinstance(t, str)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from prodip.base.config import check_threads, opt
-from prodip.base.errors import InvalidInput
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.variants import VARIANT_NAMES
 
 #: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
@@ -37,6 +37,17 @@ class ConformanceConfig:
         "(perplexity and bits/char per language): required, since every "
         "candidate table gates bpc_delta_max (`prodip run` passes the run's "
         "shards; without it nothing is measured, exit 2)",
+    )
+    heldout: dict[str, str] = opt(
+        help="held-out text files per language instead of shards, e.g. bn=data/heldout/udhr_ben.txt,"
+        "en=data/heldout/udhr_eng.txt (UTF-8 text, NFC-normalised, encoded with the export's tokenizer): "
+        "what a model fine-tuned from a downloaded base has when it has no pretraining shards",
+        factory=dict,
+    )
+    context_tokens: int = opt(
+        0,
+        "longest sequence the checks feed (the context prompt and held-out windows; tokens; 0 = the model's "
+        "max_position_embeddings): a model with a very long window (Llama 3.2's 131072) is checked on a prefix",
     )
     heldout_tokens: int = opt(1024, "held-out tokens per language read from the validation shards (tokens)")
     greedy_tokens: int = opt(64, "new tokens decoded greedily per prompt (tokens)")
@@ -96,7 +107,12 @@ class ConformanceConfig:
         for name in ("greedy_tokens", "kv_steps", "runtime_tokens"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("heldout_tokens", "kv_tokens"):
+        for name in ("heldout_tokens", "kv_tokens", "context_tokens"):
             if getattr(self, name) < 0:
                 raise InvalidInput(f"ConformanceConfig.{name} must be >= 0, got {getattr(self, name)}")
         check_threads("ConformanceConfig.threads", self.threads)
+        if self.heldout and self.shards_dir:
+            raise InvalidInput("ConformanceConfig: give held-out text as shards_dir or as heldout files, not both")
+        for lang, path in self.heldout.items():
+            if not Path(path).is_file():
+                raise MissingInput(f"ConformanceConfig.heldout {lang}={path}: no such file")

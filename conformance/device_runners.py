@@ -39,7 +39,7 @@ log = logging.getLogger("prodip.conformance.device_runners")
 
 NODE_DIR = Path(os.environ.get("PRODIP_NODE_DIR", Path(__file__).resolve().parents[1] / "node"))
 EVAL_SCRIPT = "llamacpp_eval.mjs"
-#: Sequences (rows) one llama.cpp context holds; conformance batches have at most a few rows.
+#: Sequences (rows) one llama.cpp context holds by default; conformance batches have at most a few rows.
 MAX_ROWS = 8
 
 
@@ -55,23 +55,28 @@ class LlamaCppRunner(Runner):
     Args:
         path: the ``.gguf`` file.
         name: label in the report.
-        context: tokens per sequence (the model's ``max_position_embeddings``).
+        context: tokens per sequence: the longest sequence the checks feed (at most the model's
+            ``max_position_embeddings``); it is also the batch size, so llama.cpp's logits buffer is
+            ``context x n_vocab``, not that of ``rows`` whole windows (65536 x 49152 floats, 12 GB, for
+            SmolLM2's 8192 window and 8 rows).
+        rows: sequences the context holds (the most rows of a batch; at most :data:`MAX_ROWS` are
+            needed); the context has ``context * rows`` cells.
         threads: llama.cpp threads (0 = 1).
     Raises:
         MissingInput: Node or node-llama-cpp is not installed (names the command).
     """
 
-    def __init__(self, path: str | Path, name: str, *, context: int, threads: int = 0) -> None:
+    def __init__(self, path: str | Path, name: str, *, context: int, rows: int = MAX_ROWS, threads: int = 0) -> None:
         node = shutil.which("node")
         if node is None or not (NODE_DIR / "node_modules" / "node-llama-cpp" / "package.json").is_file():
             raise MissingInput(
                 f"llama.cpp runner: needs Node >= 20 and node-llama-cpp in {NODE_DIR}/node_modules "
                 "(npm install --ignore-scripts --prefix node)"
             )
-        self.name = name
+        self.name, self.rows = name, rows
         self.proc = subprocess.Popen(
-            [node, str(NODE_DIR / EVAL_SCRIPT), str(Path(path).resolve()), str(MAX_ROWS),
-             str(context * MAX_ROWS), str(threads or 1)],
+            [node, str(NODE_DIR / EVAL_SCRIPT), str(Path(path).resolve()), str(rows),
+             str(context * rows), str(threads or 1), str(context)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.info = self.request({"op": "info"})
@@ -100,8 +105,8 @@ class LlamaCppRunner(Runner):
 
     def forward(self, input_ids, attention_mask, position_ids, state=None):
         B, T = input_ids.shape
-        if B > MAX_ROWS:
-            raise ValueError(f"llama.cpp runner: batch of {B} rows, at most {MAX_ROWS}")
+        if B > self.rows:
+            raise ValueError(f"llama.cpp runner: batch of {B} rows, at most {self.rows}")
         logits = np.zeros((B, T, self.vocab), np.float32)
         for b, cols in enumerate(_new_tokens(input_ids, attention_mask)):
             if len(cols) == 0:
@@ -221,13 +226,17 @@ def runtime_token_ids(kind: str, runner: Any, tokenizer_json: Path, texts: list[
     return [list(tok.encode(t, 1, 0)) for t in texts]
 
 
-def metadata_problems(kind: str, runner: Any, config: Any, eos_ids: Optional[list[int]] = None) -> list[str]:
+def metadata_problems(
+    kind: str, runner: Any, config: Any, eos_ids: Optional[list[int]] = None, *, add_bos: bool = True
+) -> list[str]:
     """What a runtime reads from the artifact that differs from the training model's config.
 
     Args:
         kind: ``gguf`` or ``pte``; runner: its runner; config: the checkpoint's ``ModelConfig``.
         eos_ids: the ids that end generation (a chat model's ``<|eos|>`` and ``<|im_end|>``, from the
             export's generation_config.json): the ``.pte``'s ``get_eos_ids``; None: ``[eos_token_id]``.
+        add_bos: whether the tokenizer prepends the bos (``prodip.base.specials.read_specials``; prodip's
+            do; an imported one may not, e.g. SmolLM2, Qwen2): the GGUF's ``add_bos_token``.
     Returns:
         Human-readable problems (empty: the runtime sees the right context, vocabulary and special tokens).
     """
@@ -245,7 +254,7 @@ def metadata_problems(kind: str, runner: Any, config: Any, eos_ids: Optional[lis
             "n_vocab": config.vocab_size,
             "bos": config.bos_token_id,
             "eos": config.eos_token_id,
-            "add_bos": True,
+            "add_bos": add_bos,
         }
     else:
         from prodip.export.executorch import runner_metadata  # noqa: PLC0415 (the expected values' one owner)

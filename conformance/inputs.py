@@ -10,6 +10,7 @@ given. All token ids come from the *training* tokenizer (the checkpoint's ``toke
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -89,6 +90,19 @@ class InputSet:
     texts: dict[str, str] = field(default_factory=dict)
     heldout: dict[str, dict[str, int]] = field(default_factory=dict)
 
+    def longest(self, greedy_tokens: int) -> int:
+        """Tokens of the longest sequence any check feeds one row: an item, the greedy batch plus the
+        ``greedy_tokens`` it decodes, or the KV-cache sequence (what a runtime's context must hold)."""
+        return max(
+            max(i.input_ids.shape[1] for i in self.items),
+            self.greedy.input_ids.shape[1] + greedy_tokens,
+            self.kv_ids.shape[1],
+        )
+
+    def rows(self) -> int:
+        """The most rows (sequences) of any batch fed at once."""
+        return max(max(i.input_ids.shape[0] for i in self.items), self.greedy.input_ids.shape[0], 1)
+
 
 def build_inputs(
     tokenizer: Any,
@@ -98,6 +112,7 @@ def build_inputs(
     greedy_tokens: int,
     kv_tokens: int,
     shards_dir: Optional[str | Path] = None,
+    heldout_files: Optional[dict[str, str]] = None,
     heldout_tokens: int = 0,
     tokenizer_sha256: Optional[str] = None,
 ) -> InputSet:
@@ -112,6 +127,7 @@ def build_inputs(
         kv_tokens: length (tokens) of the KV-cache check sequence (capped by the context; 0 = the
             whole context window).
         shards_dir: optional shards dir; its ``val`` split gives held-out windows per language.
+        heldout_files: or language -> UTF-8 text file (:func:`heldout_file_items`).
         heldout_tokens: tokens per language taken from the start of the validation shards.
         tokenizer_sha256: the training tokenizer's hash; shards encoded with another are refused.
     Raises:
@@ -145,7 +161,44 @@ def build_inputs(
         ):
             items.append(item)
             heldout[item.lang] = {"tokens": int(item.attention_mask.sum()), "chars": item.n_chars}
+    elif heldout_files and heldout_tokens > 0:
+        for item in heldout_file_items(
+            tokenizer, heldout_files, context_tokens=context_tokens, heldout_tokens=heldout_tokens
+        ):
+            items.append(item)
+            heldout[item.lang] = {"tokens": int(item.attention_mask.sum()), "chars": item.n_chars}
     return InputSet(items, padded_rows, greedy, kv_ids, texts=dict(PROMPTS), heldout=heldout)
+
+
+def heldout_file_items(
+    tokenizer: Any, files: dict[str, str], *, context_tokens: int, heldout_tokens: int
+) -> list[Item]:
+    """One item per language from a held-out text file, windowed as :func:`heldout_items` does.
+
+    The file is read as UTF-8, NFC-normalised and encoded with the tokenizer's default encode (the
+    bos its post-processor prepends, if any, starts the stream as a document's does in the shards);
+    the first ``heldout_tokens`` tokens are cut into windows of ``min(context_tokens, heldout_tokens)``.
+
+    Raises:
+        InvalidInput: a file that is not UTF-8 or encodes to fewer than 2 tokens (file named).
+    """
+    out = []
+    for lang in sorted(files):
+        path = Path(files[lang])
+        try:
+            text = unicodedata.normalize("NFC", path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise InvalidInput(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        flat = np.asarray(tokenizer.encode(text).ids[:heldout_tokens], dtype=np.int64)
+        W = min(context_tokens, heldout_tokens, len(flat))
+        if W < 2:
+            raise InvalidInput(f"{path}: held-out text for {lang!r} encodes to {len(flat)} tokens; at least 2 needed")
+        windows = flat[: (len(flat) // W) * W].reshape(-1, W)
+        targets = np.full_like(windows, -1)
+        targets[:, :-1] = windows[:, 1:]
+        n_chars = sum(len(tokenizer.decode([int(t) for t in w[1:]], skip_special_tokens=False)) for w in windows)
+        out.append(Item(f"heldout:{lang}", windows, np.ones_like(windows), targets=targets, n_chars=n_chars, lang=lang))
+    return out
 
 
 def heldout_items(

@@ -35,6 +35,7 @@ from prodip.base.manifest import (
     verify_files,
 )
 from prodip.base.records import refuse_newer
+from prodip.base.specials import read_specials
 from prodip.conformance import card, device_runners, measure, runners
 from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION, check_chat, reference_ids
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
@@ -46,7 +47,7 @@ from prodip.conformance.runners import TorchRunner, onnx_axes_problems
 from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_ids
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
 from prodip.conformance.verdict import merge_verdict
-from prodip.export.core import require_checkpoint_tokenizer
+from prodip.export.core import is_hf_folder, require_checkpoint_tokenizer
 from prodip.export.hf import tokenizer_config_differences
 from prodip.train.checkpoint import load_model
 from prodip.train.config import ModelConfig
@@ -124,7 +125,10 @@ def load_reference(cfg: ConformanceConfig, manifest: ExportManifest) -> tuple[An
     path = cfg.checkpoint or src.path
     if not path:
         raise InvalidInput(f"{cfg.export_dir}/manifest.json names no source_checkpoint.path; pass --checkpoint")
-    model, model_cfg, info = load_model(require_checkpoint_tokenizer(path))
+    if is_hf_folder(path):
+        model, model_cfg, info = load_hf_reference(Path(path))
+    else:
+        model, model_cfg, info = load_model(require_checkpoint_tokenizer(path))
     if info["model_sha256"] != src.model_sha256:
         raise InvalidInput(
             f"checkpoint {info['checkpoint_dir']} has model sha256 {info['model_sha256'][:16]}.., but "
@@ -135,15 +139,50 @@ def load_reference(cfg: ConformanceConfig, manifest: ExportManifest) -> tuple[An
     return model.float().eval(), model_cfg, info
 
 
-def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int):
-    """Build the runner of one candidate (loading its file)."""
+def load_hf_reference(folder: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The reference of an export of a Hugging Face folder (``prodip export HF_FOLDER``): prodip's model
+    with the folder's weights (as ``prodip.train.init.load_init`` reads them), and the folder's tokenizer.
+
+    Returns:
+        ``(model, ModelConfig, info)`` with ``info`` as ``prodip.train.checkpoint.load_model``'s
+        (``checkpoint_dir``, ``step`` 0, ``model_sha256`` of its ``model.safetensors``, ``tokenizer_dir``,
+        ``tokenizer_sha256``).
+    """
+    from prodip.train.init import apply_init, load_init  # noqa: PLC0415
+    from prodip.train.model import LlamaForCausalLM  # noqa: PLC0415
+
+    init = load_init(folder, tokenizer_sha256=None)
+    model = LlamaForCausalLM(init.config)
+    apply_init(model, init)
+    weights = folder / "model.safetensors"
+    info = {
+        "checkpoint_dir": str(folder.resolve()),
+        "step": 0,
+        "model_sha256": file_sha256(weights) if weights.is_file() else "",
+        "tokenizer_dir": str(folder.resolve()),
+        "tokenizer_sha256": file_sha256(folder / "tokenizer.json"),
+    }
+    return model, init.config, info
+
+
+def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int, *, span: int = 0, rows: int = 0):
+    """Build the runner of one candidate (loading its file).
+
+    Args:
+        span, rows: the longest sequence and the most rows the checks feed (:meth:`InputSet.longest`,
+            :meth:`InputSet.rows`); llama.cpp's context is sized to them (0: the model's window, 8 rows).
+    """
     if cand.kind == "prodip":
         return runners.TorchRunner(load_safetensors_model(export_dir, cand.path), cand.name)
     if cand.kind == "transformers":
         return runners.TransformersRunner(export_dir, cand.name)
     if cand.kind == "gguf":
         return device_runners.LlamaCppRunner(
-            export_dir / cand.path, cand.name, context=model_cfg.max_position_embeddings, threads=threads
+            export_dir / cand.path,
+            cand.name,
+            context=span or model_cfg.max_position_embeddings,
+            rows=rows or device_runners.MAX_ROWS,
+            threads=threads,
         )
     if cand.kind == "pte":
         return device_runners.ExecuTorchRunner(export_dir / cand.path, cand.name)
@@ -256,7 +295,13 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     manifest = load_manifest(export_dir)
     tol_path = Path(cfg.tolerances) if cfg.tolerances else DEFAULT_TOLERANCES
     tolerances, candidates = preflight(
-        export_dir, manifest, tol_path, cfg.variants, shards_dir=cfg.shards_dir, heldout_tokens=cfg.heldout_tokens
+        export_dir,
+        manifest,
+        tol_path,
+        cfg.variants,
+        shards_dir=cfg.shards_dir,
+        heldout_files=cfg.heldout,
+        heldout_tokens=cfg.heldout_tokens,
     )
     threads_before = torch.get_num_threads()
     if cfg.threads:
@@ -274,6 +319,7 @@ def preflight(
     only: Optional[list[str]] = None,
     *,
     shards_dir: Optional[str] = None,
+    heldout_files: Optional[dict[str, str]] = None,
     heldout_tokens: int = 1,
 ) -> tuple[dict[str, Any], list[Candidate]]:
     """Everything that can be refused before measuring: the tolerance file (strictly validated, a
@@ -284,14 +330,14 @@ def preflight(
         ``(tolerances, candidates)``.
     Raises:
         ValueError (``ConfigError``): a bad tolerance file, a missing table (named), or a gated
-            held-out metric without ``shards_dir`` (or with ``heldout_tokens`` 0).
+            held-out metric without ``shards_dir`` or ``heldout_files`` (or with ``heldout_tokens`` 0).
         FileNotFoundError: a file of a checked variant is missing (file and variant named).
     """
 
     tolerances = load_tolerances(tol_path)
     candidates = plan_candidates(manifest, only)
     require_tables(tolerances, [c.tolerance_table for c in candidates], tol_path)
-    if not shards_dir or heldout_tokens < 1:
+    if not (shards_dir or heldout_files) or heldout_tokens < 1:
         needs = sorted(
             {
                 f"[{c.tolerance_table}] {m}"
@@ -301,11 +347,15 @@ def preflight(
             }
         )
         if needs:
-            why = "no shards dir was given" if not shards_dir else "heldout_tokens is 0"
+            why = (
+                "no shards dir or held-out files were given"
+                if not (shards_dir or heldout_files)
+                else "heldout_tokens is 0"
+            )
             raise ConfigError(
                 f"{needs[0].split('] ')[1]} is a required check ({', '.join(needs)} in {tol_path}) and needs "
                 f"held-out text, but {why}: pass --shards-dir SHARDS (the run's shards, e.g. runs/demo/shards; "
-                "`prodip run` passes its own) and heldout_tokens >= 1. A required check is never passed "
+                "`prodip run` passes its own) or --heldout bn=FILE,en=FILE, and heldout_tokens >= 1. A required check is never passed "
                 "unmeasured (nothing was measured or written)"
             )
     missing: dict[str, str] = {}
@@ -399,13 +449,22 @@ def check_candidate(
         if problems:
             metrics["axes_problems"] = problems
     try:
-        runner = make_runner(cand, export_dir, model_cfg, cfg.threads)
+        runner = make_runner(
+            cand,
+            export_dir,
+            model_cfg,
+            cfg.threads,
+            span=min(inputs.longest(cfg.greedy_tokens), model_cfg.max_position_embeddings),
+            rows=inputs.rows(),
+        )
     except Exception as err:  # an unloadable artifact fails, it does not crash the suite
         errors["load"] = f"{type(err).__name__}: {str(err).strip()[:400]}"
     else:
         if cand.kind in ("gguf", "pte"):  # what the runtime reads from the file: context, vocab, special ids
             try:
-                problems = device_runners.metadata_problems(cand.kind, runner, model_cfg, stop_ids(export_dir))
+                problems = device_runners.metadata_problems(
+                    cand.kind, runner, model_cfg, stop_ids(export_dir), add_bos=read_specials(export_dir).add_bos
+                )
             except Exception as err:  # an unreadable file fails the check, it does not crash the suite
                 problems = [f"{type(err).__name__}: {str(err).strip()[:400]}"]
             metrics["runtime_version"] = device_runners.runtime_version(cand.kind, runner)
@@ -440,13 +499,15 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
+    window = model_cfg.max_position_embeddings
     inputs = build_inputs(
         train_tok,
-        context_tokens=model_cfg.max_position_embeddings,
+        context_tokens=min(cfg.context_tokens, window) if cfg.context_tokens else window,
         pad_id=model_cfg.pad_token_id,
         greedy_tokens=cfg.greedy_tokens,
         kv_tokens=cfg.kv_tokens,
         shards_dir=cfg.shards_dir,
+        heldout_files=cfg.heldout,
         heldout_tokens=cfg.heldout_tokens,
         tokenizer_sha256=info["tokenizer_sha256"],
     )

@@ -24,6 +24,7 @@ holds it); :func:`build_card` builds it and every function here reads it by attr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -73,6 +74,87 @@ def tokenizer_sources(train_info: Optional[TrainInfo], known: set[str]) -> list[
     return out
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _readme_license(folder: Path) -> Optional[str]:
+    """The ``license`` of a model folder's ``README.md`` front matter (the Hub card), or None."""
+    readme = folder / README_FILE
+    if not readme.is_file():
+        return None
+    text = readme.read_text(encoding="utf-8", errors="replace")
+    m = re.match(r"^---\s*\n(.*?)\n---", text, re.S)
+    if not m:
+        return None
+    found = re.search(r"^license:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", m.group(1), re.M)
+    return found.group(1).strip() if found else None
+
+
+def imported_base(folder: str | Path, hub_id: str = "") -> dict[str, Any]:
+    """What the card says of an imported Hugging Face folder: its Hub id (``hub_id``, else the config's
+    ``_name_or_path`` when it has the ``owner/name`` shape, else None: a local path never becomes
+    ``base_model``), its licence (the folder's README front matter; None when it states none), and what
+    was added to it.
+
+    Raises:
+        InvalidInput: ``hub_id`` given but not of the form ``owner/name``.
+    """
+    from prodip.base.errors import InvalidInput  # noqa: PLC0415
+
+    folder = Path(folder)
+    if hub_id and not _HUB_ID.match(hub_id):
+        raise InvalidInput(f"--base-model-id {hub_id!r}: a Hub id is owner/name (e.g. HuggingFaceTB/SmolLM2-135M)")
+    if not hub_id:
+        try:
+            name = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("_name_or_path", "")
+        except (OSError, json.JSONDecodeError):
+            name = ""
+        hub_id = name if isinstance(name, str) and _HUB_ID.match(name) and not Path(name).exists() else ""
+    return {"base_model": hub_id or None, "license": _readme_license(folder), "added": "nothing (exported unchanged)"}
+
+
+def _imported_card(imported: dict[str, Any]) -> Card:
+    base = imported.get("base_model")
+    lic = imported.get("license")
+    named = f"`{base}`" if base else "a local Hugging Face model folder (no Hub id was given)"
+    text = (
+        f"These are the weights and tokenizer of {named}, exported unchanged by prodip; added: "
+        f"{imported.get('added', 'nothing')}. Its training data and licence are those its own model card states"
+        + (f" (licence: {lic})." if lic else "; that folder's card states no licence, so none is claimed here.")
+    )
+    statement = {
+        "class": "unknown",
+        "licenses": [lic] if lic else [],
+        "share_alike": [],
+        "non_commercial": [],
+        "attribution": [],
+        "unknown_included": [],
+        "cleared": False,
+        "text": text,
+    }
+    license_ = (
+        {"license": lic.lower()}
+        if lic and lic.lower() != "other"
+        else {
+            "license": "other",
+            "license_name": "base-model-licence",
+            "license_link": "README.md#data-statement",
+        }
+    )
+    return Card.model_validate(
+        {
+            "license": license_,
+            "languages": [],
+            "datasets": [],
+            "tags": ["prodip", "llama", "imported"],
+            "base_model": base,
+            "sources": [],
+            "statement": statement,
+            "tokens_seen_by_language": {},
+        }
+    )
+
+
 def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None) -> Card:
     """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records) and
     its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`).
@@ -86,6 +168,8 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
         pydantic.ValidationError: a source record that is not a card source (a bug upstream: field named).
     """
     data_card = data_card or {}
+    if "imported" in data_card:  # prodip export HF_FOLDER: nothing trained, the base's own card rules
+        return _imported_card(data_card["imported"])
     seen = data_card.get("tokens_seen_by_source", {})
     sources = [{**s, "tokens_seen": seen.get(s["name"], s.get("tokens_seen"))} for s in data_card.get("sources", [])]
     sources += tokenizer_sources(train_info, {s["name"] for s in sources}) if sources else []
@@ -176,7 +260,7 @@ def data_statement(card: Card) -> str:
     seen = card.tokens_seen_by_language
     if seen:
         lines += ["Tokens seen in training per language: " + ", ".join(f"{k} {v:,}" for k, v in seen.items()), ""]
-    if card.base_model:
+    if card.base_model and "imported" not in card.tags:
         lines += [f"Fine-tuned from: `{card.base_model}` (its own card states its data).", ""]
     return "\n".join(lines)
 

@@ -20,7 +20,11 @@ VARIANTS = VARIANT_NAMES
 class ExportConfig:
     """Settings of one export: checkpoint in, export dir out (layout: CONTRACTS.md "Export dir")."""
 
-    checkpoint: str = opt("", "checkpoint step dir, checkpoints dir or run dir (follows `latest`)")
+    checkpoint: str = opt(
+        "",
+        "checkpoint step dir, checkpoints dir or run dir (follows `latest`), or a Hugging Face Llama folder "
+        "(config.json, model.safetensors, tokenizer.json) exported unchanged with its own tokenizer",
+    )
     out: str = opt("", "export dir to create (refused if it exists and is not empty, unless --force)")
     variants: list[str] = opt(
         help="variants to write, any of "
@@ -66,6 +70,11 @@ class ExportConfig:
         32, "pte-8da4w: weights per int4 group along each Linear's input dim (must divide hidden and intermediate size)"
     )
     force: bool = opt(False, "replace an existing, non-empty export dir")
+    base_model_id: str = opt(
+        "",
+        "the Hub id of an imported model (e.g. HuggingFaceTB/SmolLM2-135M-Instruct), the card's base_model; "
+        "default: the folder's config.json _name_or_path when it is a Hub id, else none",
+    )
 
     def __post_init__(self) -> None:
         unknown = [v for v in self.variants if v not in VARIANTS]

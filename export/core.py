@@ -30,6 +30,7 @@ from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
 from prodip.base.manifest import MANIFEST_FILE, Card, ExportManifest, load_manifest, write_manifest
 from prodip.base.records import NewerFormat, RecordError
+from prodip.base.specials import read_specials
 from prodip.base.variants import (
     BY_NAME,
     DERIVED_ONNX_VARIANTS,
@@ -358,7 +359,9 @@ def _build_devices(
         if chat is not None:  # ExecuTorch's tokenizers have no template engine: the app reads this file
             (root / PTE_DIR / CHAT_TEMPLATE_FILE).write_text(chat["chat_template"], encoding="utf-8")
         bos, eos = model.config.bos_token_id, model.config.eos_token_id
-        eos_ids = [eos] if chat is None else [eos, chat["end_of_turn_id"]]
+        # the ids generation_config.json lists (hf.generation_config): eos, end of turn, an import's others
+        stops = read_specials(tokenizer_dir).stop_ids if tokenizer_dir else ()
+        eos_ids = list(dict.fromkeys([eos, *([] if chat is None else [chat["end_of_turn_id"]]), *stops]))
     for name in pte:
         v = BY_NAME[name]
         with step(f"ExecuTorch {name} (XNNPACK)"):
@@ -534,6 +537,8 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
     if not cfg.out:
         raise InvalidInput("ExportConfig.out is empty: give the export dir to create (--out DIR)")
     check_out_dir(Path(cfg.out), cfg.force)  # fail before the (slow) load
+    if is_hf_folder(cfg.checkpoint):
+        return export_hf_folder(cfg)
     ckpt = require_checkpoint_tokenizer(cfg.checkpoint).resolve()
     out_real = Path(cfg.out).resolve()
     if ckpt == out_real or out_real in ckpt.parents:
@@ -557,6 +562,66 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         tokenizer_sha256=info["tokenizer_sha256"],
         data_card=state.data_card,
         tokenizer_info=read_train_info(Path(info["tokenizer_dir"])),
+    )
+
+
+def is_hf_folder(path: str | os.PathLike) -> bool:
+    """A Hugging Face model folder (``config.json``, no prodip checkpoint there)."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        return False
+    try:
+        resolve_checkpoint(p)
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def export_hf_folder(cfg: ExportConfig) -> Path:
+    """Export a Hugging Face Llama folder unchanged (``prodip export HF_FOLDER``): its weights, its own
+    tokenizer, special tokens and chat template, no training step.
+
+    The folder is read as ``prodip train --init-from`` reads it (:func:`prodip.train.init.load_init`;
+    what prodip's Llama cannot compute is refused naming the config key), so the export's logits are
+    the folder's. The card's ``base_model`` is ``cfg.base_model_id``, else the config's
+    ``_name_or_path`` when it looks like a Hub id (``owner/name``), else none; the local path is
+    recorded only in the manifest.
+
+    Raises:
+        MissingInput: no ``tokenizer.json`` in the folder (its tokenizer travels into every artifact).
+        InvalidInput: see :func:`prodip.train.init.hf_model_config`.
+    """
+    from prodip.base.files import file_sha256  # noqa: PLC0415
+    from prodip.train.init import apply_init, load_init  # noqa: PLC0415
+    from prodip.train.model import LlamaForCausalLM  # noqa: PLC0415
+
+    folder = Path(cfg.checkpoint).resolve()
+    if not (folder / "tokenizer.json").is_file():
+        raise MissingInput(
+            f"{folder / 'tokenizer.json'}: not found; `prodip export HF_FOLDER` ships the folder's own fast "
+            "tokenizer (save it with tokenizer.save_pretrained into the folder)"
+        )
+    out_real = Path(cfg.out).resolve()
+    if folder == out_real or out_real in folder.parents:
+        raise InvalidInput(f"--out {cfg.out} contains the folder {cfg.checkpoint} being exported; choose another --out")
+    init = load_init(folder, tokenizer_sha256=None)
+    model = LlamaForCausalLM(init.config)
+    apply_init(model, init)
+    model.eval()
+    resolve_graph(cfg.onnx_graph, model.config)
+    weights = folder / hf.WEIGHTS_FILE
+    source = {
+        "path": str(folder),
+        "step": 0,
+        "model_sha256": file_sha256(weights) if weights.is_file() else "",
+    }
+    return export_model(
+        model,
+        cfg,
+        tokenizer_dir=folder,
+        source_checkpoint=source,
+        tokenizer_sha256=file_sha256(folder / "tokenizer.json"),
+        data_card={"imported": model_card.imported_base(folder, cfg.base_model_id)},
     )
 
 

@@ -15,6 +15,8 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
   run on a float32 GGUF, from the prebuilt llama.cpp library node-llama-cpp ships (gguf-py has no Q4_K
   quantiser). Where a row length is not a multiple of 256 llama.cpp itself falls back (Q4_K -> Q5_0,
   Q6_K -> Q8_0); the manifest records the resulting tensor types.
+- Llama 3.1's ``llama3`` RoPE scaling as the ``rope_freqs.weight`` tensor (per-frequency divisors,
+  :func:`prodip.train.model.rope_factors`), as the converter writes it; llama.cpp has no llama3 rope type;
 - a chat model's template as ``tokenizer.chat_template`` and its ``<|im_end|>`` as ``tokenizer.ggml.eot_token_id``
   (llama.cpp's end-of-generation set is then {<|im_end|>, <|eos|>}; it still logs "special_eos_id is not in
   special_eog_ids" because ``<|eos|>`` is not a text it knows, and adds it to that set itself);
@@ -42,7 +44,8 @@ from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.manifest import Card
 from prodip.export.card import add_gguf_metadata
 from prodip.tokenizer.gguf import add_tokenizer_metadata
-from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name, read_tokenizer_json, require_portable
+from prodip.tokenizer.portable import RECOGNISED, pretokenizer_name, read_tokenizer_json, require_portable
+from prodip.train.model import rope_factors
 
 #: llama.cpp block sizes (ggml-common.h QK8_0 and QK_K).
 Q8_0_BLOCK, QK_K = 32, 256
@@ -117,7 +120,7 @@ def check_tokenizer(tokenizer_dir: Path) -> str:
             names why: not byte-level BPE, or a pre-tokenizer pattern none of llama.cpp's built-in types has).
     """
     require_portable(tokenizer_dir, "llama.cpp")
-    return PRETOKENIZERS[pretokenizer_name(read_tokenizer_json(tokenizer_dir))].llama_cpp_pre
+    return RECOGNISED[pretokenizer_name(read_tokenizer_json(tokenizer_dir))].llama_cpp_pre
 
 
 def tokenizer_size(tokenizer_dir: Path) -> int:
@@ -201,6 +204,12 @@ def write_gguf(
         q = gguf.GGMLQuantizationType.F32 if data.ndim <= 1 or new.endswith("_norm.weight") else qtype
         w.add_tensor(new, gguf.quants.quantize(data, q), raw_dtype=q)
         types[q.name] += 1
+    if cfg.rope_scaling:
+        # llama.cpp has no llama3 rope type: it divides each RoPE frequency by this tensor, as
+        # convert_hf_to_gguf.py writes it for Llama 3.1+ (LlamaModel.generate_extra_tensors)
+        factors = rope_factors(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).numpy()
+        w.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors)
+        types["F32"] += 1
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

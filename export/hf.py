@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import writing
+from prodip.base.specials import read_specials
 from prodip.train.config import HF_FIXED_KEYS, ModelConfig
 
 CONFIG_FILE = "config.json"
@@ -50,16 +52,23 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
     return out
 
 
-def generation_config(config: Any, end_of_turn_id: Optional[int] = None) -> dict[str, Any]:
+def generation_config(
+    config: Any, end_of_turn_id: Optional[int] = None, stop_ids: Sequence[int] = ()
+) -> dict[str, Any]:
     """``generation_config.json``: token ids and greedy decoding up to the trained context.
 
     Args:
         config: the ``ModelConfig``.
-        end_of_turn_id: a chat model's ``<|im_end|>`` id (``prodip.base.chat.chat_contract``): then
+        end_of_turn_id: a chat model's end-of-turn id (``prodip.base.chat.chat_contract``): then
             ``eos_token_id`` is the list ``[eos, end_of_turn]`` (transformers, transformers.js and
             onnxruntime-genai stop at any id of the list); None (a base model): the single eos id.
+        stop_ids: further ids that end generation (an imported model's ``generation_config.json``
+            list, e.g. Llama 3's ``<|end_of_text|>``, ``<|eom_id|>``), appended without repeats.
     """
-    eos = config.eos_token_id if end_of_turn_id is None else [config.eos_token_id, end_of_turn_id]
+    ids = list(
+        dict.fromkeys([config.eos_token_id, *([end_of_turn_id] if end_of_turn_id is not None else []), *stop_ids])
+    )
+    eos = ids[0] if len(ids) == 1 else ids
     return {
         "bos_token_id": config.bos_token_id,
         "eos_token_id": eos,
@@ -128,7 +137,8 @@ def write_hf(
         save_file(export_state_dict(model, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     written.append(out / WEIGHTS_FILE)
     _write_json(out / CONFIG_FILE, hf_config(model.config, dtype))
-    _write_json(out / GENERATION_CONFIG_FILE, generation_config(model.config, chat and chat["end_of_turn_id"]))
+    stops = read_specials(tokenizer_dir).stop_ids if tokenizer_dir is not None else ()
+    _write_json(out / GENERATION_CONFIG_FILE, generation_config(model.config, chat and chat["end_of_turn_id"], stops))
     written += [out / CONFIG_FILE, out / GENERATION_CONFIG_FILE]
     if tokenizer_dir is not None:
         written += copy_tokenizer(tokenizer_dir, out)

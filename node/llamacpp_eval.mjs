@@ -15,11 +15,12 @@ import fs from "node:fs";
 import readline from "node:readline";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
-const [modelPath, nSeq, ctxSize, threads] = process.argv.slice(2);
+// batch: tokens one eval may hold (the longest sequence; default the whole context)
+const [modelPath, nSeq, ctxSize, threads, batch] = process.argv.slice(2);
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error, logger: () => {}});
 const model = await llama.loadModel({modelPath, gpuLayers: 0});
 const ctx = await model.createContext({
-  contextSize: Number(ctxSize), sequences: Number(nSeq), threads: Number(threads), batchSize: Number(ctxSize),
+  contextSize: Number(ctxSize), sequences: Number(nSeq), threads: Number(threads), batchSize: Number(batch ?? ctxSize),
   flashAttention: false, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32",
 });
 const seqs = Array.from({length: Number(nSeq)}, () => ctx.getSequence());

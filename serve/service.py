@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 
 from tokenizers import Tokenizer
 
-from prodip.base.chat import CHAT_TEMPLATE, ROLES, render
+from prodip.base.chat import CHAT_TEMPLATE, ROLES, render, template_variables_of
 from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
@@ -128,6 +128,8 @@ class Service:
         self.stop_ids = frozenset({self.eos_id, *(int(e) for e in (eos if isinstance(eos, list) else [eos]))})
         #: the export's chat template (tokenizer_config.json ``chat_template``), None for a base model
         self.chat_template: Optional[str] = self.tokenizer_config.get("chat_template") or None
+        #: the special-token strings an imported model's own template reads (bos_token, eos_token, ...)
+        self.template_variables = template_variables_of(self.tokenizer_config)
         #: one per event loop that streams (the engine thread flushes them all at each step)
         self._posters: list[LoopPoster] = []
         self._posters_lock = threading.Lock()
@@ -348,7 +350,8 @@ class Service:
 
     def require_chat(self) -> None:
         """Raises: APIError 400 ``chat_not_supported`` when the export has no chat template (a base
-        model) or one other than the chat contract's (read from tokenizer_config.json at start, so
+        model) or, for a prodip tokenizer, one other than the chat contract's (an imported model's
+        own template is served as it is; read from tokenizer_config.json at start, so
         answered while the model loads too)."""
         if not self.chat_template:
             raise APIError(
@@ -358,7 +361,7 @@ class Service:
                 param="messages",
                 code="chat_not_supported",
             )
-        if self.chat_template != CHAT_TEMPLATE:
+        if self.chat_template != CHAT_TEMPLATE and "format_version" in self.tokenizer_config:
             raise APIError(
                 400,
                 "this export's chat_template (tokenizer_config.json) is not prodip's chat contract "
@@ -429,7 +432,11 @@ class Service:
                     code="special_token_in_content",
                 )
             messages.append({"role": m.role, "content": content})
-        ids = self.encode(render(messages, add_generation_prompt=True), add_special_tokens=False)
+        own = None if self.chat_template == CHAT_TEMPLATE else self.chat_template  # an imported model's
+        variables = self.template_variables if own else None
+        ids = self.encode(
+            render(messages, add_generation_prompt=True, template=own, variables=variables), add_special_tokens=False
+        )
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:  # pragma: no cover (a tokenizer larger than the model: refused by export)
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param="messages")

@@ -2,10 +2,11 @@
 
 A GGUF carries a byte-level BPE as ``tokenizer.ggml.model = "gpt2"`` with the token strings, merges and
 token types of ``tokenizer.json``, and names the pre-tokenizer by one of llama.cpp's built-in types
-(``tokenizer.ggml.pre``; :data:`prodip.tokenizer.portable.PRETOKENIZERS` maps ours). The special tokens
-follow prodip's convention: ``<|bos|>`` (id 1) starts every document and is prepended to a prompt
-(``tokenizer.ggml.add_bos_token = true``), ``<|eos|>`` (id 2) ends a document and ends generation,
-``<|pad|>`` is id 0. Keys are written with the ``gguf`` package, the library llama.cpp maintains.
+(``tokenizer.ggml.pre``; :data:`prodip.tokenizer.portable.PRETOKENIZERS` maps ours). The special-token
+ids are the tokenizer's own (:func:`prodip.base.specials.read_specials`): for prodip's, ``<|bos|>`` (id 1)
+starts every document and is prepended to a prompt (``tokenizer.ggml.add_bos_token = true``), ``<|eos|>``
+(id 2) ends a document and ends generation, ``<|pad|>`` is id 0; an imported tokenizer's are read from its
+``tokenizer_config.json``, and ``add_bos_token`` is whether its post-processor prepends the bos. Keys are written with the ``gguf`` package, the library llama.cpp maintains.
 The export stage building full GGUF models calls :func:`add_tokenizer_metadata` on its writer.
 
     python -m prodip.tokenizer.gguf runs/demo/tokenizer /tmp/vocab.gguf     # vocabulary-only GGUF
@@ -20,7 +21,8 @@ from typing import Any
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import writing
-from prodip.tokenizer.portable import PRETOKENIZERS, pretokenizer_name, read_tokenizer_json, require_portable
+from prodip.base.specials import read_specials
+from prodip.tokenizer.portable import RECOGNISED, pretokenizer_name, read_tokenizer_json, require_portable
 
 #: The ids of prodip's special tokens (tokenizer/bpe.py SPECIAL_TOKENS order).
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -59,28 +61,24 @@ def tokenizer_metadata(tokenizer_dir: str | os.PathLike, *, vocab_size: int | No
     types = [int(gguf.TokenType.NORMAL)] * size
     for token, i in vocab.items():
         tokens[i] = token
-    for added in tok_json.get("added_tokens", []):
-        types[added["id"]] = int(gguf.TokenType.CONTROL)
+    for added in tok_json.get("added_tokens", []):  # llama.cpp parses both kinds whole in text
+        types[added["id"]] = int(gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED)
     for i in range(n, size):
         tokens[i], types[i] = f"<|unused_{i - n}|>", int(gguf.TokenType.UNUSED)
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
     name = pretokenizer_name(tok_json)
     assert name is not None  # require_portable checked it
-    for token, want in (("<|pad|>", PAD_ID), ("<|bos|>", BOS_ID), ("<|eos|>", EOS_ID)):
-        if vocab.get(token) != want:
-            raise InvalidInput(
-                f"{Path(tokenizer_dir) / 'tokenizer.json'}: {token} has id {vocab.get(token)}, expected {want}"
-            )
+    specials = read_specials(tokenizer_dir)
     return {
         "model": "gpt2",
-        "pre": PRETOKENIZERS[name].llama_cpp_pre,
+        "pre": RECOGNISED[name].llama_cpp_pre,
         "tokens": tokens,
         "token_types": types,
         "merges": merges,
-        "bos_id": BOS_ID,
-        "eos_id": EOS_ID,
-        "pad_id": PAD_ID,
-        "add_bos": True,
+        "bos_id": specials.bos_id,
+        "eos_id": specials.eos_id,
+        "pad_id": specials.pad_id,
+        "add_bos": specials.add_bos,
         "add_eos": False,
     }
 
@@ -97,9 +95,11 @@ def add_tokenizer_metadata(writer, tokenizer_dir: str | os.PathLike, *, vocab_si
     writer.add_token_list(meta["tokens"])
     writer.add_token_types(meta["token_types"])
     writer.add_token_merges(meta["merges"])
-    writer.add_bos_token_id(meta["bos_id"])
+    if meta["bos_id"] is not None:
+        writer.add_bos_token_id(meta["bos_id"])
     writer.add_eos_token_id(meta["eos_id"])
-    writer.add_pad_token_id(meta["pad_id"])
+    if meta["pad_id"] is not None:
+        writer.add_pad_token_id(meta["pad_id"])
     writer.add_add_bos_token(meta["add_bos"])
     writer.add_add_eos_token(meta["add_eos"])
     return meta

@@ -75,10 +75,29 @@ PRETOKENIZERS: dict[str, Pretokenizer] = {
         llama_cpp_pre="llama-bpe",
         source="Llama-3 tokenizer.json; llama.cpp src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_LLAMA3",
     ),
+    "qwen2": Pretokenizer(
+        regex=(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        ),
+        llama_cpp_pre="qwen2",
+        source="Qwen2/Qwen2.5 tokenizer.json; llama.cpp src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_QWEN2",
+    ),
     "gpt2": Pretokenizer(
         regex=r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
         llama_cpp_pre="gpt-2",
         source="GPT-2 encoder.py; llama.cpp src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_GPT2",
+    ),
+}
+#: Every pre-tokenizer :func:`pretokenizer_name` recognises: :data:`PRETOKENIZERS` (which prodip also trains
+#: with) and those only met in imported tokenizers: SmolLM/SmolLM2's (Digits(individual) + ByteLevel(use_regex);
+#: no Split regex to compare, recognised by its shape; the regex is GPT-2's, digits split first).
+RECOGNISED: dict[str, Pretokenizer] = {
+    **PRETOKENIZERS,
+    "smollm": Pretokenizer(
+        regex=PRETOKENIZERS["gpt2"].regex,
+        llama_cpp_pre="smollm",
+        source="SmolLM2 tokenizer.json; llama.cpp src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_SMOLLM",
     ),
 }
 DEFAULT_PRETOKENIZER = "o200k-marks"
@@ -129,7 +148,7 @@ def read_tokenizer_json(tokenizer_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def pretokenizer_name(tok_json: dict[str, Any]) -> str | None:
-    """The :data:`PRETOKENIZERS` name of a byte-level ``tokenizer.json``'s pre-tokenizer, else None.
+    """The :data:`RECOGNISED` name of a byte-level ``tokenizer.json``'s pre-tokenizer, else None.
 
     Recognised form: ``Sequence[Split(Regex=R, behavior=Isolated, invert=false),
     ByteLevel(use_regex=false)]`` with R byte-identical to a known regex.
@@ -138,6 +157,14 @@ def pretokenizer_name(tok_json: dict[str, Any]) -> str | None:
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
     if len(steps) != 2:
         return None
+    if (  # SmolLM's (StarCoder's): single digits, then ByteLevel with its built-in GPT-2 regex
+        steps[0].get("type") == "Digits"
+        and steps[0].get("individual_digits") is True
+        and steps[1].get("type") == "ByteLevel"
+        and steps[1].get("use_regex") is True
+        and not steps[1].get("add_prefix_space")
+    ):
+        return "smollm"
     split, byte_level = steps
     if (
         split.get("type") != "Split"
@@ -223,7 +250,7 @@ def portability(tokenizer_dir: str | os.PathLike) -> dict[str, tuple[bool, str]]
         else:
             out["llama.cpp"] = (
                 True,
-                f"tokenizer.ggml.pre = {PRETOKENIZERS[name].llama_cpp_pre!r} "
+                f"tokenizer.ggml.pre = {RECOGNISED[name].llama_cpp_pre!r} "
                 f"(pre-tokenizer {name!r}); the app NFC-normalises first",
             )
     return out

@@ -22,6 +22,44 @@ from prodip.base.errors import InvalidInput, MissingInput
 HF_FIXED_KEYS = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
 
 
+#: The keys of Llama 3.1's RoPE scaling (HF ``rope_scaling`` with ``rope_type = "llama3"``) and their types.
+LLAMA3_ROPE_KEYS = {
+    "factor": float,
+    "low_freq_factor": float,
+    "high_freq_factor": float,
+    "original_max_position_embeddings": int,
+}
+
+
+def check_rope_scaling(rope_scaling: Optional[dict[str, Any]], *, source: str) -> None:
+    """Refuse a RoPE scaling the model does not compute: only none or ``rope_type = "llama3"``.
+
+    Raises:
+        InvalidInput: another ``rope_type`` (``type`` in older configs), or a llama3 key missing or
+            not a positive number, naming ``source`` and the key.
+    """
+    if not rope_scaling:
+        return
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind != "llama3":
+        raise InvalidInput(
+            f"{source}: rope_type {kind!r} is not supported (prodip computes RoPE with no scaling or with "
+            "Llama 3.1's 'llama3' scaling)"
+        )
+    for key, tp in LLAMA3_ROPE_KEYS.items():
+        value = rope_scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise InvalidInput(f"{source}: {key} = {value!r}; llama3 RoPE scaling needs a positive {tp.__name__}")
+    if rope_scaling["high_freq_factor"] <= rope_scaling["low_freq_factor"]:
+        raise InvalidInput(
+            f"{source}: high_freq_factor {rope_scaling['high_freq_factor']} must exceed low_freq_factor "
+            f"{rope_scaling['low_freq_factor']}"
+        )
+    extra = sorted(set(rope_scaling) - {*LLAMA3_ROPE_KEYS, "rope_type", "type", "rope_theta"})
+    if extra:
+        raise InvalidInput(f"{source}: {', '.join(extra)} not understood in llama3 RoPE scaling")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only Llama model. Field names and meanings are those of HF ``LlamaConfig``."""
@@ -40,6 +78,11 @@ class ModelConfig:
     max_position_embeddings: int = opt(1024, "longest sequence the model is trained and served at (tokens)")
     rms_norm_eps: float = opt(1e-5, "epsilon inside RMSNorm")
     rope_theta: float = opt(10000.0, "RoPE base frequency (Su et al. 2021, arXiv:2104.09864)")
+    rope_scaling: Optional[dict[str, Any]] = opt(
+        None,
+        "RoPE frequency scaling as HF LlamaConfig's: none, or Llama 3.1's {rope_type = 'llama3', factor, "
+        "low_freq_factor, high_freq_factor, original_max_position_embeddings}",
+    )
     tie_word_embeddings: bool = opt(False, "share the input embedding and lm_head weight")
     initializer_range: float = opt(0.02, "std of the normal init of Linear/Embedding weights (HF Llama)")
     hidden_act: str = opt("silu", "MLP activation (SwiGLU uses SiLU)", choices=("silu",))
@@ -77,6 +120,7 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.head_dim % 2:
             raise InvalidInput(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        check_rope_scaling(self.rope_scaling, source="ModelConfig.rope_scaling")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if self.vocab_size is not None and not 0 <= getattr(self, name) < self.vocab_size:
                 raise InvalidInput(

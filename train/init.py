@@ -20,24 +20,31 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from safetensors.torch import load_file
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
+from prodip.base.specials import Specials, read_specials
 from prodip.train import checkpoint
-from prodip.train.config import ModelConfig
+from prodip.train.config import ModelConfig, check_rope_scaling
 
 log = logging.getLogger(__name__)
 
 #: HF LlamaConfig keys whose non-default values change the computation in ways our model lacks.
 _REFUSED = {
-    "rope_scaling": (None, {}),
     "attention_bias": (False,),
     "mlp_bias": (False,),
     "hidden_act": ("silu",),
+    "pretraining_tp": (1,),
+    "rope_interleaved": (False,),
+}
+#: model_type values and why each is refused (one line naming the key).
+_OTHER_TYPES = {
+    "qwen2": "q/k/v projection biases (attention bias) are not in prodip's Llama yet",
+    "mistral": "sliding-window attention is not in prodip's Llama",
 }
 _HF_INDEX = "model.safetensors.index.json"
 
@@ -52,12 +59,13 @@ class InitWeights:
     kind: str  # "prodip" or "hf"
 
 
-def load_init(path: str | Path, *, tokenizer_sha256: str) -> InitWeights:
+def load_init(path: str | Path, *, tokenizer_sha256: Optional[str]) -> InitWeights:
     """Read the weights and model config of ``path`` (see the module docstring).
 
     Args:
         path: prodip step/checkpoints/run dir, or a Hugging Face Llama folder.
-        tokenizer_sha256: sha256 of the run's ``tokenizer.json`` (the shards' tokenizer).
+        tokenizer_sha256: sha256 of the run's ``tokenizer.json`` (the shards' tokenizer); None: the
+            folder's own tokenizer is the one (``prodip export HF_FOLDER``).
     Returns:
         :class:`InitWeights`.
     Raises:
@@ -86,9 +94,9 @@ def _is_prodip_checkpoint(path: Path) -> bool:
     return True
 
 
-def _load_prodip(path: Path, tokenizer_sha256: str) -> InitWeights:
+def _load_prodip(path: Path, tokenizer_sha256: Optional[str]) -> InitWeights:
     model, config, info = checkpoint.load_model(path)
-    if info["tokenizer_sha256"] != tokenizer_sha256:
+    if tokenizer_sha256 is not None and info["tokenizer_sha256"] != tokenizer_sha256:
         raise InvalidInput(
             f"--init-from {info['checkpoint_dir']}: trained with tokenizer sha256 {info['tokenizer_sha256'][:12]}, "
             f"the run's shards use {tokenizer_sha256[:12]}; encode the new corpus with the checkpoint's tokenizer "
@@ -98,49 +106,76 @@ def _load_prodip(path: Path, tokenizer_sha256: str) -> InitWeights:
     return InitWeights(config, tensors, f"{info['checkpoint_dir']} (step {info['step']})", "prodip")
 
 
-def hf_model_config(data: dict[str, Any], *, source: str) -> ModelConfig:
+def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Specials] = None) -> ModelConfig:
     """Map a Hugging Face ``LlamaConfig`` dict onto :class:`ModelConfig`, refusing what it cannot represent.
 
-    Reads ``rope_theta`` from the top level or from transformers 5's ``rope_parameters``.
+    RoPE: ``rope_theta`` and ``rope_scaling`` at the top level (transformers 4) or in transformers 5's
+    ``rope_parameters``; no scaling or Llama 3.1's ``llama3`` is computed, any other ``rope_type``
+    (yarn, linear, dynamic, longrope) is refused by name. Token ids: ``specials`` (the folder's
+    tokenizer, :func:`prodip.base.specials.read_specials`) when given: bos, eos (the tokenizer's
+    ``eos_token``; the other stop ids travel in ``generation_config.json``), pad (the eos when the
+    model has none, as transformers' generate pads); else the config's, one id each.
 
     Raises:
-        ValueError: another ``model_type``, RoPE scaling, biases, another activation (naming the key).
+        InvalidInput: another ``model_type``, an unsupported RoPE scaling, biases, another activation,
+            several eos ids without ``specials`` (each naming the key).
     """
-    if data.get("model_type") != "llama":
-        raise InvalidInput(f"{source}: model_type {data.get('model_type')!r}; --init-from reads Llama models only")
+    kind = data.get("model_type")
+    if kind in _OTHER_TYPES:
+        raise InvalidInput(f"{source}: model_type = {kind!r}: {_OTHER_TYPES[kind]}; prodip imports Llama models")
+    if kind != "llama":
+        raise InvalidInput(f"{source}: model_type = {kind!r}; prodip imports Llama models (model_type 'llama') only")
     for key, allowed in _REFUSED.items():
-        if key in data and data[key] not in allowed:
+        if key in data and data[key] not in allowed and data[key] is not None:
             raise InvalidInput(
                 f"{source}: {key} = {data[key]!r} cannot be represented by prodip's Llama (needs {allowed[0]!r})"
             )
     data = dict(data)
     rope = data.get("rope_parameters")
+    scaling = data.get("rope_scaling")
     if isinstance(rope, dict):
-        if rope.get("rope_type", "default") != "default":
-            raise InvalidInput(f"{source}: rope_parameters.rope_type = {rope.get('rope_type')!r}; only 'default' RoPE")
         data.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else scaling
+    key = "rope_parameters" if isinstance(rope, dict) and scaling is rope else "rope_scaling"
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "type")}
+        scaling["rope_type"] = scaling.get("rope_type", (data.get(key) or {}).get("type"))
+        check_rope_scaling(scaling, source=f"{source}: {key}")
+        data["rope_scaling"] = scaling
+    else:
+        data["rope_scaling"] = None
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     kept = {k: v for k, v in data.items() if k in names and v is not None}
+    if specials is not None:
+        bos = specials.bos_id if specials.bos_id is not None else next(iter(_as_ids(data.get("bos_token_id"))), None)
+        kept["bos_token_id"] = bos if bos is not None else specials.eos_id
+        kept["eos_token_id"] = specials.eos_id
+        kept["pad_token_id"] = specials.pad_id if specials.pad_id is not None else specials.eos_id
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if isinstance(kept.get(key), list):  # several eos ids: our config has one
             raise InvalidInput(f"{source}: {key} = {kept[key]!r}; prodip's config holds one id")
     return ModelConfig.from_dict(kept, source=source)
 
 
-def _load_hf(path: Path, tokenizer_sha256: str) -> InitWeights:
+def _as_ids(value: Any) -> list[int]:
+    return [value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)]
+
+
+def _load_hf(path: Path, tokenizer_sha256: Optional[str]) -> InitWeights:
     cfg_path = path / "config.json"
     try:
         data = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise InvalidInput(f"{cfg_path}: not valid JSON ({err})") from None
-    config = hf_model_config(data, source=str(cfg_path))
+    own = (path / "tokenizer.json").is_file()
+    config = hf_model_config(data, source=str(cfg_path), specials=read_specials(path) if own else None)
     files = _hf_weight_files(path)
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         tensors.update(load_file(str(f)))
     tensors = {k: v.float() for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
     tok = path / "tokenizer.json"
-    if not tok.is_file() or file_sha256(tok) != tokenizer_sha256:
+    if tokenizer_sha256 is not None and (not tok.is_file() or file_sha256(tok) != tokenizer_sha256):
         log.warning(
             "--init-from %s: %s; the shards' token ids are taken to mean what this model learned "
             "(same vocabulary size %d) but that cannot be checked",

@@ -12,6 +12,7 @@ print(LlamaForCausalLM(C(vocab_size=256, hidden_size=64, num_hidden_layers=2, nu
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from typing import Optional
 
@@ -41,19 +42,57 @@ class LlamaRMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def rope_inv_freq(
+    head_dim: int, theta: float, rope_scaling: Optional[dict] = None, device: Optional[torch.device] = None
+) -> torch.Tensor:
+    """RoPE inverse frequencies ``theta ** (-2i / Dh)``, i < Dh/2, scaled as ``rope_scaling`` says.
+
+    ``rope_scaling`` None: unscaled (Su et al. 2021). ``rope_type = "llama3"`` (Llama 3.1, Meta's
+    reference ``apply_scaling`` in llama-models, as transformers' ``_compute_llama3_parameters``):
+    wavelengths ``2 pi / f`` above ``original_max_position_embeddings / low_freq_factor`` are divided
+    by ``factor``, those below ``original_max_position_embeddings / high_freq_factor`` kept, and those
+    between interpolated with ``s = (original / wavelength - low) / (high - low)``:
+    ``(1 - s) f / factor + s f``.
+
+    Returns:
+        (Dh/2,) float32 on ``device``.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float() / head_dim))
+    if not rope_scaling:
+        return inv_freq
+    factor = rope_scaling["factor"]
+    low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+    old = rope_scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_factors(head_dim: int, theta: float, rope_scaling: Optional[dict]) -> torch.Tensor:
+    """Per-frequency divisors ``unscaled / scaled`` of :func:`rope_inv_freq` (Dh/2,) float32: what
+    llama.cpp reads as the ``rope_freqs.weight`` tensor (its rope divides each frequency by it)."""
+    return rope_inv_freq(head_dim, theta) / rope_inv_freq(head_dim, theta, rope_scaling)
+
+
 def rope_cos_sin(
-    position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+    position_ids: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    rope_scaling: Optional[dict] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for rotate-half RoPE (Su et al. 2021; HF ``LlamaRotaryEmbedding`` layout).
 
     Args:
         position_ids: (B, T) int64 absolute positions.
+        rope_scaling: the config's ``rope_scaling`` (:func:`rope_inv_freq`).
     Returns:
         cos, sin: (B, 1, T, Dh) in ``dtype``; angles computed in fp32 for accuracy at long positions.
     """
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.int64).float() / head_dim)
-    )
+    inv_freq = rope_inv_freq(head_dim, theta, rope_scaling, position_ids.device)
     freqs = position_ids.float()[..., None] * inv_freq  # (B, T, Dh/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, Dh): halves repeated, the "rotate half" layout
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
@@ -86,6 +125,7 @@ class LlamaRotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.rope_scaling = config.rope_scaling
         self.max_position_embeddings = config.max_position_embeddings
         cos, sin = self._tables(None)
         self.register_buffer("cos_cached", cos, persistent=False)  # (N, Dh) float32
@@ -95,7 +135,7 @@ class LlamaRotaryEmbedding(nn.Module):
         positions = torch.arange(self.max_position_embeddings, device=device)[None]  # (1, N)
         kind = positions.device.type
         with torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else nullcontext():
-            cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, torch.float32)
+            cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, torch.float32, self.rope_scaling)
         return cos[0, 0], sin[0, 0]
 
     def _apply(self, fn, recurse: bool = True):
@@ -125,7 +165,7 @@ class LlamaRotaryEmbedding(nn.Module):
                 self.cos_cached[position_ids].to(x.dtype)[:, None],
                 self.sin_cached[position_ids].to(x.dtype)[:, None],
             )
-        return rope_cos_sin(position_ids, self.head_dim, self.theta, x.dtype)
+        return rope_cos_sin(position_ids, self.head_dim, self.theta, x.dtype, self.rope_scaling)
 
     @staticmethod
     def _in_table(position_ids: torch.Tensor, n: int) -> bool:

@@ -55,15 +55,24 @@ CHAT_TEMPLATE = (
 )
 
 
-def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-    """Render ``messages`` with :data:`CHAT_TEMPLATE` through jinja2's sandbox (as transformers does).
+def render(
+    messages: Sequence[Mapping[str, str]],
+    add_generation_prompt: bool = True,
+    *,
+    template: str | None = None,
+    variables: Mapping[str, Any] | None = None,
+) -> str:
+    """Render ``messages`` with :data:`CHAT_TEMPLATE` (or an imported model's ``template``) through
+    jinja2's sandbox, as transformers' ``apply_chat_template`` does.
 
     Args:
         messages: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``.
-        add_generation_prompt: end with ``<|im_start|>assistant\\n`` so the model writes the reply.
+        add_generation_prompt: end with the assistant's header so the model writes the reply.
+        template: an imported model's own template (``chat_contract(...)["chat_template"]``); None: prodip's.
+        variables: the special-token strings its template may read (:func:`template_variables`).
 
     Returns:
-        The prompt text; tokenise it with ``add_special_tokens=False`` (it starts with ``<|bos|>``).
+        The prompt text; tokenise it with ``add_special_tokens=False`` (the template writes the bos).
 
     Raises:
         ValueError: a role outside :data:`ROLES` or a content that is not a string (named by index).
@@ -73,16 +82,39 @@ def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = 
             raise ValueError(f"messages[{i}].role: {m.get('role')!r} is not one of {', '.join(ROLES)}")
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}].content: expected a string, got {type(m.get('content')).__name__}")
-    return str(_compiled().render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt))
+    compiled = _compiled(CHAT_TEMPLATE if template is None else template)
+    return str(
+        compiled.render(
+            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **(variables or {})
+        )
+    )
 
 
 @functools.cache
-def _compiled() -> Template:
-    """The template compiled once (compiling costs ~10 ms; fine-tuning renders thousands of conversations)."""
+def _compiled(template: str) -> Template:
+    """A template compiled once (compiling costs ~10 ms; fine-tuning renders thousands of conversations)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415 (serve's only jinja use)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    return env.from_string(CHAT_TEMPLATE)
+    return env.from_string(template)
+
+
+def template_variables(tokenizer_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """The special-token strings transformers passes a chat template (``bos_token``, ``eos_token``,
+    ``pad_token``, ``unk_token``), from ``tokenizer_config.json`` (strings or ``{"content": ...}``)."""
+    path = Path(tokenizer_dir) / "tokenizer_config.json"
+    return template_variables_of(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})
+
+
+def template_variables_of(config: Mapping[str, Any]) -> dict[str, str]:
+    """:func:`template_variables` of a parsed ``tokenizer_config.json``."""
+    out = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            out[key] = value
+    return out
 
 
 #: The template as its own file, beside ``tokenizer_config.json`` (transformers >= 4.43 reads it) and the ``.pte``.
@@ -92,16 +124,19 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 def chat_contract(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The chat contract a tokenizer dir carries, or ``None`` for a base model's.
 
-    A tokenizer dir is a chat model's when its ``tokenizer_config.json`` has a ``chat_template``; that
-    template must then be :data:`CHAT_TEMPLATE` exactly and ``tokenizer.json`` must hold both
-    :data:`CHAT_TOKENS` as special added tokens (found by text, never by number).
+    A tokenizer dir is a chat model's when its ``tokenizer_config.json`` has a ``chat_template``. A
+    prodip tokenizer's (its config has ``format_version``) must then be :data:`CHAT_TEMPLATE` exactly
+    and ``tokenizer.json`` must hold both :data:`CHAT_TOKENS` as special added tokens (found by text,
+    never by number). An imported model's tokenizer (a Hugging Face folder's, no ``format_version``;
+    its template may also be ``chat_template.jinja``) keeps its own template verbatim, and its
+    ``eos_token`` is the end of turn (:func:`_imported_contract`).
 
     Args:
         tokenizer_dir: folder with ``tokenizer.json`` and ``tokenizer_config.json`` (a checkpoint's
             ``tokenizer/`` copy, or an export dir).
     Returns:
-        ``None`` (no ``chat_template``), or ``{"chat_template": str, "im_start_id": int,
-        "end_of_turn_id": int}``.
+        ``None`` (no ``chat_template``), or ``{"chat_template": str, "im_start_id": int (None for an
+        imported tokenizer without ``<|im_start|>``), "end_of_turn_id": int, "end_of_turn": str}``.
     Raises:
         InvalidInput: a ``chat_template`` other than :data:`CHAT_TEMPLATE`, or a chat token missing
             from ``tokenizer.json`` or not special (each names the file).
@@ -113,8 +148,12 @@ def chat_contract(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any] | Non
     cfg_path = root / "tokenizer_config.json"
     config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
     template = config.get("chat_template")
+    if not template and "format_version" not in config and (root / CHAT_TEMPLATE_FILE).is_file():
+        template = (root / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")  # transformers 5's save_pretrained
     if not template:
         return None
+    if "format_version" not in config:  # an imported model's tokenizer: its own template and end of turn
+        return _imported_contract(root, config, template)
     if template != CHAT_TEMPLATE:
         raise InvalidInput(
             f"{cfg_path}: chat_template differs from prodip's chat contract (prodip.base.chat.CHAT_TEMPLATE); "
@@ -130,4 +169,37 @@ def chat_contract(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any] | Non
                 f"{tok_path}: {token} is not a special added token, but {cfg_path} names a chat template "
                 "(a chat model's tokenizer holds both chat markers)"
             )
-    return {"chat_template": template, "im_start_id": added[IM_START]["id"], "end_of_turn_id": added[END_OF_TURN]["id"]}
+    return {
+        "chat_template": template,
+        "im_start_id": added[IM_START]["id"],
+        "end_of_turn_id": added[END_OF_TURN]["id"],
+        "end_of_turn": END_OF_TURN,
+    }
+
+
+def _imported_contract(root: Path, config: dict[str, Any], template: str) -> dict[str, Any]:
+    """The chat contract of an imported (Hugging Face) tokenizer: its template verbatim, and as end of
+    turn its ``eos_token`` (SmolLM2/Qwen2 ``<|im_end|>``, Llama 3 ``<|eot_id|>``), which must be a special
+    added token the template writes."""
+    from prodip.base.errors import InvalidInput, MissingInput  # noqa: PLC0415
+
+    tok_path, cfg_path = root / "tokenizer.json", root / "tokenizer_config.json"
+    if not tok_path.is_file():
+        raise MissingInput(f"{tok_path}: not found, but {cfg_path} names a chat template")
+    added = {a["content"]: a for a in json.loads(tok_path.read_text(encoding="utf-8")).get("added_tokens", [])}
+    eot = config.get("eos_token")
+    eot = eot.get("content") if isinstance(eot, dict) else eot
+    if not isinstance(eot, str) or eot not in added or not added[eot].get("special"):
+        raise InvalidInput(
+            f"{cfg_path}: eos_token {eot!r} is not a special added token of {tok_path}; a chat model's "
+            "end-of-turn token (its eos_token) must be one"
+        )
+    if eot not in template:
+        raise InvalidInput(f"{cfg_path}: the chat_template never writes the eos_token {eot!r} (the end of a turn)")
+    start = added.get(IM_START)
+    return {
+        "chat_template": template,
+        "im_start_id": start["id"] if start else None,
+        "end_of_turn_id": added[eot]["id"],
+        "end_of_turn": eot,
+    }

@@ -429,6 +429,7 @@ class ExportSettings(BaseModel):
     int4_accuracy_level: StrictInt | None = None
     pte_group_size: StrictInt | None = None
     force: StrictBool | None = None
+    base_model_id: str | None = None
 
 
 class CardLicense(BaseModel):

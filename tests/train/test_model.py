@@ -160,7 +160,7 @@ def test_left_padded_cache_decode_equals_rows_alone() -> None:
 # ---- planted defect: RoPE in the interleaved (GPT-J / Meta-checkpoint) layout ----------------
 
 
-def _interleaved_cos_sin(position_ids, head_dim, theta, dtype):
+def _interleaved_cos_sin(position_ids, head_dim, theta, dtype, rope_scaling=None):
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
     freqs = position_ids.float()[..., None] * inv_freq
     emb = freqs.repeat_interleave(2, dim=-1)  # (f0, f0, f1, f1, ...): pairs (x0, x1), (x2, x3), ...

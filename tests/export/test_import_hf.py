@@ -1,0 +1,207 @@
+"""``prodip export HF_FOLDER`` and ``--init-from HF_FOLDER``: an imported model is the same model.
+
+The stand-ins (tests/standins.py) mirror SmolLM2-135M-Instruct, Llama-3.2-1B-Instruct (llama3 RoPE
+scaling, both config spellings) and Qwen2.5-0.5B-Instruct. transformers on the original folder is the
+independent reference; prodip's model, the export's safetensors (reloaded by transformers), its fp32 ONNX
+(ONNX Runtime) and its GGUF (llama.cpp through node-llama-cpp) are each compared with it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from prodip.base.errors import InvalidInput
+from prodip.base.specials import read_specials
+from prodip.train.init import apply_init, load_init
+from prodip.train.model import LlamaForCausalLM
+from tests.standins import build_standin
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("import_standins")
+    out = {k: build_standin(k, root / k) for k in ("smollm2", "llama32", "qwen25")}
+    out["llama32-v4"] = build_standin("llama32", root / "llama32-v4", rope_spelling="v4")
+    return out
+
+
+def _prodip(folder: Path) -> LlamaForCausalLM:
+    init = load_init(folder, tokenizer_sha256=None)
+    model = LlamaForCausalLM(init.config)
+    apply_init(model, init)
+    return model.eval()
+
+
+def _reference(folder: Path, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return ref(ids, position_ids=positions).logits
+
+
+@pytest.mark.parametrize("kind", ["smollm2", "llama32", "llama32-v4"])
+def test_prodip_model_is_the_transformers_model(standins, kind):
+    """Same logits as transformers, at short and at long positions (beyond llama3's original 8192,
+    where the scaled low frequencies matter); the special ids are the tokenizer's."""
+    folder = standins[kind]
+    model = _prodip(folder)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (2, 48), generator=gen)
+    for offset in (0, 20_000):
+        positions = (torch.arange(48) + offset)[None].expand(2, -1)
+        with torch.no_grad():
+            mine = model(ids, position_ids=positions)
+        diff = (mine - _reference(folder, ids, positions)).abs().max().item()
+        assert diff < 1e-4, (kind, offset, diff)
+    specials = read_specials(folder)
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (
+        specials.bos_id,
+        specials.eos_id,
+    )
+
+
+def test_llama3_scaling_changes_the_model(standins):
+    """The llama3 scaling is computed, not ignored: without it the logits at long positions differ."""
+    import dataclasses
+
+    model = _prodip(standins["llama32"])
+    plain = LlamaForCausalLM(dataclasses.replace(model.config, rope_scaling=None))
+    plain.load_state_dict(model.state_dict())
+    ids = torch.arange(1, 33)[None]
+    positions = (torch.arange(32) + 20_000)[None]
+    with torch.no_grad():
+        assert (model(ids, position_ids=positions) - plain.eval()(ids, position_ids=positions)).abs().max() > 1e-2
+
+
+def _edited(src: Path, dst: Path, **changes) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_refusals_name_the_key(standins, tmp_path):
+    with pytest.raises(InvalidInput, match="model_type = 'qwen2': q/k/v projection biases"):
+        load_init(standins["qwen25"], tokenizer_sha256=None)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, "rope_theta": 1e5}
+    folder = _edited(standins["smollm2"], tmp_path / "yarn", rope_parameters=yarn)
+    with pytest.raises(InvalidInput, match="rope_parameters: rope_type 'yarn' is not supported"):
+        load_init(folder, tokenizer_sha256=None)
+    folder = _edited(standins["smollm2"], tmp_path / "dyn", rope_parameters=None, rope_scaling={"type": "dynamic"})
+    with pytest.raises(InvalidInput, match="rope_scaling: rope_type 'dynamic'"):
+        load_init(folder, tokenizer_sha256=None)
+    folder = _edited(standins["smollm2"], tmp_path / "mistral", model_type="mistral")
+    with pytest.raises(InvalidInput, match="model_type = 'mistral': sliding-window"):
+        load_init(folder, tokenizer_sha256=None)
+    folder = _edited(standins["smollm2"], tmp_path / "bias", attention_bias=True)
+    with pytest.raises(InvalidInput, match="attention_bias = True"):
+        load_init(folder, tokenizer_sha256=None)
+
+
+def test_specials_are_read_from_the_tokenizer(standins):
+    smol, llama, qwen = (read_specials(standins[k]) for k in ("smollm2", "llama32", "qwen25"))
+    assert (smol.bos_id, smol.eos_id, smol.pad_id, smol.add_bos) == (1, 2, 2, False)
+    n = llama.bos_id
+    assert llama.add_bos and llama.eos_id == n + 9 and set(llama.stop_ids) == {n + 1, n + 8, n + 9}
+    assert qwen.bos_id is None and not qwen.add_bos
+
+
+def _export(folder: Path, out: Path, variants: str, *extra: str) -> Path:
+    from prodip.cli import main
+
+    assert main(["export", str(folder), "--out", str(out), "--variants", variants, *extra]) == 0
+    return out
+
+
+def _ort_logits(path: Path, config, ids: np.ndarray) -> np.ndarray:
+    from prodip.conformance.runners import OrtRunner
+
+    runner = OrtRunner(
+        path,
+        "fp32",
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+    )
+    mask = np.ones_like(ids)
+    return runner.forward(ids, mask, np.arange(ids.shape[1])[None].repeat(ids.shape[0], 0))[0]
+
+
+def _gguf_logits(path: Path, ids: np.ndarray) -> np.ndarray:
+    from prodip.conformance.device_runners import LlamaCppRunner
+
+    runner = LlamaCppRunner(path, "gguf", context=ids.shape[1], rows=1)
+    try:
+        return runner.forward(ids, np.ones_like(ids), np.arange(ids.shape[1])[None])[0]
+    finally:
+        runner.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["smollm2", "llama32"])
+def test_export_matches_transformers_on_the_original_folder(standins, tmp_path, kind):
+    """safetensors (transformers on the export), fp32 ONNX (ONNX Runtime) and gguf-f16 (llama.cpp): the
+    original folder's logits; the chat template, end of turn and stop ids travel unchanged."""
+    pytest.importorskip("gguf")
+    folder = standins[kind]
+    out = _export(folder, tmp_path / "export", "fp32,gguf-f16")
+    config = _prodip(folder).config
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    text = "Alice was beginning to get very tired. আমার সোনার বাংলা।"
+    ids = np.asarray([tok(text)["input_ids"]], dtype=np.int64)
+    ref = _reference(folder, torch.from_numpy(ids)).numpy()
+    got = {
+        "safetensors": _reference(out, torch.from_numpy(ids)).numpy(),
+        "fp32": _ort_logits(out / "onnx" / "model.onnx", config, ids),
+        "gguf-f16": _gguf_logits(out / "gguf" / "model-f16.gguf", ids),
+    }
+    diffs = {k: float(np.abs(v - ref).max()) for k, v in got.items()}
+    print(kind, diffs)
+    assert diffs["safetensors"] < 1e-5 and diffs["fp32"] < 1e-4 and diffs["gguf-f16"] < 5e-2, diffs
+    assert all((v.argmax(-1) == ref.argmax(-1)).mean() > 0.9 for v in got.values()), diffs
+    # the chat template and the stop ids, unchanged
+    src_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == src_cfg["chat_template"]
+    assert (out / "chat_template.jinja").read_text() == src_cfg["chat_template"]
+    want = read_specials(folder).stop_ids
+    eos = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    assert set(eos if isinstance(eos, list) else [eos]) == set(want)
+    genai = json.loads((out / "genai_config.json").read_text())["model"]["eos_token_id"]
+    assert set(genai if isinstance(genai, list) else [genai]) == set(want)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert transformers.AutoTokenizer.from_pretrained(str(out)).apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False
+    ) == tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+
+def test_card_base_model_is_a_hub_id_or_absent(standins, tmp_path, capsys):
+    from prodip.base.manifest import load_manifest
+
+    out = _export(standins["smollm2"], tmp_path / "with-id", "fp32", "--base-model-id", "HuggingFaceTB/SmolLM2-135M")
+    card = load_manifest(out).card
+    assert card.base_model == "HuggingFaceTB/SmolLM2-135M"
+    readme = (out / "README.md").read_text()
+    assert "base_model: HuggingFaceTB/SmolLM2-135M" in readme and "exported unchanged" in readme
+    out = _export(standins["smollm2"], tmp_path / "no-id", "fp32")
+    assert load_manifest(out).card.base_model is None
+    readme = (out / "README.md").read_text()
+    assert "base_model" not in readme and str(standins["smollm2"]) not in readme
+    assert "a local Hugging Face model folder" in readme
+    from prodip.cli import main
+
+    bad = ["export", str(standins["smollm2"]), "--out", str(tmp_path / "bad"), "--base-model-id", "/home/me/m"]
+    assert main(bad) == 2
+    assert "a Hub id is owner/name" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
