@@ -243,40 +243,19 @@ def test_cli_extends_and_records(bases, corpus, heldout, tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_extended_tokenizer_ids_are_identical_in_every_runtime(extended, heldout, kind):
-    """tokenizer/parity.py on each extended stand-in: held-out lines and the tricky strings.
-
-    Two gaps outside the extension are named as expected failures while they last: the vocabulary GGUF
-    assumes prodip's special-token ids, and Qwen2's and SmolLM2's pre-tokenizers are not in
-    tokenizer/portable.py's table. A runtime that runs must give identical ids either way."""
+    """tokenizer/parity.py on each extended stand-in: held-out lines and the tricky strings, every runtime."""
     from prodip.tokenizer.audit import load_heldout, parity_texts
-    from prodip.tokenizer.parity import RUNTIMES, missing_runtimes, run_parity
-    from prodip.tokenizer.portable import pretokenizer_name, read_tokenizer_json
+    from prodip.tokenizer.parity import missing_runtimes, run_parity
 
     missing = missing_runtimes()
     if missing:
         skip_or_fail(f"runtimes not installed: {missing}")
     ext_dir = extended[kind][0]
     docs = load_heldout({k: [str(v)] for k, v in heldout.items()}, max_chars=20_000, errors="strict")
-    texts = parity_texts(docs, 20_000)
-    report = run_parity(ext_dir, texts, runtimes=tuple(r for r in RUNTIMES if r != "llama.cpp"), require=True)
+    report = run_parity(ext_dir, parity_texts(docs, 20_000), require=True)
     assert report["languages"]["bn"]["texts"] > 10
-    results = dict(report["runtimes"])
-    results["llama.cpp"] = run_parity(ext_dir, texts, runtimes=("tokenizers", "llama.cpp"), require=True)["runtimes"][
-        "llama.cpp"
-    ]
-    pending = []
-    for name, r in results.items():
-        if name == "tokenizers":
-            continue
-        if r["status"] == "not-portable" and pretokenizer_name(read_tokenizer_json(ext_dir)) is None:
-            pending.append(f"{name}: pre-tokenizer not in portable.py")
-        elif name == "llama.cpp" and r["status"] == "error" and "expected 0" in r["reason"]:
-            pending.append(f"{name}: GGUF assumes prodip's special ids")
-        else:
-            assert r["status"] == "identical", (name, r)
-    assert "transformers" not in " ".join(pending)
-    if pending:
-        pytest.xfail("; ".join(pending))
+    statuses = {name: r["status"] for name, r in report["runtimes"].items() if name != "tokenizers"}
+    assert report["passed"] and set(statuses.values()) == {"identical"} and len(statuses) == 5, statuses
 
 
 @pytest.mark.slow
