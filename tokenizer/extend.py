@@ -532,7 +532,22 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
                 }
                 for lang in heldout
             }
-            failures = gate_failures(after, cfg.min_chars_per_token, None, ext.get_vocab_size(), origin="extended")
+            # a minimum above the pre-tokenizer's ceiling: no number of new tokens reaches it, say so instead
+            capped = {k: m for k, m in cfg.min_chars_per_token.items() if k in ceiling and ceiling[k] < m}
+            failures = gate_failures(
+                after,
+                {k: m for k, m in cfg.min_chars_per_token.items() if k not in capped},
+                None,
+                ext.get_vocab_size(),
+                origin="extended",
+            )
+            failures += [
+                f"{k}: {after[k]['chars_per_token']:.3f} chars/token is below the minimum {m} (fertility gate), and "
+                f"no vocabulary reaches it: the base's pre-tokenizer cuts {k} into pieces of {ceiling[k]:.3f} "
+                f"characters on average; lower [extend] min_chars_per_token.{k} or start from a base whose "
+                f"pre-tokenizer keeps {k} words whole"
+                for k, m in capped.items()
+            ]
             if cfg.parity != "off":
                 record["parity"] = run_parity(
                     tmp, parity_texts(heldout, cfg.heldout_max_chars), require=cfg.parity == "require"

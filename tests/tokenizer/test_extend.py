@@ -233,7 +233,8 @@ def test_cli_extends_and_records(bases, corpus, heldout, tmp_path, capsys):
     args = ["tokenizer", "extend", str(bases["qwen25"]), "--config", str(toml), "--out", str(out)]
     assert prodip_main(args) == 1  # extended, but the (impossible) gate fails
     captured = capsys.readouterr()
-    assert "+100 tokens" in captured.out and "bn: " in captured.err and "[extend] new_tokens" in captured.err
+    assert "+100 tokens" in captured.out and "bn: " in captured.err and "no vocabulary reaches it" in captured.err
+    assert "Traceback" not in captured.err
     record = json.loads((out / "extension.json").read_text(encoding="utf-8"))
     assert record["added_tokens"] == 100 and record["gate"]["passed"] is False
     assert record["base_tokenizer_sha256"] != record["tokenizer_sha256"]
