@@ -90,7 +90,10 @@ SERVE = "prodip serve"
 def reference_texts(export_dir: Path, conversations: dict[str, list[dict[str, str]]]) -> dict[str, str]:
     """``prodip.base.chat.render`` of each conversation with the export's template: prodip's contract, or an
     imported model's own (its ``chat_contract``), with the special-token strings transformers passes."""
-    contract = chat_contract(export_dir) or {}
+    try:
+        contract = chat_contract(export_dir) or {}
+    except ValueError:  # a prodip export whose template was edited: the reference stays the contract's
+        contract = {}
     template = contract.get("chat_template")
     own = None if template in (None, CHAT_TEMPLATE) else template
     variables = template_variables(export_dir) if own else None

@@ -12,6 +12,7 @@ checkpoint differs from the manifest's) errors every test.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,8 @@ _OPTIONS = [  # (flag, env var, ConformanceConfig field, help)
     ("--export-dir", "PRODIP_EXPORT_DIR", "export_dir", "export dir to check"),
     ("--checkpoint", "PRODIP_CHECKPOINT", "checkpoint", "checkpoint it was exported from (default: manifest's)"),
     ("--tolerances", "PRODIP_TOLERANCES", "tolerances", "tolerance TOML (default: conformance/tolerances.toml)"),
-    ("--shards-dir", "PRODIP_SHARDS_DIR", "shards_dir", "shards dir for held-out text (required: bpc_delta_max)"),
+    ("--shards-dir", "PRODIP_SHARDS_DIR", "shards_dir", "shards dir for held-out text (or --heldout: bpc_delta_max)"),
+    ("--heldout", "PRODIP_HELDOUT", "heldout", "held-out text files instead of shards: bn=FILE,en=FILE"),
     ("--conformance-threads", "PRODIP_CONFORMANCE_THREADS", "threads", "CPU threads (0 = default)"),
     ("--conformance-variants", "PRODIP_CONFORMANCE_VARIANTS", "variants", "comma-separated candidates (default: all)"),
     (
@@ -45,13 +47,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def conformance_config(config: pytest.Config):
     """The ConformanceConfig from options/env, or None when no export dir is given."""
-    values = {}
+    values: dict[str, Any] = {}
     for flag, env, field, _ in _OPTIONS:
         value = config.getoption(flag.lstrip("-").replace("-", "_")) or os.environ.get(env)
         if value:
             values[field] = (
                 int(value)
                 if field == "threads"
+                else dict(item.strip().split("=", 1) for item in value.split(",") if item.strip())
+                if field == "heldout"
                 else [v.strip() for v in value.split(",") if v.strip()]
                 if field in _LISTS
                 else value

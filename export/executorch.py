@@ -83,6 +83,11 @@ class StaticCacheDecoder(nn.Module):
         return logits
 
 
+#: The most working memory (bytes) a ``.pte``'s memory plan may ask for: ExecuTorch allocates the whole plan
+#: when it loads the program. SmolLM2's 8192-token window at hidden 64 plans 7 GiB; Llama 3.2's 131072, 1.8 TB.
+PLANNED_MEMORY_LIMIT = 16 * 2**30
+
+
 def runner_metadata(config: Any, *, bos_id: int, eos_ids: list[int]) -> dict[str, Any]:
     """The constant methods ExecuTorch's LLM runners read (names: :data:`METADATA_KEYS`)."""
     S = config.max_position_embeddings
@@ -193,9 +198,19 @@ def export_pte(
         constant_methods=meta,
         compile_config=EdgeCompileConfig(_check_ir_validity=False),
     )
+    et = edge.to_executorch()
+    planned = max(sum(plan.non_const_buffer_sizes) for plan in et.executorch_program.execution_plan)
+    if planned > PLANNED_MEMORY_LIMIT:
+        # the memory plan is sized for the longest prompt, a whole window: attention over S x 2S scores
+        raise InvalidInput(
+            f"{variant}: the program would plan {planned / 2**30:.1f} GiB of working memory for "
+            f"max_position_embeddings = {S} (ExecuTorch sizes its buffers for a whole-window prompt, attention "
+            f"scores S x 2S per head), over the {PLANNED_MEMORY_LIMIT / 2**30:.0f} GiB a device runtime can "
+            "allocate; export the .pte variants of a model with a shorter max_position_embeddings"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        edge.to_executorch().write_to_file(f)
+        et.write_to_file(f)
     logger.info("%s: %s in %.1f s", variant, path, time.perf_counter() - t0)
     quant = {"scheme": "8da4w", "group_size": group_size, "quantizer": "torchao Int8DynamicActivationIntxWeightConfig"}
     return {

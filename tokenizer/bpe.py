@@ -841,7 +841,8 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
 
     Raises:
         FileNotFoundError: no tokenizer.json (make one with ``prodip tokenizer train``).
-        InvalidInput: the special tokens do not have ids pad=0, bos=1, eos=2, or the post-processor
+        InvalidInput: an imported model's tokenizer (none of prodip's special tokens), the special
+            tokens do not have ids pad=0, bos=1, eos=2, or the post-processor
             does not prepend ``<|bos|>`` (the special-token convention in the module docstring).
     """
     path = Path(tokenizer_dir) / "tokenizer.json"
@@ -850,6 +851,12 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
             f"{path}: not found; train a tokenizer with `prodip tokenizer train --out-dir {tokenizer_dir}`"
         )
     tok = Tokenizer.from_file(str(path))
+    if all(tok.token_to_id(t) is None for t in SPECIAL_TOKENS):
+        raise InvalidInput(
+            f"{path}: an imported model's own tokenizer (none of {', '.join(SPECIAL_TOKENS)}); shards, training "
+            "and evaluation use prodip's special-token layout, so they do not read it yet. Ship the model "
+            "unchanged with `prodip export FOLDER` (docs/adapt.md)"
+        )
     for want_id, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want_id:
             raise InvalidInput(f"{path}: {token} has id {tok.token_to_id(token)}, expected {want_id}")

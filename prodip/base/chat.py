@@ -124,8 +124,8 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 def chat_contract(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The chat contract a tokenizer dir carries, or ``None`` for a base model's.
 
-    A tokenizer dir is a chat model's when its ``tokenizer_config.json`` has a ``chat_template``. A
-    prodip tokenizer's (its config has ``format_version``) must then be :data:`CHAT_TEMPLATE` exactly
+    A tokenizer dir is a chat model's when its ``tokenizer_config.json`` has a ``chat_template``. The
+    template of a tokenizer made by prodip (its config has ``format_version``) must be :data:`CHAT_TEMPLATE` exactly
     and ``tokenizer.json`` must hold both :data:`CHAT_TOKENS` as special added tokens (found by text,
     never by number). An imported model's tokenizer (a Hugging Face folder's, no ``format_version``;
     its template may also be ``chat_template.jinja``) keeps its own template verbatim, and its

@@ -205,3 +205,27 @@ def test_card_base_model_is_a_hub_id_or_absent(standins, tmp_path, capsys):
     assert main(bad) == 2
     assert "a Hub id is owner/name" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_shards_refuse_an_imported_tokenizer_in_one_line(standins):
+    """Shards use prodip's special-token layout; an imported tokenizer is named as such, not as a bad id."""
+    from prodip.tokenizer.bpe import load_tokenizer
+
+    with pytest.raises(InvalidInput, match="an imported model's own tokenizer .*prodip export FOLDER"):
+        load_tokenizer(standins["llama32"])
+
+
+@pytest.mark.slow
+def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
+    """ExecuTorch plans memory for a whole-window prompt: 1.8 TB for Llama 3.2's 131072 tokens. The
+    export refuses it naming max_position_embeddings rather than writing a program no runtime loads."""
+    pytest.importorskip("executorch")
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+
+    cfg = ExportConfig(checkpoint=str(standins["llama32"]), out=str(tmp_path / "pte"), variants=["pte-fp32"])
+    with pytest.raises(
+        InvalidInput, match=r"pte-fp32: the program would plan \d+\.\d GiB .*max_position_embeddings = 131072"
+    ):
+        export_checkpoint(cfg)
+    assert not (tmp_path / "pte").exists()
