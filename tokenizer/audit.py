@@ -173,7 +173,9 @@ def measure(tok, docs: list[str], table: tuple[list[bytes], np.ndarray] | None =
 
     Returns:
         {chars, bytes, words, tokens, chars_per_token, bytes_per_token, tokens_per_word,
-         inside_cluster_share, byte_fallback_share, lossless}.
+         inside_cluster_share, byte_fallback_share, lossless, chars_per_pretoken}. ``chars_per_pretoken``
+        is the ceiling of chars_per_token: a token never crosses a pre-token, so no vocabulary behind
+        this normaliser and pre-tokenizer reaches more (:func:`pretoken_chars`).
     """
     pieces, fallback = table or token_bytes(tok)
     docs = [unicodedata.normalize("NFC", d) for d in docs]
@@ -203,7 +205,21 @@ def measure(tok, docs: list[str], table: tuple[list[bytes], np.ndarray] | None =
         "inside_cluster_share": round(n_inside / per, 5),
         "byte_fallback_share": round(n_fallback / per, 5),
         "lossless": lossless,
+        "chars_per_pretoken": pretoken_chars(tok, docs),
     }
+
+
+def pretoken_chars(tok, docs: list[str]) -> float:
+    """Characters per pre-token of ``docs`` (NFC, then ``tok``'s normaliser and pre-tokenizer): the most
+    characters per token any vocabulary behind that pre-tokenizer can reach (one token per pre-token)."""
+    chars = pieces = 0
+    for doc in docs:
+        text = unicodedata.normalize("NFC", doc)
+        chars += len(text)
+        if tok.normalizer is not None:
+            text = tok.normalizer.normalize_str(text)
+        pieces += len(tok.pre_tokenizer.pre_tokenize_str(text)) if tok.pre_tokenizer is not None else 1
+    return round(chars / max(pieces, 1), 4)
 
 
 def measure_languages(tok, docs_by_lang: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
@@ -515,7 +531,7 @@ def format_table(report: FertilityReport) -> str:
     """The audit as a fixed-width text table (ours, and the baseline's figures beside them)."""
     base = (report.baseline or {}).get("languages", {})
     head = (
-        f"{'lang':<5} {'chars/tok':>9} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} "
+        f"{'lang':<5} {'chars/tok':>9} {'ceiling':>7} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} "
         f"{'tok/char share':>14} {'lossless':>8}"
     )
     label = "naive" if (report.baseline or {}).get("kind") == "naive" else "other"
@@ -528,7 +544,8 @@ def format_table(report: FertilityReport) -> str:
     lines += [head, "-" * len(head)]
     for lang, m in report.languages.items():
         line = (
-            f"{lang:<5} {m['chars_per_token']:>9.3f} {m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
+            f"{lang:<5} {m['chars_per_token']:>9.3f} {m.get('chars_per_pretoken', float('nan')):>7.3f} "
+            f"{m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
             f"{100 * m['inside_cluster_share']:>9.2f} {100 * m['byte_fallback_share']:>8.3f} "
             f"{m['token_share_over_char_share']:>14.3f} {str(m['lossless']):>8}"
         )
@@ -539,6 +556,9 @@ def format_table(report: FertilityReport) -> str:
                 f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}"
             )
         lines.append(line)
+    lines.append(
+        "ceiling: characters per pre-token, the most chars/token any vocabulary behind this pre-tokenizer reaches"
+    )
     if report.parity:
         lines.append(format_parity(report.parity))
     gate = report.gate

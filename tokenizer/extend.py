@@ -404,19 +404,6 @@ def _docs(inputs: dict[str, list[str]], cfg: ExtendConfig) -> Iterator[str]:
                 break
 
 
-def pretoken_chars(tok: Tokenizer, docs: list[str]) -> float:
-    """Characters per pre-token of ``docs`` (NFC, then ``tok``'s normaliser and pre-tokenizer): the most
-    characters per token any vocabulary behind that pre-tokenizer can reach (one token per pre-token)."""
-    chars = pieces = 0
-    for doc in docs:
-        text = unicodedata.normalize("NFC", doc)
-        chars += len(text)
-        if tok.normalizer is not None:
-            text = tok.normalizer.normalize_str(text)
-        pieces += len(tok.pre_tokenizer.pre_tokenize_str(text)) if tok.pre_tokenizer is not None else 1
-    return round(chars / max(pieces, 1), 4)
-
-
 def default_out(base: str) -> Path:
     """``BASE-extended`` beside the base folder (or beside the tokenizer.json's folder)."""
     path = Path(base)
@@ -519,7 +506,7 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
         if heldout:
             before = measure_languages(base, heldout)
             after = measure_languages(ext, heldout)
-            ceiling = {lang: pretoken_chars(base, docs) for lang, docs in heldout.items()}
+            ceiling = {lang: after[lang]["chars_per_pretoken"] for lang in heldout}
             record["fertility"] = {
                 lang: {
                     "chars_per_token_before": before[lang]["chars_per_token"],
