@@ -289,3 +289,34 @@ def test_sharded_weights_are_resized_and_load_in_transformers(bases, corpus, tmp
         lb, le = model.eval()(ids).logits, m_e(ids).logits
     n = lb.shape[-1]
     assert le.shape[-1] == n + 60 and torch.equal(lb, le[..., :n])
+
+
+def test_audit_of_a_base_beside_another_tokenizer(bases, extended, tok_dir, heldout, tmp_path):
+    """`prodip tokenizer audit` on a base's tokenizer.json, the prodip tokenizer beside it (--compare-dir);
+    fertility.json goes where --report says, the base folder is left as it was."""
+    from prodip.summary import _fertility_rows
+    from prodip.tokenizer.audit import format_table, load_heldout, measure_languages
+
+    base_dir = bases["llama32"]
+    before = sorted(p.name for p in base_dir.iterdir())
+    report = run_audit(
+        AuditConfig(
+            tokenizer_dir=str(base_dir),
+            report=str(tmp_path / "fert.json"),
+            heldout={k: [str(v)] for k, v in heldout.items()},
+            min_chars_per_token={"bn": 1.0},
+            compare_dir=str(tok_dir),
+            parity="off",
+        )
+    )
+    assert sorted(p.name for p in base_dir.iterdir()) == before and (tmp_path / "fert.json").is_file()
+    assert report.baseline["kind"] == "compare" and report.baseline["tokenizer_dir"] == str(tok_dir)
+    docs = load_heldout({k: [str(v)] for k, v in heldout.items()}, max_chars=3_000_000, errors="strict")
+    ours = measure_languages(Tokenizer.from_file(str(tok_dir / "tokenizer.json")), docs)
+    assert report.baseline["languages"]["bn"]["chars_per_token"] == ours["bn"]["chars_per_token"]
+    assert report.languages["bn"]["chars_per_token"] < 0.5 < report.baseline["languages"]["bn"]["chars_per_token"]
+    assert not report.gate.passed and "prodip tokenizer extend" in report.gate.failures[0]
+    table = format_table(report)
+    assert f"other: {tok_dir}" in table and "other c/t" in table
+    # the run summary's baseline column is the naive baseline's only
+    assert all(row[4] == "" for row in _fertility_rows(report.model_dump()))
