@@ -20,7 +20,7 @@ from prodip.base.variants import ONNX_VARIANTS
 # (subcommand, package providing it, one-line help). Packages are imported lazily so that
 # `prodip serve --help` does not pay for (or need) torch.
 _STAGES = [
-    ("tokenizer", "prodip.tokenizer", "train, audit and gate a Bangla-aware BPE tokenizer"),
+    ("tokenizer", "prodip.tokenizer", "train, audit and gate a Bangla-aware BPE tokenizer, or extend a base model's"),
     ("data", "prodip.tokenizer", "encode a corpus into token shards with a tokenizer dir"),
     ("train", "prodip.train", "train a Llama-style model on token shards (torchrun for several GPUs)"),
     ("sft", "prodip.train", "chat fine-tuning on conversations, loss on the assistant's tokens only"),

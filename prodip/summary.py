@@ -58,7 +58,9 @@ def _fertility_rows(fert: dict) -> list[list[Any]]:
     gate = fert.get("gate", {})
     mins = gate.get("min_chars_per_token", {})
     failed = {f.split(":", 1)[0] for f in gate.get("failures", [])}
-    naive = (fert.get("baseline") or {}).get("languages", {})
+    baseline = fert.get("baseline") or {}
+    # the column is the naive baseline's; another tokenizer audited alongside (--compare-dir) is not shown here
+    naive = baseline.get("languages", {}) if baseline.get("kind", "naive") == "naive" else {}
     rows = []
     for lang, m in sorted(fert.get("languages", {}).items()):
         verdict = "" if lang not in mins else ("FAIL" if lang in failed else "pass")

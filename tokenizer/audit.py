@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import regex
+from tokenizers import Tokenizer
 
 from prodip.base.config import from_dict, opt, read_toml
 from prodip.base.errors import InvalidInput, MissingInput
@@ -67,7 +68,17 @@ def read_fertility_or_none(tokenizer_dir: str | os.PathLike) -> FertilityReport 
 class AuditConfig:
     """``prodip tokenizer audit`` (TOML section ``[audit]``)."""
 
-    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir to audit (fertility.json is written into it)")
+    tokenizer_dir: str = opt(
+        "runs/demo/tokenizer",
+        "tokenizer to audit: a prodip tokenizer dir, a Hugging Face model folder or a tokenizer.json "
+        "(fertility.json is written beside it unless --report says where)",
+    )
+    report: str = opt("", "where to write fertility.json (default: in the tokenizer's folder)")
+    compare_dir: str = opt(
+        "",
+        "a second tokenizer (dir, folder or tokenizer.json) audited on the same held-out text and shown side by "
+        "side, e.g. the prodip tokenizer trained on the corpus you adapt a base model to",
+    )
     heldout: dict[str, list[str]] = opt(
         factory=dict,
         help=f"language -> held-out files/folders never used in training ({FORMATS_HELP}; .tsv: the column named "
@@ -117,16 +128,18 @@ def token_bytes(tok) -> tuple[list[bytes], np.ndarray]:
     """Per token id: the UTF-8 bytes it stands for, and whether it is a byte-fallback token.
 
     Works for the prodip tokenizer (``<0xNN>`` byte tokens) and for byte-level (GPT-2) tokenizers.
-    Special tokens stand for no text (b"").
+    Special tokens (prodip's, and any a base model's ``tokenizer.json`` marks special) and ids no token
+    has stand for no text (b"").
     """
     config = json.loads(tok.to_str())
     byte_level = "ByteLevel" in json.dumps(config.get("decoder"))
     inverse = {c: b for b, c in _bytes_to_unicode().items()}
+    specials = set(RESERVED_TOKENS) | {a["content"] for a in config.get("added_tokens", []) if a.get("special")}
     table: list[bytes] = []
     fallback = np.zeros(tok.get_vocab_size(), dtype=bool)
     for i in range(tok.get_vocab_size()):
         piece = tok.id_to_token(i)
-        if piece in RESERVED_TOKENS:
+        if piece is None or piece in specials:
             data = b""
         elif byte_level:
             data = bytes(inverse[c] for c in piece)
@@ -160,7 +173,9 @@ def measure(tok, docs: list[str], table: tuple[list[bytes], np.ndarray] | None =
 
     Returns:
         {chars, bytes, words, tokens, chars_per_token, bytes_per_token, tokens_per_word,
-         inside_cluster_share, byte_fallback_share, lossless}.
+         inside_cluster_share, byte_fallback_share, lossless, chars_per_pretoken}. ``chars_per_pretoken``
+        is the ceiling of chars_per_token: a token never crosses a pre-token, so no vocabulary behind
+        this normaliser and pre-tokenizer reaches more (:func:`pretoken_chars`).
     """
     pieces, fallback = table or token_bytes(tok)
     docs = [unicodedata.normalize("NFC", d) for d in docs]
@@ -190,7 +205,21 @@ def measure(tok, docs: list[str], table: tuple[list[bytes], np.ndarray] | None =
         "inside_cluster_share": round(n_inside / per, 5),
         "byte_fallback_share": round(n_fallback / per, 5),
         "lossless": lossless,
+        "chars_per_pretoken": pretoken_chars(tok, docs),
     }
+
+
+def pretoken_chars(tok, docs: list[str]) -> float:
+    """Characters per pre-token of ``docs`` (NFC, then ``tok``'s normaliser and pre-tokenizer): the most
+    characters per token any vocabulary behind that pre-tokenizer can reach (one token per pre-token)."""
+    chars = pieces = 0
+    for doc in docs:
+        text = unicodedata.normalize("NFC", doc)
+        chars += len(text)
+        if tok.normalizer is not None:
+            text = tok.normalizer.normalize_str(text)
+        pieces += len(tok.pre_tokenizer.pre_tokenize_str(text)) if tok.pre_tokenizer is not None else 1
+    return round(chars / max(pieces, 1), 4)
 
 
 def measure_languages(tok, docs_by_lang: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
@@ -211,10 +240,14 @@ def gate_failures(
     min_chars_per_token: dict[str, float],
     sample: dict[str, dict] | None = None,
     vocab_size: int | None = None,
+    *,
+    origin: str = "trained",
 ) -> list[str]:
     """One message per language below its minimum chars/token (or without held-out text), saying what
     raises it, with the figures: more text of that language or a larger share of it in the tokenizer's
-    sample (``sample``: :func:`sample_report`), a larger vocabulary (``vocab_size``), or a lower minimum."""
+    sample (``sample``: :func:`sample_report`), a larger vocabulary (``vocab_size``), or a lower minimum.
+    ``origin`` says whose tokenizer it is: ``trained`` (``prodip tokenizer train``), ``imported`` (a base
+    model's: extend it) or ``extended`` (``prodip tokenizer extend``: more new tokens or more text)."""
     failures = []
     for lang, minimum in min_chars_per_token.items():
         if lang not in languages:
@@ -226,7 +259,13 @@ def gate_failures(
             got = languages[lang]["chars_per_token"]
             fixes = []
             s = (sample or {}).get(lang)
-            if s:
+            if origin == "imported":
+                fixes.append(f"extend the vocabulary with {lang} tokens (`prodip tokenizer extend`)")
+            elif origin == "extended":
+                fixes.append(
+                    f"more [extend] new_tokens (now {vocab_size} tokens in all) or more {lang} text in [extend] inputs"
+                )
+            elif s:
                 fixes.append(
                     f"more {lang} text or a larger {lang} share of the tokenizer's sample ([tokenizer] proportions; "
                     f"it held {s['sample_chars']:,} {lang} characters, {s['sample_share']:.0%} of the sample, "
@@ -234,8 +273,10 @@ def gate_failures(
                 )
             else:
                 fixes.append(f"more {lang} text or a larger {lang} share ([tokenizer] proportions)")
-            fixes.append("a larger [tokenizer] vocab_size" + (f" (now {vocab_size})" if vocab_size else ""))
-            fixes.append(f"or a lower [audit] min_chars_per_token.{lang} (measured {got:.3f})")
+            if origin == "trained":
+                fixes.append("a larger [tokenizer] vocab_size" + (f" (now {vocab_size})" if vocab_size else ""))
+            table = "[extend]" if origin == "extended" else "[audit]"
+            fixes.append(f"or a lower {table} min_chars_per_token.{lang} (measured {got:.3f})")
             failures.append(
                 f"{lang}: {got:.3f} chars/token is below the minimum {minimum} (fertility gate); to raise it: "
                 + ", ".join(fixes)
@@ -357,7 +398,7 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
     return train_tokenizer(naive)
 
 
-def _parity_texts(docs_by_lang: dict[str, list[str]], max_chars: int) -> dict[str, list[str]]:
+def parity_texts(docs_by_lang: dict[str, list[str]], max_chars: int) -> dict[str, list[str]]:
     """The non-empty lines of each language's documents, up to ``max_chars`` characters: one parity
     text per line, so the table counts lines (newlines and whitespace runs are in the tricky list)."""
     out: dict[str, list[str]] = {}
@@ -387,6 +428,33 @@ def parity_failures(parity: dict[str, Any]) -> list[str]:
     return failures
 
 
+def tokenizer_folder(path: str | os.PathLike) -> Path:
+    """The folder holding the tokenizer: ``path`` itself, or the folder of a ``tokenizer.json`` file."""
+    p = Path(path)
+    return p.parent if p.is_file() and p.name == "tokenizer.json" else p
+
+
+def load_any_tokenizer(path: str | os.PathLike):
+    """A prodip tokenizer dir (its special-token convention checked, :func:`load_tokenizer`), or any other
+    ``tokenizer.json`` (a Hugging Face model's) as ``tokenizers`` reads it.
+
+    Raises:
+        MissingInput: no tokenizer.json. InvalidInput: a prodip tokenizer (it has ``<|pad|>``) that
+            breaks the convention.
+    """
+    folder = tokenizer_folder(path)
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        raise MissingInput(
+            f"{file}: not found; give a prodip tokenizer dir, a Hugging Face folder with a tokenizer.json, "
+            "or a tokenizer.json"
+        )
+    tok = Tokenizer.from_file(str(file))
+    if tok.token_to_id(RESERVED_TOKENS[0]) is not None:  # prodip's own: hold it to its convention
+        return load_tokenizer(folder)
+    return tok
+
+
 def run_audit(cfg: AuditConfig) -> FertilityReport:
     """Audit ``cfg.tokenizer_dir``, write ``fertility.json`` into it and return the report.
 
@@ -402,11 +470,10 @@ def run_audit(cfg: AuditConfig) -> FertilityReport:
         FileExistsError: the dir's ``fertility.json`` was written by a newer prodip (its format_version
             named); checked before any work, and the file is left as it is.
     """
-    tok_dir = Path(cfg.tokenizer_dir)
-    refuse_newer(
-        FertilityReport, tok_dir / FERTILITY_NAME, action="prodip tokenizer audit", instead="audit a copy elsewhere"
-    )
-    tok = load_tokenizer(tok_dir)
+    tok_dir = tokenizer_folder(cfg.tokenizer_dir)
+    report_path = Path(cfg.report) if cfg.report else tok_dir / FERTILITY_NAME
+    refuse_newer(FertilityReport, report_path, action="prodip tokenizer audit", instead="audit a copy elsewhere")
+    tok = load_any_tokenizer(tok_dir)
     info = read_train_info(tok_dir)
     training = info.training_files() if info is not None else []
     docs = load_heldout(
@@ -414,10 +481,11 @@ def run_audit(cfg: AuditConfig) -> FertilityReport:
     )
     languages = measure_languages(tok, docs)
     sample = sample_report(info)
-    failures = gate_failures(languages, cfg.min_chars_per_token, sample, tok.get_vocab_size())
+    origin = "trained" if tok.token_to_id(RESERVED_TOKENS[0]) is not None else "imported"
+    failures = gate_failures(languages, cfg.min_chars_per_token, sample, tok.get_vocab_size(), origin=origin)
     parity = None
     if cfg.parity != "off":
-        parity = run_parity(tok_dir, _parity_texts(docs, cfg.parity_max_chars), require=cfg.parity == "require")
+        parity = run_parity(tok_dir, parity_texts(docs, cfg.parity_max_chars), require=cfg.parity == "require")
         failures += parity_failures(parity)
     report: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -444,8 +512,18 @@ def run_audit(cfg: AuditConfig) -> FertilityReport:
             "tokenizer_sha256": tokenizer_sha256(base_dir),
             "languages": measure_languages(base, docs),
         }
-    record = FertilityReport.from_dict(report, tok_dir / FERTILITY_NAME)
-    record.write(tok_dir / FERTILITY_NAME)
+    elif cfg.compare_dir:
+        other_dir = tokenizer_folder(cfg.compare_dir)
+        other = load_any_tokenizer(other_dir)
+        report["baseline"] = {
+            "kind": "compare",
+            "tokenizer_dir": str(other_dir),
+            "vocab_size": other.get_vocab_size(),
+            "tokenizer_sha256": tokenizer_sha256(other_dir),
+            "languages": measure_languages(other, docs),
+        }
+    record = FertilityReport.from_dict(report, report_path)
+    record.write(report_path)
     return record
 
 
@@ -453,15 +531,21 @@ def format_table(report: FertilityReport) -> str:
     """The audit as a fixed-width text table (ours, and the baseline's figures beside them)."""
     base = (report.baseline or {}).get("languages", {})
     head = (
-        f"{'lang':<5} {'chars/tok':>9} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} "
+        f"{'lang':<5} {'chars/tok':>9} {'ceiling':>7} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} "
         f"{'tok/char share':>14} {'lossless':>8}"
     )
+    label = "naive" if (report.baseline or {}).get("kind") == "naive" else "other"
     if base:
-        head += f" | {'naive c/t':>9} {'naive t/w':>9} {'naive in%':>9} {'naive share':>11}"
-    lines = [f"tokenizer {report.tokenizer_sha256[:12]} (vocab {report.vocab_size})", head, "-" * len(head)]
+        head += f" | {label + ' c/t':>9} {label + ' t/w':>9} {label + ' in%':>9} {label + ' share':>11}"
+    lines = [f"tokenizer {report.tokenizer_sha256[:12]} (vocab {report.vocab_size})"]
+    if report.baseline and label == "other":
+        b = report.baseline
+        lines.append(f"other: {b['tokenizer_dir']} {b['tokenizer_sha256'][:12]} (vocab {b['vocab_size']})")
+    lines += [head, "-" * len(head)]
     for lang, m in report.languages.items():
         line = (
-            f"{lang:<5} {m['chars_per_token']:>9.3f} {m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
+            f"{lang:<5} {m['chars_per_token']:>9.3f} {m.get('chars_per_pretoken', float('nan')):>7.3f} "
+            f"{m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
             f"{100 * m['inside_cluster_share']:>9.2f} {100 * m['byte_fallback_share']:>8.3f} "
             f"{m['token_share_over_char_share']:>14.3f} {str(m['lossless']):>8}"
         )
@@ -472,6 +556,9 @@ def format_table(report: FertilityReport) -> str:
                 f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}"
             )
         lines.append(line)
+    lines.append(
+        "ceiling: characters per pre-token, the most chars/token any vocabulary behind this pre-tokenizer reaches"
+    )
     if report.parity:
         lines.append(format_parity(report.parity))
     gate = report.gate

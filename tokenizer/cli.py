@@ -1,4 +1,4 @@
-"""Command line of the tokenizer stage: ``prodip tokenizer train|audit`` and ``prodip data prepare``.
+"""Command line of the tokenizer stage: ``prodip tokenizer train|audit|extend`` and ``prodip data prepare``.
 
 Each verb reads an optional ``--config TOML`` (sections ``[tokenizer]``, ``[audit]``, ``[data]``) and
 ``--kebab-case`` flags generated from its config dataclass; flags override the file.
@@ -9,6 +9,7 @@ Each verb reads an optional ``--config TOML`` (sections ``[tokenizer]``, ``[audi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 
@@ -38,6 +39,15 @@ _VERBS = [
         "the gate fails",
     ),
     (
+        "tokenizer",
+        "extend",
+        "prodip.tokenizer.extend",
+        "ExtendConfig",
+        "extend",
+        "append tokens learned on a corpus to a base model's byte-level BPE (every base id kept), resize its "
+        "embeddings -> a new Hugging Face folder + extension.json; exit 1 if the fertility gate fails",
+    ),
+    (
         "data",
         "prepare",
         "prodip.tokenizer.encode",
@@ -47,7 +57,7 @@ _VERBS = [
     ),
 ]
 _GROUP_HELP = {
-    "tokenizer": "train, audit and gate a Bangla-aware BPE tokenizer",
+    "tokenizer": "train, audit and gate a Bangla-aware BPE tokenizer, or extend a base model's",
     "data": "encode a corpus into token shards with a tokenizer dir",
 }
 
@@ -72,6 +82,20 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _extend(args: argparse.Namespace) -> int:
+    from prodip.tokenizer.extend import extend, format_record  # noqa: PLC0415
+
+    cfg = _cfg(args)
+    if args.base_folder:
+        cfg = dataclasses.replace(cfg, base=args.base_folder)
+    record = extend(cfg)
+    print(format_record(record))
+    if not record["gate"]["passed"]:
+        print("fertility gate failed: " + "; ".join(record["gate"]["failures"]), file=sys.stderr)
+        return 1
+    return 0
+
+
 def _prepare(args: argparse.Namespace) -> int:
     out = prepare_shards(_cfg(args))
     meta = load_meta(out)
@@ -88,7 +112,7 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-_FUNCS = {"train": _train, "audit": _audit, "prepare": _prepare}
+_FUNCS = {"train": _train, "audit": _audit, "extend": _extend, "prepare": _prepare}
 
 
 def add_subcommands(subparsers, only: str | None = None) -> None:
@@ -109,5 +133,9 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
         leaf.add_argument(
             "--config", metavar="TOML", default=None, help=f"TOML file; its [{section}] table sets the options below"
         )
+        if verb == "extend":
+            leaf.add_argument(
+                "base_folder", nargs="?", metavar="BASE", default=None, help="the base folder (overrides [extend] base)"
+            )
         add_arguments(leaf, getattr(importlib.import_module(module), cls_name), section=section)
         leaf.set_defaults(func=_FUNCS[verb], _module=module, _cls=cls_name, _section=section)

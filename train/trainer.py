@@ -36,7 +36,7 @@ from prodip.base.errors import ConfigError, InvalidInput, MissingInput, OutputEx
 from prodip.base.files import raise_for_room
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import ShardsMeta, load_meta, meta_sha256
-from prodip.train import attention, checkpoint, determinism, distributed, fsdp, guards, init
+from prodip.train import attention, checkpoint, determinism, distributed, freeze, fsdp, guards, init
 from prodip.train.config import ModelConfig
 from prodip.train.data import ORDERS, MixtureBatches, val_batches
 from prodip.train.loop import (
@@ -119,6 +119,11 @@ class TrainConfig:
         "",
         "start from these weights with a fresh optimizer and schedule: a prodip run/checkpoint dir or a "
         "Hugging Face Llama folder (safetensors); the model config is the source's",
+    )
+    new_embeddings_first_steps: int = opt(
+        0,
+        "with --init-from a folder made by `prodip tokenizer extend`: train only the embedding (and lm_head) rows "
+        "it added for this many optimizer steps, the rest frozen, then everything (train/freeze.py); 0 = off",
     )
     checkpoint_every_steps: int = opt(100, "save a checkpoint every N steps (and at the end), 0 = end only")
     checkpoint_every_s: float = opt(
@@ -204,6 +209,14 @@ class TrainConfig:
             raise InvalidInput(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if self.min_lr > self.lr:
             raise InvalidInput(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
+        if self.new_embeddings_first_steps < 0:
+            raise InvalidInput(
+                f"TrainConfig.new_embeddings_first_steps must be >= 0, got {self.new_embeddings_first_steps}"
+            )
+        if self.new_embeddings_first_steps and not self.init_from:
+            raise InvalidInput(
+                "TrainConfig.new_embeddings_first_steps needs --init-from a folder made by `prodip tokenizer extend`"
+            )
         if self.checkpoint_every_s < 0:
             raise InvalidInput(f"TrainConfig.checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
         if self.warmup_steps >= self.steps:
@@ -238,6 +251,7 @@ TRAJECTORY_FIELDS = (
     "seed",
     "data_order",
     "dtype",
+    "new_embeddings_first_steps",
 )
 
 
@@ -558,6 +572,12 @@ class _Run:
         if self.init is not None and not cfg.resume:
             init.apply_init(model, self.init)
             log.info("initialised from %s; fresh optimizer and lr schedule", self.init.source)
+        self.freeze = None
+        if cfg.new_embeddings_first_steps:
+            if self.fsdp:
+                raise InvalidInput("TrainConfig.new_embeddings_first_steps: not with parallel = fsdp (sharded rows)")
+            first = freeze.read_first_new_id(cfg.init_from)
+            self.freeze = freeze.NewRowsOnly(model, self.optimizer, first)  # not yet wrapped (DDP, compile)
         self.data = self._make_data()
         if cfg.resume:
             self._resume()
@@ -608,6 +628,8 @@ class _Run:
                 log.warning("%s", interrupt_message(self.ckpt_dir, self._kept_checkpoint()))
             raise
         finally:
+            if self.freeze is not None:  # the returned model carries no gradient hooks
+                self.freeze.remove()
             if self.saver is not None:  # the save in flight completes, also after an error (a good state)
                 self.saver.close()
         self.fwd = None  # the compiled / DDP wrappers die here, while the process group is alive
@@ -797,6 +819,11 @@ class _Run:
             while self.step < end:
                 t0 = time.perf_counter()
                 lr = self._lr(self.step)
+                if self.freeze is not None:  # only the extension's new rows train for the first steps
+                    if self.step < cfg.new_embeddings_first_steps:
+                        self.freeze.install()
+                    else:
+                        self.freeze.remove()
                 micro = (self.data.next_batch() for _ in range(n))  # drawn one ahead inside train_step
                 out = train_step(
                     self.fwd,

@@ -36,7 +36,7 @@ import tomli_w
 
 from prodip.base.errors import ConfigError, InvalidInput
 from prodip.base.files import raise_for_room
-from prodip.base.layout import DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
+from prodip.base.layout import COMMAND_TABLES, DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 
 T = TypeVar("T", bound="DataclassInstance")  # a config dataclass
 
@@ -327,9 +327,10 @@ def resolve(
     source = cls.__name__
     doc = read_toml(toml_path) if toml_path else {}
     if section and toml_path:
-        unknown = [k for k, v in doc.items() if isinstance(v, dict) and k not in (*TABLES, *TOP_LEVEL_TABLE_KEYS)]
+        known = (*TABLES, *COMMAND_TABLES)
+        unknown = [k for k, v in doc.items() if isinstance(v, dict) and k not in (*known, *TOP_LEVEL_TABLE_KEYS)]
         if unknown:
-            raise ConfigError(f"{toml_path}: unknown table [{unknown[0]}]; known tables: {', '.join(TABLES)}")
+            raise ConfigError(f"{toml_path}: unknown table [{unknown[0]}]; known tables: {', '.join(known)}")
     if base is None and section:
         data = _layout_paths(cls, section, doc.get("out_dir"), chat=has_sft(doc))
     if toml_path:

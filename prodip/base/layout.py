@@ -21,6 +21,9 @@ DEFAULT_OUT_DIR = Path("runs") / "demo"
 
 #: The config tables of a pipeline file, one per stage config (``prodip.pipeline.SECTIONS`` lists the same).
 TABLES = ("tokenizer", "audit", "data", "model", "train", "eval", "sft", "export", "conformance", "serve")
+#: Tables a stage command reads that ``prodip run`` does not (yet) run: ``[extend]``
+#: (``prodip tokenizer extend``). The stage commands accept them; ``prodip run`` refuses them.
+COMMAND_TABLES = ("extend",)
 #: Top-level keys of a pipeline file whose value is a TOML table but that are not stage tables.
 TOP_LEVEL_TABLE_KEYS = ("completion_prompts", "chat_prompts")
 
