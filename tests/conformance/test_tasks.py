@@ -1,0 +1,161 @@
+"""Task figures per variant (``prodip.conformance.tasks``): the tiny export's ONNX variants scored on the bundled
+lm-evaluation-harness tasks beside its checkpoint, the tasks and settings taken from a real ``prodip eval --tasks``
+eval.json; fp32's figures equal the checkpoint's exactly; the card's task table has a bn and an en row with every
+variant and its standard error, its figures are in the manifest's typed record, and an edited figure fails
+conformance. The flag rule and the peers file on known values.
+
+    python -m pytest tests/conformance/test_tasks.py -q
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+TASKS = ["prodip_tatoeba_en2bn", "prodip_tatoeba_bn2en"]
+LIMIT = 16
+ONNX = ("fp32", "fp16", "int8", "int4")
+
+
+@pytest.fixture(scope="module")
+def tasked_export(tiny_artifacts, tmp_path_factory) -> tuple[Path, dict, dict]:
+    """(export, report, eval.json): `prodip eval --tasks` on the tiny checkpoint, then a conformance run of every
+    variant with that eval.json, writing the card."""
+    from prodip.conformance import run_conformance
+    from prodip.conformance.faults import copy_export
+    from prodip.train.eval import EvalConfig, evaluate
+    from tests.conformance.conftest import tiny_conf_cfg
+
+    root = tmp_path_factory.mktemp("tasked")
+    export = copy_export(tiny_artifacts["export"], root / "export")
+    ev = evaluate(
+        EvalConfig(
+            checkpoint=str(tiny_artifacts["checkpoint"]), tasks=TASKS, task_limit=LIMIT, out=str(root / "eval.json")
+        )
+    )
+    report = run_conformance(tiny_conf_cfg(tiny_artifacts, export, write_manifest=True, eval_json=ev["out"]))
+    return export, report, ev
+
+
+def test_variants_score_the_tasks_of_eval_json(tasked_export):
+    export, report, ev = tasked_export
+    assert report["passed"], report["global"]
+    assert report["tasks"]["settings"] == ev["tasks"]["settings"]  # the same tasks, items, shots and seed
+    ev_rows = {r["task"]: r for r in ev["tasks"]["rows"]}
+    for row in report["tasks"]["rows"]:
+        assert set(row["scores"]) == {"checkpoint", *ONNX}
+        assert row["items"] == LIMIT and row["shots"] == 0 and row["chance"] == 0.25
+        # the same weights through the same harness model class: eval.json's trained model, to the last bit
+        assert row["scores"]["checkpoint"] == ev_rows[row["task"]]["scores"]["trained"]
+        # fp32 ONNX equals the checkpoint exactly (the argmax of every item is the same)
+        assert row["scores"]["fp32"] == row["scores"]["checkpoint"]
+        for v in ONNX:
+            acc = row["scores"][v]["acc"]
+            assert acc["stderr"] == pytest.approx(math.sqrt(acc["value"] * (1 - acc["value"]) / (LIMIT - 1)))
+            assert row["seconds"][v] > 0
+
+
+def test_card_task_table_is_read_back_and_an_edit_fails(tasked_export, conf_cfg, tmp_path):
+    from prodip.base.manifest import load_manifest, verdict_is_current
+    from prodip.conformance import evaluate
+    from prodip.conformance.card import card_problems
+    from prodip.conformance.faults import copy_export
+
+    export, report, ev = tasked_export
+    manifest = load_manifest(export)
+    assert verdict_is_current(manifest)
+    rows = manifest.card_quality.tasks
+    assert {r.language for r in rows} == {"bn", "en"}
+    text = (export / "README.md").read_text(encoding="utf-8")
+    assert (
+        "| task | language | shots | items | metric | chance | random twin | checkpoint | fp32 | fp16 | int8 | int4 |"
+        in text
+    )
+    measured = {r["task"]: r for r in report["tasks"]["rows"]}
+    for r in rows:
+        # no `base` column: eval.json scored the exported checkpoint itself
+        assert list(r.scores) == ["random twin", "checkpoint", *ONNX]
+        assert r.scores["int4"].value == measured[r.task]["scores"]["int4"]["acc"]["value"]
+        twin = ev["tasks"]["rows"][[x["task"] for x in ev["tasks"]["rows"]].index(r.task)]["scores"]["random_init"]
+        assert r.scores["random twin"].value == twin["acc"]["value"]
+        cp = r.scores["checkpoint"]
+        line = f"| {r.task} | {r.language} | 0 | {LIMIT} | acc | 0.250 | "
+        assert line in text
+        assert f"{cp.value:.3f} ± {cp.stderr:.3f}" in text.split(line)[1].splitlines()[0]
+    assert card_problems(export) == []
+
+    bad = copy_export(export, tmp_path / "bad")
+    readme = bad / "README.md"
+    r0 = rows[0]
+    line = next(x for x in readme.read_text(encoding="utf-8").splitlines() if x.startswith(f"| {r0.task} |"))
+    cells = line.split(" | ")
+    cells[-2] = "0.999 ± 0.001"  # the fp16 column's figure
+    readme.write_text(readme.read_text(encoding="utf-8").replace(line, " | ".join(cells)), encoding="utf-8")
+    assert card_problems(bad) == ["README.md: the quality card differs from the figures conformance measured"]
+    assert not evaluate(conf_cfg(bad, variants=["fp32"]))["passed"]
+
+
+def test_flag_only_where_the_drop_exceeds_the_error_bar():
+    from prodip.conformance.tasks import card_rows
+
+    def sc(v, e):
+        return {"acc": {"value": v, "stderr": e}}
+
+    measured = {
+        "settings": {"names": ["t"]},
+        "rows": [
+            {
+                "task": "t", "language": "bn", "output_type": "multiple_choice", "shots": 0, "items": 100,
+                "metric": "acc", "higher_is_better": True, "chance": 0.25,
+                "scores": {"checkpoint": sc(0.50, 0.05), "fp32": sc(0.50, 0.05), "int8": sc(0.46, 0.05),
+                           "int4": sc(0.44, 0.0496)},
+                "seconds": {"checkpoint": 1.0, "fp32": 1.0, "int8": 1.0, "int4": 1.0},
+            }
+        ],
+    }  # fmt: skip
+    eval_json = {
+        "checkpoint": {"model_sha256": "pretrained"},
+        "tasks": {
+            "settings": {"names": ["t"]},
+            "rows": [
+                {"task": "t", "items": 100, "shots": 0, "seconds": {"trained": 2.0, "random_init": 2.0},
+                 "scores": {"trained": sc(0.55, 0.05), "random_init": sc(0.26, 0.044)}}
+            ],
+        },
+    }  # fmt: skip
+    (row,) = card_rows(measured, eval_json, checkpoint_sha256="finetuned")
+    assert row.flagged == ["int4"]  # 0.06 > 0.0496; int8's 0.04 is within its 0.05
+    assert list(row.scores) == ["random twin", "base", "checkpoint", "fp32", "int8", "int4"]
+    assert row.scores["base"].value == 0.55  # the pretrained model beside the fine-tuned one
+    (same,) = card_rows(measured, eval_json, checkpoint_sha256="pretrained")
+    assert "base" not in same.scores  # eval.json scored the exported checkpoint: no second column
+    other = {**eval_json, "tasks": {**eval_json["tasks"], "settings": {"names": ["t"], "limit": 5}}}
+    (alone,) = card_rows(measured, other, checkpoint_sha256="finetuned")
+    assert list(alone.scores) == ["checkpoint", "fp32", "int8", "int4"]  # other settings: never mixed in
+
+
+def test_peers_file(tmp_path):
+    from prodip.base.errors import InvalidInput
+    from prodip.base.manifest import CardQuality, TaskRow, TaskScore
+    from prodip.conformance.card import render_quality
+    from prodip.conformance.tasks import read_peers
+
+    good = tmp_path / "peers.toml"
+    good.write_text(
+        '[[peer]]\nname = "Qwen3-0.6B"\nsource = "https://example.org/card"\nscores = { t = 0.412 }\n', encoding="utf-8"
+    )
+    peers = read_peers(good)
+    row = TaskRow(task="t", language="bn", shots=0, items=10, metric="acc", chance=0.25,
+                  scores={"checkpoint": TaskScore(value=0.3, stderr=0.15)})  # fmt: skip
+    text = render_quality(CardQuality(rows=[], tasks=[row], task_peers=peers, task_settings={"limit": None}))
+    assert "| chance | checkpoint | Qwen3-0.6B† |" in text
+    assert "| t | bn | 0 | 10 | acc | 0.250 | 0.300 ± 0.150 | 0.412 |" in text
+    assert "- Qwen3-0.6B: https://example.org/card" in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[peer]]\nname = "X"\nscores = { t = 0.4 }\n', encoding="utf-8")
+    with pytest.raises(InvalidInput, match=r"bad.toml: \[\[peer\]\] 1 \(X\): source"):
+        read_peers(bad)
