@@ -273,7 +273,8 @@ def render_quality(quality: CardQuality) -> str:
     lines.append("")
     if quality.twin:
         lines += [
-            "Trained model against its random-initialised twin (`prodip eval`, eval.json):",
+            "The checkpoint `prodip eval` scored (eval.json; the pretrained model when this export is fine-tuned from "
+            "it) against its random-initialised twin, on the shards' validation split:",
             "",
             "| language | NLL/token (nats) | bits/char | random twin NLL/token | random twin bits/char |",
             "|---|---:|---:|---:|---:|",
@@ -286,6 +287,16 @@ def render_quality(quality: CardQuality) -> str:
         lines.append("")
     else:
         lines += ["No eval.json was given to conformance: the random-twin comparison is not in this card.", ""]
+    if quality.forgetting:
+        lines += [
+            "What fine-tuning cost: the pretrained model (eval.json's checkpoint) and the exported fine-tuned model on "
+            "the same held-out text as above, in PyTorch (positive: the fine-tuned model is worse at the language):",
+            "",
+            "| language | pretrained bits/char | fine-tuned bits/char | change |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [f"| {f.language} | {f.base_bpc:.4f} | {f.bpc:.4f} | {f.change:+.1%} |" for f in quality.forgetting]
+        lines.append("")
     if quality.tasks:
         lines += render_tasks(quality)
     return "\n".join(lines)

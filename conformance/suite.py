@@ -485,7 +485,9 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         results[name]["checks"] += rt.pop("checks")
         results[name]["runtimes"] = rt
         results[name]["passed"] = all(c["passed"] is not False for c in results[name]["checks"])
-    task_figures = _score_tasks(cfg, export_dir, candidates, ref_model, model_cfg, train_tok)
+    eval_report = EvalReport.read(cfg.eval_json).to_dict() if cfg.eval_json and Path(cfg.eval_json).is_file() else None
+    task_figures = _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg, train_tok)
+    base = lm_tasks.base_heldout(eval_report, info["model_sha256"], inputs)
     variants: dict[str, bool] = {}
     for cand in candidates:
         variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
@@ -534,14 +536,14 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         "runtimes": {"checked": list(cfg.runtimes), "prompts": prompts, "new_tokens": cfg.runtime_tokens},
         "candidates": results,
         "tasks": task_figures,
+        "base": base,
         "seconds": time.perf_counter() - t_start,
     }
 
 
-def _score_tasks(cfg, export_dir, candidates, ref_model, model_cfg, train_tok) -> Optional[dict[str, Any]]:
+def _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg, train_tok) -> Optional[dict[str, Any]]:
     """lm-evaluation-harness tasks on the checkpoint and each ONNX variant checked (``prodip.conformance.tasks``),
     or None when neither ``[conformance] tasks`` nor eval.json's names any."""
-    eval_report = EvalReport.read(cfg.eval_json).to_dict() if cfg.eval_json and Path(cfg.eval_json).is_file() else None
     settings = lm_tasks.task_plan(cfg, eval_report)
     if settings is None:
         return None
@@ -592,6 +594,9 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
         if not task_rows:
             task_rows, task_settings = previous.tasks, previous.task_settings
     extra: dict[str, Any] = {"tasks": task_rows, "task_settings": task_settings} if task_rows else {}
+    forgetting = lm_tasks.forgetting_rows(report)
+    if forgetting:
+        extra["forgetting"] = forgetting
     if task_rows and cfg.task_peers:
         extra["task_peers"] = lm_tasks.read_peers(cfg.task_peers)
     quality = CardQuality(rows=rows, twin=twin, export_files_sha256=report["export_files_sha256"], **extra)

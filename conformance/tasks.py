@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.manifest import TaskPeer, TaskRow, TaskScore
+from prodip.base.manifest import ForgettingRow, TaskPeer, TaskRow, TaskScore
 from prodip.conformance.runners import OrtRunner
 from prodip.train import lmeval
 
@@ -200,3 +200,56 @@ def read_peers(path: str | Path) -> list[TaskPeer]:
     if not peers:
         raise InvalidInput(f"{path}: no [[peer]] entries")
     return peers
+
+
+# ---- what fine-tuning cost: the pretrained model on the same held-out text -----------------------
+
+
+def base_heldout(
+    eval_report: Optional[dict[str, Any]], checkpoint_sha256: str, inputs: Any
+) -> Optional[dict[str, Any]]:
+    """Bits/char of eval.json's checkpoint on conformance's own held-out windows, when it is another model
+    than the exported one (the pretrained model a chat model was fine-tuned from): the card then shows both
+    models on the same text, per language.
+
+    Returns:
+        ``{checkpoint: {path, step, model_sha256}, heldout_bpc: {lang: bits/char}}``, or None (no eval.json, it
+        scored the exported checkpoint itself, or its checkpoint is no longer there: logged).
+    """
+    from prodip.conformance.compare import bits_per_char  # noqa: PLC0415 (compare imports the suite's helpers)
+    from prodip.conformance.measure import heldout_nll, run_item  # noqa: PLC0415
+    from prodip.conformance.runners import TorchRunner  # noqa: PLC0415
+    from prodip.train.checkpoint import load_model  # noqa: PLC0415
+
+    scored = (eval_report or {}).get("checkpoint") or {}
+    if not scored.get("model_sha256") or scored["model_sha256"] == checkpoint_sha256 or not inputs.heldout:
+        return None
+    try:
+        model, _, info = load_model(scored["path"])
+    except (OSError, ValueError) as err:
+        logger.warning(
+            "conformance: eval.json's checkpoint %s cannot be loaded (%s); no base figures", scored["path"], err
+        )
+        return None
+    if info["model_sha256"] != scored["model_sha256"]:
+        logger.warning("conformance: %s is not the checkpoint eval.json scored; no base figures", scored["path"])
+        return None
+    runner = TorchRunner(model, "base")
+    bpc = {
+        item.lang: bits_per_char(heldout_nll(item, run_item(runner, item)), inputs.heldout[item.lang]["chars"])
+        for item in inputs.items
+        if item.targets is not None
+    }
+    return {"checkpoint": {k: scored.get(k) for k in ("path", "step", "model_sha256")}, "heldout_bpc": bpc}
+
+
+def forgetting_rows(report: dict[str, Any]) -> list[ForgettingRow]:
+    """Per held-out language: the base model's bits/char and the exported (fine-tuned) model's on the same
+    windows, and the relative change (positive: the fine-tuned model is worse at the language)."""
+    base = (report.get("base") or {}).get("heldout_bpc") or {}
+    ref = (report.get("reference") or {}).get("heldout_bpc") or {}
+    return [
+        ForgettingRow(language=lang, base_bpc=base[lang], bpc=ref[lang], change=ref[lang] / base[lang] - 1)
+        for lang in sorted(base)
+        if lang in ref and base[lang]
+    ]

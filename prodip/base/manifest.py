@@ -592,6 +592,19 @@ class TaskPeer(BaseModel):
     scores: dict[str, Number]
 
 
+class ForgettingRow(BaseModel):
+    """What fine-tuning cost one language (``card_quality.forgetting[i]``, ``prodip.conformance.tasks``): bits/char
+    of the pretrained model (eval.json's checkpoint) and of the exported fine-tuned one on the same held-out
+    windows, and the relative change (``bpc / base_bpc - 1``; positive: worse after fine-tuning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    language: str
+    base_bpc: Number
+    bpc: Number
+    change: Number
+
+
 class CardQuality(BaseModel):
     """The quality card's figures (``manifest.json`` ``card_quality``; owner ``prodip.conformance.card``,
     written from its report by ``write_quality``), keys in its order. Keys a newer conformance adds are kept."""
@@ -608,6 +621,8 @@ class CardQuality(BaseModel):
     task_settings: dict[str, Any] | None = None
     #: reference models' scores from the user's peers file, shown beside the task table
     task_peers: list[TaskPeer] = Field(default_factory=list)
+    #: the pretrained model against the exported fine-tuned one on the same held-out text, per language
+    forgetting: list[ForgettingRow] = Field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as ``manifest.json`` holds them (fields never set left out)."""

@@ -159,3 +159,58 @@ def test_peers_file(tmp_path):
     bad.write_text('[[peer]]\nname = "X"\nscores = { t = 0.4 }\n', encoding="utf-8")
     with pytest.raises(InvalidInput, match=r"bad.toml: \[\[peer\]\] 1 \(X\): source"):
         read_peers(bad)
+
+
+def test_base_model_beside_the_fine_tuned_one(tiny_artifacts, tasked_export, tmp_path):
+    """eval.json of another checkpoint (standing in for the pretrained model a chat export was tuned from): the
+    card's task table gets its `base` column and the held-out text table both models' bits/char; the base path
+    computes the reference's own figure when given the reference's weights."""
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance import run_conformance
+    from prodip.conformance.faults import copy_export
+    from prodip.conformance.inputs import build_inputs
+    from prodip.conformance.tasks import base_heldout
+    from prodip.tokenizer.bpe import load_tokenizer
+    from prodip.train.checkpoint import load_model
+    from prodip.train.eval import EvalConfig, evaluate
+    from tests.conformance.conftest import tiny_conf_cfg
+
+    export = copy_export(tiny_artifacts["export"], tmp_path / "export")
+    base_ev = evaluate(
+        EvalConfig(
+            checkpoint=str(tiny_artifacts["other_checkpoint"]), tasks=TASKS, task_limit=LIMIT, out=str(tmp_path / "e.json")
+        )
+    )
+    report = run_conformance(
+        tiny_conf_cfg(tiny_artifacts, export, write_manifest=True, eval_json=base_ev["out"], variants=["fp32"])
+    )
+    assert report["passed"]
+    quality = load_manifest(export).card_quality
+    base_rows = {r["task"]: r["scores"]["trained"]["acc"] for r in base_ev["tasks"]["rows"]}
+    for row in quality.tasks:
+        assert list(row.scores) == ["random twin", "base", "checkpoint", "fp32"]
+        assert row.scores["base"].value == base_rows[row.task]["value"]
+    assert {f.language for f in quality.forgetting} == {"bn", "en"}
+    for f in quality.forgetting:
+        assert f.bpc == report["reference"]["heldout_bpc"][f.language]
+        assert f.base_bpc == report["base"]["heldout_bpc"][f.language] != f.bpc
+        assert f.change == pytest.approx(f.bpc / f.base_bpc - 1)
+    text = (export / "README.md").read_text(encoding="utf-8")
+    assert f"| {f.language} | {f.base_bpc:.4f} | {f.bpc:.4f} | {f.change:+.1%} |" in text
+
+    # the base path on the reference's own weights gives the reference's figure
+    _, own, ev = tasked_export
+    model, mcfg, info = load_model(tiny_artifacts["checkpoint"])
+    inputs = build_inputs(
+        load_tokenizer(info["tokenizer_dir"]),
+        context_tokens=mcfg.max_position_embeddings,
+        pad_id=mcfg.pad_token_id,
+        greedy_tokens=24,
+        kv_tokens=0,
+        shards_dir=str(tiny_artifacts["shards"]),
+        heldout_tokens=192,
+        tokenizer_sha256=info["tokenizer_sha256"],
+    )
+    same = base_heldout(ev, checkpoint_sha256="another model", inputs=inputs)
+    assert same["heldout_bpc"] == pytest.approx(own["reference"]["heldout_bpc"], rel=1e-6)
+    assert base_heldout(ev, checkpoint_sha256=info["model_sha256"], inputs=inputs) is None
