@@ -178,7 +178,10 @@ def test_base_model_beside_the_fine_tuned_one(tiny_artifacts, tasked_export, tmp
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
     base_ev = evaluate(
         EvalConfig(
-            checkpoint=str(tiny_artifacts["other_checkpoint"]), tasks=TASKS, task_limit=LIMIT, out=str(tmp_path / "e.json")
+            checkpoint=str(tiny_artifacts["other_checkpoint"]),
+            tasks=TASKS,
+            task_limit=LIMIT,
+            out=str(tmp_path / "e.json"),
         )
     )
     report = run_conformance(
@@ -214,3 +217,19 @@ def test_base_model_beside_the_fine_tuned_one(tiny_artifacts, tasked_export, tmp
     same = base_heldout(ev, checkpoint_sha256="another model", inputs=inputs)
     assert same["heldout_bpc"] == pytest.approx(own["reference"]["heldout_bpc"], rel=1e-6)
     assert base_heldout(ev, checkpoint_sha256=info["model_sha256"], inputs=inputs) is None
+
+
+def test_run_summary_shows_the_task_table(tasked_export, capsys):
+    from prodip.base.manifest import load_manifest
+    from prodip.summary import _print_card_figures
+
+    export, _, _ = tasked_export
+    quality = load_manifest(export).card_quality
+    _print_card_figures(quality.to_dict())
+    out = capsys.readouterr().out
+    header = next(x for x in out.splitlines() if x.strip().startswith("task "))
+    assert header.split()[-6:] == ["twin", "checkpoint", "fp32", "fp16", "int8", "int4"]
+    for row in quality.tasks:
+        fp32 = row.scores["fp32"]
+        line = next(x for x in out.splitlines() if x.strip().startswith(row.task))
+        assert f"{fp32.value:.3f}±{fp32.stderr:.3f}" in line and f" {row.language} " in line
