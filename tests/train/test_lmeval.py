@@ -257,3 +257,50 @@ def test_documented_hub_command_with_the_download_stubbed(tiny_run, tmp_path, mo
     for r in rows.values():
         assert r["chance"] == 0.25 and r["metric"] == "acc"
         assert r["scores"]["trained"]["acc"]["stderr"] is not None
+
+
+def test_done_checks_follow_the_task_settings(tmp_path, caplog):
+    """eval.json without the task figures [eval] tasks asks for is not complete, nor a conformance report
+    without the figures eval.json's settings call for."""
+    import dataclasses
+
+    from prodip.base.files import file_sha256
+    from prodip.base.manifest import files_table_sha256
+    from prodip.conformance.stage import conformance_done
+    from prodip.train.checkpoint import save_checkpoint
+    from prodip.train.eval import task_settings
+    from prodip.train.stage import eval_done
+    from tests.fixtures import build_tiny_checkpoint, tiny_model, tiny_model_config
+    from tests.prodip.test_stage_inputs import FILES, _export_with_report, _plan, _shards
+
+    build_tiny_checkpoint(tmp_path / "t")
+    plan = _plan(tmp_path)
+    plan["eval"] = dataclasses.replace(plan["eval"], tasks=["prodip_tatoeba_en2bn"], task_limit=10)
+    _shards(Path(plan["train"].shards_dir), "one")
+    config = tiny_model_config(vocab_size=512)
+    ckpt = save_checkpoint(
+        Path(plan["train"].out_dir) / "checkpoints", step=10, model=tiny_model(config), model_config=config,
+        tokenizer_dir=str(tmp_path / "t" / "tokenizer"),
+    )  # fmt: skip
+    doc = {
+        "format_version": 1,
+        "checkpoint": {"path": str(ckpt), "step": 10, "model_sha256": file_sha256(ckpt / "model.safetensors")},
+        "shards_meta_sha256": file_sha256(Path(plan["eval"].shards_dir) / "meta.json"),
+    }
+    eval_json = Path(plan["eval"].out)
+    eval_json.write_text(json.dumps(doc))
+    assert not eval_done(plan) and "task figures are not those [eval] tasks asks for" in caplog.text
+    settings = task_settings(plan["eval"])
+    assert settings["limit"] == 10 and settings["names"] == ["prodip_tatoeba_en2bn"]
+    eval_json.write_text(json.dumps({**doc, "tasks": {"settings": settings, "rows": []}}))
+    assert eval_done(plan)
+
+    exp = _export_with_report(plan, FILES, ["fp32"], ["fp32"], files_table_sha256(FILES))
+    assert not conformance_done(plan)  # eval.json scored tasks; the report has none
+    report = Path(plan["conformance"].out) / "report.json"
+    data = json.loads(report.read_text())
+    report.write_text(json.dumps({**data, "tasks": {"settings": settings, "rows": []}}))
+    manifest = json.loads((exp / "manifest.json").read_text())
+    manifest["conformance"]["report_sha256"] = file_sha256(report)
+    (exp / "manifest.json").write_text(json.dumps(manifest))
+    assert conformance_done(plan)
