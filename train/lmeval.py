@@ -255,7 +255,7 @@ def run_tasks(
     """Run each task on ``lm`` (one harness evaluation per task, timed; see :func:`_evaluate`).
 
     Args:
-        lm: a model from :func:`make_lm`.
+        lm: a model from :func:`make_lm` (or any ``lm_eval`` model: then ``chance`` is None).
         names: task or group names.
         num_fewshot: examples in each prompt; None = the task's own setting (0 unless its YAML says).
         limit: the first N items of each task (None = all).
@@ -274,8 +274,9 @@ def run_tasks(
     lm_eval = _require_lm_eval()
     tm = tm or task_manager(names, task_paths)
     rows = []
+    seen: Counter[tuple[str, int]] = getattr(lm, "choices_seen", Counter())  # another LM class: no chance level
     for name in names:
-        lm.choices_seen.clear()
+        seen.clear()
         t0 = time.perf_counter()
         level = logging.getLogger("lm_eval").level
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
@@ -284,7 +285,7 @@ def run_tasks(
         finally:
             logging.getLogger("lm_eval").setLevel(level)
         seconds = time.perf_counter() - t0
-        rows.append(_task_row(name, res, lm.choices_seen, seconds))
+        rows.append(_task_row(name, res, seen, seconds))
     return rows
 
 

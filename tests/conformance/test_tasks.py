@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval")
 
@@ -233,3 +234,35 @@ def test_run_summary_shows_the_task_table(tasked_export, capsys):
         fp32 = row.scores["fp32"]
         line = next(x for x in out.splitlines() if x.strip().startswith(row.task))
         assert f"{fp32.value:.3f}±{fp32.stderr:.3f}" in line and f" {row.language} " in line
+
+
+def test_loglikelihoods_equal_the_harness_hf_model_on_the_export(tiny_artifacts):
+    """The harness's own ``hf`` model (transformers, on the export's model.safetensors and tokenizer files) gives
+    the same log-likelihoods and greedy flags as prodip's model class on the checkpoint, request by request, on
+    the bundled tasks' real requests (contexts, choices, the empty-context case)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from prodip.tokenizer.bpe import load_tokenizer
+    from prodip.train import lmeval
+    from prodip.train.checkpoint import load_model
+
+    model, mcfg, info = load_model(tiny_artifacts["checkpoint"])
+    ours = lmeval.make_lm(
+        load_tokenizer(info["tokenizer_dir"]),
+        lmeval.torch_logits(model, torch.device("cpu")),
+        bos_id=mcfg.bos_token_id,
+        eos_id=mcfg.eos_token_id,
+        max_length=mcfg.max_position_embeddings,
+        batch_size=5,
+    )
+    hf = HFLM(pretrained=str(tiny_artifacts["export"]), dtype="float32", device="cpu", batch_size=5, add_bos_token=True)
+    tm = lmeval.task_manager(["prodip_tatoeba_en2bn", "prodip_hellaswag_en"])
+    args = [("", "আমার সোনার বাংলা")]
+    for task in tm.load(["prodip_tatoeba_en2bn", "prodip_hellaswag_en"])["tasks"].values():
+        for doc in list(task.test_docs())[:3]:
+            args += [(task.doc_to_text(doc), " " + c) for c in task.doc_to_choice(doc)]
+    requests = [Instance("loglikelihood", {}, a, i, ("t", i, 1)) for i, a in enumerate(args)]
+    got, want = ours.loglikelihood(requests), hf.loglikelihood(requests)
+    assert [g for _, g in got] == [g for _, g in want]
+    assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=2e-4)
