@@ -94,7 +94,13 @@ def evaluate_tasks(
     common = dict(
         bos_id=model_cfg.bos_token_id, eos_id=model_cfg.eos_token_id, max_length=model_cfg.max_position_embeddings
     )
-    kw = dict(num_fewshot=settings.get("num_fewshot"), limit=settings.get("limit"), tm=tm, seed=settings.get("seed", 0))
+    kw = dict(
+        num_fewshot=settings.get("num_fewshot"),
+        limit=settings.get("limit"),
+        tm=tm,
+        seed=settings.get("seed", 0),
+        threads=threads,
+    )
     per_model = {
         CHECKPOINT: lmeval.run_tasks(
             lmeval.make_lm(

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from prodip.base.config import opt
+from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 from prodip.base.records import refuse_newer
 from prodip.tokenizer.bpe import load_tokenizer
@@ -86,6 +86,9 @@ class EvalConfig:
     task_paths: list[str] = opt(help="more folders of lm-eval task YAML (--include_path)", factory=list)
     num_fewshot: Optional[int] = opt(None, "examples in each task prompt (default: the task's own, 0 for the bundled)")
     task_limit: int = opt(0, "score only the first N items of each task (items; 0 = all)")
+    task_threads: int = opt(
+        1, "torch CPU threads while scoring tasks (0 = torch's default; 1: many small forwards, see lmeval.run_tasks)"
+    )
 
     def __post_init__(self) -> None:
         # Required-ness of checkpoint/shards_dir is checked in evaluate(): prodip.base.config.resolve
@@ -95,6 +98,7 @@ class EvalConfig:
                 raise InvalidInput(f"EvalConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.seq_len < 0:
             raise InvalidInput(f"EvalConfig.seq_len must be >= 0 (0 = the model's context window), got {self.seq_len}")
+        check_threads("EvalConfig.task_threads", self.task_threads)
         if self.task_limit < 0 or (self.num_fewshot is not None and self.num_fewshot < 0):
             raise InvalidInput(
                 f"EvalConfig.task_limit and num_fewshot must be >= 0, got {self.task_limit} and {self.num_fewshot}"
@@ -370,7 +374,13 @@ def score_tasks(
             batch_size=cfg.batch_size,
         )
         per_model[name] = lmeval.run_tasks(
-            lm, cfg.tasks, num_fewshot=cfg.num_fewshot, limit=cfg.task_limit or None, tm=tm, seed=cfg.seed
+            lm,
+            cfg.tasks,
+            num_fewshot=cfg.num_fewshot,
+            limit=cfg.task_limit or None,
+            tm=tm,
+            seed=cfg.seed,
+            threads=cfg.task_threads,
         )
     return {"settings": task_settings(cfg), "rows": lmeval.side_by_side(per_model)}
 
