@@ -278,7 +278,9 @@ def run_tasks(
     """
     lm_eval = _require_lm_eval()
     tm = tm or task_manager(names, task_paths)
-    seen: Counter[tuple[str, int]] = getattr(lm, "choices_seen", Counter())  # another LM class: no chance level
+    seen: Counter[tuple[str, int]] = Counter()  # another LM class than make_lm's: no chance level
+    if hasattr(lm, "choices_seen"):
+        seen = lm.choices_seen
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
