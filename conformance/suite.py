@@ -593,6 +593,8 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
         twin = twin or previous.twin
         if not task_rows:
             task_rows, task_settings = previous.tasks, previous.task_settings
+        elif previous.tasks and previous.task_settings == task_settings:
+            task_rows = lm_tasks.keep_unchecked(task_rows, previous.tasks, list(manifest.variants))
     extra: dict[str, Any] = {"tasks": task_rows, "task_settings": task_settings} if task_rows else {}
     forgetting = lm_tasks.forgetting_rows(report)
     if forgetting:

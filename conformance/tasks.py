@@ -259,3 +259,33 @@ def forgetting_rows(report: dict[str, Any]) -> list[ForgettingRow]:
         for lang in sorted(base)
         if lang in ref and base[lang]
     ]
+
+
+def keep_unchecked(rows: list[TaskRow], previous: list[TaskRow], variants: list[str]) -> list[TaskRow]:
+    """Task rows of this run with the columns of variants it did not check kept from the previous card (measured
+    on the same export files, as the quality rows and verdicts of a run on some variants are kept), columns in
+    the card's order: random twin, base, checkpoint, then the manifest's variants.
+
+    A previous row is used only for the same task, items, shots and metric."""
+    order = [RANDOM, BASE, CHECKPOINT, *variants]
+    before = {(r.task, r.items, r.shots, r.metric): r for r in previous}
+    out = []
+    for row in rows:
+        old = before.get((row.task, row.items, row.shots, row.metric))
+        if old is None:
+            out.append(row)
+            continue
+        scores = {**{k: v for k, v in old.scores.items() if k not in row.scores}, **row.scores}
+        seconds = {**{k: v for k, v in old.seconds.items() if k not in row.scores}, **row.seconds}
+        flagged = row.flagged + [v for v in old.flagged if v not in row.scores]
+        ranked = sorted(scores, key=lambda c: order.index(c) if c in order else len(order))
+        out.append(
+            row.model_copy(
+                update={
+                    "scores": {c: scores[c] for c in ranked},
+                    "seconds": {c: seconds[c] for c in ranked if c in seconds},
+                    "flagged": sorted(flagged, key=ranked.index),
+                }
+            )
+        )
+    return out

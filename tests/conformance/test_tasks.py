@@ -266,3 +266,25 @@ def test_loglikelihoods_equal_the_harness_hf_model_on_the_export(tiny_artifacts)
     got, want = ours.loglikelihood(requests), hf.loglikelihood(requests)
     assert [g for _, g in got] == [g for _, g in want]
     assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=2e-4)
+
+
+def test_a_run_of_some_variants_keeps_the_others_task_figures(tiny_artifacts, tasked_export, tmp_path):
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance import run_conformance
+    from prodip.conformance.faults import copy_export
+    from tests.conformance.conftest import tiny_conf_cfg
+
+    export, _, ev = tasked_export
+    before = {r.task: r for r in load_manifest(export).card_quality.tasks}
+    again = copy_export(export, tmp_path / "again")
+    report = run_conformance(
+        tiny_conf_cfg(tiny_artifacts, again, write_manifest=True, eval_json=ev["out"], variants=["int8"])
+    )
+    assert report["passed"] and {r["task"]: set(r["scores"]) for r in report["tasks"]["rows"]} == {
+        t: {"checkpoint", "int8"} for t in TASKS
+    }
+    after = {r.task: r for r in load_manifest(again).card_quality.tasks}
+    for task, row in after.items():
+        assert list(row.scores) == list(before[task].scores)  # random twin, checkpoint, fp32, fp16, int8, int4
+        assert row.scores == before[task].scores  # the same weights, the same figures; the others kept
+    assert (again / "README.md").read_text(encoding="utf-8").count("| prodip_tatoeba_") == 2
