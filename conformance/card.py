@@ -273,7 +273,8 @@ def render_quality(quality: CardQuality) -> str:
     lines.append("")
     if quality.twin:
         lines += [
-            "Trained model against its random-initialised twin (`prodip eval`, eval.json):",
+            "The checkpoint `prodip eval` scored (eval.json; the pretrained model when this export is fine-tuned from "
+            "it) against its random-initialised twin, on the shards' validation split:",
             "",
             "| language | NLL/token (nats) | bits/char | random twin NLL/token | random twin bits/char |",
             "|---|---:|---:|---:|---:|",
@@ -286,7 +287,67 @@ def render_quality(quality: CardQuality) -> str:
         lines.append("")
     else:
         lines += ["No eval.json was given to conformance: the random-twin comparison is not in this card.", ""]
+    if quality.forgetting:
+        lines += [
+            "What fine-tuning cost: the pretrained model (eval.json's checkpoint) and the exported fine-tuned model on "
+            "the same held-out text as above, in PyTorch (positive: the fine-tuned model is worse at the language):",
+            "",
+            "| language | pretrained bits/char | fine-tuned bits/char | change |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [f"| {f.language} | {f.base_bpc:.4f} | {f.bpc:.4f} | {f.change:+.1%} |" for f in quality.forgetting]
+        lines.append("")
+    if quality.tasks:
+        lines += render_tasks(quality)
     return "\n".join(lines)
+
+
+def _score(s: Any, flagged: bool) -> str:
+    if s is None or s.value is None:
+        return "–"
+    err = f" ± {s.stderr:.3f}" if s.stderr is not None else ""
+    return f"{s.value:.3f}{err}{' ▼' if flagged else ''}"
+
+
+def render_tasks(quality: CardQuality) -> list[str]:
+    """The card's task table: a row per lm-evaluation-harness task, a column per model (``random twin``,
+    ``base``, ``checkpoint``, each variant) with the harness's standard error, the chance level, and the user's
+    peers (lines of markdown)."""
+    columns: list[str] = []
+    for row in quality.tasks:
+        columns += [c for c in row.scores if c not in columns]
+    peers = quality.task_peers
+    settings = quality.task_settings or {}
+    limit = f", the first {settings['limit']} items of each" if settings.get("limit") else ""
+    lines = [
+        "### Tasks",
+        "",
+        f"lm-evaluation-harness {settings.get('lm_eval_version') or ''} tasks{limit}, scored by log-likelihood "
+        "(`prodip eval --tasks`, then `prodip conformance`): each ONNX variant in ONNX Runtime under the same "
+        "harness model class as the checkpoint in PyTorch. ± is the harness's standard error; ▼ marks a variant "
+        "whose drop from the checkpoint is larger than its own standard error. `random twin` and `base` (the "
+        "pretrained model, when the export is fine-tuned from it) come from eval.json. Seconds per task and model "
+        "are in manifest.json (`card_quality.tasks[].seconds`).",
+        "",
+        "| task | language | shots | items | metric | chance | "
+        + " | ".join(columns + [f"{p.name}†" for p in peers])
+        + " |",
+        "|---|---|---:|---:|---|---:|" + "---:|" * (len(columns) + len(peers)),
+    ]
+    for r in quality.tasks:
+        cells = [_score(r.scores.get(c), c in r.flagged) for c in columns]
+        cells += [_f(p.scores.get(r.task), ".3f") for p in peers]
+        lines.append(
+            f"| {r.task} | {r.language} | {r.shots} | {r.items} | {r.metric} | {_f(r.chance, '.3f')} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines.append("")
+    if peers:
+        lines += ["† reference scores from the peers file, as published (not measured here):", ""]
+        lines += [f"- {p.name}: {p.source}" for p in peers]
+        lines.append("")
+    return lines
 
 
 def write_quality(export_dir: Path, quality: CardQuality) -> ExportManifest:

@@ -97,6 +97,19 @@ class ConformanceConfig:
         "the card says so)",
     )
 
+    tasks: list[str] = opt(
+        help="lm-evaluation-harness tasks to score on the checkpoint and every ONNX variant for the card's task "
+        "table (as `prodip eval --tasks`); default: the tasks eval_json scored, with its settings",
+        factory=list,
+    )
+    task_paths: list[str] = opt(help="more folders of lm-eval task YAML for `tasks`", factory=list)
+    task_limit: int = opt(0, "with `tasks`: score only the first N items of each (items; 0 = all)")
+    task_peers: Optional[str] = opt(
+        None,
+        "TOML file of reference models' published task scores ([[peer]] name, source, scores = {task = score}), "
+        "shown as columns beside the card's task table (docs/eval.md)",
+    )
+
     def __post_init__(self) -> None:
         known = ("onnxruntime-genai", "transformers.js", "onnxruntime-web")
         unknown = [r for r in self.runtimes if r not in known]

@@ -14,6 +14,8 @@ from prodip.base.manifest import MANIFEST_FILE, ExportManifest, files_table_sha2
 from prodip.base.stage import Plan, Stage, made_from
 from prodip.conformance.report import REPORT_FILE, ConformanceReport
 from prodip.conformance.suite import run_conformance
+from prodip.conformance.tasks import task_plan
+from prodip.train.records import EvalReport
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +23,9 @@ log = logging.getLogger(__name__)
 def conformance_done(plan: Plan) -> bool:
     """``[conformance] out``'s report passed, was measured on the export's current files (its
     ``export_files_sha256`` is the sha256 of the manifest's files table now), checked every variant
-    the manifest lists, and is the report the export's verdict names (``report_sha256``): a report
-    left from an earlier export, or one of a subset run, is not complete."""
+    the manifest lists, holds the task figures eval.json (or ``[conformance] tasks``) asks for, and is the
+    report the export's verdict names (``report_sha256``): a report left from an earlier export, or one of a
+    subset run, is not complete."""
     manifest = ExportManifest.read_or_none(Path(plan["export"].out) / MANIFEST_FILE)
     report_path = Path(plan["conformance"].out) / REPORT_FILE
     report = ConformanceReport.read_or_none(report_path)
@@ -38,6 +41,13 @@ def conformance_done(plan: Plan) -> bool:
         {"export files table": report.export_files_sha256, "report": verdict.report_sha256 or "?"},
         {"export files table": files_table_sha256(manifest.files_table()), "report": report_sha},
     ):
+        return False
+    ev = EvalReport.read_or_none(plan["conformance"].eval_json) if plan["conformance"].eval_json else None
+    want = task_plan(plan["conformance"], ev.to_dict() if ev is not None else None)
+    if ((getattr(report, "tasks", None) or {}).get("settings")) != want:
+        log.info(
+            "%s: its task figures are not the ones eval.json / [conformance] tasks ask for; checking again", report_path
+        )
         return False
     unchecked = sorted(set(manifest.variants) - set(report.variants))
     if unchecked:

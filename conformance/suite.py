@@ -37,6 +37,7 @@ from prodip.base.manifest import (
 from prodip.base.records import refuse_newer
 from prodip.base.specials import read_specials
 from prodip.conformance import card, device_runners, measure, runners
+from prodip.conformance import tasks as lm_tasks
 from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION, check_chat, reference_ids
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
@@ -545,6 +546,9 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         results[name]["checks"] += rt.pop("checks")
         results[name]["runtimes"] = rt
         results[name]["passed"] = all(c["passed"] is not False for c in results[name]["checks"])
+    eval_report = EvalReport.read(cfg.eval_json).to_dict() if cfg.eval_json and Path(cfg.eval_json).is_file() else None
+    task_figures = _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg, train_tok)
+    base = lm_tasks.base_heldout(eval_report, info["model_sha256"], inputs)
     variants: dict[str, bool] = {}
     for cand in candidates:
         variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
@@ -592,8 +596,20 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         "chat": chat,
         "runtimes": {"checked": list(cfg.runtimes), "prompts": prompts, "new_tokens": cfg.runtime_tokens},
         "candidates": results,
+        "tasks": task_figures,
+        "base": base,
         "seconds": time.perf_counter() - t_start,
     }
+
+
+def _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg, train_tok) -> Optional[dict[str, Any]]:
+    """lm-evaluation-harness tasks on the checkpoint and each ONNX variant checked (``prodip.conformance.tasks``),
+    or None when neither ``[conformance] tasks`` nor eval.json's names any."""
+    settings = lm_tasks.task_plan(cfg, eval_report)
+    if settings is None:
+        return None
+    onnx = {c.variant: c.path for c in candidates if c.kind == "onnx" and c.name == c.variant}
+    return lm_tasks.evaluate_tasks(settings, export_dir, onnx, ref_model, model_cfg, train_tok, cfg.threads)
 
 
 def _remove_previous_report(out: Path) -> None:
@@ -625,12 +641,28 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
     elif cfg.eval_json:
         logger.warning("conformance: %s not found; the card has no random-twin comparison", cfg.eval_json)
     rows, twin = card.quality_rows(report, manifest, eval_report)
+    task_rows = (
+        lm_tasks.card_rows(report["tasks"], eval_report, report["checkpoint"]["model_sha256"])
+        if report.get("tasks")
+        else []
+    )
+    task_settings = (report.get("tasks") or {}).get("settings")
     previous = manifest.card_quality
     if previous is not None and previous.export_files_sha256 == report["export_files_sha256"]:
         checked = {r.variant for r in rows}
         rows = [r for r in previous.rows if r.variant not in checked] + rows
         twin = twin or previous.twin
-    quality = CardQuality(rows=rows, twin=twin, export_files_sha256=report["export_files_sha256"])
+        if not task_rows:
+            task_rows, task_settings = previous.tasks, previous.task_settings
+        elif previous.tasks and previous.task_settings == task_settings:
+            task_rows = lm_tasks.keep_unchecked(task_rows, previous.tasks, list(manifest.variants))
+    extra: dict[str, Any] = {"tasks": task_rows, "task_settings": task_settings} if task_rows else {}
+    forgetting = lm_tasks.forgetting_rows(report)
+    if forgetting:
+        extra["forgetting"] = forgetting
+    if task_rows and cfg.task_peers:
+        extra["task_peers"] = lm_tasks.read_peers(cfg.task_peers)
+    quality = CardQuality(rows=rows, twin=twin, export_files_sha256=report["export_files_sha256"], **extra)
     card.write_quality(export_dir, quality)
     return quality.to_dict()
 
@@ -660,6 +692,8 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         )
     if cfg.export_dir:  # an unreadable export (or one of a newer prodip) fails before anything is removed
         load_manifest(export_root)
+    if cfg.task_peers:  # a bad peers file is named before anything is measured
+        lm_tasks.read_peers(cfg.task_peers)
     _remove_previous_report(out)
     report = evaluate(cfg)
     if cfg.write_manifest and report["global"]["metrics"].get("card_ok"):

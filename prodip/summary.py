@@ -151,6 +151,33 @@ def _variant_bytes(variant: dict, files: dict) -> int:
     return total
 
 
+def _print_card_figures(quality: dict) -> None:
+    """The card's fine-tuning cost (pretrained vs fine-tuned bits/char on the same held-out text) and task table
+    (``manifest.json`` ``card_quality``, written by conformance), when it has them."""
+    if quality.get("forgetting"):
+        print(_rule("what fine-tuning cost: pretrained vs fine-tuned model, same held-out text"))
+        rows = [
+            [f["language"], f"{f['base_bpc']:.3f}", f"{f['bpc']:.3f}", f"{f['change']:+.1%}"]
+            for f in quality["forgetting"]
+        ]
+        print(_table(["lang", "pretrained bits/char", "fine-tuned bits/char", "change"], rows))
+    tasks = quality.get("tasks") or []
+    if tasks:
+        columns = list(dict.fromkeys(c for t in tasks for c in t["scores"]))
+        print(_rule("tasks (lm-evaluation-harness; ± standard error, ▼ drop beyond it)"))
+        rows = []
+        for t in tasks:
+            cells = []
+            for c in columns:
+                sc = t["scores"].get(c)
+                flag = " ▼" if c in t.get("flagged", []) else ""
+                err = f"±{sc['stderr']:.3f}" if sc and sc.get("stderr") is not None else ""
+                cells.append(f"{sc['value']:.3f}{err}{flag}" if sc and sc.get("value") is not None else "-")
+            chance = "" if t.get("chance") is None else f"{t['chance']:.2f}"
+            rows.append([t["task"], t["language"], t["metric"], chance, *cells])
+        print(_table(["task", "lang", "metric", "chance", *columns], rows))
+
+
 _STAGE_ORDER = ("tokenizer", "data", "train", "eval", "sft", "export", "conformance", "serve")
 
 
@@ -212,6 +239,7 @@ def print_summary(
                 _export_rows(s["export_manifest"], s["conformance"]),
             )
         )
+    _print_card_figures((s["export_manifest"] or {}).get("card_quality") or {})
     problems = []
     for lang, why in sorted(((s["eval"] or {}).get("skipped_languages") or {}).items()):
         # a language of the corpus without held-out text was never evaluated: not an OK run (a Bangla-first

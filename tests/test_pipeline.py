@@ -64,6 +64,8 @@ progress = false
 [eval]
 eval_tokens = 2048
 seq_len = 64
+tasks = ["prodip_tatoeba_en2bn", "prodip_tatoeba_bn2en"]   # the demo's tasks, few items
+task_limit = 12
 
 [conformance]
 greedy_tokens = 16
@@ -188,6 +190,13 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
         (run / "export" / "conformance" / "report.json").read_text()
     )  # where `prodip conformance` writes
     assert report["passed"] is True and all(report["variants"].values())
+    # the card's task table: a bn and an en row, every ONNX variant with its standard error, fp32 = checkpoint
+    tasks = manifest.card_quality.tasks
+    assert {t.language for t in tasks} == {"bn", "en"}
+    for t in tasks:
+        assert {"random twin", "checkpoint", "fp32", "fp16", "int8", "int4"} <= set(t.scores)
+        assert all(s.stderr is not None for s in t.scores.values()) and t.scores["fp32"] == t.scores["checkpoint"]
+        assert f"| {t.task} | {t.language} | 0 | 12 | acc | 0.250 |" in card
 
     completions = json.loads((run / "completions.json").read_text())["completions"]
     assert set(completions) == {"bn", "en"} and all(c["completion"] for c in completions.values())
@@ -200,6 +209,7 @@ def test_every_artifact_exists_and_is_valid(tiny_run):
         "tokenizer fertility",
         "trained model vs random-initialised twin",
         "export variants and conformance",
+        "tasks (lm-evaluation-harness",
         "completions over HTTP",
     ):
         assert heading in stdout

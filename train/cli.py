@@ -105,7 +105,8 @@ def add_eval_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "eval",
         help="held-out NLL and bits/char of a checkpoint vs its random-initialised twin",
         description="Per-language validation NLL (nats/token) and bits per character of a checkpoint and "
-        "of its random-initialised twin, plus optional multiple-choice accuracy; writes eval.json.",
+        "of its random-initialised twin, plus optional multiple-choice accuracy and lm-evaluation-harness tasks "
+        "(--tasks, with standard errors; docs/eval.md); writes eval.json.",
     )
     parser.add_argument("--config", metavar="TOML", help="file with an [eval] table")
     add_arguments(parser, EvalConfig, section="eval")

@@ -41,11 +41,12 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from prodip.base.config import opt
+from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 from prodip.base.records import refuse_newer
 from prodip.tokenizer.bpe import load_tokenizer
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
+from prodip.train import lmeval
 from prodip.train.checkpoint import load_model
 from prodip.train.mc import read_mc, score_mc
 from prodip.train.model import LlamaForCausalLM
@@ -76,6 +77,18 @@ class EvalConfig:
         factory=list,
     )
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
+    tasks: list[str] = opt(
+        help="lm-evaluation-harness tasks to score (loglikelihood kinds: multiple choice, perplexity), e.g. "
+        "prodip_tatoeba_en2bn,prodip_tatoeba_bn2en,prodip_hellaswag_en (bundled, offline: train/tasks/) or a "
+        "harness task such as belebele_ben_Beng (downloads its data; docs/eval.md)",
+        factory=list,
+    )
+    task_paths: list[str] = opt(help="more folders of lm-eval task YAML (--include_path)", factory=list)
+    num_fewshot: Optional[int] = opt(None, "examples in each task prompt (default: the task's own, 0 for the bundled)")
+    task_limit: int = opt(0, "score only the first N items of each task (items; 0 = all)")
+    task_threads: int = opt(
+        1, "torch CPU threads while scoring tasks (0 = torch's default; 1: many small forwards, see lmeval.run_tasks)"
+    )
 
     def __post_init__(self) -> None:
         # Required-ness of checkpoint/shards_dir is checked in evaluate(): prodip.base.config.resolve
@@ -85,6 +98,11 @@ class EvalConfig:
                 raise InvalidInput(f"EvalConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.seq_len < 0:
             raise InvalidInput(f"EvalConfig.seq_len must be >= 0 (0 = the model's context window), got {self.seq_len}")
+        check_threads("EvalConfig.task_threads", self.task_threads)
+        if self.task_limit < 0 or (self.num_fewshot is not None and self.num_fewshot < 0):
+            raise InvalidInput(
+                f"EvalConfig.task_limit and num_fewshot must be >= 0, got {self.task_limit} and {self.num_fewshot}"
+            )
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -255,7 +273,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         {tokens, chars, trained: {nll_nats_total, nll_nats_per_token, perplexity, bits_per_char},
         random_init: {...}}}, skipped_languages: {lang: reason} (languages without validation
         tokens, when ``languages`` is not given), mc: null | {file, normalisation, trained:
-        {n_items, acc, acc_norm, chance}, random_init: {...}}, elapsed_s}``.
+        {n_items, acc, acc_norm, chance}, random_init: {...}}, tasks: null | {settings, rows} (lm-evaluation-harness
+        tasks on both models: :func:`score_tasks`), elapsed_s}``.
 
     Raises:
         ValueError: no checkpoint / nothing to score, ``seq_len`` > ``max_position_embeddings``,
@@ -267,8 +286,11 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
     if not cfg.checkpoint:
         raise InvalidInput("EvalConfig.checkpoint is required (--checkpoint RUN_DIR, made by `prodip train`)")
-    if not cfg.shards_dir and not cfg.mc_file:
-        raise InvalidInput("nothing to score: give --shards-dir (validation NLL/bpc) and/or --mc FILE.jsonl")
+    if not cfg.shards_dir and not cfg.mc_file and not cfg.tasks:
+        raise InvalidInput(
+            "nothing to score: give --shards-dir (validation NLL/bpc), --mc FILE.jsonl and/or --tasks NAME[,NAME]"
+        )
+    tm = lmeval.task_manager(cfg.tasks, cfg.task_paths) if cfg.tasks else None  # unknown names: before any scoring
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
     model, mcfg, info = load_model(cfg.checkpoint, map_location=device)
@@ -303,6 +325,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "languages": {},
         "skipped_languages": {},
         "mc": None,
+        "tasks": None,
     }
     if cfg.shards_dir:
         result["languages"], result["skipped_languages"] = _eval_languages(
@@ -320,10 +343,46 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
                 for name, m in models.items()
             },
         }
+    if cfg.tasks:
+        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm)
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
     EvalReport.from_dict(result, out).write(out)
     return result
+
+
+def task_settings(cfg: EvalConfig) -> dict[str, Any]:
+    """The settings an ``eval.json``'s task figures were measured with (``tasks.settings``)."""
+    return lmeval.task_settings(
+        cfg.tasks, num_fewshot=cfg.num_fewshot, limit=cfg.task_limit or None, task_paths=cfg.task_paths, seed=cfg.seed
+    )
+
+
+def score_tasks(
+    cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: Any, mcfg: Any, device: torch.device, tm: Any
+) -> dict[str, Any]:
+    """lm-evaluation-harness tasks on each model (``prodip.train.lmeval``): ``{settings, rows}``, a row per
+    task with every model's scores and standard errors, and seconds per model."""
+    per_model = {}
+    for name, model in models.items():
+        lm = lmeval.make_lm(
+            tokenizer,
+            lmeval.torch_logits(model, device),
+            bos_id=mcfg.bos_token_id,
+            eos_id=mcfg.eos_token_id,
+            max_length=mcfg.max_position_embeddings,
+            batch_size=cfg.batch_size,
+        )
+        per_model[name] = lmeval.run_tasks(
+            lm,
+            cfg.tasks,
+            num_fewshot=cfg.num_fewshot,
+            limit=cfg.task_limit or None,
+            tm=tm,
+            seed=cfg.seed,
+            threads=cfg.task_threads,
+        )
+    return {"settings": task_settings(cfg), "rows": lmeval.side_by_side(per_model)}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -348,5 +407,16 @@ def format_table(result: dict[str, Any]) -> str:
             f"multiple choice ({mc['trained']['n_items']} items, chance {mc['trained']['chance']:.3f}): "
             f"acc {mc['trained']['acc']:.3f}, acc_norm {mc['trained']['acc_norm']:.3f} | random twin "
             f"acc {mc['random_init']['acc']:.3f}, acc_norm {mc['random_init']['acc_norm']:.3f}"
+        )
+    for row in (result.get("tasks") or {}).get("rows", []):
+        cells = []
+        for name, scores in row["scores"].items():
+            sc = scores.get(row["metric"]) or {}
+            err = f" ± {sc['stderr']:.3f}" if sc.get("stderr") is not None else ""
+            cells.append(f"{name} {sc.get('value', float('nan')):.3f}{err} ({row['seconds'][name]:.1f} s)")
+        chance = f", chance {row['chance']:.3f}" if row["chance"] is not None else ""
+        lines.append(
+            f"task {row['task']} [{row['language']}, {row['shots']}-shot, {row['items']} items{chance}] "
+            f"{row['metric']}: " + " | ".join(cells)
         )
     return "\n".join(lines)

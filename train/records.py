@@ -97,6 +97,9 @@ class EvalReport(Record):
     languages: dict[str, dict[str, Any]] = Field(default_factory=dict)
     skipped_languages: dict[str, str] = Field(default_factory=dict)
     mc: dict[str, Any] | None = None
+    #: lm-evaluation-harness tasks: ``{settings, rows: [{task, language, output_type, shots, items, metric, chance,
+    #: scores: {model: {metric: {value, stderr}}}, seconds: {model: s}}]}`` (``prodip.train.lmeval``)
+    tasks: dict[str, Any] | None = None
     elapsed_s: Number | None = None
 
 

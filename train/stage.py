@@ -88,9 +88,14 @@ def train_run(plan: Plan) -> None:
 
 
 def eval_done(plan: Plan) -> bool:
-    """``eval.json`` exists, scores the newest checkpoint, and read the current shards."""
+    """``eval.json`` exists, scores the newest checkpoint, read the current shards, and holds the task figures
+    ``[eval] tasks`` asks for, measured with the current task settings."""
     ev = EvalReport.read_or_none(plan["eval"].out)
     if ev is None:
+        return False
+    want = evaluation.task_settings(plan["eval"]) if plan["eval"].tasks else None
+    if (ev.tasks or {}).get("settings") != want:
+        log.info("%s: its task figures are not those [eval] tasks asks for; scoring again", plan["eval"].out)
         return False
     recorded = {"checkpoint": ev.checkpoint.model_sha256, "shards": ev.shards_meta_sha256}
     current = {"checkpoint": latest_model_sha256(plan["train"].out_dir), "shards": meta_sha256(plan["eval"].shards_dir)}

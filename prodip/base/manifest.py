@@ -551,6 +551,61 @@ class TwinRow(BaseModel):
     random_bpc: Number | None
 
 
+class TaskScore(BaseModel):
+    """One model's figure on one task (``card_quality.tasks[i].scores[column]``): the metric's value and the
+    harness's standard error (None: the harness gave none)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    value: Number | None
+    stderr: Number | None = None
+
+
+class TaskRow(BaseModel):
+    """One lm-evaluation-harness task of the quality card (``card_quality.tasks[i]``, owner
+    ``prodip.conformance.tasks``): its language, shots, items, metric, chance level (mean 1/choices; None for a
+    task that is not multiple choice), the figure of each column in the card's order (``random twin`` and
+    ``base`` from ``eval.json``, ``checkpoint`` = the exported weights in PyTorch, then each variant), the variants
+    whose drop from the checkpoint exceeds their own standard error (``flagged``) and seconds per column."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str
+    language: str
+    shots: StrictInt
+    items: StrictInt
+    metric: str
+    higher_is_better: bool = True
+    chance: Number | None = None
+    scores: dict[str, TaskScore]
+    flagged: list[str] = Field(default_factory=list)
+    seconds: dict[str, Number] = Field(default_factory=dict)
+
+
+class TaskPeer(BaseModel):
+    """A reference model's published task scores, from the user's peers file (``card_quality.task_peers``):
+    its name, where the scores come from, and task name -> score (the card's metric of that task)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    source: str
+    scores: dict[str, Number]
+
+
+class ForgettingRow(BaseModel):
+    """What fine-tuning cost one language (``card_quality.forgetting[i]``, ``prodip.conformance.tasks``): bits/char
+    of the pretrained model (eval.json's checkpoint) and of the exported fine-tuned one on the same held-out
+    windows, and the relative change (``bpc / base_bpc - 1``; positive: worse after fine-tuning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    language: str
+    base_bpc: Number
+    bpc: Number
+    change: Number
+
+
 class CardQuality(BaseModel):
     """The quality card's figures (``manifest.json`` ``card_quality``; owner ``prodip.conformance.card``,
     written from its report by ``write_quality``), keys in its order. Keys a newer conformance adds are kept."""
@@ -561,6 +616,14 @@ class CardQuality(BaseModel):
     twin: list[TwinRow] = Field(default_factory=list)
     #: :func:`files_table_sha256` of the files the figures were measured on
     export_files_sha256: str | None = None
+    #: lm-evaluation-harness tasks: one row per task, a column per model and variant
+    tasks: list[TaskRow] = Field(default_factory=list)
+    #: the settings the task figures were measured with (task names, few-shot, limit, seed, harness version)
+    task_settings: dict[str, Any] | None = None
+    #: reference models' scores from the user's peers file, shown beside the task table
+    task_peers: list[TaskPeer] = Field(default_factory=list)
+    #: the pretrained model against the exported fine-tuned one on the same held-out text, per language
+    forgetting: list[ForgettingRow] = Field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as ``manifest.json`` holds them (fields never set left out)."""

@@ -1,0 +1,28 @@
+"""Loaders of the bundled lm-evaluation-harness tasks (``custom_dataset: !function utils.load_jsonl`` in the
+YAML files here): the task's ``dataset_kwargs.file`` read from this folder, so the tasks run from any working
+directory and never touch the network.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_jsonl(file: str, split: str = "test", **_: Any) -> datasets.DatasetDict:
+    """``{split: Dataset}`` of the JSONL file ``file`` beside this module (one record per line).
+
+    lm-evaluation-harness calls it with the task's ``metadata`` and ``dataset_kwargs`` as keywords; the other
+    keywords are ignored.
+
+    Raises:
+        FileNotFoundError: no such file here.
+    """
+    path = HERE / file
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return datasets.DatasetDict({split: datasets.Dataset.from_list(rows)})
