@@ -201,7 +201,7 @@ def test_card_base_model_is_a_hub_id_or_absent(standins, tmp_path, capsys):
     assert "a local Hugging Face model folder" in readme
     from prodip.cli import main
 
-    bad = ["export", str(standins["smollm2"]), "--out", str(tmp_path / "bad"), "--base-model-id", "/home/me/m"]
+    bad = ["export", str(standins["smollm2"]), "--out", str(tmp_path / "bad"), "--base-model-id", str(tmp_path / "m")]
     assert main(bad) == 2
     assert "a Hub id is owner/name" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

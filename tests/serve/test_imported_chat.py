@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serve.conftest import make_verdict, wait_ready
+from tests.serve.conftest import LOCAL, make_verdict, wait_ready
 from tests.standins import build_standin
 
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "ঢাকা কোথায়?"}]
@@ -36,7 +36,7 @@ def test_imported_template_and_stops(imported):
     want = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    with TestClient(create_app(out, "fp32", batch_wait_ms=2.0)) as client:
+    with TestClient(create_app(out, "fp32", batch_wait_ms=2.0), base_url=LOCAL) as client:
         wait_ready(client)
         r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "temperature": 0, "max_tokens": 40})
         assert r.status_code == 200, r.text

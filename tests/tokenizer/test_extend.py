@@ -18,7 +18,8 @@ from prodip.base.errors import InvalidInput, OutputExists
 from prodip.cli import main as prodip_main
 from prodip.tokenizer.audit import AuditConfig, run_audit
 from prodip.tokenizer.extend import ExtendConfig, extend, resize_matrix
-from tests.standins import KINDS, build_standin
+from tests.standins import BYTE_LEVEL_KINDS as KINDS
+from tests.standins import build_standin
 from tests.tokenizer.conftest import skip_or_fail
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -320,3 +321,12 @@ def test_audit_of_a_base_beside_another_tokenizer(bases, extended, tok_dir, held
     assert f"other: {tok_dir}" in table and "other c/t" in table
     # the run summary's baseline column is the naive baseline's only
     assert all(row[4] == "" for row in _fertility_rows(report.model_dump()))
+
+
+def test_a_byte_fallback_base_is_refused_in_one_line(tmp_path):
+    """TinyLlama's SentencePiece-style BPE (byte fallback) is not a byte-level BPE: refused, naming the file."""
+    base = build_standin("tinyllama", tmp_path / "tinyllama")
+    cfg = ExtendConfig(base=str(base), out=str(tmp_path / "out"), inputs={"bn": [str(base / "tokenizer.json")]})
+    with pytest.raises(InvalidInput, match=r"tokenizer\.json: model 'BPE' \(byte_fallback True\).*byte-level BPE"):
+        extend(cfg)
+    assert not (tmp_path / "out").exists()

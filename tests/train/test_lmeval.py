@@ -12,6 +12,7 @@ dataset's own layout.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -272,6 +273,10 @@ def test_done_checks_follow_the_task_settings(tmp_path, caplog):
     from prodip.train.stage import eval_done
     from tests.fixtures import build_tiny_checkpoint, tiny_model, tiny_model_config
     from tests.prodip.test_stage_inputs import FILES, _export_with_report, _plan, _shards
+
+    # the done-checks say why at INFO; capture that level whatever an earlier test set on these loggers
+    caplog.set_level(logging.INFO, logger="prodip.train.stage")
+    caplog.set_level(logging.INFO, logger="prodip.conformance.stage")
 
     build_tiny_checkpoint(tmp_path / "t")
     plan = _plan(tmp_path)

@@ -223,6 +223,22 @@ def test_an_sft_run_stopped_before_its_config_is_its_own_run_dir(tmp_path):
         refuse_foreign_run_dir(run)
 
 
+@pytest.fixture
+def default_signal_handlers():
+    """Python's own SIGINT/SIGTERM handlers, whatever an earlier test or library left installed: a process
+    that ignores a signal keeps ignoring it in training (StopRequest leaves SIG_IGN alone), so these tests
+    start from the handlers a command-line run has."""
+    import signal
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.usefixtures("default_signal_handlers")
 def test_ctrl_c_saves_the_current_step_and_the_run_resumes_from_it(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     """SIGINT between two checkpoints (every 1000 steps): the step in progress finishes, is saved, and a
     resume continues from it, bitwise like a run that was never interrupted."""
@@ -312,6 +328,7 @@ progress = false
     assert hint.endswith(f"-m prodip train --config {toml} --force --resume")  # train's --force: the tokenizer gate
 
 
+@pytest.mark.usefixtures("default_signal_handlers")
 def test_stop_request_first_signal_asks_a_copy_is_ignored_a_later_one_stops_at_once(monkeypatch):
     import os
     import signal
