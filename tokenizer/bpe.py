@@ -43,6 +43,7 @@ from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, raise_for_room
 from prodip.base.records import Number, Record, check_replaceable_dir
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
+from prodip.base.specials import Specials, read_specials
 from prodip.tokenizer.corpus import (
     DOC_CHARS_HELP,
     ERROR_POLICIES,
@@ -853,9 +854,9 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
     tok = Tokenizer.from_file(str(path))
     if all(tok.token_to_id(t) is None for t in SPECIAL_TOKENS):
         raise InvalidInput(
-            f"{path}: an imported model's own tokenizer (none of {', '.join(SPECIAL_TOKENS)}); shards, training "
-            "and evaluation use prodip's special-token layout, so they do not read it yet. Ship the model "
-            "unchanged with `prodip export FOLDER` (docs/adapt.md)"
+            f"{path}: an imported model's own tokenizer (none of {', '.join(SPECIAL_TOKENS)}); this step uses "
+            "prodip's special-token layout and does not read it yet (shards, training, evaluation and "
+            "`prodip export FOLDER` do: docs/adapt.md)"
         )
     for want_id, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want_id:
@@ -867,6 +868,41 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
             "re-run `prodip tokenizer train`"
         )
     return tok
+
+
+def load_with_specials(tokenizer_dir: str | os.PathLike) -> tuple[Tokenizer, Specials]:
+    """A tokenizer dir's tokenizer and its special-token convention, for shards and evaluation.
+
+    A prodip tokenizer (it has ``<|pad|>``, ``<|bos|>`` or ``<|eos|>``) is held to prodip's convention
+    (:func:`load_tokenizer`): bos 1 prepended, eos 2, pad 0. Any other ``tokenizer.json`` (an imported
+    Hugging Face model's, or one extended from it) has its own, read from its files by
+    :func:`prodip.base.specials.read_specials`: its bos only where its post-processor prepends one.
+
+    Raises:
+        MissingInput: no tokenizer.json. InvalidInput: see :func:`load_tokenizer` and
+            :func:`prodip.base.specials.read_specials`.
+    """
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        return load_tokenizer(tokenizer_dir), read_specials(tokenizer_dir)  # raises MissingInput naming the file
+    tok = Tokenizer.from_file(str(path))
+    if any(tok.token_to_id(t) is not None for t in SPECIAL_TOKENS):
+        return load_tokenizer(tokenizer_dir), Specials(BOS_ID, EOS_ID, PAD_ID, (EOS_ID,), True, str(tokenizer_dir))
+    return tok, read_specials(tokenizer_dir)
+
+
+#: the end-of-text tokens that separate pretraining documents, by name (GPT-2/SmolLM2/Qwen2, Llama 3, Llama 2)
+DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
+
+
+def document_end_id(tok: Tokenizer, specials: Specials) -> int:
+    """The id that ends each document in shards: prodip's ``<|eos|>``; for another tokenizer its end-of-text
+    token (:data:`DOCUMENT_END_TOKENS`) when it has one, else its ``eos_token``. An instruct model's
+    ``eos_token`` is its end of turn (SmolLM2's ``<|im_end|>``, Llama 3's ``<|eot_id|>``), which would teach
+    continued pretraining to end every document as a chat reply ends."""
+    if tok.token_to_id(SPECIAL_TOKENS[EOS_ID]) == EOS_ID:
+        return EOS_ID
+    return next((i for t in DOCUMENT_END_TOKENS if (i := tok.token_to_id(t)) is not None), specials.eos_id)
 
 
 def tokenizer_sha256(tokenizer_dir: str | os.PathLike) -> str:

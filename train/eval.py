@@ -1,9 +1,10 @@
 """``prodip eval``: held-out NLL and bits per character of a checkpoint vs its random-initialised twin.
 
-Per language, the first ``eval_tokens`` validation tokens after the stream's first ``<|bos|>``
+Per language, the first ``eval_tokens`` validation tokens after the stream's first token
 (``prodip.tokenizer.shards``: each document is ``<|bos|> ids <|eos|>`` and a shard starts at a document
 start, so the first window's context starts with ``<|bos|>``, as every document in training and every
-prompt does; lm-evaluation-harness's rolling windows start with the same token) are
+prompt does; lm-evaluation-harness's rolling windows start with the same token; with a tokenizer that
+prepends no bos, meta.json ``bos_id`` null, documents are ``ids eos`` and the first token is context only) are
 cut into non-overlapping windows of ``seq_len`` target tokens (each window is a fresh context),
 scored in batches under ``torch.no_grad``. Reported per language and model:
 
@@ -44,7 +45,7 @@ from tqdm import tqdm
 from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 from prodip.base.records import refuse_newer
-from prodip.tokenizer.bpe import load_tokenizer
+from prodip.tokenizer.bpe import load_with_specials
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train import lmeval
 from prodip.train.checkpoint import load_model
@@ -218,7 +219,6 @@ def _eval_languages(
     tokenizer: Any,
     tokenizer_sha256: str,
     vocab_size: int,
-    bos_id: int,
     device: torch.device,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
@@ -242,12 +242,13 @@ def _eval_languages(
             log.warning("%s: language %r has no validation tokens; skipped", cfg.shards_dir, lang)
             skipped[lang] = "no validation tokens"
             continue
-        # the stream starts at a document start, <|bos|>: the context of the first scored token
+        # the stream starts at a document start: the bos (the context of the first scored token), or the
+        # document's first token where the tokenizer prepends none (meta.json bos_id null)
         stream = torch.from_numpy(read_val_tokens(cfg.shards_dir, lang, cfg.eval_tokens + 1))
-        if int(stream[0]) != bos_id:
+        if meta.bos_id is not None and int(stream[0]) != meta.bos_id:
             raise InvalidInput(
-                f"{cfg.shards_dir}: {lang} validation tokens start with id {int(stream[0])}, not <|bos|> "
-                f"({bos_id}); re-run `prodip data prepare`"
+                f"{cfg.shards_dir}: {lang} validation tokens start with id {int(stream[0])}, not the bos "
+                f"({meta.bos_id}, meta.json bos_id); re-run `prodip data prepare`"
             )
         n_chars = count_chars(tokenizer, stream[1:].tolist())
         row: dict[str, Any] = {"tokens": stream.numel() - 1, "chars": n_chars}
@@ -304,7 +305,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     twin = LlamaForCausalLM(mcfg)
     twin.reset_parameters(seed=cfg.seed)
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
-    tokenizer = load_tokenizer(info["tokenizer_dir"])
+    tokenizer, _ = load_with_specials(info["tokenizer_dir"])
     out = Path(cfg.out) if cfg.out else default_out(Path(info["checkpoint_dir"]))
     refuse_newer(EvalReport, out, action="prodip eval", instead="give another --out")  # before the scoring
     result: dict[str, Any] = {
@@ -329,7 +330,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     }
     if cfg.shards_dir:
         result["languages"], result["skipped_languages"] = _eval_languages(
-            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, mcfg.bos_token_id, device
+            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, device
         )
     if cfg.mc_file:
         items = read_mc(cfg.mc_file)
