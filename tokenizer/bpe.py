@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
+from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, chat_contract
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, raise_for_room
@@ -929,8 +929,12 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
     Written to a sibling temp dir and renamed into place (an existing tokenizer in ``out_dir`` is replaced;
     any other non-empty folder, or a tokenizer of a newer prodip, is refused: :func:`check_tokenizer_out_dir`).
 
+    An imported model's tokenizer (none of prodip's special tokens) is copied unchanged: it keeps its own
+    chat template and markers, which it must have (an instruct model's folder).
+
     Args:
-        src_dir: a tokenizer dir with prodip's special-token convention (:func:`load_tokenizer`).
+        src_dir: a tokenizer dir with prodip's special-token convention (:func:`load_tokenizer`), or an
+            imported model's with a ``chat_template`` (:func:`prodip.base.chat.chat_contract`).
         out_dir: where the chat tokenizer goes (e.g. a fine-tuning run's ``tokenizer/``).
     Returns:
         ``{"added": [tokens appended], "ids": {token: id}, "vocab_size": tokens after}``.
@@ -939,9 +943,15 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
         FileExistsError: ``out_dir`` is not a tokenizer dir, or one of a newer prodip (nothing deleted).
     """
     src, out = Path(src_dir), Path(out_dir)
-    tok = load_tokenizer(src)
+    tok = load_with_specials(src)[0]
+    imported = all(tok.token_to_id(t) is None for t in SPECIAL_TOKENS)
+    if imported and chat_contract(src) is None:
+        raise InvalidInput(
+            f"{src / 'tokenizer_config.json'}: an imported model's tokenizer without a chat_template; fine-tuning "
+            "it for chat uses its own template (start from an instruct model's folder)"
+        )
     check_tokenizer_out_dir(out, True, option="fine-tuning")
-    missing = [t for t in CHAT_TOKENS if tok.token_to_id(t) is None]
+    missing = [] if imported else [t for t in CHAT_TOKENS if tok.token_to_id(t) is None]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -953,6 +963,11 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
         if missing:
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
             tok.save(str(tmp / "tokenizer.json"))
+        if imported:  # its own template and markers, copied as they are
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+            return {"added": [], "ids": {}, "vocab_size": tok.get_vocab_size()}
         path = tmp / "tokenizer_config.json"
         config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else tokenizer_config()
         listed = [t for t in config.get("additional_special_tokens") or [] if t not in CHAT_TOKENS]
