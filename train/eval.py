@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
+from prodip.base.files import file_sha256
 from prodip.base.records import refuse_newer
 from prodip.tokenizer.bpe import load_with_specials
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
@@ -78,6 +79,11 @@ class EvalConfig:
         factory=list,
     )
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
+    baseline: str = opt(
+        "",
+        "a second model scored on the same tokens beside the checkpoint, as `baseline`: a prodip checkpoint or a "
+        "Hugging Face folder with the checkpoint's tokenizer (e.g. the extended base before continued pretraining)",
+    )
     tasks: list[str] = opt(
         help="lm-evaluation-harness tasks to score (loglikelihood kinds: multiple choice, perplexity), e.g. "
         "prodip_tatoeba_en2bn,prodip_tatoeba_bn2en,prodip_hellaswag_en (bundled, offline: train/tasks/) or a "
@@ -305,6 +311,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     twin = LlamaForCausalLM(mcfg)
     twin.reset_parameters(seed=cfg.seed)
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
+    if cfg.baseline:
+        models["baseline"] = load_baseline(cfg.baseline, info["tokenizer_sha256"]).to(device).eval()
     tokenizer, _ = load_with_specials(info["tokenizer_dir"])
     out = Path(cfg.out) if cfg.out else default_out(Path(info["checkpoint_dir"]))
     refuse_newer(EvalReport, out, action="prodip eval", instead="give another --out")  # before the scoring
@@ -352,6 +360,28 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     return result
 
 
+def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module:
+    """The ``--baseline`` model (fp32, CPU): a prodip checkpoint or a Hugging Face Llama folder
+    (:func:`prodip.train.init.load_init`) whose ``tokenizer.json`` is the checkpoint's, so both models are
+    scored on the same token ids.
+
+    Raises:
+        InvalidInput: another tokenizer (or none) in the folder; see :func:`prodip.train.init.load_init`.
+    """
+    from prodip.train import init  # noqa: PLC0415 (only a baseline needs it)
+
+    tok = Path(path) / "tokenizer.json"
+    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256)  # a prodip checkpoint's tokenizer: checked
+    if source.kind == "hf" and (not tok.is_file() or file_sha256(tok) != tokenizer_sha256):
+        raise InvalidInput(
+            f"--baseline {path}: {'no tokenizer.json' if not tok.is_file() else 'its tokenizer.json differs from the checkpoint'}"
+            "'s; a baseline is scored on the checkpoint's token ids, so it must share its tokenizer"
+        )
+    model = LlamaForCausalLM(source.config)
+    init.apply_init(model, source)
+    return model
+
+
 def task_settings(cfg: EvalConfig) -> dict[str, Any]:
     """The settings an ``eval.json``'s task figures were measured with (``tasks.settings``)."""
     return lmeval.task_settings(
@@ -395,10 +425,15 @@ def format_table(result: dict[str, Any]) -> str:
             f"{'random NLL':>11}{'bits/char':>10}"
         )
         for lang, row in result["languages"].items():
-            t, r = row["trained"], row["random_init"]
+            t, r, b = row["trained"], row["random_init"], row.get("baseline")
             lines.append(
                 f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
                 f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}"
+                + (
+                    f" | baseline {b['nll_nats_per_token']:.4f} nats/tok {b['bits_per_char']:.4f} bits/char"
+                    if b
+                    else ""
+                )
             )
     for lang, why in result.get("skipped_languages", {}).items():
         lines.append(f"{lang:<6}  skipped: {why}")
