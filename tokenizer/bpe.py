@@ -854,9 +854,9 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
     tok = Tokenizer.from_file(str(path))
     if all(tok.token_to_id(t) is None for t in SPECIAL_TOKENS):
         raise InvalidInput(
-            f"{path}: an imported model's own tokenizer (none of {', '.join(SPECIAL_TOKENS)}); this step uses "
-            "prodip's special-token layout and does not read it yet (shards, training, evaluation and "
-            "`prodip export FOLDER` do: docs/adapt.md)"
+            f"{path}: an imported model's own tokenizer (none of {', '.join(SPECIAL_TOKENS)}) where prodip's is "
+            "expected (shards, training, eval, sft and `prodip export FOLDER` read it with its own special "
+            "tokens: docs/adapt.md)"
         )
     for want_id, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want_id:
