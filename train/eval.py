@@ -46,7 +46,7 @@ from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
 from prodip.base.records import refuse_newer
-from prodip.tokenizer.bpe import load_with_specials
+from prodip.tokenizer.bpe import document_end_id, load_with_specials
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train import lmeval
 from prodip.train.checkpoint import load_model
@@ -313,7 +313,11 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
     if cfg.baseline:
         models["baseline"] = load_baseline(cfg.baseline, info["tokenizer_sha256"]).to(device).eval()
-    tokenizer, _ = load_with_specials(info["tokenizer_dir"])
+    tokenizer, specials = load_with_specials(info["tokenizer_dir"])
+    # the token a context follows, as in the shards: the bos, or where the tokenizer prepends none the end of
+    # the document before (lm-evaluation-harness's HF model takes the eos then too)
+    doc_end = document_end_id(tokenizer, specials)
+    prefix = specials.bos_id if specials.add_bos and specials.bos_id is not None else doc_end
     out = Path(cfg.out) if cfg.out else default_out(Path(info["checkpoint_dir"]))
     refuse_newer(EvalReport, out, action="prodip eval", instead="give another --out")  # before the scoring
     result: dict[str, Any] = {
@@ -346,14 +350,12 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             "file": str(cfg.mc_file),
             "normalisation": "characters of the choice (NFC code points)",
             **{
-                name: score_mc(
-                    m, tokenizer, items, device, mcfg.max_position_embeddings, mcfg.bos_token_id, cfg.batch_size
-                )
+                name: score_mc(m, tokenizer, items, device, mcfg.max_position_embeddings, prefix, cfg.batch_size)
                 for name, m in models.items()
             },
         }
     if cfg.tasks:
-        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm)
+        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end)
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
     EvalReport.from_dict(result, out).write(out)
@@ -390,17 +392,27 @@ def task_settings(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def score_tasks(
-    cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: Any, mcfg: Any, device: torch.device, tm: Any
+    cfg: EvalConfig,
+    models: dict[str, nn.Module],
+    tokenizer: Any,
+    mcfg: Any,
+    device: torch.device,
+    tm: Any,
+    *,
+    bos_id: int,
+    eos_id: int,
 ) -> dict[str, Any]:
     """lm-evaluation-harness tasks on each model (``prodip.train.lmeval``): ``{settings, rows}``, a row per
-    task with every model's scores and standard errors, and seconds per model."""
+    task with every model's scores and standard errors, and seconds per model. ``bos_id``: the token a
+    context follows (the harness's prefix token: the bos, or the end of the document before where the
+    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token)."""
     per_model = {}
     for name, model in models.items():
         lm = lmeval.make_lm(
             tokenizer,
             lmeval.torch_logits(model, device),
-            bos_id=mcfg.bos_token_id,
-            eos_id=mcfg.eos_token_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
             max_length=mcfg.max_position_embeddings,
             batch_size=cfg.batch_size,
         )
