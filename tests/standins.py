@@ -55,8 +55,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 KINDS = ("smollm2", "llama32", "qwen25", "tinyllama")
-#: the stand-ins whose tokenizer is a byte-level BPE (what `prodip tokenizer extend` extends)
-BYTE_LEVEL_KINDS = ("smollm2", "llama32", "qwen25")
 _REPO = Path(__file__).resolve().parents[1]
 _EN_FILES = ("pg11_Alice-s-Adventures-in-Wonderland.txt.gz", "pg35_The-Time-Machine.txt.gz")
 

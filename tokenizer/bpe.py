@@ -37,12 +37,13 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS
+from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, chat_contract
 from prodip.base.config import dump_toml, opt, to_dict
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, raise_for_room
 from prodip.base.records import Number, Record, check_replaceable_dir
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
+from prodip.base.specials import Specials, read_specials
 from prodip.tokenizer.corpus import (
     DOC_CHARS_HELP,
     ERROR_POLICIES,
@@ -853,9 +854,9 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
     tok = Tokenizer.from_file(str(path))
     if all(tok.token_to_id(t) is None for t in SPECIAL_TOKENS):
         raise InvalidInput(
-            f"{path}: an imported model's own tokenizer (none of {', '.join(SPECIAL_TOKENS)}); shards, training "
-            "and evaluation use prodip's special-token layout, so they do not read it yet. Ship the model "
-            "unchanged with `prodip export FOLDER` (docs/adapt.md)"
+            f"{path}: an imported model's own tokenizer (none of {', '.join(SPECIAL_TOKENS)}) where prodip's is "
+            "expected (shards, training, eval, sft and `prodip export FOLDER` read it with its own special "
+            "tokens: docs/adapt.md)"
         )
     for want_id, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want_id:
@@ -867,6 +868,41 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
             "re-run `prodip tokenizer train`"
         )
     return tok
+
+
+def load_with_specials(tokenizer_dir: str | os.PathLike) -> tuple[Tokenizer, Specials]:
+    """A tokenizer dir's tokenizer and its special-token convention, for shards and evaluation.
+
+    A prodip tokenizer (it has ``<|pad|>``, ``<|bos|>`` or ``<|eos|>``) is held to prodip's convention
+    (:func:`load_tokenizer`): bos 1 prepended, eos 2, pad 0. Any other ``tokenizer.json`` (an imported
+    Hugging Face model's, or one extended from it) has its own, read from its files by
+    :func:`prodip.base.specials.read_specials`: its bos only where its post-processor prepends one.
+
+    Raises:
+        MissingInput: no tokenizer.json. InvalidInput: see :func:`load_tokenizer` and
+            :func:`prodip.base.specials.read_specials`.
+    """
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        return load_tokenizer(tokenizer_dir), read_specials(tokenizer_dir)  # raises MissingInput naming the file
+    tok = Tokenizer.from_file(str(path))
+    if any(tok.token_to_id(t) is not None for t in SPECIAL_TOKENS):
+        return load_tokenizer(tokenizer_dir), Specials(BOS_ID, EOS_ID, PAD_ID, (EOS_ID,), True, str(tokenizer_dir))
+    return tok, read_specials(tokenizer_dir)
+
+
+#: the end-of-text tokens that separate pretraining documents, by name (GPT-2/SmolLM2/Qwen2, Llama 3, Llama 2)
+DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
+
+
+def document_end_id(tok: Tokenizer, specials: Specials) -> int:
+    """The id that ends each document in shards: prodip's ``<|eos|>``; for another tokenizer its end-of-text
+    token (:data:`DOCUMENT_END_TOKENS`) when it has one, else its ``eos_token``. An instruct model's
+    ``eos_token`` is its end of turn (SmolLM2's ``<|im_end|>``, Llama 3's ``<|eot_id|>``), which would teach
+    continued pretraining to end every document as a chat reply ends."""
+    if tok.token_to_id(SPECIAL_TOKENS[EOS_ID]) == EOS_ID:
+        return EOS_ID
+    return next((i for t in DOCUMENT_END_TOKENS if (i := tok.token_to_id(t)) is not None), specials.eos_id)
 
 
 def tokenizer_sha256(tokenizer_dir: str | os.PathLike) -> str:
@@ -893,8 +929,12 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
     Written to a sibling temp dir and renamed into place (an existing tokenizer in ``out_dir`` is replaced;
     any other non-empty folder, or a tokenizer of a newer prodip, is refused: :func:`check_tokenizer_out_dir`).
 
+    An imported model's tokenizer (none of prodip's special tokens) is copied unchanged: it keeps its own
+    chat template and markers, which it must have (an instruct model's folder).
+
     Args:
-        src_dir: a tokenizer dir with prodip's special-token convention (:func:`load_tokenizer`).
+        src_dir: a tokenizer dir with prodip's special-token convention (:func:`load_tokenizer`), or an
+            imported model's with a ``chat_template`` (:func:`prodip.base.chat.chat_contract`).
         out_dir: where the chat tokenizer goes (e.g. a fine-tuning run's ``tokenizer/``).
     Returns:
         ``{"added": [tokens appended], "ids": {token: id}, "vocab_size": tokens after}``.
@@ -903,9 +943,15 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
         FileExistsError: ``out_dir`` is not a tokenizer dir, or one of a newer prodip (nothing deleted).
     """
     src, out = Path(src_dir), Path(out_dir)
-    tok = load_tokenizer(src)
+    tok = load_with_specials(src)[0]
+    imported = all(tok.token_to_id(t) is None for t in SPECIAL_TOKENS)
+    if imported and chat_contract(src) is None:
+        raise InvalidInput(
+            f"{src / 'tokenizer_config.json'}: an imported model's tokenizer without a chat_template; fine-tuning "
+            "it for chat uses its own template (start from an instruct model's folder)"
+        )
     check_tokenizer_out_dir(out, True, option="fine-tuning")
-    missing = [t for t in CHAT_TOKENS if tok.token_to_id(t) is None]
+    missing = [] if imported else [t for t in CHAT_TOKENS if tok.token_to_id(t) is None]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -917,6 +963,11 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
         if missing:
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
             tok.save(str(tmp / "tokenizer.json"))
+        if imported:  # its own template and markers, copied as they are
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+            return {"added": [], "ids": {}, "vocab_size": tok.get_vocab_size()}
         path = tmp / "tokenizer_config.json"
         config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else tokenizer_config()
         listed = [t for t in config.get("additional_special_tokens") or [] if t not in CHAT_TOKENS]

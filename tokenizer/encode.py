@@ -1,9 +1,12 @@
 """Encode a language-tagged corpus into token shards with a tokenizer dir (``prodip data prepare``).
 
 Per language, documents (see tokenizer/corpus.py) are NFC-normalised and encoded with the ``tokenizers``
-batch encoder (all cores) as ``<|bos|> ids <|eos|>`` (the special-token convention of tokenizer/bpe.py: the
-tokenizer's post-processor puts the ``<|bos|>`` in front, as every runtime's default encode does for a
-prompt), and sent to ``train`` or ``val`` by a seeded hash of
+batch encoder (all cores) as ``bos ids eos`` with the tokenizer's own special tokens
+(:func:`prodip.tokenizer.bpe.load_with_specials`): prodip's ``<|bos|> ids <|eos|>``; an imported model's
+bos only where its post-processor prepends one, as every runtime's default encode does for a prompt
+(Llama 3's ``<|begin_of_text|>``; SmolLM2 and Qwen2 have none, so their documents are ``ids eos``), and its
+end-of-text token as the eos (:func:`prodip.tokenizer.bpe.document_end_id`: ``<|endoftext|>``,
+``<|end_of_text|>``, ``</s>``, not an instruct model's end of turn); meta.json records both ids. Sent to ``train`` or ``val`` by a seeded hash of
 (language, file name, document index): deterministic, independent of batch size and core count. If a
 language's hash draw puts no document in ``val`` (a tiny corpus), its last document goes there. Output is
 built in a temp dir and renamed into place, so a failed run leaves nothing behind.
@@ -13,6 +16,7 @@ built in a temp dir and renamed into place, so a failed run leaves nothing behin
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -29,8 +33,9 @@ from prodip.base.errors import InvalidInput
 from prodip.base.files import raise_for_room
 from prodip.base.records import check_replaceable_dir
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
+from prodip.base.specials import Specials
 from prodip.tokenizer import coverage, shards
-from prodip.tokenizer.bpe import BOS_ID, EOS_ID, PAD_ID, _doc_unit, load_tokenizer, tokenizer_sha256
+from prodip.tokenizer.bpe import _doc_unit, document_end_id, load_with_specials, tokenizer_sha256
 from prodip.tokenizer.corpus import (
     DOC_CHARS_HELP,
     ERROR_POLICIES,
@@ -126,16 +131,18 @@ def _uncompressed_size(path: Path) -> int:
     return path.stat().st_size
 
 
-def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
-    """``<|bos|> ids`` per text (NFC first: the contract, whatever normaliser the tokenizer has)."""
+def _encode_batch(tok, texts: list[str], specials: Specials) -> list[list[int]]:
+    """``bos ids`` per text, or ``ids`` where the tokenizer prepends no bos (NFC first: the contract, whatever
+    normaliser the tokenizer has)."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster
-    out = [e.ids for e in encode([nfc(t) for t in texts], add_special_tokens=True)]
-    assert all(ids[:1] == [BOS_ID] for ids in out), "load_tokenizer checks the post-processor prepends <|bos|>"
-    return out
+    # the bos is added here, not by the post-processor: one that also appends a token would double the eos
+    head = [specials.bos_id] if specials.add_bos and specials.bos_id is not None else []
+    return [head + e.ids for e in encode([nfc(t) for t in texts], add_special_tokens=False)]
 
 
 def _encode_language(
     tok,
+    specials: Specials,
     lang: str,
     files: list[Path],
     cfg: DataPrepareConfig,
@@ -148,12 +155,12 @@ def _encode_language(
     (tmp / lang).mkdir()
     writers = {s: _SplitWriter(tmp, lang, s, token_dtype, cfg.shard_tokens) for s in shards.SPLITS}
     np_dtype = np.dtype(token_dtype)
-    eos = np.array([EOS_ID], dtype=np_dtype)
+    eos = np.array([specials.eos_id], dtype=np_dtype)
     pending: np.ndarray | None = None  # last train document, held back in case val ends up empty
 
     def flush(batch: list[tuple[str, str, Path]]) -> None:
         nonlocal pending
-        for (split, text, path), ids in zip(batch, _encode_batch(tok, [t for _, t, _ in batch])):
+        for (split, text, path), ids in zip(batch, _encode_batch(tok, [t for _, t, _ in batch], specials)):
             doc = np.concatenate([np.asarray(ids, dtype=np_dtype), eos])
             count = per_file.setdefault(path, {"documents": 0, "chars": 0, "tokens": 0})
             count["documents"] += 1
@@ -240,7 +247,8 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
         prodip.base.sources.LicenseGateError: an input whose licence is unknown or unrecorded and not in
             ``include_unknown_license`` (before anything is read or written).
     """
-    tok = load_tokenizer(cfg.tokenizer_dir)
+    tok, specials = load_with_specials(cfg.tokenizer_dir)
+    specials = dataclasses.replace(specials, eos_id=document_end_id(tok, specials))
     sha = tokenizer_sha256(cfg.tokenizer_dir)
     vocab_size = tok.get_vocab_size()
     token_dtype = shards.token_dtype_for(vocab_size)
@@ -269,7 +277,7 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
             for lang, lang_files in files.items():
                 read[lang] = ReadStats()
                 languages[lang] = _encode_language(
-                    tok, lang, lang_files, cfg, tmp, token_dtype, bar, read[lang], per_file
+                    tok, specials, lang, lang_files, cfg, tmp, token_dtype, bar, read[lang], per_file
                 )
                 languages[lang].update(
                     chars=read[lang].chars, bytes=read[lang].bytes, skipped_bytes=read[lang].skipped_bytes
@@ -280,10 +288,10 @@ def prepare_shards(cfg: DataPrepareConfig) -> Path:
             "tokenizer_sha256": sha,
             "vocab_size": vocab_size,
             "token_dtype": token_dtype,
-            "bos_id": BOS_ID,
-            "eos_id": EOS_ID,
-            "pad_id": PAD_ID,
-            "document_layout": shards.DOCUMENT_LAYOUT,
+            "bos_id": specials.bos_id if specials.add_bos else None,
+            "eos_id": specials.eos_id,
+            "pad_id": specials.pad_id,
+            "document_layout": shards.document_layout(tok, specials),
             "val_fraction": cfg.val_fraction,
             "seed": cfg.seed,
             "languages": languages,

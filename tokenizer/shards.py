@@ -4,8 +4,9 @@ A shard is a 256 x int32 header followed by the tokens (the llm.c layout):
 ``header[0] = 20240520`` (magic), ``header[1]`` = version (1: uint16 tokens, 2: uint32 tokens),
 ``header[2]`` = number of tokens, ``header[3]`` = bytes per token; the rest is zero.
 A shards dir holds ``meta.json`` and ``{lang}/{split}_{index:06d}.bin``. Each document is stored as
-``<|bos|> ids <|eos|>`` (:data:`DOCUMENT_LAYOUT`; ids in meta.json ``bos_id``/``eos_id``), documents back
-to back; the first shard of a split starts at a document start. meta.json ``format_version`` 2 is this
+``<|bos|> ids <|eos|>`` (:data:`DOCUMENT_LAYOUT`; ids in meta.json ``bos_id``/``eos_id``; an imported
+model's tokenizer has its own, and no bos where it prepends none: meta.json ``bos_id`` null and
+``document_layout`` e.g. ``ids <|endoftext|>``), documents back to back; the first shard of a split starts at a document start. meta.json ``format_version`` 2 is this
 layout; version 1 (documents followed by ``<|eos|>`` only) is refused. Each shard's entry in
 meta.json carries its ``sha256`` and ``max_id`` (largest token id), filled in and checked against
 ``vocab_size`` by :func:`write_meta`; :func:`open_checked_shards` verifies both before a shard is
@@ -36,6 +37,15 @@ HEADER_BYTES = HEADER_INTS * 4
 FORMAT_VERSION = 2  # 2: each document is <|bos|> ids <|eos|> (1: ids <|eos|>)
 DOCUMENT_LAYOUT = "<|bos|> ids <|eos|>"
 META_NAME = "meta.json"
+
+
+def document_layout(tok: Any, specials: Any) -> str:
+    """meta.json's ``document_layout`` for a tokenizer and its :class:`prodip.base.specials.Specials`:
+    ``<|bos|> ids <|eos|>`` for prodip's, e.g. ``ids <|endoftext|>`` for SmolLM2's."""
+    bos = f"{tok.id_to_token(specials.bos_id)} " if specials.add_bos and specials.bos_id is not None else ""
+    return f"{bos}ids {tok.id_to_token(specials.eos_id)}"
+
+
 SPLITS = ("train", "val")
 # header version -> token dtype (version 1 is llm.c's uint16 layout; 2 is the same with uint32)
 _VERSION_DTYPE = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
@@ -184,7 +194,7 @@ class ShardsMeta(Record):
     tokenizer_sha256: str
     vocab_size: StrictInt
     token_dtype: str
-    bos_id: StrictInt
+    bos_id: StrictInt | None  # None: documents are ``ids eos`` (a tokenizer that prepends no bos)
     eos_id: StrictInt
     pad_id: StrictInt | None = None
     document_layout: str | None = None

@@ -4,11 +4,13 @@ A conversation is OpenAI's messages format, ``{"messages": [{"role": "system"|"u
 "content": str}, ...]}`` (multi-turn, an optional system prompt, at least one assistant turn), read
 from JSONL, Parquet, CSV (the field a JSON text) or a ``datasets`` folder
 (:func:`prodip.tokenizer.corpus.iter_records`). It is rendered with the one chat template
-(:func:`prodip.base.chat.render`, no generation prompt) and tokenised as a whole, exactly as a runtime
-tokenises a prompt (``add_special_tokens=False``: the template writes ``<|bos|>``).
+(:func:`prodip.base.chat.render`, no generation prompt), or an imported model's own (:class:`ChatFormat`:
+SmolLM2's and Qwen2's ChatML, Llama 3's ``<|start_header_id|>role<|end_header_id|>`` ... ``<|eot_id|>``), and
+tokenised as a whole, exactly as a runtime tokenises a prompt (``add_special_tokens=False``: the template
+writes the bos).
 
 **The loss mask.** A target is trained when its token belongs to an assistant reply: the reply's
-content and the ``<|im_end|>`` that closes it (so the model learns to end its turn). Everything else
+content and the end of turn that closes it (``<|im_end|>``, ``<|eot_id|>``: so the model learns to end its turn). Everything else
 (``<|bos|>``, the markers and role headers, system and user content, the newline after each
 ``<|im_end|>``) is a target of -100, not counted (:data:`prodip.train.loss.IGNORE_INDEX`). The mask
 is made from character spans of the rendered text (:func:`assistant_mask`). :func:`check_loss_mask`
@@ -31,6 +33,7 @@ load_tokenizer as l; print(e(l('runs/demo/tokenizer'), [{'role': 'user', 'conten
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -45,7 +48,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from prodip.base.chat import IM_END, IM_START, ROLES, render, special_token_in, special_token_texts
+from prodip.base.chat import (
+    CHAT_TEMPLATE,
+    IM_END,
+    IM_START,
+    ROLES,
+    chat_contract,
+    render,
+    special_token_in,
+    special_token_texts,
+    template_variables,
+)
 from prodip.base.errors import InvalidInput
 from prodip.tokenizer.corpus import ReadStats, expand_inputs, iter_records
 from prodip.train.guards import GuardError
@@ -160,6 +173,66 @@ def is_heldout(messages: Sequence[Mapping[str, str]], fraction: float) -> bool:
 # ---- encoding and the mask -------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ChatFormat:
+    """How a chat template marks turns, for the loss mask and its guard.
+
+    Attributes:
+        template: the Jinja chat template; None is prodip's (:data:`prodip.base.chat.CHAT_TEMPLATE`).
+        variables: the special-token strings it may read (``bos_token``, ...;
+            :func:`prodip.base.chat.template_variables`).
+        turn_start: the token that opens a turn's role header (``<|im_start|>``, Llama 3's ``<|start_header_id|>``).
+        end_of_turn: the token that closes a turn (``<|im_end|>``, Llama 3's ``<|eot_id|>``): trained after a reply.
+        header_end: a token that closes the role name before the header's newline (Llama 3's
+            ``<|end_header_id|>``), or None (ChatML: ``role\n``).
+    """
+
+    template: str | None = None
+    variables: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    turn_start: str = IM_START
+    end_of_turn: str = IM_END
+    header_end: str | None = None
+
+
+#: prodip's own chat format (ChatML markers, :data:`prodip.base.chat.CHAT_TEMPLATE`).
+PRODIP_FORMAT = ChatFormat()
+#: Llama 3's role header: ``<|start_header_id|>role<|end_header_id|>\n\n``.
+LLAMA3_HEADER = ("<|start_header_id|>", "<|end_header_id|>")
+
+
+def chat_format(tokenizer_dir: str | Path) -> ChatFormat:
+    """The chat format of a fine-tuning run's tokenizer dir: prodip's, or an imported model's own template
+    with its end of turn (:func:`prodip.base.chat.chat_contract`), whose turns open with ChatML's
+    ``<|im_start|>`` (SmolLM2, Qwen2) or Llama 3's ``<|start_header_id|>``.
+
+    Raises:
+        InvalidInput: no chat template, or one whose turns open with neither (e.g. Zephyr's ``<|user|>``,
+            TinyLlama's): the loss-mask guard reads roles from those tokens (the file named).
+    """
+    root = Path(tokenizer_dir)
+    contract = chat_contract(root)
+    if contract is None:
+        raise InvalidInput(
+            f"{root / 'tokenizer_config.json'}: no chat_template; fine-tuning a base model's tokenizer needs its "
+            "chat template (an instruct model's folder has one)"
+        )
+    if contract["chat_template"] == CHAT_TEMPLATE:
+        return PRODIP_FORMAT
+    tok = json.loads((root / "tokenizer.json").read_text(encoding="utf-8"))
+    added = {a["content"] for a in tok.get("added_tokens", []) if a.get("special")}
+    template, eot = contract["chat_template"], contract["end_of_turn"]
+    if IM_START in added and IM_START in template:
+        start, header_end = IM_START, None
+    elif all(t in added and t in template for t in LLAMA3_HEADER):
+        start, header_end = LLAMA3_HEADER
+    else:
+        raise InvalidInput(
+            f"{root / 'tokenizer_config.json'}: its chat_template opens turns with neither {IM_START} (ChatML) "
+            f"nor {LLAMA3_HEADER[0]} (Llama 3); the loss-mask guard reads the roles from those tokens"
+        )
+    return ChatFormat(template, template_variables(root), start, eot, header_end)
+
+
 @dataclass
 class Example:
     """One tokenised conversation.
@@ -177,23 +250,44 @@ class Example:
     where: str = ""
 
 
-def assistant_spans(messages: Sequence[Mapping[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    messages: Sequence[Mapping[str, str]], fmt: ChatFormat = PRODIP_FORMAT
+) -> tuple[str, list[tuple[int, int]]]:
     """The rendered text and the character spans ``[start, end)`` of each assistant reply: its
-    content and the ``<|im_end|>`` closing it.
+    content and the end of turn closing it (``<|im_end|>``, ``<|eot_id|>``).
 
-    The spans come from rendering the conversation one message longer at a time
-    (:func:`prodip.base.chat.render` is a prefix-stable template: each message appends its own text).
+    A reply starts where the conversation before it, rendered with the generation prompt (the
+    assistant's header), ends; the template may put whitespace there and trim the content (Llama 3's
+    does). A template that is not prefix-stable (rendering a prefix of the conversation does not give a
+    prefix of its text) is refused: the spans would lie.
+
+    Raises:
+        InvalidInput: the template is not prefix-stable, or a reply is not followed by ``fmt.end_of_turn``.
     """
-    text = render(messages, add_generation_prompt=False)
+
+    def draw(msgs: Sequence[Mapping[str, str]], generation: bool) -> str:
+        return render(msgs, add_generation_prompt=generation, template=fmt.template, variables=fmt.variables)
+
+    text = draw(messages, False)
     spans = []
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start = len(render(messages[:k], add_generation_prompt=False)) + len(f"{IM_START}assistant\n")
-        end = start + len(m["content"]) + len(IM_END)
-        if text[start:end] != m["content"] + IM_END:  # the template changed shape: the spans would lie
-            raise AssertionError(f"assistant span of message {k} does not hold its content in the rendered text")
-        spans.append((start, end))
+        start = len(draw(messages[:k], True))
+        content = m["content"]
+        if not text.startswith(content, start):  # a template that trims the content (Llama 3's)
+            content = content.strip()
+            at = text.find(content, start)
+            if at < 0 or text[start:at].strip():
+                raise InvalidInput(
+                    f"chat template: message {k}'s reply does not follow the conversation before it rendered "
+                    "with add_generation_prompt; the loss mask needs a prefix-stable template"
+                )
+            start = at
+        end = start + len(content)
+        if not text.startswith(fmt.end_of_turn, end):
+            raise InvalidInput(f"chat template: message {k}'s reply is not followed by {fmt.end_of_turn!r}")
+        spans.append((start, end + len(fmt.end_of_turn)))
     return text, spans
 
 
@@ -211,8 +305,11 @@ def assistant_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int
     return out
 
 
-def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]], where: str = "") -> Example:
-    """Render, tokenise (``add_special_tokens=False``) and mask one conversation (see the module docstring).
+def encode_conversation(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], where: str = "", fmt: ChatFormat = PRODIP_FORMAT
+) -> Example:
+    """Render with ``fmt``'s template, tokenise (``add_special_tokens=False``) and mask one conversation (see
+    the module docstring).
 
     Raises:
         InvalidInput: a content holds the text of one of the tokenizer's special tokens (``<|eos|>``,
@@ -229,7 +326,10 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]], w
                 "read it as that token (a forged turn or document boundary, trained as a control token), so it "
                 "is refused, as `prodip serve` refuses it in a request; remove or reword it"
             )
-    text, spans = assistant_spans(messages)
+    try:
+        text, spans = assistant_spans(messages, fmt)
+    except InvalidInput as err:
+        raise InvalidInput(f"{where}: {err}") from None
     enc = tokenizer.encode(text, add_special_tokens=False)
     ids = np.asarray(enc.ids, dtype=np.int64)
     trained = assistant_mask(enc.offsets, spans)
@@ -237,7 +337,7 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]], w
     return Example(ids=ids, trained=trained, assistant_chars=chars, where=where)
 
 
-def template_roles(ids: Sequence[int], im_start: int, im_end: int, decode) -> list[str]:
+def template_roles(ids: Sequence[int], im_start: int, im_end: int, decode, header_end: str | None = None) -> list[str]:
     """Per token, its part of the template, from the ids alone: ``"marker"`` (``<|bos|>`` before the
     first turn, ``<|im_start|>``, the role header up to its newline, the newline after a turn), or the
     role whose content it is (``"system"``, ``"user"``, ``"assistant"``; the ``<|im_end|>`` closing a
@@ -247,6 +347,8 @@ def template_roles(ids: Sequence[int], im_start: int, im_end: int, decode) -> li
         ids: a conversation's token ids (possibly cut short).
         im_start, im_end: the markers' ids.
         decode: ``decode([id]) -> str`` with special tokens kept.
+        header_end: the text of a token closing the role name (Llama 3's ``<|end_header_id|>``; the
+            whitespace tokens after its newline are the header's too: its template trims the content), or None.
     """
     roles = ["marker"] * len(ids)
     role, i = None, 0
@@ -257,7 +359,10 @@ def template_roles(ids: Sequence[int], im_start: int, im_end: int, decode) -> li
             while j < len(ids) and "\n" not in header:
                 header += decode([int(ids[j])])
                 j += 1
-            role, i = header.split("\n", 1)[0].strip(), j  # header tokens stay "marker"
+            role = header.split("\n", 1)[0]
+            role, i = (role.replace(header_end, "") if header_end else role).strip(), j  # header tokens: "marker"
+            while header_end and i < len(ids) and not decode([int(ids[i])]).strip():
+                i += 1  # the blank line after Llama 3's header, in as many tokens as the tokenizer splits it
             continue
         if role is not None:
             roles[i] = role
@@ -267,7 +372,9 @@ def template_roles(ids: Sequence[int], im_start: int, im_end: int, decode) -> li
     return roles
 
 
-def check_loss_mask(examples: Sequence[Example], *, im_start: int, im_end: int, decode) -> dict[str, int]:
+def check_loss_mask(
+    examples: Sequence[Example], *, im_start: int, im_end: int, decode, header_end: str | None = None
+) -> dict[str, int]:
     """The loss-mask guard: every trained target is an assistant token, and every assistant token is trained.
 
     The roles are re-derived from the token ids (:func:`template_roles`), independently of how the
@@ -282,7 +389,7 @@ def check_loss_mask(examples: Sequence[Example], *, im_start: int, im_end: int, 
     wrong: dict[str, int] = {}
     missing, trained, tokens, first = 0, 0, 0, None
     for ex in examples:
-        roles = template_roles(ex.ids, im_start, im_end, decode)
+        roles = template_roles(ex.ids, im_start, im_end, decode, header_end)
         want = np.array([r == "assistant" for r in roles], dtype=bool)
         if ex.trained.shape != want.shape:
             raise GuardError(f"loss mask: {ex.where}: {ex.trained.shape[0]} mask entries for {want.shape[0]} tokens")

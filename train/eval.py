@@ -1,9 +1,10 @@
 """``prodip eval``: held-out NLL and bits per character of a checkpoint vs its random-initialised twin.
 
-Per language, the first ``eval_tokens`` validation tokens after the stream's first ``<|bos|>``
+Per language, the first ``eval_tokens`` validation tokens after the stream's first token
 (``prodip.tokenizer.shards``: each document is ``<|bos|> ids <|eos|>`` and a shard starts at a document
 start, so the first window's context starts with ``<|bos|>``, as every document in training and every
-prompt does; lm-evaluation-harness's rolling windows start with the same token) are
+prompt does; lm-evaluation-harness's rolling windows start with the same token; with a tokenizer that
+prepends no bos, meta.json ``bos_id`` null, documents are ``ids eos`` and the first token is context only) are
 cut into non-overlapping windows of ``seq_len`` target tokens (each window is a fresh context),
 scored in batches under ``torch.no_grad``. Reported per language and model:
 
@@ -43,8 +44,9 @@ from tqdm import tqdm
 
 from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
+from prodip.base.files import file_sha256
 from prodip.base.records import refuse_newer
-from prodip.tokenizer.bpe import load_tokenizer
+from prodip.tokenizer.bpe import document_end_id, load_with_specials
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train import lmeval
 from prodip.train.checkpoint import load_model
@@ -77,6 +79,11 @@ class EvalConfig:
         factory=list,
     )
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
+    baseline: str = opt(
+        "",
+        "a second model scored on the same tokens beside the checkpoint, as `baseline`: a prodip checkpoint or a "
+        "Hugging Face folder with the checkpoint's tokenizer (e.g. the extended base before continued pretraining)",
+    )
     tasks: list[str] = opt(
         help="lm-evaluation-harness tasks to score (loglikelihood kinds: multiple choice, perplexity), e.g. "
         "prodip_tatoeba_en2bn,prodip_tatoeba_bn2en,prodip_hellaswag_en (bundled, offline: train/tasks/) or a "
@@ -218,7 +225,6 @@ def _eval_languages(
     tokenizer: Any,
     tokenizer_sha256: str,
     vocab_size: int,
-    bos_id: int,
     device: torch.device,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
@@ -242,12 +248,13 @@ def _eval_languages(
             log.warning("%s: language %r has no validation tokens; skipped", cfg.shards_dir, lang)
             skipped[lang] = "no validation tokens"
             continue
-        # the stream starts at a document start, <|bos|>: the context of the first scored token
+        # the stream starts at a document start: the bos (the context of the first scored token), or the
+        # document's first token where the tokenizer prepends none (meta.json bos_id null)
         stream = torch.from_numpy(read_val_tokens(cfg.shards_dir, lang, cfg.eval_tokens + 1))
-        if int(stream[0]) != bos_id:
+        if meta.bos_id is not None and int(stream[0]) != meta.bos_id:
             raise InvalidInput(
-                f"{cfg.shards_dir}: {lang} validation tokens start with id {int(stream[0])}, not <|bos|> "
-                f"({bos_id}); re-run `prodip data prepare`"
+                f"{cfg.shards_dir}: {lang} validation tokens start with id {int(stream[0])}, not the bos "
+                f"({meta.bos_id}, meta.json bos_id); re-run `prodip data prepare`"
             )
         n_chars = count_chars(tokenizer, stream[1:].tolist())
         row: dict[str, Any] = {"tokens": stream.numel() - 1, "chars": n_chars}
@@ -304,7 +311,13 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     twin = LlamaForCausalLM(mcfg)
     twin.reset_parameters(seed=cfg.seed)
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
-    tokenizer = load_tokenizer(info["tokenizer_dir"])
+    if cfg.baseline:
+        models["baseline"] = load_baseline(cfg.baseline, info["tokenizer_sha256"]).to(device).eval()
+    tokenizer, specials = load_with_specials(info["tokenizer_dir"])
+    # the token a context follows, as in the shards: the bos, or where the tokenizer prepends none the end of
+    # the document before (lm-evaluation-harness's HF model takes the eos then too)
+    doc_end = document_end_id(tokenizer, specials)
+    prefix = specials.bos_id if specials.add_bos and specials.bos_id is not None else doc_end
     out = Path(cfg.out) if cfg.out else default_out(Path(info["checkpoint_dir"]))
     refuse_newer(EvalReport, out, action="prodip eval", instead="give another --out")  # before the scoring
     result: dict[str, Any] = {
@@ -329,7 +342,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     }
     if cfg.shards_dir:
         result["languages"], result["skipped_languages"] = _eval_languages(
-            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, mcfg.bos_token_id, device
+            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, device
         )
     if cfg.mc_file:
         items = read_mc(cfg.mc_file)
@@ -337,18 +350,38 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             "file": str(cfg.mc_file),
             "normalisation": "characters of the choice (NFC code points)",
             **{
-                name: score_mc(
-                    m, tokenizer, items, device, mcfg.max_position_embeddings, mcfg.bos_token_id, cfg.batch_size
-                )
+                name: score_mc(m, tokenizer, items, device, mcfg.max_position_embeddings, prefix, cfg.batch_size)
                 for name, m in models.items()
             },
         }
     if cfg.tasks:
-        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm)
+        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end)
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
     EvalReport.from_dict(result, out).write(out)
     return result
+
+
+def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module:
+    """The ``--baseline`` model (fp32, CPU): a prodip checkpoint or a Hugging Face Llama folder
+    (:func:`prodip.train.init.load_init`) whose ``tokenizer.json`` is the checkpoint's, so both models are
+    scored on the same token ids.
+
+    Raises:
+        InvalidInput: another tokenizer (or none) in the folder; see :func:`prodip.train.init.load_init`.
+    """
+    from prodip.train import init  # noqa: PLC0415 (only a baseline needs it)
+
+    tok = Path(path) / "tokenizer.json"
+    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256)  # a prodip checkpoint's tokenizer: checked
+    if source.kind == "hf" and (not tok.is_file() or file_sha256(tok) != tokenizer_sha256):
+        raise InvalidInput(
+            f"--baseline {path}: {'no tokenizer.json' if not tok.is_file() else 'its tokenizer.json differs from the checkpoint'}"
+            "'s; a baseline is scored on the checkpoint's token ids, so it must share its tokenizer"
+        )
+    model = LlamaForCausalLM(source.config)
+    init.apply_init(model, source)
+    return model
 
 
 def task_settings(cfg: EvalConfig) -> dict[str, Any]:
@@ -359,17 +392,27 @@ def task_settings(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def score_tasks(
-    cfg: EvalConfig, models: dict[str, nn.Module], tokenizer: Any, mcfg: Any, device: torch.device, tm: Any
+    cfg: EvalConfig,
+    models: dict[str, nn.Module],
+    tokenizer: Any,
+    mcfg: Any,
+    device: torch.device,
+    tm: Any,
+    *,
+    bos_id: int,
+    eos_id: int,
 ) -> dict[str, Any]:
     """lm-evaluation-harness tasks on each model (``prodip.train.lmeval``): ``{settings, rows}``, a row per
-    task with every model's scores and standard errors, and seconds per model."""
+    task with every model's scores and standard errors, and seconds per model. ``bos_id``: the token a
+    context follows (the harness's prefix token: the bos, or the end of the document before where the
+    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token)."""
     per_model = {}
     for name, model in models.items():
         lm = lmeval.make_lm(
             tokenizer,
             lmeval.torch_logits(model, device),
-            bos_id=mcfg.bos_token_id,
-            eos_id=mcfg.eos_token_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
             max_length=mcfg.max_position_embeddings,
             batch_size=cfg.batch_size,
         )
@@ -394,10 +437,15 @@ def format_table(result: dict[str, Any]) -> str:
             f"{'random NLL':>11}{'bits/char':>10}"
         )
         for lang, row in result["languages"].items():
-            t, r = row["trained"], row["random_init"]
+            t, r, b = row["trained"], row["random_init"], row.get("baseline")
             lines.append(
                 f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
                 f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}"
+                + (
+                    f" | baseline {b['nll_nats_per_token']:.4f} nats/tok {b['bits_per_char']:.4f} bits/char"
+                    if b
+                    else ""
+                )
             )
     for lang, why in result.get("skipped_languages", {}).items():
         lines.append(f"{lang:<6}  skipped: {why}")

@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-from prodip.base.chat import CHAT_TOKENS, IM_END, IM_START
+from prodip.base.chat import CHAT_TOKENS
 from prodip.base.config import dump_toml, opt, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256_cached
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
-from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_tokenizer
+from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_with_specials
 from prodip.tokenizer.corpus import expand_inputs
 from prodip.train import chat, checkpoint, distributed, init
 from prodip.train.config import ModelConfig
@@ -203,10 +203,10 @@ class _SFTRun(_Run):
                 log.info("appended %s to the tokenizer (ids %s)", added["added"], added["ids"])
         distributed.barrier()  # the other ranks read the tokenizer rank 0 wrote
         self.tok_sha = checkpoint.file_sha256(run_tok / "tokenizer.json")
-        old_tok, tok = load_tokenizer(src_tok), load_tokenizer(run_tok)
-        self.tokenizer = tok
+        old_tok, tok = load_with_specials(src_tok)[0], load_with_specials(run_tok)[0]
+        self.tokenizer, self.chat_format = tok, chat.chat_format(run_tok)
         source = init.load_init(sft.init_from, tokenizer_sha256=src_sha)
-        new_ids = [tok.token_to_id(t) for t in CHAT_TOKENS if old_tok.token_to_id(t) is None]
+        new_ids = [i for t in CHAT_TOKENS if old_tok.token_to_id(t) is None and (i := tok.token_to_id(t)) is not None]
         vocab = max(source.config.vocab_size, tok.get_vocab_size())
         if new_ids or vocab != source.config.vocab_size:
             extend_vocabulary(source, vocab, new_ids, old_tok.get_vocab_size())
@@ -226,7 +226,7 @@ class _SFTRun(_Run):
         every, self.train_examples, self.val_examples, cut, cut_away = [], [], {}, 0, []
         for lang, convs in conversations.items():
             for where, messages in convs:
-                ex = chat.encode_conversation(tok, messages, where)
+                ex = chat.encode_conversation(tok, messages, where, self.chat_format)
                 every.append(ex)
                 fitted = chat.fit_length(ex, sft.seq_len + 1)
                 cut += fitted is not ex
@@ -240,9 +240,10 @@ class _SFTRun(_Run):
         # the guard, before step 1: the mask against the template's role spans, read from the ids
         counts = chat.check_loss_mask(
             every,
-            im_start=tok.token_to_id(IM_START),
-            im_end=tok.token_to_id(IM_END),
+            im_start=tok.token_to_id(self.chat_format.turn_start),
+            im_end=tok.token_to_id(self.chat_format.end_of_turn),
             decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
+            header_end=self.chat_format.header_end,
         )
         log.info(
             "loss-mask guard: %d conversations, %d of %d tokens trained, all of them assistant tokens",

@@ -207,8 +207,9 @@ def test_card_base_model_is_a_hub_id_or_absent(standins, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
-def test_shards_refuse_an_imported_tokenizer_in_one_line(standins):
-    """Shards use prodip's special-token layout; an imported tokenizer is named as such, not as a bad id."""
+def test_prodips_tokenizer_reader_names_an_imported_tokenizer_in_one_line(standins):
+    """``load_tokenizer`` holds a tokenizer to prodip's special-token ids; an imported one is named as such (the
+    stages read it with ``load_with_specials``, tests/tokenizer/test_encode.py), not as a bad id."""
     from prodip.tokenizer.bpe import load_tokenizer
 
     with pytest.raises(InvalidInput, match="an imported model's own tokenizer .*prodip export FOLDER"):

@@ -230,3 +230,53 @@ def test_a_language_left_without_validation_text_is_named_with_the_real_remedy(t
     assert warned.startswith("bn: the validation split holds 0.0% of the tokens, not val_fraction 10.0% (none: eval")
     assert "a smaller [data] doc_chars (now 20000" in warned and "held-out file of your own" not in warned
     assert warned in caplog.text
+
+
+@pytest.fixture(scope="module")
+def standin_dirs(tmp_path_factory):
+    from tests.standins import build_standin
+
+    root = tmp_path_factory.mktemp("encode_standins")
+    return {k: build_standin(k, root / k) for k in ("smollm2", "llama32", "qwen25", "tinyllama")}
+
+
+# kind -> (bos text or None, the document-end text): the tokenizer's own bos only where its post-processor
+# prepends one; its end-of-text token, not the instruct model's end of turn (eos_token)
+_STANDIN_LAYOUT = {
+    "smollm2": (None, "<|endoftext|>"),
+    "llama32": ("<|begin_of_text|>", "<|end_of_text|>"),
+    "qwen25": (None, "<|endoftext|>"),
+    "tinyllama": ("<s>", "</s>"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_STANDIN_LAYOUT))
+def test_an_imported_tokenizer_writes_its_own_layout(corpus, standin_dirs, tmp_path, kind):
+    """Shards of a base model's tokenizer: each document is [bos] ids eos with the tokenizer's own ids
+    (meta.json records them), and ids are what transformers' tokenizer of the folder gives."""
+    from transformers import AutoTokenizer
+
+    folder = standin_dirs[kind]
+    out = prepare_shards(_cfg(corpus, folder, tmp_path / "shards"))
+    meta = load_meta(out, expected_tokenizer_sha256=tokenizer_sha256(folder))
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    bos_text, end_text = _STANDIN_LAYOUT[kind]
+    bos = hf.convert_tokens_to_ids(bos_text) if bos_text else None
+    end = hf.convert_tokens_to_ids(end_text)
+    assert (meta.bos_id, meta.eos_id) == (bos, end)
+    assert meta.document_layout == f"{bos_text + ' ' if bos_text else ''}ids {end_text}"
+    files = expand_inputs({k: [str(v)] for k, v in corpus.items()})
+    for lang in ("bn", "en"):
+        want = [unicodedata.normalize("NFC", d) for _, _, d in iter_language(files[lang], lang, doc_chars=3000)]
+        tokens = np.concatenate(
+            [np.asarray(read_shard(p)) for s in ("train", "val") for p in shard_paths(out, lang, s)]
+        ).tolist()
+        docs, start = [], 0
+        for i, t in enumerate(tokens):
+            if t == end:
+                docs.append(tokens[start:i])
+                start = i + 1
+        assert start == len(tokens) and len(docs) == len(want)
+        by_ids = {tuple(hf(d)["input_ids"]): d for d in want}  # transformers prepends the bos where it should
+        assert all(tuple(d) in by_ids for d in docs)
+        assert Counter(by_ids[tuple(d)] for d in docs) == Counter(want)

@@ -372,3 +372,47 @@ def test_prodip_eval_refuses_an_eval_json_of_a_newer_prodip(eval_env, tmp_path, 
     assert len(err.splitlines()) == 1, err
     assert f"{out}: written by a newer prodip (format_version 6; this prodip reads 1)" in err
     assert out.read_bytes() == before
+
+
+def test_baseline_scores_a_second_model_on_the_same_tokens(eval_env, tmp_path, tiny_tokenizer_dir) -> None:
+    """--baseline: the run itself gives the trained figures exactly; a Hugging Face folder with the run's
+    tokenizer gives transformers' own NLL over the same windows; another tokenizer is refused."""
+    import shutil
+
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HF
+
+    from prodip.base.errors import InvalidInput
+    from prodip.tokenizer.shards import read_shard
+
+    run, shards, _, vocab = eval_env
+    same = ev.evaluate(_cfg(eval_env, baseline=str(run), out=str(tmp_path / "same.json"), languages=["en"]))
+    assert same["languages"]["en"]["baseline"] == same["languages"]["en"]["trained"]
+    folder = tmp_path / "hf"
+    torch.manual_seed(1)
+    hf = HF(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+        )  # fmt: skip
+    ).eval()
+    hf.save_pretrained(folder)
+    shutil.copy(tiny_tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
+    got = ev.evaluate(_cfg(eval_env, baseline=str(folder), out=str(tmp_path / "hf.json"), languages=["en"]))
+    stream = torch.from_numpy(np.asarray(read_shard(shards / "en" / "val_000000.bin"), dtype=np.int64)[:301])
+    total = 0.0
+    with torch.no_grad():
+        for s in range(0, 300, 64):  # the windows of eval: 64 targets each, each a fresh context
+            window = stream[s : s + 65]
+            logits = hf(window[:-1][None]).logits[0]
+            total += F.cross_entropy(logits.double(), window[1:], reduction="sum").item()
+    assert got["languages"]["en"]["baseline"]["nll_nats_total"] == pytest.approx(total, rel=1e-5)
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(InvalidInput, match="--baseline .*tokenizer.json differs"):
+        ev.evaluate(_cfg(eval_env, baseline=str(folder), out=str(tmp_path / "x.json"), languages=["en"]))

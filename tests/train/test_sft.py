@@ -477,3 +477,66 @@ def test_a_run_made_before_sft_had_checkpoint_every_s_is_the_same_run():
     }
     assert _changed_keys(_identity(saved), _identity(now)) == []
     assert _changed_keys(_identity(saved), _identity({**now, "sft": {**now["sft"], "lr": 2e-4}})) == ["[sft] lr"]
+
+
+@pytest.fixture(scope="module")
+def standin_dirs(tmp_path_factory):
+    from tests.standins import build_standin
+
+    root = tmp_path_factory.mktemp("sft_standins")
+    return {k: build_standin(k, root / k) for k in ("smollm2", "llama32", "tinyllama")}
+
+
+@pytest.mark.parametrize("kind, end", [("smollm2", "<|im_end|>"), ("llama32", "<|eot_id|>")])
+def test_mask_of_a_base_models_own_template(standin_dirs, kind, end):
+    """An imported instruct model's template: the ids are what transformers' apply_chat_template gives, the
+    mask trains the replies and their end of turn only, and the guard reads the roles from its markers."""
+    from transformers import AutoTokenizer
+
+    from prodip.tokenizer.bpe import load_with_specials
+
+    folder = standin_dirs[kind]
+    tok, fmt = load_with_specials(folder)[0], chat.chat_format(folder)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "আমার সোনার বাংলা"},
+        {"role": "assistant", "content": "The quick fox."},
+        {"role": "user", "content": "again, in Bangla"},
+        {"role": "assistant", "content": "ভালোবাসি"},
+    ]
+    ex = chat.encode_conversation(tok, messages, "t", fmt)
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    want = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=False)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+    assert ex.ids.tolist() == list(want)
+    assert tok.decode(ex.ids[ex.trained].tolist(), skip_special_tokens=False) == f"The quick fox.{end}ভালোবাসি{end}"
+    ids = dict(im_start=tok.token_to_id(fmt.turn_start), im_end=tok.token_to_id(fmt.end_of_turn))
+    decode = lambda i: tok.decode(i, skip_special_tokens=False)  # noqa: E731
+    assert chat.check_loss_mask([ex], **ids, decode=decode, header_end=fmt.header_end)["trained"] == ex.trained.sum()
+    shifted = dataclasses.replace(ex, trained=np.roll(ex.trained, 1))
+    with pytest.raises(GuardError, match="not the assistant's"):
+        chat.check_loss_mask([shifted], **ids, decode=decode, header_end=fmt.header_end)
+
+
+def test_a_template_without_known_turn_markers_is_refused(standin_dirs):
+    from prodip.base.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=r"tinyllama/tokenizer_config.json: .*neither <\|im_start\|>"):
+        chat.chat_format(standin_dirs["tinyllama"])
+
+
+def test_sft_from_a_base_models_folder_keeps_its_tokenizer_and_template(tmp_path, standin_dirs, chat_files):
+    """prodip sft from SmolLM2's folder: its tokenizer copied as is (no markers appended), its template's
+    replies trained (the held-out assistant loss falls), the checkpoint a chat model with that template."""
+    from prodip.base.chat import chat_contract
+
+    folder = standin_dirs["smollm2"]
+    out = tmp_path / "sft"
+    run_sft(_sft_cfg(folder, chat_files, out, steps=8, guards=True, seq_len=128))
+    _, mcfg, info = ck.load_model(out)
+    assert mcfg.vocab_size == 1024
+    assert (info["tokenizer_dir"] / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert chat_contract(info["tokenizer_dir"])["chat_template"] == chat_contract(folder)["chat_template"]
+    report = json.loads((out / "sft_eval.json").read_text())
+    for lang in ("bn", "en"):
+        assert report["after"][lang]["nll_nats_per_token"] < report["before"][lang]["nll_nats_per_token"]
