@@ -533,20 +533,23 @@ def test_replay_rows_come_at_the_share_with_pretraining_targets_and_resume(
         chat.ReplayBatches(plain, MixtureBatches(tiny_shards_dir, {}, 1, T, seed=3), 0.5).load_state_dict(state)
 
 
-def test_sft_replay_share_records_replay_and_resumes_exactly(tmp_path, base_run, chat_files):
+def test_sft_replay_share_records_replay_and_resumes_exactly(tmp_path, base_run, chat_files, caplog):
     full = tmp_path / "full"
-    kw = dict(steps=4, checkpoint_every_steps=2, replay_share=0.25, guards=False)
-    run_sft(_sft_cfg(base_run, chat_files, full, **kw))
+    kw = dict(steps=4, checkpoint_every_steps=2, replay_share=0.25, grad_accum_steps=2)
+    with caplog.at_level("INFO", logger="prodip.train"):  # the guards run on the mixed rows
+        run_sft(_sft_cfg(base_run, chat_files, full, **kw))
+    # token weighting: the accumulated gradient of chat + replay micro-batches is the one-batch gradient
+    assert any(r.getMessage().startswith("accumulation guard: 2 accumulated") for r in caplog.records)
     ev = json.loads((full / "sft_eval.json").read_text())
-    rep = ev["replay"]  # batch 4 x 0.25 = one replay row of seq_len 64 per step
-    assert rep["share_of_rows"] == 0.25 and rep["trained_tokens"]["replay"] == 4 * 64
-    assert sum(rep["tokens_by_language"].values()) == 4 * 64 and set(rep["tokens_by_language"]) == {"bn", "en"}
+    rep = ev["replay"]  # batch 4 x 0.25 = one replay row of seq_len 64 per micro-batch, 2 per step
+    assert rep["share_of_rows"] == 0.25 and rep["trained_tokens"]["replay"] == 4 * 2 * 64
+    assert sum(rep["tokens_by_language"].values()) == 4 * 2 * 64 and set(rep["tokens_by_language"]) == {"bn", "en"}
     assert 0.25 < rep["share_of_trained_tokens"] < 1  # a replay row trains all its tokens, a chat row its replies
     state = json.loads((ck.resolve_checkpoint(full) / "trainer_state.json").read_text())
     assert state["data_card"]["replay"] == rep and state["data_state"]["kind"] == "chat+replay"
     part = tmp_path / "part"
-    run_sft(_sft_cfg(base_run, chat_files, part, max_steps_this_run=2, **kw))
-    run_sft(_sft_cfg(base_run, chat_files, part, resume=True, **kw))
+    run_sft(_sft_cfg(base_run, chat_files, part, max_steps_this_run=2, guards=False, **kw))
+    run_sft(_sft_cfg(base_run, chat_files, part, resume=True, guards=False, **kw))
     a, _, _ = ck.load_model(full)
     b, _, _ = ck.load_model(part)
     for (name, pa_), pb in zip(a.named_parameters(), b.parameters()):
