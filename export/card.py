@@ -195,6 +195,7 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
         }
     languages = sorted({s["language"] for s in sources} | set(data_card.get("tokens_seen_by_language", {})))
     init = data_card.get("init_from")
+    replay = {"replay": data_card["replay"]} if data_card.get("replay") else {}
     return Card.model_validate(
         {
             "license": lic,
@@ -205,6 +206,7 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
             "sources": sources,
             "statement": statement,
             "tokens_seen_by_language": data_card.get("tokens_seen_by_language", {}),
+            **replay,
         }
     )
 
@@ -262,6 +264,15 @@ def data_statement(card: Card) -> str:
         lines += ["Tokens seen in training per language: " + ", ".join(f"{k} {v:,}" for k, v in seen.items()), ""]
     if card.base_model and "imported" not in card.tags:
         lines += [f"Fine-tuned from: `{card.base_model}` (its own card states its data).", ""]
+    if card.replay:
+        r = card.replay
+        by_lang = ", ".join(f"{k} {v:,}" for k, v in sorted(r.get("tokens_by_language", {}).items()))
+        lines += [
+            f"Fine-tuning replayed pretraining data to forget less: {_pct(r.get('share_of_rows'))} of each step's "
+            f"rows were windows of the pretraining shards' train split, {_pct(r.get('share_of_trained_tokens'))} "
+            f"of the trained tokens ({by_lang}).",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ import math
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -512,15 +513,20 @@ class ChatBatches:
         return pack_rows([self.examples[i] for i in order], self.seq_len, self.pad_id)
 
     def next_batch(self) -> tuple[torch.Tensor, ...]:
+        rows = self.take_rows(self.batch_size * self.world_size)
+        mine = rows[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        return to_batch(mine)
+
+    def take_rows(self, count: int) -> list[np.ndarray]:
+        """The next ``count`` packed rows of the global stream (every rank's), advancing the position."""
         rows = []
-        for _ in range(self.batch_size * self.world_size):
+        for _ in range(count):
             if self.row >= len(self._rows):
                 self.epoch, self.row = self.epoch + 1, 0
                 self._rows = self._epoch_rows(self.epoch)
             rows.append(self._rows[self.row])
             self.row += 1
-        mine = rows[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-        return to_batch(mine)
+        return rows
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able position: epoch and row within it, with the seed and languages it was made for."""
@@ -539,6 +545,96 @@ class ChatBatches:
             )
         self.epoch, self.row = int(state["epoch"]), int(state["row"])
         self._rows = self._epoch_rows(self.epoch)
+
+
+class ReplayBatches:
+    """Chat rows with pretraining windows mixed in (``[sft] replay_share``), deterministic and resumable.
+
+    Global batch ``k`` (``batch_size * world_size`` rows) holds ``r_k = floor((k + 1) n s) - floor(k n s)``
+    replay rows (``n`` rows per global batch, ``s`` the share as an exact fraction), so over any run of
+    batches the replay rows are the share ``s`` of all rows to within one row; the rest are the next packed
+    chat rows of ``chat``. A replay row is the next window of ``seq_len + 1`` tokens of ``pretrain`` (a
+    one-row :class:`prodip.train.data.MixtureBatches` over the base's train shards: languages drawn by
+    weight, windows in its seeded order), trained on every token exactly like pretraining (positions
+    ``0..T-1``, one document id, so it may cross document boundaries as pretraining windows do). The
+    chat rows come first in the global batch and the replay rows last; rank r keeps its slice.
+
+    The share is of rows, not of trained tokens: a chat row trains only its assistant tokens, a replay
+    row all ``T``, so replay's share of the trained tokens is larger than ``s``; ``tokens`` counts both
+    (global, all ranks) and the run records them. The trainer weighs every trained target equally
+    (``prodip.train.loop.train_step``), so a replay token weighs what a reply token weighs.
+
+    Args:
+        chat: the conversations' :class:`ChatBatches`.
+        pretrain: a ``MixtureBatches`` with ``batch_size=1``, ``rank=0``, ``world_size=1``, split train,
+            ``seq_len`` equal to ``chat.seq_len``.
+        share: replay rows / all rows, in ``(0, 1)``.
+    """
+
+    def __init__(self, chat: ChatBatches, pretrain: Any, share: float) -> None:
+        if not 0.0 < share < 1.0:
+            raise InvalidInput(f"sft replay_share must be in [0, 1), got {share}")
+        if pretrain.seq_len != chat.seq_len or pretrain.batch_size != 1 or pretrain.world_size != 1:
+            raise ValueError("ReplayBatches: pretrain must serve one global row of chat.seq_len at a time")
+        self.chat, self.pretrain, self.share = chat, pretrain, share
+        self.fraction = Fraction(share).limit_denominator(10**6)
+        self.langs = chat.langs
+        self.batch_index = 0
+        self.tokens = {"chat": 0, "replay": 0}  # trained targets served, all ranks
+        self.replay_tokens_by_language = {lang: 0 for lang in pretrain.langs}
+
+    def replay_rows(self, k: int) -> int:
+        """Replay rows in global batch ``k``."""
+        n = self.chat.batch_size * self.chat.world_size
+        return math.floor((k + 1) * n * self.fraction) - math.floor(k * n * self.fraction)
+
+    def next_batch(self) -> tuple[torch.Tensor, ...]:
+        """This rank's ``(inputs, targets, position_ids, document_ids)``, each (B, T) int64."""
+        n, T = self.chat.batch_size * self.chat.world_size, self.chat.seq_len
+        r = self.replay_rows(self.batch_index)
+        rows = self.chat.take_rows(n - r)
+        self.tokens["chat"] += int(sum(int((row[1] != IGNORE_INDEX).sum()) for row in rows))
+        for _ in range(r):
+            before = dict(self.pretrain.positions)
+            x, y = self.pretrain.next_batch()
+            (lang,) = [k for k, v in self.pretrain.positions.items() if v != before[k]]  # the one it advanced
+            row = np.empty((4, T), dtype=np.int64)
+            row[0], row[1], row[2], row[3] = x[0].numpy(), y[0].numpy(), np.arange(T), 0
+            rows.append(row)
+            self.replay_tokens_by_language[lang] += T
+        self.tokens["replay"] += r * T
+        self.batch_index += 1
+        lo = self.chat.rank * self.chat.batch_size
+        return to_batch(rows[lo : lo + self.chat.batch_size])
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able position: the chat stream's, the pretraining stream's, the batch count and token counts."""
+        return {
+            "kind": "chat+replay",
+            "share": self.share,
+            "batch_index": self.batch_index,
+            "chat": self.chat.state_dict(),
+            "replay": self.pretrain.state_dict(),
+            "tokens": dict(self.tokens),
+            "replay_tokens_by_language": dict(self.replay_tokens_by_language),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`.
+
+        Raises:
+            InvalidInput: a state saved without replay or with another share (or chat/replay stream).
+        """
+        if state.get("kind") != "chat+replay" or state.get("share") != self.share:
+            raise InvalidInput(
+                f"data state (kind {state.get('kind')!r}, replay share {state.get('share')}) was not saved by a "
+                f"chat fine-tuning run with replay_share {self.share}; resume with the same replay_share"
+            )
+        self.chat.load_state_dict(state["chat"])
+        self.pretrain.load_state_dict(state["replay"])
+        self.batch_index = int(state["batch_index"])
+        self.tokens = {k: int(v) for k, v in state["tokens"].items()}
+        self.replay_tokens_by_language = {k: int(v) for k, v in state["replay_tokens_by_language"].items()}
 
 
 def val_batches(examples: Sequence[Example], batch_size: int, seq_len: int, pad_id: int) -> list[tuple]:

@@ -120,3 +120,6 @@ class SftEvalReport(Record):
     after: dict[str, dict[str, Any]] | None = None
     step: StrictInt | None = None
     model_sha256: str | None = None
+    #: ``[sft] replay_share`` > 0: share_of_rows, shards_dir, shards_meta_sha256, trained_tokens {chat, replay},
+    #: share_of_trained_tokens, tokens_by_language (replayed tokens per language)
+    replay: dict[str, Any] | None = None

@@ -36,8 +36,10 @@ from prodip.base.files import file_sha256_cached
 from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
 from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_with_specials
 from prodip.tokenizer.corpus import expand_inputs
+from prodip.tokenizer.shards import meta_sha256
 from prodip.train import chat, checkpoint, distributed, init
 from prodip.train.config import ModelConfig
+from prodip.train.data import MixtureBatches
 from prodip.train.records import SFT_EVAL_FILE, SftEvalReport, TrainerState
 from prodip.train.schedule import SCHEDULES
 from prodip.train.trainer import TrainConfig, _Run
@@ -79,6 +81,14 @@ class SFTConfig:
     val_fraction: float = opt(
         0.1, "share of conversations held out (chosen by a hash of each) for the loss before/after"
     )
+    replay_share: float = opt(
+        0.0,
+        "share of each step's rows that are pretraining windows (trained on every token) from "
+        "--replay-shards-dir's train split, to forget less; 0 = chat rows only",
+    )
+    replay_shards_dir: str = opt(
+        "", "token shards replayed (default: the shards --init-from's prodip run trained on, from its checkpoint)"
+    )
     steps: int = opt(100, "optimizer steps")
     max_steps_this_run: int = opt(0, "stop after this many steps in this invocation, 0 = run to `steps`")
     batch_size: int = opt(8, "packed rows per micro-batch per rank")
@@ -106,6 +116,10 @@ class SFTConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
             raise InvalidInput(f"SFTConfig.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0.0 <= self.replay_share < 1.0:
+            raise InvalidInput(
+                f"SFTConfig.replay_share ([sft] replay_share) must be in [0, 1), got {self.replay_share}"
+            )
 
     def train_config(self) -> TrainConfig:
         """The trainer's settings for this run (the chat tokenizer is ``OUT_DIR/tokenizer``)."""
@@ -176,6 +190,7 @@ class _SFTRun(_Run):
     def __init__(self, sft_cfg: SFTConfig, info: distributed.DistInfo) -> None:
         super().__init__(sft_cfg.train_config(), ModelConfig(), info)
         self.sft = sft_cfg
+        self.replay_dir: Path | None = None  # the replayed shards (_prepare), None without replay
 
     def _prepare(self) -> None:
         sft, cfg = self.sft, self.cfg
@@ -214,6 +229,8 @@ class _SFTRun(_Run):
                 "embedding and lm_head grown to %d rows; new rows %s = the mean of the trained rows", vocab, new_ids
             )
         self.init, self.model_cfg = source, source.config
+        self.replay_dir = replay_shards_dir(sft) if sft.replay_share > 0 else None
+        self.replay_tokenizer_sha = src_sha
         if cfg.seq_len > self.model_cfg.max_position_embeddings:
             raise InvalidInput(
                 f"sft seq_len {cfg.seq_len} exceeds max_position_embeddings {self.model_cfg.max_position_embeddings} "
@@ -270,7 +287,7 @@ class _SFTRun(_Run):
         if not self.cfg.resume and self.info.is_main:
             self.before = self._assistant_eval()
             self._write_eval({"before": self.before})
-        return chat.ChatBatches(
+        batches = chat.ChatBatches(
             self.train_examples,
             self.cfg.batch_size,
             self.cfg.seq_len,
@@ -280,6 +297,46 @@ class _SFTRun(_Run):
             world_size=self.info.world_size,
             langs=self.langs,
         )
+        if self.replay_dir is None:
+            return batches
+        pretrain = MixtureBatches(  # one global row at a time; every rank walks the same stream
+            self.replay_dir,
+            {},
+            1,
+            self.cfg.seq_len,
+            seed=self.cfg.seed,
+            expected_tokenizer_sha256=self.replay_tokenizer_sha,
+        )
+        log.info(
+            "replay: %.1f%% of each step's rows are pretraining windows from %s (%s)",
+            100 * self.sft.replay_share,
+            self.replay_dir,
+            ", ".join(pretrain.langs),
+        )
+        return chat.ReplayBatches(batches, pretrain, self.sft.replay_share)
+
+    def replay_record(self) -> dict[str, Any] | None:
+        """What the run's records say of replay (None without it): share (of rows), shards, their meta.json
+        sha256, trained tokens served so far (chat vs replay, and replay per language)."""
+        data = getattr(self, "data", None)
+        if self.replay_dir is None or not isinstance(data, chat.ReplayBatches):
+            return None
+        total = data.tokens["chat"] + data.tokens["replay"]
+        return {
+            "share_of_rows": self.sft.replay_share,
+            "shards_dir": str(self.replay_dir),
+            "shards_meta_sha256": meta_sha256(self.replay_dir),
+            "trained_tokens": dict(data.tokens),
+            "share_of_trained_tokens": data.tokens["replay"] / total if total else None,
+            "tokens_by_language": dict(data.replay_tokens_by_language),
+        }
+
+    def _data_card(self) -> dict[str, Any]:
+        card = super()._data_card()
+        replay = self.replay_record()
+        if replay is not None:
+            card["replay"] = replay
+        return card
 
     def _val_sets(self) -> dict[str, list]:
         self.no_val = [lang for lang in self.langs if not self.val_examples.get(lang)]
@@ -325,7 +382,9 @@ class _SFTRun(_Run):
         result = super().execute()
         if self.info.is_main and self.step >= self.cfg.steps:
             after = self._assistant_eval()
-            self._write_eval({"after": after, "step": self.step, "model_sha256": _latest_sha(self.run_dir)})
+            update = {"after": after, "step": self.step, "model_sha256": _latest_sha(self.run_dir)}
+            replay = self.replay_record()
+            self._write_eval({**update, **({"replay": replay} if replay is not None else {})})
             for lang, a in after.items():
                 b = SftEvalReport.read(self.run_dir / EVAL_FILE).before.get(lang, {})
                 log.info(
@@ -337,6 +396,35 @@ class _SFTRun(_Run):
                     a["bits_per_char"],
                 )
         return result
+
+
+def replay_shards_dir(cfg: SFTConfig) -> Path:
+    """The shards replayed: ``--replay-shards-dir``, else the ``shards_dir`` the ``--init-from`` prodip run
+    recorded in its checkpoint's ``trainer_state.json``.
+
+    Raises:
+        MissingInput: neither given nor recorded (a Hugging Face folder), or the folder has no meta.json.
+    """
+    if cfg.replay_shards_dir:
+        path = Path(cfg.replay_shards_dir)
+    else:
+        try:
+            ckpt = checkpoint.resolve_checkpoint(cfg.init_from)
+        except (FileNotFoundError, ValueError):
+            raise MissingInput(
+                f"sft replay_share {cfg.replay_share}: --init-from {cfg.init_from} is not a prodip run, so its "
+                "shards are unknown; pass --replay-shards-dir"
+            ) from None
+        recorded = (TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).train_config or {}).get("shards_dir")
+        if not recorded:
+            raise MissingInput(
+                f"sft replay_share {cfg.replay_share}: {ckpt / checkpoint.TRAINER_STATE_FILE} records no "
+                "shards_dir; pass --replay-shards-dir"
+            )
+        path = Path(recorded)
+    if not (path / "meta.json").is_file():
+        raise MissingInput(f"sft replay shards {path}: no meta.json (made by `prodip data prepare`)")
+    return path
 
 
 def _finite(doc: Any) -> Any:

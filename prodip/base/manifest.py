@@ -510,6 +510,9 @@ class Card(BaseModel):
     statement: CardStatement
     #: language -> tokens of it training saw
     tokens_seen_by_language: dict[str, StrictInt] = Field(default_factory=dict)
+    #: a fine-tuning run's replay of pretraining data (``[sft] replay_share``; absent: none): share_of_rows,
+    #: share_of_trained_tokens, tokens_by_language, shards_meta_sha256, ...
+    replay: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The card as ``manifest.json`` holds it (fields never set left out)."""

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, render
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.cli import main as prodip_main
 from prodip.tokenizer.bpe import load_tokenizer
 from prodip.train import chat
@@ -540,3 +541,100 @@ def test_sft_from_a_base_models_folder_keeps_its_tokenizer_and_template(tmp_path
     report = json.loads((out / "sft_eval.json").read_text())
     for lang in ("bn", "en"):
         assert report["after"][lang]["nll_nats_per_token"] < report["before"][lang]["nll_nats_per_token"]
+
+
+def _examples(n: int, seed: int) -> list[chat.Example]:
+    """Conversations of random ids whose second half is trained (enough for the packing stream)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        L = int(rng.integers(4, 12))  # < seq_len: no chat row looks like a replay window
+        trained = np.zeros(L, dtype=bool)
+        trained[L // 2 :] = True
+        out.append(chat.Example(rng.integers(5, 50, size=L), trained, L, f"c{i}"))
+    return out
+
+
+@pytest.mark.parametrize("share,batch_size,world_size", [(0.25, 4, 1), (0.3, 2, 2)])
+def test_replay_rows_come_at_the_share_with_pretraining_targets_and_resume(
+    tiny_shards_dir, share, batch_size, world_size
+):
+    from prodip.train.data import MixtureBatches  # noqa: PLC0415
+
+    T, exs = 16, _examples(40, 0)
+
+    def make(rank: int) -> chat.ReplayBatches:
+        cb = chat.ChatBatches(exs, batch_size, T, pad_id=0, seed=3, rank=rank, world_size=world_size, langs=["x"])
+        return chat.ReplayBatches(cb, MixtureBatches(tiny_shards_dir, {}, 1, T, seed=3), share)
+
+    ranks = [make(r) for r in range(world_size)]
+    windows = MixtureBatches(tiny_shards_dir, {}, 1, T, seed=3)  # the same pretraining stream, drawn alone
+    plain = chat.ChatBatches(exs, batch_size, T, pad_id=0, seed=3, world_size=world_size)
+    n, steps, replayed = batch_size * world_size, 10, 0
+    for _ in range(steps):
+        rows = [torch.stack(b.next_batch(), dim=1) for b in ranks]  # per rank (B, 4, T)
+        glob = torch.cat(rows)  # the global batch, rank order
+        is_replay = glob[:, 3].eq(0).all(dim=1) & glob[:, 2].eq(torch.arange(T)).all(dim=1)
+        r = int(is_replay.sum())
+        assert is_replay[n - r :].all() and not is_replay[: n - r].any()  # chat rows first, replay last
+        for row in glob[n - r :]:
+            x, y = windows.next_batch()
+            assert torch.equal(row[0], x[0]) and torch.equal(row[1], y[0])  # every token a target
+        chat_rows = plain.take_rows(n - r)
+        assert all(torch.equal(glob[i], torch.from_numpy(chat_rows[i])) for i in range(n - r))
+        replayed += r
+    assert replayed == int(share * n * steps)  # the share of rows, exactly over these 10 batches
+    assert ranks[0].tokens["replay"] == replayed * T == sum(ranks[0].replay_tokens_by_language.values())
+    # resume: a fresh loader given the state continues both streams exactly
+    state = json.loads(json.dumps(ranks[0].state_dict()))
+    again = make(0)
+    again.load_state_dict(state)
+    for _ in range(4):
+        for a, b in zip(ranks[0].next_batch(), again.next_batch()):
+            assert torch.equal(a, b)
+    with pytest.raises(InvalidInput, match="replay_share"):
+        chat.ReplayBatches(plain, MixtureBatches(tiny_shards_dir, {}, 1, T, seed=3), 0.5).load_state_dict(state)
+
+
+def test_sft_replay_share_records_replay_and_resumes_exactly(tmp_path, base_run, chat_files, caplog):
+    full = tmp_path / "full"
+    kw = dict(steps=4, checkpoint_every_steps=2, replay_share=0.25, grad_accum_steps=2)
+    with caplog.at_level("INFO", logger="prodip.train"):  # the guards run on the mixed rows
+        run_sft(_sft_cfg(base_run, chat_files, full, **kw))
+    # token weighting: the accumulated gradient of chat + replay micro-batches is the one-batch gradient
+    assert any(r.getMessage().startswith("accumulation guard: 2 accumulated") for r in caplog.records)
+    ev = json.loads((full / "sft_eval.json").read_text())
+    rep = ev["replay"]  # batch 4 x 0.25 = one replay row of seq_len 64 per micro-batch, 2 per step
+    assert rep["share_of_rows"] == 0.25 and rep["trained_tokens"]["replay"] == 4 * 2 * 64
+    assert sum(rep["tokens_by_language"].values()) == 4 * 2 * 64 and set(rep["tokens_by_language"]) == {"bn", "en"}
+    assert 0.25 < rep["share_of_trained_tokens"] < 1  # a replay row trains all its tokens, a chat row its replies
+    state = json.loads((ck.resolve_checkpoint(full) / "trainer_state.json").read_text())
+    assert state["data_card"]["replay"] == rep and state["data_state"]["kind"] == "chat+replay"
+    part = tmp_path / "part"
+    run_sft(_sft_cfg(base_run, chat_files, part, max_steps_this_run=2, guards=False, **kw))
+    run_sft(_sft_cfg(base_run, chat_files, part, resume=True, guards=False, **kw))
+    a, _, _ = ck.load_model(full)
+    b, _, _ = ck.load_model(part)
+    for (name, pa_), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa_, pb, atol=0, rtol=0, msg=name)
+    assert json.loads((part / "sft_eval.json").read_text())["replay"] == rep
+    # the card states it, and the same statement is what conformance reads back from README.md
+    from prodip.export.card import build_card, data_statement  # noqa: PLC0415
+
+    text = data_statement(build_card(state["data_card"]))
+    assert "25.0% of each step's rows were windows of the pretraining shards" in text
+    assert f"bn {rep['tokens_by_language']['bn']:,}" in text
+    # share 0 is the chat-only run: no replay state, record or card line
+    plain = tmp_path / "plain"
+    run_sft(_sft_cfg(base_run, chat_files, plain, steps=2, guards=False))
+    state0 = json.loads((ck.resolve_checkpoint(plain) / "trainer_state.json").read_text())
+    assert state0["data_state"]["kind"] == "chat" and "replay" not in state0["data_card"]
+    assert "replay" not in json.loads((plain / "sft_eval.json").read_text())
+    assert "replayed" not in data_statement(build_card(state0["data_card"]))
+
+
+def test_replay_needs_known_shards(tmp_path, chat_files, base_run):
+    with pytest.raises(MissingInput, match="no meta.json"):
+        run_sft(_sft_cfg(base_run, chat_files, tmp_path / "o", replay_share=0.2, replay_shards_dir=str(tmp_path)))
+    with pytest.raises(InvalidInput, match="replay_share"):
+        _sft_cfg(base_run, chat_files, tmp_path / "o", replay_share=1.0)
