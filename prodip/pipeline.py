@@ -477,6 +477,21 @@ def _changed_keys(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
 _SHOWN_CHANGES = 12
 
 
+_NO_DEFAULT = object()
+
+
+def _field_default(cfg: Any, name: str) -> Any:
+    """The default of dataclass ``cfg``'s field ``name``, or :data:`_NO_DEFAULT` (no such field, no default)."""
+    field = next((f for f in dataclasses.fields(cfg) if f.name == name), None)
+    if field is None:
+        return _NO_DEFAULT
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return _NO_DEFAULT
+
+
 def _derived(key: str, plan: dict[str, Any], tables: dict[str, dict]) -> bool:
     """Whether changed ``key`` (``"[table] name"``) is one the user did not write now and whose value was
     derived from other settings (``[model] head_dim`` from hidden_size and the heads; a stage's paths from
@@ -487,16 +502,22 @@ def _derived(key: str, plan: dict[str, Any], tables: dict[str, dict]) -> bool:
     cfg = plan.get(table)
     if name in tables.get(table, {}) or cfg is None or not dataclasses.is_dataclass(cfg):
         return False
-    field = next((f for f in dataclasses.fields(cfg) if f.name == name), None)
-    if field is None:
+    default = _field_default(cfg, name)
+    return default is not _NO_DEFAULT and getattr(cfg, name) != default
+
+
+def _added_at_default(key: str, before: dict[str, Any], plan: dict[str, Any] | None) -> bool:
+    """Whether changed ``key`` (``"[table] name"``) is one the saved config does not have at all and whose
+    value now is its field's default: a key a newer prodip added, whose default keeps what the run did before
+    (``[sft] replay_share = 0``), is not a change of config, so upgrading prodip does not refuse an old run."""
+    if not key.startswith("[") or plan is None:
         return False
-    if field.default is not dataclasses.MISSING:
-        default = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-        default = field.default_factory()
-    else:
+    table, _, name = key[1:].partition("] ")
+    saved, cfg = before.get(table), plan.get(table)
+    if not isinstance(saved, dict) or name in saved or cfg is None or not dataclasses.is_dataclass(cfg):
         return False
-    return getattr(cfg, name) != default
+    default = _field_default(cfg, name)
+    return default is not _NO_DEFAULT and bool(getattr(cfg, name) == default)
 
 
 def describe_changes(changed: list[str], plan: dict[str, Any], tables: dict[str, dict]) -> str:
@@ -542,7 +563,10 @@ def _check_out_dir(
             )
         return
     saved = out_dir / RunMarker.read(marker).config
-    changed = _changed_keys(_identity(read_toml(saved)), _identity(toml_roundtrip(resolved)))
+    before = _identity(read_toml(saved))
+    changed = [
+        k for k in _changed_keys(before, _identity(toml_roundtrip(resolved))) if not _added_at_default(k, before, plan)
+    ]
     if not changed or not started():
         return
     if not force:

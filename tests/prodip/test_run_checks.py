@@ -81,3 +81,23 @@ def test_every_changed_key_is_counted():
     changed = [f"[train] k{i:02d}" for i in range(15)]
     text = describe_changes(changed, {}, {"train": {k.split("] ")[1]: 1 for k in changed}})
     assert text == ", ".join(changed[:12]) + " and 3 more"
+
+
+def test_a_key_a_newer_prodip_added_at_its_default_is_no_change(tmp_path):
+    """A run whose saved config predates a key ([sft] replay_share, [eval] baseline) is the same run while the
+    key keeps its default; set to another value, the same key is a change."""
+    out = tmp_path / "run"
+    config = REPO / "configs" / "demo.toml"
+    resolved, plan, tables = _resolved(config, out)
+    old = {k: dict(v) if isinstance(v, dict) else v for k, v in resolved.items()}
+    del old["sft"]["replay_share"], old["eval"]["baseline"]
+    out.mkdir()
+    RunMarker(format_version=RunMarker.FORMAT_VERSION, config="config.toml").write(out / RUN_MARKER)
+    (out / "config.toml").write_text(dump_toml(old), encoding="utf-8")
+    plan = {**plan, "sft": dataclasses.replace(plan["sft"], replay_share=0.0)}
+    now = {**resolved, "sft": {**resolved["sft"], "replay_share": 0.0}}
+    _check_out_dir(out, now, False, started=lambda: True, plan=plan, tables=tables)
+    plan = {**plan, "sft": dataclasses.replace(plan["sft"], replay_share=0.25)}
+    now = {**resolved, "sft": {**resolved["sft"], "replay_share": 0.25}}
+    with pytest.raises(OutputExists, match=r"\[sft\] replay_share"):
+        _check_out_dir(out, now, False, started=lambda: True, plan=plan, tables=tables)
