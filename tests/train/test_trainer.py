@@ -272,6 +272,7 @@ def test_ctrl_c_saves_the_current_step_and_the_run_resumes_from_it(tmp_path, tin
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("default_signal_handlers")  # a child inherits an ignored SIGINT
 def test_the_prodip_command_saves_and_exits_at_once_after_ctrl_c(tmp_path, tiny_tokenizer_dir, tiny_shards_dir):
     """The command, as a user runs it: SIGINT -> the step is saved, `prodip train: interrupted`, and the
     process ends right after that line (its teardown is skipped), exit 130."""
