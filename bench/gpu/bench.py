@@ -144,6 +144,7 @@ NOT_CARRIED = {
     "uvicorn": "prodip serve only",
     "wordfreq": "only a tokenizer config with word_counts = wordfreq:LANG imports it",
     "tomli": "Python < 3.11 only (the image runs 3.12)",
+    "lm-eval": "only task scores import it (`[eval] tasks`; the bench's configs score none)",
 }
 
 
