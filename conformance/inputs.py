@@ -190,14 +190,10 @@ def heldout_file_items(
         except UnicodeDecodeError as err:
             raise InvalidInput(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         flat = np.asarray(tokenizer.encode(text).ids[:heldout_tokens], dtype=np.int64)
-        W = min(context_tokens, heldout_tokens, len(flat))
-        if W < 2:
+        item = _windows_item(tokenizer, lang, flat, min(context_tokens, heldout_tokens))
+        if item is None:
             raise InvalidInput(f"{path}: held-out text for {lang!r} encodes to {len(flat)} tokens; at least 2 needed")
-        windows = flat[: (len(flat) // W) * W].reshape(-1, W)
-        targets = np.full_like(windows, -1)
-        targets[:, :-1] = windows[:, 1:]
-        n_chars = sum(len(tokenizer.decode([int(t) for t in w[1:]], skip_special_tokens=False)) for w in windows)
-        out.append(Item(f"heldout:{lang}", windows, np.ones_like(windows), targets=targets, n_chars=n_chars, lang=lang))
+        out.append(item)
     return out
 
 
@@ -223,12 +219,21 @@ def heldout_items(
             if sum(map(len, tokens)) >= heldout_tokens:
                 break
         flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
-        W = min(context_tokens, heldout_tokens, len(flat))
-        if W < 2:
-            continue
-        windows = flat[: (len(flat) // W) * W].reshape(-1, W)
-        targets = np.full_like(windows, -1)
-        targets[:, :-1] = windows[:, 1:]
-        n_chars = sum(len(tokenizer.decode([int(t) for t in w[1:]], skip_special_tokens=False)) for w in windows)
-        out.append(Item(f"heldout:{lang}", windows, np.ones_like(windows), targets=targets, n_chars=n_chars, lang=lang))
+        item = _windows_item(tokenizer, lang, flat, min(context_tokens, heldout_tokens))
+        if item is not None:
+            out.append(item)
     return out
+
+
+def _windows_item(tokenizer: Any, lang: str, flat: np.ndarray, window: int) -> Optional[Item]:
+    """``flat`` (int64 token ids) cut into windows of ``min(window, len(flat))`` tokens (a shorter last
+    window dropped), as one ``heldout:LANG`` item: targets are each window's next tokens (-1 after the last),
+    characters counted on the decoded target text (for bits per character). None when under 2 tokens."""
+    W = min(window, len(flat))
+    if W < 2:
+        return None
+    windows = flat[: (len(flat) // W) * W].reshape(-1, W)
+    targets = np.full_like(windows, -1)
+    targets[:, :-1] = windows[:, 1:]
+    n_chars = sum(len(tokenizer.decode([int(t) for t in w[1:]], skip_special_tokens=False)) for w in windows)
+    return Item(f"heldout:{lang}", windows, np.ones_like(windows), targets=targets, n_chars=n_chars, lang=lang)
