@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
 Plan = dict[str, Any]
 log = logging.getLogger("prodip.run")
@@ -93,10 +93,8 @@ def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) 
     return True
 
 
-class StageTime(BaseModel):
+class StageTime(RecordPart):
     """One stage's wall time in ``stage_times.json``, summed over the invocations that made it."""
-
-    model_config = ConfigDict(extra="allow")
 
     #: wall seconds, summed over the invocations since the stage last completed
     seconds: Number
