@@ -48,9 +48,8 @@ from prodip.conformance.runners import TorchRunner, onnx_axes_problems
 from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_ids
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
 from prodip.conformance.verdict import merge_verdict
-from prodip.export.core import is_hf_folder, require_checkpoint_tokenizer
 from prodip.export.hf import tokenizer_config_differences
-from prodip.train.checkpoint import load_model
+from prodip.train.checkpoint import is_hf_folder, load_model, require_checkpoint_tokenizer
 from prodip.train.config import ModelConfig
 from prodip.train.records import EvalReport
 

@@ -50,7 +50,12 @@ from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
 from prodip.tokenizer.bpe import TrainInfo, read_train_info
 from prodip.tokenizer.portable import require_portable
-from prodip.train.checkpoint import TOKENIZER_SUBDIR, TRAINER_STATE_FILE, load_model, resolve_checkpoint
+from prodip.train.checkpoint import (
+    TRAINER_STATE_FILE,
+    is_hf_folder,
+    load_model,
+    require_checkpoint_tokenizer,
+)
 from prodip.train.records import TrainerState
 
 logger = logging.getLogger("export")
@@ -201,29 +206,6 @@ def remove_stale_temp_dirs(out: Path) -> list[Path]:
         logger.warning("removed %s (%.1f MiB) left by export process %s, which no longer runs", path, mib, m.group(2))
         removed.append(path)
     return removed
-
-
-def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
-    """Resolve a checkpoint and check it holds its ``tokenizer/tokenizer.json`` copy.
-
-    Args:
-        checkpoint: a step dir, checkpoints dir or run dir.
-    Returns:
-        The resolved step dir.
-    Raises:
-        FileNotFoundError: no checkpoint there, or its ``tokenizer/tokenizer.json`` is missing
-            (named, with the command that writes it).
-    """
-    ckpt = resolve_checkpoint(checkpoint)
-    tok = ckpt / TOKENIZER_SUBDIR / "tokenizer.json"
-    if not tok.is_file():
-        raise MissingInput(
-            f"{tok}: missing; a checkpoint must carry its tokenizer copy (written by `prodip train`, "
-            "which copies the dir made by `prodip tokenizer train`). Re-save the checkpoint with `prodip train`, "
-            f"or copy tokenizer.json, tokenizer_config.json and special_tokens_map.json of the tokenizer it was "
-            f"trained with into {tok.parent}/ and list them in {ckpt / 'manifest.json'}"
-        )
-    return ckpt
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -565,18 +547,6 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
     )
 
 
-def is_hf_folder(path: str | os.PathLike) -> bool:
-    """A Hugging Face model folder (``config.json``, no prodip checkpoint there)."""
-    p = Path(path)
-    if not (p / "config.json").is_file():
-        return False
-    try:
-        resolve_checkpoint(p)
-    except FileNotFoundError:
-        return True
-    return False
-
-
 def export_hf_folder(cfg: ExportConfig) -> Path:
     """Export a Hugging Face Llama folder unchanged (``prodip export HF_FOLDER``): its weights, its own
     tokenizer, special tokens and chat template, no training step.
@@ -648,5 +618,4 @@ __all__ = [
     "size_table",
     "check_out_dir",
     "remove_stale_temp_dirs",
-    "require_checkpoint_tokenizer",
 ]

@@ -489,6 +489,41 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
+def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
+    """Resolve a checkpoint and check it holds its ``tokenizer/tokenizer.json`` copy.
+
+    Args:
+        checkpoint: a step dir, checkpoints dir or run dir.
+    Returns:
+        The resolved step dir.
+    Raises:
+        FileNotFoundError: no checkpoint there, or its ``tokenizer/tokenizer.json`` is missing
+            (named, with the command that writes it).
+    """
+    ckpt = resolve_checkpoint(checkpoint)
+    tok = ckpt / TOKENIZER_SUBDIR / "tokenizer.json"
+    if not tok.is_file():
+        raise MissingInput(
+            f"{tok}: missing; a checkpoint must carry its tokenizer copy (written by `prodip train`, "
+            "which copies the dir made by `prodip tokenizer train`). Re-save the checkpoint with `prodip train`, "
+            f"or copy tokenizer.json, tokenizer_config.json and special_tokens_map.json of the tokenizer it was "
+            f"trained with into {tok.parent}/ and list them in {ckpt / 'manifest.json'}"
+        )
+    return ckpt
+
+
+def is_hf_folder(path: str | os.PathLike) -> bool:
+    """A Hugging Face model folder (``config.json``, no prodip checkpoint there)."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        return False
+    try:
+        resolve_checkpoint(p)
+    except FileNotFoundError:
+        return True
+    return False
+
+
 def _refuse_export_dir(path: Path) -> None:
     """Raise when ``path/manifest.json`` is a prodip export's (it has ``source_checkpoint``; a checkpoint's
     has only ``files`` and ``format_version``). An unreadable manifest passes: the checkpoint reader names

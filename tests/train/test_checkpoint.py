@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -214,3 +215,29 @@ def test_train_refuses_a_checkpoint_of_a_newer_prodip(
     assert len(err.splitlines()) == 1, err
     assert f"{step / 'trainer_state.json'}: written by a newer prodip (format_version 7; this prodip reads 1)" in err
     assert _snapshot(run) == before
+
+
+def test_checkpoint_tokenizer_rule_and_hf_folder_live_with_the_layout(tmp_path, tiny_tokenizer_dir, tiny_model_config):
+    """The checkpoint-layout rules conformance and export both apply are train.checkpoint's: a run dir resolves
+    to its step dir when the step holds its tokenizer copy, and is refused naming the missing file when not; a
+    folder with config.json and no checkpoint is a Hugging Face folder, a run dir is not."""
+    from prodip.base.errors import MissingInput
+
+    step = ck.save_checkpoint(
+        tmp_path / "run" / "checkpoints",
+        step=3,
+        model=_model(tiny_model_config),
+        model_config=tiny_model_config,
+        tokenizer_dir=tiny_tokenizer_dir,
+    )
+    assert ck.require_checkpoint_tokenizer(tmp_path / "run") == step
+    assert not ck.is_hf_folder(tmp_path / "run")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    assert not ck.is_hf_folder(hf)  # no config.json: neither
+    (hf / "config.json").write_text("{}")
+    assert ck.is_hf_folder(hf)
+    (step / ck.TOKENIZER_SUBDIR / "tokenizer.json").unlink()
+    missing = re.escape(str(step / ck.TOKENIZER_SUBDIR / "tokenizer.json"))
+    with pytest.raises(MissingInput, match=rf"^{missing}: missing; a checkpoint"):
+        ck.require_checkpoint_tokenizer(tmp_path / "run")
