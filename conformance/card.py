@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
+from prodip.base.hub import HUB_LICENSE_IDS, is_hub_model_id
 from prodip.base.manifest import (
     Card,
     CardQuality,
@@ -83,7 +84,7 @@ def _readme_problems(root: Path, manifest: ExportManifest, card: Card) -> list[s
     except Exception as err:  # a card the Hub's parser refuses is a failed check, named
         return [f"{README_FILE}: huggingface_hub.ModelCard cannot load it ({type(err).__name__}: {err})"]
     data = loaded.data.to_dict()
-    problems = [
+    problems = hub_problems(data) + [
         f"{README_FILE}: front matter {key} = {data.get(key)!r}, manifest says {want!r}"
         for key, want in _front_matter_expected(card).items()
         if data.get(key) != want
@@ -96,6 +97,26 @@ def _readme_problems(root: Path, manifest: ExportManifest, card: Card) -> list[s
     quality = manifest.card_quality
     if quality is not None and render_quality(quality) not in loaded.text:
         problems.append(f"{README_FILE}: the quality card differs from the figures conformance measured")
+    return problems
+
+
+def hub_problems(data: dict[str, Any]) -> list[str]:
+    """What the Hugging Face Hub would refuse in a card's front matter ``data`` (``ModelCard.load(...).data``):
+    a ``license`` not among the Hub's ids (:data:`prodip.base.hub.HUB_LICENSE_IDS`), ``other`` without
+    ``license_name``, a ``base_model`` that is not a Hub model id (a local path)."""
+    problems = []
+    lic = data.get("license")
+    if lic not in HUB_LICENSE_IDS:
+        problems.append(
+            f"{README_FILE}: license {lic!r} is not a Hub licence id (https://huggingface.co/docs/hub/"
+            "repositories-licenses); re-export with this prodip"
+        )
+    elif lic == "other" and not data.get("license_name"):
+        problems.append(f"{README_FILE}: license other without license_name")
+    bases = data.get("base_model")
+    for base in bases if isinstance(bases, list) else [bases] if bases is not None else []:
+        if not is_hub_model_id(base):
+            problems.append(f"{README_FILE}: base_model {base!r} is not a Hub model id (owner/name)")
     return problems
 
 

@@ -28,9 +28,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from prodip.base.hub import is_hub_model_id
 from prodip.base.manifest import Card
 from prodip.base.sources import (
     UNKNOWN_INCLUDED,
+    card_license,
     hf_license,
     licence_statement,
     license_class,
@@ -74,9 +76,6 @@ def tokenizer_sources(train_info: Optional[TrainInfo], known: set[str]) -> list[
     return out
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
 def _readme_license(folder: Path) -> Optional[str]:
     """The ``license`` of a model folder's ``README.md`` front matter (the Hub card), or None."""
     readme = folder / README_FILE
@@ -99,18 +98,76 @@ def imported_base(folder: str | Path, hub_id: str = "") -> dict[str, Any]:
     Raises:
         InvalidInput: ``hub_id`` given but not of the form ``owner/name``.
     """
-    from prodip.base.errors import InvalidInput  # noqa: PLC0415
 
     folder = Path(folder)
-    if hub_id and not _HUB_ID.match(hub_id):
-        raise InvalidInput(f"--base-model-id {hub_id!r}: a Hub id is owner/name (e.g. HuggingFaceTB/SmolLM2-135M)")
-    if not hub_id:
-        try:
-            name = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("_name_or_path", "")
-        except (OSError, json.JSONDecodeError):
-            name = ""
-        hub_id = name if isinstance(name, str) and _HUB_ID.match(name) and not Path(name).exists() else ""
+    check_base_model_id(hub_id)
+    hub_id = hub_id or folder_hub_id(folder) or ""
     return {"base_model": hub_id or None, "license": _readme_license(folder), "added": "nothing (exported unchanged)"}
+
+
+def check_base_model_id(hub_id: str) -> None:
+    """Refuse a ``--base-model-id`` that is not a Hub model id (:func:`prodip.base.hub.is_hub_model_id`).
+
+    Raises:
+        InvalidInput: ``hub_id`` given but not ``owner/name`` as the Hub validates it.
+    """
+    from prodip.base.errors import InvalidInput  # noqa: PLC0415
+
+    if hub_id and not is_hub_model_id(hub_id):
+        raise InvalidInput(f"--base-model-id {hub_id!r}: a Hub id is owner/name (e.g. HuggingFaceTB/SmolLM2-135M)")
+
+
+def folder_hub_id(folder: Path) -> Optional[str]:
+    """A Hugging Face folder's Hub id as transformers recorded it (``config.json`` ``_name_or_path``) when it is
+    one and not a path that exists here; else None."""
+    try:
+        name = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("_name_or_path", "")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return name if is_hub_model_id(name) and not Path(name).exists() else None
+
+
+_STEP_SUFFIX = re.compile(r"^(.*) \(step (\d+)\)$")
+
+
+def trained_base(init: Optional[dict[str, Any]], hub_id: str = "", depth: int = 0) -> tuple[Optional[str], str]:
+    """What a trained export's card says it started from: ``(base_model, origin)``.
+
+    Args:
+        init: the checkpoint's ``data_card.init_from`` (``{"source", "kind"}``: a prodip checkpoint ``PATH (step
+            N)`` or a Hugging Face folder ``PATH``), None when trained from scratch.
+        hub_id: ``--base-model-id`` (wins over anything derived).
+    Returns:
+        ``base_model``: ``hub_id``, else the Hub id derived from the source (an HF folder's ``_name_or_path``, a
+        prodip checkpoint's own ``init_from`` followed back), else None; ``origin``: one sentence for the card
+        naming the local origin without a path of this machine ("" when trained from scratch).
+    """
+    if not init:
+        return (hub_id or None), ""
+    source = str(init.get("source", ""))
+    m = _STEP_SUFFIX.match(source)
+    path = Path(m.group(1) if m else source)
+    if init.get("kind") == "hf":
+        found = hub_id or folder_hub_id(path)
+        named = f"`{found}`" if found else f"a local Hugging Face model folder (`{path.name}`, no Hub id known)"
+        return found or None, named + " (its own card states its data)"
+    found = hub_id or (_prodip_base_hub_id(path, depth) if depth < 8 else None)
+    step = f" at step {m.group(2)}" if m else ""
+    origin = f"a prodip checkpoint{step}" + (f", itself trained from `{found}`" if found else "")
+    return found or None, origin
+
+
+def _prodip_base_hub_id(path: Path, depth: int) -> Optional[str]:
+    """The Hub id the prodip checkpoint at ``path`` started from, followed back through its ``init_from``."""
+    from prodip.train import checkpoint  # noqa: PLC0415
+    from prodip.train.records import TrainerState  # noqa: PLC0415
+
+    try:
+        ckpt = checkpoint.resolve_checkpoint(path)
+        card = TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).data_card or {}
+    except (OSError, ValueError):
+        return None
+    return trained_base(card.get("init_from"), depth=depth + 1)[0]
 
 
 def _imported_card(imported: dict[str, Any]) -> Card:
@@ -133,13 +190,9 @@ def _imported_card(imported: dict[str, Any]) -> Card:
         "text": text,
     }
     license_ = (
-        {"license": lic.lower()}
+        card_license(lic)
         if lic and lic.lower() != "other"
-        else {
-            "license": "other",
-            "license_name": "base-model-licence",
-            "license_link": "README.md#data-statement",
-        }
+        else {"license": "other", "license_name": "base-model-licence", "license_link": "README.md#data-statement"}
     )
     return Card.model_validate(
         {
@@ -155,16 +208,20 @@ def _imported_card(imported: dict[str, Any]) -> Card:
     )
 
 
-def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None) -> Card:
-    """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records) and
-    its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`).
+def build_card(
+    data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None, base_model_id: str = ""
+) -> Card:
+    """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records),
+    its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`) and ``--base-model-id`` (:func:`trained_base`).
 
     Returns:
         The :class:`~prodip.base.manifest.Card` (``manifest.json``'s ``card``): ``license`` ({license[,
         license_name, license_link]}), ``languages``, ``datasets``, ``tags``, ``base_model``, ``sources``
         (record + chars/tokens/shares/tokens_seen), ``statement`` (``licence_statement(...)``),
-        ``tokens_seen_by_language``. Without records every field says so and the mix is not cleared.
+        ``tokens_seen_by_language``, and ``base_model_origin`` (the local origin in words) after ``--init-from``.
+        Without records every field says so and the mix is not cleared.
     Raises:
+        InvalidInput: ``base_model_id`` is not a Hub model id.
         pydantic.ValidationError: a source record that is not a card source (a bug upstream: field named).
     """
     data_card = data_card or {}
@@ -194,7 +251,8 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
             "license_link": "README.md#data-statement",
         }
     languages = sorted({s["language"] for s in sources} | set(data_card.get("tokens_seen_by_language", {})))
-    init = data_card.get("init_from")
+    check_base_model_id(base_model_id)
+    base_model, origin = trained_base(data_card.get("init_from"), base_model_id)
     replay = {"replay": data_card["replay"]} if data_card.get("replay") else {}
     return Card.model_validate(
         {
@@ -202,11 +260,12 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
             "languages": languages,
             "datasets": sorted({s["dataset_id"] for s in sources if s.get("dataset_id")}),
             "tags": ["prodip", "llama", *(["licence-not-cleared"] if not statement["cleared"] else [])],
-            "base_model": init["source"] if init else None,
+            "base_model": base_model,
             "sources": sources,
             "statement": statement,
             "tokens_seen_by_language": data_card.get("tokens_seen_by_language", {}),
             **replay,
+            **({"base_model_origin": origin} if origin else {}),
         }
     )
 
@@ -262,8 +321,11 @@ def data_statement(card: Card) -> str:
     seen = card.tokens_seen_by_language
     if seen:
         lines += ["Tokens seen in training per language: " + ", ".join(f"{k} {v:,}" for k, v in seen.items()), ""]
-    if card.base_model and "imported" not in card.tags:
-        lines += [f"Fine-tuned from: `{card.base_model}` (its own card states its data).", ""]
+    origin = getattr(card, "base_model_origin", None) or (
+        f"`{card.base_model}` (its own card states its data)" if card.base_model else None
+    )
+    if origin and "imported" not in card.tags:
+        lines += [f"Fine-tuned from: {origin}.", ""]
     if card.replay:
         r = card.replay
         by_lang = ", ".join(f"{k} {v:,}" for k, v in sorted(r.get("tokens_by_language", {}).items()))

@@ -72,8 +72,9 @@ class ExportConfig:
     force: bool = opt(False, "replace an existing, non-empty export dir")
     base_model_id: str = opt(
         "",
-        "the Hub id of an imported model (e.g. HuggingFaceTB/SmolLM2-135M-Instruct), the card's base_model; "
-        "default: the folder's config.json _name_or_path when it is a Hub id, else none",
+        "the Hub id of the model this one starts from (e.g. HuggingFaceTB/SmolLM2-135M-Instruct), the card's "
+        "base_model; default: derived (an imported or --init-from folder's config.json _name_or_path when it is "
+        "a Hub id, a checkpoint's own base followed back), else none: a local path never becomes base_model",
     )
 
     def __post_init__(self) -> None:

@@ -444,7 +444,7 @@ def _build_all(
     tokenizer_info: Optional[TrainInfo] = None,
 ) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
-    card = model_card.build_card(data_card, tokenizer_info)
+    card = model_card.build_card(data_card, tokenizer_info, cfg.base_model_id)
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
     # model.safetensors is always written (it is what transformers loads), so it is always a variant:

@@ -781,22 +781,21 @@ def load_with_specials(tokenizer_dir: str | os.PathLike) -> tuple[Tokenizer, Spe
         return load_tokenizer(tokenizer_dir), read_specials(tokenizer_dir)  # raises MissingInput naming the file
     tok = Tokenizer.from_file(str(path))
     if any(tok.token_to_id(t) is not None for t in SPECIAL_TOKENS):
-        return load_tokenizer(tokenizer_dir), Specials(BOS_ID, EOS_ID, PAD_ID, (EOS_ID,), True, str(tokenizer_dir))
+        return load_tokenizer(tokenizer_dir), Specials(
+            BOS_ID, EOS_ID, PAD_ID, (EOS_ID,), True, str(tokenizer_dir), EOS_ID
+        )
     return tok, read_specials(tokenizer_dir)
-
-
-#: the end-of-text tokens that separate pretraining documents, by name (GPT-2/SmolLM2/Qwen2, Llama 3, Llama 2)
-DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
 
 
 def document_end_id(tok: Tokenizer, specials: Specials) -> int:
     """The id that ends each document in shards: prodip's ``<|eos|>``; for another tokenizer its end-of-text
-    token (:data:`DOCUMENT_END_TOKENS`) when it has one, else its ``eos_token``. An instruct model's
-    ``eos_token`` is its end of turn (SmolLM2's ``<|im_end|>``, Llama 3's ``<|eot_id|>``), which would teach
-    continued pretraining to end every document as a chat reply ends."""
+    token (``specials.document_end_id``, :data:`prodip.base.specials.DOCUMENT_END_TOKENS`) when it has one,
+    else its ``eos_token``. An instruct model's ``eos_token`` is its end of turn (SmolLM2's ``<|im_end|>``,
+    Llama 3's ``<|eot_id|>``), which would teach continued pretraining to end every document as a chat reply
+    ends."""
     if tok.token_to_id(SPECIAL_TOKENS[EOS_ID]) == EOS_ID:
         return EOS_ID
-    return next((i for t in DOCUMENT_END_TOKENS if (i := tok.token_to_id(t)) is not None), specials.eos_id)
+    return specials.document_end_id
 
 
 def tokenizer_sha256(tokenizer_dir: str | os.PathLike) -> str:

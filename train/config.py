@@ -404,8 +404,9 @@ class EvalConfig:
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
     baseline: str = opt(
         "",
-        "a second model scored on the same tokens beside the checkpoint, as `baseline`: a prodip checkpoint or a "
-        "Hugging Face folder with the checkpoint's tokenizer (e.g. the extended base before continued pretraining)",
+        "a second model scored beside the checkpoint, as `baseline`: a prodip checkpoint or a Hugging Face folder; "
+        "with the checkpoint's tokenizer on the same tokens, with another (the base before its vocabulary was "
+        "extended) on the same text, compared in bits/char",
     )
     tasks: list[str] = opt(
         help="lm-evaluation-harness tasks to score (loglikelihood kinds: multiple choice, perplexity), e.g. "

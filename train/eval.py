@@ -14,7 +14,11 @@ scored in batches under ``torch.no_grad``. Reported per language and model:
   predictions count in the NLL but add no characters). This is comparable across tokenizers.
 
 The random twin has the same config and is initialised by ``reset_parameters(seed=seed)``; its
-NLL is the "nothing learned" baseline (about ln V for a small init std). Optionally scores a
+NLL is the "nothing learned" baseline (about ln V for a small init std). ``--baseline`` scores a second
+model beside them: on the same token ids when it shares the checkpoint's tokenizer; with another tokenizer
+(the base before its vocabulary was extended) on the same text, each language's scored documents decoded
+and re-encoded in the baseline tokenizer's own layout (:func:`text_stream`), compared in bits/char, the
+tokenizer-independent figure (its ``tokens``/``chars`` are its own). Optionally scores a
 multiple-choice JSONL file ``{"context": str, "choices": [str, ...], "answer": int}`` by
 log-likelihood: ``acc`` (argmax of the summed log-probability of the choice tokens) and
 ``acc_norm`` (argmax of the summed log-probability divided by the number of Unicode characters of
@@ -31,9 +35,10 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -173,8 +178,10 @@ def _eval_languages(
     tokenizer_sha256: str,
     vocab_size: int,
     device: torch.device,
+    other: Optional[OwnTokenizerBaseline] = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
+    """Per-language rows, and the languages skipped for want of validation tokens (with why); ``other``: a
+    baseline with its own tokenizer, scored on the same documents' text."""
 
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     if meta.vocab_size > vocab_size:
@@ -209,6 +216,19 @@ def _eval_languages(
             total, count = window_nll(model, stream, cfg.seq_len, cfg.batch_size, device, f"{lang} {name}")
             assert count == row["tokens"]
             row[name] = nll_summary(total, count, n_chars)
+        if other is not None:  # a baseline with its own tokenizer: the same documents as text
+            docs = stream_documents(tokenizer, stream.tolist(), doc_end=meta.eos_id, bos_id=meta.bos_id)
+            own = torch.as_tensor(text_stream(other.tokenizer, other.specials, docs), dtype=torch.int64)
+            seq = min(cfg.seq_len, other.max_position_embeddings)
+            total, count = window_nll(other.model, own, seq, cfg.batch_size, device, f"{lang} baseline")
+            chars = sum(len(text) for text, _ in docs)
+            row["baseline"] = {
+                **nll_summary(total, count, chars),
+                "tokens": count,
+                "chars": chars,
+                "chars_per_token": chars / count,
+                "tokenizer_sha256": other.tokenizer_sha256,
+            }
         results[lang] = row
     if not results:
         raise InvalidInput(
@@ -258,8 +278,18 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     twin = LlamaForCausalLM(mcfg)
     twin.reset_parameters(seed=cfg.seed)
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
+    other = None
     if cfg.baseline:
-        models["baseline"] = load_baseline(cfg.baseline, info["tokenizer_sha256"]).to(device).eval()
+        baseline = load_baseline(cfg.baseline, info["tokenizer_sha256"])
+        if isinstance(baseline, OwnTokenizerBaseline):
+            if cfg.mc_file or cfg.tasks:
+                raise InvalidInput(
+                    f"--baseline {cfg.baseline}: its tokenizer differs from the checkpoint's; it is compared on "
+                    "held-out text (bits/char) only, not on --mc or --tasks"
+                )
+            other = dataclasses.replace(baseline, model=baseline.model.to(device).eval())
+        else:
+            models["baseline"] = baseline.to(device).eval()
     tokenizer, specials = load_with_specials(info["tokenizer_dir"])
     # the token a context follows, as in the shards: the bos, or where the tokenizer prepends none the end of
     # the document before (lm-evaluation-harness's HF model takes the eos then too)
@@ -289,7 +319,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     }
     if cfg.shards_dir:
         result["languages"], result["skipped_languages"] = _eval_languages(
-            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, device
+            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, device, other
         )
     if cfg.mc_file:
         items = read_mc(cfg.mc_file)
@@ -309,26 +339,93 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     return result
 
 
-def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module:
+@dataclass(frozen=True)
+class OwnTokenizerBaseline:
+    """A ``--baseline`` with a tokenizer of its own (the base before its vocabulary was extended).
+
+    Attributes:
+        model: the baseline model (fp32).
+        tokenizer: its ``tokenizers.Tokenizer``; specials: its special-token convention.
+        tokenizer_sha256: sha256 of its ``tokenizer.json``.
+        max_position_embeddings: its context window (tokens): its windows are at most this long.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    specials: Any
+    tokenizer_sha256: str
+    max_position_embeddings: int
+
+
+def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module | OwnTokenizerBaseline:
     """The ``--baseline`` model (fp32, CPU): a prodip checkpoint or a Hugging Face Llama folder
-    (:func:`prodip.train.init.load_init`) whose ``tokenizer.json`` is the checkpoint's, so both models are
-    scored on the same token ids.
+    (:func:`prodip.train.init.load_init`). With the checkpoint's ``tokenizer.json`` it is the model alone
+    (scored on the same token ids); with another it comes with its tokenizer (:class:`OwnTokenizerBaseline`,
+    scored on the same text).
 
     Raises:
-        InvalidInput: another tokenizer (or none) in the folder; see :func:`prodip.train.init.load_init`.
+        InvalidInput: a Hugging Face folder without ``tokenizer.json``; see :func:`prodip.train.init.load_init`.
     """
     from prodip.train import init  # noqa: PLC0415 (only a baseline needs it)
 
-    tok = Path(path) / "tokenizer.json"
-    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256)  # a prodip checkpoint's tokenizer: checked
-    if source.kind == "hf" and (not tok.is_file() or file_sha256(tok) != tokenizer_sha256):
-        raise InvalidInput(
-            f"--baseline {path}: {'no tokenizer.json' if not tok.is_file() else 'its tokenizer.json differs from the checkpoint'}"
-            "'s; a baseline is scored on the checkpoint's token ids, so it must share its tokenizer"
-        )
+    tok_dir: Optional[Path] = None
+    if init.is_prodip_checkpoint(Path(path)):
+        _, _, info = load_model(path)
+        if info["tokenizer_sha256"] != tokenizer_sha256:
+            tok_dir = Path(info["tokenizer_dir"])
+    elif Path(path).exists():
+        tok = Path(path) / "tokenizer.json"
+        if not tok.is_file():
+            raise InvalidInput(
+                f"--baseline {path}: no tokenizer.json; a baseline is scored with its own tokenizer or the checkpoint's"
+            )
+        if file_sha256(tok) != tokenizer_sha256:
+            tok_dir = Path(path)
+    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256 if tok_dir is None else None)
     model = LlamaForCausalLM(source.config)
     init.apply_init(model, source)
-    return model
+    if tok_dir is None:
+        return model
+    tok, specials = load_with_specials(tok_dir)
+    return OwnTokenizerBaseline(
+        model.eval(), tok, specials, file_sha256(tok_dir / "tokenizer.json"), source.config.max_position_embeddings
+    )
+
+
+def stream_documents(
+    tokenizer: Any, ids: Sequence[int], *, doc_end: int, bos_id: Optional[int]
+) -> list[tuple[str, bool]]:
+    """The documents of a shard token stream as text: ``[(text, ended), ...]``, split at ``doc_end`` (``ended``:
+    the document's end token is in the stream; the last one, cut by the token budget, may lack it), the
+    ``bos_id`` dropped, a character cut at the end of the stream (decoded as U+FFFD) dropped."""
+    docs: list[tuple[str, bool]] = []
+    cur: list[int] = []
+    for t in (int(i) for i in ids):
+        if t == doc_end:
+            docs.append((tokenizer.decode(cur, skip_special_tokens=True), True))
+            cur = []
+        elif t != bos_id:
+            cur.append(t)
+    if cur:
+        docs.append((tokenizer.decode(cur, skip_special_tokens=True).rstrip("\ufffd"), False))
+    return [(text, ended) for text, ended in docs if text or ended]
+
+
+def text_stream(tokenizer: Any, specials: Any, docs: Sequence[tuple[str, bool]]) -> list[int]:
+    """``docs`` (:func:`stream_documents`) as a token stream in ``tokenizer``'s own shard layout
+    (``prodip.tokenizer.encode``): ``bos ids end`` per document where the tokenizer prepends its bos, else
+    ``ids end``; an unended last document has no end. The first id is context only: the bos, or (no bos)
+    the end of a document before, as ``prodip eval`` and lm-evaluation-harness put before a context."""
+    end = document_end_id(tokenizer, specials)
+    bos = specials.bos_id if specials.add_bos and specials.bos_id is not None else None
+    out = [bos if bos is not None else end]
+    for i, (text, ended) in enumerate(docs):
+        if bos is not None and i > 0:
+            out.append(bos)
+        out += tokenizer.encode(text, add_special_tokens=False).ids
+        if ended:
+            out.append(end)
+    return out
 
 
 def task_settings(cfg: EvalConfig) -> dict[str, Any]:
@@ -389,9 +486,11 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
                 f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}"
                 + (
-                    f" | baseline {b['nll_nats_per_token']:.4f} nats/tok {b['bits_per_char']:.4f} bits/char"
-                    if b
-                    else ""
+                    ""
+                    if not b
+                    else f" | baseline {b['nll_nats_per_token']:.4f} nats/tok {b['bits_per_char']:.4f} bits/char"
+                    if "chars_per_token" not in b
+                    else f" | baseline (own tokenizer, {b['chars_per_token']:.2f} chars/tok) {b['bits_per_char']:.4f} bits/char"
                 )
             )
     for lang, why in result.get("skipped_languages", {}).items():

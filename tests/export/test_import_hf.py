@@ -113,9 +113,12 @@ def test_refusals_name_the_key(standins, tmp_path):
 def test_specials_are_read_from_the_tokenizer(standins):
     smol, llama, qwen = (read_specials(standins[k]) for k in ("smollm2", "llama32", "qwen25"))
     assert (smol.bos_id, smol.eos_id, smol.pad_id, smol.add_bos) == (1, 2, 2, False)
+    # its configs list only <|im_end|>; its end of text <|endoftext|> (0) ends documents, and so generation
+    assert smol.stop_ids == (2, 0) and smol.document_end_id == 0
     n = llama.bos_id
     assert llama.add_bos and llama.eos_id == n + 9 and set(llama.stop_ids) == {n + 1, n + 8, n + 9}
-    assert qwen.bos_id is None and not qwen.add_bos
+    assert llama.document_end_id == n + 1  # <|end_of_text|>
+    assert qwen.bos_id is None and not qwen.add_bos and qwen.document_end_id == 1024 and 1024 in qwen.stop_ids
 
 
 def _export(folder: Path, out: Path, variants: str, *extra: str) -> Path:
