@@ -13,9 +13,7 @@ from typing import Any
 from prodip.base.errors import StageFailed
 from prodip.base.stage import RunContext, Stage, made_from
 from prodip.tokenizer import audit, bpe, encode, shards
-from prodip.tokenizer.audit import AuditConfig
-from prodip.tokenizer.bpe import TokenizerTrainConfig
-from prodip.tokenizer.encode import DataPrepareConfig
+from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, TokenizerTrainConfig
 
 
 @dataclass(frozen=True)
