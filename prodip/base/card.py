@@ -141,6 +141,8 @@ class TaskRow(RecordPart):
 
     task: str
     language: str
+    #: the harness's kind: multiple_choice, loglikelihood(_rolling), generate_until (a chat task); None: not recorded
+    output_type: str | None = None
     shots: StrictInt
     items: StrictInt
     metric: str
