@@ -1,20 +1,9 @@
-"""The conformance report: ``report.json`` (every metric, tolerance, pass) and ``report.md`` (one table).
+"""The conformance report's writer: ``report.json`` (every metric, tolerance, pass; the record and its
+layout: :mod:`prodip.conformance.records`) and ``report.md`` (one table, :func:`render_markdown`).
 
-Owner of the report layout (CONTRACTS.md "Conformance report"). report.json::
+Non-finite numbers are written as the strings "inf", "-inf", "nan" (strict JSON, :func:`_clean`).
 
-    {format_version: 1, entry, passed, variants: {name: bool}, export_dir, export_manifest_sha256
-     (before the verdict was written), export_files_sha256 (of the manifest's files table),
-     checkpoint: {path, step, model_sha256}, tolerances_file, tolerances_sha256,
-     tolerances: {path, sha256, shipped (byte-identical to conformance/tolerances.toml),
-                  loosened: [{table, metric, shipped, used}] (bounds looser than the shipped ones,
-                  over the tables this run gated)}, config, versions,
-     model, inputs, reference, global: {metrics, checks, passed},
-     candidates: {name: {variant, kind, path, metrics, errors, checks: [{metric, value, tolerance,
-                  passed}], passed, seconds}}, seconds}
-
-Non-finite numbers are written as the strings "inf", "-inf", "nan" (strict JSON).
-
-    python -c "from prodip.conformance.report import read_report; print(read_report('runs/demo/export/conformance').passed)"
+    python -c "from prodip.conformance.report import render_markdown; help(render_markdown)"
 """
 
 from __future__ import annotations
@@ -23,12 +12,12 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, ClassVar
-
-from pydantic import StrictBool
+from typing import Any
 
 from prodip.base.config import dump_toml, to_dict, write_text_atomic
-from prodip.base.records import Record
+from prodip.conformance.records import REPORT_FILE as REPORT_FILE
+from prodip.conformance.records import ConformanceReport as ConformanceReport
+from prodip.conformance.records import read_report as read_report
 from prodip.conformance.tolerances import bound_change
 
 COLUMNS = [  # (header, metric key, format)
@@ -278,42 +267,6 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-REPORT_FILE = "report.json"
-FORMAT_VERSION = 1
-
-
-class ConformanceReport(Record):
-    """``report.json`` (format_version 1; layout in the module docstring). Written by :func:`write_report`
-    only; read by :func:`read_report`. The fields every reader needs are typed; the rest (checkpoint,
-    tolerances, config, versions, model, inputs, reference, global, chat, runtimes, candidates, ...) follow
-    in the order the suite writes them."""
-
-    FILE: ClassVar[str] = REPORT_FILE
-    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
-    READS: ClassVar[tuple[int, ...]] = (FORMAT_VERSION,)
-    MAKER: ClassVar[str] = "`prodip conformance EXPORT_DIR`"
-    ALLOW_NAN: ClassVar[bool] = False  # non-finite numbers are written as strings (:func:`_clean`)
-
-    entry: str | None = None
-    passed: StrictBool
-    variants: dict[str, StrictBool]
-    export_dir: str | None = None
-    #: sha256 of the export's manifest.json before the verdict was written
-    export_manifest_sha256: str | None = None
-    #: ``prodip.base.manifest.files_table_sha256`` of the files table measured
-    export_files_sha256: str
-
-
-def read_report(path: str | os.PathLike) -> ConformanceReport:
-    """A conformance ``report.json`` (a path to the file, or to the folder holding it) as a record.
-
-    Raises:
-        FileNotFoundError: no report. ValueError: not a conformance report (file and field named).
-    """
-    path = Path(path)
-    return ConformanceReport.read(path / REPORT_FILE if path.is_dir() else path)
 
 
 def write_report(report: dict[str, Any], out_dir: str | os.PathLike, cfg: Any = None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from prodip.base.files import file_sha256
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest, files_table_sha256, verdict_is_current
 from prodip.base.stage import RunContext, Stage, made_from
 from prodip.conformance.config import ConformanceConfig
-from prodip.conformance.report import REPORT_FILE, ConformanceReport
+from prodip.conformance.records import REPORT_FILE, ConformanceReport
 from prodip.conformance.suite import run_conformance
 from prodip.conformance.tasks import task_plan
 from prodip.train.records import EvalReport

@@ -19,7 +19,7 @@ _LAZY = {
     "VARIANTS": "prodip.export.config",
     "export_checkpoint": "prodip.export.core",
     "export_model": "prodip.export.core",
-    "size_table": "prodip.export.core",
+    "size_table": "prodip.export.records",
     "load_manifest": "prodip.base.manifest",
     "verify_files": "prodip.base.manifest",
     "set_conformance": "prodip.base.manifest",

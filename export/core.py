@@ -22,14 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-import onnx
-
 from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
-from prodip.base.manifest import MANIFEST_FILE, Card, ExportManifest, load_manifest, write_manifest
-from prodip.base.records import NewerFormat, RecordError
+from prodip.base.manifest import MANIFEST_FILE, Card, write_manifest
 from prodip.base.specials import read_specials
 from prodip.base.variants import (
     BY_NAME,
@@ -48,6 +45,7 @@ from prodip.export import genai, hf, quantize, web
 from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
+from prodip.export.records import earlier_export, onnx_variant_entry, size_table
 from prodip.tokenizer.bpe import TrainInfo, read_train_info
 from prodip.tokenizer.portable import require_portable
 from prodip.train.checkpoint import (
@@ -123,7 +121,7 @@ def check_out_dir(out: Path, force: bool) -> None:
         return
     if not force:
         raise OutputExists(f"{out}: exists and is not empty; choose another --out or pass --force")
-    manifest = _earlier_export(out)
+    manifest = earlier_export(out)
     listed = set(manifest.files)
     # every file there must be one the export wrote (its manifest lists it), or the manifest itself
     strays = [
@@ -140,32 +138,6 @@ def check_out_dir(out: Path, force: bool) -> None:
             f"{f' and {len(strays) - 1} more' if len(strays) > 1 else ''}); --force only "
             f"replaces an export as written. Move those files, or choose another --out"
         )
-
-
-def _earlier_export(out: Path) -> ExportManifest:
-    """The manifest of the export ``--force`` is asked to replace in the non-empty folder ``out``.
-
-    Raises:
-        OutputExists: ``out`` holds no ``manifest.json``; holds one of a newer format_version (an export
-            of a newer prodip: the file and the version named); or holds one that is not an export
-            manifest this prodip reads (why named). Nothing is deleted in any case.
-    """
-    path = out / MANIFEST_FILE
-    refuse = "--force only replaces an earlier export. Choose another --out, or empty that folder yourself"
-    try:
-        return ExportManifest.read(path)
-    except NewerFormat as err:
-        raise OutputExists(
-            f"{out}: holds an export of a newer prodip ({path} has format_version {err.found}; this prodip "
-            f"reads {', '.join(map(str, err.reads))}); --force does not replace an export it cannot read. "
-            f"Upgrade prodip, or choose another --out"
-        ) from None
-    except MissingInput:
-        raise OutputExists(f"{out}: is not empty and holds no export {MANIFEST_FILE}; {refuse}") from None
-    except (RecordError, OSError) as err:
-        raise OutputExists(
-            f"{out}: is not empty and its {MANIFEST_FILE} is not an export manifest this prodip reads ({err}); {refuse}"
-        ) from None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -219,26 +191,6 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
 
 
-def _onnx_variant(
-    name: str, path: str, dtype: str, quantization: Optional[dict[str, Any]], root: Path
-) -> dict[str, Any]:
-    extra = [f"{path}.data"] if (root / f"{path}.data").is_file() else []
-    opsets = {
-        o.domain or "ai.onnx": o.version for o in onnx.load(str(root / path), load_external_data=False).opset_import
-    }
-    return {
-        "path": path,
-        "format": "onnx",
-        "dtype": dtype,
-        "quantization": quantization,
-        "external_data": extra,
-        "io_dtype": "float32",
-        "kv_cache_dtype": "float32",
-        "opset": opsets.get("ai.onnx"),
-        "opset_imports": opsets,
-    }
-
-
 def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, dict[str, Any]]:
     """Write the requested ONNX variants into ``root/onnx``; returns their manifest entries."""
     wanted = [v for v in ONNX_VARIANTS if v in cfg.variants]
@@ -250,7 +202,7 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     with step(f"ONNX fp32 decoder ({graph} graph, opset {cfg.opset})"):
         export_onnx(model, fp32, opset=cfg.opset, external_data=cfg.onnx_external_data or None, graph=graph)
         check_io(fp32, model.config)
-    out = {"fp32": _onnx_variant("fp32", ONNX_FILES["fp32"], "float32", None, root)}
+    out = {"fp32": onnx_variant_entry("fp32", ONNX_FILES["fp32"], "float32", None, root)}
     ext = bool(out["fp32"]["external_data"])  # the derived files follow the fp32 file's layout
     builders = {
         "fp16": ("float16", lambda dst: quantize.to_fp16(fp32, dst, external_data=ext)),
@@ -283,7 +235,7 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
         with step(f"ONNX {name} ({'float16 conversion' if name == 'fp16' else 'quantisation'})"):
             params = build(root / ONNX_FILES[name])
             check_io(root / ONNX_FILES[name], model.config)
-        out[name] = _onnx_variant(name, ONNX_FILES[name], dtype, params, root)
+        out[name] = onnx_variant_entry(name, ONNX_FILES[name], dtype, params, root)
     if "fp32" not in cfg.variants:  # built only as the source of the others
         for rel in [ONNX_FILES["fp32"], *out.pop("fp32")["external_data"]]:
             (root / rel).unlink()
@@ -610,27 +562,11 @@ def export_hf_folder(cfg: ExportConfig) -> Path:
     )
 
 
-def size_table(export_dir: str | os.PathLike) -> str:
-    """Text table: variant -> file -> MiB -> size relative to the fp32 ONNX file (external data included).
-
-    Targets from issue 5: int8 <= 0.30x, int4 <= 0.20x with embeddings quantised.
-    """
-    manifest = load_manifest(export_dir)
-    sizes = {name: sum(manifest.files[rel].bytes for rel in v.files()) for name, v in manifest.variants.items()}
-    base = sizes.get("fp32")
-    lines = [f"{'variant':<12} {'file':<26} {'MiB':>9} {'vs fp32':>8}"]
-    for name, v in manifest.variants.items():
-        ratio = f"{sizes[name] / base:.3f}x" if base and v.format in ("onnx", "gguf", "pte") else "-"
-        lines.append(f"{name:<12} {v.path:<26} {sizes[name] / 2**20:>9.2f} {ratio:>8}")
-    return "\n".join(lines)
-
-
 __all__ = [
     "ExportConfig",
     "VARIANTS",
     "export_checkpoint",
     "export_model",
-    "size_table",
     "check_out_dir",
     "remove_stale_temp_dirs",
 ]

@@ -44,7 +44,7 @@ from prodip.base.layout import TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defa
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Number, Record, refuse_newer
 from prodip.base.stage import STAGE_TIMES_FILE, CompletionRequests, RunContext, Stage, StageTimes, made_from
-from prodip.serve.stage import Completions
+from prodip.serve.records import Completions
 from prodip.train.records import (
     CHECKPOINT_MANIFEST_FILE,
     SFT_EVAL_FILE,
@@ -427,7 +427,7 @@ class RunSummary(Record):
 def _run_artifacts(plan: RunPlan, out_dir: Path) -> list[tuple[type[Record], Path]]:
     """Every JSON artifact a run (re)writes or ``--force`` removes, with its record: ``OUT_DIR``'s own files,
     then each stage's (the plan's paths), the checkpoints of the training and fine-tuning runs included."""
-    from prodip.conformance.report import REPORT_FILE, ConformanceReport  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.conformance.records import REPORT_FILE, ConformanceReport  # noqa: PLC0415 (lazy: torch, onnx)
     from prodip.tokenizer.bpe import TRAIN_INFO_FILE, TrainInfo  # noqa: PLC0415 (lazy: torch, onnx)
     from prodip.tokenizer.records import FERTILITY_NAME, FertilityReport  # noqa: PLC0415 (lazy: torch, onnx)
     from prodip.tokenizer.shards import META_NAME, ShardsMeta  # noqa: PLC0415 (lazy: torch, onnx)

@@ -16,9 +16,9 @@ from typing import Any
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Record
 from prodip.base.stage import StageTime
-from prodip.conformance.report import REPORT_FILE, ConformanceReport
+from prodip.conformance.records import REPORT_FILE, ConformanceReport
 from prodip.plan import RunPlan
-from prodip.serve.stage import COMPLETIONS_FILE, Completions
+from prodip.serve.records import COMPLETIONS_FILE, Completions
 from prodip.tokenizer.audit import read_fertility_or_none
 from prodip.train.records import SFT_EVAL_FILE, EvalReport, SftEvalReport
 

@@ -41,10 +41,10 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "manifest.json": ("prodip/base/manifest.py", "train/records.py", "train/checkpoint.py"),
     "eval.json": ("train/records.py", "train/eval.py"),
     "sft_eval.json": ("train/records.py", "train/sft.py"),
-    "report.json": ("conformance/report.py",),
+    "report.json": ("conformance/records.py", "conformance/report.py"),
     "stage_times.json": ("prodip/base/stage.py",),
     "train_info.json": ("tokenizer/bpe.py",),
-    "completions.json": ("serve/stage.py",),
+    "completions.json": ("serve/records.py", "serve/stage.py"),
     "prodip_run.json": ("prodip/pipeline.py",),
     "corpus_inputs.json": ("prodip/pipeline.py",),
     "summary.json": ("prodip/pipeline.py",),
@@ -233,5 +233,5 @@ def test_text_read_then_parsed_is_caught_where_the_file_is_named():
     """The text read in one statement and parsed in another: the read names the file."""
     source = 'import json\ntext = (d / "report.json").read_text()\nr = json.loads(text)\n'
     assert violations(source, "prodip/summary.py") == [
-        "prodip/summary.py:2: read_text on report.json (owners: ('conformance/report.py',))"
+        "prodip/summary.py:2: read_text on report.json (owners: ('conformance/records.py', 'conformance/report.py'))"
     ]

@@ -119,8 +119,8 @@ def test_export_manifest_round_trip_and_errors(tmp_path):
         ExportManifest.read(path)
 
 
-#: every key export writes into an ONNX variant entry (export.core._onnx_variant, _write_runtime_configs), in
-#: its order, and a .pte entry's (export.core._build_devices)
+#: every key export writes into an ONNX variant entry (export.records.onnx_variant_entry,
+#: export.core._write_runtime_configs), in its order, and a .pte entry's (export.core._build_devices)
 _ONNX_ENTRY = {
     "path": "onnx/model_q4.onnx",
     "format": "onnx",
@@ -301,9 +301,9 @@ def test_verdict_parse_and_serve_problem():
 def _artifact_examples():
     """(record class, a minimal file as its writer lays it out, a required field) for every artifact."""
     from prodip.base.stage import StageTimes
-    from prodip.conformance.report import ConformanceReport
+    from prodip.conformance.records import ConformanceReport
     from prodip.pipeline import CorpusStamps, RunMarker, RunSummary
-    from prodip.serve.stage import Completions
+    from prodip.serve.records import Completions
     from prodip.tokenizer.audit import FertilityReport
     from prodip.tokenizer.bpe import TrainInfo
     from prodip.tokenizer.shards import ShardsMeta
@@ -537,7 +537,7 @@ def test_files_written_before_their_records_still_read(tmp_path):
     were recorded, train_info.json of the first tokenizers (no sources, pretokenizer, ...), prodip_run.json as
     prodip run wrote it: each reads, and a version this prodip does not read is refused naming it."""
     from prodip.pipeline import CorpusStamps, RunMarker
-    from prodip.serve.stage import Completions
+    from prodip.serve.records import Completions
     from prodip.tokenizer.bpe import TrainInfo
 
     path = tmp_path / "corpus_inputs.json"
