@@ -44,3 +44,20 @@ def test_prodip_base_allows_no_error_whatever_the_baseline_says():
 def test_prodip_serve_is_strict_too():
     now = {"prodip/serve/app.py": 1}
     assert gate.compare(now, {"prodip/serve/app.py": 1}) == (["prodip/serve/app.py"], [])
+
+
+def test_docs_name_the_strict_packages_of_pyproject_and_the_gate():
+    """docs/development.md says which packages mypy is strict on: those of pyproject's strict override, which
+    are the gate's STRICT folders."""
+    import re
+
+    from prodip.base.config import tomllib  # tomli on Python 3.10
+
+    root = Path(__file__).resolve().parents[2]
+    overrides = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]["overrides"]
+    strict = next(o for o in overrides if o.get("disallow_untyped_defs"))
+    packages = sorted(m for m in strict["module"] if not m.endswith(".*"))
+    assert sorted(p.rstrip("/").replace("/", ".") for p in gate.STRICT) == packages
+    doc = " ".join((root / "docs" / "development.md").read_text(encoding="utf-8").split())
+    said = re.search(r"mypy is strict on (.*?) \(", doc)
+    assert said and sorted(re.findall(r"`([\w.]+)`", said.group(1))) == packages, said
