@@ -1,4 +1,4 @@
-"""Conformance of the model card (issue 24): every artifact's licence and source fields read back, and the
+"""Conformance of the model card: every artifact's licence and source fields read back, and the
 quality card written from the conformance report and checked against it.
 
 Read back, each with the library its users have, and compared with ``manifest.json``'s ``card``:

@@ -248,8 +248,8 @@ def plant_config_rope_theta(src: Path, dst: Path, rope_theta: float = 500000.0) 
 
 
 def plant_tokenizer_context(src: Path, dst: Path, model_max_length: int = 2048) -> Path:
-    """tokenizer_config.json stating another context than the model's (the tokenizer stage's default,
-    as exports wrote it before 2026-12-01)."""
+    """tokenizer_config.json stating another context than the model's: the tokenizer stage's default
+    ``model_max_length`` left in the export instead of the model's ``max_position_embeddings``."""
     dst = copy_export(src, dst)
     path = dst / "tokenizer_config.json"
     tok = json.loads(path.read_text(encoding="utf-8"))
@@ -415,7 +415,7 @@ def plant_chat_template_edited(src: Path, dst: Path, where: str = "gguf-f16") ->
 def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].path) -> Path:
     """The int4 file re-quantised with ONNX Runtime's ``com.microsoft.GatherBlockQuantized`` embedding
     lookup kept (``lower_embedding=False``): ONNX Runtime's CPU build has the kernel, onnxruntime-web's
-    WASM build does not (the q4 file of 2026-11-30). Only the ``model_q4.onnx`` contract graph is
+    WASM build does not. Only the ``model_q4.onnx`` contract graph is
     rewritten (its ``_genai`` twin then reads stale weights: check this file with onnxruntime-web only)."""
     from prodip.export.genai import move_weights_out  # noqa: PLC0415
     from prodip.export.quantize import to_int4  # noqa: PLC0415

@@ -1,4 +1,4 @@
-"""The export's model card: what it was trained on, under which licences (issue 24).
+"""The export's model card: what it was trained on, under which licences.
 
 The card's facts (``manifest.json``'s ``card``) come from the checkpoint's ``trainer_state.json``
 ``data_card`` (the shards' source records, tokens seen per language and source, ``--init-from``'s

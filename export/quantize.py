@@ -182,10 +182,10 @@ def to_int8(
 
     Batch-invariant by construction: weights are constants, every activation scale belongs to one
     row, and MatMulInteger sums in int32 exactly, so a row's result does not depend on the other
-    rows of its batch. (``quantize_dynamic`` had one activation scale for the whole batch: a
-    request's tokens changed with its neighbours. The 8-bit MatMulNBits of 2026-11-30 was invariant
-    too, but on CPUs without AVX-VNNI its int8 kernel costs 6x as much for 8 rows as for 1, and 2.2x
-    as much as MatMulInteger's for 8 rows: bench/results/serve_int8_rowwise_2026-11-30.md.)
+    rows of its batch. (``quantize_dynamic`` has one activation scale for the whole batch: a
+    request's tokens change with its neighbours. An 8-bit MatMulNBits is invariant too, but on CPUs
+    without AVX-VNNI its int8 kernel costs 6x as much for 8 rows as for 1, and 2.2x as much as
+    MatMulInteger's for 8 rows: bench/results/serve_int8_rowwise_2026-11-30.md.)
 
     Args:
         block_size: weights per scale of the untied embedding table (GatherBlockQuantized accepts

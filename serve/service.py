@@ -636,7 +636,7 @@ class LoopPoster:
     :meth:`post` (any thread) appends to an outbox; the first post after a delivery schedules one
     callback on the loop (``call_soon_threadsafe``: a write to the loop's self-pipe), which puts
     everything posted until then on its queue. So the loop wakes once per engine step however many
-    tokens the step made (one write per token before; bench/results/serve_speed_2026-12-01.md).
+    tokens the step made (not once per token: bench/results/serve_speed_2026-12-01.md).
     :meth:`post_later` only appends; :meth:`flush` schedules the delivery (serve's engine has it called
     after an engine step that emitted an urgent item: :meth:`Service._flush_events`), and while streams
     run on the loop (:meth:`watch`) the loop takes the outbox itself every ``interval_s``, woken by its own
