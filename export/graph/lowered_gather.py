@@ -108,6 +108,7 @@ def _lower_gbq(graph: onnx.GraphProto, node: onnx.NodeProto, inits: dict, produc
         hi = floor(x / 16), lo = x - 16 hi (exact in float32 for 0..255); lo and hi are stacked on
         a new last axis, [..., k, 2], and reshaped to [*ids_shape, 2k], which interleaves them as
         element 2i (low), 2i+1 (high); the Slice drops the padding nibble of an odd count."""
+        assert sixteen is not None  # only 4-bit codes are unpacked, and for them the constant exists
         new.extend(
             [
                 make("Div", [x, sixteen], [f"{p}/{tag}_div"], name=f"{p}/Div_{tag}"),

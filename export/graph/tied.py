@@ -84,7 +84,9 @@ def find_tied_embedding(graph: onnx.GraphProto) -> Optional[TiedEmbedding]:
     producer = {out: node for node in graph.node for out in node.output}
     # "logits": the decoder's output name (prodip.base.onnx_io); its producer is the lm_head
     lm_head = next((n for n in graph.node if n.op_type == "MatMul" and "logits" in n.output), None)
-    transpose = producer.get(lm_head.input[1]) if lm_head is not None else None
+    if lm_head is None:
+        return None
+    transpose = producer.get(lm_head.input[1])
     if transpose is None or transpose.op_type != "Transpose" or transpose.input[0] not in inits:
         return None
     table = inits[transpose.input[0]]
