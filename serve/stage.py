@@ -21,40 +21,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 
 from prodip.base.errors import StageFailed
-from prodip.base.records import Number, Record, refuse_newer
+from prodip.base.records import Number, Record, RecordPart, refuse_newer
 from prodip.base.stage import RunContext, Stage
 from prodip.serve.config import ServeConfig
 
 COMPLETIONS_FILE = "completions.json"
 
 
-class Usage(BaseModel):
+class Usage(RecordPart):
     """OpenAI's ``usage`` of one answer, as the server gave it (tokens)."""
-
-    model_config = ConfigDict(extra="allow")
 
     prompt_tokens: StrictInt | None = None
     completion_tokens: StrictInt | None = None
     total_tokens: StrictInt | None = None
 
 
-class ChatError(BaseModel):
+class ChatError(RecordPart):
     """Why the server gave no chat reply: the HTTP status, OpenAI's error ``code`` and its message."""
-
-    model_config = ConfigDict(extra="allow")
 
     status: StrictInt
     code: str | None = None
     message: str
 
 
-class Sampling(BaseModel):
+class Sampling(RecordPart):
     """``completions.json`` ``sampling``: the OpenAI parameters of every request the serve stage sent."""
-
-    model_config = ConfigDict(extra="allow")
 
     #: new tokens per completion and chat reply (tokens)
     max_tokens: StrictInt | None = None
@@ -68,10 +62,8 @@ class Sampling(BaseModel):
         return {k: v for k, v in self.model_dump(exclude_none=True).items() if k != "max_tokens"}
 
 
-class Completion(BaseModel):
+class Completion(RecordPart):
     """``completions.json`` ``completions[lang]``: one prompt sent to ``/v1/completions`` and its answer."""
-
-    model_config = ConfigDict(extra="allow")
 
     prompt: str
     completion: str
@@ -81,11 +73,9 @@ class Completion(BaseModel):
     seconds: Number | None = None
 
 
-class ChatReply(BaseModel):
+class ChatReply(RecordPart):
     """``completions.json`` ``chat[lang]``: one user message sent to ``/v1/chat/completions`` and the reply,
     or ``error`` (``{status, code, message}``) when the server cannot chat with the model (:func:`chat_reply`)."""
-
-    model_config = ConfigDict(extra="allow")
 
     user: str
     reply: str | None = None

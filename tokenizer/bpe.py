@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import Field, StrictInt
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, chat_contract
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, raise_for_room
-from prodip.base.records import Number, Record, check_replaceable_dir
+from prodip.base.records import Number, Record, RecordPart, check_replaceable_dir
 from prodip.base.sources import match_sources
 from prodip.base.specials import Specials, read_specials
 from prodip.tokenizer.config import KINDS, TokenizerTrainConfig
@@ -72,13 +72,11 @@ FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TRAIN_INFO_FILE = "train_info.json"
 
 
-class TrainSource(BaseModel):
+class TrainSource(RecordPart):
     """One entry of ``train_info.json`` ``sources`` (:meth:`Source.record`): an ``inputs`` or ``word_counts``
     entry of one language with its weight and characters; a word-count table adds ``words``, the shares and,
     for ``wordfreq:LANG``, ``license`` (``license`` SPDX id, ``url``, ``wordlist``, ``attribution``, ...)
     and ``version``. Fields in the order the file has them; those a kind does not write stay unset."""
-
-    model_config = ConfigDict(extra="allow")
 
     language: str
     source: str

@@ -12,29 +12,25 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
 #: the tokenizer dir's format_version: ``train_info.json``'s and ``fertility.json``'s
 FORMAT_VERSION = 1
 FERTILITY_NAME = "fertility.json"
 
 
-class FertilityGate(BaseModel):
+class FertilityGate(RecordPart):
     """``fertility.json`` ``gate``: the minimum characters per token per language, and the verdict."""
-
-    model_config = ConfigDict(extra="allow")
 
     min_chars_per_token: dict[str, Number] = Field(default_factory=dict)
     passed: StrictBool
     failures: list[str] = Field(default_factory=list)
 
 
-class LanguageFertility(BaseModel):
+class LanguageFertility(RecordPart):
     """One language's fertility figures on the held-out text (:func:`prodip.tokenizer.audit.measure`)."""
-
-    model_config = ConfigDict(extra="allow")
 
     chars: StrictInt | None = None
     bytes: StrictInt | None = None
@@ -54,11 +50,9 @@ class LanguageFertility(BaseModel):
     token_share_over_char_share: Number | None = None
 
 
-class AuditBaseline(BaseModel):
+class AuditBaseline(RecordPart):
     """``fertility.json`` ``baseline``: a second tokenizer audited on the same text (``kind`` naive: the
     GPT-2-style baseline; compare: ``[audit] compare_dir``)."""
-
-    model_config = ConfigDict(extra="allow")
 
     kind: str | None = None
     tokenizer_dir: str | None = None

@@ -409,9 +409,10 @@ class EvalConfig:
         "extended) on the same text, compared in bits/char",
     )
     tasks: list[str] = opt(
-        help="lm-evaluation-harness tasks to score (loglikelihood kinds: multiple choice, perplexity), e.g. "
-        "prodip_tatoeba_en2bn,prodip_tatoeba_bn2en,prodip_hellaswag_en (bundled, offline: train/tasks/) or a "
-        "harness task such as belebele_ben_Beng (downloads its data; docs/eval.md)",
+        help="lm-evaluation-harness tasks to score (multiple choice, perplexity; generation tasks through the chat "
+        "template, on a chat checkpoint only), e.g. prodip_tatoeba_en2bn,prodip_tatoeba_bn2en,prodip_hellaswag_en, "
+        "prodip_tatoeba_chat_en2bn (bundled, offline: train/tasks/) or a harness task such as belebele_ben_Beng "
+        "(downloads its data; docs/eval.md)",
         factory=list,
     )
     task_paths: list[str] = opt(help="more folders of lm-eval task YAML (--include_path)", factory=list)

@@ -332,7 +332,10 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             },
         }
     if cfg.tasks:
-        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end)
+        chat = lmeval.chat_format(info["tokenizer_dir"])  # None for a base model: its chat tasks are left out
+        result["tasks"] = score_tasks(
+            cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end, chat=chat
+        )
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
     EvalReport.from_dict(result, out).write(out)
@@ -445,11 +448,14 @@ def score_tasks(
     *,
     bos_id: int,
     eos_id: int,
+    chat: Optional[lmeval.ChatFormat] = None,
 ) -> dict[str, Any]:
     """lm-evaluation-harness tasks on each model (``prodip.train.lmeval``): ``{settings, rows}``, a row per
     task with every model's scores and standard errors, and seconds per model. ``bos_id``: the token a
     context follows (the harness's prefix token: the bos, or the end of the document before where the
-    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token)."""
+    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token); ``chat``: the checkpoint's
+    chat format, through which every model answers the generation (chat) tasks; None (a base model): those
+    tasks are left out (logged), their names stay in ``settings`` for a chat model's conformance run."""
     per_model = {}
     for name, model in models.items():
         lm = lmeval.make_lm(
@@ -459,6 +465,8 @@ def score_tasks(
             eos_id=eos_id,
             max_length=mcfg.max_position_embeddings,
             batch_size=cfg.batch_size,
+            step_fn=lmeval.torch_step(model, device),
+            chat=chat,
         )
         per_model[name] = lmeval.run_tasks(
             lm,

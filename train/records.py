@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import Field, StrictInt
 
 from prodip.base.manifest import FileEntry
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
 TRAINER_STATE_FILE = "trainer_state.json"
 CHECKPOINT_MANIFEST_FILE = "manifest.json"
@@ -69,21 +69,17 @@ class CheckpointManifest(Record):
     files: dict[str, FileEntry]
 
 
-class Checkpointed(BaseModel):
+class Checkpointed(RecordPart):
     """The checkpoint an evaluation scored (``eval.json`` ``checkpoint``)."""
-
-    model_config = ConfigDict(extra="allow")
 
     path: str
     step: StrictInt
     model_sha256: str
 
 
-class Figures(BaseModel):
+class Figures(RecordPart):
     """One model's held-out figures on one language's scored tokens (``eval.json`` ``languages[lang].trained``,
     ``random_init``, ``baseline``): NLL (nats), perplexity, bits per Unicode character."""
-
-    model_config = ConfigDict(extra="allow")
 
     nll_nats_total: Number | None = None
     nll_nats_per_token: Number | None = None
@@ -91,10 +87,8 @@ class Figures(BaseModel):
     bits_per_char: Number | None = None
 
 
-class LanguageEval(BaseModel):
+class LanguageEval(RecordPart):
     """``eval.json`` ``languages[lang]``: the target tokens and characters scored, and each model's figures."""
-
-    model_config = ConfigDict(extra="allow")
 
     tokens: StrictInt | None = None
     chars: StrictInt | None = None
@@ -104,10 +98,8 @@ class LanguageEval(BaseModel):
     baseline: Figures | None = None
 
 
-class AssistantLoss(BaseModel):
+class AssistantLoss(RecordPart):
     """``sft_eval.json`` ``before[lang]`` / ``after[lang]``: held-out assistant-token loss of one language."""
-
-    model_config = ConfigDict(extra="allow")
 
     conversations: StrictInt | None = None
     assistant_tokens: StrictInt | None = None

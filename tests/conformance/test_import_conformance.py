@@ -152,3 +152,34 @@ def test_the_bases_end_of_text_stops_in_every_runtime(tmp_path):
     assert bad["chat_end_of_turn_stops"]["passed"] is True
     assert bad["chat_stop_ids_stop"]["passed"] is False
     assert bad["chat_stop_ids_stop"]["note"] == "stop ids that do not end generation: onnxruntime-genai [0]"
+
+
+@pytest.mark.slow
+def test_pte_with_a_shorter_window_is_checked_within_it(tmp_path):
+    """Llama 3.2's 131072-token window makes a .pte no runtime can load; ``pte_max_seq_len`` builds it with a
+    1024-token KV window: the program says so (get_max_seq_len), the manifest records it, and conformance
+    checks every candidate within it (the context prompt is 1024 tokens), against prodip's reference."""
+    pytest.importorskip("executorch")
+    import json
+
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance.device_runners import pte_metadata
+    from prodip.conformance.suite import run_conformance
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+
+    folder = build_standin("llama32", tmp_path / "llama32")
+    cfg = ExportConfig(
+        checkpoint=str(folder), out=str(tmp_path / "export"), variants=["fp32", "pte-fp32"], pte_max_seq_len=1024
+    )
+    out = export_checkpoint(cfg)
+    assert load_manifest(out).variants["pte-fp32"].max_seq_len == 1024
+    meta = pte_metadata(out / load_manifest(out).variants["pte-fp32"].path)
+    assert (meta["get_max_seq_len"], meta["get_max_context_len"]) == (1024, 1024)
+    # the stop ids are the export's: <|eot_id|>, <|end_of_text|>, <|eom_id|>
+    assert meta["get_eos_ids"] == json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    report = run_conformance(_config(out))
+    failed = [(n, c["metric"]) for n, cand in report["candidates"].items() for c in cand["checks"] if not c["passed"]]
+    assert report["passed"] and not failed, failed
+    assert report["inputs"]["window"] == 1024 and report["inputs"]["items"]["prompt:context"] == [1, 1024]
+    assert report["candidates"]["pte-fp32"]["metrics"]["runtime_metadata_ok"] is True

@@ -229,10 +229,20 @@ def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
 
     cfg = ExportConfig(checkpoint=str(standins["llama32"]), out=str(tmp_path / "pte"), variants=["pte-fp32"])
     with pytest.raises(
-        InvalidInput, match=r"pte-fp32: the program would plan \d+\.\d GiB .*max_position_embeddings = 131072"
+        InvalidInput,
+        match=r"pte-fp32: the program would plan \d+\.\d GiB .*max_position_embeddings = 131072.*--pte-max-seq-len N",
     ):
         export_checkpoint(cfg)
     assert not (tmp_path / "pte").exists()
+    # a window longer than the model's is refused before anything is written
+    long = ExportConfig(
+        checkpoint=str(standins["smollm2"]), out=str(tmp_path / "long"), variants=["pte-fp32"], pte_max_seq_len=8193
+    )
+    with pytest.raises(InvalidInput, match="pte_max_seq_len = 8193 exceeds the model's max_position_embeddings = 8192"):
+        export_checkpoint(long)
+    assert not (tmp_path / "long").exists()
+    with pytest.raises(InvalidInput, match="pte_max_seq_len must be >= 0"):
+        ExportConfig(pte_max_seq_len=-1)
 
 
 def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):
