@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import unicodedata
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -289,7 +290,7 @@ def load_heldout(
     *,
     max_chars: int,
     errors: str,
-    training_files: list[str] = (),
+    training_files: Sequence[str] = (),
     text_field: str = "text",
 ) -> dict[str, list[str]]:
     """Documents per language, at most ``max_chars`` characters each.
