@@ -43,7 +43,15 @@ from prodip.base.errors import MissingInput, OutputExists
 from prodip.base.layout import TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Number, Record, refuse_newer
-from prodip.base.stage import STAGE_TIMES_FILE, CompletionRequests, RunContext, Stage, StageTimes, made_from
+from prodip.base.stage import (
+    STAGE_TIMES_FILE,
+    CompletionRequests,
+    RunContext,
+    Stage,
+    StageTime,
+    StageTimes,
+    made_from,
+)
 from prodip.serve.records import Completions
 from prodip.train.records import (
     CHECKPOINT_MANIFEST_FILE,
@@ -419,7 +427,7 @@ class RunSummary(Record):
     #: stage -> wall seconds of this invocation
     timings_s: dict[str, Number] = Field(default_factory=dict)
     #: stage -> {seconds, complete, invocations} over every invocation (``stage_times.json``)
-    stage_times: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    stage_times: dict[str, StageTime] = Field(default_factory=dict)
     ok: StrictBool
     problems: list[str] = Field(default_factory=list)
 

@@ -22,6 +22,20 @@ from prodip.serve.config import ServeConfig
 from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, TokenizerTrainConfig
 from prodip.train.config import EvalConfig, ModelConfig, SFTConfig, TrainConfig
 
+#: any one table's config
+StageConfig = (
+    TokenizerTrainConfig
+    | AuditConfig
+    | DataPrepareConfig
+    | ModelConfig
+    | TrainConfig
+    | EvalConfig
+    | SFTConfig
+    | ExportConfig
+    | ConformanceConfig
+    | ServeConfig
+)
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -44,13 +58,14 @@ class RunPlan:
         hints = typing.get_type_hints(cls)
         return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
-    def configs(self) -> dict[str, Any]:
+    def configs(self) -> dict[str, StageConfig]:
         """Config table -> its config, in pipeline order (for the resolved ``config.toml``)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        configs: dict[str, StageConfig] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return configs
 
-    def table(self, name: str) -> Any | None:
+    def table(self, name: str) -> StageConfig | None:
         """The config of table ``name`` (``None``: no such table, e.g. in a changed key of an older config)."""
-        return getattr(self, name) if name in {f.name for f in dataclasses.fields(self)} else None
+        return self.configs().get(name)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Config table -> its config as a plain dict (``dataclasses.asdict``)."""

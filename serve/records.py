@@ -7,13 +7,44 @@ stage fetched over HTTP from the real server (written by :func:`prodip.serve.sta
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from prodip.base.records import Number, Record, RecordPart
 
 COMPLETIONS_FILE = "completions.json"
+
+
+class Usage(RecordPart):
+    """OpenAI's ``usage`` of one answer, as the server gave it (tokens)."""
+
+    prompt_tokens: StrictInt | None = None
+    completion_tokens: StrictInt | None = None
+    total_tokens: StrictInt | None = None
+
+
+class ChatError(RecordPart):
+    """Why the server gave no chat reply: the HTTP status, OpenAI's error ``code`` and its message."""
+
+    status: StrictInt
+    code: str | None = None
+    message: str
+
+
+class Sampling(RecordPart):
+    """``completions.json`` ``sampling``: the OpenAI parameters of every request the serve stage sent."""
+
+    #: new tokens per completion and chat reply (tokens)
+    max_tokens: StrictInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    frequency_penalty: Number | None = None
+    seed: StrictInt | None = None
+
+    def request(self) -> dict[str, int | float]:
+        """The parameters set, as the keys of an OpenAI request body (``max_tokens`` left to the caller)."""
+        return {k: v for k, v in self.model_dump(exclude_none=True).items() if k != "max_tokens"}
 
 
 class Completion(RecordPart):
@@ -22,8 +53,7 @@ class Completion(RecordPart):
     prompt: str
     completion: str
     finish_reason: str | None = None
-    #: OpenAI's ``usage`` (prompt_tokens, completion_tokens, total_tokens)
-    usage: dict[str, Any] | None = None
+    usage: Usage | None = None
     #: wall time of the request (seconds)
     seconds: Number | None = None
 
@@ -35,9 +65,9 @@ class ChatReply(RecordPart):
     user: str
     reply: str | None = None
     finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: Usage | None = None
     seconds: Number | None = None
-    error: dict[str, Any] | None = None
+    error: ChatError | None = None
 
 
 class Completions(Record):
@@ -54,8 +84,7 @@ class Completions(Record):
     variant: str
     #: the completions endpoint the run asked (a loopback port, gone after the run)
     url: str
-    #: ``max_tokens``, ``temperature``, ``top_p``, ``frequency_penalty``, ``seed``
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: Sampling = Field(default_factory=Sampling)
     #: language -> the completion of its prompt
     completions: dict[str, Completion] = Field(default_factory=dict)
     #: language -> the chat reply to its user message

@@ -43,6 +43,7 @@ from prodip.serve.schemas import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    Conformance,
     DetokenizeRequest,
     DetokenizeResponse,
     GenerateRequest,
@@ -50,6 +51,7 @@ from prodip.serve.schemas import (
     Health,
     ModelCard,
     ModelList,
+    SpecialToken,
     TokenizeRequest,
     TokenizeResponse,
     TokenizerInfo,
@@ -178,11 +180,13 @@ def _sse(chunks: AsyncGenerator[str, None], events: EventStream) -> StreamingRes
     return _SSEResponse(chunks, events.ready)
 
 
-def _conformance(svc: Service) -> dict[str, Any]:
-    """``{verified, loosened_tolerances: [{table, metric, shipped, used}]}`` of the served variant:
+def _conformance(svc: Service) -> Conformance:
+    """The served variant's ``{verified, loosened_tolerances: [{table, metric, shipped, used}]}``:
     loosened = bounds of the tolerance file its verdict was made with that are looser than the shipped
     conformance/tolerances.toml (empty: the shipped bounds or stricter)."""
-    return {"verified": svc.info.verified, "loosened_tolerances": svc.info.loosened_tolerances}
+    return Conformance.model_validate(
+        {"verified": svc.info.verified, "loosened_tolerances": svc.info.loosened_tolerances}
+    )
 
 
 # ---- status: health, models, metrics ------------------------------------------------------------
@@ -205,32 +209,32 @@ async def health(svc: Svc) -> JSONResponse:
         "model": svc.model_name,
         "variant": svc.info.variant,
         "verified": svc.info.verified,
-        "conformance": _conformance(svc),
+        "conformance": _conformance(svc).model_dump(mode="json"),
     }
     if svc.load_error:
         body["error"] = svc.load_error
     return JSONResponse(body, status_code=200 if svc.ready.is_set() else 503)
 
 
-def _model_card(svc: Service) -> dict[str, Any]:
-    return {
-        "id": svc.model_name,
-        "object": "model",
-        "created": svc.created,
-        "owned_by": "prodip",
-        "variant": svc.info.variant,
-        "max_model_len": svc.info.max_model_len,
-        "conformance": _conformance(svc),
-    }
+def _model_card(svc: Service) -> ModelCard:
+    return ModelCard(
+        id=svc.model_name,
+        object="model",
+        created=svc.created,
+        owned_by="prodip",
+        variant=svc.info.variant,
+        max_model_len=svc.info.max_model_len,
+        conformance=_conformance(svc),
+    )
 
 
 @status_routes.get("/v1/models", response_model=None, responses={200: {"model": ModelList}})
-async def models(svc: Svc) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(svc)]}
+async def models(svc: Svc) -> ModelList:
+    return ModelList(object="list", data=[_model_card(svc)])
 
 
 @status_routes.get("/v1/models/{model}", response_model=None, responses={200: {"model": ModelCard}, **errors(404)})
-async def model(model: str, svc: Svc) -> dict[str, Any]:
+async def model(model: str, svc: Svc) -> ModelCard:
     """OpenAI's "retrieve model" (the ``openai`` client's ``models.retrieve``); 404 for another id."""
     svc.check_model(model)
     return _model_card(svc)
@@ -361,7 +365,7 @@ async def tokenize(req: TokenizeRequest, svc: Svc) -> JSONResponse:
 @tokenizer_routes.post(
     "/detokenize", response_model=None, responses={200: {"model": DetokenizeResponse}, **errors(404, 503)}
 )
-async def detokenize(req: DetokenizeRequest, svc: Svc) -> dict[str, Any]:
+async def detokenize(req: DetokenizeRequest, svc: Svc) -> DetokenizeResponse:
     """vLLM's shape ``{prompt}``, plus ``text`` (prodip's older name, the same string)."""
     svc.require_ready()
     svc.check_model(req.model)
@@ -373,35 +377,35 @@ async def detokenize(req: DetokenizeRequest, svc: Svc) -> dict[str, Any]:
         return svc.decode(req.tokens, req.skip_special_tokens)
 
     text = await off_loop(work)
-    return {"prompt": text, "text": text}
+    return DetokenizeResponse(prompt=text, text=text)
 
 
 @tokenizer_routes.get("/tokenizer_info", response_model=None, responses={200: {"model": TokenizerInfo}, **errors(503)})
-async def tokenizer_info(svc: Svc) -> dict[str, Any]:
+async def tokenizer_info(svc: Svc) -> TokenizerInfo:
     """vLLM's keys (``tokenizer_class``, ``bos_token``, ``eos_token``, ``pad_token``,
     ``model_max_length``, ``add_bos_token``, ``chat_template``: what lm-eval's remote tokenizer
     reads), then prodip's: vocabulary sizes, ids of the special tokens, sha256, normaliser."""
     svc.require_ready()
     tok = svc.tokenizer
     specials = {
-        name: {"id": tid, "text": tok.id_to_token(tid)}
+        name: SpecialToken(id=tid, text=tok.id_to_token(tid))
         for name, tid in (("pad", svc.pad_id), ("bos", svc.bos_id), ("eos", svc.eos_id))
     }
-    return {
-        "tokenizer_class": svc.tokenizer_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
-        "bos_token": specials["bos"]["text"],
-        "eos_token": specials["eos"]["text"],
-        "pad_token": specials["pad"]["text"],
-        "model_max_length": svc.info.max_model_len,
-        "add_bos_token": svc.adds_bos,
-        "chat_template": svc.tokenizer_config.get("chat_template"),
-        "vocab_size": tok.get_vocab_size(),
-        "model_vocab_size": svc.vocab_size,
-        "max_model_len": svc.info.max_model_len,
-        "tokenizer_sha256": svc.info.tokenizer_sha256,
-        "special_tokens": specials,
-        "normalizer": type(tok.normalizer).__name__ if tok.normalizer is not None else None,
-    }
+    return TokenizerInfo(
+        tokenizer_class=svc.tokenizer_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
+        bos_token=specials["bos"].text,
+        eos_token=specials["eos"].text,
+        pad_token=specials["pad"].text,
+        model_max_length=svc.info.max_model_len,
+        add_bos_token=svc.adds_bos,
+        chat_template=svc.tokenizer_config.get("chat_template"),
+        vocab_size=tok.get_vocab_size(),
+        model_vocab_size=svc.vocab_size,
+        max_model_len=svc.info.max_model_len,
+        tokenizer_sha256=svc.info.tokenizer_sha256,
+        special_tokens=specials,
+        normalizer=type(tok.normalizer).__name__ if tok.normalizer is not None else None,
+    )
 
 
 # ---- playground: a page for people (not part of the API document) -------------------------------

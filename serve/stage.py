@@ -17,14 +17,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from prodip.base.errors import StageFailed
 from prodip.base.records import refuse_newer
 from prodip.base.stage import RunContext, Stage
 from prodip.serve.config import ServeConfig
-from prodip.serve.records import COMPLETIONS_FILE, Completions
+from prodip.serve.records import COMPLETIONS_FILE, ChatError, ChatReply, Completion, Completions, Sampling
 
 
 def free_port() -> int:
@@ -84,34 +87,54 @@ def _http_post_status(url: str, body: dict[str, Any], timeout_s: float = 120.0) 
             return err.code, {"detail": text[:500]}
 
 
-def chat_reply(base: str, model_id: str, content: str, max_tokens: int, sampling: dict[str, Any]) -> dict[str, Any]:
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _answer(url: str, record: type[_M], **fields: Any) -> _M:
+    """``record`` made from the fields read off a server answer.
+
+    Raises:
+        StageFailed: a field of the answer has the wrong type (the URL, field and why named).
+    """
+    try:
+        return record(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise StageFailed(f"{url}: unexpected answer: {where}: {first['msg']}") from None
+
+
+def chat_reply(base: str, model_id: str, content: str, max_tokens: int, sampling: Sampling) -> ChatReply:
     """One user message to ``/v1/chat/completions``; the reply is OpenAI's ``choices[0].message.content``.
 
     A model the server cannot chat with (an export without a chat template answers 400, OpenAI error
-    code ``chat_not_supported``; a server without the route, 404) gives ``{"error": {"status", "code",
-    "message"}}`` instead of a reply, so the run shows why rather than failing.
+    code ``chat_not_supported``; a server without the route, 404) gives a reply with ``error`` (status, code,
+    message) instead, so the run shows why rather than failing.
 
     Raises:
         StageFailed: any other HTTP error (the status and the server's message named).
     """
-    body = {"model": model_id, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **sampling}
+    messages = [{"role": "user", "content": content}]
+    body = {"model": model_id, "messages": messages, "max_tokens": max_tokens, **sampling.request()}
     t0 = time.perf_counter()
     status, doc = _http_post_status(f"{base}/v1/chat/completions", body)
     if status in (400, 404):
         error = doc.get("error")
-        err: dict[str, Any] = error if isinstance(error, dict) else {}
+        err = error if isinstance(error, dict) else {}
         message = err.get("message") or doc.get("detail") or json.dumps(doc)[:300]
-        return {"user": content, "error": {"status": status, "code": err.get("code"), "message": str(message)}}
+        return ChatReply(user=content, error=ChatError(status=status, code=err.get("code"), message=str(message)))
     if status != 200:
         raise StageFailed(f"{base}/v1/chat/completions: HTTP {status}: {json.dumps(doc)[:500]}")
     choice = doc["choices"][0]
-    return {
-        "user": content,
-        "reply": choice["message"]["content"],
-        "finish_reason": choice.get("finish_reason"),
-        "usage": doc.get("usage"),
-        "seconds": time.perf_counter() - t0,
-    }
+    return _answer(
+        f"{base}/v1/chat/completions",
+        ChatReply,
+        user=content,
+        reply=choice["message"]["content"],
+        finish_reason=choice.get("finish_reason"),
+        usage=doc.get("usage"),
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def serve_run(
@@ -121,7 +144,7 @@ def serve_run(
     max_tokens: int,
     timeout_s: float,
     out_dir: Path,
-    sampling: dict[str, Any] | None = None,
+    sampling: Mapping[str, int | float] | None = None,
     chat_prompts: dict[str, str] | None = None,
 ) -> Completions:
     """Start ``prodip serve`` on a free loopback port, fetch one completion per prompt (and one chat
@@ -144,7 +167,7 @@ def serve_run(
             named); checked before the server starts, and the file is left as it is.
     """
     refuse_newer(Completions, out_dir / COMPLETIONS_FILE, action="the serve stage", instead="choose another --out-dir")
-    sampling = {"temperature": 0.0, **(sampling or {})}
+    used = Sampling.model_validate({"max_tokens": max_tokens, "temperature": 0.0, **(sampling or {})})
     port = free_port()
     cmd = [
         sys.executable,
@@ -171,17 +194,19 @@ def serve_run(
             results = {}
             for lang, prompt in prompts.items():
                 t0 = time.perf_counter()
-                body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, **sampling}
+                body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, **used.request()}
                 resp = _http_json(f"{base}/v1/completions", body)
-                results[lang] = {
-                    "prompt": prompt,
-                    "completion": resp["choices"][0]["text"],
-                    "finish_reason": resp["choices"][0].get("finish_reason"),
-                    "usage": resp.get("usage"),
-                    "seconds": time.perf_counter() - t0,
-                }
+                results[lang] = _answer(
+                    f"{base}/v1/completions",
+                    Completion,
+                    prompt=prompt,
+                    completion=resp["choices"][0]["text"],
+                    finish_reason=resp["choices"][0].get("finish_reason"),
+                    usage=resp.get("usage"),
+                    seconds=time.perf_counter() - t0,
+                )
             chats = {
-                lang: chat_reply(base, model_id, content, max_tokens, sampling)
+                lang: chat_reply(base, model_id, content, max_tokens, used)
                 for lang, content in (chat_prompts or {}).items()
             }
         finally:
@@ -190,15 +215,14 @@ def serve_run(
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    doc = {
-        "format_version": Completions.FORMAT_VERSION,
-        "variant": cfg.variant,
-        "url": f"http://127.0.0.1:{port}/v1/completions",
-        "sampling": {"max_tokens": max_tokens, **sampling},
-        "completions": results,
-        "chat": chats,
-    }
-    record = Completions.from_dict(doc, out_dir / COMPLETIONS_FILE)
+    record = Completions(
+        format_version=Completions.FORMAT_VERSION,
+        variant=cfg.variant,
+        url=f"http://127.0.0.1:{port}/v1/completions",
+        sampling=used,
+        completions=results,
+        chat=chats,
+    )
     record.write(out_dir / COMPLETIONS_FILE)
     return record
 
@@ -226,7 +250,7 @@ def serve_stage_run(cfg: ServeConfig, ctx: RunContext) -> Completions:
         cfg,
         prompts=req.prompts,
         max_tokens=req.max_tokens,
-        sampling=dict(req.sampling),
+        sampling=req.sampling,
         timeout_s=req.timeout_s,
         out_dir=ctx.out_dir,
         chat_prompts=req.chat_prompts,

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import unicodedata
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -289,7 +290,7 @@ def load_heldout(
     *,
     max_chars: int,
     errors: str,
-    training_files: list[str] = (),
+    training_files: Sequence[str] = (),
     text_field: str = "text",
 ) -> dict[str, list[str]]:
     """Documents per language, at most ``max_chars`` characters each.
@@ -484,31 +485,36 @@ def run_audit(cfg: AuditConfig) -> FertilityReport:
 
 def format_table(report: FertilityReport) -> str:
     """The audit as a fixed-width text table (ours, and the baseline's figures beside them)."""
-    base = (report.baseline or {}).get("languages", {})
+    base = report.baseline.languages if report.baseline is not None else {}
     head = (
         f"{'lang':<5} {'chars/tok':>9} {'ceiling':>7} {'bytes/tok':>9} {'tok/word':>8} {'in-clust%':>9} {'bytefb%':>8} "
         f"{'tok/char share':>14} {'lossless':>8}"
     )
-    label = "naive" if (report.baseline or {}).get("kind") == "naive" else "other"
+    label = "naive" if report.baseline is not None and report.baseline.kind == "naive" else "other"
     if base:
         head += f" | {label + ' c/t':>9} {label + ' t/w':>9} {label + ' in%':>9} {label + ' share':>11}"
     lines = [f"tokenizer {report.tokenizer_sha256[:12]} (vocab {report.vocab_size})"]
-    if report.baseline and label == "other":
+    if report.baseline is not None and label == "other":
         b = report.baseline
-        lines.append(f"other: {b['tokenizer_dir']} {b['tokenizer_sha256'][:12]} (vocab {b['vocab_size']})")
+        lines.append(f"other: {b.tokenizer_dir} {(b.tokenizer_sha256 or '')[:12]} (vocab {b.vocab_size})")
     lines += [head, "-" * len(head)]
+    nan = float("nan")
+
+    def num(value: float | None) -> float:
+        return nan if value is None else float(value)
+
     for lang, m in report.languages.items():
         line = (
-            f"{lang:<5} {m['chars_per_token']:>9.3f} {m.get('chars_per_pretoken', float('nan')):>7.3f} "
-            f"{m['bytes_per_token']:>9.3f} {m['tokens_per_word']:>8.3f} "
-            f"{100 * m['inside_cluster_share']:>9.2f} {100 * m['byte_fallback_share']:>8.3f} "
-            f"{m['token_share_over_char_share']:>14.3f} {str(m['lossless']):>8}"
+            f"{lang:<5} {num(m.chars_per_token):>9.3f} {num(m.chars_per_pretoken):>7.3f} "
+            f"{num(m.bytes_per_token):>9.3f} {num(m.tokens_per_word):>8.3f} "
+            f"{100 * num(m.inside_cluster_share):>9.2f} {100 * num(m.byte_fallback_share):>8.3f} "
+            f"{num(m.token_share_over_char_share):>14.3f} {str(m.lossless):>8}"
         )
         if lang in base:
-            b = base[lang]
+            bl = base[lang]
             line += (
-                f" | {b['chars_per_token']:>9.3f} {b['tokens_per_word']:>9.3f} "
-                f"{100 * b['inside_cluster_share']:>9.2f} {b['token_share_over_char_share']:>11.3f}"
+                f" | {num(bl.chars_per_token):>9.3f} {num(bl.tokens_per_word):>9.3f} "
+                f"{100 * num(bl.inside_cluster_share):>9.2f} {num(bl.token_share_over_char_share):>11.3f}"
             )
         lines.append(line)
     lines.append(

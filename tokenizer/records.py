@@ -29,6 +29,38 @@ class FertilityGate(RecordPart):
     failures: list[str] = Field(default_factory=list)
 
 
+class LanguageFertility(RecordPart):
+    """One language's fertility figures on the held-out text (:func:`prodip.tokenizer.audit.measure`)."""
+
+    chars: StrictInt | None = None
+    bytes: StrictInt | None = None
+    words: StrictInt | None = None
+    tokens: StrictInt | None = None
+    chars_per_token: Number | None = None
+    bytes_per_token: Number | None = None
+    tokens_per_word: Number | None = None
+    #: share of tokens that end inside a grapheme cluster, and of byte-fallback tokens
+    inside_cluster_share: Number | None = None
+    byte_fallback_share: Number | None = None
+    #: every held-out document decodes back to itself
+    lossless: StrictBool | None = None
+    #: characters per pre-token: the most chars/token any vocabulary behind this pre-tokenizer reaches
+    chars_per_pretoken: Number | None = None
+    #: the language's share of the tokens over its share of the characters
+    token_share_over_char_share: Number | None = None
+
+
+class AuditBaseline(RecordPart):
+    """``fertility.json`` ``baseline``: a second tokenizer audited on the same text (``kind`` naive: the
+    GPT-2-style baseline; compare: ``[audit] compare_dir``)."""
+
+    kind: str | None = None
+    tokenizer_dir: str | None = None
+    vocab_size: StrictInt | None = None
+    tokenizer_sha256: str | None = None
+    languages: dict[str, LanguageFertility] = Field(default_factory=dict)
+
+
 class FertilityReport(Record):
     """A tokenizer dir's ``fertility.json``: the audit (format_version 1, the tokenizer dir's version).
     Written by :func:`prodip.tokenizer.audit.run_audit` (``prodip tokenizer audit``), read by
@@ -43,12 +75,11 @@ class FertilityReport(Record):
     vocab_size: StrictInt
     created_utc: str | None = None
     config: dict[str, Any] | None = None
-    #: language -> figures (:func:`prodip.tokenizer.audit.measure`)
-    languages: dict[str, dict[str, Any]]
+    languages: dict[str, LanguageFertility]
     #: ``train_info.json``'s ``sources`` (absent in audits made before sources were recorded)
     training_sources: list[dict[str, Any]] | None = None
     gate: FertilityGate
     sample: dict[str, Any] | None = None
     sample_warnings: list[str] = Field(default_factory=list)
-    baseline: dict[str, Any] | None = None
+    baseline: AuditBaseline | None = None
     parity: dict[str, Any] | None = None

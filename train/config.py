@@ -123,7 +123,7 @@ class ModelConfig:
                     f"num_attention_heads ({self.num_attention_heads}), or set head_dim"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        if self.head_dim % 2:
+        if self._head_dim() % 2:
             raise InvalidInput(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         check_rope_scaling(self.rope_scaling, source="ModelConfig.rope_scaling")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -153,6 +153,10 @@ class ModelConfig:
             )
         return self
 
+    def _head_dim(self) -> int:
+        """``head_dim``: the field as set (by ``__post_init__`` when not given), typed as the int it is by then."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
     def _vocab(self) -> int:
         if self.vocab_size is None:
             raise InvalidInput(
@@ -167,8 +171,7 @@ class ModelConfig:
         Raises:
             InvalidInput: the vocabulary size is not resolved yet (see :meth:`with_vocab_size`).
         """
-        self._vocab()
-        D, L, V, Dh = self.hidden_size, self.num_hidden_layers, self.vocab_size, self.head_dim
+        D, L, V, Dh = self.hidden_size, self.num_hidden_layers, self._vocab(), self._head_dim()
         attn = D * Dh * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
         mlp = 3 * D * self.intermediate_size
         per_layer = attn + mlp + 2 * D
@@ -187,7 +190,7 @@ class ModelConfig:
         n = self.num_parameters(include_embedding=False)
         if self.tie_word_embeddings:  # the tied matrix still does the lm_head matmul
             n += self._vocab() * self.hidden_size
-        attn = 12 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * seq_len
+        attn = 12 * self.num_hidden_layers * self.num_attention_heads * self._head_dim() * seq_len
         return 6.0 * n + attn
 
     # ---- (de)serialisation -----------------------------------------------------------------

@@ -77,6 +77,37 @@ class Checkpointed(RecordPart):
     model_sha256: str
 
 
+class Figures(RecordPart):
+    """One model's held-out figures on one language's scored tokens (``eval.json`` ``languages[lang].trained``,
+    ``random_init``, ``baseline``): NLL (nats), perplexity, bits per Unicode character."""
+
+    nll_nats_total: Number | None = None
+    nll_nats_per_token: Number | None = None
+    perplexity: Number | None = None
+    bits_per_char: Number | None = None
+
+
+class LanguageEval(RecordPart):
+    """``eval.json`` ``languages[lang]``: the target tokens and characters scored, and each model's figures."""
+
+    tokens: StrictInt | None = None
+    chars: StrictInt | None = None
+    trained: Figures | None = None
+    random_init: Figures | None = None
+    #: ``[eval] baseline``'s figures (with its own tokenizer: on the same text, its ``chars_per_token`` too)
+    baseline: Figures | None = None
+
+
+class AssistantLoss(RecordPart):
+    """``sft_eval.json`` ``before[lang]`` / ``after[lang]``: held-out assistant-token loss of one language."""
+
+    conversations: StrictInt | None = None
+    assistant_tokens: StrictInt | None = None
+    assistant_chars: StrictInt | None = None
+    nll_nats_per_token: Number | None = None
+    bits_per_char: Number | None = None
+
+
 class EvalReport(Record):
     """``eval.json`` (format_version 1): held-out NLL and bits/char of a checkpoint and its random twin."""
 
@@ -91,8 +122,7 @@ class EvalReport(Record):
     shards_meta_sha256: str | None = None
     config: dict[str, Any] | None = None
     units: dict[str, str] = Field(default_factory=dict)
-    #: language -> {trained: figures, random_init: figures, ...}
-    languages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    languages: dict[str, LanguageEval] = Field(default_factory=dict)
     skipped_languages: dict[str, str] = Field(default_factory=dict)
     mc: dict[str, Any] | None = None
     #: lm-evaluation-harness tasks: ``{settings, rows: [{task, language, output_type, shots, items, metric, chance,
@@ -103,8 +133,7 @@ class EvalReport(Record):
 
 class SftEvalReport(Record):
     """A fine-tuning run's ``sft_eval.json`` (format_version 1): held-out assistant-token loss before and
-    after (``before``/``after``: language -> {conversations, assistant_tokens, assistant_chars,
-    nll_nats_per_token, bits_per_char})."""
+    after (``before``/``after``: language -> :class:`AssistantLoss`)."""
 
     FILE: ClassVar[str] = SFT_EVAL_FILE
     MAKER: ClassVar[str] = "`prodip sft`"
@@ -114,8 +143,8 @@ class SftEvalReport(Record):
     inputs_sha256: str | None = None
     metric: str | None = None
     train_conversations: StrictInt | None = None
-    before: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    after: dict[str, dict[str, Any]] | None = None
+    before: dict[str, AssistantLoss] = Field(default_factory=dict)
+    after: dict[str, AssistantLoss] | None = None
     step: StrictInt | None = None
     model_sha256: str | None = None
     #: ``[sft] replay_share`` > 0: share_of_rows, shards_dir, shards_meta_sha256, trained_tokens {chat, replay},

@@ -39,7 +39,7 @@ from prodip.tokenizer.shards import meta_sha256
 from prodip.train import chat, checkpoint, distributed, init
 from prodip.train.config import ModelConfig, SFTConfig
 from prodip.train.data import MixtureBatches
-from prodip.train.records import SFT_EVAL_FILE, SftEvalReport, TrainerState
+from prodip.train.records import SFT_EVAL_FILE, AssistantLoss, SftEvalReport, TrainerState
 from prodip.train.trainer import _Run
 
 log = logging.getLogger("prodip.sft")
@@ -301,13 +301,13 @@ class _SFTRun(_Run):
             replay = self.replay_record()
             self._write_eval({**update, **({"replay": replay} if replay is not None else {})})
             for lang, a in after.items():
-                b = SftEvalReport.read(self.run_dir / EVAL_FILE).before.get(lang, {})
+                b = SftEvalReport.read(self.run_dir / EVAL_FILE).before.get(lang, AssistantLoss())
                 log.info(
                     "%s held-out assistant-token loss %.3f -> %.3f nats/token (%.3f -> %.3f bits/char)",
                     lang,
-                    b.get("nll_nats_per_token", math.nan),
+                    math.nan if b.nll_nats_per_token is None else b.nll_nats_per_token,
                     a["nll_nats_per_token"],
-                    b.get("bits_per_char", math.nan),
+                    math.nan if b.bits_per_char is None else b.bits_per_char,
                     a["bits_per_char"],
                 )
         return result

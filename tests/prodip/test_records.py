@@ -537,7 +537,7 @@ def test_files_written_before_their_records_still_read(tmp_path):
     were recorded, train_info.json of the first tokenizers (no sources, pretokenizer, ...), prodip_run.json as
     prodip run wrote it: each reads, and a version this prodip does not read is refused naming it."""
     from prodip.pipeline import CorpusStamps, RunMarker
-    from prodip.serve.records import Completions
+    from prodip.serve.records import Completions, Sampling
     from prodip.tokenizer.bpe import TrainInfo
 
     path = tmp_path / "corpus_inputs.json"
@@ -553,7 +553,8 @@ def test_files_written_before_their_records_still_read(tmp_path):
                                   "usage": {"total_tokens": 3}, "seconds": 0.5}}}  # fmt: skip
     path.write_text(json.dumps(old, indent=2, ensure_ascii=False))
     said = Completions.read(path)
-    assert said.sampling == {} and said.chat == {} and said.completions["en"].completion == " was"
+    assert said.sampling == Sampling() and said.chat == {} and said.completions["en"].completion == " was"
+    assert said.completions["en"].usage is not None and said.completions["en"].usage.total_tokens == 3
     assert said.to_dict() == old  # nothing added on the way back
 
     path = tmp_path / "train_info.json"

@@ -252,16 +252,17 @@ def test_pipeline_chat_reply_on_a_base_model_shows_why(server, monkeypatch):
     chat template gets no reply but the server's reason (400 chat_not_supported; 404 on a server without the
     route), not a crashed run; any other failure still raises."""
     from prodip.base.errors import StageFailed
-    from prodip.serve.stage import _http_json, chat_reply
+    from prodip.serve.stage import Sampling, _http_json, chat_reply
 
     base, _ = server
     monkeypatch.setenv("PRODIP_API_KEY", KEY)
     model_id = _http_json(f"{base}/v1/models")["data"][0]["id"]
-    got = chat_reply(base, model_id, "হ্যালো", 4, {"temperature": 0.0})
-    assert "reply" not in got and got["user"] == "হ্যালো" and got["error"]["message"], got
-    assert got["error"]["status"] in (400, 404)
-    if got["error"]["status"] == 400:
-        assert got["error"]["code"] == "chat_not_supported", got
+    got = chat_reply(base, model_id, "হ্যালো", 4, Sampling(temperature=0.0))
+    assert got.reply is None and got.user == "হ্যালো" and got.error is not None and got.error.message, got
+    assert got.error.status in (400, 404)
+    if got.error.status == 400:
+        assert got.error.code == "chat_not_supported", got
+    assert "reply" not in got.model_dump(exclude_unset=True)  # completions.json holds no reply key for it
     monkeypatch.setenv("PRODIP_API_KEY", "wrong-key")  # 401: a real failure, named
     with pytest.raises(StageFailed, match="HTTP 401"):
-        chat_reply(base, model_id, "hi", 4, {})
+        chat_reply(base, model_id, "hi", 4, Sampling())

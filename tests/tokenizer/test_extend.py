@@ -314,11 +314,12 @@ def test_audit_of_a_base_beside_another_tokenizer(bases, extended, tok_dir, held
         )
     )
     assert sorted(p.name for p in base_dir.iterdir()) == before and (tmp_path / "fert.json").is_file()
-    assert report.baseline["kind"] == "compare" and report.baseline["tokenizer_dir"] == str(tok_dir)
+    assert report.baseline is not None
+    assert report.baseline.kind == "compare" and report.baseline.tokenizer_dir == str(tok_dir)
     docs = load_heldout({k: [str(v)] for k, v in heldout.items()}, max_chars=3_000_000, errors="strict")
     ours = measure_languages(Tokenizer.from_file(str(tok_dir / "tokenizer.json")), docs)
-    assert report.baseline["languages"]["bn"]["chars_per_token"] == ours["bn"]["chars_per_token"]
-    assert report.languages["bn"]["chars_per_token"] < 0.5 < report.baseline["languages"]["bn"]["chars_per_token"]
+    assert report.baseline.languages["bn"].chars_per_token == ours["bn"]["chars_per_token"]
+    assert report.languages["bn"].chars_per_token < 0.5 < report.baseline.languages["bn"].chars_per_token
     assert not report.gate.passed and "prodip tokenizer extend" in report.gate.failures[0]
     table = format_table(report)
     assert f"other: {tok_dir}" in table and "other c/t" in table
