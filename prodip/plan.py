@@ -22,6 +22,7 @@ from prodip.serve.config import ServeConfig
 from prodip.tokenizer.audit import AuditConfig
 from prodip.tokenizer.bpe import TokenizerTrainConfig
 from prodip.tokenizer.encode import DataPrepareConfig
+from prodip.tokenizer.extend import ExtendConfig
 from prodip.train.config import ModelConfig
 from prodip.train.eval import EvalConfig
 from prodip.train.sft import SFTConfig
@@ -34,6 +35,7 @@ class RunPlan:
 
     tokenizer: TokenizerTrainConfig
     audit: AuditConfig
+    extend: ExtendConfig
     data: DataPrepareConfig
     model: ModelConfig
     train: TrainConfig
