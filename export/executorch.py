@@ -193,7 +193,7 @@ def export_pte(
     model = copy.deepcopy(model).float().eval()
     if variant == "pte-8da4w":
         _quantize_8da4w(model, group_size)
-    S = max_seq_len or model.config.max_position_embeddings
+    S: int = max_seq_len or int(model.config.max_position_embeddings)
     decoder = StaticCacheDecoder(model, S).eval()
     example = (torch.tensor([[1, 2, 3]], dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
     # Dim.DYNAMIC, not a named Dim: torch.export cannot prove a harmless Min(...) guard from the

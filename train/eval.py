@@ -427,12 +427,12 @@ def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module | OwnTokenizerB
         if info["tokenizer_sha256"] != tokenizer_sha256:
             tok_dir = Path(info["tokenizer_dir"])
     elif Path(path).exists():
-        tok = Path(path) / "tokenizer.json"
-        if not tok.is_file():
+        tok_file = Path(path) / "tokenizer.json"
+        if not tok_file.is_file():
             raise InvalidInput(
                 f"--baseline {path}: no tokenizer.json; a baseline is scored with its own tokenizer or the checkpoint's"
             )
-        if file_sha256(tok) != tokenizer_sha256:
+        if file_sha256(tok_file) != tokenizer_sha256:
             tok_dir = Path(path)
     source = init.load_init(path, tokenizer_sha256=tokenizer_sha256 if tok_dir is None else None)
     model = LlamaForCausalLM(source.config)

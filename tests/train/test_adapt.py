@@ -65,7 +65,17 @@ def test_continued_pretraining_of_a_base_with_its_own_tokenizer(tmp_path):
     export = tmp_path / "export"
     assert prodip_main(["export", "--config", CONFIG, "--checkpoint", str(run), "--out", str(export),
                         "--variants", "safetensors,fp32"]) == 0  # fmt: skip
-    conf = ["conformance", "--config", CONFIG, "--export-dir", str(export), "--heldout", HELDOUT]
+    conf = [
+        "conformance",
+        "--config",
+        CONFIG,
+        "--export-dir",
+        str(export),
+        "--checkpoint",
+        str(run),
+        "--heldout",
+        HELDOUT,
+    ]
     assert prodip_main([*conf, "--out", str(tmp_path / "conf"), "--runtimes", ""]) == 0
     result = json.loads((tmp_path / "conf" / "report.json").read_text())
     assert result["passed"] and set(result["variants"]) >= {"safetensors", "fp32"}
