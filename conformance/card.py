@@ -8,8 +8,9 @@ Read back, each with the library its users have, and compared with ``manifest.js
   and the body: the data statement as ``prodip.export.card`` renders it from the manifest, and the quality
   section as :func:`render_quality` renders it from the manifest's ``card_quality`` rows;
 - each GGUF file through ``gguf.GGUFReader``: ``general.license``, ``.license.name``, ``.license.link``,
-  ``general.languages``, ``general.tags``, ``general.dataset.count`` / ``general.dataset.{i}.name``,
-  ``prodip.sources``;
+  ``general.languages``, ``general.tags``, ``general.dataset.count`` / ``general.dataset.{i}.name`` and its
+  ``.repo_url`` / ``.url`` (URLs or absent), the model's ``general.name`` / ``basename`` / ``size_label`` /
+  ``finetune``, ``prodip.sources``;
 - each ``.onnx`` file's ``metadata_props`` (``onnx.load(..., load_external_data=False)``);
 - ``executorch/model_card.json`` beside the ``.pte`` files.
 
@@ -50,7 +51,9 @@ from prodip.export.card import (
     PTE_CARD_FILE,
     README_FILE,
     data_statement,
+    gguf_names,
     onnx_props,
+    origin_urls,
     render_readme,
     source_summary,
 )
@@ -123,7 +126,8 @@ def hub_problems(data: dict[str, Any]) -> list[str]:
 def _gguf_problems(path: Path, rel: str, card: Card) -> list[str]:
     from gguf import GGUFReader  # noqa: PLC0415 (runtimes extra; the GGUF candidate needs it anyway)
 
-    fields = GGUFReader(str(path)).fields
+    reader = GGUFReader(str(path))
+    fields = reader.fields
     lic = card.license
     want: dict[str, Any] = {
         "general.license": lic.license,
@@ -136,6 +140,11 @@ def _gguf_problems(path: Path, rel: str, card: Card) -> list[str]:
     }
     for i, s in enumerate(card.sources):
         want[f"general.dataset.{i}.name"] = s.name
+        urls = origin_urls(s.origin, s.dataset_id)  # a URL or nothing, never the record's free text
+        want[f"general.dataset.{i}.repo_url"] = urls.get("repo_url")
+        want[f"general.dataset.{i}.url"] = urls.get("url")
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    want.update({f"general.{k}": v for k, v in gguf_names(card, n_params).items()})
     problems = []
     for key, value in want.items():
         got = fields[key].contents() if key in fields else None
@@ -349,6 +358,14 @@ def render_tasks(quality: CardQuality) -> list[str]:
         "whose drop from the checkpoint is larger than its own standard error. `random twin` and `base` (the "
         "pretrained model, when the export is fine-tuned from it) come from eval.json. Seconds per task and model "
         "are in manifest.json (`card_quality.tasks[].seconds`).",
+    ]
+    if any(r.output_type == "generate_until" for r in quality.tasks):
+        lines[-1] += (
+            " Chat (generation) tasks have no chance level: each model's replies, greedy through the export's own "
+            "chat template until its end-of-turn token, are scored against the reference (chrF 0-100, exact "
+            "match); their `random twin` is measured by conformance."
+        )
+    lines += [
         "",
         "| task | language | shots | items | metric | chance | "
         + " | ".join(columns + [f"{p.name}†" for p in peers])

@@ -618,7 +618,9 @@ def _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg,
     if settings is None:
         return None
     onnx = {c.variant: c.path for c in candidates if c.kind == "onnx" and c.name == c.variant}
-    return lm_tasks.evaluate_tasks(settings, export_dir, onnx, ref_model, model_cfg, train_tok, cfg.threads)
+    return lm_tasks.evaluate_tasks(
+        settings, export_dir, onnx, ref_model, model_cfg, train_tok, cfg.threads, eval_report=eval_report
+    )
 
 
 def _remove_previous_report(out: Path) -> None:

@@ -9,7 +9,9 @@ base model) and are written into every artifact:
   ``datasets``, ``base_model``, ``pipeline_tag``, ``library_name``, ``tags``), then the data statement;
 - each GGUF file: gguf-py's ``general.license``, ``general.license.name``, ``general.license.link``,
   ``general.languages``, ``general.tags``, ``general.dataset.count`` + ``general.dataset.{i}.name`` (and
-  ``.repo_url``), the keys llama.cpp's ``gguf-py/gguf/metadata.py`` fills from a card;
+  ``.repo_url`` / ``.url`` when the record states a URL or a repository @ commit), the model's
+  ``general.name`` / ``basename`` / ``size_label`` / ``finetune``, ``general.base_model.0.*`` for a Hub
+  base: the keys llama.cpp's ``gguf-py/gguf/metadata.py`` fills from a card;
 - each ``.onnx`` file: ``metadata_props`` (:func:`onnx_props`);
 - ``executorch/model_card.json``: the card beside the ``.pte`` files.
 
@@ -380,9 +382,83 @@ def source_summary(card: Card) -> list[dict[str, Any]]:
     ]
 
 
-def add_gguf_metadata(writer: Any, card: Card) -> None:
-    """Write the card's keys into a ``gguf.GGUFWriter`` before its header is written (gguf-py's names)."""
+#: ``owner/repo @ commit`` as a source record's ``origin`` states a repository (backticks optional); the
+#: records' repositories are GitHub's (data/README.md's "source (repository @ commit)" column).
+_REPO_AT_COMMIT = re.compile(r"`?([A-Za-z0-9][\w.-]*/[\w.-]+)`?\s*@\s*`?([0-9a-f]{7,40})\b`?")
+_URL = re.compile(r"^https?://\S+$")
+
+
+def origin_urls(origin: Optional[str], dataset_id: Optional[str] = None) -> dict[str, str]:
+    """The URLs a source record's ``origin`` / ``dataset_id`` state, as gguf-py's ``general.dataset.{i}.*`` keys.
+
+    Returns:
+        ``repo_url``: ``https://github.com/OWNER/REPO/tree/COMMIT`` when ``origin`` names ``owner/repo @ commit``
+        (the first such, wherever it stands in the text), else ``https://huggingface.co/datasets/ID`` for a
+        ``dataset_id``; ``url``: ``origin`` itself when it is nothing but a URL. Free text ("as above", a
+        description) gives neither.
+    """
+    out: dict[str, str] = {}
+    text = (origin or "").strip()
+    found = _REPO_AT_COMMIT.search(text)
+    if found:
+        out["repo_url"] = f"https://github.com/{found.group(1)}/tree/{found.group(2)}"
+    elif dataset_id:
+        out["repo_url"] = f"https://huggingface.co/datasets/{dataset_id}"
+    if _URL.match(text):
+        out["url"] = text
+    return out
+
+
+def gguf_names(card: Card, n_params: int) -> dict[str, str]:
+    """``general.name``, ``basename``, ``size_label``, ``finetune``, ``organization`` for a GGUF (what llama.cpp,
+    LM Studio and Ollama show as the model's name), from the card and the model's parameter count.
+
+    An import is its Hub model (``HuggingFaceTB/SmolLM2-135M`` -> name and basename ``SmolLM2-135M``,
+    organization ``HuggingFaceTB``); a trained model is ``prodip-LANG-LANG`` (its languages), ``finetune``
+    ``chat`` when fine-tuned on conversations. ``size_label`` is gguf-py's own (``gguf.utility.size_label``:
+    ``4.2M``, ``135M``).
+    """
+    from gguf.utility import size_label  # noqa: PLC0415 (runtimes extra)
+
+    size = size_label(n_params, 0, 0, 0)
+    if "imported" in card.tags and card.base_model:
+        owner, name = card.base_model.split("/", 1)
+        return {"name": name, "basename": name, "size_label": size, "organization": owner}
+    basename = "-".join(["prodip", *card.languages])
+    chat = any(s.stage == "sft" for s in card.sources)
+    out = {"name": " ".join([basename, size, *(["chat"] if chat else [])]), "basename": basename, "size_label": size}
+    return {**out, **({"finetune": "chat"} if chat else {})}
+
+
+def add_gguf_metadata(writer: Any, card: Card, model: Any = None) -> None:
+    """Write the card's keys into a ``gguf.GGUFWriter`` before its header is written (gguf-py's names, as
+    llama.cpp's ``gguf-py/gguf/metadata.py`` fills them from a Hub card): the licence, languages, tags, the
+    model's names (:func:`gguf_names`; ``model``: the ``LlamaForCausalLM`` being written, for its size),
+    ``general.base_model.0.*`` for a Hub base (an import, or ``--init-from`` one), ``general.source.repo_url``
+    for an import, and per source ``general.dataset.{i}.name`` plus only URLs (:func:`origin_urls`)."""
+    from gguf import Keys  # noqa: PLC0415 (runtimes extra)
+
     lic = card.license
+    if model is not None:
+        n_params = sum(p.numel() for p in model.parameters())  # parameters() counts a tied weight once
+        for kv in writer.kv_data:  # the writer's placeholder name gives way to the model's own
+            kv.pop(Keys.General.NAME, None)
+        names = gguf_names(card, n_params)
+        writer.add_name(names["name"])
+        writer.add_basename(names["basename"])
+        writer.add_size_label(names["size_label"])
+        if "finetune" in names:
+            writer.add_finetune(names["finetune"])
+        if "organization" in names:
+            writer.add_organization(names["organization"])
+    if card.base_model:
+        url = f"https://huggingface.co/{card.base_model}"
+        writer.add_base_model_count(1)
+        writer.add_base_model_name(0, card.base_model.split("/", 1)[1])
+        writer.add_base_model_organization(0, card.base_model.split("/", 1)[0])
+        writer.add_base_model_repo_url(0, url)
+        if "imported" in card.tags:
+            writer.add_source_repo_url(url)
     writer.add_license(lic.license)
     if lic.license_name:
         writer.add_license_name(lic.license_name)
@@ -394,8 +470,11 @@ def add_gguf_metadata(writer: Any, card: Card) -> None:
     writer.add_dataset_count(len(card.sources))
     for i, s in enumerate(card.sources):  # llama.cpp's metadata.py: one general.dataset.{i}.* per dataset
         writer.add_dataset_name(i, s.name)
-        if s.origin:
-            writer.add_dataset_repo_url(i, s.origin)
+        urls = origin_urls(s.origin, s.dataset_id)
+        if "repo_url" in urls:
+            writer.add_dataset_repo_url(i, urls["repo_url"])
+        if "url" in urls:
+            writer.add_dataset_url(i, urls["url"])
     writer.add_string("prodip.sources", json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True))
 
 

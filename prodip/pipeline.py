@@ -122,23 +122,24 @@ def _active(stage: Stage[Any], plan: RunPlan) -> bool:
 
 def resolve_all(config_path: str, tables: dict[str, dict[str, Any]], out_dir: Path) -> RunPlan:
     """Build every stage's config dataclass: run defaults < TOML table. ``[tokenizer]`` and ``[audit]``
-    read the corpus as ``[data]`` does (its ``text_field``, ``doc_chars``, ``errors``) unless their own
-    tables say otherwise.
+    read the corpus as ``[data]`` does (its ``READ_OPTIONS``: ``text_field``, ``doc_chars``, ``errors``, those
+    each has) unless their own tables say otherwise.
 
     Raises:
         ConfigError: an unknown key or wrong type in a table, naming the file and table.
     """
-    base = stage_defaults(out_dir, chat=has_sft(tables))
-    # one set of corpus-reader options: [data]'s, unless [tokenizer] or [audit] set their own
-    reader = {k: v for k, v in tables.get("data", {}).items() if k in ("text_field", "doc_chars", "errors")}
     from prodip.plan import RunPlan  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.tokenizer.config import READ_OPTIONS  # noqa: PLC0415 (lazy: pyarrow)
 
+    base = stage_defaults(out_dir, chat=has_sft(tables))
+    # one set of corpus-reading options: [data]'s, unless [tokenizer] or [audit] set their own
+    reader = {k: v for k, v in tables.get("data", {}).items() if k in READ_OPTIONS}
     configs = {}
     for name, cls in _config_classes().items():
         fields = {f.name for f in dataclasses.fields(cls)}
         data = {k: v for k, v in base[name].items() if k in fields}
         if name in ("tokenizer", "audit"):
-            data.update({k: v for k, v in reader.items() if k in fields and not (name == "audit" and k == "doc_chars")})
+            data.update({k: v for k, v in reader.items() if k in fields})
         data.update(tables.get(name, {}))
         configs[name] = from_dict(cls, data, source=f"{config_path} [{name}]")
     return RunPlan(**configs)

@@ -19,14 +19,8 @@ from typing import Any
 from prodip.conformance.config import ConformanceConfig
 from prodip.export.config import ExportConfig
 from prodip.serve.config import ServeConfig
-from prodip.tokenizer.audit import AuditConfig
-from prodip.tokenizer.bpe import TokenizerTrainConfig
-from prodip.tokenizer.encode import DataPrepareConfig
-from prodip.tokenizer.extend import ExtendConfig
-from prodip.train.config import ModelConfig
-from prodip.train.eval import EvalConfig
-from prodip.train.sft import SFTConfig
-from prodip.train.trainer import TrainConfig
+from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, ExtendConfig, TokenizerTrainConfig
+from prodip.train.config import EvalConfig, ModelConfig, SFTConfig, TrainConfig
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from prodip.base.errors import StageFailed
-from prodip.base.records import Number, Record, refuse_newer
+from prodip.base.records import Number, Record, RecordPart, refuse_newer
 from prodip.base.stage import RunContext, Stage
 from prodip.serve.config import ServeConfig
 
 COMPLETIONS_FILE = "completions.json"
 
 
-class Completion(BaseModel):
+class Completion(RecordPart):
     """``completions.json`` ``completions[lang]``: one prompt sent to ``/v1/completions`` and its answer."""
-
-    model_config = ConfigDict(extra="allow")
 
     prompt: str
     completion: str
@@ -44,11 +42,9 @@ class Completion(BaseModel):
     seconds: Number | None = None
 
 
-class ChatReply(BaseModel):
+class ChatReply(RecordPart):
     """``completions.json`` ``chat[lang]``: one user message sent to ``/v1/chat/completions`` and the reply,
     or ``error`` (``{status, code, message}``) when the server cannot chat with the model (:func:`chat_reply`)."""
-
-    model_config = ConfigDict(extra="allow")
 
     user: str
     reply: str | None = None

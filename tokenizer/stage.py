@@ -16,10 +16,7 @@ from prodip.base.errors import StageFailed
 from prodip.base.files import file_sha256
 from prodip.base.stage import RunContext, Stage, made_from
 from prodip.tokenizer import audit, bpe, encode, extend, shards
-from prodip.tokenizer.audit import AuditConfig
-from prodip.tokenizer.bpe import TokenizerTrainConfig
-from prodip.tokenizer.encode import DataPrepareConfig
-from prodip.tokenizer.extend import ExtendConfig
+from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, ExtendConfig, TokenizerTrainConfig
 
 
 @dataclass(frozen=True)

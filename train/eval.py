@@ -46,7 +46,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
 from prodip.base.records import refuse_newer
@@ -54,6 +53,7 @@ from prodip.tokenizer.bpe import document_end_id, load_with_specials
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train import lmeval
 from prodip.train.checkpoint import load_model
+from prodip.train.config import EvalConfig
 from prodip.train.mc import read_mc, score_mc
 from prodip.train.model import LlamaForCausalLM
 from prodip.train.records import EVAL_FILE, EvalReport
@@ -62,59 +62,6 @@ log = logging.getLogger("prodip.eval")
 
 FORMAT_VERSION = 1
 LN2 = math.log(2.0)
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Run config of ``prodip eval`` (TOML table ``[eval]``)."""
-
-    checkpoint: str = opt("", "checkpoint to score: a step dir, a checkpoints dir or a run dir (follows `latest`)")
-    shards_dir: str = opt("", "shards dir from `prodip data prepare`; its val split is scored (empty: MC only)")
-    out: Optional[str] = opt(None, "output JSON path (default: RUN_DIR/eval.json next to the checkpoints dir)")
-    eval_tokens: int = opt(65536, "validation token budget per language (tokens scored)")
-    seq_len: int = opt(
-        0, "tokens scored per window (context length); 0 = the checkpoint's max_position_embeddings, the most allowed"
-    )
-    batch_size: int = opt(8, "windows per forward pass (sequences)")
-    seed: int = opt(0, "seed of the random-initialised twin (reset_parameters(seed=...))")
-    mc_file: Optional[str] = opt(None, "multiple-choice JSONL {context, choices, answer} to score (optional)")
-    languages: list[str] = opt(
-        help="languages to score (default: every language in the shards' meta.json that has validation tokens)",
-        factory=list,
-    )
-    device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
-    baseline: str = opt(
-        "",
-        "a second model scored beside the checkpoint, as `baseline`: a prodip checkpoint or a Hugging Face folder; "
-        "with the checkpoint's tokenizer on the same tokens, with another (the base before its vocabulary was "
-        "extended) on the same text, compared in bits/char",
-    )
-    tasks: list[str] = opt(
-        help="lm-evaluation-harness tasks to score (loglikelihood kinds: multiple choice, perplexity), e.g. "
-        "prodip_tatoeba_en2bn,prodip_tatoeba_bn2en,prodip_hellaswag_en (bundled, offline: train/tasks/) or a "
-        "harness task such as belebele_ben_Beng (downloads its data; docs/eval.md)",
-        factory=list,
-    )
-    task_paths: list[str] = opt(help="more folders of lm-eval task YAML (--include_path)", factory=list)
-    num_fewshot: Optional[int] = opt(None, "examples in each task prompt (default: the task's own, 0 for the bundled)")
-    task_limit: int = opt(0, "score only the first N items of each task (items; 0 = all)")
-    task_threads: int = opt(
-        1, "torch CPU threads while scoring tasks (0 = torch's default; 1: many small forwards, see lmeval.run_tasks)"
-    )
-
-    def __post_init__(self) -> None:
-        # Required-ness of checkpoint/shards_dir is checked in evaluate(): prodip.base.config.resolve
-        # builds the file-only config before flags are merged in.
-        for name in ("eval_tokens", "batch_size"):
-            if getattr(self, name) <= 0:
-                raise InvalidInput(f"EvalConfig.{name} must be > 0, got {getattr(self, name)}")
-        if self.seq_len < 0:
-            raise InvalidInput(f"EvalConfig.seq_len must be >= 0 (0 = the model's context window), got {self.seq_len}")
-        check_threads("EvalConfig.task_threads", self.task_threads)
-        if self.task_limit < 0 or (self.num_fewshot is not None and self.num_fewshot < 0):
-            raise InvalidInput(
-                f"EvalConfig.task_limit and num_fewshot must be >= 0, got {self.task_limit} and {self.num_fewshot}"
-            )
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -385,7 +332,10 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             },
         }
     if cfg.tasks:
-        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end)
+        chat = lmeval.chat_format(info["tokenizer_dir"])  # None for a base model: its chat tasks are left out
+        result["tasks"] = score_tasks(
+            cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end, chat=chat
+        )
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
     EvalReport.from_dict(result, out).write(out)
@@ -498,11 +448,14 @@ def score_tasks(
     *,
     bos_id: int,
     eos_id: int,
+    chat: Optional[lmeval.ChatFormat] = None,
 ) -> dict[str, Any]:
     """lm-evaluation-harness tasks on each model (``prodip.train.lmeval``): ``{settings, rows}``, a row per
     task with every model's scores and standard errors, and seconds per model. ``bos_id``: the token a
     context follows (the harness's prefix token: the bos, or the end of the document before where the
-    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token)."""
+    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token); ``chat``: the checkpoint's
+    chat format, through which every model answers the generation (chat) tasks; None (a base model): those
+    tasks are left out (logged), their names stay in ``settings`` for a chat model's conformance run."""
     per_model = {}
     for name, model in models.items():
         lm = lmeval.make_lm(
@@ -512,6 +465,8 @@ def score_tasks(
             eos_id=eos_id,
             max_length=mcfg.max_position_embeddings,
             batch_size=cfg.batch_size,
+            step_fn=lmeval.torch_step(model, device),
+            chat=chat,
         )
         per_model[name] = lmeval.run_tasks(
             lm,

@@ -18,11 +18,8 @@ from prodip.base.stage import RunContext, Stage, made_from
 from prodip.tokenizer.shards import meta_sha256
 from prodip.train import checkpoint, sft, trainer
 from prodip.train import eval as evaluation
-from prodip.train.config import ModelConfig
-from prodip.train.eval import EvalConfig
+from prodip.train.config import EvalConfig, ModelConfig, SFTConfig, TrainConfig
 from prodip.train.records import TRAINER_STATE_FILE, EvalReport, SftEvalReport, TrainerState
-from prodip.train.sft import SFTConfig
-from prodip.train.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from prodip.base.records import AsWritten, Number
+from prodip.base.records import AsWritten, Number, RecordPart
 
 
-class CardLicense(BaseModel):
+class CardLicense(RecordPart):
     """The card's licence for the Hub (``prodip.base.sources.hf_license``): one SPDX id in lower case, or
     ``other`` with ``license_name`` and ``license_link``."""
-
-    model_config = ConfigDict(extra="allow")
 
     license: str
     license_name: str | None = None
@@ -76,12 +74,10 @@ class CardStatement(AsWritten):
     text: str
 
 
-class Card(BaseModel):
+class Card(RecordPart):
     """The model card's facts (``manifest.json`` ``card``; owner ``prodip.export.card``, which builds it with
     ``build_card`` and writes it into every artifact; ``prodip.conformance.card`` reads it back), keys in
     ``build_card``'s order. Keys a newer export adds are kept."""
-
-    model_config = ConfigDict(extra="allow")
 
     license: CardLicense
     languages: list[str]
@@ -97,19 +93,12 @@ class Card(BaseModel):
     #: share_of_trained_tokens, tokens_by_language, shards_meta_sha256, ...
     replay: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The card as ``manifest.json`` holds it (fields never set left out)."""
-        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
-        return out
 
-
-class QualityRow(BaseModel):
+class QualityRow(RecordPart):
     """One variant and held-out language of the quality card (``card_quality.rows[i]``,
     ``prodip.conformance.card.quality_rows``): bits/char, the training model's and the change, KL(training
     model || variant) mean and 99.9th percentile (nats), top-1 and greedy agreement (shares), the variant's
     bytes on disk and the runtimes that ran it and passed."""
-
-    model_config = ConfigDict(extra="allow")
 
     variant: str
     language: str
@@ -124,11 +113,9 @@ class QualityRow(BaseModel):
     runtimes: list[str]
 
 
-class TwinRow(BaseModel):
+class TwinRow(RecordPart):
     """The trained model against its random-initialised twin for one language (``card_quality.twin[i]``, from
     ``eval.json``): NLL per token (nats) and bits/char of each."""
-
-    model_config = ConfigDict(extra="allow")
 
     language: str
     nll_token: Number | None
@@ -137,27 +124,25 @@ class TwinRow(BaseModel):
     random_bpc: Number | None
 
 
-class TaskScore(BaseModel):
+class TaskScore(RecordPart):
     """One model's figure on one task (``card_quality.tasks[i].scores[column]``): the metric's value and the
     harness's standard error (None: the harness gave none)."""
-
-    model_config = ConfigDict(extra="allow")
 
     value: Number | None
     stderr: Number | None = None
 
 
-class TaskRow(BaseModel):
+class TaskRow(RecordPart):
     """One lm-evaluation-harness task of the quality card (``card_quality.tasks[i]``, owner
     ``prodip.conformance.tasks``): its language, shots, items, metric, chance level (mean 1/choices; None for a
     task that is not multiple choice), the figure of each column in the card's order (``random twin`` and
     ``base`` from ``eval.json``, ``checkpoint`` = the exported weights in PyTorch, then each variant), the variants
     whose drop from the checkpoint exceeds their own standard error (``flagged``) and seconds per column."""
 
-    model_config = ConfigDict(extra="allow")
-
     task: str
     language: str
+    #: the harness's kind: multiple_choice, loglikelihood(_rolling), generate_until (a chat task); None: not recorded
+    output_type: str | None = None
     shots: StrictInt
     items: StrictInt
     metric: str
@@ -179,12 +164,10 @@ class TaskPeer(BaseModel):
     scores: dict[str, Number]
 
 
-class ForgettingRow(BaseModel):
+class ForgettingRow(RecordPart):
     """What fine-tuning cost one language (``card_quality.forgetting[i]``, ``prodip.conformance.tasks``): bits/char
     of the pretrained model (eval.json's checkpoint) and of the exported fine-tuned one on the same held-out
     windows, and the relative change (``bpc / base_bpc - 1``; positive: worse after fine-tuning)."""
-
-    model_config = ConfigDict(extra="allow")
 
     language: str
     base_bpc: Number
@@ -192,11 +175,9 @@ class ForgettingRow(BaseModel):
     change: Number
 
 
-class CardQuality(BaseModel):
+class CardQuality(RecordPart):
     """The quality card's figures (``manifest.json`` ``card_quality``; owner ``prodip.conformance.card``,
     written from its report by ``write_quality``), keys in its order. Keys a newer conformance adds are kept."""
-
-    model_config = ConfigDict(extra="allow")
 
     rows: list[QualityRow]
     twin: list[TwinRow] = Field(default_factory=list)
@@ -210,8 +191,3 @@ class CardQuality(BaseModel):
     task_peers: list[TaskPeer] = Field(default_factory=list)
     #: the pretrained model against the exported fine-tuned one on the same held-out text, per language
     forgetting: list[ForgettingRow] = Field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The figures as ``manifest.json`` holds them (fields never set left out)."""
-        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
-        return out

@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
+from pydantic import Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from prodip import __version__
 from prodip.base.card import Card as Card
@@ -58,7 +58,7 @@ from prodip.base.card import TaskScore as TaskScore
 from prodip.base.card import TwinRow as TwinRow
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
-from prodip.base.records import Record, describe_errors
+from prodip.base.records import Record, RecordPart, describe_errors
 from prodip.base.variants import GgufQuantization as GgufQuantization
 from prodip.base.variants import OnnxQuantization as OnnxQuantization
 from prodip.base.variants import PteQuantization as PteQuantization
@@ -128,31 +128,25 @@ def list_files(export_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     return files
 
 
-class FileEntry(BaseModel):
+class FileEntry(RecordPart):
     """One file of the export: its size and sha256 (``manifest.json`` ``files[relpath]``)."""
-
-    model_config = ConfigDict(extra="allow")
 
     bytes: StrictInt
     sha256: str
 
 
-class SourceCheckpoint(BaseModel):
+class SourceCheckpoint(RecordPart):
     """The checkpoint an export was made from (``manifest.json`` ``source_checkpoint``)."""
-
-    model_config = ConfigDict(extra="allow")
 
     path: str | None = None
     step: int | None = None
     model_sha256: str | None = None
 
 
-class ExportSettings(BaseModel):
+class ExportSettings(RecordPart):
     """The resolved ``prodip.export.config.ExportConfig`` an export was made with (``manifest.json``
     ``export_config``, ``dataclasses.asdict`` of it): its fields, in its order (a test holds the two equal).
     Only ``variants`` is required (read by the pipeline's done-check); keys a newer export adds are kept."""
-
-    model_config = ConfigDict(extra="allow")
 
     checkpoint: str | None = None
     out: str | None = None

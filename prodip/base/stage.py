@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
 log = logging.getLogger("prodip.run")
 STAGE_TIMES_FILE = "stage_times.json"
@@ -140,10 +140,8 @@ def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) 
     return True
 
 
-class StageTime(BaseModel):
+class StageTime(RecordPart):
     """One stage's wall time in ``stage_times.json``, summed over the invocations that made it."""
-
-    model_config = ConfigDict(extra="allow")
 
     #: wall seconds, summed over the invocations since the stage last completed
     seconds: Number

@@ -25,6 +25,8 @@ from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, model_validator
 
+from prodip.base.records import RecordPart
+
 ONNX_DIR = "onnx"
 GGUF_DIR = "gguf"
 PTE_DIR = "executorch"
@@ -119,12 +121,10 @@ def variant_names(
 # :class:`prodip.base.manifest.ExportManifest`) and the ``quantization`` of each writer.
 
 
-class OnnxQuantization(BaseModel):
+class OnnxQuantization(RecordPart):
     """An ONNX variant's ``quantization`` (``prodip.export.quantize``: ``to_fp16``, ``to_int8``, ``to_int4``):
     every key those write, in their order (each writes only its own; the fp32 variant has none). Keys a newer
     export adds are kept."""
-
-    model_config = ConfigDict(extra="allow")
 
     #: the function or library that rewrote the graph
     tool: str
@@ -166,10 +166,8 @@ class OnnxQuantization(BaseModel):
     embedding_not_quantized_because: str | None = None
 
 
-class GgufQuantization(BaseModel):
+class GgufQuantization(RecordPart):
     """A GGUF variant's ``quantization`` (``prodip.export.gguf.export_gguf``), keys in its order."""
-
-    model_config = ConfigDict(extra="allow")
 
     #: GGUF tensor type -> number of tensors of it (``{"Q4_K": 14, "F32": 5}``)
     tensor_types: dict[str, StrictInt]
@@ -181,10 +179,8 @@ class GgufQuantization(BaseModel):
     gguf_py_version: str | None = None
 
 
-class RunnerMetadata(BaseModel):
+class RunnerMetadata(RecordPart):
     """The constant methods of a ``.pte`` ExecuTorch's LLM runners read (``prodip.export.executorch.runner_metadata``)."""
-
-    model_config = ConfigDict(extra="allow")
 
     get_bos_id: StrictInt
     get_eos_ids: list[StrictInt]
@@ -197,10 +193,8 @@ class RunnerMetadata(BaseModel):
     enable_dynamic_shape: StrictBool | None = None
 
 
-class PteQuantization(BaseModel):
+class PteQuantization(RecordPart):
     """A ``.pte`` variant's ``quantization`` (``prodip.export.executorch.export_pte``), keys in its order."""
-
-    model_config = ConfigDict(extra="allow")
 
     #: ``8da4w`` (8-bit dynamic activations, 4-bit grouped weights) or None (float32)
     scheme: str | None
@@ -232,13 +226,13 @@ Quantization = Annotated[
 _QUANTIZATION_OF = {"onnx": OnnxQuantization, "gguf": GgufQuantization, "pte": PteQuantization}
 
 
-class VariantEntry(BaseModel):
+class VariantEntry(RecordPart):
     """One variant of the export (``manifest.json`` ``variants[name]``): every key ``prodip export`` writes,
     declared in the order it writes them (a variant has only those of its format; the ones it lacks stay
     unset and are not written back). Keys a newer export adds are kept.
     """
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(validate_assignment=True)
 
     #: the variant's file, relative to the export dir (``onnx/model_q4.onnx``)
     path: str

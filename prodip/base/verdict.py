@@ -17,16 +17,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
+from pydantic import StrictBool, ValidationError
 
 from prodip.base.errors import InvalidInput
-from prodip.base.records import describe_errors
+from prodip.base.records import RecordPart, describe_errors
 
 
-class ToleranceRecord(BaseModel):
+class ToleranceRecord(RecordPart):
     """The tolerance file a conformance run used (``conformance.checks[name].tolerances``)."""
-
-    model_config = ConfigDict(extra="allow")
 
     path: str | None = None
     sha256: str
@@ -35,10 +33,8 @@ class ToleranceRecord(BaseModel):
     loosened: list[dict[str, Any]]
 
 
-class VariantCheck(BaseModel):
+class VariantCheck(RecordPart):
     """One variant's entry of the verdict's ``checks``: which run checked it, and how."""
-
-    model_config = ConfigDict(extra="allow")
 
     passed: StrictBool
     checked_utc: str | None = None
@@ -56,7 +52,7 @@ def _is_sha256(value: object) -> bool:
     return isinstance(value, str) and _HEX64.fullmatch(value) is not None
 
 
-class Verdict(BaseModel):
+class Verdict(RecordPart):
     """The conformance verdict in the export manifest's ``conformance`` slot: its one definition.
 
     ``prodip.conformance.verdict.merge_verdict`` builds it, :func:`prodip.base.manifest.set_conformance` validates and writes
@@ -65,8 +61,6 @@ class Verdict(BaseModel):
     ``merge_verdict`` always writes, and serve requires, is checked by :meth:`serve_problem`.
     Fields in the order ``merge_verdict`` writes them.
     """
-
-    model_config = ConfigDict(extra="allow")
 
     passed: StrictBool
     variants: dict[str, StrictBool] | None = None
@@ -91,11 +85,6 @@ class Verdict(BaseModel):
             return cls.model_validate(slot)
         except ValidationError as err:
             raise InvalidInput(f"{where}: conformance verdict: {describe_errors(err)}") from None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The slot as written (fields never set left out)."""
-        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
-        return out
 
     def serve_problem(self, variant: str) -> str | None:
         """What this verdict lacks to vouch for ``variant`` as ``merge_verdict`` writes it (None: complete;
