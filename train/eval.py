@@ -389,9 +389,13 @@ def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module | OwnTokenizerB
     init.apply_init(model, source)
     if tok_dir is None:
         return model
-    tok, specials = load_with_specials(tok_dir)
+    own_tokenizer, specials = load_with_specials(tok_dir)
     return OwnTokenizerBaseline(
-        model.eval(), tok, specials, file_sha256(tok_dir / "tokenizer.json"), source.config.max_position_embeddings
+        model.eval(),
+        own_tokenizer,
+        specials,
+        file_sha256(tok_dir / "tokenizer.json"),
+        source.config.max_position_embeddings,
     )
 
 
