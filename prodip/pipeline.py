@@ -185,8 +185,18 @@ def check_plan(plan: RunPlan, wanted: list[str], *, source: str) -> None:
                 f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
                 f"in this run's out_dir nor among the stages to run"
             )
-    for table, inputs in (("tokenizer", plan.tokenizer.inputs), ("data", plan.data.inputs)):
-        if table in wanted and not inputs:
+    extending = bool(plan.extend.base)  # an imported base: the tokenizer stage extends its vocabulary
+    if extending and Path(plan.extend.out) != Path(plan.tokenizer.out_dir):
+        raise ConfigError(
+            f"{source} [extend] out = {plan.extend.out!r}: the extended folder is the run's tokenizer dir "
+            f"({plan.tokenizer.out_dir}, what [data] and [train] read); leave [extend] out unset"
+        )
+    corpora = (
+        ("tokenizer", "extend", plan.extend.inputs) if extending else ("tokenizer", "tokenizer", plan.tokenizer.inputs),
+        ("data", "data", plan.data.inputs),
+    )
+    for stage_name, table, inputs in corpora:
+        if stage_name in wanted and not inputs:
             raise ConfigError(
                 f"{source} [{table}] inputs: no corpus given; expected e.g. "
                 f'inputs = {{bn = ["data/bn"], en = ["data/en"]}}'
@@ -218,7 +228,7 @@ def check_inputs(plan: RunPlan, wanted: list[str], *, source: str) -> None:
             expand_inputs(inputs, what=f"{source} {what}")
         except MissingInput as err:
             raise MissingInput(f"{err} (relative paths are read from the current folder, {Path.cwd()})") from None
-    if "tokenizer" in wanted and not plan.audit.heldout:
+    if "tokenizer" in wanted and not plan.extend.base and not plan.audit.heldout:
         raise ConfigError(
             f"{source} [audit] heldout: none given; the tokenizer stage audits its fertility gate on text of each "
             f'language it never trained on, e.g. heldout = {{bn = ["data/heldout/udhr_ben.txt"], '
@@ -229,8 +239,13 @@ def check_inputs(plan: RunPlan, wanted: list[str], *, source: str) -> None:
 def corpus_inputs(plan: RunPlan, name: str) -> list[tuple[str, str, dict[str, list[str]]]]:
     """The corpus files (not artifacts with their own hashes) stage ``name`` reads: ``(table, key, language ->
     files/folders)`` per config field naming them, left out where empty; none for a stage that reads no corpus."""
+    tokenizer = (
+        [("extend", "inputs", plan.extend.inputs), ("extend", "heldout", plan.extend.heldout)]
+        if plan.extend.base
+        else [("tokenizer", "inputs", plan.tokenizer.inputs), ("audit", "heldout", plan.audit.heldout)]
+    )
     fields = {
-        "tokenizer": [("tokenizer", "inputs", plan.tokenizer.inputs), ("audit", "heldout", plan.audit.heldout)],
+        "tokenizer": tokenizer,
         "data": [("data", "inputs", plan.data.inputs)],
     }
     return [(table, key, inputs) for table, key, inputs in fields.get(name, []) if inputs]
@@ -419,6 +434,9 @@ class RunSummary(Record):
     #: fertility.json, eval.json, sft_eval.json, the export's manifest.json, conformance's report.json and
     #: completions.json as their records' dicts
     fertility: dict[str, Any] | None = None
+    #: an adapted base's extension.json (``prodip tokenizer extend``), and the base vs adapted model per language
+    extension: dict[str, Any] | None = None
+    adaptation: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
     sft: dict[str, Any] | None = None
     export_manifest: dict[str, Any] | None = None
@@ -582,8 +600,12 @@ def _check_out_dir(
         return
     saved = out_dir / RunMarker.read(marker).config
     before = _identity(read_toml(saved))
+    # a table a newer prodip added ([extend]) that the saved config lacks and the user did not write: no change
+    added = {k for k in SECTIONS if k not in before and k not in (tables or {})}
     changed = [
-        k for k in _changed_keys(before, _identity(toml_roundtrip(resolved))) if not _added_at_default(k, before, plan)
+        k
+        for k in _changed_keys(before, _identity(toml_roundtrip(resolved)))
+        if not _added_at_default(k, before, plan) and k not in added
     ]
     if not changed or not started():
         return

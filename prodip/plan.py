@@ -19,7 +19,7 @@ from typing import Any
 from prodip.conformance.config import ConformanceConfig
 from prodip.export.config import ExportConfig
 from prodip.serve.config import ServeConfig
-from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, TokenizerTrainConfig
+from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, ExtendConfig, TokenizerTrainConfig
 from prodip.train.config import EvalConfig, ModelConfig, SFTConfig, TrainConfig
 
 #: any one table's config
@@ -43,6 +43,7 @@ class RunPlan:
 
     tokenizer: TokenizerTrainConfig
     audit: AuditConfig
+    extend: ExtendConfig
     data: DataPrepareConfig
     model: ModelConfig
     train: TrainConfig

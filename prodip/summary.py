@@ -1,7 +1,8 @@
 """The table ``prodip run`` prints at the end, read back from the run's artifacts on disk.
 
-Tokenizer fertility per language, held-out bits/char and per-token NLL of the trained model
-against its random-initialised twin, the chat fine-tuning's held-out assistant-token loss before and
+Tokenizer fertility per language (for an adapted base: the base's and the extended tokenizer's, and the
+base's and the adapted model's held-out bits/char side by side), held-out bits/char and per-token NLL of
+the trained model against its random-initialised twin, the chat fine-tuning's held-out assistant-token loss before and
 after, export sizes per variant, conformance per variant, and the completions and chat replies
 fetched over HTTP.
 
@@ -20,6 +21,7 @@ from prodip.conformance.records import REPORT_FILE, ConformanceReport
 from prodip.plan import RunPlan
 from prodip.serve.records import COMPLETIONS_FILE, Completions
 from prodip.tokenizer.audit import read_fertility_or_none
+from prodip.tokenizer.stage import read_extension_or_none
 from prodip.train.records import SFT_EVAL_FILE, EvalReport, SftEvalReport
 
 
@@ -46,6 +48,8 @@ def summarise(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"format_version": 1, "out_dir": str(out_dir)}
     summary["fertility"] = _as_dict(read_fertility_or_none(tok_dir))
     summary["eval"] = _as_dict(EvalReport.read_or_none(plan.eval.out) if plan.eval.out else None)
+    summary["extension"] = read_extension_or_none(plan.extend.out) if plan.extend.base else None
+    summary["adaptation"] = adaptation(summary["extension"], summary["eval"]) if summary["extension"] else None
     sft = plan.sft
     sft_eval = SftEvalReport.read_or_none(Path(sft.out_dir) / SFT_EVAL_FILE) if sft.inputs else None
     summary["sft"] = _as_dict(sft_eval)
@@ -53,6 +57,43 @@ def summarise(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
     summary["conformance"] = _as_dict(ConformanceReport.read_or_none(plan.conformance.report_dir() / REPORT_FILE))
     summary["completions"] = _as_dict(Completions.read_or_none(out_dir / COMPLETIONS_FILE))
     return summary
+
+
+def adaptation(extension: dict[str, Any], ev: dict[str, Any] | None) -> dict[str, Any]:
+    """The base before adaptation beside the adapted model, per language: chars/token of the base's and the
+    extended tokenizer on the held-out files (``extension.json``), and held-out bits/char of the base
+    (``eval.json``'s ``baseline``: the base with its own tokenizer, on the same text) and of the
+    continued-pretrained model (``trained``). ``{"baseline": eval's --baseline path, "languages": {lang:
+    {base_chars_per_token, adapted_chars_per_token, base_bits_per_char, adapted_bits_per_char}}}``; a figure
+    not measured is None."""
+    fert = extension.get("fertility") or {}
+    rows = (ev or {}).get("languages") or {}
+    out = {}
+    for lang in sorted(set(fert) | set(rows)):
+        f, r = fert.get(lang) or {}, rows.get(lang) or {}
+        out[lang] = {
+            "base_chars_per_token": f.get("chars_per_token_before"),
+            "adapted_chars_per_token": f.get("chars_per_token_after"),
+            "base_bits_per_char": (r.get("baseline") or {}).get("bits_per_char"),
+            "adapted_bits_per_char": (r.get("trained") or {}).get("bits_per_char"),
+        }
+    return {"baseline": ((ev or {}).get("config") or {}).get("baseline") or None, "languages": out}
+
+
+def _adaptation_rows(adapt: dict[str, Any]) -> list[list[Any]]:
+    def f(x: Any) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    return [
+        [
+            lang,
+            f(m["base_chars_per_token"]),
+            f(m["adapted_chars_per_token"]),
+            f(m["base_bits_per_char"]),
+            f(m["adapted_bits_per_char"]),
+        ]
+        for lang, m in adapt["languages"].items()
+    ]
 
 
 def _fertility_rows(fert: dict) -> list[list[Any]]:
@@ -214,6 +255,19 @@ def print_summary(
         if s["fertility"].get("parity"):
             print(_rule("tokenizer parity with the runtimes (identical/texts, NFC)"))
             print(_table(*_parity_rows(s["fertility"]["parity"])))
+    if s["adaptation"]:
+        base = s["extension"].get("base", "")
+        print(_rule(f"adaptation: the base ({base}) before vs the adapted model, held-out text"))
+        print(
+            _table(
+                ["lang", "base chars/token", "adapted chars/token", "base bits/char", "adapted bits/char"],
+                _adaptation_rows(s["adaptation"]),
+            )
+        )
+        print(
+            "  chars/token: the base's tokenizer and the extended one on the held-out files; bits/char: the base "
+            "with its own tokenizer and the continued-pretrained model on the same validation text"
+        )
     if s["eval"]:
         print(_rule("held-out quality: trained model vs random-initialised twin"))
         print(

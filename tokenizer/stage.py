@@ -1,4 +1,5 @@
-"""The tokenizer package's two pipeline stages: ``tokenizer`` (train, audit, gate) and ``data`` (shards).
+"""The tokenizer package's two pipeline stages: ``tokenizer`` (train, audit, gate; or, for an imported base,
+extend its vocabulary, ``[extend] base``) and ``data`` (shards).
 
 python -c "from prodip.tokenizer.stage import STAGES; print([s.name for s in STAGES])"
 """
@@ -6,36 +7,77 @@ python -c "from prodip.tokenizer.stage import STAGES; print([s.name for s in STA
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prodip.base.errors import StageFailed
+from prodip.base.files import file_sha256
 from prodip.base.stage import RunContext, Stage, made_from
-from prodip.tokenizer import audit, bpe, encode, shards
-from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, TokenizerTrainConfig
+from prodip.tokenizer import audit, bpe, encode, extend, shards
+from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, ExtendConfig, TokenizerTrainConfig
 
 
 @dataclass(frozen=True)
 class TokenizerStageConfig:
-    """The tokenizer stage's config: how to train the tokenizer (``[tokenizer]``) and how to audit it (``[audit]``)."""
+    """The tokenizer stage's config: how to train the tokenizer (``[tokenizer]``) and how to audit it (``[audit]``),
+    or, when ``[extend] base`` names an imported model, how to extend that base's vocabulary instead."""
 
     tokenizer: TokenizerTrainConfig
     audit: AuditConfig
+    extend: ExtendConfig
+
+    @property
+    def extending(self) -> bool:
+        """The run adapts an imported base (``[extend] base``) rather than training a tokenizer."""
+        return bool(self.extend.base)
+
+
+def read_extension_or_none(folder: str | Path) -> dict[str, Any] | None:
+    """``FOLDER/extension.json`` (``prodip tokenizer extend``'s record), or None when missing or unreadable."""
+    try:
+        data = json.loads((Path(folder) / extend.RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def tokenizer_done(cfg: TokenizerStageConfig) -> bool:
-    """Trained, audited and through the fertility gate (``fertility.json`` says passed)."""
+    """Trained, audited and through the fertility gate (``fertility.json`` says passed); for an adapted base,
+    extended from the current base's tokenizer and through the gate (``extension.json``)."""
+    if cfg.extending:
+        record = read_extension_or_none(cfg.extend.out)
+        try:
+            base = file_sha256(extend.base_tokenizer_path(cfg.extend.base))
+        except (OSError, ValueError):
+            return False
+        return (
+            record is not None
+            and bool((record.get("gate") or {}).get("passed"))
+            and made_from(cfg.extend.out, {"base": record.get("base_tokenizer_sha256")}, {"base": base})
+        )
     fert = audit.read_fertility_or_none(cfg.tokenizer.out_dir)
     return fert is not None and fert.gate.passed
 
 
 def tokenizer_run(cfg: TokenizerStageConfig, ctx: RunContext | None = None) -> None:
-    """Train the tokenizer, audit it on held-out text and apply the fertility gate.
+    """Train the tokenizer, audit it on held-out text and apply the fertility gate; or, for an imported base,
+    extend its vocabulary (``prodip tokenizer extend``) and apply the gate of ``[extend]``.
 
     Raises:
         StageFailed: the gate failed (the message names each language, its figure and the minimum).
     """
+    if cfg.extending:
+        record = extend.extend(dataclasses.replace(cfg.extend, overwrite=True))
+        print(extend.format_record(record), flush=True)
+        if not record["gate"]["passed"]:
+            raise StageFailed(
+                "extended tokenizer's gate failed: "
+                + "; ".join(record["gate"]["failures"])
+                + f" (see {Path(cfg.extend.out) / extend.RECORD_FILE})"
+            )
+        return
     # Not done means never trained, or audited and failed: (re)train, since the [tokenizer] table
     # may have changed since (a run that never passed this stage takes the new config).
     bpe.train_tokenizer(dataclasses.replace(cfg.tokenizer, overwrite=True))
@@ -67,12 +109,16 @@ def data_run(cfg: DataPrepareConfig, ctx: RunContext | None = None) -> None:
 
 TOKENIZER: Stage[TokenizerStageConfig] = Stage(
     name="tokenizer",
-    tables={"tokenizer": TokenizerTrainConfig, "audit": AuditConfig},
+    tables={"tokenizer": TokenizerTrainConfig, "audit": AuditConfig, "extend": ExtendConfig},
     config=TokenizerStageConfig,
     reads=(),
     writes="tokenizer",
     needs=None,
-    describe=lambda c: f"train BPE + fertility audit -> {c.tokenizer.out_dir}",
+    describe=lambda c: (
+        f"extend {c.extend.base}'s vocabulary by up to {c.extend.new_tokens} tokens -> {c.extend.out}"
+        if c.extending
+        else f"train BPE + fertility audit -> {c.tokenizer.out_dir}"
+    ),
     done=tokenizer_done,
     run=tokenizer_run,
 )

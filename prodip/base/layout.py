@@ -20,10 +20,10 @@ from typing import Any
 DEFAULT_OUT_DIR = Path("runs") / "demo"
 
 #: The config tables of a pipeline file, one per stage config (``prodip.pipeline.SECTIONS`` lists the same).
-TABLES = ("tokenizer", "audit", "data", "model", "train", "eval", "sft", "export", "conformance", "serve")
-#: Tables a stage command reads that ``prodip run`` does not (yet) run: ``[extend]``
-#: (``prodip tokenizer extend``). The stage commands accept them; ``prodip run`` refuses them.
-COMMAND_TABLES = ("extend",)
+TABLES = ("tokenizer", "audit", "extend", "data", "model", "train", "eval", "sft", "export", "conformance", "serve")
+#: Tables a stage command reads that ``prodip run`` does not run (none now: ``[extend]``, the vocabulary
+#: extension of an imported base, is the tokenizer stage's when it names a ``base``).
+COMMAND_TABLES: tuple[str, ...] = ()
 #: Top-level keys of a pipeline file whose value is a TOML table but that are not stage tables.
 TOP_LEVEL_TABLE_KEYS = ("completion_prompts", "chat_prompts")
 
@@ -73,6 +73,8 @@ def stage_defaults(out_dir: str | os.PathLike[str], *, chat: bool = False) -> di
     return {
         "tokenizer": {"out_dir": p["tokenizer"]},
         "audit": {"tokenizer_dir": p["tokenizer"]},
+        # an adapted base: the extended folder (tokenizer and resized weights) is the run's tokenizer dir
+        "extend": {"out": p["tokenizer"]},
         "data": {"tokenizer_dir": p["tokenizer"], "out_dir": p["shards"]},
         "model": {},
         "train": {"shards_dir": p["shards"], "tokenizer_dir": p["tokenizer"], "out_dir": p["train"]},

@@ -98,3 +98,43 @@ def test_a_key_a_newer_prodip_added_at_its_default_is_no_change(tmp_path):
     now = {**resolved, "sft": {**resolved["sft"], "replay_share": 0.25}}
     with pytest.raises(OutputExists, match=r"\[sft\] replay_share"):
         _check_out_dir(out, now, False, started=lambda: True, plan=plan, tables=tables)
+
+
+def test_a_run_saved_before_the_extend_table_is_the_same_run(tmp_path):
+    """A demo run saved before [extend] was a pipeline table is the same run now (the table the user never
+    wrote, at its defaults); a run whose config writes [extend] is another."""
+    out = tmp_path / "run"
+    resolved, plan, tables = _resolved(REPO / "configs" / "demo.toml", out)
+    old = {k: v for k, v in resolved.items() if k != "extend"}
+    out.mkdir()
+    RunMarker(format_version=RunMarker.FORMAT_VERSION, config="config.toml").write(out / RUN_MARKER)
+    (out / "config.toml").write_text(dump_toml(old), encoding="utf-8")
+    _check_out_dir(out, resolved, False, started=lambda: True, plan=plan, tables=tables)
+    with pytest.raises(OutputExists, match="extend"):
+        _check_out_dir(
+            out, resolved, False, started=lambda: True, plan=plan, tables={**tables, "extend": {"base": "b"}}
+        )
+
+
+def test_the_adapt_config_extends_its_base_in_the_tokenizer_stage(tmp_path):
+    """configs/adapt-smollm2.toml: [extend] base makes the tokenizer stage an extension whose folder is the run's
+    tokenizer dir (train's init_from); it needs [extend] inputs, not [tokenizer] inputs or [audit] heldout;
+    an [extend] out elsewhere is refused, naming it."""
+    from prodip.base.config import ConfigError
+    from prodip.pipeline import _stages, check_inputs, check_plan, corpus_inputs
+
+    config = REPO / "configs" / "adapt-smollm2.toml"
+    _, plan, _ = _resolved(config, Path("runs/adapt-smollm2"))
+    tok = _stages()["tokenizer"]
+    assert tok.own(plan).extending and plan.extend.out == plan.tokenizer.out_dir == "runs/adapt-smollm2/tokenizer"
+    assert plan.train.init_from == plan.tokenizer.out_dir and plan.eval.baseline == plan.extend.base
+    assert "extend runs/smollm2-base's vocabulary" in tok.describe(tok.own(plan))
+    assert [(t, k) for t, k, _ in corpus_inputs(plan, "tokenizer")] == [("extend", "inputs"), ("extend", "heldout")]
+    check_plan(plan, ["tokenizer", "data"], source="adapt.toml")
+    check_inputs(plan, ["tokenizer", "data"], source="adapt.toml")  # no [audit] heldout needed
+    moved = dataclasses.replace(plan, extend=dataclasses.replace(plan.extend, out=str(tmp_path / "elsewhere")))
+    with pytest.raises(ConfigError, match=r"\[extend\] out = .*elsewhere.*leave \[extend\] out unset"):
+        check_plan(moved, ["tokenizer"], source="adapt.toml")
+    empty = dataclasses.replace(plan, extend=dataclasses.replace(plan.extend, inputs={}))
+    with pytest.raises(ConfigError, match=r"adapt.toml \[extend\] inputs: no corpus given"):
+        check_plan(empty, ["tokenizer"], source="adapt.toml")

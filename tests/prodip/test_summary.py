@@ -12,13 +12,16 @@ from prodip.train.records import EvalReport
 
 
 def _plan(tmp_path):
-    return {
-        "tokenizer": SimpleNamespace(out_dir=str(tmp_path / "tok")),
-        "data": SimpleNamespace(out_dir=str(tmp_path / "shards")),
-        "eval": SimpleNamespace(out=str(tmp_path / "eval.json")),
-        "export": SimpleNamespace(out=str(tmp_path / "export")),
-        "conformance": SimpleNamespace(out=str(tmp_path / "conformance")),
-    }
+    """The parts of a ``prodip.plan.RunPlan`` the summary reads (a base-model run: no extension, no chat)."""
+    return SimpleNamespace(
+        tokenizer=SimpleNamespace(out_dir=str(tmp_path / "tok")),
+        extend=SimpleNamespace(base="", out=str(tmp_path / "tok")),
+        data=SimpleNamespace(out_dir=str(tmp_path / "shards")),
+        eval=SimpleNamespace(out=str(tmp_path / "eval.json")),
+        sft=SimpleNamespace(inputs={}, out_dir=str(tmp_path / "sft")),
+        export=SimpleNamespace(out=str(tmp_path / "export")),
+        conformance=SimpleNamespace(report_dir=lambda: tmp_path / "conformance"),
+    )
 
 
 def _eval(tmp_path, skipped):

@@ -65,7 +65,76 @@ def test_continued_pretraining_of_a_base_with_its_own_tokenizer(tmp_path):
     export = tmp_path / "export"
     assert prodip_main(["export", "--config", CONFIG, "--checkpoint", str(run), "--out", str(export),
                         "--variants", "safetensors,fp32"]) == 0  # fmt: skip
-    conf = ["conformance", "--config", CONFIG, "--export-dir", str(export), "--heldout", HELDOUT]
+    conf = [
+        "conformance",
+        "--config",
+        CONFIG,
+        "--export-dir",
+        str(export),
+        "--checkpoint",
+        str(run),
+        "--heldout",
+        HELDOUT,
+    ]
     assert prodip_main([*conf, "--out", str(tmp_path / "conf"), "--runtimes", ""]) == 0
     result = json.loads((tmp_path / "conf" / "report.json").read_text())
     assert result["passed"] and set(result["variants"]) >= {"safetensors", "fp32"}
+
+
+@pytest.mark.slow
+def test_prodip_run_adapts_the_base_end_to_end(tmp_path, capsys):
+    """``prodip run configs/adapt-smollm2.toml`` on the stand-in (its base path, out_dir and sizes changed
+    for a 2-core CPU): extend -> shards -> continued pretraining -> eval against the unextended base -> chat
+    fine-tuning -> export -> conformance on held-out text -> completions and chat replies over HTTP; the
+    summary shows the base's and the adapted model's chars/token and bits/char per language side by side."""
+    import tomli_w
+
+    from prodip.base.config import read_toml
+
+    base = build_standin("smollm2", tmp_path / "base")
+    run = tmp_path / "run"
+    doc = read_toml(CONFIG)
+    doc.update(out_dir=str(run), completion_max_tokens=8)
+    doc["extend"].update(base=str(base), new_tokens=300)
+    doc["extend"]["inputs"] = {"bn": [str(ROOT / "data/bn")]}
+    doc["extend"]["heldout"] = {k: [str(ROOT / v[0])] for k, v in doc["extend"]["heldout"].items()}
+    doc["data"]["inputs"] = {"bn": [str(ROOT / "data/bn")], "en": [str(ROOT / "data/en/pg11_Alice-s-Adventures-in-Wonderland.txt.gz")]}  # fmt: skip
+    doc["train"].update(init_from=str(run / "tokenizer"), steps=16, new_embeddings_first_steps=4, batch_size=4,
+                        seq_len=128, warmup_steps=2, lr=3e-3, min_lr=3e-4, checkpoint_every_steps=16)  # fmt: skip
+    doc["eval"].update(baseline=str(base), seq_len=128, eval_tokens=2048)
+    doc["sft"]["inputs"] = {k: [str(ROOT / v[0])] for k, v in doc["sft"]["inputs"].items()}
+    doc["sft"].update(steps=6, batch_size=4, seq_len=128, warmup_steps=1, lr=1e-3, min_lr=1e-4)
+    doc["export"]["variants"] = ["safetensors", "fp32", "gguf-f16"]
+    doc["conformance"]["heldout"] = {k: str(ROOT / v) for k, v in doc["conformance"]["heldout"].items()}
+    doc["conformance"].update(tolerances=str(ROOT / "tests/conformance/tiny_tolerances.toml"), runtimes=[])
+    config = tmp_path / "adapt.toml"
+    config.write_text(tomli_w.dumps(doc), encoding="utf-8")
+
+    assert prodip_main(["run", str(config)]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ok"], summary["problems"]
+    ext = json.loads((run / "tokenizer" / "extension.json").read_text())
+    assert ext["base"] == str(base) and ext["added_tokens"] == 300
+    rows = summary["adaptation"]["languages"]
+    assert summary["adaptation"]["baseline"] == str(base)
+    for lang in ("bn", "en"):
+        fert = ext["fertility"][lang]
+        assert rows[lang]["base_chars_per_token"] == fert["chars_per_token_before"]
+        assert rows[lang]["adapted_chars_per_token"] == fert["chars_per_token_after"]
+        ev = summary["eval"]["languages"][lang]
+        assert rows[lang]["base_bits_per_char"] == ev["baseline"]["bits_per_char"]
+        assert rows[lang]["adapted_bits_per_char"] == ev["trained"]["bits_per_char"]
+    # the extension bought Bangla fertility; continued pretraining bought Bangla bits/char over the base
+    assert rows["bn"]["adapted_chars_per_token"] > rows["bn"]["base_chars_per_token"] + 0.3
+    assert rows["bn"]["adapted_bits_per_char"] < rows["bn"]["base_bits_per_char"] - 0.1
+    assert "adaptation: the base" in out and "base chars/token" in out
+    # the chat model: fine-tuned with the base's ChatML template, exported, conformant, replying over HTTP
+    assert summary["sft"]["after"] and summary["conformance"]["passed"]
+    assert set(summary["conformance"]["variants"]) == {"safetensors", "fp32", "gguf-f16"}
+    assert summary["conformance"]["chat"]["end_of_turn"]["token"] == "<|im_end|>"
+    assert summary["conformance"]["chat"]["stop_ids"] == [0, 2]  # <|endoftext|> and <|im_end|>
+    completions = summary["completions"]
+    assert set(completions["completions"]) == {"bn", "en"} and set(completions["chat"]) == {"bn", "en"}
+    assert all("reply" in c for c in completions["chat"].values()), completions["chat"]
+    print(json.dumps(summary["adaptation"], indent=1))
