@@ -34,6 +34,7 @@ from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.manifest import ForgettingRow, TaskPeer, TaskRow, TaskScore
 from prodip.conformance.runners import OrtRunner
 from prodip.train import lmeval
+from prodip.train.model import LlamaForCausalLM
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -129,8 +130,6 @@ def evaluate_tasks(
     ev_names = {r["task"] for r in ev_tasks.get("rows", [])} if ev_tasks.get("settings") == settings else set()
     twin_names = [r["task"] for r in rows if r["output_type"] == "generate_until" and r["task"] not in ev_names]
     if twin_names:
-        from prodip.train.model import LlamaForCausalLM  # noqa: PLC0415
-
         logger.info("conformance: chat tasks on a random twin (%s)", ", ".join(twin_names))
         twin = LlamaForCausalLM(model_cfg)
         twin.reset_parameters(seed=settings.get("seed", 0))

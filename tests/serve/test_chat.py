@@ -460,3 +460,70 @@ def test_the_tokenizer_lets_other_threads_run_while_it_encodes(chat_client):
     assert ids == svc.tokenizer.encode(big).ids
     assert took < 0.2 or wakes >= took / 0.02 / 4, (wakes, took)  # (a fast machine: nothing to measure)
     assert svc.decode(ids[:50]) == svc.tokenizer.decode(ids[:50])
+
+
+@pytest.mark.slow
+def test_lm_eval_chat_tasks_of_docs_eval_md_against_serve(chat_export, chat_server, tmp_path):
+    """docs/eval.md's `local-chat-completions` command (port and item count substituted) on the bundled chat
+    tasks: every reply the server gave equals prodip's in-process greedy reply (``prodip.train.lmeval``) on the
+    same export's fp32 ONNX session, through the same template."""
+    pytest.importorskip("lm_eval")
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from prodip.conformance.runners import OrtRunner
+    from prodip.tokenizer.bpe import load_tokenizer
+    from prodip.train import lmeval
+    from tests.serve.test_lm_eval import REPO
+
+    text = (REPO / "docs" / "eval.md").read_text(encoding="utf-8")
+    m = re.search(r"^lm_eval --model local-chat-completions.*?(?<!\\)$", text, re.S | re.M)
+    assert m, "docs/eval.md has no `lm_eval --model local-chat-completions` command"
+    cmd = shlex.split(m.group(0).replace("\\\n", " "))
+    cmd[:1] = [sys.executable, "-m", "lm_eval"]
+    args = cmd.index("--model_args") + 1
+    cmd[args] = cmd[args].replace("http://127.0.0.1:8000", chat_server)
+    cmd[cmd.index("--limit") + 1] = "5"
+    extra = ["--log_samples", "--output_path", str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    r = subprocess.run(cmd + extra, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert r.returncode == 0, f"{shlex.join(cmd + extra)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+
+    export = chat_export[0]
+    tok, chat = load_tokenizer(export), lmeval.chat_format(export)
+    cfg = json.loads((export / "config.json").read_text())
+    ort = OrtRunner(
+        export / "onnx" / "model.onnx",
+        "fp32",
+        num_layers=cfg["num_hidden_layers"],
+        num_kv_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["hidden_size"] // cfg["num_attention_heads"],
+        threads=1,
+    )
+    asks = {
+        "prodip_tatoeba_chat_en2bn": "Translate into Bangla: {en}",
+        "prodip_tatoeba_chat_bn2en": "ইংরেজিতে অনুবাদ করো: {bn}",
+    }
+    replies: list[str] = []
+    for task, ask in asks.items():
+        samples = [
+            json.loads(x) for x in next((tmp_path / "out").rglob(f"samples_{task}_*.jsonl")).read_text().splitlines()
+        ]
+        assert len(samples) == 5
+        for s in samples:
+            prompt = chat.render([{"role": "user", "content": ask.format(**s["doc"])}])
+            (ours,) = lmeval.greedy_until(
+                ort.forward,
+                [tok.encode(prompt, add_special_tokens=False).ids],
+                max_new=[32],
+                stop_ids={chat.end_of_turn_id, cfg["eos_token_id"]},
+                until=[["\n"]],
+                decode=lambda ids: tok.decode(list(ids), skip_special_tokens=True),
+                max_length=cfg["max_position_embeddings"],
+                batch_size=1,
+            )
+            assert s["resps"][0][0] == ours, (task, s["doc_id"])
+            replies.append(ours)
+    assert sum(bool(x) for x in replies) >= 5, replies  # the comparison is of real text

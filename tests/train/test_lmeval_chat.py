@@ -254,3 +254,75 @@ def test_conformance_scores_chat_tasks_on_checkpoint_fp32_and_a_twin(chat_export
     (card_row, _) = conf_tasks.card_rows(measured, None, checkpoint_sha256="x")
     assert card_row.output_type == "generate_until" and card_row.flagged == []
     assert list(card_row.scores) == ["random twin", "checkpoint", "fp32"]
+
+
+def test_chat_task_rows_in_the_card_are_read_back(chat_export, tmp_path):
+    """A conformance run of the chat export with the bundled chat tasks writes their rows (bn and en; random twin,
+    checkpoint, fp32) into the card and the manifest's typed record; an edited figure fails the read-back."""
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance import run_conformance
+    from prodip.conformance.card import card_problems
+    from prodip.conformance.faults import copy_export
+    from tests.conformance.conftest import conformance_config
+    from tests.fixtures import build_shards
+
+    export, _ = chat_export
+    root = export.parent
+    shards = build_shards(tmp_path / "shards", root / "tokenizer")
+    copy = copy_export(export, tmp_path / "export")
+    names = ["prodip_tatoeba_chat_en2bn", "prodip_tatoeba_chat_bn2en"]
+    cfg = conformance_config(
+        copy, root / "run", shards, greedy_tokens=8, heldout_tokens=64, write_manifest=True, tasks=names, task_limit=4
+    )
+    report = run_conformance(cfg)
+    assert report["passed"], report["global"]
+    rows = load_manifest(copy).card_quality.tasks
+    assert [(r.task, r.language, r.output_type, r.items, r.metric) for r in rows] == [
+        ("prodip_tatoeba_chat_en2bn", "bn", "generate_until", 4, "sentence_chrf"),
+        ("prodip_tatoeba_chat_bn2en", "en", "generate_until", 4, "sentence_chrf"),
+    ]
+    text = (copy / "README.md").read_text(encoding="utf-8")
+    assert "| task | language | shots | items | metric | chance | random twin | checkpoint | fp32 |" in text
+    assert "their `random twin` is measured by conformance" in text
+    for r in rows:
+        assert list(r.scores) == ["random twin", "checkpoint", "fp32"] and r.scores["fp32"] == r.scores["checkpoint"]
+        cp = r.scores["checkpoint"]
+        line = f"| {r.task} | {r.language} | 0 | 4 | sentence_chrf | – | "
+        assert f"{cp.value:.3f} ± {cp.stderr:.3f}" in text.split(line)[1].splitlines()[0]
+    assert card_problems(copy) == []
+    readme = copy / "README.md"
+    line = next(x for x in text.splitlines() if x.startswith(f"| {rows[0].task} |"))
+    readme.write_text(text.replace(line, line[: line.rindex("|", 0, -1)] + "| 99.999 ± 0.001 |"), encoding="utf-8")
+    assert card_problems(copy) == ["README.md: the quality card differs from the figures conformance measured"]
+
+
+def test_eval_scores_chat_tasks_on_a_chat_checkpoint_only(chat_export, tmp_path):
+    """`prodip eval --tasks` on the chat checkpoint: both models answer through its template; conformance then takes
+    the twin's figures from eval.json (none measured again). On a base checkpoint the names stay in the settings
+    (for the chat model's conformance) and no row is scored."""
+    from prodip.conformance import tasks as conf_tasks
+    from prodip.tokenizer.bpe import load_tokenizer
+    from prodip.train.checkpoint import load_model
+    from prodip.train.eval import EvalConfig, evaluate
+    from tests.fixtures import build_tiny_checkpoint
+
+    export, _ = chat_export
+    names = ["prodip_tatoeba_chat_en2bn"]
+    ev = evaluate(
+        EvalConfig(checkpoint=str(export.parent / "run"), tasks=names, task_limit=3, out=str(tmp_path / "e.json"))
+    )
+    (row,) = ev["tasks"]["rows"]
+    assert row["output_type"] == "generate_until" and set(row["scores"]) == {"trained", "random_init"}
+    model, mcfg, info = load_model(export.parent / "run")
+    measured = conf_tasks.evaluate_tasks(
+        ev["tasks"]["settings"], export, {}, model, mcfg, load_tokenizer(export), threads=1, eval_report=ev
+    )
+    assert list(measured["rows"][0]["scores"]) == ["checkpoint"]  # the twin's figure is eval.json's
+    assert measured["rows"][0]["scores"]["checkpoint"] == row["scores"]["trained"]
+    (card_row,) = conf_tasks.card_rows(measured, ev, checkpoint_sha256=info["model_sha256"])
+    assert list(card_row.scores) == ["random twin", "checkpoint"]
+    assert card_row.scores["random twin"].value == row["scores"]["random_init"]["sentence_chrf"]["value"]
+
+    base = build_tiny_checkpoint(tmp_path / "base", max_position_embeddings=64)
+    ev = evaluate(EvalConfig(checkpoint=str(base), tasks=names, task_limit=3, out=str(tmp_path / "b.json")))
+    assert ev["tasks"]["rows"] == [] and ev["tasks"]["settings"]["names"] == names
