@@ -344,12 +344,16 @@ tokenizer_routes = APIRouter()
     "/tokenize", response_model=None, responses={200: {"model": TokenizeResponse}, **errors(404, 503)}
 )
 async def tokenize(req: TokenizeRequest, svc: Svc) -> JSONResponse:
-    """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``."""
+    """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``; ``messages`` are rendered with the chat
+    template as /v1/chat/completions renders them (vLLM's chat form)."""
     svc.require_ready()
     svc.check_model(req.model)
 
     def work() -> JSONResponse:
-        ids = svc.encode(req.content, req.add_special_tokens)
+        if req.messages is not None:
+            ids = svc.chat_prompt(req)
+        else:
+            ids = svc.encode(req.content, req.add_special_tokens is not False)
         body: dict[str, Any] = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
         if req.return_token_strs:
             body["token_strs"] = [svc.tokenizer.id_to_token(t) for t in ids]
