@@ -358,6 +358,14 @@ def render_tasks(quality: CardQuality) -> list[str]:
         "whose drop from the checkpoint is larger than its own standard error. `random twin` and `base` (the "
         "pretrained model, when the export is fine-tuned from it) come from eval.json. Seconds per task and model "
         "are in manifest.json (`card_quality.tasks[].seconds`).",
+    ]
+    if any(r.output_type == "generate_until" for r in quality.tasks):
+        lines[-1] += (
+            " Chat (generation) tasks have no chance level: each model's replies, greedy through the export's own "
+            "chat template until its end-of-turn token, are scored against the reference (chrF 0-100, exact "
+            "match); their `random twin` is measured by conformance."
+        )
+    lines += [
         "",
         "| task | language | shots | items | metric | chance | "
         + " | ".join(columns + [f"{p.name}†" for p in peers])

@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 
 from tokenizers import Tokenizer
 
-from prodip.base.chat import CHAT_TEMPLATE, ROLES, render, special_token_in, template_variables_of
+from prodip.base.chat import CHAT_TEMPLATE, MessageError, render, template_variables_of
 from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
@@ -383,71 +383,36 @@ class Service:
         (default true), ``continue_final_message`` (the prompt ends inside the final message, so the reply
         continues it), ``chat_template_kwargs`` (more template variables; prodip's own template reads none).
 
+        ``req`` is a :class:`~prodip.serve.schemas.ChatCompletionRequest`, whose validators refused what a
+        request alone may not hold (tool fields, non-text parts, other message fields) and joined text parts.
+
         Raises:
-            APIError 400: the export has no chat template (a base model: code ``chat_not_supported``) or
-                another than the contract's; ``tools``/``functions``/``response_format`` other than text
-                (code ``unsupported``); a role outside system/user/assistant, a tool call, a non-text
-                content part (code ``unsupported_content``); a content holding a special token's text,
-                such as ``<|im_end|>`` (code ``special_token_in_content``: it would forge a turn);
-                ``top_logprobs`` without ``logprobs``; ``continue_final_message`` with ``add_generation_prompt``,
-                ``chat_template_kwargs`` naming ``messages`` or either flag.
+            APIError 400: the export has no chat template (a base model: code ``chat_not_supported``); a
+                message breaking a rule of every chat message (:func:`prodip.base.chat.check_message`, the
+                one ``prodip sft`` applies to its records): a role outside system/user/assistant (code
+                ``unsupported_content``), a content holding a special token's text, such as ``<|im_end|>``
+                (code ``special_token_in_content``: it would forge a turn); ``continue_final_message`` with
+                ``add_generation_prompt``, ``chat_template_kwargs`` naming ``messages`` or either flag.
         """
         self.require_chat()
-        for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
-            if getattr(req, name, None) is not None:  # (a /tokenize request has none of these fields)
-                raise APIError(400, f"{name} is not supported (no tool calling)", param=name, code="unsupported")
-        fmt = getattr(req, "response_format", None)
-        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
-            raise APIError(
-                400, 'response_format: only {"type": "text"} is supported', param="response_format", code="unsupported"
-            )
-        if getattr(req, "top_logprobs", None) is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         kwargs = _template_kwargs(req)
         specials = [self.tokenizer.id_to_token(i) for i in sorted(self._special_ids)]
-        messages = []
-        for i, m in enumerate(req.messages):
-            where = f"messages[{i}]"
-            if m.role not in ROLES:
-                raise APIError(
-                    400,
-                    f"{where}.role: {m.role!r} is not supported (only {', '.join(ROLES)}: no tools)",
-                    param=f"{where}.role",
-                    code="unsupported_content",
-                )
-            if m.model_extra:
-                extra = sorted(m.model_extra)[0]
-                raise APIError(400, f"{where}.{extra} is not supported", param=f"{where}.{extra}", code="unsupported")
-            content = m.content
-            if content is None:
-                raise APIError(400, f"{where}.content is missing (text content only)", param=f"{where}.content")
-            if isinstance(content, list):
-                bad = next((p for p in content if p.get("type") != "text" or not isinstance(p.get("text"), str)), None)
-                if bad is not None:
-                    raise APIError(
-                        400,
-                        f"{where}.content: a {bad.get('type')!r} part is not supported (text parts with a string "
-                        "text only: this model reads no images, audio or files)",
-                        param=f"{where}.content",
-                        code="unsupported_content",
-                    )
-                content = "".join(p["text"] for p in content)
-            hit = special_token_in(content, specials)
-            if hit is not None:
-                raise APIError(
-                    400,
-                    f"{where}.content holds {hit!r}, a special token's text; the chat template would read it as "
-                    "that token (a forged turn or document boundary), so it is refused",
-                    param=f"{where}.content",
-                    code="special_token_in_content",
-                )
-            messages.append({"role": m.role, "content": content})
+        messages = [{"role": m.role, "content": m.content} for m in req.messages]
         own = None if self.chat_template == CHAT_TEMPLATE else self.chat_template  # an imported model's
         variables = {**(self.template_variables if own else {}), **kwargs}
-        if req.continue_final_message:
-            text = _continue_final(messages, own, variables)
-        else:
-            text = render(messages, add_generation_prompt=req.add_generation_prompt, template=own, variables=variables)
+        try:
+            if req.continue_final_message:
+                text = _continue_final(messages, own, variables, specials)
+            else:
+                text = render(
+                    messages,
+                    add_generation_prompt=req.add_generation_prompt,
+                    template=own,
+                    variables=variables,
+                    specials=specials,
+                )
+        except MessageError as err:
+            raise APIError(400, str(err), param=err.param, code=err.code) from None
         ids = self.encode(text, add_special_tokens=bool(getattr(req, "add_special_tokens", None)))
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:  # pragma: no cover (a tokenizer larger than the model: refused by export)
@@ -791,15 +756,19 @@ def _template_kwargs(req: Any) -> dict[str, Any]:
     return kwargs
 
 
-def _continue_final(messages: list[dict[str, str]], template: Optional[str], variables: dict[str, Any]) -> str:
+def _continue_final(
+    messages: list[dict[str, str]], template: Optional[str], variables: dict[str, Any], specials: Seq[str] = ()
+) -> str:
     """The prompt text that leaves the final message open, as transformers' ``continue_final_message`` (its
     text up to the end of the final message's content): the template renders a marker in place of that
     content, and everything from the marker on is replaced by the content itself.
 
     Raises:
         APIError 400: the template does not write the final message's content.
+        MessageError: a message breaks a rule of every chat message (``specials``: the special tokens' text).
     """
     last = messages[-1]
+    render(messages, add_generation_prompt=False, template=template, variables=variables, specials=specials)  # checks
     text = render(
         [*messages[:-1], {**last, "content": _FINAL_MARK}],
         add_generation_prompt=False,

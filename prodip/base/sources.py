@@ -46,7 +46,7 @@ from typing import Any
 
 from license_expression import AND, OR, ExpressionError, LicenseExpression, Licensing, get_spdx_licensing
 
-from prodip.base.config import read_toml
+from prodip.base.config import opt, read_toml
 from prodip.base.errors import InvalidInput, UserError
 from prodip.base.hub import HUB_LICENSE_IDS, hub_license, license_slug
 
@@ -90,6 +90,15 @@ INCLUDE_UNKNOWN_HELP = (
     "source names or input paths whose licence is unknown or unrecorded, included knowingly (else such an "
     "input stops the stage); every card then says so"
 )
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source-record options of every stage config that reads corpus files (``[tokenizer]``, ``[data]``,
+    ``[sft]``): one declaration, inherited, so the keys, defaults and help are the same in each table."""
+
+    sources: list[str] = opt(factory=list, help=SOURCES_HELP)
+    include_unknown_license: list[str] = opt(factory=list, help=INCLUDE_UNKNOWN_HELP)
 
 
 class LicenseGateError(UserError):
