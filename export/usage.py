@@ -271,13 +271,14 @@ def how_to_use(variants: Mapping[str, Mapping[str, Any]], contract: Optional[Map
     """
     chat = contract is not None
     eot = str(contract["end_of_turn"]) if contract else ""
+    eot_id = contract["end_of_turn_id"] if contract else None
     lines = ["## How to use", "", "These files are this model, the one this card describes. Each runtime loads:", ""]
     lines += [*_runtime_rows(variants), ""]
     if chat:
         lines += [
             f"This is a chat model. Its chat template (`tokenizer_config.json` `chat_template`, also in every GGUF) "
             "writes ChatML: `<|bos|>` once, then each message as `<|im_start|>ROLE\\nCONTENT<|im_end|>\\n`, then "
-            f"`<|im_start|>assistant\\n` for the reply. A reply ends with `{eot}` (id {contract['end_of_turn_id']}), "
+            f"`<|im_start|>assistant\\n` for the reply. A reply ends with `{eot}` (id {eot_id}), "
             "the end-of-turn token every runtime's configuration stops at. Send conversations through the template, "
             "not raw text.",
             "",

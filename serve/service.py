@@ -757,7 +757,10 @@ def _template_kwargs(req: Any) -> dict[str, Any]:
 
 
 def _continue_final(
-    messages: list[dict[str, str]], template: Optional[str], variables: dict[str, Any], specials: Seq[str] = ()
+    messages: list[dict[str, str]],
+    template: Optional[str],
+    variables: dict[str, Any],
+    specials: Seq[Optional[str]] = (),
 ) -> str:
     """The prompt text that leaves the final message open, as transformers' ``continue_final_message`` (its
     text up to the end of the final message's content): the template renders a marker in place of that
