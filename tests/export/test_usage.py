@@ -99,7 +99,9 @@ def _run(lang: str, code: str, tmp: Path) -> subprocess.CompletedProcess:
         script.write_text(code, encoding="utf-8")
         (tmp / "node_modules").symlink_to(NODE_MODULES)  # the repository's node/ install
         cmd = [shutil.which("node") or "node", str(script)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp, env=os.environ.copy(), check=False)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, errors="replace", timeout=600, cwd=tmp, env=os.environ.copy(), check=False
+    )  # errors: a runner printing each token's bytes may print part of a character
 
 
 @pytest.mark.slow
@@ -130,3 +132,47 @@ def test_card_snippet_runs_and_replies_as_transformers(runtime, chat_export, tmp
     # reply holds partial UTF-8 characters), not one decode: their ids are conformance's to compare
     if runtime not in ("onnxruntime-genai", "llama.cpp", "executorch"):
         assert reply.strip() and reply.strip() in proc.stdout, (reply, proc.stdout[-500:])
+
+
+@pytest.fixture(scope="module")
+def base_export(tmp_path_factory):
+    """A tiny base model (no chat template) exported with every runtime's variant, and transformers' greedy
+    continuation of TEXT."""
+    import transformers
+
+    from prodip.export.usage import TEXT
+    from tests.fixtures import build_tiny_export
+
+    variants = ["fp32", "int4", "gguf-q8_0"] + (["pte-fp32"] if NEEDS["executorch"]() else [])
+    export = build_tiny_export(tmp_path_factory.mktemp("usage-base"), vocab_size=300, variants=variants)
+    tok = transformers.AutoTokenizer.from_pretrained(export)
+    model = transformers.AutoModelForCausalLM.from_pretrained(export)
+    out = model.generate(**tok(TEXT, return_tensors="pt"), max_new_tokens=40, do_sample=False)
+    return export, tok.decode(out[0], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", list(NEEDS))
+def test_base_model_card_snippet_runs(runtime, base_export, tmp_path):
+    """A base model's card continues a text in each runtime; the fp32 ones print transformers' continuation."""
+    if not NEEDS[runtime]():
+        pytest.skip(f"{runtime} is not installed here")
+    export, text = base_export
+    assert "This is a base language model" in (export / "README.md").read_text(encoding="utf-8")
+    lang, code = snippets(False, str(export), _variants(export))[runtime]
+    if runtime == "transformers.js":
+        code = code.replace('dtype: "q4"', 'dtype: "fp32"')
+    if runtime == "prodip serve":
+        from prodip import export as export_stage
+        from tests.serve.conftest import make_verdict, serve_export
+
+        export_stage.set_conformance(export, make_verdict(export, {"fp32": True, "int4": True}))
+        with serve_export(export, "--variant", "fp32", "--log-level", "warning") as srv:
+            proc = _run(lang, code.replace("http://127.0.0.1:8000", srv.base), tmp_path)
+        text = text[len("বাংলাদেশের রাজধানী") :]  # the completions API returns the continuation only
+    else:
+        proc = _run(lang, code, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    if runtime in ("transformers", "transformers.js", "prodip serve"):
+        assert text.strip() and text.strip() in proc.stdout, (text, proc.stdout[-500:])
