@@ -56,6 +56,7 @@ from prodip.export.card import (
     origin_urls,
     render_readme,
     source_summary,
+    usage_section,
 )
 
 QUALITY_HEADING = "## Quality"
@@ -92,6 +93,8 @@ def _readme_problems(root: Path, manifest: ExportManifest, card: Card) -> list[s
         for key, want in _front_matter_expected(card).items()
         if data.get(key) != want
     ]
+    if usage_section(root, manifest.variants) not in loaded.text:
+        problems.append(f"{README_FILE}: the How to use section differs from the one the manifest's variants give")
     if data_statement(card) not in loaded.text:
         problems.append(f"{README_FILE}: the data statement differs from the one the manifest's card gives")
     for s in card.sources:
@@ -284,6 +287,7 @@ def render_quality(quality: CardQuality) -> str:
     lines = [
         QUALITY_HEADING,
         "",
+        "Model: **this export**, the files this card describes (after fine-tuning, the fine-tuned model). "
         "Measured by `prodip conformance` on held-out text (the shards' validation split), each variant in its "
         "runtime against the training model in PyTorch. KL is KL(training model ‖ variant) per position in nats, "
         "its mean and 99.9th percentile; top-1 is the share of positions where both pick the same most likely "
@@ -302,9 +306,14 @@ def render_quality(quality: CardQuality) -> str:
         )
     lines.append("")
     if quality.twin:
+        model = (
+            "Model: **the pretrained checkpoint** this export was fine-tuned from (eval.json's), not the exported "
+            "model. "
+            if quality.forgetting
+            else "Model: **the checkpoint `prodip eval` scored** (eval.json's). "
+        )
         lines += [
-            "The checkpoint `prodip eval` scored (eval.json; the pretrained model when this export is fine-tuned from "
-            "it) against its random-initialised twin, on the shards' validation split:",
+            model + "That checkpoint against its random-initialised twin, on the shards' validation split:",
             "",
             "| language | NLL/token (nats) | bits/char | random twin NLL/token | random twin bits/char |",
             "|---|---:|---:|---:|---:|",
@@ -400,7 +409,7 @@ def write_quality(export_dir: Path, quality: CardQuality) -> ExportManifest:
     if not manifest.card:
         raise InvalidInput(f"{root / 'manifest.json'}: no card to write the quality figures into (re-export)")
     path = root / README_FILE
-    text = render_readme(manifest.card, render_quality(quality))
+    text = render_readme(manifest.card, render_quality(quality), usage_section(root, manifest.variants))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

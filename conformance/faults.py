@@ -370,7 +370,7 @@ def plant_card_licence_not_on_hub(src: Path, dst: Path, licence: str = "odc-by-1
         raise InvalidInput(f"{dst}: no card in the manifest (an export made before model cards)")
     manifest.card.license = type(manifest.card.license).model_validate({"license": licence})
     save_manifest(dst, manifest)
-    write_card(dst, manifest.card)
+    write_card(dst, manifest.card, manifest.variants)
     refresh_manifest(dst)
     return dst
 

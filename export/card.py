@@ -340,8 +340,9 @@ def data_statement(card: Card) -> str:
     return "\n".join(lines)
 
 
-def render_readme(card: Card, quality: str = "") -> str:
-    """The whole ``README.md``: front matter, title, data statement, then ``quality`` (markdown, may be empty)."""
+def render_readme(card: Card, quality: str = "", usage: str = "") -> str:
+    """The whole ``README.md``: front matter, title, ``usage`` (:func:`prodip.export.usage.how_to_use`, may be
+    empty), the data statement, then ``quality`` (markdown, may be empty)."""
     from huggingface_hub import ModelCard  # noqa: PLC0415 (train extra)
 
     body = [
@@ -351,6 +352,7 @@ def render_readme(card: Card, quality: str = "") -> str:
         "(transformers), `onnx/` (ONNX Runtime, onnxruntime-genai, transformers.js), and any `gguf/` (llama.cpp) "
         "and `executorch/` (ExecuTorch) files listed in `manifest.json`.",
         "",
+        *([usage] if usage else []),
         data_statement(card),
         quality
         or "## Quality\n\nNot measured yet: `prodip conformance` writes the per-variant, per-language quality card here.\n",
@@ -492,11 +494,24 @@ def set_onnx_metadata(path: Path, card: Card) -> None:
     onnx.save(model, str(path))
 
 
-def write_card(root: Path, card: Card) -> None:
-    """Write ``README.md``, every ``.onnx`` file's metadata and the ``.pte`` sidecar into export ``root``.
+def usage_section(root: Path, variants: Any) -> str:
+    """The README's "How to use" of export ``root`` (:func:`prodip.export.usage.how_to_use`): ``variants`` as
+    the manifest lists them (name -> dict, or its ``VariantEntry`` records), the chat contract from the
+    export's tokenizer files."""
+    from prodip.base.chat import chat_contract  # noqa: PLC0415
+    from prodip.export.usage import how_to_use  # noqa: PLC0415
+
+    plain = {n: v if isinstance(v, dict) else v.model_dump(exclude_none=True) for n, v in variants.items()}
+    return how_to_use(plain, chat_contract(root))
+
+
+def write_card(root: Path, card: Card, variants: Any = None) -> None:
+    """Write ``README.md`` (with "How to use" when ``variants``, the manifest's, are given), every ``.onnx``
+    file's metadata and the ``.pte`` sidecar into export ``root``.
 
     GGUF files get theirs when written (:func:`add_gguf_metadata`)."""
-    (root / README_FILE).write_text(render_readme(card), encoding="utf-8")
+    usage = usage_section(root, variants) if variants else ""
+    (root / README_FILE).write_text(render_readme(card, usage=usage), encoding="utf-8")
     for path in sorted(root.rglob("*.onnx")):
         set_onnx_metadata(path, card)
     if any(root.rglob("*.pte")):

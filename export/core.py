@@ -416,7 +416,7 @@ def _build_all(
             web.write_web_page(tmp)
     variants.update(_build_devices(model, tmp, cfg, tokenizer_dir, step, card))
     with step("manifest.json (sha256 of every file), README.md model card, licence metadata"):
-        model_card.write_card(tmp, card)
+        model_card.write_card(tmp, card, variants)
         (tmp / CONFIG_TOML).write_text(dump_toml({"export": to_dict(cfg)}), encoding="utf-8")
         for path in tmp.rglob("*"):  # onnx/safetensors create some files 0600; exports are shared
             path.chmod(0o755 if path.is_dir() else 0o644)

@@ -109,6 +109,9 @@ def _install_errors(app: FastAPI) -> None:
         loc = list(first.get("loc", ()))
         if loc[:1] == ["body"]:
             loc = loc[1:]
+        if not loc and first.get("type") == "value_error":  # a rule across fields (a model validator): its words
+            msg = str(first.get("ctx", {}).get("error", first.get("msg", "invalid request")))
+            return JSONResponse(error_body(msg, code="invalid_value"), status_code=400)
         if not loc:  # the body itself: missing, or not a JSON object (e.g. sent without a JSON content type)
             msg = "the request body must be a JSON object, sent with Content-Type: application/json"
             return JSONResponse(error_body(msg, code="invalid_value"), status_code=400)

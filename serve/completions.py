@@ -7,7 +7,8 @@ first, its first token scored ``null``, which is what lm-evaluation-harness ``lo
 reads for log-likelihood tasks (``echo=True, max_tokens=0|1, logprobs=1``). ``text_offset`` indexes
 the returned text (echo included, cumulative over a stream), ``tokens`` are the pieces of that text
 (``bytes:\\xNN...`` for a token that is not whole UTF-8 characters, at the offset of the
-character it starts in; ``""`` for a special token), and tokens from a stop string on are left out
+character it starts in; a special token by its name, as ``top_logprobs`` names it, though it adds no
+text), and tokens from a stop string on are left out
 (serve/README.md). A text prompt is echoed in the tokenizer's normal form (NFC).
 Logprobs are natural logs of the model's own distribution (before penalties, logit_bias,
 temperature, top-k and top-p).

@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Message, Receive, Scope, Send
 
@@ -348,12 +355,16 @@ tokenizer_routes = APIRouter()
     "/tokenize", response_model=None, responses={200: {"model": TokenizeResponse}, **errors(404, 503)}
 )
 async def tokenize(req: TokenizeRequest, svc: Svc) -> JSONResponse:
-    """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``."""
+    """vLLM's shape: ``{count, max_model_len, tokens[, token_strs]}``; ``messages`` are rendered with the chat
+    template as /v1/chat/completions renders them (vLLM's chat form)."""
     svc.require_ready()
     svc.check_model(req.model)
 
     def work() -> JSONResponse:
-        ids = svc.encode(req.content, req.add_special_tokens)
+        if req.messages is not None:
+            ids = svc.chat_prompt(req)
+        else:
+            ids = svc.encode(req.content, req.add_special_tokens is not False)
         body: dict[str, Any] = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
         if req.return_token_strs:
             body["token_strs"] = [svc.tokenizer.id_to_token(t) for t in ids]
@@ -414,9 +425,18 @@ playground_routes = APIRouter()
 
 @playground_routes.get("/playground", include_in_schema=False, openapi_extra=OPEN)
 async def playground() -> HTMLResponse:
-    """A small page (no scripts from elsewhere) that streams completions from this server; the
-    API key, when the server has one, is typed into the page (the page itself is open)."""
+    """A small page (no scripts from elsewhere) that streams completions from this server: a conversation
+    for a chat model (its /tokenizer_info has a chat template), a completion otherwise, with temperature,
+    top-p and max tokens; the API key, when the server has one, is typed into the page (the page is open)."""
     return HTMLResponse(render_page(PLAYGROUND.read_text(encoding="utf-8")))
+
+
+@playground_routes.get("/", include_in_schema=False, openapi_extra=OPEN)
+async def root(request: Request) -> RedirectResponse:
+    """The server's address in a browser leads to the playground (a person typing it wants the page), its
+    query (the page's parameters) kept."""
+    query = request.url.query
+    return RedirectResponse("/playground" + (f"?{query}" if query else ""), status_code=307)
 
 
 #: every router of the server, in the order of the OpenAPI document

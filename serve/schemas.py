@@ -268,6 +268,14 @@ class ChatCompletionRequest(SamplingRequest):
     function_call: Optional[Any] = None
     parallel_tool_calls: Optional[Any] = None
     response_format: Optional[Any] = None
+    add_generation_prompt: bool = Field(True, description="end the prompt with the assistant's header (vLLM)")
+    continue_final_message: bool = Field(
+        False,
+        description="leave the final message open so the reply continues it (vLLM; not with add_generation_prompt)",
+    )
+    chat_template_kwargs: Optional[dict[str, Any]] = Field(
+        None, description="more variables for the chat template (vLLM), e.g. an imported model's own switches"
+    )
 
     _only_when_streaming = field_validator("stream_options", mode="after")(_stream_options_need_stream)
 
@@ -306,27 +314,41 @@ class GenerateRequest(SamplingRequest):
 
 class TokenizeRequest(_Strict):
     """``POST /tokenize`` in vLLM's shape (``prompt``), which lm-eval's ``tokenizer_backend=remote``
-    sends; ``text`` is the older prodip name of the same field (exactly one of the two)."""
+    sends; ``text`` is the older prodip name of the same field; or vLLM's chat form, ``messages`` rendered
+    with the chat template as /v1/chat/completions renders them (exactly one of the three)."""
 
     model: Optional[str] = Field(None, description="this server's model id or omitted (vLLM sends it)")
     prompt: Optional[str] = Field(None, description="text to tokenize (vLLM's field)")
     text: Optional[str] = Field(None, description="alias of prompt (prodip's older field)")
-    add_special_tokens: bool = Field(True, description="let the tokenizer's post-processor add its tokens (BOS)")
+    messages: Optional[list[ChatMessage]] = Field(None, min_length=1, description="a conversation to render (vLLM)")
+    add_special_tokens: Optional[bool] = Field(
+        None,
+        description="let the tokenizer's post-processor add its tokens (BOS); default true for text, false for "
+        "messages (the chat template writes them), as vLLM",
+    )
+    add_generation_prompt: bool = Field(True, description="messages: end with the assistant's header (vLLM)")
+    continue_final_message: bool = Field(False, description="messages: leave the final message open (vLLM)")
+    chat_template_kwargs: Optional[dict[str, Any]] = Field(None, description="messages: more template variables")
     return_token_strs: bool = Field(False, description="also return each token's vocabulary string (vLLM)")
+
+    @field_validator("messages", mode="after")
+    @classmethod
+    def _text_messages(cls, messages: Optional[list[ChatMessage]]) -> Optional[list[ChatMessage]]:
+        return None if messages is None else [_request_message(i, m) for i, m in enumerate(messages)]
 
     @model_validator(mode="after")
     def _one_text(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.text is None):
-            raise ValueError("give exactly one of prompt (vLLM's name) or text")
+        if sum(x is not None for x in (self.prompt, self.text, self.messages)) != 1:
+            raise ValueError("give exactly one of prompt (vLLM's name), text or messages")
         return self
 
     @property
     def content(self) -> str:
-        """The text to tokenize: ``prompt``, else ``text`` (:meth:`_one_text` made sure one is set)."""
+        """The text to tokenize: ``prompt``, else ``text`` (for a ``messages`` request: the service renders)."""
         for value in (self.prompt, self.text):
             if value is not None:
                 return value
-        raise ValueError("give exactly one of prompt (vLLM's name) or text")
+        raise ValueError("give exactly one of prompt (vLLM's name), text or messages")
 
 
 class DetokenizeRequest(_Strict):

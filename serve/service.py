@@ -260,7 +260,8 @@ class Service:
 
     def token_piece(self, token_id: int) -> str:
         """How one token is shown in ``logprobs.tokens``: the text it adds when that is whole UTF-8
-        characters, else ``bytes:\\xNN...``; "" for a special token or an id the tokenizer lacks."""
+        characters, else ``bytes:\\xNN...``; a special token or an id the tokenizer lacks by its name, as
+        :meth:`token_text` names it in ``top_logprobs`` (``<|im_end|>``), though it adds no text."""
         return PieceWalk(self).add(token_id)[0]
 
     def piece_walk(self, context_ids: Seq[int] = ()) -> PieceWalk:
@@ -278,7 +279,7 @@ class Service:
         The text is the decode of the prompt's tokens: for a text prompt, what the model saw, in the
         tokenizer's normal form (NFC; the one normalisation rule, serve/README.md). Special-token
         text typed in a text prompt (``"<|eos|>"``) is echoed as typed (its piece is that text);
-        a special token the tokenizer added (``<|bos|>``) is ``""``. Each token's piece is the
+        a special token the tokenizer added (``<|bos|>``) is not in the text and its piece is its name. Each token's piece is the
         text it adds, or ``bytes:\\xNN...`` when that is not whole UTF-8 characters (at the offset
         of the character it starts in), so ``text[offset[i]:]`` starts with every other piece.
         """
@@ -375,9 +376,12 @@ class Service:
             )
 
     def chat_prompt(self, req: Any) -> list[int]:
-        """The prompt ids of a chat request: its ``messages`` rendered with the chat contract's template
-        (``prodip.base.chat.render``, jinja2's sandbox) and encoded without added special tokens (the
-        template writes ``<|bos|>``). Text is normalised by the tokenizer (NFC), as /v1/completions'.
+        """The prompt ids of a chat request (or of ``/tokenize`` with ``messages``): its ``messages`` rendered
+        with the chat contract's template (``prodip.base.chat.render``, jinja2's sandbox) and encoded without
+        added special tokens (the template writes ``<|bos|>``; ``/tokenize`` may ask for them). Text is
+        normalised by the tokenizer (NFC), as /v1/completions'. vLLM's extras: ``add_generation_prompt``
+        (default true), ``continue_final_message`` (the prompt ends inside the final message, so the reply
+        continues it), ``chat_template_kwargs`` (more template variables; prodip's own template reads none).
 
         ``req`` is a :class:`~prodip.serve.schemas.ChatCompletionRequest`, whose validators refused what a
         request alone may not hold (tool fields, non-text parts, other message fields) and joined text parts.
@@ -387,18 +391,29 @@ class Service:
                 message breaking a rule of every chat message (:func:`prodip.base.chat.check_message`, the
                 one ``prodip sft`` applies to its records): a role outside system/user/assistant (code
                 ``unsupported_content``), a content holding a special token's text, such as ``<|im_end|>``
-                (code ``special_token_in_content``: it would forge a turn).
+                (code ``special_token_in_content``: it would forge a turn); ``continue_final_message`` with
+                ``add_generation_prompt``, ``chat_template_kwargs`` naming ``messages`` or either flag.
         """
         self.require_chat()
+        kwargs = _template_kwargs(req)
         specials = [self.tokenizer.id_to_token(i) for i in sorted(self._special_ids)]
         messages = [{"role": m.role, "content": m.content} for m in req.messages]
         own = None if self.chat_template == CHAT_TEMPLATE else self.chat_template  # an imported model's
-        variables = self.template_variables if own else None
+        variables = {**(self.template_variables if own else {}), **kwargs}
         try:
-            text = render(messages, add_generation_prompt=True, template=own, variables=variables, specials=specials)
+            if req.continue_final_message:
+                text = _continue_final(messages, own, variables, specials)
+            else:
+                text = render(
+                    messages,
+                    add_generation_prompt=req.add_generation_prompt,
+                    template=own,
+                    variables=variables,
+                    specials=specials,
+                )
         except MessageError as err:
             raise APIError(400, str(err), param=err.param, code=err.code) from None
-        ids = self.encode(text, add_special_tokens=False)
+        ids = self.encode(text, add_special_tokens=bool(getattr(req, "add_special_tokens", None)))
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:  # pragma: no cover (a tokenizer larger than the model: refused by export)
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param="messages")
@@ -711,13 +726,75 @@ class LoopPoster:
             queue.put_nowait(item)
 
 
+#: Stands for the final message's content while the template renders it (continue_final_message): private-use
+#: code points, which no tokenizer's specials and no template write.
+_FINAL_MARK = "\ue000prodip-final-message\ue001"
+
+
+def _template_kwargs(req: Any) -> dict[str, Any]:
+    """``chat_template_kwargs`` (vLLM): more variables for the template. Names the request's own fields and
+    the conversation are refused, so the kwargs cannot contradict them.
+
+    Raises:
+        APIError 400: ``add_generation_prompt`` and ``continue_final_message`` both set, or a kwarg named
+            ``messages``, ``add_generation_prompt`` or ``continue_final_message`` (param named).
+    """
+    if req.add_generation_prompt and req.continue_final_message:
+        raise APIError(
+            400,
+            "continue_final_message leaves the final message open, so it needs add_generation_prompt: false",
+            param="continue_final_message",
+        )
+    kwargs = dict(getattr(req, "chat_template_kwargs", None) or {})
+    for name in ("messages", "add_generation_prompt", "continue_final_message"):
+        if name in kwargs:
+            raise APIError(
+                400,
+                f"chat_template_kwargs.{name}: set by the request itself ({'the conversation' if name == 'messages' else 'its own field'})",
+                param=f"chat_template_kwargs.{name}",
+            )
+    return kwargs
+
+
+def _continue_final(
+    messages: list[dict[str, str]],
+    template: Optional[str],
+    variables: dict[str, Any],
+    specials: Seq[Optional[str]] = (),
+) -> str:
+    """The prompt text that leaves the final message open, as transformers' ``continue_final_message`` (its
+    text up to the end of the final message's content): the template renders a marker in place of that
+    content, and everything from the marker on is replaced by the content itself.
+
+    Raises:
+        APIError 400: the template does not write the final message's content.
+        MessageError: a message breaks a rule of every chat message (``specials``: the special tokens' text).
+    """
+    last = messages[-1]
+    render(messages, add_generation_prompt=False, template=template, variables=variables, specials=specials)  # checks
+    text = render(
+        [*messages[:-1], {**last, "content": _FINAL_MARK}],
+        add_generation_prompt=False,
+        template=template,
+        variables=variables,
+    )
+    cut = text.rfind(_FINAL_MARK)
+    if cut < 0:
+        raise APIError(
+            400, "continue_final_message: the chat template does not write the final message", param="messages"
+        )
+    return text[:cut] + last["content"]
+
+
 class PieceWalk:
     """``logprobs`` pieces and offsets of a run of tokens, from their bytes.
 
     ``add`` returns each token's piece and the character offset where it starts in the decoded
     text: the text it adds when that is whole UTF-8 characters, else OpenAI's ``bytes:\\xNN...``
     at the offset of the character it starts in (a byte-level token may hold a character and a
-    half); ``""`` at the current length for a special token or an id the tokenizer lacks.
+    half); a special token or an id the tokenizer lacks adds no text and is named at the current length
+    as ``top_logprobs`` names it (``<|im_end|>``: one spelling, so the chosen token is found among its
+    alternatives).
     """
 
     def __init__(self, svc: Service) -> None:
@@ -735,7 +812,7 @@ class PieceWalk:
         offset = self.chars
         raw = typed.encode() if typed is not None else self._svc.token_bytes(token_id)
         if raw is None:
-            return "", offset
+            return self._svc.token_text(token_id), offset
         held = self._utf8.getstate()[0]  # bytes of an unfinished character
         if held and codecs.getincrementaldecoder("utf-8")("replace").decode(held + raw[:1]).startswith("\ufffd"):
             offset += 1  # this token does not continue it: it becomes U+FFFD, then this token starts

@@ -37,6 +37,7 @@ from pydantic import Field, StrictInt
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, chat_contract
+from prodip.base.cli import progress_bars
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, raise_for_room
@@ -367,7 +368,7 @@ def _byte_level_trainer(vocab_size: int, min_frequency: int, progress: bool) -> 
         min_frequency=min_frequency,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in RESERVED_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=progress,
+        show_progress=progress_bars(progress),
     )
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from prodip.base.cli import progress_bars
 from prodip.tokenizer.superword import learn_superwords
 
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # sentencepiece/Llama byte-fallback names
@@ -137,7 +138,7 @@ def train_custom(
         special_tokens=specials,
         limit_alphabet=limit,
         initial_alphabet=top_characters(texts, limit) or [],
-        show_progress=progress,
+        show_progress=progress_bars(progress),
     )
     tok.train_from_iterator(texts(), trainer=trainer)
     extra: list[tuple[str, str]] = []

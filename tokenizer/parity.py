@@ -208,15 +208,18 @@ def _onnxruntime_genai(tok_dir: Path, texts: list[str], work: Path) -> tuple[lis
 
 
 def _executorch(tok_dir: Path, texts: list[str], work: Path) -> tuple[list[list[int]], str]:
-    import pytorch_tokenizers  # noqa: PLC0415 (optional runtime: pip extra runtimes)
-
     folder = work / "executorch"
     write_target_files(tok_dir, folder, "executorch")
-    tok = pytorch_tokenizers.CppHFTokenizer()
-    with native_stderr_to_log(log):  # its re2 "Error parsing" before the PCRE2 fallback: expected, harmless
+    # its C++ log lines (re2's "Error parsing" before the PCRE2 fallback, "I tokenizers:regex.cpp:40]
+    # Registering override fallback regex") are expected and harmless: logged at DEBUG
+    with native_stderr_to_log(log):
+        import pytorch_tokenizers  # noqa: PLC0415 (optional runtime: pip extra runtimes)
+
+        tok = pytorch_tokenizers.CppHFTokenizer()
         tok.load(str(folder / "tokenizer.json"))
+        ids = [list(tok.encode(t, 1, 0)) for t in texts]
     version = importlib.metadata.version("pytorch-tokenizers")
-    return [list(tok.encode(t, 1, 0)) for t in texts], f"pytorch-tokenizers {version} (HFTokenizer)"
+    return ids, f"pytorch-tokenizers {version} (HFTokenizer)"
 
 
 def _node(tok_dir: Path, texts: list[str], work: Path, runtimes: list[str]) -> dict[str, Any]:

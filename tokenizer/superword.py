@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, models, trainers
 
+from prodip.base.cli import progress_bars
 from prodip.base.errors import InvalidInput
 
 PUA_BASE = 0xF0000  # supplementary private use areas A and B: 2 x 65534 code points
@@ -109,7 +110,7 @@ def learn_superwords(
         min_frequency=min_frequency,
         initial_alphabet=alphabet,
         limit_alphabet=len(alphabet),
-        show_progress=progress,
+        show_progress=progress_bars(progress),
     )
     stage2 = Tokenizer(models.BPE())  # no normaliser, no pre-tokeniser: a phrase is one "word"
     stage2.train_from_iterator(phrases(stage1, roles, docs()), trainer=trainer)

@@ -26,14 +26,38 @@ BUG_HINT = (
 )
 
 
+#: Library loggers (and their children) whose records below ERROR say nothing about the user's data or
+#: settings on a run that works: shown only with ``--verbose`` (DEBUG logging). Why each:
+DEMOTED_LOGGERS: dict[str, str] = {
+    # torchao (imported by ExecuTorch and probed by transformers) tries its CUDA kernels and triton on a
+    # CPU-only install: "Failed to load .../_C_mxfp8...so", "_C_cutlass_90a", "Detected no triton"
+    "torchao": "torchao's optional CUDA kernels, absent on this machine",
+    # torch deprecates registering Enum subclasses as pytree constants, which torchao does on import
+    "torch.utils._pytree": "a deprecation in torchao's own code",
+    # gguf-py logs "This GGUF file is for Little Endian only" and the file list of every GGUF it writes
+    "gguf.gguf_writer": "gguf-py's progress notes for each file written",
+}
+
+
+def progress_bars(wanted: bool) -> bool:
+    """Whether to show a library's progress bars (HF ``tokenizers`` trainers' ``show_progress``): only when
+    ``wanted`` and standard output and error are terminals. Off a terminal the trainer draws nothing useful
+    but still prints one empty line per bar to standard output (three blank lines in a run's log)."""
+    return wanted and sys.stdout.isatty() and sys.stderr.isatty()
+
+
 def setup_logging(verbose: bool = False) -> None:
-    """INFO logging (DEBUG with ``verbose``); under torchrun only rank 0 logs progress, the others warn."""
+    """INFO logging (DEBUG with ``verbose``); under torchrun only rank 0 logs progress, the others warn.
+    Library noise (:data:`DEMOTED_LOGGERS`) shows only with ``verbose``."""
     rank = int(os.environ.get("RANK", "0"))
     level = logging.DEBUG if verbose else (logging.INFO if rank == 0 else logging.WARNING)
     prefix = f"[rank {rank}] " if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     logging.basicConfig(
         level=level, format=f"%(asctime)s {prefix}%(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
+    # the logger's own level, not a handler filter: torch logs through its own handler, not the root's
+    for name in DEMOTED_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
 
 
 def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace, command: str) -> int:

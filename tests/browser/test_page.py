@@ -146,8 +146,9 @@ def test_page_generates_onnx_runtimes_ids(served_export):
 
 
 def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):
-    """``prodip serve``'s /playground page, in Chromium: one streamed completion from /v1/completions,
-    whose text equals the same request's non-streamed text (greedy), in more than one chunk."""
+    """``prodip serve``'s /playground page, in Chromium: for a base model it opens in completion mode by itself;
+    one streamed completion from /v1/completions at the page's temperature 0, whose text equals the same
+    request's non-streamed text (greedy), in more than one chunk."""
     from urllib.parse import quote
 
     import httpx
@@ -161,9 +162,45 @@ def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):
         body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
         want = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
         got = open_page(
-            f"{base}/playground?prompt={quote(PROMPT)}&max_tokens=8&autorun=1", "playgroundResult", "playground"
+            f"{base}/playground?prompt={quote(PROMPT)}&max_tokens=8&temperature=0&autorun=1",
+            "playgroundResult",
+            "playground",
         )
         assert got["error"] is None, (got["error"], got["console"][-10:])
         res = got["result"]
         assert res["mode"] == "completion" and res["text"] == want and res["chunks"] > 1
+        assert all(u.startswith(base + "/") for u in got["requests"])
+
+
+def test_serve_playground_chats_with_a_chat_model(tmp_path_factory, browser_ready):
+    """For a chat model the playground opens in chat mode by itself (no mode parameter), sends the temperature,
+    top-p and max tokens of its controls, and its streamed reply equals the non-streamed chat reply; the
+    server's root address leads to it."""
+    from urllib.parse import quote
+
+    import httpx
+
+    from prodip import export as export_stage
+    from tests.fixtures import CHAT_PROMPT, build_tiny_chat_export
+    from tests.serve.conftest import make_verdict, serve_export
+
+    export, _ = build_tiny_chat_export(tmp_path_factory.mktemp("playground-chat"), variants=["fp32"])
+    export_stage.set_conformance(export, make_verdict(export, {"fp32": True}))
+    user = CHAT_PROMPT[-1]["content"]
+    with serve_export(export, "--log-level", "warning") as srv:
+        base = srv.base
+        root = httpx.get(f"{base}/", follow_redirects=False)
+        assert root.status_code == 307 and root.headers["location"] == "/playground"
+        model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "messages": [{"role": "user", "content": user}], "max_tokens": 6, "temperature": 0}
+        want = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+        got = open_page(
+            f"{base}/?prompt={quote(user)}&max_tokens=6&temperature=0&top_p=0.5&autorun=1", "playgroundResult", "chat"
+        )
+        assert got["error"] is None, (got["error"], got["console"][-10:])
+        res = got["result"]
+        assert res["mode"] == "chat" and res["text"] == want["content"]
+        sent = res["body"]
+        assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (0, 0.5, 6)
+        assert sent["messages"] == [{"role": "user", "content": user}]
         assert all(u.startswith(base + "/") for u in got["requests"])

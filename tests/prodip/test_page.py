@@ -49,3 +49,18 @@ def test_the_playground_is_served_with_the_shared_head():
     reply = TestClient(app).get("/playground")
     assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html")
     assert reply.text == render_page(source)
+
+
+def test_the_server_root_leads_to_the_playground():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.routes import playground_routes
+
+    app = FastAPI()
+    app.include_router(playground_routes)
+    reply = TestClient(app).get("/", follow_redirects=False)
+    assert reply.status_code == 307 and reply.headers["location"] == "/playground"
+    assert TestClient(app).get("/").text == TestClient(app).get("/playground").text
+    kept = TestClient(app).get("/?prompt=x&autorun=1", follow_redirects=False)
+    assert kept.headers["location"] == "/playground?prompt=x&autorun=1"  # the page's parameters kept

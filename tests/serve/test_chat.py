@@ -527,3 +527,73 @@ def test_lm_eval_chat_tasks_of_docs_eval_md_against_serve(chat_export, chat_serv
             assert s["resps"][0][0] == ours, (task, s["doc_id"])
             replies.append(ours)
     assert sum(bool(x) for x in replies) >= 5, replies  # the comparison is of real text
+
+
+def test_end_of_turn_is_spelled_one_way_and_found_among_its_alternatives(chat_export, chat_client):
+    """The sampled <|im_end|> is "<|im_end|>" in tokens, in its own top_logprobs and in chat logprobs, with the
+    same logprob there (lm-eval's is_greedy: the chosen token is the top alternative); every other step too."""
+    planted = chat_export[1]
+    ids = planted["prompt_ids"]
+    comp = chat_client.post(
+        "/v1/completions", json={"prompt": ids, "max_tokens": 10, "temperature": 0, "logprobs": 3}
+    ).json()["choices"][0]
+    lp = comp["logprobs"]
+    assert lp["tokens"][-1] == "<|im_end|>" and len(lp["tokens"]) == len(planted["reply_ids"])
+    for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert top[tok] == value and max(top, key=top.get) == tok  # greedy: chosen == top, one spelling
+    chat = _chat(chat_client, max_tokens=10, logprobs=True, top_logprobs=3)["choices"][0]
+    content = chat["logprobs"]["content"]
+    assert [c["token"] for c in content] == lp["tokens"] and content[-1]["token"] == "<|im_end|>"
+    for c in content:
+        alternatives = {t["token"]: t["logprob"] for t in c["top_logprobs"]}
+        assert alternatives[c["token"]] == c["logprob"]
+    assert bytes(content[-1]["bytes"]) == b"<|im_end|>"
+    # the echoed prompt names its specials the same way: <|bos|> <|im_start|> ... as the tokenizer does
+    echo = chat_client.post(
+        "/v1/completions", json={"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1}
+    ).json()["choices"][0]["logprobs"]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(chat_export[0] / "tokenizer.json"))
+    specials = {i for i in ids if tok.id_to_token(i).startswith("<|")}
+    assert specials and all(echo["tokens"][k] == tok.id_to_token(i) for k, i in enumerate(ids) if i in specials)
+
+
+def test_vllm_chat_extras(chat_export, chat_client):
+    """add_generation_prompt, continue_final_message and chat_template_kwargs on chat and /tokenize, with
+    transformers' apply_chat_template as the reference for the ids."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(chat_export[0])
+    convo = [*CHAT_PROMPT, {"role": "assistant", "content": "ab"}]
+    for body, kw in [
+        ({}, {"add_generation_prompt": True}),
+        ({"add_generation_prompt": False}, {"add_generation_prompt": False}),
+        ({"add_generation_prompt": False, "continue_final_message": True}, {"continue_final_message": True}),
+    ]:
+        messages = convo if kw.get("continue_final_message") else CHAT_PROMPT
+        want = hf.apply_chat_template(messages, tokenize=True, return_dict=False, **kw)
+        r = chat_client.post("/tokenize", json={"messages": messages, "return_token_strs": True, **body})
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"] == want and r.json()["count"] == len(want), body
+        chat = _chat(chat_client, messages=messages, max_tokens=2, **body)
+        assert chat["usage"]["prompt_tokens"] == len(want)
+    # the continued message's reply is /v1/completions on those ids
+    cont = hf.apply_chat_template(convo, tokenize=True, return_dict=False, continue_final_message=True)
+    comp = chat_client.post("/v1/completions", json={"prompt": cont, "max_tokens": 4, "temperature": 0}).json()
+    chat = _chat(chat_client, messages=convo, max_tokens=4, add_generation_prompt=False, continue_final_message=True)
+    assert chat["choices"][0]["message"]["content"] == comp["choices"][0]["text"]
+    # chat_template_kwargs: variables prodip's template does not read change nothing; its own names are refused
+    plain = chat_client.post("/tokenize", json={"messages": CHAT_PROMPT}).json()["tokens"]
+    kwargs = chat_client.post("/tokenize", json={"messages": CHAT_PROMPT, "chat_template_kwargs": {"x": 1}})
+    assert kwargs.json()["tokens"] == plain
+    for body, param in [
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs.add_generation_prompt"),
+    ]:
+        for path in ("/v1/chat/completions", "/tokenize"):
+            r = chat_client.post(path, json={"messages": CHAT_PROMPT, **body})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+    r = chat_client.post("/tokenize", json={"messages": CHAT_PROMPT, "prompt": "x"})
+    assert r.status_code == 400 and "exactly one of prompt" in r.text

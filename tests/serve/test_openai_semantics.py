@@ -3,6 +3,8 @@ fields, logprobs text offsets and pieces, stop strings in logprobs, echo of the 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -76,13 +78,14 @@ def _echo(client, prompt, **extra):
 
 def _check_offsets(text, tokens, offsets, cut_by_stop=False):
     """text_offset[i] indexes the returned text where token i's piece starts; offsets never decrease;
-    the non-byte pieces join to the text (a byte token stands where its character starts). With
+    the non-byte pieces join to the text (a byte token stands where its character starts; a special token or
+    an id the tokenizer lacks is its name, ``<|eos|>`` / ``<|id_N|>``, adding no text). With
     ``cut_by_stop`` the last token may straddle the stop string (kept whole, serve/README.md): its
     piece then runs past the end of the text, which must be a prefix of it."""
     assert len(tokens) == len(offsets)
     assert offsets == sorted(offsets) and all(0 <= o <= len(text) for o in offsets)
     for i, (tok, off) in enumerate(zip(tokens, offsets)):
-        if tok.startswith("bytes:"):
+        if tok.startswith("bytes:") or re.fullmatch(r"<\|[a-z_0-9]+\|>", tok):  # a special's name adds no text
             continue
         if cut_by_stop and i == len(tokens) - 1 and not text[off:].startswith(tok):
             assert tok.startswith(text[off:]) and text[off:], (tok, off, text)  # the straddling token
@@ -93,13 +96,13 @@ def _check_offsets(text, tokens, offsets, cut_by_stop=False):
 def _known_pieces(tok, ids):
     """Pieces and offsets computed independently of serve, from each token's bytes (GPT-2's byte
     alphabet): a token that is whole UTF-8 characters is its text; any other is OpenAI's
-    ``bytes:\\xNN...`` at the start of the character it starts in; a special token is "" there."""
+    ``bytes:\\xNN...`` at the start of the character it starts in; a special token is its name there."""
     alphabet = {c: b for b, c in enumerate(bytes_to_unicode())}
     tokens, offsets, done = [], [], b""
     for t in ids:
         offsets.append(len(done.decode("utf-8", "ignore")))  # complete characters before it
-        if t in (0, 1, 2):  # <|pad|> <|bos|> <|eos|>
-            tokens.append("")
+        if t in (0, 1, 2):  # <|pad|> <|bos|> <|eos|>: named, adding no text
+            tokens.append(tok.id_to_token(t))
             continue
         raw = bytes(alphabet[c] for c in tok.id_to_token(t))
         try:
@@ -113,8 +116,8 @@ def _known_pieces(tok, ids):
 def test_text_offset_known_answers_ascii_bangla_byte_level(client):
     tok = client.app.state.service.tokenizer
     text, tokens, offsets = _echo(client, "hello world")
-    assert text == "hello world" and tokens[0] == "" and offsets[0] == 0  # <|bos|>, then the text
-    assert "".join(tokens) == text and offsets[1:] == [len("".join(tokens[:i])) for i in range(1, len(tokens))]
+    assert text == "hello world" and tokens[0] == "<|bos|>" and offsets[0] == 0  # <|bos|>, then the text
+    assert "".join(tokens[1:]) == text and offsets[1:] == [len("".join(tokens[1:i])) for i in range(1, len(tokens))]
     # Bangla (3 UTF-8 bytes a character): byte-level tokens may split characters
     split = []
     for prompt in ("আমি বাংলায় গান গাই", "ক্ষুধার্ত মানুষ ৺", "café au lait"):
@@ -129,11 +132,11 @@ def test_text_offset_known_answers_ascii_bangla_byte_level(client):
     # corpus) is spelled by tokens of its bytes, all at its offset
     text, tokens, offsets = _echo(client, "ক্ষুধার্ত মানুষ ৺")
     pairs = list(zip(tokens, offsets))
-    assert pairs[:4] == [("", 0), ("ক", 0), ("bytes:\\xe0\\xa7\\x8d\\xe0\\xa6", 1), ("bytes:\\xb7", 2)]
+    assert pairs[:4] == [("<|bos|>", 0), ("ক", 0), ("bytes:\\xe0\\xa7\\x8d\\xe0\\xa6", 1), ("bytes:\\xb7", 2)]
     assert pairs[-3:] == [(" ", 15), ("bytes:\\xe0\\xa7", 16), ("bytes:\\xba", 16)]
     # é is c3 a9: two tokens, both at é's offset; " a" starts at 4
     text, tokens, offsets = _echo(client, "café au lait")
-    assert tokens == ["", "c", "a", "f", "bytes:\\xc3", "bytes:\\xa9", " ", "a", "u", " ", "l", "a", "i", "t"]
+    assert tokens == ["<|bos|>", "c", "a", "f", "bytes:\\xc3", "bytes:\\xa9", " ", "a", "u", " ", "l", "a", "i", "t"]
     assert offsets == [0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     # a token that does not continue an unfinished character: that character is U+FFFD (as the
     # tokenizer decodes it) and the token starts after it
@@ -148,12 +151,12 @@ def test_text_offset_known_answers_ascii_bangla_byte_level(client):
         ["bytes:\\xe0", "bytes:\\xa7", "bytes:\\xba"],
         [0, 0, 0],
     )
-    # special tokens add no text (decoded with skip_special_tokens): "" at the current length
+    # special tokens add no text (decoded with skip_special_tokens): their name at the current length
     ids = client.post("/tokenize", json={"text": "ab", "add_special_tokens": False}).json()["tokens"]
     pieces = _known_pieces(tok, ids)[0]
-    assert "".join(pieces) == "ab"
+    assert "".join(pieces) == "ab" and not any(t in (0, 1, 2) for t in ids)
     text, tokens, offsets = _echo(client, [1, ids[0], 2, *ids[1:]])
-    assert text == "ab" and tokens == ["", pieces[0], "", *pieces[1:]]
+    assert text == "ab" and tokens == ["<|bos|>", pieces[0], "<|eos|>", *pieces[1:]]
     assert offsets == [0, 0, len(pieces[0]), *_known_pieces(tok, [1, ids[0], 2, *ids[1:]])[1][3:]]
 
 

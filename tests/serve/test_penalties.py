@@ -251,14 +251,13 @@ def test_logit_bias_minus_100_takes_the_runner_up_and_logprobs_stay_raw(client):
     first = _generate(client, PROMPT, 1)["token_ids"][0]
     (best, best_lp), (second, second_lp) = plain["top_logprobs"][0].items()
     svc = client.app.state.service
-    # the greedy token is the top one ("" in tokens when the tiny tokenizer lacks its id)
+    # the greedy token is the top one, spelled the same in tokens and top_logprobs
     assert svc.token_text(first) == best and plain["tokens"][0] == svc.token_piece(first)
     r = client.post("/v1/completions", json={**body, "logit_bias": {str(first): -100}}).json()["choices"][0]
     lp = r["logprobs"]
     gen = _generate(client, PROMPT, 1, logit_bias={str(first): -100})
     runner_up = gen["token_ids"][0]
     assert runner_up != first and svc.token_text(runner_up) == second != best  # changed, to the runner-up
-    # (tokens shows the text the token adds: "" for an id the tiny tokenizer lacks, as for specials)
     assert lp["tokens"][0] == svc.token_piece(runner_up)
     assert lp["token_logprobs"][0] == pytest.approx(second_lp, abs=1e-6)  # the model's own logprob
     assert lp["top_logprobs"][0] == plain["top_logprobs"][0]  # bias not reflected in logprobs

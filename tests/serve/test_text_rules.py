@@ -56,14 +56,14 @@ def test_echo_pieces_join_to_the_echoed_text(client, form):
     to the next offset; a run of tokens that are not whole characters (OpenAI's ``bytes:\\xNN...``;
     a byte-level token may hold a character and a half) spells the UTF-8 of the characters it
     covers, each at the offset of the character it starts in. The <|bos|> the tokenizer adds is
-    the special token's "" piece at 0."""
+    the special token's named piece at 0, adding no text."""
     prompt = unicodedata.normalize(form, BN + " " + YA_NUKTA_ONE + O_TWO + " ok")
     ch = _complete(client, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
     text, lp = ch["text"], ch["logprobs"]
     assert text == unicodedata.normalize("NFC", prompt)
-    assert lp["tokens"][0] == "" and lp["text_offset"][0] == 0  # <|bos|>
+    assert lp["tokens"][0] == "<|bos|>" and lp["text_offset"][0] == 0  # named, adding no text
     offsets = lp["text_offset"] + [len(text)]
-    i = 0
+    i = 1
     while i < len(lp["tokens"]):
         piece, off = lp["tokens"][i], offsets[i]
         if piece.startswith("bytes:"):
@@ -129,7 +129,7 @@ def test_chat_completions_is_an_openai_error(client):
 def test_empty_prompt_starts_a_document(client):
     """The export's tokenizer.json prepends <|bos|>: an empty prompt is [<|bos|>] (tests below)."""
     ch = _complete(client, prompt="", max_tokens=0, echo=True, logprobs=0)
-    assert ch["logprobs"]["tokens"] == [""]  # one special token, no text
+    assert ch["logprobs"]["tokens"] == ["<|bos|>"] and ch["text"] == ""  # one special token, no text
     assert client.app.state.service.prompt_ids("") == [[1]]
 
 
