@@ -543,8 +543,8 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         tolerances=tolerances,
     )
     for name, rt in on_device.items():  # a runtime's failure fails its variant's candidate
-        results[name]["checks"] += rt.pop("checks")
-        results[name]["runtimes"] = rt
+        results[name]["checks"] += [c.to_dict() for c in rt.checks]
+        results[name]["runtimes"] = rt.to_dict()
         results[name]["passed"] = all(c["passed"] is not False for c in results[name]["checks"])
     eval_report = EvalReport.read(cfg.eval_json).to_dict() if cfg.eval_json and Path(cfg.eval_json).is_file() else None
     task_figures = _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg, train_tok)
