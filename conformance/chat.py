@@ -20,6 +20,9 @@ template and nothing here runs), three export-wide checks, gated:
   and prodip serve (generation_config.json ``eos_token_id``, the file their generate and serve read),
   onnxruntime-genai (genai_config.json ``model.eos_token_id``), llama.cpp (``llama_vocab_is_eog``, asked of
   llama.cpp itself) and ExecuTorch (the program's ``get_eos_ids``, run by the ExecuTorch runtime).
+- ``chat_stop_ids_stop``: likewise every id of the export's stop set (generation_config.json ``eos_token_id``:
+  an imported base's end of text beside its end of turn, e.g. SmolLM2's ``<|endoftext|>`` and ``<|im_end|>``,
+  Llama 3's ``<|end_of_text|>``, ``<|eom_id|>`` and ``<|eot_id|>``) ends generation in each runtime.
 
 The greedy chat stop itself is measured per ONNX variant by :mod:`prodip.conformance.runtimes` (a rendered
 conversation is one of the runtime prompts, and every runner stops at any id of the stop set), and the GGUF
@@ -54,7 +57,7 @@ from prodip.base.runtimes import runtime_names
 from prodip.base.variants import PTE_DIR
 from prodip.conformance.results import Check
 from prodip.conformance.runtimes.adapters import adapter_for
-from prodip.conformance.runtimes.common import ChatJob, ChatOutput, error_text
+from prodip.conformance.runtimes.common import ChatJob, ChatOutput, error_text, stop_ids
 
 #: The fixed conversations (OpenAI messages) every runtime renders.
 CONVERSATIONS: dict[str, list[dict[str, str]]] = {
@@ -152,12 +155,16 @@ def _chat_outputs(job: ChatJob, missing: str) -> dict[str, ChatOutput]:
 
 
 def _chat_checks(
-    outputs: dict[str, ChatOutput], ref: dict[str, list[int]], copies: dict[str, bool], eot_text: str
+    outputs: dict[str, ChatOutput], ref: dict[str, list[int]], copies: dict[str, bool], eot_text: str, stops: list[int]
 ) -> list[Check]:
-    """The three export-wide chat checks (see the module doc) over the runtimes that ran."""
+    """The four export-wide chat checks (see the module doc) over the runtimes that ran; ``stops``: the export's
+    stop set."""
     ran = {k: v for k, v in outputs.items() if v.ran}
     differ = sorted(k for k, r in ran.items() if r.renders and r.ids != ref)
     no_stop = sorted(k for k, r in ran.items() if r.end_of_turn_stops is not True)
+    # a runtime whose stop set lacks one of the export's stop ids runs past it (serve's set is the export's)
+    short = {k: sorted(set(stops) - set(r.stop_ids or [])) for k, r in ran.items()}
+    short = {k: v for k, v in short.items() if v}
     bad_copies = sorted(k for k, ok in copies.items() if not ok)
     return [
         Check.equals(
@@ -166,6 +173,11 @@ def _chat_checks(
         Check.equals("chat_template_copies_identical", not bad_copies, f"template differs in: {', '.join(bad_copies)}"),
         Check.equals(
             "chat_end_of_turn_stops", not no_stop, f"{eot_text} does not end generation in: {', '.join(no_stop)}"
+        ),
+        Check.equals(
+            "chat_stop_ids_stop",
+            not short,
+            "stop ids that do not end generation: " + "; ".join(f"{k} {v}" for k, v in short.items()),
         ),
     ]
 
@@ -219,16 +231,18 @@ def check_chat(
         eot,
         [v for n, v in manifest.variants.items() if n in wanted],
         frozenset(runtimes),
+        sorted(set(stop_ids(export_dir))),
     )
     outputs = _chat_outputs(job, missing)
     expected = contract.get("chat_template", CHAT_TEMPLATE)
     copies = {name: text == expected for name, text in template_copies(export_dir, manifest).items()}
     return {
         "end_of_turn": {"token": eot_text, "id": eot},
+        "stop_ids": job.stop_ids,
         "conversations": convs,
         "reference": ref,
         "runtimes": {k: v.to_dict(ref) for k, v in outputs.items()},
         "template_copies": copies,
         "contract_error": contract.get("error"),
-        "checks": [c.to_dict() for c in _chat_checks(outputs, ref, copies, eot_text)],
+        "checks": [c.to_dict() for c in _chat_checks(outputs, ref, copies, eot_text, job.stop_ids)],
     }
