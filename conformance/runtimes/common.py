@@ -204,6 +204,7 @@ class ChatJob:
         end_of_turn: the end-of-turn token's id.
         checked: the manifest's records of the variants checked, in manifest order.
         selected: the on-device runtimes ``--runtimes`` chose.
+        stop_ids: the export's stop set (generation_config.json ``eos_token_id``; what prodip serve stops at).
     """
 
     export_dir: Path
@@ -213,6 +214,7 @@ class ChatJob:
     end_of_turn: int
     checked: list[Any]
     selected: frozenset[str]
+    stop_ids: list[int]
 
     @property
     def formats(self) -> frozenset[str]:

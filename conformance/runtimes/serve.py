@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from prodip.conformance.runtimes.common import ChatJob, ChatOutput, RuntimeAdapter, stop_ids
+from prodip.conformance.runtimes.common import ChatJob, ChatOutput, RuntimeAdapter
 
 NAME = "prodip serve"
 
@@ -23,5 +23,4 @@ class ServeAdapter(RuntimeAdapter):
         return True
 
     def chat(self, job: ChatJob) -> ChatOutput:
-        stops = sorted(set(stop_ids(job.export_dir)))
-        return ChatOutput(ids=None, stop_ids=stops, end_of_turn_stops=job.end_of_turn in stops)
+        return ChatOutput(ids=None, stop_ids=job.stop_ids, end_of_turn_stops=job.end_of_turn in job.stop_ids)

@@ -23,7 +23,6 @@ from prodip.conformance.runtimes.common import (
     RuntimeAdapter,
     node_root,
     run_node,
-    stop_ids,
     truncate_at_eos,
 )
 
@@ -65,6 +64,7 @@ def node_chat(job: ChatJob, runtime: str, gguf: Any = None) -> dict[str, Any]:
         "transformersjs": runtime == NAME,
         "gguf": str(Path(gguf).resolve()) if gguf else None,
         "end_of_turn_id": job.end_of_turn,
+        "stop_ids": list(job.stop_ids),
         "node_root": str(node_root()),
     }
     res = run_node(CHAT_SCRIPT, request, CHAT_TIMEOUT_S)[runtime]
@@ -95,7 +95,9 @@ class TransformersJsAdapter(RuntimeAdapter):
         res = node_chat(job, NAME)
         if "error" in res:
             return ChatOutput(error=res["error"])
-        stops = sorted(set(stop_ids(job.export_dir)))
         return ChatOutput(
-            ids=res["ids"], stop_ids=stops, end_of_turn_stops=job.end_of_turn in stops, version=res.get("version")
+            ids=res["ids"],
+            stop_ids=job.stop_ids,
+            end_of_turn_stops=job.end_of_turn in job.stop_ids,
+            version=res.get("version"),
         )
