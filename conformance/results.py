@@ -77,3 +77,96 @@ class VariantResult:
     passed: bool
     tolerance_tables: list[str] = field(default_factory=list)
     runtimes: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class CandidateResult:
+    """One candidate of a run, measured and gated (``report.json`` ``candidates.<name>``).
+
+    Attributes:
+        variant / kind / path / tolerance_table: the candidate (``prodip.conformance.suite.Candidate``).
+        metrics: metric name -> value (the report's figures; gated ones are in ``checks``).
+        errors: phase -> error text (a phase that raised).
+        checks: the gated checks (its tolerance table's, then each on-device runtime's).
+        seconds / cpu_seconds: wall and CPU time of its measurement (s).
+        runtimes: the on-device runtimes on it (``prodip.conformance.runtimes.CandidateRuntimes``), or None.
+    """
+
+    variant: str
+    kind: str
+    path: str
+    tolerance_table: str
+    metrics: dict[str, Any]
+    errors: dict[str, str]
+    checks: list[Check]
+    seconds: float
+    cpu_seconds: float
+    runtimes: Optional[Any] = None
+
+    @property
+    def passed(self) -> bool:
+        return all_passed(self.checks)
+
+    def on_device(self) -> dict[str, bool]:
+        """Runtime -> its greedy ids equalled ONNX Runtime's, for the runtimes that ran (not skipped)."""
+        if self.runtimes is None:
+            return {}
+        return {r: bool(res.ids_identical) for r, res in self.runtimes.runtimes.items() if res.skipped is None}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "variant": self.variant,
+            "kind": self.kind,
+            "path": self.path,
+            "tolerance_table": self.tolerance_table,
+            "metrics": self.metrics,
+            "errors": self.errors,
+            "checks": [c.to_dict() for c in self.checks],
+            "passed": self.passed,
+            "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+        }
+        if self.runtimes is not None:
+            out["runtimes"] = self.runtimes.to_dict()
+        return out
+
+
+def variant_results(candidates: Iterable[CandidateResult], export_passed: bool) -> list[VariantResult]:
+    """Each variant's result from its candidates' (in first-seen order): passed when every candidate of it
+    passed and ``export_passed`` (the export-wide checks) did."""
+    out: dict[str, VariantResult] = {}
+    for cand in candidates:
+        v = out.setdefault(cand.variant, VariantResult(cand.variant, export_passed))
+        v.passed = v.passed and cand.passed
+        v.tolerance_tables.append(cand.tolerance_table)
+        v.runtimes.update(cand.on_device())
+    return list(out.values())
+
+
+@dataclass
+class RunOutcome:
+    """What the manifest verdict takes from one run: each variant's result, the export files measured
+    (``prodip.base.manifest.files_table_sha256``) and the tolerance file used (the report's ``tolerances``:
+    ``{path, sha256, shipped, loosened: [{table, metric, shipped, used}]}``, or None)."""
+
+    variants: list[VariantResult]
+    export_files_sha256: str
+    tolerances: Optional[dict[str, Any]] = None
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> RunOutcome:
+        """The outcome a ``report.json`` (as a dict) records: ``variants`` {name: bool}, ``export_files_sha256``,
+        ``tolerances`` and the ``candidates`` (their variant, tolerance table and on-device runtimes)."""
+        cands = list((report.get("candidates") or {}).values())
+        variants = []
+        for name, ok in report["variants"].items():
+            mine = [c for c in cands if c.get("variant") == name]
+            runtimes = {
+                r: bool(res["ids_identical"])
+                for c in mine
+                for r, res in ((c.get("runtimes") or {}).get("runtimes") or {}).items()
+                if not res.get("skipped")
+            }
+            tables = [c["tolerance_table"] for c in mine if c.get("tolerance_table")]
+            variants.append(VariantResult(name, bool(ok), tables, runtimes))
+        return cls(variants, report["export_files_sha256"], report.get("tolerances"))
