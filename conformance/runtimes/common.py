@@ -201,7 +201,7 @@ class ChatJob:
         manifest: its ``ExportManifest``.
         conversations: name -> OpenAI messages.
         reference_texts: name -> the reference's rendered text (for a runtime with no template engine).
-        end_of_turn: the end-of-turn token's id.
+        end_of_turn: the end-of-turn token's id (None: the tokenizer lacks it; then it stops nowhere).
         checked: the manifest's records of the variants checked, in manifest order.
         selected: the on-device runtimes ``--runtimes`` chose.
         stop_ids: the export's stop set (generation_config.json ``eos_token_id``; what prodip serve stops at).
@@ -211,7 +211,7 @@ class ChatJob:
     manifest: Any
     conversations: dict[str, list[dict[str, str]]]
     reference_texts: dict[str, str]
-    end_of_turn: int
+    end_of_turn: Optional[int]
     checked: list[Any]
     selected: frozenset[str]
     stop_ids: list[int]
@@ -221,9 +221,16 @@ class ChatJob:
         """The formats of the variants checked (``"onnx"``, ``"gguf"``, ``"pte"``, ...)."""
         return frozenset(v.format for v in self.checked)
 
-    def first(self, fmt: str) -> Optional[Any]:
-        """The first checked variant of format ``fmt`` (its manifest record), or None."""
-        return next((v for v in self.checked if v.format == fmt), None)
+    def first(self, fmt: str) -> Any:
+        """The first checked variant of format ``fmt`` (its manifest record).
+
+        Raises:
+            LookupError: none is checked (an adapter asked for a format its ``chat_applies`` did not require).
+        """
+        for v in self.checked:
+            if v.format == fmt:
+                return v
+        raise LookupError(f"no {fmt} variant is checked")
 
 
 @dataclass
