@@ -1,5 +1,5 @@
-"""prodip serve: it renders with ``prodip.base.chat.render`` (the reference itself), so the chat contract asks it
-only for its stop ids: generation_config.json's ``eos_token_id``, the file it reads.
+"""The chat contract of ``prodip serve``: it renders with ``prodip.base.chat.render`` (the reference itself), so
+the chat contract asks it only for its stop ids: generation_config.json's ``eos_token_id``, the file it reads.
 
     python -c "from prodip.conformance.runtimes.serve import ServeAdapter; help(ServeAdapter.chat)"
 """
