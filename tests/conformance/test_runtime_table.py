@@ -171,3 +171,22 @@ def test_a_new_row_renders_the_chat_contract(twin_rows, tmp_path):
     assert stops["passed"] is False and stops["note"].startswith(f"stop ids that do not end generation: {BAD} [")
     chat = check_chat(export, runtimes=[GOOD], variants=["fp32"])
     assert all(c["passed"] for c in chat["checks"]), chat["checks"]
+
+
+def test_every_row_has_the_code_its_checks_need():
+    """A row that takes part in a check has the code that runs it: an adapter for greedy ids and chat (with the
+    method), a Python encoder or a Node package for tokenizer ids; each candidate kind has one row."""
+    from prodip.conformance.runtimes.common import RuntimeAdapter as Base
+    from prodip.tokenizer import parity
+
+    for row in table.RUNTIMES:
+        if row.greedy_metric:
+            assert type(ADAPTERS[row.name]).greedy is not Base.greedy, row.name
+        if row.chat:
+            assert type(ADAPTERS[row.name]).chat is not Base.chat, row.name
+        if row.tokenizer:
+            assert row.name in parity._PYTHON_RUNNERS or row.npm, row.name
+    assert set(ADAPTERS) == set(runtime_names(greedy=True)) | set(runtime_names(chat=True))
+    # the candidate kinds prodip.conformance.suite.plan_candidates makes, each run by one row (the card's label)
+    kinds = [r.candidate_kind for r in table.RUNTIMES if r.candidate_kind]
+    assert sorted(kinds) == ["gguf", "onnx", "prodip", "pte", "transformers"]
