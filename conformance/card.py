@@ -45,6 +45,7 @@ from prodip.base.manifest import (
     load_manifest,
     save_manifest,
 )
+from prodip.base.runtimes import card_label
 from prodip.export.card import (
     LIBRARY_NAME,
     PIPELINE_TAG,
@@ -199,15 +200,6 @@ def card_problems(export_dir: str | Path, manifest: Optional[ExportManifest] = N
 # ------------------------------------------------------------------------------------------ quality card
 
 
-_RUNNERS = {
-    "onnx": "ONNX Runtime",
-    "gguf": "llama.cpp",
-    "pte": "ExecuTorch",
-    "prodip": "PyTorch (prodip)",
-    "transformers": "transformers",
-}
-
-
 def _runtimes_proven(entries: list[dict[str, Any]]) -> list[str]:
     """The runtimes that ran a variant and passed: each candidate's own runner (ONNX Runtime, llama.cpp,
     ExecuTorch, prodip's PyTorch model, transformers) whose checks all passed, plus each on-device runtime
@@ -215,7 +207,7 @@ def _runtimes_proven(entries: list[dict[str, Any]]) -> list[str]:
     out = []
     for entry in entries:
         if entry.get("passed"):
-            out.append(_RUNNERS.get(entry["kind"], entry["kind"]))
+            out.append(card_label(entry["kind"]))
         for name, res in (entry.get("runtimes") or {}).get("runtimes", {}).items():
             if res.get("ids_identical"):
                 out.append(name)

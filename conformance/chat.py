@@ -38,8 +38,6 @@ marker itself; the contract is that they all agree (the conversation ``marker_te
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -55,8 +53,11 @@ from prodip.base.chat import (
     template_variables,
 )
 from prodip.base.manifest import ExportManifest, load_manifest
-from prodip.base.variants import ONNX_VARIANTS, PTE_DIR
-from prodip.conformance.runtimes import node_root, stop_ids
+from prodip.base.runtimes import runtime_names
+from prodip.base.variants import PTE_DIR
+from prodip.conformance.results import Check
+from prodip.conformance.runtimes.adapters import adapter_for
+from prodip.conformance.runtimes.common import ChatJob, ChatOutput, error_text, stop_ids
 
 #: The fixed conversations (OpenAI messages) every runtime renders.
 CONVERSATIONS: dict[str, list[dict[str, str]]] = {
@@ -78,16 +79,6 @@ CONVERSATIONS: dict[str, list[dict[str, str]]] = {
 }
 #: The conversation whose rendering is one of the runtime prompts (greedy chat generation per runtime).
 GREEDY_CONVERSATION = "system_prompt"
-NODE_SCRIPT = Path(__file__).with_name("chat_template.mjs")
-NODE_TIMEOUT_S = 300
-GENAI, TRANSFORMERS, TRANSFORMERS_JS, LLAMA_CPP, EXECUTORCH = (
-    "onnxruntime-genai",
-    "transformers",
-    "transformers.js",
-    "llama.cpp",
-    "executorch",
-)
-SERVE = "prodip serve"
 
 
 def reference_texts(export_dir: Path, conversations: dict[str, list[dict[str, str]]]) -> dict[str, str]:
@@ -108,82 +99,6 @@ def reference_ids(export_dir: Path, conversations: dict[str, list[dict[str, str]
     tok = Tokenizer.from_file(str(Path(export_dir) / "tokenizer.json"))
     texts = reference_texts(Path(export_dir), conversations)
     return {k: tok.encode(t, add_special_tokens=False).ids for k, t in texts.items()}
-
-
-def _err(err: Exception) -> dict[str, Any]:
-    return {"error": f"{type(err).__name__}: {str(err).strip()[:600]}"}
-
-
-def _transformers(export_dir: Path, convs: dict, eot: int) -> dict[str, Any]:
-    import transformers  # noqa: PLC0415 (the independent implementation; heavy)
-    from transformers import AutoTokenizer, GenerationConfig  # noqa: PLC0415
-
-    tok = AutoTokenizer.from_pretrained(str(export_dir))
-    ids = {
-        k: list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
-        for k, m in convs.items()
-    }
-    eos = GenerationConfig.from_pretrained(str(export_dir)).eos_token_id
-    eos = eos if isinstance(eos, list) else [eos]
-    return {"ids": ids, "stop_ids": eos, "end_of_turn_stops": eot in eos, "version": transformers.__version__}
-
-
-def _genai(export_dir: Path, convs: dict, eot: int) -> dict[str, Any]:
-    import onnxruntime_genai as og  # noqa: PLC0415 (optional: prodip[runtimes])
-
-    tok = og.Tokenizer(og.Model(str(export_dir)))
-    ids = {
-        k: [int(i) for i in tok.encode(tok.apply_chat_template(json.dumps(m), add_generation_prompt=True))]
-        for k, m in convs.items()
-    }
-    eos = json.loads((export_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]["eos_token_id"]
-    eos = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-    return {"ids": ids, "stop_ids": eos, "end_of_turn_stops": eot in eos, "version": og.__version__}
-
-
-def _node(
-    export_dir: Path, convs: dict, eot: int, transformersjs: bool, gguf: Optional[Path], stops: Sequence[int] = ()
-) -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        raise FileNotFoundError("node is not on PATH (transformers.js and llama.cpp run in Node >= 18)")
-    job = {
-        "export_dir": str(export_dir.resolve()),
-        "conversations": list(convs.values()),
-        "transformersjs": transformersjs,
-        "gguf": str(gguf.resolve()) if gguf else None,
-        "end_of_turn_id": eot,
-        "stop_ids": list(stops),
-        "node_root": str(node_root()),
-    }
-    proc = subprocess.run(
-        [node, str(NODE_SCRIPT)], input=json.dumps(job), capture_output=True, text=True, timeout=NODE_TIMEOUT_S
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"node {NODE_SCRIPT.name} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    for res in out.values():
-        if "ids" in res:
-            res["ids"] = dict(zip(convs, res["ids"]))
-    return out
-
-
-def _executorch(pte: Path, tokenizer_json: Path, reference_text: dict[str, str], eot: int) -> dict[str, Any]:
-    from pytorch_tokenizers import CppHFTokenizer  # noqa: PLC0415 (installed with executorch)
-
-    from prodip.conformance.device_runners import pte_metadata  # noqa: PLC0415
-
-    tok = CppHFTokenizer()
-    tok.load(str(tokenizer_json))
-    ids = {k: [int(i) for i in tok.encode(text, 0, 0)] for k, text in reference_text.items()}
-    eos = [int(e) for e in pte_metadata(pte)["get_eos_ids"]]
-    return {
-        "ids": ids,
-        "stop_ids": eos,
-        "end_of_turn_stops": eot in eos,
-        "note": "pytorch-tokenizers has no template engine: the app renders executorch/chat_template.jinja; "
-        "checked: its C++ HFTokenizer on the rendered text",
-    }
 
 
 def _gguf_template(path: Path) -> Optional[str]:
@@ -219,22 +134,73 @@ def template_copies(export_dir: Path, manifest: ExportManifest) -> dict[str, Opt
     return copies
 
 
+def _chat_outputs(job: ChatJob, missing: str) -> dict[str, ChatOutput]:
+    """Each chat runtime of the table that applies to ``job`` -> its output: skipped (or failed, ``missing="fail"``)
+    when it is not installed; an exception of its adapter is its error."""
+    out: dict[str, ChatOutput] = {}
+    for name in runtime_names(chat=True):
+        adapter = adapter_for(name)
+        if not adapter.chat_applies(job):
+            continue
+        reason = adapter.available()
+        if reason is not None:
+            text = f"not installed: {reason.strip()[:300]}"
+            out[name] = ChatOutput(skipped=text) if missing == "skip" else ChatOutput(error=text)
+            continue
+        try:
+            out[name] = adapter.chat(job)
+        except Exception as err:  # a runtime that cannot run fails the chat checks
+            out[name] = ChatOutput(error=error_text(err))
+    return out
+
+
+def _chat_checks(
+    outputs: dict[str, ChatOutput], ref: dict[str, list[int]], copies: dict[str, bool], eot_text: str, stops: list[int]
+) -> list[Check]:
+    """The four export-wide chat checks (see the module doc) over the runtimes that ran; ``stops``: the export's
+    stop set."""
+    ran = {k: v for k, v in outputs.items() if v.ran}
+    differ = sorted(k for k, r in ran.items() if r.renders and r.ids != ref)
+    no_stop = sorted(k for k, r in ran.items() if r.end_of_turn_stops is not True)
+    # a runtime whose stop set lacks one of the export's stop ids runs past it (serve's set is the export's)
+    short = {k: sorted(set(stops) - set(r.stop_ids or [])) for k, r in ran.items()}
+    short = {k: v for k, v in short.items() if v}
+    bad_copies = sorted(k for k, ok in copies.items() if not ok)
+    return [
+        Check.equals(
+            "chat_template_ids_identical", not differ, f"ids differ from the reference in: {', '.join(differ)}"
+        ),
+        Check.equals("chat_template_copies_identical", not bad_copies, f"template differs in: {', '.join(bad_copies)}"),
+        Check.equals(
+            "chat_end_of_turn_stops", not no_stop, f"{eot_text} does not end generation in: {', '.join(no_stop)}"
+        ),
+        Check.equals(
+            "chat_stop_ids_stop",
+            not short,
+            "stop ids that do not end generation: " + "; ".join(f"{k} {v}" for k, v in short.items()),
+        ),
+    ]
+
+
 def check_chat(
     export_dir: str | Path,
-    runtimes: Sequence[str] = (GENAI, "transformers.js"),
+    runtimes: Sequence[str] = ("onnxruntime-genai", "transformers.js"),
     variants: Optional[Sequence[str]] = None,
     missing: str = "skip",
 ) -> Optional[dict[str, Any]]:
     """Run the chat checks on a chat model's export (see the module doc); None for a base model.
 
+    The runtimes are the table's rows with ``chat`` (``prodip.base.runtimes``), each run by its adapter
+    (``prodip.conformance.runtimes``) when it applies: transformers and prodip serve always, an on-device runtime
+    when ``runtimes`` lists it and an ONNX variant is checked, llama.cpp and ExecuTorch when ``variants`` holds
+    a GGUF / ``.pte`` variant.
+
     Args:
         export_dir: the export dir.
-        runtimes: the ONNX runtimes conformance runs (``--runtimes``): onnxruntime-genai and transformers.js
-            render only when listed (as their greedy checks); transformers always; llama.cpp and
-            ExecuTorch when ``variants`` holds a GGUF / ``.pte`` variant.
+        runtimes: the on-device runtimes conformance runs (``--runtimes``).
         variants: the variants checked (None: all the manifest lists).
-        missing: ``skip``: a runtime that is not installed (ImportError, no ``node``) is listed as
-            ``skipped`` and left out of the checks, as the ONNX runtime checks do; ``fail``: it fails them.
+        missing: ``skip``: a runtime that is not installed is listed as ``skipped`` and left out of the checks,
+            as the ONNX runtime checks do; ``fail``: it fails them.
     Returns:
         ``{"end_of_turn": {"token", "id"}, "conversations": {name: messages}, "reference": {name: ids},
         "runtimes": {runtime: {"ids": {name: ids}, "identical": bool, "stop_ids": [...],
@@ -255,92 +221,28 @@ def check_chat(
     tok = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
     eot_text = contract.get("end_of_turn", END_OF_TURN)
     eot = tok.token_to_id(eot_text)
-    expected = contract.get("chat_template", CHAT_TEMPLATE)
     convs = CONVERSATIONS
     ref = reference_ids(export_dir, convs)
-    results: dict[str, dict[str, Any]] = {}
-
-    def failed(err: Exception) -> dict[str, Any]:
-        if missing == "skip" and isinstance(err, (ImportError, FileNotFoundError)):
-            return {"skipped": f"not installed: {str(err).strip()[:300]}"}
-        return _err(err)
-
-    try:
-        results[TRANSFORMERS] = _transformers(export_dir, convs, eot)
-    except Exception as err:  # transformers is a dependency of conformance: never skipped
-        results[TRANSFORMERS] = _err(err)
-    serve_stops = sorted(set(stop_ids(export_dir)))
-    results[SERVE] = {"stop_ids": serve_stops, "end_of_turn_stops": eot in serve_stops, "ids": None}
-    onnx_variants = [v for v in ONNX_VARIANTS if v in wanted and v in manifest.variants]
-    if GENAI in runtimes and onnx_variants:
-        try:
-            results[GENAI] = _genai(export_dir, convs, eot)
-        except Exception as err:
-            results[GENAI] = failed(err)
-    ggufs = [v for n, v in manifest.variants.items() if n in wanted and v.format == "gguf"]
-    tjs = "transformers.js" in runtimes and bool(onnx_variants)
-    if tjs or ggufs:
-        try:
-            node = _node(export_dir, convs, eot, tjs, export_dir / ggufs[0].path if ggufs else None, serve_stops)
-        except Exception as err:
-            node = {name: failed(err) for name in ([TRANSFORMERS_JS] if tjs else []) + ([LLAMA_CPP] if ggufs else [])}
-        for name, res in node.items():
-            if "end_of_turn_is_eog" in res:
-                res["end_of_turn_stops"] = res.pop("end_of_turn_is_eog")
-            res.pop("template", None)
-            results[name] = res
-        if TRANSFORMERS_JS in results and "error" not in results[TRANSFORMERS_JS]:
-            # transformers.js's generate stops at generation_config.json's eos_token_id (its generation_config)
-            results[TRANSFORMERS_JS].update(stop_ids=serve_stops, end_of_turn_stops=eot in serve_stops)
-    ptes = [v for n, v in manifest.variants.items() if n in wanted and v.format == "pte"]
-    if ptes:
-        texts = reference_texts(export_dir, convs)
-        tok_json = export_dir / (ptes[0].tokenizer or "tokenizer.json")
-        try:
-            results[EXECUTORCH] = _executorch(export_dir / ptes[0].path, tok_json, texts, eot)
-        except Exception as err:
-            results[EXECUTORCH] = failed(err)
-    for res in results.values():
-        if res.get("ids") is not None:
-            res["identical"] = res["ids"] == ref
+    job = ChatJob(
+        export_dir,
+        manifest,
+        convs,
+        reference_texts(export_dir, convs),
+        eot,
+        [v for n, v in manifest.variants.items() if n in wanted],
+        frozenset(runtimes),
+        sorted(set(stop_ids(export_dir))),
+    )
+    outputs = _chat_outputs(job, missing)
+    expected = contract.get("chat_template", CHAT_TEMPLATE)
     copies = {name: text == expected for name, text in template_copies(export_dir, manifest).items()}
-    ran = {k: v for k, v in results.items() if "skipped" not in v}
-    rendered = {k: v for k, v in ran.items() if k != SERVE}
-    ids_ok = all(r.get("identical") is True for r in rendered.values())
-    stops_ok = all(r.get("end_of_turn_stops") is True for r in ran.values())
-    differ = sorted(k for k, r in rendered.items() if r.get("identical") is not True)
-    no_stop = sorted(k for k, r in ran.items() if r.get("end_of_turn_stops") is not True)
-    # a runtime whose stop set lacks one of the export's stop ids runs past it (serve's set is the export's)
-    short = {k: sorted(set(serve_stops) - set(r.get("stop_ids") or [])) for k, r in ran.items()}
-    short = {k: v for k, v in short.items() if v}
-    bad_copies = sorted(k for k, ok in copies.items() if not ok)
-
-    def check(metric: str, ok: bool, note: str) -> dict[str, Any]:
-        return {
-            "metric": metric,
-            "value": ok,
-            "tolerance": {"equals": True},
-            "passed": ok,
-            **({"note": note} if not ok else {}),
-        }
-
-    checks = [
-        check("chat_template_ids_identical", ids_ok, f"ids differ from the reference in: {', '.join(differ)}"),
-        check("chat_template_copies_identical", not bad_copies, f"template differs in: {', '.join(bad_copies)}"),
-        check("chat_end_of_turn_stops", stops_ok, f"{eot_text} does not end generation in: {', '.join(no_stop)}"),
-        check(
-            "chat_stop_ids_stop",
-            not short,
-            "stop ids that do not end generation: " + "; ".join(f"{k} {v}" for k, v in short.items()),
-        ),
-    ]
     return {
         "end_of_turn": {"token": eot_text, "id": eot},
-        "stop_ids": serve_stops,
+        "stop_ids": job.stop_ids,
         "conversations": convs,
         "reference": ref,
-        "runtimes": results,
+        "runtimes": {k: v.to_dict(ref) for k, v in outputs.items()},
         "template_copies": copies,
         "contract_error": contract.get("error"),
-        "checks": checks,
+        "checks": [c.to_dict() for c in _chat_checks(outputs, ref, copies, eot_text, job.stop_ids)],
     }

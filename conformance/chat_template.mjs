@@ -1,5 +1,5 @@
 // The chat contract in the Node runtimes: each renders the fixed conversations with its own template engine
-// from its own artifact and tokenizes the result; what conformance/chat.py compares across runtimes.
+// from its own artifact and tokenizes the result; what conformance/runtimes/transformersjs.py and llamacpp.py return to conformance/chat.py.
 //
 // stdin: {"export_dir": DIR, "conversations": [[{role, content}, ...], ...], "transformersjs": bool,
 //         "gguf": FILE or null, "end_of_turn_id": int, "stop_ids": [int] (the export's stop set),

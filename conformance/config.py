@@ -11,6 +11,7 @@ from typing import Optional
 
 from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.runtimes import default_on_device, on_device
 from prodip.base.variants import VARIANT_NAMES
 
 #: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
@@ -78,7 +79,7 @@ class ConformanceConfig:
         "browser, under Node from the same install; also gates its logits by the variant's tolerance). Each is a gated "
         "check; a runtime that cannot run fails the variant (one that is not installed: see missing_runtimes). "
         "Default: all three; an empty list checks none (the report says so)",
-        factory=lambda: ["onnxruntime-genai", "transformers.js", "onnxruntime-web"],
+        factory=default_on_device,
     )
     missing_runtimes: str = opt(
         "skip",
@@ -115,7 +116,7 @@ class ConformanceConfig:
         return Path(self.out) if self.out else Path(self.export_dir) / "conformance"
 
     def __post_init__(self) -> None:
-        known = ("onnxruntime-genai", "transformers.js", "onnxruntime-web")
+        known = on_device()
         unknown = [r for r in self.runtimes if r not in known]
         if unknown:
             raise InvalidInput(

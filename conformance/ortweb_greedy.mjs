@@ -1,6 +1,6 @@
 // Greedy generation with onnxruntime-web's WASM backend under Node: the build transformers.js loads in a
 // browser (`onnxruntime-web/webgpu`, whose WASM binary also runs its `wasm` device), from the npm package,
-// on the export's ONNX files. What conformance/runtimes.py compares with ONNX Runtime on the same file.
+// on the export's ONNX files. What conformance/runtimes/ortweb.py compares with ONNX Runtime on the same file.
 //
 // stdin: {"export_dir": DIR, "files": ["onnx/model.onnx", ...], "prompts": [[ids...], ...], "max_new_tokens": N,
 //         "stop_ids": [ids that end generation], "num_layers": L, "num_kv_heads": KV, "head_dim": D, "node_root": DIR}

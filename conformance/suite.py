@@ -44,6 +44,7 @@ from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.inputs import PROMPTS, build_inputs
 from prodip.conformance.reload import load_safetensors_model
 from prodip.conformance.report import REPORT_FILE, ConformanceReport, write_report
+from prodip.conformance.results import CandidateResult, Check, RunOutcome, all_passed, variant_results
 from prodip.conformance.runners import TorchRunner, onnx_axes_problems
 from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_ids
 from prodip.conformance.tolerances import compare_with_shipped, require_tables
@@ -198,30 +199,21 @@ def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int,
     )
 
 
-def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[str, Any]]) -> list[Check]:
     """Compare metrics with a tolerance table.
 
     Returns:
-        Checks ``{metric, value, tolerance, passed}``. A missing table, a gated metric that was not
-        measured (value None) or any phase error is a failed check: a gated check never passes unmeasured.
+        Checks, ``run_errors`` first. A missing table, a gated metric that was not measured (value None) or
+        any phase error is a failed check: a gated check never passes unmeasured.
     """
-    checks = [{"metric": "run_errors", "value": len(errors), "tolerance": {"equals": 0}, "passed": not errors}]
+    checks = [Check("run_errors", len(errors), {"equals": 0}, not errors)]
     if table is None:
-        checks.append(
-            {
-                "metric": "tolerances",
-                "value": None,
-                "tolerance": None,
-                "passed": False,
-                "note": "no table for this candidate in the tolerance file",
-            }
-        )
-        return checks
+        return checks + [Check("tolerances", None, None, False, "no table for this candidate in the tolerance file")]
     for metric, tol in table.items():
         if isinstance(tol, str):
             continue
         value = metrics.get(metric)
-        checks.append({"metric": metric, "value": value, "tolerance": tol, "passed": check_value(value, tol)})
+        checks.append(Check(metric, value, tol, check_value(value, tol)))
     return checks
 
 
@@ -281,7 +273,12 @@ def global_metrics(
 
 
 def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
-    """Run every check and return the report dict (nothing is written).
+    """Run every check and return the report dict (nothing is written); see :func:`evaluate_run`."""
+    return evaluate_run(cfg)[0]
+
+
+def evaluate_run(cfg: ConformanceConfig) -> tuple[dict[str, Any], RunOutcome]:
+    """Run every check: the report dict (nothing is written) and the typed outcome the verdict is merged from.
 
     Raises:
         ValueError / FileNotFoundError: the export or checkpoint is missing or unreadable, the
@@ -431,12 +428,11 @@ def check_candidate(
     ref: Any,
     cfg: ConformanceConfig,
     table: Optional[dict[str, Any]],
-) -> dict[str, Any]:
+) -> CandidateResult:
     """Load one candidate, measure it against the reference outputs and gate it.
 
     Returns:
-        ``{variant, kind, path, metrics, errors, checks, passed, seconds, cpu_seconds}``; a
-        candidate that cannot be loaded or run fails with the error recorded, it does not raise.
+        Its result; a candidate that cannot be loaded or run fails with the error recorded, it does not raise.
     """
 
     logger.info("conformance: measuring %s (%s)", cand.name, cand.path)
@@ -487,22 +483,23 @@ def check_candidate(
             runner.close()
     checks = gate(metrics, errors, table)
     if table is None:
-        checks[-1]["note"] = f"no [{cand.tolerance_table}] table in the tolerance file"
-    return {
-        "variant": cand.variant,
-        "kind": cand.kind,
-        "path": cand.path,
-        "tolerance_table": cand.tolerance_table,
-        "metrics": metrics,
-        "errors": errors,
-        "checks": checks,
-        "passed": all(c["passed"] is not False for c in checks),
-        "seconds": time.perf_counter() - t0,
-        "cpu_seconds": time.process_time() - c0,
-    }
+        checks[-1].note = f"no [{cand.tolerance_table}] table in the tolerance file"
+    return CandidateResult(
+        cand.variant,
+        cand.kind,
+        cand.path,
+        cand.tolerance_table,
+        metrics,
+        errors,
+        checks,
+        time.perf_counter() - t0,
+        time.process_time() - c0,
+    )
 
 
-def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_start) -> dict[str, Any]:
+def _evaluate(
+    cfg, export_dir, manifest, tol_path, tolerances, candidates, t_start
+) -> tuple[dict[str, Any], RunOutcome]:
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
@@ -523,7 +520,6 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     texts += [t for t in (unicodedata.normalize("NFD", x) for x in texts) if t not in texts]  # NFC inside?
     g = global_metrics(export_dir, manifest, info, texts, train_tok, model_cfg)
     g_checks = gate(g, {}, tolerances.get("global", {}))[1:]
-    g_passed = all(c["passed"] is not False for c in g_checks)
     ref = measure.reference_outputs(TorchRunner(ref_model, "reference"), inputs, cfg.greedy_tokens)
     results = {
         cand.name: check_candidate(cand, export_dir, model_cfg, inputs, ref, cfg, tolerances.get(cand.tolerance_table))
@@ -532,8 +528,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
     prompts = {k: train_tok.encode(PROMPTS[k]).ids for k in RUNTIME_PROMPTS}
     chat = check_chat(export_dir, cfg.runtimes, [c.variant for c in candidates], cfg.missing_runtimes)  # None: base
     if chat is not None:  # the chat contract: export-wide checks, and greedy chat decoding in each runtime
-        g_checks += chat["checks"]
-        g_passed = g_passed and all(c["passed"] for c in chat["checks"])
+        g_checks += [Check.from_dict(c) for c in chat["checks"]]
         prompts["chat"] = reference_ids(export_dir, {GREEDY_CONVERSATION: CONVERSATIONS[GREEDY_CONVERSATION]})[
             GREEDY_CONVERSATION
         ]
@@ -550,31 +545,31 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
         tolerances=tolerances,
     )
     for name, rt in on_device.items():  # a runtime's failure fails its variant's candidate
-        results[name]["checks"] += rt.pop("checks")
-        results[name]["runtimes"] = rt
-        results[name]["passed"] = all(c["passed"] is not False for c in results[name]["checks"])
+        results[name].checks += rt.checks
+        results[name].runtimes = rt
     eval_report = EvalReport.read(cfg.eval_json).to_dict() if cfg.eval_json and Path(cfg.eval_json).is_file() else None
     task_figures = _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg, train_tok)
     base = lm_tasks.base_heldout(eval_report, info["model_sha256"], inputs)
-    variants: dict[str, bool] = {}
-    for cand in candidates:
-        variants[cand.variant] = variants.get(cand.variant, True) and results[cand.name]["passed"] and g_passed
-    return {
+    g_passed = all_passed(g_checks)
+    variants = variant_results(results.values(), g_passed)
+    files_sha256 = files_table_sha256(manifest.files_table())
+    # the file vs the shipped conformance/tolerances.toml, over the tables this run gated
+    tol_figures = compare_with_shipped(
+        tolerances, tol_path, ["global", *dict.fromkeys(c.tolerance_table for c in candidates)]
+    )
+    report = {
         "format_version": FORMAT_VERSION,
         "entry": "conformance.run_conformance",
-        "passed": bool(variants) and all(variants.values()) and g_passed,
-        "variants": variants,
+        "passed": bool(variants) and all(v.passed for v in variants) and g_passed,
+        "variants": {v.name: v.passed for v in variants},
         "export_dir": str(export_dir.resolve()),
         "export_manifest_sha256": file_sha256(export_dir / "manifest.json"),  # before the verdict is written
         # stable under the verdict rewrite: sha256 of the manifest's "files" table as canonical JSON
-        "export_files_sha256": files_table_sha256(manifest.files_table()),
+        "export_files_sha256": files_sha256,
         "checkpoint": {"path": str(info["checkpoint_dir"]), "step": info["step"], "model_sha256": info["model_sha256"]},
         "tolerances_file": str(tol_path.resolve()),
         "tolerances_sha256": file_sha256(tol_path),
-        # the file vs the shipped conformance/tolerances.toml, over the tables this run gated
-        "tolerances": compare_with_shipped(
-            tolerances, tol_path, ["global", *dict.fromkeys(c.tolerance_table for c in candidates)]
-        ),
+        "tolerances": tol_figures,
         "config": dict(vars(cfg)),
         "versions": tool_versions(),
         "model": {
@@ -600,14 +595,15 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
             "seconds": ref.seconds,
             "heldout_bpc": {lang: bits_per_char(ref.nll[lang], h["chars"]) for lang, h in inputs.heldout.items()},
         },
-        "global": {"metrics": g, "checks": g_checks, "passed": g_passed},
+        "global": {"metrics": g, "checks": [c.to_dict() for c in g_checks], "passed": g_passed},
         "chat": chat,
         "runtimes": {"checked": list(cfg.runtimes), "prompts": prompts, "new_tokens": cfg.runtime_tokens},
-        "candidates": results,
+        "candidates": {k: v.to_dict() for k, v in results.items()},
         "tasks": task_figures,
         "base": base,
         "seconds": time.perf_counter() - t_start,
     }
+    return report, RunOutcome(variants, files_sha256, tol_figures)
 
 
 def _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg, train_tok) -> Optional[dict[str, Any]]:
@@ -705,7 +701,7 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     if cfg.task_peers:  # a bad peers file is named before anything is measured
         lm_tasks.read_peers(cfg.task_peers)
     _remove_previous_report(out)
-    report = evaluate(cfg)
+    report, outcome = evaluate_run(cfg)
     if cfg.write_manifest and report["global"]["metrics"].get("card_ok"):
         report["card_quality"] = _write_quality_card(cfg, report)
     paths = write_report(report, out, cfg)
@@ -717,7 +713,7 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         manifest = load_manifest(export_dir)
         set_conformance(
             export_dir,
-            merge_verdict(manifest.conformance, report, list(manifest.variants), rel, paths["sha256"]),
+            merge_verdict(manifest.conformance, outcome, list(manifest.variants), rel, paths["sha256"]),
         )
     logger.info("conformance %s: %s", "PASSED" if report["passed"] else "FAILED", paths["md"])
     return report

@@ -1,5 +1,5 @@
 // Greedy generation with transformers.js (@huggingface/transformers, Node, onnxruntime-node CPU) from a
-// local export dir: what conformance/runtimes.py compares with ONNX Runtime on the same ONNX file.
+// local export dir: what conformance/runtimes/transformersjs.py compares with ONNX Runtime on the same ONNX file.
 //
 // stdin: {"export_dir": DIR, "dtypes": ["fp32", "q4", ...], "prompts": [[ids...], ...], "max_new_tokens": N,
 //         "node_root": folder whose node_modules holds @huggingface/transformers}

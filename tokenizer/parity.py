@@ -30,7 +30,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,24 +41,20 @@ import tokenizers
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import native_stderr_to_log
+from prodip.base.runtimes import by_name, missing_reason, runtime_names
 from prodip.tokenizer.corpus import iter_language
 from prodip.tokenizer.gguf import write_vocab_gguf
 from prodip.tokenizer.portable import nfc, portability, write_target_files
 
 log = logging.getLogger("prodip.tokenizer.parity")
 
-RUNTIMES = ("tokenizers", "transformers", "transformers.js", "onnxruntime-genai", "llama.cpp", "executorch")
+#: The runtimes whose tokenizers are compared: the rows of ``prodip.base.runtimes.RUNTIMES`` with ``tokenizer``
+#: (as the table is at import; the functions below read it at call time).
+RUNTIMES = runtime_names(tokenizer=True)
 REFERENCE = "tokenizers"
 FORMAT_VERSION = 1
 #: The folder with node/package.json and node/tokenize.mjs (``npm install --ignore-scripts --prefix node``).
 NODE_DIR = Path(os.environ.get("PRODIP_NODE_DIR", Path(__file__).resolve().parents[1] / "node"))
-_NODE_PACKAGES = {"transformers.js": "@huggingface/transformers", "llama.cpp": "node-llama-cpp"}
-_PY_PACKAGES = {
-    "transformers": "transformers",
-    "onnxruntime-genai": "onnxruntime_genai",
-    "executorch": "pytorch_tokenizers",
-    "llama.cpp": "gguf",
-}
 
 #: Strings that broke runtime tokenizers before (cases/2026-11-30.md C6), NFC-normalised before use:
 #: conjuncts, ZWJ/ZWNJ forms, nukta letters precomposed and decomposed, ো/ৌ as one and two code
@@ -165,18 +160,13 @@ TRICKY = (
 
 
 def missing_runtimes() -> dict[str, str]:
-    """Runtimes that cannot run here, with the reason and the install command."""
+    """Runtime -> why it cannot run here (a package not installed, no ``node``), for every tokenizer row of
+    ``prodip.base.runtimes.RUNTIMES`` that lacks something (``prodip.base.runtimes.missing_reason``)."""
     missing = {}
-    for runtime, module in _PY_PACKAGES.items():
-        if importlib.util.find_spec(module) is None:
-            missing[runtime] = f"Python package {module} not installed (pip install -e '.[runtimes]')"
-    for runtime, package in _NODE_PACKAGES.items():
-        if shutil.which("node") is None:
-            missing.setdefault(runtime, "node not found on PATH (Node.js >= 20)")
-        elif not (NODE_DIR / "node_modules" / package / "package.json").is_file():
-            missing.setdefault(
-                runtime, f"{package} not installed in {NODE_DIR} (npm install --ignore-scripts --prefix node)"
-            )
+    for runtime in runtime_names(tokenizer=True):
+        reason = missing_reason(by_name(runtime), NODE_DIR)
+        if reason is not None:
+            missing[runtime] = reason
     return missing
 
 
@@ -239,6 +229,8 @@ def _node(tok_dir: Path, texts: list[str], work: Path, runtimes: list[str]) -> d
     return json.loads((work / "node_response.json").read_text(encoding="utf-8"))
 
 
+#: Runtime -> its tokenizer encoder in Python (``(tokenizer_dir, texts, work_dir) -> (ids per text, version)``);
+#: the tokenizer rows of ``prodip.base.runtimes.RUNTIMES`` not here run in Node (``node/tokenize.mjs``).
 _PYTHON_RUNNERS: dict[str, Callable[[Path, list[str], Path], tuple[list[list[int]], str]]] = {
     "tokenizers": _tokenizers,
     "transformers": _transformers,
@@ -252,7 +244,7 @@ _EXCLUDE = {
 
 
 def encode_all(
-    tokenizer_dir: str | os.PathLike, texts: list[str], runtimes: tuple[str, ...] = RUNTIMES
+    tokenizer_dir: str | os.PathLike, texts: list[str], runtimes: tuple[str, ...] | None = None
 ) -> tuple[dict[str, list[list[int]]], dict[str, str], dict[str, str]]:
     """Encode ``texts`` (already NFC) with each runtime.
 
@@ -261,6 +253,7 @@ def encode_all(
         runtime -> error text for a runtime that was installed but failed.
     """
     tok_dir = Path(tokenizer_dir).resolve()
+    runtimes = runtime_names(tokenizer=True) if runtimes is None else runtimes
     ids: dict[str, list[list[int]]] = {}
     versions: dict[str, str] = {}
     errors: dict[str, str] = {}
@@ -272,7 +265,9 @@ def encode_all(
                     ids[runtime], versions[runtime] = _PYTHON_RUNNERS[runtime](tok_dir, texts, work)
                 except Exception as err:  # a runtime failing is a result, reported per runtime
                     errors[runtime] = f"{type(err).__name__}: {err}"
-        node = [r for r in runtimes if r in _NODE_PACKAGES]
+            elif not by_name(runtime).npm:
+                errors[runtime] = f"no encoder for {runtime} in {__name__}._PYTHON_RUNNERS"
+        node = [r for r in runtimes if r not in _PYTHON_RUNNERS and by_name(r).npm]
         if node:
             try:
                 response = _node(tok_dir, texts, work, node)
@@ -317,7 +312,7 @@ def run_parity(
     tokenizer_dir: str | os.PathLike,
     texts_by_lang: dict[str, list[str]],
     *,
-    runtimes: tuple[str, ...] = RUNTIMES,
+    runtimes: tuple[str, ...] | None = None,
     require: bool = False,
     tricky: bool = True,
 ) -> dict[str, Any]:
@@ -338,9 +333,11 @@ def run_parity(
     Raises:
         InvalidInput: unknown runtime names, or no text at all.
     """
-    unknown = [r for r in runtimes if r not in RUNTIMES]
+    known = runtime_names(tokenizer=True)
+    runtimes = known if runtimes is None else runtimes
+    unknown = [r for r in runtimes if r not in known]
     if unknown:
-        raise InvalidInput(f"parity runtimes: unknown {unknown}; known: {', '.join(RUNTIMES)}")
+        raise InvalidInput(f"parity runtimes: unknown {unknown}; known: {', '.join(known)}")
     groups = {lang: [nfc(t) for t in ts] for lang, ts in texts_by_lang.items()}
     if tricky:
         groups["tricky"] = [nfc(t) for t in TRICKY]
@@ -357,7 +354,7 @@ def run_parity(
             continue
         if r in missing:
             result[r] = {"status": "error" if require else "skipped", "reason": missing[r]}
-        elif not portable[r][0]:
+        elif not portable.get(r, (True, ""))[0]:  # a runtime with no portability rule reads tokenizer.json as is
             result[r] = {"status": "not-portable", "reason": portable[r][1]}
         else:
             run.append(r)
@@ -439,7 +436,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("tokenizer_dir")
     parser.add_argument("--texts", default="", help="lang=file,... texts to compare (besides the tricky list)")
     parser.add_argument(
-        "--runtimes", default=",".join(RUNTIMES), help="comma-separated subset of " + ",".join(RUNTIMES)
+        "--runtimes",
+        default=",".join(runtime_names(tokenizer=True)),
+        help="comma-separated subset of " + ",".join(runtime_names(tokenizer=True)),
     )
     parser.add_argument("--require", action="store_true", help="a runtime that is not installed is a failure")
     parser.add_argument("--json", default=None, help="also write the report here")

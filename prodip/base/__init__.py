@@ -8,6 +8,7 @@ stage; nothing here imports a stage, the pipeline driver or the command line. On
 - :mod:`prodip.base.files`: file hashing and atomic writes.
 - :mod:`prodip.base.layout`: where each artifact of a ``prodip run`` lives under its ``out_dir``.
 - :mod:`prodip.base.variants`: the export variants (names, files, formats, dtypes) and a variant's manifest entry.
+- :mod:`prodip.base.runtimes`: the runtimes (names, packages, formats, the checks each takes part in).
 - :mod:`prodip.base.onnx_io`: the ONNX decoder's input and output names.
 - :mod:`prodip.base.records`: the one pattern of typed artifact records (format_version, one atomic
   writer, one validating reader).

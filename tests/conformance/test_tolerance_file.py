@@ -309,7 +309,7 @@ def test_unmeasured_gated_metric_fails():
     from prodip.conformance.suite import gate
 
     checks = gate({"max_abs_logit": 0.0}, {}, {"max_abs_logit": {"max": 1e-4}, "bpc_delta_max": {"max": 1e-4}})
-    assert [(c["metric"], c["passed"]) for c in checks] == [
+    assert [(c.metric, c.passed) for c in checks] == [
         ("run_errors", True),
         ("max_abs_logit", True),
         ("bpc_delta_max", False),

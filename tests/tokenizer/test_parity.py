@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from prodip.tokenizer.parity import RUNTIMES, TRICKY, format_parity, missing_runtimes, run_parity
+from prodip.base.runtimes import runtime_names
+from prodip.tokenizer.parity import TRICKY, format_parity, missing_runtimes, run_parity
 from tests.tokenizer.conftest import skip_or_fail
 
 
@@ -25,7 +26,7 @@ def skip_unless_installed(runtime: str) -> None:
         skip_or_fail(f"{runtime}: {missing[runtime]}")
 
 
-@pytest.mark.parametrize("runtime", [r for r in RUNTIMES if r != "tokenizers"])
+@pytest.mark.parametrize("runtime", [r for r in runtime_names(tokenizer=True) if r != "tokenizers"])
 def test_runtime_reproduces_every_id(parity_report, runtime):
     skip_unless_installed(runtime)
     result = parity_report["runtimes"][runtime]

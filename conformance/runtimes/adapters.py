@@ -1,0 +1,45 @@
+"""The adapter of each runtime row (``prodip.base.runtimes.RUNTIMES``) that conformance runs itself.
+
+Rows without an adapter here are run elsewhere: ``tokenizers`` (the tokenizer parity's reference), ONNX Runtime
+and prodip's PyTorch model (the suite's candidate runners, ``prodip.conformance.runners``). A new runtime adds its
+module beside this one and one entry below.
+
+    python -c "from prodip.conformance.runtimes.adapters import ADAPTERS; print(sorted(ADAPTERS))"
+"""
+
+from __future__ import annotations
+
+from prodip.conformance.runtimes.common import RuntimeAdapter
+from prodip.conformance.runtimes.executorch import ExecuTorchAdapter
+from prodip.conformance.runtimes.genai import GenaiAdapter
+from prodip.conformance.runtimes.llamacpp import LlamaCppAdapter
+from prodip.conformance.runtimes.ortweb import OrtWebAdapter
+from prodip.conformance.runtimes.serve import ServeAdapter
+from prodip.conformance.runtimes.transformers import TransformersAdapter
+from prodip.conformance.runtimes.transformersjs import TransformersJsAdapter
+
+#: Runtime name -> its adapter.
+ADAPTERS: dict[str, RuntimeAdapter] = {
+    a.name: a
+    for a in (
+        TransformersAdapter(),
+        ServeAdapter(),
+        GenaiAdapter(),
+        TransformersJsAdapter(),
+        OrtWebAdapter(),
+        LlamaCppAdapter(),
+        ExecuTorchAdapter(),
+    )
+}
+
+
+def adapter_for(name: str) -> RuntimeAdapter:
+    """The adapter of the runtime ``name`` (looked up at call time: a test may add one).
+
+    Raises:
+        KeyError: a runtime row with no adapter (the table and this registry disagree).
+    """
+    try:
+        return ADAPTERS[name]
+    except KeyError:
+        raise KeyError(f"runtime {name!r} has no conformance adapter in {__name__}.ADAPTERS") from None

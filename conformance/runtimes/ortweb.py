@@ -1,0 +1,127 @@
+"""onnxruntime-web's WASM backend (the build transformers.js runs in a browser), under Node from the npm
+package: greedy ids and each step's logits of every ONNX variant (``ortweb_greedy.mjs``).
+
+A file the WASM build cannot load fails with ONNX Runtime's error, which names the operator. Its logits are
+held to the variant's tolerance against ONNX Runtime's on the same file; for a file whose ``MatMulNBits``
+nodes quantise activations (``accuracy_level`` 4), against ONNX Runtime computing in float32 as the WASM
+kernel does (:func:`fp32_compute_copy`). Install: it comes with transformers.js (``node/``).
+
+    python -c "from prodip.conformance.runtimes.ortweb import fp32_compute_copy; help(fp32_compute_copy)"
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from prodip.conformance.runtimes.common import (
+    GreedyJob,
+    GreedyOutput,
+    RuntimeAdapter,
+    node_root,
+    ort_greedy,
+    run_node,
+)
+
+NAME = "onnxruntime-web"
+#: The Node script that runs onnxruntime-web's WASM backend (in the conformance package).
+NODE_SCRIPT = "ortweb_greedy.mjs"
+#: What the ids and logits are compared with for a file with activation-quantising MatMulNBits.
+FP32_COMPUTE = "ONNX Runtime, MatMulNBits accuracy_level 0 (fp32 compute, as the WASM kernel)"
+
+
+def ortweb_greedy(
+    export_dir: Path,
+    files: Sequence[str],
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    model_cfg: Any,
+    stop: Optional[Collection[int]] = None,
+) -> dict[str, Any]:
+    """Greedy ids and per-step logits from onnxruntime-web's WASM backend in Node, for each ONNX file.
+
+    Args:
+        export_dir: the export dir; files: ONNX paths relative to it (weights in ``<file>_data``).
+        prompts: token ids; max_new_tokens: new tokens per prompt; model_cfg: layers, kv heads,
+            head dim and eos id of the model (the KV-cache inputs' shapes); stop: the ids that end
+            generation (default: the model's eos id).
+    Returns:
+        ``{"versions": {...}, "results": {file: {"ids": [[prompt + new ids]], "logits": [[[float] per step]]}
+        or {"error": str}}}``.
+    Raises:
+        FileNotFoundError: ``node`` is not on PATH.
+        RuntimeError: the Node script failed (its stderr tail is in the message).
+    """
+    job = {
+        "export_dir": str(Path(export_dir).resolve()),
+        "files": list(files),
+        "prompts": [list(map(int, p)) for p in prompts],
+        "max_new_tokens": max_new_tokens,
+        "stop_ids": [int(i) for i in (stop if stop is not None else [model_cfg.eos_token_id]) if i is not None],
+        "num_layers": model_cfg.num_hidden_layers,
+        "num_kv_heads": model_cfg.num_key_value_heads,
+        "head_dim": model_cfg.head_dim,
+        "node_root": str(node_root()),
+    }
+    return run_node(NODE_SCRIPT, job)
+
+
+class _TempModel:
+    """Context manager: a temporary ONNX file (weights inline), removed on exit."""
+
+    def __init__(self, model: Any) -> None:
+        import onnx  # noqa: PLC0415
+
+        self._dir = tempfile.TemporaryDirectory(prefix="prodip_fp32_compute_")
+        self.path = Path(self._dir.name) / "model.onnx"
+        onnx.save_model(model, str(self.path))
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: Any) -> None:
+        self._dir.cleanup()
+
+
+def fp32_compute_copy(path: Path) -> Optional[_TempModel]:
+    """A copy of the ONNX file ``path`` whose ``MatMulNBits`` nodes have ``accuracy_level`` 0, or None if none differs.
+
+    ONNX Runtime's CPU build honours ``accuracy_level`` 4 (activations quantised to int8 inside
+    MatMulNBits, prodip's int4 default); onnxruntime-web's WASM kernel computes in float32 whatever the
+    attribute says. Measured on a tiny export's q4 file: WASM vs CPU at level 4, max |logit diff| 6e-2;
+    vs CPU at level 0, 2e-6. So the WASM runtime is compared with ONNX Runtime doing its arithmetic on
+    the same weights; the other runtimes with the file as it is.
+    """
+    import onnx  # noqa: PLC0415
+
+    model = onnx.load(str(path))
+    changed = False
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attr in node.attribute:
+                if attr.name == "accuracy_level" and attr.i != 0:
+                    attr.i, changed = 0, True
+    return _TempModel(model) if changed else None
+
+
+class OrtWebAdapter(RuntimeAdapter):
+    name = NAME
+
+    def greedy(self, job: GreedyJob) -> dict[str, GreedyOutput]:
+        files = [c.path for c in job.candidates]
+        web = ortweb_greedy(job.export_dir, files, job.prompts, job.max_new_tokens, job.model_cfg, job.eos)
+        out = {}
+        for cand in job.candidates:
+            got = web["results"].get(cand.path, {"error": "no result"})
+            res = GreedyOutput(ids=got.get("ids"), logits=got.get("logits"), versions=web.get("versions"))
+            if "error" in got:
+                res.error = f"onnxruntime-web (WASM) {cand.path}: {got['error']}"
+            fp32_compute = fp32_compute_copy(Path(job.export_dir) / cand.path)
+            if fp32_compute is not None:  # ONNX Runtime doing the WASM kernels' arithmetic on the same weights
+                with fp32_compute as path:
+                    res.reference_ids, res.reference_logits = ort_greedy(path, cand.name, job)
+                res.reference = FP32_COMPUTE
+            out[cand.name] = res
+        return out

@@ -1,0 +1,192 @@
+"""The runtimes are one table (``prodip.base.runtimes.RUNTIMES``): a row added to it, with its adapter, is run by
+conformance (its greedy check gated on every ONNX variant, its chat rendering compared), by the tokenizer parity
+check, and named in the model card's "runtimes proven", with no other edit (docs/architecture.md "Add a runtime").
+
+The added runtime is real enough to be judged: ONNX Runtime on the variant's file in a session of its own
+(``ort_greedy``), the reference's chat rendering, and ``tokenizers`` as its tokenizer; a second row whose
+adapter drops the last generated token (renders without the first token, stops only at the end of turn, encodes
+without ``<|bos|>``) must fail every one of those checks.
+
+python -m pytest tests/conformance/test_runtime_table.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import tokenizers
+
+import prodip.base.runtimes as table
+from prodip.base.runtimes import Runtime, runtime_names
+from prodip.conformance.runtimes import ADAPTERS, ChatJob, ChatOutput, GreedyJob, GreedyOutput, RuntimeAdapter
+from prodip.conformance.runtimes.common import ort_greedy
+
+GOOD, BAD = "ort-twin", "ort-twin-broken"
+#: report.json's keys as the suite wrote them when it assembled dicts (a tiny export, every runtime, main 2b0deed)
+REPORT_KEYS = (
+    "format_version entry passed variants export_dir export_manifest_sha256 export_files_sha256 checkpoint "
+    "tolerances_file tolerances_sha256 tolerances config versions model inputs reference global chat runtimes "
+    "candidates tasks base seconds"
+).split()
+CANDIDATE_KEYS = "variant kind path tolerance_table metrics errors checks passed seconds cpu_seconds runtimes".split()
+
+
+class OrtTwin(RuntimeAdapter):
+    """ONNX Runtime in a session of its own, as a new runtime; ``broken``: the last new token dropped."""
+
+    def __init__(self, name: str, broken: bool = False) -> None:
+        self.name, self.broken = name, broken
+
+    def greedy(self, job: GreedyJob) -> dict[str, GreedyOutput]:
+        out = {}
+        for cand in job.candidates:
+            ids, _ = ort_greedy(Path(job.export_dir) / cand.path, cand.name, job)
+            out[cand.name] = GreedyOutput(ids=[i[:-1] for i in ids] if self.broken else ids, versions={"twin": "1"})
+        return out
+
+    def chat(self, job: ChatJob) -> ChatOutput:
+        tok = tokenizers.Tokenizer.from_file(str(Path(job.export_dir) / "tokenizer.json"))
+        ids = {k: tok.encode(t, add_special_tokens=False).ids for k, t in job.reference_texts.items()}
+        stops = list(job.stop_ids)  # it stops where the export says (generation_config.json), as ONNX Runtime's users
+        if self.broken:  # the first token dropped, and only the end of turn a stop
+            ids, stops = {k: v[1:] for k, v in ids.items()}, [job.end_of_turn]
+        return ChatOutput(ids=ids, stop_ids=stops, end_of_turn_stops=job.end_of_turn in stops)
+
+
+def _encoder(broken: bool):
+    def encode(tok_dir: Path, texts: list[str], work: Path) -> tuple[list[list[int]], str]:
+        tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=not broken)], "twin 1"
+
+    return encode
+
+
+@pytest.fixture
+def twin_rows(monkeypatch):
+    """The table with two more on-device rows, their adapters and their tokenizer encoders."""
+    from prodip.tokenizer import parity
+
+    row = Runtime(GOOD, GOOD, ("onnx",), modules=("onnxruntime",), greedy_metric="twin_greedy_identical", chat=True)
+    rows = (row, replace(row, name=BAD, package=BAD, greedy_metric="twin_broken_greedy_identical"))
+    monkeypatch.setattr(table, "RUNTIMES", (*table.RUNTIMES, *(replace(r, tokenizer=True) for r in rows)))
+    monkeypatch.setitem(ADAPTERS, GOOD, OrtTwin(GOOD))
+    monkeypatch.setitem(ADAPTERS, BAD, OrtTwin(BAD, broken=True))
+    monkeypatch.setitem(parity._PYTHON_RUNNERS, GOOD, _encoder(False))
+    monkeypatch.setitem(parity._PYTHON_RUNNERS, BAD, _encoder(True))
+    return rows
+
+
+def test_a_new_row_is_listed_everywhere_the_table_is_read(twin_rows):
+    from prodip.conformance.config import ConformanceConfig
+    from prodip.conformance.runtimes import planned_metrics
+
+    assert runtime_names(greedy=True)[-2:] == (GOOD, BAD) and GOOD in runtime_names(tokenizer=True)
+    assert ConformanceConfig().runtimes[-2:] == [GOOD, BAD]  # the default --runtimes: every on-device row
+    assert ConformanceConfig(runtimes=[GOOD]).runtimes == [GOOD]  # accepted by name
+    assert planned_metrics("fp32", [GOOD]) == ["twin_greedy_identical", "runtime_prompts_reference_identical"]
+    with pytest.raises(ValueError, match="unknown runtime"):
+        ConformanceConfig(runtimes=["no-such-runtime"])
+
+
+@pytest.mark.slow  # one conformance run of two ONNX variants (~20 s on 2 cores)
+def test_a_new_row_is_gated_by_conformance_and_named_by_the_card(twin_rows, tiny_artifacts, conf_cfg):
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance import card
+    from prodip.conformance.checks import plan_checks
+    from prodip.conformance.suite import evaluate_run
+    from prodip.conformance.verdict import merge_verdict
+
+    export = tiny_artifacts["export"]
+    cfg = conf_cfg(export, runtimes=[GOOD], variants=["fp32", "int8"])
+    assert ("int8", "twin_greedy_identical") in plan_checks(cfg)
+    report, outcome = evaluate_run(cfg)
+    for name in ("fp32", "int8"):
+        cand = report["candidates"][name]
+        res = cand["runtimes"]["runtimes"][GOOD]
+        assert res["ids_identical"] is True and res["ids"] == cand["runtimes"]["onnxruntime"], name
+        assert res["versions"] == {"twin": "1"}
+        check = next(c for c in cand["checks"] if c["metric"] == "twin_greedy_identical")
+        assert check == {
+            "metric": "twin_greedy_identical",
+            "value": True,
+            "tolerance": {"equals": True},
+            "passed": True,
+        }
+    assert report["passed"] and report["runtimes"]["checked"] == [GOOD]
+    # report.json's layout, built from the typed records, is the one the dict-assembling suite wrote
+    assert list(report) == REPORT_KEYS and list(report["global"]) == ["metrics", "checks", "passed"]
+    assert list(report["candidates"]["fp32"]) == CANDIDATE_KEYS
+    assert list(report["candidates"]["fp32"]["runtimes"]) == ["prompts", "prompt_ids", "onnxruntime", "runtimes"] + [
+        "reference_identical"
+    ]
+    assert list(report["candidates"]["int8"]["runtimes"]["runtimes"][GOOD]) == ["ids_identical", "ids", "error"] + [
+        "versions"
+    ]
+    rows, _ = card.quality_rows(report, load_manifest(export))
+    assert {r.variant for r in rows} == {"fp32", "int8"}
+    assert all(r.runtimes == ["ONNX Runtime", GOOD] for r in rows), [r.runtimes for r in rows]
+    args = (["fp32", "int8"], "conformance/report.json", "0" * 64, "2026-12-02T00:00:00Z")
+    verdict = merge_verdict(None, outcome, *args)
+    assert verdict["checks"]["int8"]["runtimes"] == {GOOD: True} and verdict["passed"]
+    assert merge_verdict(None, report, *args) == verdict  # the typed outcome and the report it is written to agree
+
+    # the broken twin: its check fails each variant, the verdict records it, the card does not name it
+    report, outcome = evaluate_run(conf_cfg(export, runtimes=[GOOD, BAD], variants=["int8"]))
+    cand = report["candidates"]["int8"]
+    failed = [c["metric"] for c in cand["checks"] if c["passed"] is False]
+    assert failed == ["twin_broken_greedy_identical"] and not report["passed"]
+    assert cand["runtimes"]["runtimes"][BAD]["ids_identical"] is False
+    rows, _ = card.quality_rows(report, load_manifest(export))
+    assert all(r.runtimes == [GOOD] for r in rows)  # the variant failed: its own runner is not proven either
+    verdict = merge_verdict(None, outcome, ["int8"], "conformance/report.json", "0" * 64)
+    assert verdict["checks"]["int8"]["runtimes"] == {GOOD: True, BAD: False} and verdict["passed"] is False
+
+
+def test_a_new_row_is_compared_by_the_tokenizer_parity(twin_rows, tiny_artifacts):
+    from prodip.tokenizer.parity import missing_runtimes, run_parity
+
+    assert GOOD not in missing_runtimes()  # its module (onnxruntime) is installed
+    texts = {"en": ["It is a truth universally acknowledged.", "a  b"]}
+    report = run_parity(tiny_artifacts["tokenizer"], texts, runtimes=("tokenizers", GOOD, BAD))
+    assert report["runtimes"][GOOD]["status"] == "identical" and report["runtimes"][GOOD]["version"] == "twin 1"
+    assert report["runtimes"][GOOD]["languages"]["en"] == {"texts": 2, "identical": 2, "excluded": 0}
+    assert report["runtimes"][BAD]["status"] == "differs" and not report["passed"]  # no <|bos|>: position 0
+    assert report["runtimes"][BAD]["first_mismatch"]["position"] == 0
+
+
+@pytest.mark.slow  # a tiny chat export and transformers' template (~30 s)
+def test_a_new_row_renders_the_chat_contract(twin_rows, tmp_path):
+    from prodip.conformance.chat import check_chat
+    from tests.fixtures import build_tiny_chat_export
+
+    export, _ = build_tiny_chat_export(tmp_path, variants=["fp32"])
+    chat = check_chat(export, runtimes=[GOOD, BAD], variants=["fp32"])
+    assert list(chat["runtimes"]) == ["transformers", "prodip serve", GOOD, BAD]
+    assert chat["runtimes"][GOOD]["identical"] is True and chat["runtimes"][BAD]["identical"] is False
+    ids = next(c for c in chat["checks"] if c["metric"] == "chat_template_ids_identical")
+    assert ids["passed"] is False and ids["note"].endswith(f"in: {BAD}")
+    stops = next(c for c in chat["checks"] if c["metric"] == "chat_stop_ids_stop")
+    assert stops["passed"] is False and stops["note"].startswith(f"stop ids that do not end generation: {BAD} [")
+    chat = check_chat(export, runtimes=[GOOD], variants=["fp32"])
+    assert all(c["passed"] for c in chat["checks"]), chat["checks"]
+
+
+def test_every_row_has_the_code_its_checks_need():
+    """A row that takes part in a check has the code that runs it: an adapter for greedy ids and chat (with the
+    method), a Python encoder or a Node package for tokenizer ids; each candidate kind has one row."""
+    from prodip.conformance.runtimes.common import RuntimeAdapter as Base
+    from prodip.tokenizer import parity
+
+    for row in table.RUNTIMES:
+        if row.greedy_metric:
+            assert type(ADAPTERS[row.name]).greedy is not Base.greedy, row.name
+        if row.chat:
+            assert type(ADAPTERS[row.name]).chat is not Base.chat, row.name
+        if row.tokenizer:
+            assert row.name in parity._PYTHON_RUNNERS or row.npm, row.name
+    assert set(ADAPTERS) == set(runtime_names(greedy=True)) | set(runtime_names(chat=True))
+    # the candidate kinds prodip.conformance.suite.plan_candidates makes, each run by one row (the card's label)
+    kinds = [r.candidate_kind for r in table.RUNTIMES if r.candidate_kind]
+    assert sorted(kinds) == ["gguf", "onnx", "prodip", "pte", "transformers"]
