@@ -83,13 +83,22 @@ def tokenizer_metadata(tokenizer_dir: str | os.PathLike, *, vocab_size: int | No
     }
 
 
-def add_tokenizer_metadata(writer, tokenizer_dir: str | os.PathLike, *, vocab_size: int | None = None) -> dict:
+def add_tokenizer_metadata(
+    writer, tokenizer_dir: str | os.PathLike, *, vocab_size: int | None = None, bos_id: int | None = None
+) -> dict:
     """Add the tokenizer keys (``tokenizer.ggml.*``) to a ``gguf.GGUFWriter``; returns the metadata dict.
+
+    Args:
+        bos_id: the model config's ``bos_token_id``, written when the tokenizer names no bos (Qwen2's
+            ``bos_token`` is null; llama.cpp's converter then takes config.json's id, ``gguf.SpecialVocab``).
+            Whether it is prepended stays the tokenizer's ``add_bos``.
 
     Raises:
         InvalidInput: see :func:`tokenizer_metadata`.
     """
     meta = tokenizer_metadata(tokenizer_dir, vocab_size=vocab_size)
+    if meta["bos_id"] is None:
+        meta["bos_id"] = bos_id
     writer.add_tokenizer_model(meta["model"])
     writer.add_tokenizer_pre(meta["pre"])
     writer.add_token_list(meta["tokens"])

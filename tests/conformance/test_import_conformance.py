@@ -99,13 +99,15 @@ def test_gguf_with_an_8192_token_window_passes(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_llama32_standin_passes_with_heldout_text_only(tmp_path):
+@pytest.mark.parametrize("kind", ["llama32", "qwen25"])
+def test_standin_passes_with_heldout_text_only(tmp_path, kind):
     """Llama 3.2 (llama3 RoPE scaling, 131072 window checked on a 512-token prefix, its own chat template
-    with {{ bos_token }} and <|eot_id|>): every variant, ONNX Runtime, the runtimes that are installed."""
+    with {{ bos_token }} and <|eot_id|>) and Qwen2.5 (q/k/v biases, no bos, <|im_end|>): every variant,
+    ONNX Runtime, the runtimes that are installed."""
     pytest.importorskip("gguf")
     from prodip.conformance.suite import run_conformance
 
-    folder = build_standin("llama32", tmp_path / "llama32")
+    folder = build_standin(kind, tmp_path / kind)
     # int4 is left out: on this random hidden-64 stand-in its held-out bits/char differ by 0.22 (the tiny
     # tolerance is 0.1); a random model's quantisation error says nothing of the import
     out = _export(folder, tmp_path / "export", "fp32,int8,gguf-f16")
@@ -119,5 +121,5 @@ def test_llama32_standin_passes_with_heldout_text_only(tmp_path):
         if c["passed"] is False
     ]
     assert report["passed"] and not failed, failed
-    assert report["chat"]["end_of_turn"]["token"] == "<|eot_id|>"
+    assert report["chat"]["end_of_turn"]["token"] == {"llama32": "<|eot_id|>", "qwen25": "<|im_end|>"}[kind]
     assert set(report["reference"]["heldout_bpc"]) == {"bn", "en"}
