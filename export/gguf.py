@@ -23,7 +23,8 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
 - a chat model's template as ``tokenizer.chat_template`` and its ``<|im_end|>`` as ``tokenizer.ggml.eot_token_id``
   (llama.cpp's end-of-generation set is then {<|im_end|>, <|eos|>}; it still logs "special_eos_id is not in
   special_eog_ids" because ``<|eos|>`` is not a text it knows, and adds it to that set itself);
-- the tokenizer's keys (``tokenizer.ggml.*``: gpt2 BPE, tokens, merges, types, pre-tokenizer type,
+- the tokenizer's keys (``tokenizer.ggml.*``: gpt2 BPE, tokens, merges, types, pre-tokenizer type, or for a
+  byte-fallback BPE converted from SentencePiece llama.cpp's ``llama`` vocabulary with scores,
   BOS/EOS/PAD ids, add-BOS) from :mod:`prodip.tokenizer.gguf`; a token list shorter than the embedding
   matrix is padded with unused tokens (llama.cpp refuses a shorter list). Only a tokenizer llama.cpp
   reproduces (:func:`prodip.tokenizer.portable.require_portable`) is written.
@@ -120,15 +121,18 @@ def check_representable(config: Any, variant: str, tokenizer_tokens: int | None 
         )
 
 
-def check_tokenizer(tokenizer_dir: Path) -> str:
-    """The llama.cpp pre-tokenizer type of a tokenizer llama.cpp reproduces id for id; refuses any other.
+def check_tokenizer(tokenizer_dir: Path) -> str | None:
+    """The llama.cpp pre-tokenizer type of a tokenizer llama.cpp reproduces id for id (None for a
+    SentencePiece-converted byte-fallback BPE, which has none); refuses any other.
 
     Raises:
         InvalidInput: the tokenizer is not portable to llama.cpp (``prodip.tokenizer.portable.require_portable``
-            names why: not byte-level BPE, or a pre-tokenizer pattern none of llama.cpp's built-in types has).
+            names why: not byte-level BPE, a pre-tokenizer pattern none of llama.cpp's built-in types has, or
+            a byte-fallback BPE whose merges are not a SentencePiece model's).
     """
     require_portable(tokenizer_dir, "llama.cpp")
-    return RECOGNISED[pretokenizer_name(read_tokenizer_json(tokenizer_dir))].llama_cpp_pre
+    name = pretokenizer_name(read_tokenizer_json(tokenizer_dir))
+    return None if name is None else RECOGNISED[name].llama_cpp_pre
 
 
 def tokenizer_size(tokenizer_dir: Path) -> int:

@@ -32,7 +32,8 @@ Nothing is downloaded.
   ``<|im_end|>``, pad ``<|endoftext|>``; its ChatML template with the default system prompt.
 
 - ``tinyllama``: TinyLlama-1.1B-Chat-v1.0, Llama 2's SentencePiece-derived fast tokenizer: a BPE with
-  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), the ``Prepend("▁")`` + ``Replace(" ", "▁")``
+  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), merges as transformers converts a SentencePiece
+  model (every split of every piece, in piece order), the ``Prepend("▁")`` + ``Replace(" ", "▁")``
   normaliser, no pre-tokenizer, ``<unk>`` 0 / ``<s>`` 1 / ``</s>`` 2, the bos prepended; untied,
   GQA, ``rope_theta`` 1e4, ``max_position_embeddings`` 2048; its Zephyr chat template (``eos_token``
   as a variable).
@@ -235,6 +236,7 @@ TINYLLAMA_TEMPLATE = (
 def _sentencepiece_bpe(vocab_size: int) -> Any:
     """Llama 2's fast tokenizer layout: byte-fallback BPE over "▁"-joined text, bytes at ids 3..258."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers.tokenization_utils_base import generate_merges
 
     specials = ["<unk>", "<s>", "</s>"]
     byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
@@ -247,6 +249,10 @@ def _sentencepiece_bpe(vocab_size: int) -> Any:
     tok.train_from_iterator(english_lines(), trainer=trainer)
     data = json.loads(tok.to_str())  # the byte tokens are vocabulary entries, not added tokens, in Llama 2's
     data["added_tokens"] = [a for a in data["added_tokens"] if a["content"] in specials]
+    # The merges as transformers' LlamaConverter writes a SentencePiece model's: every split of every
+    # piece into two pieces, in the pieces' order (generate_merges); a trainer's own list has one per piece
+    vocab = data["model"]["vocab"]
+    data["model"]["merges"] = [list(m) for m in generate_merges(vocab, skip_tokens=[*specials, *byte_tokens])]
     tok = Tokenizer.from_str(json.dumps(data))
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     tok.post_processor = processors.TemplateProcessing(

@@ -280,7 +280,8 @@ def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
 
 def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):
     """A Llama 2 / TinyLlama fast tokenizer (byte-fallback BPE, "▁" normaliser, <s> prepended) exports
-    with its ids and Zephyr template (eos_token as a variable); GGUF is refused in one line naming why."""
+    with its ids and Zephyr template (eos_token as a variable); its GGUF is llama.cpp's SentencePiece
+    vocabulary (tests/export/test_import_hf.py::test_tinyllama_gguf_ids)."""
     from prodip.base.chat import chat_contract
 
     folder = build_standin("tinyllama", tmp_path / "tinyllama")
@@ -297,10 +298,52 @@ def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(str(out)).apply_chat_template(
         msgs, add_generation_prompt=True, tokenize=False
     ) == tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    from prodip.cli import main
 
-    assert main(["export", str(folder), "--out", str(tmp_path / "gguf"), "--variants", "gguf-f16"]) == 2
-    assert not (tmp_path / "gguf").exists()
+
+@pytest.mark.slow
+def test_tinyllama_gguf_ids(tmp_path, capsys):
+    """The byte-fallback BPE's GGUF (tokenizer.ggml.model llama: pieces, scores from the merge ranks, byte
+    and control types) gives llama.cpp the ids of tokenizer.json on the held-out text, edge cases too, and
+    logits as the original folder's under transformers; a byte-fallback BPE whose merges are not a
+    SentencePiece model's (one split missing) is refused in one line naming it, nothing written."""
+    pytest.importorskip("gguf")
+    import unicodedata
+
+    from tokenizers import Tokenizer
+
+    from prodip.cli import main
+    from prodip.conformance.device_runners import LlamaCppRunner
+
+    folder = build_standin("tinyllama", tmp_path / "tinyllama")
+    out = _export(folder, tmp_path / "export", "gguf-f16")
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    root = Path(__file__).resolve().parents[2] / "data" / "heldout"
+    texts = [
+        unicodedata.normalize("NFC", (root / f).read_text(encoding="utf-8")) for f in ("udhr_ben.txt", "udhr_eng.txt")
+    ]
+    texts += [" leading space", "two  spaces\nand a line", "</s> after a special", "aaaa bbbb"]
+    runner = LlamaCppRunner(out / "gguf" / "model-f16.gguf", "gguf", context=64, rows=1)
+    try:
+        got = runner.tokenize(texts)
+    finally:
+        runner.close()
+    assert got == [raw.encode(t).ids for t in texts]
+    assert len(got[0]) > 20_000  # the Bangla held-out text: byte fallback throughout
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = np.asarray([tok("Hello world 123. আমার সোনার বাংলা।")["input_ids"]], dtype=np.int64)
+    ref = _reference(folder, torch.from_numpy(ids)).numpy()
+    gguf_logits = _gguf_logits(out / "gguf" / "model-f16.gguf", ids)
+    assert np.abs(gguf_logits - ref).max() < 5e-2 and (gguf_logits.argmax(-1) == ref.argmax(-1)).mean() > 0.9
+
+    bad = tmp_path / "trainer-merges"
+    shutil.copytree(folder, bad)
+    data = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
+    dropped = data["model"]["merges"].pop(100)
+    (bad / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    assert main(["export", str(bad), "--out", str(tmp_path / "bad-export"), "--variants", "gguf-f16"]) == 2
+    err = capsys.readouterr().err
+    assert f"{dropped[0]!r} + {dropped[1]!r} -> {dropped[0] + dropped[1]!r} is not a merge" in err, err
+    assert not (tmp_path / "bad-export").exists()
 
 
 def test_card_states_the_base_licence_and_hub_name(standins, tmp_path):
