@@ -15,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from prodip.base.config import check_threads, from_dict, opt
 from prodip.base.errors import InvalidInput, MissingInput
@@ -192,7 +192,7 @@ class ModelConfig:
         D, L, V, Dh = self.hidden_size, self.num_hidden_layers, self.vocab_size, self.head_dim
         attn = D * Dh * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
         if self.qkv_bias:
-            attn += Dh * (self.num_attention_heads + 2 * self.num_key_value_heads)
+            attn += cast(int, Dh) * (self.num_attention_heads + 2 * self.num_key_value_heads)
         mlp = 3 * D * self.intermediate_size
         per_layer = attn + mlp + 2 * D
         emb = V * D

@@ -344,8 +344,9 @@ class LlamaForCausalLM(nn.Module):
                     w = torch.empty(module.weight.shape, dtype=torch.float32)
                     w.normal_(0.0, std, generator=gen)
                     module.weight.copy_(w)
-                    if getattr(module, "bias", None) is not None:  # Qwen2's q/k/v: zeros, as HF
-                        module.bias.zero_()
+                    bias = getattr(module, "bias", None)
+                    if isinstance(bias, torch.Tensor):  # Qwen2's q/k/v: zeros, as HF
+                        bias.zero_()
                 elif isinstance(module, LlamaRMSNorm):
                     module.weight.fill_(1.0)
 

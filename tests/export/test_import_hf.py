@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -138,6 +139,22 @@ def test_refusals_name_the_key(standins, tmp_path):
         load_init(folder, tokenizer_sha256=None)
 
 
+def test_qwen2_gguf_with_rope_scaling_is_refused_by_name():
+    """llama.cpp's qwen2 architecture reads no rope_freqs tensor: a qwen2 model with llama3 scaling has no GGUF."""
+    from prodip.export.gguf import check_representable
+    from prodip.train.config import ModelConfig
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    cfg = ModelConfig(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, model_type="qwen2",
+                      rope_scaling={**scaling, "original_max_position_embeddings": 8192})  # fmt: skip
+    with pytest.raises(InvalidInput, match="gguf-f16: rope_scaling 'llama3' with model_type 'qwen2'"):
+        check_representable(cfg, "gguf-f16")
+    plain = ModelConfig(
+        vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, model_type="qwen2"
+    )
+    check_representable(plain, "gguf-f16")
+
+
 def test_specials_are_read_from_the_tokenizer(standins):
     smol, llama, qwen = (read_specials(standins[k]) for k in ("smollm2", "llama32", "qwen25"))
     assert (smol.bos_id, smol.eos_id, smol.pad_id, smol.add_bos) == (1, 2, 2, False)
@@ -220,6 +237,13 @@ def test_export_matches_transformers_on_the_original_folder(standins, tmp_path, 
     biases = {t.name for t in reader.tensors if t.name.endswith(".bias")}
     want = {f"blk.{i}.attn_{p}.bias" for i in range(config.num_hidden_layers) for p in "qkv"}
     assert biases == (want if kind == "qwen25" else set())
+    # every ONNX variant keeps one packed q/k/v bias per layer through the float16/int8/int4 surgery
+    width = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    for f in _ONNX_FILES.values():
+        proto = onnx.load(str(out / "onnx" / f))
+        shapes = {i.name: tuple(i.dims) for i in proto.graph.initializer}
+        n = sum(shapes.get(x) == (width,) for node in proto.graph.node if node.op_type == "Add" for x in node.input)
+        assert n == (config.num_hidden_layers if kind == "qwen25" else 0), (f, n)
     # the chat template and the stop ids, unchanged
     src_cfg = json.loads((folder / "tokenizer_config.json").read_text())
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == src_cfg["chat_template"]
