@@ -276,7 +276,7 @@ def _byte_level_problems(tok_json: dict[str, Any]) -> list[str]:
     if model.get("type") != "BPE":
         problems.append(f"model type {model.get('type')!r}, expected BPE")
     if model.get("byte_fallback"):
-        problems.append("byte-fallback BPE (llama.cpp reads it as SentencePiece)")
+        problems.append("byte-fallback BPE (SentencePiece-style, not byte-level)")
     if (tok_json.get("decoder") or {}).get("type") != "ByteLevel":
         problems.append("decoder is not ByteLevel")
     norm = (tok_json.get("normalizer") or {}).get("type")
