@@ -64,18 +64,19 @@ class TorchRunner(Runner):
 
 
 class TransformersRunner(Runner):
-    """``transformers.LlamaForCausalLM.from_pretrained(export_dir)`` in float32, SDPA attention
-    (transformers' default, i.e. what a user of the export runs)."""
+    """``transformers.AutoModelForCausalLM.from_pretrained(export_dir)`` in float32, SDPA attention
+    (transformers' default, i.e. what a user of the export runs): ``LlamaForCausalLM``, or
+    ``Qwen2ForCausalLM`` for a ``model_type = "qwen2"`` export."""
 
     def __init__(self, export_dir: str | Path, name: str = "transformers") -> None:
         try:
-            from transformers import LlamaForCausalLM  # noqa: PLC0415 (optional: transformers is the independent reference)
+            from transformers import AutoModelForCausalLM  # noqa: PLC0415 (optional: transformers is the independent reference)
         except ImportError:
             raise ImportError(
                 "transformers is not installed, so the export cannot be checked against an "
                 "independent implementation: pip install 'transformers>=4.45' (or prodip[test])"
             ) from None
-        self.model = LlamaForCausalLM.from_pretrained(
+        self.model = AutoModelForCausalLM.from_pretrained(
             str(export_dir), dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
         self.name = name

@@ -9,7 +9,8 @@ operators where they exist, emitted with ``torch.onnx.ops.symbolic`` during the 
 * ``RotaryEmbedding`` on queries and keys (rotate-half, ``interleaved=0``), reading
   ``position_ids`` and cos/sin tables of ``max_position_embeddings`` rows;
 * ``SkipSimplifiedLayerNormalization``: residual add + RMSNorm in one kernel;
-* one packed q/k/v projection per layer (one ``MatMul``, one ``MatMulNBits`` in int4).
+* one packed q/k/v projection per layer (one ``MatMul``, one ``MatMulNBits`` in int4), followed by
+  one ``Add`` of the packed q/k/v bias where the model has one (Qwen2).
 
 Padding is an additive bias built from the same boolean mask as the training model
 (:func:`prodip.train.model.build_attention_mask`), and GroupQueryAttention gets every row at full
@@ -71,8 +72,10 @@ class ContribDecoder(nn.Module):
         self.qkv = nn.ModuleList()
         for layer in self.layers:
             a = layer.self_attn
-            qkv = nn.Linear(c.hidden_size, (self.H + 2 * self.Hkv) * self.Dh, bias=False)
+            qkv = nn.Linear(c.hidden_size, (self.H + 2 * self.Hkv) * self.Dh, bias=a.q_proj.bias is not None)
             qkv.weight = nn.Parameter(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach().clone())
+            if a.q_proj.bias is not None:  # Qwen2: packed q/k/v bias, one Add after the packed MatMul
+                qkv.bias = nn.Parameter(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach().clone())
             self.qkv.append(qkv)
         rope = model.model.rotary_emb  # float32 tables (N, Dh), rotate-half layout: both halves equal
         self.register_buffer("cos_cache", rope.cos_cached[:, : self.Dh // 2].detach().clone(), persistent=False)

@@ -83,7 +83,7 @@ def genai_config(
         },
     }
     model = {
-        "type": "llama",
+        "type": config.get("model_type", "llama"),  # onnxruntime-genai's names: "llama", "qwen2"
         "vocab_size": int(config["vocab_size"]),
         "context_length": context,
         "bos_token_id": g.get("bos_token_id", config.get("bos_token_id")),

@@ -1,4 +1,5 @@
-"""GGUF files for llama.cpp: the training model's weights under llama.cpp's ``llama`` architecture.
+"""GGUF files for llama.cpp: the training model's weights under llama.cpp's ``llama`` architecture
+(``qwen2`` for a ``model_type = "qwen2"`` model).
 
 Written with the ``gguf`` package (gguf-py, the library llama.cpp maintains), following llama.cpp's own
 converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llama.py`` and
@@ -10,6 +11,8 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
   ``blk.{i}.attn_q.weight`` ...); a tied ``lm_head`` is left out (llama.cpp then reuses ``token_embd``);
 - q/k rows permuted exactly as ``LlamaModel.permute`` does: GGUF's llama architecture applies RoPE to
   adjacent pairs (GGML's "normal" mode), prodip (like HF) rotates halves;
+- Qwen2 as the converter's ``Qwen2Model``: architecture ``qwen2`` (its keys ``qwen2.*``), the q/k/v biases
+  as ``blk.{i}.attn_{q,k,v}.bias`` (float32), no permutation (llama.cpp's qwen2 rotates halves, NEOX mode);
 - 1-D tensors (norms) stay float32; 2-D weights are float16 (``gguf-f16``) or Q8_0 (``gguf-q8_0``) via
   ``gguf.quants.quantize``; ``gguf-q4_k_m`` is llama.cpp's own ``llama_model_quantize`` (ftype Q4_K_M)
   run on a float32 GGUF, from the prebuilt llama.cpp library node-llama-cpp ships (gguf-py has no Q4_K
@@ -20,7 +23,8 @@ converter for ``LlamaForCausalLM`` (``convert_hf_to_gguf.py``; ``conversion/llam
 - a chat model's template as ``tokenizer.chat_template`` and its ``<|im_end|>`` as ``tokenizer.ggml.eot_token_id``
   (llama.cpp's end-of-generation set is then {<|im_end|>, <|eos|>}; it still logs "special_eos_id is not in
   special_eog_ids" because ``<|eos|>`` is not a text it knows, and adds it to that set itself);
-- the tokenizer's keys (``tokenizer.ggml.*``: gpt2 BPE, tokens, merges, types, pre-tokenizer type,
+- the tokenizer's keys (``tokenizer.ggml.*``: gpt2 BPE, tokens, merges, types, pre-tokenizer type, or for a
+  byte-fallback BPE converted from SentencePiece llama.cpp's ``llama`` vocabulary with scores,
   BOS/EOS/PAD ids, add-BOS) from :mod:`prodip.tokenizer.gguf`; a token list shorter than the embedding
   matrix is padded with unused tokens (llama.cpp refuses a shorter list). Only a tokenizer llama.cpp
   reproduces (:func:`prodip.tokenizer.portable.require_portable`) is written.
@@ -86,6 +90,11 @@ def check_representable(config: Any, variant: str, tokenizer_tokens: int | None 
     """
     if config.head_dim % 2:
         raise InvalidInput(f"{variant}: head_dim {config.head_dim} is odd; llama.cpp's RoPE rotates pairs")
+    if config.model_type == "qwen2" and config.rope_scaling:
+        raise InvalidInput(
+            f"{variant}: rope_scaling {config.rope_scaling.get('rope_type')!r} with model_type 'qwen2': llama.cpp's "
+            "qwen2 architecture reads no rope_freqs tensor"
+        )
     if tokenizer_tokens is not None and tokenizer_tokens > config.vocab_size:
         raise InvalidInput(
             f"{variant}: the tokenizer has {tokenizer_tokens} tokens but the embedding only "
@@ -112,15 +121,18 @@ def check_representable(config: Any, variant: str, tokenizer_tokens: int | None 
         )
 
 
-def check_tokenizer(tokenizer_dir: Path) -> str:
-    """The llama.cpp pre-tokenizer type of a tokenizer llama.cpp reproduces id for id; refuses any other.
+def check_tokenizer(tokenizer_dir: Path) -> str | None:
+    """The llama.cpp pre-tokenizer type of a tokenizer llama.cpp reproduces id for id (None for a
+    SentencePiece-converted byte-fallback BPE, which has none); refuses any other.
 
     Raises:
         InvalidInput: the tokenizer is not portable to llama.cpp (``prodip.tokenizer.portable.require_portable``
-            names why: not byte-level BPE, or a pre-tokenizer pattern none of llama.cpp's built-in types has).
+            names why: not byte-level BPE, a pre-tokenizer pattern none of llama.cpp's built-in types has, or
+            a byte-fallback BPE whose merges are not a SentencePiece model's).
     """
     require_portable(tokenizer_dir, "llama.cpp")
-    return RECOGNISED[pretokenizer_name(read_tokenizer_json(tokenizer_dir))].llama_cpp_pre
+    name = pretokenizer_name(read_tokenizer_json(tokenizer_dir))
+    return None if name is None else RECOGNISED[name].llama_cpp_pre
 
 
 def tokenizer_size(tokenizer_dir: Path) -> int:
@@ -146,7 +158,7 @@ def write_gguf(
         tokenizer_dir: folder with ``tokenizer.json``.
         path: destination ``.gguf`` (written directly; the caller's export folder is temporary).
         qtype_name: ``"F32"``, ``"F16"`` or ``"Q8_0"`` (gguf.GGMLQuantizationType names).
-        permute: apply :func:`permute_qk` (False only to plant a fault).
+        permute: apply :func:`permute_qk` to a llama-architecture file (False only to plant a fault).
         card: the export's card facts (``prodip.export.card.build_card``): licence, languages, datasets, tags.
     Returns:
         ``{"tensor_types": {type: count}, "pre": llama.cpp pre-tokenizer type, "tokens": token list length}``.
@@ -162,7 +174,11 @@ def write_gguf(
         "F16": gguf.LlamaFileType.MOSTLY_F16,
         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }
-    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    # Qwen2 is llama.cpp's qwen2 architecture (convert_hf_to_gguf.py Qwen2Model): the same keys under
+    # "qwen2.*", q/k/v biases as attn_{q,k,v}.bias, and NEOX (rotate-half) RoPE, so no q/k permutation
+    arch = gguf.MODEL_ARCH.QWEN2 if cfg.model_type == "qwen2" else gguf.MODEL_ARCH.LLAMA
+    permute = permute and arch == gguf.MODEL_ARCH.LLAMA
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
     w.add_name("prodip")
     if card is not None:
         add_gguf_metadata(w, card, model)
@@ -181,14 +197,14 @@ def write_gguf(
         w.add_value_length(cfg.head_dim)
     w.add_file_type(ftype[qtype_name])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tok = add_tokenizer_metadata(w, Path(tokenizer_dir), vocab_size=cfg.vocab_size)
+    tok = add_tokenizer_metadata(w, Path(tokenizer_dir), vocab_size=cfg.vocab_size, bos_id=cfg.bos_token_id)
     chat = chat_contract(tokenizer_dir)
     if chat is not None:
         # llama.cpp renders this template (llama_chat_apply_template / --jinja) and ends generation at
         # eot; it also knows <|im_end|> as end-of-generation by its text
         w.add_chat_template(chat["chat_template"])
         w.add_eot_token_id(chat["end_of_turn_id"])
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     types: Counter = Counter()
     for name, t in model.state_dict().items():
         if cfg.tie_word_embeddings and name == "lm_head.weight":
@@ -198,7 +214,7 @@ def write_gguf(
             t = permute_qk(t, cfg.num_attention_heads, cfg.num_attention_heads)
         elif permute and name.endswith("self_attn.k_proj.weight"):
             t = permute_qk(t, cfg.num_attention_heads, cfg.num_key_value_heads)
-        new = names.get_name(name, try_suffixes=(".weight",))
+        new = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert new is not None, name
         data = t.numpy()
         q = gguf.GGMLQuantizationType.F32 if data.ndim <= 1 or new.endswith("_norm.weight") else qtype

@@ -26,7 +26,7 @@ from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import writing
 from prodip.base.specials import read_specials
-from prodip.train.config import HF_FIXED_KEYS, ModelConfig
+from prodip.train.config import ModelConfig, hf_fixed_keys
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -44,10 +44,11 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
         config: a ``prodip.train.config.ModelConfig``.
         dtype: dtype name of ``model.safetensors`` (``float32``, ``bfloat16``, ``float16``).
     Returns:
-        A JSON-able dict with ``architectures``, ``model_type``, ``torch_dtype`` and ``dtype``
+        A JSON-able dict with ``architectures`` (``LlamaForCausalLM``, or ``Qwen2ForCausalLM`` for
+        ``model_type = "qwen2"``), ``model_type``, ``torch_dtype`` and ``dtype``
         (transformers 4.x reads the former, 5.x the latter), token ids and ``use_cache``.
     """
-    out = {**HF_FIXED_KEYS, **config.to_dict()}
+    out = {**config.to_dict(), **hf_fixed_keys(config.model_type)}
     out.update(torch_dtype=dtype, dtype=dtype, use_cache=True)
     return out
 

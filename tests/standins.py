@@ -32,7 +32,8 @@ Nothing is downloaded.
   ``<|im_end|>``, pad ``<|endoftext|>``; its ChatML template with the default system prompt.
 
 - ``tinyllama``: TinyLlama-1.1B-Chat-v1.0, Llama 2's SentencePiece-derived fast tokenizer: a BPE with
-  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), the ``Prepend("▁")`` + ``Replace(" ", "▁")``
+  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), merges as transformers converts a SentencePiece
+  model (every split of every piece, in piece order), the ``Prepend("▁")`` + ``Replace(" ", "▁")``
   normaliser, no pre-tokenizer, ``<unk>`` 0 / ``<s>`` 1 / ``</s>`` 2, the bos prepended; untied,
   GQA, ``rope_theta`` 1e4, ``max_position_embeddings`` 2048; its Zephyr chat template (``eos_token``
   as a variable).
@@ -57,6 +58,7 @@ from typing import Any, Optional
 KINDS = ("smollm2", "llama32", "qwen25", "tinyllama")
 _REPO = Path(__file__).resolve().parents[1]
 _EN_FILES = ("pg11_Alice-s-Adventures-in-Wonderland.txt.gz", "pg35_The-Time-Machine.txt.gz")
+_BN_FILE = "bn_pd_poems_bengali_poem_dataset.jsonl.gz"
 
 #: The Hub ids the stand-ins mirror (written as ``_name_or_path`` like ``save_pretrained`` of a loaded model).
 HUB_IDS = {
@@ -179,6 +181,62 @@ QWEN2_TEMPLATE = (
 )
 
 
+def bangla_text(max_chars: int = 200_000) -> str:
+    """Bangla poems of the bundled corpus (``data/bn``), at most ``max_chars`` characters."""
+    parts, used = [], 0
+    with gzip.open(_REPO / "data" / "bn" / _BN_FILE, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            text = json.loads(line)["text"]
+            parts.append(text)
+            used += len(text)
+            if used >= max_chars:
+                break
+    return "\n\n".join(parts)[:max_chars]
+
+
+def _train(model: Any, tok: Any, steps: int, seed: int, seq: int = 128, batch: int = 16, lr: float = 3e-3) -> float:
+    """``steps`` AdamW steps of next-token loss on English and Bangla from the bundled corpus.
+
+    A random model's next-token distributions are flat: its top two logits are near ties almost
+    everywhere, so any rounding (float16, int8, int4) flips its argmax and moves its bits/char far more
+    than it moves a trained model's; briefly trained, the stand-in's distributions peak as a real base's
+    do and the quantised variants are judged as a real model's would be. Returns the last loss (nats/token).
+    """
+    import torch
+
+    ids = tok.encode("".join(english_lines(200_000))).ids + tok.encode(bangla_text(30_000)).ids
+    data = torch.tensor(ids, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # hidden 64: one thread is fastest, and the tests' machine is shared
+    try:
+        for step in range(steps):
+            loss = _step(model, opt, data, gen, step, steps, seq, batch, lr)
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    return float(loss)
+
+
+def _step(model: Any, opt: Any, data: Any, gen: Any, step: int, steps: int, seq: int, batch: int, lr: float) -> Any:
+    """One AdamW step on ``batch`` random windows of ``seq + 1`` tokens of ``data``; returns the loss."""
+    import torch
+
+    starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=gen)
+    rows = torch.stack([data[s : s + seq + 1] for s in starts.tolist()])
+    for group in opt.param_groups:  # linear warmup over the first tenth, then constant
+        group["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 10))
+    loss = model(input_ids=rows[:, :-1], labels=rows[:, :-1].clone()).loss
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.detach()
+
+
 def english_lines(max_chars: int = 400_000) -> Iterator[str]:
     """Lines of the bundled English corpus (``data/en``), at most ``max_chars`` characters in all."""
     used = 0
@@ -235,6 +293,7 @@ TINYLLAMA_TEMPLATE = (
 def _sentencepiece_bpe(vocab_size: int) -> Any:
     """Llama 2's fast tokenizer layout: byte-fallback BPE over "▁"-joined text, bytes at ids 3..258."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers.tokenization_utils_base import generate_merges
 
     specials = ["<unk>", "<s>", "</s>"]
     byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
@@ -247,6 +306,10 @@ def _sentencepiece_bpe(vocab_size: int) -> Any:
     tok.train_from_iterator(english_lines(), trainer=trainer)
     data = json.loads(tok.to_str())  # the byte tokens are vocabulary entries, not added tokens, in Llama 2's
     data["added_tokens"] = [a for a in data["added_tokens"] if a["content"] in specials]
+    # The merges as transformers' LlamaConverter writes a SentencePiece model's: every split of every
+    # piece into two pieces, in the pieces' order (generate_merges); a trainer's own list has one per piece
+    vocab = data["model"]["vocab"]
+    data["model"]["merges"] = [list(m) for m in generate_merges(vocab, skip_tokens=[*specials, *byte_tokens])]
     tok = Tokenizer.from_str(json.dumps(data))
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     tok.post_processor = processors.TemplateProcessing(
@@ -355,6 +418,7 @@ def build_standin(
     rope_spelling: str = "v5",
     std: float = 0.125,
     seed: int = 0,
+    train_steps: int = 0,
 ) -> Path:
     """Write ``kind``'s stand-in Hugging Face folder to ``out_dir`` (see the module docstring).
 
@@ -365,6 +429,9 @@ def build_standin(
         rope_spelling: ``"v5"`` (as the installed transformers writes) or ``"v4"`` (``rope_theta``
             and ``rope_scaling`` at the top level, as transformers 4 and most Hub folders have).
         std: weight standard deviation (and biases').
+        train_steps: AdamW steps of next-token training on the bundled English and Bangla text after the
+            random init (0: random weights); see :func:`_train` for why a trained stand-in is what the
+            quantised variants' tolerances are for.
     Returns:
         ``out_dir`` as a Path.
     Raises:
@@ -472,6 +539,8 @@ def build_standin(
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0.0, std)
+    if train_steps:
+        _train(model, tok, train_steps, seed)
     model.config._name_or_path = HUB_IDS[kind]
     model.generation_config = GenerationConfig(**gen)
     model.save_pretrained(str(out))
@@ -498,6 +567,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--vocab-size", type=int, default=1024)
     parser.add_argument("--max-position-embeddings", type=int, default=None)
+    parser.add_argument("--train-steps", type=int, default=0, help="AdamW steps on the bundled text (0: random)")
     args = parser.parse_args(argv)
     out = build_standin(
         args.kind,
@@ -506,6 +576,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         vocab_size=args.vocab_size,
         max_position_embeddings=args.max_position_embeddings,
         rope_spelling=args.rope_spelling,
+        train_steps=args.train_steps,
     )
     print(out)
     return 0

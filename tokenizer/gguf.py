@@ -2,7 +2,9 @@
 
 A GGUF carries a byte-level BPE as ``tokenizer.ggml.model = "gpt2"`` with the token strings, merges and
 token types of ``tokenizer.json``, and names the pre-tokenizer by one of llama.cpp's built-in types
-(``tokenizer.ggml.pre``; :data:`prodip.tokenizer.portable.PRETOKENIZERS` maps ours). The special-token
+(``tokenizer.ggml.pre``; :data:`prodip.tokenizer.portable.PRETOKENIZERS` maps ours). A byte-fallback BPE
+converted from SentencePiece (Llama 2, TinyLlama) is written as llama.cpp's SentencePiece vocabulary
+(``tokenizer.ggml.model = "llama"``, scores and token types, ``<0xNN>`` byte pieces). The special-token
 ids are the tokenizer's own (:func:`prodip.base.specials.read_specials`): for prodip's, ``<|bos|>`` (id 1)
 starts every document and is prepended to a prompt (``tokenizer.ggml.add_bos_token = true``), ``<|eos|>``
 (id 2) ends a document and ends generation, ``<|pad|>`` is id 0; an imported tokenizer's are read from its
@@ -15,6 +17,7 @@ The export stage building full GGUF models calls :func:`add_tokenizer_metadata` 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,14 @@ from typing import Any
 from prodip.base.errors import InvalidInput
 from prodip.base.files import writing
 from prodip.base.specials import read_specials
-from prodip.tokenizer.portable import RECOGNISED, pretokenizer_name, read_tokenizer_json, require_portable
+from prodip.tokenizer.portable import (
+    RECOGNISED,
+    is_byte_fallback,
+    pretokenizer_name,
+    read_tokenizer_json,
+    require_portable,
+    sentencepiece_scores,
+)
 
 #: The ids of prodip's special tokens (tokenizer/bpe.py SPECIAL_TOKENS order).
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -48,6 +58,8 @@ def tokenizer_metadata(tokenizer_dir: str | os.PathLike, *, vocab_size: int | No
 
     require_portable(tokenizer_dir, "llama.cpp")
     tok_json = read_tokenizer_json(tokenizer_dir)
+    if is_byte_fallback(tok_json):
+        return _sentencepiece_metadata(tokenizer_dir, tok_json, vocab_size)
     vocab: dict[str, int] = dict(tok_json["model"]["vocab"])
     for added in tok_json.get("added_tokens", []):
         vocab[added["content"]] = added["id"]
@@ -83,18 +95,85 @@ def tokenizer_metadata(tokenizer_dir: str | os.PathLike, *, vocab_size: int | No
     }
 
 
-def add_tokenizer_metadata(writer, tokenizer_dir: str | os.PathLike, *, vocab_size: int | None = None) -> dict:
+def _sentencepiece_metadata(tokenizer_dir: str | os.PathLike, tok_json: dict, vocab_size: int | None) -> dict[str, Any]:
+    """A byte-fallback BPE (Llama 2 / TinyLlama) as llama.cpp's SentencePiece vocabulary, as llama.cpp's
+    converter writes a ``tokenizer.model`` (``_set_vocab_sentencepiece``): ``tokenizer.ggml.model = "llama"``,
+    the pieces with their scores (:func:`prodip.tokenizer.portable.sentencepiece_scores`) and types (``<unk>``
+    UNKNOWN, ``<0xNN>`` BYTE, special added tokens CONTROL, other added ones USER_DEFINED), no merges, and
+    ``add_space_prefix`` (the normaliser's ``Prepend("▁")``)."""
+    import gguf  # noqa: PLC0415 (optional: pip extra runtimes; llama.cpp's own library)
+
+    vocab: dict[str, int] = dict(tok_json["model"]["vocab"])
+    scores_by_piece = sentencepiece_scores(tok_json)
+    for added in tok_json.get("added_tokens", []):
+        vocab[added["content"]] = added["id"]
+    n = max(vocab.values()) + 1
+    if n != len(vocab):
+        raise InvalidInput(f"{Path(tokenizer_dir) / 'tokenizer.json'}: token ids are not 0..{n - 1} without gaps")
+    size = n if vocab_size is None else vocab_size
+    if size < n:
+        raise InvalidInput(f"vocab_size {vocab_size} is smaller than the tokenizer's {n} tokens")
+    tokens, scores = [""] * size, [0.0] * size
+    types = [int(gguf.TokenType.NORMAL)] * size
+    byte_piece = re.compile(r"<0x[0-9A-F]{2}>")
+    for piece, i in vocab.items():
+        tokens[i], scores[i] = piece, scores_by_piece.get(piece, 0.0)
+        if byte_piece.fullmatch(piece):
+            types[i] = int(gguf.TokenType.BYTE)
+    unk = tok_json["model"].get("unk_token")
+    for added in tok_json.get("added_tokens", []):
+        special = added.get("special")
+        types[added["id"]] = int(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+        if added["content"] == unk:
+            types[added["id"]] = int(gguf.TokenType.UNKNOWN)
+    for i in range(n, size):
+        tokens[i], types[i], scores[i] = f"<|unused_{i - n}|>", int(gguf.TokenType.UNUSED), 0.0
+    specials = read_specials(tokenizer_dir)
+    return {
+        "model": "llama",
+        "pre": None,
+        "tokens": tokens,
+        "scores": scores,
+        "token_types": types,
+        "merges": [],
+        "unk_id": vocab.get(unk) if unk else None,
+        "add_space_prefix": True,
+        "bos_id": specials.bos_id,
+        "eos_id": specials.eos_id,
+        "pad_id": specials.pad_id,
+        "add_bos": specials.add_bos,
+        "add_eos": False,
+    }
+
+
+def add_tokenizer_metadata(
+    writer, tokenizer_dir: str | os.PathLike, *, vocab_size: int | None = None, bos_id: int | None = None
+) -> dict:
     """Add the tokenizer keys (``tokenizer.ggml.*``) to a ``gguf.GGUFWriter``; returns the metadata dict.
+
+    Args:
+        bos_id: the model config's ``bos_token_id``, written when the tokenizer names no bos (Qwen2's
+            ``bos_token`` is null; llama.cpp's converter then takes config.json's id, ``gguf.SpecialVocab``).
+            Whether it is prepended stays the tokenizer's ``add_bos``.
 
     Raises:
         InvalidInput: see :func:`tokenizer_metadata`.
     """
     meta = tokenizer_metadata(tokenizer_dir, vocab_size=vocab_size)
+    if meta["bos_id"] is None:
+        meta["bos_id"] = bos_id
     writer.add_tokenizer_model(meta["model"])
-    writer.add_tokenizer_pre(meta["pre"])
+    if meta["pre"] is not None:
+        writer.add_tokenizer_pre(meta["pre"])
     writer.add_token_list(meta["tokens"])
+    if "scores" in meta:  # SentencePiece: merges chosen by the scores of the merged pieces
+        writer.add_token_scores(meta["scores"])
+        writer.add_add_space_prefix(meta["add_space_prefix"])
+        if meta["unk_id"] is not None:
+            writer.add_unk_token_id(meta["unk_id"])
     writer.add_token_types(meta["token_types"])
-    writer.add_token_merges(meta["merges"])
+    if meta["merges"]:
+        writer.add_token_merges(meta["merges"])
     if meta["bos_id"] is not None:
         writer.add_bos_token_id(meta["bos_id"])
     writer.add_eos_token_id(meta["eos_id"])

@@ -197,13 +197,86 @@ def merges_reproduce_vocab(tok_json: dict[str, Any]) -> list[str]:
     ]
 
 
+#: The normaliser of Llama 2's (SentencePiece-derived) fast tokenizer: "▁" before the text, spaces as "▁".
+_SPM_NORMALIZER = [{"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]
+
+
+def is_byte_fallback(tok_json: dict[str, Any]) -> bool:
+    """Whether ``tokenizer.json`` is a byte-fallback BPE (Llama 2 / TinyLlama: converted from SentencePiece)."""
+    model = tok_json.get("model") or {}
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback"))
+
+
+def sentencepiece_problems(tok_json: dict[str, Any]) -> list[str]:
+    """Why llama.cpp's SentencePiece tokenizer (``tokenizer.ggml.model = "llama"``) would not give this
+    byte-fallback BPE's ids (empty: it gives them).
+
+    llama.cpp merges, at each step, the adjacent pair whose concatenation is the highest-scored vocabulary
+    piece (``llm_tokenizer_spm``); HF's BPE merges the lowest-ranked pair of its merge list. They agree
+    when the merge list is what transformers writes for a SentencePiece model (``generate_merges``,
+    ``LlamaConverter``): every split of every piece into two pieces is a merge, and a piece's merges are
+    adjacent in the list, pieces in rank order; the score of a piece is then minus the rank of its first
+    merge (:func:`sentencepiece_scores`). Also needed: Llama 2's normaliser (``Prepend("▁")`` +
+    ``Replace(" ", "▁")``, llama.cpp's ``add_space_prefix`` and space escaping) and no pre-tokenizer.
+    """
+    if not is_byte_fallback(tok_json):
+        return ["not a byte-fallback BPE"]
+    problems = []
+    norm = tok_json.get("normalizer") or {}
+    steps = norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
+    if steps != _SPM_NORMALIZER:
+        problems.append("normaliser is not Llama 2's Prepend('▁') + Replace(' ', '▁')")
+    if tok_json.get("pre_tokenizer") is not None:
+        problems.append("a pre-tokenizer (llama.cpp's SentencePiece tokenizer has none)")
+    vocab: dict[str, int] = tok_json["model"]["vocab"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in tok_json["model"]["merges"]]
+    pairs = set(merges)
+    seen: set[str] = set()
+    for i, (a, b) in enumerate(merges):
+        piece = a + b
+        if piece in seen and a + b != "".join(merges[i - 1]):
+            problems.append(f"the merges of {piece!r} are not adjacent in the merge list")
+            break
+        seen.add(piece)
+    skip = {t["content"] for t in tok_json.get("added_tokens", [])} | {f"<0x{i:02X}>" for i in range(256)}
+    for piece in vocab:
+        if piece in skip:
+            continue
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if (
+                left in vocab
+                and right in vocab
+                and left not in skip
+                and right not in skip
+                and (left, right) not in pairs
+            ):
+                problems.append(
+                    f"{left!r} + {right!r} -> {piece!r} is not a merge (SentencePiece merges every split of a piece; "
+                    "this BPE was not converted from a SentencePiece model)"
+                )
+                return problems
+    return problems
+
+
+def sentencepiece_scores(tok_json: dict[str, Any]) -> dict[str, float]:
+    """Piece -> llama.cpp score for :func:`sentencepiece_problems`-clean merges: minus the rank of the piece's
+    first merge; a piece no merge makes (single characters, bytes) scores below every merged one."""
+    merges = tok_json["model"]["merges"]
+    scores: dict[str, float] = {}
+    for rank, m in enumerate(merges):
+        scores.setdefault("".join(m.split(" ", 1)) if isinstance(m, str) else "".join(m), -float(rank))
+    floor = -float(len(merges))
+    return {piece: scores.get(piece, floor - i) for piece, i in tok_json["model"]["vocab"].items()}
+
+
 def _byte_level_problems(tok_json: dict[str, Any]) -> list[str]:
     model = tok_json.get("model") or {}
     problems = []
     if model.get("type") != "BPE":
         problems.append(f"model type {model.get('type')!r}, expected BPE")
     if model.get("byte_fallback"):
-        problems.append("byte-fallback BPE (llama.cpp reads it as SentencePiece)")
+        problems.append("byte-fallback BPE (SentencePiece-style, not byte-level)")
     if (tok_json.get("decoder") or {}).get("type") != "ByteLevel":
         problems.append("decoder is not ByteLevel")
     norm = (tok_json.get("normalizer") or {}).get("type")
@@ -239,6 +312,13 @@ def portability(tokenizer_dir: str | os.PathLike) -> dict[str, tuple[bool, str]]
             out[target] = (False, _CUSTOM_REGEX_REASON[target])
         else:
             out[target] = (True, f"standard pre-tokenizer {name!r}" + norm)
+    if is_byte_fallback(tok_json):
+        spm = sentencepiece_problems(tok_json)
+        out["llama.cpp"] = (
+            (False, "byte-fallback BPE: " + "; ".join(spm))
+            if spm
+            else (True, "SentencePiece (tokenizer.ggml.model 'llama', scores from the merge ranks)")
+        )
     if name is not None and not problems and out["llama.cpp"][0]:
         stray = merges_reproduce_vocab(tok_json)
         if stray:

@@ -15,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from prodip.base.config import check_threads, from_dict, opt
 from prodip.base.errors import InvalidInput, MissingInput
@@ -23,8 +23,14 @@ from prodip.base.sources import SourceOptions
 
 log = logging.getLogger("prodip.train")
 
-#: Keys every export's config.json carries besides the ModelConfig fields.
-HF_FIXED_KEYS = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+#: The HF class each ``model_type`` loads as (``architectures`` in config.json).
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def hf_fixed_keys(model_type: str) -> dict[str, Any]:
+    """The keys every export's config.json carries besides the ModelConfig fields: ``architectures``
+    and ``model_type`` (HF's names) for ``model_type``."""
+    return {"architectures": [HF_ARCHITECTURES[model_type]], "model_type": model_type}
 
 
 #: The keys of Llama 3.1's RoPE scaling (HF ``rope_scaling`` with ``rope_type = "llama3"``) and their types.
@@ -67,7 +73,12 @@ def check_rope_scaling(rope_scaling: Optional[dict[str, Any]], *, source: str) -
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only Llama model. Field names and meanings are those of HF ``LlamaConfig``."""
+    """A decoder-only Llama model. Field names and meanings are those of HF ``LlamaConfig``.
+
+    ``model_type = "qwen2"`` is HF's ``Qwen2Config`` model: the Llama decoder with a bias on the
+    q, k and v projections (none on o_proj or the MLP), as transformers' ``Qwen2Attention`` builds it
+    (Qwen2 has no config key for it); its sliding-window attention is not modelled (refused on import).
+    """
 
     vocab_size: Optional[int] = opt(
         None,
@@ -96,6 +107,11 @@ class ModelConfig:
     bos_token_id: int = opt(1, "id of <|bos|> in the tokenizer")
     eos_token_id: int = opt(2, "id of <|eos|> in the tokenizer")
     pad_token_id: int = opt(0, "id of <|pad|> in the tokenizer")
+    model_type: str = opt(
+        "llama",
+        "HF model type: 'llama', or 'qwen2' (the same decoder with q/k/v projection biases)",
+        choices=tuple(HF_ARCHITECTURES),
+    )
 
     def __post_init__(self) -> None:
         if self.vocab_size is not None and self.vocab_size <= 0:
@@ -131,6 +147,11 @@ class ModelConfig:
                 raise InvalidInput(
                     f"ModelConfig.{name}={getattr(self, name)} is outside the vocabulary [0, {self.vocab_size})"
                 )
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether q_proj, k_proj and v_proj carry a bias (Qwen2's attention)."""
+        return self.model_type == "qwen2"
 
     # ---- the vocabulary comes from the tokenizer ---------------------------------------------
     def with_vocab_size(self, tokenizer_vocab_size: int, *, source: str) -> ModelConfig:
@@ -173,6 +194,8 @@ class ModelConfig:
         """
         D, L, V, Dh = self.hidden_size, self.num_hidden_layers, self._vocab(), self._head_dim()
         attn = D * Dh * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
+        if self.qkv_bias:
+            attn += cast(int, Dh) * (self.num_attention_heads + 2 * self.num_key_value_heads)
         mlp = 3 * D * self.intermediate_size
         per_layer = attn + mlp + 2 * D
         emb = V * D

@@ -2,11 +2,13 @@
 
 The source is either a prodip checkpoint (a step dir, a checkpoints dir or a run dir; verified by
 its manifest, and its tokenizer must be the run's, since the shards' ids must mean what the model
-learned) or a Hugging Face Llama folder (``config.json`` with ``model_type = "llama"`` and
+learned) or a Hugging Face Llama or Qwen2 folder (``config.json`` with ``model_type`` ``"llama"`` or
+``"qwen2"``, the latter the Llama decoder with q/k/v projection biases, and
 ``model.safetensors`` or sharded ``model-*.safetensors`` with ``model.safetensors.index.json``,
 as ``save_pretrained`` writes; a prodip export dir is one). The HF config is mapped onto
 :class:`prodip.train.config.ModelConfig` (the same field names); what our model cannot represent
-(RoPE scaling, attention or MLP biases, an activation other than SiLU, another model type) is
+(a RoPE scaling other than llama3, Llama's attention or MLP biases, an activation other than SiLU,
+sliding-window attention, another model type) is
 refused by name rather than loaded approximately. Weights are cast to float32 (the training
 dtype). Only the weights are taken: step 0, new AdamW moments, a new warmup and decay, any corpus
 and mixture (fine-tuning and continued pretraining).
@@ -43,9 +45,10 @@ _REFUSED = {
 }
 #: model_type values and why each is refused (one line naming the key).
 _OTHER_TYPES = {
-    "qwen2": "q/k/v projection biases (attention bias) are not in prodip's Llama yet",
     "mistral": "sliding-window attention is not in prodip's Llama",
 }
+#: model_type values prodip's model computes (Qwen2: the Llama decoder with q/k/v biases).
+_TYPES = ("llama", "qwen2")
 _HF_INDEX = "model.safetensors.index.json"
 
 
@@ -107,7 +110,8 @@ def _load_prodip(path: Path, tokenizer_sha256: Optional[str]) -> InitWeights:
 
 
 def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Specials] = None) -> ModelConfig:
-    """Map a Hugging Face ``LlamaConfig`` dict onto :class:`ModelConfig`, refusing what it cannot represent.
+    """Map a Hugging Face ``LlamaConfig`` (or ``Qwen2Config``) dict onto :class:`ModelConfig`, refusing what
+    it cannot represent (Qwen2's sliding window: ``use_sliding_window`` or a ``layer_types`` entry).
 
     RoPE: ``rope_theta`` and ``rope_scaling`` at the top level (transformers 4) or in transformers 5's
     ``rope_parameters``; no scaling or Llama 3.1's ``llama3`` is computed, any other ``rope_type``
@@ -123,8 +127,19 @@ def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Spe
     kind = data.get("model_type")
     if kind in _OTHER_TYPES:
         raise InvalidInput(f"{source}: model_type = {kind!r}: {_OTHER_TYPES[kind]}; prodip imports Llama models")
-    if kind != "llama":
-        raise InvalidInput(f"{source}: model_type = {kind!r}; prodip imports Llama models (model_type 'llama') only")
+    if kind not in _TYPES:
+        raise InvalidInput(
+            f"{source}: model_type = {kind!r}; prodip imports Llama and Qwen2 models (model_type 'llama', 'qwen2') only"
+        )
+    if kind == "qwen2":
+        sliding = [t for t in data.get("layer_types") or [] if t != "full_attention"]
+        if data.get("use_sliding_window"):
+            raise InvalidInput(
+                f"{source}: use_sliding_window = true; prodip's model has full attention in every layer "
+                "(sliding-window attention is not computed)"
+            )
+        if sliding:
+            raise InvalidInput(f"{source}: layer_types holds {sliding[0]!r}; prodip's model has full attention only")
     for key, allowed in _REFUSED.items():
         if key in data and data[key] not in allowed and data[key] is not None:
             raise InvalidInput(
@@ -146,6 +161,7 @@ def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Spe
         data["rope_scaling"] = None
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     kept = {k: v for k, v in data.items() if k in names and v is not None}
+    kept["model_type"] = kind
     if specials is not None:
         bos = specials.bos_id if specials.bos_id is not None else next(iter(_as_ids(data.get("bos_token_id"))), None)
         kept["bos_token_id"] = bos if bos is not None else specials.eos_id

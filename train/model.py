@@ -200,9 +200,10 @@ class LlamaAttention(nn.Module):
         super().__init__()
         D, Dh = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads, Dh)
-        self.q_proj = nn.Linear(D, self.num_heads * Dh, bias=False)
-        self.k_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
-        self.v_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=False)
+        bias = config.qkv_bias  # Qwen2: q/k/v carry a bias, o_proj none (transformers' Qwen2Attention)
+        self.q_proj = nn.Linear(D, self.num_heads * Dh, bias=bias)
+        self.k_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=bias)
+        self.v_proj = nn.Linear(D, self.num_kv_heads * Dh, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * Dh, D, bias=False)
         self.fused = False  # set by LlamaForCausalLM.fuse_projections
 
@@ -216,7 +217,10 @@ class LlamaAttention(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, T, _ = x.shape
         if self.fused:  # one GEMM over the concatenated weights; the parameters stay HF's three
-            qkv = F.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+            bias = (
+                None if self.q_proj.bias is None else torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias))
+            )
+            qkv = F.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)), bias)
             q, k, v = qkv.split((self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                                  self.num_kv_heads * self.head_dim), dim=-1)  # fmt: skip
         else:
@@ -324,7 +328,8 @@ class LlamaForCausalLM(nn.Module):
 
     def reset_parameters(self, seed: Optional[int] = None) -> None:
         """Initialise as HF ``LlamaPreTrainedModel._init_weights``: Linear and Embedding weights
-        ~ N(0, initializer_range), RMSNorm weights = 1 (transformers/models/llama/modeling_llama.py).
+        ~ N(0, initializer_range), Linear biases 0, RMSNorm weights = 1 (transformers'
+        ``PreTrainedModel._init_weights``).
 
         Args:
             seed: if given, a private generator seeded with it is used (the random twin in eval).
@@ -339,6 +344,9 @@ class LlamaForCausalLM(nn.Module):
                     w = torch.empty(module.weight.shape, dtype=torch.float32)
                     w.normal_(0.0, std, generator=gen)
                     module.weight.copy_(w)
+                    bias = getattr(module, "bias", None)
+                    if isinstance(bias, torch.Tensor):  # Qwen2's q/k/v: zeros, as HF
+                        bias.zero_()
                 elif isinstance(module, LlamaRMSNorm):
                     module.weight.fill_(1.0)
 

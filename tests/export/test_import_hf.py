@@ -3,7 +3,8 @@
 The stand-ins (tests/standins.py) mirror SmolLM2-135M-Instruct, Llama-3.2-1B-Instruct (llama3 RoPE
 scaling, both config spellings) and Qwen2.5-0.5B-Instruct. transformers on the original folder is the
 independent reference; prodip's model, the export's safetensors (reloaded by transformers), its fp32 ONNX
-(ONNX Runtime) and its GGUF (llama.cpp through node-llama-cpp) are each compared with it.
+(ONNX Runtime) and its GGUF (llama.cpp through node-llama-cpp) are each compared with it; Qwen2's q/k/v
+biases must survive each.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -46,7 +48,7 @@ def _reference(folder: Path, ids: torch.Tensor, positions: torch.Tensor | None =
         return ref(ids, position_ids=positions).logits
 
 
-@pytest.mark.parametrize("kind", ["smollm2", "llama32", "llama32-v4"])
+@pytest.mark.parametrize("kind", ["smollm2", "llama32", "llama32-v4", "qwen25"])
 def test_prodip_model_is_the_transformers_model(standins, kind):
     """Same logits as transformers, at short and at long positions (beyond llama3's original 8192,
     where the scaled low frequencies matter); the special ids are the tokenizer's."""
@@ -61,10 +63,29 @@ def test_prodip_model_is_the_transformers_model(standins, kind):
         diff = (mine - _reference(folder, ids, positions)).abs().max().item()
         assert diff < 1e-4, (kind, offset, diff)
     specials = read_specials(folder)
-    assert (model.config.bos_token_id, model.config.eos_token_id) == (
-        specials.bos_id,
-        specials.eos_id,
+    assert model.config.eos_token_id == specials.eos_id
+    # Qwen2's tokenizer names no bos: config.json's bos_token_id (<|endoftext|>) stands, never prepended
+    want_bos = (
+        specials.bos_id
+        if specials.bos_id is not None
+        else json.loads((folder / "config.json").read_text())["bos_token_id"]
     )
+    assert model.config.bos_token_id == want_bos
+
+
+def test_qwen2_biases_are_computed(standins):
+    """Qwen2's q/k/v biases are loaded and used (o_proj has none): zeroing them changes the logits."""
+    model = _prodip(standins["qwen25"])
+    assert model.config.model_type == "qwen2" and model.config.qkv_bias
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.bias.abs().sum() > 0 and attn.o_proj.bias is None
+    ids = torch.arange(1, 33)[None]
+    with torch.no_grad():
+        before = model(ids)
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.zero_()
+        assert (model(ids) - before).abs().max() > 1e-2
 
 
 def test_llama3_scaling_changes_the_model(standins):
@@ -93,8 +114,16 @@ def _edited(src: Path, dst: Path, **changes) -> Path:
 
 
 def test_refusals_name_the_key(standins, tmp_path):
-    with pytest.raises(InvalidInput, match="model_type = 'qwen2': q/k/v projection biases"):
-        load_init(standins["qwen25"], tokenizer_sha256=None)
+    folder = _edited(standins["qwen25"], tmp_path / "swa", use_sliding_window=True, sliding_window=4096)
+    with pytest.raises(InvalidInput, match="config.json: use_sliding_window = true"):
+        load_init(folder, tokenizer_sha256=None)
+    layers = ["full_attention", "sliding_attention"]
+    folder = _edited(standins["qwen25"], tmp_path / "swa-layers", layer_types=layers)
+    with pytest.raises(InvalidInput, match="layer_types holds 'sliding_attention'"):
+        load_init(folder, tokenizer_sha256=None)
+    folder = _edited(standins["qwen25"], tmp_path / "gemma", model_type="gemma")
+    with pytest.raises(InvalidInput, match="model_type = 'gemma'; prodip imports Llama and Qwen2 models"):
+        load_init(folder, tokenizer_sha256=None)
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, "rope_theta": 1e5}
     folder = _edited(standins["smollm2"], tmp_path / "yarn", rope_parameters=yarn)
     with pytest.raises(InvalidInput, match="rope_parameters: rope_type 'yarn' is not supported"):
@@ -108,6 +137,22 @@ def test_refusals_name_the_key(standins, tmp_path):
     folder = _edited(standins["smollm2"], tmp_path / "bias", attention_bias=True)
     with pytest.raises(InvalidInput, match="attention_bias = True"):
         load_init(folder, tokenizer_sha256=None)
+
+
+def test_qwen2_gguf_with_rope_scaling_is_refused_by_name():
+    """llama.cpp's qwen2 architecture reads no rope_freqs tensor: a qwen2 model with llama3 scaling has no GGUF."""
+    from prodip.export.gguf import check_representable
+    from prodip.train.config import ModelConfig
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    cfg = ModelConfig(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, model_type="qwen2",
+                      rope_scaling={**scaling, "original_max_position_embeddings": 8192})  # fmt: skip
+    with pytest.raises(InvalidInput, match="gguf-f16: rope_scaling 'llama3' with model_type 'qwen2'"):
+        check_representable(cfg, "gguf-f16")
+    plain = ModelConfig(
+        vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, model_type="qwen2"
+    )
+    check_representable(plain, "gguf-f16")
 
 
 def test_specials_are_read_from_the_tokenizer(standins):
@@ -133,13 +178,18 @@ def _ort_logits(path: Path, config, ids: np.ndarray) -> np.ndarray:
 
     runner = OrtRunner(
         path,
-        "fp32",
+        path.stem,
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
     )
     mask = np.ones_like(ids)
     return runner.forward(ids, mask, np.arange(ids.shape[1])[None].repeat(ids.shape[0], 0))[0]
+
+
+_ONNX_FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx", "int4": "model_q4.onnx"}
+#: Variants that hold the same weights (or float16 ones): the original's argmax almost everywhere.
+_EXACT = ("safetensors", "fp32", "fp16", "gguf-f16")
 
 
 def _gguf_logits(path: Path, ids: np.ndarray) -> np.ndarray:
@@ -153,13 +203,14 @@ def _gguf_logits(path: Path, ids: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["smollm2", "llama32"])
+@pytest.mark.parametrize("kind", ["smollm2", "llama32", "qwen25"])
 def test_export_matches_transformers_on_the_original_folder(standins, tmp_path, kind):
-    """safetensors (transformers on the export), fp32 ONNX (ONNX Runtime) and gguf-f16 (llama.cpp): the
-    original folder's logits; the chat template, end of turn and stop ids travel unchanged."""
+    """safetensors (transformers on the export), fp32 and fp16 ONNX (ONNX Runtime) and gguf-f16 (llama.cpp):
+    the original folder's logits; the chat template, end of turn and stop ids travel unchanged. The
+    quantised variants' figures are printed (conformance gates them, tests/conformance)."""
     pytest.importorskip("gguf")
     folder = standins[kind]
-    out = _export(folder, tmp_path / "export", "fp32,gguf-f16")
+    out = _export(folder, tmp_path / "export", "fp32,fp16,int8,int4,gguf-f16,gguf-q8_0")
     config = _prodip(folder).config
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     text = "Alice was beginning to get very tired. আমার সোনার বাংলা।"
@@ -167,13 +218,32 @@ def test_export_matches_transformers_on_the_original_folder(standins, tmp_path, 
     ref = _reference(folder, torch.from_numpy(ids)).numpy()
     got = {
         "safetensors": _reference(out, torch.from_numpy(ids)).numpy(),
-        "fp32": _ort_logits(out / "onnx" / "model.onnx", config, ids),
-        "gguf-f16": _gguf_logits(out / "gguf" / "model-f16.gguf", ids),
+        **{v: _ort_logits(out / "onnx" / f, config, ids) for v, f in _ONNX_FILES.items()},
+        **{v: _gguf_logits(out / "gguf" / f"model-{v[5:]}.gguf", ids) for v in ("gguf-f16", "gguf-q8_0")},
     }
     diffs = {k: float(np.abs(v - ref).max()) for k, v in got.items()}
-    print(kind, diffs)
-    assert diffs["safetensors"] < 1e-5 and diffs["fp32"] < 1e-4 and diffs["gguf-f16"] < 5e-2, diffs
-    assert all((v.argmax(-1) == ref.argmax(-1)).mean() > 0.9 for v in got.values()), diffs
+    print(kind, {k: f"{v:.1e}" for k, v in diffs.items()})
+    assert diffs["safetensors"] < 1e-5 and diffs["fp32"] < 1e-4, diffs
+    assert diffs["fp16"] < 5e-2 and diffs["gguf-f16"] < 5e-2, diffs
+    assert all((got[k].argmax(-1) == ref.argmax(-1)).mean() > 0.9 for k in _EXACT), diffs
+    hf = json.loads((out / "config.json").read_text())
+    src = json.loads((folder / "config.json").read_text())
+    assert (hf["model_type"], hf["architectures"]) == (src["model_type"], src["architectures"])
+    assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == src["model_type"]
+    import gguf
+
+    reader = gguf.GGUFReader(str(out / "gguf" / "model-f16.gguf"))
+    assert reader.get_field("general.architecture").contents() == ("qwen2" if kind == "qwen25" else "llama")
+    biases = {t.name for t in reader.tensors if t.name.endswith(".bias")}
+    want = {f"blk.{i}.attn_{p}.bias" for i in range(config.num_hidden_layers) for p in "qkv"}
+    assert biases == (want if kind == "qwen25" else set())
+    # every ONNX variant keeps one packed q/k/v bias per layer through the float16/int8/int4 surgery
+    width = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    for f in _ONNX_FILES.values():
+        proto = onnx.load(str(out / "onnx" / f))
+        shapes = {i.name: tuple(i.dims) for i in proto.graph.initializer}
+        n = sum(shapes.get(x) == (width,) for node in proto.graph.node if node.op_type == "Add" for x in node.input)
+        assert n == (config.num_hidden_layers if kind == "qwen25" else 0), (f, n)
     # the chat template and the stop ids, unchanged
     src_cfg = json.loads((folder / "tokenizer_config.json").read_text())
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == src_cfg["chat_template"]
@@ -247,7 +317,8 @@ def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
 
 def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):
     """A Llama 2 / TinyLlama fast tokenizer (byte-fallback BPE, "▁" normaliser, <s> prepended) exports
-    with its ids and Zephyr template (eos_token as a variable); GGUF is refused in one line naming why."""
+    with its ids and Zephyr template (eos_token as a variable); its GGUF is llama.cpp's SentencePiece
+    vocabulary (tests/export/test_import_hf.py::test_tinyllama_gguf_ids)."""
     from prodip.base.chat import chat_contract
 
     folder = build_standin("tinyllama", tmp_path / "tinyllama")
@@ -264,10 +335,52 @@ def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(str(out)).apply_chat_template(
         msgs, add_generation_prompt=True, tokenize=False
     ) == tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    from prodip.cli import main
 
-    assert main(["export", str(folder), "--out", str(tmp_path / "gguf"), "--variants", "gguf-f16"]) == 2
-    assert not (tmp_path / "gguf").exists()
+
+@pytest.mark.slow
+def test_tinyllama_gguf_ids(tmp_path, capsys):
+    """The byte-fallback BPE's GGUF (tokenizer.ggml.model llama: pieces, scores from the merge ranks, byte
+    and control types) gives llama.cpp the ids of tokenizer.json on the held-out text, edge cases too, and
+    logits as the original folder's under transformers; a byte-fallback BPE whose merges are not a
+    SentencePiece model's (one split missing) is refused in one line naming it, nothing written."""
+    pytest.importorskip("gguf")
+    import unicodedata
+
+    from tokenizers import Tokenizer
+
+    from prodip.cli import main
+    from prodip.conformance.device_runners import LlamaCppRunner
+
+    folder = build_standin("tinyllama", tmp_path / "tinyllama")
+    out = _export(folder, tmp_path / "export", "gguf-f16")
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    root = Path(__file__).resolve().parents[2] / "data" / "heldout"
+    texts = [
+        unicodedata.normalize("NFC", (root / f).read_text(encoding="utf-8")) for f in ("udhr_ben.txt", "udhr_eng.txt")
+    ]
+    texts += [" leading space", "two  spaces\nand a line", "</s> after a special", "aaaa bbbb"]
+    runner = LlamaCppRunner(out / "gguf" / "model-f16.gguf", "gguf", context=64, rows=1)
+    try:
+        got = runner.tokenize(texts)
+    finally:
+        runner.close()
+    assert got == [raw.encode(t).ids for t in texts]
+    assert len(got[0]) > 20_000  # the Bangla held-out text: byte fallback throughout
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = np.asarray([tok("Hello world 123. আমার সোনার বাংলা।")["input_ids"]], dtype=np.int64)
+    ref = _reference(folder, torch.from_numpy(ids)).numpy()
+    gguf_logits = _gguf_logits(out / "gguf" / "model-f16.gguf", ids)
+    assert np.abs(gguf_logits - ref).max() < 5e-2 and (gguf_logits.argmax(-1) == ref.argmax(-1)).mean() > 0.9
+
+    bad = tmp_path / "trainer-merges"
+    shutil.copytree(folder, bad)
+    data = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
+    dropped = data["model"]["merges"].pop(100)
+    (bad / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    assert main(["export", str(bad), "--out", str(tmp_path / "bad-export"), "--variants", "gguf-f16"]) == 2
+    err = capsys.readouterr().err
+    assert f"{dropped[0]!r} + {dropped[1]!r} -> {dropped[0] + dropped[1]!r} is not a merge" in err, err
+    assert not (tmp_path / "bad-export").exists()
 
 
 def test_card_states_the_base_licence_and_hub_name(standins, tmp_path):

@@ -57,3 +57,56 @@ def test_rope_spelling_v4_is_the_same_model(standins, tmp_path):
     a = transformers.AutoModelForCausalLM.from_pretrained(standins["llama32"])(ids).logits
     b = transformers.AutoModelForCausalLM.from_pretrained(v4)(ids).logits
     assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_quantised_agreement_needs_a_trained_standin(tmp_path):
+    """Why the quantised variants of the random stand-ins miss conformance/tolerances.toml: a random model's
+    next-token distributions are flat (top-1 probability ~1/V), its top two logits near ties, and int8's
+    rounding flips the argmax at more than 5% of held-out positions; after 300 AdamW steps on the bundled
+    text (``train_steps``) the same int8 scheme keeps the shipped int8 bound (top1 >= 0.95)."""
+    import unicodedata
+
+    import numpy as np
+
+    from prodip.conformance.runners import OrtRunner
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+    from prodip.train.init import apply_init, load_init
+    from prodip.train.model import LlamaForCausalLM
+
+    texts = [
+        unicodedata.normalize("NFC", open(f"data/heldout/udhr_{lang}.txt", encoding="utf-8").read())
+        for lang in ("ben", "eng")
+    ]
+    figures = {}
+    for steps in (0, 300):
+        folder = build_standin("qwen25", tmp_path / f"qwen25-{steps}", max_position_embeddings=1024, train_steps=steps)
+        out = export_checkpoint(
+            ExportConfig(checkpoint=str(folder), out=str(tmp_path / f"export-{steps}"), variants=["int8"])
+        )
+        init = load_init(folder, tokenizer_sha256=None)
+        model = LlamaForCausalLM(init.config)
+        apply_init(model, init)
+        c = init.config
+        runner = OrtRunner(
+            out / "onnx" / "model_quantized.onnx",
+            "int8",
+            num_layers=c.num_hidden_layers,
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            threads=1,
+        )
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        agree, p_top1 = [], []
+        for text in texts:
+            ids = np.asarray([tok.encode(text).ids[:512]], dtype=np.int64)
+            with torch.no_grad():
+                ref = model.eval()(torch.from_numpy(ids))[0]
+            got = runner.forward(ids, np.ones_like(ids), np.arange(ids.shape[1])[None])[0][0]
+            agree.append(float((got.argmax(-1) == ref.argmax(-1).numpy()).mean()))
+            p_top1.append(float(torch.softmax(ref, -1).max(-1).values.median()))
+        figures[steps] = (min(agree), max(p_top1))
+    print(figures)
+    assert figures[0][0] < 0.95 <= figures[300][0], figures
+    assert figures[0][1] < 0.05 < figures[300][1], figures

@@ -163,6 +163,56 @@ def test_init_from_hf_llama_folder_then_eval(tmp_path, tiny_tokenizer_dir, new_c
     assert _eval(tmp_path / "ft", new_corpus)["languages"]["hi"]["trained"]["nll_nats_per_token"] > 0
 
 
+@pytest.fixture(scope="module")
+def hf_qwen2_dir(tmp_path_factory):
+    """A tiny random Hugging Face Qwen2 folder (q/k/v biases, random rather than HF's zeros), tied."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    out = tmp_path_factory.mktemp("hf_qwen2")
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def test_init_from_hf_qwen2_folder_then_eval(tmp_path, tiny_tokenizer_dir, new_corpus, hf_qwen2_dir):
+    """A Qwen2 folder trains and evaluates as prodip's model with q/k/v biases: after one step at lr 1e-9
+    the checkpoint's logits are transformers' on the folder, and the checkpoint config keeps model_type."""
+    from transformers import Qwen2ForCausalLM
+
+    cfg = _cfg(tiny_tokenizer_dir, new_corpus, tmp_path / "ft", init_from=str(hf_qwen2_dir), mixture={}, steps=1)
+    cfg = dataclasses.replace(cfg, lr=1e-9, min_lr=0.0)
+    result = trainer_mod.run_training(cfg, tiny_config(hidden_size=256))
+    ours = result["model"].eval()
+    assert ours.config.model_type == "qwen2" and ours.model.layers[0].self_attn.q_proj.bias is not None
+    hf = Qwen2ForCausalLM.from_pretrained(hf_qwen2_dir).eval()
+    ids = torch.randint(3, TINY_VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+    model, config, _ = ck.load_model(tmp_path / "ft")
+    assert config.model_type == "qwen2"
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+    assert _eval(tmp_path / "ft", new_corpus)["languages"]["hi"]["trained"]["nll_nats_per_token"] > 0
+
+
 def test_hf_configs_we_cannot_represent_are_refused(tmp_path, hf_llama_dir, tiny_tokenizer_dir, new_corpus):
     data = json.loads((hf_llama_dir / "config.json").read_text())
     hf_model_config(data, source="x")  # as saved: fine

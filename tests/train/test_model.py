@@ -204,6 +204,22 @@ def test_tied_weights_are_one_parameter() -> None:
     assert untied.num_parameters() == untied.config.num_parameters()
 
 
+def test_qwen2_has_qkv_biases_counted_and_zero_initialised() -> None:
+    """model_type qwen2: q/k/v carry a bias (o_proj none), counted by the config, zero at init as HF's."""
+    import dataclasses
+
+    qwen = LlamaForCausalLM(dataclasses.replace(tiny_config(tied=False), model_type="qwen2"))
+    attn = qwen.model.layers[0].self_attn
+    assert attn.o_proj.bias is None and all(
+        p.bias is not None and not p.bias.any() for p in (attn.q_proj, attn.k_proj, attn.v_proj)
+    )
+    assert (
+        qwen.num_parameters()
+        == qwen.config.num_parameters()
+        > LlamaForCausalLM(tiny_config(tied=False)).num_parameters()
+    )
+
+
 def test_reset_parameters_seed_is_deterministic() -> None:
     a = LlamaForCausalLM(tiny_config())
     b = LlamaForCausalLM(tiny_config())
