@@ -1,7 +1,9 @@
 // The export's browser page: transformers.js (web/transformers.min.js) with onnxruntime-web's WASM backend
 // (web/ort-wasm-simd-threaded.asyncify.{mjs,wasm}) loads the model from this folder and generates greedily,
-// streaming. URL parameters (used by the browser test): ?dtype=q4&prompt=...&max_new_tokens=16&autorun=1.
-// When a run ends, window.prodipResult = {dtype, ids (prompt + new), text, load_ms, tokens_per_s, bytes, error}.
+// streaming. URL parameters (used by the browser test and bench/browser.py): ?dtype=q4&prompt=...&max_new_tokens=16
+// &autorun=1, and &threads=N (WASM threads; more than 1 needs a cross-origin isolated page) &min_new_tokens=N.
+// When a run ends, window.prodipResult = {dtype, threads, ids (prompt + new), text, load_ms, ttft_ms (generate call
+// to first new token), new_tokens, tokens_per_s (after the first new token), bytes, error}.
 import { AutoModelForCausalLM, AutoTokenizer, TextStreamer, env } from './transformers.min.js';
 
 const here = new URL('./', import.meta.url);        // .../web/
@@ -26,6 +28,7 @@ for (const d of offered) $('dtype').add(new Option(d + (d === tjs.dtype ? ' (def
 $('dtype').value = params.get('dtype') || tjs.dtype || offered[0];
 if (params.has('prompt')) $('prompt').value = params.get('prompt');
 if (params.has('max_new_tokens')) $('tokens').value = params.get('max_new_tokens');
+if (params.has('threads')) env.backends.onnx.wasm.numThreads = Number(params.get('threads'));
 
 let loaded = { dtype: null, model: null, tokenizer: null, load_ms: 0 };
 async function load(dtype) {
@@ -41,7 +44,8 @@ async function run() {
   const dtype = $('dtype').value;
   $('go').disabled = true;
   $('out').textContent = '';
-  const result = { dtype, ids: null, text: '', load_ms: null, tokens_per_s: null, bytes: null, error: null };
+  const result = { dtype, threads: env.backends.onnx.wasm.numThreads ?? null, ids: null, text: '', load_ms: null,
+    ttft_ms: null, new_tokens: null, tokens_per_s: null, bytes: null, error: null };
   try {
     $('stats').textContent = `loading ${dtype}…`;
     const { model, tokenizer, load_ms } = await load(dtype);
@@ -53,8 +57,12 @@ async function run() {
       callback_function: (text) => { $('out').textContent += text; result.text += text; },
       token_callback_function: () => { n += 1; first ??= performance.now(); },
     });
-    const out = await model.generate({ ...inputs, max_new_tokens: Number($('tokens').value), do_sample: false, streamer });
+    const t0 = performance.now();
+    const out = await model.generate({ ...inputs, max_new_tokens: Number($('tokens').value),
+      min_new_tokens: Number(params.get('min_new_tokens') || 0), do_sample: false, streamer });
     const t1 = performance.now();
+    result.ttft_ms = first - t0;
+    result.new_tokens = n;
     result.ids = Array.from(out.data, Number);
     // decode speed after the first new token (the prompt's prefill is in load-to-first-token)
     result.tokens_per_s = n > 1 ? (n - 1) / ((t1 - first) / 1000) : null;
