@@ -102,7 +102,10 @@ class _Isolated(http.server.SimpleHTTPRequestHandler):
 
 def serve(export: Path, node_root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     """Serve ``export`` (and wllama's ESM build, the bench pages) on 127.0.0.1; returns (server, base URL)."""
-    routes = {"/_wllama/": node_root / "node_modules" / "@wllama" / "wllama" / "esm", "/_bench/": REPO / "bench" / "browser"}
+    routes = {
+        "/_wllama/": node_root / "node_modules" / "@wllama" / "wllama" / "esm",
+        "/_bench/": REPO / "bench" / "browser",
+    }
     handler = type("Handler", (_Isolated,), {"routes": routes})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(export)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -129,8 +132,8 @@ def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_
     """ONNX Runtime CPU, ``threads`` intra-op threads: greedy decode of ``new_tokens`` after ``prompt``."""
     import numpy as np
 
-    from prodip.base.variants import BY_NAME
     from conformance.runners import OrtRunner
+    from prodip.base.variants import BY_NAME
 
     cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
     t0 = time.perf_counter()
@@ -173,7 +176,12 @@ def cells(dtypes: list[str], default_dtype: str) -> list[tuple[str, str, str]]:
 
 
 def run_cells(
-    export: Path, base: str, node_root: Path, order: list[tuple[str, str, str]], threads: int, new_tokens: int,
+    export: Path,
+    base: str,
+    node_root: Path,
+    order: list[tuple[str, str, str]],
+    threads: int,
+    new_tokens: int,
     prompt_ids: list[int],
 ) -> dict[tuple[str, str, str], dict[str, Any]]:
     """One round: each cell once, in ``order``; consecutive browser cells share one Chromium."""
@@ -307,7 +315,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         args.shapes, args.threads, args.rounds, args.new_tokens = "demo", "1", 1, 16
     node_root = Path(os.environ.get("PRODIP_NODE_ROOT", REPO / "node"))
     if not (node_root / "node_modules" / "@wllama" / "wllama").is_dir():
-        sys.exit(f"error: @wllama/wllama is not installed under {node_root} (npm install --ignore-scripts --prefix node)")
+        sys.exit(
+            f"error: @wllama/wllama is not installed under {node_root} (npm install --ignore-scripts --prefix node)"
+        )
     from tokenizers import Tokenizer
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_browser_"))
@@ -318,8 +328,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         "machine": machine(),
         "rounds": args.rounds,
         "new_tokens": args.new_tokens,
-        "units": {"tokens_per_s": "new tokens per second after the first", "ttft_ms": "milliseconds",
-                  "load_ms": "milliseconds"},  # fmt: skip
+        "units": {
+            "tokens_per_s": "new tokens per second after the first",
+            "ttft_ms": "milliseconds",
+            "load_ms": "milliseconds",
+        },  # fmt: skip
         "results": {},
         "raw": {},
     }

@@ -1,7 +1,7 @@
 """The export's page in a real browser: Debian's Chromium (headless), driven by puppeteer-core pointed at
 the system browser (no browser download), loading the page from a 127.0.0.1 static server on a tiny export.
 
-For the default dtype (config.json ``transformers.js_config.dtype``) and every other transformers.js dtype
+For the default dtype (config.json ``transformers.js_config.device_config.wasm.dtype``) and every other transformers.js dtype
 of the variant table (fp32, fp16, q8, q4), the ids the page generates
 (transformers.js + onnxruntime-web's WASM backend) equal ONNX Runtime's greedy ids on the same file (for
 MatMulNBits files: with the fp32 arithmetic the WASM kernel does, see
@@ -71,7 +71,7 @@ def served_export(tmp_path_factory, browser_ready):
     from tests.fixtures import build_tiny_export
 
     export = build_tiny_export(tmp_path_factory.mktemp("page"), vocab_size=512, hidden_size=64, seed=5)
-    assert (export / "index.html").is_file() and (export / "web" / "ort-wasm-simd-threaded.asyncify.wasm").is_file()
+    assert (export / "index.html").is_file() and (export / "web" / "ort-wasm-simd-threaded.wasm").is_file()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(export)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -123,24 +123,28 @@ def test_page_generates_onnx_runtimes_ids(served_export):
     from tokenizers import Tokenizer
 
     export, base = served_export
-    default = json.loads((export / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]["dtype"]
+    tjs = json.loads((export / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]
+    default = tjs["device_config"]["wasm"]["dtype"]  # the WASM device's default, which the page picks
     prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
     for dtype in dict.fromkeys([default, *FILES]):  # the default first, then every dtype the export offers
         from urllib.parse import quote
 
-        url = f"{base}/?dtype={dtype}&prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
+        chosen = "" if dtype == default else f"dtype={dtype}&"  # no dtype: the page picks its default
+        url = f"{base}/?{chosen}prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
         got = open_page(url, "prodipResult", f"page_{dtype}")
         assert got["error"] is None, (dtype, got["error"], got["console"][-10:])
         res = got["result"]
         assert res["dtype"] == dtype and res["ids"][: len(prompt)] == prompt  # transformers.js's tokenizer
         assert res["ids"] == ort_greedy(export, FILES[dtype], prompt), dtype
         assert res["load_ms"] > 0 and res["tokens_per_s"] > 0
-        # every byte from the 127.0.0.1 server: the library, the WASM build, the model files
-        assert all(u.startswith(base + "/") for u in got["requests"]), [
-            u for u in got["requests"] if not u.startswith(base)
-        ]
+        # every byte from the 127.0.0.1 server: the library, the WASM build, the model files (transformers.js
+        # imports the WASM build's script as a blob: URL of that origin, made from the bytes it fetched)
+        local = (base + "/", f"blob:{base}/")
+        assert all(u.startswith(local) for u in got["requests"]), [u for u in got["requests"] if not u.startswith(local)]
         assert any(u.endswith("/" + FILES[dtype]) for u in got["requests"])
-        assert any(u.endswith("ort-wasm-simd-threaded.asyncify.wasm") for u in got["requests"])
+        # the plain WASM build on the WASM device (the asyncify one is for WebGPU)
+        assert any(u.endswith("/web/ort-wasm-simd-threaded.wasm") for u in got["requests"])
+        assert not any("asyncify" in u for u in got["requests"])
         weights = (export / (FILES[dtype] + "_data")).stat().st_size
         assert res["bytes"] >= weights  # the page counts what it downloaded
 
@@ -167,3 +171,4 @@ def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):
         res = got["result"]
         assert res["mode"] == "completion" and res["text"] == want and res["chunks"] > 1
         assert all(u.startswith(base + "/") for u in got["requests"])
+
