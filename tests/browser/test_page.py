@@ -140,7 +140,9 @@ def test_page_generates_onnx_runtimes_ids(served_export):
         # every byte from the 127.0.0.1 server: the library, the WASM build, the model files (transformers.js
         # imports the WASM build's script as a blob: URL of that origin, made from the bytes it fetched)
         local = (base + "/", f"blob:{base}/")
-        assert all(u.startswith(local) for u in got["requests"]), [u for u in got["requests"] if not u.startswith(local)]
+        assert all(u.startswith(local) for u in got["requests"]), [
+            u for u in got["requests"] if not u.startswith(local)
+        ]
         assert any(u.endswith("/" + FILES[dtype]) for u in got["requests"])
         # the plain WASM build on the WASM device (the asyncify one is for WebGPU)
         assert any(u.endswith("/web/ort-wasm-simd-threaded.wasm") for u in got["requests"])
@@ -172,3 +174,37 @@ def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):
         assert res["mode"] == "completion" and res["text"] == want and res["chunks"] > 1
         assert all(u.startswith(base + "/") for u in got["requests"])
 
+
+def test_page_opened_as_a_file_says_to_serve_the_folder(served_export):
+    """Double-clicked (file://), the page cannot load its module or the model: instead of a grey
+    "loading…" button it says so in plain words, with the one-line command that serves this folder."""
+    export, _ = served_export
+    got = open_page((export / "index.html").resolve().as_uri(), "prodipResult", "page_file")
+    res = got["result"]
+    assert res["error"] == "opened from file://"
+    assert res["command"] == f'python3 -m http.server -d "{export.resolve()}" 8000'
+    assert res["command"] in res["message"] and "http://127.0.0.1:8000/" in res["message"]
+    # the command works as written (its port changed to a free one): the folder answers with the page
+    import shlex
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = shlex.split(res["command"])
+    argv[-1] = str(port)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/index.html", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert page.content == (export / "index.html").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
