@@ -9,7 +9,7 @@ reference: top-1 agreement, mean and max KL(reference || candidate) in nats, max
 
 Candidates: ONNX Runtime native (CPU EP) on fp32 and q8, with its default graph optimisations and with
 none (``ORT_DISABLE_ALL``: the graph as written, no fused kernels); onnxruntime-web's plain WASM build in
-Node (``node/ort_web_logits.mjs``: the kernels the export's page runs) on fp32 and q8.
+Node (``conformance/ort_web_logits.mjs``: the kernels the export's page runs) on fp32 and q8.
 
     python bench/q8_width.py EXPORT --out bench/results/q8_width_2026-12-02.md
 """
@@ -41,7 +41,7 @@ def windows(export: Path, text: Path, n: int, tokens: int) -> list[list[int]]:
     return [[bos, *body[i * step : (i + 1) * step]] for i in range(n)]
 
 
-from conformance.browser import judge, ort_logits, training_logits, web_logits  # noqa: E402
+from prodip.conformance.browser import judge, ort_logits, training_logits, web_logits  # noqa: E402
 
 
 def candidates(export: Path, wins: list[list[int]]) -> dict[str, np.ndarray]:
@@ -65,7 +65,7 @@ def code_flips(export: Path, window: list[int]) -> list[dict[str, Any]]:
     import onnx
     import onnxruntime as ort
 
-    from conformance.browser import web_run
+    from prodip.conformance.browser import web_run
 
     cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
     model = onnx.load(str(export / "onnx" / "model_quantized.onnx"))

@@ -1,12 +1,12 @@
 """The browser's runtimes held against the training model and ONNX Runtime native.
 
 The export's page runs onnxruntime-web's plain WASM build (``ort.wasm.min.mjs``); :func:`web_logits` and
-:func:`web_run` run the same build in Node (``node/ort_web_logits.mjs``, ``node/ort_web_run.mjs``), 1
+:func:`web_run` run the same build in Node (``ort_web_logits.mjs``, ``ort_web_run.mjs`` beside this module), 1
 thread; :func:`training_logits` (the fp32 checkpoint) and :func:`ort_logits` (ONNX Runtime native) give
 what to hold them against, on the same token windows, and :func:`judge` scores a candidate's logits
 against a reference's (top-1 agreement, KL, max |logit difference|).
 
-    python -c "from conformance.browser import node_scripts; print(node_scripts())"
+    python -c "from prodip.conformance.browser import node_scripts; print(node_scripts())"
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from conformance.compare import kl_per_position
-from conformance.runtimes import node_root
 from prodip.base import onnx_io
-from train.checkpoint import load_model
+from prodip.conformance.compare import kl_per_position
+from prodip.conformance.runtimes import node_root
+from prodip.train.checkpoint import load_model
 
-REPO = Path(__file__).resolve().parents[1]
-LOGITS_SCRIPT = REPO / "node" / "ort_web_logits.mjs"
-RUN_SCRIPT = REPO / "node" / "ort_web_run.mjs"
+#: The Node scripts (beside this file).
+LOGITS_SCRIPT = Path(__file__).with_name("ort_web_logits.mjs")
+RUN_SCRIPT = Path(__file__).with_name("ort_web_run.mjs")
 #: Timeout of one Node run (s).
 NODE_TIMEOUT_S = 1800
 _NUMPY = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "uint8": np.uint8, "int8": np.int8}
@@ -133,7 +133,7 @@ def ort_logits(
 
 def judge(ref: np.ndarray, cand: np.ndarray) -> dict[str, float]:
     """``cand`` judged against ``ref`` (same shape, (..., vocab) logits) over every position: top-1 agreement
-    (share), KL(ref || cand) mean and max (nats, :func:`conformance.compare.kl_per_position`), max |logit difference|."""
+    (share), KL(ref || cand) mean and max (nats, :func:`prodip.conformance.compare.kl_per_position`), max |logit difference|."""
 
     r, c = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
     kl = kl_per_position(r, c)

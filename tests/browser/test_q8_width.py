@@ -49,7 +49,7 @@ def _windows(export: Path) -> list[list[int]]:
 
 
 def test_each_runtimes_q8_is_as_close_to_the_training_model(wide_export):
-    from conformance.browser import judge, ort_logits, training_logits, web_logits
+    from prodip.conformance.browser import judge, ort_logits, training_logits, web_logits
 
     export = wide_export
     cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
@@ -79,7 +79,7 @@ def test_the_int8_path_is_bit_identical_given_the_same_input(wide_export, tmp_pa
     the same int8 codes and the same int32 products in ONNX Runtime native and onnxruntime-web."""
     import onnxruntime as ort
 
-    from conformance.browser import web_run
+    from prodip.conformance.browser import web_run
 
     src = wide_export / "onnx" / "model_quantized.onnx"
     graph = onnx.load(str(src), load_external_data=False).graph
