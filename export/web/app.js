@@ -62,6 +62,10 @@ async function run() {
     $('stats').textContent = `loading ${dtype}…`;
     const { model, tokenizer, load_ms } = await load(dtype);
     result.load_ms = load_ms;
+    if (DEVICE === 'webgpu' && navigator.gpu) {                     // which adapter ran it (SwiftShader in CI)
+      const info = (await navigator.gpu.requestAdapter())?.info || {};
+      result.adapter = { vendor: info.vendor, architecture: info.architecture };
+    }
     const inputs = tokenizer($('prompt').value);
     let first = null, n = 0;
     const streamer = new TextStreamer(tokenizer, {

@@ -95,17 +95,20 @@ def open_page(url: str, result: str, name: str, actions=(), timeout_ms: int = 18
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def ort_greedy(export: Path, rel: str, prompt: list[int]) -> list[int]:
+def ort_greedy(export: Path, rel: str, prompt: list[int], eos: bool = True, step_logits=None) -> list[int]:
+    """ONNX Runtime's greedy ids (prompt + :data:`NEW_TOKENS`) on ``rel`` (MatMulNBits files: their
+    fp32-compute copy); ``eos=False``: no stop at end-of-sequence; ``step_logits``: gets each step's logits."""
     cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
     copy = fp32_compute_copy(export / rel)
     path = export / rel
+    stop = cfg["eos_token_id"] if eos else None
     with copy if copy is not None else _Same(path) as path:
         runner = OrtRunner(
             path, rel, num_layers=cfg["num_hidden_layers"], num_kv_heads=cfg["num_key_value_heads"],
             head_dim=cfg["head_dim"], threads=1,
         )  # fmt: skip
-        ids = runner_greedy(runner, prompt, NEW_TOKENS, cfg["eos_token_id"])
-    return truncate_at_eos(ids, len(prompt), cfg["eos_token_id"])
+        ids = runner_greedy(runner, prompt, NEW_TOKENS, stop, step_logits=step_logits)
+    return truncate_at_eos(ids, len(prompt), stop) if eos else ids
 
 
 class _Same:
@@ -208,3 +211,32 @@ def test_page_opened_as_a_file_says_to_serve_the_folder(served_export):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+#: q4 on WebGPU against ONNX Runtime's fp32-compute q4: the ids may part only where ONNX Runtime's top pick led the
+#: page's pick by at most this many logits (a near tie: the two sum the 4-bit products in different orders)
+Q4_MARGIN = 0.02
+
+
+def test_webgpu_page_matches_onnx_runtime(served_export):
+    """The page on transformers.js's WebGPU device, in headless Chromium with ``--enable-unsafe-webgpu``
+    (SwiftShader's Vulkan-on-CPU adapter on a machine without a GPU): fp32 and q8 give exactly ONNX
+    Runtime's greedy ids on the same file; q4 gives them up to a near tie (:data:`Q4_MARGIN`)."""
+    from tokenizers import Tokenizer
+
+    from prodip.conformance.browser import margin_agrees, webgpu_greedy
+
+    export, _ = served_export
+    prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
+    got = webgpu_greedy(export, ["fp32", "q8", "q4"], PROMPT, NEW_TOKENS)
+    for dtype, res in got.items():
+        assert res["error"] is None, (dtype, res)
+        assert res["device"] == "webgpu" and res["adapter"]["vendor"], res  # a WebGPU adapter ran it
+        assert res["ids"][: len(prompt)] == prompt and len(res["ids"]) == len(prompt) + NEW_TOKENS
+        steps: list = []
+        want = ort_greedy(export, FILES[dtype], prompt, eos=False, step_logits=steps)
+        if dtype == "q4":
+            ok, why = margin_agrees(want, res["ids"], steps, len(prompt), Q4_MARGIN)
+            assert ok, why
+        else:
+            assert res["ids"] == want, dtype
