@@ -8,8 +8,9 @@ Read back, each with the library its users have, and compared with ``manifest.js
   and the body: the data statement as ``prodip.export.card`` renders it from the manifest, and the quality
   section as :func:`render_quality` renders it from the manifest's ``card_quality`` rows;
 - each GGUF file through ``gguf.GGUFReader``: ``general.license``, ``.license.name``, ``.license.link``,
-  ``general.languages``, ``general.tags``, ``general.dataset.count`` / ``general.dataset.{i}.name``,
-  ``prodip.sources``;
+  ``general.languages``, ``general.tags``, ``general.dataset.count`` / ``general.dataset.{i}.name`` and its
+  ``.repo_url`` / ``.url`` (URLs or absent), the model's ``general.name`` / ``basename`` / ``size_label`` /
+  ``finetune``, ``prodip.sources``;
 - each ``.onnx`` file's ``metadata_props`` (``onnx.load(..., load_external_data=False)``);
 - ``executorch/model_card.json`` beside the ``.pte`` files.
 
@@ -33,6 +34,7 @@ from typing import Any, Optional
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
+from prodip.base.hub import HUB_LICENSE_IDS, is_hub_model_id
 from prodip.base.manifest import (
     Card,
     CardQuality,
@@ -49,7 +51,9 @@ from prodip.export.card import (
     PTE_CARD_FILE,
     README_FILE,
     data_statement,
+    gguf_names,
     onnx_props,
+    origin_urls,
     render_readme,
     source_summary,
 )
@@ -83,7 +87,7 @@ def _readme_problems(root: Path, manifest: ExportManifest, card: Card) -> list[s
     except Exception as err:  # a card the Hub's parser refuses is a failed check, named
         return [f"{README_FILE}: huggingface_hub.ModelCard cannot load it ({type(err).__name__}: {err})"]
     data = loaded.data.to_dict()
-    problems = [
+    problems = hub_problems(data) + [
         f"{README_FILE}: front matter {key} = {data.get(key)!r}, manifest says {want!r}"
         for key, want in _front_matter_expected(card).items()
         if data.get(key) != want
@@ -99,10 +103,31 @@ def _readme_problems(root: Path, manifest: ExportManifest, card: Card) -> list[s
     return problems
 
 
+def hub_problems(data: dict[str, Any]) -> list[str]:
+    """What the Hugging Face Hub would refuse in a card's front matter ``data`` (``ModelCard.load(...).data``):
+    a ``license`` not among the Hub's ids (:data:`prodip.base.hub.HUB_LICENSE_IDS`), ``other`` without
+    ``license_name``, a ``base_model`` that is not a Hub model id (a local path)."""
+    problems = []
+    lic = data.get("license")
+    if lic not in HUB_LICENSE_IDS:
+        problems.append(
+            f"{README_FILE}: license {lic!r} is not a Hub licence id (https://huggingface.co/docs/hub/"
+            "repositories-licenses); re-export with this prodip"
+        )
+    elif lic == "other" and not data.get("license_name"):
+        problems.append(f"{README_FILE}: license other without license_name")
+    bases = data.get("base_model")
+    for base in bases if isinstance(bases, list) else [bases] if bases is not None else []:
+        if not is_hub_model_id(base):
+            problems.append(f"{README_FILE}: base_model {base!r} is not a Hub model id (owner/name)")
+    return problems
+
+
 def _gguf_problems(path: Path, rel: str, card: Card) -> list[str]:
     from gguf import GGUFReader  # noqa: PLC0415 (runtimes extra; the GGUF candidate needs it anyway)
 
-    fields = GGUFReader(str(path)).fields
+    reader = GGUFReader(str(path))
+    fields = reader.fields
     lic = card.license
     want: dict[str, Any] = {
         "general.license": lic.license,
@@ -115,6 +140,11 @@ def _gguf_problems(path: Path, rel: str, card: Card) -> list[str]:
     }
     for i, s in enumerate(card.sources):
         want[f"general.dataset.{i}.name"] = s.name
+        urls = origin_urls(s.origin, s.dataset_id)  # a URL or nothing, never the record's free text
+        want[f"general.dataset.{i}.repo_url"] = urls.get("repo_url")
+        want[f"general.dataset.{i}.url"] = urls.get("url")
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    want.update({f"general.{k}": v for k, v in gguf_names(card, n_params).items()})
     problems = []
     for key, value in want.items():
         got = fields[key].contents() if key in fields else None
@@ -328,6 +358,14 @@ def render_tasks(quality: CardQuality) -> list[str]:
         "whose drop from the checkpoint is larger than its own standard error. `random twin` and `base` (the "
         "pretrained model, when the export is fine-tuned from it) come from eval.json. Seconds per task and model "
         "are in manifest.json (`card_quality.tasks[].seconds`).",
+    ]
+    if any(r.output_type == "generate_until" for r in quality.tasks):
+        lines[-1] += (
+            " Chat (generation) tasks have no chance level: each model's replies, greedy through the export's own "
+            "chat template until its end-of-turn token, are scored against the reference (chrF 0-100, exact "
+            "match); their `random twin` is measured by conformance."
+        )
+    lines += [
         "",
         "| task | language | shots | items | metric | chance | "
         + " | ".join(columns + [f"{p.name}†" for p in peers])

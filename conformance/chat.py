@@ -20,6 +20,9 @@ template and nothing here runs), three export-wide checks, gated:
   and prodip serve (generation_config.json ``eos_token_id``, the file their generate and serve read),
   onnxruntime-genai (genai_config.json ``model.eos_token_id``), llama.cpp (``llama_vocab_is_eog``, asked of
   llama.cpp itself) and ExecuTorch (the program's ``get_eos_ids``, run by the ExecuTorch runtime).
+- ``chat_stop_ids_stop``: likewise every id of the export's stop set (generation_config.json ``eos_token_id``:
+  an imported base's end of text beside its end of turn, e.g. SmolLM2's ``<|endoftext|>`` and ``<|im_end|>``,
+  Llama 3's ``<|end_of_text|>``, ``<|eom_id|>`` and ``<|eot_id|>``) ends generation in each runtime.
 
 The greedy chat stop itself is measured per ONNX variant by :mod:`prodip.conformance.runtimes` (a rendered
 conversation is one of the runtime prompts, and every runner stops at any id of the stop set), and the GGUF
@@ -138,7 +141,9 @@ def _genai(export_dir: Path, convs: dict, eot: int) -> dict[str, Any]:
     return {"ids": ids, "stop_ids": eos, "end_of_turn_stops": eot in eos, "version": og.__version__}
 
 
-def _node(export_dir: Path, convs: dict, eot: int, transformersjs: bool, gguf: Optional[Path]) -> dict[str, Any]:
+def _node(
+    export_dir: Path, convs: dict, eot: int, transformersjs: bool, gguf: Optional[Path], stops: Sequence[int] = ()
+) -> dict[str, Any]:
     node = shutil.which("node")
     if node is None:
         raise FileNotFoundError("node is not on PATH (transformers.js and llama.cpp run in Node >= 18)")
@@ -148,6 +153,7 @@ def _node(export_dir: Path, convs: dict, eot: int, transformersjs: bool, gguf: O
         "transformersjs": transformersjs,
         "gguf": str(gguf.resolve()) if gguf else None,
         "end_of_turn_id": eot,
+        "stop_ids": list(stops),
         "node_root": str(node_root()),
     }
     proc = subprocess.run(
@@ -275,7 +281,7 @@ def check_chat(
     tjs = "transformers.js" in runtimes and bool(onnx_variants)
     if tjs or ggufs:
         try:
-            node = _node(export_dir, convs, eot, tjs, export_dir / ggufs[0].path if ggufs else None)
+            node = _node(export_dir, convs, eot, tjs, export_dir / ggufs[0].path if ggufs else None, serve_stops)
         except Exception as err:
             node = {name: failed(err) for name in ([TRANSFORMERS_JS] if tjs else []) + ([LLAMA_CPP] if ggufs else [])}
         for name, res in node.items():
@@ -304,6 +310,9 @@ def check_chat(
     stops_ok = all(r.get("end_of_turn_stops") is True for r in ran.values())
     differ = sorted(k for k, r in rendered.items() if r.get("identical") is not True)
     no_stop = sorted(k for k, r in ran.items() if r.get("end_of_turn_stops") is not True)
+    # a runtime whose stop set lacks one of the export's stop ids runs past it (serve's set is the export's)
+    short = {k: sorted(set(serve_stops) - set(r.get("stop_ids") or [])) for k, r in ran.items()}
+    short = {k: v for k, v in short.items() if v}
     bad_copies = sorted(k for k, ok in copies.items() if not ok)
 
     def check(metric: str, ok: bool, note: str) -> dict[str, Any]:
@@ -319,9 +328,15 @@ def check_chat(
         check("chat_template_ids_identical", ids_ok, f"ids differ from the reference in: {', '.join(differ)}"),
         check("chat_template_copies_identical", not bad_copies, f"template differs in: {', '.join(bad_copies)}"),
         check("chat_end_of_turn_stops", stops_ok, f"{eot_text} does not end generation in: {', '.join(no_stop)}"),
+        check(
+            "chat_stop_ids_stop",
+            not short,
+            "stop ids that do not end generation: " + "; ".join(f"{k} {v}" for k, v in short.items()),
+        ),
     ]
     return {
         "end_of_turn": {"token": eot_text, "id": eot},
+        "stop_ids": serve_stops,
         "conversations": convs,
         "reference": ref,
         "runtimes": results,

@@ -2,9 +2,11 @@
 // from its own artifact and tokenizes the result; what conformance/chat.py compares across runtimes.
 //
 // stdin: {"export_dir": DIR, "conversations": [[{role, content}, ...], ...], "transformersjs": bool,
-//         "gguf": FILE or null, "end_of_turn_id": int, "node_root": folder whose node_modules holds the packages}
+//         "gguf": FILE or null, "end_of_turn_id": int, "stop_ids": [int] (the export's stop set),
+//         "node_root": folder whose node_modules holds the packages}
 // stdout: {"transformers.js": {"ids": [[...], ...], "version"} | {"error"},
-//          "llama.cpp": {"ids": [[...], ...], "template": str, "end_of_turn_is_eog": bool, "version"} | {"error"}}
+//          "llama.cpp": {"ids": [[...], ...], "template": str, "end_of_turn_is_eog": bool,
+//                        "stop_ids": [the ids of stop_ids llama.cpp ends generation at], "version"} | {"error"}}
 // transformers.js: AutoTokenizer.from_pretrained(export dir).apply_chat_template(messages, {add_generation_prompt:
 //   true}) (tokenizer_config.json's chat_template, @huggingface/jinja). llama.cpp: the GGUF's tokenizer.chat_template,
 //   read by node-llama-cpp and rendered with @huggingface/jinja (the engine node-llama-cpp's JinjaTemplateChatWrapper
@@ -66,6 +68,7 @@ if (job.gguf) {
       Array.from(model.tokenize(engine.render({ messages, add_generation_prompt: true, ...specials }), true), Number));
     out['llama.cpp'] = {
       ids, template, end_of_turn_is_eog: model.isEogToken(job.end_of_turn_id),
+      stop_ids: (job.stop_ids ?? []).filter((id) => model.isEogToken(id)),
       version: `llama.cpp ${llama.llamaCppRelease.release} (node-llama-cpp ${version('node-llama-cpp')}, @huggingface/jinja ${version('@huggingface/jinja')})`,
     };
     await model.dispose();

@@ -110,6 +110,10 @@ class ConformanceConfig:
         "shown as columns beside the card's task table (docs/eval.md)",
     )
 
+    def report_dir(self) -> Path:
+        """Where report.json and report.md go: ``out``, else ``EXPORT_DIR/conformance``."""
+        return Path(self.out) if self.out else Path(self.export_dir) / "conformance"
+
     def __post_init__(self) -> None:
         known = ("onnxruntime-genai", "transformers.js", "onnxruntime-web")
         unknown = [r for r in self.runtimes if r not in known]

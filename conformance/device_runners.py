@@ -227,7 +227,13 @@ def runtime_token_ids(kind: str, runner: Any, tokenizer_json: Path, texts: list[
 
 
 def metadata_problems(
-    kind: str, runner: Any, config: Any, eos_ids: Optional[list[int]] = None, *, add_bos: bool = True
+    kind: str,
+    runner: Any,
+    config: Any,
+    eos_ids: Optional[list[int]] = None,
+    *,
+    add_bos: bool = True,
+    max_seq_len: int = 0,
 ) -> list[str]:
     """What a runtime reads from the artifact that differs from the training model's config.
 
@@ -237,6 +243,7 @@ def metadata_problems(
             export's generation_config.json): the ``.pte``'s ``get_eos_ids``; None: ``[eos_token_id]``.
         add_bos: whether the tokenizer prepends the bos (``prodip.base.specials.read_specials``; prodip's
             do; an imported one may not, e.g. SmolLM2, Qwen2): the GGUF's ``add_bos_token``.
+        max_seq_len: the ``.pte``'s KV-cache window the manifest records (tokens); 0 = ``max_position_embeddings``.
     Returns:
         Human-readable problems (empty: the runtime sees the right context, vocabulary and special tokens).
     """
@@ -260,5 +267,7 @@ def metadata_problems(
         from prodip.export.executorch import runner_metadata  # noqa: PLC0415 (the expected values' one owner)
 
         got = pte_metadata(runner.path)
-        want = runner_metadata(config, bos_id=config.bos_token_id, eos_ids=eos_ids or [config.eos_token_id])
+        want = runner_metadata(
+            config, bos_id=config.bos_token_id, eos_ids=eos_ids or [config.eos_token_id], max_seq_len=max_seq_len
+        )
     return [f"{k} is {got.get(k)!r}, expected {v!r}" for k, v in want.items() if got.get(k) != v]

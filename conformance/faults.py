@@ -358,6 +358,23 @@ def plant_card_licence_dropped(src: Path, dst: Path, rel: str = BY_NAME["fp16"].
     return dst
 
 
+def plant_card_licence_not_on_hub(src: Path, dst: Path, licence: str = "odc-by-1.0") -> Path:
+    """The card's licence a lower-cased SPDX id the Hub does not list (``odc-by-1.0``: the Hub's is ``odc-by``),
+    written consistently into the manifest and every artifact, as an exporter that lower-cased SPDX ids did:
+    only the Hub's list can catch it."""
+    from prodip.export.card import write_card  # noqa: PLC0415
+
+    dst = copy_export(src, dst)
+    manifest = load_manifest(dst)
+    if manifest.card is None:
+        raise InvalidInput(f"{dst}: no card in the manifest (an export made before model cards)")
+    manifest.card.license = type(manifest.card.license).model_validate({"license": licence})
+    save_manifest(dst, manifest)
+    write_card(dst, manifest.card)
+    refresh_manifest(dst)
+    return dst
+
+
 #: The template edit the chat faults plant: the newline after a turn's <|im_end|> becomes a space (same length,
 #: so a GGUF string can be edited in place); every rendered conversation then has other ids.
 _TURN_END, _TURN_END_EDITED = "'<|im_end|>' + '\n'", "'<|im_end|>' + ' '"
@@ -475,6 +492,7 @@ FAULTS = {
     "gguf_unpermuted_qk": plant_gguf_unpermuted_qk,
     "pte_max_seq_len": plant_pte_max_seq_len,
     "card_licence_dropped": plant_card_licence_dropped,
+    "card_licence_not_on_hub": plant_card_licence_not_on_hub,
     "card_figure_edited": plant_card_figure_edited,
     "chat_template_edited_gguf": plant_chat_template_edited,
     "end_of_turn_not_a_genai_stop": plant_end_of_turn_not_a_stop,

@@ -71,6 +71,7 @@ class Candidate:
     kind: str
     path: str
     table: str = ""  # tolerance table; default ``name``
+    window: int = 0  # tokens the artifact holds (a .pte's KV-cache window, manifest ``max_seq_len``); 0 = the model's
 
     @property
     def tolerance_table(self) -> str:
@@ -98,7 +99,8 @@ def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) 
                 Candidate("transformers", vname, "transformers", v.path, "transformers" + suffix),
             ]
         elif v.format in ("onnx", "gguf", "pte"):
-            out.append(Candidate(vname, vname, v.format, v.path))
+            window = getattr(v, "max_seq_len", None) if v.format == "pte" else None
+            out.append(Candidate(vname, vname, v.format, v.path, window=int(window or 0)))
         else:
             raise InvalidInput(
                 f"manifest variant {vname!r} has format {v.format!r}; expected 'safetensors', 'onnx', 'gguf' or 'pte'"
@@ -464,7 +466,12 @@ def check_candidate(
         if cand.kind in ("gguf", "pte"):  # what the runtime reads from the file: context, vocab, special ids
             try:
                 problems = device_runners.metadata_problems(
-                    cand.kind, runner, model_cfg, stop_ids(export_dir), add_bos=read_specials(export_dir).add_bos
+                    cand.kind,
+                    runner,
+                    model_cfg,
+                    stop_ids(export_dir),
+                    add_bos=read_specials(export_dir).add_bos,
+                    max_seq_len=cand.window,
                 )
             except Exception as err:  # an unreadable file fails the check, it does not crash the suite
                 problems = [f"{type(err).__name__}: {str(err).strip()[:400]}"]
@@ -500,7 +507,8 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
 
     ref_model, model_cfg, info = load_reference(cfg, manifest)
     train_tok = Tokenizer.from_file(str(Path(info["tokenizer_dir"]) / "tokenizer.json"))
-    window = model_cfg.max_position_embeddings
+    # every check fits the shortest window of the candidates (a .pte exported with a shorter KV window)
+    window = min([model_cfg.max_position_embeddings, *(c.window for c in candidates if c.window)])
     inputs = build_inputs(
         train_tok,
         context_tokens=min(cfg.context_tokens, window) if cfg.context_tokens else window,
@@ -586,6 +594,7 @@ def _evaluate(cfg, export_dir, manifest, tol_path, tolerances, candidates, t_sta
             "items": {i.name: list(i.input_ids.shape) for i in inputs.items},
             "greedy_batch": list(inputs.greedy.input_ids.shape),
             "kv_sequence_tokens": int(inputs.kv_ids.shape[1]),
+            "window": window,
             "heldout": inputs.heldout,
         },
         "reference": {
@@ -609,7 +618,9 @@ def _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg,
     if settings is None:
         return None
     onnx = {c.variant: c.path for c in candidates if c.kind == "onnx" and c.name == c.variant}
-    return lm_tasks.evaluate_tasks(settings, export_dir, onnx, ref_model, model_cfg, train_tok, cfg.threads)
+    return lm_tasks.evaluate_tasks(
+        settings, export_dir, onnx, ref_model, model_cfg, train_tok, cfg.threads, eval_report=eval_report
+    )
 
 
 def _remove_previous_report(out: Path) -> None:

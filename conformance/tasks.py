@@ -11,6 +11,13 @@ with its few-shot, limit and seed settings; ``eval.json``'s pretrained model and
 card's ``base`` and ``random twin`` columns. A variant is ``flagged`` on a task when its drop from the checkpoint
 is larger than its own standard error (the harness's).
 
+Generation (chat) tasks run when the export is a chat model (its ``tokenizer_config.json`` has a chat template):
+every model answers through the export's own template, greedily, until its end-of-turn token (the same
+decoding for the checkpoint in PyTorch and each variant's session). A pretrained model cannot answer them, so
+eval.json has no figures for them when it scored one; the ``random twin`` column of such a task (its
+"nothing learned" level: chance has no meaning for generated text) is then measured here, on a twin of the
+checkpoint's config initialised by ``reset_parameters(seed)`` as ``prodip eval`` makes it.
+
     python -c "from prodip.conformance.tasks import read_peers; help(read_peers)"
 """
 
@@ -21,7 +28,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from prodip.base.errors import InvalidInput, MissingInput
@@ -38,21 +44,6 @@ logger = logging.getLogger(__name__)
 
 #: the card's column names for eval.json's two models and the export's own weights in PyTorch
 RANDOM, BASE, CHECKPOINT = "random twin", "base", "checkpoint"
-
-
-def onnx_logits(runner: OrtRunner) -> lmeval.LogitsFn:
-    """``logits_fn`` of one ONNX variant: right-padded rows in one call with an empty cache (positions 0..T-1,
-    every mask 1: causal attention keeps the padding after a row out of its logits)."""
-
-    def fn(ids: torch.Tensor) -> torch.Tensor:
-        x = ids.numpy()
-        B, T = x.shape
-        mask = np.ones((B, T), dtype=np.int64)
-        pos = np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy()
-        logits, _ = runner.forward(x, mask, pos, None)
-        return torch.from_numpy(logits)
-
-    return fn
 
 
 def task_plan(cfg: Any, eval_report: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -77,22 +68,32 @@ def evaluate_tasks(
     tokenizer: Any,
     threads: int,
     batch_size: int = 16,
+    eval_report: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
-    """Score the tasks on the reference (``checkpoint``) and each ONNX variant (one session each).
+    """Score the tasks on the reference (``checkpoint``) and each ONNX variant (one session each), the chat
+    tasks through the export's chat template (left out for a base model's export), and a random twin on the
+    chat tasks eval.json has no figures for.
 
     Args:
         settings: from :func:`task_plan`.
         onnx_variants: variant name -> path of its ``.onnx`` file in the export.
         ref_model: prodip's training model of the export's checkpoint.
         tokenizer: the checkpoint's ``tokenizers.Tokenizer``.
+        eval_report: eval.json (whose rows, measured with the same settings, make a twin here needless).
 
     Returns:
-        ``{settings, rows}``: :func:`prodip.train.lmeval.side_by_side` rows, a column per model.
+        ``{settings, rows}``: :func:`prodip.train.lmeval.side_by_side` rows, a column per model (``random twin``
+        first where measured here).
     """
     names = settings["names"]
     tm = lmeval.task_manager(names, settings.get("task_paths") or ())
+    chat = lmeval.chat_format(export_dir)  # the export's own template: what every runtime renders
     common = dict(
-        bos_id=model_cfg.bos_token_id, eos_id=model_cfg.eos_token_id, max_length=model_cfg.max_position_embeddings
+        bos_id=model_cfg.bos_token_id,
+        eos_id=model_cfg.eos_token_id,
+        max_length=model_cfg.max_position_embeddings,
+        batch_size=batch_size,
+        chat=chat,
     )
     kw = dict(
         num_fewshot=settings.get("num_fewshot"),
@@ -101,15 +102,14 @@ def evaluate_tasks(
         seed=settings.get("seed", 0),
         threads=threads,
     )
-    per_model = {
-        CHECKPOINT: lmeval.run_tasks(
-            lmeval.make_lm(
-                tokenizer, lmeval.torch_logits(ref_model, torch.device("cpu")), batch_size=batch_size, **common
-            ),
-            names,
-            **kw,
+    cpu = torch.device("cpu")
+
+    def torch_lm(model: Any) -> Any:
+        return lmeval.make_lm(
+            tokenizer, lmeval.torch_logits(model, cpu), step_fn=lmeval.torch_step(model, cpu), **common
         )
-    }
+
+    per_model = {CHECKPOINT: lmeval.run_tasks(torch_lm(ref_model), names, **kw)}
     for variant, path in onnx_variants.items():
         logger.info("conformance: tasks on %s", variant)
         runner = OrtRunner(
@@ -120,10 +120,26 @@ def evaluate_tasks(
             head_dim=model_cfg.head_dim,
             threads=threads,
         )
-        lm = lmeval.make_lm(tokenizer, onnx_logits(runner), batch_size=batch_size, **common)
+        step = runner.forward
+        lm = lmeval.make_lm(tokenizer, lmeval.step_logits(step), step_fn=step, **common)
         per_model[variant] = lmeval.run_tasks(lm, names, **kw)
-        del runner  # one session per variant, released before the next loads
-    return {"settings": settings, "rows": lmeval.side_by_side(per_model)}
+        del runner, step, lm  # one session per variant, released before the next loads
+    rows = lmeval.side_by_side(per_model)
+    ev_tasks = (eval_report or {}).get("tasks") or {}
+    ev_names = {r["task"] for r in ev_tasks.get("rows", [])} if ev_tasks.get("settings") == settings else set()
+    twin_names = [r["task"] for r in rows if r["output_type"] == "generate_until" and r["task"] not in ev_names]
+    if twin_names:
+        from prodip.train.model import LlamaForCausalLM  # noqa: PLC0415
+
+        logger.info("conformance: chat tasks on a random twin (%s)", ", ".join(twin_names))
+        twin = LlamaForCausalLM(model_cfg)
+        twin.reset_parameters(seed=settings.get("seed", 0))
+        measured = {r["task"]: r for r in lmeval.run_tasks(torch_lm(twin.eval()), twin_names, **kw)}
+        for row in rows:
+            if row["task"] in measured:
+                row["scores"] = {RANDOM: measured[row["task"]]["scores"], **row["scores"]}
+                row["seconds"] = {RANDOM: measured[row["task"]]["seconds"], **row["seconds"]}
+    return {"settings": settings, "rows": rows}
 
 
 def card_rows(measured: dict[str, Any], eval_report: Optional[dict[str, Any]], checkpoint_sha256: str) -> list[TaskRow]:
@@ -156,7 +172,7 @@ def card_rows(measured: dict[str, Any], eval_report: Optional[dict[str, Any]], c
         flagged = []
         for name in row["scores"]:
             s = columns[name]
-            if name == CHECKPOINT or ref is None or s.value is None or s.stderr is None:
+            if name in (CHECKPOINT, RANDOM) or ref is None or s.value is None or s.stderr is None:
                 continue
             drop = (ref - s.value) if row["higher_is_better"] else (s.value - ref)
             if drop > s.stderr:
@@ -165,6 +181,7 @@ def card_rows(measured: dict[str, Any], eval_report: Optional[dict[str, Any]], c
             TaskRow(
                 task=row["task"],
                 language=row["language"],
+                output_type=row["output_type"],
                 shots=row["shots"],
                 items=row["items"],
                 metric=metric,

@@ -9,7 +9,9 @@ base model) and are written into every artifact:
   ``datasets``, ``base_model``, ``pipeline_tag``, ``library_name``, ``tags``), then the data statement;
 - each GGUF file: gguf-py's ``general.license``, ``general.license.name``, ``general.license.link``,
   ``general.languages``, ``general.tags``, ``general.dataset.count`` + ``general.dataset.{i}.name`` (and
-  ``.repo_url``), the keys llama.cpp's ``gguf-py/gguf/metadata.py`` fills from a card;
+  ``.repo_url`` / ``.url`` when the record states a URL or a repository @ commit), the model's
+  ``general.name`` / ``basename`` / ``size_label`` / ``finetune``, ``general.base_model.0.*`` for a Hub
+  base: the keys llama.cpp's ``gguf-py/gguf/metadata.py`` fills from a card;
 - each ``.onnx`` file: ``metadata_props`` (:func:`onnx_props`);
 - ``executorch/model_card.json``: the card beside the ``.pte`` files.
 
@@ -28,9 +30,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from prodip.base.hub import is_hub_model_id
 from prodip.base.manifest import Card
 from prodip.base.sources import (
     UNKNOWN_INCLUDED,
+    card_license,
     hf_license,
     licence_statement,
     license_class,
@@ -74,9 +78,6 @@ def tokenizer_sources(train_info: Optional[TrainInfo], known: set[str]) -> list[
     return out
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
 def _readme_license(folder: Path) -> Optional[str]:
     """The ``license`` of a model folder's ``README.md`` front matter (the Hub card), or None."""
     readme = folder / README_FILE
@@ -99,18 +100,76 @@ def imported_base(folder: str | Path, hub_id: str = "") -> dict[str, Any]:
     Raises:
         InvalidInput: ``hub_id`` given but not of the form ``owner/name``.
     """
-    from prodip.base.errors import InvalidInput  # noqa: PLC0415
 
     folder = Path(folder)
-    if hub_id and not _HUB_ID.match(hub_id):
-        raise InvalidInput(f"--base-model-id {hub_id!r}: a Hub id is owner/name (e.g. HuggingFaceTB/SmolLM2-135M)")
-    if not hub_id:
-        try:
-            name = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("_name_or_path", "")
-        except (OSError, json.JSONDecodeError):
-            name = ""
-        hub_id = name if isinstance(name, str) and _HUB_ID.match(name) and not Path(name).exists() else ""
+    check_base_model_id(hub_id)
+    hub_id = hub_id or folder_hub_id(folder) or ""
     return {"base_model": hub_id or None, "license": _readme_license(folder), "added": "nothing (exported unchanged)"}
+
+
+def check_base_model_id(hub_id: str) -> None:
+    """Refuse a ``--base-model-id`` that is not a Hub model id (:func:`prodip.base.hub.is_hub_model_id`).
+
+    Raises:
+        InvalidInput: ``hub_id`` given but not ``owner/name`` as the Hub validates it.
+    """
+    from prodip.base.errors import InvalidInput  # noqa: PLC0415
+
+    if hub_id and not is_hub_model_id(hub_id):
+        raise InvalidInput(f"--base-model-id {hub_id!r}: a Hub id is owner/name (e.g. HuggingFaceTB/SmolLM2-135M)")
+
+
+def folder_hub_id(folder: Path) -> Optional[str]:
+    """A Hugging Face folder's Hub id as transformers recorded it (``config.json`` ``_name_or_path``) when it is
+    one and not a path that exists here; else None."""
+    try:
+        name = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("_name_or_path", "")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return name if is_hub_model_id(name) and not Path(name).exists() else None
+
+
+_STEP_SUFFIX = re.compile(r"^(.*) \(step (\d+)\)$")
+
+
+def trained_base(init: Optional[dict[str, Any]], hub_id: str = "", depth: int = 0) -> tuple[Optional[str], str]:
+    """What a trained export's card says it started from: ``(base_model, origin)``.
+
+    Args:
+        init: the checkpoint's ``data_card.init_from`` (``{"source", "kind"}``: a prodip checkpoint ``PATH (step
+            N)`` or a Hugging Face folder ``PATH``), None when trained from scratch.
+        hub_id: ``--base-model-id`` (wins over anything derived).
+    Returns:
+        ``base_model``: ``hub_id``, else the Hub id derived from the source (an HF folder's ``_name_or_path``, a
+        prodip checkpoint's own ``init_from`` followed back), else None; ``origin``: one sentence for the card
+        naming the local origin without a path of this machine ("" when trained from scratch).
+    """
+    if not init:
+        return (hub_id or None), ""
+    source = str(init.get("source", ""))
+    m = _STEP_SUFFIX.match(source)
+    path = Path(m.group(1) if m else source)
+    if init.get("kind") == "hf":
+        found = hub_id or folder_hub_id(path)
+        named = f"`{found}`" if found else f"a local Hugging Face model folder (`{path.name}`, no Hub id known)"
+        return found or None, named + " (its own card states its data)"
+    found = hub_id or (_prodip_base_hub_id(path, depth) if depth < 8 else None)
+    step = f" at step {m.group(2)}" if m else ""
+    origin = f"a prodip checkpoint{step}" + (f", itself trained from `{found}`" if found else "")
+    return found or None, origin
+
+
+def _prodip_base_hub_id(path: Path, depth: int) -> Optional[str]:
+    """The Hub id the prodip checkpoint at ``path`` started from, followed back through its ``init_from``."""
+    from prodip.train import checkpoint  # noqa: PLC0415
+    from prodip.train.records import TrainerState  # noqa: PLC0415
+
+    try:
+        ckpt = checkpoint.resolve_checkpoint(path)
+        card = TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).data_card or {}
+    except (OSError, ValueError):
+        return None
+    return trained_base(card.get("init_from"), depth=depth + 1)[0]
 
 
 def _imported_card(imported: dict[str, Any]) -> Card:
@@ -133,13 +192,9 @@ def _imported_card(imported: dict[str, Any]) -> Card:
         "text": text,
     }
     license_ = (
-        {"license": lic.lower()}
+        card_license(lic)
         if lic and lic.lower() != "other"
-        else {
-            "license": "other",
-            "license_name": "base-model-licence",
-            "license_link": "README.md#data-statement",
-        }
+        else {"license": "other", "license_name": "base-model-licence", "license_link": "README.md#data-statement"}
     )
     return Card.model_validate(
         {
@@ -155,16 +210,20 @@ def _imported_card(imported: dict[str, Any]) -> Card:
     )
 
 
-def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None) -> Card:
-    """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records) and
-    its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`).
+def build_card(
+    data_card: Optional[dict[str, Any]], train_info: Optional[TrainInfo] = None, base_model_id: str = ""
+) -> Card:
+    """The card's facts from a checkpoint's ``data_card`` (None: a checkpoint made before source records),
+    its tokenizer's ``train_info.json`` (:func:`tokenizer_sources`) and ``--base-model-id`` (:func:`trained_base`).
 
     Returns:
         The :class:`~prodip.base.manifest.Card` (``manifest.json``'s ``card``): ``license`` ({license[,
         license_name, license_link]}), ``languages``, ``datasets``, ``tags``, ``base_model``, ``sources``
         (record + chars/tokens/shares/tokens_seen), ``statement`` (``licence_statement(...)``),
-        ``tokens_seen_by_language``. Without records every field says so and the mix is not cleared.
+        ``tokens_seen_by_language``, and ``base_model_origin`` (the local origin in words) after ``--init-from``.
+        Without records every field says so and the mix is not cleared.
     Raises:
+        InvalidInput: ``base_model_id`` is not a Hub model id.
         pydantic.ValidationError: a source record that is not a card source (a bug upstream: field named).
     """
     data_card = data_card or {}
@@ -194,7 +253,8 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
             "license_link": "README.md#data-statement",
         }
     languages = sorted({s["language"] for s in sources} | set(data_card.get("tokens_seen_by_language", {})))
-    init = data_card.get("init_from")
+    check_base_model_id(base_model_id)
+    base_model, origin = trained_base(data_card.get("init_from"), base_model_id)
     replay = {"replay": data_card["replay"]} if data_card.get("replay") else {}
     return Card.model_validate(
         {
@@ -202,11 +262,12 @@ def build_card(data_card: Optional[dict[str, Any]], train_info: Optional[TrainIn
             "languages": languages,
             "datasets": sorted({s["dataset_id"] for s in sources if s.get("dataset_id")}),
             "tags": ["prodip", "llama", *(["licence-not-cleared"] if not statement["cleared"] else [])],
-            "base_model": init["source"] if init else None,
+            "base_model": base_model,
             "sources": sources,
             "statement": statement,
             "tokens_seen_by_language": data_card.get("tokens_seen_by_language", {}),
             **replay,
+            **({"base_model_origin": origin} if origin else {}),
         }
     )
 
@@ -262,8 +323,11 @@ def data_statement(card: Card) -> str:
     seen = card.tokens_seen_by_language
     if seen:
         lines += ["Tokens seen in training per language: " + ", ".join(f"{k} {v:,}" for k, v in seen.items()), ""]
-    if card.base_model and "imported" not in card.tags:
-        lines += [f"Fine-tuned from: `{card.base_model}` (its own card states its data).", ""]
+    origin = getattr(card, "base_model_origin", None) or (
+        f"`{card.base_model}` (its own card states its data)" if card.base_model else None
+    )
+    if origin and "imported" not in card.tags:
+        lines += [f"Fine-tuned from: {origin}.", ""]
     if card.replay:
         r = card.replay
         by_lang = ", ".join(f"{k} {v:,}" for k, v in sorted(r.get("tokens_by_language", {}).items()))
@@ -318,9 +382,83 @@ def source_summary(card: Card) -> list[dict[str, Any]]:
     ]
 
 
-def add_gguf_metadata(writer: Any, card: Card) -> None:
-    """Write the card's keys into a ``gguf.GGUFWriter`` before its header is written (gguf-py's names)."""
+#: ``owner/repo @ commit`` as a source record's ``origin`` states a repository (backticks optional); the
+#: records' repositories are GitHub's (data/README.md's "source (repository @ commit)" column).
+_REPO_AT_COMMIT = re.compile(r"`?([A-Za-z0-9][\w.-]*/[\w.-]+)`?\s*@\s*`?([0-9a-f]{7,40})\b`?")
+_URL = re.compile(r"^https?://\S+$")
+
+
+def origin_urls(origin: Optional[str], dataset_id: Optional[str] = None) -> dict[str, str]:
+    """The URLs a source record's ``origin`` / ``dataset_id`` state, as gguf-py's ``general.dataset.{i}.*`` keys.
+
+    Returns:
+        ``repo_url``: ``https://github.com/OWNER/REPO/tree/COMMIT`` when ``origin`` names ``owner/repo @ commit``
+        (the first such, wherever it stands in the text), else ``https://huggingface.co/datasets/ID`` for a
+        ``dataset_id``; ``url``: ``origin`` itself when it is nothing but a URL. Free text ("as above", a
+        description) gives neither.
+    """
+    out: dict[str, str] = {}
+    text = (origin or "").strip()
+    found = _REPO_AT_COMMIT.search(text)
+    if found:
+        out["repo_url"] = f"https://github.com/{found.group(1)}/tree/{found.group(2)}"
+    elif dataset_id:
+        out["repo_url"] = f"https://huggingface.co/datasets/{dataset_id}"
+    if _URL.match(text):
+        out["url"] = text
+    return out
+
+
+def gguf_names(card: Card, n_params: int) -> dict[str, str]:
+    """``general.name``, ``basename``, ``size_label``, ``finetune``, ``organization`` for a GGUF (what llama.cpp,
+    LM Studio and Ollama show as the model's name), from the card and the model's parameter count.
+
+    An import is its Hub model (``HuggingFaceTB/SmolLM2-135M`` -> name and basename ``SmolLM2-135M``,
+    organization ``HuggingFaceTB``); a trained model is ``prodip-LANG-LANG`` (its languages), ``finetune``
+    ``chat`` when fine-tuned on conversations. ``size_label`` is gguf-py's own (``gguf.utility.size_label``:
+    ``4.2M``, ``135M``).
+    """
+    from gguf.utility import size_label  # noqa: PLC0415 (runtimes extra)
+
+    size = size_label(n_params, 0, 0, 0)
+    if "imported" in card.tags and card.base_model:
+        owner, name = card.base_model.split("/", 1)
+        return {"name": name, "basename": name, "size_label": size, "organization": owner}
+    basename = "-".join(["prodip", *card.languages])
+    chat = any(s.stage == "sft" for s in card.sources)
+    out = {"name": " ".join([basename, size, *(["chat"] if chat else [])]), "basename": basename, "size_label": size}
+    return {**out, **({"finetune": "chat"} if chat else {})}
+
+
+def add_gguf_metadata(writer: Any, card: Card, model: Any = None) -> None:
+    """Write the card's keys into a ``gguf.GGUFWriter`` before its header is written (gguf-py's names, as
+    llama.cpp's ``gguf-py/gguf/metadata.py`` fills them from a Hub card): the licence, languages, tags, the
+    model's names (:func:`gguf_names`; ``model``: the ``LlamaForCausalLM`` being written, for its size),
+    ``general.base_model.0.*`` for a Hub base (an import, or ``--init-from`` one), ``general.source.repo_url``
+    for an import, and per source ``general.dataset.{i}.name`` plus only URLs (:func:`origin_urls`)."""
+    from gguf import Keys  # noqa: PLC0415 (runtimes extra)
+
     lic = card.license
+    if model is not None:
+        n_params = sum(p.numel() for p in model.parameters())  # parameters() counts a tied weight once
+        for kv in writer.kv_data:  # the writer's placeholder name gives way to the model's own
+            kv.pop(Keys.General.NAME, None)
+        names = gguf_names(card, n_params)
+        writer.add_name(names["name"])
+        writer.add_basename(names["basename"])
+        writer.add_size_label(names["size_label"])
+        if "finetune" in names:
+            writer.add_finetune(names["finetune"])
+        if "organization" in names:
+            writer.add_organization(names["organization"])
+    if card.base_model:
+        url = f"https://huggingface.co/{card.base_model}"
+        writer.add_base_model_count(1)
+        writer.add_base_model_name(0, card.base_model.split("/", 1)[1])
+        writer.add_base_model_organization(0, card.base_model.split("/", 1)[0])
+        writer.add_base_model_repo_url(0, url)
+        if "imported" in card.tags:
+            writer.add_source_repo_url(url)
     writer.add_license(lic.license)
     if lic.license_name:
         writer.add_license_name(lic.license_name)
@@ -332,8 +470,11 @@ def add_gguf_metadata(writer: Any, card: Card) -> None:
     writer.add_dataset_count(len(card.sources))
     for i, s in enumerate(card.sources):  # llama.cpp's metadata.py: one general.dataset.{i}.* per dataset
         writer.add_dataset_name(i, s.name)
-        if s.origin:
-            writer.add_dataset_repo_url(i, s.origin)
+        urls = origin_urls(s.origin, s.dataset_id)
+        if "repo_url" in urls:
+            writer.add_dataset_repo_url(i, urls["repo_url"])
+        if "url" in urls:
+            writer.add_dataset_url(i, urls["url"])
     writer.add_string("prodip.sources", json.dumps(source_summary(card), ensure_ascii=False, sort_keys=True))
 
 

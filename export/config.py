@@ -69,11 +69,17 @@ class ExportConfig:
     pte_group_size: int = opt(
         32, "pte-8da4w: weights per int4 group along each Linear's input dim (must divide hidden and intermediate size)"
     )
+    pte_max_seq_len: int = opt(
+        0,
+        "pte-*: the program's KV-cache window (tokens; get_max_seq_len), shorter than the model's "
+        "max_position_embeddings for a long-context model whose whole-window plan is too large; 0 = the whole window",
+    )
     force: bool = opt(False, "replace an existing, non-empty export dir")
     base_model_id: str = opt(
         "",
-        "the Hub id of an imported model (e.g. HuggingFaceTB/SmolLM2-135M-Instruct), the card's base_model; "
-        "default: the folder's config.json _name_or_path when it is a Hub id, else none",
+        "the Hub id of the model this one starts from (e.g. HuggingFaceTB/SmolLM2-135M-Instruct), the card's "
+        "base_model; default: derived (an imported or --init-from folder's config.json _name_or_path when it is "
+        "a Hub id, a checkpoint's own base followed back), else none: a local path never becomes base_model",
     )
 
     def __post_init__(self) -> None:
@@ -89,6 +95,10 @@ class ExportConfig:
         check_opset(self.opset)
         check_nbits_options(4, self.int4_block_size, self.int4_accuracy_level, name="ExportConfig.int4_block_size")
         check_nbits_options(8, self.int8_block_size, 4, name="ExportConfig.int8_block_size")
+        if isinstance(self.pte_max_seq_len, bool) or self.pte_max_seq_len < 0:
+            raise InvalidInput(
+                f"ExportConfig.pte_max_seq_len must be >= 0 (0 = the whole window), got {self.pte_max_seq_len}"
+            )
         gs = self.pte_group_size
         if gs < 16 or gs & (gs - 1):
             raise InvalidInput(f"ExportConfig.pte_group_size must be a power of 2 >= 16, got {gs}")

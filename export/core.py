@@ -336,7 +336,7 @@ def check_device_targets(config: Any, cfg: ExportConfig, tokenizer_dir: Optional
         if "gguf-q4_k_m" in wanted:
             gguf_export.llama_cpp_lib_dir()
     for name in (v for v in wanted if v in PTE_VARIANTS):
-        pte_export.check_representable(config, name, cfg.pte_group_size)
+        pte_export.check_representable(config, name, cfg.pte_group_size, cfg.pte_max_seq_len)
     if any(v in PTE_VARIANTS for v in wanted) and tokenizer_dir is not None:
         require_portable(tokenizer_dir, "executorch")
 
@@ -366,9 +366,24 @@ def _build_devices(
         v = BY_NAME[name]
         with step(f"ExecuTorch {name} (XNNPACK)"):
             quant = pte_export.export_pte(
-                model, root / v.path, name, bos_id=bos, eos_ids=eos_ids, group_size=cfg.pte_group_size
+                model,
+                root / v.path,
+                name,
+                bos_id=bos,
+                eos_ids=eos_ids,
+                group_size=cfg.pte_group_size,
+                max_seq_len=cfg.pte_max_seq_len,
             )
-        out[name] = {"path": v.path, "format": "pte", "dtype": v.dtype, "quantization": quant, "tokenizer": tok_rel}
+        # the program's KV-cache window (tokens): conformance checks it within this window
+        window = cfg.pte_max_seq_len or model.config.max_position_embeddings
+        out[name] = {
+            "path": v.path,
+            "format": "pte",
+            "dtype": v.dtype,
+            "quantization": quant,
+            "tokenizer": tok_rel,
+            "max_seq_len": window,
+        }
     return out
 
 
@@ -444,7 +459,7 @@ def _build_all(
     tokenizer_info: Optional[TrainInfo] = None,
 ) -> None:
     """Write every requested artifact and the manifest into the private folder ``tmp``."""
-    card = model_card.build_card(data_card, tokenizer_info)
+    card = model_card.build_card(data_card, tokenizer_info, cfg.base_model_id)
     with step(f"HF layout (config.json, model.safetensors {cfg.safetensors_dtype}, tokenizer)"):
         hf.write_hf(model, tmp, dtype=cfg.safetensors_dtype, tokenizer_dir=tokenizer_dir)
     # model.safetensors is always written (it is what transformers loads), so it is always a variant:

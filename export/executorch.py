@@ -1,7 +1,8 @@
 """ExecuTorch programs (``.pte``, XNNPACK) of the training model with a static KV cache.
 
 :class:`StaticCacheDecoder` wraps the training model itself, unchanged: per layer a key and a value
-buffer (1, Hkv, S, Dh) with S = ``max_position_embeddings`` hold the cache; each call passes the whole
+buffer (1, Hkv, S, Dh) with S = ``max_position_embeddings`` (or a shorter window, ``[export] pte_max_seq_len``:
+ExecuTorch plans working memory for a whole-S prompt) hold the cache; each call passes the whole
 buffer as the model's ``past_key_values`` with an attention mask that admits only the slots already
 written (positions ``< input_pos``), then writes the new keys and values at ``input_pos + arange(T)``
 (``index_copy_``, an in-place buffer mutation ExecuTorch keeps between calls). So RoPE, GQA and the
@@ -88,9 +89,10 @@ class StaticCacheDecoder(nn.Module):
 PLANNED_MEMORY_LIMIT = 16 * 2**30
 
 
-def runner_metadata(config: Any, *, bos_id: int, eos_ids: list[int]) -> dict[str, Any]:
-    """The constant methods ExecuTorch's LLM runners read (names: :data:`METADATA_KEYS`)."""
-    S = config.max_position_embeddings
+def runner_metadata(config: Any, *, bos_id: int, eos_ids: list[int], max_seq_len: int = 0) -> dict[str, Any]:
+    """The constant methods ExecuTorch's LLM runners read (names: :data:`METADATA_KEYS`); ``max_seq_len``: the
+    program's window (tokens), 0 = ``max_position_embeddings``."""
+    S = max_seq_len or config.max_position_embeddings
     return {
         "get_bos_id": bos_id,
         "get_eos_ids": list(eos_ids),
@@ -104,13 +106,19 @@ def runner_metadata(config: Any, *, bos_id: int, eos_ids: list[int]) -> dict[str
     }
 
 
-def check_representable(config: Any, variant: str, group_size: int) -> None:
+def check_representable(config: Any, variant: str, group_size: int, max_seq_len: int = 0) -> None:
     """Refuse, before anything is written, a model the variant cannot hold.
 
     Raises:
-        InvalidInput: pte-8da4w with a Linear input size (hidden_size, intermediate_size,
+        InvalidInput: a ``max_seq_len`` (``pte_max_seq_len``) beyond ``max_position_embeddings``;
+            pte-8da4w with a Linear input size (hidden_size, intermediate_size,
             heads * head_dim) that ``group_size`` does not divide (the Linear would stay float32).
     """
+    if max_seq_len > config.max_position_embeddings:
+        raise InvalidInput(
+            f"{variant}: pte_max_seq_len = {max_seq_len} exceeds the model's max_position_embeddings = "
+            f"{config.max_position_embeddings}; the window can only be shorter"
+        )
     if variant != "pte-8da4w":
         return
     rows = {
@@ -156,6 +164,7 @@ def export_pte(
     bos_id: int,
     eos_ids: list[int],
     group_size: int = 32,
+    max_seq_len: int = 0,
     metadata_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Lower the training model to an ExecuTorch program for XNNPACK and write it to ``path``.
@@ -166,6 +175,7 @@ def export_pte(
         variant: ``pte-fp32`` or ``pte-8da4w``.
         bos_id, eos_ids: the runner's BOS and end-of-generation ids.
         group_size: int4 weights per group (pte-8da4w).
+        max_seq_len: S, the KV-cache window (tokens); 0 = ``max_position_embeddings``.
         metadata_overrides: replace runner metadata values (planted faults only).
     Returns:
         The manifest ``quantization`` entry: scheme, group size, metadata, tool versions.
@@ -178,12 +188,12 @@ def export_pte(
     )
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower  # noqa: PLC0415 (optional)
 
-    check_representable(model.config, variant, group_size)
+    check_representable(model.config, variant, group_size, max_seq_len)
     t0 = time.perf_counter()
     model = copy.deepcopy(model).float().eval()
     if variant == "pte-8da4w":
         _quantize_8da4w(model, group_size)
-    S = model.config.max_position_embeddings
+    S = max_seq_len or model.config.max_position_embeddings
     decoder = StaticCacheDecoder(model, S).eval()
     example = (torch.tensor([[1, 2, 3]], dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
     # Dim.DYNAMIC, not a named Dim: torch.export cannot prove a harmless Min(...) guard from the
@@ -191,7 +201,10 @@ def export_pte(
     seq = torch.export.Dim.DYNAMIC(min=1, max=S)
     with torch.no_grad():
         program = torch.export.export(decoder, example, dynamic_shapes=({1: seq}, None), strict=False)
-    meta = {**runner_metadata(model.config, bos_id=bos_id, eos_ids=eos_ids), **(metadata_overrides or {})}
+    meta = {
+        **runner_metadata(model.config, bos_id=bos_id, eos_ids=eos_ids, max_seq_len=S),
+        **(metadata_overrides or {}),
+    }
     edge = to_edge_transform_and_lower(
         program,
         partitioner=[XnnpackPartitioner()],
@@ -203,10 +216,11 @@ def export_pte(
     if planned > PLANNED_MEMORY_LIMIT:
         # the memory plan is sized for the longest prompt, a whole window: attention over S x 2S scores
         raise InvalidInput(
-            f"{variant}: the program would plan {planned / 2**30:.1f} GiB of working memory for "
-            f"max_position_embeddings = {S} (ExecuTorch sizes its buffers for a whole-window prompt, attention "
-            f"scores S x 2S per head), over the {PLANNED_MEMORY_LIMIT / 2**30:.0f} GiB a device runtime can "
-            "allocate; export the .pte variants of a model with a shorter max_position_embeddings"
+            f"{variant}: the program would plan {planned / 2**30:.1f} GiB of working memory for a window of "
+            f"{S} tokens ({'pte_max_seq_len' if max_seq_len else 'max_position_embeddings'} = {S}; ExecuTorch sizes "
+            f"its buffers for a whole-window prompt, attention scores S x 2S per head), over the "
+            f"{PLANNED_MEMORY_LIMIT / 2**30:.0f} GiB a device runtime can allocate; export the .pte with a shorter "
+            "window: --pte-max-seq-len N ([export] pte_max_seq_len)"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:

@@ -165,7 +165,7 @@ def write_gguf(
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
     w.add_name("prodip")
     if card is not None:
-        add_gguf_metadata(w, card)
+        add_gguf_metadata(w, card, model)
     w.add_vocab_size(cfg.vocab_size)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)

@@ -55,7 +55,9 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
 def generation_config(
     config: Any, end_of_turn_id: Optional[int] = None, stop_ids: Sequence[int] = ()
 ) -> dict[str, Any]:
-    """``generation_config.json``: token ids and greedy decoding up to the trained context.
+    """``generation_config.json``: token ids and greedy decoding. No ``max_length``: with it, every
+    ``generate(max_new_tokens=...)`` in transformers warns that both are set; a caller gives the length
+    (onnxruntime-genai's ``genai_config.json`` takes the trained context as its own ``max_length``).
 
     Args:
         config: the ``ModelConfig``.
@@ -73,7 +75,6 @@ def generation_config(
         "bos_token_id": config.bos_token_id,
         "eos_token_id": eos,
         "pad_token_id": config.pad_token_id,
-        "max_length": config.max_position_embeddings,
         "do_sample": False,
     }
 

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import functools
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field, StrictBool, field_validator
 
@@ -44,7 +43,7 @@ from prodip.base.errors import MissingInput, OutputExists
 from prodip.base.layout import TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Number, Record, refuse_newer
-from prodip.base.stage import STAGE_TIMES_FILE, Stage, StageTimes, made_from
+from prodip.base.stage import STAGE_TIMES_FILE, CompletionRequests, RunContext, Stage, StageTimes, made_from
 from prodip.serve.stage import Completions
 from prodip.train.records import (
     CHECKPOINT_MANIFEST_FILE,
@@ -55,6 +54,9 @@ from prodip.train.records import (
     SftEvalReport,
     TrainerState,
 )
+
+if TYPE_CHECKING:
+    from prodip.plan import RunPlan
 
 # The stage packages' own modules (their ``stage`` registries, the corpus reader, the summary) import
 # torch, onnx and pyarrow: they are imported where a run needs them, not here, so that `prodip run --help`
@@ -69,30 +71,34 @@ SECTIONS: list[str] = list(TABLES)
 
 
 @functools.cache
-def _stages() -> dict[str, Stage]:
+def _stages() -> dict[str, Stage[Any]]:
     """Every stage, in pipeline order; each package's ``stage`` module owns its records (imported on first
     use: they import torch and onnx). Also ``prodip.pipeline.STAGES``.
 
     Raises:
-        RuntimeError: the registry disagrees with :data:`ORDER` or :data:`SECTIONS` (a stage added in one
-            place only).
+        RuntimeError: the registry disagrees with :data:`ORDER`, :data:`SECTIONS` or the attributes of
+            :class:`prodip.plan.RunPlan` (a stage or table added in one place only).
     """
     from prodip.conformance.stage import STAGES as conformance  # noqa: PLC0415 (lazy: torch, onnx)
     from prodip.export.stage import STAGES as export  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.plan import RunPlan  # noqa: PLC0415 (lazy: torch, onnx)
     from prodip.serve.stage import STAGES as serve  # noqa: PLC0415 (lazy: torch, onnx)
     from prodip.tokenizer.stage import STAGES as tokenizer  # noqa: PLC0415 (lazy: torch, onnx)
     from prodip.train.stage import STAGES as train  # noqa: PLC0415 (lazy: torch, onnx)
 
     stages = {s.name: s for s in (*tokenizer, *train, *export, *conformance, *serve)}
-    tables = [t for s in stages.values() for t in s.tables]
-    if list(stages) != ORDER or tables != SECTIONS:
-        raise RuntimeError(f"stage registry {list(stages)} / {tables} differs from ORDER {ORDER} / SECTIONS {SECTIONS}")
+    tables = {t: cls for s in stages.values() for t, cls in s.tables.items()}
+    if list(stages) != ORDER or list(tables) != SECTIONS or tables != RunPlan.classes():
+        raise RuntimeError(
+            f"stage registry {list(stages)} / {tables} differs from ORDER {ORDER} / SECTIONS {SECTIONS} / "
+            f"RunPlan {RunPlan.classes()}"
+        )
     return stages
 
 
-def _config_classes() -> dict[str, str]:
-    """Config table -> ``"module:ConfigClass"``, in pipeline order (also ``prodip.pipeline.CONFIG_CLASSES``)."""
-    return {t: ref for s in _stages().values() for t, ref in s.tables.items()}
+def _config_classes() -> dict[str, type[Any]]:
+    """Config table -> its config class, in pipeline order (also ``prodip.pipeline.CONFIG_CLASSES``)."""
+    return {t: cls for s in _stages().values() for t, cls in s.tables.items()}
 
 
 def __getattr__(name: str) -> Any:
@@ -104,35 +110,42 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _load(ref: str) -> Any:
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
+def _done(stage: Stage[Any], plan: RunPlan) -> bool:
+    """Whether ``stage``'s artifact is complete (its ``done`` on its own config)."""
+    return stage.done(stage.own(plan))
 
 
-def resolve_all(config_path: str, tables: dict[str, dict], out_dir: Path) -> dict[str, Any]:
+def _active(stage: Stage[Any], plan: RunPlan) -> bool:
+    """Whether the plan uses ``stage`` at all (its ``active`` on its own config)."""
+    return stage.active(stage.own(plan))
+
+
+def resolve_all(config_path: str, tables: dict[str, dict[str, Any]], out_dir: Path) -> RunPlan:
     """Build every stage's config dataclass: run defaults < TOML table. ``[tokenizer]`` and ``[audit]``
-    read the corpus as ``[data]`` does (its ``text_field``, ``doc_chars``, ``errors``) unless their own
-    tables say otherwise.
+    read the corpus as ``[data]`` does (its ``READ_OPTIONS``: ``text_field``, ``doc_chars``, ``errors``, those
+    each has) unless their own tables say otherwise.
 
     Raises:
         ConfigError: an unknown key or wrong type in a table, naming the file and table.
     """
+    from prodip.plan import RunPlan  # noqa: PLC0415 (lazy: torch, onnx)
+    from prodip.tokenizer.config import READ_OPTIONS  # noqa: PLC0415 (lazy: pyarrow)
+
     base = stage_defaults(out_dir, chat=has_sft(tables))
-    # one set of corpus-reader options: [data]'s, unless [tokenizer] or [audit] set their own
-    reader = {k: v for k, v in tables.get("data", {}).items() if k in ("text_field", "doc_chars", "errors")}
-    plan = {}
-    for name, ref in _config_classes().items():
-        cls = _load(ref)
+    # one set of corpus-reading options: [data]'s, unless [tokenizer] or [audit] set their own
+    reader = {k: v for k, v in tables.get("data", {}).items() if k in READ_OPTIONS}
+    configs = {}
+    for name, cls in _config_classes().items():
         fields = {f.name for f in dataclasses.fields(cls)}
         data = {k: v for k, v in base[name].items() if k in fields}
         if name in ("tokenizer", "audit"):
-            data.update({k: v for k, v in reader.items() if k in fields and not (name == "audit" and k == "doc_chars")})
+            data.update({k: v for k, v in reader.items() if k in fields})
         data.update(tables.get(name, {}))
-        plan[name] = from_dict(cls, data, source=f"{config_path} [{name}]")
-    return plan
+        configs[name] = from_dict(cls, data, source=f"{config_path} [{name}]")
+    return RunPlan(**configs)
 
 
-def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
+def check_plan(plan: RunPlan, wanted: list[str], *, source: str) -> None:
     """Checks that span several tables, made before any stage runs (not hours into training).
 
     The model's vocabulary is not among them: it comes from the tokenizer dir when training starts
@@ -144,43 +157,43 @@ def check_plan(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
     """
     if not wanted:
         raise ConfigError(f"{source}: no stages to run; stages are {', '.join(ORDER)}")
-    model = plan["model"]
-    for table in ("train", "eval"):
-        if plan[table].seq_len > model.max_position_embeddings:
+    model = plan.model
+    for table, seq_len in (("train", plan.train.seq_len), ("eval", plan.eval.seq_len)):
+        if seq_len > model.max_position_embeddings:
             raise ConfigError(
-                f"{source} [{table}] seq_len = {plan[table].seq_len} exceeds [model] "
+                f"{source} [{table}] seq_len = {seq_len} exceeds [model] "
                 f"max_position_embeddings = {model.max_position_embeddings}"
             )
-    exported = plan["export"].variants
-    if "serve" in wanted and exported and plan["serve"].variant not in exported:
+    exported = plan.export.variants
+    if "serve" in wanted and exported and plan.serve.variant not in exported:
         raise ConfigError(
-            f"{source} [serve] variant = {plan['serve'].variant!r} is not among [export] variants {exported}"
+            f"{source} [serve] variant = {plan.serve.variant!r} is not among [export] variants {exported}"
         )
     stages = _stages()
     for name in wanted:
         dep = stages[name].needs
-        if dep and stages[name].active(plan) and dep not in wanted and not stages[dep].done(plan):
+        if dep and _active(stages[name], plan) and dep not in wanted and not _done(stages[dep], plan):
             raise ConfigError(
                 f"stage {name!r} needs the output of stage {dep!r}, which is neither complete "
                 f"in this run's out_dir nor among the stages to run"
             )
-    for name, table in (("tokenizer", "tokenizer"), ("data", "data")):
-        if name in wanted and not plan[table].inputs:
+    for table, inputs in (("tokenizer", plan.tokenizer.inputs), ("data", plan.data.inputs)):
+        if table in wanted and not inputs:
             raise ConfigError(
                 f"{source} [{table}] inputs: no corpus given; expected e.g. "
                 f'inputs = {{bn = ["data/bn"], en = ["data/en"]}}'
             )
     # the shards hold the [data] inputs' languages: a mixture naming another fails only when training
     # starts, after the tokenizer and data stages ran
-    unknown = sorted(set(plan["train"].mixture) - set(plan["data"].inputs))
+    unknown = sorted(set(plan.train.mixture) - set(plan.data.inputs))
     if "data" in wanted and "train" in wanted and unknown:
         raise ConfigError(
             f"{source} [train] mixture names language(s) {', '.join(unknown)} that [data] inputs do not have "
-            f"({', '.join(sorted(plan['data'].inputs))})"
+            f"({', '.join(sorted(plan.data.inputs))})"
         )
 
 
-def check_inputs(plan: dict[str, Any], wanted: list[str], *, source: str) -> None:
+def check_inputs(plan: RunPlan, wanted: list[str], *, source: str) -> None:
     """Every corpus path of every stage to run exists, checked before the first stage starts (a missing
     [data] input was found only after the tokenizer had trained). Relative paths are read from the
     current folder, as every prodip command reads them.
@@ -191,19 +204,13 @@ def check_inputs(plan: dict[str, Any], wanted: list[str], *, source: str) -> Non
     """
     from prodip.tokenizer.corpus import expand_inputs  # noqa: PLC0415 (lazy: torch, onnx)
 
-    checks = []
-    if "tokenizer" in wanted:
-        checks.append(("[tokenizer] inputs", plan["tokenizer"].inputs))
-    if "data" in wanted:
-        checks.append(("[data] inputs", plan["data"].inputs))
-    if "tokenizer" in wanted and plan["audit"].heldout:
-        checks.append(("[audit] heldout", plan["audit"].heldout))
+    checks = [(f"[{table}] {key}", inputs) for name in wanted for table, key, inputs in corpus_inputs(plan, name)]
     for what, inputs in checks:
         try:
             expand_inputs(inputs, what=f"{source} {what}")
         except MissingInput as err:
             raise MissingInput(f"{err} (relative paths are read from the current folder, {Path.cwd()})") from None
-    if "tokenizer" in wanted and not plan["audit"].heldout:
+    if "tokenizer" in wanted and not plan.audit.heldout:
         raise ConfigError(
             f"{source} [audit] heldout: none given; the tokenizer stage audits its fertility gate on text of each "
             f'language it never trained on, e.g. heldout = {{bn = ["data/heldout/udhr_ben.txt"], '
@@ -211,8 +218,18 @@ def check_inputs(plan: dict[str, Any], wanted: list[str], *, source: str) -> Non
         )
 
 
-#: stages that read corpus files (not artifacts with their own hashes) -> the config fields naming them
-CORPUS_INPUTS = {"tokenizer": (("tokenizer", "inputs"), ("audit", "heldout")), "data": (("data", "inputs"),)}
+def corpus_inputs(plan: RunPlan, name: str) -> list[tuple[str, str, dict[str, list[str]]]]:
+    """The corpus files (not artifacts with their own hashes) stage ``name`` reads: ``(table, key, language ->
+    files/folders)`` per config field naming them, left out where empty; none for a stage that reads no corpus."""
+    fields = {
+        "tokenizer": [("tokenizer", "inputs", plan.tokenizer.inputs), ("audit", "heldout", plan.audit.heldout)],
+        "data": [("data", "inputs", plan.data.inputs)],
+    }
+    return [(table, key, inputs) for table, key, inputs in fields.get(name, []) if inputs]
+
+
+#: the stages :func:`corpus_inputs` names files of
+CORPUS_STAGES = ("tokenizer", "data")
 CORPUS_STAMPS = "corpus_inputs.json"  # in OUT_DIR: stage -> corpus_fingerprint it was made from
 
 _C = TypeVar("_C", bound="CorpusStamps")
@@ -240,17 +257,14 @@ class CorpusStamps(Record):
         return super().from_dict(data, source)
 
 
-def corpus_fingerprint(plan: dict[str, Any], name: str) -> str | None:
-    """sha256 over (path, bytes, mtime) of every corpus file stage ``name`` reads (:data:`CORPUS_INPUTS`), or
+def corpus_fingerprint(plan: RunPlan, name: str) -> str | None:
+    """sha256 over (path, bytes, mtime) of every corpus file stage ``name`` reads (:func:`corpus_inputs`), or
     None when it reads none or one is missing. Sizes and times, not contents: a corpus can be tens of GB, and
     an edited, replaced, added or removed file changes them (a file only touched is read again)."""
     from prodip.tokenizer.corpus import expand_inputs  # noqa: PLC0415 (lazy: torch, onnx)
 
     rows = []
-    for table, key in CORPUS_INPUTS.get(name, ()):
-        inputs = getattr(plan[table], key)
-        if not inputs:
-            continue
+    for table, key, inputs in corpus_inputs(plan, name):
         try:
             files = expand_inputs(inputs, what=f"[{table}] {key}")
         except (MissingInput, ConfigError, ValueError):
@@ -262,9 +276,9 @@ def corpus_fingerprint(plan: dict[str, Any], name: str) -> str | None:
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest() if rows else None
 
 
-def _corpus_unchanged(out_dir: Path, plan: dict[str, Any], name: str) -> bool:
+def _corpus_unchanged(out_dir: Path, plan: RunPlan, name: str) -> bool:
     """The corpus stage ``name`` read when it was made is the one its config names now (made_from)."""
-    if name not in CORPUS_INPUTS:
+    if name not in CORPUS_STAGES:
         return True
     stamps = _read_stamps(out_dir)
     return made_from(
@@ -278,8 +292,8 @@ def _read_stamps(out_dir: Path) -> CorpusStamps:
     return CorpusStamps.read_or_none(out_dir / CORPUS_STAMPS) or empty
 
 
-def _stamp_corpus(out_dir: Path, plan: dict[str, Any], name: str) -> None:
-    if name in CORPUS_INPUTS:
+def _stamp_corpus(out_dir: Path, plan: RunPlan, name: str) -> None:
+    if name in CORPUS_STAGES:
         stamps = _read_stamps(out_dir)
         stamps.stages = {**stamps.stages, name: corpus_fingerprint(plan, name)}
         stamps.write(out_dir / CORPUS_STAMPS)
@@ -410,7 +424,7 @@ class RunSummary(Record):
     problems: list[str] = Field(default_factory=list)
 
 
-def _run_artifacts(plan: dict[str, Any], out_dir: Path) -> list[tuple[type[Record], Path]]:
+def _run_artifacts(plan: RunPlan, out_dir: Path) -> list[tuple[type[Record], Path]]:
     """Every JSON artifact a run (re)writes or ``--force`` removes, with its record: ``OUT_DIR``'s own files,
     then each stage's (the plan's paths), the checkpoints of the training and fine-tuning runs included."""
     from prodip.conformance.report import REPORT_FILE, ConformanceReport  # noqa: PLC0415 (lazy: torch, onnx)
@@ -422,26 +436,22 @@ def _run_artifacts(plan: dict[str, Any], out_dir: Path) -> list[tuple[type[Recor
     found: list[tuple[type[Record], Path]] = [
         (record, out_dir / record.FILE) for record in (RunMarker, StageTimes, CorpusStamps, Completions, RunSummary)
     ]
-    tok = Path(plan["tokenizer"].out_dir)
+    tok = Path(plan.tokenizer.out_dir)
     found += [(TrainInfo, tok / TRAIN_INFO_FILE), (FertilityReport, tok / FERTILITY_NAME)]
-    found.append((ShardsMeta, Path(plan["data"].out_dir) / META_NAME))
-    if plan["eval"].out:
-        found.append((EvalReport, Path(plan["eval"].out)))
-    runs = [Path(plan["train"].out_dir)]
-    sft = plan.get("sft")
-    if sft is not None:
-        runs.append(Path(sft.out_dir))
-        found.append((SftEvalReport, Path(sft.out_dir) / SFT_EVAL_FILE))
+    found.append((ShardsMeta, Path(plan.data.out_dir) / META_NAME))
+    if plan.eval.out:
+        found.append((EvalReport, Path(plan.eval.out)))
+    runs = [Path(plan.train.out_dir), Path(plan.sft.out_dir)]
+    found.append((SftEvalReport, Path(plan.sft.out_dir) / SFT_EVAL_FILE))
     for run in runs:
         for step in sorted((run / CHECKPOINTS_DIRNAME).glob("step_*")):
             found += [(TrainerState, step / TRAINER_STATE_FILE), (CheckpointManifest, step / CHECKPOINT_MANIFEST_FILE)]
-    found.append((ExportManifest, Path(plan["export"].out) / MANIFEST_FILE))
-    report_dir = plan["conformance"].out or Path(plan["export"].out) / "conformance"  # unset: inside the export
-    found.append((ConformanceReport, Path(report_dir) / REPORT_FILE))
+    found.append((ExportManifest, Path(plan.export.out) / MANIFEST_FILE))
+    found.append((ConformanceReport, plan.conformance.report_dir() / REPORT_FILE))
     return found
 
 
-def _refuse_newer_artifacts(plan: dict[str, Any], out_dir: Path, force: bool) -> None:
+def _refuse_newer_artifacts(plan: RunPlan, out_dir: Path, force: bool) -> None:
     """Refuse a run over artifacts a newer prodip wrote, before anything is written or removed: a stage's
     done-check takes one as "not done" and would rewrite it, and ``--force`` would delete it.
 
@@ -492,35 +502,35 @@ def _field_default(cfg: Any, name: str) -> Any:
     return _NO_DEFAULT
 
 
-def _derived(key: str, plan: dict[str, Any], tables: dict[str, dict]) -> bool:
+def _derived(key: str, plan: RunPlan | None, tables: dict[str, dict[str, Any]]) -> bool:
     """Whether changed ``key`` (``"[table] name"``) is one the user did not write now and whose value was
     derived from other settings (``[model] head_dim`` from hidden_size and the heads; a stage's paths from
     out_dir): its value is not the field's default. A key the user removed (back to its default) is not."""
     if not key.startswith("["):
         return False
     table, _, name = key[1:].partition("] ")
-    cfg = plan.get(table)
+    cfg = plan.table(table) if plan is not None else None
     if name in tables.get(table, {}) or cfg is None or not dataclasses.is_dataclass(cfg):
         return False
     default = _field_default(cfg, name)
     return default is not _NO_DEFAULT and getattr(cfg, name) != default
 
 
-def _added_at_default(key: str, before: dict[str, Any], plan: dict[str, Any] | None) -> bool:
+def _added_at_default(key: str, before: dict[str, Any], plan: RunPlan | None) -> bool:
     """Whether changed ``key`` (``"[table] name"``) is one the saved config does not have at all and whose
     value now is its field's default: a key a newer prodip added, whose default keeps what the run did before
     (``[sft] replay_share = 0``), is not a change of config, so upgrading prodip does not refuse an old run."""
     if not key.startswith("[") or plan is None:
         return False
     table, _, name = key[1:].partition("] ")
-    saved, cfg = before.get(table), plan.get(table)
+    saved, cfg = before.get(table), plan.table(table)
     if not isinstance(saved, dict) or name in saved or cfg is None or not dataclasses.is_dataclass(cfg):
         return False
     default = _field_default(cfg, name)
     return default is not _NO_DEFAULT and bool(getattr(cfg, name) == default)
 
 
-def describe_changes(changed: list[str], plan: dict[str, Any], tables: dict[str, dict]) -> str:
+def describe_changes(changed: list[str], plan: RunPlan | None, tables: dict[str, dict[str, Any]]) -> str:
     """The changed keys a user can act on, for a refusal: every key they wrote (or removed), the first
     :data:`_SHOWN_CHANGES` then "and N more"; keys derived from them are counted, not named (all are named
     when only derived keys changed, e.g. a newer prodip derives a default otherwise)."""
@@ -538,8 +548,8 @@ def _check_out_dir(
     resolved: dict[str, Any],
     force: bool,
     started: Callable[[], bool],
-    plan: dict[str, Any] | None = None,
-    tables: dict[str, dict] | None = None,
+    plan: RunPlan | None = None,
+    tables: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Refuse to mix two different runs in one folder (nothing is overwritten without --force).
 
@@ -571,34 +581,35 @@ def _check_out_dir(
         return
     if not force:
         raise OutputExists(
-            f"{out_dir} holds a run made with a different config ({describe_changes(changed, plan or {}, tables or {})} "
+            f"{out_dir} holds a run made with a different config ({describe_changes(changed, plan, tables or {})} "
             f"differ from {saved}); use another --out-dir, or --force to start over there"
         )
     log.warning("--force: removing the earlier run in %s", out_dir)
     shutil.rmtree(out_dir)
 
 
-def _run_stage(stage: Stage, name: str, plan: dict[str, Any], run: RunConfig, out_dir: Path) -> bool:
-    """Run one stage; returns whether it is complete afterwards (serve always is)."""
-    if name == "serve":
-        sampling = {
-            "temperature": run.completion_temperature,
-            "top_p": run.completion_top_p,
-            "frequency_penalty": run.completion_frequency_penalty,
-            "seed": run.completion_seed,
-        }
-        stage.run(
-            plan,
-            prompts=run.completion_prompts,
-            max_tokens=run.completion_max_tokens,
-            sampling=sampling,
-            timeout_s=run.serve_timeout_s,
-            out_dir=out_dir,
-            chat_prompts=run.chat_prompts,
-        )
-        return True
-    stage.run(plan)
-    return stage.done(plan)
+def _requests(run: RunConfig) -> CompletionRequests:
+    """What the serve stage asks the server for: the pipeline file's top-level request keys."""
+    sampling = {
+        "temperature": run.completion_temperature,
+        "top_p": run.completion_top_p,
+        "frequency_penalty": run.completion_frequency_penalty,
+        "seed": run.completion_seed,
+    }
+    return CompletionRequests(
+        prompts=run.completion_prompts,
+        chat_prompts=run.chat_prompts,
+        max_tokens=run.completion_max_tokens,
+        sampling=sampling,
+        timeout_s=run.serve_timeout_s,
+    )
+
+
+def _run_stage(stage: Stage[Any], plan: RunPlan, ctx: RunContext) -> bool:
+    """Run one stage on its own config; returns whether it is complete afterwards (serve always is)."""
+    cfg = stage.own(plan)
+    stage.run(cfg, ctx)
+    return stage.name == "serve" or stage.done(cfg)
 
 
 def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
@@ -616,16 +627,13 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     run, tables = load_run_config(config_path, args)
     out_dir = Path(run.out_dir)
     plan = resolve_all(config_path, tables, out_dir)
-    resolved = {
-        **{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
-        **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()},
-    }
+    resolved = {**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"}, **plan.to_dict()}
     out_dir_check = functools.partial(
         _check_out_dir,
         out_dir,
         resolved,
         run.force,
-        started=lambda: any(_stages()[n].active(plan) and _stages()[n].done(plan) for n in ORDER[:-1]),
+        started=lambda: any(_active(_stages()[n], plan) and _done(_stages()[n], plan) for n in ORDER[:-1]),
         plan=plan,
         tables=tables,
     )
@@ -634,7 +642,7 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     check_plan(plan, run.stages, source=str(config_path))
     _refuse_newer_artifacts(plan, out_dir, run.force)
     out_dir_check()  # again (cheap): --force removes the earlier run only once nothing in it is refused as newer
-    to_run = [n for n in run.stages if n in ("tokenizer", "data") and not _stages()[n].done(plan)]  # they read corpora
+    to_run = [n for n in run.stages if n in CORPUS_STAGES and not _done(_stages()[n], plan)]  # they read corpora
     check_inputs(plan, to_run, source=str(config_path))
     out_dir.mkdir(parents=True, exist_ok=True)
     RunMarker(format_version=RunMarker.FORMAT_VERSION, config="config.toml").write(out_dir / RUN_MARKER)
@@ -643,21 +651,23 @@ def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> di
     times_path = out_dir / STAGE_TIMES_FILE  # wall time per stage, summed over invocations
     times = StageTimes.read_or_none(times_path) or StageTimes(format_version=StageTimes.FORMAT_VERSION)
     timings: dict[str, float] = {}
+    ctx = RunContext(out_dir=out_dir, requests=_requests(run))
     wanted = [s for s in ORDER if s in run.stages]
     for i, name in enumerate(wanted, 1):
-        stage: Stage = _stages()[name]
-        if not stage.active(plan):
+        stage = _stages()[name]
+        if not _active(stage, plan):
             print(f"[{i}/{len(wanted)}] {name}: not configured, skipped", flush=True)
             continue
-        if name != "serve" and stage.done(plan) and _corpus_unchanged(out_dir, plan, name):
+        cfg = stage.own(plan)
+        if name != "serve" and stage.done(cfg) and _corpus_unchanged(out_dir, plan, name):
             _stamp_corpus(out_dir, plan, name)  # a run made before corpus stamps: stamped now
-            print(f"[{i}/{len(wanted)}] {name}: already complete, skipped ({stage.describe(plan)})", flush=True)
+            print(f"[{i}/{len(wanted)}] {name}: already complete, skipped ({stage.describe(cfg)})", flush=True)
             continue
-        print(f"[{i}/{len(wanted)}] {name}: {stage.describe(plan)}", flush=True)
+        print(f"[{i}/{len(wanted)}] {name}: {stage.describe(cfg)}", flush=True)
         t0 = time.perf_counter()
         finished = False
         try:  # an interrupted or failed invocation counts too (its time is carried into the next one)
-            finished = _run_stage(stage, name, plan, run, out_dir)
+            finished = _run_stage(stage, plan, ctx)
         finally:
             timings[name] = time.perf_counter() - t0
             times.add(name, timings[name], finished)

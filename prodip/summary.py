@@ -17,6 +17,7 @@ from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Record
 from prodip.base.stage import StageTime
 from prodip.conformance.report import REPORT_FILE, ConformanceReport
+from prodip.plan import RunPlan
 from prodip.serve.stage import COMPLETIONS_FILE, Completions
 from prodip.tokenizer.audit import read_fertility_or_none
 from prodip.train.records import SFT_EVAL_FILE, EvalReport, SftEvalReport
@@ -38,18 +39,18 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join("  " + line for line in lines)
 
 
-def summarise(plan: dict, out_dir: Path) -> dict[str, Any]:
+def summarise(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
     """Collect the summary figures from the artifacts of a run (missing artifacts are left out)."""
-    tok_dir = Path(plan["tokenizer"].out_dir)
-    export_dir = Path(plan["export"].out)
+    tok_dir = Path(plan.tokenizer.out_dir)
+    export_dir = Path(plan.export.out)
     summary: dict[str, Any] = {"format_version": 1, "out_dir": str(out_dir)}
     summary["fertility"] = _as_dict(read_fertility_or_none(tok_dir))
-    summary["eval"] = _as_dict(EvalReport.read_or_none(plan["eval"].out))
-    sft = plan.get("sft")
-    sft_eval = SftEvalReport.read_or_none(Path(sft.out_dir) / SFT_EVAL_FILE) if sft is not None and sft.inputs else None
+    summary["eval"] = _as_dict(EvalReport.read_or_none(plan.eval.out) if plan.eval.out else None)
+    sft = plan.sft
+    sft_eval = SftEvalReport.read_or_none(Path(sft.out_dir) / SFT_EVAL_FILE) if sft.inputs else None
     summary["sft"] = _as_dict(sft_eval)
     summary["export_manifest"] = _as_dict(ExportManifest.read_or_none(export_dir / MANIFEST_FILE))
-    summary["conformance"] = _as_dict(ConformanceReport.read_or_none(Path(plan["conformance"].out) / REPORT_FILE))
+    summary["conformance"] = _as_dict(ConformanceReport.read_or_none(plan.conformance.report_dir() / REPORT_FILE))
     summary["completions"] = _as_dict(Completions.read_or_none(out_dir / COMPLETIONS_FILE))
     return summary
 
@@ -197,7 +198,7 @@ def _parity_rows(parity: dict) -> tuple[list[str], list[list[Any]]]:
 
 
 def print_summary(
-    plan: dict, out_dir: Path, timings: dict[str, float], stage_times: dict[str, StageTime] | None = None
+    plan: RunPlan, out_dir: Path, timings: dict[str, float], stage_times: dict[str, StageTime] | None = None
 ) -> dict[str, Any]:
     """Print the run's summary table to stdout and return it as a dict (with an ``ok`` verdict)."""
     s = summarise(plan, out_dir)
@@ -246,10 +247,10 @@ def print_summary(
         # run whose Bangla is one .txt document would otherwise report English alone and pass)
         problems.append(
             f"{lang} was not evaluated ({why}: its text went to the training split whole; see [data] "
-            f"split_warnings in {Path(plan['data'].out_dir) / 'meta.json'})"
+            f"split_warnings in {Path(plan.data.out_dir) / 'meta.json'})"
         )
     if s["conformance"] is not None and not s["conformance"].get("passed"):
-        problems.append(f"conformance failed (see {Path(plan['conformance'].out) / 'report.md'})")
+        problems.append(f"conformance failed (see {plan.conformance.report_dir() / 'report.md'})")
     if s["completions"]:
         samp = s["completions"].get("sampling") or {}
         how = (

@@ -99,6 +99,9 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {}
+        if first.get("type") == "refused":  # prodip.serve.schemas.refused: the rule names param and code
+            ctx = first.get("ctx", {})
+            return JSONResponse(error_body(ctx["message"], param=ctx["param"], code=ctx["code"]), status_code=400)
         if first.get("type") == "json_invalid":  # loc = ("body", json's pos): a position, not a parameter
             pos = first.get("loc", ("body", "?"))[-1]  # index into the UTF-8-decoded body (= byte for ASCII)
             msg = f"invalid JSON body: {first.get('ctx', {}).get('error', 'JSON decode error')} at character {pos}"

@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from prodip.base.chat import MessageError, check_message, check_role
 from prodip.serve.batching import SamplingParams
 
 #: prompt forms OpenAI accepts: text, several texts, token ids, several token-id lists.
@@ -183,26 +184,73 @@ class CompletionRequest(SamplingRequest):
     _only_when_streaming = field_validator("stream_options", mode="after")(_stream_options_need_stream)
 
 
+def refused(message: str, param: str, code: Optional[str] = None) -> PydanticCustomError:
+    """A validation error that ``prodip.serve.app`` answers as a 400 with this ``param`` and ``code`` (a rule
+    whose answer OpenAI's form names: ``unsupported``, ``unsupported_content``, ...)."""
+    return PydanticCustomError("refused", "{message}", {"message": message, "param": param, "code": code})
+
+
 class ChatMessage(_Strict):
     """One message of OpenAI's ``messages``: ``role`` and text ``content``.
 
-    ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts (joined); other
-    part types (images, audio, files), a missing content (an assistant's tool call) and roles outside
-    system/user/assistant are refused by the service, naming ``messages[i]``.
+    ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts (joined by
+    :class:`ChatCompletionRequest`); other part types (images, audio, files), a missing content (an
+    assistant's tool call), other fields and roles outside system/user/assistant are refused there, naming
+    ``messages[i]``.
     """
 
-    model_config = ConfigDict(extra="allow", strict=True)  # tool_calls, refusal, ...: refused by name in service
+    model_config = ConfigDict(extra="allow", strict=True)  # tool_calls, refusal, ...: refused by name
     role: str
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
 
 
+def _request_message(i: int, m: ChatMessage) -> ChatMessage:
+    """``messages[i]`` as the chat template reads it: text parts joined into one string.
+
+    The rules of a request only (every chat message's rules are :func:`prodip.base.chat.check_message`'s,
+    applied here too and again, with the tokenizer's special tokens, when the prompt is rendered).
+
+    Raises:
+        a :func:`refused` error: a role outside system/user/assistant (``unsupported_content``, before
+        anything else: a ``tool`` message's ``tool_call_id`` is not the fault), a field beyond
+        role/content/name (``unsupported``), no content, a part other than ``{"type": "text", "text": str}``
+        (``unsupported_content``), or another rule of :func:`~prodip.base.chat.check_message`.
+    """
+    where = f"messages[{i}]"
+    try:
+        check_role(i, m.role)
+        if m.model_extra:
+            extra = sorted(m.model_extra)[0]
+            raise refused(f"{where}.{extra} is not supported", f"{where}.{extra}", "unsupported")
+        if m.content is None:
+            raise refused(f"{where}.content is missing (text content only)", f"{where}.content")
+        if isinstance(m.content, list):
+            bad = next((p for p in m.content if p.get("type") != "text" or not isinstance(p.get("text"), str)), None)
+            if bad is not None:
+                raise refused(
+                    f"{where}.content: a {bad.get('type')!r} part is not supported (text parts with a string text "
+                    "only: this model reads no images, audio or files)",
+                    f"{where}.content",
+                    "unsupported_content",
+                )
+            m.content = "".join(p["text"] for p in m.content)
+        check_message(i, {"role": m.role, "content": m.content})
+    except MessageError as err:
+        raise refused(str(err), err.param, err.code) from None
+    return m
+
+
+#: fields of OpenAI's chat request that call tools: accepted as fields, refused by name (no tool calling)
+TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
+
+
 class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions`` (OpenAI chat completions, text only; plus ``top_k``/``ignore_eos``).
 
-    ``tools``, ``tool_choice``, ``functions``, ``function_call``, ``parallel_tool_calls`` and a
-    ``response_format`` other than ``{"type": "text"}`` are accepted as fields and refused by the
-    route with ``code: "unsupported"`` (a clear answer instead of an unknown-field 400).
+    :data:`TOOL_FIELDS` and a ``response_format`` other than ``{"type": "text"}`` are accepted as fields and
+    refused with ``code: "unsupported"`` (a clear answer instead of an unknown-field 400); each message is
+    checked by :func:`_request_message`.
     """
 
     model: Optional[str] = None
@@ -222,6 +270,25 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: Optional[Any] = None
 
     _only_when_streaming = field_validator("stream_options", mode="after")(_stream_options_need_stream)
+
+    @field_validator("messages", mode="after")
+    @classmethod
+    def _text_messages(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        return [_request_message(i, m) for i, m in enumerate(messages)]
+
+    @model_validator(mode="after")
+    def _no_tools(self) -> ChatCompletionRequest:
+        """Raises: a :func:`refused` error for a tool field or a non-text ``response_format``
+        (``unsupported``), or ``top_logprobs`` without ``logprobs``."""
+        for name in TOOL_FIELDS:
+            if getattr(self, name) is not None:
+                raise refused(f"{name} is not supported (no tool calling)", name, "unsupported")
+        fmt = self.response_format
+        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
+            raise refused('response_format: only {"type": "text"} is supported', "response_format", "unsupported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise refused("top_logprobs needs logprobs: true", "top_logprobs")
+        return self
 
 
 class GenerateRequest(SamplingRequest):

@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 
 from tokenizers import Tokenizer
 
-from prodip.base.chat import CHAT_TEMPLATE, ROLES, render, special_token_in, template_variables_of
+from prodip.base.chat import CHAT_TEMPLATE, MessageError, render, template_variables_of
 from prodip.base.files import read_json_or_none
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
@@ -379,68 +379,26 @@ class Service:
         (``prodip.base.chat.render``, jinja2's sandbox) and encoded without added special tokens (the
         template writes ``<|bos|>``). Text is normalised by the tokenizer (NFC), as /v1/completions'.
 
+        ``req`` is a :class:`~prodip.serve.schemas.ChatCompletionRequest`, whose validators refused what a
+        request alone may not hold (tool fields, non-text parts, other message fields) and joined text parts.
+
         Raises:
-            APIError 400: the export has no chat template (a base model: code ``chat_not_supported``) or
-                another than the contract's; ``tools``/``functions``/``response_format`` other than text
-                (code ``unsupported``); a role outside system/user/assistant, a tool call, a non-text
-                content part (code ``unsupported_content``); a content holding a special token's text,
-                such as ``<|im_end|>`` (code ``special_token_in_content``: it would forge a turn);
-                ``top_logprobs`` without ``logprobs``.
+            APIError 400: the export has no chat template (a base model: code ``chat_not_supported``); a
+                message breaking a rule of every chat message (:func:`prodip.base.chat.check_message`, the
+                one ``prodip sft`` applies to its records): a role outside system/user/assistant (code
+                ``unsupported_content``), a content holding a special token's text, such as ``<|im_end|>``
+                (code ``special_token_in_content``: it would forge a turn).
         """
         self.require_chat()
-        for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
-            if getattr(req, name) is not None:
-                raise APIError(400, f"{name} is not supported (no tool calling)", param=name, code="unsupported")
-        fmt = req.response_format
-        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
-            raise APIError(
-                400, 'response_format: only {"type": "text"} is supported', param="response_format", code="unsupported"
-            )
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         specials = [self.tokenizer.id_to_token(i) for i in sorted(self._special_ids)]
-        messages = []
-        for i, m in enumerate(req.messages):
-            where = f"messages[{i}]"
-            if m.role not in ROLES:
-                raise APIError(
-                    400,
-                    f"{where}.role: {m.role!r} is not supported (only {', '.join(ROLES)}: no tools)",
-                    param=f"{where}.role",
-                    code="unsupported_content",
-                )
-            if m.model_extra:
-                extra = sorted(m.model_extra)[0]
-                raise APIError(400, f"{where}.{extra} is not supported", param=f"{where}.{extra}", code="unsupported")
-            content = m.content
-            if content is None:
-                raise APIError(400, f"{where}.content is missing (text content only)", param=f"{where}.content")
-            if isinstance(content, list):
-                bad = next((p for p in content if p.get("type") != "text" or not isinstance(p.get("text"), str)), None)
-                if bad is not None:
-                    raise APIError(
-                        400,
-                        f"{where}.content: a {bad.get('type')!r} part is not supported (text parts with a string "
-                        "text only: this model reads no images, audio or files)",
-                        param=f"{where}.content",
-                        code="unsupported_content",
-                    )
-                content = "".join(p["text"] for p in content)
-            hit = special_token_in(content, specials)
-            if hit is not None:
-                raise APIError(
-                    400,
-                    f"{where}.content holds {hit!r}, a special token's text; the chat template would read it as "
-                    "that token (a forged turn or document boundary), so it is refused",
-                    param=f"{where}.content",
-                    code="special_token_in_content",
-                )
-            messages.append({"role": m.role, "content": content})
+        messages = [{"role": m.role, "content": m.content} for m in req.messages]
         own = None if self.chat_template == CHAT_TEMPLATE else self.chat_template  # an imported model's
         variables = self.template_variables if own else None
-        ids = self.encode(
-            render(messages, add_generation_prompt=True, template=own, variables=variables), add_special_tokens=False
-        )
+        try:
+            text = render(messages, add_generation_prompt=True, template=own, variables=variables, specials=specials)
+        except MessageError as err:
+            raise APIError(400, str(err), param=err.param, code=err.code) from None
+        ids = self.encode(text, add_special_tokens=False)
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:  # pragma: no cover (a tokenizer larger than the model: refused by export)
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param="messages")

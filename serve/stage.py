@@ -20,19 +20,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from prodip.base.errors import StageFailed
-from prodip.base.records import Number, Record, refuse_newer
-from prodip.base.stage import Plan, Stage
+from prodip.base.records import Number, Record, RecordPart, refuse_newer
+from prodip.base.stage import RunContext, Stage
+from prodip.serve.config import ServeConfig
 
 COMPLETIONS_FILE = "completions.json"
 
 
-class Completion(BaseModel):
+class Completion(RecordPart):
     """``completions.json`` ``completions[lang]``: one prompt sent to ``/v1/completions`` and its answer."""
-
-    model_config = ConfigDict(extra="allow")
 
     prompt: str
     completion: str
@@ -43,11 +42,9 @@ class Completion(BaseModel):
     seconds: Number | None = None
 
 
-class ChatReply(BaseModel):
+class ChatReply(RecordPart):
     """``completions.json`` ``chat[lang]``: one user message sent to ``/v1/chat/completions`` and the reply,
     or ``error`` (``{status, code, message}``) when the server cannot chat with the model (:func:`chat_reply`)."""
-
-    model_config = ConfigDict(extra="allow")
 
     user: str
     reply: str | None = None
@@ -167,7 +164,7 @@ def chat_reply(base: str, model_id: str, content: str, max_tokens: int, sampling
 
 
 def serve_run(
-    plan: Plan,
+    cfg: ServeConfig,
     *,
     prompts: dict[str, str],
     max_tokens: int,
@@ -180,6 +177,7 @@ def serve_run(
     reply per chat prompt, :func:`chat_reply`), stop it.
 
     Args:
+        cfg: the ``[serve]`` config: the export dir and the variant to serve.
         prompts: language -> prompt text.
         max_tokens: new tokens per completion.
         timeout_s: how long to wait for ``/health`` (seconds).
@@ -196,7 +194,6 @@ def serve_run(
     """
     refuse_newer(Completions, out_dir / COMPLETIONS_FILE, action="the serve stage", instead="choose another --out-dir")
     sampling = {"temperature": 0.0, **(sampling or {})}
-    cfg = plan["serve"]
     port = free_port()
     cmd = [
         sys.executable,
@@ -271,15 +268,28 @@ def _wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float, lo
     raise StageFailed(f"prodip serve did not become healthy within {timeout_s:.0f} s; see {log_path}")
 
 
-STAGES = (
-    Stage(
-        name="serve",
-        tables={"serve": "prodip.serve.config:ServeConfig"},
-        reads=("export",),
-        writes="",
-        needs="conformance",
-        describe=lambda p: f"HTTP completions from {p['serve'].export_dir} ({p['serve'].variant})",
-        done=lambda p: False,  # always runs: it fetches this invocation's completions
-        run=serve_run,
-    ),
+def serve_stage_run(cfg: ServeConfig, ctx: RunContext) -> Completions:
+    """:func:`serve_run` with the run's requests (the pipeline file's ``completion_*`` and ``chat_prompts`` keys)."""
+    req = ctx.requests
+    return serve_run(
+        cfg,
+        prompts=req.prompts,
+        max_tokens=req.max_tokens,
+        sampling=dict(req.sampling),
+        timeout_s=req.timeout_s,
+        out_dir=ctx.out_dir,
+        chat_prompts=req.chat_prompts,
+    )
+
+
+SERVE: Stage[ServeConfig] = Stage(
+    name="serve",
+    tables={"serve": ServeConfig},
+    reads=("export",),
+    writes="",
+    needs="conformance",
+    describe=lambda c: f"HTTP completions from {c.export_dir} ({c.variant})",
+    done=lambda c: False,  # always runs: it fetches this invocation's completions
+    run=serve_stage_run,
 )
+STAGES: tuple[Stage[Any], ...] = (SERVE,)

@@ -458,13 +458,13 @@ def test_stage_times_count_interrupted_invocations(tmp_path, monkeypatch):
 
     calls = []
 
-    def interrupted_then_done(plan):
+    def interrupted_then_done(cfg, ctx):
         calls.append(1)
         if len(calls) == 1:
             raise KeyboardInterrupt
 
     tok = pipeline.STAGES["tokenizer"]
-    fake = dataclasses.replace(tok, run=interrupted_then_done, done=lambda plan: len(calls) >= 2)
+    fake = dataclasses.replace(tok, run=interrupted_then_done, done=lambda cfg: len(calls) >= 2)
     monkeypatch.setitem(pipeline.STAGES, "tokenizer", fake)
     cfg = tmp_path / "c.toml"
     cfg.write_text(
@@ -565,7 +565,7 @@ def test_run_marker_and_corpus_stamps_are_records_and_old_stamps_still_read(tmp_
 
     calls = []
     tok = pipeline.STAGES["tokenizer"]
-    fake = dataclasses.replace(tok, run=lambda plan: calls.append(1), done=lambda plan: bool(calls))
+    fake = dataclasses.replace(tok, run=lambda cfg, ctx: calls.append(1), done=lambda cfg: bool(calls))
     monkeypatch.setitem(pipeline.STAGES, "tokenizer", fake)
     run = tmp_path / "run"
     cfg = tmp_path / "c.toml"

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import unicodedata
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import numpy as np
 import regex
 from tokenizers import Tokenizer
 
-from prodip.base.config import from_dict, opt, read_toml
+from prodip.base.config import from_dict, read_toml
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.records import RecordError, refuse_newer
 from prodip.tokenizer.bpe import (
@@ -43,7 +42,8 @@ from prodip.tokenizer.bpe import (
     tokenizer_sha256,
     train_tokenizer,
 )
-from prodip.tokenizer.corpus import ERROR_POLICIES, FORMATS_HELP, expand_inputs, iter_language
+from prodip.tokenizer.config import AuditConfig
+from prodip.tokenizer.corpus import expand_inputs, iter_language
 from prodip.tokenizer.parity import format_parity, run_parity
 from prodip.tokenizer.records import FERTILITY_NAME, FORMAT_VERSION, FertilityReport
 
@@ -62,51 +62,6 @@ def read_fertility(tokenizer_dir: str | os.PathLike) -> FertilityReport:
 def read_fertility_or_none(tokenizer_dir: str | os.PathLike) -> FertilityReport | None:
     """:func:`read_fertility`, or None when missing or unreadable (done-checks, the coverage warning)."""
     return FertilityReport.read_or_none(Path(tokenizer_dir) / FERTILITY_NAME)
-
-
-@dataclass
-class AuditConfig:
-    """``prodip tokenizer audit`` (TOML section ``[audit]``)."""
-
-    tokenizer_dir: str = opt(
-        "runs/demo/tokenizer",
-        "tokenizer to audit: a prodip tokenizer dir, a Hugging Face model folder or a tokenizer.json "
-        "(fertility.json is written beside it unless --report says where)",
-    )
-    report: str = opt("", "where to write fertility.json (default: in the tokenizer's folder)")
-    compare_dir: str = opt(
-        "",
-        "a second tokenizer (dir, folder or tokenizer.json) audited on the same held-out text and shown side by "
-        "side, e.g. the prodip tokenizer trained on the corpus you adapt a base model to",
-    )
-    heldout: dict[str, list[str]] = opt(
-        factory=dict,
-        help=f"language -> held-out files/folders never used in training ({FORMATS_HELP}; .tsv: the column named "
-        "after the language)",
-    )
-    min_chars_per_token: dict[str, float] = opt(
-        factory=dict, help="gate: minimum characters/token per language, e.g. bn=4.0,en=3.8 (empty: no gate)"
-    )
-    baseline: str = opt(
-        "none",
-        "naive: also audit a GPT-2-style byte-level BPE trained on the same inputs and "
-        "vocabulary with the unbalanced mix, side by side",
-        choices=("none", "naive"),
-    )
-    baseline_dir: str = opt("", "where the naive baseline lives or is trained (default: TOKENIZER_DIR-naive)")
-    max_chars: int = opt(3_000_000, "at most this many held-out characters per language")
-    parity: str = opt(
-        "auto",
-        "tokenizer parity with the on-device runtimes on the held-out text + tricky strings: auto = every "
-        "installed runtime (the others are listed as skipped); require = a runtime that is not installed "
-        "fails the gate (CI); off = no parity check",
-        choices=("auto", "require", "off"),
-    )
-    parity_max_chars: int = opt(1_000_000, "at most this many held-out characters per language for the parity check")
-    errors: str = opt("strict", "invalid UTF-8 in held-out files: strict or skip", choices=ERROR_POLICIES)
-    text_field: str = opt(
-        "text", "JSONL field, or Parquet/CSV/`datasets` column, holding held-out text (as [data] text_field)"
-    )
 
 
 # ------------------------------------------------------------------------------------------- metrics

@@ -21,7 +21,6 @@ starts a document in training (an empty prompt is ``[<|bos|>]``); ``tokenizer_co
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -34,22 +33,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import Field, StrictInt
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, chat_contract
-from prodip.base.config import dump_toml, opt, to_dict
+from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, raise_for_room
-from prodip.base.records import Number, Record, check_replaceable_dir
-from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
+from prodip.base.records import Number, Record, RecordPart, check_replaceable_dir
+from prodip.base.sources import match_sources
 from prodip.base.specials import Specials, read_specials
+from prodip.tokenizer.config import KINDS, TokenizerTrainConfig
 from prodip.tokenizer.corpus import (
-    DOC_CHARS_HELP,
-    ERROR_POLICIES,
-    ERRORS_HELP,
-    FORMATS_HELP,
-    TEXT_FIELD_HELP,
     ReadStats,
     expand_inputs,
     iter_language,
@@ -76,16 +71,12 @@ PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TRAIN_INFO_FILE = "train_info.json"
 
-KINDS = ("portable", "custom", "naive")
 
-
-class TrainSource(BaseModel):
+class TrainSource(RecordPart):
     """One entry of ``train_info.json`` ``sources`` (:meth:`Source.record`): an ``inputs`` or ``word_counts``
     entry of one language with its weight and characters; a word-count table adds ``words``, the shares and,
     for ``wordfreq:LANG``, ``license`` (``license`` SPDX id, ``url``, ``wordlist``, ``attribution``, ...)
     and ``version``. Fields in the order the file has them; those a kind does not write stay unset."""
-
-    model_config = ConfigDict(extra="allow")
 
     language: str
     source: str
@@ -161,105 +152,6 @@ def read_train_info(tokenizer_dir: str | os.PathLike) -> TrainInfo | None:
     """
     path = Path(tokenizer_dir) / TRAIN_INFO_FILE
     return TrainInfo.read(path) if path.is_file() else None
-
-
-@dataclass
-class TokenizerTrainConfig:
-    """``prodip tokenizer train`` (TOML section ``[tokenizer]``)."""
-
-    inputs: dict[str, list[str]] = opt(
-        factory=dict,
-        help=f"language -> files/folders of training text ({FORMATS_HELP}), e.g. bn=data/bn,en=data/en",
-    )
-    out_dir: str = opt("runs/tokenizer", "output tokenizer dir (refused if it holds a tokenizer, unless overwrite)")
-    vocab_size: int = opt(32000, "vocabulary size in tokens, incl. the 5 special and 256 byte tokens")
-    proportions: dict[str, float] = opt(
-        factory=dict,
-        help="share of the training sample per language, by "
-        "characters, e.g. bn=0.6,en=0.4 (empty: the corpus's natural mix)",
-    )
-    word_counts: dict[str, list[str]] = opt(
-        factory=dict,
-        help="language -> word-frequency tables (word, count) trained on as their equivalent text (each word "
-        "repeated count times): a word<TAB>count .tsv(.gz) file, or wordfreq:LANG for the list the wordfreq "
-        "package ships (data CC BY-SA 4.0, share-alike: opt-in), e.g. bn=wordfreq:bn",
-    )
-    wordfreq_chars: int = opt(
-        2_000_000, "characters of equivalent text each wordfreq:LANG table gives (before its weight)"
-    )
-    bare_share: dict[str, float] = opt(
-        factory=dict,
-        help="language -> share of each word_counts word's occurrences given without the leading space, as a "
-        "word that starts a line or follows an opening quote or bracket is (a pre-token BPE learns apart; "
-        "data/bn: 8.9%% of words start a line, 3.2%% follow a mark), e.g. bn=0.12 (default 0: all spaced)",
-    )
-    capitalised_share: dict[str, float] = opt(
-        factory=dict,
-        help="language -> share of each lower-case word_counts word's occurrences given capitalised (Word), as "
-        "a sentence's first word is (wordfreq's lists are lower case; data/en: 7.1%% of words are capitalised "
-        "words otherwise written in lower case), e.g. en=0.07 (default 0)",
-    )
-    weights: dict[str, int] = opt(
-        factory=dict,
-        help="source -> repeat count in the sample (a source is an entry of inputs or word_counts, as written; "
-        "2 = the source listed twice), e.g. data/bn=2,wordfreq:bn=2",
-    )
-    sample_chars: int = opt(60_000_000, "maximum characters in the training sample (all languages)")
-    min_frequency: int = opt(2, "minimum pair count for a merge")
-    limit_alphabet: int = opt(
-        1000,
-        "custom kind: at most this many distinct characters enter the vocabulary; rarer "
-        "characters are encoded as byte-fallback tokens (byte-level kinds start from the 256 bytes)",
-    )
-    model_max_length: int = opt(2048, "model_max_length written to tokenizer_config.json (tokens)")
-    kind: str = opt(
-        "portable",
-        "portable: byte-level BPE with a standard pre-tokenizer every export runtime reproduces (default); "
-        "custom: prodip's own Bangla-aware regex (+ superwords), which only tokenizers/transformers(.js) "
-        "reproduce, refused by the other export targets; naive: GPT-2 byte-level BPE on the unbalanced mix "
-        "(the audit's baseline)",
-        choices=KINDS,
-    )
-    pretokenizer: str = opt(
-        DEFAULT_PRETOKENIZER,
-        "portable kind: the standard pre-tokenizer regex (o200k-marks: GPT-4o's, combining marks kept "
-        "with their letters; llama3 and gpt2 split Bangla words at every vowel sign, for comparison)",
-        choices=tuple(PRETOKENIZERS),
-    )
-    superword_share: float = opt(
-        0.0,
-        "custom kind: share of the learned vocabulary given to multi-word tokens (SuperBPE-style second "
-        "stage; 0 = word-level only)",
-    )
-    seed: int = opt(0, "seed of the per-document sampling")
-    text_field: str = opt("text", f"{TEXT_FIELD_HELP} (as [data] text_field)")
-    doc_chars: int = opt(20000, f"{DOC_CHARS_HELP} (as [data] doc_chars)")
-    errors: str = opt(
-        "strict",
-        ERRORS_HELP,
-        choices=ERROR_POLICIES,
-    )
-    sources: list[str] = opt(
-        factory=list,
-        help=SOURCES_HELP,
-    )
-    include_unknown_license: list[str] = opt(
-        factory=list,
-        help=INCLUDE_UNKNOWN_HELP,
-    )
-    overwrite: bool = opt(False, "replace an existing tokenizer in out_dir")
-    progress: bool = opt(True, "show the trainer's progress bars")
-
-    def corpus_only(self) -> TokenizerTrainConfig:
-        """This config without its word-count tables and the options that only shape them or the mix
-        (``word_counts``, ``wordfreq_chars``'s tables, ``bare_share``, ``capitalised_share``, ``weights``) and
-        without sample ``proportions``: the text corpus's natural mix, what the audit's naive baseline trains on
-        (proportions could name a language that only a word-count table brought). A new option that only
-        applies to word-count tables must be reset here too (tests/tokenizer/test_audit.py trains the
-        baseline from a config that sets every one)."""
-        return dataclasses.replace(
-            self, word_counts={}, bare_share={}, capitalised_share={}, weights={}, proportions={}
-        )
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -887,22 +779,21 @@ def load_with_specials(tokenizer_dir: str | os.PathLike) -> tuple[Tokenizer, Spe
         return load_tokenizer(tokenizer_dir), read_specials(tokenizer_dir)  # raises MissingInput naming the file
     tok = Tokenizer.from_file(str(path))
     if any(tok.token_to_id(t) is not None for t in SPECIAL_TOKENS):
-        return load_tokenizer(tokenizer_dir), Specials(BOS_ID, EOS_ID, PAD_ID, (EOS_ID,), True, str(tokenizer_dir))
+        return load_tokenizer(tokenizer_dir), Specials(
+            BOS_ID, EOS_ID, PAD_ID, (EOS_ID,), True, str(tokenizer_dir), EOS_ID
+        )
     return tok, read_specials(tokenizer_dir)
-
-
-#: the end-of-text tokens that separate pretraining documents, by name (GPT-2/SmolLM2/Qwen2, Llama 3, Llama 2)
-DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
 
 
 def document_end_id(tok: Tokenizer, specials: Specials) -> int:
     """The id that ends each document in shards: prodip's ``<|eos|>``; for another tokenizer its end-of-text
-    token (:data:`DOCUMENT_END_TOKENS`) when it has one, else its ``eos_token``. An instruct model's
-    ``eos_token`` is its end of turn (SmolLM2's ``<|im_end|>``, Llama 3's ``<|eot_id|>``), which would teach
-    continued pretraining to end every document as a chat reply ends."""
+    token (``specials.document_end_id``, :data:`prodip.base.specials.DOCUMENT_END_TOKENS`) when it has one,
+    else its ``eos_token``. An instruct model's ``eos_token`` is its end of turn (SmolLM2's ``<|im_end|>``,
+    Llama 3's ``<|eot_id|>``), which would teach continued pretraining to end every document as a chat reply
+    ends."""
     if tok.token_to_id(SPECIAL_TOKENS[EOS_ID]) == EOS_ID:
         return EOS_ID
-    return next((i for t in DOCUMENT_END_TOKENS if (i := tok.token_to_id(t)) is not None), specials.eos_id)
+    return specials.document_end_id
 
 
 def tokenizer_sha256(tokenizer_dir: str | os.PathLike) -> str:

@@ -10,30 +10,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import sys
+from typing import Any
 
 from prodip.base.config import add_arguments, resolve
 from prodip.tokenizer.audit import format_table, run_audit
 from prodip.tokenizer.bpe import train_tokenizer
+from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, ExtendConfig, TokenizerTrainConfig
 from prodip.tokenizer.encode import prepare_shards
 from prodip.tokenizer.shards import load_meta
 
-# (group, verb, module, config class, TOML section, one-line help)
-_VERBS = [
+# (group, verb, config class, TOML section, one-line help)
+_VERBS: list[tuple[str, str, type[Any], str, str]] = [
     (
         "tokenizer",
         "train",
-        "prodip.tokenizer.bpe",
-        "TokenizerTrainConfig",
+        TokenizerTrainConfig,
         "tokenizer",
         "train the portable BPE tokenizer (or the custom kind, or the naive baseline) into a tokenizer dir",
     ),
     (
         "tokenizer",
         "audit",
-        "prodip.tokenizer.audit",
-        "AuditConfig",
+        AuditConfig,
         "audit",
         "fertility per language and runtime parity on held-out text -> fertility.json + tables; exit 1 if "
         "the gate fails",
@@ -41,8 +40,7 @@ _VERBS = [
     (
         "tokenizer",
         "extend",
-        "prodip.tokenizer.extend",
-        "ExtendConfig",
+        ExtendConfig,
         "extend",
         "append tokens learned on a corpus to a base model's byte-level BPE (every base id kept), resize its "
         "embeddings -> a new Hugging Face folder + extension.json; exit 1 if the fertility gate fails",
@@ -50,8 +48,7 @@ _VERBS = [
     (
         "data",
         "prepare",
-        "prodip.tokenizer.encode",
-        "DataPrepareConfig",
+        DataPrepareConfig,
         "data",
         "encode a corpus into per-language train/val token shards + meta.json",
     ),
@@ -62,9 +59,8 @@ _GROUP_HELP = {
 }
 
 
-def _cfg(args: argparse.Namespace):
-    cls = getattr(importlib.import_module(args._module), args._cls)
-    return resolve(cls, args, toml_path=args.config, section=args._section)
+def _cfg(args: argparse.Namespace) -> Any:
+    return resolve(args._cls, args, toml_path=args.config, section=args._section)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -123,7 +119,7 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
         only: register just this group (``"tokenizer"`` or ``"data"``); None = both.
     """
     groups = {}
-    for group, verb, module, cls_name, section, help_text in _VERBS:
+    for group, verb, cls, section, help_text in _VERBS:
         if only is not None and group != only:
             continue
         if group not in groups:
@@ -137,5 +133,5 @@ def add_subcommands(subparsers, only: str | None = None) -> None:
             leaf.add_argument(
                 "base_folder", nargs="?", metavar="BASE", default=None, help="the base folder (overrides [extend] base)"
             )
-        add_arguments(leaf, getattr(importlib.import_module(module), cls_name), section=section)
-        leaf.set_defaults(func=_FUNCS[verb], _module=module, _cls=cls_name, _section=section)
+        add_arguments(leaf, cls, section=section)
+        leaf.set_defaults(func=_FUNCS[verb], _cls=cls, _section=section)

@@ -22,26 +22,20 @@ import os
 import shutil
 import struct
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from prodip.base.config import dump_toml, opt, to_dict
-from prodip.base.errors import InvalidInput
+from prodip.base.config import dump_toml, to_dict
 from prodip.base.files import raise_for_room
 from prodip.base.records import check_replaceable_dir
-from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
+from prodip.base.sources import match_sources
 from prodip.base.specials import Specials
 from prodip.tokenizer import coverage, shards
 from prodip.tokenizer.bpe import _doc_unit, document_end_id, load_with_specials, tokenizer_sha256
+from prodip.tokenizer.config import DataPrepareConfig
 from prodip.tokenizer.corpus import (
-    DOC_CHARS_HELP,
-    ERROR_POLICIES,
-    ERRORS_HELP,
-    FORMATS_HELP,
-    TEXT_FIELD_HELP,
     ReadStats,
     expand_inputs,
     iter_language,
@@ -49,45 +43,6 @@ from prodip.tokenizer.corpus import (
 from prodip.tokenizer.portable import nfc
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DataPrepareConfig:
-    """``prodip data prepare`` (TOML section ``[data]``)."""
-
-    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir written by `prodip tokenizer train`")
-    inputs: dict[str, list[str]] = opt(
-        factory=dict,
-        help=f"language -> files/folders of text to encode ({FORMATS_HELP}), e.g. bn=data/bn,en=data/en",
-    )
-    out_dir: str = opt("runs/demo/shards", "output shards dir (refused if it holds shards, unless overwrite)")
-    text_field: str = opt("text", TEXT_FIELD_HELP)
-    val_fraction: float = opt(0.02, "share of documents sent to the validation split (0-0.5)")
-    seed: int = opt(0, "seed of the train/val document split")
-    shard_tokens: int = opt(50_000_000, "maximum tokens per shard file")
-    doc_chars: int = opt(20000, DOC_CHARS_HELP)
-    batch_chars: int = opt(4_000_000, "characters sent to the batch encoder at once (memory vs overhead)")
-    errors: str = opt(
-        "strict",
-        ERRORS_HELP,
-        choices=ERROR_POLICIES,
-    )
-    sources: list[str] = opt(
-        factory=list,
-        help=SOURCES_HELP,
-    )
-    include_unknown_license: list[str] = opt(
-        factory=list,
-        help=INCLUDE_UNKNOWN_HELP,
-    )
-    overwrite: bool = opt(False, "replace existing shards in out_dir")
-    progress: bool = opt(True, "show a progress bar")
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.val_fraction <= 0.5:
-            raise InvalidInput(f"val_fraction must be in [0, 0.5], got {self.val_fraction}")
-        if self.shard_tokens < 1 or self.batch_chars < 1:
-            raise InvalidInput("shard_tokens and batch_chars must be positive")
 
 
 class _SplitWriter:

@@ -38,7 +38,6 @@ import shutil
 import time
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -46,11 +45,11 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from prodip.base.config import opt
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256
 from prodip.tokenizer.audit import gate_failures, load_heldout, measure_languages, parity_failures, parity_texts
-from prodip.tokenizer.corpus import ERROR_POLICIES, FORMATS_HELP, expand_inputs, iter_language
+from prodip.tokenizer.config import ExtendConfig
+from prodip.tokenizer.corpus import expand_inputs, iter_language
 from prodip.tokenizer.parity import format_parity, run_parity
 
 log = logging.getLogger(__name__)
@@ -65,37 +64,6 @@ _PUA_SIZE = 65534
 _REWRITTEN = ("tokenizer.json", "config.json", "model.safetensors", "model.safetensors.index.json", RECORD_FILE)
 #: Weights in other formats hold the base's vocabulary size: left out, not copied stale.
 _STALE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".onnx_data")
-
-
-@dataclass
-class ExtendConfig:
-    """``prodip tokenizer extend`` (TOML section ``[extend]``)."""
-
-    base: str = opt(
-        "", "the base: a Hugging Face folder (tokenizer.json, config.json, model.safetensors) or a tokenizer.json"
-    )
-    out: str = opt("", "the extended folder to write (default: BASE-extended)")
-    inputs: dict[str, list[str]] = opt(
-        factory=dict, help=f"language -> files/folders to learn the new tokens from ({FORMATS_HELP})"
-    )
-    new_tokens: int = opt(4000, "how many tokens to add at most (fewer when the corpus offers fewer pairs)")
-    min_frequency: int = opt(2, "a merge must occur at least this many times in the corpus (occurrences)")
-    max_chars: int = opt(20_000_000, "read at most this many characters of each language's inputs")
-    heldout: dict[str, list[str]] = opt(
-        factory=dict, help="language -> held-out files/folders for the before/after fertility audit (never trained on)"
-    )
-    min_chars_per_token: dict[str, float] = opt(
-        factory=dict, help="the fertility gate on the extended tokenizer (chars/token per language), as [audit]'s"
-    )
-    parity: str = opt(
-        "auto",
-        "runtime parity of the extended tokenizer on the held-out text (as [audit] parity): auto, require, off",
-        choices=("auto", "require", "off"),
-    )
-    heldout_max_chars: int = opt(1_000_000, "at most this many held-out characters per language")
-    errors: str = opt("strict", "invalid UTF-8 in input files: strict or skip", choices=ERROR_POLICIES)
-    text_field: str = opt("text", "JSONL field, or Parquet/CSV/`datasets` column, holding the text")
-    overwrite: bool = opt(False, "replace an existing OUT folder")
 
 
 # ----------------------------------------------------------------------------------------- the base

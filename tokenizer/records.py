@@ -12,19 +12,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
 #: the tokenizer dir's format_version: ``train_info.json``'s and ``fertility.json``'s
 FORMAT_VERSION = 1
 FERTILITY_NAME = "fertility.json"
 
 
-class FertilityGate(BaseModel):
+class FertilityGate(RecordPart):
     """``fertility.json`` ``gate``: the minimum characters per token per language, and the verdict."""
-
-    model_config = ConfigDict(extra="allow")
 
     min_chars_per_token: dict[str, Number] = Field(default_factory=dict)
     passed: StrictBool

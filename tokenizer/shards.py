@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import Field, StrictInt
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256_cached, writing
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
 MAGIC = 20240520
 HEADER_INTS = 256
@@ -149,11 +149,9 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
 
 
-class ShardEntry(BaseModel):
+class ShardEntry(RecordPart):
     """One shard of a language's split in ``meta.json``: its file (relative to the shards dir), tokens,
     largest id and sha256 (the last two absent in shards written before checksums existed)."""
-
-    model_config = ConfigDict(extra="allow")
 
     file: str
     n_tokens: StrictInt
@@ -161,10 +159,8 @@ class ShardEntry(BaseModel):
     sha256: str | None = None
 
 
-class LanguageShards(BaseModel):
+class LanguageShards(RecordPart):
     """A language's shards and counts in ``meta.json`` ``languages[lang]``."""
-
-    model_config = ConfigDict(extra="allow")
 
     train: list[ShardEntry] = Field(default_factory=list)
     val: list[ShardEntry] = Field(default_factory=list)

@@ -53,10 +53,11 @@ from prodip.base.chat import (
     CHAT_TEMPLATE,
     IM_END,
     IM_START,
-    ROLES,
+    MessageError,
     chat_contract,
+    check_message,
+    check_messages,
     render,
-    special_token_in,
     special_token_texts,
     template_variables,
 )
@@ -77,10 +78,10 @@ def parse_messages(value: Any, where: str) -> list[dict[str, str]]:
     """Validate one record's ``messages`` (a list, or its JSON text from a CSV cell); NFC the contents.
 
     Raises:
-        InvalidInput: not a list of ``{"role", "content"}`` objects with a known role and string
-            content; a content holding a lone surrogate (valid JSON, ``"\\ud800"``, but not Unicode
-            text); an assistant reply that is empty or whitespace only (it would teach the model to
-            answer nothing); or no assistant turn (each naming ``where`` and the message index).
+        InvalidInput: not a non-empty list; a message breaking a rule of every chat message
+            (:func:`prodip.base.chat.check_message`: an object, a known role, a string of Unicode text);
+            an assistant reply that is empty or whitespace only (it would teach the model to answer
+            nothing); or no assistant turn (each naming ``where`` and the message index).
     """
     if isinstance(value, str):
         try:
@@ -91,24 +92,11 @@ def parse_messages(value: Any, where: str) -> list[dict[str, str]]:
         raise InvalidInput(f"{where}: messages must be a non-empty list of {{role, content}} objects")
     out = []
     for i, m in enumerate(value):
-        if not isinstance(m, Mapping):
-            raise InvalidInput(f"{where}: messages[{i}] is {type(m).__name__}, expected an object")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise InvalidInput(f"{where}: messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise InvalidInput(
-                f"{where}: messages[{i}].content must be a string (text only), got {type(content).__name__}"
-            )
         try:
-            content.encode("utf-8")
-        except UnicodeEncodeError as err:  # half of a UTF-16 pair: no tokenizer can encode it
-            raise InvalidInput(
-                f"{where}: messages[{i}].content holds a lone surrogate (U+{ord(content[err.start]):04X}) at "
-                f"character {err.start}: not Unicode text (a JSON \\uD800-\\uDFFF escape without its pair); "
-                "fix the record"
-            ) from None
-        if role == "assistant" and not content.strip():
+            role, content = check_message(i, m)  # the rules of every chat message (prodip.base.chat)
+        except MessageError as err:
+            raise InvalidInput(f"{where}: {err}") from None
+        if role == "assistant" and not content.strip():  # a fine-tuning rule: a reply is what is trained
             raise InvalidInput(
                 f"{where}: messages[{i}].content: an empty (or whitespace-only) assistant reply would teach the "
                 "model to answer nothing; write the reply or remove the conversation"
@@ -313,20 +301,15 @@ def encode_conversation(
     the module docstring).
 
     Raises:
-        InvalidInput: a content holds the text of one of the tokenizer's special tokens (``<|eos|>``,
-            ``<|im_end|>``, ...; :func:`prodip.base.chat.special_token_in`, the rule ``prodip serve``
-            applies to requests), naming ``where`` and the message: the tokenizer would read it as the
-            control token (a forged turn, or an end-of-document the model learns to emit mid-reply).
+        InvalidInput: a message breaks a rule of :func:`prodip.base.chat.check_message` (the one ``prodip serve``
+            applies to requests), such as a content holding the text of one of the tokenizer's special tokens
+            (``<|eos|>``, ``<|im_end|>``, ...), naming ``where`` and the message: the tokenizer would read it as
+            the control token (a forged turn, or an end-of-document the model learns to emit mid-reply).
     """
-    specials = special_token_texts(tokenizer)
-    for i, m in enumerate(messages):
-        hit = special_token_in(m["content"], specials)
-        if hit is not None:
-            raise InvalidInput(
-                f"{where}: messages[{i}].content holds {hit!r}, a special token's text; the chat template would "
-                "read it as that token (a forged turn or document boundary, trained as a control token), so it "
-                "is refused, as `prodip serve` refuses it in a request; remove or reword it"
-            )
+    try:
+        check_messages(messages, special_token_texts(tokenizer))
+    except MessageError as err:
+        raise InvalidInput(f"{where}: {err}") from None
     try:
         text, spans = assistant_spans(messages, fmt)
     except InvalidInput as err:

@@ -12,9 +12,9 @@ from typing import Any
 
 from prodip.base.config import add_arguments, resolve
 from prodip.base.errors import InvalidInput
-from prodip.train.config import ModelConfig
-from prodip.train.eval import EvalConfig, evaluate, format_table
-from prodip.train.trainer import TrainConfig, train
+from prodip.train.config import EvalConfig, ModelConfig, SFTConfig, TrainConfig
+from prodip.train.eval import evaluate, format_table
+from prodip.train.trainer import train
 
 _RESUME_HELP = "continue from OUT_DIR/checkpoints/latest (weights, Adam moments, RNG, data position)"
 
@@ -53,14 +53,12 @@ def _add_train(subparsers) -> None:
 
 
 def _sft_main(args: argparse.Namespace) -> int:
-    from prodip.train.sft import SFTConfig, sft  # noqa: PLC0415 (only this subcommand needs it)
+    from prodip.train.sft import sft  # noqa: PLC0415 (only this subcommand needs it)
 
     return _done(sft(resolve(SFTConfig, args, toml_path=args.config, section="sft")))
 
 
 def _add_sft(subparsers) -> None:
-    from prodip.train.sft import SFTConfig  # noqa: PLC0415
-
     parser = subparsers.add_parser(
         "sft",
         help="chat fine-tuning: conversations (OpenAI messages) with the loss on assistant tokens only",

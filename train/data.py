@@ -38,12 +38,12 @@ import torch
 
 from prodip.base.errors import InvalidInput
 from prodip.tokenizer.shards import load_meta, open_checked_shards
+from prodip.train.config import ORDERS
 
 log = logging.getLogger(__name__)
 
 _BLOCK = 256  # global batches whose language draws are made at once
 #: How a language's stream is walked (see the module docstring).
-ORDERS = ("shuffle", "sequential")
 
 
 class _LangStream:

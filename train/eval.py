@@ -14,7 +14,11 @@ scored in batches under ``torch.no_grad``. Reported per language and model:
   predictions count in the NLL but add no characters). This is comparable across tokenizers.
 
 The random twin has the same config and is initialised by ``reset_parameters(seed=seed)``; its
-NLL is the "nothing learned" baseline (about ln V for a small init std). Optionally scores a
+NLL is the "nothing learned" baseline (about ln V for a small init std). ``--baseline`` scores a second
+model beside them: on the same token ids when it shares the checkpoint's tokenizer; with another tokenizer
+(the base before its vocabulary was extended) on the same text, each language's scored documents decoded
+and re-encoded in the baseline tokenizer's own layout (:func:`text_stream`), compared in bits/char, the
+tokenizer-independent figure (its ``tokens``/``chars`` are its own). Optionally scores a
 multiple-choice JSONL file ``{"context": str, "choices": [str, ...], "answer": int}`` by
 log-likelihood: ``acc`` (argmax of the summed log-probability of the choice tokens) and
 ``acc_norm`` (argmax of the summed log-probability divided by the number of Unicode characters of
@@ -42,7 +46,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
 from prodip.base.records import refuse_newer
@@ -50,6 +53,7 @@ from prodip.tokenizer.bpe import document_end_id, load_with_specials
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
 from prodip.train import lmeval
 from prodip.train.checkpoint import load_model
+from prodip.train.config import EvalConfig
 from prodip.train.mc import read_mc, score_mc
 from prodip.train.model import LlamaForCausalLM
 from prodip.train.records import EVAL_FILE, EvalReport
@@ -58,58 +62,6 @@ log = logging.getLogger("prodip.eval")
 
 FORMAT_VERSION = 1
 LN2 = math.log(2.0)
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Run config of ``prodip eval`` (TOML table ``[eval]``)."""
-
-    checkpoint: str = opt("", "checkpoint to score: a step dir, a checkpoints dir or a run dir (follows `latest`)")
-    shards_dir: str = opt("", "shards dir from `prodip data prepare`; its val split is scored (empty: MC only)")
-    out: Optional[str] = opt(None, "output JSON path (default: RUN_DIR/eval.json next to the checkpoints dir)")
-    eval_tokens: int = opt(65536, "validation token budget per language (tokens scored)")
-    seq_len: int = opt(
-        0, "tokens scored per window (context length); 0 = the checkpoint's max_position_embeddings, the most allowed"
-    )
-    batch_size: int = opt(8, "windows per forward pass (sequences)")
-    seed: int = opt(0, "seed of the random-initialised twin (reset_parameters(seed=...))")
-    mc_file: Optional[str] = opt(None, "multiple-choice JSONL {context, choices, answer} to score (optional)")
-    languages: list[str] = opt(
-        help="languages to score (default: every language in the shards' meta.json that has validation tokens)",
-        factory=list,
-    )
-    device: str = opt("cpu", "torch device: cpu, cuda, cuda:N or auto (cuda when available)")
-    baseline: str = opt(
-        "",
-        "a second model scored on the same tokens beside the checkpoint, as `baseline`: a prodip checkpoint or a "
-        "Hugging Face folder with the checkpoint's tokenizer (e.g. the extended base before continued pretraining)",
-    )
-    tasks: list[str] = opt(
-        help="lm-evaluation-harness tasks to score (loglikelihood kinds: multiple choice, perplexity), e.g. "
-        "prodip_tatoeba_en2bn,prodip_tatoeba_bn2en,prodip_hellaswag_en (bundled, offline: train/tasks/) or a "
-        "harness task such as belebele_ben_Beng (downloads its data; docs/eval.md)",
-        factory=list,
-    )
-    task_paths: list[str] = opt(help="more folders of lm-eval task YAML (--include_path)", factory=list)
-    num_fewshot: Optional[int] = opt(None, "examples in each task prompt (default: the task's own, 0 for the bundled)")
-    task_limit: int = opt(0, "score only the first N items of each task (items; 0 = all)")
-    task_threads: int = opt(
-        1, "torch CPU threads while scoring tasks (0 = torch's default; 1: many small forwards, see lmeval.run_tasks)"
-    )
-
-    def __post_init__(self) -> None:
-        # Required-ness of checkpoint/shards_dir is checked in evaluate(): prodip.base.config.resolve
-        # builds the file-only config before flags are merged in.
-        for name in ("eval_tokens", "batch_size"):
-            if getattr(self, name) <= 0:
-                raise InvalidInput(f"EvalConfig.{name} must be > 0, got {getattr(self, name)}")
-        if self.seq_len < 0:
-            raise InvalidInput(f"EvalConfig.seq_len must be >= 0 (0 = the model's context window), got {self.seq_len}")
-        check_threads("EvalConfig.task_threads", self.task_threads)
-        if self.task_limit < 0 or (self.num_fewshot is not None and self.num_fewshot < 0):
-            raise InvalidInput(
-                f"EvalConfig.task_limit and num_fewshot must be >= 0, got {self.task_limit} and {self.num_fewshot}"
-            )
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -226,8 +178,10 @@ def _eval_languages(
     tokenizer_sha256: str,
     vocab_size: int,
     device: torch.device,
+    other: Optional[OwnTokenizerBaseline] = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Per-language rows, and the languages skipped for want of validation tokens (with why)."""
+    """Per-language rows, and the languages skipped for want of validation tokens (with why); ``other``: a
+    baseline with its own tokenizer, scored on the same documents' text."""
 
     meta = load_meta(cfg.shards_dir, expected_tokenizer_sha256=tokenizer_sha256)
     if meta.vocab_size > vocab_size:
@@ -262,6 +216,19 @@ def _eval_languages(
             total, count = window_nll(model, stream, cfg.seq_len, cfg.batch_size, device, f"{lang} {name}")
             assert count == row["tokens"]
             row[name] = nll_summary(total, count, n_chars)
+        if other is not None:  # a baseline with its own tokenizer: the same documents as text
+            docs = stream_documents(tokenizer, stream.tolist(), doc_end=meta.eos_id, bos_id=meta.bos_id)
+            own = torch.as_tensor(text_stream(other.tokenizer, other.specials, docs), dtype=torch.int64)
+            seq = min(cfg.seq_len, other.max_position_embeddings)
+            total, count = window_nll(other.model, own, seq, cfg.batch_size, device, f"{lang} baseline")
+            chars = sum(len(text) for text, _ in docs)
+            row["baseline"] = {
+                **nll_summary(total, count, chars),
+                "tokens": count,
+                "chars": chars,
+                "chars_per_token": chars / count,
+                "tokenizer_sha256": other.tokenizer_sha256,
+            }
         results[lang] = row
     if not results:
         raise InvalidInput(
@@ -311,8 +278,18 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     twin = LlamaForCausalLM(mcfg)
     twin.reset_parameters(seed=cfg.seed)
     models = {"trained": model.eval(), "random_init": twin.to(device).eval()}
+    other = None
     if cfg.baseline:
-        models["baseline"] = load_baseline(cfg.baseline, info["tokenizer_sha256"]).to(device).eval()
+        baseline = load_baseline(cfg.baseline, info["tokenizer_sha256"])
+        if isinstance(baseline, OwnTokenizerBaseline):
+            if cfg.mc_file or cfg.tasks:
+                raise InvalidInput(
+                    f"--baseline {cfg.baseline}: its tokenizer differs from the checkpoint's; it is compared on "
+                    "held-out text (bits/char) only, not on --mc or --tasks"
+                )
+            other = dataclasses.replace(baseline, model=baseline.model.to(device).eval())
+        else:
+            models["baseline"] = baseline.to(device).eval()
     tokenizer, specials = load_with_specials(info["tokenizer_dir"])
     # the token a context follows, as in the shards: the bos, or where the tokenizer prepends none the end of
     # the document before (lm-evaluation-harness's HF model takes the eos then too)
@@ -342,7 +319,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     }
     if cfg.shards_dir:
         result["languages"], result["skipped_languages"] = _eval_languages(
-            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, device
+            cfg, models, tokenizer, info["tokenizer_sha256"], mcfg.vocab_size, device, other
         )
     if cfg.mc_file:
         items = read_mc(cfg.mc_file)
@@ -355,33 +332,103 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             },
         }
     if cfg.tasks:
-        result["tasks"] = score_tasks(cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end)
+        chat = lmeval.chat_format(info["tokenizer_dir"])  # None for a base model: its chat tasks are left out
+        result["tasks"] = score_tasks(
+            cfg, models, tokenizer, mcfg, device, tm, bos_id=prefix, eos_id=doc_end, chat=chat
+        )
     result["elapsed_s"] = round(time.perf_counter() - t0, 3)
     out.parent.mkdir(parents=True, exist_ok=True)
     EvalReport.from_dict(result, out).write(out)
     return result
 
 
-def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module:
+@dataclass(frozen=True)
+class OwnTokenizerBaseline:
+    """A ``--baseline`` with a tokenizer of its own (the base before its vocabulary was extended).
+
+    Attributes:
+        model: the baseline model (fp32).
+        tokenizer: its ``tokenizers.Tokenizer``; specials: its special-token convention.
+        tokenizer_sha256: sha256 of its ``tokenizer.json``.
+        max_position_embeddings: its context window (tokens): its windows are at most this long.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    specials: Any
+    tokenizer_sha256: str
+    max_position_embeddings: int
+
+
+def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module | OwnTokenizerBaseline:
     """The ``--baseline`` model (fp32, CPU): a prodip checkpoint or a Hugging Face Llama folder
-    (:func:`prodip.train.init.load_init`) whose ``tokenizer.json`` is the checkpoint's, so both models are
-    scored on the same token ids.
+    (:func:`prodip.train.init.load_init`). With the checkpoint's ``tokenizer.json`` it is the model alone
+    (scored on the same token ids); with another it comes with its tokenizer (:class:`OwnTokenizerBaseline`,
+    scored on the same text).
 
     Raises:
-        InvalidInput: another tokenizer (or none) in the folder; see :func:`prodip.train.init.load_init`.
+        InvalidInput: a Hugging Face folder without ``tokenizer.json``; see :func:`prodip.train.init.load_init`.
     """
     from prodip.train import init  # noqa: PLC0415 (only a baseline needs it)
 
-    tok = Path(path) / "tokenizer.json"
-    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256)  # a prodip checkpoint's tokenizer: checked
-    if source.kind == "hf" and (not tok.is_file() or file_sha256(tok) != tokenizer_sha256):
-        raise InvalidInput(
-            f"--baseline {path}: {'no tokenizer.json' if not tok.is_file() else 'its tokenizer.json differs from the checkpoint'}"
-            "'s; a baseline is scored on the checkpoint's token ids, so it must share its tokenizer"
-        )
+    tok_dir: Optional[Path] = None
+    if init.is_prodip_checkpoint(Path(path)):
+        _, _, info = load_model(path)
+        if info["tokenizer_sha256"] != tokenizer_sha256:
+            tok_dir = Path(info["tokenizer_dir"])
+    elif Path(path).exists():
+        tok = Path(path) / "tokenizer.json"
+        if not tok.is_file():
+            raise InvalidInput(
+                f"--baseline {path}: no tokenizer.json; a baseline is scored with its own tokenizer or the checkpoint's"
+            )
+        if file_sha256(tok) != tokenizer_sha256:
+            tok_dir = Path(path)
+    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256 if tok_dir is None else None)
     model = LlamaForCausalLM(source.config)
     init.apply_init(model, source)
-    return model
+    if tok_dir is None:
+        return model
+    tok, specials = load_with_specials(tok_dir)
+    return OwnTokenizerBaseline(
+        model.eval(), tok, specials, file_sha256(tok_dir / "tokenizer.json"), source.config.max_position_embeddings
+    )
+
+
+def stream_documents(
+    tokenizer: Any, ids: Sequence[int], *, doc_end: int, bos_id: Optional[int]
+) -> list[tuple[str, bool]]:
+    """The documents of a shard token stream as text: ``[(text, ended), ...]``, split at ``doc_end`` (``ended``:
+    the document's end token is in the stream; the last one, cut by the token budget, may lack it), the
+    ``bos_id`` dropped, a character cut at the end of the stream (decoded as U+FFFD) dropped."""
+    docs: list[tuple[str, bool]] = []
+    cur: list[int] = []
+    for t in (int(i) for i in ids):
+        if t == doc_end:
+            docs.append((tokenizer.decode(cur, skip_special_tokens=True), True))
+            cur = []
+        elif t != bos_id:
+            cur.append(t)
+    if cur:
+        docs.append((tokenizer.decode(cur, skip_special_tokens=True).rstrip("\ufffd"), False))
+    return [(text, ended) for text, ended in docs if text or ended]
+
+
+def text_stream(tokenizer: Any, specials: Any, docs: Sequence[tuple[str, bool]]) -> list[int]:
+    """``docs`` (:func:`stream_documents`) as a token stream in ``tokenizer``'s own shard layout
+    (``prodip.tokenizer.encode``): ``bos ids end`` per document where the tokenizer prepends its bos, else
+    ``ids end``; an unended last document has no end. The first id is context only: the bos, or (no bos)
+    the end of a document before, as ``prodip eval`` and lm-evaluation-harness put before a context."""
+    end = document_end_id(tokenizer, specials)
+    bos = specials.bos_id if specials.add_bos and specials.bos_id is not None else None
+    out = [bos if bos is not None else end]
+    for i, (text, ended) in enumerate(docs):
+        if bos is not None and i > 0:
+            out.append(bos)
+        out += tokenizer.encode(text, add_special_tokens=False).ids
+        if ended:
+            out.append(end)
+    return out
 
 
 def task_settings(cfg: EvalConfig) -> dict[str, Any]:
@@ -401,11 +448,14 @@ def score_tasks(
     *,
     bos_id: int,
     eos_id: int,
+    chat: Optional[lmeval.ChatFormat] = None,
 ) -> dict[str, Any]:
     """lm-evaluation-harness tasks on each model (``prodip.train.lmeval``): ``{settings, rows}``, a row per
     task with every model's scores and standard errors, and seconds per model. ``bos_id``: the token a
     context follows (the harness's prefix token: the bos, or the end of the document before where the
-    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token)."""
+    tokenizer prepends none); ``eos_id``: the document end (its end-of-text token); ``chat``: the checkpoint's
+    chat format, through which every model answers the generation (chat) tasks; None (a base model): those
+    tasks are left out (logged), their names stay in ``settings`` for a chat model's conformance run."""
     per_model = {}
     for name, model in models.items():
         lm = lmeval.make_lm(
@@ -415,6 +465,8 @@ def score_tasks(
             eos_id=eos_id,
             max_length=mcfg.max_position_embeddings,
             batch_size=cfg.batch_size,
+            step_fn=lmeval.torch_step(model, device),
+            chat=chat,
         )
         per_model[name] = lmeval.run_tasks(
             lm,
@@ -442,9 +494,11 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{lang:<6}{row['tokens']:>9}{row['chars']:>10} | {t['nll_nats_per_token']:>12.4f}"
                 f"{t['bits_per_char']:>10.4f} | {r['nll_nats_per_token']:>11.4f}{r['bits_per_char']:>10.4f}"
                 + (
-                    f" | baseline {b['nll_nats_per_token']:.4f} nats/tok {b['bits_per_char']:.4f} bits/char"
-                    if b
-                    else ""
+                    ""
+                    if not b
+                    else f" | baseline {b['nll_nats_per_token']:.4f} nats/tok {b['bits_per_char']:.4f} bits/char"
+                    if "chars_per_token" not in b
+                    else f" | baseline (own tokenizer, {b['chars_per_token']:.2f} chars/tok) {b['bits_per_char']:.4f} bits/char"
                 )
             )
     for lang, why in result.get("skipped_languages", {}).items():

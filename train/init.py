@@ -76,7 +76,7 @@ def load_init(path: str | Path, *, tokenizer_sha256: Optional[str]) -> InitWeigh
     path = Path(path)
     if not path.exists():
         raise MissingInput(f"--init-from {path}: does not exist (a prodip run/checkpoint dir or a HF Llama folder)")
-    if _is_prodip_checkpoint(path):
+    if is_prodip_checkpoint(path):
         return _load_prodip(path, tokenizer_sha256)
     if (path / "config.json").is_file():
         return _load_hf(path, tokenizer_sha256)
@@ -86,7 +86,7 @@ def load_init(path: str | Path, *, tokenizer_sha256: Optional[str]) -> InitWeigh
     )
 
 
-def _is_prodip_checkpoint(path: Path) -> bool:
+def is_prodip_checkpoint(path: Path) -> bool:
     try:
         checkpoint.resolve_checkpoint(path)
     except FileNotFoundError:

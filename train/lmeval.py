@@ -1,6 +1,6 @@
-"""lm-evaluation-harness tasks on a prodip model: an ``lm_eval`` model class over any batched logits function,
-and :func:`run_tasks`, which runs named tasks through the harness's ``evaluate`` and returns one typed row per
-task with the harness's standard errors.
+"""lm-evaluation-harness tasks on a prodip model: an ``lm_eval`` model class over any batched logits function
+(and, for generation, any decoder step with a KV cache), and :func:`run_tasks`, which runs named tasks through
+the harness's ``evaluate`` and returns one typed row per task with the harness's standard errors.
 
 The model class scores loglikelihood requests the way the harness's ``hf`` model does on an export
 (``TemplateLM``: context and continuation encoded as a whole and split after the context's tokens, trailing
@@ -9,6 +9,13 @@ starts every training document), in batches of right-padded rows (causal attenti
 padding cannot change a real row's logits), longest first. The same class runs over the training model here
 and over each ONNX variant in conformance (``prodip.conformance.tasks``), so their figures differ only by
 what the variant computes.
+
+Generation tasks (``output_type: generate_until``) are chat tasks: the harness renders each prompt as a user
+turn through the model's own chat template (:class:`ChatFormat`, the ``chat_template`` of its
+``tokenizer_config.json``, rendered by :func:`prodip.base.chat.render` as every runtime renders it), and the
+reply is decoded greedily in left-padded batches with the KV cache (:func:`greedy_until`) until the end-of-turn
+token, the end-of-text token, one of the task's ``until`` strings or ``max_gen_toks``. They run only on a chat
+model (a tokenizer with a chat template); :func:`run_tasks` leaves them out for another (logged).
 
 Tasks are found in the bundled folder ``TASKS_DIR`` (offline, data shipped beside the YAML: see its README.md)
 and the folders given, then, for a name not found there, in lm-evaluation-harness's own task list (Belebele,
@@ -19,13 +26,19 @@ Global-MMLU-Lite, ...: those download their data from the Hugging Face Hub; docs
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from prodip.base.errors import InvalidInput, MissingInput
@@ -35,12 +48,47 @@ log = logging.getLogger(__name__)
 #: the bundled offline tasks (YAML, their data and loader; README.md there names sources and licences)
 TASKS_DIR = Path(__file__).with_name("tasks")
 #: the metric the card shows for a task, in order of preference
-PRIMARY_METRICS = ("acc", "acc_norm", "exact_match", "f1", "bleu")
+PRIMARY_METRICS = ("acc", "acc_norm", "sentence_chrf", "chrf", "exact_match", "f1", "bleu")
 #: Flores-200 language codes in harness task names (belebele_ben_Beng) -> the ISO 639-1 codes prodip uses
 _FLORES = {"ben": "bn", "eng": "en", "hin": "hi", "urd": "ur", "asm": "as"}
 
 #: (B, T) int64 token ids, right-padded -> (B, T, V) float logits
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
+#: one decoder call with a KV cache, the conformance runners' contract (``prodip.conformance.runners.Runner``):
+#: (input_ids (B, T) int64, attention_mask (B, P+T) int64 with 0 for left padding, position_ids (B, T) int64,
+#: state: the previous call's cache or None for P = 0) -> (logits (B, T, V) float32, state)
+StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], tuple[np.ndarray, Any]]
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How a chat model's prompts are written and where its reply ends: its chat template (verbatim from its
+    ``tokenizer_config.json``), the special-token strings the template may read, and the end-of-turn token."""
+
+    template: str
+    end_of_turn_id: int
+    variables: dict[str, str] = field(default_factory=dict)
+
+    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` (:func:`prodip.base.chat.render`; tokenise it without specials)."""
+        from prodip.base.chat import render  # noqa: PLC0415
+
+        return render(messages, add_generation_prompt, template=self.template, variables=self.variables)
+
+
+def chat_format(tokenizer_dir: str | Path) -> Optional[ChatFormat]:
+    """The :class:`ChatFormat` of a tokenizer dir (a checkpoint's ``tokenizer/``, an export dir), or None for a
+    base model's (no ``chat_template``).
+
+    Raises:
+        InvalidInput / MissingInput: a broken chat contract (:func:`prodip.base.chat.chat_contract`).
+    """
+    from prodip.base.chat import chat_contract, template_variables  # noqa: PLC0415
+
+    contract = chat_contract(tokenizer_dir)
+    if contract is None:
+        return None
+    return ChatFormat(contract["chat_template"], int(contract["end_of_turn_id"]), template_variables(tokenizer_dir))
 
 
 def _require_lm_eval() -> Any:
@@ -62,20 +110,32 @@ def _template_lm() -> type:
 
 
 def make_lm(
-    tokenizer: Any, logits_fn: LogitsFn, *, bos_id: int, eos_id: int, max_length: int, batch_size: int = 32
+    tokenizer: Any,
+    logits_fn: LogitsFn,
+    *,
+    bos_id: int,
+    eos_id: int,
+    max_length: int,
+    batch_size: int = 32,
+    step_fn: Optional[StepFn] = None,
+    chat: Optional[ChatFormat] = None,
 ) -> Any:
-    """An ``lm_eval.api.model.TemplateLM`` scoring loglikelihood requests with ``logits_fn``.
+    """An ``lm_eval.api.model.TemplateLM`` scoring loglikelihood requests with ``logits_fn`` and, for a chat
+    model, answering generation requests greedily with ``step_fn`` through its chat template.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer`` whose default encode prepends ``<|bos|>``.
         logits_fn: ``(B, T) int64 -> (B, T, V)`` logits (any float dtype; scored in float32).
         bos_id: the token an empty context becomes (lm-eval's ``prefix_token_id``).
-        eos_id: the end-of-text token (``eot_token_id``).
+        eos_id: the end-of-text token (``eot_token_id``); it ends a generated reply too.
         max_length: the model's longest input (tokens); longer rows keep their last ``max_length + 1`` tokens.
-        batch_size: rows per call of ``logits_fn``.
+        batch_size: rows per call of ``logits_fn`` and of ``step_fn``.
+        step_fn: the model's decoder step with a KV cache (:data:`StepFn`); None: no generation.
+        chat: the model's chat format (:func:`chat_format`); None: a base model, no generation tasks.
 
     Returns:
-        The model object; ``choices_seen`` counts requests per ``(task, doc_id)`` since the last reset.
+        The model object; ``choices_seen`` counts requests per ``(task, doc_id)`` since the last reset;
+        ``chat`` is the chat format (None for a base model).
     """
     base = _template_lm()
 
@@ -84,6 +144,18 @@ def make_lm(
             super().__init__()
             self.tokenizer = tokenizer
             self.choices_seen: Counter[tuple[str, int]] = Counter()
+            self.chat = chat if step_fn is not None else None
+
+        @property
+        def tokenizer_name(self) -> str:
+            # the harness keys its request cache on it (prodip keeps no cache): the template names the format
+            digest = hashlib.sha256((chat.template if chat else "").encode()).hexdigest()[:12]
+            return f"prodip-{digest}"
+
+        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+            if chat is None:
+                raise InvalidInput("this model has no chat template (not a chat model): no chat prompts")
+            return chat.render(chat_history, add_generation_prompt)
 
         @property
         def eot_token_id(self) -> int:
@@ -131,9 +203,29 @@ def make_lm(
             return out
 
         def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-            raise InvalidInput(
-                "prodip's task runner scores loglikelihood tasks only (multiple choice, perplexity); a generation "
-                "task runs against `prodip serve` (docs/eval.md: lm_eval --model local-chat-completions)"
+            if chat is None or step_fn is None:
+                raise InvalidInput(
+                    "a generation task runs through the model's chat template, and this model has none (not a "
+                    "chat model); give a chat checkpoint or export"
+                )
+            prompts, budgets, until = [], [], []
+            for req in requests:
+                context, kwargs = req.args[0], dict(req.args[1] or {})
+                stops = kwargs.get("until") or []
+                until.append([stops] if isinstance(stops, str) else list(stops))
+                new = int(kwargs.get("max_gen_toks", 256))
+                ids = list(tokenizer.encode(context, add_special_tokens=False).ids)  # the template writes <|bos|>
+                budgets.append(new)
+                prompts.append(ids[-max(1, max_length - new) :])  # as the harness's hf model: room for the reply
+            return greedy_until(
+                step_fn,
+                prompts,
+                max_new=budgets,
+                stop_ids={chat.end_of_turn_id, eos_id},
+                until=until,
+                decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
+                max_length=max_length,
+                batch_size=batch_size,
             )
 
     return ProdipLM()
@@ -188,6 +280,114 @@ def torch_logits(model: torch.nn.Module, device: torch.device) -> LogitsFn:
             return model(ids.to(device)).float().cpu()
 
     return fn
+
+
+def torch_step(model: torch.nn.Module, device: torch.device) -> StepFn:
+    """:data:`StepFn` of prodip's training model (its KV cache, ``use_cache=True``), under ``torch.inference_mode``."""
+
+    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, state: Any) -> tuple[np.ndarray, Any]:
+        with torch.inference_mode():
+            logits, present = model(
+                torch.from_numpy(ids).to(device),
+                position_ids=torch.from_numpy(pos).to(device),
+                attention_mask=torch.from_numpy(mask).to(device),
+                past_key_values=state,
+                use_cache=True,
+            )
+        return logits.float().cpu().numpy(), present
+
+    return step
+
+
+def step_logits(step: StepFn) -> LogitsFn:
+    """``logits_fn`` of a decoder step: right-padded rows in one call with an empty cache (positions 0..T-1,
+    every mask 1: causal attention keeps the padding after a row out of its logits)."""
+
+    def fn(ids: torch.Tensor) -> torch.Tensor:
+        x = ids.numpy()
+        B, T = x.shape
+        pos = np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy()
+        logits, _ = step(x, np.ones((B, T), dtype=np.int64), pos, None)
+        return torch.from_numpy(np.asarray(logits))
+
+    return fn
+
+
+def greedy_until(
+    step: StepFn,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new: Sequence[int],
+    stop_ids: set[int],
+    until: Sequence[Sequence[str]],
+    decode: Callable[[Sequence[int]], str],
+    max_length: int,
+    batch_size: int,
+) -> list[str]:
+    """Greedy replies: the argmax token at each step, in left-padded batches (longest prompts first) with the
+    step's KV cache, each row until it emits a token of ``stop_ids`` (not part of the reply), its decoded reply
+    holds one of its ``until`` strings (cut before the first), or it has ``max_new`` tokens (or reaches
+    ``max_length`` positions). A batch stops when every row has; finished rows are fed their last token
+    meanwhile (their replies are complete: what follows is discarded).
+
+    Args:
+        step: the decoder (:data:`StepFn`).
+        prompts: token ids of each prompt (non-empty, at most ``max_length - 1`` tokens).
+        max_new: the most tokens of each reply.
+        stop_ids: tokens that end a reply (the end-of-turn and end-of-text tokens).
+        until: per prompt, strings that end its reply (the harness's ``until``).
+        decode: token ids -> text (special tokens skipped).
+
+    Returns:
+        The reply text of each prompt, in the prompts' order.
+
+    Raises:
+        InvalidInput: an empty prompt, or one of ``max_length`` tokens or more (no room for a reply).
+    """
+    for i, p in enumerate(prompts):
+        if not 0 < len(p) < max_length:
+            raise InvalidInput(f"generation request {i}: {len(p)} prompt tokens (want 1..{max_length - 1})")
+    order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))
+    out = [""] * len(prompts)
+    for b in range(0, len(order), batch_size):
+        group = order[b : b + batch_size]
+        T = len(prompts[group[0]])
+        ids = np.zeros((len(group), T), dtype=np.int64)
+        mask = np.zeros((len(group), T), dtype=np.int64)
+        for r, i in enumerate(group):  # left padding: every row's last token at T-1
+            ids[r, T - len(prompts[i]) :] = prompts[i]
+            mask[r, T - len(prompts[i]) :] = 1
+        pos = np.clip(mask.cumsum(-1) - 1, 0, None)
+        budget = [min(max_new[i], max_length - len(prompts[i])) for i in group]
+        replies: list[list[int]] = [[] for _ in group]
+        texts = [""] * len(group)
+        done = [n <= 0 for n in budget]
+        logits, state = step(ids, mask, pos, None)
+        while True:
+            nxt = np.asarray(logits)[:, -1].argmax(-1).astype(np.int64)
+            for r, i in enumerate(group):
+                if done[r]:
+                    continue
+                token = int(nxt[r])
+                if token in stop_ids:
+                    done[r] = True
+                    continue
+                replies[r].append(token)
+                texts[r] = decode(replies[r])
+                if any(u and u in texts[r] for u in until[i]) or len(replies[r]) >= budget[r]:
+                    done[r] = True
+            if all(done):
+                break
+            mask = np.concatenate([mask, np.ones((len(group), 1), dtype=np.int64)], axis=1)
+            pos = mask.sum(-1, keepdims=True) - 1
+            logits, state = step(nxt[:, None], mask, pos, state)
+        for r, i in enumerate(group):
+            text = texts[r]
+            for u in until[i]:
+                if u:
+                    text = text.split(u)[0]
+            out[i] = text
+    return out
 
 
 # ---- running tasks ---------------------------------------------------------------------------------
@@ -269,9 +469,11 @@ def run_tasks(
             thread, 9-21 s at 2).
 
     Returns:
-        One dict per task: ``{task, language, output_type, shots, items, metric, higher_is_better, chance, scores: {metric:
-        {value, stderr}}, seconds}``; ``chance`` is the mean of 1/choices over the items of a multiple-choice
-        task (None for other kinds); ``stderr`` is the harness's (the sample standard error for a mean).
+        One dict per task run: ``{task, language, output_type, shots, items, metric, higher_is_better, chance,
+        scores: {metric: {value, stderr}}, seconds}``; ``chance`` is the mean of 1/choices over the items of a
+        multiple-choice task (None for other kinds); ``stderr`` is the harness's (the sample standard error for a
+        mean; a bootstrap over the items for a corpus metric such as ``chrf``). A generation task on a model
+        without a chat template (``lm.chat`` None) is left out (logged): chat tasks run on chat models only.
 
     Raises:
         InvalidInput: an unknown task name (see :func:`task_manager`).
@@ -285,15 +487,18 @@ def run_tasks(
     if threads:
         torch.set_num_threads(threads)
     try:
-        return [
+        rows = [
             _run_one(lm_eval, lm, tm, name, seen, num_fewshot=num_fewshot, limit=limit, seed=seed) for name in names
         ]
     finally:
         torch.set_num_threads(before)
+    return [r for r in rows if r is not None]
 
 
-def _run_one(lm_eval: Any, lm: Any, tm: Any, name: str, seen: Counter[tuple[str, int]], **kw: Any) -> dict[str, Any]:
-    """One task, timed (see :func:`run_tasks`)."""
+def _run_one(
+    lm_eval: Any, lm: Any, tm: Any, name: str, seen: Counter[tuple[str, int]], **kw: Any
+) -> Optional[dict[str, Any]]:
+    """One task, timed (see :func:`run_tasks`); None: a chat task and not a chat model."""
     seen.clear()
     t0 = time.perf_counter()
     level = logging.getLogger("lm_eval").level
@@ -302,15 +507,23 @@ def _run_one(lm_eval: Any, lm: Any, tm: Any, name: str, seen: Counter[tuple[str,
         res = _evaluate(lm_eval, lm, tm, name, **kw)
     finally:
         logging.getLogger("lm_eval").setLevel(level)
+    if res is None:
+        log.info("task %s: a generation task runs through a chat template, and this model has none; left out", name)
+        return None
     return _task_row(name, res, seen, time.perf_counter() - t0)
 
 
 def _evaluate(
     lm_eval: Any, lm: Any, tm: Any, name: str, *, num_fewshot: Optional[int], limit: Optional[int], seed: int
-) -> dict[str, Any]:
+) -> Optional[dict[str, Any]]:
     """``lm_eval.simple_evaluate``'s steps for a model object: seeds, the task loaded, its few-shot count and
     seed set, then the harness's ``evaluate``; without the environment report simple_evaluate appends (which
-    lists the installed packages in subprocesses: about 2 s a call)."""
+    lists the installed packages in subprocesses: about 2 s a call).
+
+    A task (or group) with a generation subtask is a chat task: its prompts go through ``lm``'s chat template
+    (the harness's ``apply_chat_template``, few-shot examples as earlier turns); None when ``lm`` has none.
+    The bootstrap of a corpus metric's standard error runs in this process (``DISABLE_MULTIPROC``: no pool of
+    processes for 100 resamples; its seeds are fixed), its printed line silenced."""
     import random  # noqa: PLC0415
 
     import numpy as np  # noqa: PLC0415
@@ -326,7 +539,29 @@ def _evaluate(
         elif task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=seed)
-    res: dict[str, Any] = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=1000, log_samples=False)
+    chat = any(t.OUTPUT_TYPE == "generate_until" for t in loaded["tasks"].values())
+    if chat and getattr(lm, "chat", "its own") is None:
+        return None
+    quiet = {"DISABLE_MULTIPROC": "1"}
+    saved = {k: os.environ.get(k) for k in quiet}
+    os.environ.update(quiet)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the harness prints "bootstrapping for stddev: chrf"
+            res: dict[str, Any] = evaluate(
+                lm=lm,
+                task_dict=loaded,
+                limit=limit,
+                bootstrap_iters=1000,
+                log_samples=False,
+                apply_chat_template=chat,
+                fewshot_as_multiturn=chat,
+            )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return res
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.train.lmeval import continuation_scores, torch_logits
 
 
 def read_mc(path: str | Path) -> list[dict[str, Any]]:
@@ -74,56 +75,30 @@ def encode_choice(tokenizer: Any, context: str, choice: str, prefix_id: int) -> 
     return [prefix_id] + ctx, tokenizer.encode(choice, add_special_tokens=False).ids
 
 
-@torch.no_grad()
 def continuation_logprobs(
     model: nn.Module,
     pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
     device: torch.device,
     max_len: int,
     batch_size: int = 8,
-    pad_id: int = 0,
 ) -> list[float]:
-    """Summed log-probability (nats) of each continuation given its context.
-
-    Rows are right-padded (causal attention never looks ahead, so padding after a row cannot
-    change its logits) and left-truncated to ``max_len + 1`` tokens when too long.
+    """Summed log-probability (nats) of each continuation given its context: the task runner's scorer
+    (:func:`prodip.train.lmeval.continuation_scores`, right-padded batches, longest first) on ``model``.
 
     Args:
         model: causal LM ``(B, T) int64 -> (B, T, V)``.
-        pairs: ``(context_ids, continuation_ids)``; the context must be non-empty.
+        pairs: ``(context_ids, continuation_ids)``; the context must be non-empty. Rows longer than
+            ``max_len + 1`` tokens keep their last ``max_len + 1``.
         max_len: the model's longest input (tokens), ``max_position_embeddings``.
 
     Returns:
         One float per pair: ``sum_t log p(cont_t | context, cont_<t)``.
 
     Raises:
-        ValueError: an empty context or continuation, or a continuation longer than ``max_len``.
+        InvalidInput: an empty context or continuation, or a continuation longer than ``max_len``.
     """
-    seqs, starts = [], []
-    for i, (ctx, cont) in enumerate(pairs):
-        if not ctx or not cont:
-            raise InvalidInput(f"multiple-choice pair {i}: empty context or continuation tokens")
-        if len(cont) > max_len:
-            raise InvalidInput(
-                f"multiple-choice pair {i}: continuation of {len(cont)} tokens exceeds "
-                f"max_position_embeddings={max_len}"
-            )
-        seq = (list(ctx) + list(cont))[-(max_len + 1) :]
-        seqs.append(seq)
-        starts.append(len(seq) - len(cont))  # index of the first continuation token
-    out: list[float] = []
-    for b in range(0, len(seqs), batch_size):
-        group, first = seqs[b : b + batch_size], starts[b : b + batch_size]
-        T = max(len(s) for s in group)
-        rows = torch.full((len(group), T), pad_id, dtype=torch.int64)
-        for r, s in enumerate(group):
-            rows[r, : len(s)] = torch.tensor(s)
-        rows = rows.to(device)
-        logp = torch.log_softmax(model(rows[:, :-1]).float(), dim=-1)  # (B, T-1, V)
-        tok_logp = logp.gather(-1, rows[:, 1:, None])[..., 0]  # (B, T-1): log p(rows[:, t+1])
-        for r, (s, f) in enumerate(zip(group, first)):
-            out.append(float(tok_logp[r, f - 1 : len(s) - 1].sum()))
-    return out
+    scores = continuation_scores(torch_logits(model, device), pairs, max_length=max_len, batch_size=batch_size)
+    return [s for s, _ in scores]
 
 
 def score_mc(

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import Field, StrictInt
 
 from prodip.base.manifest import FileEntry
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
 TRAINER_STATE_FILE = "trainer_state.json"
 CHECKPOINT_MANIFEST_FILE = "manifest.json"
@@ -69,10 +69,8 @@ class CheckpointManifest(Record):
     files: dict[str, FileEntry]
 
 
-class Checkpointed(BaseModel):
+class Checkpointed(RecordPart):
     """The checkpoint an evaluation scored (``eval.json`` ``checkpoint``)."""
-
-    model_config = ConfigDict(extra="allow")
 
     path: str
     step: StrictInt

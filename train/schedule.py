@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 
 from prodip.base.errors import InvalidInput
+from prodip.train.config import SCHEDULES
 from prodip.train.loop import lr_at
-
-SCHEDULES = ("cosine", "wsd")
 
 
 def decay_start(total_steps: int, warmup_steps: int, decay_fraction: float) -> int:

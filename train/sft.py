@@ -23,114 +23,29 @@ import dataclasses
 import hashlib
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from prodip.base.chat import CHAT_TOKENS
-from prodip.base.config import dump_toml, opt, write_text_atomic
+from prodip.base.config import dump_toml, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256_cached
-from prodip.base.sources import INCLUDE_UNKNOWN_HELP, SOURCES_HELP, match_sources
+from prodip.base.sources import match_sources
 from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_with_specials
 from prodip.tokenizer.corpus import expand_inputs
 from prodip.tokenizer.shards import meta_sha256
 from prodip.train import chat, checkpoint, distributed, init
-from prodip.train.config import ModelConfig
+from prodip.train.config import ModelConfig, SFTConfig
 from prodip.train.data import MixtureBatches
 from prodip.train.records import SFT_EVAL_FILE, SftEvalReport, TrainerState
-from prodip.train.schedule import SCHEDULES
-from prodip.train.trainer import TrainConfig, _Run
+from prodip.train.trainer import _Run
 
 log = logging.getLogger("prodip.sft")
 
 FORMAT_VERSION = 1
 EVAL_FILE = SFT_EVAL_FILE  # the name other modules import from here
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """One chat fine-tuning run (TOML table ``[sft]``). A step is one optimizer step."""
-
-    inputs: dict[str, list[str]] = opt(
-        factory=dict,
-        help="language -> conversation files/folders (.jsonl, .parquet, .csv, `datasets` folders; one "
-        "conversation per record, field `messages`: OpenAI's [{role, content}, ...]); the language is the "
-        "one the replies are in (for the per-language held-out loss), e.g. bn=data/chat/bn.jsonl",
-    )
-    messages_field: str = opt("messages", "the JSONL field / column holding a conversation's messages")
-    sources: list[str] = opt(
-        factory=list,
-        help=SOURCES_HELP,
-    )
-    include_unknown_license: list[str] = opt(
-        factory=list,
-        help=INCLUDE_UNKNOWN_HELP,
-    )
-    init_from: str = opt(
-        "runs/demo/train",
-        "weights to fine-tune: a prodip run/checkpoint dir or a Hugging Face Llama folder (safetensors) "
-        "with a tokenizer in prodip's special-token convention",
-    )
-    tokenizer_dir: str = opt(
-        "", "tokenizer of --init-from (default: the checkpoint's tokenizer/ copy, or the HF folder's files)"
-    )
-    out_dir: str = opt("runs/demo/sft", "run dir: tokenizer/, config.toml, metrics.jsonl, sft_eval.json, checkpoints/")
-    val_fraction: float = opt(
-        0.1, "share of conversations held out (chosen by a hash of each) for the loss before/after"
-    )
-    replay_share: float = opt(
-        0.0,
-        "share of each step's rows that are pretraining windows (trained on every token) from "
-        "--replay-shards-dir's train split, to forget less; 0 = chat rows only",
-    )
-    replay_shards_dir: str = opt(
-        "", "token shards replayed (default: the shards --init-from's prodip run trained on, from its checkpoint)"
-    )
-    steps: int = opt(100, "optimizer steps")
-    max_steps_this_run: int = opt(0, "stop after this many steps in this invocation, 0 = run to `steps`")
-    batch_size: int = opt(8, "packed rows per micro-batch per rank")
-    seq_len: int = opt(256, "positions per packed row (a longer conversation is cut to seq_len + 1 tokens)")
-    grad_accum_steps: int = opt(1, "micro-batches per optimizer step")
-    lr: float = opt(1e-4, "peak learning rate (after warmup)")
-    min_lr: float = opt(1e-5, "learning rate at the end of the decay")
-    warmup_steps: int = opt(10, "linear warmup (optimizer steps)")
-    lr_schedule: str = opt("cosine", "cosine | wsd (see prodip train)", choices=SCHEDULES)
-    weight_decay: float = opt(0.0, "AdamW decoupled weight decay on 2-D weights")
-    grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this, 0 = no clipping")
-    seed: int = opt(1234, "seed for the conversation order")
-    checkpoint_every_steps: int = opt(0, "save every N steps (and at the end), 0 = end only")
-    checkpoint_every_s: float = opt(
-        0.0, "also save when this many seconds of wall time have passed since the last save (rank 0's clock), 0 = off"
-    )
-    keep_last: int = opt(2, "checkpoints kept (newest)")
-    eval_every_steps: int = opt(0, "held-out assistant-token loss every N steps in metrics.jsonl, 0 = never")
-    device: str = opt("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
-    dtype: str = opt("auto", "auto | float32 | bfloat16", choices=("auto", "float32", "bfloat16"))
-    guards: bool = opt(True, "run the gradient-flow arbiter and update-flow probe (the loss-mask guard always runs)")
-    resume: bool = opt(False, "continue from OUT_DIR/checkpoints/latest")
-    progress: bool = opt(True, "show a progress bar")
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise InvalidInput(f"SFTConfig.val_fraction must be in [0, 1), got {self.val_fraction}")
-        if not 0.0 <= self.replay_share < 1.0:
-            raise InvalidInput(
-                f"SFTConfig.replay_share ([sft] replay_share) must be in [0, 1), got {self.replay_share}"
-            )
-
-    def train_config(self) -> TrainConfig:
-        """The trainer's settings for this run (the chat tokenizer is ``OUT_DIR/tokenizer``)."""
-        keep = {f.name for f in dataclasses.fields(TrainConfig)} & {f.name for f in dataclasses.fields(self)}
-        values = {k: getattr(self, k) for k in keep if k not in ("tokenizer_dir",)}
-        return TrainConfig(
-            **values,
-            shards_dir="",
-            tokenizer_dir=str(Path(self.out_dir) / "tokenizer"),
-            mixture={},
-        )
 
 
 def source_tokenizer_dir(cfg: SFTConfig) -> Path:

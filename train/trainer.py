@@ -22,7 +22,6 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,14 +30,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from prodip.base.config import dump_toml, opt, read_toml, write_text_atomic
+from prodip.base.config import dump_toml, read_toml, write_text_atomic
 from prodip.base.errors import ConfigError, InvalidInput, MissingInput, OutputExists
 from prodip.base.files import raise_for_room
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import ShardsMeta, load_meta, meta_sha256
 from prodip.train import attention, checkpoint, determinism, distributed, freeze, fsdp, guards, init
-from prodip.train.config import ModelConfig
-from prodip.train.data import ORDERS, MixtureBatches, val_batches
+from prodip.train.config import ModelConfig, TrainConfig
+from prodip.train.data import MixtureBatches, val_batches
 from prodip.train.loop import (
     batch_loss,
     build_optimizer,
@@ -51,13 +50,9 @@ from prodip.train.model import LlamaForCausalLM
 from prodip.train.observe import RunObserver, interrupt_message, plot_loss  # noqa: F401 (plot_loss re-exported)
 from prodip.train.records import SFT_EVAL_FILE
 from prodip.train.saver import AsyncCheckpointer
-from prodip.train.schedule import SCHEDULES, lr_for
+from prodip.train.schedule import lr_for
 
 log = logging.getLogger("prodip.train")
-
-
-#: ``[train] compile_mode`` choices (torch.compile's ``mode``).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def compile_model(model: torch.nn.Module, *, mode: str, scope: str) -> torch.nn.Module:
@@ -71,160 +66,6 @@ def compile_model(model: torch.nn.Module, *, mode: str, scope: str) -> torch.nn.
             layer.compile(**kwargs)
         return model
     return torch.compile(model, **kwargs)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run. A "step" is one optimizer step; sizes are per rank unless stated."""
-
-    shards_dir: str = opt("runs/demo/shards", "shards dir from `prodip data prepare`")
-    tokenizer_dir: str = opt("runs/demo/tokenizer", "tokenizer dir the shards were encoded with")
-    out_dir: str = opt("runs/demo/train", "run dir: config.toml, metrics.jsonl, loss.png, checkpoints/")
-    steps: int = opt(200, "total optimizer steps of the run (the lr schedule spans these)")
-    max_steps_this_run: int = opt(
-        0,
-        "stop after this many steps in this invocation, 0 = run to `steps` "
-        "(time-sliced jobs; resume later with --resume)",
-    )
-    batch_size: int = opt(8, "sequences per micro-batch per rank")
-    seq_len: int = opt(256, "tokens per sequence (<= max_position_embeddings)")
-    grad_accum_steps: int = opt(
-        1, "micro-batches per optimizer step (the loss is the mean over all their trained targets)"
-    )
-    lr: float = opt(3e-4, "peak learning rate (after warmup)")
-    min_lr: float = opt(3e-5, "learning rate at the end of the decay")
-    warmup_steps: int = opt(20, "linear warmup (optimizer steps)")
-    lr_schedule: str = opt(
-        "cosine",
-        "cosine (decay over all `steps`) | wsd (warmup-stable-decay: flat, then linear decay over the last "
-        "decay_fraction of `steps`; a run can be extended with no lr jump until its decay starts)",
-        choices=SCHEDULES,
-    )
-    decay_fraction: float = opt(0.2, "wsd: share of `steps` spent decaying to min_lr (0-1]")
-    weight_decay: float = opt(0.1, "AdamW decoupled weight decay on 2-D weights only")
-    beta1: float = opt(0.9, "AdamW beta1")
-    beta2: float = opt(0.95, "AdamW beta2")
-    adam_eps: float = opt(1e-8, "AdamW epsilon")
-    grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this, 0 = no clipping")
-    mixture: dict[str, float] = opt(
-        help="language -> sampling weight, e.g. {bn = 0.7, en = 0.3}; empty = by token count", factory=dict
-    )
-    seed: int = opt(1234, "seed for init and data order")
-    data_order: str = opt(
-        "shuffle",
-        "shuffle (each language's windows in a new seeded random order every epoch) | sequential (file order)",
-        choices=ORDERS,
-    )
-    init_from: str = opt(
-        "",
-        "start from these weights with a fresh optimizer and schedule: a prodip run/checkpoint dir or a "
-        "Hugging Face Llama folder (safetensors); the model config is the source's",
-    )
-    new_embeddings_first_steps: int = opt(
-        0,
-        "with --init-from a folder made by `prodip tokenizer extend`: train only the embedding (and lm_head) rows "
-        "it added for this many optimizer steps, the rest frozen, then everything (train/freeze.py); 0 = off",
-    )
-    checkpoint_every_steps: int = opt(100, "save a checkpoint every N steps (and at the end), 0 = end only")
-    checkpoint_every_s: float = opt(
-        0.0, "also save when this many seconds of wall time have passed since the last save (rank 0's clock), 0 = off"
-    )
-    async_checkpoint: bool = opt(
-        True, "write checkpoints in a background thread: training is held only while the state is copied to host memory"
-    )
-    keep_last: int = opt(3, "checkpoints kept (newest)")
-    eval_every_steps: int = opt(0, "held-out loss every N steps, 0 = never during training")
-    eval_tokens: int = opt(16384, "validation tokens per language for that held-out loss (tokens)")
-    log_every_steps: int = opt(1, "write a metrics.jsonl line every N steps")
-    device: str = opt("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
-    dtype: str = opt(
-        "auto",
-        "auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16",
-        choices=("auto", "float32", "bfloat16"),
-    )
-    compile: bool = opt(False, "torch.compile the model (CUDA; slow first step)")
-    compile_mode: str = opt(
-        "default",
-        "torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs",
-        choices=COMPILE_MODES,
-    )
-    compile_scope: str = opt(
-        "model",
-        "what torch.compile compiles: model (one graph, the loss head included) | layers (each decoder layer on "
-        "its own: one graph reused by every layer, a shorter compile)",
-        choices=("model", "layers"),
-    )
-    fused_projections: bool = opt(
-        False,
-        "compute q/k/v and gate/up as one matrix product each (weights concatenated in the forward; "
-        "checkpoints and exports keep Hugging Face's separate tensors)",
-    )
-    attention_backend: str = opt(
-        "auto",
-        "SDPA kernel: auto (PyTorch's choice) | flash | cudnn | efficient | math (torch.nn.attention.sdpa_kernel); "
-        "the kernel that ran is logged and written to metrics.jsonl; one that cannot run here is refused",
-        choices=tuple(attention.BACKENDS),
-    )
-    deterministic: bool = opt(
-        False,
-        "CUDA: deterministic algorithms, CUBLAS_WORKSPACE_CONFIG, a deterministic attention backward, so a "
-        "resume is bitwise (slower kernels); CPU runs are deterministic either way",
-    )
-    activation_checkpointing: bool = opt(False, "recompute layer activations in backward (saves memory)")
-    loss_chunk_tokens: int = opt(
-        2048,
-        "tokens per chunk of the fused lm_head + cross-entropy: one chunk of (tokens x vocab) fp32 logits at a time",
-    )
-    parallel: str = opt(
-        "auto",
-        "several ranks: ddp (replicated weights) | fsdp (FSDP2 fully_shard: weights, gradients and AdamW state "
-        "sharded; for models that do not fit one GPU with DDP) | auto (ddp with several ranks, none with one). "
-        "ddp or fsdp given explicitly under torchrun apply at one rank too (one GPU exercises NCCL, DDP, FSDP2)",
-        choices=("auto", "ddp", "fsdp"),
-    )
-    guards: bool = opt(True, "run the gradient-flow arbiter before step 1 and the update-flow probe")
-    resume: bool = opt(False, "continue from OUT_DIR/checkpoints/latest (weights, Adam, RNG, data)")
-    force: bool = opt(False, "train even if the tokenizer failed its fertility gate")
-    progress: bool = opt(True, "show a tqdm progress bar with ETA")
-
-    def __post_init__(self) -> None:
-        for name in (
-            "steps",
-            "batch_size",
-            "seq_len",
-            "grad_accum_steps",
-            "keep_last",
-            "log_every_steps",
-            "loss_chunk_tokens",
-        ):
-            if getattr(self, name) < 1:
-                raise InvalidInput(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise InvalidInput(f"TrainConfig.lr must be > 0, got {self.lr}")
-        if self.min_lr < 0 or self.warmup_steps < 0:
-            raise InvalidInput(
-                f"TrainConfig.min_lr and warmup_steps must be >= 0, got {self.min_lr}, {self.warmup_steps}"
-            )
-        if not 0.0 < self.decay_fraction <= 1.0:
-            raise InvalidInput(f"TrainConfig.decay_fraction must be in (0, 1], got {self.decay_fraction}")
-        if self.min_lr > self.lr:
-            raise InvalidInput(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
-        if self.new_embeddings_first_steps < 0:
-            raise InvalidInput(
-                f"TrainConfig.new_embeddings_first_steps must be >= 0, got {self.new_embeddings_first_steps}"
-            )
-        if self.new_embeddings_first_steps and not self.init_from:
-            raise InvalidInput(
-                "TrainConfig.new_embeddings_first_steps needs --init-from a folder made by `prodip tokenizer extend`"
-            )
-        if self.checkpoint_every_s < 0:
-            raise InvalidInput(f"TrainConfig.checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
-        if self.warmup_steps >= self.steps:
-            log.warning(
-                "TrainConfig.warmup_steps (%d) >= steps (%d): the learning rate never reaches lr",
-                self.warmup_steps,
-                self.steps,
-            )
 
 
 #: TrainConfig fields that set the learning rate of a step.

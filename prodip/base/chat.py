@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prodip.base.errors import InvalidInput, MissingInput
+
 if TYPE_CHECKING:
     from jinja2 import Template
 
@@ -55,12 +57,97 @@ CHAT_TEMPLATE = (
 )
 
 
+class MessageError(InvalidInput):
+    """A chat message breaks one of the rules of :func:`check_message`; the one error for it in ``render``,
+    ``prodip sft`` (prefixed by FILE:LINE) and ``prodip serve`` (a 400 with this ``param`` and ``code``).
+
+    Attributes:
+        param: the field at fault, ``messages[i]``, ``messages[i].role`` or ``messages[i].content``.
+        code: serve's error code (``unsupported_content``, ``special_token_in_content``) or None.
+    """
+
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+def check_role(i: int, role: object) -> str:
+    """``role`` of ``messages[i]`` when it is one of :data:`ROLES`.
+
+    Raises:
+        MessageError: another role (``tool``, ``developer``, ``function``, ...; code ``unsupported_content``).
+    """
+    if role not in ROLES:
+        raise MessageError(
+            f"messages[{i}].role: {role!r} is not one of {', '.join(ROLES)} (text chat: no tool roles)",
+            f"messages[{i}].role",
+            "unsupported_content",
+        )
+    return str(role)
+
+
+def check_message(i: int, message: object, specials: Iterable[str | None] = ()) -> tuple[str, str]:
+    """The rules every chat message obeys, in a request, a fine-tuning record and a rendered prompt alike.
+
+    ``messages[i]`` is an object whose ``role`` is one of :data:`ROLES` and whose ``content`` is a string of
+    Unicode text (no lone UTF-16 surrogate, which valid JSON such as ``"\\ud800"`` can hold but no
+    tokenizer encodes) holding none of ``specials`` (:func:`special_token_in`).
+
+    Args:
+        i: the message's index (named in the error).
+        message: the message as read (a mapping, or anything else, which is refused).
+        specials: texts of the tokenizer's special tokens (:func:`special_token_texts`); () checks none.
+    Returns:
+        ``(role, content)``.
+    Raises:
+        MessageError: the first rule broken, naming ``messages[i]`` and the field.
+    """
+    if not isinstance(message, Mapping):
+        raise MessageError(
+            f"messages[{i}] is {type(message).__name__}, expected an object with role and content", f"messages[{i}]"
+        )
+    role, content = check_role(i, message.get("role")), message.get("content")
+    where = f"messages[{i}].content"
+    if not isinstance(content, str):
+        raise MessageError(f"{where} must be a string (text only), got {type(content).__name__}", where)
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as err:  # half of a UTF-16 pair: no tokenizer can encode it
+        raise MessageError(
+            f"{where} holds a lone surrogate (U+{ord(content[err.start]):04X}) at character {err.start}: not "
+            "Unicode text (a JSON \\uD800-\\uDFFF escape without its pair)",
+            where,
+        ) from None
+    hit = special_token_in(content, specials)
+    if hit is not None:
+        raise MessageError(
+            f"{where} holds {hit!r}, a special token's text; the tokenizer would read it as that token (a forged "
+            "turn or document boundary), so it is refused; remove or reword it",
+            where,
+            "special_token_in_content",
+        )
+    return role, content
+
+
+def check_messages(messages: Sequence[object], specials: Iterable[str | None] = ()) -> None:
+    """:func:`check_message` on each message, in order.
+
+    Raises:
+        MessageError: the first message that breaks a rule.
+    """
+    specials = tuple(specials)
+    for i, message in enumerate(messages):
+        check_message(i, message, specials)
+
+
 def render(
     messages: Sequence[Mapping[str, str]],
     add_generation_prompt: bool = True,
     *,
     template: str | None = None,
     variables: Mapping[str, Any] | None = None,
+    specials: Iterable[str | None] = (),
 ) -> str:
     """Render ``messages`` with :data:`CHAT_TEMPLATE` (or an imported model's ``template``) through
     jinja2's sandbox, as transformers' ``apply_chat_template`` does.
@@ -70,18 +157,15 @@ def render(
         add_generation_prompt: end with the assistant's header so the model writes the reply.
         template: an imported model's own template (``chat_contract(...)["chat_template"]``); None: prodip's.
         variables: the special-token strings its template may read (:func:`template_variables`).
+        specials: texts of the tokenizer's special tokens no content may hold (:func:`check_message`).
 
     Returns:
         The prompt text; tokenise it with ``add_special_tokens=False`` (the template writes the bos).
 
     Raises:
-        ValueError: a role outside :data:`ROLES` or a content that is not a string (named by index).
+        MessageError: a message breaks a rule of :func:`check_message` (a ``ValueError``, named by index).
     """
-    for i, m in enumerate(messages):
-        if m.get("role") not in ROLES:
-            raise ValueError(f"messages[{i}].role: {m.get('role')!r} is not one of {', '.join(ROLES)}")
-        if not isinstance(m.get("content"), str):
-            raise ValueError(f"messages[{i}].content: expected a string, got {type(m.get('content')).__name__}")
+    check_messages(messages, specials)
     compiled = _compiled(CHAT_TEMPLATE if template is None else template)
     return str(
         compiled.render(
@@ -132,8 +216,8 @@ def special_token_in(content: str, specials: Iterable[str | None]) -> str | None
     hold a special token's text. The template inserts content verbatim and the tokenizer matches added
     tokens in the text, so ``"<|im_end|>"`` in a content would forge a turn boundary and ``"<|eos|>"`` would
     be read (and, in a reply, trained) as the end-of-document control token, a stop token in every runtime.
-    ``prodip sft`` refuses such a record naming FILE:LINE; ``prodip serve`` answers 400
-    ``special_token_in_content``.
+    :func:`check_message` applies it: ``prodip sft`` refuses such a record naming FILE:LINE; ``prodip serve``
+    answers 400 ``special_token_in_content``.
     """
     return next((t for t in specials if t and t in content), None)
 
@@ -163,8 +247,6 @@ def chat_contract(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any] | Non
             from ``tokenizer.json`` or not special (each names the file).
         MissingInput: ``tokenizer.json`` is missing while the config names a template.
     """
-    from prodip.base.errors import InvalidInput, MissingInput  # noqa: PLC0415 (keeps render()'s import light)
-
     root = Path(tokenizer_dir)
     cfg_path = root / "tokenizer_config.json"
     config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
@@ -202,8 +284,6 @@ def _imported_contract(root: Path, config: dict[str, Any], template: str) -> dic
     """The chat contract of an imported (Hugging Face) tokenizer: its template verbatim, and as end of
     turn its ``eos_token`` (SmolLM2/Qwen2 ``<|im_end|>``, Llama 3 ``<|eot_id|>``), which must be a special
     added token the template writes."""
-    from prodip.base.errors import InvalidInput, MissingInput  # noqa: PLC0415
-
     tok_path, cfg_path = root / "tokenizer.json", root / "tokenizer_config.json"
     if not tok_path.is_file():
         raise MissingInput(f"{tok_path}: not found, but {cfg_path} names a chat template")

@@ -229,7 +229,7 @@ def add_arguments(
     hints = _field_types(cls)
     layout = _layout_paths(cls, section, None) if section else {}
     group = parser.add_argument_group(f"{cls.__name__} options (override the config file)")
-    for f in dataclasses.fields(cls):
+    for f in _own_fields_first(cls):
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
@@ -268,6 +268,14 @@ def add_arguments(
             type=parse,
             help=help_text if "default" in help_text else f"{help_text} (default: {shown})",
         )
+
+
+def _own_fields_first(cls: type) -> list[dataclasses.Field[Any]]:
+    """Dataclass ``cls``'s fields, those it declares before those it inherits from a shared part
+    (``prodip.base.sources.SourceOptions``, ...): ``--help`` lists a stage's own options first."""
+    inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    fields = dataclasses.fields(cls)
+    return [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]
 
 
 def _metavar(tp: Any) -> str:

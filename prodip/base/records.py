@@ -20,7 +20,7 @@ is a subclass of :class:`Record` defined in the module CONTRACTS.md names as its
 
 Keys a newer writer added that this code does not declare are kept (``extra="allow"``), in their
 order after the declared ones, so a read-modify-write (the verdict written into the export manifest)
-never drops them. A nested part whose writers order its keys in more than one way (the export card's
+never drops them; a nested part derives from :class:`RecordPart`, which keeps them the same way. A nested part whose writers order its keys in more than one way (the export card's
 source entries) derives from :class:`AsWritten`, which writes the keys back in the order they were read.
 
 Why pydantic v2 models rather than dataclasses or TypedDicts: pydantic is a core dependency already
@@ -332,7 +332,23 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-class AsWritten(BaseModel):
+class RecordPart(BaseModel):
+    """Base of every nested part of a record (an object inside the file: a manifest's variant entry, a shard
+    entry, the verdict, ...): keys a newer writer adds that this code does not declare are kept
+    (``extra="allow"``), after the declared ones, so a read-modify-write never drops them.
+
+    A part adds its own settings to these (``model_config = ConfigDict(validate_assignment=True)`` merges).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The part as the JSON object the file holds (fields never set left out)."""
+        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        return out
+
+
+class AsWritten(RecordPart):
     """A part of a record (a nested object) written back as it was read: its keys in the order the file had
     them, and under the names the file spells them (a field whose key is a Python keyword, ``class``, is
     declared as ``class_`` with ``alias="class"``).
@@ -343,7 +359,7 @@ class AsWritten(BaseModel):
     declared order). Two parts are equal when their fields and extra keys are, whatever order they were read in.
     """
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     _keys: tuple[str, ...] = PrivateAttr(default=())
 
@@ -373,8 +389,3 @@ class AsWritten(BaseModel):
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like every pydantic model
-
-    def to_dict(self) -> dict[str, Any]:
-        """The part as the JSON object the file holds (fields never set left out)."""
-        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
-        return out

@@ -46,8 +46,9 @@ from typing import Any
 
 from license_expression import AND, OR, ExpressionError, LicenseExpression, Licensing, get_spdx_licensing
 
-from prodip.base.config import read_toml
+from prodip.base.config import opt, read_toml
 from prodip.base.errors import InvalidInput, UserError
+from prodip.base.hub import HUB_LICENSE_IDS, hub_license, license_slug
 
 SOURCES_FILE = "sources.toml"
 UNKNOWN = "unknown"
@@ -89,6 +90,15 @@ INCLUDE_UNKNOWN_HELP = (
     "source names or input paths whose licence is unknown or unrecorded, included knowingly (else such an "
     "input stops the stage); every card then says so"
 )
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source-record options of every stage config that reads corpus files (``[tokenizer]``, ``[data]``,
+    ``[sft]``): one declaration, inherited, so the keys, defaults and help are the same in each table."""
+
+    sources: list[str] = opt(factory=list, help=SOURCES_HELP)
+    include_unknown_license: list[str] = opt(factory=list, help=INCLUDE_UNKNOWN_HELP)
 
 
 class LicenseGateError(UserError):
@@ -492,15 +502,42 @@ def licence_statement(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def card_license(license: str, license_name: str = "", license_link: str = "") -> dict[str, str]:
+    """The model card's ``license`` fields for one record's licence (:func:`prodip.base.hub.hub_license`).
+
+    Args:
+        license: an SPDX expression, ``unknown``, ``other``, or already a Hub id (an imported model's card).
+        license_name / license_link: the record's own, for ``other``.
+    Returns:
+        ``{"license": HUB_ID}`` for a Hub id or an SPDX id the Hub lists (``unknown`` stays ``unknown``), else
+        ``{"license": "other", "license_name", "license_link"}``: an SPDX id's name and spdx.org page, an
+        expression's (``A AND B``) name and the card's data statement, ``other``'s own name and link.
+    """
+    if license in (UNKNOWN, OTHER) or license in HUB_LICENSE_IDS:
+        if license != OTHER:
+            return {"license": license}
+        return {
+            "license": OTHER,
+            "license_name": license_slug(license_name or "unnamed-licence"),
+            "license_link": license_link or "README.md#data-statement",
+        }
+    try:
+        parsed = parse_license(license, "license")
+    except InvalidInput:  # a name neither the Hub nor SPDX knows: keep it as the name of an "other" licence
+        return {"license": OTHER, "license_name": license_slug(license), "license_link": "README.md#data-statement"}
+    key = getattr(parsed, "key", None)
+    if key is not None:  # one licence; a LicenseRef keeps the record's spelling (the parser renames some)
+        return hub_license(license.strip() if key.startswith("LicenseRef-") else key)
+    return {"license": OTHER, "license_name": license_slug(parsed.render()), "license_link": "README.md#data-statement"}
+
+
 def hf_license(records: list[dict[str, Any]]) -> dict[str, str]:
-    """The model card's ``license`` fields for a mix: one shared single SPDX id (lower-case, as the Hub
-    spells them) when every source has it, else ``other`` + ``license_name``/``license_link`` (the card's
-    data statement), never a licence more permissive than a source's."""
-    lics = {r["license"] for r in records}
-    if len(lics) == 1 and next(iter(lics)) not in (UNKNOWN, OTHER):
-        only = next(iter(lics))
-        if " " not in only and not only.startswith("LicenseRef-"):
-            return {"license": only.lower()}
+    """The model card's ``license`` fields for a mix: the one :func:`card_license` every source gives when
+    they all give the same, else ``other`` + ``license_name``/``license_link`` (the card's data statement),
+    never a licence more permissive than a source's."""
+    each = [card_license(r["license"], r.get("license_name") or "", r.get("license_link") or "") for r in records]
+    if each and all(c == each[0] for c in each):
+        return each[0]
     return {"license": OTHER, "license_name": "prodip-data-mix", "license_link": "README.md#data-statement"}
 
 

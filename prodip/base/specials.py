@@ -10,7 +10,11 @@ reads, from the files ``save_pretrained`` writes:
 - ``tokenizer.json``: the ids of those texts (vocabulary and added tokens), and whether its
   post-processor prepends the bos (``TemplateProcessing`` whose ``single`` starts with a special token);
 - ``generation_config.json`` / ``config.json`` (when present): ``eos_token_id``, one id or a list, the
-  ids that end generation.
+  ids that end generation;
+- the tokenizer's end-of-text token (:data:`DOCUMENT_END_TOKENS`, found by its text among its special tokens), which
+  ends each pretraining document. An instruct model's configs often leave it out of the stop ids (SmolLM2's
+  list only ``<|im_end|>``), yet continued pretraining on shards that end each document with it teaches the
+  model to write it after prose, so it ends generation too.
 
 The end-of-turn token of a chat model is :mod:`prodip.base.chat`'s business (``chat_contract``).
 
@@ -36,9 +40,12 @@ class Specials:
         bos_id: the token that starts a document/prompt, or None (Qwen2 has none).
         eos_id: the token that ends a document (tokenizer_config's ``eos_token``).
         pad_id: the padding token, or None.
-        stop_ids: every id that ends generation (``eos_id`` first, then generation_config's others).
+        stop_ids: every id that ends generation (``eos_id`` first, then generation_config's others, then
+            ``document_end_id``), without repeats.
         add_bos: the tokenizer's default encode prepends ``bos_id`` (its post-processor does).
         source: the folder read.
+        document_end_id: the id that ends a pretraining document: the end-of-text token
+            (:data:`DOCUMENT_END_TOKENS`) when the tokenizer has one, else ``eos_id``.
     """
 
     bos_id: Optional[int]
@@ -47,6 +54,12 @@ class Specials:
     stop_ids: tuple[int, ...]
     add_bos: bool
     source: str
+    document_end_id: int
+
+
+#: The end-of-text tokens that separate pretraining documents, by text (GPT-2/SmolLM2/Qwen2, Llama 3, Llama 2):
+#: llama.cpp recognises the same texts as end of generation.
+DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -136,5 +149,8 @@ def read_specials(tokenizer_dir: str | os.PathLike[str]) -> Specials:
         found["bos"] = next(iter(_ids(model_cfg.get("bos_token_id"))), None) if not cfg else None
     prepended = prepends_bos(tok)
     add_bos = prepended is not None and prepended == found["bos"]
-    stop_ids = tuple(dict.fromkeys([eos, *stops]))
-    return Specials(found["bos"], eos, found["pad"], stop_ids, add_bos, str(root))
+    # an instruct model's eos_token is its end of turn; its end of text ends a document (and so generation)
+    special = {a["content"]: a["id"] for a in tok.get("added_tokens", []) if a.get("special")}
+    doc_end = next((special[t] for t in DOCUMENT_END_TOKENS if t in special), eos)
+    stop_ids = tuple(dict.fromkeys([eos, *stops, doc_end]))
+    return Specials(found["bos"], eos, found["pad"], stop_ids, add_bos, str(root), doc_end)

@@ -7,9 +7,10 @@ done-check lives beside the code that writes the artifact, so the rule "this art
 and made from the current upstream artifact" has one owner. (torchtitan's train-spec registry is
 the model, kept simpler: a plain tuple per package, no global registration side effects.)
 
-A ``plan`` is the resolved configuration of one run: config table name (``tokenizer``, ``audit``,
-``data``, ``model``, ``train``, ``eval``, ``export``, ``conformance``, ``serve``) -> that
-table's config dataclass instance.
+A stage declares the config tables it owns and their config classes (``tables``); the driver builds
+one typed run plan from every stage's tables (``prodip.plan.RunPlan``, one attribute per table) and
+hands each stage only its own config: the one table's config, or the part that holds its tables
+(``config``), and, to ``run``, the run's :class:`RunContext`.
 
     python -c "from prodip.base.stage import Stage; help(Stage)"
 """
@@ -20,48 +21,94 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
-from prodip.base.records import Number, Record
+from prodip.base.records import Number, Record, RecordPart
 
-Plan = dict[str, Any]
 log = logging.getLogger("prodip.run")
 STAGE_TIMES_FILE = "stage_times.json"
 _T = TypeVar("_T", bound="StageTimes")
+#: what a stage's functions receive: its table's config class, or the part holding its tables
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
-class Stage:
+class CompletionRequests:
+    """What the serve stage asks the server for at the end of a run (the pipeline file's top-level
+    ``completion_*``, ``chat_prompts`` and ``serve_timeout_s`` keys)."""
+
+    #: language -> prompt sent to ``/v1/completions``
+    prompts: dict[str, str]
+    #: language -> user message sent to ``/v1/chat/completions`` (empty: none)
+    chat_prompts: dict[str, str]
+    #: new tokens per completion and chat reply (tokens)
+    max_tokens: int
+    #: OpenAI sampling parameters of those requests: ``temperature``, ``top_p``, ``frequency_penalty``, ``seed``
+    sampling: dict[str, float | int]
+    #: how long to wait for the server to come up (seconds)
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a stage's ``run`` receives besides its own config: the run's folder and its top-level settings."""
+
+    #: the run's folder (``out_dir`` of the pipeline file): ``completions.json``, ``serve.log``
+    out_dir: Path
+    requests: CompletionRequests
+
+
+def _own(cfg: Any) -> Any:
+    """A one-table stage's config is that table's config itself."""
+    return cfg
+
+
+def _always(cfg: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Stage(Generic[C]):
     """One pipeline stage.
 
     Attributes:
         name: the stage's name in ``stages = [...]`` and ``--stages``.
-        tables: config tables this stage owns -> ``"module:ConfigClass"`` (imported by the driver).
+        tables: config tables this stage owns -> their config classes, in pipeline order (the driver
+            reads each ``[table]`` of the pipeline file into its class).
         reads: artifact names (keys of :func:`prodip.base.layout.paths`) the stage reads.
         writes: the artifact name it writes (``""`` for none: serve only answers HTTP).
         needs: the stage whose artifact must be complete before this one runs (``None`` for the first).
-        describe: ``plan -> str``, one line for the progress log.
-        done: ``plan -> bool``: the artifact is complete, passed its gate, and was made from the
+        describe: ``config -> str``, one line for the progress log.
+        done: ``config -> bool``: the artifact is complete, passed its gate, and was made from the
             current upstream artifacts: the hashes of what it read, recorded in the artifact when it was
             made, equal those artifacts' hashes now (:func:`made_from`). Must not raise for a missing or
             damaged artifact (that is "not done").
-        run: ``plan -> Any`` (serve takes keyword options too): produce the artifact. Raises
+        run: ``(config, RunContext) -> object``: produce the artifact. Raises
             :class:`prodip.base.errors.UserError` for what the user can fix.
-        active: ``plan -> bool``: whether the plan uses this stage at all (an optional stage, such
+        active: ``config -> bool``: whether the plan uses this stage at all (an optional stage, such
             as chat fine-tuning without conversations, is left out of the run); default always.
+        config: the tables' configs, in ``tables`` order, -> the ``config`` the functions above receive;
+            default: a one-table stage receives its table's config itself.
     """
 
     name: str
-    tables: dict[str, str]
+    tables: dict[str, type[Any]]
     reads: tuple[str, ...]
     writes: str
     needs: str | None
-    describe: Callable[[Plan], str]
-    done: Callable[[Plan], bool]
-    run: Callable[..., Any] = field(repr=False)
-    active: Callable[[Plan], bool] = field(default=lambda plan: True, repr=False)
+    describe: Callable[[C], str]
+    done: Callable[[C], bool]
+    run: Callable[[C, RunContext], object] = field(repr=False)
+    active: Callable[[C], bool] = field(default=_always, repr=False)
+    config: Callable[..., C] = field(default=_own, repr=False)
+
+    def own(self, plan: object) -> C:
+        """This stage's config out of a run plan (an object with one attribute per config table,
+        ``prodip.plan.RunPlan``)."""
+        return self.config(*(getattr(plan, table) for table in self.tables))
 
 
 def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) -> bool:
@@ -93,10 +140,8 @@ def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) 
     return True
 
 
-class StageTime(BaseModel):
+class StageTime(RecordPart):
     """One stage's wall time in ``stage_times.json``, summed over the invocations that made it."""
-
-    model_config = ConfigDict(extra="allow")
 
     #: wall seconds, summed over the invocations since the stage last completed
     seconds: Number

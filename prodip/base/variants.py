@@ -21,7 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Annotated, Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, model_validator
+
+from prodip.base.records import RecordPart
 
 ONNX_DIR = "onnx"
 GGUF_DIR = "gguf"
@@ -111,3 +115,162 @@ def variant_names(
     return tuple(
         v.name for v in rows if (format is None or v.format == format) and (servable is None or v.servable == servable)
     )
+
+
+# A variant's entry in the export manifest (``manifest.json`` ``variants[name]``, read and written only inside
+# :class:`prodip.base.manifest.ExportManifest`) and the ``quantization`` of each writer.
+
+
+class OnnxQuantization(RecordPart):
+    """An ONNX variant's ``quantization`` (``prodip.export.quantize``: ``to_fp16``, ``to_int8``, ``to_int4``):
+    every key those write, in their order (each writes only its own; the fp32 variant has none). Keys a newer
+    export adds are kept."""
+
+    #: the function or library that rewrote the graph
+    tool: str
+    #: fp16: float32 inputs and outputs kept; the op types left in float32; nodes kept float32; casts removed
+    keep_io_types: StrictBool | None = None
+    op_block_list: list[str] | None = None
+    rope_nodes_kept_fp32: StrictInt | None = None
+    rmsnorm_nodes_kept_fp32: StrictInt | None = None
+    fp16_round_trips_removed: StrictInt | None = None
+    #: int8/int4: rounding algorithm, the operator format, bits per weight
+    algorithm: str | None = None
+    format: str | None = None
+    bits: StrictInt | None = None
+    #: int8: one scale per output channel; activations quantised per row at run time
+    weight_granularity: str | None = None
+    activation_quantization: str | None = None
+    #: int4: weights per block along the input dim
+    block_size: StrictInt | None = None
+    symmetric: StrictBool | None = None
+    #: int8: MatMuls rewritten to MatMulInteger
+    matmuls_quantized: StrictInt | None = None
+    op_types: list[str] | None = None
+    embedding_quantized: StrictBool | None = None
+    #: int8: weights per scale of an untied embedding table (None: shared with the lm_head)
+    embedding_block_size: StrictInt | None = None
+    lm_head_quantized: StrictBool | None = None
+    embedding_shared_with_lm_head: StrictBool | None = None
+    #: GatherBlockQuantized lookups lowered to standard operators (count)
+    embedding_lookup_lowered: StrictInt | None = None
+    #: int4: MatMulNBits ``accuracy_level``
+    accuracy_level: StrictInt | None = None
+    materialized_transposes: StrictInt | None = None
+    #: whether the weights are in an external file (set to True when export moved them to ``<file>_data``)
+    external_data: StrictBool | None = None
+    #: int4: the graph's default-domain opset after quantisation
+    opset: StrictInt | None = None
+    embedding_layout: str | None = None
+    embedding_not_shared_because: str | None = None
+    embedding_not_quantized_because: str | None = None
+
+
+class GgufQuantization(RecordPart):
+    """A GGUF variant's ``quantization`` (``prodip.export.gguf.export_gguf``), keys in its order."""
+
+    #: GGUF tensor type -> number of tensors of it (``{"Q4_K": 14, "F32": 5}``)
+    tensor_types: dict[str, StrictInt]
+    #: llama.cpp pre-tokenizer type (``tokenizer.ggml.pre``)
+    pre: str | None = None
+    #: tokens in the GGUF vocabulary (padded to the embedding's rows)
+    tokens: StrictInt | None = None
+    quantizer: str | None = None
+    gguf_py_version: str | None = None
+
+
+class RunnerMetadata(RecordPart):
+    """The constant methods of a ``.pte`` ExecuTorch's LLM runners read (``prodip.export.executorch.runner_metadata``)."""
+
+    get_bos_id: StrictInt
+    get_eos_ids: list[StrictInt]
+    get_max_seq_len: StrictInt
+    get_max_context_len: StrictInt | None = None
+    get_vocab_size: StrictInt | None = None
+    get_n_layers: StrictInt | None = None
+    use_kv_cache: StrictBool | None = None
+    use_sdpa_with_kv_cache: StrictBool | None = None
+    enable_dynamic_shape: StrictBool | None = None
+
+
+class PteQuantization(RecordPart):
+    """A ``.pte`` variant's ``quantization`` (``prodip.export.executorch.export_pte``), keys in its order."""
+
+    #: ``8da4w`` (8-bit dynamic activations, 4-bit grouped weights) or None (float32)
+    scheme: str | None
+    #: 8da4w: int4 weights per group along each Linear's input dim
+    group_size: StrictInt | None = None
+    quantizer: str | None = None
+    backend: str | None = None
+    runner_metadata: RunnerMetadata
+    executorch_version: str | None = None
+    torchao_version: str | None = None
+
+
+def _quantization_kind(value: Any) -> str:
+    """Which writer's ``quantization`` ``value`` is, by the key only that writer writes."""
+    if isinstance(value, BaseModel):
+        return {PteQuantization: "pte", GgufQuantization: "gguf"}.get(type(value), "onnx")
+    keys = value if isinstance(value, dict) else {}
+    return "pte" if "runner_metadata" in keys else "gguf" if "tensor_types" in keys else "onnx"
+
+
+#: a variant's ``quantization``: which one is told by the keys only its writer writes (an error names the kind
+#: in its path: ``variants.int4.quantization.onnx.bits``); :class:`VariantEntry` checks it fits ``format``
+Quantization = Annotated[
+    Annotated[OnnxQuantization, Tag("onnx")]
+    | Annotated[GgufQuantization, Tag("gguf")]
+    | Annotated[PteQuantization, Tag("pte")],
+    Discriminator(_quantization_kind),
+]
+_QUANTIZATION_OF = {"onnx": OnnxQuantization, "gguf": GgufQuantization, "pte": PteQuantization}
+
+
+class VariantEntry(RecordPart):
+    """One variant of the export (``manifest.json`` ``variants[name]``): every key ``prodip export`` writes,
+    declared in the order it writes them (a variant has only those of its format; the ones it lacks stay
+    unset and are not written back). Keys a newer export adds are kept.
+    """
+
+    model_config = ConfigDict(validate_assignment=True)
+
+    #: the variant's file, relative to the export dir (``onnx/model_q4.onnx``)
+    path: str
+    #: ``safetensors``, ``onnx``, ``gguf`` or ``pte`` (``prodip.base.variants``)
+    format: str
+    #: weight dtype as the export names it (``float32``, ``int4``, ``bfloat16``, ``q8_0``, ...)
+    dtype: str | None = None
+    #: how the weights were converted or quantised (:data:`Quantization`; None: not)
+    quantization: Quantization | None = None
+    #: files holding the graph's weights (ONNX ``<file>_data``), relative to the export dir
+    external_data: list[str] = Field(default_factory=list)
+    #: ONNX: dtype of the graph's float inputs and outputs, and of the KV cache
+    io_dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    #: ONNX: the default-domain opset, and every domain's (``{"ai.onnx": 17, "com.microsoft": 1}``)
+    opset: StrictInt | None = None
+    opset_imports: dict[str, StrictInt] | None = None
+    #: ONNX: ``contrib`` (ONNX Runtime's fused operators) or ``standard`` (ONNX operators only)
+    graph: str | None = None
+    #: ONNX contrib: the shared-buffer graph for onnxruntime-genai
+    genai_path: str | None = None
+    #: ONNX: the dtype transformers.js loads the variant by (``fp32``, ``q8``, ...)
+    transformersjs_dtype: str | None = None
+    #: ONNX: what ``og.Config.overlay`` needs to load the variant (``prodip.export.genai.genai_overlay``)
+    genai_overlay: dict[str, Any] | None = None
+    #: ONNX: whether ``genai_config.json`` names this variant
+    genai_default: StrictBool | None = None
+    #: ``.pte``: the file its runner reads its tokenizer from (others read ``tokenizer.json``)
+    tokenizer: str | None = None
+
+    @model_validator(mode="after")
+    def _quantization_fits_format(self) -> VariantEntry:
+        want = _QUANTIZATION_OF.get(self.format)
+        if self.quantization is not None and want is not None and not isinstance(self.quantization, want):
+            kind = _quantization_kind(self.quantization)
+            raise ValueError(f"quantization is a {kind} variant's, but the variant's format is {self.format!r}")
+        return self
+
+    def files(self) -> list[str]:
+        """The variant's file and its external data, relative to the export dir."""
+        return [self.path, *self.external_data]

@@ -121,3 +121,65 @@ def test_llama32_standin_passes_with_heldout_text_only(tmp_path):
     assert report["passed"] and not failed, failed
     assert report["chat"]["end_of_turn"]["token"] == "<|eot_id|>"
     assert set(report["reference"]["heldout_bpc"]) == {"bn", "en"}
+
+
+def test_the_bases_end_of_text_stops_in_every_runtime(tmp_path):
+    """SmolLM2's configs list only its end of turn ``<|im_end|>`` (2) as eos; its end of text ``<|endoftext|>``
+    (0), which ends every document continued pretraining sees, stops generation too: in generation_config.json
+    (transformers, transformers.js, serve), genai_config.json, llama.cpp's end-of-generation set (asked of
+    llama.cpp) and the check that compares them; a genai_config without it fails naming onnxruntime-genai."""
+    import json
+
+    pytest.importorskip("gguf")
+    pytest.importorskip("onnxruntime_genai")
+    from prodip.conformance.chat import check_chat
+
+    folder = build_standin("smollm2", tmp_path / "smollm2")
+    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 2
+    out = _export(folder, tmp_path / "export", "fp32,gguf-f16")
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
+    assert json.loads((out / "genai_config.json").read_text())["model"]["eos_token_id"] == [2, 0]
+    chat = check_chat(out, missing="fail")
+    assert chat["stop_ids"] == [0, 2]
+    for name in ("transformers", "onnxruntime-genai", "transformers.js", "llama.cpp", "prodip serve"):
+        assert set(chat["runtimes"][name]["stop_ids"]) >= {0, 2}, (name, chat["runtimes"][name])
+    assert all(c["passed"] for c in chat["checks"]), chat["checks"]
+
+    genai = json.loads((out / "genai_config.json").read_text())
+    genai["model"]["eos_token_id"] = 2
+    (out / "genai_config.json").write_text(json.dumps(genai))
+    bad = {c["metric"]: c for c in check_chat(out, missing="fail")["checks"]}
+    assert bad["chat_end_of_turn_stops"]["passed"] is True
+    assert bad["chat_stop_ids_stop"]["passed"] is False
+    assert bad["chat_stop_ids_stop"]["note"] == "stop ids that do not end generation: onnxruntime-genai [0]"
+
+
+@pytest.mark.slow
+def test_pte_with_a_shorter_window_is_checked_within_it(tmp_path):
+    """Llama 3.2's 131072-token window makes a .pte no runtime can load; ``pte_max_seq_len`` builds it with a
+    1024-token KV window: the program says so (get_max_seq_len), the manifest records it, and conformance
+    checks every candidate within it (the context prompt is 1024 tokens), against prodip's reference."""
+    pytest.importorskip("executorch")
+    import json
+
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance.device_runners import pte_metadata
+    from prodip.conformance.suite import run_conformance
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+
+    folder = build_standin("llama32", tmp_path / "llama32")
+    cfg = ExportConfig(
+        checkpoint=str(folder), out=str(tmp_path / "export"), variants=["fp32", "pte-fp32"], pte_max_seq_len=1024
+    )
+    out = export_checkpoint(cfg)
+    assert load_manifest(out).variants["pte-fp32"].max_seq_len == 1024
+    meta = pte_metadata(out / load_manifest(out).variants["pte-fp32"].path)
+    assert (meta["get_max_seq_len"], meta["get_max_context_len"]) == (1024, 1024)
+    # the stop ids are the export's: <|eot_id|>, <|end_of_text|>, <|eom_id|>
+    assert meta["get_eos_ids"] == json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    report = run_conformance(_config(out))
+    failed = [(n, c["metric"]) for n, cand in report["candidates"].items() for c in cand["checks"] if not c["passed"]]
+    assert report["passed"] and not failed, failed
+    assert report["inputs"]["window"] == 1024 and report["inputs"]["items"]["prompt:context"] == [1, 1024]
+    assert report["candidates"]["pte-fp32"]["metrics"]["runtime_metadata_ok"] is True

@@ -133,3 +133,36 @@ def test_half_precision_safetensors(gqa_export, tmp_path, dtype):
     for key, value in ref.state_dict().items():
         assert tensors[key].dtype == getattr(torch, dtype) and tensors[key].is_contiguous()
         assert torch.equal(tensors[key], value.to(getattr(torch, dtype)))
+
+
+def test_transformers_generate_with_max_new_tokens_warns_nothing(tmp_path, caplog):
+    """generation_config.json sets no max_length, so transformers' generate(max_new_tokens=...) prints no
+    "Both max_new_tokens and max_length seem to have been set" (nor any other warning), and its greedy ids
+    are prodip's own model's."""
+    import warnings
+
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from tests.fixtures import build_tiny_export
+
+    export = build_tiny_export(tmp_path, variants=["fp32"])
+    assert "max_length" not in json.loads((export / "generation_config.json").read_text(encoding="utf-8"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(export)).eval()
+    ids = _ids(model.config.vocab_size, T=6)[:1]
+    caplog.clear()
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8)
+    finally:
+        hf_logging.disable_propagation()
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [str(w.message) for w in caught] == [] and warned == [], warned
+    ref = source_model(export)
+    want = ids
+    with torch.no_grad():
+        for _ in range(8):
+            want = torch.cat([want, ref(want)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert out.tolist() == want.tolist() and out.shape[1] == 14

@@ -113,9 +113,12 @@ def test_refusals_name_the_key(standins, tmp_path):
 def test_specials_are_read_from_the_tokenizer(standins):
     smol, llama, qwen = (read_specials(standins[k]) for k in ("smollm2", "llama32", "qwen25"))
     assert (smol.bos_id, smol.eos_id, smol.pad_id, smol.add_bos) == (1, 2, 2, False)
+    # its configs list only <|im_end|>; its end of text <|endoftext|> (0) ends documents, and so generation
+    assert smol.stop_ids == (2, 0) and smol.document_end_id == 0
     n = llama.bos_id
     assert llama.add_bos and llama.eos_id == n + 9 and set(llama.stop_ids) == {n + 1, n + 8, n + 9}
-    assert qwen.bos_id is None and not qwen.add_bos
+    assert llama.document_end_id == n + 1  # <|end_of_text|>
+    assert qwen.bos_id is None and not qwen.add_bos and qwen.document_end_id == 1024 and 1024 in qwen.stop_ids
 
 
 def _export(folder: Path, out: Path, variants: str, *extra: str) -> Path:
@@ -226,10 +229,20 @@ def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
 
     cfg = ExportConfig(checkpoint=str(standins["llama32"]), out=str(tmp_path / "pte"), variants=["pte-fp32"])
     with pytest.raises(
-        InvalidInput, match=r"pte-fp32: the program would plan \d+\.\d GiB .*max_position_embeddings = 131072"
+        InvalidInput,
+        match=r"pte-fp32: the program would plan \d+\.\d GiB .*max_position_embeddings = 131072.*--pte-max-seq-len N",
     ):
         export_checkpoint(cfg)
     assert not (tmp_path / "pte").exists()
+    # a window longer than the model's is refused before anything is written
+    long = ExportConfig(
+        checkpoint=str(standins["smollm2"]), out=str(tmp_path / "long"), variants=["pte-fp32"], pte_max_seq_len=8193
+    )
+    with pytest.raises(InvalidInput, match="pte_max_seq_len = 8193 exceeds the model's max_position_embeddings = 8192"):
+        export_checkpoint(long)
+    assert not (tmp_path / "long").exists()
+    with pytest.raises(InvalidInput, match="pte_max_seq_len must be >= 0"):
+        ExportConfig(pte_max_seq_len=-1)
 
 
 def test_tinyllama_style_sentencepiece_tokenizer(tmp_path):

@@ -36,7 +36,8 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "meta.json": ("tokenizer/shards.py",),
     "fertility.json": ("tokenizer/audit.py",),
     "trainer_state.json": ("train/records.py", "train/checkpoint.py"),
-    # both manifests share the name: the export's (prodip.base.manifest) and a checkpoint's
+    # both manifests share the name: the export's (prodip.base.manifest; its parts declared in base.variants,
+    # base.verdict and base.card open no file, so they are not owners) and a checkpoint's
     "manifest.json": ("prodip/base/manifest.py", "train/records.py", "train/checkpoint.py"),
     "eval.json": ("train/records.py", "train/eval.py"),
     "sft_eval.json": ("train/records.py", "train/sft.py"),

@@ -185,3 +185,31 @@ def test_thread_counts_are_checked_against_the_usable_cpus(make):
     for bad in (-1, cpus + 1, 100_000):
         with pytest.raises(InvalidInput, match=rf"must be in \[0, {cpus}\].*got {bad}"):
             make(bad)
+
+
+def test_every_stage_config_class_lives_in_its_packages_config_module():
+    """One place per kind: each config table's class (and [extend]'s) is declared in its stage's config.py,
+    and the corpus-reading / source-record keys are declared once, in the shared parts."""
+    from prodip.base.sources import SourceOptions
+    from prodip.plan import RunPlan
+    from prodip.tokenizer.config import CorpusOptions, ExtendConfig
+
+    classes = {**RunPlan.classes(), "extend": ExtendConfig}
+    misplaced = {t: c.__module__ for t, c in classes.items() if not c.__module__.endswith(".config")}
+    assert not misplaced, misplaced
+    shared = {f.name for f in dataclasses.fields(CorpusOptions)}
+    assert shared == {"text_field", "doc_chars", "errors", "sources", "include_unknown_license"}
+    readers = [t for t, c in classes.items() if shared <= {f.name for f in dataclasses.fields(c)}]
+    assert readers == ["tokenizer", "data"] and all(issubclass(classes[t], CorpusOptions) for t in readers)
+    assert issubclass(classes["sft"], SourceOptions)
+
+
+def test_help_lists_a_configs_own_options_before_the_shared_ones():
+    """A config inheriting a shared part (DataPrepareConfig < CorpusOptions) shows its own flags first."""
+    from prodip.tokenizer.config import DataPrepareConfig
+
+    p = argparse.ArgumentParser()
+    add_arguments(p, DataPrepareConfig)
+    flags = [a.option_strings[0] for a in p._actions if a.option_strings and a.dest != "help"]
+    assert flags[:3] == ["--tokenizer-dir", "--inputs", "--out-dir"]
+    assert flags[-5:] == ["--sources", "--include-unknown-license", "--text-field", "--doc-chars", "--errors"]

@@ -194,7 +194,8 @@ def test_parts_read_by_attribute_and_written_back_byte_for_byte(tmp_path):
     card, quality, settings = m.card, m.card_quality, m.export_config
     assert isinstance(card, Card) and isinstance(quality, CardQuality) and isinstance(settings, ExportSettings)
     assert card.license.license == "other" and card.license.license_name == "prodip-data-mix"
-    assert card.base_model == "runs/base/checkpoints/step_0000100" and card.statement.class_ == "unknown"
+    assert card.base_model is None and card.statement.class_ == "unknown"  # a local checkpoint is no Hub id
+    assert card.to_dict()["base_model_origin"] == "a prodip checkpoint"
     assert [(s.name, s.stage, s.tokens_seen) for s in card.sources] == [
         ("bn-news", "pretraining", 3000),
         ("en-novels", "pretraining", None),

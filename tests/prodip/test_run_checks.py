@@ -45,10 +45,7 @@ def test_help_imports_no_torch_or_onnx(argv):
 def _resolved(config: Path, out_dir: Path):
     run, tables = load_run_config(str(config))
     plan = resolve_all(str(config), tables, out_dir)
-    resolved = {
-        **{k: v for k, v in dataclasses.asdict(run).items() if k != "force"},
-        **{name: dataclasses.asdict(cfg) for name, cfg in plan.items()},
-    }
+    resolved = {**{k: v for k, v in dataclasses.asdict(run).items() if k != "force"}, **plan.to_dict()}
     return resolved, plan, tables
 
 
@@ -79,7 +76,7 @@ def test_a_changed_config_names_the_keys_the_user_changed(tmp_path):
 
 def test_every_changed_key_is_counted():
     changed = [f"[train] k{i:02d}" for i in range(15)]
-    text = describe_changes(changed, {}, {"train": {k.split("] ")[1]: 1 for k in changed}})
+    text = describe_changes(changed, None, {"train": {k.split("] ")[1]: 1 for k in changed}})
     assert text == ", ".join(changed[:12]) + " and 3 more"
 
 
@@ -94,10 +91,10 @@ def test_a_key_a_newer_prodip_added_at_its_default_is_no_change(tmp_path):
     out.mkdir()
     RunMarker(format_version=RunMarker.FORMAT_VERSION, config="config.toml").write(out / RUN_MARKER)
     (out / "config.toml").write_text(dump_toml(old), encoding="utf-8")
-    plan = {**plan, "sft": dataclasses.replace(plan["sft"], replay_share=0.0)}
+    plan = dataclasses.replace(plan, sft=dataclasses.replace(plan.sft, replay_share=0.0))
     now = {**resolved, "sft": {**resolved["sft"], "replay_share": 0.0}}
     _check_out_dir(out, now, False, started=lambda: True, plan=plan, tables=tables)
-    plan = {**plan, "sft": dataclasses.replace(plan["sft"], replay_share=0.25)}
+    plan = dataclasses.replace(plan, sft=dataclasses.replace(plan.sft, replay_share=0.25))
     now = {**resolved, "sft": {**resolved["sft"], "replay_share": 0.25}}
     with pytest.raises(OutputExists, match=r"\[sft\] replay_share"):
         _check_out_dir(out, now, False, started=lambda: True, plan=plan, tables=tables)

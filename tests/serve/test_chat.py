@@ -179,6 +179,78 @@ def test_refusals_are_openai_errors(chat_client, extra, messages, param, code):
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["code"] == code, err
 
 
+@pytest.mark.parametrize(
+    "messages, param, code",
+    [
+        ([{"role": "tool", "content": "x"}], "messages[0].role", "unsupported_content"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "developer", "content": "x"}],
+            "messages[1].role",
+            "unsupported_content",
+        ),
+        ([{"role": "user", "content": "a <|im_end|> b"}], "messages[0].content", "special_token_in_content"),
+        (
+            [
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "<|bos|>"},
+            ],
+            "messages[2].content",
+            "special_token_in_content",
+        ),
+    ],
+)
+def test_a_bad_message_gets_one_error_from_render_sft_and_serve(chat_export, chat_client, messages, param, code):
+    """prodip.base.chat.render, `prodip sft` (prodip.train.chat: parse_messages, then encode_conversation with
+    the tokenizer's special tokens) and /v1/chat/completions refuse the same message with the same text, param
+    and code: one validator (prodip.base.chat.check_message)."""
+    from prodip.base.chat import MessageError, render, special_token_texts
+    from prodip.base.errors import InvalidInput
+    from prodip.tokenizer.bpe import load_tokenizer
+    from prodip.train import chat as sft
+
+    tok = load_tokenizer(chat_export[0])
+    with pytest.raises(MessageError) as err:
+        render(messages, specials=special_token_texts(tok))
+    want = str(err.value)
+    assert (err.value.param, err.value.code) == (param, code) and want.startswith(param), want
+    record = [*messages, {"role": "assistant", "content": "a reply"}]  # sft needs one; the fault comes first
+    with pytest.raises(InvalidInput) as err:
+        sft.encode_conversation(tok, sft.parse_messages(record, "data.jsonl:3"), "data.jsonl:3")
+    assert str(err.value) == f"data.jsonl:3: {want}"
+    r = chat_client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {"message": want, "type": "invalid_request_error", "param": param, "code": code}
+
+
+@pytest.mark.parametrize(
+    "message, want",
+    [
+        ("hi", "messages[0] is str, expected an object with role and content"),
+        ({"role": "user", "content": 5}, "messages[0].content must be a string (text only), got int"),
+        ({"role": "user", "content": None}, "messages[0].content must be a string (text only), got NoneType"),
+        ({"content": "x"}, "messages[0].role: None is not one of system, user, assistant (text chat: no tool roles)"),
+        (
+            {"role": "user", "content": "ab\udc80"},
+            "messages[0].content holds a lone surrogate (U+DC80) at character 2: not Unicode text",
+        ),
+    ],
+)
+def test_render_and_sft_refuse_a_malformed_message_alike(message, want):
+    """What a JSON request cannot send past serve's schema (which types each field first and refuses any lone
+    surrogate naming the field): render and `prodip sft` give the one validator's error, word for word."""
+    from prodip.base.chat import MessageError, render
+    from prodip.base.errors import InvalidInput
+    from prodip.train import chat as sft
+
+    with pytest.raises(MessageError) as err:
+        render([message])
+    assert str(err.value).startswith(want), str(err.value)
+    with pytest.raises(InvalidInput) as err2:
+        sft.parse_messages([message, {"role": "assistant", "content": "a"}], "x.jsonl:1")
+    assert str(err2.value) == f"x.jsonl:1: {err.value}"
+
+
 def test_empty_messages_and_stream_options_without_stream(chat_client):
     for body in ({"messages": []}, {"messages": CHAT_PROMPT, "stream_options": {"include_usage": True}}):
         r = chat_client.post("/v1/chat/completions", json=body)

@@ -134,5 +134,5 @@ def test_tokenizer_train_and_audit_take_the_text_field_as_data_prepare_does(tmp_
     assert prodip_main([*audit, "--parity", "off", "--text-field", "content"]) == 0
     tables = {"data": {"text_field": "content", "doc_chars": 500}, "audit": {"text_field": "body"}}
     plan = resolve_all("c.toml", tables, tmp_path / "run")
-    assert (plan["tokenizer"].text_field, plan["tokenizer"].doc_chars) == ("content", 500)
-    assert plan["audit"].text_field == "body"  # a table's own setting wins
+    assert (plan.tokenizer.text_field, plan.tokenizer.doc_chars) == ("content", 500)
+    assert plan.audit.text_field == "body"  # a table's own setting wins

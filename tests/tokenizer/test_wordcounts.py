@@ -167,11 +167,15 @@ def test_the_naive_baseline_trains_from_a_config_with_every_word_list_option(cor
     assert {s["source"] for s in info["sources"]} == {bn, str(corpus["en"])}
     assert all(s["kind"] == "text" and s["weight"] == 1 for s in info["sources"])
     # every option whose help ties it to the word-count tables or the per-source mix is reset
-    cfg = TokenizerTrainConfig(word_counts={"bn": ["x"]}, bare_share={"bn": 0.1}, capitalised_share={"bn": 0.1})
-    cfg.weights = {"x": 2}
+    cfg = TokenizerTrainConfig(
+        word_counts={"bn": ["x"]},
+        bare_share={"bn": 0.1},
+        capitalised_share={"bn": 0.1},
+        weights={"x": 2},
+        proportions={"bn": 0.6, "en": 0.4},
+    )
     tied = ["word_counts"] + [f.name for f in fields(cfg) if "word_counts" in str(f.metadata.get("help", ""))]
     assert set(tied) >= {"bare_share", "capitalised_share", "weights"}, tied
-    cfg.proportions = {"bn": 0.6, "en": 0.4}
     plain = cfg.corpus_only()
     assert all(getattr(plain, name) == getattr(TokenizerTrainConfig(), name) for name in tied)
     assert plain.proportions == {}  # the natural mix (a share could name a language only a table brought)

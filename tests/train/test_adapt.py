@@ -50,6 +50,17 @@ def test_continued_pretraining_of_a_base_with_its_own_tokenizer(tmp_path):
     rows = json.loads(report.read_text())["languages"]
     # continued pretraining on Bangla beats the extended base before it, on the same held-out Bangla tokens
     assert rows["bn"]["trained"]["bits_per_char"] < rows["bn"]["baseline"]["bits_per_char"] - 0.1
+    # and the base before adaptation (its own, unextended tokenizer) on the same text, in bits/char
+    ev[-1] = str(base)
+    assert prodip_main([*ev, "--seq-len", "128", "--eval-tokens", "2048", "--out", str(report)]) == 0
+    rows = json.loads(report.read_text())["languages"]
+    before = rows["bn"]["baseline"]
+    assert before["tokenizer_sha256"] == tokenizer_sha256(base) and before["tokens"] > rows["bn"]["tokens"]
+    assert (
+        before["chars"] >= rows["bn"]["chars"]
+        and before["chars_per_token"] < rows["bn"]["chars"] / rows["bn"]["tokens"]
+    )
+    assert rows["bn"]["trained"]["bits_per_char"] < before["bits_per_char"] - 0.1
 
     export = tmp_path / "export"
     assert prodip_main(["export", "--config", CONFIG, "--checkpoint", str(run), "--out", str(export),

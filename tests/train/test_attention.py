@@ -25,6 +25,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SHAPES = dict(heads=4, kv_heads=2, head_dim=8, seq_len=16)
 
 
+def test_the_config_offers_exactly_the_kernels_attention_maps():
+    """[train] attention_backend's choices (prodip.train.config, torch-free) are the keys of attention.BACKENDS."""
+    from prodip.train.config import ATTENTION_BACKENDS, TrainConfig
+
+    assert tuple(attention.BACKENDS) == ATTENTION_BACKENDS
+    field = next(f for f in dataclasses.fields(TrainConfig) if f.name == "attention_backend")
+    assert field.metadata["choices"] == ATTENTION_BACKENDS
+
+
 def test_probe_names_the_cpu_kernels_and_refuses_gpu_only_ones():
     cpu = torch.device("cpu")
     assert attention.probe("math", cpu, torch.float32, **SHAPES).op == "aten::_scaled_dot_product_attention_math"

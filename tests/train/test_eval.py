@@ -413,6 +413,63 @@ def test_baseline_scores_a_second_model_on_the_same_tokens(eval_env, tmp_path, t
             logits = hf(window[:-1][None]).logits[0]
             total += F.cross_entropy(logits.double(), window[1:], reduction="sum").item()
     assert got["languages"]["en"]["baseline"]["nll_nats_total"] == pytest.approx(total, rel=1e-5)
-    (folder / "tokenizer.json").write_text("{}")
-    with pytest.raises(InvalidInput, match="--baseline .*tokenizer.json differs"):
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(InvalidInput, match="--baseline .*: no tokenizer.json"):
         ev.evaluate(_cfg(eval_env, baseline=str(folder), out=str(tmp_path / "x.json"), languages=["en"]))
+
+
+def test_documents_as_text_rebuild_the_shard_stream(eval_env, tiny_tokenizer_dir) -> None:
+    """A baseline with its own tokenizer reads the scored documents as text: with the checkpoint's own tokenizer
+    that text, re-encoded in the shard layout, is the shard's stream again, id for id (a cut last document too)."""
+    from prodip.tokenizer.bpe import load_with_specials
+    from prodip.tokenizer.shards import read_shard
+
+    _, shards, _, _ = eval_env
+    tok, specials = load_with_specials(tiny_tokenizer_dir)
+    stream = np.asarray(read_shard(shards / "bn" / "val_000000.bin"), dtype=np.int64).tolist()
+    docs = ev.stream_documents(tok, stream, doc_end=EOS, bos_id=BOS)
+    assert [t for t, _ in docs[:4]] == DOCS["bn"] and all(ended for _, ended in docs)
+    assert ev.text_stream(tok, specials, docs) == stream
+    cut = stream[: stream.index(EOS, 30) - 3]  # the budget ends inside a document
+    docs = ev.stream_documents(tok, cut, doc_end=EOS, bos_id=BOS)
+    assert docs[-1][1] is False and any(d.startswith(docs[-1][0]) for d in DOCS["bn"])
+    assert ev.text_stream(tok, specials, docs) == cut
+
+
+def test_baseline_with_its_own_tokenizer_is_scored_on_the_same_text(eval_env, tmp_path) -> None:
+    """--baseline a model with another tokenizer (the base before vocabulary extension): the same documents,
+    encoded by transformers' tokenizer of that folder in its layout (SmolLM2: ``ids <|endoftext|>``, the first
+    id context only), scored by transformers in the same windows; bits/char over that text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prodip.base.errors import InvalidInput
+    from prodip.tokenizer.shards import read_shard
+    from tests.standins import build_standin
+
+    run, shards, tok, _ = eval_env
+    base = build_standin("smollm2", tmp_path / "base")
+    got = ev.evaluate(_cfg(eval_env, baseline=str(base), out=str(tmp_path / "own.json"), languages=["bn"]))
+    row = got["languages"]["bn"]
+    stream = np.asarray(read_shard(shards / "bn" / "val_000000.bin"), dtype=np.int64)[:301].tolist()
+    docs = ev.stream_documents(tok, stream, doc_end=EOS, bos_id=BOS)
+    hf_tok = AutoTokenizer.from_pretrained(str(base))
+    end = hf_tok.convert_tokens_to_ids("<|endoftext|>")
+    ids = [end]
+    for text, ended in docs:
+        ids += hf_tok(text, add_special_tokens=False)["input_ids"] + ([end] if ended else [])
+    hf = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32).eval()
+    ids_t, total = torch.tensor(ids), 0.0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, 64):
+            window = ids_t[s : s + 65]
+            total += F.cross_entropy(hf(window[:-1][None]).logits[0].double(), window[1:], reduction="sum").item()
+    b = row["baseline"]
+    chars = sum(len(t) for t, _ in docs)
+    assert (b["tokens"], b["chars"]) == (len(ids) - 1, chars)
+    assert b["nll_nats_total"] == pytest.approx(total, rel=1e-5)
+    assert b["bits_per_char"] == pytest.approx(total / math.log(2) / chars, rel=1e-5)
+    # the English-trained base splits Bangla far finer than the checkpoint's tokenizer does
+    assert b["chars_per_token"] < row["chars"] / row["tokens"]
+    assert "own tokenizer" in ev.format_table(got)
+    with pytest.raises(InvalidInput, match="compared on held-out text .* only"):
+        ev.evaluate(_cfg(eval_env, baseline=str(base), out=str(tmp_path / "x.json"), tasks=["prodip_tatoeba_en2bn"]))

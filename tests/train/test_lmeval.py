@@ -280,32 +280,32 @@ def test_done_checks_follow_the_task_settings(tmp_path, caplog):
 
     build_tiny_checkpoint(tmp_path / "t")
     plan = _plan(tmp_path)
-    plan["eval"] = dataclasses.replace(plan["eval"], tasks=["prodip_tatoeba_en2bn"], task_limit=10)
-    _shards(Path(plan["train"].shards_dir), "one")
+    plan = dataclasses.replace(plan, eval=dataclasses.replace(plan.eval, tasks=["prodip_tatoeba_en2bn"], task_limit=10))
+    _shards(Path(plan.train.shards_dir), "one")
     config = tiny_model_config(vocab_size=512)
     ckpt = save_checkpoint(
-        Path(plan["train"].out_dir) / "checkpoints", step=10, model=tiny_model(config), model_config=config,
+        Path(plan.train.out_dir) / "checkpoints", step=10, model=tiny_model(config), model_config=config,
         tokenizer_dir=str(tmp_path / "t" / "tokenizer"),
     )  # fmt: skip
     doc = {
         "format_version": 1,
         "checkpoint": {"path": str(ckpt), "step": 10, "model_sha256": file_sha256(ckpt / "model.safetensors")},
-        "shards_meta_sha256": file_sha256(Path(plan["eval"].shards_dir) / "meta.json"),
+        "shards_meta_sha256": file_sha256(Path(plan.eval.shards_dir) / "meta.json"),
     }
-    eval_json = Path(plan["eval"].out)
+    eval_json = Path(plan.eval.out)
     eval_json.write_text(json.dumps(doc))
-    assert not eval_done(plan) and "task figures are not those [eval] tasks asks for" in caplog.text
-    settings = task_settings(plan["eval"])
+    assert not eval_done(plan.eval) and "task figures are not those [eval] tasks asks for" in caplog.text
+    settings = task_settings(plan.eval)
     assert settings["limit"] == 10 and settings["names"] == ["prodip_tatoeba_en2bn"]
     eval_json.write_text(json.dumps({**doc, "tasks": {"settings": settings, "rows": []}}))
-    assert eval_done(plan)
+    assert eval_done(plan.eval)
 
     exp = _export_with_report(plan, FILES, ["fp32"], ["fp32"], files_table_sha256(FILES))
-    assert not conformance_done(plan)  # eval.json scored tasks; the report has none
-    report = Path(plan["conformance"].out) / "report.json"
+    assert not conformance_done(plan.conformance)  # eval.json scored tasks; the report has none
+    report = Path(plan.conformance.out) / "report.json"
     data = json.loads(report.read_text())
     report.write_text(json.dumps({**data, "tasks": {"settings": settings, "rows": []}}))
     manifest = json.loads((exp / "manifest.json").read_text())
     manifest["conformance"]["report_sha256"] = file_sha256(report)
     (exp / "manifest.json").write_text(json.dumps(manifest))
-    assert conformance_done(plan)
+    assert conformance_done(plan.conformance)

@@ -272,7 +272,7 @@ def test_bad_conversations_are_named(tmp_path):
     bad = tmp_path / "bad.jsonl"
     for line, match in (
         ('{"messages": [{"role": "user", "content": "hi"}]}', "bad.jsonl:1: no assistant message"),
-        ('{"messages": [{"role": "tool", "content": "x"}]}', r"bad.jsonl:1: messages\[0\].role 'tool'"),
+        ('{"messages": [{"role": "tool", "content": "x"}]}', r"bad.jsonl:1: messages\[0\].role: 'tool'"),
         ('{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', r"messages\[0\].content must be a string"),
         ('{"text": "hello"}', "bad.jsonl:1: expected an object with a field 'messages'"),
         (
