@@ -42,6 +42,11 @@ from prodip.export.graph import shared_buffer_graph
 GENAI_CONFIG = "genai_config.json"
 #: Which ONNX variant ``og.Model(EXPORT_DIR)`` loads: the first of these that the export has.
 DEFAULT_ORDER = GENAI_ORDER  # narrowest weights first: prodip.base.variants owns the order
+#: Which ONNX variant transformers.js loads on its ``wasm`` device (onnxruntime-web's WASM build) when no
+#: dtype is given: the first of these that the export has. Measured in Chromium (bench/browser.py,
+#: bench/results/browser_2026-12-02.md): int8 (q8) decodes at or near fp32's speed at a quarter of its
+#: bytes, while int4's MatMulNBits runs 3-5x slower than q8 in the WASM build (natively it is the fastest).
+WASM_ORDER = ("int8", "fp32", "int4", "fp16")
 
 
 def genai_config(
@@ -193,8 +198,11 @@ def default_variant(onnx_variants: dict[str, str]) -> Optional[str]:
 def transformersjs_config(onnx_variants: dict[str, str], external: Optional[list[str]] = None) -> dict[str, Any]:
     """The ``transformers.js_config`` entry of ``config.json``: the default ``dtype`` (the variant
     :func:`default_variant` picks, as its transformers.js dtype), so ``from_pretrained(dir)`` without a
-    dtype loads a file the export has (transformers.js's own default is fp32 in Node, q8 on WASM),
-    and ``use_external_data_format`` (file name -> 1 chunk, ``<file>_data``) for the ``external`` ones.
+    dtype loads a file the export has (transformers.js's own default is fp32 in Node, q8 on WASM);
+    ``device_config.wasm.dtype``, the first of :data:`WASM_ORDER` present, which transformers.js applies
+    over ``dtype`` on its ``wasm`` device (``getSession`` in ``src/models/session.js``, 4.3) and the export's
+    page reads the same way; and ``use_external_data_format`` (file name -> 1 chunk, ``<file>_data``) for
+    the ``external`` ones.
 
     Args:
         onnx_variants: variant name -> ONNX path relative to the export dir.
@@ -202,6 +210,9 @@ def transformersjs_config(onnx_variants: dict[str, str], external: Optional[list
     """
     name = default_variant(onnx_variants)
     out: dict[str, Any] = {"dtype": BY_NAME[name].transformersjs_dtype} if name else {}
+    wasm = next((v for v in WASM_ORDER if v in onnx_variants), None)
+    if wasm is not None and wasm != name:
+        out["device_config"] = {"wasm": {"dtype": BY_NAME[wasm].transformersjs_dtype}}
     if external:
         out["use_external_data_format"] = {Path(p).name: 1 for p in external}
     return out

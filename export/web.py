@@ -1,7 +1,8 @@
 """The export's browser page: ``index.html`` + ``web/`` (the page's script, transformers.js and the WASM build).
 
 The page (:data:`PAGE_FILES`, beside this module) loads the model from the export folder with
-transformers.js's browser build and onnxruntime-web's WASM backend, every file from the folder itself
+transformers.js's browser build and onnxruntime-web's WASM backend (its plain build; the asyncify build
+for ``?device=webgpu``), every file from the folder itself
 (``env.allowRemoteModels = false``, ``wasmPaths`` = ``web/``): no CDN, no Hub. The library files come
 from the Node packages prodip pins (``node/``, ``npm install --ignore-scripts --prefix node``; or
 ``$PRODIP_NODE_ROOT``): :data:`LIBRARY_FILES`. Without them the page is still written and says so.
@@ -22,10 +23,13 @@ from prodip.base.page import render_page
 #: prodip page shares (:func:`prodip.base.page.render_page`); the others are copied as they are.
 PAGE_FILES = {"index.html": "index.html", "app.js": "web/app.js"}
 #: Library files (path under node_modules -> path in the export): transformers.js's browser bundle
-#: (onnxruntime-web's JS inside) and the WASM build it loads for its ``wasm`` device (the one that
-#: also backs WebGPU: ``ort-wasm-simd-threaded.asyncify``).
+#: (onnxruntime-web's JS inside); onnxruntime-web's plain WASM build, which the page loads for the
+#: ``wasm`` device (about half the bytes of the asyncify build and faster: bench/browser.py); and the
+#: asyncify build, which WebGPU needs (transformers.js's own choice for both). A browser downloads one.
 LIBRARY_FILES = {
     "@huggingface/transformers/dist/transformers.min.js": "web/transformers.min.js",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.mjs": "web/ort-wasm-simd-threaded.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.wasm": "web/ort-wasm-simd-threaded.wasm",
     "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.mjs": "web/ort-wasm-simd-threaded.asyncify.mjs",
     "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm": "web/ort-wasm-simd-threaded.asyncify.wasm",
 }

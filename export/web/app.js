@@ -1,19 +1,31 @@
-// The export's browser page: transformers.js (web/transformers.min.js) with onnxruntime-web's WASM backend
-// (web/ort-wasm-simd-threaded.asyncify.{mjs,wasm}) loads the model from this folder and generates greedily,
-// streaming. URL parameters (used by the browser test): ?dtype=q4&prompt=...&max_new_tokens=16&autorun=1.
-// When a run ends, window.prodipResult = {dtype, ids (prompt + new), text, load_ms, tokens_per_s, bytes, error}.
+// The export's browser page: transformers.js (web/transformers.min.js) with onnxruntime-web loads the model from
+// this folder and generates greedily, streaming. On the WASM device (the default) it loads onnxruntime-web's plain
+// WASM build (web/ort-wasm-simd-threaded.{mjs,wasm}): half the bytes of the asyncify build transformers.js picks by
+// itself, and faster (bench/browser.py); ?device=webgpu loads the asyncify build (web/ort-wasm-simd-threaded.asyncify.*),
+// which WebGPU needs. The default dtype is config.json's transformers.js_config.device_config[device].dtype, else its
+// dtype: what transformers.js itself picks for that device.
+// URL parameters (used by the browser tests and bench/browser.py): ?dtype=q4&prompt=...&max_new_tokens=16&autorun=1,
+// &device=wasm|webgpu, &threads=N (WASM threads; more than 1 needs a cross-origin isolated page), &min_new_tokens=N,
+// &wasm=asyncify (the asyncify build on the WASM device too: what the page loaded before, for comparison).
+// When a run ends, window.prodipResult = {dtype, device, threads, ids (prompt + new), text, load_ms, ttft_ms (generate
+// call to first new token), new_tokens, tokens_per_s (after the first new token), bytes, error}.
 import { AutoModelForCausalLM, AutoTokenizer, TextStreamer, env } from './transformers.min.js';
 
+const params = new URLSearchParams(location.search);
 const here = new URL('./', import.meta.url);        // .../web/
 const root = new URL('../', here);                  // the export folder
 env.allowRemoteModels = false;                      // never the Hugging Face Hub
 env.allowLocalModels = true;                        // false by default in a browser
 env.localModelPath = root.pathname;
-env.backends.onnx.wasm.wasmPaths = here.href;       // not the CDN
+const DEVICE = params.get('device') || 'wasm';
+const build = DEVICE === 'wasm' && params.get('wasm') !== 'asyncify' ? '' : '.asyncify';
+env.backends.onnx.wasm.wasmPaths = {                // from this folder, not the CDN
+  mjs: new URL(`ort-wasm-simd-threaded${build}.mjs`, here).href,
+  wasm: new URL(`ort-wasm-simd-threaded${build}.wasm`, here).href,
+};
 const MODEL = '.';                                  // the export folder itself
 
 const $ = (id) => document.getElementById(id);
-const params = new URLSearchParams(location.search);
 const bytes = () => performance.getEntriesByType('resource')
   .reduce((n, e) => n + (e.encodedBodySize || e.transferSize || 0), 0);
 performance.setResourceTimingBufferSize(10000);
@@ -22,30 +34,38 @@ const config = await (await fetch(new URL('config.json', root))).json();
 const tjs = config['transformers.js_config'] || {};
 const FILES = { fp32: 'model', fp16: 'model_fp16', q8: 'model_quantized', q4: 'model_q4' };
 const offered = Object.keys(FILES).filter((d) => `${FILES[d]}.onnx` in (tjs.use_external_data_format || {}));
-for (const d of offered) $('dtype').add(new Option(d + (d === tjs.dtype ? ' (default)' : ''), d));
-$('dtype').value = params.get('dtype') || tjs.dtype || offered[0];
+const deviceDtype = (tjs.device_config || {})[DEVICE]?.dtype || tjs.dtype;   // as transformers.js resolves it
+for (const d of offered) $('dtype').add(new Option(d + (d === deviceDtype ? ' (default)' : ''), d));
+$('dtype').value = params.get('dtype') || deviceDtype || offered[0];
 if (params.has('prompt')) $('prompt').value = params.get('prompt');
 if (params.has('max_new_tokens')) $('tokens').value = params.get('max_new_tokens');
+if (params.has('threads')) env.backends.onnx.wasm.numThreads = Number(params.get('threads'));
 
 let loaded = { dtype: null, model: null, tokenizer: null, load_ms: 0 };
 async function load(dtype) {
   if (loaded.dtype === dtype) return loaded;
   const t0 = performance.now();
   const tokenizer = await AutoTokenizer.from_pretrained(MODEL);
-  const model = await AutoModelForCausalLM.from_pretrained(MODEL, { dtype, device: 'wasm' });
+  const model = await AutoModelForCausalLM.from_pretrained(MODEL, { dtype, device: DEVICE });
   loaded = { dtype, model, tokenizer, load_ms: performance.now() - t0 };
   return loaded;
 }
 
 async function run() {
-  const dtype = $('dtype').value;
+  const dtype = $('dtype').value || params.get('dtype');   // a ?dtype the export lacks selects nothing: say so
   $('go').disabled = true;
   $('out').textContent = '';
-  const result = { dtype, ids: null, text: '', load_ms: null, tokens_per_s: null, bytes: null, error: null };
+  const result = { dtype, device: DEVICE, wasm_build: `ort-wasm-simd-threaded${build}`, threads: env.backends.onnx.wasm.numThreads ?? null, ids: null, text: '', load_ms: null,
+    ttft_ms: null, new_tokens: null, tokens_per_s: null, bytes: null, error: null };
   try {
+    if (!offered.includes(dtype)) throw new Error(`this export has no ${dtype} file (it has: ${offered.join(', ')})`);
     $('stats').textContent = `loading ${dtype}…`;
     const { model, tokenizer, load_ms } = await load(dtype);
     result.load_ms = load_ms;
+    if (DEVICE === 'webgpu' && navigator.gpu) {                     // which adapter ran it (SwiftShader in CI)
+      const info = (await navigator.gpu.requestAdapter())?.info || {};
+      result.adapter = { vendor: info.vendor, architecture: info.architecture };
+    }
     const inputs = tokenizer($('prompt').value);
     let first = null, n = 0;
     const streamer = new TextStreamer(tokenizer, {
@@ -53,8 +73,12 @@ async function run() {
       callback_function: (text) => { $('out').textContent += text; result.text += text; },
       token_callback_function: () => { n += 1; first ??= performance.now(); },
     });
-    const out = await model.generate({ ...inputs, max_new_tokens: Number($('tokens').value), do_sample: false, streamer });
+    const t0 = performance.now();
+    const out = await model.generate({ ...inputs, max_new_tokens: Number($('tokens').value),
+      min_new_tokens: Number(params.get('min_new_tokens') || 0), do_sample: false, streamer });
     const t1 = performance.now();
+    result.ttft_ms = first - t0;
+    result.new_tokens = n;
     result.ids = Array.from(out.data, Number);
     // decode speed after the first new token (the prompt's prefill is in load-to-first-token)
     result.tokens_per_s = n > 1 ? (n - 1) / ((t1 - first) / 1000) : null;

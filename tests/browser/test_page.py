@@ -1,7 +1,7 @@
 """The export's page in a real browser: Debian's Chromium (headless), driven by puppeteer-core pointed at
 the system browser (no browser download), loading the page from a 127.0.0.1 static server on a tiny export.
 
-For the default dtype (config.json ``transformers.js_config.dtype``) and every other transformers.js dtype
+For the default dtype (config.json ``transformers.js_config.device_config.wasm.dtype``) and every other transformers.js dtype
 of the variant table (fp32, fp16, q8, q4), the ids the page generates
 (transformers.js + onnxruntime-web's WASM backend) equal ONNX Runtime's greedy ids on the same file (for
 MatMulNBits files: with the fp32 arithmetic the WASM kernel does, see
@@ -71,7 +71,7 @@ def served_export(tmp_path_factory, browser_ready):
     from tests.fixtures import build_tiny_export
 
     export = build_tiny_export(tmp_path_factory.mktemp("page"), vocab_size=512, hidden_size=64, seed=5)
-    assert (export / "index.html").is_file() and (export / "web" / "ort-wasm-simd-threaded.asyncify.wasm").is_file()
+    assert (export / "index.html").is_file() and (export / "web" / "ort-wasm-simd-threaded.wasm").is_file()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(export)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -95,17 +95,20 @@ def open_page(url: str, result: str, name: str, actions=(), timeout_ms: int = 18
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def ort_greedy(export: Path, rel: str, prompt: list[int]) -> list[int]:
+def ort_greedy(export: Path, rel: str, prompt: list[int], eos: bool = True, step_logits=None) -> list[int]:
+    """ONNX Runtime's greedy ids (prompt + :data:`NEW_TOKENS`) on ``rel`` (MatMulNBits files: their
+    fp32-compute copy); ``eos=False``: no stop at end-of-sequence; ``step_logits``: gets each step's logits."""
     cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
     copy = fp32_compute_copy(export / rel)
     path = export / rel
+    stop = cfg["eos_token_id"] if eos else None
     with copy if copy is not None else _Same(path) as path:
         runner = OrtRunner(
             path, rel, num_layers=cfg["num_hidden_layers"], num_kv_heads=cfg["num_key_value_heads"],
             head_dim=cfg["head_dim"], threads=1,
         )  # fmt: skip
-        ids = runner_greedy(runner, prompt, NEW_TOKENS, cfg["eos_token_id"])
-    return truncate_at_eos(ids, len(prompt), cfg["eos_token_id"])
+        ids = runner_greedy(runner, prompt, NEW_TOKENS, stop, step_logits=step_logits)
+    return truncate_at_eos(ids, len(prompt), stop) if eos else ids
 
 
 class _Same:
@@ -123,24 +126,30 @@ def test_page_generates_onnx_runtimes_ids(served_export):
     from tokenizers import Tokenizer
 
     export, base = served_export
-    default = json.loads((export / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]["dtype"]
+    tjs = json.loads((export / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]
+    default = tjs["device_config"]["wasm"]["dtype"]  # the WASM device's default, which the page picks
     prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
     for dtype in dict.fromkeys([default, *FILES]):  # the default first, then every dtype the export offers
         from urllib.parse import quote
 
-        url = f"{base}/?dtype={dtype}&prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
+        chosen = "" if dtype == default else f"dtype={dtype}&"  # no dtype: the page picks its default
+        url = f"{base}/?{chosen}prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
         got = open_page(url, "prodipResult", f"page_{dtype}")
         assert got["error"] is None, (dtype, got["error"], got["console"][-10:])
         res = got["result"]
         assert res["dtype"] == dtype and res["ids"][: len(prompt)] == prompt  # transformers.js's tokenizer
         assert res["ids"] == ort_greedy(export, FILES[dtype], prompt), dtype
         assert res["load_ms"] > 0 and res["tokens_per_s"] > 0
-        # every byte from the 127.0.0.1 server: the library, the WASM build, the model files
-        assert all(u.startswith(base + "/") for u in got["requests"]), [
-            u for u in got["requests"] if not u.startswith(base)
+        # every byte from the 127.0.0.1 server: the library, the WASM build, the model files (transformers.js
+        # imports the WASM build's script as a blob: URL of that origin, made from the bytes it fetched)
+        local = (base + "/", f"blob:{base}/")
+        assert all(u.startswith(local) for u in got["requests"]), [
+            u for u in got["requests"] if not u.startswith(local)
         ]
         assert any(u.endswith("/" + FILES[dtype]) for u in got["requests"])
-        assert any(u.endswith("ort-wasm-simd-threaded.asyncify.wasm") for u in got["requests"])
+        # the plain WASM build on the WASM device (the asyncify one is for WebGPU)
+        assert any(u.endswith("/web/ort-wasm-simd-threaded.wasm") for u in got["requests"])
+        assert not any("asyncify" in u for u in got["requests"])
         weights = (export / (FILES[dtype] + "_data")).stat().st_size
         assert res["bytes"] >= weights  # the page counts what it downloaded
 
@@ -204,3 +213,67 @@ def test_serve_playground_chats_with_a_chat_model(tmp_path_factory, browser_read
         assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (0, 0.5, 6)
         assert sent["messages"] == [{"role": "user", "content": user}]
         assert all(u.startswith(base + "/") for u in got["requests"])
+
+
+def test_page_opened_as_a_file_says_to_serve_the_folder(served_export):
+    """Double-clicked (file://), the page cannot load its module or the model: instead of a grey
+    "loading…" button it says so in plain words, with the one-line command that serves this folder."""
+    export, _ = served_export
+    got = open_page((export / "index.html").resolve().as_uri(), "prodipResult", "page_file")
+    res = got["result"]
+    assert res["error"] == "opened from file://"
+    assert res["command"] == f'python3 -m http.server -d "{export.resolve()}" 8000'
+    assert res["command"] in res["message"] and "http://127.0.0.1:8000/" in res["message"]
+    # the command works as written (its port changed to a free one): the folder answers with the page
+    import shlex
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = shlex.split(res["command"])
+    argv[-1] = str(port)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/index.html", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert page.content == (export / "index.html").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+#: q4 on WebGPU against ONNX Runtime's fp32-compute q4: the ids may part only where ONNX Runtime's top pick led the
+#: page's pick by at most this many logits (a near tie: the two sum the 4-bit products in different orders)
+Q4_MARGIN = 0.02
+
+
+def test_webgpu_page_matches_onnx_runtime(served_export):
+    """The page on transformers.js's WebGPU device, in headless Chromium with ``--enable-unsafe-webgpu``
+    (SwiftShader's Vulkan-on-CPU adapter on a machine without a GPU): fp32 and q8 give exactly ONNX
+    Runtime's greedy ids on the same file; q4 gives them up to a near tie (:data:`Q4_MARGIN`)."""
+    from tokenizers import Tokenizer
+
+    from prodip.conformance.browser import margin_agrees, webgpu_greedy
+
+    export, _ = served_export
+    prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
+    got = webgpu_greedy(export, ["fp32", "q8", "q4"], PROMPT, NEW_TOKENS)
+    for dtype, res in got.items():
+        assert res["error"] is None, (dtype, res)
+        assert res["device"] == "webgpu" and res["adapter"]["vendor"], res  # a WebGPU adapter ran it
+        assert res["ids"][: len(prompt)] == prompt and len(res["ids"]) == len(prompt) + NEW_TOKENS
+        steps: list = []
+        want = ort_greedy(export, FILES[dtype], prompt, eos=False, step_logits=steps)
+        if dtype == "q4":
+            ok, why = margin_agrees(want, res["ids"], steps, len(prompt), Q4_MARGIN)
+            assert ok, why
+        else:
+            assert res["ids"] == want, dtype

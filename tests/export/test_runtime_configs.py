@@ -52,7 +52,9 @@ def test_manifest_and_config_name_every_variant_for_both_runtimes(gqa_export):
         assert v.genai_overlay == shared
     config = json.loads((gqa_export / "config.json").read_text(encoding="utf-8"))
     files = {"model.onnx": 1, "model_fp16.onnx": 1, "model_quantized.onnx": 1, "model_q4.onnx": 1}
-    assert config["transformers.js_config"] == {"dtype": "q4", "use_external_data_format": files}
+    # q4 where nothing else is said (onnxruntime-node, WebGPU); q8 on the WASM device (the page's default)
+    want_tjs = {"dtype": "q4", "device_config": {"wasm": {"dtype": "q8"}}, "use_external_data_format": files}
+    assert config["transformers.js_config"] == want_tjs
 
 
 def test_genai_config_defaults_without_generation_config():

@@ -1,0 +1,388 @@
+"""The export's web page against llama.cpp's WebAssembly build (wllama) and ONNX Runtime native, side by side.
+
+For each model shape (``demo``: configs/demo.toml's model, 7 M parameters at vocab 8192; ``109m``:
+bench/serve.py's shape, hidden 1024, 8 layers, GQA 8/4, vocab 16384) a random model is exported by the real
+path (:func:`tests.fixtures.build_tiny_export`: ONNX fp32/q8/q4 and GGUF f16/q8_0/q4_k_m from the same
+weights), then, per thread count, every runner decodes the same prompt text greedily:
+
+* ``page``: the export's own ``index.html`` (transformers.js + onnxruntime-web WASM, exactly the code path
+  a user gets) in Debian's Chromium, headless, driven by puppeteer-core (``conformance/browser_pages.mjs``), with
+  ``?dtype=..&threads=..&autorun=1``; ``page default`` is the page with no ``dtype`` (what a user gets);
+  ``page, asyncify build`` adds ``&wasm=asyncify``: the WASM build transformers.js picks by itself;
+* ``wllama``: npm ``@wllama/wllama`` (llama.cpp compiled to WebAssembly) in the same Chromium, loading the
+  export's own GGUF files (``bench/browser/wllama.html``);
+* ``ort native``: ONNX Runtime's CPU execution provider in Python on the same ONNX files (the ceiling).
+
+Figures: time to first token (TTFT: the generate call to the first new token, prompt prefill included,
+model load excluded; seconds) and decode tokens/s (new tokens after the first over the time after the
+first). Each cell is run once per round; the order of the cells rotates between rounds; medians over
+rounds are reported. The pages are served from 127.0.0.1 with COOP/COEP headers (cross-origin isolated:
+SharedArrayBuffer, so WASM threads are possible; wllama's build requires it). End-of-sequence is ignored
+(``min_new_tokens`` / ``ignore_eos``) so every runner decodes the same count.
+
+On a shared machine only ratios within one run mean anything: the JSON records the machine and its load.
+
+    python bench/browser.py --quick                       # demo shape, 1 thread, 1 round, 16 tokens (~2 min)
+    python bench/browser.py --out bench/results/browser_2026-12-02   # both shapes, 1 and 2 threads, 3 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+#: model shapes (tiny_model_config arguments)
+SHAPES: dict[str, dict[str, int]] = {
+    "demo": dict(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256),
+    "109m": dict(vocab_size=16384, hidden_size=1024, intermediate_size=2048, num_hidden_layers=8,
+                 num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024),
+}  # fmt: skip
+#: bits -> (page dtype, ONNX variant, GGUF variant): the files of one export at comparable weight widths
+BITS: dict[str, tuple[str, str, str]] = {
+    "4-bit": ("q4", "int4", "gguf-q4_k_m"),
+    "8-bit": ("q8", "int8", "gguf-q8_0"),
+    "16/32-bit": ("fp32", "fp32", "gguf-f16"),
+}
+#: the page on the asyncify WASM build (``?wasm=asyncify``): what the page loaded before it chose the plain build
+ASYNCIFY = "page, asyncify build"
+PROMPT = "The quick brown fox"  # 18 tokens with the fixtures' tokenizer (BOS included)
+
+
+def build(work: Path, shape: str) -> Path:
+    """The export of a random model of ``shape`` under ``work/shape`` (reused when already there)."""
+    from tests.fixtures import build_tiny_export
+
+    root = work / shape
+    if (root / "export" / "manifest.json").is_file():
+        return root / "export"
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    variants = sorted({v for b in BITS.values() for v in b[1:]})
+    return build_tiny_export(root, seed=7, variants=variants, **SHAPES[shape])
+
+
+class _Isolated(http.server.SimpleHTTPRequestHandler):
+    """Static files with COOP/COEP (cross-origin isolation); ``/_wllama/`` and ``/_bench/`` from elsewhere."""
+
+    routes: dict[str, Path] = {}
+
+    def translate_path(self, path: str) -> str:
+        for prefix, folder in self.routes.items():
+            if path.startswith(prefix):
+                return str(folder / path[len(prefix) :].split("?")[0])
+        return super().translate_path(path)
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def serve(export: Path, node_root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve ``export`` (and wllama's ESM build, the bench pages) on 127.0.0.1; returns (server, base URL)."""
+    routes = {
+        "/_wllama/": node_root / "node_modules" / "@wllama" / "wllama" / "esm",
+        "/_bench/": REPO / "bench" / "browser",
+    }
+    handler = type("Handler", (_Isolated,), {"routes": routes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(export)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def browser_jobs(jobs: list[dict[str, Any]], node_root: Path, args: list[str]) -> list[dict[str, Any]]:
+    """Run ``jobs`` (url, result) in one Chromium, in order; each one's answer (``conformance/browser_pages.mjs``)."""
+    job = {
+        "jobs": jobs,
+        "node_root": str(node_root),
+        "chromium": shutil.which("chromium") or "/usr/bin/chromium",
+        "args": args,
+    }
+    proc = subprocess.run(
+        ["node", str(REPO / "conformance" / "browser_pages.mjs")], input=json.dumps(job), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"conformance/browser_pages.mjs failed: {proc.stderr[-2000:]}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+    """ONNX Runtime CPU, ``threads`` intra-op threads: greedy decode of ``new_tokens`` after ``prompt``."""
+    import numpy as np
+
+    from prodip.base.variants import BY_NAME
+    from prodip.conformance.runners import OrtRunner
+
+    cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
+    t0 = time.perf_counter()
+    runner = OrtRunner(
+        export / BY_NAME[variant].path, variant, num_layers=cfg["num_hidden_layers"],
+        num_kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"], threads=threads,
+    )  # fmt: skip
+    load = time.perf_counter() - t0
+    ids = list(prompt)
+    x = np.asarray([ids], np.int64)
+    t0 = time.perf_counter()
+    logits, state = runner.forward(x, np.ones_like(x), np.arange(len(ids), dtype=np.int64)[None])
+    ids.append(int(np.argmax(logits[0, -1])))
+    t1 = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        n = len(ids)
+        logits, state = runner.forward(
+            np.asarray([[ids[-1]]], np.int64), np.ones((1, n), np.int64), np.asarray([[n - 1]], np.int64), state
+        )
+        ids.append(int(np.argmax(logits[0, -1])))
+    t2 = time.perf_counter()
+    return {
+        "load_ms": load * 1e3,
+        "ttft_ms": (t1 - t0) * 1e3,
+        "tokens_per_s": (new_tokens - 1) / (t2 - t1),
+        "new_tokens": new_tokens,
+        "prompt_tokens": len(prompt),
+        "ids": ids,
+    }
+
+
+def cells(dtypes: list[str], default_dtype: str) -> list[tuple[str, str, str]]:
+    """(runner, bits, file label) for every cell of one shape and thread count."""
+    out = [("page default", next(b for b, v in BITS.items() if v[0] == default_dtype), default_dtype)]
+    for bits, (dtype, variant, gguf) in BITS.items():
+        if dtype not in dtypes:
+            continue
+        out += [("page", bits, dtype), (ASYNCIFY, bits, dtype), ("wllama", bits, gguf), ("ort native", bits, variant)]
+    return out
+
+
+def run_cells(
+    export: Path,
+    base: str,
+    node_root: Path,
+    order: list[tuple[str, str, str]],
+    threads: int,
+    new_tokens: int,
+    prompt_ids: list[int],
+) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """One round: each cell once, in ``order``; consecutive browser cells share one Chromium."""
+    from urllib.parse import quote
+
+    from prodip.base.variants import BY_NAME
+
+    results: dict[tuple[str, str, str], dict[str, Any]] = {}
+    pending: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        answers = browser_jobs([j for _, j in pending], node_root, ["--disable-gpu"])
+        for (cell, _), got in zip(pending, answers):
+            res = dict(got["result"] or {})
+            res["error"] = got["error"]
+            if got["error"]:
+                res["console"] = got["console"]
+            res.pop("text", None)
+            results[cell] = res
+        pending.clear()
+
+    q = f"prompt={quote(PROMPT)}&max_new_tokens={new_tokens}&threads={threads}"
+    for cell in order:
+        runner, _, label = cell
+        if runner == "ort native":
+            flush()
+            results[cell] = ort_native(export, label, threads, prompt_ids, new_tokens)
+            continue
+        if runner == "wllama":
+            url = f"{base}/_bench/wllama.html?gguf={BY_NAME[label].path}&{q}"
+            pending.append((cell, {"url": url, "result": "wllamaResult", "timeout_ms": 900_000}))
+        else:
+            dtype = "" if runner == "page default" else f"dtype={label}&"
+            build = "&wasm=asyncify" if runner == ASYNCIFY else ""
+            url = f"{base}/index.html?{dtype}{q}{build}&min_new_tokens={new_tokens}&autorun=1"
+            pending.append((cell, {"url": url, "result": "prodipResult", "timeout_ms": 900_000}))
+    flush()
+    return results
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software the figures come from."""
+    import onnxruntime
+
+    def version(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
+        except OSError:
+            return "?"
+
+    cpu = "?"
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    node = REPO / "node" / "node_modules"
+
+    def pkg(name: str) -> str:
+        try:
+            return json.loads((node / name / "package.json").read_text())["version"]
+        except OSError:
+            return "?"
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "loadavg_1_5_15": list(os.getloadavg()),
+        "platform": platform.platform(),
+        "chromium": version(["chromium", "--version"]),
+        "node": version(["node", "--version"]),
+        "onnxruntime": onnxruntime.__version__,
+        "onnxruntime-web": pkg("onnxruntime-web"),
+        "@huggingface/transformers": pkg("@huggingface/transformers"),
+        "@wllama/wllama": pkg("@wllama/wllama"),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """Tables: per shape and thread count, runner x bits, decode tokens/s (TTFT s), medians."""
+    m = report["machine"]
+    lines = [
+        f"# The export's page vs wllama vs ONNX Runtime native ({report['date']})",
+        "",
+        f"`python bench/browser.py {' '.join(report['argv'])}` (raw: `{report['json']}`).",
+        f"Machine: {m['cpu']}, {m['cores']} cores, load average {m['loadavg_1_5_15'][0]:.1f} at the start "
+        f"({m['platform']}); {m['chromium']}, headless, `--disable-gpu`; onnxruntime-web {m['onnxruntime-web']} "
+        f"(transformers.js {m['@huggingface/transformers']}), wllama {m['@wllama/wllama']}, ONNX Runtime "
+        f"{m['onnxruntime']}. Prompt {report['prompt_tokens']} tokens, {report['new_tokens']} greedy new "
+        f"tokens, medians of {report['rounds']} rotated rounds. **The machine is shared: compare within a table.**",
+        "",
+        "Cells: decode tokens/s (time to first token, s), file in brackets.",
+    ]
+    for shape, by_threads in report["results"].items():
+        for threads, rows in by_threads.items():
+            lines += ["", f"## {shape}, {threads} thread(s)", "", "| runner | " + " | ".join(BITS) + " |",
+                      "|---|" + "---:|" * len(BITS)]  # fmt: skip
+            for runner in ("page default", "page", ASYNCIFY, "wllama", "ort native"):
+                row = []
+                for bits in BITS:
+                    hit = [c for c in rows if c["runner"] == runner and c["bits"] == bits]
+                    if not hit:
+                        row.append("")
+                        continue
+                    c = hit[0]
+                    if c.get("tokens_per_s") is None:
+                        row.append(f"{c['file']}: error")
+                    else:
+                        row.append(f"{c['file']} **{c['tokens_per_s']:.1f}** ({c['ttft_ms'] / 1e3:.2f})")
+                lines.append(f"| {runner} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="demo shape, 1 thread, 1 round, 16 new tokens")
+    ap.add_argument("--shapes", default="demo,109m", help=f"comma list of {sorted(SHAPES)}")
+    ap.add_argument("--dtypes", default="q4,q8,fp32", help="page dtypes (each with its wllama/ORT file)")
+    ap.add_argument("--threads", default="1,2", help="comma list of thread counts")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--work", type=Path, default=None, help="folder for the exports (reused between runs)")
+    ap.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md (default: print)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.shapes, args.threads, args.rounds, args.new_tokens = "demo", "1", 1, 16
+    node_root = Path(os.environ.get("PRODIP_NODE_ROOT", REPO / "node"))
+    if not (node_root / "node_modules" / "@wllama" / "wllama").is_dir():
+        sys.exit(
+            f"error: @wllama/wllama is not installed under {node_root} (npm install --ignore-scripts --prefix node)"
+        )
+    from tokenizers import Tokenizer
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_browser_"))
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "argv": argv if argv is not None else sys.argv[1:],
+        "json": str(args.out.with_suffix(".json")) if args.out else "-",
+        "machine": machine(),
+        "rounds": args.rounds,
+        "new_tokens": args.new_tokens,
+        "units": {
+            "tokens_per_s": "new tokens per second after the first",
+            "ttft_ms": "milliseconds",
+            "load_ms": "milliseconds",
+        },  # fmt: skip
+        "results": {},
+        "raw": {},
+    }
+    dtypes = args.dtypes.split(",")
+    for shape in args.shapes.split(","):
+        export = build(work, shape)
+        cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
+        tjs = cfg["transformers.js_config"]
+        # what the page picks with no ?dtype: the wasm device's entry, else the file's default
+        default = tjs.get("device_config", {}).get("wasm", {}).get("dtype") or tjs["dtype"]
+        from prodip.export.web import write_web_page
+
+        write_web_page(export)  # this working tree's page (a reused export keeps its model files)
+        prompt_ids = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
+        report["prompt_tokens"] = len(prompt_ids)
+        server, base = serve(export, node_root)
+        try:
+            report["results"][shape], report["raw"][shape] = {}, {}
+            for threads in [int(t) for t in args.threads.split(",")]:
+                todo = cells(dtypes, default)
+                rounds = []
+                for r in range(args.rounds):
+                    k = (r * len(todo)) // max(args.rounds, 1)
+                    order = todo[k:] + todo[:k]
+                    got = run_cells(export, base, node_root, order, threads, args.new_tokens, prompt_ids)
+                    rounds.append({" | ".join(c): v for c, v in got.items()})
+                    print(f"{shape} threads={threads} round {r + 1}/{args.rounds} done", file=sys.stderr)
+                rows = []
+                for c in todo:
+                    key = " | ".join(c)
+                    runs = [rnd[key] for rnd in rounds if rnd[key].get("tokens_per_s")]
+                    row = {"runner": c[0], "bits": c[1], "file": c[2], "runs": len(runs)}
+                    for f in ("tokens_per_s", "ttft_ms", "load_ms"):
+                        vals = [x[f] for x in runs if x.get(f) is not None]
+                        row[f] = statistics.median(vals) if vals else None
+                    errors = [rnd[key].get("error") for rnd in rounds if rnd[key].get("error")]
+                    if errors:
+                        row["error"] = errors[0]
+                    rows.append(row)
+                report["results"][shape][str(threads)] = rows
+                report["raw"][shape][str(threads)] = rounds
+        finally:
+            server.shutdown()
+    text = markdown(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
+        args.out.with_suffix(".md").write_text(text, encoding="utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+// Open pages one after another in one headless system Chromium (puppeteer-core: no browser download), each in a
+// fresh tab, and collect each page's result object. Used by bench/browser.py (the export's page, wllama's page).
+//
+// stdin: {"jobs": [{"url": URL, "result": "prodipResult", "timeout_ms": 600000}, ...], "node_root": DIR,
+//         "chromium": "/usr/bin/chromium", "args": [extra Chromium flags]}
+// stdout: one JSON line per job, as it finishes: {"url": URL, "result": {...} | null, "error": str | null, "console": [lines]}
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
+
+const chunks = [];
+for await (const chunk of process.stdin) chunks.push(chunk);
+const job = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+const require = createRequire(path.join(path.resolve(job.node_root || path.dirname(new URL(import.meta.url).pathname)), 'package.json'));
+const puppeteer = (await import(pathToFileURL(require.resolve('puppeteer-core')).href)).default;
+const profile = mkdtempSync(path.join(tmpdir(), 'prodip-chromium-'));
+const browser = await puppeteer.launch({
+  executablePath: job.chromium || '/usr/bin/chromium',
+  headless: true,
+  protocolTimeout: 0,
+  args: ['--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync', `--user-data-dir=${profile}`, ...(job.args || ['--disable-gpu'])],
+});
+for (const one of job.jobs) {
+  const out = { url: one.url, result: null, error: null, console: [] };
+  const page = await browser.newPage();
+  page.on('console', (m) => out.console.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
+  page.on('pageerror', (e) => out.console.push(`pageerror: ${e.message}`.slice(0, 500)));
+  try {
+    await page.goto(one.url, { waitUntil: 'load', timeout: one.timeout_ms });
+    await page.waitForFunction((name) => window[name] !== undefined, { timeout: one.timeout_ms, polling: 200 }, one.result);
+    out.result = await page.evaluate((name) => window[name], one.result);
+    if (out.result && out.result.error) out.error = out.result.error;
+  } catch (err) {
+    out.error = String(err && err.message ? err.message : err);
+  }
+  out.console = out.console.slice(-20);
+  await page.close();
+  console.log(JSON.stringify(out));
+}
+await browser.close();
+rmSync(profile, { recursive: true, force: true });
