@@ -124,13 +124,19 @@ messages = [{{"role": "user", "content": "{user}"}}]
 prompt = AutoTokenizer.from_pretrained("{export}").apply_chat_template(
     messages, add_generation_prompt=True, tokenize=False
 )  # the chat template's text, <|bos|> included (num_bos=0)
-runner = TextLLMRunner("{export}/{pte}", "{export}/executorch/tokenizer.json")
+runner = TextLLMRunner(
+    "{export}/{pte}",
+    "{export}/executorch/tokenizer.json",
+)
 runner.generate(prompt, GenerationConfig(max_new_tokens={n}, temperature=0, num_bos=0, echo=False))
 """
 _EXECUTORCH_TEXT = """\
 from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-runner = TextLLMRunner("{export}/{pte}", "{export}/executorch/tokenizer.json")
+runner = TextLLMRunner(
+    "{export}/{pte}",
+    "{export}/executorch/tokenizer.json",
+)
 runner.generate("{text}", GenerationConfig(max_new_tokens={n}, temperature=0, num_bos=1))
 """
 _SERVE_CHAT = """\
