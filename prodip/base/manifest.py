@@ -164,6 +164,8 @@ class ExportSettings(RecordPart):
     int4_quantize_lm_head: StrictBool | None = None
     int4_accuracy_level: StrictInt | None = None
     pte_group_size: StrictInt | None = None
+    #: the .pte's KV window (tokens; 0 = the model's whole window)
+    pte_max_seq_len: StrictInt | None = None
     force: StrictBool | None = None
     base_model_id: str | None = None
 

@@ -96,16 +96,16 @@ def test_bangla_fertility_rises_by_what_the_audit_reports(bases, extended, heldo
             )
         ).languages
     for lang in ("bn", "en"):
-        assert fert[lang]["chars_per_token_before"] == audits["base"][lang]["chars_per_token"]
-        assert fert[lang]["chars_per_token_after"] == audits["ext"][lang]["chars_per_token"]
-        assert audits["ext"][lang]["lossless"]
+        assert fert[lang]["chars_per_token_before"] == audits["base"][lang].chars_per_token
+        assert fert[lang]["chars_per_token_after"] == audits["ext"][lang].chars_per_token
+        assert audits["ext"][lang].lossless
     assert fert["bn"]["chars_per_token_before"] < 0.5  # the trap: ~1 token per UTF-8 byte
     assert fert["bn"]["chars_per_token_after"] > 2 * fert["bn"]["chars_per_token_before"]
     assert fert["en"]["tokens_after"] <= fert["en"]["tokens_before"]
     for lang in ("bn", "en"):  # no vocabulary beats one token per pre-token; the audit reports that ceiling
         assert fert[lang]["chars_per_token_after"] <= fert[lang]["chars_per_pretoken"]
-        assert audits["base"][lang]["chars_per_pretoken"] == audits["ext"][lang]["chars_per_pretoken"]
-        assert audits["base"][lang]["chars_per_pretoken"] == fert[lang]["chars_per_pretoken"]
+        assert audits["base"][lang].chars_per_pretoken == audits["ext"][lang].chars_per_pretoken
+        assert audits["base"][lang].chars_per_pretoken == fert[lang]["chars_per_pretoken"]
     assert record["gate"]["passed"]
     text = unicodedata.normalize("NFC", heldout["bn"].read_text(encoding="utf-8")[:3000])  # Qwen2 normalises
     ext = Tokenizer.from_file(str(ext_dir / "tokenizer.json"))
