@@ -309,7 +309,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--work", type=Path, default=None, help="folder for the exports (reused between runs)")
-    ap.add_argument("--out", type=Path, default=None, help="write the results to OUT with the suffixes .json and .md (default: print)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the results to OUT with the suffixes .json and .md (default: print)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.shapes, args.threads, args.rounds, args.new_tokens = "demo", "1", 1, 16
