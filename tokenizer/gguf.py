@@ -60,15 +60,7 @@ def tokenizer_metadata(tokenizer_dir: str | os.PathLike, *, vocab_size: int | No
     tok_json = read_tokenizer_json(tokenizer_dir)
     if is_byte_fallback(tok_json):
         return _sentencepiece_metadata(tokenizer_dir, tok_json, vocab_size)
-    vocab: dict[str, int] = dict(tok_json["model"]["vocab"])
-    for added in tok_json.get("added_tokens", []):
-        vocab[added["content"]] = added["id"]
-    n = max(vocab.values()) + 1
-    if n != len(vocab):
-        raise InvalidInput(f"{Path(tokenizer_dir) / 'tokenizer.json'}: token ids are not 0..{n - 1} without gaps")
-    size = n if vocab_size is None else vocab_size
-    if size < n:
-        raise InvalidInput(f"vocab_size {vocab_size} is smaller than the tokenizer's {n} tokens")
+    vocab, n, size = _vocab_table(tokenizer_dir, tok_json, vocab_size)
     tokens = [""] * size
     types = [int(gguf.TokenType.NORMAL)] * size
     for token, i in vocab.items():
@@ -95,16 +87,16 @@ def tokenizer_metadata(tokenizer_dir: str | os.PathLike, *, vocab_size: int | No
     }
 
 
-def _sentencepiece_metadata(tokenizer_dir: str | os.PathLike, tok_json: dict, vocab_size: int | None) -> dict[str, Any]:
-    """A byte-fallback BPE (Llama 2 / TinyLlama) as llama.cpp's SentencePiece vocabulary, as llama.cpp's
-    converter writes a ``tokenizer.model`` (``_set_vocab_sentencepiece``): ``tokenizer.ggml.model = "llama"``,
-    the pieces with their scores (:func:`prodip.tokenizer.portable.sentencepiece_scores`) and types (``<unk>``
-    UNKNOWN, ``<0xNN>`` BYTE, special added tokens CONTROL, other added ones USER_DEFINED), no merges, and
-    ``add_space_prefix`` (the normaliser's ``Prepend("▁")``)."""
-    import gguf  # noqa: PLC0415 (optional: pip extra runtimes; llama.cpp's own library)
+def _vocab_table(
+    tokenizer_dir: str | os.PathLike, tok_json: dict, vocab_size: int | None
+) -> tuple[dict[str, int], int, int]:
+    """The model's vocabulary with the added tokens (piece -> id), the tokenizer's token count ``n`` and the
+    GGUF's vocabulary size (``vocab_size``, default ``n``; ids ``n..size-1`` are padding rows).
 
+    Raises:
+        InvalidInput: the ids are not 0..n-1 without gaps, or ``vocab_size`` is smaller than ``n``.
+    """
     vocab: dict[str, int] = dict(tok_json["model"]["vocab"])
-    scores_by_piece = sentencepiece_scores(tok_json)
     for added in tok_json.get("added_tokens", []):
         vocab[added["content"]] = added["id"]
     n = max(vocab.values()) + 1
@@ -113,6 +105,19 @@ def _sentencepiece_metadata(tokenizer_dir: str | os.PathLike, tok_json: dict, vo
     size = n if vocab_size is None else vocab_size
     if size < n:
         raise InvalidInput(f"vocab_size {vocab_size} is smaller than the tokenizer's {n} tokens")
+    return vocab, n, size
+
+
+def _sentencepiece_metadata(tokenizer_dir: str | os.PathLike, tok_json: dict, vocab_size: int | None) -> dict[str, Any]:
+    """A byte-fallback BPE (Llama 2 / TinyLlama) as llama.cpp's SentencePiece vocabulary, as llama.cpp's
+    converter writes a ``tokenizer.model`` (``_set_vocab_sentencepiece``): ``tokenizer.ggml.model = "llama"``,
+    the pieces with their scores (:func:`prodip.tokenizer.portable.sentencepiece_scores`) and types (``<unk>``
+    UNKNOWN, ``<0xNN>`` BYTE, special added tokens CONTROL, other added ones USER_DEFINED), no merges, and
+    ``add_space_prefix`` (the normaliser's ``Prepend("▁")``)."""
+    import gguf  # noqa: PLC0415 (optional: pip extra runtimes; llama.cpp's own library)
+
+    vocab, n, size = _vocab_table(tokenizer_dir, tok_json, vocab_size)
+    scores_by_piece = sentencepiece_scores(tok_json)
     tokens, scores = [""] * size, [0.0] * size
     types = [int(gguf.TokenType.NORMAL)] * size
     byte_piece = re.compile(r"<0x[0-9A-F]{2}>")
