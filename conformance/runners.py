@@ -21,6 +21,7 @@ import torch
 
 from prodip.base import onnx_io
 from prodip.base.errors import InvalidInput
+from prodip.train import lmeval
 
 
 class Runner:
@@ -50,17 +51,10 @@ class TorchRunner(Runner):
     def __init__(self, model: Any, name: str) -> None:
         self.model = model.eval()
         self.name = name
+        self._step = lmeval.torch_step(self.model, torch.device("cpu"))  # the step prodip eval's tasks take
 
     def forward(self, input_ids, attention_mask, position_ids, state=None):
-        with torch.inference_mode():
-            logits, present = self.model(
-                torch.from_numpy(input_ids),
-                position_ids=torch.from_numpy(position_ids),
-                attention_mask=torch.from_numpy(attention_mask),
-                past_key_values=state,
-                use_cache=True,
-            )
-        return logits.float().numpy(), present
+        return self._step(input_ids, attention_mask, position_ids, state)
 
 
 class TransformersRunner(Runner):
