@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from prodip.base.jsontypes import obj
 from prodip.base.manifest import Verdict, utc_now
 from prodip.conformance.results import RunOutcome, VariantResult
 
@@ -74,7 +75,8 @@ def merge_verdict(
     now = checked_utc or utc_now()
     checks: dict[str, Any] = {}
     if previous and previous.get("export_files_sha256") == run.export_files_sha256:
-        checks = {k: v for k, v in (previous.get("checks") or {}).items() if k in manifest_variants}
+        kept = obj(previous.get("checks") or {}, where="manifest.json conformance.checks")
+        checks = {k: v for k, v in kept.items() if k in manifest_variants}
     for v in run.variants:
         checks[v.name] = _variant_check(v, run, now, report_path, report_sha256)
     variants = {k: checks[k]["passed"] for k in manifest_variants if k in checks}

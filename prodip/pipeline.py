@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -40,6 +40,7 @@ from prodip.base.config import (
     write_text_atomic,
 )
 from prodip.base.errors import MissingInput, OutputExists
+from prodip.base.jsontypes import JSONObject, TOMLTable
 from prodip.base.layout import TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Number, Record, refuse_newer
@@ -128,7 +129,7 @@ def _active(stage: Stage[Any], plan: RunPlan) -> bool:
     return stage.active(stage.own(plan))
 
 
-def resolve_all(config_path: str, tables: dict[str, dict[str, Any]], out_dir: Path) -> RunPlan:
+def resolve_all(config_path: str, tables: dict[str, TOMLTable], out_dir: Path) -> RunPlan:
     """Build every stage's config dataclass: run defaults < TOML table. ``[tokenizer]`` and ``[audit]``
     read the corpus as ``[data]`` does (its ``READ_OPTIONS``: ``text_field``, ``doc_chars``, ``errors``, those
     each has) unless their own tables say otherwise.
@@ -145,7 +146,7 @@ def resolve_all(config_path: str, tables: dict[str, dict[str, Any]], out_dir: Pa
     configs = {}
     for name, cls in _config_classes().items():
         fields = {f.name for f in dataclasses.fields(cls)}
-        data = {k: v for k, v in base[name].items() if k in fields}
+        data: dict[str, object] = {k: v for k, v in base[name].items() if k in fields}
         if name in ("tokenizer", "audit"):
             data.update({k: v for k, v in reader.items() if k in fields})
         data.update(tables.get(name, {}))
@@ -348,7 +349,7 @@ class RunConfig:
     serve_timeout_s: float = opt(120.0, "how long to wait for the server to come up (seconds)")
 
 
-def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[RunConfig, dict[str, dict]]:
+def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[RunConfig, dict[str, TOMLTable]]:
     """Split a pipeline TOML file into the top-level RunConfig and the per-stage tables.
 
     Raises:
@@ -356,7 +357,7 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
     """
     doc = read_toml(path)
     top = {k: v for k, v in doc.items() if not isinstance(v, dict) or k in TOP_LEVEL_TABLE_KEYS}
-    tables = {k: v for k, v in doc.items() if k not in top}
+    tables = {k: v for k, v in doc.items() if isinstance(v, dict) and k not in top}
     for name in tables:
         if name not in SECTIONS:
             raise ConfigError(f"{path}: unknown table [{name}]; known tables: {', '.join(SECTIONS)}")
@@ -433,15 +434,15 @@ class RunSummary(Record):
     out_dir: str
     #: fertility.json, eval.json, sft_eval.json, the export's manifest.json, conformance's report.json and
     #: completions.json as their records' dicts
-    fertility: dict[str, Any] | None = None
+    fertility: JSONObject | None = None
     #: an adapted base's extension.json (``prodip tokenizer extend``), and the base vs adapted model per language
-    extension: dict[str, Any] | None = None
-    adaptation: dict[str, Any] | None = None
-    eval: dict[str, Any] | None = None
-    sft: dict[str, Any] | None = None
-    export_manifest: dict[str, Any] | None = None
-    conformance: dict[str, Any] | None = None
-    completions: dict[str, Any] | None = None
+    extension: JSONObject | None = None
+    adaptation: JSONObject | None = None
+    eval: JSONObject | None = None
+    sft: JSONObject | None = None
+    export_manifest: JSONObject | None = None
+    conformance: JSONObject | None = None
+    completions: JSONObject | None = None
     #: stage -> wall seconds of this invocation
     timings_s: dict[str, Number] = Field(default_factory=dict)
     #: stage -> {seconds, complete, invocations} over every invocation (``stage_times.json``)
@@ -490,7 +491,7 @@ def _refuse_newer_artifacts(plan: RunPlan, out_dir: Path, force: bool) -> None:
         refuse_newer(record, path, action=action, instead="choose another --out-dir")
 
 
-def _identity(doc: dict[str, Any]) -> dict[str, Any]:
+def _identity(doc: TOMLTable) -> TOMLTable:
     return {
         k: ({kk: vv for kk, vv in v.items() if kk not in _RUNTIME_KEYS} if isinstance(v, dict) else v)
         for k, v in doc.items()
@@ -498,7 +499,7 @@ def _identity(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _changed_keys(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+def _changed_keys(before: TOMLTable, now: TOMLTable) -> list[str]:
     keys = []
     for k in sorted(set(before) | set(now)):
         a, b = before.get(k), now.get(k)
@@ -528,7 +529,7 @@ def _field_default(cfg: Any, name: str) -> Any:
     return _NO_DEFAULT
 
 
-def _derived(key: str, plan: RunPlan | None, tables: dict[str, dict[str, Any]]) -> bool:
+def _derived(key: str, plan: RunPlan | None, tables: dict[str, TOMLTable]) -> bool:
     """Whether changed ``key`` (``"[table] name"``) is one the user did not write now and whose value was
     derived from other settings (``[model] head_dim`` from hidden_size and the heads; a stage's paths from
     out_dir): its value is not the field's default. A key the user removed (back to its default) is not."""
@@ -542,7 +543,7 @@ def _derived(key: str, plan: RunPlan | None, tables: dict[str, dict[str, Any]]) 
     return default is not _NO_DEFAULT and getattr(cfg, name) != default
 
 
-def _added_at_default(key: str, before: dict[str, Any], plan: RunPlan | None) -> bool:
+def _added_at_default(key: str, before: TOMLTable, plan: RunPlan | None) -> bool:
     """Whether changed ``key`` (``"[table] name"``) is one the saved config does not have at all and whose
     value now is its field's default: a key a newer prodip added, whose default keeps what the run did before
     (``[sft] replay_share = 0``), is not a change of config, so upgrading prodip does not refuse an old run."""
@@ -556,7 +557,7 @@ def _added_at_default(key: str, before: dict[str, Any], plan: RunPlan | None) ->
     return default is not _NO_DEFAULT and bool(getattr(cfg, name) == default)
 
 
-def describe_changes(changed: list[str], plan: RunPlan | None, tables: dict[str, dict[str, Any]]) -> str:
+def describe_changes(changed: list[str], plan: RunPlan | None, tables: dict[str, TOMLTable]) -> str:
     """The changed keys a user can act on, for a refusal: every key they wrote (or removed), the first
     :data:`_SHOWN_CHANGES` then "and N more"; keys derived from them are counted, not named (all are named
     when only derived keys changed, e.g. a newer prodip derives a default otherwise)."""
@@ -571,11 +572,11 @@ def describe_changes(changed: list[str], plan: RunPlan | None, tables: dict[str,
 
 def _check_out_dir(
     out_dir: Path,
-    resolved: dict[str, Any],
+    resolved: Mapping[str, object],
     force: bool,
     started: Callable[[], bool],
     plan: RunPlan | None = None,
-    tables: dict[str, dict[str, Any]] | None = None,
+    tables: dict[str, TOMLTable] | None = None,
 ) -> None:
     """Refuse to mix two different runs in one folder (nothing is overwritten without --force).
 
@@ -642,7 +643,7 @@ def _run_stage(stage: Stage[Any], plan: RunPlan, ctx: RunContext) -> bool:
     return stage.name == "serve" or stage.done(cfg)
 
 
-def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
+def run_pipeline(config_path: str, args: argparse.Namespace | None = None) -> JSONObject:
     """Run every configured stage of the pipeline described by ``config_path``.
 
     Returns:

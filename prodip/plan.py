@@ -68,6 +68,6 @@ class RunPlan:
         """The config of table ``name`` (``None``: no such table, e.g. in a changed key of an older config)."""
         return self.configs().get(name)
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
+    def to_dict(self) -> dict[str, dict[str, object]]:
         """Config table -> its config as a plain dict (``dataclasses.asdict``)."""
         return {name: dataclasses.asdict(cfg) for name, cfg in self.configs().items()}

@@ -330,7 +330,10 @@ def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
             f"{config_path}: missing, so the baseline's training inputs are unknown; train with "
             "`prodip tokenizer train` or pass --baseline-dir of an existing naive tokenizer"
         )
-    cfg = from_dict(TokenizerTrainConfig, read_toml(config_path).get("tokenizer", {}), source=str(config_path))
+    table = read_toml(config_path).get("tokenizer", {})
+    if not isinstance(table, dict):
+        raise InvalidInput(f"{config_path}: [tokenizer] must be a table")
+    cfg = from_dict(TokenizerTrainConfig, table, source=str(config_path))
     ours = read_train_info(tokenizer_dir)
     try:
         info = read_train_info(out)

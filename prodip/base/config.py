@@ -19,6 +19,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,6 +37,7 @@ import tomli_w
 
 from prodip.base.errors import ConfigError, InvalidInput
 from prodip.base.files import raise_for_room
+from prodip.base.jsontypes import TOMLTable
 from prodip.base.layout import COMMAND_TABLES, DEFAULT_OUT_DIR, TABLES, TOP_LEVEL_TABLE_KEYS, has_sft, stage_defaults
 
 T = TypeVar("T", bound="DataclassInstance")  # a config dataclass
@@ -83,7 +85,7 @@ def check_threads(where: str, value: int) -> None:
         )
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def _field_types(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
@@ -138,7 +140,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict[str, Any], *, source: str) -> T:
+def from_dict(cls: type[T], data: Mapping[str, object], *, source: str) -> T:
     """Build dataclass ``cls`` from a mapping, refusing unknown keys and wrong types.
 
     Args:
@@ -288,7 +290,7 @@ def _metavar(tp: Any) -> str:
     return {int: "INT", float: "FLOAT", bool: "BOOL", str: "STR"}.get(tp, "VALUE")
 
 
-def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_toml(path: str | os.PathLike[str]) -> TOMLTable:
     """Read a TOML file.
 
     Raises:
@@ -297,7 +299,7 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     try:
         with path.open("rb") as fh:
-            data: dict[str, Any] = tomllib.load(fh)  # tomli on 3.10: untyped to mypy
+            data: TOMLTable = tomllib.load(fh)  # tomli on 3.10: untyped to mypy
             return data
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
@@ -313,7 +315,7 @@ def resolve(
     *,
     toml_path: str | None = None,
     section: str | None = None,
-    base: dict[str, Any] | None = None,
+    base: Mapping[str, object] | None = None,
 ) -> T:
     """Resolve a stage config: dataclass defaults < ``base`` < TOML table < command-line flags.
 
@@ -331,7 +333,7 @@ def resolve(
         ConfigError: see :func:`from_dict`; a table that no stage reads (a misspelt ``[trian]``),
             as ``prodip run`` refuses it; a missing table ``section`` is fine (defaults).
     """
-    data: dict[str, Any] = dict(base or {})
+    data: dict[str, object] = dict(base or {})
     source = cls.__name__
     doc = read_toml(toml_path) if toml_path else {}
     if section and toml_path:
@@ -340,7 +342,7 @@ def resolve(
         if unknown:
             raise ConfigError(f"{toml_path}: unknown table [{unknown[0]}]; known tables: {', '.join(known)}")
     if base is None and section:
-        data = _layout_paths(cls, section, doc.get("out_dir"), chat=has_sft(doc))
+        data = {**_layout_paths(cls, section, doc.get("out_dir"), chat=has_sft(doc))}
     if toml_path:
         table = doc.get(section, {}) if section else doc
         if not isinstance(table, dict):
@@ -356,7 +358,7 @@ def resolve(
     return obj
 
 
-def _layout_paths(cls: type, section: str, out_dir: Any, chat: bool = False) -> dict[str, Any]:
+def _layout_paths(cls: type, section: str, out_dir: object, chat: bool = False) -> dict[str, str]:
     """The paths ``prodip run`` gives table ``section``: under ``out_dir`` (a pipeline file's), else
     under ``runs/demo`` for the fields whose dataclass default is a non-empty path string."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -374,10 +376,10 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-def dump_toml(data: dict[str, Any]) -> str:
+def dump_toml(data: Mapping[str, object]) -> str:
     """Serialise a mapping to TOML with ``tomli_w``; ``None`` values are left out (TOML has no null)."""
 
-    def clean(value: Any) -> Any:
+    def clean(value: object) -> object:
         if isinstance(value, dict):
             return {str(k): clean(v) for k, v in value.items() if v is not None}
         if isinstance(value, (list, tuple)):
@@ -386,12 +388,12 @@ def dump_toml(data: dict[str, Any]) -> str:
             return str(value)
         return value
 
-    return tomli_w.dumps(clean(data))
+    return tomli_w.dumps({str(k): clean(v) for k, v in data.items() if v is not None})  # clean(data), as a dict
 
 
-def toml_roundtrip(data: dict[str, Any]) -> dict[str, Any]:
+def toml_roundtrip(data: Mapping[str, object]) -> TOMLTable:
     """``data`` as it reads back from a TOML file (tuples become lists, ``None`` values vanish)."""
-    out: dict[str, Any] = tomllib.loads(dump_toml(data))
+    out: TOMLTable = tomllib.loads(dump_toml(data))
     return out
 
 

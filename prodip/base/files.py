@@ -19,9 +19,9 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from prodip.base.errors import WriteFailed
+from prodip.base.jsontypes import JSONObject
 
 # The write errors a user fixes by making room, raising a limit or choosing another folder.
 ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
@@ -58,7 +58,7 @@ def _sha256_keyed(path: str, mtime_ns: int, size: int) -> str:
     return file_sha256(path)
 
 
-def read_json_or_none(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_json_or_none(path: str | os.PathLike[str]) -> JSONObject | None:
     """A JSON object from ``path``, or None when the file is missing, not JSON or not an object.
 
     For done-checks, where a missing or damaged artifact simply means "not done".

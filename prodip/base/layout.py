@@ -13,8 +13,8 @@ prepare`` and ``prodip train`` alone chain too.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 #: Default ``out_dir`` of a pipeline file that names none, and of a stage command run without one.
 DEFAULT_OUT_DIR = Path("runs") / "demo"
@@ -51,13 +51,13 @@ def paths(out_dir: str | os.PathLike[str]) -> dict[str, Path]:
     }
 
 
-def has_sft(doc: dict[str, Any]) -> bool:
+def has_sft(doc: Mapping[str, object]) -> bool:
     """Whether a pipeline file fine-tunes for chat: its ``[sft]`` table names conversations (``inputs``)."""
     table = doc.get("sft")
     return isinstance(table, dict) and bool(table.get("inputs"))
 
 
-def stage_defaults(out_dir: str | os.PathLike[str], *, chat: bool = False) -> dict[str, dict[str, Any]]:
+def stage_defaults(out_dir: str | os.PathLike[str], *, chat: bool = False) -> dict[str, dict[str, str]]:
     """Path fields each config table gets before its TOML table is applied (the table may override them).
 
     Args:

@@ -63,6 +63,7 @@ from typing_extensions import Self
 
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import writing
+from prodip.base.jsontypes import JSONObject
 
 R = TypeVar("R", bound="Record")
 
@@ -194,10 +195,10 @@ class Record(BaseModel):
 
     # ---- writing ---------------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The record as the JSON object the file holds: declared fields in order (those never set, and
         left at their default, are left out as the writer left them out), then extra keys."""
-        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        out: JSONObject = self.model_dump(mode="python", exclude_unset=True)
         out.setdefault("format_version", self.format_version)
         return out
 
@@ -342,9 +343,9 @@ class RecordPart(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The part as the JSON object the file holds (fields never set left out)."""
-        out: dict[str, Any] = self.model_dump(mode="python", exclude_unset=True)
+        out: JSONObject = self.model_dump(mode="python", exclude_unset=True)
         return out
 
 
@@ -372,8 +373,8 @@ class AsWritten(RecordPart):
         return part
 
     @model_serializer(mode="wrap")
-    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dumped: dict[str, Any] = handler(self)
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> JSONObject:
+        dumped: JSONObject = handler(self)
         fields = type(self).model_fields
         out = {(fields[k].alias or k) if k in fields else k: v for k, v in dumped.items()}
         first = {k: out[k] for k in self._keys if k in out}

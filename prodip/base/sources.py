@@ -40,6 +40,7 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from license_expression import AND, OR, ExpressionError, LicenseExpression, Lice
 from prodip.base.config import opt, read_toml
 from prodip.base.errors import InvalidInput, UserError
 from prodip.base.hub import HUB_LICENSE_IDS, hub_license, license_slug
+from prodip.base.jsontypes import JSONObject, TOMLTable
 
 SOURCES_FILE = "sources.toml"
 UNKNOWN = "unknown"
@@ -124,7 +126,7 @@ class SourceRecord:
     notes: str = ""
     where: str = ""
     included_by_choice: bool = False
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    extra: TOMLTable = field(default_factory=dict, compare=False)
 
     def covers(self, path: str) -> bool:
         """Whether absolute ``path`` is one of ``files`` (a pattern with ``*``/``?``/``[``: a glob, see
@@ -135,11 +137,11 @@ class SourceRecord:
     def unknown(self) -> bool:
         return self.license == UNKNOWN
 
-    def card_fields(self) -> dict[str, Any]:
+    def card_fields(self) -> JSONObject:
         """The JSON-able fields every artifact carries (no file paths: they are the builder's)."""
-        out = {k: getattr(self, k) for k in _KEYS if k != "files"}
+        out: JSONObject = {k: getattr(self, k) for k in _KEYS if k != "files"}
         out["license_class"] = license_class(self.license)
-        out["license_terms"] = license_terms(self.license)
+        out["license_terms"] = [*license_terms(self.license)]
         out["included_by_choice"] = self.included_by_choice
         return out
 
@@ -315,7 +317,9 @@ def _resolve_pattern(base: Path, pattern: str) -> str:
     return str(Path(base, *parts[:i]).resolve().joinpath(*parts[i:]))
 
 
-def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
+def _record(table: object, base: Path, where: str) -> SourceRecord:
+    if not isinstance(table, dict):
+        raise InvalidInput(f"{where}: source must be an array of tables ([[source]])")
     missing = [k for k in ("name", "files", "language", "license") if k not in table]
     if missing:
         raise InvalidInput(f"{where}: [[source]] {table.get('name', '?')!r} lacks {', '.join(missing)}")
@@ -336,7 +340,7 @@ def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
             _glob_regex(f.replace(os.sep, "/"))
         except re.error as e:  # a set such as [z-a]
             raise InvalidInput(f"{where}: files entry {f!r} is not a valid glob ({e})") from None
-    lic = table["license"].strip()
+    lic = str(table["license"]).strip()  # a string: checked above
     if lic == OTHER and not (table.get("license_name") and table.get("license_link")):
         raise InvalidInput(f'{where}: license = "other" needs license_name and license_link')
     if lic not in (UNKNOWN, OTHER):
@@ -344,9 +348,14 @@ def _record(table: dict[str, Any], base: Path, where: str) -> SourceRecord:
     return SourceRecord(
         name=name,
         files=tuple(_resolve_pattern(base, f) for f in files),
-        language=table["language"],
+        language=str(table["language"]),
         license=lic,
-        **{k: table.get(k, "") for k in ("variety", "origin", "license_name", "license_link", "dataset_id", "notes")},
+        variety=str(table.get("variety", "")),
+        origin=str(table.get("origin", "")),
+        license_name=str(table.get("license_name", "")),
+        license_link=str(table.get("license_link", "")),
+        dataset_id=str(table.get("dataset_id", "")),
+        notes=str(table.get("notes", "")),
         where=where,
         extra={k: v for k, v in table.items() if k not in _KEYS},
     )
@@ -461,7 +470,13 @@ def match_sources(
     return out
 
 
-def licence_statement(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _terms(record: JSONObject) -> list[str]:
+    """A card record's ``license_terms`` (records written before they existed: its class alone)."""
+    terms = record.get("license_terms", [record["license_class"]])
+    return [str(t) for t in terms] if isinstance(terms, list) else []
+
+
+def licence_statement(records: Sequence[JSONObject]) -> JSONObject:
     """The overall licence statement of a mix (records as :meth:`SourceRecord.card_fields` gives them).
 
     Returns:
@@ -470,13 +485,13 @@ def licence_statement(records: list[dict[str, Any]]) -> dict[str, Any]:
         the name lists say which sources carry each term; ``cleared`` is false when any source's licence is
         unknown; ``text`` is one paragraph for the cards.
     """
-    by = {c: [r["name"] for r in records if r["license_class"] == c] for c in CLASSES}
+    by = {c: [str(r["name"]) for r in records if r["license_class"] == c] for c in CLASSES}
     for term in ("share-alike", "non-commercial"):  # an NC-SA source carries both terms, whatever its class
-        by[term] = [r["name"] for r in records if term in r.get("license_terms", [r["license_class"]])]
-    worst = max((CLASSES.index(r["license_class"]) for r in records), default=0)
-    licenses = sorted({r["license"] for r in records if r["license"] != UNKNOWN})
+        by[term] = [str(r["name"]) for r in records if term in _terms(r)]
+    worst = max((CLASSES.index(str(r["license_class"])) for r in records), default=0)
+    licenses = sorted({str(r["license"]) for r in records if r["license"] != UNKNOWN})
     parts = [f"Training data licences: {', '.join(licenses) or 'none recorded'}."]
-    named = [r["name"] for r in records if r["license_class"] in ("attribution", "share-alike", "non-commercial")]
+    named = [str(r["name"]) for r in records if r["license_class"] in ("attribution", "share-alike", "non-commercial")]
     if named:
         parts.append(f"Attribution is required by: {', '.join(named)}.")
     if by["share-alike"]:
@@ -492,11 +507,11 @@ def licence_statement(records: list[dict[str, Any]]) -> dict[str, Any]:
         parts.append("Every source has a recorded licence.")
     return {
         "class": CLASSES[worst],
-        "licenses": licenses,
-        "share_alike": by["share-alike"],
-        "non_commercial": by["non-commercial"],
-        "attribution": named,
-        "unknown_included": by["unknown"],
+        "licenses": [*licenses],
+        "share_alike": [*by["share-alike"]],
+        "non_commercial": [*by["non-commercial"]],
+        "attribution": [*named],
+        "unknown_included": [*by["unknown"]],
         "cleared": not by["unknown"],
         "text": " ".join(parts),
     }
@@ -531,11 +546,14 @@ def card_license(license: str, license_name: str = "", license_link: str = "") -
     return {"license": OTHER, "license_name": license_slug(parsed.render()), "license_link": "README.md#data-statement"}
 
 
-def hf_license(records: list[dict[str, Any]]) -> dict[str, str]:
+def hf_license(records: Sequence[JSONObject]) -> dict[str, str]:
     """The model card's ``license`` fields for a mix: the one :func:`card_license` every source gives when
     they all give the same, else ``other`` + ``license_name``/``license_link`` (the card's data statement),
     never a licence more permissive than a source's."""
-    each = [card_license(r["license"], r.get("license_name") or "", r.get("license_link") or "") for r in records]
+    each = [
+        card_license(str(r["license"]), str(r.get("license_name") or ""), str(r.get("license_link") or ""))
+        for r in records
+    ]
     if each and all(c == each[0] for c in each):
         return each[0]
     return {"license": OTHER, "license_name": "prodip-data-mix", "license_link": "README.md#data-statement"}

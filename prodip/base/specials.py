@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.jsontypes import JSONObject
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Specials:
 DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
 
 
-def _json(path: Path) -> dict[str, Any]:
+def _json(path: Path) -> JSONObject:
     if not path.is_file():
         return {}
     try:
@@ -72,12 +73,17 @@ def _json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def token_ids(tokenizer_json: dict[str, Any]) -> dict[str, int]:
-    """Text -> id of every token of a parsed ``tokenizer.json`` (vocabulary, then added tokens)."""
-    vocab = tokenizer_json.get("model", {}).get("vocab", {})
-    out = dict(vocab) if isinstance(vocab, dict) else {}
-    for added in tokenizer_json.get("added_tokens", []):
-        out[added["content"]] = added["id"]
+def token_ids(tokenizer_json: JSONObject) -> dict[str, int]:
+    """Text -> id of every token of a parsed ``tokenizer.json`` (vocabulary, then added tokens; entries
+    that are not text -> integer are skipped)."""
+    model = tokenizer_json.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    out = {k: v for k, v in vocab.items() if isinstance(v, int)} if isinstance(vocab, dict) else {}
+    added_tokens = tokenizer_json.get("added_tokens")
+    for added in added_tokens if isinstance(added_tokens, list) else []:
+        content, token_id = (added.get("content"), added.get("id")) if isinstance(added, dict) else (None, None)
+        if isinstance(content, str) and isinstance(token_id, int):
+            out[content] = token_id
     return out
 
 
@@ -97,17 +103,22 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
-def prepends_bos(tokenizer_json: dict[str, Any]) -> Optional[int]:
+def prepends_bos(tokenizer_json: JSONObject) -> Optional[int]:
     """The id a ``tokenizer.json`` post-processor puts before every single sequence, or None."""
     post = tokenizer_json.get("post_processor") or {}
+    if not isinstance(post, dict):
+        return None
     procs = post.get("processors", []) if post.get("type") == "Sequence" else [post]
-    for proc in procs:
-        if proc and proc.get("type") == "TemplateProcessing":
-            first = (proc.get("single") or [{}])[0]
-            if "SpecialToken" in first:
-                name = first["SpecialToken"]["id"]
-                ids = proc.get("special_tokens", {}).get(name, {}).get("ids", [])
-                return ids[0] if ids else None
+    for proc in procs if isinstance(procs, list) else []:
+        if isinstance(proc, dict) and proc.get("type") == "TemplateProcessing":
+            single = proc.get("single")
+            first = single[0] if isinstance(single, list) and single else {}
+            special = first.get("SpecialToken") if isinstance(first, dict) else None
+            if isinstance(special, dict):
+                tokens = proc.get("special_tokens")
+                entry = tokens.get(str(special.get("id"))) if isinstance(tokens, dict) else None
+                ids = entry.get("ids") if isinstance(entry, dict) else None
+                return ids[0] if isinstance(ids, list) and ids and isinstance(ids[0], int) else None
     return None
 
 
@@ -150,7 +161,12 @@ def read_specials(tokenizer_dir: str | os.PathLike[str]) -> Specials:
     prepended = prepends_bos(tok)
     add_bos = prepended is not None and prepended == found["bos"]
     # an instruct model's eos_token is its end of turn; its end of text ends a document (and so generation)
-    special = {a["content"]: a["id"] for a in tok.get("added_tokens", []) if a.get("special")}
+    added_tokens = tok.get("added_tokens")
+    special = {
+        content: ids[content]
+        for a in (added_tokens if isinstance(added_tokens, list) else [])
+        if isinstance(a, dict) and a.get("special") and isinstance(content := a.get("content"), str) and content in ids
+    }
     doc_end = next((special[t] for t in DOCUMENT_END_TOKENS if t in special), eos)
     stop_ids = tuple(dict.fromkeys([eos, *stops, doc_end]))
     return Specials(found["bos"], eos, found["pad"], stop_ids, add_bos, str(root), doc_end)

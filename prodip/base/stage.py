@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -111,7 +111,7 @@ class Stage(Generic[C]):
         return self.config(*(getattr(plan, table) for table in self.tables))
 
 
-def made_from(artifact: str, recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+def made_from(artifact: str, recorded: Mapping[str, str | None], current: Mapping[str, str | None]) -> bool:
     """Whether an artifact was made from the current upstream artifacts: each input's hash the artifact
     recorded when it was made equals that input's hash now.
 
