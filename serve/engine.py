@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from prodip.base import onnx_io
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
+from prodip.base.jsontypes import JSONObject
 from prodip.base.manifest import (
     MANIFEST_FILE,
     ExportManifest,
@@ -41,6 +42,51 @@ log = logging.getLogger(__name__)
 _MAKE = "`prodip export CHECKPOINT --out EXPORT_DIR`"
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """The keys of an export's ``config.json`` (Hugging Face ``LlamaConfig`` names) serve reads."""
+
+    num_hidden_layers: int
+    num_key_value_heads: int
+    #: the context window (tokens)
+    max_position_embeddings: int
+    vocab_size: int
+    #: ``head_dim``, or ``hidden_size // num_attention_heads`` when the config has none
+    head_dim: int
+    eos_token_id: int = 2
+    bos_token_id: int = 1
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_json(cls, config: JSONObject, where: str) -> ModelShape:
+        """Read the shape from a parsed ``config.json`` (``where``: its path, for errors).
+
+        Raises:
+            InvalidInput: a needed key missing, or a value that is not an integer (the key named).
+        """
+
+        def key(name: str, default: int | None = None) -> int:
+            if name not in config and default is None:
+                raise InvalidInput(f"{where}: missing {name!r}; re-run {_MAKE}")
+            value = config.get(name, default)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidInput(f"{where}: {name} must be an integer, got {value!r}; re-run {_MAKE}")
+            return value
+
+        head_dim = config.get("head_dim")
+        return cls(
+            num_hidden_layers=key("num_hidden_layers"),
+            num_key_value_heads=key("num_key_value_heads"),
+            max_position_embeddings=key("max_position_embeddings"),
+            vocab_size=key("vocab_size"),
+            # a config without head_dim (LlamaConfig's default): the hidden size split over the heads
+            head_dim=key("head_dim") if head_dim else key("hidden_size") // key("num_attention_heads"),
+            eos_token_id=key("eos_token_id", 2),
+            bos_token_id=key("bos_token_id", 1),
+            pad_token_id=key("pad_token_id", 0),
+        )
+
+
 @dataclass
 class ExportInfo:
     """What serve needs from an export dir (paths resolved, verdict checked)."""
@@ -48,7 +94,7 @@ class ExportInfo:
     export_dir: Path
     variant: str
     onnx_path: Path
-    config: dict[str, Any]
+    config: ModelShape
     manifest: ExportManifest
     tokenizer_path: Path
     tokenizer_sha256: str
@@ -56,7 +102,7 @@ class ExportInfo:
     warnings: list[str] = field(default_factory=list)
     #: bounds of the tolerance file the variant's verdict was made with that are looser than the
     #: shipped conformance/tolerances.toml: ``[{table, metric, shipped, used}]`` (empty: none)
-    loosened_tolerances: list[dict[str, Any]] = field(default_factory=list)
+    loosened_tolerances: list[JSONObject] = field(default_factory=list)
     #: the variant's shared-buffer graph (manifest ``genai_path``: the same weights, the KV cache
     #: written in place), or None (a standard-operator export has none)
     shared_buffer_path: Optional[Path] = None
@@ -64,10 +110,10 @@ class ExportInfo:
     @property
     def max_model_len(self) -> int:
         """Context window (tokens): config.json ``max_position_embeddings``."""
-        return int(self.config["max_position_embeddings"])
+        return self.config.max_position_embeddings
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> JSONObject:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -123,7 +169,7 @@ def conformance_check(manifest: ExportManifest, variant: str) -> tuple[bool, str
     return True, "", check
 
 
-def loosened_text(loosened: list[dict[str, Any]]) -> str:
+def loosened_text(loosened: list[JSONObject]) -> str:
     """``[int8] top1 min 0.95 -> 0.02, ...`` for a list of loosened bounds."""
     return ", ".join(
         f"[{b.get('table')}] {b.get('metric')} {_bound_str(b.get('shipped'))} -> {_bound_str(b.get('used'))}"
@@ -172,7 +218,7 @@ def _onnx_variant(root: Path, manifest: ExportManifest, variant: str) -> Variant
 
 def _verification(
     root: Path, manifest: ExportManifest, variant: str, allow_unverified: bool
-) -> tuple[bool, list[str], list[dict[str, Any]]]:
+) -> tuple[bool, list[str], list[JSONObject]]:
     """Apply the conformance verdict to serving ``variant``.
 
     Returns:
@@ -238,17 +284,14 @@ def _verify_hashes(root: Path, manifest: ExportManifest, rels: list[str]) -> Non
             )
 
 
-def _read_model_config(root: Path) -> dict[str, Any]:
-    """``root/config.json`` with the keys the decoder needs.
+def _read_model_config(root: Path) -> ModelShape:
+    """The shape the decoder needs, from ``root/config.json``.
 
     Raises:
-        FileNotFoundError: missing. ValueError: not a JSON object, or a needed key missing (named).
+        FileNotFoundError: missing. ValueError: not a JSON object, or a needed key missing or not an
+            integer (named).
     """
-    config = _read_json(root / "config.json")
-    for key in ("num_hidden_layers", "num_key_value_heads", "max_position_embeddings", "vocab_size"):
-        if key not in config:
-            raise InvalidInput(f"{root / 'config.json'}: missing {key!r}; re-run {_MAKE}")
-    return config
+    return ModelShape.from_json(_read_json(root / "config.json"), str(root / "config.json"))
 
 
 def _tokenizer_file(root: Path, manifest: ExportManifest) -> tuple[Path, str]:
@@ -311,10 +354,10 @@ def load_tokenizer(info: ExportInfo) -> Tokenizer:
         ValueError: the tokenizer has more ids than the model's vocab_size.
     """
     tok = Tokenizer.from_file(str(info.tokenizer_path))
-    if tok.get_vocab_size() > int(info.config["vocab_size"]):
+    if tok.get_vocab_size() > info.config.vocab_size:
         raise InvalidInput(
             f"{info.tokenizer_path}: {tok.get_vocab_size()} tokens but config.json "
-            f"vocab_size is {info.config['vocab_size']}; re-run {_MAKE}"
+            f"vocab_size is {info.config.vocab_size}; re-run {_MAKE}"
         )
     return tok
 
@@ -334,8 +377,7 @@ class OnnxDecoder:
 
     Args:
         onnx_path: the variant's ``.onnx`` file (or its shared-buffer graph).
-        config: export config.json (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim`` or
-            ``hidden_size``/``num_attention_heads``).
+        config: the export's config.json as the decoder reads it (:class:`ModelShape`).
         intra_op_threads: ONNX Runtime intra-op threads, 0 = its default.
         spinning: the intra-op threads spin while waiting for work (``session.intra_op.allow_spinning``,
             ONNX Runtime's default and onnxruntime-genai's), also for a while after a run, so the next
@@ -358,14 +400,14 @@ class OnnxDecoder:
     def __init__(
         self,
         onnx_path: str | Path,
-        config: dict[str, Any],
+        config: ModelShape,
         intra_op_threads: int = 0,
         *,
         shared_buffer: bool = False,
         spinning: bool = True,
     ) -> None:
         self.shared_buffer = shared_buffer
-        self.max_positions = int(config.get("max_position_embeddings") or 0)
+        self.max_positions = config.max_position_embeddings
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads:
@@ -373,9 +415,9 @@ class OnnxDecoder:
         if not spinning:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-        self.num_layers = int(config["num_hidden_layers"])
-        self.num_kv_heads = int(config["num_key_value_heads"])
-        self.head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
         self.past_names = onnx_io.past_names(self.num_layers)
         self.present_names = onnx_io.present_names(self.num_layers)
         want_in = set(onnx_io.io_names(self.num_layers)[0])
@@ -389,7 +431,7 @@ class OnnxDecoder:
         self._outputs = ["logits", *self.present_names]
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self._logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
-        self.vocab_size = int(config["vocab_size"])
+        self.vocab_size = config.vocab_size
         #: the shared-buffer graph's last decode binding, kept for the next decode step on the same caches
         self._binding: Optional[_DecodeBinding] = None
         #: what a row needs to get the same bits alone as among others (:func:`nbits_row_rule`:

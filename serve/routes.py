@@ -41,6 +41,7 @@ from fastapi.responses import (
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Message, Receive, Scope, Send
 
+from prodip.base import jsontypes
 from prodip.base.page import render_page
 from prodip.serve import completions as fmt
 from prodip.serve.batching import SamplingParams
@@ -402,14 +403,21 @@ async def tokenizer_info(svc: Svc) -> TokenizerInfo:
         name: SpecialToken(id=tid, text=tok.id_to_token(tid))
         for name, tid in (("pad", svc.pad_id), ("bos", svc.bos_id), ("eos", svc.eos_id))
     }
+    where = "the export's tokenizer_config.json chat_template"
+    template = svc.tokenizer_config.get("chat_template")  # one template, or HF's list of named ones
+    tok_class = svc.tokenizer_config.get("tokenizer_class", "PreTrainedTokenizerFast")
     return TokenizerInfo(
-        tokenizer_class=svc.tokenizer_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
+        tokenizer_class=jsontypes.text(tok_class, where="the export's tokenizer_config.json tokenizer_class"),
         bos_token=specials["bos"].text,
         eos_token=specials["eos"].text,
         pad_token=specials["pad"].text,
         model_max_length=svc.info.max_model_len,
         add_bos_token=svc.adds_bos,
-        chat_template=svc.tokenizer_config.get("chat_template"),
+        chat_template=(
+            template
+            if template is None or isinstance(template, str)
+            else [jsontypes.obj(t, where=where) for t in jsontypes.arr(template, where=where)]
+        ),
         vocab_size=tok.get_vocab_size(),
         model_vocab_size=svc.vocab_size,
         max_model_len=svc.info.max_model_len,

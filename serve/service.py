@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from prodip.base.chat import CHAT_TEMPLATE, MessageError, render, template_variables_of
 from prodip.base.files import read_json_or_none
+from prodip.base.jsontypes import JSONObject, integer
 from prodip.serve.batching import BatchScheduler, PromptScores, SamplingParams, Sequence, TokenOut
 from prodip.serve.config import ServeConfig
 from prodip.serve.engine import ExportInfo, load_tokenizer, open_decoder
@@ -110,12 +111,12 @@ class Service:
         self.ready = threading.Event()
         self.load_error: Optional[str] = None
         self.created = int(time.time())
-        self.eos_id = int(info.config.get("eos_token_id", 2))
-        self.bos_id = int(info.config.get("bos_token_id", 1))
-        self.pad_id = int(info.config.get("pad_token_id", 0))
-        self.vocab_size = int(info.config["vocab_size"])
+        self.eos_id = info.config.eos_token_id
+        self.bos_id = info.config.bos_token_id
+        self.pad_id = info.config.pad_token_id
+        self.vocab_size = info.config.vocab_size
         #: the export's tokenizer_config.json ({} if absent): add_bos_token, chat_template, ...
-        self.tokenizer_config: dict[str, Any] = (
+        self.tokenizer_config: JSONObject = (
             read_json_or_none(info.tokenizer_path.parent / "tokenizer_config.json") or {}
         )
         self.adds_bos = False
@@ -125,9 +126,13 @@ class Service:
         eos = gen.get("eos_token_id", self.eos_id)
         #: ids that end generation: generation_config.json's eos_token_id (a chat model's lists its
         #: end of turn <|im_end|> beside <|eos|>), and config.json's eos_token_id
-        self.stop_ids = frozenset({self.eos_id, *(int(e) for e in (eos if isinstance(eos, list) else [eos]))})
+        where = f"{info.export_dir / 'generation_config.json'} eos_token_id"
+        self.stop_ids = frozenset(
+            {self.eos_id, *(integer(e, where=where) for e in (eos if isinstance(eos, list) else [eos]))}
+        )
         #: the export's chat template (tokenizer_config.json ``chat_template``), None for a base model
-        self.chat_template: Optional[str] = self.tokenizer_config.get("chat_template") or None
+        template = self.tokenizer_config.get("chat_template")
+        self.chat_template: Optional[str] = template if isinstance(template, str) and template else None
         #: the special-token strings an imported model's own template reads (bos_token, eos_token, ...)
         self.template_variables = template_variables_of(self.tokenizer_config)
         #: one per event loop that streams (the engine thread flushes them all at each step)
@@ -208,7 +213,8 @@ class Service:
             return [bos_id], False
         gen = read_json_or_none(self.info.export_dir / "generation_config.json") or {}
         eos = gen.get("eos_token_id", self.eos_id)
-        return [int(eos[0] if isinstance(eos, list) else eos)], False
+        where = f"{self.info.export_dir / 'generation_config.json'} eos_token_id"
+        return [integer(eos[0] if isinstance(eos, list) else eos, where=where)], False
 
     # ---- text helpers -----------------------------------------------------------------------
     def normalize(self, text: str) -> str:
