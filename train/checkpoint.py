@@ -38,6 +38,7 @@ from safetensors.torch import load_file
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256, writing
+from prodip.base.jsontypes import JSONObject
 from prodip.base.records import refuse_newer
 from prodip.train.config import ModelConfig
 from prodip.train.model import LlamaForCausalLM
@@ -118,7 +119,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_json(path: Path, data: JSONObject) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -289,9 +290,9 @@ def save_checkpoint(
     tokenizer_dir: str | os.PathLike,
     optimizer: Optional[torch.optim.Optimizer] = None,
     tokens_seen: int = 0,
-    train_config: Optional[dict[str, Any]] = None,
-    data_state: Optional[dict[str, Any]] = None,
-    extra_state: Optional[dict[str, Any]] = None,
+    train_config: Optional[JSONObject] = None,
+    data_state: Optional[JSONObject] = None,
+    extra_state: Optional[JSONObject] = None,
     keep_last: int = 3,
 ) -> Path:
     """Write ``checkpoints_dir/step_NNNNNNN`` atomically, then point ``latest`` at it (blocking).
@@ -342,9 +343,9 @@ def write_snapshot(
     model_config: ModelConfig,
     tokenizer_dir: str | os.PathLike,
     tokens_seen: int = 0,
-    train_config: Optional[dict[str, Any]] = None,
-    data_state: Optional[dict[str, Any]] = None,
-    extra_state: Optional[dict[str, Any]] = None,
+    train_config: Optional[JSONObject] = None,
+    data_state: Optional[JSONObject] = None,
+    extra_state: Optional[JSONObject] = None,
     keep_last: int = 3,
     prepared_dir: Optional[Path] = None,
 ) -> Path:
@@ -376,7 +377,7 @@ def write_snapshot(
         tmp = Path(prepared_dir)
     snap.wait_ready()
     with writing(tmp, shown_as=root / name, remove_on_error=True):  # a full disk: one line naming the file
-        files: dict[str, dict[str, Any]] = {}
+        files: dict[str, JSONObject] = {}
         written = [(MODEL_FILE, snap.model, {"format": "pt"}), (RNG_FILE, snap.rng, None)]
         if snap.optimizer is not None:
             written.append((OPTIMIZER_FILE, snap.optimizer, {"optimizer": snap.optimizer_meta}))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.jsontypes import JSONObject
 from prodip.train import checkpoint
 from prodip.train.config import ModelConfig
 from prodip.train.records import TrainerState
@@ -64,10 +64,10 @@ def save_checkpoint(
     model_config: ModelConfig,
     tokenizer_dir: str | Path,
     tokens_seen: int,
-    train_config: dict[str, Any],
-    data_state: dict[str, Any],
+    train_config: JSONObject,
+    data_state: JSONObject,
     keep_last: int,
-    extra_state: dict[str, Any] | None = None,
+    extra_state: JSONObject | None = None,
 ) -> float:
     """Save an FSDP2 run's step dir (every rank calls it at the same step); blocking.
 

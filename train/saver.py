@@ -31,6 +31,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from prodip.base.jsontypes import JSONObject
 from prodip.train import checkpoint
 from prodip.train.config import ModelConfig
 
@@ -67,10 +68,10 @@ class AsyncCheckpointer:
         optimizer: torch.optim.Optimizer,
         tokenizer_dir: str | Path,
         tokens_seen: int,
-        train_config: dict[str, Any],
-        data_state: dict[str, Any],
+        train_config: JSONObject,
+        data_state: JSONObject,
         keep_last: int,
-        extra_state: Optional[dict[str, Any]] = None,
+        extra_state: Optional[JSONObject] = None,
     ) -> float:
         """Start saving step ``step``; returns the seconds the caller was held now (from CPU, the
         next ``optimizer.step`` may be held too, until the copy is complete: :meth:`pop_held_s`).
