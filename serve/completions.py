@@ -25,6 +25,8 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from typing_extensions import NotRequired, TypedDict
+
 from prodip.serve.batching import PromptScores, TokenOut
 from prodip.serve.service import EventStream, PieceWalk, Service, StreamEvent
 
@@ -36,6 +38,134 @@ Echo = Optional[tuple[str, list[str], list[int]]]
 Logprobs = list[Optional[float]]
 #: the alternatives of some tokens: ``{text: logprob}`` per token (None for a prompt's first token)
 Tops = list[Optional[dict[str, float]]]
+
+
+class LogprobsBlock(TypedDict):
+    """The legacy completions ``logprobs`` object: one entry per token in each list."""
+
+    tokens: list[str]
+    token_logprobs: Logprobs
+    top_logprobs: Sequence[Optional[dict[str, float]]]
+    #: character offset of each token in the returned text
+    text_offset: list[int]
+
+
+class Usage(TypedDict):
+    """A body's ``usage``: token counts."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(TypedDict):
+    """One choice of a ``text_completion`` (whole, or one chunk of a stream)."""
+
+    index: int
+    text: str
+    logprobs: Optional[LogprobsBlock]
+    finish_reason: Optional[str]
+
+
+class CompletionBody(TypedDict):
+    """The whole ``text_completion`` object of ``/v1/completions``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class GenerateBody(TypedDict):
+    """The native ``/v1/generate`` body (``logprobs``: of every generated token, or None)."""
+
+    model: str
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str]
+    logprobs: Optional[Logprobs]
+    usage: Usage
+
+
+class GenerateEvent(TypedDict):
+    """One event of a ``/v1/generate`` stream (``usage`` with the last token only)."""
+
+    text: str
+    token_id: Optional[int]
+    logprob: Optional[float]
+    finish_reason: Optional[str]
+    usage: NotRequired[Usage]
+
+
+class ChatTopLogprob(TypedDict):
+    """One alternative of a token in chat's ``logprobs.content``."""
+
+    token: str
+    logprob: float
+    #: the UTF-8 bytes of ``token``
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TypedDict):
+    """One token of chat's ``logprobs.content``, with its ``top_logprobs`` alternatives."""
+
+    token: str
+    logprob: Optional[float]
+    bytes: list[int]
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(TypedDict):
+    """Chat's ``logprobs`` object (``refusal`` always null)."""
+
+    content: list[ChatTokenLogprob]
+    refusal: None
+
+
+class ChatMessage(TypedDict):
+    """The assistant message of a whole ``chat.completion`` choice."""
+
+    role: str
+    content: str
+    refusal: None
+
+
+class ChatChoice(TypedDict):
+    """One choice of a whole ``chat.completion``."""
+
+    index: int
+    message: ChatMessage
+    logprobs: Optional[ChatLogprobs]
+    finish_reason: Optional[str]
+
+
+class ChatDelta(TypedDict, total=False):
+    """What a ``chat.completion.chunk`` choice adds: the role first, then content (empty at the end)."""
+
+    role: str
+    content: str
+
+
+class ChatDeltaChoice(TypedDict):
+    """One choice of a ``chat.completion.chunk``."""
+
+    index: int
+    delta: ChatDelta
+    logprobs: Optional[ChatLogprobs]
+    finish_reason: Optional[str]
+
+
+class ChatCompletionBody(TypedDict):
+    """The whole ``chat.completion`` object of ``/v1/chat/completions``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
 
 
 #: ``json.dumps(obj, ensure_ascii=False)`` without making an encoder per call (json.dumps builds one whenever an
@@ -71,14 +201,14 @@ class _Choice:
     returned: int = 0  # characters of completion text returned so far
     finish_reason: Optional[str] = None
 
-    def add(self, tokens: list[str], lps: Logprobs, tops: Tops, offsets: list[int]) -> dict[str, Any]:
+    def add(self, tokens: list[str], lps: Logprobs, tops: Tops, offsets: list[int]) -> LogprobsBlock:
         self.tokens += tokens
         self.token_logprobs += lps
         self.top_logprobs += tops
         self.text_offset += offsets
         return _logprobs_block(tokens, lps, tops, offsets)
 
-    def release(self, final: bool, cut: bool) -> dict[str, Any]:
+    def release(self, final: bool, cut: bool) -> LogprobsBlock:
         """Move the pending tokens whose text is returned into the logprobs (all of them at the
         end, unless a stop string cut the text); returns them as a logprobs block."""
         if final and not cut:
@@ -95,13 +225,13 @@ def _top_dict(svc: Service, top: list[tuple[int, float]]) -> dict[str, float]:
 
 def _logprobs_block(
     tokens: list[str], lps: Logprobs, tops: Sequence[Optional[dict[str, float]]], offsets: list[int]
-) -> dict[str, Any]:
+) -> LogprobsBlock:
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _apply(
     svc: Service, choice: _Choice, event: StreamEvent, echo: Echo, want_lp: bool
-) -> tuple[str, Optional[dict[str, Any]]]:
+) -> tuple[str, Optional[LogprobsBlock]]:
     """Fold one event into ``choice``; return (text delta, logprobs delta or None) for streaming."""
     if isinstance(event, PromptScores):
         assert echo is not None, "prompt logprobs are asked for only with echo (Service.sampling_params)"
@@ -123,7 +253,7 @@ def _apply(
     return event.text, lp
 
 
-def _usage(prompts: list[list[int]], choices: list[_Choice]) -> dict[str, int]:
+def _usage(prompts: list[list[int]], choices: list[_Choice]) -> Usage:
     p = sum(len(ids) for ids in prompts)
     c = sum(len(ch.token_ids) for ch in choices)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
@@ -162,7 +292,7 @@ async def completion(
     echo: bool,
     want_lp: bool,
     prompt_texts: Optional[list[Optional[str]]] = None,
-) -> dict[str, Any]:
+) -> CompletionBody:
     """The whole (non-streamed) ``text_completion`` object.
 
     ``prompt_texts``: each prompt as sent when it was text (echoed verbatim), else None.
@@ -171,7 +301,7 @@ async def completion(
     choices = _choices(svc, prompts, n, echoes)
     async for index, event in events:
         _apply(svc, choices[index], event, echoes[index // n], want_lp)
-    out = []
+    out: list[CompletionChoice] = []
     for i, ch in enumerate(choices):
         text = _echo_text(echoes[i // n]) + "".join(ch.text)
         lp = _logprobs_block(ch.tokens, ch.token_logprobs, ch.top_logprobs, ch.text_offset) if want_lp else None
@@ -205,7 +335,7 @@ async def completion_stream(
     echoes = _echoes(svc, prompts, prompt_texts, echo)
     choices = _choices(svc, prompts, n, echoes)
 
-    def chunk(index: int, text: str, lp: Any, finish: Optional[str]) -> str:
+    def chunk(index: int, text: str, lp: Optional[LogprobsBlock], finish: Optional[str]) -> str:
         return sse(
             {
                 "id": cid,
@@ -244,7 +374,7 @@ async def completion_stream(
     yield sse("[DONE]")
 
 
-async def generate(svc: Service, events: Events, prompt: list[int], want_lp: bool) -> dict[str, Any]:
+async def generate(svc: Service, events: Events, prompt: list[int], want_lp: bool) -> GenerateBody:
     """The native ``/v1/generate`` body."""
     ch = _Choice()
     async for _, event in events:
@@ -268,7 +398,7 @@ async def generate_stream(svc: Service, events: Events, prompt: list[int], want_
             for _, event in batch:
                 text, _ = _apply(svc, ch, event, None, False)
                 if isinstance(event, TokenOut) and (text or event.token_id is not None or event.finish_reason):
-                    body: dict[str, Any] = {
+                    body: GenerateEvent = {
                         "text": text,
                         "token_id": event.token_id,
                         "logprob": event.logprob if want_lp else None,
@@ -307,7 +437,7 @@ def _piece_bytes(piece: str) -> list[int]:
     return list(piece.encode("utf-8"))
 
 
-def chat_logprobs(block: dict[str, Any]) -> dict[str, Any]:
+def chat_logprobs(block: LogprobsBlock) -> ChatLogprobs:
     """A legacy logprobs block (``tokens``, ``token_logprobs``, ``top_logprobs``) in the chat shape:
     ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``."""
     return {
@@ -326,12 +456,12 @@ def chat_logprobs(block: dict[str, Any]) -> dict[str, Any]:
 
 async def chat_completion(
     svc: Service, events: Events, prompt: list[int], n: int, want_lp: bool, top: int
-) -> dict[str, Any]:
+) -> ChatCompletionBody:
     """The whole (non-streamed) ``chat.completion`` object; ``top``: top_logprobs per token."""
     choices = _choices(svc, [prompt], n, [None])
     async for index, event in events:
         _apply(svc, choices[index], event, None, want_lp)
-    out = []
+    out: list[ChatChoice] = []
     for i, ch in enumerate(choices):
         lp = None
         if want_lp:
@@ -354,7 +484,7 @@ async def chat_completion(
     }
 
 
-def _cut(tops: Tops, top: int) -> list[dict[str, float]]:
+def _cut(tops: Sequence[Optional[dict[str, float]]], top: int) -> list[dict[str, float]]:
     """The ``top`` most likely alternatives of each token (the engine adds the chosen token to its
     top-n when it is not among them; chat's ``top_logprobs`` is exactly n entries, 0 = none)."""
     return [dict(sorted((t or {}).items(), key=lambda kv: -kv[1])[:top]) for t in tops]
@@ -369,7 +499,7 @@ async def chat_completion_stream(
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     choices = _choices(svc, [prompt], n, [None])
 
-    def chunk(body_choices: list[dict[str, Any]], **extra: Any) -> str:
+    def chunk(body_choices: list[ChatDeltaChoice], usage: Optional[Usage] = None) -> str:
         return sse(
             {
                 "id": cid,
@@ -377,7 +507,7 @@ async def chat_completion_stream(
                 "created": created,
                 "model": svc.model_name,
                 "choices": body_choices,
-                **extra,
+                **({"usage": usage} if usage is not None else {}),
             }
         )
 
@@ -394,9 +524,16 @@ async def chat_completion_stream(
                 has_lp = lp is not None and bool(lp["tokens"])
                 if text or has_lp:
                     lp_out = (
-                        chat_logprobs({**lp, "top_logprobs": _cut(lp["top_logprobs"], top)}) if lp and has_lp else None
+                        chat_logprobs({**lp, "top_logprobs": _cut(lp["top_logprobs"], top)})
+                        if lp is not None and has_lp
+                        else None
                     )
-                    delta = {"index": index, "delta": {"content": text}, "logprobs": lp_out, "finish_reason": None}
+                    delta: ChatDeltaChoice = {
+                        "index": index,
+                        "delta": {"content": text},
+                        "logprobs": lp_out,
+                        "finish_reason": None,
+                    }
                     out.append(chunk([delta]))
                 if finish:
                     out.append(chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}]))

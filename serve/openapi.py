@@ -31,10 +31,11 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, compile_path
 
+from prodip.base.jsontypes import JSONObject
 from prodip.serve.config import HostCheck
 
 #: OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}`` (prodip.serve.schemas.error_body).
-ERROR_SCHEMA: dict[str, Any] = {
+ERROR_SCHEMA: JSONObject = {
     "type": "object",
     "required": ["error"],
     "properties": {
@@ -50,7 +51,7 @@ ERROR_SCHEMA: dict[str, Any] = {
         }
     },
 }
-_ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+_ERROR_REF: JSONObject = {"$ref": "#/components/schemas/ErrorResponse"}
 #: why each error status is answered (the response's description)
 WHY = {
     400: "invalid request (bad JSON, a field out of range or of the wrong type, a prompt beyond the context window)",
@@ -64,16 +65,16 @@ WHY = {
 }
 #: ``openapi_extra`` of a route answered without the API key (OpenAPI: an empty security list): liveness
 #: probes, the playground page. FastAPI's own documentation pages are open too (see :func:`is_open`).
-OPEN: dict[str, Any] = {"security": []}
+OPEN: JSONObject = {"security": []}
 #: the 200 content of a route that streams when the request says ``stream: true``
-SSE: dict[str, Any] = {
+SSE: JSONObject = {
     "text/event-stream": {
         "schema": {
             "description": "when stream is true: server-sent events, each `data:` a JSON chunk, then `data: [DONE]`"
         }
     }
 }
-Responses = dict[Union[int, str], dict[str, Any]]
+Responses = dict[Union[int, str], JSONObject]
 
 
 def errors(*codes: int) -> Responses:
@@ -130,7 +131,7 @@ def is_open(app: FastAPI, template: str, route: BaseRoute) -> bool:
     return template in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
 
 
-def build_openapi(app: FastAPI) -> dict[str, Any]:
+def build_openapi(app: FastAPI) -> JSONObject:
     """FastAPI's document of ``app``'s routes with the statuses every route shares (see the module doc).
 
     Returns:
@@ -198,7 +199,7 @@ def _copy_int_bounds(src: Any, dst: Any) -> None:
 def install_openapi(app: FastAPI) -> None:
     """Serve :func:`build_openapi`'s document at ``/openapi.json`` (computed once)."""
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> JSONObject:
         if app.openapi_schema is None:
             app.openapi_schema = build_openapi(app)
         return app.openapi_schema

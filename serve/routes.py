@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, Union
+from typing import Annotated, Optional, TypeVar, Union
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import (
@@ -40,6 +40,7 @@ from fastapi.responses import (
 )
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Message, Receive, Scope, Send
+from typing_extensions import NotRequired, TypedDict
 
 from prodip.base import jsontypes
 from prodip.base.page import render_page
@@ -212,7 +213,7 @@ status_routes = APIRouter()
 )
 async def health(svc: Svc) -> JSONResponse:
     """200 when the model is loaded; 503 while it loads or after a failed load (``status``, ``error``)."""
-    body: dict[str, Any] = {
+    body: _HealthBody = {
         "status": "ok" if svc.ready.is_set() else ("error" if svc.load_error else "loading"),
         "model": svc.model_name,
         "variant": svc.info.variant,
@@ -222,6 +223,27 @@ async def health(svc: Svc) -> JSONResponse:
     if svc.load_error:
         body["error"] = svc.load_error
     return JSONResponse(body, status_code=200 if svc.ready.is_set() else 503)
+
+
+class _HealthBody(TypedDict):
+    """``GET /health``'s body as built (the :class:`Health` schema, ``error`` only after a failed load)."""
+
+    status: str
+    model: str
+    variant: str
+    verified: bool
+    conformance: jsontypes.JSONObject
+    error: NotRequired[str]
+
+
+class _TokenizeBody(TypedDict):
+    """``POST /tokenize``'s body as built (the :class:`TokenizeResponse` schema)."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    #: None for an id the tokenizer has no token for
+    token_strs: NotRequired[list[Optional[str]]]
 
 
 def _model_card(svc: Service) -> ModelCard:
@@ -267,7 +289,7 @@ completion_routes = APIRouter()
     response_model=None,
     responses={200: {"model": CompletionResponse, "content": SSE}, **errors(404, 503)},
 )
-async def completions(req: CompletionRequest, request: Request, svc: Svc) -> Response | dict[str, Any]:
+async def completions(req: CompletionRequest, request: Request, svc: Svc) -> Response | fmt.CompletionBody:
     svc.require_ready()
     svc.check_model(req.model)
     if req.suffix:
@@ -297,7 +319,7 @@ async def completions(req: CompletionRequest, request: Request, svc: Svc) -> Res
     response_model=None,
     responses={200: {"model": GenerateResponse, "content": SSE}, **errors(404, 503)},
 )
-async def generate(req: GenerateRequest, request: Request, svc: Svc) -> Response | dict[str, Any]:
+async def generate(req: GenerateRequest, request: Request, svc: Svc) -> Response | fmt.GenerateBody:
     svc.require_ready()
     svc.check_model(req.model)
 
@@ -322,7 +344,7 @@ chat_routes = APIRouter()
     response_model=None,
     responses={200: {"model": ChatCompletionResponse, "content": SSE}, **errors(404, 503)},
 )
-async def chat_completions(req: ChatCompletionRequest, request: Request, svc: Svc) -> Response | dict[str, Any]:
+async def chat_completions(req: ChatCompletionRequest, request: Request, svc: Svc) -> Response | fmt.ChatCompletionBody:
     """OpenAI chat completions: ``messages`` rendered with the export's chat template (the chat
     contract, prodip.base.chat), then generated as /v1/completions does, stopping at the end of
     turn ``<|im_end|>``. A base model (no template) answers 400 ``chat_not_supported``."""
@@ -366,7 +388,7 @@ async def tokenize(req: TokenizeRequest, svc: Svc) -> JSONResponse:
             ids = svc.chat_prompt(req)
         else:
             ids = svc.encode(req.content, req.add_special_tokens is not False)
-        body: dict[str, Any] = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
+        body: _TokenizeBody = {"count": len(ids), "max_model_len": svc.info.max_model_len, "tokens": ids}
         if req.return_token_strs:
             body["token_strs"] = [svc.tokenizer.id_to_token(t) for t in ids]
         return JSONResponse(body)  # serialised here too: 300,000 ids are ~0.1 s of json.dumps

@@ -22,6 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict
 
 from prodip.base.chat import MessageError, check_message, check_role
 from prodip.serve.batching import SamplingParams
@@ -379,9 +380,24 @@ def _lone_surrogate(value: Any) -> Optional[int]:
     return None
 
 
+class ErrorDetail(TypedDict):
+    """The inside of OpenAI's error body (:data:`prodip.serve.openapi.ERROR_SCHEMA`)."""
+
+    message: str
+    type: str
+    param: Optional[str]
+    code: Union[str, int, None]
+
+
+class ErrorBody(TypedDict):
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorDetail
+
+
 def error_body(
-    message: str, type_: str = "invalid_request_error", param: Optional[str] = None, code: Optional[Any] = None
-) -> dict[str, Any]:
+    message: str, type_: str = "invalid_request_error", param: Optional[str] = None, code: Union[str, int, None] = None
+) -> ErrorBody:
     """OpenAI's error form: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 

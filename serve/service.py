@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from collections.abc import Sequence as Seq
 from functools import lru_cache
 from typing import Any, Optional, Union
@@ -737,7 +737,7 @@ class LoopPoster:
 _FINAL_MARK = "\ue000prodip-final-message\ue001"
 
 
-def _template_kwargs(req: Any) -> dict[str, Any]:
+def _template_kwargs(req: Any) -> dict[str, object]:
     """``chat_template_kwargs`` (vLLM): more variables for the template. Names the request's own fields and
     the conversation are refused, so the kwargs cannot contradict them.
 
@@ -765,7 +765,7 @@ def _template_kwargs(req: Any) -> dict[str, Any]:
 def _continue_final(
     messages: list[dict[str, str]],
     template: Optional[str],
-    variables: dict[str, Any],
+    variables: Mapping[str, object],
     specials: Seq[Optional[str]] = (),
 ) -> str:
     """The prompt text that leaves the final message open, as transformers' ``continue_final_message`` (its

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from prodip.base.errors import StageFailed
+from prodip.base.jsontypes import JSONObject, JSONValue
 from prodip.base.records import refuse_newer
 from prodip.base.stage import RunContext, Stage
 from prodip.serve.config import ServeConfig
@@ -38,7 +39,7 @@ def free_port() -> int:
         return port
 
 
-def _json_object(url: str, text: str) -> dict[str, Any]:
+def _json_object(url: str, text: str) -> JSONObject:
     """``text`` parsed as a JSON object.
 
     Raises:
@@ -53,7 +54,7 @@ def _json_object(url: str, text: str) -> dict[str, Any]:
     return doc
 
 
-def _http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
+def _http_json(url: str, body: JSONObject | None = None, timeout_s: float = 120.0) -> JSONObject:
     """GET (no body) or POST JSON; an HTTP error raises StageFailed with the server's error body.
 
     Sends ``Authorization: Bearer $PRODIP_API_KEY`` when that variable is set (the server reads it too).
@@ -70,7 +71,7 @@ def _http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 
         raise StageFailed(f"{url}: HTTP {err.code}: {err.read().decode('utf-8', 'replace')[:500]}") from None
 
 
-def _http_post_status(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, Any]]:
+def _http_post_status(url: str, body: JSONObject, timeout_s: float = 120.0) -> tuple[int, JSONObject]:
     """POST JSON; returns ``(status, body)`` also for an HTTP error (its JSON body, or ``{"detail": text}``)."""
     headers = {"Content-Type": "application/json"}
     if os.environ.get("PRODIP_API_KEY"):
@@ -88,6 +89,36 @@ def _http_post_status(url: str, body: dict[str, Any], timeout_s: float = 120.0) 
 
 
 _M = TypeVar("_M", bound=BaseModel)
+
+
+def _at(url: str, doc: JSONObject, *path: str | int) -> JSONValue:
+    """``doc[path[0]][path[1]]...`` of a server answer.
+
+    Raises:
+        StageFailed: a key or index on the way is missing, or a value there is of another kind (the URL and
+            the path named).
+    """
+    value: JSONValue = doc
+    for i, key in enumerate(path):
+        if isinstance(key, int) and isinstance(value, list) and -len(value) <= key < len(value):
+            value = value[key]
+        elif isinstance(key, str) and isinstance(value, dict) and key in value:
+            value = value[key]
+        else:
+            raise StageFailed(f"{url}: unexpected answer: no {'.'.join(map(str, path[: i + 1]))}")
+    return value
+
+
+def _object_at(url: str, doc: JSONObject, *path: str | int) -> JSONObject:
+    """:func:`_at`, which must be a JSON object.
+
+    Raises:
+        StageFailed: as :func:`_at`, or the value is not an object (the URL and the path named).
+    """
+    value = _at(url, doc, *path)
+    if not isinstance(value, dict):
+        raise StageFailed(f"{url}: unexpected answer: {'.'.join(map(str, path))} is not an object")
+    return value
 
 
 def _answer(url: str, record: type[_M], **fields: Any) -> _M:
@@ -114,23 +145,28 @@ def chat_reply(base: str, model_id: str, content: str, max_tokens: int, sampling
     Raises:
         StageFailed: any other HTTP error (the status and the server's message named).
     """
-    messages = [{"role": "user", "content": content}]
-    body = {"model": model_id, "messages": messages, "max_tokens": max_tokens, **sampling.request()}
+    messages: list[JSONValue] = [{"role": "user", "content": content}]
+    body: JSONObject = {"model": model_id, "messages": messages, "max_tokens": max_tokens, **sampling.request()}
     t0 = time.perf_counter()
     status, doc = _http_post_status(f"{base}/v1/chat/completions", body)
     if status in (400, 404):
         error = doc.get("error")
         err = error if isinstance(error, dict) else {}
         message = err.get("message") or doc.get("detail") or json.dumps(doc)[:300]
-        return ChatReply(user=content, error=ChatError(status=status, code=err.get("code"), message=str(message)))
+        code = err.get("code")  # OpenAI's error code: a string (or null)
+        return ChatReply(
+            user=content,
+            error=ChatError(status=status, code=None if code is None else str(code), message=str(message)),
+        )
     if status != 200:
         raise StageFailed(f"{base}/v1/chat/completions: HTTP {status}: {json.dumps(doc)[:500]}")
-    choice = doc["choices"][0]
+    url = f"{base}/v1/chat/completions"
+    choice = _object_at(url, doc, "choices", 0)
     return _answer(
-        f"{base}/v1/chat/completions",
+        url,
         ChatReply,
         user=content,
-        reply=choice["message"]["content"],
+        reply=_at(url, choice, "message", "content"),
         finish_reason=choice.get("finish_reason"),
         usage=doc.get("usage"),
         seconds=time.perf_counter() - t0,
@@ -190,18 +226,22 @@ def serve_run(
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_healthy(base, proc, timeout_s, log_path)
-            model_id = _http_json(f"{base}/v1/models")["data"][0]["id"]
+            model_id = _at(f"{base}/v1/models", _http_json(f"{base}/v1/models"), "data", 0, "id")
+            if not isinstance(model_id, str):
+                raise StageFailed(f"{base}/v1/models: unexpected answer: data.0.id is not a string")
             results = {}
             for lang, prompt in prompts.items():
                 t0 = time.perf_counter()
-                body = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, **used.request()}
-                resp = _http_json(f"{base}/v1/completions", body)
+                body: JSONObject = {"model": model_id, "prompt": prompt, "max_tokens": max_tokens, **used.request()}
+                url = f"{base}/v1/completions"
+                resp = _http_json(url, body)
+                choice = _object_at(url, resp, "choices", 0)
                 results[lang] = _answer(
-                    f"{base}/v1/completions",
+                    url,
                     Completion,
                     prompt=prompt,
-                    completion=resp["choices"][0]["text"],
-                    finish_reason=resp["choices"][0].get("finish_reason"),
+                    completion=_at(url, choice, "text"),
+                    finish_reason=choice.get("finish_reason"),
                     usage=resp.get("usage"),
                     seconds=time.perf_counter() - t0,
                 )
