@@ -8,10 +8,9 @@ only inside ``manifest.json`` (:class:`prodip.base.manifest.ExportManifest`); th
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from prodip.base.jsontypes import JSONObject
 from prodip.base.records import AsWritten, Number, RecordPart
 
 
@@ -91,7 +90,7 @@ class Card(RecordPart):
     tokens_seen_by_language: dict[str, StrictInt] = Field(default_factory=dict)
     #: a fine-tuning run's replay of pretraining data (``[sft] replay_share``; absent: none): share_of_rows,
     #: share_of_trained_tokens, tokens_by_language, shards_meta_sha256, ...
-    replay: dict[str, Any] | None = None
+    replay: JSONObject | None = None
 
 
 class QualityRow(RecordPart):
@@ -186,7 +185,7 @@ class CardQuality(RecordPart):
     #: lm-evaluation-harness tasks: one row per task, a column per model and variant
     tasks: list[TaskRow] = Field(default_factory=list)
     #: the settings the task figures were measured with (task names, few-shot, limit, seed, harness version)
-    task_settings: dict[str, Any] | None = None
+    task_settings: JSONObject | None = None
     #: reference models' scores from the user's peers file, shown beside the task table
     task_peers: list[TaskPeer] = Field(default_factory=list)
     #: the pretrained model against the exported fine-tuned one on the same held-out text, per language

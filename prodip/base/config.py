@@ -191,14 +191,14 @@ def _parse_flag(text: str, tp: Any, flag: str) -> Any:
     try:
         if origin is dict:
             _, val_tp = typing.get_args(tp)
-            out: dict[str, Any] = {}
+            out: dict[str, object] = {}
             for part in filter(None, (p.strip() for p in _DICT_ENTRY_SPLIT.split(text))):
                 k, sep, v = part.partition("=")
                 if not sep:
                     raise InvalidInput(f"{part!r} has no '='")
                 k, value = k.strip(), _parse_flag(v.strip(), val_tp, flag)
-                if k in out and isinstance(value, list):
-                    value = out[k] + value  # repeated language key: both lists of inputs
+                if k in out and isinstance(value, list) and isinstance(prev := out[k], list):
+                    value = prev + value  # repeated language key: both lists of inputs
                 elif k in out:
                     raise InvalidInput(f"key {k!r} given twice")
                 out[k] = value
@@ -371,7 +371,7 @@ def _layout_paths(cls: type, section: str, out_dir: object, chat: bool = False) 
     }
 
 
-def to_dict(obj: Any) -> dict[str, Any]:
+def to_dict(obj: Any) -> dict[str, object]:
     """A dataclass as a plain dict that TOML and JSON can hold (None values dropped for TOML)."""
     return dataclasses.asdict(obj)
 

@@ -3,7 +3,7 @@
 A value with a known shape is a record (``prodip.base.records``), a config dataclass or a TypedDict;
 these types are for the rest: a file another tool wrote and prodip only passes on or reads a few keys of
 (``tokenizer.json``, a model's ``config.json``, a JSON schema, an HTTP body from another server), and a
-pipeline file's tables before their config class has checked them. Unlike ``dict[str, Any]``, mypy makes
+pipeline file's tables before their config class has checked them. Unlike a dict of ``Any``, mypy makes
 a reader narrow such a value before using it: :func:`obj`, :func:`arr` and :func:`text` narrow one value
 and raise ``ValueError`` naming where it was read when it is not the kind expected.
 

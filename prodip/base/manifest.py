@@ -37,10 +37,10 @@ import importlib.metadata
 import json
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from pydantic import Field, StrictBool, StrictInt, ValidationError, model_validator
 
@@ -58,6 +58,7 @@ from prodip.base.card import TaskScore as TaskScore
 from prodip.base.card import TwinRow as TwinRow
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import file_sha256
+from prodip.base.jsontypes import JSONObject
 from prodip.base.records import Record, RecordPart, describe_errors
 from prodip.base.variants import GgufQuantization as GgufQuantization
 from prodip.base.variants import OnnxQuantization as OnnxQuantization
@@ -77,7 +78,7 @@ UNLISTED_DIRS = ("conformance/",)
 CARD_FILES = ("README.md",)
 
 
-def files_table_sha256(files: dict[str, Any]) -> str:
+def files_table_sha256(files: Mapping[str, object]) -> str:
     """sha256 of a manifest ``files`` table as canonical JSON (sorted keys): what a conformance verdict
     records as ``export_files_sha256`` and what ``prodip serve`` compares it with (stable under the
     verdict rewrite, changed by any file's new bytes or sha256). The model card (:data:`CARD_FILES`) is left
@@ -113,13 +114,20 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
-def list_files(export_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+class FileRow(TypedDict):
+    """One file as :func:`list_files` measures it (the keys of :class:`FileEntry`)."""
+
+    bytes: int
+    sha256: str
+
+
+def list_files(export_dir: str | os.PathLike[str]) -> dict[str, FileRow]:
     """``{relpath: {bytes, sha256}}`` for every file under ``export_dir`` but the manifest.
 
     Relative paths use ``/``; files under :data:`UNLISTED_DIRS` are left out.
     """
     root = Path(export_dir)
-    files = {}
+    files: dict[str, FileRow] = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         if rel == MANIFEST_FILE or rel.startswith(UNLISTED_DIRS) or rel.endswith(".tmp"):
@@ -215,7 +223,7 @@ class ExportManifest(Record):
             return {**data, "conformance": None, "conformance_problem": describe_errors(err)}
         return data
 
-    def files_table(self) -> dict[str, dict[str, Any]]:
+    def files_table(self) -> dict[str, JSONObject]:
         """``files`` as plain dicts (what :func:`files_table_sha256` hashes)."""
         return {rel: entry.model_dump(mode="python") for rel, entry in self.files.items()}
 
@@ -227,11 +235,11 @@ class ExportManifest(Record):
 def write_manifest(
     export_dir: str | os.PathLike[str],
     *,
-    source_checkpoint: dict[str, Any],
+    source_checkpoint: Mapping[str, object],
     tokenizer_sha256: str | None,
-    variants: dict[str, dict[str, Any]],
-    export_config: dict[str, Any] | None = None,
-    card: Card | dict[str, Any] | None = None,
+    variants: Mapping[str, Mapping[str, object]],
+    export_config: Mapping[str, object] | None = None,
+    card: Card | Mapping[str, object] | None = None,
 ) -> ExportManifest:
     """Hash every file of ``export_dir`` and write ``manifest.json`` (atomically).
 
@@ -340,7 +348,7 @@ def verify_files(
     return manifest
 
 
-def set_conformance(export_dir: str | os.PathLike[str], verdict: dict[str, Any] | None) -> ExportManifest:
+def set_conformance(export_dir: str | os.PathLike[str], verdict: Mapping[str, object] | None) -> ExportManifest:
     """Record a conformance verdict in the manifest's ``conformance`` slot (atomic rewrite).
 
     Args:

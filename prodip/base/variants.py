@@ -25,6 +25,7 @@ from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, model_validator
 
+from prodip.base.jsontypes import JSONObject
 from prodip.base.records import RecordPart
 
 ONNX_DIR = "onnx"
@@ -257,7 +258,7 @@ class VariantEntry(RecordPart):
     #: ONNX: the dtype transformers.js loads the variant by (``fp32``, ``q8``, ...)
     transformersjs_dtype: str | None = None
     #: ONNX: what ``og.Config.overlay`` needs to load the variant (``prodip.export.genai.genai_overlay``)
-    genai_overlay: dict[str, Any] | None = None
+    genai_overlay: JSONObject | None = None
     #: ONNX: whether ``genai_config.json`` names this variant
     genai_default: StrictBool | None = None
     #: ``.pte``: the file its runner reads its tokenizer from (others read ``tokenizer.json``)

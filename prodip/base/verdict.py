@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import StrictBool, ValidationError
 
 from prodip.base.errors import InvalidInput
+from prodip.base.jsontypes import JSONObject
 from prodip.base.records import RecordPart, describe_errors
 
 
@@ -30,7 +31,7 @@ class ToleranceRecord(RecordPart):
     sha256: str
     shipped: StrictBool
     #: bounds looser than the shipped file: ``[{table, metric, shipped, used}]``
-    loosened: list[dict[str, Any]]
+    loosened: list[JSONObject]
 
 
 class VariantCheck(RecordPart):
@@ -70,7 +71,8 @@ class Verdict(RecordPart):
     report: str | None = None
     report_sha256: str | None = None
     checked_utc: str | None = None
-    tolerances: dict[str, Any] | None = None
+    #: the tolerance file of this latest run (as each variant's ``checks[name].tolerances``)
+    tolerances: ToleranceRecord | None = None
 
     @classmethod
     def parse(cls, slot: Any, where: str = "manifest.json") -> Verdict:
