@@ -11,8 +11,27 @@ from typing import Optional
 
 from prodip.base.config import check_threads, opt
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.runtimes import default_on_device, on_device
+from prodip.base.runtimes import NPM_HINT, PIP_HINT, Runtime, by_name, default_on_device, on_device
 from prodip.base.variants import VARIANT_NAMES
+
+
+def _runtimes_help() -> str:
+    """``runtimes``' help, written from the runtime table (``prodip.base.runtimes.RUNTIMES``): each on-device
+    row with what installs it and whether its logits are gated too, and the default."""
+
+    def one(r: Runtime) -> str:
+        how = f"Node; `{NPM_HINT}` in the prodip repository" if r.package.startswith("npm:") else PIP_HINT
+        logits = "; also gates its logits by the variant's tolerance" if r.logits_metric else ""
+        return f"{r.name} ({how}{logits})"
+
+    return (
+        "on-device runtimes that must reproduce ONNX Runtime's greedy ids on each ONNX variant: "
+        + ", ".join(one(by_name(name)) for name in on_device())
+        + ". Each is a gated check; a runtime that cannot run fails the variant (one that is not installed: see "
+        f"missing_runtimes). Default: {', '.join(default_on_device()) or 'none'}; an empty list checks none "
+        "(the report says so)"
+    )
+
 
 #: The tolerance file shipped with prodip (justified on the trained demo model; see its notes).
 DEFAULT_TOLERANCES = Path(__file__).with_name("tolerances.toml")
@@ -73,12 +92,7 @@ class ConformanceConfig:
         "31 s at 1 thread, 166 s at 2)",
     )
     runtimes: list[str] = opt(
-        help="on-device runtimes that must reproduce ONNX Runtime's greedy ids on each ONNX variant: "
-        "onnxruntime-genai (pip install 'prodip[runtimes]'), transformers.js (Node; `npm install --ignore-scripts --prefix node` "
-        "in the prodip repository, as make does), onnxruntime-web (its WASM backend, the build transformers.js runs in a "
-        "browser, under Node from the same install; also gates its logits by the variant's tolerance). Each is a gated "
-        "check; a runtime that cannot run fails the variant (one that is not installed: see missing_runtimes). "
-        "Default: all three; an empty list checks none (the report says so)",
+        help=_runtimes_help(),
         factory=default_on_device,
     )
     missing_runtimes: str = opt(
