@@ -62,6 +62,7 @@ from prodip.base.chat import (
     template_variables,
 )
 from prodip.base.errors import InvalidInput
+from prodip.base.jsontypes import JSONObject, integer, obj
 from prodip.tokenizer.corpus import ReadStats, expand_inputs, iter_records
 from prodip.train.guards import GuardError
 from prodip.train.loss import IGNORE_INDEX
@@ -511,11 +512,11 @@ class ChatBatches:
             self.row += 1
         return rows
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> JSONObject:
         """JSON-able position: epoch and row within it, with the seed and languages it was made for."""
-        return {"epoch": self.epoch, "row": self.row, "seed": self.seed, "langs": self.langs, "kind": "chat"}
+        return {"epoch": self.epoch, "row": self.row, "seed": self.seed, "langs": [*self.langs], "kind": "chat"}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: JSONObject) -> None:
         """Continue from :meth:`state_dict`.
 
         Raises:
@@ -526,7 +527,8 @@ class ChatBatches:
                 f"data state {state} was not saved by a chat fine-tuning run with seed {self.seed} and "
                 f"languages {self.langs}; resume with the same inputs and seed"
             )
-        self.epoch, self.row = int(state["epoch"]), int(state["row"])
+        self.epoch = integer(state["epoch"], where="data state epoch")
+        self.row = integer(state["row"], where="data state row")
         self._rows = self._epoch_rows(self.epoch)
 
 
@@ -590,7 +592,7 @@ class ReplayBatches:
         lo = self.chat.rank * self.chat.batch_size
         return to_batch(rows[lo : lo + self.chat.batch_size])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> JSONObject:
         """JSON-able position: the chat stream's, the pretraining stream's, the batch count and token counts."""
         return {
             "kind": "chat+replay",
@@ -598,11 +600,11 @@ class ReplayBatches:
             "batch_index": self.batch_index,
             "chat": self.chat.state_dict(),
             "replay": self.pretrain.state_dict(),
-            "tokens": dict(self.tokens),
-            "replay_tokens_by_language": dict(self.replay_tokens_by_language),
+            "tokens": {k: n for k, n in self.tokens.items()},
+            "replay_tokens_by_language": {k: n for k, n in self.replay_tokens_by_language.items()},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: JSONObject) -> None:
         """Continue from :meth:`state_dict`.
 
         Raises:
@@ -613,11 +615,15 @@ class ReplayBatches:
                 f"data state (kind {state.get('kind')!r}, replay share {state.get('share')}) was not saved by a "
                 f"chat fine-tuning run with replay_share {self.share}; resume with the same replay_share"
             )
-        self.chat.load_state_dict(state["chat"])
-        self.pretrain.load_state_dict(state["replay"])
-        self.batch_index = int(state["batch_index"])
-        self.tokens = {k: int(v) for k, v in state["tokens"].items()}
-        self.replay_tokens_by_language = {k: int(v) for k, v in state["replay_tokens_by_language"].items()}
+        self.chat.load_state_dict(obj(state["chat"], where="data state chat"))
+        self.pretrain.load_state_dict(obj(state["replay"], where="data state replay"))
+        self.batch_index = integer(state["batch_index"], where="data state batch_index")
+        tokens = obj(state["tokens"], where="data state tokens")
+        self.tokens = {k: integer(v, where=f"data state tokens.{k}") for k, v in tokens.items()}
+        by_lang = obj(state["replay_tokens_by_language"], where="data state replay_tokens_by_language")
+        self.replay_tokens_by_language = {
+            k: integer(v, where=f"data state replay_tokens_by_language.{k}") for k, v in by_lang.items()
+        }
 
 
 def val_batches(examples: Sequence[Example], batch_size: int, seq_len: int, pad_id: int) -> list[tuple]:

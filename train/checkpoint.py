@@ -687,7 +687,7 @@ def _load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
     with safe_open(str(path), framework="pt") as fh:
         meta = json.loads(fh.metadata()["optimizer"])
     tensors = load_file(str(path))
-    state: dict[int, dict[str, Any]] = {}
+    state: dict[int, dict[str, object]] = {}  # param index -> tensors (safetensors) and scalars (metadata)
     for key, value in tensors.items():
         _, idx, name = key.split(".", 2)
         state.setdefault(int(idx), {})[name] = value

@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, cast
 
 from prodip.base.config import check_threads, from_dict, opt
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.jsontypes import JSONObject
 from prodip.base.sources import SourceOptions
 
 log = logging.getLogger("prodip.train")
@@ -27,7 +29,7 @@ log = logging.getLogger("prodip.train")
 HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
-def hf_fixed_keys(model_type: str) -> dict[str, Any]:
+def hf_fixed_keys(model_type: str) -> JSONObject:
     """The keys every export's config.json carries besides the ModelConfig fields: ``architectures``
     and ``model_type`` (HF's names) for ``model_type``."""
     return {"architectures": [HF_ARCHITECTURES[model_type]], "model_type": model_type}
@@ -42,7 +44,7 @@ LLAMA3_ROPE_KEYS = {
 }
 
 
-def check_rope_scaling(rope_scaling: Optional[dict[str, Any]], *, source: str) -> None:
+def check_rope_scaling(rope_scaling: Optional[Mapping[str, object]], *, source: str) -> None:
     """Refuse a RoPE scaling the model does not compute: only none or ``rope_type = "llama3"``.
 
     Raises:
@@ -57,14 +59,16 @@ def check_rope_scaling(rope_scaling: Optional[dict[str, Any]], *, source: str) -
             f"{source}: rope_type {kind!r} is not supported (prodip computes RoPE with no scaling or with "
             "Llama 3.1's 'llama3' scaling)"
         )
+    checked: dict[str, float] = {}
     for key, tp in LLAMA3_ROPE_KEYS.items():
         value = rope_scaling.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise InvalidInput(f"{source}: {key} = {value!r}; llama3 RoPE scaling needs a positive {tp.__name__}")
-    if rope_scaling["high_freq_factor"] <= rope_scaling["low_freq_factor"]:
+        checked[key] = value
+    if checked["high_freq_factor"] <= checked["low_freq_factor"]:
         raise InvalidInput(
-            f"{source}: high_freq_factor {rope_scaling['high_freq_factor']} must exceed low_freq_factor "
-            f"{rope_scaling['low_freq_factor']}"
+            f"{source}: high_freq_factor {checked['high_freq_factor']} must exceed low_freq_factor "
+            f"{checked['low_freq_factor']}"
         )
     extra = sorted(set(rope_scaling) - {*LLAMA3_ROPE_KEYS, "rope_type", "type", "rope_theta"})
     if extra:
@@ -217,17 +221,18 @@ class ModelConfig:
         return 6.0 * n + attn
 
     # ---- (de)serialisation -----------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
+        """The config as ``config.json`` holds it (``dataclasses.asdict``)."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> ModelConfig:
+    def from_dict(cls, data: Mapping[str, object], *, source: str = "config") -> ModelConfig:
         """Build from a dict holding exactly the ModelConfig fields (HF-only keys are ignored
         when ``source`` is an export ``config.json``: pass ``hf=True`` via :meth:`from_hf_dict`)."""
         return from_dict(cls, data, source=source)
 
     @classmethod
-    def from_hf_dict(cls, data: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
+    def from_hf_dict(cls, data: Mapping[str, object], *, source: str = "config.json") -> ModelConfig:
         """Build from an HF ``config.json`` dict: keys that are not ModelConfig fields are dropped."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls.from_dict({k: v for k, v in data.items() if k in names}, source=source)

@@ -31,12 +31,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
 from prodip.base.errors import InvalidInput
+from prodip.base.jsontypes import JSONObject, integer, obj
 from prodip.tokenizer.shards import load_meta, open_checked_shards
 from prodip.train.config import ORDERS
 
@@ -212,17 +213,17 @@ class MixtureBatches:
             return self.positions[lang]
         return self.windows[lang].start(self.positions[lang] // self.seq_len)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> JSONObject:
         """JSON-able position: batches drawn, per-language tokens served (not wrapped), the order."""
         return {
             "batch_index": self.batch_index,
-            "positions": dict(self.positions),
+            "positions": {lang: n for lang, n in self.positions.items()},
             "seed": self.seed,
-            "langs": list(self.langs),
+            "langs": [*self.langs],
             "order": self.order,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: JSONObject) -> None:
         """Continue from :meth:`state_dict`.
 
         A state without ``order`` was written before the shuffle existed: it walked the streams
@@ -243,8 +244,9 @@ class MixtureBatches:
                 f"data state was saved with data_order = {saved_order!r}, this run uses {self.order!r}; "
                 f"resume with --data-order {saved_order}"
             )
-        self.batch_index = int(state["batch_index"])
-        self.positions = {lang: int(v) for lang, v in state["positions"].items()}
+        self.batch_index = integer(state["batch_index"], where="data state batch_index")
+        positions = obj(state["positions"], where="data state positions")
+        self.positions = {lang: integer(v, where=f"data state positions.{lang}") for lang, v in positions.items()}
 
     def epochs(self) -> dict[str, float]:
         """Passes over each language's stream so far (fractional)."""

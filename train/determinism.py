@@ -34,7 +34,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Optional, TypedDict, Union
 
 import torch
 
@@ -136,9 +136,22 @@ def resume_rtol(floor: float) -> float:
     return max(NOISE_FACTOR * floor, MIN_RESUME_RTOL)
 
 
+class ResumeCheck(TypedDict):
+    """:func:`compare_resume`'s verdict (``steps``: the two lengths when they differ)."""
+
+    ok: bool
+    mode: str
+    rtol: Optional[float]
+    steps: Union[int, list[int]]
+    max_abs_diff: float
+    max_rel_diff: float
+    #: 1-based; None when ok
+    first_bad_step: Optional[int]
+
+
 def compare_resume(
     straight: Sequence[float], resumed: Sequence[float], *, bitwise: bool, rtol: float = RESUME_LOSS_RTOL
-) -> dict[str, Any]:
+) -> ResumeCheck:
     """Compare the per-step losses of N straight steps with N/2 + resume (the same N steps).
 
     Args:

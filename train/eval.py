@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 from prodip.base.errors import InvalidInput
 from prodip.base.files import file_sha256
+from prodip.base.jsontypes import JSONObject
 from prodip.base.records import refuse_newer
 from prodip.tokenizer.bpe import document_end_id, load_with_specials
 from prodip.tokenizer.shards import load_meta, meta_sha256, open_checked_shards
@@ -431,11 +432,18 @@ def text_stream(tokenizer: Any, specials: Any, docs: Sequence[tuple[str, bool]])
     return out
 
 
-def task_settings(cfg: EvalConfig) -> dict[str, Any]:
+def task_settings(cfg: EvalConfig) -> JSONObject:
     """The settings an ``eval.json``'s task figures were measured with (``tasks.settings``)."""
     return lmeval.task_settings(
         cfg.tasks, num_fewshot=cfg.num_fewshot, limit=cfg.task_limit or None, task_paths=cfg.task_paths, seed=cfg.seed
     )
+
+
+class TaskScores(TypedDict):
+    """``eval.json``'s ``tasks``: the settings the figures were measured with, and a row per task."""
+
+    settings: JSONObject
+    rows: list[lmeval.TaskRow]
 
 
 def score_tasks(
@@ -449,7 +457,7 @@ def score_tasks(
     bos_id: int,
     eos_id: int,
     chat: Optional[lmeval.ChatFormat] = None,
-) -> dict[str, Any]:
+) -> TaskScores:
     """lm-evaluation-harness tasks on each model (``prodip.train.lmeval``): ``{settings, rows}``, a row per
     task with every model's scores and standard errors, and seconds per model. ``bos_id``: the token a
     context follows (the harness's prefix token: the bos, or the end of the document before where the

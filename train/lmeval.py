@@ -33,15 +33,16 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 import numpy as np
 import torch
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.jsontypes import JSONObject
 
 log = logging.getLogger(__name__)
 
@@ -428,10 +429,53 @@ def task_manager(names: Sequence[str], task_paths: Sequence[str | Path] = ()) ->
     return tm
 
 
-def task_language(name: str, config: dict[str, Any] | None) -> str:
+class Score(TypedDict):
+    """One metric of a task: the harness's value and standard error (None when it gives none)."""
+
+    value: float
+    stderr: Optional[float]
+
+
+class TaskResult(TypedDict):
+    """One task's figures on one model (:func:`run_tasks`)."""
+
+    task: str
+    language: str
+    output_type: str
+    shots: int
+    items: int
+    #: the primary metric (:data:`PRIMARY_METRICS`, else the first scored)
+    metric: str
+    higher_is_better: bool
+    #: mean of 1/choices over the items of a multiple-choice task (None for other kinds)
+    chance: Optional[float]
+    #: metric -> score
+    scores: dict[str, Score]
+    seconds: float
+
+
+class TaskRow(TypedDict):
+    """One task's figures on several models side by side (:func:`side_by_side`)."""
+
+    task: str
+    language: str
+    output_type: str
+    shots: int
+    items: int
+    metric: str
+    higher_is_better: bool
+    chance: Optional[float]
+    #: model -> metric -> score
+    scores: dict[str, dict[str, Score]]
+    #: model -> seconds
+    seconds: dict[str, float]
+
+
+def task_language(name: str, config: Mapping[str, object] | None) -> str:
     """The language a task's scored text is in: its YAML ``metadata.language``, else its name's last part
     (``belebele_ben_Beng`` -> bn, ``global_mmlu_bn`` -> bn), else ``"?"``."""
-    lang = ((config or {}).get("metadata") or {}).get("language")
+    metadata = (config or {}).get("metadata")
+    lang = metadata.get("language") if isinstance(metadata, dict) else None
     if isinstance(lang, str) and lang:
         return lang
     parts = name.split("_")
@@ -452,7 +496,7 @@ def run_tasks(
     tm: Any = None,
     seed: int = 0,
     threads: int = 1,
-) -> list[dict[str, Any]]:
+) -> list[TaskResult]:
     """Run each task on ``lm`` (one harness evaluation per task, timed; see :func:`_evaluate`).
 
     Args:
@@ -497,7 +541,7 @@ def run_tasks(
 
 def _run_one(
     lm_eval: Any, lm: Any, tm: Any, name: str, seen: Counter[tuple[str, int]], **kw: Any
-) -> Optional[dict[str, Any]]:
+) -> Optional[TaskResult]:
     """One task, timed (see :func:`run_tasks`); None: a chat task and not a chat model."""
     seen.clear()
     t0 = time.perf_counter()
@@ -565,12 +609,12 @@ def _evaluate(
     return res
 
 
-def _task_row(name: str, res: dict[str, Any], seen: Counter[tuple[str, int]], seconds: float) -> dict[str, Any]:
+def _task_row(name: str, res: dict[str, Any], seen: Counter[tuple[str, int]], seconds: float) -> TaskResult:
     """One task's figures from the harness's result (a group's aggregate for a group)."""
     entry = (res.get("groups") or {}).get(name) or res["results"][name]
     subtasks = [t for t in res.get("configs", {})]
     configs = [res["configs"][t] for t in subtasks]
-    scores: dict[str, dict[str, Any]] = {}
+    scores: dict[str, Score] = {}
     for key, value in entry.items():
         metric, _, filt = key.partition(",")
         stderr = entry.get(f"{metric}_stderr,{filt}")
@@ -604,11 +648,11 @@ def _task_row(name: str, res: dict[str, Any], seen: Counter[tuple[str, int]], se
 
 def task_settings(
     names: Sequence[str], *, num_fewshot: Optional[int], limit: Optional[int], task_paths: Sequence[str], seed: int
-) -> dict[str, Any]:
+) -> JSONObject:
     """What decides a task figure besides the model: the record's ``settings`` (compared to know whether
     recorded figures are current)."""
     return {
-        "names": list(names),
+        "names": [*names],
         "num_fewshot": num_fewshot,
         "limit": limit,
         "task_paths": [str(p) for p in task_paths],
@@ -626,7 +670,7 @@ def _lm_eval_version() -> str | None:
         return None
 
 
-def side_by_side(per_model: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def side_by_side(per_model: Mapping[str, Sequence[TaskResult]]) -> list[TaskRow]:
     """Rows of :func:`run_tasks` for several models (same tasks, same order) as one row per task:
     ``{task, language, output_type, shots, items, metric, higher_is_better, chance, scores: {model: {metric:
     {value, stderr}}}, seconds: {model: s}}``.
@@ -638,11 +682,20 @@ def side_by_side(per_model: dict[str, list[dict[str, Any]]]) -> list[dict[str, A
     if not models:
         return []
     first = per_model[models[0]]
-    out = []
+    out: list[TaskRow] = []
     for i, row in enumerate(first):
-        keys = ("task", "language", "output_type", "shots", "items", "metric", "higher_is_better", "chance")
-        merged = {k: row[k] for k in keys}
-        merged["scores"], merged["seconds"] = {}, {}
+        merged: TaskRow = {
+            "task": row["task"],
+            "language": row["language"],
+            "output_type": row["output_type"],
+            "shots": row["shots"],
+            "items": row["items"],
+            "metric": row["metric"],
+            "higher_is_better": row["higher_is_better"],
+            "chance": row["chance"],
+            "scores": {},
+            "seconds": {},
+        }
         for m in models:
             other = per_model[m][i]
             if (other["task"], other["items"], other["shots"]) != (row["task"], row["items"], row["shots"]):

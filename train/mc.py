@@ -10,7 +10,7 @@ import json
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -19,7 +19,24 @@ from prodip.base.errors import InvalidInput, MissingInput
 from prodip.train.lmeval import continuation_scores, torch_logits
 
 
-def read_mc(path: str | Path) -> list[dict[str, Any]]:
+class MCItem(TypedDict):
+    """One multiple-choice item: the context, its choices (>= 2) and the index of the right one."""
+
+    context: str
+    choices: list[str]
+    answer: int
+
+
+class MCScore(TypedDict):
+    """:func:`score_mc`'s figures (accuracies and chance level are shares of the items)."""
+
+    n_items: int
+    acc: float
+    acc_norm: float
+    chance: float
+
+
+def read_mc(path: str | Path) -> list[MCItem]:
     """Read a multiple-choice JSONL file: one ``{"context": str, "choices": [str, ...], "answer": int}``
     per line (blank lines skipped; other keys ignored). HellaSwag's ``{ctx, endings, label}`` lines
     are accepted too (each ending prefixed with a space, as lm-evaluation-harness does).
@@ -31,7 +48,7 @@ def read_mc(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise MissingInput(f"{path}: multiple-choice file not found (JSONL of {{context, choices, answer}})")
-    items = []
+    items: list[MCItem] = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -104,12 +121,12 @@ def continuation_logprobs(
 def score_mc(
     model: nn.Module,
     tokenizer: Any,
-    items: Sequence[dict[str, Any]],
+    items: Sequence[MCItem],
     device: torch.device,
     max_len: int,
     prefix_id: int,
     batch_size: int = 8,
-) -> dict[str, Any]:
+) -> MCScore:
     """Accuracy of log-likelihood multiple-choice scoring.
 
     Returns:

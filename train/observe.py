@@ -16,9 +16,8 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -45,18 +44,25 @@ class RunObserver:
         self.no_val = list(no_val)
         self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=start_step or None)
 
-    def log(self, row: dict[str, Any]) -> None:
-        """One ``metrics.jsonl`` row as scalars at ``row["step"]``: numbers by key, dicts as ``key/sub``."""
-        step = int(row["step"])
+    def log(self, row: Mapping[str, object]) -> None:
+        """One ``metrics.jsonl`` row as scalars at ``row["step"]``: numbers by key, dicts as ``key/sub``.
+
+        Raises:
+            TypeError: ``row["step"]`` is not a number.
+        """
+        step = row["step"]
+        if not isinstance(step, (int, float)):
+            raise TypeError(f"metrics row: step {step!r} is not a number")
+        at = int(step)
         for key, value in row.items():
             if key == "step":
                 continue
             if isinstance(value, dict):
                 for sub, v in value.items():
                     if isinstance(v, (int, float)):
-                        self.writer.add_scalar(f"{key}/{sub}", v, step)
+                        self.writer.add_scalar(f"{key}/{sub}", v, at)
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, step)
+                self.writer.add_scalar(key, value, at)
 
     def refresh(self) -> None:
         """Flush the event file and redraw ``loss.png`` from ``metrics.jsonl``."""

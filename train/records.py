@@ -14,10 +14,11 @@ with the record's :meth:`Record.read` / :meth:`Record.read_or_none`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field, StrictInt
 
+from prodip.base.jsontypes import JSONObject
 from prodip.base.manifest import FileEntry
 from prodip.base.records import Number, Record, RecordPart
 
@@ -42,11 +43,11 @@ class TrainerState(Record):
     step: StrictInt
     tokens_seen: StrictInt
     tokenizer_sha256: str
-    train_config: dict[str, Any] = Field(default_factory=dict)
+    train_config: JSONObject = Field(default_factory=dict)
     #: the data loader's position; ``shards_meta_sha256`` is the shards it read
-    data_state: dict[str, Any] | None = None
+    data_state: JSONObject | None = None
     #: the model card's data facts: sources, tokens seen by language and source, ``init_from``
-    data_card: dict[str, Any] | None = None
+    data_card: JSONObject | None = None
     #: processes of the run that saved it (absent in checkpoints saved before it was recorded: 1)
     world_size: StrictInt | None = None
 
@@ -120,14 +121,14 @@ class EvalReport(Record):
     tokenizer_sha256: str | None = None
     shards_dir: str | None = None
     shards_meta_sha256: str | None = None
-    config: dict[str, Any] | None = None
+    config: JSONObject | None = None
     units: dict[str, str] = Field(default_factory=dict)
     languages: dict[str, LanguageEval] = Field(default_factory=dict)
     skipped_languages: dict[str, str] = Field(default_factory=dict)
-    mc: dict[str, Any] | None = None
+    mc: JSONObject | None = None
     #: lm-evaluation-harness tasks: ``{settings, rows: [{task, language, output_type, shots, items, metric, chance,
     #: scores: {model: {metric: {value, stderr}}}, seconds: {model: s}}]}`` (``prodip.train.lmeval``)
-    tasks: dict[str, Any] | None = None
+    tasks: JSONObject | None = None
     elapsed_s: Number | None = None
 
 
@@ -149,4 +150,4 @@ class SftEvalReport(Record):
     model_sha256: str | None = None
     #: ``[sft] replay_share`` > 0: share_of_rows, shards_dir, shards_meta_sha256, trained_tokens {chat, replay},
     #: share_of_trained_tokens, tokens_by_language (replayed tokens per language)
-    replay: dict[str, Any] | None = None
+    replay: JSONObject | None = None

@@ -11,11 +11,12 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from prodip.base.errors import InvalidInput
+from prodip.base.jsontypes import JSONObject
 
 #: torch dtype -> safetensors dtype name (https://github.com/huggingface/safetensors#format)
 _ST_DTYPES = {
@@ -55,14 +56,14 @@ def write_safetensors(
     Raises:
         ValueError: a tensor dtype safetensors cannot store.
     """
-    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    header: JSONObject = {"__metadata__": {k: v for k, v in metadata.items()}} if metadata else {}
     offset, names = 0, sorted(tensors)
     for name in names:
         t = tensors[name]
         if t.dtype not in _ST_DTYPES:
             raise InvalidInput(f"{path}: tensor {name} has dtype {t.dtype}, which safetensors cannot store")
         size = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": [*t.shape], "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)

@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,19 @@ import torch.distributed as dist
 from prodip.base.jsontypes import JSONObject
 from prodip.train import checkpoint
 from prodip.train.config import ModelConfig
+
+
+class _WriteArgs(TypedDict):
+    """What a save hands its (background) write: ``checkpoint.write_snapshot``'s keywords."""
+
+    step: int
+    model_config: ModelConfig
+    tokenizer_dir: str | Path
+    tokens_seen: int
+    train_config: JSONObject
+    data_state: JSONObject
+    extra_state: JSONObject
+    keep_last: int
 
 
 class AsyncCheckpointer:
@@ -98,16 +111,16 @@ class AsyncCheckpointer:
         if deferred and id(optimizer) not in self._hooked:
             optimizer.register_step_pre_hook(self._before_optimizer_step)
             self._hooked.add(id(optimizer))
-        kwargs = dict(
-            step=step,
-            model_config=model_config,
-            tokenizer_dir=tokenizer_dir,
-            tokens_seen=tokens_seen,
-            train_config=train_config,
-            data_state=data_state,
-            extra_state={"world_size": self.world_size, **(extra_state or {})},
-            keep_last=keep_last,
-        )
+        kwargs: _WriteArgs = {
+            "step": step,
+            "model_config": model_config,
+            "tokenizer_dir": tokenizer_dir,
+            "tokens_seen": tokens_seen,
+            "train_config": train_config,
+            "data_state": data_state,
+            "extra_state": {"world_size": self.world_size, **(extra_state or {})},
+            "keep_last": keep_last,
+        }
         if self._pool is None:
             self._write(snap, kwargs)
         else:
@@ -144,7 +157,7 @@ class AsyncCheckpointer:
         held, self._held_s = self._held_s, 0.0
         return held
 
-    def _write(self, snap: checkpoint.Snapshot, kwargs: dict[str, Any]) -> None:
+    def _write(self, snap: checkpoint.Snapshot, kwargs: _WriteArgs) -> None:
         start = time.perf_counter()
         staged = self._staged
         if staged is not None:

@@ -32,6 +32,7 @@ from prodip.base.chat import CHAT_TOKENS
 from prodip.base.config import dump_toml, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256_cached
+from prodip.base.jsontypes import JSONObject
 from prodip.base.sources import match_sources
 from prodip.tokenizer.bpe import PAD_ID, add_chat_tokens, load_with_specials
 from prodip.tokenizer.corpus import expand_inputs
@@ -40,7 +41,7 @@ from prodip.train import chat, checkpoint, distributed, init
 from prodip.train.config import ModelConfig, SFTConfig
 from prodip.train.data import MixtureBatches
 from prodip.train.records import SFT_EVAL_FILE, AssistantLoss, SftEvalReport, TrainerState
-from prodip.train.trainer import _Run
+from prodip.train.trainer import RunResult, _Run
 
 log = logging.getLogger("prodip.sft")
 
@@ -230,7 +231,7 @@ class _SFTRun(_Run):
         )
         return chat.ReplayBatches(batches, pretrain, self.sft.replay_share)
 
-    def replay_record(self) -> dict[str, Any] | None:
+    def replay_record(self) -> JSONObject | None:
         """What the run's records say of replay (None without it): share (of rows), shards, their meta.json
         sha256, trained tokens served so far (chat vs replay, and replay per language)."""
         data = getattr(self, "data", None)
@@ -241,12 +242,12 @@ class _SFTRun(_Run):
             "share_of_rows": self.sft.replay_share,
             "shards_dir": str(self.replay_dir),
             "shards_meta_sha256": meta_sha256(self.replay_dir),
-            "trained_tokens": dict(data.tokens),
+            "trained_tokens": {k: n for k, n in data.tokens.items()},
             "share_of_trained_tokens": data.tokens["replay"] / total if total else None,
-            "tokens_by_language": dict(data.replay_tokens_by_language),
+            "tokens_by_language": {lang: n for lang, n in data.replay_tokens_by_language.items()},
         }
 
-    def _data_card(self) -> dict[str, Any]:
+    def _data_card(self) -> JSONObject:
         card = super()._data_card()
         replay = self.replay_record()
         if replay is not None:
@@ -293,7 +294,7 @@ class _SFTRun(_Run):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         SftEvalReport.from_dict(_finite(doc), path).write(path)
 
-    def execute(self) -> dict[str, Any]:
+    def execute(self) -> RunResult:
         result = super().execute()
         if self.info.is_main and self.step >= self.cfg.steps:
             after = self._assistant_eval()
@@ -331,7 +332,7 @@ def replay_shards_dir(cfg: SFTConfig) -> Path:
                 "shards are unknown; pass --replay-shards-dir"
             ) from None
         recorded = (TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).train_config or {}).get("shards_dir")
-        if not recorded:
+        if not isinstance(recorded, str) or not recorded:
             raise MissingInput(
                 f"sft replay_share {cfg.replay_share}: {ckpt / checkpoint.TRAINER_STATE_FILE} records no "
                 "shards_dir; pass --replay-shards-dir"
@@ -351,7 +352,7 @@ def _finite(doc: Any) -> Any:
     return doc
 
 
-def _base_sources(init_from: str | Path) -> list[dict[str, Any]]:
+def _base_sources(init_from: str | Path) -> list[JSONObject]:
     """The pretraining sources a prodip checkpoint recorded (its ``data_card``), marked ``stage =
     "pretraining"``; [] for a Hugging Face folder (its own card states its data) or an older checkpoint."""
     try:
@@ -359,8 +360,14 @@ def _base_sources(init_from: str | Path) -> list[dict[str, Any]]:
     except (FileNotFoundError, ValueError):
         return []
     card = TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).data_card or {}
-    seen = card.get("tokens_seen_by_source", {})
-    return [{**s, "stage": "pretraining", "tokens_seen": seen.get(s["name"])} for s in card.get("sources", [])]
+    seen = card.get("tokens_seen_by_source")
+    seen = seen if isinstance(seen, dict) else {}
+    sources = card.get("sources")
+    return [
+        {**s, "stage": "pretraining", "tokens_seen": seen.get(str(s["name"]))}
+        for s in (sources if isinstance(sources, list) else [])
+        if isinstance(s, dict)
+    ]
 
 
 def source_sha256(init_from: str | Path) -> str | None:
@@ -409,7 +416,7 @@ def sft(cfg: SFTConfig) -> Path:
     return run_sft(cfg)["run_dir"]
 
 
-def run_sft(cfg: SFTConfig) -> dict[str, Any]:
+def run_sft(cfg: SFTConfig) -> RunResult:
     """:func:`sft`, returning the trainer's ``{"run_dir", "model", "step", "last"}``."""
     info = distributed.setup(cfg.device)
     clean = False

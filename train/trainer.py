@@ -22,17 +22,20 @@ import logging
 import signal
 import threading
 import time
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from prodip.base.config import dump_toml, read_toml, write_text_atomic
+from prodip.base.config import coerce, dump_toml, read_toml, write_text_atomic
 from prodip.base.errors import ConfigError, InvalidInput, MissingInput, OutputExists
 from prodip.base.files import raise_for_room
+from prodip.base.jsontypes import JSONObject
 from prodip.tokenizer.audit import check_gate
 from prodip.tokenizer.shards import ShardsMeta, load_meta, meta_sha256
 from prodip.train import attention, checkpoint, determinism, distributed, freeze, fsdp, guards, init
@@ -96,7 +99,20 @@ TRAJECTORY_FIELDS = (
 )
 
 
-def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+class _SaveArgs(TypedDict):
+    """What every save passes on to the checkpoint writer (``checkpoint.save_checkpoint``'s keywords)."""
+
+    step: int
+    model_config: ModelConfig
+    tokenizer_dir: str | Path
+    tokens_seen: int
+    train_config: JSONObject
+    data_state: JSONObject
+    keep_last: int
+    extra_state: JSONObject
+
+
+def resume_differences(saved: Mapping[str, object], cfg: TrainConfig) -> list[str]:
     """``"lr 0.003 -> 0.001"`` for each trajectory field that differs from the checkpoint's config."""
     return [
         f"{name} {saved[name]!r} -> {getattr(cfg, name)!r}"
@@ -368,7 +384,18 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
     return run_training(cfg, model_cfg)["run_dir"]
 
 
-def run_training(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
+class RunResult(TypedDict):
+    """What a training (or fine-tuning) invocation returns, for tests and benches."""
+
+    run_dir: Path
+    #: the trained model (unwrapped: no DDP, compile or gradient hooks)
+    model: torch.nn.Module
+    step: int
+    #: the last step's metrics row (``metrics.jsonl``'s keys)
+    last: dict[str, float]
+
+
+def run_training(cfg: TrainConfig, model_cfg: ModelConfig) -> RunResult:
     """:func:`train`, returning {"run_dir", "model", "step", "last"} (for tests and benches)."""
     info = distributed.setup(cfg.device, group=cfg.parallel != "auto")
     clean = False
@@ -395,7 +422,7 @@ class _Run:
         self.sources: list[dict[str, Any]] = []  # the shards' source records (_prepare), for the model card
         self.no_val: list[str] = []
 
-    def execute(self) -> dict[str, Any]:
+    def execute(self) -> RunResult:
         cfg, info = self.cfg, self.info
         refuse_foreign_run_dir(self.run_dir)  # before _prepare: sft writes its tokenizer/ into the run dir
         self._prepare()
@@ -561,7 +588,7 @@ class _Run:
             decay_fraction=cfg.decay_fraction,
         )
 
-    def _check_lr_continuity(self, saved: dict[str, Any], step: int) -> None:
+    def _check_lr_continuity(self, saved: Mapping[str, object], step: int) -> None:
         """A resume that changes the schedule's shape (e.g. more ``steps``) must not make the lr jump.
 
         An explicit change of ``lr`` or ``min_lr`` (a lower lr after a spike) is the user's intent
@@ -573,7 +600,9 @@ class _Run:
         """
         if any(k in saved and saved[k] != getattr(self.cfg, k) for k in ("lr", "min_lr")):
             return
-        before = dataclasses.replace(self.cfg, **{k: saved[k] for k in _LR_FIELDS if k in saved})
+        hints = typing.get_type_hints(TrainConfig)  # the saved values are the checkpoint's JSON: checked
+        changes = {k: coerce(saved[k], hints[k], f"checkpoint train_config {k}") for k in _LR_FIELDS if k in saved}
+        before = dataclasses.replace(self.cfg, **changes)
         old, new = self._lr(step, before), self._lr(step)
         if step > 0 and abs(new - old) > 1e-9 * abs(old):
             raise InvalidInput(
@@ -784,7 +813,7 @@ class _Run:
             )
         return {lang: b for lang, b in sets.items() if b}
 
-    def _data_card(self) -> dict[str, Any]:
+    def _data_card(self) -> JSONObject:
         """What the checkpoint records for the export's card: the shards' source records, the tokens the
         data loader served per language (``positions``: global, all ranks) and per source, and
         ``--init-from``'s base model. Per source is the language's count times the source's share of the
@@ -798,9 +827,9 @@ class _Run:
             if s["language"] in seen and "tokens_share_of_language" in s
         }
         return {
-            "sources": self.sources,
-            "tokens_seen_by_language": seen,
-            "tokens_seen_by_source": by_source,
+            "sources": [*self.sources],
+            "tokens_seen_by_language": {lang: n for lang, n in seen.items()},
+            "tokens_seen_by_source": {name: n for name, n in by_source.items()},
             "tokens_seen_by_source_method": "language counter x the source's share of the language's shard tokens",
             "init_from": {"source": self.init.source, "kind": self.init.kind} if self.init else None,
         }
@@ -811,16 +840,16 @@ class _Run:
         DDP / one process: the state is copied to host memory and written in the background
         (``prodip.train.saver``). FSDP2: a blocking save through ``prodip.train.fsdp``.
         """
-        kwargs = dict(
-            step=self.step,
-            model_config=self.model_cfg,
-            tokenizer_dir=self.cfg.tokenizer_dir,
-            tokens_seen=self.tokens_seen,
-            train_config=dataclasses.asdict(self.cfg),
-            data_state={**self.data.state_dict(), "shards_meta_sha256": self.shards_meta_sha256},
-            keep_last=self.cfg.keep_last,
-            extra_state={"data_card": self._data_card()},
-        )
+        kwargs: _SaveArgs = {
+            "step": self.step,
+            "model_config": self.model_cfg,
+            "tokenizer_dir": self.cfg.tokenizer_dir,
+            "tokens_seen": self.tokens_seen,
+            "train_config": dataclasses.asdict(self.cfg),
+            "data_state": {**self.data.state_dict(), "shards_meta_sha256": self.shards_meta_sha256},
+            "keep_last": self.cfg.keep_last,
+            "extra_state": {"data_card": self._data_card()},
+        }
         if self.fsdp:
             stall = fsdp.save_checkpoint(
                 self.ckpt_dir,
