@@ -14,6 +14,7 @@ from typing import Any
 
 from prodip.base.errors import StageFailed
 from prodip.base.files import file_sha256
+from prodip.base.jsontypes import JSONObject
 from prodip.base.stage import RunContext, Stage, made_from
 from prodip.tokenizer import audit, bpe, encode, extend, shards
 from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, ExtendConfig, TokenizerTrainConfig
@@ -34,7 +35,7 @@ class TokenizerStageConfig:
         return bool(self.extend.base)
 
 
-def read_extension_or_none(folder: str | Path) -> dict[str, Any] | None:
+def read_extension_or_none(folder: str | Path) -> JSONObject | None:
     """``FOLDER/extension.json`` (``prodip tokenizer extend``'s record), or None when missing or unreadable."""
     try:
         data = json.loads((Path(folder) / extend.RECORD_FILE).read_text(encoding="utf-8"))
@@ -52,10 +53,13 @@ def tokenizer_done(cfg: TokenizerStageConfig) -> bool:
             base = file_sha256(extend.base_tokenizer_path(cfg.extend.base))
         except (OSError, ValueError):
             return False
+        if record is None:
+            return False
+        gate, recorded = record.get("gate"), record.get("base_tokenizer_sha256")
         return (
-            record is not None
-            and bool((record.get("gate") or {}).get("passed"))
-            and made_from(cfg.extend.out, {"base": record.get("base_tokenizer_sha256")}, {"base": base})
+            isinstance(gate, dict)
+            and bool(gate.get("passed"))
+            and made_from(cfg.extend.out, {"base": recorded if isinstance(recorded, str) else None}, {"base": base})
         )
     fert = audit.read_fertility_or_none(cfg.tokenizer.out_dir)
     return fert is not None and fert.gate.passed
