@@ -169,7 +169,8 @@ def _prodip_base_hub_id(path: Path, depth: int) -> Optional[str]:
         card = TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).data_card or {}
     except (OSError, ValueError):
         return None
-    return trained_base(card.get("init_from"), depth=depth + 1)[0]
+    init = card.get("init_from")
+    return trained_base(init if isinstance(init, dict) else None, depth=depth + 1)[0]
 
 
 def _imported_card(imported: dict[str, Any]) -> Card:
@@ -330,7 +331,8 @@ def data_statement(card: Card) -> str:
         lines += [f"Fine-tuned from: {origin}.", ""]
     if card.replay:
         r = card.replay
-        by_lang = ", ".join(f"{k} {v:,}" for k, v in sorted(r.get("tokens_by_language", {}).items()))
+        tokens = r.get("tokens_by_language")
+        by_lang = ", ".join(f"{k} {v:,}" for k, v in sorted((tokens if isinstance(tokens, dict) else {}).items()))
         lines += [
             f"Fine-tuning replayed pretraining data to forget less: {_pct(r.get('share_of_rows'))} of each step's "
             f"rows were windows of the pretraining shards' train split, {_pct(r.get('share_of_trained_tokens'))} "
