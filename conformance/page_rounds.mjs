@@ -1,12 +1,13 @@
-// Time the export's own web page in one headless system Chromium (puppeteer-core): for each job, open the page once
-// (its autorun loads the model and generates: the warm-up, not counted), then press its Generate button `rounds`
-// times, reading window.prodipResult after each (the page times itself with performance.now: ttft_ms from the
-// generate call to the first new token, tokens_per_s after the first token). The model stays loaded between
-// presses, as for a user pressing Generate again. Used by prodip.conformance.web_page (the card's speed table).
+// Time the export's own web page in one headless system Chromium (puppeteer-core), one tab for every dtype: the
+// page is opened without autorun; per dtype its dtype menu is set and its Generate button pressed once (the model
+// loads and generates: the warm-up, not counted), then `rounds` more times, reading window.prodipResult after each
+// (the page times itself with performance.now: ttft_ms from the generate call to the first new token, tokens_per_s
+// after the first token). One tab keeps onnxruntime-web's WASM compiled once for all dtypes, and the model stays
+// loaded between presses, as for a user pressing Generate again. Used by prodip.conformance.web_page.
 //
-// stdin: {"jobs": [{"url": URL (with &autorun=1), "rounds": R, "timeout_ms": 600000}, ...], "node_root": DIR,
+// stdin: {"url": URL (no autorun), "dtypes": ["q8", ...], "rounds": R, "timeout_ms": 600000, "node_root": DIR,
 //         "chromium": "/usr/bin/chromium", "args": [extra Chromium flags]}
-// stdout: one JSON line per job: {"url", "warmup": result, "rounds": [result, ...], "error": str | null, "console": [lines]}
+// stdout: {"url", "results": {dtype: {"rounds": [result, ...]} | {"error": str}}, "error": str | null, "console": [lines]}
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -26,31 +27,39 @@ const browser = await puppeteer.launch({
   args: ['--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
     '--disable-component-update', '--disable-sync', `--user-data-dir=${profile}`, ...(job.args || ['--disable-gpu'])],
 });
-const waitResult = async (page, timeout) => {
+const press = async (page, dtype, timeout) => {
+  await page.evaluate((d) => {
+    window.prodipResult = undefined;
+    document.getElementById('dtype').value = d;
+    document.getElementById('go').click();
+  }, dtype);
   await page.waitForFunction(() => window.prodipResult !== undefined, { timeout, polling: 50 });
-  return page.evaluate(() => window.prodipResult);
+  const res = await page.evaluate(() => window.prodipResult);
+  if (res.error) throw new Error(res.error);
+  return res;
 };
-for (const one of job.jobs) {
-  const out = { url: one.url, warmup: null, rounds: [], error: null, console: [] };
-  const page = await browser.newPage();
-  page.on('console', (m) => out.console.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
-  page.on('pageerror', (e) => out.console.push(`pageerror: ${e.message}`.slice(0, 500)));
-  try {
-    await page.goto(one.url, { waitUntil: 'load', timeout: one.timeout_ms });
-    out.warmup = await waitResult(page, one.timeout_ms);
-    if (out.warmup.error) throw new Error(out.warmup.error);
-    for (let r = 0; r < one.rounds; r++) {
-      await page.evaluate(() => { window.prodipResult = undefined; document.getElementById('go').click(); });
-      const res = await waitResult(page, one.timeout_ms);
-      if (res.error) throw new Error(res.error);
-      out.rounds.push(res);
+const out = { url: job.url, results: {}, error: null, console: [] };
+const page = await browser.newPage();
+page.on('console', (m) => out.console.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
+page.on('pageerror', (e) => out.console.push(`pageerror: ${e.message}`.slice(0, 500)));
+try {
+  await page.goto(job.url, { waitUntil: 'load', timeout: job.timeout_ms });
+  await page.waitForFunction(() => document.getElementById('go')?.textContent === 'Generate', { timeout: job.timeout_ms, polling: 50 });
+  for (const dtype of job.dtypes) {
+    try {
+      await press(page, dtype, job.timeout_ms);  // load + warm-up, not counted
+      const rounds = [];
+      for (let r = 0; r < job.rounds; r++) rounds.push(await press(page, dtype, job.timeout_ms));
+      out.results[dtype] = { rounds };
+    } catch (err) {
+      out.results[dtype] = { error: String(err && err.message ? err.message : err) };
     }
-  } catch (err) {
-    out.error = String(err && err.message ? err.message : err);
   }
-  out.console = out.console.slice(-20);
-  await page.close();
-  console.log(JSON.stringify(out));
+} catch (err) {
+  out.error = String(err && err.message ? err.message : err);
 }
+out.console = out.console.slice(-20);
+await page.close();
+console.log(JSON.stringify(out));
 await browser.close();
 rmSync(profile, { recursive: true, force: true });

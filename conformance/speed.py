@@ -12,7 +12,7 @@ WASM in Chromium, llama.cpp, ExecuTorch), each inside its own runtime (``time_ge
      machine: {cpu, cores, os, python},
      settings: {prompt_tokens, new_tokens, rounds, warmup_rounds, threads (0 = each runtime's default)},
      rows: [{runtime, variant, decode_tokens_per_s, ttft_s, rounds, new_tokens, threads, version}],
-     failed: [{runtime, variant, error}], skipped: {runtime: reason}, seconds}
+     failed: [{runtime, variant, error}], skipped: {runtime: reason}, runtime_seconds: {runtime: s}, seconds}
 
 A runtime not chosen by ``--runtimes`` (onnxruntime-web's row stands for the page's WASM build), not installed, or
 with no variant of its format is in ``skipped`` with the reason; a variant that failed in a runtime is in ``failed``.
@@ -38,6 +38,7 @@ from prodip.base.records import Record, RecordPart
 from prodip.base.runtimes import by_name
 from prodip.conformance.runtimes.adapters import adapter_for
 from prodip.conformance.runtimes.common import error_text
+from prodip.conformance.runtimes.onnxruntime import OnnxRuntimeAdapter
 from prodip.conformance.runtimes.timing import SpeedJob, Timing
 from prodip.conformance.web_page import PAGE_WASM, PageWasmTimer
 
@@ -65,8 +66,9 @@ class Timer(Protocol):
 
 def timers() -> list[Timer]:
     """The timed runtimes, in the card's order (looked up at call time: a test may replace an adapter)."""
+    own: dict[str, Timer] = {"onnxruntime": OnnxRuntimeAdapter(), PAGE_WASM: PageWasmTimer()}  # no adapter row
     names = ("onnxruntime", "onnxruntime-genai", "transformers.js", PAGE_WASM, "llama.cpp", "executorch")
-    return [PageWasmTimer() if n == PAGE_WASM else adapter_for(n) for n in names]
+    return [own[n] if n in own else adapter_for(n) for n in names]
 
 
 def runtime_label(name: str) -> str:
@@ -141,6 +143,9 @@ class SpeedReport(Record):
     rows: list[SpeedRow]
     failed: list[SpeedFailure] = Field(default_factory=list)
     skipped: dict[str, str] = Field(default_factory=dict)
+    #: wall time each runtime's timing took (loading, warm-up and rounds; seconds): what the table costs
+    runtime_seconds: dict[str, Positive] = Field(default_factory=dict)
+    #: wall time of the whole measurement (seconds)
     seconds: Positive
 
 
@@ -206,6 +211,7 @@ def measure_speed(
     rows: list[SpeedRow] = []
     failed: list[SpeedFailure] = []
     skipped: dict[str, str] = {}
+    runtime_seconds: dict[str, float] = {}
     timed = [c for c in candidates if c.kind in ("onnx", "gguf", "pte") and c.name == c.variant]
     for timer in timers():
         cands = [c for c in timed if c.kind in timer.timed_formats]
@@ -214,11 +220,13 @@ def measure_speed(
             skipped[timer.name] = reason
             continue
         logger.info("conformance: timing %d variant(s) in %s", len(cands), timer.name)
+        started = time.perf_counter()
         job = SpeedJob(Path(export_dir), cands, list(prompt), prompt_text, new_tokens, rounds, threads, model_cfg)
         try:
             got = timer.time_generation(job)
         except Exception as err:  # the runtime as a whole failed: every variant of it failed
             got = {c.name: Timing(error=error_text(err)) for c in cands}
+        runtime_seconds[timer.name] = time.perf_counter() - started
         for c in cands:
             res = got.get(c.name) or Timing(error="no timing returned")
             if res.error is None and not res.ttft_s:
@@ -248,6 +256,7 @@ def measure_speed(
         rows=rows,
         failed=failed,
         skipped=skipped,
+        runtime_seconds=runtime_seconds,
         seconds=time.perf_counter() - t0,
     )
 

@@ -3,8 +3,8 @@ served from 127.0.0.1 with cross-origin isolation, opened by puppeteer-core, and
 table (:class:`PageWasmTimer`). ``bench/browser.py`` serves and opens its pages with the same functions.
 
 The page times itself (``export/web/app.js``: ``performance.now()`` from the generate call to the first new token,
-and the decode rate after it); ``page_rounds.mjs`` opens it once per dtype (its autorun: model load and a warm-up
-generation, not counted) and presses its Generate button for each timed round, the model staying loaded.
+and the decode rate after it); ``page_rounds.mjs`` opens it once, and per dtype picks it in the page's menu and presses
+Generate: once to load the model and warm up (not counted), then once per timed round, the model staying loaded.
 
 Needs ``node``, ``puppeteer-core`` in the Node folder (``npm install --ignore-scripts --prefix node``) and Chromium
 (Debian's ``chromium`` package; puppeteer downloads none).
@@ -94,20 +94,21 @@ def missing_browser(root: Optional[Path] = None) -> Optional[str]:
 
 
 def run_chromium(
-    script: Path, jobs: Sequence[dict[str, Any]], args: Sequence[str], root: Optional[Path] = None
+    script: Path, request: dict[str, Any], args: Sequence[str], root: Optional[Path] = None
 ) -> list[dict[str, Any]]:
-    """Run a puppeteer-core driver (``browser_pages.mjs``, ``page_rounds.mjs``) over ``jobs`` in one Chromium.
+    """Run a puppeteer-core driver (``browser_pages.mjs``, ``page_rounds.mjs``) with ``request`` in one Chromium.
 
     Args:
-        script: the driver; jobs: its jobs (``url``, ...); args: extra Chromium flags (``--disable-gpu``);
-        root: the Node folder (default :func:`prodip.conformance.runtimes.node_root`).
+        script: the driver; request: its job (``{"jobs": [...]}``, ``{"url", "dtypes", ...}``); args: extra
+            Chromium flags (``--disable-gpu``); root: the Node folder (default
+            :func:`prodip.conformance.runtimes.node_root`).
     Returns:
-        Each job's answer (a JSON line of the driver), in order.
+        The driver's JSON lines, in order.
     Raises:
         RuntimeError: the driver exited non-zero (its stderr tail in the message).
     """
     root = root or node_root()
-    request = {"jobs": list(jobs), "node_root": str(root), "chromium": chromium_path(), "args": list(args)}
+    request = {**request, "node_root": str(root), "chromium": chromium_path(), "args": list(args)}
     proc = subprocess.run(
         [shutil.which("node") or "node", str(script)],
         input=json.dumps(request), capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S, check=False,
@@ -122,7 +123,7 @@ def open_pages(
 ) -> list[dict[str, Any]]:
     """Open each job's page (``{"url", "result": window variable, "timeout_ms"}``) in one Chromium, in order, and
     return each one's ``{"url", "result", "error", "console"}`` (``browser_pages.mjs``)."""
-    return run_chromium(PAGES_SCRIPT, jobs, args, root)
+    return run_chromium(PAGES_SCRIPT, {"jobs": list(jobs)}, args, root)
 
 
 def _package_version(root: Path, name: str) -> str:
@@ -144,8 +145,8 @@ class PageWasmTimer:
     """The export's page on transformers.js's WASM device in headless Chromium, as a speed-table runtime: the same
     interface as a runtime adapter's timing (``name``, ``timed_formats``, ``available``, ``time_generation``)."""
 
-    name = PAGE_WASM
-    timed_formats = ("onnx",)
+    name: str = PAGE_WASM
+    timed_formats: tuple[str, ...] = ("onnx",)
     #: the page's URL parameter of the device
     device = "wasm"
     #: extra Chromium flags
@@ -155,8 +156,8 @@ class PageWasmTimer:
         return missing_browser()
 
     def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
-        """Every ONNX candidate by its transformers.js dtype, one tab each, ``job.threads`` WASM threads (0: the
-        page's default), the prompt as text (the page tokenises it with the export's tokenizer).
+        """Every ONNX candidate by its transformers.js dtype, all in one tab (its dtype menu), ``job.threads`` WASM
+        threads (0: the page's default), the prompt as text (the page tokenises it with the export's tokenizer).
 
         Raises:
             FileNotFoundError: the export has no ``index.html`` (made before prodip wrote the page).
@@ -174,19 +175,24 @@ class PageWasmTimer:
         threads = f"&threads={job.threads}" if job.threads else ""
         query = (
             f"device={self.device}&prompt={quote(job.prompt_text)}&max_new_tokens={job.new_tokens}"
-            f"&min_new_tokens={job.new_tokens}{threads}&autorun=1"
+            f"&min_new_tokens={job.new_tokens}{threads}"
         )
         server, base = serve_folder(export)
         try:
-            order = sorted(set(dtypes.values()))
-            jobs = [
-                {"url": f"{base}/index.html?dtype={d}&{query}", "rounds": job.rounds, "timeout_ms": PAGE_TIMEOUT_MS}
-                for d in order
-            ]
-            answers = dict(zip(order, run_chromium(ROUNDS_SCRIPT, jobs, self.chromium_args, root)))
+            request = {
+                "url": f"{base}/index.html?{query}",
+                "dtypes": sorted(set(dtypes.values())),
+                "rounds": job.rounds,
+                "timeout_ms": PAGE_TIMEOUT_MS,
+            }
+            answer = run_chromium(ROUNDS_SCRIPT, request, self.chromium_args, root)[-1]
         finally:
             server.shutdown()
-        return {name: self._timing(answers.get(d), d, job, version) for name, d in dtypes.items()}
+        if answer.get("error"):
+            raise RuntimeError(
+                f"the page {request['url']}: {answer['error']} (console: {answer.get('console', [])[-3:]})"
+            )
+        return {name: self._timing(answer["results"].get(d), d, job, version) for name, d in dtypes.items()}
 
     def _timing(self, got: Optional[dict[str, Any]], dtype: str, job: SpeedJob, version: str) -> Timing:
         timing = Timing(threads=job.threads, version=version)

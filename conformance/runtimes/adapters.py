@@ -13,7 +13,6 @@ from prodip.conformance.runtimes.common import RuntimeAdapter
 from prodip.conformance.runtimes.executorch import ExecuTorchAdapter
 from prodip.conformance.runtimes.genai import GenaiAdapter
 from prodip.conformance.runtimes.llamacpp import LlamaCppAdapter
-from prodip.conformance.runtimes.onnxruntime import OnnxRuntimeAdapter
 from prodip.conformance.runtimes.ortweb import OrtWebAdapter
 from prodip.conformance.runtimes.serve import ServeAdapter
 from prodip.conformance.runtimes.transformers import TransformersAdapter
@@ -25,7 +24,6 @@ ADAPTERS: dict[str, RuntimeAdapter] = {
     for a in (
         TransformersAdapter(),
         ServeAdapter(),
-        OnnxRuntimeAdapter(),
         GenaiAdapter(),
         TransformersJsAdapter(),
         OrtWebAdapter(),

@@ -1,6 +1,6 @@
 """The card's speed table: the timing rule, the speed.json record, its rendering, and real timings in every runtime.
 
-    python -m pytest tests/conformance/test_speed.py -q
+python -m pytest tests/conformance/test_speed.py -q
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ RECORD = {
     ],
     "failed": [{"runtime": "transformers.js", "variant": "fp16", "error": "dtype fp16: no such file"}],
     "skipped": {"executorch": "no pte variant checked"},
+    "runtime_seconds": {"onnxruntime": 1.25, "transformers.js": 2.0, "llama.cpp": 1.25},
     "seconds": 4.5,
 }  # fmt: skip
 
@@ -77,6 +78,7 @@ def test_record_round_trips_byte_for_byte(tmp_path):
         (lambda d: d["machine"].pop("cpu"), "machine.cpu"),
         (lambda d: d["settings"].update(new_tokens=1), "settings.new_tokens"),
         (lambda d: d["rows"][0].update(rounds="3"), "rows.0.rounds"),
+        (lambda d: d["runtime_seconds"].update(onnxruntime=math.nan), "runtime_seconds.onnxruntime"),
     ],
 )
 def test_malformed_record_is_refused_naming_file_and_field(tmp_path, edit, names):
@@ -152,19 +154,22 @@ def every_format_export(tmp_path_factory):
     from tests.fixtures import build_tiny_export
 
     variants = ["safetensors", "fp32", "int8", "int4", "gguf-q8_0", "pte-fp32"]
-    return build_tiny_export(tmp_path_factory.mktemp("speed"), vocab_size=512, hidden_size=64, seed=5, variants=variants)
+    return build_tiny_export(
+        tmp_path_factory.mktemp("speed"), vocab_size=512, hidden_size=64, seed=5, variants=variants
+    )
 
 
 @pytest.mark.slow
 def test_every_installed_runtime_times_every_variant_it_runs(every_format_export):
     """Each runtime that is installed times each variant of its format with positive finite figures; one that is not
     installed is skipped with the reason (so the test holds where `make RUNTIMES=0` installed none)."""
+    from tokenizers import Tokenizer
+
     from prodip.base.manifest import files_table_sha256, load_manifest
     from prodip.conformance.inputs import PROMPTS
     from prodip.conformance.speed import measure_speed, timers
     from prodip.conformance.suite import plan_candidates
     from prodip.train.config import ModelConfig
-    from tokenizers import Tokenizer
 
     export = every_format_export
     manifest = load_manifest(export)
