@@ -56,8 +56,12 @@ Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 class Timer(Protocol):
     """What the speed table needs of a runtime (a runtime adapter, or :class:`PageWasmTimer`)."""
 
-    name: str
-    timed_formats: tuple[str, ...]
+    # read-only members: an adapter's class attribute ``timed_formats = ("onnx",)`` is a ``tuple[str]``
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def timed_formats(self) -> tuple[str, ...]: ...
 
     def available(self) -> Optional[str]: ...
 
