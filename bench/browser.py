@@ -29,7 +29,6 @@ On a shared machine only ratios within one run mean anything: the JSON records t
 from __future__ import annotations
 
 import argparse
-import functools
 import http.server
 import json
 import os
@@ -39,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -79,53 +77,24 @@ def build(work: Path, shape: str) -> Path:
     return build_tiny_export(root, seed=7, variants=variants, **SHAPES[shape])
 
 
-class _Isolated(http.server.SimpleHTTPRequestHandler):
-    """Static files with COOP/COEP (cross-origin isolation); ``/_wllama/`` and ``/_bench/`` from elsewhere."""
-
-    routes: dict[str, Path] = {}
-
-    def translate_path(self, path: str) -> str:
-        for prefix, folder in self.routes.items():
-            if path.startswith(prefix):
-                return str(folder / path[len(prefix) :].split("?")[0])
-        return super().translate_path(path)
-
-    def end_headers(self) -> None:
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        self.send_header("Cache-Control", "no-store")
-        super().end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def serve(export: Path, node_root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """Serve ``export`` (and wllama's ESM build, the bench pages) on 127.0.0.1; returns (server, base URL)."""
+    """Serve ``export`` (and wllama's ESM build, the bench pages) on 127.0.0.1, cross-origin isolated
+    (:func:`prodip.conformance.web_page.serve_folder`); returns (server, base URL)."""
+    from prodip.conformance.web_page import serve_folder
+
     routes = {
         "/_wllama/": node_root / "node_modules" / "@wllama" / "wllama" / "esm",
         "/_bench/": REPO / "bench" / "browser",
     }
-    handler = type("Handler", (_Isolated,), {"routes": routes})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(export)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    return serve_folder(export, routes)
 
 
 def browser_jobs(jobs: list[dict[str, Any]], node_root: Path, args: list[str]) -> list[dict[str, Any]]:
-    """Run ``jobs`` (url, result) in one Chromium, in order; each one's answer (``conformance/browser_pages.mjs``)."""
-    job = {
-        "jobs": jobs,
-        "node_root": str(node_root),
-        "chromium": shutil.which("chromium") or "/usr/bin/chromium",
-        "args": args,
-    }
-    proc = subprocess.run(
-        ["node", str(REPO / "conformance" / "browser_pages.mjs")], input=json.dumps(job), capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"conformance/browser_pages.mjs failed: {proc.stderr[-2000:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    """Run ``jobs`` (url, result) in one Chromium, in order; each one's answer
+    (:func:`prodip.conformance.web_page.open_pages`)."""
+    from prodip.conformance.web_page import open_pages
+
+    return open_pages(jobs, args, node_root)
 
 
 def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_tokens: int) -> dict[str, Any]:

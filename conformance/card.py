@@ -389,9 +389,9 @@ def render_tasks(quality: CardQuality) -> list[str]:
     return lines
 
 
-def write_quality(export_dir: Path, quality: CardQuality) -> ExportManifest:
-    """Rewrite ``README.md`` with the quality card, record the figures in the manifest (``card_quality``)
-    and the card's new hash in ``files``. Returns the updated manifest.
+def write_quality(export_dir: Path, quality: CardQuality, speed: str = "") -> ExportManifest:
+    """Rewrite ``README.md`` with the quality card (and ``speed``, the speed table's markdown, after it), record the
+    figures in the manifest (``card_quality``) and the card's new hash in ``files``. Returns the updated manifest.
 
     Raises:
         InvalidInput: the export has no card (made before prodip recorded one).
@@ -401,7 +401,8 @@ def write_quality(export_dir: Path, quality: CardQuality) -> ExportManifest:
     if not manifest.card:
         raise InvalidInput(f"{root / 'manifest.json'}: no card to write the quality figures into (re-export)")
     path = root / README_FILE
-    text = render_readme(manifest.card, render_quality(quality), usage_section(root, manifest.variants))
+    body = render_quality(quality) + (f"\n{speed}" if speed else "")
+    text = render_readme(manifest.card, body, usage_section(root, manifest.variants))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

@@ -102,6 +102,14 @@ class ConformanceConfig:
         choices=("skip", "fail"),
     )
     runtime_tokens: int = opt(16, "new tokens each runtime decodes greedily per prompt (tokens)")
+    speed: bool = opt(
+        True,
+        "time greedy generation of every variant in every runtime that runs it (speed.json beside report.json, "
+        "the card's speed table): ONNX Runtime, llama.cpp, ExecuTorch, and the on-device runtimes `runtimes` "
+        "chose (onnxruntime-web also times the export's web page in Chromium on WASM); false = no speed table",
+    )
+    speed_rounds: int = opt(3, "timed rounds per variant and runtime, after one warm-up; the card shows medians")
+    speed_tokens: int = opt(32, "new tokens per timed round (tokens; >= 2: the decode rate is after the first)")
     write_manifest: bool = opt(
         True,
         "record the verdict in the export's manifest.json conformance slot and the quality card in its README.md",
@@ -136,7 +144,9 @@ class ConformanceConfig:
             raise InvalidInput(
                 f"ConformanceConfig.runtimes: unknown runtime(s) {unknown}; choose from {', '.join(known)}"
             )
-        for name in ("greedy_tokens", "kv_steps", "runtime_tokens"):
+        if self.speed_tokens < 2:
+            raise InvalidInput(f"ConformanceConfig.speed_tokens must be >= 2, got {self.speed_tokens}")
+        for name in ("greedy_tokens", "kv_steps", "runtime_tokens", "speed_rounds"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"ConformanceConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("heldout_tokens", "kv_tokens", "context_tokens"):

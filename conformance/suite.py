@@ -36,7 +36,7 @@ from prodip.base.manifest import (
 )
 from prodip.base.records import refuse_newer
 from prodip.base.specials import read_specials
-from prodip.conformance import card, device_runners, measure, runners
+from prodip.conformance import card, device_runners, measure, runners, speed
 from prodip.conformance import tasks as lm_tasks
 from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION, check_chat, reference_ids
 from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
@@ -628,14 +628,40 @@ def _remove_previous_report(out: Path) -> None:
     """
     # none, or a damaged one: replaced
     refuse_newer(ConformanceReport, out / REPORT_FILE, action="prodip conformance", instead="give another --out")
-    for name in ("report.json", "report.md"):
+    refuse_newer(speed.SpeedReport, out / speed.SPEED_FILE, action="prodip conformance", instead="give another --out")
+    for name in ("report.json", "report.md", speed.SPEED_FILE):
         if (out / name).is_file():
             logger.info("conformance: removing the previous %s before this run", out / name)
             (out / name).unlink()
 
 
-def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[str, Any]:
-    """Write the quality card into the export's README.md from this report (figures measured once).
+def _measure_speed(cfg: ConformanceConfig, report: dict[str, Any]) -> speed.SpeedReport:
+    """Time every checked variant in every runtime that runs it (``prodip.conformance.speed``), from the English
+    runtime prompt this report's runtimes decoded, cut to leave room for the new tokens in the checks' window."""
+    export_dir = Path(cfg.export_dir)
+    manifest = load_manifest(export_dir)
+    model_cfg = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text(encoding="utf-8")))
+    room = max(1, int(report["inputs"]["window"]) - cfg.speed_tokens)
+    prompt = list(report["runtimes"]["prompts"]["en"])[:room]
+    return speed.measure_speed(
+        export_dir,
+        plan_candidates(manifest, cfg.variants),
+        prompt,
+        PROMPTS["en"],
+        model_cfg,
+        runtimes=cfg.runtimes,
+        threads=cfg.threads,
+        new_tokens=cfg.speed_tokens,
+        rounds=cfg.speed_rounds,
+        export_files_sha256=report["export_files_sha256"],
+    )
+
+
+def _write_quality_card(
+    cfg: ConformanceConfig, report: dict[str, Any], speed_report: Optional[speed.SpeedReport] = None
+) -> dict[str, Any]:
+    """Write the quality card into the export's README.md from this report (figures measured once), and the speed
+    table from ``speed_report`` after it.
 
     Rows of variants this run did not check are kept from the manifest's previous card when it was
     measured on the same export files (as :func:`merge_verdict` keeps their verdicts)."""
@@ -669,7 +695,7 @@ def _write_quality_card(cfg: ConformanceConfig, report: dict[str, Any]) -> dict[
     if task_rows and cfg.task_peers:
         extra["task_peers"] = lm_tasks.read_peers(cfg.task_peers)
     quality = CardQuality(rows=rows, twin=twin, export_files_sha256=report["export_files_sha256"], **extra)
-    card.write_quality(export_dir, quality)
+    card.write_quality(export_dir, quality, speed.render_speed(speed_report) if speed_report is not None else "")
     return quality.to_dict()
 
 
@@ -702,9 +728,17 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
         lm_tasks.read_peers(cfg.task_peers)
     _remove_previous_report(out)
     report, outcome = evaluate_run(cfg)
+    speed_report = _measure_speed(cfg, report) if cfg.speed else None
+    report["speed"] = (
+        {"file": speed.SPEED_FILE, "rows": len(speed_report.rows), "failed": len(speed_report.failed),
+         "skipped": speed_report.skipped, "seconds": speed_report.seconds}
+        if speed_report is not None else {"off": "[conformance] speed = false"}
+    )  # fmt: skip
     if cfg.write_manifest and report["global"]["metrics"].get("card_ok"):
-        report["card_quality"] = _write_quality_card(cfg, report)
+        report["card_quality"] = _write_quality_card(cfg, report, speed_report)
     paths = write_report(report, out, cfg)
+    if speed_report is not None:
+        speed_report.write(out / speed.SPEED_FILE)
     report["report_json"] = str(paths["json"])
     if cfg.write_manifest:
         export_dir = Path(cfg.export_dir).resolve()

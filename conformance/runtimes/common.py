@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from prodip.base.runtimes import by_name, missing_reason
+from prodip.conformance.runtimes.timing import SpeedJob, Timing
 
 #: The Node scripts (beside the conformance package's modules, shipped as its package data).
 SCRIPTS_DIR = Path(__file__).resolve().parents[1]
@@ -280,9 +281,12 @@ class ChatOutput:
 
 class RuntimeAdapter:
     """One runtime's work for conformance. Subclasses set ``name`` (a row of ``prodip.base.runtimes.RUNTIMES``)
-    and implement :meth:`greedy` (rows with a greedy metric) and/or :meth:`chat` (rows with ``chat``)."""
+    and implement :meth:`greedy` (rows with a greedy metric) and/or :meth:`chat` (rows with ``chat``), and
+    :meth:`time_generation` for the variant formats in ``timed_formats`` (the card's speed table)."""
 
     name: str = ""
+    #: the variant formats :meth:`time_generation` times (``"onnx"``, ``"gguf"``, ``"pte"``); () = not timed
+    timed_formats: tuple[str, ...] = ()
 
     def available(self) -> Optional[str]:
         """Why the runtime cannot run here (not installed; the message says how to install it), or None."""
@@ -303,3 +307,8 @@ class RuntimeAdapter:
     def chat(self, job: ChatJob) -> ChatOutput:
         """Its rendering of ``job``'s conversations and its stop ids."""
         raise NotImplementedError(f"{self.name} renders no chat template")
+
+    def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
+        """Candidate name -> its timed greedy generation in this runtime (every candidate of ``job``; see
+        :mod:`prodip.conformance.runtimes.timing`). A candidate that fails gets a :class:`Timing` with ``error``."""
+        raise NotImplementedError(f"{self.name} times no generation")

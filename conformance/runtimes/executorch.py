@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prodip.conformance.runtimes.common import ChatJob, ChatOutput, RuntimeAdapter
+from prodip.conformance.runtimes.common import ChatJob, ChatOutput, RuntimeAdapter, error_text
+from prodip.conformance.runtimes.timing import SpeedJob, Timing, time_runner
 
 NAME = "executorch"
 NOTE = (
@@ -21,8 +22,44 @@ NOTE = (
 )
 
 
+def _threadpool(threads: int) -> int:
+    """Set ExecuTorch's CPU threadpool (XNNPACK's) to ``threads`` when given (0: leave its default, one per core)
+    and return the count it now has."""
+    from executorch.extension.pybindings import portable_lib  # noqa: PLC0415 (optional: prodip[runtimes])
+
+    if threads and portable_lib._threadpool_get_thread_count() != threads:
+        # "unsafe" only while a method runs on the pool: none does between conformance's calls
+        portable_lib._unsafe_reset_threadpool(threads)
+    return int(portable_lib._threadpool_get_thread_count())
+
+
 class ExecuTorchAdapter(RuntimeAdapter):
     name = NAME
+    timed_formats = ("pte",)
+
+    def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
+        """Each ``.pte`` through ExecuTorch's Python runtime (``ExecuTorchRunner``: the program's ``forward`` with
+        its own KV cache), on ``job.threads`` threads of its pool."""
+        from importlib.metadata import version  # noqa: PLC0415
+
+        from prodip.conformance.device_runners import ExecuTorchRunner  # noqa: PLC0415 (torch, executorch)
+
+        out = {}
+        for cand in job.candidates:
+            timing = Timing(version=f"executorch {version('executorch')}")
+            try:
+                timing.threads = _threadpool(job.threads)
+                runner = ExecuTorchRunner(Path(job.export_dir) / cand.path, cand.name)
+                if len(job.prompt) + job.new_tokens > runner.max_seq_len:
+                    raise ValueError(
+                        f"{cand.path}: {len(job.prompt)} prompt + {job.new_tokens} new tokens exceed its "
+                        f"KV-cache window get_max_seq_len {runner.max_seq_len}"
+                    )
+                out[cand.name] = time_runner(runner, job.prompt, job.new_tokens, job.rounds, timing)
+            except Exception as err:  # a program that cannot run has no speed; the others still do
+                timing.error = error_text(err)
+                out[cand.name] = timing
+        return out
 
     def chat(self, job: ChatJob) -> ChatOutput:
         from pytorch_tokenizers import CppHFTokenizer  # noqa: PLC0415 (installed with executorch)

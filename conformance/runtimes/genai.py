@@ -10,6 +10,7 @@ ONNX Runtime on the variant's own file. Install: ``pip install 'prodip[runtimes]
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from prodip.conformance.runtimes.common import (
     error_text,
     truncate_at_eos,
 )
+from prodip.conformance.runtimes.timing import SpeedJob, Timing
 from prodip.export.genai import variant_overlay
 
 NAME = "onnxruntime-genai"
@@ -79,8 +81,59 @@ def genai_greedy(
     return {"ids": out, "stop_ids": eos_ids, "versions": {"onnxruntime-genai": getattr(og, "__version__", None)}}
 
 
+def genai_timing(
+    export_dir: Path, onnx_file: str, prompt: Sequence[int], new_tokens: int, rounds: int, threads: int
+) -> Timing:
+    """Time onnxruntime-genai's greedy generation of the variant whose file is ``onnx_file`` (loaded as
+    :func:`genai_greedy` loads it): one untimed warm-up round, then ``rounds`` timed ones of exactly
+    ``new_tokens`` tokens (``min_length`` = ``max_length``: its end of sequence does not stop them).
+    ``time.perf_counter`` is read before ``append_tokens`` (the prompt's prefill) and after each
+    ``generate_next_token``.
+
+    Raises:
+        ImportError: onnxruntime-genai is not installed. RuntimeError: it refused the config or the model, or stopped short of ``new_tokens``.
+    """
+    import onnxruntime_genai as og  # noqa: PLC0415 (optional dependency: prodip[runtimes])
+
+    config = og.Config(str(export_dir))
+    overlay = variant_overlay(export_dir, onnx_file)
+    if threads:
+        overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads}
+    config.overlay(json.dumps(overlay))
+    model = og.Model(config)
+    timing = Timing(threads=threads, version=f"onnxruntime-genai {getattr(og, '__version__', '?')}")
+    length = len(prompt) + new_tokens
+    for r in range(rounds + 1):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, min_length=length, max_length=length)
+        gen = og.Generator(model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(list(prompt))
+        stamps = []
+        while not gen.is_done():
+            gen.generate_next_token()
+            stamps.append(time.perf_counter())
+        if len(stamps) != new_tokens:
+            raise RuntimeError(f"onnxruntime-genai generated {len(stamps)} new tokens, asked for {new_tokens}")
+        if r:  # round 0 warms the session up and is not counted
+            timing.add_round(t0, stamps)
+    return timing
+
+
 class GenaiAdapter(RuntimeAdapter):
     name = NAME
+    timed_formats = ("onnx",)
+
+    def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
+        out = {}
+        for cand in job.candidates:
+            try:
+                out[cand.name] = genai_timing(
+                    job.export_dir, cand.path, job.prompt, job.new_tokens, job.rounds, job.threads
+                )
+            except Exception as err:  # a variant that cannot run has no speed; the others still do
+                out[cand.name] = Timing(threads=job.threads, error=error_text(err))
+        return out
 
     def greedy(self, job: GreedyJob) -> dict[str, GreedyOutput]:
         out = {}

@@ -11,16 +11,58 @@ The template is the GGUF's ``tokenizer.chat_template``, rendered with ``@hugging
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from pathlib import Path
 
-from prodip.conformance.runtimes.common import ChatJob, ChatOutput, RuntimeAdapter
+from prodip.conformance.runtimes.common import NODE_TIMEOUT_S, ChatJob, ChatOutput, RuntimeAdapter
+from prodip.conformance.runtimes.timing import SpeedJob, Timing, timings_from_node
 from prodip.conformance.runtimes.transformersjs import node_chat
 
 NAME = "llama.cpp"
+#: The Node script that times llama.cpp's generation (in the repository's ``node/``, beside node-llama-cpp).
+SPEED_SCRIPT = "llamacpp_speed.mjs"
 
 
 class LlamaCppAdapter(RuntimeAdapter):
     name = NAME
+    timed_formats = ("gguf",)
+
+    def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
+        """Every GGUF candidate in one Node process (``node/llamacpp_speed.mjs``: ``performance.now()`` before the
+        prompt's evaluation and at each token the generator yields), on ``job.threads`` threads (0: 1)."""
+        from prodip.conformance.device_runners import NODE_DIR  # noqa: PLC0415 (torch, executorch imports)
+
+        node = shutil.which("node")
+        if node is None:
+            raise FileNotFoundError("node is not on PATH (llama.cpp's runner needs Node >= 20)")
+        files = {c.name: str((Path(job.export_dir) / c.path).resolve()) for c in job.candidates}
+        request = {
+            "files": sorted(set(files.values())),
+            "prompt": [int(i) for i in job.prompt],
+            "new_tokens": job.new_tokens,
+            "rounds": job.rounds,
+            "threads": job.threads,
+        }
+        proc = subprocess.run(
+            [node, str(NODE_DIR / SPEED_SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
+            timeout=NODE_TIMEOUT_S, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"node {SPEED_SCRIPT} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        threads = job.threads or 1
+        return {
+            c.name: timings_from_node(
+                got["results"].get(files[c.name], {"error": "no result"}),
+                c.path,
+                threads,
+                got["version"],
+                job.new_tokens,
+            )
+            for c in job.candidates
+        }
 
     def chat(self, job: ChatJob) -> ChatOutput:
         gguf = job.first("gguf")

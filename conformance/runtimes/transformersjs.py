@@ -25,10 +25,13 @@ from prodip.conformance.runtimes.common import (
     run_node,
     truncate_at_eos,
 )
+from prodip.conformance.runtimes.timing import SpeedJob, Timing, timings_from_node
 
 NAME = "transformers.js"
 #: The Node script that runs transformers.js (in the conformance package).
 NODE_SCRIPT = "transformersjs_greedy.mjs"
+#: The Node script that times transformers.js's generation (in the conformance package).
+SPEED_SCRIPT = "transformersjs_speed.mjs"
 #: The Node script that renders the chat template in transformers.js and llama.cpp.
 CHAT_SCRIPT = "chat_template.mjs"
 CHAT_TIMEOUT_S = 300
@@ -75,6 +78,34 @@ def node_chat(job: ChatJob, runtime: str, gguf: Any = None) -> dict[str, Any]:
 
 class TransformersJsAdapter(RuntimeAdapter):
     name = NAME
+    timed_formats = ("onnx",)
+
+    def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
+        """Every ONNX candidate by the dtype whose file is its own, all in one Node process
+        (``transformersjs_speed.mjs``: ``performance.now()`` around ``generate``, a streamer stamping each token)."""
+        dtypes = {c.name: BY_NAME[c.variant].transformersjs_dtype for c in job.candidates}
+        request = {
+            "export_dir": str(Path(job.export_dir).resolve()),
+            "dtypes": sorted(set(dtypes.values())),
+            "prompt": [int(i) for i in job.prompt],
+            "new_tokens": job.new_tokens,
+            "rounds": job.rounds,
+            "threads": job.threads,
+            "node_root": str(node_root()),
+        }
+        got = run_node(SPEED_SCRIPT, request)
+        v = got.get("versions") or {}
+        version = f"transformers.js {v.get('@huggingface/transformers')} (onnxruntime-node {v.get('onnxruntime-node')})"
+        return {
+            name: timings_from_node(
+                got["results"].get(dtype, {"error": "no result"}),
+                f"dtype {dtype}",
+                job.threads,
+                version,
+                job.new_tokens,
+            )
+            for name, dtype in dtypes.items()
+        }
 
     def greedy(self, job: GreedyJob) -> dict[str, GreedyOutput]:
         dtypes = {c.name: BY_NAME[c.variant].transformersjs_dtype for c in job.candidates}

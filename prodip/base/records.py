@@ -2,7 +2,7 @@
 
 Each JSON artifact (shards ``meta.json``, ``fertility.json``, a checkpoint's ``trainer_state.json`` and
 ``manifest.json``, ``eval.json``, ``sft_eval.json``, the export's ``manifest.json`` and its conformance
-verdict, conformance's ``report.json``, the tokenizer's ``train_info.json``, ``prodip run``'s
+verdict, conformance's ``report.json`` and ``speed.json``, the tokenizer's ``train_info.json``, ``prodip run``'s
 ``stage_times.json``, ``completions.json``, ``prodip_run.json``, ``corpus_inputs.json`` and ``summary.json``)
 is a subclass of :class:`Record` defined in the module CONTRACTS.md names as its owner. The class holds:
 

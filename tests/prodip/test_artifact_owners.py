@@ -42,6 +42,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "eval.json": ("train/records.py", "train/eval.py"),
     "sft_eval.json": ("train/records.py", "train/sft.py"),
     "report.json": ("conformance/records.py", "conformance/report.py"),
+    "speed.json": ("conformance/speed.py",),
     "stage_times.json": ("prodip/base/stage.py",),
     "train_info.json": ("tokenizer/bpe.py",),
     "completions.json": ("serve/records.py", "serve/stage.py"),
@@ -59,6 +60,7 @@ CONSTANTS = {
     "EVAL_FILE": "eval.json",
     "SFT_EVAL_FILE": "sft_eval.json",
     "REPORT_FILE": "report.json",
+    "SPEED_FILE": "speed.json",
     "STAGE_TIMES_FILE": "stage_times.json",
     "TRAIN_INFO_FILE": "train_info.json",
     "COMPLETIONS_FILE": "completions.json",
@@ -202,7 +204,8 @@ def bad(d, ckpt, out, plan):
     write_text_atomic(out / RUN_MARKER, "{}")
     stamps = read_json_or_none(out / CORPUS_STAMPS) or {}
     verdict = json.loads((out / "summary.json").read_text())["ok"]
-    return n, ok, step, passed, info, said, stamps, verdict
+    fast = json.loads((out / SPEED_FILE).read_text())["rows"]
+    return n, ok, step, passed, info, said, stamps, verdict, fast
 """
 
 
@@ -221,6 +224,7 @@ def test_a_planted_violation_of_each_kind_is_caught():
         "prodip_run.json",
         "corpus_inputs.json",
         "summary.json",
+        "speed.json",
     ):
         assert f"on {artifact}" in joined, (artifact, joined)
     assert all(v.startswith("serve/fake.py:") for v in found)
