@@ -28,9 +28,10 @@ def tiny_artifacts(tmp_path_factory) -> dict[str, Path]:
 
 def conformance_config(export_dir, checkpoint, shards_dir, **kw):
     """A ConformanceConfig for the tiny test models: the tiny tolerances, held-out text from ``shards_dir``
-    (192 tokens per language, two context windows), 24 greedy tokens, 1 thread, no manifest write and no
-    on-device runtimes unless ``kw`` says otherwise (tests/conformance/test_runtimes.py checks them; each
-    adds a Node and an onnxruntime-genai run). ``checkpoint`` / ``shards_dir`` None: none given. The one
+    (192 tokens per language, two context windows), 24 greedy tokens, 1 thread, no manifest write, no
+    on-device runtimes and no speed table unless ``kw`` says otherwise (tests/conformance/test_runtimes.py
+    checks the runtimes, each a Node or onnxruntime-genai run; the shared ``conformed_export`` run and
+    tests/conformance/test_speed.py the speed table). ``checkpoint`` / ``shards_dir`` None: none given. The one
     place these settings are spelled out."""
     from prodip.conformance import ConformanceConfig
 
@@ -44,6 +45,7 @@ def conformance_config(export_dir, checkpoint, shards_dir, **kw):
         shards_dir=None if shards_dir is None else str(shards_dir),
         heldout_tokens=192,
         runtimes=[],
+        speed=False,
     )
     base.update(kw)
     return ConformanceConfig(**base)
@@ -90,5 +92,7 @@ def conformed_export(tiny_artifacts, tmp_path_factory) -> tuple[Path, dict]:
     scored = Checkpointed(path=str(ckpt), step=1, model_sha256=file_sha256(ckpt / "model.safetensors"))
     twin = EvalReport(format_version=EvalReport.FORMAT_VERSION, checkpoint=scored, languages={"bn": EVAL_TWIN})
     eval_json = twin.write(root / "eval.json")  # as `prodip eval` writes it (its record's writer)
-    report = run_conformance(tiny_conf_cfg(tiny_artifacts, export, write_manifest=True, eval_json=str(eval_json)))
+    report = run_conformance(
+        tiny_conf_cfg(tiny_artifacts, export, write_manifest=True, eval_json=str(eval_json), speed=True)
+    )
     return export, report
