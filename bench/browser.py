@@ -6,7 +6,7 @@ path (:func:`tests.fixtures.build_tiny_export`: ONNX fp32/q8/q4 and GGUF f16/q8_
 weights), then, per thread count, every runner decodes the same prompt text greedily:
 
 * ``page``: the export's own ``index.html`` (transformers.js + onnxruntime-web WASM, exactly the code path
-  a user gets) in Debian's Chromium, headless, driven by puppeteer-core (``conformance/browser_pages.mjs``), with
+  a user gets) in Debian's Chromium, headless, driven by puppeteer-core (``conformance/browser_pages.mjs``, the one Chromium driver), with
   ``?dtype=..&threads=..&autorun=1``; ``page default`` is the page with no ``dtype`` (what a user gets);
   ``page, asyncify build`` adds ``&wasm=asyncify``: the WASM build transformers.js picks by itself;
 * ``wllama``: npm ``@wllama/wllama`` (llama.cpp compiled to WebAssembly) in the same Chromium, loading the
@@ -113,19 +113,11 @@ def serve(export: Path, node_root: Path) -> tuple[http.server.ThreadingHTTPServe
 
 
 def browser_jobs(jobs: list[dict[str, Any]], node_root: Path, args: list[str]) -> list[dict[str, Any]]:
-    """Run ``jobs`` (url, result) in one Chromium, in order; each one's answer (``conformance/browser_pages.mjs``)."""
-    job = {
-        "jobs": jobs,
-        "node_root": str(node_root),
-        "chromium": shutil.which("chromium") or "/usr/bin/chromium",
-        "args": args,
-    }
-    proc = subprocess.run(
-        ["node", str(REPO / "conformance" / "browser_pages.mjs")], input=json.dumps(job), capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"conformance/browser_pages.mjs failed: {proc.stderr[-2000:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    """Run ``jobs`` (url, result) in one Chromium, in order; each one's answer (the one Chromium driver,
+    ``prodip.conformance.runtimes.browser_page.open_pages``)."""
+    from prodip.conformance.runtimes.browser_page import open_pages  # noqa: PLC0415 (after sys.path has the repo)
+
+    return open_pages(jobs, args, root=node_root, timeout_s=24 * 3600)
 
 
 def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_tokens: int) -> dict[str, Any]:
