@@ -1,12 +1,13 @@
-"""How a runtime's greedy ids are judged against the reference's: identical, or parted only at a near tie.
+"""How a runtime's greedy ids are judged against the reference's, by the one greedy agreement rule
+(:func:`prodip.conformance.compare.greedy_agreement`): they may part only at the first step where the
+reference's logit of its own pick exceeds its logit of the runtime's pick by at most a tie margin (a near tie
+two kernels may break either way when they sum the same products in another order), and need not agree after
+it (the two then continue from different text).
 
-The rule of a row and variant is the row's ``greedy_margins`` (``prodip.base.runtimes.Runtime.greedy_margin``):
-None — the ids must be identical; a margin (logits) — they may part at the first step where the reference's
-logit of its own pick exceeds its logit of the runtime's pick by at most the margin (a near tie two kernels
-may break either way when they sum the same products in another order), and need not agree after it (the
-two then continue from different text).
+The margin of a row and variant is the row's ``greedy_margins`` entry
+(``prodip.base.runtimes.Runtime.greedy_margin``) where it names the variant, else none (identical ids).
 
-    python -c "from prodip.conformance.runtimes.agreement import margin_agrees; help(margin_agrees)"
+    python -c "from prodip.conformance.runtimes.agreement import greedy_agrees; help(greedy_agrees)"
 """
 
 from __future__ import annotations
@@ -16,29 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-
-def margin_agrees(
-    want: Sequence[int], got: Sequence[int], step_logits: Sequence[np.ndarray], prompt_len: int, margin: float
-) -> tuple[bool, str]:
-    """Greedy ids that may part where the reference was nearly tied: equal up to the first difference,
-    and there the reference's logit of its own pick exceeds its logit of ``got``'s pick by at most ``margin``.
-
-    Args:
-        want: the reference's ids (prompt + new); got: the candidate's; step_logits: the reference's
-            logits (vocab,) at each new step; prompt_len: tokens of the prompt; margin: logits.
-    Returns:
-        (agrees, a one-line account naming the step and the gap).
-    """
-    if list(want[:prompt_len]) != list(got[:prompt_len]):
-        return False, "the prompt ids differ"
-    for step, (a, b) in enumerate(zip(want[prompt_len:], got[prompt_len:])):
-        if a != b:
-            if step >= len(step_logits) or not 0 <= b < len(step_logits[step]):
-                return False, f"parted at new token {step}: reference {a} vs {b}, no reference logit for it"
-            gap = float(step_logits[step][a] - step_logits[step][b])
-            return gap <= margin, f"parted at new token {step}: reference {a} vs {b}, gap {gap:.4g} (margin {margin})"
-    same = len(want) == len(got)
-    return same, "same ids" if same else f"lengths differ: {len(want)} vs {len(got)}"
+from prodip.conformance.compare import greedy_agreement
 
 
 def greedy_agrees(
@@ -64,8 +43,8 @@ def greedy_agrees(
         return True, "identical"
     if margin is None or len(got) != len(want):
         return False, "ids differ"
-    verdicts = [margin_agrees(w, g, s, n, margin) for w, g, s, n in zip(want, got, step_logits, prompt_lens)]
-    return all(ok for ok, _ in verdicts), "; ".join(f"prompt {i}: {why}" for i, (_, why) in enumerate(verdicts))
+    verdicts = [greedy_agreement(w, g, s, margin, n) for w, g, s, n in zip(want, got, step_logits, prompt_lens)]
+    return all(v.agreed for v in verdicts), "; ".join(f"prompt {i}: {v.reason}" for i, v in enumerate(verdicts))
 
 
 def runtime_passed(res: dict[str, Any]) -> bool:

@@ -213,11 +213,17 @@ def test_a_rows_margin_is_its_rule_for_the_variants_it_names(monkeypatch):
 
     res, [check] = judge("int4", near)
     assert check.passed is True and res.ids_identical is False and res.agrees is True and res.margin == 0.05
-    assert res.agreement == "prompt 0: parted at new token 0: reference 1 vs 2, gap 0.03 (margin 0.05)"
+    assert res.agreement == (
+        "prompt 0: parted at new token 0: reference 1 vs 2, reference margin 0.03 (a near tie; tie margin 0.05)"
+    )
     record = {"kind": "onnx", "passed": False, "runtimes": {"runtimes": {GOOD: res.to_dict()}}}
     assert runtime_passed(res.to_dict()) and card._runtimes_proven([record]) == ["Twin (GPU)"]
     res, [check] = judge("int4", far)
-    assert check.passed is False and res.agrees is False and "gap 2 (margin 0.05)" in check.note
+    assert (
+        check.passed is False
+        and res.agrees is False
+        and "reference margin 2 (a clear choice; tie margin 0.05)" in check.note
+    )
     assert card._runtimes_proven([{"kind": "onnx", "runtimes": {"runtimes": {GOOD: res.to_dict()}}}]) == []
     res, [check] = judge("int8", near)  # not named: identical ids or nothing
     assert check.passed is False and res.agrees is None and "margin" not in res.to_dict()
