@@ -38,8 +38,8 @@ from prodip.conformance.runtimes.ortweb import FP32_COMPUTE, fp32_compute_copy
 
 #: How long one page may take to load its variant and decode one prompt (ms).
 PAGE_TIMEOUT_MS = 300_000
-#: transformers.js's words when a device lacks a dtype ("The device (webgpu) does not support fp16.").
-_UNSUPPORTED = "does not support"
+#: transformers.js's words when the WebGPU adapter lacks shader-f16 ("The device (webgpu) does not support fp16.").
+_NO_FP16 = "does not support fp16"
 
 
 def _chromium_version() -> Optional[str]:
@@ -76,32 +76,32 @@ class PageAdapter(RuntimeAdapter):
 
     def greedy(self, job: GreedyJob) -> dict[str, GreedyOutput]:
         dtypes = {c.name: BY_NAME[c.variant].transformersjs_dtype for c in job.candidates}
+        out = {
+            c.name: GreedyOutput(error=f"variant {c.variant} has no transformers.js dtype")
+            for c in job.candidates
+            if dtypes[c.name] is None
+        }
+        cands = [c for c in job.candidates if dtypes[c.name] is not None]
         with serve_dir(Path(job.export_dir)) as base:
             pages = [
                 {"url": url, "result": "prodipResult", "timeout_ms": PAGE_TIMEOUT_MS}
-                for name in dtypes
-                for url in self.urls(base, dtypes[name] or "", job)
+                for c in cands
+                for url in self.urls(base, str(dtypes[c.name]), job)
             ]
             answers = iter(open_pages(pages, self.flags))
         versions: dict[str, Any] = {"chromium": _chromium_version(), "device": self.device}
-        out = {}
-        for cand in job.candidates:
+        for cand in cands:
             dtype = dtypes[cand.name]
             got = [next(answers) for _ in job.prompts]
-            if dtype is None:
-                out[cand.name] = GreedyOutput(error=f"variant {cand.variant} has no transformers.js dtype")
-                continue
             errors = [g["error"] for g in got if g["error"]]
             adapter = next((g["result"].get("adapter") for g in got if (g["result"] or {}).get("adapter")), None)
             if adapter:
                 versions["adapter"] = f"{adapter.get('vendor')} {adapter.get('architecture')}"
-            if errors and _UNSUPPORTED in errors[0]:
+            if errors and _NO_FP16 in errors[0]:
                 # transformers.js refuses fp16 on WebGPU before it loads the file when the adapter lacks the
-                # shader-f16 feature (SwiftShader has none: Vulkan's shaderFloat16 is not implemented there)
-                why = " (the adapter lacks the shader-f16 feature)" if dtype == "fp16" else ""
-                out[cand.name] = GreedyOutput(
-                    skipped=f"transformers.js on {self.device}: {errors[0]}{why}", dtype=dtype
-                )
+                # shader-f16 feature (SwiftShader has none): the runtime cannot run the variant here, not a fault
+                why = f"transformers.js on {self.device}: {errors[0]} (the WebGPU adapter lacks shader-f16)"
+                out[cand.name] = GreedyOutput(skipped=why, dtype=dtype)
                 continue
             if errors:
                 res = GreedyOutput(error=f"{self.name} dtype {dtype}: {errors[0]}", dtype=dtype, versions=versions)

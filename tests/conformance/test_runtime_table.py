@@ -229,3 +229,24 @@ def test_a_rows_margin_is_its_rule_for_the_variants_it_names(monkeypatch):
     assert check.passed is False and res.agrees is None and "margin" not in res.to_dict()
     res, [check] = judge("int8", want)
     assert check.passed is True and res.ids_identical is True
+
+
+def test_the_browser_rows_are_skipped_with_the_reason_when_chromium_or_puppeteer_is_missing(monkeypatch, tmp_path):
+    """The page rows (WebGPU, WASM in Chromium) need node, puppeteer-core under the node folder and Chromium; without
+    one, conformance lists them as skipped with what is missing and how to install it (``missing="fail"``: failed)."""
+    from types import SimpleNamespace
+
+    from prodip.conformance.runtimes import browser_page
+    from prodip.conformance.runtimes.check import _decode
+
+    job = SimpleNamespace(candidates=[SimpleNamespace(name="fp32")])
+    monkeypatch.setattr(browser_page, "chromium_path", lambda: str(tmp_path / "no-chromium"))
+    for name in ("transformers.js-webgpu", "transformers.js-browser"):
+        reason = ADAPTERS[name].available()
+        assert reason is not None and ("chromium not installed" in reason or "not installed in" in reason), reason
+        out = _decode(name, job, "skip")["fp32"]
+        assert out.skipped == f"not installed: {reason}" and out.error is None
+        assert _decode(name, job, "fail")["fp32"].error == f"not installed: {reason}"
+    monkeypatch.setenv("PRODIP_NODE_ROOT", str(tmp_path))  # no node_modules there
+    reason = ADAPTERS["transformers.js-webgpu"].available()
+    assert reason == f"puppeteer-core not installed in {tmp_path} (npm install --ignore-scripts --prefix node)"
