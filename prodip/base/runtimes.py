@@ -153,7 +153,10 @@ RUNTIMES: tuple[Runtime, ...] = (
         npm=("puppeteer-core",),
         greedy_metric="browser_wasm_greedy_identical",
         label="transformers.js (Chromium, WASM)",
-        # default: the WASM build is the page's default device; a tiny export's 4 variants, 2 prompts: 21 s
+        # opt-in (--runtimes): the page offers only the files config.json lists in use_external_data_format, so
+        # an export whose ONNX weights are inline (a standard graph) has nothing it loads; a tiny export's 4
+        # variants, 2 prompts: 21 s
+        default=False,
     ),
     Runtime(
         "llama.cpp",
