@@ -141,9 +141,10 @@ RUNTIMES: tuple[Runtime, ...] = (
         # shader-f16, so transformers.js refuses fp16 there and the check is skipped)
         greedy_margins=(("int4", 0.05), ("fp16", 0.05)),
         label="transformers.js (Chromium, WebGPU)",
-        # opt-in (--runtimes): a prefill of 32 or more tokens gives other logits on SwiftShader (fp32 too), so
-        # conformance's own prompts (100+ tokens) fail it; and a page load per variant and prompt costs ~10 s
-        # (a tiny export's 4 variants, 2 prompts: 88 s on 2 shared cores)
+        # opt-in (--runtimes): on a contrib graph (GroupQueryAttention, RotaryEmbedding) a prefill of 32 or more
+        # tokens gives other logits on SwiftShader (fp32 too), so conformance's prompts (48-123 tokens) fail it
+        # there (a standard graph passes); and a page load per variant and prompt costs ~10 s (a tiny export's
+        # 4 variants, 2 prompts: 76-88 s on 2 shared, loaded cores)
         default=False,
     ),
     Runtime(
