@@ -6,7 +6,7 @@ path (:func:`tests.fixtures.build_tiny_export`: ONNX fp32/q8/q4 and GGUF f16/q8_
 weights), then, per thread count, every runner decodes the same prompt text greedily:
 
 * ``page``: the export's own ``index.html`` (transformers.js + onnxruntime-web WASM, exactly the code path
-  a user gets) in Debian's Chromium, headless, driven by puppeteer-core (``conformance/browser_pages.mjs``), with
+  a user gets) in Debian's Chromium, headless, driven by puppeteer-core (``conformance/browser_pages.mjs``, the one Chromium driver), with
   ``?dtype=..&threads=..&autorun=1``; ``page default`` is the page with no ``dtype`` (what a user gets);
   ``page, asyncify build`` adds ``&wasm=asyncify``: the WASM build transformers.js picks by itself;
 * ``wllama``: npm ``@wllama/wllama`` (llama.cpp compiled to WebAssembly) in the same Chromium, loading the
@@ -29,6 +29,7 @@ On a shared machine only ratios within one run mean anything: the JSON records t
 from __future__ import annotations
 
 import argparse
+import functools
 import http.server
 import json
 import os
@@ -38,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -77,24 +79,45 @@ def build(work: Path, shape: str) -> Path:
     return build_tiny_export(root, seed=7, variants=variants, **SHAPES[shape])
 
 
-def serve(export: Path, node_root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """Serve ``export`` (and wllama's ESM build, the bench pages) on 127.0.0.1, cross-origin isolated
-    (:func:`prodip.conformance.web_page.serve_folder`); returns (server, base URL)."""
-    from prodip.conformance.web_page import serve_folder
+class _Isolated(http.server.SimpleHTTPRequestHandler):
+    """Static files with COOP/COEP (cross-origin isolation); ``/_wllama/`` and ``/_bench/`` from elsewhere."""
 
+    routes: dict[str, Path] = {}
+
+    def translate_path(self, path: str) -> str:
+        for prefix, folder in self.routes.items():
+            if path.startswith(prefix):
+                return str(folder / path[len(prefix) :].split("?")[0])
+        return super().translate_path(path)
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def serve(export: Path, node_root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve ``export`` (and wllama's ESM build, the bench pages) on 127.0.0.1; returns (server, base URL)."""
     routes = {
         "/_wllama/": node_root / "node_modules" / "@wllama" / "wllama" / "esm",
         "/_bench/": REPO / "bench" / "browser",
     }
-    return serve_folder(export, routes)
+    handler = type("Handler", (_Isolated,), {"routes": routes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(export)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def browser_jobs(jobs: list[dict[str, Any]], node_root: Path, args: list[str]) -> list[dict[str, Any]]:
-    """Run ``jobs`` (url, result) in one Chromium, in order; each one's answer
-    (:func:`prodip.conformance.web_page.open_pages`)."""
-    from prodip.conformance.web_page import open_pages
+    """Run ``jobs`` (url, result) in one Chromium, in order; each one's answer (the one Chromium driver,
+    ``prodip.conformance.runtimes.browser_page.open_pages``)."""
+    from prodip.conformance.runtimes.browser_page import open_pages  # noqa: PLC0415 (after sys.path has the repo)
 
-    return open_pages(jobs, args, node_root)
+    return open_pages(jobs, args, root=node_root, timeout_s=24 * 3600)
 
 
 def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_tokens: int) -> dict[str, Any]:

@@ -6,26 +6,21 @@ thread; :func:`training_logits` (the fp32 checkpoint) and :func:`ort_logits` (ON
 what to hold them against, on the same token windows, and :func:`judge` scores a candidate's logits
 against a reference's (top-1 agreement, KL, max |logit difference|).
 
-:func:`webgpu_greedy` runs the export's own page on transformers.js's WebGPU device in headless Chromium
-(SwiftShader's adapter where there is no GPU) and :func:`margin_agrees` judges ids that may part at a near
-tie: a runner for WebGPU as a conformance runtime.
+The export's own page in headless Chromium (WebGPU through SwiftShader where there is no GPU, and WASM) is a
+conformance runtime row: ``prodip.conformance.runtimes.webgpu``.
 
     python -c "from prodip.conformance.browser import node_scripts; print(node_scripts())"
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import onnxruntime as ort
@@ -39,7 +34,6 @@ from prodip.train.checkpoint import load_model
 #: The Node scripts (beside this file).
 LOGITS_SCRIPT = Path(__file__).with_name("ort_web_logits.mjs")
 RUN_SCRIPT = Path(__file__).with_name("ort_web_run.mjs")
-PAGES_SCRIPT = Path(__file__).with_name("browser_pages.mjs")
 #: Timeout of one Node run (s).
 NODE_TIMEOUT_S = 1800
 _NUMPY = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "uint8": np.uint8, "int8": np.int8}
@@ -175,90 +169,3 @@ def web_run(model: str | Path, feeds: dict[str, np.ndarray], outputs: Sequence[s
             name: np.fromfile(files[name], dtype=_NUMPY[meta[name]["dtype"]]).reshape(meta[name]["dims"])
             for name in outputs
         }
-
-
-#: Chromium flags for WebGPU on a machine without a GPU: Dawn's SwiftShader (Vulkan on the CPU) adapter, which
-#: Chromium offers when WebGPU is unsafely enabled and no hardware adapter exists. It has no shader-f16, so
-#: transformers.js refuses the fp16 dtype there ("does not support fp16").
-WEBGPU_FLAGS = ("--enable-unsafe-webgpu",)
-
-
-def webgpu_greedy(
-    export_dir: str | Path, dtypes: Sequence[str], prompt: str, max_new_tokens: int, timeout_ms: int = 600_000
-) -> dict[str, dict[str, Any]]:
-    """Greedy ids from the export's own page on transformers.js's WebGPU device, in headless Chromium.
-
-    The page (``index.html?device=webgpu``: onnxruntime-web's asyncify build with its WebGPU execution
-    provider) is served from 127.0.0.1 and driven by puppeteer-core (``browser_pages.mjs``) with
-    :data:`WEBGPU_FLAGS`; on a CPU-only machine the adapter is SwiftShader. One page per dtype,
-    ``min_new_tokens`` = ``max_new_tokens`` (the ids do not stop at end-of-sequence).
-
-    Args:
-        export_dir: the export dir (``index.html``, ``web/``, ``config.json``, ``onnx/``).
-        dtypes: transformers.js dtypes (``fp32``, ``q8``, ``q4``, ``fp16``).
-        prompt: the prompt text (the page tokenizes it with transformers.js: the prompt ids lead ``ids``).
-        max_new_tokens: new tokens per page.
-    Returns:
-        dtype -> ``{"ids": [prompt + new], "adapter": {...}, "error": None}`` or ``{"error": str}``.
-    Raises:
-        FileNotFoundError: no ``node``, no puppeteer-core or no ``chromium``.
-    """
-
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    root = node_root()
-    if shutil.which("node") is None or not (root / "node_modules" / "puppeteer-core").is_dir():
-        raise FileNotFoundError(f"the WebGPU page needs node and {root}/node_modules/puppeteer-core")
-    if not Path(chromium).is_file():
-        raise FileNotFoundError("the WebGPU page needs Chromium (apt-get install -y chromium)")
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(export_dir)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    query = f"device=webgpu&prompt={quote(prompt)}&max_new_tokens={max_new_tokens}&min_new_tokens={max_new_tokens}"
-    jobs = [
-        {"url": f"{base}/index.html?dtype={d}&{query}&autorun=1", "result": "prodipResult", "timeout_ms": timeout_ms}
-        for d in dtypes
-    ]
-    try:
-        job = {"jobs": jobs, "node_root": str(root), "chromium": chromium, "args": list(WEBGPU_FLAGS)}
-        proc = subprocess.run(
-            [shutil.which("node") or "node", str(PAGES_SCRIPT)],
-            input=json.dumps(job), capture_output=True, text=True, timeout=NODE_TIMEOUT_S,
-        )  # fmt: skip
-    finally:
-        server.shutdown()
-    if proc.returncode != 0:
-        raise RuntimeError(f"node browser_pages.mjs exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
-    answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    out: dict[str, dict[str, Any]] = {}
-    for dtype, got in zip(dtypes, answers):
-        res = got["result"] or {}
-        if got["error"]:
-            out[dtype] = {"error": got["error"], "console": got["console"][-5:]}
-        else:
-            out[dtype] = {"ids": res["ids"], "adapter": res.get("adapter"), "device": res.get("device"), "error": None}
-    return out
-
-
-def margin_agrees(
-    want: Sequence[int], got: Sequence[int], step_logits: Sequence[np.ndarray], prompt_len: int, margin: float
-) -> tuple[bool, str]:
-    """Greedy ids that may part where the reference was nearly tied: equal up to the first difference,
-    and there the reference's logit of its own pick exceeds its logit of ``got``'s pick by at most ``margin``.
-
-    Args:
-        want: the reference's ids (prompt + new); got: the candidate's; step_logits: the reference's
-            logits (vocab,) at each new step; prompt_len: tokens of the prompt; margin: logits.
-    Returns:
-        (agrees, a one-line account naming the step and the gap).
-    """
-    for step, (a, b) in enumerate(zip(want[prompt_len:], got[prompt_len:])):
-        if a != b:
-            gap = float(step_logits[step][a] - step_logits[step][b])
-            return gap <= margin, f"parted at new token {step}: reference {a} vs {b}, gap {gap:.4g} (margin {margin})"
-    same = len(want) == len(got)
-    return same, "same ids" if same else f"lengths differ: {len(want)} vs {len(got)}"

@@ -1,9 +1,15 @@
-// Open pages one after another in one headless system Chromium (puppeteer-core: no browser download), each in a
-// fresh tab, and collect each page's result object. Used by bench/browser.py (the export's page, wllama's page).
+// The one Chromium driver: open pages one after another in one headless system Chromium (puppeteer-core: no
+// browser download), each in a fresh tab, and collect each page's result object (window[result]). Used through
+// prodip.conformance.runtimes.browser_page.open_pages by conformance's browser rows, tests/browser and
+// bench/browser.py.
 //
-// stdin: {"jobs": [{"url": URL, "result": "prodipResult", "timeout_ms": 600000}, ...], "node_root": DIR,
-//         "chromium": "/usr/bin/chromium", "args": [extra Chromium flags]}
-// stdout: one JSON line per job, as it finishes: {"url": URL, "result": {...} | null, "error": str | null, "console": [lines]}
+// stdin: {"jobs": [{"url": URL, "result": "prodipResult", "timeout_ms": 600000,
+//                   "actions": [["type", "#prompt", "text"], ["click", "#go"]] (optional, before waiting),
+//                   "screenshot": PATH (optional: written when the page fails or times out)}, ...],
+//         "node_root": DIR (whose node_modules holds puppeteer-core), "chromium": "/usr/bin/chromium",
+//         "args": [extra Chromium flags] (default ["--disable-gpu"]; WebGPU: ["--enable-unsafe-webgpu"])}
+// stdout: one JSON line per job, as it finishes:
+//         {"url": URL, "result": {...} | null, "error": str | null, "console": [lines], "requests": [urls]}
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -19,26 +25,35 @@ const profile = mkdtempSync(path.join(tmpdir(), 'prodip-chromium-'));
 const browser = await puppeteer.launch({
   executablePath: job.chromium || '/usr/bin/chromium',
   headless: true,
-  protocolTimeout: 0,
+  protocolTimeout: 0,  // a page may compute for minutes (a large model on one thread): its own timeout_ms bounds it
   args: ['--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
     '--disable-component-update', '--disable-sync', `--user-data-dir=${profile}`, ...(job.args || ['--disable-gpu'])],
 });
-for (const one of job.jobs) {
-  const out = { url: one.url, result: null, error: null, console: [] };
-  const page = await browser.newPage();
-  page.on('console', (m) => out.console.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
-  page.on('pageerror', (e) => out.console.push(`pageerror: ${e.message}`.slice(0, 500)));
-  try {
-    await page.goto(one.url, { waitUntil: 'load', timeout: one.timeout_ms });
-    await page.waitForFunction((name) => window[name] !== undefined, { timeout: one.timeout_ms, polling: 200 }, one.result);
-    out.result = await page.evaluate((name) => window[name], one.result);
-    if (out.result && out.result.error) out.error = out.result.error;
-  } catch (err) {
-    out.error = String(err && err.message ? err.message : err);
+try {
+  for (const one of job.jobs) {
+    const out = { url: one.url, result: null, error: null, console: [], requests: [] };
+    const page = await browser.newPage();
+    page.on('console', (m) => out.console.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
+    page.on('pageerror', (e) => out.console.push(`pageerror: ${e.message}`.slice(0, 500)));
+    page.on('request', (r) => out.requests.push(r.url()));
+    try {
+      await page.goto(one.url, { waitUntil: 'load', timeout: one.timeout_ms });
+      for (const [kind, selector, value] of one.actions || []) {
+        if (kind === 'type') await page.type(selector, value);
+        if (kind === 'click') await page.click(selector);
+      }
+      await page.waitForFunction((name) => window[name] !== undefined, { timeout: one.timeout_ms, polling: 200 }, one.result);
+      out.result = await page.evaluate((name) => window[name], one.result);
+      if (out.result && out.result.error) out.error = out.result.error;
+    } catch (err) {
+      out.error = String(err && err.message ? err.message : err);
+    }
+    if (out.error && one.screenshot) await page.screenshot({ path: one.screenshot, fullPage: true }).catch(() => {});
+    out.console = out.console.slice(-20);
+    await page.close();
+    console.log(JSON.stringify(out));
   }
-  out.console = out.console.slice(-20);
-  await page.close();
-  console.log(JSON.stringify(out));
+} finally {
+  await browser.close();
+  rmSync(profile, { recursive: true, force: true });
 }
-await browser.close();
-rmSync(profile, { recursive: true, force: true });

@@ -45,7 +45,8 @@ from prodip.base.manifest import (
     load_manifest,
     save_manifest,
 )
-from prodip.base.runtimes import card_label
+from prodip.base.runtimes import by_name, card_label
+from prodip.conformance.runtimes.agreement import runtime_passed
 from prodip.export.card import (
     LIBRARY_NAME,
     PIPELINE_TAG,
@@ -201,17 +202,26 @@ def card_problems(export_dir: str | Path, manifest: Optional[ExportManifest] = N
 
 
 def _runtimes_proven(entries: list[dict[str, Any]]) -> list[str]:
-    """The runtimes that ran a variant and passed: each candidate's own runner (ONNX Runtime, llama.cpp,
-    ExecuTorch, prodip's PyTorch model, transformers) whose checks all passed, plus each on-device runtime
-    (onnxruntime-genai, transformers.js) whose greedy ids matched ONNX Runtime's."""
+    """The runtimes that ran a variant and passed, by their card names in the runtimes table: each candidate's
+    own runner (ONNX Runtime, llama.cpp, ExecuTorch, prodip's PyTorch model, transformers) whose checks all
+    passed, plus each on-device runtime (onnxruntime-genai, transformers.js in Node and in Chromium on WebGPU
+    and WASM, ...) whose greedy ids met its row's rule against ONNX Runtime's (a skipped one is not listed)."""
     out = []
     for entry in entries:
         if entry.get("passed"):
             out.append(card_label(entry["kind"]))
         for name, res in (entry.get("runtimes") or {}).get("runtimes", {}).items():
-            if res.get("ids_identical"):
-                out.append(name)
+            if not res.get("skipped") and runtime_passed(res):
+                out.append(_row_label(name))
     return list(dict.fromkeys(out))
+
+
+def _row_label(name: str) -> str:
+    """The card's name of the runtime row ``name`` (a report of a runtime no longer in the table: its name)."""
+    try:
+        return by_name(name).card_label
+    except KeyError:
+        return name
 
 
 def quality_rows(

@@ -168,7 +168,9 @@ def _runtime_lines(report: dict[str, Any]) -> list[str]:
                 if got.get("skipped")
                 else "identical"
                 if got.get("ids_identical")
-                else f"**FAIL** {str(got.get('error') or 'ids differ')[:80]}"
+                else f"parted at a near tie (margin {got['margin']})"
+                if got.get("agrees")
+                else f"**FAIL** {str(got.get('error') or got.get('agreement') or 'ids differ')[:80]}"
             )
             if got.get("logits"):  # onnxruntime-web: its logits vs ONNX Runtime's on the same file
                 cell += f" (max abs logit diff {got['logits']['max_abs_logit']:.2g}, KL {got['logits']['kl_mean']:.2g})"

@@ -108,10 +108,11 @@ class CandidateResult:
         return all_passed(self.checks)
 
     def on_device(self) -> dict[str, bool]:
-        """Runtime -> its greedy ids equalled ONNX Runtime's, for the runtimes that ran (not skipped)."""
+        """Runtime -> its greedy ids met its row's rule against ONNX Runtime's (identical, or parted only at a
+        near tie), for the runtimes that ran (not skipped)."""
         if self.runtimes is None:
             return {}
-        return {r: bool(res.ids_identical) for r, res in self.runtimes.runtimes.items() if res.skipped is None}
+        return {r: res.passed for r, res in self.runtimes.runtimes.items() if res.skipped is None}
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -162,7 +163,7 @@ class RunOutcome:
         for name, ok in report["variants"].items():
             mine = [c for c in cands if c.get("variant") == name]
             runtimes = {
-                r: bool(res["ids_identical"])
+                r: bool(res.get("agrees", res["ids_identical"]))  # a margin-judged variant: the rule's verdict
                 for c in mine
                 for r, res in ((c.get("runtimes") or {}).get("runtimes") or {}).items()
                 if not res.get("skipped")

@@ -19,6 +19,10 @@ the WASM build cannot load fails with ONNX Runtime's error, which names the oper
 Runtime's ids must also equal the training model's. Each runtime is a gated check of the variant's candidate:
 a runtime that fails, or cannot run (not installed, load error), fails that variant's verdict.
 
+The export's own page in headless Chromium is two more rows (:mod:`.webgpu`): transformers.js on the WASM
+device and on WebGPU (SwiftShader without a GPU); a row's ``greedy_margins`` judge the variants it names by the
+near-tie rule of :mod:`.agreement` instead of identity.
+
 Installing the runtimes: ``pip install 'prodip[runtimes]'`` (onnxruntime-genai) and, in the
 repository's ``node/`` folder, ``npm install --ignore-scripts --prefix node`` (transformers.js and onnxruntime-node's bundled CPU
 binaries; the post-install script would download CUDA binaries).

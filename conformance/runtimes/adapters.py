@@ -17,6 +17,7 @@ from prodip.conformance.runtimes.ortweb import OrtWebAdapter
 from prodip.conformance.runtimes.serve import ServeAdapter
 from prodip.conformance.runtimes.transformers import TransformersAdapter
 from prodip.conformance.runtimes.transformersjs import TransformersJsAdapter
+from prodip.conformance.runtimes.webgpu import BrowserWasmAdapter, WebGpuAdapter
 
 #: Runtime name -> its adapter.
 ADAPTERS: dict[str, RuntimeAdapter] = {
@@ -27,6 +28,8 @@ ADAPTERS: dict[str, RuntimeAdapter] = {
         GenaiAdapter(),
         TransformersJsAdapter(),
         OrtWebAdapter(),
+        WebGpuAdapter(),
+        BrowserWasmAdapter(),
         LlamaCppAdapter(),
         ExecuTorchAdapter(),
     )

@@ -1,5 +1,6 @@
 """The runtime axis of conformance as one loop: every ONNX candidate in every on-device runtime chosen, its
-greedy ids (and, where the runtime's row has a logits metric, its logits) against ONNX Runtime's on the same file.
+greedy ids (and, where the runtime's row has a logits metric, its logits) against ONNX Runtime's on the same file,
+judged by the row's rule for the variant (identical, or parted only at a near tie: :mod:`.agreement`).
 
     python -c "from prodip.conformance.runtimes.check import check_runtimes; help(check_runtimes)"
 """
@@ -19,6 +20,7 @@ from prodip.conformance.compare import check_value, kl_per_position
 from prodip.conformance.results import Check
 from prodip.conformance.runners import TorchRunner
 from prodip.conformance.runtimes.adapters import adapter_for
+from prodip.conformance.runtimes.agreement import greedy_agrees
 from prodip.conformance.runtimes.common import (
     GreedyJob,
     GreedyOutput,
@@ -59,7 +61,10 @@ def logits_agreement(ref: Sequence[np.ndarray], cand: Sequence[Sequence[float]])
 
 @dataclass
 class RuntimeResult:
-    """One runtime on one candidate, as the report records it (``candidates.<name>.runtimes.runtimes.<runtime>``)."""
+    """One runtime on one candidate, as the report records it (``candidates.<name>.runtimes.runtimes.<runtime>``).
+
+    ``margin``, ``agrees`` and ``agreement`` are set where the row judges the variant by a margin (its
+    ``greedy_margins``): the margin (logits), whether the ids met the rule, and where they parted."""
 
     ids_identical: Optional[bool]
     ids: Optional[list[list[int]]]
@@ -69,10 +74,18 @@ class RuntimeResult:
     reference: Optional[str] = None
     logits: Optional[dict[str, float]] = None
     versions: Optional[dict[str, Any]] = None
+    margin: Optional[float] = None
+    agrees: Optional[bool] = None
+    agreement: Optional[str] = None
+
+    @property
+    def passed(self) -> bool:
+        """Its greedy ids met the row's rule (identical, or parted only at a near tie)."""
+        return bool(self.ids_identical if self.agrees is None else self.agrees)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ids_identical": self.ids_identical, "ids": self.ids, "error": self.error}
-        for key in ("skipped", "dtype", "reference", "logits", "versions"):
+        for key in ("skipped", "dtype", "reference", "logits", "versions", "margin", "agrees", "agreement"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -140,17 +153,37 @@ def _logits_check(
 
 
 def _judge(
-    row: Runtime, out: GreedyOutput, want: list[list[int]], ort_logits: list[list[np.ndarray]], table: dict[str, Any]
+    row: Runtime,
+    variant: str,
+    out: GreedyOutput,
+    want: list[list[int]],
+    ort_logits: list[list[np.ndarray]],
+    table: dict[str, Any],
+    prompt_lens: list[int],
 ) -> tuple[RuntimeResult, list[Check]]:
-    """One runtime's output on one candidate: its result and its checks (none when it was skipped)."""
+    """One runtime's output on one candidate: its result and its checks (none when it was skipped). The ids are
+    judged by the row's rule for ``variant`` (:func:`prodip.conformance.runtimes.agreement.greedy_agrees`)."""
     if out.skipped is not None:
         return RuntimeResult(None, None, None, skipped=out.skipped, dtype=out.dtype), []
     ref = out.reference_ids if out.reference_ids is not None else want
-    ok = out.error is None and out.ids == ref
+    ref_logits = out.reference_logits if out.reference_logits is not None else ort_logits
+    identical = out.error is None and out.ids == ref
     res = RuntimeResult(
-        ok, None if out.error else out.ids, out.error, dtype=out.dtype, reference=out.reference, versions=out.versions
+        identical,
+        None if out.error else out.ids,
+        out.error,
+        dtype=out.dtype,
+        reference=out.reference,
+        versions=out.versions,
     )
-    checks = [Check.equals(row.greedy_metric, ok, out.error)]
+    margin = row.greedy_margin(variant)
+    if margin is None:
+        checks = [Check.equals(row.greedy_metric, identical, out.error)]
+    else:
+        agrees, why = (False, out.error) if out.error else greedy_agrees(ref, out.ids, ref_logits, prompt_lens, margin)
+        res.margin, res.agrees, res.agreement = margin, agrees, why
+        note = f"ids may part only at a near tie (margin {margin} logits): {why}"
+        checks = [Check(row.greedy_metric, agrees, {"equals": True}, agrees, None if agrees else note)]
     if row.logits_metric:
         checks.append(_logits_check(row, out, res, ort_logits, table))
     return res, checks
@@ -206,7 +239,9 @@ def check_runtimes(
         table = (tolerances or {}).get(cand.tolerance_table, {})
         entry = CandidateRuntimes(names, ids, want)
         for name in runtimes:
-            entry.runtimes[name], checks = _judge(by_name(name), outputs[name][cand.name], want, ort_logits, table)
+            got = outputs[name][cand.name]
+            lens = [len(p) for p in ids]
+            entry.runtimes[name], checks = _judge(by_name(name), cand.variant, got, want, ort_logits, table, lens)
             entry.checks += checks
         if cand.variant == "fp32":
             same = want == [truncate_at_eos(r, len(p), eos) for r, p in zip(ref_ids, ids)]

@@ -6,10 +6,11 @@
 // dtype: what transformers.js itself picks for that device.
 // URL parameters (used by the browser tests and bench/browser.py): ?dtype=q4&prompt=...&max_new_tokens=16&autorun=1,
 // &device=wasm|webgpu, &threads=N (WASM threads; more than 1 needs a cross-origin isolated page), &min_new_tokens=N,
-// &wasm=asyncify (the asyncify build on the WASM device too: what the page loaded before, for comparison).
+// &wasm=asyncify (the asyncify build on the WASM device too: what the page loaded before, for comparison),
+// &prompt_ids=1,2,3 (generate from these token ids instead of the prompt text: conformance's browser rows).
 // When a run ends, window.prodipResult = {dtype, device, threads, ids (prompt + new), text, load_ms, ttft_ms (generate
 // call to first new token), new_tokens, tokens_per_s (after the first new token), bytes, error}.
-import { AutoModelForCausalLM, AutoTokenizer, TextStreamer, env } from './transformers.min.js';
+import { AutoModelForCausalLM, AutoTokenizer, TextStreamer, Tensor, env } from './transformers.min.js';
 
 const params = new URLSearchParams(location.search);
 const here = new URL('./', import.meta.url);        // .../web/
@@ -66,7 +67,10 @@ async function run() {
       const info = (await navigator.gpu.requestAdapter())?.info || {};
       result.adapter = { vendor: info.vendor, architecture: info.architecture };
     }
-    const inputs = tokenizer($('prompt').value);
+    const ids = params.get('prompt_ids')?.split(',').map(BigInt);
+    const inputs = ids ? { input_ids: new Tensor('int64', BigInt64Array.from(ids), [1, ids.length]),
+      attention_mask: new Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]) }
+      : tokenizer($('prompt').value);
     let first = null, n = 0;
     const streamer = new TextStreamer(tokenizer, {
       skip_prompt: true,

@@ -6,7 +6,9 @@ ExecuTorch, and the references it is compared with (``tokenizers``, transformers
 Each row says which package brings it, which variant formats it runs, and which checks it takes part in:
 
 - ``greedy_metric``: conformance decodes every ONNX variant greedily in it and gates that its ids equal ONNX
-  Runtime's on the same file (``--runtimes`` chooses among these rows; :data:`ON_DEVICE`);
+  Runtime's on the same file (``--runtimes`` chooses among these rows; :data:`ON_DEVICE`), or, for a variant
+  its ``greedy_margins`` name, that they part from them only at a near tie (the rule of
+  ``prodip.conformance.runtimes.agreement``);
 - ``logits_metric``: its logits at every greedy step are also held to the variant's tolerance;
 - ``chat``: it renders the fixed chat conversations with its own template engine (``prodip.conformance.chat``);
 - ``tokenizer``: the tokenizer parity check compares its ids with ``tokenizers``' (``prodip.tokenizer.parity``);
@@ -44,6 +46,10 @@ class Runtime:
         modules: Python modules it needs importable (checked by :func:`missing_reason`).
         npm: Node packages it needs under the node folder (``node_modules/<name>/package.json``); needs ``node``.
         greedy_metric: the gated metric of its greedy ids on every ONNX variant ("" = no such check).
+        greedy_margins: ``(variant, margin)`` pairs: that variant's greedy ids may part from the reference's at
+            the first step where the reference's logit of its own pick exceeds its logit of the runtime's pick by
+            at most ``margin`` (logits), and anywhere after it; a variant not named must give the same ids.
+            For kernels that sum the same products in another order (a GPU's 4-bit or fp16 matmuls).
         logits_metric: the gated metric of its logits vs ONNX Runtime's on the same file ("" = none).
         chat: it renders the chat conversations (or, with ``formats`` empty, states the stop ids) in
             conformance's chat checks.
@@ -59,6 +65,7 @@ class Runtime:
     modules: tuple[str, ...] = ()
     npm: tuple[str, ...] = ()
     greedy_metric: str = ""
+    greedy_margins: tuple[tuple[str, float], ...] = ()
     logits_metric: str = ""
     chat: bool = False
     tokenizer: bool = False
@@ -69,6 +76,10 @@ class Runtime:
     @property
     def card_label(self) -> str:
         return self.label or self.name
+
+    def greedy_margin(self, variant: str) -> Optional[float]:
+        """The margin (logits) its greedy ids on ``variant`` are judged with, or None: they must be identical."""
+        return dict(self.greedy_margins).get(variant)
 
 
 #: Every runtime, in the order reports list them.
@@ -116,6 +127,38 @@ RUNTIMES: tuple[Runtime, ...] = (
         greedy_metric="ortweb_wasm_greedy_identical",
         logits_metric="ortweb_wasm_logits",
     ),
+    # the export's own page (index.html) in headless Chromium (Debian's package, driven by puppeteer-core):
+    # transformers.js on onnxruntime-web's WebGPU execution provider, then on its WASM build, as a user opens it
+    Runtime(
+        "transformers.js-webgpu",
+        "npm:@huggingface/transformers",
+        ("onnx",),
+        npm=("puppeteer-core",),
+        greedy_metric="webgpu_greedy_identical",
+        # a GPU's 4-bit and fp16 kernels sum in another order than ONNX Runtime's CPU ones: ids may part at a
+        # near tie (measured on SwiftShader, int4, a tiny export: parted where ONNX Runtime's pick led the page's
+        # by 0.016 logits; the 32-token prefill fault below parts them at gaps of 0.15-3.8): ~3x the gap seen. fp16: not measured (SwiftShader has no
+        # shader-f16, so transformers.js refuses fp16 there and the check is skipped)
+        greedy_margins=(("int4", 0.05), ("fp16", 0.05)),
+        label="transformers.js (Chromium, WebGPU)",
+        # opt-in (--runtimes): on a contrib graph (GroupQueryAttention, RotaryEmbedding) a prefill of 32 or more
+        # tokens gives other logits on SwiftShader (fp32 too), so conformance's prompts (48-123 tokens) fail it
+        # there (a standard graph passes); and a page load per variant and prompt costs ~10 s (a tiny export's
+        # 4 variants, 2 prompts: 76-88 s on 2 shared, loaded cores)
+        default=False,
+    ),
+    Runtime(
+        "transformers.js-browser",
+        "npm:@huggingface/transformers",
+        ("onnx",),
+        npm=("puppeteer-core",),
+        greedy_metric="browser_wasm_greedy_identical",
+        label="transformers.js (Chromium, WASM)",
+        # opt-in (--runtimes): the page offers only the files config.json lists in use_external_data_format, so
+        # an export whose ONNX weights are inline (a standard graph) has nothing it loads; a tiny export's 4
+        # variants, 2 prompts: 21 s
+        default=False,
+    ),
     Runtime(
         "llama.cpp",
         "npm:node-llama-cpp",
@@ -162,7 +205,7 @@ def runtime_names(
     """Names of the rows of :data:`RUNTIMES` (at call time) with the given flags (``None`` = any), in order.
 
     >>> runtime_names(greedy=True)
-    ('onnxruntime-genai', 'transformers.js', 'onnxruntime-web')
+    ('onnxruntime-genai', 'transformers.js', 'onnxruntime-web', 'transformers.js-webgpu', 'transformers.js-browser')
     """
     return tuple(
         r.name

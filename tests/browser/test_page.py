@@ -12,13 +12,9 @@ screenshot in ``$PRODIP_BROWSER_ARTIFACTS`` (default ``build/browser-artifacts``
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
-import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -26,22 +22,16 @@ import pytest
 from prodip.base.variants import VARIANTS
 from prodip.conformance.runners import OrtRunner
 from prodip.conformance.runtimes import fp32_compute_copy, runner_greedy, truncate_at_eos
+from prodip.conformance.runtimes.browser_page import browser_missing, open_pages, serve_dir
 from tests.tokenizer.conftest import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
-DRIVER = REPO / "node" / "browser_page.mjs"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: transformers.js dtype -> its file, from the variant table (a new dtype is picked up here by itself)
 FILES = {v.transformersjs_dtype: v.path for v in VARIANTS if v.transformersjs_dtype}
 NEW_TOKENS = 12
 PROMPT = "আমার সোনার বাংলা"
 
 pytestmark = pytest.mark.slow
-
-
-def node_root() -> Path:
-    env = os.environ.get("PRODIP_NODE_ROOT")
-    return Path(env) if env else REPO / "node"
 
 
 def artifacts_dir() -> Path:
@@ -52,17 +42,9 @@ def artifacts_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def browser_ready():
-    if not Path(CHROMIUM).is_file():
-        skip_or_fail("chromium is not installed (apt-get install -y chromium)")
-    if shutil.which("node") is None or not (node_root() / "node_modules" / "puppeteer-core").is_dir():
-        skip_or_fail(
-            f"puppeteer-core is not installed under {node_root()} (npm install --ignore-scripts --prefix node)"
-        )
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # noqa: D401 (keep pytest's output clean)
-        pass
+    missing = browser_missing()  # node, puppeteer-core under node/, Debian's chromium
+    if missing is not None:
+        skip_or_fail(missing)
 
 
 @pytest.fixture(scope="module")
@@ -72,27 +54,20 @@ def served_export(tmp_path_factory, browser_ready):
 
     export = build_tiny_export(tmp_path_factory.mktemp("page"), vocab_size=512, hidden_size=64, seed=5)
     assert (export / "index.html").is_file() and (export / "web" / "ort-wasm-simd-threaded.wasm").is_file()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(export)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield export, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_dir(export) as base:
+        yield export, base
 
 
 def open_page(url: str, result: str, name: str, actions=(), timeout_ms: int = 180_000) -> dict:
-    """The driver's answer for one page; a failed page leaves ``<name>.png`` in :func:`artifacts_dir`."""
+    """The one Chromium driver's answer for one page; a failed page leaves ``<name>.png`` in :func:`artifacts_dir`."""
     job = {
         "url": url,
         "result": result,
-        "chromium": CHROMIUM,
         "timeout_ms": timeout_ms,
         "screenshot": str(artifacts_dir() / f"{name}.png"),
-        "node_root": str(node_root()),
         "actions": [list(a) for a in actions],
     }
-    proc = subprocess.run(["node", str(DRIVER)], input=json.dumps(job), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return open_pages([job], timeout_s=600)[0]
 
 
 def ort_greedy(export: Path, rel: str, prompt: list[int], eos: bool = True, step_logits=None) -> list[int]:
@@ -250,30 +225,235 @@ def test_page_opened_as_a_file_says_to_serve_the_folder(served_export):
         proc.wait(timeout=30)
 
 
-#: q4 on WebGPU against ONNX Runtime's fp32-compute q4: the ids may part only where ONNX Runtime's top pick led the
-#: page's pick by at most this many logits (a near tie: the two sum the 4-bit products in different orders)
-Q4_MARGIN = 0.02
+#: Prompts of the WebGPU row's test: shorter than 32 tokens (see test_webgpu_after_a_32_token_prompt)
+WEBGPU_PROMPTS = (PROMPT, "The old ferry crosses the river.")
+WEBGPU = "transformers.js-webgpu"
 
 
-def test_webgpu_page_matches_onnx_runtime(served_export):
-    """The page on transformers.js's WebGPU device, in headless Chromium with ``--enable-unsafe-webgpu``
-    (SwiftShader's Vulkan-on-CPU adapter on a machine without a GPU): fp32 and q8 give exactly ONNX
-    Runtime's greedy ids on the same file; q4 gives them up to a near tie (:data:`Q4_MARGIN`)."""
+class _Recorded:
+    """An adapter that answers with a real adapter's recorded outputs, with ``plant`` applied (a fault)."""
+
+    def __init__(self, real, outputs, plant=None):
+        self.name, self.real, self.outputs, self.plant = real.name, real, outputs, plant
+
+    def available(self):
+        return None
+
+    def greedy(self, job):
+        import copy
+
+        out = copy.deepcopy(self.outputs)
+        if self.plant is not None:
+            self.plant(out, job)
+        return out
+
+
+@pytest.fixture(scope="module")
+def webgpu_row(served_export):
+    """The WebGPU row run once by conformance's runtime loop on the tiny export (fp32, fp16, int8, int4; two
+    prompts under 32 tokens; 24 new tokens): (export, check_runtimes' args, its result, the adapter's outputs)."""
+    from types import SimpleNamespace
+
     from tokenizers import Tokenizer
 
-    from prodip.conformance.browser import margin_agrees, webgpu_greedy
+    from prodip.base.variants import BY_NAME
+    from prodip.conformance.runtimes import ADAPTERS, check_runtimes
+    from prodip.train.checkpoint import load_model
 
     export, _ = served_export
-    prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
-    got = webgpu_greedy(export, ["fp32", "q8", "q4"], PROMPT, NEW_TOKENS)
-    for dtype, res in got.items():
-        assert res["error"] is None, (dtype, res)
-        assert res["device"] == "webgpu" and res["adapter"]["vendor"], res  # a WebGPU adapter ran it
-        assert res["ids"][: len(prompt)] == prompt and len(res["ids"]) == len(prompt) + NEW_TOKENS
-        steps: list = []
-        want = ort_greedy(export, FILES[dtype], prompt, eos=False, step_logits=steps)
-        if dtype == "q4":
-            ok, why = margin_agrees(want, res["ids"], steps, len(prompt), Q4_MARGIN)
-            assert ok, why
+    model, cfg, _ = load_model(export.parent / "run")
+    tok = Tokenizer.from_file(str(export / "tokenizer.json"))
+    prompts = {f"p{i}": tok.encode(t).ids for i, t in enumerate(WEBGPU_PROMPTS)}
+    assert all(len(p) < 32 for p in prompts.values()), prompts
+    cands = [
+        SimpleNamespace(name=v, variant=v, kind="onnx", path=BY_NAME[v].path, tolerance_table=v)
+        for v in ("fp32", "fp16", "int8", "int4")
+    ]
+    real = ADAPTERS[WEBGPU]
+    recorded: dict = {}
+
+    class Recording(_Recorded):
+        def greedy(self, job):
+            recorded.update(real.greedy(job))
+            return recorded
+
+    args = (export, cands, prompts, model, cfg, [WEBGPU], 24)
+    ADAPTERS[WEBGPU] = Recording(real, recorded)
+    try:
+        got = check_runtimes(*args, threads=1)
+    finally:
+        ADAPTERS[WEBGPU] = real
+    return args, got, recorded
+
+
+def test_webgpu_row_passes_conformance_and_is_named_by_the_card(webgpu_row):
+    """The page on transformers.js's WebGPU device (``--enable-unsafe-webgpu``: SwiftShader's Vulkan-on-CPU adapter
+    on a machine without a GPU) as conformance's ``transformers.js-webgpu`` row: fp32 and int8 give exactly ONNX
+    Runtime's greedy ids on the same file, int4 (against ONNX Runtime's fp32-compute copy) its ids up to a near
+    tie of the row's margin; fp16 runs, or is skipped because the adapter lacks shader-f16; the card's
+    "runtimes proven" names the row for every variant it passed, by its label in the table."""
+    from prodip.base.runtimes import by_name
+    from prodip.conformance import card
+
+    _, got, _ = webgpu_row
+    row = by_name(WEBGPU)
+    for variant, entry in got.items():
+        res = entry.runtimes[WEBGPU]
+        if variant == "fp16" and res.skipped is not None:
+            assert "shader-f16" in res.skipped and entry.checks == [], res.skipped
+            continue
+        check = next(c for c in entry.checks if c.metric == row.greedy_metric)
+        assert check.passed is True and res.error is None, (variant, res.to_dict())
+        assert res.versions["device"] == "webgpu" and res.versions["adapter"], res.versions  # a WebGPU adapter ran it
+        if row.greedy_margin(variant) is None:
+            assert res.ids_identical is True and res.ids == entry.onnxruntime, variant
         else:
-            assert res["ids"] == want, dtype
+            assert res.agrees is True and res.margin == row.greedy_margin(variant), res.to_dict()
+    assert row.greedy_margin("fp32") is None and row.greedy_margin("int8") is None and row.greedy_margin("int4")
+    for entry in got.values():
+        record = {"kind": "onnx", "passed": False, "runtimes": entry.to_dict()}
+        proven = card._runtimes_proven([record])
+        ran = entry.runtimes[WEBGPU].skipped is None
+        assert (row.card_label in proven) == ran and row.card_label == "transformers.js (Chromium, WebGPU)", proven
+
+
+def test_webgpu_row_fails_on_a_planted_wrong_id(webgpu_row):
+    """The same outputs with one new id replaced (int8: any other id; int4: the id ONNX Runtime ranked last at that
+    step, far outside the near-tie margin) fail that variant's check; the others still pass."""
+    from prodip.base.runtimes import by_name
+    from prodip.conformance.runtimes import ADAPTERS, check_runtimes
+
+    args, _, recorded = webgpu_row
+    metric = by_name(WEBGPU).greedy_metric
+
+    def plant(out, job):
+        n = len(job.prompts[0])
+        ids = out["int8"].ids[0]
+        ids[n] = (ids[n] + 1) % 512
+        q4 = out["int4"]
+        q4.ids[0][n] = int(q4.reference_logits[0][0].argmin())
+
+    real = ADAPTERS[WEBGPU]
+    ADAPTERS[WEBGPU] = _Recorded(real, recorded, plant)
+    try:
+        got = check_runtimes(*args, threads=1)
+    finally:
+        ADAPTERS[WEBGPU] = real
+    verdicts = {v: next((c.passed for c in e.checks if c.metric == metric), None) for v, e in got.items()}
+    assert verdicts["int8"] is False and verdicts["int4"] is False and verdicts["fp32"] is True, verdicts
+    assert "parted at new token 0" in got["int4"].runtimes[WEBGPU].agreement
+    assert got["int4"].runtimes[WEBGPU].agrees is False
+
+
+@pytest.mark.xfail(
+    strict=True, reason="WebGPU on SwiftShader: a contrib graph's prefill of 32 or more tokens gives other logits"
+)
+def test_webgpu_after_a_32_token_prompt(served_export):
+    """fp32 on WebGPU after a 32-token prompt: ONNX Runtime's ids. Measured on this export's contrib graph
+    (GroupQueryAttention, RotaryEmbedding, SkipSimplifiedLayerNormalization): prompts of up to 31 tokens give
+    ONNX Runtime's ids for 24 new tokens; at 32 the first new id differs where ONNX Runtime's pick led by 0.94
+    logits (conformance's Bangla prompt; onnxruntime-web 1.31.0-dev, transformers.js 4.3.2, Chromium's
+    SwiftShader adapter). A standard graph (the conformance tests' export, head_dim 12) matches after 72-token
+    prompts, so the WebGPU row is opt-in, not a default runtime."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+
+    from prodip.conformance.inputs import PROMPTS
+    from prodip.conformance.runtimes import ADAPTERS, GreedyJob
+    from prodip.conformance.runtimes.common import ort_greedy
+    from prodip.train.checkpoint import load_model
+
+    export, _ = served_export
+    _, cfg, _ = load_model(export.parent / "run")
+    tok = Tokenizer.from_file(str(export / "tokenizer.json"))
+    prompt = tok.encode(PROMPTS["bn"]).ids[:32]
+    cand = SimpleNamespace(name="fp32", variant="fp32", kind="onnx", path=FILES["fp32"], tolerance_table="fp32")
+    job = GreedyJob(export, [cand], [prompt], 8, [cfg.eos_token_id], cfg, 1)
+    got = ADAPTERS[WEBGPU].greedy(job)["fp32"]
+    assert got.error is None, got.error
+    want, _ = ort_greedy(export / FILES["fp32"], "fp32", job)
+    assert got.ids == want
+
+
+#: The page the GroupQueryAttention check opens: onnxruntime-web's WebGPU bundle runs gqa.onnx on cases.json's feeds
+#: and reports, per sequence length, the max |difference| from ONNX Runtime's CPU output
+_GQA_PAGE = """<script type="module">
+import * as ort from './ort.webgpu.bundle.min.mjs';
+const out = {};
+try {
+  const cases = await (await fetch('cases.json')).json();
+  const s = await ort.InferenceSession.create('gqa.onnx', { executionProviders: ['webgpu'] });
+  for (const [n, c] of Object.entries(cases)) {
+    const feeds = {};
+    for (const [k, f] of Object.entries(c.feeds))
+      feeds[k] = new ort.Tensor(f.type, f.type === 'int32' ? Int32Array.from(f.data) : Float32Array.from(f.data), f.dims);
+    const o = (await s.run(feeds)).output.data;
+    out[n] = o.reduce((m, x, i) => Math.max(m, Math.abs(x - c.want[i])), 0);
+  }
+} catch (e) { out.error = String(e); }
+window.prodipResult = out;
+</script>"""
+
+
+@pytest.mark.xfail(
+    strict=True, reason="onnxruntime-web's WebGPU GroupQueryAttention on SwiftShader: a prefill of 32+ tokens is wrong"
+)
+def test_webgpu_group_query_attention_prefill(browser_ready, tmp_path):
+    """The fault behind test_webgpu_after_a_32_token_prompt, alone: one com.microsoft GroupQueryAttention node (4
+    query heads, 2 KV heads, head_dim 16, empty past) run by onnxruntime-web's WebGPU execution provider in
+    Chromium equals ONNX Runtime's CPU output (max |difference| <= 1e-4) for a prefill of 31, 32 and 40 tokens.
+    Measured: 4e-7 at 31 tokens, 0.88 at 32 and 40 (onnxruntime-web 1.31.0-dev, SwiftShader)."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from prodip.conformance.runtimes import node_root
+
+    heads, kv, dim = 4, 2, 16
+    shapes = {"query": heads * dim, "key": kv * dim, "value": kv * dim}
+    inputs = [h.make_tensor_value_info(n, T.FLOAT, [1, "S", w]) for n, w in shapes.items()]
+    inputs += [h.make_tensor_value_info(n, T.FLOAT, [1, kv, "P", dim]) for n in ("past_key", "past_value")]
+    inputs += [h.make_tensor_value_info("seqlens_k", T.INT32, [1]), h.make_tensor_value_info("total", T.INT32, [])]
+    outputs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("output", "present_key", "present_value")]
+    node = h.make_node(
+        "GroupQueryAttention", [i.name for i in inputs], [o.name for o in outputs], domain="com.microsoft",
+        num_heads=heads, kv_num_heads=kv,
+    )  # fmt: skip
+    model = h.make_model(
+        h.make_graph([node], "gqa", inputs, outputs),
+        opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)],
+    )
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "gqa.onnx"))
+    cpu = ort.InferenceSession(str(tmp_path / "gqa.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    cases = {}
+    for n in (31, 32, 40):
+        feeds = {k: rng.standard_normal((1, n, w), np.float32) for k, w in shapes.items()}
+        feeds |= {k: np.zeros((1, kv, 0, dim), np.float32) for k in ("past_key", "past_value")}
+        feeds |= {"seqlens_k": np.array([n - 1], np.int32), "total": np.array(n, np.int32)}
+        want = cpu.run(["output"], feeds)[0]
+        cases[str(n)] = {
+            "feeds": {
+                k: {"data": v.ravel().tolist(), "dims": list(v.shape), "type": str(v.dtype)} for k, v in feeds.items()
+            },
+            "want": want.ravel().tolist(),
+        }
+    (tmp_path / "cases.json").write_text(json.dumps(cases), encoding="utf-8")
+    (tmp_path / "index.html").write_text(_GQA_PAGE, encoding="utf-8")
+    dist = node_root() / "node_modules" / "onnxruntime-web" / "dist"
+    for name in ("ort.webgpu.bundle.min.mjs", "ort-wasm-simd-threaded.asyncify.wasm"):
+        shutil.copy(dist / name, tmp_path / name)
+    from prodip.conformance.runtimes.browser_page import WEBGPU_FLAGS
+
+    with serve_dir(tmp_path) as base:
+        got = open_pages([{"url": f"{base}/index.html", "result": "prodipResult", "timeout_ms": 120_000}], WEBGPU_FLAGS)
+    res = got[0]["result"]
+    assert res and "error" not in res, got[0]
+    assert res["31"] <= 1e-4  # below 32 tokens WebGPU's output is ONNX Runtime's
+    assert res["32"] <= 1e-4 and res["40"] <= 1e-4, res

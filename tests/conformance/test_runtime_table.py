@@ -190,3 +190,63 @@ def test_every_row_has_the_code_its_checks_need():
     # the candidate kinds prodip.conformance.suite.plan_candidates makes, each run by one row (the card's label)
     kinds = [r.candidate_kind for r in table.RUNTIMES if r.candidate_kind]
     assert sorted(kinds) == ["gguf", "onnx", "prodip", "pte", "transformers"]
+
+
+def test_a_rows_margin_is_its_rule_for_the_variants_it_names(monkeypatch):
+    """A row's ``greedy_margins`` judge those variants' ids by the near-tie rule (they may part where the
+    reference's pick led the runtime's by at most the margin), every other variant's by identity; the report
+    records the rule, and the card names the row by its label when the rule passed."""
+    import numpy as np
+
+    from prodip.conformance import card
+    from prodip.conformance.runtimes.agreement import runtime_passed
+    from prodip.conformance.runtimes.check import _judge
+
+    row = Runtime(GOOD, GOOD, ("onnx",), greedy_metric="twin_greedy_identical", greedy_margins=(("int4", 0.05),))
+    monkeypatch.setattr(table, "RUNTIMES", (*table.RUNTIMES, replace(row, label="Twin (GPU)")))
+    want = [[7, 8, 1, 2, 3]]  # prompt [7, 8], then 1, 2, 3
+    logits = [[np.array([0.0, 1.0, 0.97, 0.2, -1.0]), np.zeros(5), np.zeros(5)]]  # step 0: 1 leads 2 by 0.03, 4 by 2
+    near, far = [[7, 8, 2, 4, 4]], [[7, 8, 4, 2, 3]]
+
+    def judge(variant, ids):
+        return _judge(row, variant, GreedyOutput(ids=ids), want, logits, {}, [2])
+
+    res, [check] = judge("int4", near)
+    assert check.passed is True and res.ids_identical is False and res.agrees is True and res.margin == 0.05
+    assert res.agreement == (
+        "prompt 0: parted at new token 0: reference 1 vs 2, reference margin 0.03 (a near tie; tie margin 0.05)"
+    )
+    record = {"kind": "onnx", "passed": False, "runtimes": {"runtimes": {GOOD: res.to_dict()}}}
+    assert runtime_passed(res.to_dict()) and card._runtimes_proven([record]) == ["Twin (GPU)"]
+    res, [check] = judge("int4", far)
+    assert (
+        check.passed is False
+        and res.agrees is False
+        and "reference margin 2 (a clear choice; tie margin 0.05)" in check.note
+    )
+    assert card._runtimes_proven([{"kind": "onnx", "runtimes": {"runtimes": {GOOD: res.to_dict()}}}]) == []
+    res, [check] = judge("int8", near)  # not named: identical ids or nothing
+    assert check.passed is False and res.agrees is None and "margin" not in res.to_dict()
+    res, [check] = judge("int8", want)
+    assert check.passed is True and res.ids_identical is True
+
+
+def test_the_browser_rows_are_skipped_with_the_reason_when_chromium_or_puppeteer_is_missing(monkeypatch, tmp_path):
+    """The page rows (WebGPU, WASM in Chromium) need node, puppeteer-core under the node folder and Chromium; without
+    one, conformance lists them as skipped with what is missing and how to install it (``missing="fail"``: failed)."""
+    from types import SimpleNamespace
+
+    from prodip.conformance.runtimes import browser_page
+    from prodip.conformance.runtimes.check import _decode
+
+    job = SimpleNamespace(candidates=[SimpleNamespace(name="fp32")])
+    monkeypatch.setattr(browser_page, "chromium_path", lambda: str(tmp_path / "no-chromium"))
+    for name in ("transformers.js-webgpu", "transformers.js-browser"):
+        reason = ADAPTERS[name].available()
+        assert reason is not None and ("chromium not installed" in reason or "not installed in" in reason), reason
+        out = _decode(name, job, "skip")["fp32"]
+        assert out.skipped == f"not installed: {reason}" and out.error is None
+        assert _decode(name, job, "fail")["fp32"].error == f"not installed: {reason}"
+    monkeypatch.setenv("PRODIP_NODE_ROOT", str(tmp_path))  # no node_modules there
+    reason = ADAPTERS["transformers.js-webgpu"].available()
+    assert reason == f"puppeteer-core not installed in {tmp_path} (npm install --ignore-scripts --prefix node)"

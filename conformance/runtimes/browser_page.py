@@ -1,0 +1,110 @@
+"""Pages in headless Chromium: the one driver (``browser_pages.mjs``, beside the conformance package's modules)
+that conformance's browser rows, the browser tests and ``bench/browser.py`` open pages with.
+
+Chromium is the system's (Debian's ``chromium`` package), driven by ``puppeteer-core`` from the repository's
+``node/`` (``npm install --ignore-scripts --prefix node``): nothing downloads a browser. :func:`serve_dir` serves a
+folder (an export: its ``index.html`` loads only from its own origin) on 127.0.0.1.
+
+    python -c "from prodip.conformance.runtimes.browser_page import browser_missing; print(browser_missing())"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from prodip.conformance.runtimes.common import NODE_TIMEOUT_S, SCRIPTS_DIR, node_root
+
+#: The driver script (in the conformance package).
+DRIVER = SCRIPTS_DIR / "browser_pages.mjs"
+#: Chromium flags for WebGPU on a machine without a GPU: Dawn's SwiftShader (Vulkan on the CPU) adapter, which
+#: Chromium offers when WebGPU is unsafely enabled and no hardware adapter exists.
+WEBGPU_FLAGS = ("--enable-unsafe-webgpu",)
+#: Chromium flags for the WASM pages (no GPU process work).
+WASM_FLAGS = ("--disable-gpu",)
+
+
+def chromium_path() -> str:
+    """The system Chromium's executable: ``chromium`` on PATH, else Debian's ``/usr/bin/chromium``."""
+    return shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def browser_missing(root: Optional[Path] = None) -> Optional[str]:
+    """Why pages cannot be opened here (no ``node``, no ``puppeteer-core`` under ``root`` (default
+    :func:`node_root`), no Chromium), with the command that installs it; None when all are present."""
+    root = root or node_root()
+    if shutil.which("node") is None:
+        return "node not found on PATH (Node.js >= 20)"
+    if not (root / "node_modules" / "puppeteer-core" / "package.json").is_file():
+        return f"puppeteer-core not installed in {root} (npm install --ignore-scripts --prefix node)"
+    if not Path(chromium_path()).is_file():
+        return "chromium not installed (apt-get install -y chromium)"
+    return None
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:  # no request log on stderr
+        pass
+
+
+@contextlib.contextmanager
+def serve_dir(folder: Path, handler: type[http.server.SimpleHTTPRequestHandler] = _Quiet) -> Iterator[str]:
+    """Serve ``folder`` on 127.0.0.1 (a free port, a thread) while the block runs; yields the base URL
+    (``http://127.0.0.1:<port>``, no trailing slash)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def open_pages(
+    jobs: Sequence[dict[str, Any]],
+    args: Sequence[str] = WASM_FLAGS,
+    root: Optional[Path] = None,
+    timeout_s: float = NODE_TIMEOUT_S,
+) -> list[dict[str, Any]]:
+    """Open each page of ``jobs`` in turn, in one headless Chromium, and return each page's answer.
+
+    Args:
+        jobs: ``{"url", "result": the window property the page sets when done, "timeout_ms", "actions"?
+            ([["type"|"click", selector, text?]]), "screenshot"? (a PNG path written when the page fails)}``.
+        args: extra Chromium flags (:data:`WASM_FLAGS`, :data:`WEBGPU_FLAGS`).
+        root: the folder whose ``node_modules`` holds puppeteer-core (default :func:`node_root`).
+        timeout_s: for the whole run (s).
+    Returns:
+        per job, in order: ``{"url", "result": the page's object or None, "error": str or None (the page's
+        own ``error`` too), "console": last lines, "requests": every URL the page requested}``.
+    Raises:
+        FileNotFoundError: node, puppeteer-core or Chromium is missing (:func:`browser_missing`).
+        RuntimeError: the driver exited non-zero (its stderr tail in the message).
+    """
+    root = root or node_root()
+    missing = browser_missing(root)
+    if missing is not None:
+        raise FileNotFoundError(missing)
+    request = {"jobs": list(jobs), "node_root": str(root), "chromium": chromium_path(), "args": list(args)}
+    proc = subprocess.run(
+        [shutil.which("node") or "node", str(DRIVER)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"node {DRIVER.name} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if len(answers) != len(jobs):
+        raise RuntimeError(f"node {DRIVER.name} answered {len(answers)} of {len(jobs)} pages")
+    return answers
