@@ -41,6 +41,7 @@ from onnxruntime.quantization.quant_utils import QuantFormat
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
+from prodip.base.errors import InvalidInput
 from prodip.export.graph import (
     _ancestors,
     _rmsnorm_nodes,
@@ -57,7 +58,6 @@ from prodip.export.graph import (
     share_tied_embedding_int4_qdq,
     share_tied_embedding_int8,
 )
-from prodip.base.errors import InvalidInput
 from prodip.export.limits import check_nbits_options, supported_block_sizes
 
 logger = logging.getLogger(__name__)

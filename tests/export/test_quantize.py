@@ -448,3 +448,100 @@ def test_block_sizes_outside_onnx_runtime_range_refused_up_front(block_size):
     for field in ("int4_block_size", "int8_block_size"):
         with pytest.raises(InvalidInput, match=f"{field}: {block_size} .* 16, 32, 64, 128, 256"):
             ExportConfig(checkpoint="x", out="y", **{field: block_size})
+
+
+#: onnxruntime-web's plain WASM build (the page's) under Node: greedy ids of one ONNX file, whole sequence each
+#: step (empty KV cache), with the session config entries ``job.config``. stdin: JSON job; stdout: {"ids": [...]}.
+_ORTWEB_GREEDY = r"""
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+const job = JSON.parse(readFileSync(0, 'utf8'));
+const ort = await import(pathToFileURL(path.join(job.node_root, 'node_modules/onnxruntime-web/dist/ort.wasm.min.mjs')).href);
+ort.env.wasm.numThreads = 1;
+const opts = { executionProviders: ['wasm'], extra: { session: job.config } };
+if (existsSync(job.file + '_data')) opts.externalData = [{ path: path.basename(job.file) + '_data', data: readFileSync(job.file + '_data') }];
+const session = await ort.InferenceSession.create(readFileSync(job.file), opts);
+const ids = job.prompt.slice();
+for (let step = 0; step < job.new_tokens; step++) {
+  const n = ids.length;
+  const feeds = {
+    input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, n]),
+    attention_mask: new ort.Tensor('int64', new BigInt64Array(n).fill(1n), [1, n]),
+    position_ids: new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(i)), [1, n]),
+  };
+  for (let l = 0; l < job.layers; l++) for (const kv of ['key', 'value'])
+    feeds[`past_key_values.${l}.${kv}`] = new ort.Tensor('float32', new Float32Array(0), [1, job.kv_heads, 0, job.head_dim]);
+  const out = await session.run(feeds);
+  const v = out.logits.dims[2], row = out.logits.data.slice((n - 1) * v, n * v);
+  let best = 0;
+  for (let j = 1; j < v; j++) if (row[j] > row[best]) best = j;  // first maximum, as numpy's argmax
+  ids.push(best);
+}
+console.log(JSON.stringify({ ids }));
+"""
+
+
+@pytest.mark.parametrize("fixture", ["tied_export", "gqa_export"])
+def test_int4_qdq_on_wasm_folded_matches_native(request, fixture, tmp_path):
+    """The q4 file on onnxruntime-web's plain WASM build (Node) with ``session.disable_quant_qdq=1`` (what the
+    page passes: the int4 weights dequantised to fp32 at load) gives ONNX Runtime's greedy ids on the same file
+    natively with the same option, and the ids of conformance's fp32-compute copy of the file."""
+    import json
+    import shutil
+    import subprocess
+
+    import onnxruntime as ort
+
+    from prodip.conformance.runtimes.common import node_root
+    from tests.tokenizer.conftest import skip_or_fail
+
+    export = request.getfixturevalue(fixture)
+    root = node_root()
+    if shutil.which("node") is None or not (root / "node_modules/onnxruntime-web/dist/ort.wasm.min.mjs").is_file():
+        skip_or_fail("node or onnxruntime-web (npm install --prefix node) is not installed")
+    config = source_model(export).config
+    path = export / "onnx" / "model_q4.onnx"
+    prompt, new_tokens = [1, 17, 42, 99, 7], 8
+
+    def native(entries: dict[str, str]) -> list[int]:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.log_severity_level = 3
+        for key, value in entries.items():
+            opts.add_session_config_entry(key, value)
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        ids = list(prompt)
+        for _ in range(new_tokens):
+            x = np.asarray([ids])
+            mask = np.ones_like(x)
+            ids.append(int(np.argmax(run_ort(sess, config, x, mask, positions(mask))[0][0, -1])))
+        return ids
+
+    script = tmp_path / "greedy.mjs"
+    script.write_text(_ORTWEB_GREEDY, encoding="utf-8")
+    job = {
+        "node_root": str(root.resolve()),
+        "file": str(path),
+        "prompt": prompt,
+        "new_tokens": new_tokens,
+        "config": {"disable_quant_qdq": "1"},
+        "layers": config.num_hidden_layers,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": config.hidden_size // config.num_attention_heads,
+    }
+    proc = subprocess.run(["node", str(script)], input=json.dumps(job), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    web = json.loads(proc.stdout.strip().splitlines()[-1])["ids"]
+    assert len(web) == len(prompt) + new_tokens
+    assert web == native({"session.disable_quant_qdq": "1"})
+    # and conformance's reference for the WASM runtime: the weights dequantised in numpy (fp32_compute_copy);
+    # the default fused MatMulNBits quantises activations (accuracy level 4) and may part at near ties
+    from prodip.conformance.runtimes import fp32_compute_copy
+
+    copy = fp32_compute_copy(path)
+    assert copy is not None
+    with copy as fp32_path:
+        assert "DequantizeLinear" not in _ops(fp32_path)
+        path = fp32_path
+        assert web == native({})
