@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runners", default=",".join(RUNNERS))
-    ap.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md (default: print)")
+    ap.add_argument("--out", type=Path, default=None, help="write the results with the suffixes .json and .md")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 

@@ -394,7 +394,7 @@ def to_int4(
             logger.info("int4: tied embedding stored twice (%s)", why)
     lowered = lower_gather_block_quantized(model) if lower_embedding else 0
     external = _save(model, Path(dst), external_data)
-    params = {
+    params: dict[str, Any] = {
         "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
         "algorithm": "RTN (DEFAULT)",
         "format": "QDQ" if qdq else "QOperator",
