@@ -13,6 +13,10 @@ weights), then, per thread count, every runner decodes the same prompt text gree
   export's own GGUF files (``bench/browser/wllama.html``);
 * ``ort native``: ONNX Runtime's CPU execution provider in Python on the same ONNX files (the ceiling).
 
+For q4 two more: ``page, q4 fused (MatMulNBits)`` (``&q4=fused``: the q4 file through onnxruntime-web's fused
+4-bit kernel, as the page ran it before it folded the weights to fp32 at load) and ``ort native, MatMulNBits
+file`` (the same quantisation written as MatMulNBits, the layout before the qdq one). ``--runners`` picks runners.
+
 Figures: time to first token (TTFT: the generate call to the first new token, prompt prefill included,
 model load excluded; seconds) and decode tokens/s (new tokens after the first over the time after the
 first). Each cell is run once per round; the order of the cells rotates between rounds; medians over
@@ -24,6 +28,7 @@ On a shared machine only ratios within one run mean anything: the JSON records t
 
     python bench/browser.py --quick                       # demo shape, 1 thread, 1 round, 16 tokens (~2 min)
     python bench/browser.py --out bench/results/browser_2026-12-02   # both shapes, 1 and 2 threads, 3 rounds
+    python bench/browser.py --shapes 109m --threads 1 --dtypes q4 --runners "page;page, q4 fused (MatMulNBits);wllama"
 """
 
 from __future__ import annotations
@@ -62,21 +67,42 @@ BITS: dict[str, tuple[str, str, str]] = {
 }
 #: the page on the asyncify WASM build (``?wasm=asyncify``): what the page loaded before it chose the plain build
 ASYNCIFY = "page, asyncify build"
+#: the page's q4 through onnxruntime-web's fused 4-bit kernel (``?q4=fused``): the MatMulNBits the q4 file ran as
+#: before the page folded it to fp32 at load
+Q4_FUSED = "page, q4 fused (MatMulNBits)"
+#: ONNX Runtime native on the int4 file written as MatMulNBits (``to_int4(layout="matmulnbits")``, the layout
+#: before qdq), beside ``ort native`` on the export's own (qdq) file
+ORT_MNB = "ort native, MatMulNBits file"
+#: where :func:`build` writes that file, relative to the export
+MNB_FILE = "onnx/model_q4_matmulnbits.onnx"
+RUNNERS = ("page default", "page", Q4_FUSED, ASYNCIFY, "wllama", "ort native", ORT_MNB)
 PROMPT = "The quick brown fox"  # 18 tokens with the fixtures' tokenizer (BOS included)
 
 
 def build(work: Path, shape: str) -> Path:
     """The export of a random model of ``shape`` under ``work/shape`` (reused when already there)."""
+    from prodip.export.quantize import to_int4
     from tests.fixtures import build_tiny_export
 
     root = work / shape
-    if (root / "export" / "manifest.json").is_file():
-        return root / "export"
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    variants = sorted({v for b in BITS.values() for v in b[1:]})
-    return build_tiny_export(root, seed=7, variants=variants, **SHAPES[shape])
+    export = root / "export"
+    if not (export / "manifest.json").is_file():
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        variants = sorted({v for b in BITS.values() for v in b[1:]})
+        export = build_tiny_export(root, seed=7, variants=variants, **SHAPES[shape])
+    if not (export / MNB_FILE).is_file():  # the same quantisation as the export's int4, as MatMulNBits in the file
+        to_int4(export / "onnx" / "model.onnx", export / MNB_FILE, layout="matmulnbits", **int4_options(export))
+    return export
+
+
+def int4_options(export: Path) -> dict[str, Any]:
+    """The export's int4 quantisation options (manifest ``variants.int4.quantization``) as ``to_int4`` arguments."""
+    from prodip.base.manifest import load_manifest
+
+    q = load_manifest(export).variants["int4"].quantization
+    return {"block_size": q.block_size, "symmetric": q.symmetric, "accuracy_level": q.accuracy_level}
 
 
 class _Isolated(http.server.SimpleHTTPRequestHandler):
@@ -120,8 +146,11 @@ def browser_jobs(jobs: list[dict[str, Any]], node_root: Path, args: list[str]) -
     return open_pages(jobs, args, root=node_root, timeout_s=24 * 3600)
 
 
-def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_tokens: int) -> dict[str, Any]:
-    """ONNX Runtime CPU, ``threads`` intra-op threads: greedy decode of ``new_tokens`` after ``prompt``."""
+def ort_native(
+    export: Path, variant: str, threads: int, prompt: list[int], new_tokens: int, rel: Optional[str] = None
+) -> dict[str, Any]:
+    """ONNX Runtime CPU, ``threads`` intra-op threads: greedy decode of ``new_tokens`` after ``prompt``
+    (on ``rel``, default the variant's file)."""
     import numpy as np
 
     from prodip.base.variants import BY_NAME
@@ -130,7 +159,7 @@ def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_
     cfg = json.loads((export / "config.json").read_text(encoding="utf-8"))
     t0 = time.perf_counter()
     runner = OrtRunner(
-        export / BY_NAME[variant].path, variant, num_layers=cfg["num_hidden_layers"],
+        export / (rel or BY_NAME[variant].path), variant, num_layers=cfg["num_hidden_layers"],
         num_kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"], threads=threads,
     )  # fmt: skip
     load = time.perf_counter() - t0
@@ -157,14 +186,16 @@ def ort_native(export: Path, variant: str, threads: int, prompt: list[int], new_
     }
 
 
-def cells(dtypes: list[str], default_dtype: str) -> list[tuple[str, str, str]]:
-    """(runner, bits, file label) for every cell of one shape and thread count."""
+def cells(dtypes: list[str], default_dtype: str, runners: tuple[str, ...] = RUNNERS) -> list[tuple[str, str, str]]:
+    """(runner, bits, file label) for every cell of one shape and thread count, for ``runners`` only."""
     out = [("page default", next(b for b, v in BITS.items() if v[0] == default_dtype), default_dtype)]
     for bits, (dtype, variant, gguf) in BITS.items():
         if dtype not in dtypes:
             continue
         out += [("page", bits, dtype), (ASYNCIFY, bits, dtype), ("wllama", bits, gguf), ("ort native", bits, variant)]
-    return out
+        if dtype == "q4":
+            out += [(Q4_FUSED, bits, dtype), (ORT_MNB, bits, variant)]
+    return [c for c in out if c[0] in runners]
 
 
 def run_cells(
@@ -200,16 +231,17 @@ def run_cells(
     q = f"prompt={quote(PROMPT)}&max_new_tokens={new_tokens}&threads={threads}"
     for cell in order:
         runner, _, label = cell
-        if runner == "ort native":
+        if runner in ("ort native", ORT_MNB):
             flush()
-            results[cell] = ort_native(export, label, threads, prompt_ids, new_tokens)
+            rel = MNB_FILE if runner == ORT_MNB else None
+            results[cell] = ort_native(export, label, threads, prompt_ids, new_tokens, rel)
             continue
         if runner == "wllama":
             url = f"{base}/_bench/wllama.html?gguf={BY_NAME[label].path}&{q}"
             pending.append((cell, {"url": url, "result": "wllamaResult", "timeout_ms": 900_000}))
         else:
             dtype = "" if runner == "page default" else f"dtype={label}&"
-            build = "&wasm=asyncify" if runner == ASYNCIFY else ""
+            build = "&wasm=asyncify" if runner == ASYNCIFY else "&q4=fused" if runner == Q4_FUSED else ""
             url = f"{base}/index.html?{dtype}{q}{build}&min_new_tokens={new_tokens}&autorun=1"
             pending.append((cell, {"url": url, "result": "prodipResult", "timeout_ms": 900_000}))
     flush()
@@ -276,7 +308,7 @@ def markdown(report: dict[str, Any]) -> str:
         for threads, rows in by_threads.items():
             lines += ["", f"## {shape}, {threads} thread(s)", "", "| runner | " + " | ".join(BITS) + " |",
                       "|---|" + "---:|" * len(BITS)]  # fmt: skip
-            for runner in ("page default", "page", ASYNCIFY, "wllama", "ort native"):
+            for runner in RUNNERS:
                 row = []
                 for bits in BITS:
                     hit = [c for c in rows if c["runner"] == runner and c["bits"] == bits]
@@ -288,7 +320,8 @@ def markdown(report: dict[str, Any]) -> str:
                         row.append(f"{c['file']}: error")
                     else:
                         row.append(f"{c['file']} **{c['tokens_per_s']:.1f}** ({c['ttft_ms'] / 1e3:.2f})")
-                lines.append(f"| {runner} | " + " | ".join(row) + " |")
+                if any(row):
+                    lines.append(f"| {runner} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -298,6 +331,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--shapes", default="demo,109m", help=f"comma list of {sorted(SHAPES)}")
     ap.add_argument("--dtypes", default="q4,q8,fp32", help="page dtypes (each with its wllama/ORT file)")
     ap.add_argument("--threads", default="1,2", help="comma list of thread counts")
+    ap.add_argument("--runners", default=";".join(RUNNERS), help=f"';'-separated list of {RUNNERS}")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--work", type=Path, default=None, help="folder for the exports (reused between runs)")
@@ -349,7 +383,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         try:
             report["results"][shape], report["raw"][shape] = {}, {}
             for threads in [int(t) for t in args.threads.split(",")]:
-                todo = cells(dtypes, default)
+                todo = cells(dtypes, default, tuple(args.runners.split(";")))
                 rounds = []
                 for r in range(args.rounds):
                     k = (r * len(todo)) // max(args.rounds, 1)
@@ -362,6 +396,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                     key = " | ".join(c)
                     runs = [rnd[key] for rnd in rounds if rnd[key].get("tokens_per_s")]
                     row = {"runner": c[0], "bits": c[1], "file": c[2], "runs": len(runs)}
+                    paths = {rnd[key].get("q4_path") for rnd in rounds} - {None}
+                    if paths:  # the page's q4 path on WASM (fp32-folded or fused)
+                        row["q4_path"] = ",".join(sorted(paths))
                     for f in ("tokens_per_s", "ttft_ms", "load_ms"):
                         vals = [x[f] for x in runs if x.get(f) is not None]
                         row[f] = statistics.median(vals) if vals else None

@@ -435,6 +435,7 @@ def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].p
         symmetric=q.symmetric,
         accuracy_level=q.accuracy_level,
         lower_embedding=False,
+        layout="matmulnbits",  # the qdq layout's tied lookup has no GatherBlockQuantized to keep
     )
     move_weights_out(dst, rel)  # as the export lays it out: weights in <file>_data
     refresh_manifest(dst)

@@ -226,6 +226,8 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
                 quantize_embeddings=cfg.int4_quantize_embeddings,
                 quantize_lm_head=cfg.int4_quantize_lm_head,
                 accuracy_level=cfg.int4_accuracy_level,
+                # ONNX Runtime's QDQ fusion gives the qdq file's MatMulNBits its default accuracy level only
+                layout="qdq" if cfg.int4_accuracy_level == quantize.QDQ_FUSED_ACCURACY_LEVEL else "matmulnbits",
                 external_data=ext,
             ),
         ),

@@ -45,7 +45,8 @@ DEFAULT_ORDER = GENAI_ORDER  # narrowest weights first: prodip.base.variants own
 #: Which ONNX variant transformers.js loads on its ``wasm`` device (onnxruntime-web's WASM build) when no
 #: dtype is given: the first of these that the export has. Measured in Chromium (bench/browser.py,
 #: bench/results/browser_2026-12-02.md): int8 (q8) decodes at or near fp32's speed at a quarter of its
-#: bytes, while int4's MatMulNBits runs 3-5x slower than q8 in the WASM build (natively it is the fastest).
+#: bytes, while int4's MatMulNBits runs 3-5x slower than q8 in the WASM build (natively it is the fastest); the
+#: page's int4 folded to fp32 at load runs at fp32's speed, still ~2x behind q8 (bench/results/browser_q4_2026-12-03.md).
 WASM_ORDER = ("int8", "fp32", "int4", "fp16")
 
 

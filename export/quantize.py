@@ -41,6 +41,7 @@ from onnxruntime.quantization.quant_utils import QuantFormat
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
+from prodip.base.errors import InvalidInput
 from prodip.export.graph import (
     _ancestors,
     _rmsnorm_nodes,
@@ -49,10 +50,12 @@ from prodip.export.graph import (
     fold_fp16_round_trips,
     lower_gather_block_quantized,
     materialize_transposed_weights,
+    matmulnbits_to_qdq,
     onnx_opset,
     quantize_embedding_int8,
     quantize_matmuls_rowwise_int8,
     share_tied_embedding_int4,
+    share_tied_embedding_int4_qdq,
     share_tied_embedding_int8,
 )
 from prodip.export.limits import check_nbits_options, supported_block_sizes
@@ -270,6 +273,21 @@ def _lm_head_node(graph: onnx.GraphProto) -> str | None:
     return next((n.name for n in graph.node if n.op_type == "MatMul" and "logits" in n.output), None)
 
 
+#: ``to_int4`` layouts: ``qdq`` (the default) writes int4 ``DequantizeLinear`` + ``MatMul``; ``matmulnbits`` writes
+#: ``com.microsoft.MatMulNBits`` directly (what ONNX Runtime fuses the qdq file into at load; kept for comparison).
+INT4_LAYOUTS = ("qdq", "matmulnbits")
+#: The MatMulNBits ``accuracy_level`` ONNX Runtime's QDQ fusion gives a qdq file's MatMuls: its session option
+#: ``session.qdq_matmulnbits_accuracy_level``, whose default is 4 (onnxruntime_session_options_config_keys.h).
+QDQ_FUSED_ACCURACY_LEVEL = 4
+#: The layout of a qdq int4 file, as recorded in the manifest.
+QDQ_LAYOUT = (
+    "int4 DequantizeLinear (opset 21, blocked along K) + MatMul: ONNX Runtime's QDQ fusion makes each pair "
+    "MatMulNBits at session load (accuracy_level from session.qdq_matmulnbits_accuracy_level, default 4); "
+    "with session.disable_quant_qdq=1 (onnxruntime-web's WASM build, which has no 4-bit kernel) constant "
+    "folding dequantises the weights to float32 once at load"
+)
+
+
 def to_int4(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -281,26 +299,57 @@ def to_int4(
     share_tied_embedding: bool = True,
     accuracy_level: int = 4,
     lower_embedding: bool = True,
+    layout: str = "qdq",
     external_data: bool = False,
 ) -> dict[str, Any]:
-    """Weight-only 4-bit blockwise quantisation (MatMulNBits) of the fp32 decoder ``src``.
+    """Weight-only 4-bit blockwise quantisation (RTN, ONNX Runtime's ``MatMulNBitsQuantizer``) of the fp32 decoder ``src``.
+
+    Layouts (``layout``):
+
+    * ``qdq`` (default): every MatMul weight is an int4 ``DequantizeLinear`` (ONNX opset 21, blocks
+      of ``block_size`` along K; UINT4 codes + UINT4 zero points, or INT4 codes when symmetric)
+      feeding the ``MatMul``. ONNX Runtime's CPU graph optimiser (QDQ fusion, on at the default
+      optimisation level) turns each pair into ``com.microsoft.MatMulNBits`` with the same codes at
+      load, so natively (ONNX Runtime, onnxruntime-genai, ``prodip serve``) it runs MLAS's 4-bit
+      kernels as the ``matmulnbits`` file does; onnxruntime-web's WASM build has no 4-bit kernel
+      (its MatMulNBits dequantises the weight on every call), and with the session option
+      ``session.disable_quant_qdq=1`` it constant-folds the weights to float32 once at load and
+      decodes at fp32 speed while the download stays 4-bit (bench/results/wasm_q4_2026-12-02.md).
+      The accuracy level of the fused MatMulNBits is the runtime's session option
+      ``session.qdq_matmulnbits_accuracy_level`` (ONNX Runtime's default: 4), so ``accuracy_level``
+      must be :data:`QDQ_FUSED_ACCURACY_LEVEL`.
+    * ``matmulnbits``: ``com.microsoft.MatMulNBits`` in the file (``accuracy_level`` as given).
 
     Args:
         block_size: weights per block along the input (K) dimension; a power of 2 >= 16.
         symmetric: no zero points (int4) instead of asymmetric (uint4 + zero point per block).
-        quantize_embeddings: embedding Gather -> GatherBlockQuantized (blocks along hidden).
+        quantize_embeddings: embedding Gather -> GatherBlockQuantized (blocks along hidden), or, when
+            tied and shared, a lookup of the lm_head's 4-bit codes.
         quantize_lm_head: quantise the MatMul producing ``logits``; otherwise it stays fp32.
         share_tied_embedding: with tied embeddings (and both of the above), store the 4-bit table
-            once: GatherBlockQuantized reads the lm_head's MatMulNBits weights, scales and zero
-            points (:func:`share_tied_embedding_int4`). False keeps two copies (for comparison).
-        lower_embedding: as :func:`to_int8`'s.
+            once: the embedding lookup reads the lm_head's 4-bit weights, scales and zero points
+            (:func:`share_tied_embedding_int4_qdq`, :func:`share_tied_embedding_int4`). False keeps
+            two copies (for comparison).
+        lower_embedding: as :func:`to_int8`'s (an untied or unshared table's GatherBlockQuantized).
         accuracy_level: MatMulNBits ``accuracy_level`` (0 = unset; 4 = int8 compute, the model builder's
             choice and ~3x faster on CPU; see ORT ContribOperators.md).
+        layout: one of :data:`INT4_LAYOUTS`.
         external_data: keep weights in ``<dst>.data`` (automatic above 2 GB).
     Returns:
-        Quantisation parameters, with ``embedding_shared_with_lm_head`` (and, for a tied model that
-        is not shared, why not).
+        Quantisation parameters, with ``layout``, ``embedding_shared_with_lm_head`` (and, for a tied
+        model that is not shared, why not).
+    Raises:
+        InvalidInput: an unknown layout, or a qdq layout with an accuracy level ONNX Runtime's QDQ
+            fusion does not apply by default.
     """
+    if layout not in INT4_LAYOUTS:
+        raise InvalidInput(f"int4 layout must be one of {', '.join(INT4_LAYOUTS)}, got {layout!r}")
+    qdq = layout == "qdq"
+    if qdq and accuracy_level != QDQ_FUSED_ACCURACY_LEVEL:
+        raise InvalidInput(
+            f"int4 accuracy_level {accuracy_level}: the qdq layout's MatMulNBits get ONNX Runtime's QDQ-fusion "
+            f"accuracy level ({QDQ_FUSED_ACCURACY_LEVEL}); use the matmulnbits layout for another level"
+        )
     model = onnx.load(str(src))
     tied = find_tied_embedding(model.graph)
     folded = materialize_transposed_weights(model)
@@ -323,6 +372,10 @@ def to_int4(
         quant_axes=(("MatMul", 0), ("Gather", 1)),
     )
     quant.process()
+    model = quant.model.model
+    # the qdq layout is the MatMulNBits file's own codes, written as DequantizeLinear + MatMul (the
+    # quantiser's QDQ format rounds differently at ties and does not quantise Gathers)
+    converted = matmulnbits_to_qdq(model) if qdq else 0
     shared, why = False, None
     if tied is not None:
         why = (
@@ -332,17 +385,21 @@ def to_int4(
             if not quantize_embeddings
             else "quantize_lm_head=False"
             if not quantize_lm_head
-            else share_tied_embedding_int4(quant.model.model, tied)
+            else share_tied_embedding_int4_qdq(model, tied)
+            if qdq
+            else share_tied_embedding_int4(model, tied)
         )
         shared = why is None
         if not shared:
             logger.info("int4: tied embedding stored twice (%s)", why)
-    lowered = lower_gather_block_quantized(quant.model.model) if lower_embedding else 0
-    external = _save(quant.model.model, Path(dst), external_data)
-    params = {
+    lowered = lower_gather_block_quantized(model) if lower_embedding else 0
+    external = _save(model, Path(dst), external_data)
+    params: dict[str, Any] = {
         "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
         "algorithm": "RTN (DEFAULT)",
-        "format": "QOperator",
+        "format": "QDQ" if qdq else "QOperator",
+        "layout": QDQ_LAYOUT if qdq else "com.microsoft.MatMulNBits",
+        "matmuls_as_qdq": converted,
         "bits": 4,
         "block_size": block_size,
         "symmetric": symmetric,
@@ -354,13 +411,17 @@ def to_int4(
         "accuracy_level": accuracy_level,
         "materialized_transposes": folded,
         "external_data": external,
-        "opset": onnx_opset(quant.model.model),
+        "opset": onnx_opset(model),
     }
     if lowered:
         params["embedding_layout"] = WASM_EMBEDDING_LAYOUT
     if shared:
         params["embedding_layout"] = (
-            "Gather of packed 4-bit rows of Reshape(lm_head MatMulNBits B [vocab, hidden/block, block/2] "
+            "Gather of Transpose(Cast(lm_head int4 codes [hidden, vocab] -> 8-bit)) rows and of the transposed "
+            "scales and zero points, (code - zero_point) * scale per block in standard ops (the Cast and "
+            "Transpose of constants are folded at session load)"
+            if qdq
+            else "Gather of packed 4-bit rows of Reshape(lm_head MatMulNBits B [vocab, hidden/block, block/2] "
             "-> [vocab, hidden/2]) and of the same scales and zero points, dequantised in standard ops"
         )
     elif tied is not None:

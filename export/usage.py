@@ -48,7 +48,7 @@ env.allowRemoteModels = false;
 env.localModelPath = "{parent}/"; // the folder that holds the export folder
 const tokenizer = await AutoTokenizer.from_pretrained("{name}");
 const model = await AutoModelForCausalLM.from_pretrained("{name}", {{ dtype: "{dtype}" }}); // {dtypes}
-const messages = [{{ role: "user", content: "{user}" }}];
+{q4_wasm}const messages = [{{ role: "user", content: "{user}" }}];
 const inputs = tokenizer.apply_chat_template(messages, {{ add_generation_prompt: true, return_dict: true }});
 const output = await model.generate({{ ...inputs, max_new_tokens: {n}, do_sample: false }});
 const reply = output.slice(null, [inputs.input_ids.dims[1], null]);
@@ -61,7 +61,7 @@ env.allowRemoteModels = false;
 env.localModelPath = "{parent}/"; // the folder that holds the export folder
 const tokenizer = await AutoTokenizer.from_pretrained("{name}");
 const model = await AutoModelForCausalLM.from_pretrained("{name}", {{ dtype: "{dtype}" }}); // {dtypes}
-const inputs = tokenizer("{text}");
+{q4_wasm}const inputs = tokenizer("{text}");
 const output = await model.generate({{ ...inputs, max_new_tokens: {n}, do_sample: false }});
 console.log(tokenizer.decode(output[0], {{ skip_special_tokens: true }}));
 """
@@ -159,6 +159,15 @@ reply = client.completions.create(model=model, prompt="{text}", max_tokens={n}, 
 print(reply.choices[0].text)
 """
 
+#: The transformers.js snippets' note for q4 in a browser: the q4 file (int4 DequantizeLinear + MatMul) on
+#: onnxruntime-web's WASM device decodes at fp32's speed when its weights are dequantised at load (the session
+#: option below; without it the WASM build's 4-bit kernel dequantises them on every call). Not for Node
+#: (onnxruntime-node has fast 4-bit kernels: the option would make it fp32).
+Q4_WASM = """\
+// in a browser (device "wasm"), q4 runs at fp32's speed with its 4-bit weights dequantised once, at load:
+// { dtype: "q4", device: "wasm", session_options: { extra: { session: { disable_quant_qdq: "1" } } } }
+"""
+
 #: runtime -> (language, chat template, text template, the runtime's name in words)
 _SNIPPETS: dict[str, tuple[str, str, str, str]] = {
     "transformers": ("python", _TRANSFORMERS_CHAT, _TRANSFORMERS_TEXT, "transformers (Python)"),
@@ -202,6 +211,7 @@ def snippets(
         "eot": end_of_turn,
         "dtype": "q4" if "q4" in dtypes else (dtypes[0] if dtypes else ""),
         "dtypes": ", ".join(dtypes),
+        "q4_wasm": Q4_WASM if "q4" in dtypes else "",
         "genai": (genai or {}).get("genai_path") or (genai or {}).get("path", ""),
         "gguf": next((p for n, p in gguf if "q4" in n), gguf[0][1] if gguf else ""),
         "pte": next((p for n, p in pte if n == "pte-fp32"), pte[0][1] if pte else ""),

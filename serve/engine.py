@@ -741,6 +741,11 @@ def open_decoder(
     return OnnxDecoder(info.onnx_path, info.config, intra_op_threads, spinning=spinning)
 
 
+#: ONNX Runtime's default for ``session.qdq_matmulnbits_accuracy_level`` (onnxruntime_session_options_config_keys.h):
+#: the accuracy level of the MatMulNBits its QDQ fusion makes
+QDQ_MATMULNBITS_ACCURACY_LEVEL = 4
+
+
 def needs_twin(rule: str, rows: int) -> bool:
     """Whether a call of ``rows`` rows (batch x tokens) runs with a twin row under ``rule``
     (:func:`nbits_row_rule`)."""
@@ -761,7 +766,8 @@ def nbits_row_rule(onnx_path: str | Path, intra_op_threads: int = 0, rows: int =
     M = 1 .. ``rows``, and every row compared bitwise with the same row at M = ``rows``.
 
     Returns:
-        "none": every row the same whatever M (also: no MatMulNBits node); "one": only a lone row
+        "none": every row the same whatever M (also: no MatMulNBits node, in the file or fused from
+        int4 DequantizeLinear + MatMul at load); "one": only a lone row
         differs (it must run with a twin); "odd": rows differ when M is odd (an odd call gets a twin).
         Any other pattern is logged as a warning and answered "odd" (the closest rule).
     """
@@ -778,6 +784,30 @@ def nbits_row_rule(onnx_path: str | Path, intra_op_threads: int = 0, rows: int =
             if i > 0 and name and name in inits
         )
         configs[(tuple(sorted(attr.items())), ins)] = None
+    # the qdq int4 layout (prodip.export.quantize.to_int4): ONNX Runtime's QDQ fusion makes each int4
+    # DequantizeLinear (blocked along K) + MatMul a MatMulNBits at session load, with accuracy_level from
+    # session.qdq_matmulnbits_accuracy_level (default 4) and the fused tensors' shapes; probed as that node
+    consumers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node.op_type)
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear" or consumers.get(node.output[0]) != ["MatMul"]:
+            continue
+        weight = inits.get(node.input[0])
+        attr = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if weight is None or weight.data_type not in (TensorProto.INT4, TensorProto.UINT4) or len(weight.dims) != 2:
+            continue
+        if not attr.get("block_size") or attr.get("axis", 1) != 0:
+            continue
+        (k, n), block = (int(d) for d in weight.dims), int(attr["block_size"])
+        blocks = -(-k // block)
+        scale_type = inits[node.input[1]].data_type if node.input[1] in inits else TensorProto.FLOAT
+        ins = ((1, (n, blocks, block // 2), TensorProto.UINT8), (2, (n * blocks,), scale_type))
+        if len(node.input) > 2 and node.input[2]:
+            ins += ((3, (n * -(-blocks // 2),), TensorProto.UINT8),)
+        fused = {"K": k, "N": n, "bits": 4, "block_size": block, "accuracy_level": QDQ_MATMULNBITS_ACCURACY_LEVEL}
+        configs[(tuple(sorted(fused.items())), ins)] = None
     bad: set[int] = set()
     for attrs, ins in configs:
         bad |= _nbits_bad_row_counts(attrs, ins, intra_op_threads, rows)

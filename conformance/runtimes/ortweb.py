@@ -86,23 +86,53 @@ class _TempModel:
 
 
 def fp32_compute_copy(path: Path) -> Optional[_TempModel]:
-    """A copy of the ONNX file ``path`` whose ``MatMulNBits`` nodes have ``accuracy_level`` 0, or None if none differs.
+    """A copy of the ONNX file ``path`` that computes its 4-bit MatMuls in float32, or None if none differs.
 
     ONNX Runtime's CPU build honours ``accuracy_level`` 4 (activations quantised to int8 inside
     MatMulNBits, prodip's int4 default); onnxruntime-web's WASM kernel computes in float32 whatever the
     attribute says. Measured on a tiny export's q4 file: WASM vs CPU at level 4, max |logit diff| 6e-2;
     vs CPU at level 0, 2e-6. So the WASM runtime is compared with ONNX Runtime doing its arithmetic on
-    the same weights; the other runtimes with the file as it is.
+    the same weights; the other runtimes with the file as it is. In the copy, ``MatMulNBits`` nodes get
+    ``accuracy_level`` 0, and int4 ``DequantizeLinear`` nodes of constant weights (the qdq int4 layout,
+    which ONNX Runtime's QDQ fusion would make MatMulNBits at level 4) are replaced by their float32
+    weights, ``(code - zero_point) * scale`` per block (the ONNX operator's formula): what
+    onnxruntime-web computes either way (its own fusion runs the fp32 MatMulNBits kernel, and with
+    ``session.disable_quant_qdq=1`` constant folding dequantises the same way).
     """
+    import numpy as np  # noqa: PLC0415
     import onnx  # noqa: PLC0415
+    from onnx import numpy_helper  # noqa: PLC0415
 
     model = onnx.load(str(path))
+    inits = {t.name: t for t in model.graph.initializer}
+    four_bit = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
     changed = False
-    for node in model.graph.node:
+    for node in list(model.graph.node):
         if node.op_type == "MatMulNBits":
             for attr in node.attribute:
                 if attr.name == "accuracy_level" and attr.i != 0:
                     attr.i, changed = 0, True
+        elif (
+            node.op_type == "DequantizeLinear" and node.input[0] in inits and inits[node.input[0]].data_type in four_bit
+        ):
+            attrs = {a.name: a.i for a in node.attribute}
+            axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
+            codes = numpy_helper.to_array(inits[node.input[0]]).astype(np.float32)
+            scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+            zp = node.input[2] if len(node.input) > 2 and node.input[2] else None
+            zero = numpy_helper.to_array(inits[zp]).astype(np.float32) if zp else np.zeros_like(scale)
+            if block:  # blocked: scales repeat block times along axis (the last block may be partial)
+                n = codes.shape[axis]
+                scale = np.repeat(scale, block, axis=axis).take(range(n), axis=axis)
+                zero = np.repeat(zero, block, axis=axis).take(range(n), axis=axis)
+            weight = ((codes - zero) * scale).astype(np.float32)
+            model.graph.initializer.append(numpy_helper.from_array(weight, node.output[0]))
+            model.graph.node.remove(node)
+            changed = True
+    if changed:  # initializers only the removed DequantizeLinear nodes read
+        used = {i for n in model.graph.node for i in n.input}
+        for init in [t for t in model.graph.initializer if t.name not in used]:
+            model.graph.initializer.remove(init)
     return _TempModel(model) if changed else None
 
 

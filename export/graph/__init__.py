@@ -26,6 +26,9 @@ One module per group of rewrites; every name is re-exported here, so callers imp
   4-bit Gathers only).
 - :mod:`~prodip.export.graph.lowered_gather`: :func:`lower_gather_block_quantized`: GatherBlockQuantized
   in standard operators, for onnxruntime-web's WASM build.
+- :mod:`~prodip.export.graph.qdq`: :func:`matmulnbits_to_qdq`: 4-bit MatMulNBits as int4 DequantizeLinear +
+  MatMul with the same codes (ONNX Runtime fuses it back; onnxruntime-web can fold it to fp32);
+  :func:`~prodip.export.graph.tied.share_tied_embedding_int4_qdq` shares a tied table in that layout.
 - :mod:`~prodip.export.graph.helpers`: :func:`onnx_opset`, :func:`~prodip.export.graph.helpers.attr`.
 
     python -c "from prodip.export.graph import find_tied_embedding; help(find_tied_embedding)"
@@ -44,11 +47,13 @@ from prodip.export.graph.int8 import (
 )
 from prodip.export.graph.lowered_gather import LOWERED_GBQ, _pack_nibbles, lower_gather_block_quantized
 from prodip.export.graph.mask import MASK_CHECK_NODE, add_mask_length_check, drop_unused_outputs
+from prodip.export.graph.qdq import matmulnbits_to_qdq
 from prodip.export.graph.tied import (
     TiedEmbedding,
     find_tied_embedding,
     materialize_transposed_weights,
     share_tied_embedding_int4,
+    share_tied_embedding_int4_qdq,
     share_tied_embedding_int8,
 )
 
@@ -75,7 +80,9 @@ __all__ = [
     "quantize_matmuls_rowwise_int8",
     "quantize_weight_per_column_int8",
     "right_padded_attention",
+    "matmulnbits_to_qdq",
     "share_tied_embedding_int4",
+    "share_tied_embedding_int4_qdq",
     "share_tied_embedding_int8",
     "shared_buffer_graph",
 ]

@@ -262,3 +262,108 @@ def share_tied_embedding_int8(model: onnx.ModelProto, tied: TiedEmbedding) -> Op
     ]
     _replace_embedding_nodes(graph, tied, new)
     return None
+
+
+def share_tied_embedding_int4_qdq(model: onnx.ModelProto, tied: TiedEmbedding) -> Optional[str]:
+    """Make the embedding lookup of a QDQ int4 graph read the lm_head's 4-bit weight, in place.
+
+    After ``MatMulNBitsQuantizer(quant_format=QDQ)`` the lm_head is ``MatMul(x, DequantizeLinear(W,
+    s, z))`` (ONNX opset 21, blocked: ``axis`` 0, ``block_size`` b): W UINT4 [hidden, vocab]
+    (INT4 when symmetric), s float32 [hidden/b, vocab], z UINT4 [hidden/b, vocab] or absent (0,
+    the ONNX default for int4 types), weight = (W - z) * s. Column v of W is vocabulary entry v's
+    embedding vector, so the lookup becomes, in standard operators::
+
+        codes = Transpose(Cast(W, uint8|int8))            # [vocab, hidden], constant
+        rows  = Cast(Gather(codes, ids), float)           # [*ids, hidden]
+        rows  = Reshape(rows, [*ids, hidden/b, b])
+        out   = (rows - Gather(Transpose(Cast(z, float)), ids)[..., None])
+                * Gather(Transpose(s), ids)[..., None]     # then Reshape to [*ids, hidden]
+
+    which is ``DequantizeLinear``'s formula on the same codes, so the embedding holds the
+    lm_head's dequantised weights bit for bit. Every operand of the Cast/Transpose chains is an
+    initializer, so ONNX Runtime constant-folds them at session load (native and onnxruntime-web
+    alike): one byte per weight in memory, the 4-bit table once in the file. The DequantizeLinear
+    node itself is left alone, so ONNX Runtime's QDQ fusion still turns the lm_head into
+    ``MatMulNBits`` (a DequantizeLinear output with a second consumer would not be fused).
+
+    Args:
+        model: the QDQ int4 graph (lm_head ``DequantizeLinear`` + ``MatMul``; embedding still the
+            fp32 ``Gather``); tied: :func:`find_tied_embedding` of its fp32 graph.
+    Returns:
+        None when shared, else why not (the graph is then left as it was).
+    """
+    graph = model.graph
+    make = onnx.helper.make_node
+    producer = {out: node for node in graph.node for out in node.output}
+    inits = {t.name: t for t in graph.initializer}
+    lm_head = producer.get(tied.logits)
+    if lm_head is None or lm_head.op_type != "MatMul":
+        return "the lm_head is not a MatMul"
+    dq = producer.get(lm_head.input[1])
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return "the lm_head's weight is not a DequantizeLinear output"
+    weight, scales = dq.input[0], dq.input[1]
+    zero_points = dq.input[2] if len(dq.input) > 2 and dq.input[2] else None
+    if weight not in inits or scales not in inits or (zero_points and zero_points not in inits):
+        return "the lm_head's DequantizeLinear inputs are not initializers"
+    w = inits[weight]
+    if w.data_type not in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return f"the lm_head's weight has data type {w.data_type}, not INT4/UINT4"
+    block = attr(dq, "block_size", 0)
+    if attr(dq, "axis", 1) != 0 or not block:
+        return "the lm_head's DequantizeLinear is not blocked along axis 0"
+    if list(w.dims) != [tied.hidden, tied.vocab]:
+        return f"the lm_head's weight has shape {list(w.dims)}, not [hidden, vocab] {[tied.hidden, tied.vocab]}"
+    if tied.hidden % block:
+        return f"hidden {tied.hidden} is not a multiple of block_size {block}"
+    p = f"{tied.gather_node}_shared"
+    code_type = onnx.TensorProto.INT8 if w.data_type == onnx.TensorProto.INT4 else onnx.TensorProto.UINT8
+
+    def const(name: str, value: list[int]) -> str:
+        graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.int64), f"{p}/{name}"))
+        return f"{p}/{name}"
+
+    last = const("last_axis", [-1])
+    nodes = [
+        # constants, folded at load: codes one per byte (Gather has no 4-bit types), rows = vocab entries
+        make("Cast", [weight], [f"{p}/codes_kn"], name=f"{p}/CastCodes", to=code_type),
+        make("Transpose", [f"{p}/codes_kn"], [f"{p}/codes"], name=f"{p}/TransposeCodes", perm=[1, 0]),
+        make("Transpose", [scales], [f"{p}/scales"], name=f"{p}/TransposeScales", perm=[1, 0]),
+        # per step: the ids' rows
+        make("Shape", [tied.indices], [f"{p}/ids_shape"], name=f"{p}/Shape"),
+        make("Gather", [f"{p}/codes", tied.indices], [f"{p}/code_rows"], name=f"{p}/GatherCodes", axis=0),
+        make("Cast", [f"{p}/code_rows"], [f"{p}/code_rows_f"], name=f"{p}/CastRows", to=onnx.TensorProto.FLOAT),
+        make(
+            "Concat",
+            [f"{p}/ids_shape", const("blocks", [tied.hidden // block, block])],
+            [f"{p}/blocked_shape"],
+            name=f"{p}/BlockedShape",
+            axis=0,
+        ),
+        make("Reshape", [f"{p}/code_rows_f", f"{p}/blocked_shape"], [f"{p}/blocked"], name=f"{p}/Blocked"),
+    ]
+    centred = f"{p}/blocked"
+    if zero_points:
+        nodes += [
+            make("Cast", [zero_points], [f"{p}/zp_kn"], name=f"{p}/CastZeroPoints", to=onnx.TensorProto.FLOAT),
+            make("Transpose", [f"{p}/zp_kn"], [f"{p}/zp"], name=f"{p}/TransposeZeroPoints", perm=[1, 0]),
+            make("Gather", [f"{p}/zp", tied.indices], [f"{p}/zp_rows"], name=f"{p}/GatherZeroPoints", axis=0),
+            make("Unsqueeze", [f"{p}/zp_rows", last], [f"{p}/zp_rows1"], name=f"{p}/UnsqueezeZeroPoints"),
+            make("Sub", [centred, f"{p}/zp_rows1"], [f"{p}/centred"], name=f"{p}/SubZeroPoints"),
+        ]
+        centred = f"{p}/centred"
+    nodes += [
+        make("Gather", [f"{p}/scales", tied.indices], [f"{p}/scale_rows"], name=f"{p}/GatherScales", axis=0),
+        make("Unsqueeze", [f"{p}/scale_rows", last], [f"{p}/scale_rows1"], name=f"{p}/UnsqueezeScales"),
+        make("Mul", [centred, f"{p}/scale_rows1"], [f"{p}/scaled"], name=f"{p}/MulScales"),
+        make(
+            "Concat",
+            [f"{p}/ids_shape", const("hidden", [tied.hidden])],
+            [f"{p}/out_shape"],
+            name=f"{p}/OutShape",
+            axis=0,
+        ),
+        make("Reshape", [f"{p}/scaled", f"{p}/out_shape"], [tied.embedding], name=f"{p}/Reshape"),
+    ]
+    _replace_embedding_nodes(graph, tied, nodes)
+    return None

@@ -7,9 +7,11 @@
 // URL parameters (used by the browser tests and bench/browser.py): ?dtype=q4&prompt=...&max_new_tokens=16&autorun=1,
 // &device=wasm|webgpu, &threads=N (WASM threads; more than 1 needs a cross-origin isolated page), &min_new_tokens=N,
 // &wasm=asyncify (the asyncify build on the WASM device too: what the page loaded before, for comparison),
+// &q4=fused (q4 on WASM through the fused 4-bit kernel instead of weights dequantised at load; see q4Path),
 // &prompt_ids=1,2,3 (generate from these token ids instead of the prompt text: conformance's browser rows).
 // When a run ends, window.prodipResult = {dtype, device, threads, ids (prompt + new), text, load_ms, ttft_ms (generate
-// call to first new token), new_tokens, tokens_per_s (after the first new token), bytes, error}.
+// call to first new token), new_tokens, tokens_per_s (after the first new token), bytes, q4_path ('fp32-folded' or
+// 'fused' for q4 on WASM, else null), stats (the stats line's text), error}.
 import { AutoModelForCausalLM, AutoTokenizer, TextStreamer, Tensor, env } from './transformers.min.js';
 
 const params = new URLSearchParams(location.search);
@@ -42,13 +44,38 @@ if (params.has('prompt')) $('prompt').value = params.get('prompt');
 if (params.has('max_new_tokens')) $('tokens').value = params.get('max_new_tokens');
 if (params.has('threads')) env.backends.onnx.wasm.numThreads = Number(params.get('threads'));
 
-let loaded = { dtype: null, model: null, tokenizer: null, load_ms: 0 };
+// q4 on the WASM device. The q4 file is int4 DequantizeLinear + MatMul (QDQ). onnxruntime-web's WASM build has no
+// 4-bit kernel: by default its QDQ fusion makes MatMulNBits, which dequantises the weights on every call (q4 then
+// decodes ~6x slower than fp32). With session.disable_quant_qdq=1 constant folding dequantises them to float32 once,
+// at load: fp32's speed from a 4-bit download, at fp32's memory. So the page asks for it when the float32 weights fit
+// comfortably in wasm32's 4 GB address space (FP32_LIMIT), and keeps the fused path (slow, but 4-bit in memory)
+// otherwise. ?q4=fused forces the fused path (for comparison: bench/browser.py).
+const FP32_LIMIT = 1.5e9;   // bytes of float32 weights; leaves room for the 4-bit file, activations and KV cache
+function parameterCount(c) {  // decoder weights from config.json (HF LlamaConfig names)
+  const h = c.hidden_size, hd = c.head_dim || h / c.num_attention_heads;
+  const kv = c.num_key_value_heads || c.num_attention_heads;
+  const layer = h * hd * (2 * c.num_attention_heads + 2 * kv) + 3 * h * c.intermediate_size + 2 * h;
+  return c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + c.num_hidden_layers * layer + h;
+}
+function q4Path(dtype) {
+  if (dtype !== 'q4' || DEVICE !== 'wasm') return null;
+  const fp32 = 4 * parameterCount(config);
+  if (params.get('q4') === 'fused') return { path: 'fused', fp32_bytes: fp32, why: '?q4=fused' };
+  return fp32 < FP32_LIMIT ? { path: 'fp32-folded', fp32_bytes: fp32, why: `fp32 weights ${(fp32 / 1e9).toFixed(2)} GB` }
+    : { path: 'fused', fp32_bytes: fp32, why: `fp32 weights ${(fp32 / 1e9).toFixed(2)} GB would not fit` };
+}
+
+let loaded = { dtype: null, model: null, tokenizer: null, load_ms: 0, q4: null };
 async function load(dtype) {
   if (loaded.dtype === dtype) return loaded;
   const t0 = performance.now();
   const tokenizer = await AutoTokenizer.from_pretrained(MODEL);
-  const model = await AutoModelForCausalLM.from_pretrained(MODEL, { dtype, device: DEVICE });
-  loaded = { dtype, model, tokenizer, load_ms: performance.now() - t0 };
+  const q4 = q4Path(dtype);
+  const options = { dtype, device: DEVICE };
+  // transformers.js passes session_options to onnxruntime-web's InferenceSession.create
+  if (q4?.path === 'fp32-folded') options.session_options = { extra: { session: { disable_quant_qdq: '1' } } };
+  const model = await AutoModelForCausalLM.from_pretrained(MODEL, options);
+  loaded = { dtype, model, tokenizer, load_ms: performance.now() - t0, q4 };
   return loaded;
 }
 
@@ -57,12 +84,13 @@ async function run() {
   $('go').disabled = true;
   $('out').textContent = '';
   const result = { dtype, device: DEVICE, wasm_build: `ort-wasm-simd-threaded${build}`, threads: env.backends.onnx.wasm.numThreads ?? null, ids: null, text: '', load_ms: null,
-    ttft_ms: null, new_tokens: null, tokens_per_s: null, bytes: null, error: null };
+    ttft_ms: null, new_tokens: null, tokens_per_s: null, bytes: null, q4_path: null, error: null };
   try {
     if (!offered.includes(dtype)) throw new Error(`this export has no ${dtype} file (it has: ${offered.join(', ')})`);
     $('stats').textContent = `loading ${dtype}…`;
-    const { model, tokenizer, load_ms } = await load(dtype);
+    const { model, tokenizer, load_ms, q4 } = await load(dtype);
     result.load_ms = load_ms;
+    result.q4_path = q4 ? q4.path : null;
     if (DEVICE === 'webgpu' && navigator.gpu) {                     // which adapter ran it (SwiftShader in CI)
       const info = (await navigator.gpu.requestAdapter())?.info || {};
       result.adapter = { vendor: info.vendor, architecture: info.architecture };
@@ -91,9 +119,13 @@ async function run() {
     $('out').textContent = 'error: ' + result.error;
   }
   result.bytes = bytes();
-  $('stats').textContent = `dtype ${dtype} · load ${(result.load_ms ?? 0).toFixed(0)} ms · ` +
+  const q4 = loaded.dtype === dtype ? loaded.q4 : null;
+  const path = q4 ? (q4.path === 'fp32-folded' ? ' (4-bit download, dequantised to fp32 at load: ' + q4.why + ')'
+    : ' (4-bit kernel in WASM, slow: ' + q4.why + ')') : '';
+  $('stats').textContent = `dtype ${dtype}${path} · load ${(result.load_ms ?? 0).toFixed(0)} ms · ` +
     `${result.tokens_per_s ? result.tokens_per_s.toFixed(1) : '–'} tokens/s · ` +
     `${(result.bytes / 1e6).toFixed(1)} MB downloaded`;
+  result.stats = $('stats').textContent;
   $('go').disabled = false;
   window.prodipResult = result;
 }

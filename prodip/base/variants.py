@@ -138,6 +138,10 @@ class OnnxQuantization(RecordPart):
     #: int8/int4: rounding algorithm, the operator format, bits per weight
     algorithm: str | None = None
     format: str | None = None
+    #: int4: the weights' operator layout (``prodip.export.quantize.INT4_LAYOUTS``) and MatMuls written as
+    #: int4 DequantizeLinear + MatMul (count)
+    layout: str | None = None
+    matmuls_as_qdq: StrictInt | None = None
     bits: StrictInt | None = None
     #: int8: one scale per output channel; activations quantised per row at run time
     weight_granularity: str | None = None

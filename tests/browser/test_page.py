@@ -127,6 +127,28 @@ def test_page_generates_onnx_runtimes_ids(served_export):
         assert not any("asyncify" in u for u in got["requests"])
         weights = (export / (FILES[dtype] + "_data")).stat().st_size
         assert res["bytes"] >= weights  # the page counts what it downloaded
+        # q4 on WASM: the int4 weights dequantised at load (a tiny model's fp32 weights fit easily)
+        assert res["q4_path"] == ("fp32-folded" if dtype == "q4" else None), dtype
+
+
+def test_page_q4_paths(served_export):
+    """The page's q4 on the WASM device, both paths: dequantised to fp32 at load (the default for a model whose
+    fp32 weights fit) and, with ``?q4=fused``, onnxruntime-web's fused 4-bit kernel; each gives ONNX Runtime's
+    greedy ids (fp32 arithmetic on the same weights) and the stats line names the path it took."""
+    from urllib.parse import quote
+
+    from tokenizers import Tokenizer
+
+    export, base = served_export
+    prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
+    want = ort_greedy(export, FILES["q4"], prompt)
+    for extra, path, words in (("", "fp32-folded", "dequantised to fp32 at load"), ("&q4=fused", "fused", "slow")):
+        url = f"{base}/?dtype=q4{extra}&prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
+        got = open_page(url, "prodipResult", f"page_q4_{path}")
+        assert got["error"] is None, (path, got["error"], got["console"][-10:])
+        res = got["result"]
+        assert res["q4_path"] == path and res["ids"] == want, path
+        assert words in res["stats"], res["stats"]
 
 
 def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -13,6 +15,39 @@ from tests.export.conftest import positions, run_ort, source_model
 
 def _ops(path):
     return [n.op_type for n in onnx.load(str(path)).graph.node]
+
+
+def _assert_int4_qdq(path, matmuls: int) -> None:
+    """``path`` is the qdq int4 layout: ``matmuls`` MatMuls read an int4/uint4 DequantizeLinear (opset 21,
+    blocked along K) of constant codes, and ONNX Runtime's optimised graph (QDQ fusion, CPU EP) has
+    exactly those as MatMulNBits at accuracy level 4 and no DequantizeLinear left."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers = [i for n in model.graph.node for i in n.input]
+    dqs = [producer.get(n.input[1]) for n in model.graph.node if n.op_type == "MatMul"]
+    dqs = [d for d in dqs if d is not None and d.op_type == "DequantizeLinear"]
+    assert len(dqs) == matmuls and "MatMulNBits" not in _ops(path)
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 21
+    for dq in dqs:
+        codes = inits[dq.input[0]]
+        attrs = {a.name: a.i for a in dq.attribute}
+        assert codes.data_type in (onnx.TensorProto.UINT4, onnx.TensorProto.INT4), dq.name
+        assert attrs["axis"] == 0 and attrs["block_size"] >= 16, dq.name
+        assert consumers.count(dq.output[0]) == 1  # a second consumer would keep ORT from fusing it
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(path.with_name(path.stem + "_ort_optimized.onnx"))
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    fused = onnx.load(opts.optimized_model_filepath, load_external_data=False)
+    nbits = [n for n in fused.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == matmuls and not any(n.op_type == "DequantizeLinear" for n in fused.graph.node)
+    for node in nbits:
+        attrs = {a.name: a.i for a in node.attribute}
+        assert (attrs["bits"], attrs["accuracy_level"]) == (4, quantize.QDQ_FUSED_ACCURACY_LEVEL), node.name
+    Path(opts.optimized_model_filepath).unlink()
 
 
 def test_variant_graphs(tied_export):
@@ -40,9 +75,17 @@ def test_variant_graphs(tied_export):
     assert node.op_type == "MatMulInteger"
     assert producer[gather.input[0]].op_type == "Transpose" and "GatherBlockQuantized" not in ops8
     assert producer[gather.input[0]].input[0] == node.input[1]  # the lm_head's own codes
-    assert ops4.count("MatMulNBits") == 5 * 2 + 1  # packed qkv, o, gate, up, down per layer + the tied lm_head
-    # the 4-bit lookup in standard ops (onnxruntime-web's WASM build has no GatherBlockQuantized kernel)
-    assert "GatherBlockQuantized" not in ops4 and "Floor" in ops4
+    _assert_int4_qdq(onnx_dir / "model_q4.onnx", 5 * 2 + 1)  # packed qkv, o, gate, up, down per layer + lm_head
+    # tied: the lookup gathers rows of the lm_head's own 4-bit codes, transposed and widened to a byte
+    int4 = onnx.load(str(onnx_dir / "model_q4.onnx"))
+    producer = {o: n for n in int4.graph.node for o in n.output}
+    gather = next(n for n in int4.graph.node if "input_ids" in n.input and n.op_type == "Gather")
+    transpose = producer[gather.input[0]]
+    cast = producer[transpose.input[0]]
+    dq = producer[producer["logits"].input[1]]
+    assert (transpose.op_type, cast.op_type, dq.op_type) == ("Transpose", "Cast", "DequantizeLinear")
+    assert cast.input[0] == dq.input[0]  # the lm_head's codes: the table is in the file once
+    assert "GatherBlockQuantized" not in ops4 and "MatMulNBits" not in ops4
     fp16 = onnx.shape_inference.infer_shapes(onnx.load(str(onnx_dir / "model_fp16.onnx")))
     inits = {t.data_type for t in fp16.graph.initializer if len(t.dims) == 2}
     assert onnx.TensorProto.FLOAT16 in inits
@@ -64,7 +107,7 @@ def test_int4_flags(gqa_export, tmp_path, embeddings, lm_head):
     assert params["block_size"] == 16 and params["embedding_quantized"] is embeddings
     ops = _ops(dst)
     assert "GatherBlockQuantized" not in ops and ("Floor" in ops) is embeddings  # the 4-bit lookup, lowered
-    assert ops.count("MatMulNBits") == 5 * 2 + int(lm_head)  # packed qkv, o, gate, up, down per layer
+    _assert_int4_qdq(dst, 5 * 2 + int(lm_head))  # packed qkv, o, gate, up, down per layer
     graph = onnx.load(str(dst)).graph
     assert any(n.op_type == "MatMul" and "logits" in n.output for n in graph.node) is (not lm_head)
     import onnxruntime as ort
@@ -126,6 +169,7 @@ def test_int4_matches_independent_fake_quant(gqa_export, tmp_path):
         quantize_embeddings=False,
         quantize_lm_head=False,
         accuracy_level=0,
+        layout="matmulnbits",  # the qdq layout's fused MatMulNBits take ONNX Runtime's level 4
     )
     model = source_model(gqa_export)
     fq = copy.deepcopy(model)
@@ -204,11 +248,17 @@ def test_tied_quantised_embedding_stored_once(tied_export, gqa_export):
     assert list(_big_initializers(int4, V * H // 4).values()) == [V * H // 2]  # one 4-bit table
     producer = {o: n for n in int4.graph.node for o in n.output}
     assert "GatherBlockQuantized" not in {n.op_type for n in int4.graph.node}
-    lm_head = next(n for n in int4.graph.node if n.op_type == "MatMulNBits" and "logits" in n.output)
-    gathers = {n.input[0]: n for n in int4.graph.node if n.op_type == "Gather" and "input_ids" in n.input}
-    reshape = producer[next(name for name in gathers if name in producer)]
-    assert reshape.op_type == "Reshape" and reshape.input[0] == lm_head.input[1]  # the lm_head's packed codes
-    assert set(lm_head.input[2:4]) <= set(gathers)  # the same scales and zero points
+    dq = producer[producer["logits"].input[1]]  # the lm_head: MatMul(x, DequantizeLinear(codes, scales, zps))
+    assert dq.op_type == "DequantizeLinear"
+    gathers = [n for n in int4.graph.node if n.op_type == "Gather" and "input_ids" in n.input]
+    # each row lookup reads Transpose([Cast](lm_head tensor)): codes, scales and zero points, nothing of its own
+    read = set()
+    for gather in gathers:
+        node = producer[gather.input[0]]
+        assert node.op_type == "Transpose", node.name
+        node = producer.get(node.input[0], node)
+        read.add(node.input[0])
+    assert read == set(dq.input)
     int8 = onnx.load(str(tied_export / "onnx" / "model_quantized.onnx"))
     big8 = _big_initializers(int8, V * H // 2)
     assert list(big8.values()) == [V * H]  # one 8-bit table: the lm_head's MatMulInteger codes [H, V]
@@ -251,7 +301,9 @@ def tied_demo_shape(tmp_path_factory):
     assert quantize.to_int8(src, dup["int8"], share_tied_embedding=False)["embedding_shared_with_lm_head"] is False
     symmetric = ExportConfig().int4_symmetric  # as the export quantised its int4
     # kept as GatherBlockQuantized: its own table is compared with the lm_head's codes below
-    dup4 = quantize.to_int4(src, dup["int4"], share_tied_embedding=False, symmetric=symmetric, lower_embedding=False)
+    dup4 = quantize.to_int4(
+        src, dup["int4"], share_tied_embedding=False, symmetric=symmetric, lower_embedding=False, layout="matmulnbits"
+    )
     assert dup4["embedding_shared_with_lm_head"] is False
     return export_dir, dup
 
@@ -289,9 +341,10 @@ def _kl_mean(ref, cand):
 
 
 def test_tied_shared_int4_logits_identical(tied_demo_shape):
-    """The shared int4 variant computes what the duplicated one did: the lm_head is unchanged and
-    the embedding now reads the lm_head's codes, which equal the old Gather copy's except at
-    rounding ties (ORT's numpy vs C++ RTN); on tokens away from those rows the logits are identical."""
+    """The shared int4 variant (qdq layout) computes what the duplicated MatMulNBits one did: the lm_head's
+    codes are the same (ONNX Runtime's QDQ fusion rebuilds the MatMulNBits) and the embedding now reads
+    them, which equal the old Gather copy's except at rounding ties (ORT's numpy vs C++ RTN); on tokens
+    away from those rows the logits are identical."""
     from onnx import numpy_helper
 
     from prodip.train.checkpoint import load_model
@@ -395,3 +448,100 @@ def test_block_sizes_outside_onnx_runtime_range_refused_up_front(block_size):
     for field in ("int4_block_size", "int8_block_size"):
         with pytest.raises(InvalidInput, match=f"{field}: {block_size} .* 16, 32, 64, 128, 256"):
             ExportConfig(checkpoint="x", out="y", **{field: block_size})
+
+
+#: onnxruntime-web's plain WASM build (the page's) under Node: greedy ids of one ONNX file, whole sequence each
+#: step (empty KV cache), with the session config entries ``job.config``. stdin: JSON job; stdout: {"ids": [...]}.
+_ORTWEB_GREEDY = r"""
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+const job = JSON.parse(readFileSync(0, 'utf8'));
+const ort = await import(pathToFileURL(path.join(job.node_root, 'node_modules/onnxruntime-web/dist/ort.wasm.min.mjs')).href);
+ort.env.wasm.numThreads = 1;
+const opts = { executionProviders: ['wasm'], extra: { session: job.config } };
+if (existsSync(job.file + '_data')) opts.externalData = [{ path: path.basename(job.file) + '_data', data: readFileSync(job.file + '_data') }];
+const session = await ort.InferenceSession.create(readFileSync(job.file), opts);
+const ids = job.prompt.slice();
+for (let step = 0; step < job.new_tokens; step++) {
+  const n = ids.length;
+  const feeds = {
+    input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, n]),
+    attention_mask: new ort.Tensor('int64', new BigInt64Array(n).fill(1n), [1, n]),
+    position_ids: new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(i)), [1, n]),
+  };
+  for (let l = 0; l < job.layers; l++) for (const kv of ['key', 'value'])
+    feeds[`past_key_values.${l}.${kv}`] = new ort.Tensor('float32', new Float32Array(0), [1, job.kv_heads, 0, job.head_dim]);
+  const out = await session.run(feeds);
+  const v = out.logits.dims[2], row = out.logits.data.slice((n - 1) * v, n * v);
+  let best = 0;
+  for (let j = 1; j < v; j++) if (row[j] > row[best]) best = j;  // first maximum, as numpy's argmax
+  ids.push(best);
+}
+console.log(JSON.stringify({ ids }));
+"""
+
+
+@pytest.mark.parametrize("fixture", ["tied_export", "gqa_export"])
+def test_int4_qdq_on_wasm_folded_matches_native(request, fixture, tmp_path):
+    """The q4 file on onnxruntime-web's plain WASM build (Node) with ``session.disable_quant_qdq=1`` (what the
+    page passes: the int4 weights dequantised to fp32 at load) gives ONNX Runtime's greedy ids on the same file
+    natively with the same option, and the ids of conformance's fp32-compute copy of the file."""
+    import json
+    import shutil
+    import subprocess
+
+    import onnxruntime as ort
+
+    from prodip.conformance.runtimes.common import node_root
+    from tests.tokenizer.conftest import skip_or_fail
+
+    export = request.getfixturevalue(fixture)
+    root = node_root()
+    if shutil.which("node") is None or not (root / "node_modules/onnxruntime-web/dist/ort.wasm.min.mjs").is_file():
+        skip_or_fail("node or onnxruntime-web (npm install --prefix node) is not installed")
+    config = source_model(export).config
+    path = export / "onnx" / "model_q4.onnx"
+    prompt, new_tokens = [1, 17, 42, 99, 7], 8
+
+    def native(entries: dict[str, str]) -> list[int]:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.log_severity_level = 3
+        for key, value in entries.items():
+            opts.add_session_config_entry(key, value)
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        ids = list(prompt)
+        for _ in range(new_tokens):
+            x = np.asarray([ids])
+            mask = np.ones_like(x)
+            ids.append(int(np.argmax(run_ort(sess, config, x, mask, positions(mask))[0][0, -1])))
+        return ids
+
+    script = tmp_path / "greedy.mjs"
+    script.write_text(_ORTWEB_GREEDY, encoding="utf-8")
+    job = {
+        "node_root": str(root.resolve()),
+        "file": str(path),
+        "prompt": prompt,
+        "new_tokens": new_tokens,
+        "config": {"disable_quant_qdq": "1"},
+        "layers": config.num_hidden_layers,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": config.hidden_size // config.num_attention_heads,
+    }
+    proc = subprocess.run(["node", str(script)], input=json.dumps(job), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    web = json.loads(proc.stdout.strip().splitlines()[-1])["ids"]
+    assert len(web) == len(prompt) + new_tokens
+    assert web == native({"session.disable_quant_qdq": "1"})
+    # and conformance's reference for the WASM runtime: the weights dequantised in numpy (fp32_compute_copy);
+    # the default fused MatMulNBits quantises activations (accuracy level 4) and may part at near ties
+    from prodip.conformance.runtimes import fp32_compute_copy
+
+    copy = fp32_compute_copy(path)
+    assert copy is not None
+    with copy as fp32_path:
+        assert "DequantizeLinear" not in _ops(fp32_path)
+        path = fp32_path
+        assert web == native({})

@@ -49,10 +49,33 @@ def matmulnbits(path, block_size: int, accuracy_level: int) -> ort.InferenceSess
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize(("block_size", "accuracy_level"), [(32, 0), (32, 4), (128, 4)])
-def test_row_rule_makes_rows_invariant(tmp_path, block_size, accuracy_level):
+def as_qdq(src, dst) -> ort.InferenceSession:
+    """The graph at ``src`` with its MatMulNBits as int4 DequantizeLinear + MatMul (the export's qdq int4
+    layout, same codes), written to ``dst``; ONNX Runtime fuses it back to MatMulNBits at load."""
+    from prodip.export.graph import matmulnbits_to_qdq
+
+    model = onnx.load(str(src))
+    del model.opset_import[:]
+    model.opset_import.extend([helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    assert matmulnbits_to_qdq(model) == 1
+    onnx.save(model, str(dst))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    return ort.InferenceSession(str(dst), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize(
+    ("block_size", "accuracy_level", "layout"),
+    [(32, 0, "matmulnbits"), (32, 4, "matmulnbits"), (128, 4, "matmulnbits"), (32, 4, "qdq"), (128, 4, "qdq")],
+)
+def test_row_rule_makes_rows_invariant(tmp_path, block_size, accuracy_level, layout):
     path = tmp_path / "m.onnx"
     session = matmulnbits(path, block_size, accuracy_level)
+    if layout == "qdq":  # the rule is read from the DequantizeLinear + MatMul pairs ONNX Runtime fuses
+        mnb_rule = nbits_row_rule(path, 2)
+        path = tmp_path / "m_qdq.onnx"
+        session = as_qdq(tmp_path / "m.onnx", path)
+        assert nbits_row_rule(path, 2) == mnb_rule
     rule = nbits_row_rule(path, 2)
     assert rule in ("none", "one", "odd")
     a = np.random.default_rng(5).standard_normal((16, K)).astype(np.float32)  # not the probe's inputs
