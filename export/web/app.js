@@ -36,7 +36,11 @@ performance.setResourceTimingBufferSize(10000);
 const config = await (await fetch(new URL('config.json', root))).json();
 const tjs = config['transformers.js_config'] || {};
 const FILES = { fp32: 'model', fp16: 'model_fp16', q8: 'model_quantized', q4: 'model_q4' };
-const offered = Object.keys(FILES).filter((d) => `${FILES[d]}.onnx` in (tjs.use_external_data_format || {}));
+// the dtypes whose file this export has: asked of the server (HEAD), since a file may hold its weights inline
+// and then is not named in use_external_data_format
+const present = await Promise.all(Object.values(FILES).map(async (f) =>
+  (await fetch(new URL(`onnx/${f}.onnx`, root), { method: 'HEAD' }).catch(() => ({ ok: false }))).ok));
+const offered = Object.keys(FILES).filter((_, i) => present[i]);
 const deviceDtype = (tjs.device_config || {})[DEVICE]?.dtype || tjs.dtype;   // as transformers.js resolves it
 for (const d of offered) $('dtype').add(new Option(d + (d === deviceDtype ? ' (default)' : ''), d));
 $('dtype').value = params.get('dtype') || deviceDtype || offered[0];

@@ -131,6 +131,33 @@ def test_page_generates_onnx_runtimes_ids(served_export):
         assert res["q4_path"] == ("fp32-folded" if dtype == "q4" else None), dtype
 
 
+def test_page_offers_a_file_with_inline_weights(served_export, tmp_path):
+    """An ONNX file holding its weights inline (not named in ``use_external_data_format``) is still offered and
+    loads: the page asks the server which files exist instead of reading the list of external-data files."""
+    import shutil
+    from urllib.parse import quote
+
+    import onnx
+    from tokenizers import Tokenizer
+
+    export, _ = served_export
+    copy = tmp_path / "export"
+    shutil.copytree(export, copy)
+    rel = FILES["fp32"]
+    onnx.save(onnx.load(str(copy / rel)), str(copy / rel))  # weights read from model.onnx_data, saved inline
+    (copy / (rel + "_data")).unlink()
+    cfg = json.loads((copy / "config.json").read_text(encoding="utf-8"))
+    del cfg["transformers.js_config"]["use_external_data_format"][Path(rel).name]
+    (copy / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    prompt = Tokenizer.from_file(str(copy / "tokenizer.json")).encode(PROMPT).ids
+    with serve_dir(copy) as base:
+        url = f"{base}/?dtype=fp32&prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
+        got = open_page(url, "prodipResult", "page_inline_fp32")
+    assert got["error"] is None, (got["error"], got["console"][-10:])
+    assert got["result"]["ids"] == ort_greedy(copy, rel, prompt)
+    assert not any(u.endswith(rel + "_data") for u in got["requests"])
+
+
 def test_page_q4_paths(served_export):
     """The page's q4 on the WASM device, both paths: dequantised to fp32 at load (the default for a model whose
     fp32 weights fit) and, with ``?q4=fused``, onnxruntime-web's fused 4-bit kernel; each gives ONNX Runtime's
