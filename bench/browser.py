@@ -34,8 +34,6 @@ On a shared machine only ratios within one run mean anything: the JSON records t
 from __future__ import annotations
 
 import argparse
-import functools
-import http.server
 import json
 import os
 import platform
@@ -44,7 +42,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -105,37 +102,12 @@ def int4_options(export: Path) -> dict[str, Any]:
     return {"block_size": q.block_size, "symmetric": q.symmetric, "accuracy_level": q.accuracy_level}
 
 
-class _Isolated(http.server.SimpleHTTPRequestHandler):
-    """Static files with COOP/COEP (cross-origin isolation); ``/_wllama/`` and ``/_bench/`` from elsewhere."""
-
-    routes: dict[str, Path] = {}
-
-    def translate_path(self, path: str) -> str:
-        for prefix, folder in self.routes.items():
-            if path.startswith(prefix):
-                return str(folder / path[len(prefix) :].split("?")[0])
-        return super().translate_path(path)
-
-    def end_headers(self) -> None:
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        self.send_header("Cache-Control", "no-store")
-        super().end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def serve(export: Path, node_root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """Serve ``export`` (and wllama's ESM build, the bench pages) on 127.0.0.1; returns (server, base URL)."""
-    routes = {
+def routes(node_root: Path) -> dict[str, Path]:
+    """The URL prefixes served beside the export: wllama's ESM build and the bench pages."""
+    return {
         "/_wllama/": node_root / "node_modules" / "@wllama" / "wllama" / "esm",
         "/_bench/": REPO / "bench" / "browser",
     }
-    handler = type("Handler", (_Isolated,), {"routes": routes})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(export)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def browser_jobs(jobs: list[dict[str, Any]], node_root: Path, args: list[str]) -> list[dict[str, Any]]:
@@ -351,6 +323,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         )
     from tokenizers import Tokenizer
 
+    from prodip.conformance.runtimes.browser_page import serve_dir  # noqa: PLC0415 (after sys.path has the repo)
+
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_browser_"))
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
@@ -379,8 +353,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_web_page(export)  # this working tree's page (a reused export keeps its model files)
         prompt_ids = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
         report["prompt_tokens"] = len(prompt_ids)
-        server, base = serve(export, node_root)
-        try:
+        with serve_dir(export, routes(node_root)) as base:
             report["results"][shape], report["raw"][shape] = {}, {}
             for threads in [int(t) for t in args.threads.split(",")]:
                 todo = cells(dtypes, default, tuple(args.runners.split(";")))
@@ -408,8 +381,6 @@ def main(argv: Optional[list[str]] = None) -> None:
                     rows.append(row)
                 report["results"][shape][str(threads)] = rows
                 report["raw"][shape][str(threads)] = rounds
-        finally:
-            server.shutdown()
     text = markdown(report)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

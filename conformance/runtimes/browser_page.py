@@ -17,7 +17,7 @@ import json
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,15 +50,34 @@ def browser_missing(root: Optional[Path] = None) -> Optional[str]:
     return None
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
+class IsolatedHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files, cross-origin isolated (COOP/COEP: ``SharedArrayBuffer``, so the page may use WASM threads), not
+    cached, no request log; URL prefixes in ``routes`` are served from other folders (bench/browser.py: wllama)."""
+
+    routes: Mapping[str, Path] = {}
+
+    def translate_path(self, path: str) -> str:
+        for prefix, folder in self.routes.items():
+            if path.startswith(prefix):
+                return str(folder / path[len(prefix) :].split("?")[0])
+        return super().translate_path(path)
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
     def log_message(self, *args: Any) -> None:  # no request log on stderr
         pass
 
 
 @contextlib.contextmanager
-def serve_dir(folder: Path, handler: type[http.server.SimpleHTTPRequestHandler] = _Quiet) -> Iterator[str]:
-    """Serve ``folder`` on 127.0.0.1 (a free port, a thread) while the block runs; yields the base URL
-    (``http://127.0.0.1:<port>``, no trailing slash)."""
+def serve_dir(folder: Path, routes: Optional[Mapping[str, Path]] = None) -> Iterator[str]:
+    """Serve ``folder`` (and each ``routes`` URL prefix from its folder) on 127.0.0.1 (a free port, a thread) with
+    :class:`IsolatedHandler` while the block runs; yields the base URL (``http://127.0.0.1:<port>``, no trailing
+    slash)."""
+    handler = type("Handler", (IsolatedHandler,), {"routes": dict(routes or {})})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -78,13 +97,16 @@ def open_pages(
 
     Args:
         jobs: ``{"url", "result": the window property the page sets when done, "timeout_ms", "actions"?
-            ([["type"|"click", selector, text?]]), "screenshot"? (a PNG path written when the page fails)}``.
+            ([["type"|"click"|"select"|"wait_text", selector, text?]]), "steps"? (lists of actions, each then
+            waited for with ``result`` cleared first: one loaded page, several runs), "screenshot"? (a PNG path
+            written when the page fails)}``.
         args: extra Chromium flags (:data:`WASM_FLAGS`, :data:`WEBGPU_FLAGS`).
         root: the folder whose ``node_modules`` holds puppeteer-core (default :func:`node_root`).
         timeout_s: for the whole run (s).
     Returns:
         per job, in order: ``{"url", "result": the page's object or None, "error": str or None (the page's
-        own ``error`` too), "console": last lines, "requests": every URL the page requested}``.
+        own ``error`` too), "console": last lines, "requests": every URL the page requested, "steps"?: per step
+        ``{"result", "error"}``}`` (the driver's header in ``browser_pages.mjs``).
     Raises:
         FileNotFoundError: node, puppeteer-core or Chromium is missing (:func:`browser_missing`).
         RuntimeError: the driver exited non-zero (its stderr tail in the message).
