@@ -11,7 +11,9 @@ a = np.random.randn(4, 8).astype('f4'); print(logit_stats(a, a + 1e-5))"
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
@@ -145,6 +147,103 @@ def identical_prefix(ref_tokens: np.ndarray, cand_tokens: np.ndarray) -> int:
     n = min(len(ref_tokens), len(cand_tokens))
     unequal = np.nonzero(np.asarray(ref_tokens[:n]) != np.asarray(cand_tokens[:n]))[0]
     return int(unequal[0]) if len(unequal) else n
+
+
+def tie_margin(table: Optional[dict[str, Any]]) -> float:
+    """The reference margin (logits) below which a candidate's greedy ids may part from the reference's.
+
+    Twice the table's ``max_abs_logit`` bound, else 0 (ids must be identical). Why twice: a candidate whose
+    every logit is within ε of the reference's can rank token b above the reference's pick a only where
+    ``ref[a] - ref[b] <= 2ε``; parting where the reference led by more proves an error over the bound at
+    that step, so the rule refuses exactly what the logits bound refuses. fp32 (1e-4) allows 2e-4, float16
+    GGUF (5e-2) 0.1; a table without a logits bound (int8, int4 ...) demands identical ids.
+
+    Args:
+        table: a tolerance table (metric -> bound), or None.
+    Returns:
+        The margin in logits, >= 0.
+    """
+    bound = (table or {}).get("max_abs_logit")
+    return 2.0 * float(bound["max"]) if isinstance(bound, dict) and "max" in bound else 0.0
+
+
+@dataclass(frozen=True)
+class GreedyAgreement:
+    """The verdict of :func:`greedy_agreement`.
+
+    Attributes:
+        agreed: the candidate's ids are the reference's, or parted from them only at a near tie.
+        step: the new-token index (0-based, after the prompt) where the ids parted; None if they did not.
+        margin: the reference's logit of its own pick minus its logit of the candidate's pick at ``step``
+            (the reference's top-2 margin when the candidate took its runner-up), in logits; None if no parting.
+        reason: one line for the report naming the step, both ids, the margin and the bound.
+    """
+
+    agreed: bool
+    step: Optional[int]
+    margin: Optional[float]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"agreed": self.agreed, "step": self.step, "margin": self.margin, "reason": self.reason}
+
+
+def greedy_agreement(
+    ref_ids: Sequence[int],
+    cand_ids: Sequence[int],
+    ref_step_logits: Sequence[np.ndarray],
+    tie: float,
+    prompt_len: int = 0,
+) -> GreedyAgreement:
+    """The one rule for comparing greedy ids: the candidate may part from the reference only where the
+    reference itself nearly tied, and after parting nothing further is compared.
+
+    Two correct programs round differently (summation order, float16 weights, another kernel); where the
+    reference's two best logits are closer than that rounding, either pick is right, and every token after
+    it follows from a different prefix. So the ids are walked step by step: equal ids go on; at the first
+    difference the reference's margin ``ref[a] - ref[b]`` (a its pick, b the candidate's) is read from its
+    logits at that step, and the ids agree iff ``margin <= tie``. ``tie`` comes from the tolerance table
+    (:func:`tie_margin`); with ``tie = 0`` only an exact tie is accepted.
+
+    Args:
+        ref_ids, cand_ids: token ids, prompt + new tokens (``prompt_len`` > 0) or new tokens only (0).
+        ref_step_logits: the reference's next-token logits (V,) at each new step, as it decoded (step i
+            chose ``ref_ids[prompt_len + i]``); only the step where the ids part is read.
+        tie: the margin in logits (>= 0).
+        prompt_len: tokens of the prompt at the start of both sequences (they must be equal).
+    Returns:
+        A :class:`GreedyAgreement`. Different prompts, a parting step without reference logits or an id
+        outside them, and sequences that agree but have different lengths (one stopped, one went on) are
+        refused.
+    Raises:
+        ValueError (``InvalidInput``): ``tie`` negative or not finite.
+    """
+    if not (math.isfinite(tie) and tie >= 0):
+        raise InvalidInput(f"greedy tie margin must be a finite number >= 0, got {tie!r}")
+    want, got = [int(i) for i in ref_ids], [int(i) for i in cand_ids]
+    if want[:prompt_len] != got[:prompt_len]:
+        return GreedyAgreement(False, None, None, "the prompts' ids differ")
+    for step, (a, b) in enumerate(zip(want[prompt_len:], got[prompt_len:])):
+        if a == b:
+            continue
+        if step >= len(ref_step_logits):
+            return GreedyAgreement(False, step, None, f"parted at new token {step}: no reference logits there")
+        row = np.asarray(ref_step_logits[step], np.float64)
+        if not 0 <= b < row.shape[-1]:
+            return GreedyAgreement(False, step, None, f"parted at new token {step}: id {b} outside the vocabulary")
+        margin = float(row[a] - row[b])
+        ok = margin <= tie
+        verdict = "a near tie" if ok else "a clear choice"
+        return GreedyAgreement(
+            ok,
+            step,
+            margin,
+            f"parted at new token {step}: reference {a} vs {b}, reference margin {margin:.3g} "
+            f"({verdict}; tie margin {tie:.3g})",
+        )
+    if len(want) != len(got):
+        return GreedyAgreement(False, None, None, f"same ids but lengths differ: {len(want)} vs {len(got)}")
+    return GreedyAgreement(True, None, None, "identical ids")
 
 
 def bits_per_char(nll_nats: float, n_chars: int) -> float:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from prodip.base.runtimes import Runtime, by_name
-from prodip.conformance.compare import check_value, kl_per_position
+from prodip.conformance.compare import check_value, greedy_agreement, kl_per_position, tie_margin
 from prodip.conformance.results import Check
 from prodip.conformance.runners import TorchRunner
 from prodip.conformance.runtimes.adapters import adapter_for
@@ -140,17 +140,38 @@ def _logits_check(
 
 
 def _judge(
-    row: Runtime, out: GreedyOutput, want: list[list[int]], ort_logits: list[list[np.ndarray]], table: dict[str, Any]
+    row: Runtime,
+    out: GreedyOutput,
+    want: list[list[int]],
+    ort_logits: list[list[np.ndarray]],
+    table: dict[str, Any],
+    prompt_lens: Sequence[int],
 ) -> tuple[RuntimeResult, list[Check]]:
-    """One runtime's output on one candidate: its result and its checks (none when it was skipped)."""
+    """One runtime's output on one candidate: its result and its checks (none when it was skipped).
+
+    Its ids agree with its reference's (ONNX Runtime on the file, or the runtime's own) per
+    :func:`~prodip.conformance.compare.greedy_agreement`: they may part only where the reference's margin is
+    within the table's :func:`~prodip.conformance.compare.tie_margin`; the check's note says where they parted.
+    """
     if out.skipped is not None:
         return RuntimeResult(None, None, None, skipped=out.skipped, dtype=out.dtype), []
     ref = out.reference_ids if out.reference_ids is not None else want
-    ok = out.error is None and out.ids == ref
+    steps = out.reference_logits if out.reference_logits is not None else ort_logits
+    note = out.error
+    ok = out.error is None and out.ids is not None and len(out.ids) == len(ref)
+    if ok and out.ids is not None:
+        verdicts = [
+            greedy_agreement(r, c, s, tie_margin(table), n) for r, c, s, n in zip(ref, out.ids, steps, prompt_lens)
+        ]
+        ok = all(v.agreed for v in verdicts)
+        parted = [f"prompt {i}: {v.reason}" for i, v in enumerate(verdicts) if v.step is not None or not v.agreed]
+        note = "; ".join(parted) or None
+    elif out.error is None:
+        note = f"{len(out.ids or [])} sequences for {len(ref)} prompts"
     res = RuntimeResult(
         ok, None if out.error else out.ids, out.error, dtype=out.dtype, reference=out.reference, versions=out.versions
     )
-    checks = [Check.equals(row.greedy_metric, ok, out.error)]
+    checks = [Check(row.greedy_metric, ok, {"equals": True}, ok, note)]
     if row.logits_metric:
         checks.append(_logits_check(row, out, res, ort_logits, table))
     return res, checks
@@ -198,7 +219,10 @@ def check_runtimes(
     names, ids = list(prompts), [list(prompts[k])[:room] for k in prompts]
     eos = stop_ids(export_dir) or [model_cfg.eos_token_id]  # a chat model's: <|eos|> and <|im_end|>
     job = GreedyJob(Path(export_dir), onnx_cands, ids, max_new_tokens, eos, model_cfg, threads)
-    ref_ids = [runner_greedy(TorchRunner(reference, "reference"), p, max_new_tokens, eos) for p in ids]
+    ref_logits: list[list[np.ndarray]] = [[] for _ in ids]
+    ref_ids = [
+        runner_greedy(TorchRunner(reference, "reference"), p, max_new_tokens, eos, s) for p, s in zip(ids, ref_logits)
+    ]
     outputs = {name: _decode(name, job, missing) for name in runtimes}
     out: dict[str, CandidateRuntimes] = {}
     for cand in onnx_cands:
@@ -206,11 +230,18 @@ def check_runtimes(
         table = (tolerances or {}).get(cand.tolerance_table, {})
         entry = CandidateRuntimes(names, ids, want)
         for name in runtimes:
-            entry.runtimes[name], checks = _judge(by_name(name), outputs[name][cand.name], want, ort_logits, table)
+            entry.runtimes[name], checks = _judge(
+                by_name(name), outputs[name][cand.name], want, ort_logits, table, [len(p) for p in ids]
+            )
             entry.checks += checks
-        if cand.variant == "fp32":
-            same = want == [truncate_at_eos(r, len(p), eos) for r, p in zip(ref_ids, ids)]
+        if cand.variant == "fp32":  # ONNX Runtime's ids vs the training model's, parting only at its near ties
+            verdicts = [
+                greedy_agreement(truncate_at_eos(r, len(p), eos), w, s, tie_margin(table), len(p))
+                for r, w, s, p in zip(ref_ids, want, ref_logits, ids)
+            ]
+            same = all(v.agreed for v in verdicts)
+            parted = "; ".join(f"prompt {i}: {v.reason}" for i, v in enumerate(verdicts) if v.step is not None)
             entry.reference_identical = same
-            entry.checks.append(Check.equals(REFERENCE_METRIC, same))
+            entry.checks.append(Check(REFERENCE_METRIC, same, {"equals": True}, same, parted or None))
         out[cand.name] = entry
     return out
