@@ -110,3 +110,42 @@ def test_quantised_agreement_needs_a_trained_standin(tmp_path):
     print(figures)
     assert figures[0][0] < 0.95 <= figures[300][0], figures
     assert figures[0][1] < 0.05 < figures[300][1], figures
+
+
+#: Texts where a SentencePiece-derived tokenizer's runtimes part if they rebuild its pipeline: leading and
+#: repeated spaces (SentencePiece keeps each as "▁"), text after a special token (tokenizer.json prepends "▁").
+SPACE_TEXTS = (" leading", "  two leading", "a  b", "a</s>b", "a</s> b", "</s>\n<|user|>\nHi", "x\n y", "আমি ভাত খাই")
+
+
+def test_sentencepiece_standin_runs_as_written_everywhere(standins, tmp_path):
+    """TinyLlama's tokenizer.json (SentencePiece-derived) is the truth; its export names a class that runs it as
+    written, so transformers 5 gives its ids on leading spaces and after </s> (its LlamaTokenizer rebuilds the
+    pipeline with Metaspace "first" and drops them); the stand-in's pieces never cross a "▁" (as SentencePiece's),
+    so onnxruntime-genai, which splits at "▁", gives them too; a byte-level BPE's config is left as it is."""
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+    from prodip.tokenizer.portable import tokenizer_config_as_written
+
+    folder = standins["tinyllama"]
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    crossing = [p for p in raw.get_vocab() if "▁" in p.lstrip("▁")]
+    assert not crossing, crossing[:5]
+    out = export_checkpoint(ExportConfig(checkpoint=str(folder), out=str(tmp_path / "export"), variants=["fp32"]))
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "LlamaTokenizer"
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    for text in SPACE_TEXTS:
+        assert tok(text)["input_ids"] == raw.encode(text).ids, text
+        assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == raw.decode(raw.encode(text).ids)
+    assert "".join(raw.encode(" leading").tokens[1:]) == "▁▁leading"  # SentencePiece's: dummy prefix + the space
+    smol = json.loads((standins["smollm2"] / "tokenizer.json").read_text())
+    smol_cfg = json.loads((standins["smollm2"] / "tokenizer_config.json").read_text())
+    assert tokenizer_config_as_written(smol, smol_cfg) == smol_cfg
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        return
+    genai = og.Tokenizer(og.Model(str(out)))  # genai's encode adds no bos
+    for text in SPACE_TEXTS:
+        assert [int(i) for i in genai.encode(text)] == raw.encode(text, add_special_tokens=False).ids, text
