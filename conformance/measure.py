@@ -161,7 +161,7 @@ def _phase_greedy(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: 
     ``greedy_partings`` gives each parted row's step, margin and reason."""
     toks = greedy_decode(runner, inputs.greedy, n)
     prefix = [identical_prefix(r, c) for r, c in zip(ref.greedy, toks)]
-    steps = ref.greedy_logits if ref.greedy_logits is not None else [[]] * len(toks)
+    steps: list[Any] = list(ref.greedy_logits) if ref.greedy_logits is not None else [[]] * len(toks)
     verdicts = [greedy_agreement(r, c, s, tie) for r, c, s in zip(ref.greedy, toks, steps)]
     out.update(
         greedy_tokens=n,
