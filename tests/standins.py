@@ -295,7 +295,17 @@ TINYLLAMA_TEMPLATE = (
 
 def _sentencepiece_bpe(vocab_size: int) -> Any:
     """Llama 2's fast tokenizer layout: byte-fallback BPE over "▁"-joined text, bytes at ids 3..258."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers.tokenization_utils_base import generate_merges
 
     specials = ["<unk>", "<s>", "</s>"]
@@ -305,11 +315,14 @@ def _sentencepiece_bpe(vocab_size: int) -> Any:
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    # SentencePiece (split_by_whitespace) learns pieces within words: "▁word", "ord", never "d▁" or "o▁w".
-    # Trained over the whole "▁"-joined line instead, BPE learns pieces across words that no SentencePiece
-    # model has, and a runtime that splits at "▁" as SentencePiece does (onnxruntime-genai) gives other ids.
-    # So train split before each "▁", then ship no pre-tokenizer, as Llama 2's tokenizer.json.
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True)
+    # SentencePiece's trainer keeps a piece within a word and a script (split_by_whitespace,
+    # split_by_unicode_script): "▁word", "ord", ".", "▁(", never "d▁", "o▁w" or "es." (Latin + punctuation).
+    # Trained over the whole "▁"-joined line instead, BPE learns pieces no SentencePiece model has, and a
+    # runtime that splits text as SentencePiece does (onnxruntime-genai) gives other ids. So train on runs of
+    # one script, each with its "▁" (the training text is English: Latin, and the rest), then ship no
+    # pre-tokenizer, as Llama 2's tokenizer.json.
+    runs = Regex("▁?\\p{Latin}+|▁?[^\\p{L}\\p{M}▁]+|▁?[\\p{L}\\p{M}&&[^\\p{Latin}]]+|▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(runs, behavior="isolated")
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + byte_tokens, show_progress=False)
     tok.train_from_iterator(english_lines(), trainer=trainer)
     data = json.loads(tok.to_str())  # the byte tokens are vocabulary entries, not added tokens, in Llama 2's

@@ -160,3 +160,45 @@ def test_sentencepiece_standin_runs_as_written_everywhere(standins, tmp_path):
     genai = og.Tokenizer(og.Model(str(out)))  # genai's encode adds no bos
     for text in SPACE_TEXTS:
         assert [int(i) for i in genai.encode(text)] == raw.encode(text, add_special_tokens=False).ids, text
+
+
+@pytest.mark.slow
+def test_sentencepiece_chat_ids_in_every_runtime(standins, tmp_path):
+    """TinyLlama's Zephyr conversations, rendered and tokenised by each runtime from its own artifact: transformers
+    (now loading tokenizer.json as written), transformers.js and llama.cpp give the reference's ids. onnxruntime-genai
+    renders the template without jinja's trim_blocks (the newline after each ``{% ... %}`` tag stays), so its ids
+    are exactly ``tokenizers``' on that text, and the contract fails naming it alone."""
+    pytest.importorskip("gguf")
+    import jinja2
+
+    from prodip.base.chat import template_variables
+    from prodip.conformance.chat import CONVERSATIONS, check_chat, reference_ids
+    from prodip.export.config import ExportConfig
+    from prodip.export.core import export_checkpoint
+
+    folder = standins["tinyllama"]
+    out = export_checkpoint(
+        ExportConfig(checkpoint=str(folder), out=str(tmp_path / "export"), variants=["fp32", "gguf-f16"])
+    )
+    chat = check_chat(out, missing="skip")
+    want = reference_ids(out, CONVERSATIONS)
+    ran = {k: v for k, v in chat["runtimes"].items() if v.get("ids") is not None}
+    assert {"transformers", "llama.cpp"} <= set(ran), sorted(chat["runtimes"])
+    for name in set(ran) - {"onnxruntime-genai"}:
+        assert ran[name]["ids"] == want, name
+    ids_check = next(c for c in chat["checks"] if c["metric"] == "chat_template_ids_identical")
+    if "onnxruntime-genai" not in ran:
+        assert ids_check["passed"] is True
+        return
+    template = json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
+    untrimmed = jinja2.Environment(trim_blocks=False, lstrip_blocks=False).from_string(template)
+    raw = Tokenizer.from_file(str(out / "tokenizer.json"))
+    variables = template_variables(out)
+    genai_want = {
+        k: raw.encode(
+            untrimmed.render(messages=m, add_generation_prompt=True, **variables), add_special_tokens=False
+        ).ids
+        for k, m in CONVERSATIONS.items()
+    }
+    assert ran["onnxruntime-genai"]["ids"] == genai_want
+    assert ids_check["passed"] is False and ids_check["note"] == "ids differ from the reference in: onnxruntime-genai"
