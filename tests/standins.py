@@ -32,7 +32,8 @@ Nothing is downloaded.
   ``<|im_end|>``, pad ``<|endoftext|>``; its ChatML template with the default system prompt.
 
 - ``tinyllama``: TinyLlama-1.1B-Chat-v1.0, Llama 2's SentencePiece-derived fast tokenizer: a BPE with
-  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), merges as transformers converts a SentencePiece
+  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), pieces within one word and one script (as
+  SentencePiece's trainer makes them: "▁word", ".", never "es."), merges as transformers converts a SentencePiece
   model (every split of every piece, in piece order), the ``Prepend("▁")`` + ``Replace(" ", "▁")``
   normaliser, no pre-tokenizer, ``<unk>`` 0 / ``<s>`` 1 / ``</s>`` 2, the bos prepended; untied,
   GQA, ``rope_theta`` 1e4, ``max_position_embeddings`` 2048; its Zephyr chat template (``eos_token``
