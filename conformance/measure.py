@@ -12,11 +12,18 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
-from prodip.conformance.compare import LogitAccumulator, bits_per_char, identical_prefix, logit_stats, nll_per_position
+from prodip.conformance.compare import (
+    LogitAccumulator,
+    bits_per_char,
+    greedy_agreement,
+    identical_prefix,
+    logit_stats,
+    nll_per_position,
+)
 from prodip.conformance.inputs import InputSet, Item
 from prodip.conformance.runners import Runner
 
@@ -26,13 +33,16 @@ def run_item(runner: Runner, item: Item) -> np.ndarray:
     return runner.forward(item.input_ids, item.attention_mask, item.position_ids)[0]
 
 
-def greedy_decode(runner: Runner, item: Item, new_tokens: int) -> np.ndarray:
+def greedy_decode(
+    runner: Runner, item: Item, new_tokens: int, step_logits: Optional[list[np.ndarray]] = None
+) -> np.ndarray:
     """Greedy decoding with the runner's KV cache: one prefill, then one token per step.
 
     Args:
         runner: any runner.
         item: left-padded prompts (B, T).
         new_tokens: tokens to generate per row (no stopping at <|eos|>, so lengths are equal).
+        step_logits: if given, each step's last-row logits (B, V) float32 are appended to it.
     Returns:
         (B, new_tokens) int64 generated ids.
     """
@@ -40,12 +50,16 @@ def greedy_decode(runner: Runner, item: Item, new_tokens: int) -> np.ndarray:
     logits, state = runner.forward(item.input_ids, mask, item.position_ids)
     nxt = logits[:, -1].argmax(-1).astype(np.int64)
     out = [nxt]
+    if step_logits is not None:
+        step_logits.append(np.asarray(logits[:, -1], np.float32))
     for _ in range(new_tokens - 1):
         mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
         pos = mask.sum(-1, keepdims=True).astype(np.int64) - 1
         logits, state = runner.forward(nxt[:, None], mask, pos, state)
         nxt = logits[:, -1].argmax(-1).astype(np.int64)
         out.append(nxt)
+        if step_logits is not None:
+            step_logits.append(np.asarray(logits[:, -1], np.float32))
     return np.stack(out, axis=1)
 
 
@@ -76,12 +90,17 @@ def kv_cache_logits(runner: Runner, ids: np.ndarray, steps: int) -> tuple[np.nda
 
 @dataclass
 class ReferenceOutputs:
-    """What every candidate is compared with, computed once from the reference runner."""
+    """What every candidate is compared with, computed once from the reference runner.
+
+    ``greedy``: (B, n) int64 greedy ids; ``greedy_logits``: (B, n, V) float32, the logits each of those
+    ids was chosen from (what :func:`prodip.conformance.compare.greedy_agreement` reads where ids part).
+    """
 
     logits: dict[str, np.ndarray]
     greedy: np.ndarray
     nll: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    greedy_logits: Optional[np.ndarray] = None
 
 
 def heldout_nll(item: Item, logits: np.ndarray) -> float:
@@ -95,8 +114,9 @@ def reference_outputs(runner: Runner, inputs: InputSet, greedy_tokens: int) -> R
     t0 = time.perf_counter()
     logits = {item.name: run_item(runner, item) for item in inputs.items}
     nll = {item.lang: heldout_nll(item, logits[item.name]) for item in inputs.items if item.targets is not None}
-    greedy = greedy_decode(runner, inputs.greedy, greedy_tokens)
-    return ReferenceOutputs(logits, greedy, nll, time.perf_counter() - t0)
+    steps: list[np.ndarray] = []
+    greedy = greedy_decode(runner, inputs.greedy, greedy_tokens, steps)
+    return ReferenceOutputs(logits, greedy, nll, time.perf_counter() - t0, np.stack(steps, axis=1))
 
 
 def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: dict, keep: dict) -> None:
@@ -135,12 +155,24 @@ def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: 
         out["bpc_delta_max"] = max(abs(h["bpc_delta"]) for h in heldout.values())
 
 
-def _phase_greedy(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: dict, n: int) -> None:
+def _phase_greedy(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: dict, n: int, tie: float) -> None:
+    """Greedy ids vs the reference's: ``greedy_identical`` holds where every row agrees under
+    :func:`~prodip.conformance.compare.greedy_agreement` (parting only at a reference margin <= ``tie``);
+    ``greedy_partings`` gives each parted row's step, margin and reason."""
     toks = greedy_decode(runner, inputs.greedy, n)
     prefix = [identical_prefix(r, c) for r, c in zip(ref.greedy, toks)]
+    steps: list[Any] = list(ref.greedy_logits) if ref.greedy_logits is not None else [[]] * len(toks)
+    verdicts = [greedy_agreement(r, c, s, tie) for r, c, s in zip(ref.greedy, toks, steps)]
     out.update(
-        greedy_tokens=n, greedy_prefix=prefix, greedy_prefix_min=min(prefix), greedy_identical=bool(min(prefix) == n)
+        greedy_tokens=n,
+        greedy_prefix=prefix,
+        greedy_prefix_min=min(prefix),
+        greedy_identical=all(v.agreed for v in verdicts),
+        greedy_tie_margin=tie,
     )
+    parted = {str(row): v.to_dict() for row, v in enumerate(verdicts) if v.step is not None or not v.agreed}
+    if parted:
+        out["greedy_partings"] = parted
 
 
 def _phase_kv(runner: Runner, inputs: InputSet, out: dict, steps: int) -> None:
@@ -162,9 +194,18 @@ def _phase_padded(runner: Runner, inputs: InputSet, out: dict, keep: dict) -> No
 
 
 def measure_candidate(
-    runner: Runner, inputs: InputSet, ref: ReferenceOutputs, *, greedy_tokens: int, kv_steps: int
+    runner: Runner,
+    inputs: InputSet,
+    ref: ReferenceOutputs,
+    *,
+    greedy_tokens: int,
+    kv_steps: int,
+    tie: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Every metric of one candidate.
+
+    ``tie``: the reference margin (logits) at which greedy ids may part
+    (:func:`prodip.conformance.compare.tie_margin` of the candidate's table).
 
     Returns:
         (metrics, errors): metrics as in the report (see ``conformance/report.py``); errors maps
@@ -175,7 +216,7 @@ def measure_candidate(
     keep: dict[str, np.ndarray] = {}
     phases = [
         ("logits", lambda: _phase_logits(runner, inputs, ref, out, keep)),
-        ("greedy", lambda: _phase_greedy(runner, inputs, ref, out, greedy_tokens)),
+        ("greedy", lambda: _phase_greedy(runner, inputs, ref, out, greedy_tokens, tie)),
         ("kv_cache", lambda: _phase_kv(runner, inputs, out, kv_steps)),
         ("padded_batch", lambda: _phase_padded(runner, inputs, out, keep)),
     ]

@@ -39,7 +39,7 @@ from prodip.base.specials import read_specials
 from prodip.conformance import card, device_runners, measure, runners, speed
 from prodip.conformance import tasks as lm_tasks
 from prodip.conformance.chat import CONVERSATIONS, GREEDY_CONVERSATION, check_chat, reference_ids
-from prodip.conformance.compare import bits_per_char, check_value, load_tolerances
+from prodip.conformance.compare import bits_per_char, check_value, load_tolerances, tie_margin
 from prodip.conformance.config import DEFAULT_TOLERANCES, ConformanceConfig
 from prodip.conformance.inputs import PROMPTS, build_inputs
 from prodip.conformance.reload import load_safetensors_model
@@ -213,7 +213,10 @@ def gate(metrics: dict[str, Any], errors: dict[str, str], table: Optional[dict[s
         if isinstance(tol, str):
             continue
         value = metrics.get(metric)
-        checks.append(Check(metric, value, tol, check_value(value, tol)))
+        note = None
+        if metric == "greedy_identical" and metrics.get("greedy_partings"):  # where and why the ids parted
+            note = "; ".join(f"prompt {row}: {p['reason']}" for row, p in metrics["greedy_partings"].items())
+        checks.append(Check(metric, value, tol, check_value(value, tol), note))
     return checks
 
 
@@ -476,7 +479,7 @@ def check_candidate(
                 metrics["runtime_metadata_problems"] = problems
             _runtime_tokenizer(cand, runner, export_dir, list(inputs.texts.values()), metrics)
         m, errors = measure.measure_candidate(
-            runner, inputs, ref, greedy_tokens=cfg.greedy_tokens, kv_steps=cfg.kv_steps
+            runner, inputs, ref, greedy_tokens=cfg.greedy_tokens, kv_steps=cfg.kv_steps, tie=tie_margin(table)
         )
         metrics.update(m)
         if hasattr(runner, "close"):

@@ -26,6 +26,7 @@ from prodip.base.chat import CHAT_TEMPLATE_FILE, chat_contract
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import writing
 from prodip.base.specials import read_specials
+from prodip.tokenizer.portable import tokenizer_config_as_written
 from prodip.train.config import ModelConfig, hf_fixed_keys
 
 CONFIG_FILE = "config.json"
@@ -122,7 +123,9 @@ def write_hf(
         dtype: ``model.safetensors`` dtype: ``float32``, ``bfloat16`` or ``float16``.
         tokenizer_dir: folder holding ``tokenizer.json`` (+ ``tokenizer_config.json``,
             ``special_tokens_map.json``); ``None`` writes no tokenizer files.
-    A chat model's tokenizer (``prodip.base.chat.chat_contract``) adds ``chat_template.jinja`` (the
+    A Llama 2-style tokenizer's ``tokenizer_class`` becomes ``PreTrainedTokenizerFast``
+    (:func:`prodip.tokenizer.portable.tokenizer_config_as_written`: transformers 5 would rebuild it with
+    other ids). A chat model's tokenizer (``prodip.base.chat.chat_contract``) adds ``chat_template.jinja`` (the
     template of its ``tokenizer_config.json``) and its end-of-turn id to ``generation_config.json``.
 
     Returns:
@@ -147,7 +150,9 @@ def write_hf(
         if (out / TOKENIZER_CONFIG_FILE).is_file():
             path = out / TOKENIZER_CONFIG_FILE
             fixed = tokenizer_config_for_model(json.loads(path.read_text(encoding="utf-8")), model.config)
-            _write_json(path, fixed)
+            # a Llama 2-style tokenizer.json runs as written in transformers 5 too (not rebuilt with other ids)
+            tok_json = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+            _write_json(path, tokenizer_config_as_written(tok_json, fixed))
     if chat is not None:
         (out / CHAT_TEMPLATE_FILE).write_text(chat["chat_template"], encoding="utf-8")
         written.append(out / CHAT_TEMPLATE_FILE)

@@ -18,6 +18,7 @@ from prodip.base.manifest import MANIFEST_FILE, ExportManifest
 from prodip.base.records import Record
 from prodip.base.stage import StageTime
 from prodip.conformance.records import REPORT_FILE, ConformanceReport
+from prodip.conformance.tolerances import loosened_text
 from prodip.plan import RunPlan
 from prodip.serve.records import COMPLETIONS_FILE, Completions
 from prodip.tokenizer.audit import read_fertility_or_none
@@ -166,12 +167,15 @@ def _export_rows(manifest: dict, conformance: dict | None) -> list[list[Any]]:
     if "fp32" in variants:
         base = _variant_bytes(variants["fp32"], files)
     verdicts = (conformance or {}).get("variants", {})
+    # variants whose pass is under a bound looser than the shipped file's (pass*)
+    loosened = {b["table"] for b in ((conformance or {}).get("tolerances") or {}).get("loosened") or []}
     rows = []
     for name, v in variants.items():
         size = _variant_bytes(v, files)
         ratio = f"{size / base:.2f}x" if base and v.get("format") in ("onnx", "gguf", "pte") else ""
         verdict = verdicts.get(name, {})
         passed = verdict.get("passed") if isinstance(verdict, dict) else verdict
+        tables = {"global", *(verdict.get("tolerance_tables") or [name] if isinstance(verdict, dict) else [name])}
         rows.append(
             [
                 name,
@@ -179,7 +183,7 @@ def _export_rows(manifest: dict, conformance: dict | None) -> list[list[Any]]:
                 v.get("dtype", ""),
                 f"{size / 2**20:.2f}",
                 ratio,
-                "" if passed is None else ("pass" if passed else "FAIL"),
+                "" if passed is None else ("FAIL" if not passed else "pass*" if tables & loosened else "pass"),
             ]
         )
     return rows
@@ -305,6 +309,13 @@ def print_summary(
         )
     if s["conformance"] is not None and not s["conformance"].get("passed"):
         problems.append(f"conformance failed (see {plan.conformance.report_dir() / 'report.md'})")
+    loosened = ((s["conformance"] or {}).get("tolerances") or {}).get("loosened") or []
+    if loosened:  # a pass under bounds looser than the shipped ones says so wherever the verdict is shown
+        tol = s["conformance"]["tolerances"]
+        print(
+            f"  pass* = within {tol.get('path')}, {len(loosened)} bound(s) looser than the shipped "
+            f"conformance/tolerances.toml: {loosened_text(loosened)}"
+        )
     if s["completions"]:
         samp = s["completions"].get("sampling") or {}
         how = (

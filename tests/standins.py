@@ -32,14 +32,18 @@ Nothing is downloaded.
   ``<|im_end|>``, pad ``<|endoftext|>``; its ChatML template with the default system prompt.
 
 - ``tinyllama``: TinyLlama-1.1B-Chat-v1.0, Llama 2's SentencePiece-derived fast tokenizer: a BPE with
-  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), merges as transformers converts a SentencePiece
+  byte fallback (``<0x00>`` .. ``<0xFF>`` at ids 3..258), pieces within one word and one script (as
+  SentencePiece's trainer makes them: "▁word", ".", never "es."), merges as transformers converts a SentencePiece
   model (every split of every piece, in piece order), the ``Prepend("▁")`` + ``Replace(" ", "▁")``
   normaliser, no pre-tokenizer, ``<unk>`` 0 / ``<s>`` 1 / ``</s>`` 2, the bos prepended; untied,
   GQA, ``rope_theta`` 1e4, ``max_position_embeddings`` 2048; its Zephyr chat template (``eos_token``
   as a variable).
 
 The weights are N(0, ``std``) with norms near 1 (as :func:`tests.fixtures.tiny_model`), biases
-N(0, ``std``), so logits spread and a fault in RoPE, masks or biases is not lost in rounding.
+N(0, ``std``): a random stand-in's std is 0.125, so logits spread and a fault in RoPE, masks or biases is
+not lost in rounding; a trained one (``train_steps``) starts from the real configs' ``initializer_range``
+0.02, as the real models were, so that its logits are as spread as a trained model's and its quantised
+variants are judged as a real model's would be (:func:`build_standin`).
 
     python tests/standins.py smollm2 /tmp/standin-smollm2
     python tests/standins.py llama32 /tmp/standin-llama32 [--rope-spelling v4]
@@ -292,7 +296,17 @@ TINYLLAMA_TEMPLATE = (
 
 def _sentencepiece_bpe(vocab_size: int) -> Any:
     """Llama 2's fast tokenizer layout: byte-fallback BPE over "▁"-joined text, bytes at ids 3..258."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers.tokenization_utils_base import generate_merges
 
     specials = ["<unk>", "<s>", "</s>"]
@@ -302,9 +316,18 @@ def _sentencepiece_bpe(vocab_size: int) -> Any:
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
+    # SentencePiece's trainer keeps a piece within a word and a script (split_by_whitespace,
+    # split_by_unicode_script): "▁word", "ord", ".", "▁(", never "d▁", "o▁w" or "es." (Latin + punctuation).
+    # Trained over the whole "▁"-joined line instead, BPE learns pieces no SentencePiece model has, and a
+    # runtime that splits text as SentencePiece does (onnxruntime-genai) gives other ids. So train on runs of
+    # one script, each with its "▁" (the training text is English: Latin, and the rest), then ship no
+    # pre-tokenizer, as Llama 2's tokenizer.json.
+    runs = Regex("▁?\\p{Latin}+|▁?[^\\p{L}\\p{M}▁]+|▁?[\\p{L}\\p{M}&&[^\\p{Latin}]]+|▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(runs, behavior="isolated")
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + byte_tokens, show_progress=False)
     tok.train_from_iterator(english_lines(), trainer=trainer)
     data = json.loads(tok.to_str())  # the byte tokens are vocabulary entries, not added tokens, in Llama 2's
+    data["pre_tokenizer"] = None
     data["added_tokens"] = [a for a in data["added_tokens"] if a["content"] in specials]
     # The merges as transformers' LlamaConverter writes a SentencePiece model's: every split of every
     # piece into two pieces, in the pieces' order (generate_merges); a trainer's own list has one per piece
@@ -416,7 +439,7 @@ def build_standin(
     vocab_size: int = 1024,
     max_position_embeddings: Optional[int] = None,
     rope_spelling: str = "v5",
-    std: float = 0.125,
+    std: Optional[float] = None,
     seed: int = 0,
     train_steps: int = 0,
 ) -> Path:
@@ -428,7 +451,11 @@ def build_standin(
         max_position_embeddings: default the real model's (8192, 131072, 32768).
         rope_spelling: ``"v5"`` (as the installed transformers writes) or ``"v4"`` (``rope_theta``
             and ``rope_scaling`` at the top level, as transformers 4 and most Hub folders have).
-        std: weight standard deviation (and biases').
+        std: weight standard deviation (and biases'); default 0.125 for a random stand-in, 0.02 (the real
+            configs' ``initializer_range``) for a trained one. Trained 300 steps from 0.125, the Qwen2.5
+            stand-in's int4 KL is 0.024-0.027 nats (the shipped bound 0.02); from 0.02 it is 0.009-0.016:
+            quantisation noise in a logit scales with the weights' spread, and 300 steps do not shrink
+            weights drawn 6x wider than any real model's.
         train_steps: AdamW steps of next-token training on the bundled English and Bangla text after the
             random init (0: random weights); see :func:`_train` for why a trained stand-in is what the
             quantised variants' tolerances are for.
@@ -444,6 +471,8 @@ def build_standin(
         raise ValueError(f"stand-in kind {kind!r}: one of {', '.join(KINDS)}")
     if rope_spelling not in ("v4", "v5"):
         raise ValueError(f"rope_spelling {rope_spelling!r}: 'v4' or 'v5'")
+    if std is None:
+        std = 0.02 if train_steps else 0.125
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(kind, vocab_size)

@@ -259,6 +259,43 @@ def sentencepiece_problems(tok_json: dict[str, Any]) -> list[str]:
     return problems
 
 
+#: transformers classes whose constructor (transformers 5) builds the pipeline anew from tokenizer.json's vocabulary
+#: and merges instead of running tokenizer.json as written: ``LlamaTokenizer`` sets no normaliser and a
+#: ``Metaspace(prepend_scheme="first")`` pre-tokenizer, which turns a leading space into the "▁" it then does not
+#: prepend (" Hello" -> ``▁Hello``, not SentencePiece's ``▁▁Hello``) and prepends nothing after a special token.
+REBUILT_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast")
+
+
+def tokenizer_config_as_written(tok_json: dict[str, Any], tokenizer_config: dict[str, Any]) -> dict[str, Any]:
+    """``tokenizer_config.json`` naming a class that runs ``tokenizer.json`` as written: a copy.
+
+    A SentencePiece-derived fast tokenizer (byte fallback, Llama 2's ``Prepend("▁")`` + ``Replace(" ", "▁")``
+    normaliser: Llama 2, TinyLlama) whose ``tokenizer_class`` is one of :data:`REBUILT_CLASSES` gets
+    ``PreTrainedTokenizerFast``, which transformers 4 and 5 and transformers.js load from ``tokenizer.json``
+    as it is. ``tokenizer.json`` is the truth: it is what SentencePiece gives (``add_dummy_prefix`` before the
+    text, every space kept), what the chat models were fine-tuned with (transformers 4's fast tokenizer,
+    "▁" after ``</s>`` too), and what llama.cpp, onnxruntime-genai, transformers.js and ExecuTorch run.
+    transformers 5.24's ``LlamaTokenizer`` rebuilds it (:data:`REBUILT_CLASSES`) and parts from it on a
+    leading space and after a special token. Any other tokenizer is returned unchanged.
+
+    Args:
+        tok_json: the parsed ``tokenizer.json``; tokenizer_config: the parsed ``tokenizer_config.json``.
+    Returns:
+        A new dict (the input is not modified).
+    """
+    out = dict(tokenizer_config)
+    norm = tok_json.get("normalizer") or {}
+    steps = norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
+    if (
+        out.get("tokenizer_class") in REBUILT_CLASSES
+        and is_byte_fallback(tok_json)
+        and steps == _SPM_NORMALIZER
+        and tok_json.get("pre_tokenizer") is None
+    ):
+        out["tokenizer_class"] = "PreTrainedTokenizerFast"
+    return out
+
+
 def sentencepiece_scores(tok_json: dict[str, Any]) -> dict[str, float]:
     """Piece -> llama.cpp score for :func:`sentencepiece_problems`-clean merges: minus the rank of the piece's
     first merge; a piece no merge makes (single characters, bytes) scores below every merged one."""

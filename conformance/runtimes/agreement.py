@@ -41,7 +41,9 @@ def greedy_agrees(
         return False, "no ids"
     if [list(g) for g in got] == [list(w) for w in want]:
         return True, "identical"
-    if margin is None or len(got) != len(want):
+    if len(got) != len(want):
+        return False, f"{len(got)} sequences for {len(want)} prompts"
+    if margin is None:
         return False, "ids differ"
     verdicts = [greedy_agreement(w, g, s, margin, n) for w, g, s, n in zip(want, got, step_logits, prompt_lens)]
     return all(v.agreed for v in verdicts), "; ".join(f"prompt {i}: {v.reason}" for i, v in enumerate(verdicts))

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from prodip.base.runtimes import Runtime, by_name
-from prodip.conformance.compare import check_value, kl_per_position
+from prodip.conformance.compare import check_value, greedy_agreement, kl_per_position, tie_margin
 from prodip.conformance.results import Check
 from prodip.conformance.runners import TorchRunner
 from prodip.conformance.runtimes.adapters import adapter_for
@@ -159,31 +159,33 @@ def _judge(
     want: list[list[int]],
     ort_logits: list[list[np.ndarray]],
     table: dict[str, Any],
-    prompt_lens: list[int],
+    prompt_lens: Sequence[int],
 ) -> tuple[RuntimeResult, list[Check]]:
-    """One runtime's output on one candidate: its result and its checks (none when it was skipped). The ids are
-    judged by the row's rule for ``variant`` (:func:`prodip.conformance.runtimes.agreement.greedy_agrees`)."""
+    """One runtime's output on one candidate: its result and its checks (none when it was skipped).
+
+    Its ids agree with its reference's (ONNX Runtime on the file, or the runtime's own) per
+    :func:`~prodip.conformance.compare.greedy_agreement`: they may part only where the reference's margin is
+    within the row's margin for ``variant`` (``Runtime.greedy_margin``), else the table's
+    :func:`~prodip.conformance.compare.tie_margin`; the check's note says where they parted.
+    """
     if out.skipped is not None:
         return RuntimeResult(None, None, None, skipped=out.skipped, dtype=out.dtype), []
     ref = out.reference_ids if out.reference_ids is not None else want
-    ref_logits = out.reference_logits if out.reference_logits is not None else ort_logits
-    identical = out.error is None and out.ids == ref
+    steps = out.reference_logits if out.reference_logits is not None else ort_logits
     res = RuntimeResult(
-        identical,
+        out.error is None and out.ids == ref,
         None if out.error else out.ids,
         out.error,
         dtype=out.dtype,
         reference=out.reference,
         versions=out.versions,
     )
-    margin = row.greedy_margin(variant)
-    if margin is None:
-        checks = [Check.equals(row.greedy_metric, identical, out.error)]
-    else:
-        agrees, why = (False, out.error) if out.error else greedy_agrees(ref, out.ids, ref_logits, prompt_lens, margin)
-        res.margin, res.agrees, res.agreement = margin, agrees, why
-        note = f"ids may part only at a near tie (margin {margin} logits): {why}"
-        checks = [Check(row.greedy_metric, agrees, {"equals": True}, agrees, None if agrees else note)]
+    row_margin = row.greedy_margin(variant)
+    margin = row_margin if row_margin is not None else tie_margin(table)
+    agrees, why = (False, out.error) if out.error else greedy_agrees(ref, out.ids, steps, prompt_lens, margin)
+    if row_margin is not None:  # the row judges this variant by its own margin: the report says so
+        res.margin, res.agrees, res.agreement = row_margin, agrees, why
+    checks = [Check(row.greedy_metric, agrees, {"equals": True}, agrees, None if why == "identical" else why)]
     if row.logits_metric:
         checks.append(_logits_check(row, out, res, ort_logits, table))
     return res, checks
@@ -231,7 +233,10 @@ def check_runtimes(
     names, ids = list(prompts), [list(prompts[k])[:room] for k in prompts]
     eos = stop_ids(export_dir) or [model_cfg.eos_token_id]  # a chat model's: <|eos|> and <|im_end|>
     job = GreedyJob(Path(export_dir), onnx_cands, ids, max_new_tokens, eos, model_cfg, threads)
-    ref_ids = [runner_greedy(TorchRunner(reference, "reference"), p, max_new_tokens, eos) for p in ids]
+    ref_logits: list[list[np.ndarray]] = [[] for _ in ids]
+    ref_ids = [
+        runner_greedy(TorchRunner(reference, "reference"), p, max_new_tokens, eos, s) for p, s in zip(ids, ref_logits)
+    ]
     outputs = {name: _decode(name, job, missing) for name in runtimes}
     out: dict[str, CandidateRuntimes] = {}
     for cand in onnx_cands:
@@ -243,9 +248,14 @@ def check_runtimes(
             lens = [len(p) for p in ids]
             entry.runtimes[name], checks = _judge(by_name(name), cand.variant, got, want, ort_logits, table, lens)
             entry.checks += checks
-        if cand.variant == "fp32":
-            same = want == [truncate_at_eos(r, len(p), eos) for r, p in zip(ref_ids, ids)]
+        if cand.variant == "fp32":  # ONNX Runtime's ids vs the training model's, parting only at its near ties
+            verdicts = [
+                greedy_agreement(truncate_at_eos(r, len(p), eos), w, s, tie_margin(table), len(p))
+                for r, w, s, p in zip(ref_ids, want, ref_logits, ids)
+            ]
+            same = all(v.agreed for v in verdicts)
+            parted = "; ".join(f"prompt {i}: {v.reason}" for i, v in enumerate(verdicts) if v.step is not None)
             entry.reference_identical = same
-            entry.checks.append(Check.equals(REFERENCE_METRIC, same))
+            entry.checks.append(Check(REFERENCE_METRIC, same, {"equals": True}, same, parted or None))
         out[cand.name] = entry
     return out

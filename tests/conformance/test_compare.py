@@ -14,11 +14,13 @@ from prodip.conformance.compare import (
     LogitAccumulator,
     bits_per_char,
     check_value,
+    greedy_agreement,
     identical_prefix,
     kl_per_position,
     load_tolerances,
     logit_stats,
     nll_per_position,
+    tie_margin,
 )
 from prodip.conformance.config import DEFAULT_TOLERANCES
 
@@ -63,6 +65,52 @@ def test_identical_prefix():
     assert identical_prefix(np.array([1, 2, 3, 4]), np.array([1, 2, 9, 4])) == 2
     assert identical_prefix(np.array([1, 2]), np.array([1, 2])) == 2
     assert identical_prefix(np.array([5]), np.array([6])) == 0
+
+
+def _steps(*rows):
+    """Reference step logits over a 4-token vocabulary."""
+    return [np.asarray(r, np.float32) for r in rows]
+
+
+def test_greedy_agreement_known_answers():
+    """Ids may part only where the reference's pick leads the candidate's pick by <= the tie margin; after
+    the parting nothing is compared; a clear lead refuses; margin 0 accepts only an exact tie."""
+    steps = _steps([5, 1, 0, 0], [2.0, 2.0005, 0, 0], [0, 0, 9, 1])
+    prompt = [7, 7]
+    ref = prompt + [0, 1, 2]
+    # a near tie at step 1 (margin 5e-4 <= 1e-3): agreed, and step 2 (3 vs 2) is never compared
+    v = greedy_agreement(ref, prompt + [0, 0, 3], steps, 1e-3, prompt_len=2)
+    assert (v.agreed, v.step) == (True, 1) and v.margin == pytest.approx(5e-4, abs=1e-6)
+    assert "new token 1" in v.reason and "near tie" in v.reason
+    # the same parting under an exact rule (tie 0) and under fp32's 2e-4: refused
+    assert not greedy_agreement(ref, prompt + [0, 0, 3], steps, 0.0, prompt_len=2).agreed
+    assert not greedy_agreement(ref, prompt + [0, 0, 3], steps, tie_margin({"max_abs_logit": {"max": 1e-4}}), 2).agreed
+    # a clear lead at step 0 (5 vs 1: margin 4): refused, whatever a generous margin
+    v = greedy_agreement(ref, prompt + [1, 1, 2], steps, 0.1, prompt_len=2)
+    assert (v.agreed, v.step, v.margin) == (False, 0, 4.0) and "clear choice" in v.reason
+    # the candidate took a token far behind: the margin is to ITS pick (5 - 0)
+    assert not greedy_agreement(ref, prompt + [2], steps, 1.0, prompt_len=2).agreed
+    # identical ids: agreed with no parting; an exact tie passes even tie 0
+    v = greedy_agreement(ref, list(ref), steps, 0.0, prompt_len=2)
+    assert (v.agreed, v.step, v.margin, v.reason) == (True, None, None, "identical ids")
+    tied = _steps([3.0, 3.0, 0, 0])
+    assert greedy_agreement([0], [1], tied, 0.0).agreed
+    # refusals: other prompt, same ids cut short, no logits at the parting step, an id outside the vocabulary
+    assert greedy_agreement(ref, [7, 8, 0, 1, 2], steps, 1.0, prompt_len=2).reason == "the prompts' ids differ"
+    assert "lengths differ" in greedy_agreement(ref, ref[:-1], steps, 1.0, prompt_len=2).reason
+    assert "no reference logits" in greedy_agreement([0, 0, 0, 0], [0, 0, 0, 1], steps, 1.0).reason
+    assert "outside the vocabulary" in greedy_agreement([0], [9], steps, 1.0).reason
+    with pytest.raises(ValueError, match="tie margin"):
+        greedy_agreement(ref, ref, steps, -1.0)
+
+
+def test_tie_margin_is_twice_the_logits_bound():
+    """Within |dlogit| <= e a candidate can only overtake where the reference led by <= 2e: the shipped
+    fp32 and gguf-f16 tables give 2e-4 and 0.1; a table without a logits bound demands identical ids."""
+    tol = load_tolerances(DEFAULT_TOLERANCES)
+    assert tie_margin(tol["fp32"]) == pytest.approx(2e-4)
+    assert tie_margin(tol["gguf-f16"]) == pytest.approx(0.1)
+    assert tie_margin(tol["int8"]) == tie_margin(None) == 0.0
 
 
 def test_check_value():

@@ -47,3 +47,29 @@ def test_a_language_without_held_out_text_is_not_an_ok_run(tmp_path, capsys):
     _eval(tmp_path, {})
     s = print_summary(_plan(tmp_path), tmp_path, {})
     assert s["ok"] and s["problems"] == [] and capsys.readouterr().out.rstrip().endswith("OK")
+
+
+def test_a_pass_under_loosened_bounds_says_so():
+    """A variant that passed under a tolerance file looser than the shipped one is "pass*", not "pass"."""
+    from prodip.summary import _export_rows
+
+    manifest = {
+        "files": {"onnx/model.onnx": {"bytes": 2**20}, "onnx/model_quantized.onnx": {"bytes": 2**19}},
+        "variants": {
+            "fp32": {"format": "onnx", "dtype": "float32", "path": "onnx/model.onnx"},
+            "int8": {"format": "onnx", "dtype": "int8", "path": "onnx/model_quantized.onnx"},
+        },
+    }
+    loosened = [{"table": "int8", "metric": "top1", "shipped": {"min": 0.95}, "used": {"min": 0.5}}]
+    conformance = {
+        "variants": {
+            "fp32": {"passed": True, "tolerance_tables": ["fp32"]},
+            "int8": {"passed": True, "tolerance_tables": ["int8"]},
+        },
+        "tolerances": {"path": "tiny.toml", "loosened": loosened},
+    }
+    rows = _export_rows(manifest, conformance)
+    assert [r[0] for r in rows] == ["fp32", "int8"] and [r[-1] for r in rows] == ["pass", "pass*"]
+    conformance["tolerances"]["loosened"] = [{**loosened[0], "table": "global"}]
+    assert [r[-1] for r in _export_rows(manifest, conformance)] == ["pass*", "pass*"]
+    assert [r[-1] for r in _export_rows(manifest, {**conformance, "tolerances": None})] == ["pass", "pass"]

@@ -132,6 +132,9 @@ def test_prodip_run_adapts_the_base_end_to_end(tmp_path, capsys):
     # the chat model: fine-tuned with the base's ChatML template, exported, conformant, replying over HTTP
     assert summary["sft"]["after"] and summary["conformance"]["passed"]
     assert set(summary["conformance"]["variants"]) == {"safetensors", "fp32", "gguf-f16"}
+    # gguf-f16 passed under the tiny model's top-1 bound (0.99, shipped 0.995): the verdict says so (pass*)
+    assert [b["table"] for b in summary["conformance"]["tolerances"]["loosened"]] == ["gguf-f16"]
+    assert "pass*" in out and "looser than the shipped" in out
     assert summary["conformance"]["chat"]["end_of_turn"]["token"] == "<|im_end|>"
     assert summary["conformance"]["chat"]["stop_ids"] == [0, 2]  # <|endoftext|> and <|im_end|>
     completions = summary["completions"]
