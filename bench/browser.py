@@ -13,8 +13,9 @@ weights), then, per thread count, every runner decodes the same prompt text gree
   export's own GGUF files (``bench/browser/wllama.html``);
 * ``ort native``: ONNX Runtime's CPU execution provider in Python on the same ONNX files (the ceiling).
 
-For q4 two more: ``page, q4 fused (MatMulNBits)`` (``&q4=fused``: the q4 file through onnxruntime-web's fused
-4-bit kernel, as the page ran it before it folded the weights to fp32 at load) and ``ort native, MatMulNBits
+For q4 three more: ``page, q4 fused (MatMulNBits)`` (``&q4=fused``: the q4 file through onnxruntime-web's fused
+4-bit kernel), ``page, q4 folded to fp32`` (``&q4=fp32``: the q4 file's weights folded to float32 at load; the
+page's default q4 on WASM is the WASM q4 file, 8-bit weights made at load) and ``ort native, MatMulNBits
 file`` (the same quantisation written as MatMulNBits, the layout before the qdq one). ``--runners`` picks runners.
 
 Figures: time to first token (TTFT: the generate call to the first new token, prompt prefill included,
@@ -67,12 +68,15 @@ ASYNCIFY = "page, asyncify build"
 #: the page's q4 through onnxruntime-web's fused 4-bit kernel (``?q4=fused``): the MatMulNBits the q4 file ran as
 #: before the page folded it to fp32 at load
 Q4_FUSED = "page, q4 fused (MatMulNBits)"
+#: the page's q4 with the q4 file's weights folded to float32 at load (``?q4=fp32``): the WASM path before the
+#: WASM q4 file (8-bit weights made at load)
+Q4_FP32 = "page, q4 folded to fp32"
 #: ONNX Runtime native on the int4 file written as MatMulNBits (``to_int4(layout="matmulnbits")``, the layout
 #: before qdq), beside ``ort native`` on the export's own (qdq) file
 ORT_MNB = "ort native, MatMulNBits file"
 #: where :func:`build` writes that file, relative to the export
 MNB_FILE = "onnx/model_q4_matmulnbits.onnx"
-RUNNERS = ("page default", "page", Q4_FUSED, ASYNCIFY, "wllama", "ort native", ORT_MNB)
+RUNNERS = ("page default", "page", Q4_FUSED, Q4_FP32, ASYNCIFY, "wllama", "ort native", ORT_MNB)
 PROMPT = "The quick brown fox"  # 18 tokens with the fixtures' tokenizer (BOS included)
 
 
@@ -166,7 +170,7 @@ def cells(dtypes: list[str], default_dtype: str, runners: tuple[str, ...] = RUNN
             continue
         out += [("page", bits, dtype), (ASYNCIFY, bits, dtype), ("wllama", bits, gguf), ("ort native", bits, variant)]
         if dtype == "q4":
-            out += [(Q4_FUSED, bits, dtype), (ORT_MNB, bits, variant)]
+            out += [(Q4_FUSED, bits, dtype), (Q4_FP32, bits, dtype), (ORT_MNB, bits, variant)]
     return [c for c in out if c[0] in runners]
 
 
@@ -213,7 +217,7 @@ def run_cells(
             pending.append((cell, {"url": url, "result": "wllamaResult", "timeout_ms": 900_000}))
         else:
             dtype = "" if runner == "page default" else f"dtype={label}&"
-            build = "&wasm=asyncify" if runner == ASYNCIFY else "&q4=fused" if runner == Q4_FUSED else ""
+            build = {ASYNCIFY: "&wasm=asyncify", Q4_FUSED: "&q4=fused", Q4_FP32: "&q4=fp32"}.get(runner, "")
             url = f"{base}/index.html?{dtype}{q}{build}&min_new_tokens={new_tokens}&autorun=1"
             pending.append((cell, {"url": url, "result": "prodipResult", "timeout_ms": 900_000}))
     flush()

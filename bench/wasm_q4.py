@@ -9,7 +9,12 @@ one row (a decode step), timed in ONNX Runtime native (CPU EP) and in onnxruntim
   ONNX Runtime's QDQ fusion turns it back into ``MatMulNBits``;
 * ``DQ+MatMul, session.disable_quant_qdq=1``: the same file with QDQ fusion off, so constant folding
   dequantises the weight once at load and decode runs a float32 ``MatMul`` (4-bit download, fp32 memory);
-* ``fp32 MatMul``: the float32 weight (the baseline).
+* ``fp32 MatMul``: the float32 weight (the baseline);
+* ``q8 MatMulInteger``: the export's int8 layout (uint8 weights per column, activations per row:
+  :func:`prodip.export.graph.int8.quantize_matmuls_rowwise_int8`);
+* ``DQ4->Q8+MatMulInteger``: the int4 weight requantised to that int8 layout by weight-side nodes
+  (:func:`prodip.export.graph.int8.requantize_int4_matmuls_int8`), with ``disable_quant_qdq=1`` so
+  they fold to uint8 codes at load (4-bit download, 8-bit memory), and with the default session.
 
 Prints microseconds per call (median of 5 runs of 50 calls). Ratios within one run only (shared machine).
 
@@ -32,6 +37,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import matmul_nbits_quantizer as mnb
+
+from prodip.export.graph.int8 import quantize_matmuls_rowwise_int8, requantize_int4_matmuls_int8
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = r"""
@@ -66,7 +73,7 @@ def _graph(nodes, inits, k: int, n: int, opset: int = 21):
 
 
 def models(k: int, n: int, block: int, out: Path) -> dict[str, Path]:
-    """The three files (fp32, MatMulNBits, int4 DQ + MatMul) of one random weight."""
+    """The files (fp32, MatMulNBits, int4 DQ + MatMul, int8, int4 requantised to int8) of one random weight."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     fp32 = _graph([helper.make_node("MatMul", ["x", "W"], ["y"])], [numpy_helper.from_array(w, "W")], k, n)
@@ -80,10 +87,12 @@ def models(k: int, n: int, block: int, out: Path) -> dict[str, Path]:
         [helper.make_tensor("Wq", TensorProto.INT4, [k, n], codes.flatten().tolist()),
          numpy_helper.from_array(scale.astype(np.float32), "Ws")], k, n,
     )  # fmt: skip
-    files = {"fp32": out / "fp32.onnx", "nbits": out / "nbits.onnx", "dq": out / "dq.onnx"}
-    onnx.save(fp32, str(files["fp32"]))
-    onnx.save(q.model.model, str(files["nbits"]))
-    onnx.save(dq, str(files["dq"]))
+    q8, dq8 = copy.deepcopy(fp32), copy.deepcopy(dq)
+    quantize_matmuls_rowwise_int8(q8)
+    requantize_int4_matmuls_int8(dq8)
+    files = {name: out / f"{name}.onnx" for name in ("fp32", "nbits", "dq", "q8", "dq8")}
+    for name, model in (("fp32", fp32), ("nbits", q.model.model), ("dq", dq), ("q8", q8), ("dq8", dq8)):
+        onnx.save(model, str(files[name]))
     return files
 
 
@@ -92,6 +101,9 @@ CASES = (
     ("DQ+MatMul", "dq", {}),
     ("DQ+MatMul, session.disable_quant_qdq=1", "dq", {"disable_quant_qdq": "1"}),
     ("fp32 MatMul", "fp32", {}),
+    ("q8 MatMulInteger", "q8", {}),
+    ("DQ4->Q8+MatMulInteger, session.disable_quant_qdq=1", "dq8", {"disable_quant_qdq": "1"}),
+    ("DQ4->Q8+MatMulInteger", "dq8", {}),
 )
 
 

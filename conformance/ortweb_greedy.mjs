@@ -3,7 +3,9 @@
 // on the export's ONNX files. What conformance/runtimes/ortweb.py compares with ONNX Runtime on the same file.
 //
 // stdin: {"export_dir": DIR, "files": ["onnx/model.onnx", ...], "prompts": [[ids...], ...], "max_new_tokens": N,
-//         "stop_ids": [ids that end generation], "num_layers": L, "num_kv_heads": KV, "head_dim": D, "node_root": DIR}
+//         "stop_ids": [ids that end generation], "num_layers": L, "num_kv_heads": KV, "head_dim": D, "node_root": DIR,
+//         "options": {file: {"session": {config entry without "session.": value}, "external_data": [[name, path]]}}}
+//         (options optional: default no session entries and the file's own <file>_data)
 // stdout: {"versions": {...}, "results": {file: {"ids": [[prompt + new ids]], "logits": [[[last-row logits per step]]]}
 //                                              | {"error": "..."}}}
 // A file that the build cannot load (an operator without a WASM kernel) gives ONNX Runtime's error, which names
@@ -31,7 +33,10 @@ for (const file of job.files) {
   try {
     const full = path.join(dir, file);
     const opts = { executionProviders: ['wasm'], graphOptimizationLevel: 'all' };
-    if (existsSync(full + '_data')) opts.externalData = [{ path: path.basename(full) + '_data', data: readFileSync(full + '_data') }];
+    const own = (job.options || {})[file] || {};   // a file's session config entries and external data files
+    if (own.session) opts.extra = { session: own.session };
+    if (own.external_data) opts.externalData = own.external_data.map(([p, rel]) => ({ path: p, data: readFileSync(path.join(dir, rel)) }));
+    else if (existsSync(full + '_data')) opts.externalData = [{ path: path.basename(full) + '_data', data: readFileSync(full + '_data') }];
     const session = await ort.InferenceSession.create(readFileSync(full), opts);
     const ids = [], logits = [];
     for (const prompt of job.prompts) {

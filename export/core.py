@@ -458,6 +458,9 @@ def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> N
     config = json.loads(config_path.read_text(encoding="utf-8"))
     external = [p for n, p in onnx_paths.items() if variants[n].get("external_data")]  # every one <file>_data
     config["transformers.js_config"] = genai.transformersjs_config(onnx_paths, external)
+    wasm = _write_wasm_int4(root, variants)
+    if wasm is not None:
+        config["transformers.js_config"]["prodip_wasm_q4"] = wasm
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     for name, path in onnx_paths.items():
         variants[name].update(
@@ -467,6 +470,32 @@ def _write_runtime_configs(root: Path, variants: dict[str, dict[str, Any]]) -> N
             ),
             genai_default=name == default,
         )
+
+
+def _write_wasm_int4(root: Path, variants: dict[str, dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The int4 variant's file for onnxruntime-web's WASM build (:func:`quantize.to_int4_wasm`), beside it.
+
+    Written when the int4 variant is the qdq layout; recorded in its manifest entry (``wasm_path``, ``wasm``: the
+    writer's parameters; its size, what it adds to the export, is in the manifest's ``files``). Returns the
+    ``transformers.js_config.prodip_wasm_q4`` entry the export's page reads (transformers.js
+    ``model_file_name``, the ``externalData`` it passes to onnxruntime-web: the int4 file's weights,
+    read by both graphs, and the session options), or None when not written.
+    """
+    entry = variants.get("int4")
+    quant = entry.get("quantization") if entry else None
+    if entry is None or not isinstance(quant, dict) or quant.get("format") != "QDQ":
+        return None
+    src = root / entry["path"]
+    rel = str(Path(entry["path"]).with_name(f"{quantize.WASM_INT4_MODEL_FILE_NAME}_q4.onnx"))
+    params = quantize.to_int4_wasm(src, root / rel)
+    entry.update(wasm_path=rel, wasm=params)
+    shared = params["shares_weights_with"]
+    data = [{"path": shared, "data": str(Path(entry["path"]).with_name(shared))}] if shared else []
+    return {
+        "model_file_name": quantize.WASM_INT4_MODEL_FILE_NAME,
+        "external_data": data,
+        "session_config": params["session_config"],
+    }
 
 
 def export_checkpoint(cfg: ExportConfig) -> Path:

@@ -54,6 +54,7 @@ from prodip.export.graph import (
     onnx_opset,
     quantize_embedding_int8,
     quantize_matmuls_rowwise_int8,
+    requantize_int4_matmuls_int8,
     share_tied_embedding_int4,
     share_tied_embedding_int4_qdq,
     share_tied_embedding_int8,
@@ -427,3 +428,63 @@ def to_int4(
     elif tied is not None:
         params["embedding_not_shared_because"] = why
     return params
+
+
+#: The 4-bit file onnxruntime-web's WASM build loads instead of the int4 variant's own (``onnx/model_q4.onnx``):
+#: transformers.js's ``model_file_name`` + ``dtype`` "q4" (file ``<model_file_name>_q4.onnx``).
+WASM_INT4_MODEL_FILE_NAME = "model_wasm"
+#: The session option the WASM int4 file needs (its weight-side nodes fold to uint8 codes at load only with it).
+WASM_INT4_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}
+
+
+def to_int4_wasm(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str, Any]:
+    """The int4 (qdq layout) decoder ``src`` with 8-bit ``MatMulInteger`` weights made at load, for onnxruntime-web's WASM build.
+
+    onnxruntime-web's WASM build has no 4-bit matrix kernel: the ``qdq`` file decodes at fp32 speed there
+    (weights dequantised to float32 at load). This graph reads the same int4 codes, scales and zero points
+    and requantises each weight to the int8 variant's layout (uint8 per output column, row-wise activation
+    scales: :func:`prodip.export.graph.requantize_int4_matmuls_int8`); with the session option
+    :data:`WASM_INT4_SESSION_CONFIG` the weight side folds to uint8 at load, so the page downloads 4-bit
+    weights and decodes with the int8 file's kernels (a quarter of float32's weight bytes per step).
+    Natively the ``qdq`` file stays the one to run (MatMulNBits).
+
+    When ``src``'s weights are in external data (``onnx/model_q4.onnx_data``), ``dst`` points at the same
+    bytes (offsets into that file: nothing is copied) and only its new tensors (per-column scales and zero
+    points, a few bytes per output channel) are in ``dst``; otherwise ``dst`` holds a copy of every tensor.
+
+    Args:
+        src: the int4 variant's file (``to_int4(layout="qdq")``), in its final place.
+        dst: the new file, in the same folder (its external-data locations are relative to it).
+    Returns:
+        ``file`` (dst's name), ``matmuls_requantized``, ``shares_weights_with`` (src's external-data file
+        name or None), ``session_config``.
+    Raises:
+        InvalidInput: ``src`` has no int4 DequantizeLinear + MatMul (not the qdq layout), or ``dst`` is not
+            beside ``src``.
+    """
+    src, dst = Path(src), Path(dst)
+    if src.resolve().parent != dst.resolve().parent:
+        raise InvalidInput(f"{dst}: the WASM int4 file must be beside {src} (it reads that file's weights)")
+    refs = onnx.load(str(src), load_external_data=False)
+    locations = {t.name: list(t.external_data) for t in refs.graph.initializer if t.external_data}
+    shared = sorted({e.value for refs_ in locations.values() for e in refs_ if e.key == "location"})
+    model = onnx.load(str(src))
+    replaced = requantize_int4_matmuls_int8(model)
+    int4 = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+    if not any(t.data_type in int4 for t in model.graph.initializer) or not replaced:
+        raise InvalidInput(f"{src}: no int4 DequantizeLinear + MatMul to requantise (not the qdq int4 layout)")
+    for tensor in model.graph.initializer:
+        if tensor.name in locations:  # unchanged tensor of src: read it from src's external data
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.external_data.extend(locations[tensor.name])
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    onnx.save_model(model, str(tmp))
+    os.replace(tmp, dst)
+    onnx.checker.check_model(str(dst))
+    return {
+        "file": dst.name,
+        "matmuls_requantized": replaced,
+        "shares_weights_with": shared[0] if shared else None,
+        "session_config": dict(WASM_INT4_SESSION_CONFIG),
+    }

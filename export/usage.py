@@ -159,13 +159,15 @@ reply = client.completions.create(model=model, prompt="{text}", max_tokens={n}, 
 print(reply.choices[0].text)
 """
 
-#: The transformers.js snippets' note for q4 in a browser: the q4 file (int4 DequantizeLinear + MatMul) on
-#: onnxruntime-web's WASM device decodes at fp32's speed when its weights are dequantised at load (the session
-#: option below; without it the WASM build's 4-bit kernel dequantises them on every call). Not for Node
-#: (onnxruntime-node has fast 4-bit kernels: the option would make it fp32).
+#: The transformers.js snippets' note for q4 in a browser: onnxruntime-web's WASM build has no 4-bit kernel, so the
+#: export's page loads the WASM q4 file (``onnx/model_wasm_q4.onnx``: the q4 file's int4 weights, read from its
+#: weights file, requantised to 8-bit once at load with the session option below: q8's kernels). Not for Node
+#: (onnxruntime-node has fast 4-bit kernels for the q4 file itself).
 Q4_WASM = """\
-// in a browser (device "wasm"), q4 runs at fp32's speed with its 4-bit weights dequantised once, at load:
-// { dtype: "q4", device: "wasm", session_options: { extra: { session: { disable_quant_qdq: "1" } } } }
+// in a browser (device "wasm"), q4 as the export's page loads it: 4-bit download, 8-bit weights made at load
+// { dtype: "q4", device: "wasm", model_file_name: "model_wasm", session_options: {
+//   extra: { session: { disable_quant_qdq: "1" } },
+//   externalData: [{ path: "model_q4.onnx_data", data: "onnx/model_q4.onnx_data" }] } }
 """
 
 #: runtime -> (language, chat template, text template, the runtime's name in words)

@@ -4,7 +4,9 @@ package: greedy ids and each step's logits of every ONNX variant (``ortweb_greed
 A file the WASM build cannot load fails with ONNX Runtime's error, which names the operator. Its logits are
 held to the variant's tolerance against ONNX Runtime's on the same file; for a file whose ``MatMulNBits``
 nodes quantise activations (``accuracy_level`` 4), against ONNX Runtime computing in float32 as the WASM
-kernel does (:func:`fp32_compute_copy`). Install: it comes with transformers.js (``node/``).
+kernel does (:func:`fp32_compute_copy`). A variant with a WASM file (the int4's ``wasm_path``, which the
+export's page loads on the WASM device) is run as that file, with its session options (:func:`wasm_file`),
+and compared with ONNX Runtime on that file. Install: it comes with transformers.js (``node/``).
 
     python -c "from prodip.conformance.runtimes.ortweb import fp32_compute_copy; help(fp32_compute_copy)"
 """
@@ -39,6 +41,7 @@ def ortweb_greedy(
     max_new_tokens: int,
     model_cfg: Any,
     stop: Optional[Collection[int]] = None,
+    options: Optional[dict[str, dict[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Greedy ids and per-step logits from onnxruntime-web's WASM backend in Node, for each ONNX file.
 
@@ -46,7 +49,9 @@ def ortweb_greedy(
         export_dir: the export dir; files: ONNX paths relative to it (weights in ``<file>_data``).
         prompts: token ids; max_new_tokens: new tokens per prompt; model_cfg: layers, kv heads,
             head dim and eos id of the model (the KV-cache inputs' shapes); stop: the ids that end
-            generation (default: the model's eos id).
+            generation (default: the model's eos id); options: file -> ``session`` (session config entries,
+            without the ``session.`` prefix) and ``external_data`` ([name in the graph, path relative to
+            ``export_dir``]) for files that need them (:func:`wasm_file`).
     Returns:
         ``{"versions": {...}, "results": {file: {"ids": [[prompt + new ids]], "logits": [[[float] per step]]}
         or {"error": str}}}``.
@@ -64,8 +69,31 @@ def ortweb_greedy(
         "num_kv_heads": model_cfg.num_key_value_heads,
         "head_dim": model_cfg.head_dim,
         "node_root": str(node_root()),
+        "options": options or {},
     }
     return run_node(NODE_SCRIPT, job)
+
+
+def wasm_file(export_dir: Path, path: str) -> Optional[tuple[str, dict[str, Any]]]:
+    """The file the export's page loads on the WASM device instead of the variant file ``path``, with its options.
+
+    The int4 variant's manifest entry names it (``wasm_path``: int4 weights requantised to 8-bit at load,
+    :func:`prodip.export.quantize.to_int4_wasm`); it reads the variant file's weights file and needs the
+    session entries in ``wasm.session_config``. Returns ``(path, ortweb_greedy options)`` or None.
+    """
+    from prodip.base.manifest import load_manifest  # noqa: PLC0415
+
+    entry = next((v for v in load_manifest(export_dir).variants.values() if v.path == path), None)
+    rel, params = getattr(entry, "wasm_path", None), getattr(entry, "wasm", None)
+    if not rel or not isinstance(params, dict):
+        return None
+    shared = params.get("shares_weights_with")
+    options: dict[str, Any] = {
+        "session": {k.removeprefix("session."): v for k, v in params.get("session_config", {}).items()}
+    }
+    if shared:
+        options["external_data"] = [[shared, str(Path(path).with_name(shared))]]
+    return rel, options
 
 
 class _TempModel:
@@ -140,18 +168,24 @@ class OrtWebAdapter(RuntimeAdapter):
     name = NAME
 
     def greedy(self, job: GreedyJob) -> dict[str, GreedyOutput]:
-        files = [c.path for c in job.candidates]
-        web = ortweb_greedy(job.export_dir, files, job.prompts, job.max_new_tokens, job.model_cfg, job.eos)
+        # a variant with a WASM file (the int4's) runs as the export's page runs it on the WASM device: that file
+        wasm = {c.name: wasm_file(Path(job.export_dir), c.path) for c in job.candidates}
+        files = {name: w[0] if w else cand.path for (name, w), cand in zip(wasm.items(), job.candidates)}
+        options = {files[name]: w[1] for name, w in wasm.items() if w}
+        web = ortweb_greedy(
+            job.export_dir, list(files.values()), job.prompts, job.max_new_tokens, job.model_cfg, job.eos, options
+        )
         out = {}
         for cand in job.candidates:
-            got = web["results"].get(cand.path, {"error": "no result"})
+            file = files[cand.name]
+            got = web["results"].get(file, {"error": "no result"})
             res = GreedyOutput(ids=got.get("ids"), logits=got.get("logits"), versions=web.get("versions"))
             if "error" in got:
-                res.error = f"onnxruntime-web (WASM) {cand.path}: {got['error']}"
-            fp32_compute = fp32_compute_copy(Path(job.export_dir) / cand.path)
+                res.error = f"onnxruntime-web (WASM) {file}: {got['error']}"
+            fp32_compute = fp32_compute_copy(Path(job.export_dir) / file)
             if fp32_compute is not None:  # ONNX Runtime doing the WASM kernels' arithmetic on the same weights
                 with fp32_compute as path:
                     res.reference_ids, res.reference_logits = ort_greedy(path, cand.name, job)
-                res.reference = FP32_COMPUTE
+                res.reference = FP32_COMPUTE if file == cand.path else f"{FP32_COMPUTE}, on {file}"
             out[cand.name] = res
         return out

@@ -13,7 +13,8 @@ One module per group of rewrites; every name is re-exported here, so callers imp
   file holds the table once.
 - :mod:`~prodip.export.graph.int8`: :func:`quantize_matmuls_rowwise_int8`: the int8 variant's
   MatMuls (8-bit weights per output channel, 8-bit activations per token, MatMulInteger:
-  batch-invariant).
+  batch-invariant); :func:`requantize_int4_matmuls_int8`: the same MatMuls over int4 weights
+  requantised to 8 bits by nodes that fold at load (the WASM int4 file).
 - :mod:`~prodip.export.graph.mask`: :func:`add_mask_length_check`: the decoder refuses an
   ``attention_mask`` whose length is not ``past + T`` (case C3); :func:`drop_unused_outputs`: blank
   the optional outputs nothing reads.
@@ -44,6 +45,7 @@ from prodip.export.graph.int8 import (
     INT8_ZERO_POINT,
     quantize_matmuls_rowwise_int8,
     quantize_weight_per_column_int8,
+    requantize_int4_matmuls_int8,
 )
 from prodip.export.graph.lowered_gather import LOWERED_GBQ, _pack_nibbles, lower_gather_block_quantized
 from prodip.export.graph.mask import MASK_CHECK_NODE, add_mask_length_check, drop_unused_outputs
@@ -79,6 +81,7 @@ __all__ = [
     "quantize_embedding_int8",
     "quantize_matmuls_rowwise_int8",
     "quantize_weight_per_column_int8",
+    "requantize_int4_matmuls_int8",
     "right_padded_attention",
     "matmulnbits_to_qdq",
     "share_tied_embedding_int4",

@@ -98,8 +98,67 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
         The number of MatMuls replaced. Initializers ``<W>_Q8`` (codes) and ``<W>_Q8_scales`` replace
         each weight ``<W>`` (``<W>`` is dropped when nothing else reads it).
     """
+    return _rowwise_int8(model, requantize_int4=False)
+
+
+def requantize_int4_matmuls_int8(model: onnx.ModelProto) -> int:
+    """Every int4 ``DequantizeLinear`` -> ``MatMul`` -> the row-wise int8 ``MatMulInteger``, 8-bit weights made at load.
+
+    For the 4-bit web file: the int4 codes, scales and zero points stay in the file (a 4-bit
+    download), and the weight side becomes ``QuantizeLinear(DequantizeLinear(W4), s8, 128, axis=1)``,
+    uint8 codes [K, N] with one scale per output column, s8 = max_k |DQ(W4)[k, n]| / 127 (computed
+    here from the same int4 tensors, as :func:`quantize_weight_per_column_int8` would from the
+    dequantised weight), feeding :func:`quantize_matmuls_rowwise_int8`'s ``MatMulInteger`` with
+    per-token activation scales. Every weight-side node reads constants only, so ONNX Runtime's
+    constant folding computes the uint8 codes once at session load when its QDQ transformers are
+    off (session option ``session.disable_quant_qdq=1``; with them on it keeps the
+    DequantizeLinear and recomputes the weight every call), and decode then runs the int8 file's
+    kernels: a quarter of fp32's weight bytes per step. The int8 grid is finer than every int4
+    block's (|DQ(W4)| <= max of the column), so requantising adds at most half an int8 step per
+    weight.
+
+    A ``DequantizeLinear`` whose input is INT4/UINT4 initializers (blocked along axis 0, or
+    per-tensor) and whose output only one MatMul reads as its 2-D weight is converted; other
+    MatMuls with a 2-D initializer weight are quantised as in :func:`quantize_matmuls_rowwise_int8`.
+
+    Returns:
+        The number of MatMuls replaced (int4 and float ones).
+    """
+    return _rowwise_int8(model, requantize_int4=True)
+
+
+def _dequantize_int4(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
+    """float32 [K, N] of an int4 ``DequantizeLinear`` (axis 0, blocked or per-tensor) of initializers, else None."""
+    four_bit = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+    names = [i for i in node.input if i]
+    if node.op_type != "DequantizeLinear" or not all(i in inits for i in names):
+        return None
+    codes_t = inits[node.input[0]]
+    if codes_t.data_type not in four_bit or len(codes_t.dims) != 2:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
+    codes = numpy_helper.to_array(codes_t).astype(np.float32)
+    scales = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+    zeros = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32) if len(names) > 2 else np.zeros_like(scales)
+    if scales.ndim == 0:  # per tensor
+        return (codes - zeros) * scales
+    if axis % 2 != 0 or not block or scales.shape[0] * block < codes.shape[0]:
+        return None
+    # blocked along K (ONNX DequantizeLinear-21): row k uses scale row k // block
+    expand = lambda t: np.repeat(t, block, axis=0)[: codes.shape[0]]  # noqa: E731
+    return (codes - expand(zeros)) * expand(scales)
+
+
+def _rowwise_int8(model: onnx.ModelProto, *, requantize_int4: bool) -> int:
+    """:func:`quantize_matmuls_rowwise_int8` and :func:`requantize_int4_matmuls_int8` (which MatMul weights differ)."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
     _rowwise_constants(graph)
     c = {k: f"{ROWWISE}_{k}" for k in ("zero_point", "zero_point_f", "qmax", "tiny", "code_min", "code_max")}
     # The node list is rebuilt in order: each activation's quantisation nodes go just before the
@@ -109,7 +168,9 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
     replaced, dropped = 0, set()
     for node in list(graph.node):
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if weight is None or len(weight.dims) != 2:
+        dq = producers.get(node.input[1]) if node.op_type == "MatMul" and requantize_int4 else None
+        dequantized = _dequantize_int4(dq, inits) if dq is not None and readers[node.input[1]] == 1 else None
+        if dequantized is None and (weight is None or len(weight.dims) != 2):
             nodes.append(node)
             continue
         x, name = node.input[0], node.name or node.output[0]
@@ -135,9 +196,29 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
                 make("Cast", [f"{p}/clipped"], [f"{p}/codes"], name=f"{p}/Cast", to=onnx.TensorProto.UINT8),
             ]
             quantized[x] = (f"{p}/codes", f"{p}/scale")
-        codes, scales = quantize_weight_per_column_int8(numpy_helper.to_array(weight))
-        wq, ws = int8_names(weight.name)
-        graph.initializer.extend([numpy_helper.from_array(codes, wq), numpy_helper.from_array(scales, ws)])
+        if dequantized is not None:
+            # codes at load: QuantizeLinear(DQ(W4), s8 per column, 128) = rint(W / s8) + 128, within
+            # 1..255 because s8 is the column's max / 127 (saturation never applies)
+            _, scales = quantize_weight_per_column_int8(dequantized)
+            wq, ws = int8_names(node.input[1])
+            zp = f"{ws}_zero_points"
+            graph.initializer.extend(
+                [
+                    numpy_helper.from_array(scales, ws),
+                    numpy_helper.from_array(np.full(scales.shape, INT8_ZERO_POINT, np.uint8), zp),
+                ]
+            )
+            nodes.append(
+                onnx.helper.make_node(
+                    "QuantizeLinear", [node.input[1], ws, zp], [wq], name=f"{name}/QuantizeLinear", axis=1
+                )
+            )
+        else:
+            assert weight is not None  # the test above: a 2-D initializer weight when nothing was dequantised
+            codes, scales = quantize_weight_per_column_int8(numpy_helper.to_array(weight))
+            wq, ws = int8_names(weight.name)
+            graph.initializer.extend([numpy_helper.from_array(codes, wq), numpy_helper.from_array(scales, ws)])
+            dropped.add(weight.name)
         q, sx = quantized[x]
         out = node.output[0]
         # y = float(MatMulInteger(q, codes, 128, 128)) * s_x * s_w: scalar zero points (one per
@@ -157,7 +238,6 @@ def quantize_matmuls_rowwise_int8(model: onnx.ModelProto) -> int:
             onnx.helper.make_node("Mul", [f"{out}/acc", sx], [f"{out}/row_scaled"], name=f"{name}/MulRowScale"),
             onnx.helper.make_node("Mul", [f"{out}/row_scaled", ws], [out], name=f"{name}/MulColumnScale"),
         ]
-        dropped.add(weight.name)
         replaced += 1
     del graph.node[:]
     graph.node.extend(nodes)

@@ -7,11 +7,12 @@
 // URL parameters (used by the browser tests and bench/browser.py): ?dtype=q4&prompt=...&max_new_tokens=16&autorun=1,
 // &device=wasm|webgpu, &threads=N (WASM threads; more than 1 needs a cross-origin isolated page), &min_new_tokens=N,
 // &wasm=asyncify (the asyncify build on the WASM device too: what the page loaded before, for comparison),
-// &q4=fused (q4 on WASM through the fused 4-bit kernel instead of weights dequantised at load; see q4Path),
+// &q4=fused|fp32 (q4 on WASM through the fused 4-bit kernel, or the q4 file's weights folded to float32, instead of
+// the WASM q4 file's 8-bit weights; see q4Path),
 // &prompt_ids=1,2,3 (generate from these token ids instead of the prompt text: conformance's browser rows).
 // When a run ends, window.prodipResult = {dtype, device, threads, ids (prompt + new), text, load_ms, ttft_ms (generate
-// call to first new token), new_tokens, tokens_per_s (after the first new token), bytes, q4_path ('fp32-folded' or
-// 'fused' for q4 on WASM, else null), stats (the stats line's text), error}.
+// call to first new token), new_tokens, tokens_per_s (after the first new token), bytes, q4_path ('int8-folded',
+// 'fp32-folded' or 'fused' for q4 on WASM, else null), stats (the stats line's text), error}.
 import { AutoModelForCausalLM, AutoTokenizer, TextStreamer, Tensor, env } from './transformers.min.js';
 
 const params = new URLSearchParams(location.search);
@@ -50,11 +51,15 @@ if (params.has('threads')) env.backends.onnx.wasm.numThreads = Number(params.get
 
 // q4 on the WASM device. The q4 file is int4 DequantizeLinear + MatMul (QDQ). onnxruntime-web's WASM build has no
 // 4-bit kernel: by default its QDQ fusion makes MatMulNBits, which dequantises the weights on every call (q4 then
-// decodes ~6x slower than fp32). With session.disable_quant_qdq=1 constant folding dequantises them to float32 once,
-// at load: fp32's speed from a 4-bit download, at fp32's memory. So the page asks for it when the float32 weights fit
-// comfortably in wasm32's 4 GB address space (FP32_LIMIT), and keeps the fused path (slow, but 4-bit in memory)
-// otherwise. ?q4=fused forces the fused path (for comparison: bench/browser.py).
+// decodes ~6x slower than fp32). So the page loads, when the export has it (transformers.js_config.prodip_wasm_q4),
+// the WASM q4 file: a graph over the same int4 bytes (onnx/model_q4.onnx_data) that requantises each weight to the
+// q8 file's uint8 MatMulInteger layout; with session.disable_quant_qdq=1 those weight-side nodes fold once at load
+// ('int8-folded': a 4-bit download, 8-bit weights in memory, the q8 file's kernels). Without that file, the q4 file's
+// weights fold to float32 ('fp32-folded': fp32's speed, fp32's memory) when they fit comfortably in wasm32's 4 GB
+// address space (FP32_LIMIT), else the fused path stays (slow, but 4-bit in memory). ?q4=fused|fp32 forces one of
+// the other paths (for comparison: bench/browser.py).
 const FP32_LIMIT = 1.5e9;   // bytes of float32 weights; leaves room for the 4-bit file, activations and KV cache
+const WASM_Q4 = tjs.prodip_wasm_q4;   // {model_file_name, external_data: [{path, data}], session_config}
 function parameterCount(c) {  // decoder weights from config.json (HF LlamaConfig names)
   const h = c.hidden_size, hd = c.head_dim || h / c.num_attention_heads;
   const kv = c.num_key_value_heads || c.num_attention_heads;
@@ -63,8 +68,10 @@ function parameterCount(c) {  // decoder weights from config.json (HF LlamaConfi
 }
 function q4Path(dtype) {
   if (dtype !== 'q4' || DEVICE !== 'wasm') return null;
-  const fp32 = 4 * parameterCount(config);
-  if (params.get('q4') === 'fused') return { path: 'fused', fp32_bytes: fp32, why: '?q4=fused' };
+  const fp32 = 4 * parameterCount(config), asked = params.get('q4');
+  if (asked === 'fused') return { path: 'fused', fp32_bytes: fp32, why: '?q4=fused' };
+  if (WASM_Q4 && asked !== 'fp32') return { path: 'int8-folded', fp32_bytes: fp32, why: `${WASM_Q4.model_file_name}_q4.onnx` };
+  if (asked === 'fp32') return { path: 'fp32-folded', fp32_bytes: fp32, why: '?q4=fp32' };
   return fp32 < FP32_LIMIT ? { path: 'fp32-folded', fp32_bytes: fp32, why: `fp32 weights ${(fp32 / 1e9).toFixed(2)} GB` }
     : { path: 'fused', fp32_bytes: fp32, why: `fp32 weights ${(fp32 / 1e9).toFixed(2)} GB would not fit` };
 }
@@ -78,6 +85,11 @@ async function load(dtype) {
   const options = { dtype, device: DEVICE };
   // transformers.js passes session_options to onnxruntime-web's InferenceSession.create
   if (q4?.path === 'fp32-folded') options.session_options = { extra: { session: { disable_quant_qdq: '1' } } };
+  if (q4?.path === 'int8-folded') {   // the WASM q4 file, reading the q4 file's weights (no second download)
+    options.model_file_name = WASM_Q4.model_file_name;
+    const session = Object.fromEntries(Object.entries(WASM_Q4.session_config).map(([k, v]) => [k.replace(/^session\./, ''), v]));
+    options.session_options = { extra: { session }, externalData: WASM_Q4.external_data };
+  }
   const model = await AutoModelForCausalLM.from_pretrained(MODEL, options);
   loaded = { dtype, model, tokenizer, load_ms: performance.now() - t0, q4 };
   return loaded;
@@ -125,6 +137,7 @@ async function run() {
   result.bytes = bytes();
   const q4 = loaded.dtype === dtype ? loaded.q4 : null;
   const path = q4 ? (q4.path === 'fp32-folded' ? ' (4-bit download, dequantised to fp32 at load: ' + q4.why + ')'
+    : q4.path === 'int8-folded' ? ' (4-bit download, requantised to 8-bit at load: ' + q4.why + ')'
     : ' (4-bit kernel in WASM, slow: ' + q4.why + ')') : '';
   $('stats').textContent = `dtype ${dtype}${path} · load ${(result.load_ms ?? 0).toFixed(0)} ms · ` +
     `${result.tokens_per_s ? result.tokens_per_s.toFixed(1) : '–'} tokens/s · ` +

@@ -5,7 +5,8 @@ For the default dtype (config.json ``transformers.js_config.device_config.wasm.d
 of the variant table (fp32, fp16, q8, q4), the ids the page generates
 (transformers.js + onnxruntime-web's WASM backend) equal ONNX Runtime's greedy ids on the same file (for
 MatMulNBits files: with the fp32 arithmetic the WASM kernel does, see
-:func:`prodip.conformance.runtimes.fp32_compute_copy`); every request stays on the 127.0.0.1 server (no
+:func:`prodip.conformance.runtimes.fp32_compute_copy`; q4: the WASM q4 file the page loads on the WASM device,
+``onnx/model_wasm_q4.onnx``); every request stays on the 127.0.0.1 server (no
 CDN, no Hub); the page reports load time, tokens/s and bytes downloaded. A failing page leaves a
 screenshot in ``$PRODIP_BROWSER_ARTIFACTS`` (default ``build/browser-artifacts``).
 """
@@ -28,6 +29,9 @@ from tests.tokenizer.conftest import skip_or_fail
 REPO = Path(__file__).resolve().parents[2]
 #: transformers.js dtype -> its file, from the variant table (a new dtype is picked up here by itself)
 FILES = {v.transformersjs_dtype: v.path for v in VARIANTS if v.transformersjs_dtype}
+#: the file the page loads for q4 on the WASM device (the int4 variant's manifest ``wasm_path``; it reads the q4
+#: file's weights, ``onnx/model_q4.onnx_data``)
+WASM_Q4 = "onnx/model_wasm_q4.onnx"
 NEW_TOKENS = 12
 PROMPT = "আমার সোনার বাংলা"
 
@@ -113,7 +117,8 @@ def test_page_generates_onnx_runtimes_ids(served_export):
         assert got["error"] is None, (dtype, got["error"], got["console"][-10:])
         res = got["result"]
         assert res["dtype"] == dtype and res["ids"][: len(prompt)] == prompt  # transformers.js's tokenizer
-        assert res["ids"] == ort_greedy(export, FILES[dtype], prompt), dtype
+        page_file = WASM_Q4 if dtype == "q4" else FILES[dtype]
+        assert res["ids"] == ort_greedy(export, page_file, prompt), dtype
         assert res["load_ms"] > 0 and res["tokens_per_s"] > 0
         # every byte from the 127.0.0.1 server: the library, the WASM build, the model files (transformers.js
         # imports the WASM build's script as a blob: URL of that origin, made from the bytes it fetched)
@@ -121,14 +126,14 @@ def test_page_generates_onnx_runtimes_ids(served_export):
         assert all(u.startswith(local) for u in got["requests"]), [
             u for u in got["requests"] if not u.startswith(local)
         ]
-        assert any(u.endswith("/" + FILES[dtype]) for u in got["requests"])
+        assert any(u.endswith("/" + page_file) for u in got["requests"])
         # the plain WASM build on the WASM device (the asyncify one is for WebGPU)
         assert any(u.endswith("/web/ort-wasm-simd-threaded.wasm") for u in got["requests"])
         assert not any("asyncify" in u for u in got["requests"])
         weights = (export / (FILES[dtype] + "_data")).stat().st_size
         assert res["bytes"] >= weights  # the page counts what it downloaded
-        # q4 on WASM: the int4 weights dequantised at load (a tiny model's fp32 weights fit easily)
-        assert res["q4_path"] == ("fp32-folded" if dtype == "q4" else None), dtype
+        # q4 on WASM: the WASM q4 file, its int4 weights requantised to 8-bit at load
+        assert res["q4_path"] == ("int8-folded" if dtype == "q4" else None), dtype
 
 
 def test_page_offers_a_file_with_inline_weights(served_export, tmp_path):
@@ -159,23 +164,28 @@ def test_page_offers_a_file_with_inline_weights(served_export, tmp_path):
 
 
 def test_page_q4_paths(served_export):
-    """The page's q4 on the WASM device, both paths: dequantised to fp32 at load (the default for a model whose
-    fp32 weights fit) and, with ``?q4=fused``, onnxruntime-web's fused 4-bit kernel; each gives ONNX Runtime's
-    greedy ids (fp32 arithmetic on the same weights) and the stats line names the path it took."""
+    """The page's q4 on the WASM device, every path: the WASM q4 file, 8-bit weights made at load (the default
+    when the export has it), ``?q4=fp32``: the q4 file dequantised to fp32 at load, ``?q4=fused``: onnxruntime-web's
+    fused 4-bit kernel; each gives ONNX Runtime's greedy ids on the file it loads (fp32 arithmetic for the q4 file)
+    and the stats line names the path it took."""
     from urllib.parse import quote
 
     from tokenizers import Tokenizer
 
     export, base = served_export
     prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPT).ids
-    want = ort_greedy(export, FILES["q4"], prompt)
-    for extra, path, words in (("", "fp32-folded", "dequantised to fp32 at load"), ("&q4=fused", "fused", "slow")):
+    for extra, path, words, file in (
+        ("", "int8-folded", "requantised to 8-bit at load", WASM_Q4),
+        ("&q4=fp32", "fp32-folded", "dequantised to fp32 at load", FILES["q4"]),
+        ("&q4=fused", "fused", "slow", FILES["q4"]),
+    ):
         url = f"{base}/?dtype=q4{extra}&prompt={quote(PROMPT)}&max_new_tokens={NEW_TOKENS}&autorun=1"
         got = open_page(url, "prodipResult", f"page_q4_{path}")
         assert got["error"] is None, (path, got["error"], got["console"][-10:])
         res = got["result"]
-        assert res["q4_path"] == path and res["ids"] == want, path
+        assert res["q4_path"] == path and res["ids"] == ort_greedy(export, file, prompt), path
         assert words in res["stats"], res["stats"]
+        assert any(u.endswith("/" + file) for u in got["requests"]), path
 
 
 def test_serve_playground_streams_a_completion(tmp_path_factory, browser_ready):

@@ -82,6 +82,8 @@ def test_every_runtime_reproduces_onnx_runtime_on_every_variant(report):
     assert any(c["metric"] == REFERENCE_METRIC for c in report["candidates"]["fp32"]["checks"])
     assert report["candidates"]["int4"]["runtimes"]["runtimes"][TRANSFORMERS_JS]["dtype"] == "q4"
     assert "accuracy_level 0" in report["candidates"]["int4"]["runtimes"]["runtimes"][ORT_WEB]["reference"]
+    # onnxruntime-web runs the int4 variant as the export's page does on WASM: its WASM file (8-bit at load)
+    assert "model_wasm_q4.onnx" in report["candidates"]["int4"]["runtimes"]["runtimes"][ORT_WEB]["reference"]
     assert "reference" not in report["candidates"]["int8"]["runtimes"]["runtimes"][ORT_WEB]  # the file as it is
     for variant in ONNX_VARIANTS:  # onnxruntime-web's logits, within the variant's own bound
         check = next(c for c in report["candidates"][variant]["checks"] if c["metric"] == ORT_WEB_LOGITS_METRIC)

@@ -460,7 +460,8 @@ const job = JSON.parse(readFileSync(0, 'utf8'));
 const ort = await import(pathToFileURL(path.join(job.node_root, 'node_modules/onnxruntime-web/dist/ort.wasm.min.mjs')).href);
 ort.env.wasm.numThreads = 1;
 const opts = { executionProviders: ['wasm'], extra: { session: job.config } };
-if (existsSync(job.file + '_data')) opts.externalData = [{ path: path.basename(job.file) + '_data', data: readFileSync(job.file + '_data') }];
+if (job.external_data) opts.externalData = job.external_data.map(([p, f]) => ({ path: p, data: readFileSync(f) }));
+else if (existsSync(job.file + '_data')) opts.externalData = [{ path: path.basename(job.file) + '_data', data: readFileSync(job.file + '_data') }];
 const session = await ort.InferenceSession.create(readFileSync(job.file), opts);
 const ids = job.prompt.slice();
 for (let step = 0; step < job.new_tokens; step++) {
@@ -545,3 +546,142 @@ def test_int4_qdq_on_wasm_folded_matches_native(request, fixture, tmp_path):
         assert "DequantizeLinear" not in _ops(fp32_path)
         path = fp32_path
         assert web == native({})
+
+
+def _dequantize_blocked(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, block: int) -> np.ndarray:
+    """ONNX DequantizeLinear-21, axis 0, blocked: y[k, n] = (codes[k, n] - zeros[k // block, n]) * scales[k // block, n]."""
+    rows = np.arange(codes.shape[0]) // block
+    zero = zeros[rows].astype(np.float32) if zeros is not None else np.float32(0)
+    return (codes.astype(np.float32) - zero) * scales[rows]
+
+
+@pytest.mark.parametrize("fixture", ["tied_export", "gqa_export"])
+def test_wasm_int4_file_folds_to_int8_codes(request, fixture, tmp_path):
+    """The export's WASM q4 file (``onnx/model_wasm_q4.onnx``, the page's q4 on WASM): every MatMul of the q4 file
+    is a row-wise MatMulInteger whose uint8 weight is QuantizeLinear(DequantizeLinear(int4)), reading the q4 file's
+    own int4 tensors (from its weights file: only scales are new); natively with ``session.disable_quant_qdq=1``
+    the weight side folds away and the folded codes equal numpy's rint(DQ(W4) / s) + 128, s = column max / 127."""
+    import json
+
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from prodip.base.manifest import load_manifest
+
+    export = request.getfixturevalue(fixture)
+    manifest = load_manifest(export)
+    entry = manifest.variants["int4"]
+    assert entry.wasm_path == "onnx/model_wasm_q4.onnx"
+    tjs = json.loads((export / "config.json").read_text())["transformers.js_config"]["prodip_wasm_q4"]
+    assert tjs["model_file_name"] == "model_wasm" and tjs["session_config"] == {"session.disable_quant_qdq": "1"}
+    path, q4 = export / entry.wasm_path, export / entry.path
+    assert manifest.files[entry.wasm_path].bytes == path.stat().st_size  # what it adds to the export
+    ops = _ops(path)
+    assert ops.count("MatMulInteger") == ops.count("QuantizeLinear") == 5 * 2 + 1 and "MatMul" not in ops
+    refs = onnx.load(str(path), load_external_data=False)
+    int4 = [t for t in refs.graph.initializer if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)]
+    assert int4
+    if (export / (entry.path + "_data")).is_file():  # the q4 file's bytes, not a copy
+        locations = {e.value for t in int4 for e in t.external_data if e.key == "location"}
+        assert locations == {"model_q4.onnx_data"} and all(t.external_data for t in int4)
+        assert tjs["external_data"] == [{"path": "model_q4.onnx_data", "data": "onnx/model_q4.onnx_data"}]
+        # in the file itself: the new per-column scales and zero points (5 bytes per output channel), small tensors
+        inline = [t for t in refs.graph.initializer if not t.external_data and len(t.raw_data) >= 1024]
+        assert all(t.name.endswith(("_Q8_scales", "_Q8_scales_zero_points")) for t in inline), [t.name for t in inline]
+    model = onnx.load(str(path))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    want = {}
+    for node in (n for n in model.graph.node if n.op_type == "QuantizeLinear"):
+        dq = producer[node.input[0]]
+        block = next(a.i for a in dq.attribute if a.name == "block_size")
+        zeros = inits[dq.input[2]] if len(dq.input) > 2 and dq.input[2] else None
+        w = _dequantize_blocked(inits[dq.input[0]], inits[dq.input[1]], zeros, block)
+        scale = np.abs(w).max(0) / np.float32(127)
+        np.testing.assert_allclose(inits[node.input[1]], scale, rtol=1e-6)
+        want[node.output[0]] = (np.rint(w / inits[node.input[1]]) + 128).astype(np.uint8)
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    folded = onnx.load(opts.optimized_model_filepath, load_external_data=False)  # the folded codes are inline
+    fops = [n.op_type for n in folded.graph.node]
+    assert "QuantizeLinear" not in fops and fops.count("MatMulInteger") == len(want)
+    codes = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer if t.name in want}
+    assert codes.keys() == want.keys()
+    for name, expected in want.items():  # ORT's QuantizeLinear may round a tie the other way: at most 1 code
+        assert codes[name].dtype == np.uint8 and np.abs(codes[name].astype(int) - expected).max() <= 1, name
+        assert (codes[name] != expected).mean() < 1e-3, name
+    # the q4 file itself is unchanged: still the qdq layout ONNX Runtime fuses to MatMulNBits natively
+    assert "DequantizeLinear" in _ops(q4) and "MatMulInteger" not in _ops(q4)
+
+
+@pytest.mark.parametrize("fixture", ["tied_export", "gqa_export"])
+def test_wasm_int4_file_on_wasm_matches_native(request, fixture, tmp_path):
+    """The WASM q4 file on onnxruntime-web's plain WASM build (Node), loaded as the page loads it (the q4 file's
+    weights as external data, ``session.disable_quant_qdq=1``), gives ONNX Runtime's greedy ids on the same file
+    natively with the same option, and its last-step logits stay within the int4 file's own distance from fp32."""
+    import json
+    import shutil
+    import subprocess
+
+    import onnxruntime as ort
+
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance.runtimes.common import node_root
+    from tests.tokenizer.conftest import skip_or_fail
+
+    export = request.getfixturevalue(fixture)
+    root = node_root()
+    if shutil.which("node") is None or not (root / "node_modules/onnxruntime-web/dist/ort.wasm.min.mjs").is_file():
+        skip_or_fail("node or onnxruntime-web (npm install --prefix node) is not installed")
+    config = source_model(export).config
+    entry = load_manifest(export).variants["int4"]
+    path = export / entry.wasm_path
+    tjs = json.loads((export / "config.json").read_text())["transformers.js_config"]["prodip_wasm_q4"]
+    prompt, new_tokens = [1, 17, 42, 99, 7], 8
+
+    def session(file: Path, entries: dict[str, str]) -> ort.InferenceSession:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.log_severity_level = 3
+        for key, value in entries.items():
+            opts.add_session_config_entry(key, value)
+        return ort.InferenceSession(str(file), opts, providers=["CPUExecutionProvider"])
+
+    def native(sess: ort.InferenceSession) -> tuple[list[int], np.ndarray]:
+        ids, logits = list(prompt), None
+        for _ in range(new_tokens):
+            x = np.asarray([ids])
+            mask = np.ones_like(x)
+            logits = run_ort(sess, config, x, mask, positions(mask))[0][0, -1]
+            ids.append(int(np.argmax(logits)))
+        return ids, logits
+
+    script = tmp_path / "greedy.mjs"
+    script.write_text(_ORTWEB_GREEDY, encoding="utf-8")
+    job = {
+        "node_root": str(root.resolve()),
+        "file": str(path),
+        "external_data": [[e["path"], str(export / e["data"])] for e in tjs["external_data"]],
+        "prompt": prompt,
+        "new_tokens": new_tokens,
+        "config": {k.removeprefix("session."): v for k, v in tjs["session_config"].items()},
+        "layers": config.num_hidden_layers,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": config.hidden_size // config.num_attention_heads,
+    }
+    proc = subprocess.run(["node", str(script)], input=json.dumps(job), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    web = json.loads(proc.stdout.strip().splitlines()[-1])["ids"]
+    ids, logits = native(session(path, tjs["session_config"]))
+    assert web == ids
+    # the 8-bit requantisation adds little to the int4 error: on the same ids, |wasm file - fp32| stays within
+    # 1.5 x |q4 - fp32| (plus a small floor) at the last step
+    x = np.asarray([ids[:-1]])
+    mask = np.ones_like(x)
+    ref = run_ort(session(export / "onnx" / "model.onnx", {}), config, x, mask, positions(mask))[0][0, -1]
+    q4 = run_ort(session(export / entry.path, {}), config, x, mask, positions(mask))[0][0, -1]
+    err4, err8 = np.abs(q4 - ref).max(), np.abs(logits - ref).max()
+    assert err8 <= 1.5 * err4 + 1e-3, (err8, err4)
