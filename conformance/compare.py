@@ -11,13 +11,14 @@ a = np.random.randn(4, 8).astype('f4'); print(logit_stats(a, a + 1e-5))"
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from prodip.base.errors import InvalidInput
+from prodip.base.jsontypes import JSONObject
 from prodip.conformance.tolerances import load_tolerances as _load
 
 
@@ -149,7 +150,7 @@ def identical_prefix(ref_tokens: np.ndarray, cand_tokens: np.ndarray) -> int:
     return int(unequal[0]) if len(unequal) else n
 
 
-def tie_margin(table: Optional[dict[str, Any]]) -> float:
+def tie_margin(table: Optional[Mapping[str, object]]) -> float:
     """The reference margin (logits) below which a candidate's greedy ids may part from the reference's.
 
     Twice the table's ``max_abs_logit`` bound, else 0 (ids must be identical). Why twice: a candidate whose
@@ -184,7 +185,7 @@ class GreedyAgreement:
     margin: Optional[float]
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"agreed": self.agreed, "step": self.step, "margin": self.margin, "reason": self.reason}
 
 

@@ -415,7 +415,8 @@ def plant_chat_template_edited(src: Path, dst: Path, where: str = "gguf-f16") ->
 def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].path) -> Path:
     """The int4 file re-quantised with ONNX Runtime's ``com.microsoft.GatherBlockQuantized`` embedding
     lookup kept (``lower_embedding=False``): ONNX Runtime's CPU build has the kernel, onnxruntime-web's
-    WASM build does not. Only the ``model_q4.onnx`` contract graph is
+    WASM build does not. The WASM int4 file (the manifest's ``wasm_path``) is removed, as an export had none
+    before, so onnxruntime-web runs this file. Only the ``model_q4.onnx`` contract graph is
     rewritten (its ``_genai`` twin then reads stale weights: check this file with onnxruntime-web only)."""
     from prodip.export.genai import move_weights_out  # noqa: PLC0415
     from prodip.export.quantize import to_int4  # noqa: PLC0415
@@ -438,6 +439,16 @@ def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].p
         layout="matmulnbits",  # the qdq layout's tied lookup has no GatherBlockQuantized to keep
     )
     move_weights_out(dst, rel)  # as the export lays it out: weights in <file>_data
+    # the export as it was before the WASM int4 file existed: the WASM row then runs the planted file itself
+    manifest = load_manifest(dst)
+    extra = manifest.variants["int4"].__pydantic_extra__ or {}
+    wasm_rel, _ = extra.pop("wasm_path", None), extra.pop("wasm", None)
+    if wasm_rel:
+        (dst / wasm_rel).unlink(missing_ok=True)
+    save_manifest(dst, manifest)
+    cfg = _config(dst)
+    cfg.get("transformers.js_config", {}).pop("prodip_wasm_q4", None)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     refresh_manifest(dst)
     return dst
 

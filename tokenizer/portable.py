@@ -31,6 +31,7 @@ from typing import Any
 from tokenizers import models
 
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.jsontypes import JSONObject, JSONValue, obj
 
 
 @dataclass(frozen=True)
@@ -222,9 +223,7 @@ def sentencepiece_problems(tok_json: dict[str, Any]) -> list[str]:
     if not is_byte_fallback(tok_json):
         return ["not a byte-fallback BPE"]
     problems = []
-    norm = tok_json.get("normalizer") or {}
-    steps = norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
-    if steps != _SPM_NORMALIZER:
+    if _normalizer_steps(tok_json) != _SPM_NORMALIZER:
         problems.append("normaliser is not Llama 2's Prepend('▁') + Replace(' ', '▁')")
     if tok_json.get("pre_tokenizer") is not None:
         problems.append("a pre-tokenizer (llama.cpp's SentencePiece tokenizer has none)")
@@ -266,7 +265,13 @@ def sentencepiece_problems(tok_json: dict[str, Any]) -> list[str]:
 REBUILT_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast")
 
 
-def tokenizer_config_as_written(tok_json: dict[str, Any], tokenizer_config: dict[str, Any]) -> dict[str, Any]:
+def _normalizer_steps(tok_json: JSONObject) -> JSONValue:
+    """``tokenizer.json``'s normaliser as a list of steps (a ``Sequence``'s ``normalizers``, else the one)."""
+    norm = obj(tok_json.get("normalizer") or {}, where="tokenizer.json normalizer")
+    return norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
+
+
+def tokenizer_config_as_written(tok_json: JSONObject, tokenizer_config: JSONObject) -> JSONObject:
     """``tokenizer_config.json`` naming a class that runs ``tokenizer.json`` as written: a copy.
 
     A SentencePiece-derived fast tokenizer (byte fallback, Llama 2's ``Prepend("▁")`` + ``Replace(" ", "▁")``
@@ -284,12 +289,10 @@ def tokenizer_config_as_written(tok_json: dict[str, Any], tokenizer_config: dict
         A new dict (the input is not modified).
     """
     out = dict(tokenizer_config)
-    norm = tok_json.get("normalizer") or {}
-    steps = norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
     if (
         out.get("tokenizer_class") in REBUILT_CLASSES
         and is_byte_fallback(tok_json)
-        and steps == _SPM_NORMALIZER
+        and _normalizer_steps(tok_json) == _SPM_NORMALIZER
         and tok_json.get("pre_tokenizer") is None
     ):
         out["tokenizer_class"] = "PreTrainedTokenizerFast"

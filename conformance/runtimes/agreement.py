@@ -12,8 +12,8 @@ The margin of a row and variant is the row's ``greedy_margins`` entry
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def greedy_agrees(
     return all(v.agreed for v in verdicts), "; ".join(f"prompt {i}: {v.reason}" for i, v in enumerate(verdicts))
 
 
-def runtime_passed(res: dict[str, Any]) -> bool:
+def runtime_passed(res: Mapping[str, object]) -> bool:
     """A report's runtime record (``prodip.conformance.runtimes.RuntimeResult.to_dict``) met its row's rule:
     ``agrees`` where the variant is judged by a margin, else ``ids_identical``."""
     return bool(res.get("agrees", res.get("ids_identical")))

@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from prodip.base.jsontypes import JSONObject
 from prodip.conformance.runtimes.common import (
     GreedyJob,
     GreedyOutput,
@@ -74,7 +75,7 @@ def ortweb_greedy(
     return run_node(NODE_SCRIPT, job)
 
 
-def wasm_file(export_dir: Path, path: str) -> Optional[tuple[str, dict[str, Any]]]:
+def wasm_file(export_dir: Path, path: str) -> Optional[tuple[str, JSONObject]]:
     """The file the export's page loads on the WASM device instead of the variant file ``path``, with its options.
 
     The int4 variant's manifest entry names it (``wasm_path``: int4 weights requantised to 8-bit at load,
@@ -88,7 +89,7 @@ def wasm_file(export_dir: Path, path: str) -> Optional[tuple[str, dict[str, Any]
     if not rel or not isinstance(params, dict):
         return None
     shared = params.get("shares_weights_with")
-    options: dict[str, Any] = {
+    options: JSONObject = {
         "session": {k.removeprefix("session."): v for k, v in params.get("session_config", {}).items()}
     }
     if shared:

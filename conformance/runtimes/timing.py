@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 import numpy as np
 
@@ -135,7 +135,24 @@ def round_figures(t0: float, stamps: Sequence[float]) -> tuple[float, float]:
     return ttft, rate
 
 
-def timings_from_node(got: dict[str, Any], key: str, threads: int, version: str, count: Optional[int] = None) -> Timing:
+class NodeRound(TypedDict):
+    """One timed round of a Node timing script: ``performance.now()`` at the generate call and at each new token
+    (milliseconds)."""
+
+    t0: float
+    stamps: list[float]
+
+
+class NodeTimingAnswer(TypedDict, total=False):
+    """A Node timing script's answer for one file: its rounds, or the error that stopped it."""
+
+    rounds: list[NodeRound]
+    error: str
+
+
+def timings_from_node(
+    got: NodeTimingAnswer, key: str, threads: int, version: str, count: Optional[int] = None
+) -> Timing:
     """A :class:`Timing` from a Node timing script's answer for one file: ``{"rounds": [{"t0": ms, "stamps": [ms,
     ...]}, ...]}`` (``performance.now()`` readings, milliseconds) or ``{"error": str}``; ``key`` names the file
     in the error."""
