@@ -310,6 +310,15 @@ def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
     )
     with pytest.raises(InvalidInput, match="pte_max_seq_len = 8193 exceeds the model's max_position_embeddings = 8192"):
         export_checkpoint(long)
+    # SmolLM2's own 8192-token window plans 7 GiB, more than a phone lets an app hold (conformance of such a
+    # program on the exporting machine reached 23 GB resident): refused, and 1024 tokens is not
+    whole = ExportConfig(checkpoint=str(standins["smollm2"]), out=str(tmp_path / "whole"), variants=["pte-fp32"])
+    with pytest.raises(InvalidInput, match=r"plan 7\.\d GiB .*max_position_embeddings = 8192.*over the 4 GiB"):
+        export_checkpoint(whole)
+    short = ExportConfig(
+        checkpoint=str(standins["smollm2"]), out=str(tmp_path / "short"), variants=["pte-fp32"], pte_max_seq_len=1024
+    )
+    assert export_checkpoint(short) is not None and (tmp_path / "short" / "executorch" / "model.pte").is_file()
     assert not (tmp_path / "long").exists()
     with pytest.raises(InvalidInput, match="pte_max_seq_len must be >= 0"):
         ExportConfig(pte_max_seq_len=-1)
