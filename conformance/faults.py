@@ -441,10 +441,11 @@ def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].p
     move_weights_out(dst, rel)  # as the export lays it out: weights in <file>_data
     # the export as it was before the WASM int4 file existed: the WASM row then runs the planted file itself
     manifest = load_manifest(dst)
-    extra = manifest.variants["int4"].__pydantic_extra__ or {}
-    wasm_rel, _ = extra.pop("wasm_path", None), extra.pop("wasm", None)
-    if wasm_rel:
-        (dst / wasm_rel).unlink(missing_ok=True)
+    entry = manifest.variants["int4"]
+    if entry.wasm_path:
+        (dst / entry.wasm_path).unlink(missing_ok=True)
+    kept = entry.model_dump(mode="python", exclude_unset=True, exclude={"wasm_path", "wasm"})
+    manifest.variants["int4"] = type(entry).model_validate(kept)
     save_manifest(dst, manifest)
     cfg = _config(dst)
     cfg.get("transformers.js_config", {}).pop("prodip_wasm_q4", None)

@@ -18,7 +18,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from prodip.base.jsontypes import JSONObject
+from prodip.base.jsontypes import JSONObject, obj, text
 from prodip.conformance.runtimes.common import (
     GreedyJob,
     GreedyOutput,
@@ -85,14 +85,15 @@ def wasm_file(export_dir: Path, path: str) -> Optional[tuple[str, JSONObject]]:
     from prodip.base.manifest import load_manifest  # noqa: PLC0415
 
     entry = next((v for v in load_manifest(export_dir).variants.values() if v.path == path), None)
-    rel, params = getattr(entry, "wasm_path", None), getattr(entry, "wasm", None)
-    if not rel or not isinstance(params, dict):
+    rel, params = (entry.wasm_path, entry.wasm) if entry is not None else (None, None)
+    if not rel or params is None:
         return None
+    where = f"{export_dir}/manifest.json variant {path} wasm"
+    session = obj(params.get("session_config") or {}, where=where)
+    options: JSONObject = {"session": {k.removeprefix("session."): v for k, v in session.items()}}
     shared = params.get("shares_weights_with")
-    options: JSONObject = {
-        "session": {k.removeprefix("session."): v for k, v in params.get("session_config", {}).items()}
-    }
     if shared:
+        shared = text(shared, where=where)
         options["external_data"] = [[shared, str(Path(path).with_name(shared))]]
     return rel, options
 

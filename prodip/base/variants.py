@@ -267,6 +267,11 @@ class VariantEntry(RecordPart):
     genai_default: StrictBool | None = None
     #: ``.pte``: the file its runner reads its tokenizer from (others read ``tokenizer.json``)
     tokenizer: str | None = None
+    #: ONNX int4 (qdq layout): the graph the export's page loads on onnxruntime-web's WASM device instead (the
+    #: same int4 weights, folded to 8-bit at load: ``prodip.export.quantize.to_int4_wasm``), and its writer's
+    #: parameters (``shares_weights_with``, ``session_config``, ...)
+    wasm_path: str | None = None
+    wasm: JSONObject | None = None
 
     @model_validator(mode="after")
     def _quantization_fits_format(self) -> VariantEntry:

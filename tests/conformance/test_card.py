@@ -35,7 +35,7 @@ def test_export_writes_the_card_into_every_artifact(tiny_artifacts):
     assert "| bn-news | bn (news Bangla) |" in card.text and "| 3,000 |" in card.text  # tokens seen in training
     onnx_files = sorted(export.rglob("*.onnx"))
     onnx_variants = [manifest.variants[name] for name in manifest.formats("onnx")]
-    listed = {v.path for v in onnx_variants} | {v.genai_path for v in onnx_variants if v.genai_path}
+    listed = {v.path for v in onnx_variants} | {p for v in onnx_variants for p in (v.genai_path, v.wasm_path) if p}
     assert {p.relative_to(export).as_posix() for p in onnx_files} == listed and len(listed) >= 4
     for path in onnx_files:
         props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
