@@ -46,7 +46,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
-from prodip.base.files import file_sha256
+from prodip.base.files import check_safetensors_size, file_sha256
 from prodip.tokenizer.audit import gate_failures, load_heldout, measure_languages, parity_failures, parity_texts
 from prodip.tokenizer.config import ExtendConfig
 from prodip.tokenizer.corpus import expand_inputs, iter_language
@@ -301,7 +301,8 @@ def resize_model(base: Path, out: Path, first_new: int, pieces: list[list[int]])
         ``{vocab_size_before, vocab_size, tied, dtype, files: [names rewritten], shards: [every weights file]}``.
 
     Raises:
-        MissingInput: no config.json or weights. InvalidInput: no ``model.embed_tokens.weight``.
+        MissingInput: no config.json or weights. InvalidInput: no ``model.embed_tokens.weight``; a
+            weights file truncated or tampered (:func:`prodip.base.files.check_safetensors_size`).
     """
     from safetensors import safe_open  # noqa: PLC0415 (the train extra)
     from safetensors.numpy import load_file, save_file  # noqa: PLC0415 (bf16 through ml_dtypes)
@@ -318,10 +319,13 @@ def resize_model(base: Path, out: Path, first_new: int, pieces: list[list[int]])
         weight_map: dict[str, str] = index["weight_map"]
     elif (base / "model.safetensors").is_file():
         index, weight_map = None, {}
+        check_safetensors_size(base / "model.safetensors")  # before safe_open, which names no file
         with safe_open(str(base / "model.safetensors"), framework="numpy") as f:
             weight_map = {k: "model.safetensors" for k in f.keys()}
     else:
         raise MissingInput(f"{base}: no model.safetensors or model.safetensors.index.json")
+    for name in sorted(set(weight_map.values())) if index is not None else []:
+        check_safetensors_size(base / name)  # a named error instead of "file not fully covered"
     embed = next((k for k in _EMBED_KEYS if k in weight_map), None)
     if embed is None:
         raise InvalidInput(f"{base}: no tensor {_EMBED_KEYS[0]} in the weights")
