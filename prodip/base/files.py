@@ -95,7 +95,10 @@ def check_safetensors_size(path: str | os.PathLike[str]) -> None:
         header = None
     if not isinstance(header, dict):
         raise InvalidInput(f"{path}: {size} bytes, not a safetensors file (no readable header; truncated or damaged)")
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    offsets = [v.get("data_offsets") if isinstance(v, dict) else None for k, v in header.items() if k != "__metadata__"]
+    if not all(isinstance(o, list) and len(o) == 2 and isinstance(o[1], int) for o in offsets):
+        raise InvalidInput(f"{path}: {size} bytes, a safetensors header without a tensor's data_offsets (damaged)")
+    ends = [o[1] for o in offsets if isinstance(o, list)]
     want = 8 + n + max(ends, default=0)
     if size != want:
         raise InvalidInput(f"{path}: {size} bytes, its safetensors header says {want} (truncated or tampered)")

@@ -432,3 +432,12 @@ def test_a_truncated_weights_file_is_named_in_one_line(tmp_path, capsys):
         lines = capsys.readouterr().err.strip().splitlines()
         assert lines[-1].endswith(want) and "Traceback" not in "\n".join(lines), (args, lines)
         assert not (tmp_path / "X").exists() and not (tmp_path / "E").exists()
+    # cut inside the header, or a header naming no data_offsets: named too, not a parser's traceback
+    with open(weights, "r+b") as fh:
+        fh.truncate(20)
+    with pytest.raises(InvalidInput, match=r"model\.safetensors: 20 bytes, not a safetensors file"):
+        load_init(folder, tokenizer_sha256=None)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1]}}).encode()
+    weights.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(InvalidInput, match="without a tensor's data_offsets"):
+        load_init(folder, tokenizer_sha256=None)
