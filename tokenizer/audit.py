@@ -527,7 +527,8 @@ def format_table(report: FertilityReport) -> str:
         lines.append(format_parity(report.parity))
     gate = report.gate
     if gate.min_chars_per_token or report.parity:
-        lines.append("gate: " + ("PASSED" if gate.passed else "FAILED: " + "; ".join(gate.failures)))
+        # the failures themselves are the command's one error line (StageFailed), not repeated here
+        lines.append("gate: " + ("PASSED" if gate.passed else "FAILED"))
     return "\n".join(lines)
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from typing import Any
 
 from prodip.base.config import add_arguments, resolve
+from prodip.base.errors import StageFailed
 from prodip.tokenizer.audit import format_table, run_audit
 from prodip.tokenizer.bpe import train_tokenizer
 from prodip.tokenizer.config import AuditConfig, DataPrepareConfig, ExtendConfig, TokenizerTrainConfig
@@ -34,7 +34,7 @@ _VERBS: list[tuple[str, str, type[Any], str, str]] = [
         "audit",
         AuditConfig,
         "audit",
-        "fertility per language and runtime parity on held-out text -> fertility.json + tables; exit 1 if "
+        "fertility per language and runtime parity on held-out text -> fertility.json + tables; exit 2 if "
         "the gate fails",
     ),
     (
@@ -43,7 +43,8 @@ _VERBS: list[tuple[str, str, type[Any], str, str]] = [
         ExtendConfig,
         "extend",
         "append tokens learned on a corpus to a base model's byte-level BPE (every base id kept), resize its "
-        "embeddings -> a new Hugging Face folder + extension.json; exit 1 if the fertility gate fails",
+        "embeddings -> a new Hugging Face folder + extension.json; if the fertility gate fails, exit 2 "
+        "and write nothing",
     ),
     (
         "data",
@@ -72,9 +73,8 @@ def _train(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     report = run_audit(_cfg(args))
     print(format_table(report))
-    if not report.gate.passed:
-        print("fertility gate failed: " + "; ".join(report.gate.failures), file=sys.stderr)
-        return 1
+    if not report.gate.passed:  # one line, exit 2, as every failed gate (docs/pipeline.md)
+        raise StageFailed("fertility gate failed: " + "; ".join(report.gate.failures))
     return 0
 
 
@@ -86,9 +86,10 @@ def _extend(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, base=args.base_folder)
     record = extend(cfg)
     print(format_record(record))
-    if not record["gate"]["passed"]:
-        print("fertility gate failed: " + "; ".join(record["gate"]["failures"]), file=sys.stderr)
-        return 1
+    if not record["gate"]["passed"]:  # nothing was written (extend); one line, exit 2, as every failed gate
+        raise StageFailed(
+            "fertility gate failed: " + "; ".join(record["gate"]["failures"]) + f"; nothing written to {record['out']}"
+        )
     return 0
 
 

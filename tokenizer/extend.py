@@ -22,7 +22,8 @@ token). Extension learns new merges on the user's corpus *as the base tokenizes 
    safetensors, bf16 through ``ml_dtypes`` (round to nearest even), no torch.
 5. The held-out text is audited before and after (tokenizer/audit.py: chars/token per language) with
    the same gate as ``prodip tokenizer audit`` and the runtime parity check (tokenizer/parity.py), and
-   ``extension.json`` records what was added. The folder is written to ``OUT.tmp`` and renamed.
+   ``extension.json`` records what was added. The folder is written to ``OUT.tmp`` and renamed only
+   when the gate passes; a failed gate writes nothing.
 
     prodip tokenizer extend BASE_HF_FOLDER --inputs bn=data/bn --new-tokens 4000 --out runs/extended \
         --heldout bn=data/heldout/udhr_ben.txt,en=data/heldout/udhr_eng.txt --min-chars-per-token bn=2.5
@@ -46,7 +47,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
-from prodip.base.files import file_sha256
+from prodip.base.files import check_safetensors_size, file_sha256
 from prodip.tokenizer.audit import gate_failures, load_heldout, measure_languages, parity_failures, parity_texts
 from prodip.tokenizer.config import ExtendConfig
 from prodip.tokenizer.corpus import expand_inputs, iter_language
@@ -301,7 +302,8 @@ def resize_model(base: Path, out: Path, first_new: int, pieces: list[list[int]])
         ``{vocab_size_before, vocab_size, tied, dtype, files: [names rewritten], shards: [every weights file]}``.
 
     Raises:
-        MissingInput: no config.json or weights. InvalidInput: no ``model.embed_tokens.weight``.
+        MissingInput: no config.json or weights. InvalidInput: no ``model.embed_tokens.weight``; a
+            weights file truncated or tampered (:func:`prodip.base.files.check_safetensors_size`).
     """
     from safetensors import safe_open  # noqa: PLC0415 (the train extra)
     from safetensors.numpy import load_file, save_file  # noqa: PLC0415 (bf16 through ml_dtypes)
@@ -318,10 +320,13 @@ def resize_model(base: Path, out: Path, first_new: int, pieces: list[list[int]])
         weight_map: dict[str, str] = index["weight_map"]
     elif (base / "model.safetensors").is_file():
         index, weight_map = None, {}
+        check_safetensors_size(base / "model.safetensors")  # before safe_open, which names no file
         with safe_open(str(base / "model.safetensors"), framework="numpy") as f:
             weight_map = {k: "model.safetensors" for k in f.keys()}
     else:
         raise MissingInput(f"{base}: no model.safetensors or model.safetensors.index.json")
+    for name in sorted(set(weight_map.values())) if index is not None else []:
+        check_safetensors_size(base / name)  # a named error instead of "file not fully covered"
     embed = next((k for k in _EMBED_KEYS if k in weight_map), None)
     if embed is None:
         raise InvalidInput(f"{base}: no tensor {_EMBED_KEYS[0]} in the weights")
@@ -381,6 +386,10 @@ def default_out(base: str) -> Path:
 
 def extend(cfg: ExtendConfig) -> dict[str, Any]:
     """Run the extension (module docstring) and return the record written to ``OUT/extension.json``.
+
+    The folder is built under ``OUT.tmp`` and renamed to ``OUT`` only when the gate passes (as every
+    artifact: complete, or not there). A failed gate writes nothing and leaves an earlier ``OUT`` as it
+    was; the returned record (``gate.passed`` false) says why, and the caller raises.
 
     Raises:
         InvalidInput: no base, no inputs, a base that is not byte-level BPE, ``new_tokens`` < 1.
@@ -514,10 +523,13 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
             "failures": failures,
         }
         record["seconds"] = round(time.time() - started, 1)
-        (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        if failures:  # a rejected extension is not left where `data prepare`/`train` would take it
+            shutil.rmtree(tmp)
+        else:
+            (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -528,7 +540,8 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
 def format_record(record: dict[str, Any]) -> str:
     """The extension as text: what was added, fertility before/after per language, the gate."""
     lines = [
-        f"extended {record['base']} -> {record.get('out', '')}: +{record['added_tokens']} tokens "
+        f"extended {record['base']} -> {record.get('out', '')}"
+        f"{'' if record['gate']['passed'] else ' (not written: the gate failed)'}: +{record['added_tokens']} tokens "
         f"(ids {record['first_new_id']}..{record['first_new_id'] + record['added_tokens'] - 1}), "
         f"vocab {record['base_vocab']} -> {record['vocab']}"
     ]
@@ -553,5 +566,6 @@ def format_record(record: dict[str, Any]) -> str:
     if record.get("parity"):
         lines.append(format_parity(record["parity"]))
     gate = record["gate"]
-    lines.append("gate: " + ("PASSED" if gate["passed"] else "FAILED: " + "; ".join(gate["failures"])))
+    # the failures themselves are the command's one error line (StageFailed), not repeated here
+    lines.append("gate: " + ("PASSED" if gate["passed"] else "FAILED"))
     return "\n".join(lines)

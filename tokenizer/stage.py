@@ -76,10 +76,10 @@ def tokenizer_run(cfg: TokenizerStageConfig, ctx: RunContext | None = None) -> N
         record = extend.extend(dataclasses.replace(cfg.extend, overwrite=True))
         print(extend.format_record(record), flush=True)
         if not record["gate"]["passed"]:
-            raise StageFailed(
+            raise StageFailed(  # extend wrote nothing: the record printed above holds the figures
                 "extended tokenizer's gate failed: "
                 + "; ".join(record["gate"]["failures"])
-                + f" (see {Path(cfg.extend.out) / extend.RECORD_FILE})"
+                + f"; nothing written to {cfg.extend.out}"
             )
         return
     # Not done means never trained, or audited and failed: (re)train, since the [tokenizer] table

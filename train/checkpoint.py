@@ -462,8 +462,14 @@ def _prune(root: Path, keep_last: int, keep: str) -> None:
 
 
 # ---- reading ---------------------------------------------------------------------------------
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike, *, or_hf_folder: bool = False) -> Path:
     """Find a step dir from a step dir, a checkpoints dir or a run dir (following ``latest``).
+
+    Args:
+        path: the dir given on the command line.
+        or_hf_folder: the command also reads a Hugging Face folder (``prodip export``, ``prodip
+            conformance``): the no-checkpoint message names that layout too, and which of its files
+            are missing, so a folder lacking ``config.json`` is not taken for a bad checkpoint.
 
     Raises:
         FileNotFoundError: nothing checkpoint-like at ``path``, ``latest`` names a missing dir, or ``path``
@@ -484,9 +490,18 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             if not (step / MANIFEST_FILE).is_file():
                 raise MissingInput(f"{latest} names {name!r} but {step} holds no {MANIFEST_FILE}")
             return step
+    prodip = (
+        f"a step dir with {MANIFEST_FILE}, or a run/checkpoints dir with a '{LATEST_FILE}' file; made by `prodip train`"
+    )
+    if not or_hf_folder:
+        raise MissingInput(f"{path}: no checkpoint (expected {prodip})")
+    hf_files = ("config.json", "model.safetensors", "tokenizer.json")
+    missing = [f for f in hf_files if not (path / f).is_file()]
+    if "model.safetensors" in missing and (path / "model.safetensors.index.json").is_file():
+        missing.remove("model.safetensors")  # sharded weights
     raise MissingInput(
-        f"{path}: no checkpoint (expected a step dir with {MANIFEST_FILE}, or a "
-        f"run/checkpoints dir with a '{LATEST_FILE}' file; made by `prodip train`)"
+        f"{path}: neither a prodip checkpoint ({prodip}) nor a Hugging Face folder "
+        f"({' + '.join(hf_files)}; missing here: {', '.join(missing)})"
     )
 
 
@@ -501,7 +516,7 @@ def require_checkpoint_tokenizer(checkpoint: str | os.PathLike) -> Path:
         FileNotFoundError: no checkpoint there, or its ``tokenizer/tokenizer.json`` is missing
             (named, with the command that writes it).
     """
-    ckpt = resolve_checkpoint(checkpoint)
+    ckpt = resolve_checkpoint(checkpoint, or_hf_folder=True)  # its callers read HF folders too
     tok = ckpt / TOKENIZER_SUBDIR / "tokenizer.json"
     if not tok.is_file():
         raise MissingInput(

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.files import file_sha256
+from prodip.base.files import check_safetensors_size, file_sha256
 from prodip.base.specials import Specials, read_specials
 from prodip.train import checkpoint
 from prodip.train.config import ModelConfig, check_rope_scaling
@@ -74,7 +74,7 @@ def load_init(path: str | Path, *, tokenizer_sha256: Optional[str]) -> InitWeigh
     Raises:
         FileNotFoundError: nothing at ``path``, or no weights file.
         ValueError: a prodip checkpoint trained with another tokenizer, a damaged checkpoint
-            (manifest mismatch), an HF config we cannot represent (naming the key), missing tensors.
+            (manifest mismatch), a HF weights file truncated or tampered (its size against its header), an HF config we cannot represent (naming the key), missing tensors.
     """
     path = Path(path)
     if not path.exists():
@@ -188,6 +188,7 @@ def _load_hf(path: Path, tokenizer_sha256: Optional[str]) -> InitWeights:
     files = _hf_weight_files(path)
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
+        check_safetensors_size(f)  # a named error instead of safetensors' "file not fully covered"
         tensors.update(load_file(str(f)))
     tensors = {k: v.float() for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
     tok = path / "tokenizer.json"

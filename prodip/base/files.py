@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from prodip.base.errors import WriteFailed
+from prodip.base.errors import InvalidInput, WriteFailed
 from prodip.base.jsontypes import JSONObject
 
 # The write errors a user fixes by making room, raising a limit or choosing another folder.
@@ -68,6 +68,40 @@ def read_json_or_none(path: str | os.PathLike[str]) -> JSONObject | None:
     except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def check_safetensors_size(path: str | os.PathLike[str]) -> None:
+    """Refuse a ``.safetensors`` file whose size differs from what its own header describes.
+
+    A file with no manifest (a Hugging Face folder's weights) is checked against itself: the format
+    (https://github.com/huggingface/safetensors, "Format") is an 8-byte little-endian header length N,
+    N bytes of JSON whose tensors' ``data_offsets`` [begin, end) index the data that follows, so a whole
+    file is ``8 + N + max(end)`` bytes. Only the header is read. Without this, safetensors' loader fails
+    with "incomplete metadata, file not fully covered", which names no file.
+
+    Raises:
+        InvalidInput: the file is shorter or longer than its header says (truncated or tampered), or its
+            header is not a safetensors header; naming the file and both sizes.
+        OSError: the file cannot be read (FileNotFoundError when it is missing).
+    """
+    size = os.stat(path).st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        raw = fh.read(n) if 0 < n <= size - 8 else b""
+    try:
+        header = json.loads(raw) if raw else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise InvalidInput(f"{path}: {size} bytes, not a safetensors file (no readable header; truncated or damaged)")
+    offsets = [v.get("data_offsets") if isinstance(v, dict) else None for k, v in header.items() if k != "__metadata__"]
+    if not all(isinstance(o, list) and len(o) == 2 and isinstance(o[1], int) for o in offsets):
+        raise InvalidInput(f"{path}: {size} bytes, a safetensors header without a tensor's data_offsets (damaged)")
+    ends = [o[1] for o in offsets if isinstance(o, list)]
+    want = 8 + n + max(ends, default=0)
+    if size != want:
+        raise InvalidInput(f"{path}: {size} bytes, its safetensors header says {want} (truncated or tampered)")
 
 
 def room_errno(err: BaseException) -> int | None:

@@ -299,3 +299,22 @@ def test_conflicting_checkpoints_are_refused(tmp_path, capsys):
 
     assert main(["export", str(tmp_path / "a"), "--checkpoint", str(tmp_path / "b"), "--out", str(tmp_path / "e")]) == 2
     assert "two checkpoints given" in capsys.readouterr().err and not (tmp_path / "e").exists()
+
+
+def test_a_hf_folder_without_config_json_names_both_layouts(tmp_path, capsys):
+    """A folder with a Hugging Face model's weights and tokenizer but no config.json: the message names
+    what a prodip checkpoint holds and what a HF folder holds, and that config.json is the missing file."""
+    from prodip.cli import main
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(folder / "model.safetensors"))
+    (folder / "tokenizer.json").write_text("{}", encoding="utf-8")
+    assert main(["export", str(folder), "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"prodip export: error: {folder}: neither a prodip checkpoint (a step dir with manifest.json, or a "
+        "run/checkpoints dir with a 'latest' file; made by `prodip train`) nor a Hugging Face folder "
+        "(config.json + model.safetensors + tokenizer.json; missing here: config.json)"
+    )
+    assert not (tmp_path / "e").exists()

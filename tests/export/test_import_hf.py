@@ -404,3 +404,49 @@ def test_card_states_the_base_licence_and_hub_name(standins, tmp_path):
     assert card.license.license == "apache-2.0" and "(licence: apache-2.0)" in card.statement.text
     readme = (out / "README.md").read_text()
     assert "license: apache-2.0" in readme and "`HuggingFaceTB/SmolLM2-135M-Instruct`" in readme
+
+
+def test_a_truncated_weights_file_is_named_in_one_line(tmp_path, capsys):
+    """A cut-short model.safetensors in a HF folder: every command reading it (export, --init-from,
+    tokenizer extend) names the file and both sizes, as a truncated training checkpoint does."""
+    from prodip.cli import main
+
+    folder = build_standin("smollm2", tmp_path / "S")
+    weights = folder / "model.safetensors"
+    whole = weights.stat().st_size
+    with open(weights, "r+b") as fh:
+        fh.truncate(whole // 2)
+    want = f"{weights}: {whole // 2} bytes, its safetensors header says {whole} (truncated or tampered)"
+    with pytest.raises(InvalidInput) as err:
+        load_init(folder, tokenizer_sha256=None)
+    assert str(err.value) == want
+    corpus = tmp_path / "bn.txt"
+    corpus.write_text("আমার সোনার বাংলা আমি তোমায় ভালোবাসি\n" * 50, encoding="utf-8")
+    runs = (
+        ["export", str(folder), "--out", str(tmp_path / "X")],
+        [
+            "tokenizer",
+            "extend",
+            str(folder),
+            "--inputs",
+            f"bn={corpus}",
+            "--new-tokens",
+            "20",
+            "--out",
+            str(tmp_path / "E"),
+        ],
+    )
+    for args in runs:
+        assert main(args) == 2, args
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1].endswith(want) and "Traceback" not in "\n".join(lines), (args, lines)
+        assert not (tmp_path / "X").exists() and not (tmp_path / "E").exists()
+    # cut inside the header, or a header naming no data_offsets: named too, not a parser's traceback
+    with open(weights, "r+b") as fh:
+        fh.truncate(20)
+    with pytest.raises(InvalidInput, match=r"model\.safetensors: 20 bytes, not a safetensors file"):
+        load_init(folder, tokenizer_sha256=None)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1]}}).encode()
+    weights.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(InvalidInput, match="without a tensor's data_offsets"):
+        load_init(folder, tokenizer_sha256=None)

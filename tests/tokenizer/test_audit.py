@@ -88,10 +88,13 @@ def test_gate_failure_names_language_figure_threshold(tok_dir, heldout, capsys):
         "--parity",
         "off",
     ]
-    assert prodip_main(args) == 1
+    assert prodip_main(args) == 2  # a failed gate: one line, exit 2 (docs/pipeline.md)
     captured = capsys.readouterr()
-    assert "chars/tok" in captured.out
-    assert "bn: " in captured.err and "below the minimum 50" in captured.err
+    assert "chars/tok" in captured.out and "gate: FAILED" in captured.out
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("prodip tokenizer: error: fertility gate failed: bn: "), err
+    assert "below the minimum 50" in err[0]
+    assert "below the minimum" not in captured.out  # the failure is printed once, on stderr
     with pytest.raises(ValueError, match=r"bn: \d+\.\d+ chars/token is below the minimum 50") as err:
         check_gate(tok_dir)
     assert str(err.value).endswith("(retrain the tokenizer, or pass --force ([train] force = true) to train anyway)")

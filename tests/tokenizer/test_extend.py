@@ -237,14 +237,29 @@ def test_cli_extends_and_records(bases, corpus, heldout, tmp_path, capsys):
         encoding="utf-8",
     )
     args = ["tokenizer", "extend", str(bases["qwen25"]), "--config", str(toml), "--out", str(out)]
-    assert prodip_main(args) == 1  # extended, but the (impossible) gate fails
+    assert prodip_main(args) == 2  # extended, but the (impossible) gate fails: one line, exit 2
     captured = capsys.readouterr()
-    assert "+100 tokens" in captured.out and "bn: " in captured.err and "no vocabulary reaches it" in captured.err
-    assert "Traceback" not in captured.err
+    assert "+100 tokens" in captured.out and "gate: FAILED" in captured.out and "(not written" in captured.out
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("prodip tokenizer: error: fertility gate failed: bn: "), err
+    assert "no vocabulary reaches it" in err[0] and err[0].endswith(f"; nothing written to {out}")
+    assert "no vocabulary reaches it" not in captured.out  # printed once
+    # a rejected extension leaves nothing a later stage could take for a tokenizer dir
+    assert not out.exists() and not out.with_name("ext.tmp").exists()
+    assert prodip_main(["data", "prepare", "--tokenizer-dir", str(out), "--inputs", f"bn={corpus['bn']}"]) == 2
+    capsys.readouterr()
+    # the same extension under a reachable minimum is written, with its record
+    toml.write_text(toml.read_text(encoding="utf-8").replace("bn = 50.0", "bn = 0.1"), encoding="utf-8")
+    assert prodip_main(args) == 0
     record = json.loads((out / "extension.json").read_text(encoding="utf-8"))
-    assert record["added_tokens"] == 100 and record["gate"]["passed"] is False
+    assert record["added_tokens"] == 100 and record["gate"]["passed"] is True
     assert record["base_tokenizer_sha256"] != record["tokenizer_sha256"]
     assert set(record["weights_sha256"]) == {"model.safetensors"}
+    # a later failing run with --overwrite leaves that accepted folder as it was
+    toml.write_text(toml.read_text(encoding="utf-8").replace("bn = 0.1", "bn = 50.0"), encoding="utf-8")
+    before = (out / "extension.json").read_bytes()
+    assert prodip_main([*args, "--overwrite", "true"]) == 2
+    assert (out / "extension.json").read_bytes() == before
 
 
 @pytest.mark.slow
