@@ -90,7 +90,7 @@ def test_every_html_document_declares_utf8_before_any_text():
     assert any("devices.md" in where for where, _ in docs)  # the "page of your own" snippet is among them
     for where, text in docs:
         head = text[:1024].lower()  # the HTML spec's prescan looks at the first 1024 bytes
-        assert '<meta charset="utf-8">' in head, f"{where}: no <meta charset=\"utf-8\"> in its first 1024 bytes"
+        assert '<meta charset="utf-8">' in head, f'{where}: no <meta charset="utf-8"> in its first 1024 bytes'
         assert head.index('<meta charset="utf-8">') < min(
             (head.index(t) for t in ("<script", "<body", "<title") if t in head), default=len(head)
         ), f"{where}: the charset must come before any script, title or body"
