@@ -395,3 +395,22 @@ def test_card_states_the_base_licence_and_hub_name(standins, tmp_path):
     assert card.license.license == "apache-2.0" and "(licence: apache-2.0)" in card.statement.text
     readme = (out / "README.md").read_text()
     assert "license: apache-2.0" in readme and "`HuggingFaceTB/SmolLM2-135M-Instruct`" in readme
+
+
+def test_an_import_without_a_known_licence_claims_none_and_passes_the_card_check(standins, tmp_path):
+    """No README licence and none in config.json: the card, its front matter, the ONNX metadata agree on no
+    licence (no `license: other` / `base-model-licence`), the opening says imported unchanged, and conformance's
+    card check finds nothing."""
+    from huggingface_hub import ModelCard
+
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance.card import card_problems
+
+    folder = _edited(standins["smollm2"], tmp_path / "folder", license=None)
+    (folder / "README.md").unlink(missing_ok=True)
+    out = _export(folder, tmp_path / "export", "fp32")
+    assert load_manifest(out).card.license is None
+    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "license" not in ModelCard(text).data.to_dict() and "base-model-licence" not in text
+    assert "imported and exported unchanged by prodip (not trained)" in text and "trained from scratch" not in text
+    assert card_problems(out) == []
