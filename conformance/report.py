@@ -96,7 +96,7 @@ def _fmt_failed(value: Any, fmt: str, tolerance: Any) -> str:
 def _cell(
     metrics: dict[str, Any], key: str | None, fmt: str | None, header: str, checks: Sequence[dict[str, Any]] = ()
 ) -> str:
-    if key is not None:
+    if key is not None and fmt is not None:
         failed = [c for c in checks if c["metric"] == key and c["passed"] is False]
         return _fmt_failed(metrics.get(key), fmt, failed[0]["tolerance"]) if failed else _fmt(metrics.get(key), fmt)
     prefix = "kv_cache" if header.startswith("KV") else "padded_batch"
