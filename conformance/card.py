@@ -67,9 +67,9 @@ QUALITY_HEADING = "## Quality"
 def _front_matter_expected(card: Card) -> dict[str, Any]:
     lic = card.license
     return {
-        "license": lic.license,
-        "license_name": lic.license_name,
-        "license_link": lic.license_link,
+        "license": lic.license if lic else None,
+        "license_name": lic.license_name if lic else None,
+        "license_link": lic.license_link if lic else None,
         "language": card.languages or None,
         "datasets": card.datasets or None,
         "base_model": card.base_model,
@@ -114,7 +114,9 @@ def hub_problems(data: dict[str, Any]) -> list[str]:
     ``license_name``, a ``base_model`` that is not a Hub model id (a local path)."""
     problems = []
     lic = data.get("license")
-    if lic not in HUB_LICENSE_IDS:
+    if lic is None:  # no licence claimed (an import whose base states none): the Hub allows a card without one
+        pass
+    elif lic not in HUB_LICENSE_IDS:
         problems.append(
             f"{README_FILE}: license {lic!r} is not a Hub licence id (https://huggingface.co/docs/hub/"
             "repositories-licenses); re-export with this prodip"
@@ -135,9 +137,9 @@ def _gguf_problems(path: Path, rel: str, card: Card) -> list[str]:
     fields = reader.fields
     lic = card.license
     want: dict[str, Any] = {
-        "general.license": lic.license,
-        "general.license.name": lic.license_name,
-        "general.license.link": lic.license_link,
+        "general.license": lic.license if lic else None,
+        "general.license.name": lic.license_name if lic else None,
+        "general.license.link": lic.license_link if lic else None,
         "general.languages": card.languages or None,
         "general.tags": card.tags,
         "general.dataset.count": len(card.sources),

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 from safetensors.torch import load_file, save_file
 
+from prodip.base.card import CardLicense
 from prodip.base.errors import InvalidInput
 from prodip.base.manifest import (
     FileEntry,
@@ -368,7 +369,7 @@ def plant_card_licence_not_on_hub(src: Path, dst: Path, licence: str = "odc-by-1
     manifest = load_manifest(dst)
     if manifest.card is None:
         raise InvalidInput(f"{dst}: no card in the manifest (an export made before model cards)")
-    manifest.card.license = type(manifest.card.license).model_validate({"license": licence})
+    manifest.card.license = CardLicense.model_validate({"license": licence})
     save_manifest(dst, manifest)
     write_card(dst, manifest.card, manifest.variants)
     refresh_manifest(dst)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +63,42 @@ def _fmt(value: Any, fmt: str) -> str:
         return str(value)
 
 
-def _cell(metrics: dict[str, Any], key: str | None, fmt: str | None, header: str) -> str:
-    if key is not None:
-        return _fmt(metrics.get(key), fmt)
+_PRECISION = re.compile(r"\{:\.(\d+)([efg%])\}")
+
+
+def _fmt_failed(value: Any, fmt: str, tolerance: Any) -> str:
+    """A failed check's value as :func:`_fmt` writes it, with more digits where that text equals a bound's.
+
+    Rounding is monotonic, so a value on the failing side of a bound prints either beyond it or equal to it
+    (top-1 0.94996 against ``min 0.95`` is "95.00%"); equal, the precision of ``fmt`` (``{:.2%}``, ``{:.3g}``,
+    ``{:.1e}``) is raised one digit at a time, up to 17 significant digits (a float's ``repr``), until it differs.
+
+    Args:
+        value: the measured value (any type; non-numbers are written as :func:`_fmt` does).
+        fmt: a format with a precision, e.g. ``"{:.2%}"``; other formats are used unchanged.
+        tolerance: the check's tolerance, ``{"min"|"max"|"equals": bound}``; non-numeric bounds are ignored.
+    Returns:
+        The text, e.g. ``"94.996%"``.
+    """
+    text = _fmt(value, fmt)
+    bounds = [b for b in (tolerance or {}).values() if isinstance(b, (int, float)) and not isinstance(b, bool)]
+    m = _PRECISION.fullmatch(fmt)
+    if m is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return text
+    digits, kind = int(m.group(1)), m.group(2)
+    while any(text == _fmt(b, fmt) for b in bounds) and digits < 17:
+        digits += 1
+        fmt = f"{{:.{digits}{kind}}}"
+        text = _fmt(value, fmt)
+    return text
+
+
+def _cell(
+    metrics: dict[str, Any], key: str | None, fmt: str | None, header: str, checks: Sequence[dict[str, Any]] = ()
+) -> str:
+    if key is not None and fmt is not None:
+        failed = [c for c in checks if c["metric"] == key and c["passed"] is False]
+        return _fmt_failed(metrics.get(key), fmt, failed[0]["tolerance"]) if failed else _fmt(metrics.get(key), fmt)
     prefix = "kv_cache" if header.startswith("KV") else "padded_batch"
     return f"{_fmt(metrics.get(prefix + '_max_abs'), '{:.1e}')} / {_fmt(metrics.get(prefix + '_kl_mean'), '{:.1e}')}"
 
@@ -77,7 +112,7 @@ def _failed_lines(name: str, checks: list[dict[str, Any]], metrics: dict[str, An
     for c in checks:
         if c["passed"] is False:
             lines.append(
-                f"- **{name}** `{c['metric']}` = {_fmt(c['value'], '{:.3g}')} "
+                f"- **{name}** `{c['metric']}` = {_fmt_failed(c['value'], '{:.3g}', c['tolerance'])} "
                 f"(tolerance {c['tolerance']}){' - ' + c['note'] if c.get('note') else ''}"
             )
             for key in _VARIANT_DETAILS.get(c["metric"], ()):
@@ -234,7 +269,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for name, res in report["candidates"].items():
         m = res["metrics"]
-        cells = [_cell(m, key, fmt, h) for h, key, fmt in COLUMNS]
+        cells = [_cell(m, key, fmt, h, res["checks"]) for h, key, fmt in COLUMNS]
         lines.append(
             f"| {name} | {'pass' if res['passed'] else '**FAIL**'} | "
             + " | ".join(cells)

@@ -280,17 +280,24 @@ def evaluate(cfg: ConformanceConfig) -> dict[str, Any]:
     return evaluate_run(cfg)[0]
 
 
-def evaluate_run(cfg: ConformanceConfig) -> tuple[dict[str, Any], RunOutcome]:
-    """Run every check: the report dict (nothing is written) and the typed outcome the verdict is merged from.
+@dataclass(frozen=True)
+class Preflight:
+    """What :func:`preflight_run` read and accepted: the inputs every check then runs on."""
+
+    export_dir: Path
+    manifest: ExportManifest
+    tol_path: Path
+    tolerances: dict[str, Any]
+    candidates: list[Candidate]
+
+
+def preflight_run(cfg: ConformanceConfig) -> Preflight:
+    """Refuse a run's bad arguments and inputs before anything is measured, written or removed
+    (:func:`preflight` on the config's export, tolerance file, variants and held-out text).
 
     Raises:
-        ValueError / FileNotFoundError: the export or checkpoint is missing or unreadable, the
-            checkpoint differs from the one the manifest names, the tolerance file is bad or lacks
-            a checked candidate's table, or a checked variant's file is missing (:func:`preflight`;
-            all raised before anything is measured).
+        ValueError / FileNotFoundError: see :func:`preflight`; also an empty ``export_dir``.
     """
-
-    t_start = time.perf_counter()
     if not cfg.export_dir:
         raise InvalidInput("ConformanceConfig.export_dir is empty: give the export dir made by `prodip export`")
     export_dir = Path(cfg.export_dir)
@@ -305,6 +312,26 @@ def evaluate_run(cfg: ConformanceConfig) -> tuple[dict[str, Any], RunOutcome]:
         heldout_files=cfg.heldout,
         heldout_tokens=cfg.heldout_tokens,
     )
+    return Preflight(export_dir, manifest, tol_path, tolerances, candidates)
+
+
+def evaluate_run(cfg: ConformanceConfig, checked: Optional[Preflight] = None) -> tuple[dict[str, Any], RunOutcome]:
+    """Run every check: the report dict (nothing is written) and the typed outcome the verdict is merged from.
+
+    Args:
+        cfg: the resolved config.
+        checked: its :func:`preflight_run`, when the caller already ran it; run here otherwise.
+    Raises:
+        ValueError / FileNotFoundError: the export or checkpoint is missing or unreadable, the
+            checkpoint differs from the one the manifest names, the tolerance file is bad or lacks
+            a checked candidate's table, or a checked variant's file is missing (:func:`preflight`;
+            all raised before anything is measured).
+    """
+
+    t_start = time.perf_counter()
+    checked = checked if checked is not None else preflight_run(cfg)
+    export_dir, manifest, tol_path = checked.export_dir, checked.manifest, checked.tol_path
+    tolerances, candidates = checked.tolerances, checked.candidates
     threads_before = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -621,17 +648,27 @@ def _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg,
     )
 
 
+def _refuse_newer_report(out: Path) -> None:
+    """Refuse to replace a ``report.json``/speed record in ``out`` written by a newer prodip.
+
+    Raises:
+        OutputExists: the earlier file was written by a newer prodip (its format_version named).
+    """
+    # none, or a damaged one: replaced
+    refuse_newer(ConformanceReport, out / REPORT_FILE, action="prodip conformance", instead="give another --out")
+    refuse_newer(speed.SpeedReport, out / speed.SPEED_FILE, action="prodip conformance", instead="give another --out")
+
+
 def _remove_previous_report(out: Path) -> None:
-    """Delete an earlier ``report.json``/``report.md`` in ``out`` before a new run starts, so a run
-    that stops (bad input, Ctrl-C) never leaves an older PASSED report looking current.
+    """Delete an earlier ``report.json``/``report.md`` in ``out`` once the new run's inputs were accepted and
+    measuring starts, so a run that stops mid-way (a runtime crash, Ctrl-C) never leaves an older PASSED
+    report looking current. A refused run (bad arguments or inputs) removes nothing.
 
     Raises:
         OutputExists: the earlier ``report.json`` was written by a newer prodip (its format_version
             named); nothing is deleted.
     """
-    # none, or a damaged one: replaced
-    refuse_newer(ConformanceReport, out / REPORT_FILE, action="prodip conformance", instead="give another --out")
-    refuse_newer(speed.SpeedReport, out / speed.SPEED_FILE, action="prodip conformance", instead="give another --out")
+    _refuse_newer_report(out)
     for name in ("report.json", "report.md", speed.SPEED_FILE):
         if (out / name).is_file():
             logger.info("conformance: removing the previous %s before this run", out / name)
@@ -715,7 +752,8 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     Raises:
         ValueError / FileNotFoundError: see :func:`evaluate`; also ``out`` inside the export but
             outside its ``conformance/`` folder (nothing is written then).
-        FileExistsError: ``out`` holds a ``report.json`` of a newer prodip (nothing is removed).
+        FileExistsError: ``out`` holds a ``report.json`` of a newer prodip.
+        Every refusal comes before the previous report is removed: a refused run changes nothing.
     """
 
     out = Path(cfg.out) if cfg.out else Path(cfg.export_dir) / "conformance"
@@ -725,12 +763,16 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
             f"ConformanceConfig.out={out} is inside the export but not under its conformance/ "
             "folder; files there would break the export's manifest (leave --out unset)"
         )
-    if cfg.export_dir:  # an unreadable export (or one of a newer prodip) fails before anything is removed
+    # every refusal (an unreadable or newer export, a bad tolerance or peers file, no held-out text, a missing
+    # variant file) comes before the previous report is removed: manifest.json names that report and its sha256
+    if cfg.export_dir:  # an export of a newer prodip is named as such, before the other inputs are read
         load_manifest(export_root)
-    if cfg.task_peers:  # a bad peers file is named before anything is measured
+    _refuse_newer_report(out)
+    checked = preflight_run(cfg)
+    if cfg.task_peers:
         lm_tasks.read_peers(cfg.task_peers)
     _remove_previous_report(out)
-    report, outcome = evaluate_run(cfg)
+    report, outcome = evaluate_run(cfg, checked)
     speed_report = _measure_speed(cfg, report) if cfg.speed else None
     report["speed"] = (
         {"file": speed.SPEED_FILE, "rows": len(speed_report.rows), "failed": len(speed_report.failed),

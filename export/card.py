@@ -94,8 +94,8 @@ def _readme_license(folder: Path) -> Optional[str]:
 def imported_base(folder: str | Path, hub_id: str = "") -> dict[str, Any]:
     """What the card says of an imported Hugging Face folder: its Hub id (``hub_id``, else the config's
     ``_name_or_path`` when it has the ``owner/name`` shape, else None: a local path never becomes
-    ``base_model``), its licence (the folder's README front matter; None when it states none), and what
-    was added to it.
+    ``base_model``), its licence (the folder's README front matter, else its ``config.json`` ``license``; None
+    when neither states one), and what was added to it.
 
     Raises:
         InvalidInput: ``hub_id`` given but not of the form ``owner/name``.
@@ -104,7 +104,18 @@ def imported_base(folder: str | Path, hub_id: str = "") -> dict[str, Any]:
     folder = Path(folder)
     check_base_model_id(hub_id)
     hub_id = hub_id or folder_hub_id(folder) or ""
-    return {"base_model": hub_id or None, "license": _readme_license(folder), "added": "nothing (exported unchanged)"}
+    lic = _readme_license(folder) or _config_license(folder)
+    return {"base_model": hub_id or None, "license": lic, "added": "nothing (exported unchanged)"}
+
+
+def _config_license(folder: Path) -> Optional[str]:
+    """A ``license`` string in a model folder's ``config.json`` (some bases state it there), or None."""
+    path = folder / "config.json"
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")).get("license") if path.is_file() else None
+    except (ValueError, AttributeError):  # unreadable or not an object: the export itself names it later
+        return None
+    return found.strip() if isinstance(found, str) and found.strip() else None
 
 
 def check_base_model_id(hub_id: str) -> None:
@@ -192,9 +203,12 @@ def _imported_card(imported: dict[str, Any]) -> Card:
         "cleared": False,
         "text": text,
     }
+    # a licence the base names is the card's; none named, the card claims none (no license key: the Hub allows it)
     license_ = (
-        card_license(lic)
-        if lic and lic.lower() != "other"
+        None
+        if not lic
+        else card_license(lic)
+        if lic.lower() != "other"
         else {"license": "other", "license_name": "base-model-licence", "license_link": "README.md#data-statement"}
     )
     return Card.model_validate(
@@ -277,7 +291,7 @@ def _front_matter(card: Card):
     from huggingface_hub import ModelCardData  # noqa: PLC0415 (train extra)
 
     return ModelCardData(
-        **card.license.model_dump(exclude_unset=True),
+        **(card.license.model_dump(exclude_unset=True) if card.license is not None else {}),
         language=card.languages or None,
         datasets=card.datasets or None,
         base_model=card.base_model,
@@ -342,6 +356,19 @@ def data_statement(card: Card) -> str:
     return "\n".join(lines)
 
 
+def opening(card: Card) -> str:
+    """The card's first sentence, as the provenance is: an import exported unchanged (tag ``imported``), a
+    model adapted from a base (``base_model`` set), or one trained from scratch."""
+    base = f"`{card.base_model}`" if card.base_model else None
+    if "imported" in card.tags:
+        named = base or "a local Hugging Face model folder"
+        return f"The Llama-architecture language model {named}, imported and exported unchanged by prodip (not trained)"
+    origin = base or getattr(card, "base_model_origin", None)  # a local start names no Hub id, only its origin
+    if origin:
+        return f"A Llama-architecture language model adapted from {origin} (further trained) and exported by prodip"
+    return "A small Llama-architecture language model trained from scratch and exported by prodip"
+
+
 def render_readme(card: Card, quality: str = "", usage: str = "") -> str:
     """The whole ``README.md``: front matter, title, ``usage`` (:func:`prodip.export.usage.how_to_use`, may be
     empty), the data statement, then ``quality`` (markdown, may be empty)."""
@@ -350,7 +377,7 @@ def render_readme(card: Card, quality: str = "", usage: str = "") -> str:
     body = [
         "# prodip model",
         "",
-        "A small Llama-architecture language model trained and exported by prodip: `model.safetensors` "
+        f"{opening(card)}: `model.safetensors` "
         "(transformers), `onnx/` (ONNX Runtime, onnxruntime-genai, transformers.js), and any `gguf/` (llama.cpp) "
         "and `executorch/` (ExecuTorch) files listed in `manifest.json`.",
         "",
@@ -368,9 +395,9 @@ def onnx_props(card: Card) -> dict[str, str]:
     """``metadata_props`` for every ``.onnx`` file (string values; ONNX metadata is ``str -> str``)."""
     lic = card.license
     return {
-        "license": lic.license,
-        "license_name": lic.license_name or "",
-        "license_link": lic.license_link or "",
+        "license": lic.license if lic else "",
+        "license_name": (lic.license_name if lic else None) or "",
+        "license_link": (lic.license_link if lic else None) or "",
         "languages": ",".join(card.languages),
         "datasets": ",".join(card.datasets),
         "tags": ",".join(card.tags),
@@ -463,10 +490,11 @@ def add_gguf_metadata(writer: Any, card: Card, model: Any = None) -> None:
         writer.add_base_model_repo_url(0, url)
         if "imported" in card.tags:
             writer.add_source_repo_url(url)
-    writer.add_license(lic.license)
-    if lic.license_name:
+    if lic is not None:
+        writer.add_license(lic.license)
+    if lic is not None and lic.license_name:
         writer.add_license_name(lic.license_name)
-    if lic.license_link:
+    if lic is not None and lic.license_link:
         writer.add_license_link(lic.license_link)
     if card.languages:
         writer.add_languages(card.languages)

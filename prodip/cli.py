@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 
 from prodip import __version__
 from prodip.base.cli import leave_after_interrupt, run_command, setup_logging
@@ -50,6 +51,24 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _whole_file_checked(func: Callable[[argparse.Namespace], int | None]) -> Callable[[argparse.Namespace], int | None]:
+    """``func`` after the whole ``--config`` file passed ``prodip run``'s validator
+    (:func:`prodip.pipeline.validate_config_file`): a stage command reads one table, but a typo in any
+    other (``[serve] varaint``) is refused as ``prodip run`` refuses it, not silently ignored.
+
+    ``prodip serve`` is left out: the validator imports every stage's config (torch), and serve runs on
+    ONNX Runtime alone; it checks its own ``[serve]`` table.
+    """
+
+    def checked(args: argparse.Namespace) -> int | None:
+        from prodip.pipeline import validate_config_file  # noqa: PLC0415 (lazy: torch)
+
+        validate_config_file(args.config)
+        return func(args)
+
+    return checked
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``prodip`` console script; returns the process exit code.
 
@@ -68,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit:
             pass
         return 2
+    if args.command not in ("run", "serve") and getattr(args, "config", None):
+        func = _whole_file_checked(func)
     code = run_command(func, args, args.command)
     return leave_after_interrupt(code) if as_command else code
 

@@ -371,6 +371,21 @@ def load_run_config(path: str, args: argparse.Namespace | None = None) -> tuple[
     return run, tables
 
 
+def validate_config_file(path: str) -> RunPlan:
+    """Check a whole TOML file as ``prodip run`` does (:func:`load_run_config`, then :func:`resolve_all`): every
+    table and key, also those of tables the calling stage command does not read, so a ``[serve] varaint``
+    typo is refused by ``prodip export --config`` as by ``prodip run``.
+
+    Returns:
+        The plan ``prodip run`` would build from the file (the caller's own table is resolved again with
+        its flags).
+    Raises:
+        ConfigError: an unknown table, an unknown key or a wrong type, naming the file, table and key.
+    """
+    run, tables = load_run_config(path)
+    return resolve_all(path, tables, Path(run.out_dir))
+
+
 # Settings that change how a run goes but not what its artifacts are: they may differ between an
 # interrupted run and its re-run without making the output folder "a different run".
 _NOT_IDENTITY = (

@@ -78,7 +78,9 @@ class Card(RecordPart):
     ``build_card`` and writes it into every artifact; ``prodip.conformance.card`` reads it back), keys in
     ``build_card``'s order. Keys a newer export adds are kept."""
 
-    license: CardLicense
+    #: None: no licence is known (an imported base whose card and config state none); the Hub card's front
+    #: matter, the ONNX metadata and the GGUF keys then carry no licence, as the Hub allows
+    license: CardLicense | None
     languages: list[str]
     datasets: list[str]
     tags: list[str]

@@ -14,7 +14,7 @@ from tests import fixtures as tiny
 from tests.conformance.conftest import TINY_TOLERANCES
 
 
-def test_truncated_onnx_is_exit_2_and_the_old_report_is_gone(tiny_artifacts, tmp_path, capsys):
+def test_truncated_onnx_is_exit_2_and_the_old_report_is_kept(tiny_artifacts, tmp_path, capsys):
     export = copy_export(tiny_artifacts["export"], tmp_path / "export")
     old = export / "conformance"
     old.mkdir(exist_ok=True)
@@ -31,7 +31,8 @@ def test_truncated_onnx_is_exit_2_and_the_old_report_is_gone(tiny_artifacts, tmp
     assert prodip_main(argv) == 2
     err = capsys.readouterr().err
     assert "model.onnx: not a readable ONNX model" in err and "Traceback" not in err
-    assert not (old / "report.md").exists() and not (old / "report.json").exists()
+    # a refused run changes nothing: manifest.json may name that report and its sha256
+    assert (old / "report.md").read_text() == "# Conformance PASSED\n" and (old / "report.json").is_file()
     manifest.files["onnx/model.onnx"].bytes = len(data)  # the size no longer matches: named too
     save_manifest(export, manifest)
     assert prodip_main(argv) == 2
@@ -73,3 +74,31 @@ def test_a_newer_export_or_report_is_refused_before_the_old_report_is_removed(tm
     with pytest.raises(OutputExists, match=r"conformance/report.json: written by a newer prodip \(format_version 3;"):
         run_conformance(cfg)
     assert report.is_file() and md.is_file()
+
+
+def test_a_refused_run_keeps_the_previous_report(tiny_artifacts, tmp_path, capsys):
+    """`prodip conformance EXPORT` without --shards-dir/--heldout, or with a variant's ``_data`` file missing,
+    logged "removing the previous report.json" and then refused, leaving manifest.json naming a deleted
+    report; now the refusal comes first (exit 2) and the report, its sha256 in the manifest, stay as they were."""
+    import hashlib
+
+    export = tiny.build_tiny_export(tmp_path / "ext", variants=["fp32"], export_options={"onnx_external_data": True})
+    manifest = load_manifest(export)
+    data_files = manifest.variants["fp32"].external_data
+    assert data_files, "the fixture's fp32 variant has no external data file"
+    out = export / "conformance"
+    out.mkdir(exist_ok=True)
+    (out / "report.json").write_text(json.dumps({"passed": True}))
+    (out / "report.md").write_text("# Conformance PASSED\n")
+    sha = hashlib.sha256((out / "report.json").read_bytes()).hexdigest()
+    base = ["conformance", str(export), "--checkpoint", str(tmp_path / "ext" / "run"), "--variants", "fp32"]
+    base += ["--tolerances", str(TINY_TOLERANCES)]
+    assert prodip_main(base) == 2  # no held-out text
+    assert "pass --shards-dir" in capsys.readouterr().err
+    assert hashlib.sha256((out / "report.json").read_bytes()).hexdigest() == sha and (out / "report.md").is_file()
+    (export / data_files[0]).unlink()
+    assert prodip_main([*base, "--shards-dir", str(tiny_artifacts["shards"])]) == 2
+    err = capsys.readouterr().err
+    assert f"missing file(s) listed in manifest.json: {data_files[0]} of variant 'fp32'" in err, err
+    assert "removing the previous" not in err
+    assert hashlib.sha256((out / "report.json").read_bytes()).hexdigest() == sha and (out / "report.md").is_file()

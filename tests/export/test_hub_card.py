@@ -241,3 +241,44 @@ def test_conformance_fails_a_card_whose_licence_is_not_a_hub_id(tmp_path):
         "README.md: license 'odc-by-1.0' is not a Hub licence id "
         "(https://huggingface.co/docs/hub/repositories-licenses); re-export with this prodip"
     ]
+
+
+def test_the_card_opens_and_licenses_as_its_provenance_is(tmp_path):
+    """A plain import opened "trained ... by prodip" while its data statement said "exported unchanged", and
+    claimed `license: other` / `base-model-licence` while the text claimed none. The opening now follows the
+    provenance (imported unchanged / adapted / trained from scratch); an import's licence is the base's (its
+    README, else its config.json), and with none known the front matter has no license key (the Hub allows it)."""
+    from huggingface_hub import ModelCard
+
+    from prodip.conformance.card import hub_problems
+    from prodip.export.card import imported_base
+
+    folder = _hf_folder(tmp_path / "smol", "HuggingFaceTB/SmolLM2-135M")
+    card = build_card({"imported": imported_base(folder)})
+    text = render_readme(card)
+    data = ModelCard(text).data.to_dict()
+    assert card.license is None and "license" not in data and "license_name" not in data
+    assert hub_problems(data) == []
+    opening = text.split("# prodip model\n\n", 1)[1].split(":", 1)[0]
+    assert opening == (
+        "The Llama-architecture language model `HuggingFaceTB/SmolLM2-135M`, imported and exported unchanged "
+        "by prodip (not trained)"
+    )
+    assert "that folder's card states no licence, so none is claimed here." in text
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "license": "apache-2.0"}))
+    card = build_card({"imported": imported_base(folder)})
+    data = ModelCard(render_readme(card)).data.to_dict()
+    assert card.license is not None and card.license.license == "apache-2.0" and data["license"] == "apache-2.0"
+    assert "(licence: apache-2.0)." in card.statement.text
+
+    scratch = render_readme(build_card({"sources": [_record("CC0-1.0")]}))
+    assert "\nA small Llama-architecture language model trained from scratch and exported by prodip: " in scratch
+    adapted = render_readme(
+        build_card({"sources": [_record("CC0-1.0")], "init_from": {"source": str(folder), "kind": "hf"}})
+    )
+    assert (
+        "\nA Llama-architecture language model adapted from `HuggingFaceTB/SmolLM2-135M` (further trained) "
+        "and exported by prodip: " in adapted
+    )

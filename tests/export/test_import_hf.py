@@ -450,3 +450,22 @@ def test_a_truncated_weights_file_is_named_in_one_line(tmp_path, capsys):
     weights.write_bytes(len(header).to_bytes(8, "little") + header)
     with pytest.raises(InvalidInput, match="without a tensor's data_offsets"):
         load_init(folder, tokenizer_sha256=None)
+
+
+def test_an_import_without_a_known_licence_claims_none_and_passes_the_card_check(standins, tmp_path):
+    """No README licence and none in config.json: the card, its front matter, the ONNX metadata agree on no
+    licence (no `license: other` / `base-model-licence`), the opening says imported unchanged, and conformance's
+    card check finds nothing."""
+    from huggingface_hub import ModelCard
+
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance.card import card_problems
+
+    folder = _edited(standins["smollm2"], tmp_path / "folder", license=None)
+    (folder / "README.md").unlink(missing_ok=True)
+    out = _export(folder, tmp_path / "export", "fp32")
+    assert load_manifest(out).card.license is None
+    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "license" not in ModelCard(text).data.to_dict() and "base-model-licence" not in text
+    assert "imported and exported unchanged by prodip (not trained)" in text and "trained from scratch" not in text
+    assert card_problems(out) == []

@@ -213,3 +213,26 @@ def test_help_lists_a_configs_own_options_before_the_shared_ones():
     flags = [a.option_strings[0] for a in p._actions if a.option_strings and a.dest != "help"]
     assert flags[:3] == ["--tokenizer-dir", "--inputs", "--out-dir"]
     assert flags[-5:] == ["--sources", "--include-unknown-license", "--text-field", "--doc-chars", "--errors"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "CKPT"],
+        ["conformance", "EXPORT"],
+        ["eval", "--checkpoint", "CKPT"],
+        ["tokenizer", "train"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_every_stage_config_is_checked_whole_as_prodip_run_does(tmp_path, capsys, argv):
+    """A stage command reads one table of --config, but a typo in another (``[serve] varaint``) is refused as
+    `prodip run` refuses it (exit 2, file, table and key named), before the stage reads anything."""
+    from prodip.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[export]\nvariants = ["fp32"]\n\n[serve]\nvaraint = "int8"\n', encoding="utf-8")
+    argv = [str(tmp_path / a) if a.isupper() else a for a in argv]
+    assert main([*argv, "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad} [serve]: unknown key 'varaint'; did you mean variant?" in err, err

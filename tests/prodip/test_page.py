@@ -64,3 +64,33 @@ def test_the_server_root_leads_to_the_playground():
     assert TestClient(app).get("/").text == TestClient(app).get("/playground").text
     kept = TestClient(app).get("/?prompt=x&autorun=1", follow_redirects=False)
     assert kept.headers["location"] == "/playground?prompt=x&autorun=1"  # the page's parameters kept
+
+
+def _html_documents() -> list[tuple[str, str]]:
+    """(where, text) of every HTML document prodip ships or tells a reader to save: page files as rendered,
+    standalone ``.html`` files, and the docs' ``html`` code blocks."""
+    import re
+
+    docs = []
+    for rel in ("export/web/index.html", "serve/playground.html"):
+        docs.append((rel, render_page((REPO / rel).read_text(encoding="utf-8"))))
+    for path in sorted((REPO / "bench").rglob("*.html")):
+        docs.append((str(path.relative_to(REPO)), path.read_text(encoding="utf-8")))
+    fence = re.compile(r"^```html[^\n]*\n(.*?)^```", re.S | re.M)
+    for path in sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]:
+        for i, m in enumerate(fence.finditer(path.read_text(encoding="utf-8"))):
+            docs.append((f"{path.relative_to(REPO)} html block {i + 1}", m.group(1)))
+    return docs
+
+
+def test_every_html_document_declares_utf8_before_any_text():
+    """A static server (``python -m http.server``) sends ``text/html`` without a charset; a page that does not
+    declare UTF-8 itself has its Bangla prompt decoded as windows-1252 before it reaches the tokenizer."""
+    docs = _html_documents()
+    assert any("devices.md" in where for where, _ in docs)  # the "page of your own" snippet is among them
+    for where, text in docs:
+        head = text[:1024].lower()  # the HTML spec's prescan looks at the first 1024 bytes
+        assert '<meta charset="utf-8">' in head, f'{where}: no <meta charset="utf-8"> in its first 1024 bytes'
+        assert head.index('<meta charset="utf-8">') < min(
+            (head.index(t) for t in ("<script", "<body", "<title") if t in head), default=len(head)
+        ), f"{where}: the charset must come before any script, title or body"
