@@ -200,8 +200,8 @@ def plant_position_off_by_one(src: Path, dst: Path, rel: str = BY_NAME["fp32"].p
 def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, layer: int = 1) -> Path:
     """A quantised model whose decoder layer ``layer`` has all weights zeroed (scales set to 0).
 
-    Layer membership comes from graph order: the quantised MatMuls (MatMulInteger for int8,
-    MatMulNBits for int4) are 7 per layer (q, k, v, o, gate, up, down) in the standard graph, 5 in
+    Layer membership comes from graph order: the quantised MatMuls (MatMulInteger for int8;
+    MatMulNBits, or MatMul of an int4 DequantizeLinear in the qdq layout, for int4) are 7 per layer (q, k, v, o, gate, up, down) in the standard graph, 5 in
     the contrib graph (packed qkv, o, gate, up, down), then the lm_head.
 
     Raises:
@@ -212,17 +212,32 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, la
     def edit(model):
         g = model.graph
         inits = {i.name: i for i in g.initializer}
-        mm = [n for n in g.node if n.op_type in ("MatMulInteger", "MatMulNBits") and n.input[1] in inits]
+        # int4's qdq layout: MatMul(A, DequantizeLinear(constant codes, scales, ...)); its scales are the DQ's input 1
+        dq_scales = {n.output[0]: n.input[1] for n in g.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+        mm = [
+            n
+            for n in g.node
+            if (n.op_type in ("MatMulInteger", "MatMulNBits") and n.input[1] in inits)
+            or (n.op_type == "MatMul" and n.input[1] in dq_scales)
+        ]
         per = next((k for k in (7, 5) if len(mm) in (k * L, k * L + 1)), None)
         if per is None:
             raise InvalidInput(f"{dst / rel}: {len(mm)} quantised MatMuls, expected 5 or 7 per layer x {L} (+ lm_head)")
+
+        def zero(name: str) -> None:
+            init = inits[name]
+            init.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(init)), name))
+
         zeroed = 0
         for node in mm[per * layer : per * layer + per]:
+            if node.op_type == "MatMul":
+                zero(dq_scales[node.input[1]])
+                zeroed += 1
+                continue
             base = node.input[1].rsplit("_", 1)[0]
-            for name, init in inits.items():
+            for name in list(inits):
                 if name.startswith(base + "_") and name.endswith(("scale", "scales")):
-                    arr = numpy_helper.to_array(init)
-                    init.CopyFrom(numpy_helper.from_array(np.zeros_like(arr), name))
+                    zero(name)
                     zeroed += 1
         if zeroed < per:
             raise InvalidInput(f"{dst / rel}: found {zeroed} weight scales for layer {layer}, expected {per}")
