@@ -54,7 +54,15 @@ def test_manifest_and_config_name_every_variant_for_both_runtimes(gqa_export):
     files = {"model.onnx": 1, "model_fp16.onnx": 1, "model_quantized.onnx": 1, "model_q4.onnx": 1}
     # q4 where nothing else is said (onnxruntime-node, WebGPU); q8 on the WASM device (the page's default)
     want_tjs = {"dtype": "q4", "device_config": {"wasm": {"dtype": "q8"}}, "use_external_data_format": files}
+    # the page's q4 on WASM: the WASM graph, reading the q4 file's weights, folded to 8-bit at load
+    want_tjs["prodip_wasm_q4"] = {
+        "model_file_name": "model_wasm",
+        "external_data": [{"path": "model_q4.onnx_data", "data": "onnx/model_q4.onnx_data"}],
+        "session_config": {"session.disable_quant_qdq": "1"},
+    }
     assert config["transformers.js_config"] == want_tjs
+    int4 = manifest.variants["int4"]
+    assert int4.wasm_path == "onnx/model_wasm_q4.onnx" and int4.wasm_path in manifest.files
 
 
 def test_genai_config_defaults_without_generation_config():
