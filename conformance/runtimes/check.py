@@ -63,8 +63,10 @@ def logits_agreement(ref: Sequence[np.ndarray], cand: Sequence[Sequence[float]])
 class RuntimeResult:
     """One runtime on one candidate, as the report records it (``candidates.<name>.runtimes.runtimes.<runtime>``).
 
-    ``margin``, ``agrees`` and ``agreement`` are set where the row judges the variant by a margin (its
-    ``greedy_margins``): the margin (logits), whether the ids met the rule, and where they parted."""
+    ``margin``, ``agrees`` and ``agreement`` say the rule its ids were judged by (the row's ``greedy_margins``
+    for the variant, else the tolerance table's tie margin; logits), whether they met it, and where they parted;
+    set where the row names a margin for the variant or the ids were not identical, else None (identical ids
+    need no rule)."""
 
     ids_identical: Optional[bool]
     ids: Optional[list[list[int]]]
@@ -183,8 +185,10 @@ def _judge(
     row_margin = row.greedy_margin(variant)
     margin = row_margin if row_margin is not None else tie_margin(table)
     agrees, why = (False, out.error) if out.error else greedy_agrees(ref, out.ids, steps, prompt_lens, margin)
-    if row_margin is not None:  # the row judges this variant by its own margin: the report says so
-        res.margin, res.agrees, res.agreement = row_margin, agrees, why
+    if row_margin is not None or (out.error is None and not res.ids_identical):
+        # the rule decided (the row's margin, or ids that parted): the report says how, and the card's
+        # "runtimes proven" reads ``agrees`` as the check does
+        res.margin, res.agrees, res.agreement = margin, agrees, why
     checks = [Check(row.greedy_metric, agrees, {"equals": True}, agrees, None if why == "identical" else why)]
     if row.logits_metric:
         checks.append(_logits_check(row, out, res, ort_logits, table))

@@ -34,7 +34,7 @@ from prodip.conformance.runtimes.browser_page import (
     serve_dir,
 )
 from prodip.conformance.runtimes.common import GreedyJob, GreedyOutput, RuntimeAdapter, ort_greedy, truncate_at_eos
-from prodip.conformance.runtimes.ortweb import FP32_COMPUTE, fp32_compute_copy
+from prodip.conformance.runtimes.ortweb import FP32_COMPUTE, fp32_compute_copy, wasm_file
 
 #: How long one page may take to load its variant and decode one prompt (ms).
 PAGE_TIMEOUT_MS = 300_000
@@ -108,11 +108,17 @@ class PageAdapter(RuntimeAdapter):
             else:
                 ids = [truncate_at_eos(g["result"]["ids"], len(p), job.eos) for g, p in zip(got, job.prompts)]
                 res = GreedyOutput(ids=ids, dtype=dtype, versions=dict(versions))
-            fp32_compute = fp32_compute_copy(Path(job.export_dir) / cand.path)
+            # the file the page ran: q4 on WASM folded to 8-bit at load is the int4 variant's WASM graph
+            # (prodipResult.q4_path "int8-folded"), every other dtype and path the variant's own file
+            file = cand.path
+            wasm = wasm_file(Path(job.export_dir), cand.path)
+            if wasm is not None and any((g["result"] or {}).get("q4_path") == "int8-folded" for g in got):
+                file = wasm[0]
+            fp32_compute = fp32_compute_copy(Path(job.export_dir) / file)
             if fp32_compute is not None:  # ONNX Runtime doing the browser kernels' arithmetic on the same weights
                 with fp32_compute as path:
                     res.reference_ids, res.reference_logits = ort_greedy(path, cand.name, job)
-                res.reference = FP32_COMPUTE
+                res.reference = FP32_COMPUTE if file == cand.path else f"{FP32_COMPUTE}, on {file}"
             out[cand.name] = res
         return out
 

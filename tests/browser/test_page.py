@@ -345,6 +345,35 @@ def webgpu_row(served_export):
     return args, got, recorded
 
 
+def test_browser_wasm_row_judges_q4_on_the_file_the_page_ran(served_export):
+    """The page on WASM as conformance's ``transformers.js-browser`` row: its q4 runs the int4 variant's WASM
+    graph (8-bit at load), so its ids are judged against ONNX Runtime on that file, and pass; int8 against the
+    variant's own file."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+
+    from prodip.base.variants import BY_NAME
+    from prodip.conformance.runtimes import check_runtimes
+    from prodip.train.checkpoint import load_model
+
+    export, _ = served_export
+    model, cfg, _ = load_model(export.parent / "run")
+    tok = Tokenizer.from_file(str(export / "tokenizer.json"))
+    prompts = {f"p{i}": tok.encode(t).ids for i, t in enumerate(WEBGPU_PROMPTS)}
+    cands = [
+        SimpleNamespace(name=v, variant=v, kind="onnx", path=BY_NAME[v].path, tolerance_table=v)
+        for v in ("int8", "int4")
+    ]
+    row = "transformers.js-browser"
+    got = check_runtimes(export, cands, prompts, model, cfg, [row], 16, threads=1)
+    for v in ("int8", "int4"):
+        res = got[v].runtimes[row]
+        assert res.error is None and res.passed, (v, res.to_dict())
+    assert got["int4"].runtimes[row].reference.endswith("onnx/model_wasm_q4.onnx"), got["int4"].runtimes[row]
+    assert "model_wasm" not in (got["int8"].runtimes[row].reference or "")
+
+
 def test_webgpu_row_passes_conformance_and_is_named_by_the_card(webgpu_row):
     """The page on transformers.js's WebGPU device (``--enable-unsafe-webgpu``: SwiftShader's Vulkan-on-CPU adapter
     on a machine without a GPU) as conformance's ``transformers.js-webgpu`` row: fp32 and int8 give exactly ONNX
