@@ -30,7 +30,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 import torch
 from safetensors import safe_open
@@ -121,6 +121,20 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_json(path: Path, data: JSONObject) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+class SaveArgs(TypedDict):
+    """The keywords of a checkpoint save besides the model (:func:`save_checkpoint`, :func:`write_snapshot`): what
+    the trainer hands every save, and the background saver each write."""
+
+    step: int
+    model_config: ModelConfig
+    tokenizer_dir: str | Path
+    tokens_seen: int
+    train_config: JSONObject
+    data_state: JSONObject
+    keep_last: int
+    extra_state: JSONObject
 
 
 @dataclass(frozen=True)

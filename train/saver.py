@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional, TypedDict
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -34,19 +34,6 @@ import torch.distributed as dist
 from prodip.base.jsontypes import JSONObject
 from prodip.train import checkpoint
 from prodip.train.config import ModelConfig
-
-
-class _WriteArgs(TypedDict):
-    """What a save hands its (background) write: ``checkpoint.write_snapshot``'s keywords."""
-
-    step: int
-    model_config: ModelConfig
-    tokenizer_dir: str | Path
-    tokens_seen: int
-    train_config: JSONObject
-    data_state: JSONObject
-    extra_state: JSONObject
-    keep_last: int
 
 
 class AsyncCheckpointer:
@@ -111,7 +98,7 @@ class AsyncCheckpointer:
         if deferred and id(optimizer) not in self._hooked:
             optimizer.register_step_pre_hook(self._before_optimizer_step)
             self._hooked.add(id(optimizer))
-        kwargs: _WriteArgs = {
+        kwargs: checkpoint.SaveArgs = {
             "step": step,
             "model_config": model_config,
             "tokenizer_dir": tokenizer_dir,
@@ -157,7 +144,7 @@ class AsyncCheckpointer:
         held, self._held_s = self._held_s, 0.0
         return held
 
-    def _write(self, snap: checkpoint.Snapshot, kwargs: _WriteArgs) -> None:
+    def _write(self, snap: checkpoint.Snapshot, kwargs: checkpoint.SaveArgs) -> None:
         start = time.perf_counter()
         staged = self._staged
         if staged is not None:

@@ -99,19 +99,6 @@ TRAJECTORY_FIELDS = (
 )
 
 
-class _SaveArgs(TypedDict):
-    """What every save passes on to the checkpoint writer (``checkpoint.save_checkpoint``'s keywords)."""
-
-    step: int
-    model_config: ModelConfig
-    tokenizer_dir: str | Path
-    tokens_seen: int
-    train_config: JSONObject
-    data_state: JSONObject
-    keep_last: int
-    extra_state: JSONObject
-
-
 def resume_differences(saved: Mapping[str, object], cfg: TrainConfig) -> list[str]:
     """``"lr 0.003 -> 0.001"`` for each trajectory field that differs from the checkpoint's config."""
     return [
@@ -840,7 +827,7 @@ class _Run:
         DDP / one process: the state is copied to host memory and written in the background
         (``prodip.train.saver``). FSDP2: a blocking save through ``prodip.train.fsdp``.
         """
-        kwargs: _SaveArgs = {
+        kwargs: checkpoint.SaveArgs = {
             "step": self.step,
             "model_config": self.model_cfg,
             "tokenizer_dir": self.cfg.tokenizer_dir,

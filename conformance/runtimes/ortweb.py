@@ -166,6 +166,18 @@ def fp32_compute_copy(path: Path) -> Optional[_TempModel]:
     return _TempModel(model) if changed else None
 
 
+def set_fp32_compute_reference(res: GreedyOutput, file: str, cand: Any, job: GreedyJob) -> None:
+    """Give ``res`` ONNX Runtime's greedy ids and logits on the fp32-compute copy of ``file`` (the export's file
+    the browser or WASM runtime ran for candidate ``cand``: the WASM kernels' arithmetic on the same weights), where
+    :func:`fp32_compute_copy` makes one; else ``res`` keeps the default reference (ONNX Runtime on the variant)."""
+    fp32_compute = fp32_compute_copy(Path(job.export_dir) / file)
+    if fp32_compute is None:
+        return
+    with fp32_compute as path:
+        res.reference_ids, res.reference_logits = ort_greedy(path, cand.name, job)
+    res.reference = FP32_COMPUTE if file == cand.path else f"{FP32_COMPUTE}, on {file}"
+
+
 class OrtWebAdapter(RuntimeAdapter):
     name = NAME
 
@@ -184,10 +196,6 @@ class OrtWebAdapter(RuntimeAdapter):
             res = GreedyOutput(ids=got.get("ids"), logits=got.get("logits"), versions=web.get("versions"))
             if "error" in got:
                 res.error = f"onnxruntime-web (WASM) {file}: {got['error']}"
-            fp32_compute = fp32_compute_copy(Path(job.export_dir) / file)
-            if fp32_compute is not None:  # ONNX Runtime doing the WASM kernels' arithmetic on the same weights
-                with fp32_compute as path:
-                    res.reference_ids, res.reference_logits = ort_greedy(path, cand.name, job)
-                res.reference = FP32_COMPUTE if file == cand.path else f"{FP32_COMPUTE}, on {file}"
+            set_fp32_compute_reference(res, file, cand, job)
             out[cand.name] = res
         return out

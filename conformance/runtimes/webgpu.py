@@ -33,8 +33,8 @@ from prodip.conformance.runtimes.browser_page import (
     open_pages,
     serve_dir,
 )
-from prodip.conformance.runtimes.common import GreedyJob, GreedyOutput, RuntimeAdapter, ort_greedy, truncate_at_eos
-from prodip.conformance.runtimes.ortweb import FP32_COMPUTE, fp32_compute_copy, wasm_file
+from prodip.conformance.runtimes.common import GreedyJob, GreedyOutput, RuntimeAdapter, truncate_at_eos
+from prodip.conformance.runtimes.ortweb import set_fp32_compute_reference, wasm_file
 
 #: How long one page may take to load its variant and decode one prompt (ms).
 PAGE_TIMEOUT_MS = 300_000
@@ -114,11 +114,7 @@ class PageAdapter(RuntimeAdapter):
             wasm = wasm_file(Path(job.export_dir), cand.path)
             if wasm is not None and any((g["result"] or {}).get("q4_path") == "int8-folded" for g in got):
                 file = wasm[0]
-            fp32_compute = fp32_compute_copy(Path(job.export_dir) / file)
-            if fp32_compute is not None:  # ONNX Runtime doing the browser kernels' arithmetic on the same weights
-                with fp32_compute as path:
-                    res.reference_ids, res.reference_logits = ort_greedy(path, cand.name, job)
-                res.reference = FP32_COMPUTE if file == cand.path else f"{FP32_COMPUTE}, on {file}"
+            set_fp32_compute_reference(res, file, cand, job)
             out[cand.name] = res
         return out
 
