@@ -30,6 +30,17 @@ from prodip.export.genai import variant_overlay
 NAME = "onnxruntime-genai"
 
 
+def _load_model(og: Any, export_dir: Path, onnx_file: str, threads: int) -> Any:
+    """``og.Model`` of the export's genai_config.json overlaid to run ``onnx_file`` with ``threads`` intra-op threads
+    (0: onnxruntime-genai's default)."""
+    config = og.Config(str(export_dir))
+    overlay = variant_overlay(export_dir, onnx_file)
+    if threads:
+        overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads}
+    config.overlay(json.dumps(overlay))
+    return og.Model(config)
+
+
 def _eos_ids(export_dir: Path) -> list[int]:
     eos = json.loads((Path(export_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"].get("eos_token_id")
     return [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
@@ -57,12 +68,7 @@ def genai_greedy(
     except ImportError:
         raise ImportError("onnxruntime-genai is not installed: pip install 'prodip[runtimes]'") from None
     eos_ids = _eos_ids(export_dir)
-    config = og.Config(str(export_dir))
-    overlay = variant_overlay(export_dir, onnx_file)
-    if threads:
-        overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads}
-    config.overlay(json.dumps(overlay))
-    model = og.Model(config)
+    model = _load_model(og, export_dir, onnx_file, threads)
     out = []
     for prompt in prompts:
         params = og.GeneratorParams(model)
@@ -95,12 +101,7 @@ def genai_timing(
     """
     import onnxruntime_genai as og  # noqa: PLC0415 (optional dependency: prodip[runtimes])
 
-    config = og.Config(str(export_dir))
-    overlay = variant_overlay(export_dir, onnx_file)
-    if threads:
-        overlay["model"]["decoder"]["session_options"] = {"intra_op_num_threads": threads}
-    config.overlay(json.dumps(overlay))
-    model = og.Model(config)
+    model = _load_model(og, export_dir, onnx_file, threads)
     timing = Timing(threads=threads, version=f"onnxruntime-genai {getattr(og, '__version__', '?')}")
     length = len(prompt) + new_tokens
     for r in range(rounds + 1):
