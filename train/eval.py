@@ -385,7 +385,7 @@ def load_baseline(path: str, tokenizer_sha256: str) -> nn.Module | OwnTokenizerB
             )
         if file_sha256(tok_json) != tokenizer_sha256:
             tok_dir = Path(path)
-    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256 if tok_dir is None else None)
+    source = init.load_init(path, tokenizer_sha256=tokenizer_sha256 if tok_dir is None else None, option="--baseline")
     model = LlamaForCausalLM(source.config)
     init.apply_init(model, source)
     if tok_dir is None:

@@ -62,13 +62,14 @@ class InitWeights:
     kind: str  # "prodip" or "hf"
 
 
-def load_init(path: str | Path, *, tokenizer_sha256: Optional[str]) -> InitWeights:
+def load_init(path: str | Path, *, tokenizer_sha256: Optional[str], option: str = "--init-from") -> InitWeights:
     """Read the weights and model config of ``path`` (see the module docstring).
 
     Args:
         path: prodip step/checkpoints/run dir, or a Hugging Face Llama folder.
         tokenizer_sha256: sha256 of the run's ``tokenizer.json`` (the shards' tokenizer); None: the
             folder's own tokenizer is the one (``prodip export HF_FOLDER``).
+        option: how the user gave ``path`` (``--init-from``, ``--baseline``, ...): errors name it.
     Returns:
         :class:`InitWeights`.
     Raises:
@@ -78,13 +79,13 @@ def load_init(path: str | Path, *, tokenizer_sha256: Optional[str]) -> InitWeigh
     """
     path = Path(path)
     if not path.exists():
-        raise MissingInput(f"--init-from {path}: does not exist (a prodip run/checkpoint dir or a HF Llama folder)")
+        raise MissingInput(f"{option} {path}: does not exist (a prodip run/checkpoint dir or a HF Llama folder)")
     if is_prodip_checkpoint(path):
         return _load_prodip(path, tokenizer_sha256)
     if (path / "config.json").is_file():
         return _load_hf(path, tokenizer_sha256)
     raise MissingInput(
-        f"--init-from {path}: neither a prodip checkpoint (step dir with manifest.json, or a run dir with "
+        f"{option} {path}: neither a prodip checkpoint (step dir with manifest.json, or a run dir with "
         "checkpoints/latest) nor a Hugging Face folder with config.json"
     )
 

@@ -382,7 +382,7 @@ def test_baseline_scores_a_second_model_on_the_same_tokens(eval_env, tmp_path, t
     from transformers import LlamaConfig
     from transformers import LlamaForCausalLM as HF
 
-    from prodip.base.errors import InvalidInput
+    from prodip.base.errors import InvalidInput, MissingInput
     from prodip.tokenizer.shards import read_shard
 
     run, shards, _, vocab = eval_env
@@ -416,6 +416,9 @@ def test_baseline_scores_a_second_model_on_the_same_tokens(eval_env, tmp_path, t
     (folder / "tokenizer.json").unlink()
     with pytest.raises(InvalidInput, match="--baseline .*: no tokenizer.json"):
         ev.evaluate(_cfg(eval_env, baseline=str(folder), out=str(tmp_path / "x.json"), languages=["en"]))
+    # a baseline path that is not there is named as the option the user gave, not as --init-from
+    with pytest.raises(MissingInput, match=r"^--baseline \S*nowhere: does not exist"):
+        ev.evaluate(_cfg(eval_env, baseline=str(tmp_path / "nowhere"), out=str(tmp_path / "y.json"), languages=["en"]))
 
 
 def test_documents_as_text_rebuild_the_shard_stream(eval_env, tiny_tokenizer_dir) -> None:
