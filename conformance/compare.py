@@ -247,6 +247,75 @@ def greedy_agreement(
     return GreedyAgreement(True, None, None, "identical ids")
 
 
+@dataclass(frozen=True)
+class HeldoutShift:
+    """How a candidate's held-out NLL differs from the reference's, split into two parts (nats, summed).
+
+    At position t with reference log-probabilities ``lp``, candidate ``lq`` and the token ``y`` that
+    follows in the text, let ``d = lq - lp`` (a vector over the vocabulary). The candidate's NLL minus the
+    reference's is ``-d[y]``, which is exactly ``KL_t + M_t`` with ``KL_t = -E_p[d]`` = KL(p || q) (>= 0)
+    and ``M_t = -(d[y] - E_p[d])``. If the text were drawn from the reference itself, ``M_t`` would have
+    mean 0 and variance ``Var_p(d)`` at each step, and since the ``M_t`` are then martingale differences
+    the variance of their sum is the sum of those variances. So ``kl`` is the shift rounding costs on text
+    the reference predicts well (what the KL gates already bound), and ``text`` is the part that comes from
+    where the text departs from the reference's own predictions: on a language the reference predicts
+    badly (held-out NLL far above its own entropy) it is large, of either sign, even when ``kl`` is small.
+
+    Attributes:
+        nll_delta: candidate NLL - reference NLL over the targets (nats) = ``kl + text``.
+        kl: sum of KL(p || q) over the targets (nats).
+        text: sum of ``M_t`` (nats).
+        text_sd: sqrt(sum of Var_p(d)): ``text``'s standard deviation on text drawn from the reference (nats).
+        ref_entropy: sum of the reference's entropy H(p) over the targets (nats); the reference's NLL
+            minus this is its calibration gap on the text (0 in expectation on its own samples).
+    """
+
+    nll_delta: float
+    kl: float
+    text: float
+    text_sd: float
+    ref_entropy: float
+
+
+def heldout_shift(ref_logits: np.ndarray, cand_logits: np.ndarray, targets: np.ndarray) -> HeldoutShift:
+    """:class:`HeldoutShift` of the candidate against the reference at the positions given.
+
+    Args:
+        ref_logits, cand_logits: (N, V) next-token logits at the N scored positions.
+        targets: (N,) int64 the tokens that follow in the text.
+    Returns:
+        The decomposition, in nats summed over the N positions (float64 arithmetic).
+    Raises:
+        InvalidInput: shapes differ.
+    """
+    if ref_logits.shape != cand_logits.shape or ref_logits.shape[:1] != targets.shape:
+        raise InvalidInput(
+            f"shapes differ: reference {ref_logits.shape}, candidate {cand_logits.shape}, targets {targets.shape}"
+        )
+    at_y, mean_d, var_d, entropy = [], [], [], 0.0
+    for lo in range(0, len(targets), _ROWS):  # a few float64 (rows, V) arrays at a time: V is 150k for some bases
+        lp, lq = log_softmax(ref_logits[lo : lo + _ROWS]), log_softmax(cand_logits[lo : lo + _ROWS])
+        p = np.exp(lp)
+        d = lq - lp
+        m = (p * d).sum(axis=-1)  # E_p[d] = -KL(p || q)
+        mean_d.append(m)
+        var_d.append(np.maximum((p * d * d).sum(axis=-1) - m * m, 0.0))
+        at_y.append(d[np.arange(len(d)), targets[lo : lo + _ROWS]])
+        entropy -= float((p * lp).sum())
+    y, m, v = np.concatenate(at_y), np.concatenate(mean_d), np.concatenate(var_d)
+    return HeldoutShift(
+        nll_delta=float(-y.sum()),
+        kl=float(-m.sum()),
+        text=float(-(y - m).sum()),
+        text_sd=float(np.sqrt(v.sum())),
+        ref_entropy=entropy,
+    )
+
+
+#: Positions per chunk in :func:`heldout_shift`.
+_ROWS = 128
+
+
 def bits_per_char(nll_nats: float, n_chars: int) -> float:
     """Bits per character: total NLL in nats / ln 2 / characters (Graves 2013, arXiv:1308.0850)."""
     return nll_nats / math.log(2) / max(n_chars, 1)

@@ -20,6 +20,7 @@ from prodip.conformance.compare import (
     LogitAccumulator,
     bits_per_char,
     greedy_agreement,
+    heldout_shift,
     identical_prefix,
     logit_stats,
     nll_per_position,
@@ -134,6 +135,8 @@ def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: 
             nll_r, nll_c = ref.nll[item.lang], heldout_nll(item, cand)
             bpc_r, bpc_c = bits_per_char(nll_r, item.n_chars), bits_per_char(nll_c, item.n_chars)
             ppl_r, ppl_c = math.exp(nll_r / n_tok), math.exp(min(nll_c / n_tok, 700.0))
+            sel = item.targets >= 0
+            shift = heldout_shift(ref.logits[item.name][sel], cand[sel], item.targets[sel])
             heldout[item.lang] = {
                 "tokens": n_tok,
                 "chars": item.n_chars,
@@ -143,6 +146,12 @@ def _phase_logits(runner: Runner, inputs: InputSet, ref: ReferenceOutputs, out: 
                 "ppl_ref": ppl_r,
                 "ppl": ppl_c,
                 "ppl_rel_delta": ppl_c / ppl_r - 1.0,
+                # bpc_delta = bpc_delta_kl + bpc_delta_text (compare.HeldoutShift): what rounding costs on
+                # text the reference predicts well, and what comes from where this text departs from it
+                "bpc_delta_kl": bits_per_char(shift.kl, item.n_chars),
+                "bpc_delta_text": bits_per_char(shift.text, item.n_chars),
+                "bpc_delta_text_sd": bits_per_char(shift.text_sd, item.n_chars),
+                "entropy_bpc_ref": bits_per_char(shift.ref_entropy, item.n_chars),
                 # this language's positions alone: the quality card's per-language KL and top-1
                 "kl_mean": s["kl_mean"],
                 "kl_p999": s["kl_p999"],

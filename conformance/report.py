@@ -115,10 +115,31 @@ def _failed_lines(name: str, checks: list[dict[str, Any]], metrics: dict[str, An
                 f"- **{name}** `{c['metric']}` = {_fmt_failed(c['value'], '{:.3g}', c['tolerance'])} "
                 f"(tolerance {c['tolerance']}){' - ' + c['note'] if c.get('note') else ''}"
             )
+            if c["metric"] == "bpc_delta_max":
+                lines += _bpc_delta_lines((metrics or {}).get("heldout") or {}, c["tolerance"].get("max"))
             for key in _VARIANT_DETAILS.get(c["metric"], ()):
                 if (metrics or {}).get(key):
                     detail = str(metrics[key]).replace("`", "'").replace("\n", " ")
                     lines.append(f"  - {key} = `{detail[:600]}`")
+    return lines
+
+
+def _bpc_delta_lines(heldout: dict[str, Any], bound: float | None) -> list[str]:
+    """Per language over ``bound``: the shift split as :class:`prodip.conformance.compare.HeldoutShift` splits
+    it, so a reader sees whether rounding itself costs (the KL part) or the reference predicts this text badly
+    (the text part, many standard deviations from 0, with held-out bits/char far above its own entropy)."""
+    lines = []
+    for lang, h in heldout.items():
+        if bound is None or abs(h.get("bpc_delta", 0.0)) <= bound or "bpc_delta_kl" not in h:
+            continue
+        sd = h["bpc_delta_text_sd"]
+        sds = f"{abs(h['bpc_delta_text']) / sd:.0f} sd" if sd > 0 else "sd 0"
+        lines.append(
+            f"  - {lang}: Δbpc {h['bpc_delta']:+.4g} = {h['bpc_delta_kl']:+.3g} KL part (rounding, on text the "
+            f"reference predicts well) {h['bpc_delta_text']:+.3g} text part ({sds} of its spread on the reference's "
+            f"own text); the reference: {h['bpc_ref']:.3g} bits/char on this text vs its own entropy "
+            f"{h['entropy_bpc_ref']:.3g} (docs/conformance.md#held-out-bitschar)"
+        )
     return lines
 
 

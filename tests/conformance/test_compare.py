@@ -15,6 +15,7 @@ from prodip.conformance.compare import (
     bits_per_char,
     check_value,
     greedy_agreement,
+    heldout_shift,
     identical_prefix,
     kl_per_position,
     load_tolerances,
@@ -39,6 +40,43 @@ def test_nll_and_bits_per_char():
     nll = nll_per_position(logits, np.array([1, 0]))
     np.testing.assert_allclose(nll, [-math.log(0.75), math.log(2)])
     assert bits_per_char(2 * math.log(2), 4) == pytest.approx(0.5)
+
+
+def test_heldout_shift_parts_known_answers():
+    """kl + text is the NLL difference; kl is the summed KL; text has mean 0 and variance text_sd**2 over
+    targets drawn from the reference (enumerated exactly at one position); 300 positions span two chunks."""
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(300, 7))
+    cand = ref + rng.normal(scale=0.3, size=ref.shape)
+    targets = rng.integers(0, 7, size=300)
+    s = heldout_shift(ref, cand, targets)
+    direct = nll_per_position(cand, targets).sum() - nll_per_position(ref, targets).sum()
+    assert s.nll_delta == pytest.approx(direct, rel=1e-12)
+    assert s.kl == pytest.approx(kl_per_position(ref, cand).sum(), rel=1e-12)
+    assert s.kl + s.text == pytest.approx(s.nll_delta, rel=1e-12)
+    p = np.exp(ref - ref.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    assert s.ref_entropy == pytest.approx(float(-(p * np.log(p)).sum()), rel=1e-12)
+    one = [heldout_shift(ref[:1], cand[:1], np.array([y])) for y in range(7)]
+    assert sum(pi * o.text for pi, o in zip(p[0], one)) == pytest.approx(0.0, abs=1e-15)
+    assert sum(pi * o.text**2 for pi, o in zip(p[0], one)) == pytest.approx(one[0].text_sd ** 2, rel=1e-12)
+
+
+def test_heldout_shift_text_part_is_noise_on_the_references_own_text_and_not_on_other_text():
+    """The same candidate (the reference at temperature 1/1.2: logits x 1.2) on text sampled from the
+    reference: |text| within 3 sd, nll_delta ~ kl; on text from a distribution the reference predicts badly
+    (a different one): text many sd away from 0, and larger than kl."""
+    rng = np.random.default_rng(1)
+    ref = rng.normal(scale=2.0, size=(4000, 50))
+    cand = 1.2 * ref
+    p = np.exp(ref - ref.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    own = (p.cumsum(axis=1) > rng.random((4000, 1))).argmax(axis=1)
+    s = heldout_shift(ref, cand, own)
+    assert abs(s.text) < 3 * s.text_sd and s.kl > 0
+    other = ref.argmin(axis=1)  # the token the reference finds least likely
+    t = heldout_shift(ref, cand, other)
+    assert t.text > 20 * t.text_sd and t.text > 10 * t.kl
 
 
 def test_logit_stats_known_values():

@@ -24,3 +24,34 @@ def test_known_answers_for_max_and_equals_bounds():
     assert _fmt_failed(0.9999999, "{:.3g}", {"equals": 1}) == "0.9999999"
     assert _fmt_failed(float("nan"), "{:.3g}", {"min": 0.95}) == "nan"
     assert _fmt_failed(True, "{:.3g}", {"equals": True}) == "yes"
+
+
+def test_a_failing_bpc_delta_names_each_language_over_the_bound_with_its_two_parts():
+    check = {"metric": "bpc_delta_max", "value": 0.0118, "tolerance": {"max": 0.01}, "passed": False}
+    heldout = {
+        "bn": {
+            "bpc_delta": -0.0118,
+            "bpc_delta_kl": 0.0005,
+            "bpc_delta_text": -0.0123,
+            "bpc_delta_text_sd": 0.00175,
+            "bpc_ref": 8.87,
+            "entropy_bpc_ref": 3.64,
+        },  # fmt: skip
+        "en": {
+            "bpc_delta": 0.0001,
+            "bpc_delta_kl": 0.0001,
+            "bpc_delta_text": 0.0,
+            "bpc_delta_text_sd": 0.001,
+            "bpc_ref": 2.98,
+            "entropy_bpc_ref": 2.9,
+        },  # fmt: skip
+    }
+    lines = _failed_lines("int8", [check], {"heldout": heldout})
+    assert len(lines) == 2 and lines[0].startswith("- **int8** `bpc_delta_max` = 0.0118")
+    assert lines[1].startswith("  - bn: Δbpc -0.0118 = +0.0005 KL part")
+    assert (
+        "-0.0123 text part (7 sd of its spread" in lines[1]
+        and "8.87 bits/char on this text vs its own entropy 3.64" in lines[1]
+    )
+    # a report written before the split (no parts) keeps its one line
+    assert _failed_lines("int8", [check], {"heldout": {"bn": {"bpc_delta": -0.0118}}}) == lines[:1]
