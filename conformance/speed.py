@@ -1,12 +1,14 @@
 """The card's speed table: each checked variant timed in each runtime that runs it, on the exporting machine.
 
 ``prodip conformance`` (after its checks) times greedy generation of every ONNX, GGUF and ExecuTorch variant in
-the runtimes of :data:`TIMERS` (ONNX Runtime, onnxruntime-genai, transformers.js in Node, the export's web page on
-WASM in Chromium, llama.cpp, ExecuTorch), each inside its own runtime (``time_generation`` of its adapter;
+each runtime whose row in the runtime table is ``timed`` (``prodip.base.runtimes.RUNTIMES``: ONNX Runtime,
+onnxruntime-genai, transformers.js in Node, the export's web page in Chromium on WASM, llama.cpp, ExecuTorch), on
+the variants of the row's ``formats``, each inside its own runtime (``time_generation`` of its adapter;
 :mod:`prodip.conformance.runtimes.timing` defines the figures: time to first token and decode tokens/s, medians of
 ``speed_rounds`` rounds after one warm-up). It writes them to ``speed.json`` beside ``report.json``
 (:class:`SpeedReport`, this module its one owner) with the machine named, and the card renders them
-(:func:`render_speed`) under the quality card. Layout of speed.json::
+(:func:`render_speed`) under the quality card, in the table's order. :func:`timers` is one loop over the table: a
+row added with a timing adapter is timed, written and rendered with no edit here. Layout of speed.json::
 
     {format_version: 1, export_files_sha256,
      machine: {cpu, cores, os, python},
@@ -14,8 +16,10 @@ WASM in Chromium, llama.cpp, ExecuTorch), each inside its own runtime (``time_ge
      rows: [{runtime, variant, decode_tokens_per_s, ttft_s, rounds, new_tokens, threads, version}],
      failed: [{runtime, variant, error}], skipped: {runtime: reason}, runtime_seconds: {runtime: s}, seconds}
 
-A runtime not chosen by ``--runtimes`` (onnxruntime-web's row stands for the page's WASM build), not installed, or
-with no variant of its format is in ``skipped`` with the reason; a variant that failed in a runtime is in ``failed``.
+``runtime`` is the row's name (``transformers.js-browser``: the page on WASM), the card shows its label. An on-device
+row not chosen by ``--runtimes`` (nor its ``timed_with`` row: the page is timed when ``onnxruntime-web``, the WASM
+build it loads, is chosen, as it is by default), a runtime not installed, or one with no variant of its format is in
+``skipped`` with the reason; a variant that failed in a runtime is in ``failed``.
 
     python -c "from prodip.conformance.speed import SpeedReport; print(SpeedReport.read('runs/demo/export/conformance/speed.json').rows[0])"
 """
@@ -30,58 +34,41 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Optional, Protocol
+from typing import Annotated, Any, ClassVar, Optional
 
 from pydantic import Field, StrictInt
 
 from prodip.base.records import Record, RecordPart
-from prodip.base.runtimes import by_name
+from prodip.base.runtimes import Runtime, by_name, runtime_names
 from prodip.conformance.runtimes.adapters import adapter_for
-from prodip.conformance.runtimes.common import error_text
-from prodip.conformance.runtimes.onnxruntime import OnnxRuntimeAdapter
+from prodip.conformance.runtimes.common import RuntimeAdapter, error_text
 from prodip.conformance.runtimes.timing import SpeedJob, Timing
-from prodip.conformance.web_page import PAGE_WASM, PageWasmTimer
 
 logger = logging.getLogger(__name__)
 
 SPEED_FILE = "speed.json"
 SPEED_HEADING = "## Speed"
-#: The on-device runtime whose choice in ``--runtimes`` also times the page on WASM: the page runs its WASM build.
-PAGE_RUNTIME = "onnxruntime-web"
 
 #: A figure of a row: a positive finite number.
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
-class Timer(Protocol):
-    """What the speed table needs of a runtime (a runtime adapter, or :class:`PageWasmTimer`)."""
+def timers() -> list[tuple[Runtime, RuntimeAdapter]]:
+    """Each ``timed`` row of the runtime table with its adapter, in the table's order (the card's order), read at
+    call time (a test may add a row and its adapter).
 
-    # read-only members: an adapter's class attribute ``timed_formats = ("onnx",)`` is a ``tuple[str]``
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def timed_formats(self) -> tuple[str, ...]: ...
-
-    def available(self) -> Optional[str]: ...
-
-    def time_generation(self, job: SpeedJob) -> dict[str, Timing]: ...
-
-
-def timers() -> list[Timer]:
-    """The timed runtimes, in the card's order (looked up at call time: a test may replace an adapter)."""
-    own: dict[str, Timer] = {"onnxruntime": OnnxRuntimeAdapter(), PAGE_WASM: PageWasmTimer()}  # no adapter row
-    names = ("onnxruntime", "onnxruntime-genai", "transformers.js", PAGE_WASM, "llama.cpp", "executorch")
-    return [own[n] if n in own else adapter_for(n) for n in names]
+    Raises:
+        KeyError: a timed row with no adapter in ``prodip.conformance.runtimes.adapters.ADAPTERS``.
+    """
+    return [(by_name(name), adapter_for(name)) for name in runtime_names(timed=True)]
 
 
 def runtime_label(name: str) -> str:
-    """The card's name of a timed runtime (``ONNX Runtime``, ``transformers.js (Node)``, ``web page (WASM)``)."""
-    if name == "transformers.js":
-        return "transformers.js (Node)"
+    """The card's name of a timed runtime: its row's label (``ONNX Runtime``, ``transformers.js (Node)``,
+    ``transformers.js (Chromium, WASM)``); a name no row has (a record from an older table) as it is."""
     try:
         return by_name(name).card_label
-    except KeyError:  # the page is not a runtime row
+    except KeyError:
         return name
 
 
@@ -111,6 +98,7 @@ class SpeedSettings(RecordPart):
 class SpeedRow(RecordPart):
     """One variant in one runtime: medians over the rounds."""
 
+    #: the runtime's row name in ``prodip.base.runtimes.RUNTIMES`` (the card shows its label)
     runtime: str
     variant: str
     #: new tokens after the first per second, median over the rounds
@@ -171,16 +159,16 @@ def describe_machine() -> Machine:
     )
 
 
-def _skip_reason(timer: Timer, cands: Sequence[Any], selected: Sequence[str]) -> Optional[str]:
-    row_name = PAGE_RUNTIME if timer.name == PAGE_WASM else timer.name
+def _skip_reason(row: Runtime, timer: RuntimeAdapter, cands: Sequence[Any], selected: Sequence[str]) -> Optional[str]:
+    """Why ``row`` is not timed (None: it is): no variant of its formats, not chosen by ``--runtimes`` (the row
+    :meth:`~prodip.base.runtimes.Runtime.timing_choosers` names), or not installed (its adapter's words)."""
     if not cands:
-        return f"no {' / '.join(timer.timed_formats)} variant checked"
-    try:
-        on_device = bool(by_name(row_name).greedy_metric)
-    except KeyError:
-        on_device = False
-    if on_device and row_name not in selected:
-        return f"not chosen: {row_name} is not in --runtimes"
+        return f"no {' / '.join(row.formats)} variant checked"
+    choosers = row.timing_choosers()
+    if choosers and not set(choosers) & set(selected):
+        if len(choosers) == 1:
+            return f"not chosen: {choosers[0]} is not in --runtimes"
+        return f"not chosen: neither {' nor '.join(choosers)} is in --runtimes"
     return timer.available()
 
 
@@ -197,7 +185,7 @@ def measure_speed(
     rounds: int,
     export_files_sha256: str,
 ) -> SpeedReport:
-    """Time every candidate in every runtime of :func:`timers` that runs its format.
+    """Time every candidate in every runtime of :func:`timers` whose row runs its format.
 
     Args:
         export_dir: the export dir.
@@ -205,7 +193,8 @@ def measure_speed(
             ``gguf``, ``pte`` whose name is their variant's are timed (the safetensors ones are the references).
         prompt: the prompt's ids (export tokenizer, BOS included); prompt_text: the same text (for the page).
         model_cfg: the model's ``ModelConfig``.
-        runtimes: the on-device runtimes ``--runtimes`` chose (the others are skipped).
+        runtimes: the on-device runtimes ``--runtimes`` chose (a timed on-device row is skipped unless it or its
+            ``timed_with`` row is among them).
         threads: CPU threads per runtime (0 = each one's default); new_tokens: >= 2; rounds: >= 1.
         export_files_sha256: the export's files table hash (what the figures belong to).
     Returns:
@@ -217,30 +206,30 @@ def measure_speed(
     skipped: dict[str, str] = {}
     runtime_seconds: dict[str, float] = {}
     timed = [c for c in candidates if c.kind in ("onnx", "gguf", "pte") and c.name == c.variant]
-    for timer in timers():
-        cands = [c for c in timed if c.kind in timer.timed_formats]
-        reason = _skip_reason(timer, cands, runtimes)
+    for row, timer in timers():
+        cands = [c for c in timed if c.kind in row.formats]
+        reason = _skip_reason(row, timer, cands, runtimes)
         if reason is not None:
-            skipped[timer.name] = reason
+            skipped[row.name] = reason
             continue
-        logger.info("conformance: timing %d variant(s) in %s", len(cands), timer.name)
+        logger.info("conformance: timing %d variant(s) in %s", len(cands), row.name)
         started = time.perf_counter()
         job = SpeedJob(Path(export_dir), cands, list(prompt), prompt_text, new_tokens, rounds, threads, model_cfg)
         try:
             got = timer.time_generation(job)
         except Exception as err:  # the runtime as a whole failed: every variant of it failed
             got = {c.name: Timing(error=error_text(err)) for c in cands}
-        runtime_seconds[timer.name] = time.perf_counter() - started
+        runtime_seconds[row.name] = time.perf_counter() - started
         for c in cands:
             res = got.get(c.name) or Timing(error="no timing returned")
             if res.error is None and not res.ttft_s:
                 res.error = "no timed round"
             if res.error is not None:
-                failed.append(SpeedFailure(runtime=timer.name, variant=c.variant, error=res.error))
+                failed.append(SpeedFailure(runtime=row.name, variant=c.variant, error=res.error))
                 continue
             rows.append(
                 SpeedRow(
-                    runtime=timer.name,
+                    runtime=row.name,
                     variant=c.variant,
                     decode_tokens_per_s=res.median_decode_tokens_per_s,
                     ttft_s=res.median_ttft_s,
@@ -287,7 +276,7 @@ def render_speed(report: SpeedReport) -> str:
         "| runtime | variant | decode (tokens/s) | time to first token (ms) | threads |",
         "|---|---|---:|---:|---:|",
     ]
-    order = {t.name: i for i, t in enumerate(timers())}
+    order = {name: i for i, name in enumerate(runtime_names(timed=True))}
     by_runtime: dict[str, list[SpeedRow]] = {}
     for r in report.rows:
         by_runtime.setdefault(r.runtime, []).append(r)

@@ -1,8 +1,9 @@
-"""The adapter of each runtime row (``prodip.base.runtimes.RUNTIMES``) that conformance runs itself.
+"""The adapter of each runtime row (``prodip.base.runtimes.RUNTIMES``) that conformance runs itself: its greedy
+ids, chat rendering or timed generation (rows with a ``greedy_metric``, ``chat`` or ``timed``).
 
-Rows without an adapter here are run elsewhere: ``tokenizers`` (the tokenizer parity's reference), ONNX Runtime
-and prodip's PyTorch model (the suite's candidate runners, ``prodip.conformance.runners``). A new runtime adds its
-module beside this one and one entry below.
+Rows without an adapter here are run elsewhere: ``tokenizers`` (the tokenizer parity's reference) and prodip's
+PyTorch model (a candidate runner, ``prodip.conformance.runners``); ONNX Runtime's checks are the candidates' own
+too, and its adapter here only times it. A new runtime adds its module beside this one and one entry below.
 
     python -c "from prodip.conformance.runtimes.adapters import ADAPTERS; print(sorted(ADAPTERS))"
 """
@@ -13,6 +14,7 @@ from prodip.conformance.runtimes.common import RuntimeAdapter
 from prodip.conformance.runtimes.executorch import ExecuTorchAdapter
 from prodip.conformance.runtimes.genai import GenaiAdapter
 from prodip.conformance.runtimes.llamacpp import LlamaCppAdapter
+from prodip.conformance.runtimes.onnxruntime import OnnxRuntimeAdapter
 from prodip.conformance.runtimes.ortweb import OrtWebAdapter
 from prodip.conformance.runtimes.serve import ServeAdapter
 from prodip.conformance.runtimes.transformers import TransformersAdapter
@@ -25,6 +27,7 @@ ADAPTERS: dict[str, RuntimeAdapter] = {
     for a in (
         TransformersAdapter(),
         ServeAdapter(),
+        OnnxRuntimeAdapter(),
         GenaiAdapter(),
         TransformersJsAdapter(),
         OrtWebAdapter(),

@@ -50,6 +50,27 @@ def browser_missing(root: Optional[Path] = None) -> Optional[str]:
     return None
 
 
+def chromium_version() -> Optional[str]:
+    """``Chromium 131.0.6778.139 built on Debian ...`` as ``chromium --version`` says it, or None (no Chromium, or it
+    did not answer within 60 s)."""
+    try:
+        out = subprocess.run([chromium_path(), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip() or None
+
+
+def node_package_version(name: str, root: Optional[Path] = None) -> Optional[str]:
+    """The ``version`` of the Node package ``name`` under ``root`` (default :func:`node_root`)'s ``node_modules``,
+    or None when it is not installed or its ``package.json`` has none."""
+    path = (root or node_root()) / "node_modules" / name / "package.json"
+    try:
+        version = json.loads(path.read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError, AttributeError):  # not installed, not JSON, not an object
+        return None
+    return version if isinstance(version, str) else None
+
+
 class IsolatedHandler(http.server.SimpleHTTPRequestHandler):
     """Static files, cross-origin isolated (COOP/COEP: ``SharedArrayBuffer``, so the page may use WASM threads), not
     cached, no request log; URL prefixes in ``routes`` are served from other folders (bench/browser.py: wllama)."""

@@ -282,11 +282,10 @@ class ChatOutput:
 class RuntimeAdapter:
     """One runtime's work for conformance. Subclasses set ``name`` (a row of ``prodip.base.runtimes.RUNTIMES``)
     and implement :meth:`greedy` (rows with a greedy metric) and/or :meth:`chat` (rows with ``chat``), and
-    :meth:`time_generation` for the variant formats in ``timed_formats`` (the card's speed table)."""
+    :meth:`time_generation` (rows marked ``timed``: the card's speed table, on the variants of the row's
+    ``formats``)."""
 
     name: str = ""
-    #: the variant formats :meth:`time_generation` times (``"onnx"``, ``"gguf"``, ``"pte"``); () = not timed
-    timed_formats: tuple[str, ...] = ()
 
     def available(self) -> Optional[str]:
         """Why the runtime cannot run here (not installed; the message says how to install it), or None."""

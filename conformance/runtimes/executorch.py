@@ -35,7 +35,6 @@ def _threadpool(threads: int) -> int:
 
 class ExecuTorchAdapter(RuntimeAdapter):
     name = NAME
-    timed_formats = ("pte",)
 
     def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
         """Each ``.pte`` through ExecuTorch's Python runtime (``ExecuTorchRunner``: the program's ``forward`` with

@@ -123,7 +123,6 @@ def genai_timing(
 
 class GenaiAdapter(RuntimeAdapter):
     name = NAME
-    timed_formats = ("onnx",)
 
     def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
         out = {}

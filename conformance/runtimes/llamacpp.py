@@ -27,7 +27,6 @@ SPEED_SCRIPT = "llamacpp_speed.mjs"
 
 class LlamaCppAdapter(RuntimeAdapter):
     name = NAME
-    timed_formats = ("gguf",)
 
     def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
         """Every GGUF candidate in one Node process (``node/llamacpp_speed.mjs``: ``performance.now()`` before the

@@ -1,8 +1,8 @@
 """ONNX Runtime (its CPU execution provider, Python): the timed generation of every ONNX variant.
 
 Its ids and logits are the candidates' own checks (``prodip.conformance.runners.OrtRunner``), so it has no greedy or
-chat work and is not in :data:`prodip.conformance.runtimes.adapters.ADAPTERS` (the rows with such checks); here it is
-one runtime of the card's speed table (``prodip.conformance.speed.timers``), timed through the same runner
+chat work; its row is ``timed``, so its adapter here is one runtime of the card's speed table
+(``prodip.conformance.speed.timers``), timed through the same runner
 (:func:`prodip.conformance.runtimes.timing.time_runner`).
 
     python -c "from prodip.conformance.runtimes.onnxruntime import OnnxRuntimeAdapter; print(OnnxRuntimeAdapter().available())"
@@ -18,7 +18,6 @@ NAME = "onnxruntime"
 
 class OnnxRuntimeAdapter(RuntimeAdapter):
     name = NAME
-    timed_formats = ("onnx",)
 
     def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
         import onnxruntime  # noqa: PLC0415 (heavy)

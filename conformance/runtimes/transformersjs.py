@@ -78,7 +78,6 @@ def node_chat(job: ChatJob, runtime: str, gguf: Any = None) -> dict[str, Any]:
 
 class TransformersJsAdapter(RuntimeAdapter):
     name = NAME
-    timed_formats = ("onnx",)
 
     def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
         """Every ONNX candidate by the dtype whose file is its own, all in one Node process

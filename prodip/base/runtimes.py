@@ -12,7 +12,10 @@ Each row says which package brings it, which variant formats it runs, and which 
 - ``logits_metric``: its logits at every greedy step are also held to the variant's tolerance;
 - ``chat``: it renders the fixed chat conversations with its own template engine (``prodip.conformance.chat``);
 - ``tokenizer``: the tokenizer parity check compares its ids with ``tokenizers``' (``prodip.tokenizer.parity``);
-- ``candidate_kind``: conformance runs a variant in it as a candidate of that kind (its own checks).
+- ``candidate_kind``: conformance runs a variant in it as a candidate of that kind (its own checks);
+- ``timed``: the card's speed table (``prodip.conformance.speed``) times greedy generation of every variant of its
+  ``formats`` in it (its adapter's ``time_generation``): an on-device row when ``--runtimes`` chose it or its
+  ``timed_with`` row, any other row whenever it is installed.
 
 Code that loops over runtimes reads this table at call time (:func:`runtime_names`), so a test that adds a row
 to :data:`RUNTIMES` sees it everywhere; the work of each runtime is its adapter in
@@ -57,6 +60,9 @@ class Runtime:
         candidate_kind: the conformance candidate kind it runs (``"onnx"``, ``"gguf"``, ...; "" = none).
         label: the name the model card gives it (default: ``name``).
         default: run when ``--runtimes`` is not given (rows with a ``greedy_metric``).
+        timed: the speed table times it, on the variants of its ``formats`` (:meth:`timing_choosers` says when).
+        timed_with: another on-device row whose choice in ``--runtimes`` also times this one ("" = none): the
+            page on WASM runs onnxruntime-web's WASM build, so a run that checks that build times the page too.
     """
 
     name: str
@@ -72,10 +78,20 @@ class Runtime:
     candidate_kind: str = ""
     label: str = ""
     default: bool = True
+    timed: bool = False
+    timed_with: str = ""
 
     @property
     def card_label(self) -> str:
         return self.label or self.name
+
+    def timing_choosers(self) -> tuple[str, ...]:
+        """The ``--runtimes`` names any of which, chosen, lets the speed table time this row: its own name and
+        ``timed_with`` for an on-device row (one with a ``greedy_metric``); () for any other row, timed whenever it
+        is installed (no ``--runtimes`` choice applies to it)."""
+        if not self.greedy_metric:
+            return ()
+        return (self.name, self.timed_with) if self.timed_with else (self.name,)
 
     def greedy_margin(self, variant: str) -> Optional[float]:
         """The margin (logits) its greedy ids on ``variant`` are judged with, or None: they must be identical."""
@@ -96,7 +112,13 @@ RUNTIMES: tuple[Runtime, ...] = (
     ),
     Runtime("prodip serve", "prodip", ("onnx",), chat=True),
     Runtime(
-        "onnxruntime", "onnxruntime", ("onnx",), modules=("onnxruntime",), candidate_kind="onnx", label="ONNX Runtime"
+        "onnxruntime",
+        "onnxruntime",
+        ("onnx",),
+        modules=("onnxruntime",),
+        candidate_kind="onnx",
+        label="ONNX Runtime",
+        timed=True,
     ),
     Runtime(
         "pytorch", "torch", ("safetensors",), modules=("torch",), candidate_kind="prodip", label="PyTorch (prodip)"
@@ -109,6 +131,7 @@ RUNTIMES: tuple[Runtime, ...] = (
         greedy_metric="genai_greedy_identical",
         chat=True,
         tokenizer=True,
+        timed=True,
     ),
     Runtime(
         "transformers.js",
@@ -118,6 +141,8 @@ RUNTIMES: tuple[Runtime, ...] = (
         greedy_metric="transformersjs_greedy_identical",
         chat=True,
         tokenizer=True,
+        label="transformers.js (Node)",
+        timed=True,
     ),
     Runtime(
         "onnxruntime-web",
@@ -158,6 +183,10 @@ RUNTIMES: tuple[Runtime, ...] = (
         # an export whose ONNX weights are inline (a standard graph) has nothing it loads; a tiny export's 4
         # variants, 2 prompts: 21 s
         default=False,
+        # but timed by default: the page on WASM is the figure a browser user gets, and a default run chooses
+        # onnxruntime-web, the WASM build it loads (demo-size export: 17 s of a 30 s speed table)
+        timed=True,
+        timed_with="onnxruntime-web",
     ),
     Runtime(
         "llama.cpp",
@@ -168,6 +197,7 @@ RUNTIMES: tuple[Runtime, ...] = (
         chat=True,
         tokenizer=True,
         candidate_kind="gguf",
+        timed=True,
     ),
     Runtime(
         "executorch",
@@ -178,6 +208,7 @@ RUNTIMES: tuple[Runtime, ...] = (
         tokenizer=True,
         candidate_kind="pte",
         label="ExecuTorch",
+        timed=True,
     ),
 )
 
@@ -200,12 +231,18 @@ def by_name(name: str) -> Runtime:
 
 
 def runtime_names(
-    *, greedy: Optional[bool] = None, chat: Optional[bool] = None, tokenizer: Optional[bool] = None
+    *,
+    greedy: Optional[bool] = None,
+    chat: Optional[bool] = None,
+    tokenizer: Optional[bool] = None,
+    timed: Optional[bool] = None,
 ) -> tuple[str, ...]:
     """Names of the rows of :data:`RUNTIMES` (at call time) with the given flags (``None`` = any), in order.
 
     >>> runtime_names(greedy=True)
     ('onnxruntime-genai', 'transformers.js', 'onnxruntime-web', 'transformers.js-webgpu', 'transformers.js-browser')
+    >>> runtime_names(timed=True)
+    ('onnxruntime', 'onnxruntime-genai', 'transformers.js', 'transformers.js-browser', 'llama.cpp', 'executorch')
     """
     return tuple(
         r.name
@@ -213,6 +250,7 @@ def runtime_names(
         if (greedy is None or bool(r.greedy_metric) == greedy)
         and (chat is None or r.chat == chat)
         and (tokenizer is None or r.tokenizer == tokenizer)
+        and (timed is None or r.timed == timed)
     )
 
 

@@ -1,6 +1,7 @@
 """The runtimes are one table (``prodip.base.runtimes.RUNTIMES``): a row added to it, with its adapter, is run by
 conformance (its greedy check gated on every ONNX variant, its chat rendering compared), by the tokenizer parity
-check, and named in the model card's "runtimes proven", with no other edit (docs/architecture.md "Add a runtime").
+check, named in the model card's "runtimes proven", and, marked ``timed``, timed into speed.json and the card's
+speed table, with no other edit (docs/architecture.md "Add a runtime").
 
 The added runtime is real enough to be judged: ONNX Runtime on the variant's file in a session of its own
 (``ort_greedy``), the reference's chat rendering, and ``tokenizers`` as its tokenizer; a second row whose
@@ -22,6 +23,8 @@ import prodip.base.runtimes as table
 from prodip.base.runtimes import Runtime, runtime_names
 from prodip.conformance.runtimes import ADAPTERS, ChatJob, ChatOutput, GreedyJob, GreedyOutput, RuntimeAdapter
 from prodip.conformance.runtimes.common import ort_greedy
+from prodip.conformance.runtimes.onnxruntime import OnnxRuntimeAdapter
+from prodip.conformance.runtimes.timing import SpeedJob, Timing
 
 GOOD, BAD = "ort-twin", "ort-twin-broken"
 #: report.json's keys as the suite wrote them when it assembled dicts (a tiny export, every runtime, main 2b0deed)
@@ -34,7 +37,8 @@ CANDIDATE_KEYS = "variant kind path tolerance_table metrics errors checks passed
 
 
 class OrtTwin(RuntimeAdapter):
-    """ONNX Runtime in a session of its own, as a new runtime; ``broken``: the last new token dropped."""
+    """ONNX Runtime in a session of its own, as a new runtime; ``broken``: the last new token dropped (and the last
+    candidate's timing lost)."""
 
     def __init__(self, name: str, broken: bool = False) -> None:
         self.name, self.broken = name, broken
@@ -53,6 +57,14 @@ class OrtTwin(RuntimeAdapter):
         if self.broken:  # the first token dropped, and only the end of turn a stop
             ids, stops = {k: v[1:] for k, v in ids.items()}, [job.end_of_turn]
         return ChatOutput(ids=ids, stop_ids=stops, end_of_turn_stops=job.end_of_turn in stops)
+
+    def time_generation(self, job: SpeedJob) -> dict[str, Timing]:
+        out = OnnxRuntimeAdapter().time_generation(job)  # ONNX Runtime's timing, in sessions of its own
+        for timing in out.values():
+            timing.version = "twin 1"
+        if self.broken:
+            out.pop(job.candidates[-1].name)
+        return out
 
 
 def _encoder(broken: bool):
@@ -186,7 +198,11 @@ def test_every_row_has_the_code_its_checks_need():
             assert type(ADAPTERS[row.name]).chat is not Base.chat, row.name
         if row.tokenizer:
             assert row.name in parity._PYTHON_RUNNERS or row.npm, row.name
-    assert set(ADAPTERS) == set(runtime_names(greedy=True)) | set(runtime_names(chat=True))
+        if row.timed:
+            assert type(ADAPTERS[row.name]).time_generation is not Base.time_generation, row.name
+            assert row.formats, row.name  # the variants it times
+    names = set(runtime_names(greedy=True)) | set(runtime_names(chat=True)) | set(runtime_names(timed=True))
+    assert set(ADAPTERS) == names
     # the candidate kinds prodip.conformance.suite.plan_candidates makes, each run by one row (the card's label)
     kinds = [r.candidate_kind for r in table.RUNTIMES if r.candidate_kind]
     assert sorted(kinds) == ["gguf", "onnx", "prodip", "pte", "transformers"]
@@ -250,3 +266,94 @@ def test_the_browser_rows_are_skipped_with_the_reason_when_chromium_or_puppeteer
     monkeypatch.setenv("PRODIP_NODE_ROOT", str(tmp_path))  # no node_modules there
     reason = ADAPTERS["transformers.js-webgpu"].available()
     assert reason == f"puppeteer-core not installed in {tmp_path} (npm install --ignore-scripts --prefix node)"
+
+
+@pytest.mark.parametrize("runtimes", [["onnxruntime-web"], ["transformers.js-browser"]])
+def test_the_page_on_wasm_is_timed_by_default_and_the_webgpu_page_is_not(runtimes):
+    """The speed table's rows are the table's ``timed`` rows in the card's order; the page on WASM (the
+    ``transformers.js-browser`` row, whose greedy check is opt-in) is timed by a default run, which chooses
+    onnxruntime-web (the WASM build the page loads), or when chosen itself; the WebGPU page is not timed."""
+    from types import SimpleNamespace
+
+    from prodip.base.runtimes import by_name, default_on_device
+    from prodip.conformance.speed import _skip_reason
+
+    assert runtime_names(timed=True) == (
+        "onnxruntime", "onnxruntime-genai", "transformers.js", "transformers.js-browser", "llama.cpp", "executorch"
+    )  # fmt: skip
+    page, adapter = by_name("transformers.js-browser"), ADAPTERS["transformers.js-browser"]
+    assert not page.default and "onnxruntime-web" in default_on_device()
+    fp32 = [SimpleNamespace(name="fp32", variant="fp32", kind="onnx")]
+    for chosen in (default_on_device(), runtimes):
+        assert _skip_reason(page, adapter, fp32, chosen) == adapter.available()  # None where Chromium is here
+    assert _skip_reason(page, adapter, fp32, ["transformers.js"]) == (
+        "not chosen: neither transformers.js-browser nor onnxruntime-web is in --runtimes"
+    )
+    assert _skip_reason(page, adapter, [], runtimes) == "no onnx variant checked"
+    assert not by_name("transformers.js-webgpu").timed
+
+
+def test_a_timed_row_is_timed_into_speed_json_and_the_card(twin_rows, tiny_artifacts, monkeypatch, tmp_path):
+    """Rows marked ``timed`` with a timing adapter reach speed.json and the card's speed table with no edit to the
+    speed module: an on-device row when ``--runtimes`` chose it or its ``timed_with`` row, a row without a greedy
+    check whenever it is installed (not installed: skipped with how to install it); a variant its runtime returned
+    no timing for is listed as not timed."""
+    import json
+    import math
+
+    from tokenizers import Tokenizer
+
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance.inputs import PROMPTS
+    from prodip.conformance.speed import SPEED_FILE, SpeedReport, measure_speed, render_speed
+    from prodip.conformance.suite import plan_candidates
+    from prodip.train.config import ModelConfig
+
+    good, bad = twin_rows
+    absent = Runtime("twin-absent", "twin-absent", ("onnx",), modules=("prodip_no_such_module",), timed=True)
+    rows = (
+        replace(good, label="Twin (ONNX Runtime)", timed=True),
+        replace(bad, timed=True, timed_with=GOOD),  # not chosen itself: timed because the good twin is
+        absent,
+    )
+    monkeypatch.setattr(table, "RUNTIMES", (*table.RUNTIMES[:-2], *rows))
+    monkeypatch.setitem(ADAPTERS, absent.name, OrtTwin(absent.name))
+    export = tiny_artifacts["export"]
+    model_cfg = ModelConfig.from_hf_dict(json.loads((export / "config.json").read_text(encoding="utf-8")))
+    prompt = Tokenizer.from_file(str(export / "tokenizer.json")).encode(PROMPTS["en"]).ids[:16]
+    cands = plan_candidates(load_manifest(export), ["fp32", "int8"])
+
+    def measure(runtimes: list[str]) -> SpeedReport:
+        return measure_speed(
+            export, cands, prompt, PROMPTS["en"], model_cfg, runtimes=runtimes, threads=1, new_tokens=4, rounds=2,
+            export_files_sha256="0" * 64,
+        )  # fmt: skip
+
+    record = measure([GOOD])
+    assert sorted((r.runtime, r.variant) for r in record.rows) == [
+        ("onnxruntime", "fp32"), ("onnxruntime", "int8"), (GOOD, "fp32"), (GOOD, "int8"), (BAD, "fp32")
+    ]  # fmt: skip
+    for r in record.rows:
+        assert math.isfinite(r.decode_tokens_per_s) and r.decode_tokens_per_s > 0 and r.ttft_s > 0, r
+        assert (r.rounds, r.new_tokens, r.threads) == (2, 4, 1), r
+    versions = {r.runtime: r.version for r in record.rows}
+    assert versions[GOOD] == versions[BAD] == "twin 1" and versions["onnxruntime"].startswith("onnxruntime 1.")
+    assert [(f.runtime, f.variant, f.error) for f in record.failed] == [(BAD, "int8", "no timing returned")]
+    assert record.skipped[absent.name] == "Python package prodip_no_such_module not installed " + (
+        "(pip install 'prodip[runtimes]')"
+    )
+    assert set(record.runtime_seconds) == {"onnxruntime", GOOD, BAD}
+
+    path = record.write(tmp_path / SPEED_FILE)
+    again = SpeedReport.read(path)
+    assert again == record
+    text = render_speed(again)
+    table_runtimes = [line.split(" | ")[0][2:] for line in text.splitlines() if line.startswith("| ")][1:]
+    # the table's order (ONNX Runtime's row before the twins'), each row by its card label
+    assert table_runtimes == ["ONNX Runtime"] * 2 + ["Twin (ONNX Runtime)"] * 2 + [BAD]
+    assert "Twin (ONNX Runtime): twin 1" in text and f"- {BAD}, int8: no timing returned" in text
+    assert "- twin-absent: Python package prodip_no_such_module not installed" in text
+
+    skipped = measure([]).skipped
+    assert skipped[GOOD] == f"not chosen: {GOOD} is not in --runtimes"
+    assert skipped[BAD] == f"not chosen: neither {BAD} nor {GOOD} is in --runtimes"

@@ -138,7 +138,7 @@ def test_conformance_writes_the_speed_record_and_the_card_table(conformed_export
     assert record.skipped == {
         "onnxruntime-genai": "not chosen: onnxruntime-genai is not in --runtimes",
         "transformers.js": "not chosen: transformers.js is not in --runtimes",
-        "web page (WASM)": "not chosen: onnxruntime-web is not in --runtimes",
+        "transformers.js-browser": "not chosen: neither transformers.js-browser nor onnxruntime-web is in --runtimes",
         "llama.cpp": "no gguf variant checked",
         "executorch": "no pte variant checked",
     }
@@ -189,14 +189,17 @@ def test_every_installed_runtime_times_every_variant_it_runs(every_format_export
     )
     assert record.failed == [], record.failed
     formats = {"onnx": ["fp32", "int4", "int8"], "gguf": ["gguf-q8_0"], "pte": ["pte-fp32"]}
-    for timer in timers():
+    assert [row.name for row, _ in timers()] == [
+        "onnxruntime", "onnxruntime-genai", "transformers.js", "transformers.js-browser", "llama.cpp", "executorch"
+    ]  # fmt: skip
+    for row, timer in timers():
         reason = timer.available()
-        got = sorted(r.variant for r in record.rows if r.runtime == timer.name)
+        got = sorted(r.variant for r in record.rows if r.runtime == row.name)
         if reason is not None:
-            assert record.skipped[timer.name] == reason and got == []
+            assert record.skipped[row.name] == reason and got == []
             continue
-        assert got == formats[timer.timed_formats[0]], timer.name
-        assert timer.name not in record.skipped
+        assert got == formats[row.formats[0]], row.name
+        assert row.name not in record.skipped
     for r in record.rows:
         assert _positive(r.decode_tokens_per_s) and _positive(r.ttft_s), r
         assert r.rounds == 2 and r.new_tokens == 8 and r.version, r
