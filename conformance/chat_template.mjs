@@ -17,9 +17,9 @@
 //   echo '{"export_dir":"runs/demo/export","conversations":[[{"role":"user","content":"hi"}]],"transformersjs":true,
 //          "gguf":null,"end_of_turn_id":4,"node_root":"node"}' | node conformance/chat_template.mjs
 import { createRequire } from 'node:module';
-import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { packageVersion } from './package_versions.mjs';
 
 const chunks = [];
 for await (const chunk of process.stdin) chunks.push(chunk);
@@ -27,10 +27,7 @@ const job = JSON.parse(Buffer.concat(chunks).toString('utf8'));
 const root = path.resolve(job.node_root);
 const require = createRequire(path.join(root, 'package.json'));
 const load = async (name) => import(pathToFileURL(require.resolve(name)).href);
-const version = (name) => {
-  try { return JSON.parse(readFileSync(path.join(root, 'node_modules', name, 'package.json'), 'utf8')).version; }
-  catch { return null; }
-};
+const version = (name) => packageVersion(root, name);
 const message = (err) => String(err && err.message ? err.message : err).slice(0, 800);
 const out = {};
 

@@ -16,6 +16,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { packageVersion } from './package_versions.mjs';
 
 const chunks = [];
 for await (const chunk of process.stdin) chunks.push(chunk);
@@ -75,7 +76,5 @@ for (const file of job.files) {
     results[file] = { error: String(err && err.message ? err.message : err).slice(0, 800) };
   }
 }
-const version = (name) => {
-  try { return JSON.parse(readFileSync(path.join(path.resolve(job.node_root), 'node_modules', name, 'package.json'), 'utf8')).version; } catch { return null; }
-};
+const version = (name) => packageVersion(job.node_root, name);
 console.log(JSON.stringify({ versions: { 'onnxruntime-web': version('onnxruntime-web'), backend: 'wasm (ort.webgpu build)', node: process.version }, results }));

@@ -11,9 +11,9 @@
 //   echo '{"export_dir":"runs/demo/export","dtypes":["q4"],"prompt":[2,40,41],"new_tokens":8,"rounds":1,"threads":1,"node_root":"node"}' \
 //     | node conformance/transformersjs_speed.mjs
 import { createRequire } from 'node:module';
-import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { transformersjsVersions } from './package_versions.mjs';
 
 const chunks = [];
 for await (const chunk of process.stdin) chunks.push(chunk);
@@ -54,10 +54,4 @@ for (const dtype of job.dtypes) {
     results[dtype] = { error: String(err && err.message ? err.message : err).slice(0, 800) };
   }
 }
-const version = (name) => {
-  try {
-    return JSON.parse(readFileSync(path.join(path.resolve(job.node_root), 'node_modules', name, 'package.json'), 'utf8')).version;
-  } catch { return null; }
-};
-const versions = { '@huggingface/transformers': version('@huggingface/transformers'), 'onnxruntime-node': version('onnxruntime-node'), node: process.version };
-console.log(JSON.stringify({ versions, results }));
+console.log(JSON.stringify({ versions: transformersjsVersions(job.node_root), results }));
