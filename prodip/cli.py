@@ -56,12 +56,12 @@ def _whole_file_checked(func: Callable[[argparse.Namespace], int | None]) -> Cal
     (:func:`prodip.pipeline.validate_config_file`): a stage command reads one table, but a typo in any
     other (``[serve] varaint``) is refused as ``prodip run`` refuses it, not silently ignored.
 
-    ``prodip serve`` is left out: the validator imports every stage's config (torch), and serve runs on
-    ONNX Runtime alone; it checks its own ``[serve]`` table.
+    ``prodip serve`` too: the validator reads every table into its config class (``prodip.plan.RunPlan``),
+    whose modules import nothing beyond the default install, so it runs where serve runs, without torch.
     """
 
     def checked(args: argparse.Namespace) -> int | None:
-        from prodip.pipeline import validate_config_file  # noqa: PLC0415 (lazy: torch)
+        from prodip.pipeline import validate_config_file  # noqa: PLC0415 (lazy: only with --config)
 
         validate_config_file(args.config)
         return func(args)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit:
             pass
         return 2
-    if args.command not in ("run", "serve") and getattr(args, "config", None):
+    if args.command != "run" and getattr(args, "config", None):
         func = _whole_file_checked(func)
     code = run_command(func, args, args.command)
     return leave_after_interrupt(code) if as_command else code

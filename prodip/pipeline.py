@@ -144,7 +144,9 @@ def resolve_all(config_path: str, tables: dict[str, TOMLTable], out_dir: Path) -
     # one set of corpus-reading options: [data]'s, unless [tokenizer] or [audit] set their own
     reader = {k: v for k, v in tables.get("data", {}).items() if k in READ_OPTIONS}
     configs = {}
-    for name, cls in _config_classes().items():
+    # RunPlan's classes, not the stage registry's (_stages checks they agree): the registry imports every
+    # stage's modules (torch), and `prodip serve --config` checks the whole file with this in an install without it
+    for name, cls in RunPlan.classes().items():
         fields = {f.name for f in dataclasses.fields(cls)}
         data: dict[str, object] = {k: v for k, v in base[name].items() if k in fields}
         if name in ("tokenizer", "audit"):

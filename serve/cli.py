@@ -23,7 +23,11 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("export_dir", metavar="EXPORT_DIR", help="dir written by `prodip export`")
-    p.add_argument("--config", metavar="TOML", help="TOML file; its [serve] table sets ServeConfig fields")
+    p.add_argument(
+        "--config",
+        metavar="TOML",
+        help="TOML file; its [serve] table sets ServeConfig fields (`prodip serve` checks every table, as `prodip run`)",
+    )
     p.add_argument(
         "--allow-unverified",
         dest="allow_unverified",

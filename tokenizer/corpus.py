@@ -29,12 +29,12 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from prodip.base.errors import InvalidInput, MissingInput
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,10 @@ def _jsonl_documents(path: Path, lines: Iterator[str], text_field: str = "text")
 
 def _column_documents(path: Path, batches: Iterator[pa.RecordBatch], text_field: str) -> Iterator[str]:
     """Strings of column ``text_field`` of Arrow record batches (nulls skipped)."""
+    # imported where a Parquet/CSV file is read: pyarrow is the train extra's, and the whole-file config check
+    # (`prodip serve --config`, default install) imports this module for its help texts
+    import pyarrow as pa  # noqa: PLC0415
+
     for batch in batches:
         if text_field not in batch.schema.names:
             raise InvalidInput(
@@ -323,6 +327,10 @@ def _arrow_documents(path: Path, text_field: str, stats: ReadStats) -> Iterator[
         ValueError: not readable as Parquet/CSV (pyarrow's message, the file named), no such
             column, or a column that is not text.
     """
+    import pyarrow as pa  # noqa: PLC0415 (see _column_documents)
+    import pyarrow.csv as pa_csv  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
     stats.bytes += path.stat().st_size
     try:
         if path.name.lower().endswith(".parquet"):
@@ -505,6 +513,10 @@ def _column_values(path: Path, field: str, stats: ReadStats) -> Iterator[object]
             for batch in batches:
                 yield from batch.column(field).to_pylist()
         return
+    import pyarrow as pa  # noqa: PLC0415 (see _column_documents)
+    import pyarrow.csv as pa_csv  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
     stats.bytes += path.stat().st_size
     try:
         if path.name.lower().endswith(".parquet"):

@@ -43,14 +43,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from license_expression import AND, OR, ExpressionError, LicenseExpression, Licensing, get_spdx_licensing
+from typing import TYPE_CHECKING, Any
 
 from prodip.base.config import opt, read_toml
 from prodip.base.errors import InvalidInput, UserError
 from prodip.base.hub import HUB_LICENSE_IDS, hub_license, license_slug
 from prodip.base.jsontypes import JSONObject, TOMLTable
+
+if TYPE_CHECKING:
+    from license_expression import LicenseExpression, Licensing
 
 SOURCES_FILE = "sources.toml"
 UNKNOWN = "unknown"
@@ -222,6 +223,9 @@ def glob_match(path: str, pattern: str) -> bool:
 
 @functools.cache
 def _licensing() -> Licensing:
+    # imported here: the train extra's; a config check (SourceOptions) must run in the serve-only install
+    from license_expression import get_spdx_licensing  # noqa: PLC0415
+
     return get_spdx_licensing()  # the SPDX licence list bundled with license-expression (loaded once)
 
 
@@ -233,6 +237,8 @@ def parse_license(expr: str, where: str) -> LicenseExpression:
     Raises:
         InvalidInput: not an expression, or an identifier neither on the SPDX list nor ``LicenseRef-*``.
     """
+    from license_expression import ExpressionError  # noqa: PLC0415 (the train extra's, see _licensing)
+
     lic = _licensing()
     try:
         parsed = lic.parse(expr)
@@ -270,6 +276,7 @@ def license_class(expr: str) -> str:
         return "unknown"
     if expr == OTHER:
         return "non-commercial"
+    from license_expression import AND, OR  # noqa: PLC0415 (the train extra's, see _licensing)
 
     def rank(node: LicenseExpression) -> int:
         if isinstance(node, AND):
@@ -292,6 +299,7 @@ def license_terms(expr: str) -> list[str]:
         return []
     if expr == OTHER:
         return ["non-commercial", "share-alike"]
+    from license_expression import AND, OR  # noqa: PLC0415 (the train extra's, see _licensing)
 
     def terms(node: LicenseExpression) -> set[str]:
         if isinstance(node, AND):
