@@ -124,7 +124,7 @@ def _failed_lines(name: str, checks: list[dict[str, Any]], metrics: dict[str, An
     return lines
 
 
-def _bpc_delta_lines(heldout: dict[str, Any], bound: float | None) -> list[str]:
+def _bpc_delta_lines(heldout: dict[str, dict[str, float]], bound: float | None) -> list[str]:
     """Per language over ``bound``: the shift split as :class:`prodip.conformance.compare.HeldoutShift` splits
     it, so a reader sees whether rounding itself costs (the KL part) or the reference predicts this text badly
     (the text part, many standard deviations from 0, with held-out bits/char far above its own entropy)."""
