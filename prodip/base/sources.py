@@ -348,6 +348,11 @@ def _record(table: object, base: Path, where: str) -> SourceRecord:
             _glob_regex(f.replace(os.sep, "/"))
         except re.error as e:  # a set such as [z-a]
             raise InvalidInput(f"{where}: files entry {f!r} is not a valid glob ({e})") from None
+    for key in ("origin", "content", "variety", "notes", "license_name", "license_link"):
+        # each record travels alone (a card lists only the sources of its run's files, in its own order), so a
+        # field that points at another record ("as above") would point at nothing there
+        if _BACK_REFERENCE.fullmatch(str(table.get(key, "")).strip()):
+            raise InvalidInput(f"{where}: {key} = {table[key]!r} refers to another record; write it out")
     lic = str(table["license"]).strip()  # a string: checked above
     if lic == OTHER and not (table.get("license_name") and table.get("license_link")):
         raise InvalidInput(f'{where}: license = "other" needs license_name and license_link')
@@ -367,6 +372,12 @@ def _record(table: object, base: Path, where: str) -> SourceRecord:
         where=where,
         extra={k: v for k, v in table.items() if k not in _KEYS},
     )
+
+
+#: A field that only points at another record: each record is shown alone, in cards and provenance tables.
+_BACK_REFERENCE = re.compile(
+    r"(?i)(as|same as|see) (above|below|previous|the previous( one| record| source)?)|ditto|same|idem|ibid\.?"
+)
 
 
 def read_records(path: str | os.PathLike[str]) -> list[SourceRecord]:

@@ -314,3 +314,15 @@ def test_records_that_disagree_on_a_files_licence_are_refused(tmp_path):
     cfg.write_text(cfg.read_text().replace("CC0-1.0", "cc-by-nc-4.0"))
     rec, _ = match_sources(files, [str(cfg)])["broad"]
     assert rec.license == "cc-by-nc-4.0" and rec.card_fields()["license_terms"] == ["non-commercial"]
+
+
+@pytest.mark.parametrize("origin", ["as above", "Same as above", "ditto", "see previous", "same"])
+def test_a_field_pointing_at_another_record_is_refused(tmp_path, origin):
+    """Each record is shown alone (a card lists only its run's sources), so "as above" would point at nothing."""
+    (tmp_path / "a.txt").write_text("x", encoding="utf-8")
+    (tmp_path / "sources.toml").write_text(
+        f'[[source]]\nname = "a"\nfiles = ["a.txt"]\nlanguage = "en"\nlicense = "CC0-1.0"\norigin = "{origin}"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(InvalidInput, match=r"\[\[source\]\] .a.: origin = .* refers to another record; write it out"):
+        read_records(tmp_path / "sources.toml")
