@@ -242,7 +242,9 @@ def quality_rows(
     files = manifest.files
     rows = []
     for name, entry in report["candidates"].items():
-        if name != entry["variant"]:  # e.g. a second program of the same weights: the variant's own row only
+        # a second program of the same weights (transformers) or a variant's web-only graph (int4-wasm, figures in
+        # report.md; its pass is part of the variant's verdict and runtimes): the variant's own file's row only
+        if name != entry["variant"]:
             continue
         size = sum(files[r].bytes for r in manifest.variants[name].files() if r in files)
         m = entry["metrics"]

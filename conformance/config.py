@@ -80,8 +80,8 @@ class ConformanceConfig:
     kv_steps: int = opt(8, "single-token decode steps in the KV-cache check (steps)")
     variants: list[str] = opt(
         help="candidates to check: safetensors, transformers, or manifest variant "
-        f"names ({', '.join(v for v in VARIANT_NAMES if v != 'safetensors')}); "
-        "default: every one in the manifest",
+        f"names ({', '.join(v for v in VARIANT_NAMES if v != 'safetensors')}; int4 includes int4-wasm, its "
+        "WASM graph, and naming int4-wasm checks int4 whole); default: every one in the manifest",
         factory=list,
     )
     threads: int = opt(

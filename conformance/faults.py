@@ -202,7 +202,10 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, la
 
     Layer membership comes from graph order: the quantised MatMuls (MatMulInteger for int8;
     MatMulNBits, or MatMul of an int4 DequantizeLinear in the qdq layout, for int4) are 7 per layer (q, k, v, o, gate, up, down) in the standard graph, 5 in
-    the contrib graph (packed qkv, o, gate, up, down), then the lm_head.
+    the contrib graph (packed qkv, o, gate, up, down), then the lm_head. In the int4's WASM graph
+    (``rel`` = the manifest's ``wasm_path``) a MatMulInteger's weight is QuantizeLinear(DequantizeLinear(int4)):
+    the int4 scales are zeroed there, in that file only (it is saved with its weights inline, so the int4
+    file it shared them with keeps its own).
 
     Raises:
         ValueError: the count of quantised MatMuls is not 5 or 7 per layer (+ lm_head).
@@ -214,11 +217,19 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, la
         inits = {i.name: i for i in g.initializer}
         # int4's qdq layout: MatMul(A, DequantizeLinear(constant codes, scales, ...)); its scales are the DQ's input 1
         dq_scales = {n.output[0]: n.input[1] for n in g.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+        # the WASM graph's weight side: QuantizeLinear(DequantizeLinear(int4 constants)), folded to uint8 at load
+        dq_scales.update(
+            {
+                n.output[0]: dq_scales[n.input[0]]
+                for n in g.node
+                if n.op_type == "QuantizeLinear" and n.input[0] in dq_scales
+            }
+        )
         mm = [
             n
             for n in g.node
             if (n.op_type in ("MatMulInteger", "MatMulNBits") and n.input[1] in inits)
-            or (n.op_type == "MatMul" and n.input[1] in dq_scales)
+            or (n.op_type in ("MatMul", "MatMulInteger") and n.input[1] in dq_scales)
         ]
         per = next((k for k in (7, 5) if len(mm) in (k * L, k * L + 1)), None)
         if per is None:
@@ -230,7 +241,7 @@ def plant_zeroed_layer(src: Path, dst: Path, rel: str = BY_NAME["int8"].path, la
 
         zeroed = 0
         for node in mm[per * layer : per * layer + per]:
-            if node.op_type == "MatMul":
+            if node.input[1] in dq_scales:
                 zero(dq_scales[node.input[1]])
                 zeroed += 1
                 continue
@@ -428,6 +439,18 @@ def plant_chat_template_edited(src: Path, dst: Path, where: str = "gguf-f16") ->
     return dst
 
 
+def _wasm_path(export_dir: Path, variant: str) -> str:
+    """The manifest's ``wasm_path`` of ``variant`` (its web-only graph).
+
+    Raises:
+        ValueError: the variant has none (an export without the WASM int4 file).
+    """
+    entry = load_manifest(export_dir).variants.get(variant)
+    if entry is None or not entry.wasm_path:
+        raise InvalidInput(f"{export_dir / 'manifest.json'}: variant {variant!r} has no wasm_path (no WASM graph)")
+    return entry.wasm_path
+
+
 def plant_wasm_missing_kernel(src: Path, dst: Path, rel: str = BY_NAME["int4"].path) -> Path:
     """The int4 file re-quantised with ONNX Runtime's ``com.microsoft.GatherBlockQuantized`` embedding
     lookup kept (``lower_embedding=False``): ONNX Runtime's CPU build has the kernel, onnxruntime-web's
@@ -514,6 +537,7 @@ FAULTS = {
     "position_off_by_one": plant_position_off_by_one,
     "zeroed_layer_int8": plant_zeroed_layer,
     "zeroed_layer_int4": lambda s, d: plant_zeroed_layer(s, d, rel=BY_NAME["int4"].path),
+    "zeroed_layer_int4_wasm": lambda s, d: plant_zeroed_layer(s, d, rel=_wasm_path(Path(s), "int4")),
     "config_rope_theta": plant_config_rope_theta,
     "tokenizer_without_nfc": plant_tokenizer_without_nfc,
     "tokenizer_context": plant_tokenizer_context,

@@ -11,6 +11,7 @@ and ONNX Runtime sessions, with no per-variant copy of the comparison loop.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -91,10 +92,32 @@ class TransformersRunner(Runner):
 
 
 class OrtRunner(Runner):
-    """An ONNX decoder under ONNX Runtime's CPU execution provider (:mod:`prodip.base.onnx_io`)."""
+    """An ONNX decoder under ONNX Runtime's CPU execution provider (:mod:`prodip.base.onnx_io`).
+
+    Args:
+        path: the ``.onnx`` file (its external data beside it, as the export lays it out).
+        name: the candidate's label.
+        num_layers, num_kv_heads, head_dim: the KV-cache inputs' shapes.
+        threads: intra-op threads (0: ONNX Runtime's default).
+        session_config: ONNX Runtime session config entries to load the file with (full keys, e.g.
+            ``{"session.disable_quant_qdq": "1"}``: a web file's manifest ``wasm.session_config``).
+        fp32_matmulnbits: compute every ``MatMulNBits`` in float32 (``accuracy_level`` 0), as
+            onnxruntime-web's WASM kernel does whatever the attribute says (:func:`wasm_arithmetic_graph`).
+    Raises:
+        InvalidInput: the graph's inputs are not the decoder contract's.
+    """
 
     def __init__(
-        self, path: str | Path, name: str, *, num_layers: int, num_kv_heads: int, head_dim: int, threads: int = 0
+        self,
+        path: str | Path,
+        name: str,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        threads: int = 0,
+        session_config: Optional[Mapping[str, str]] = None,
+        fp32_matmulnbits: bool = False,
     ) -> None:
         opts = ort.SessionOptions()
         if threads:
@@ -104,7 +127,18 @@ class OrtRunner(Runner):
         # No spin-waiting: torch's threads run between ORT calls in this process, and spinning
         # pool threads would steal their cores (and vice versa).
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        for key, value in (session_config or {}).items():
+            opts.add_session_config_entry(key, str(value))
+        source: str | bytes = str(path)
+        graph = wasm_arithmetic_graph(path) if fp32_matmulnbits else None
+        if graph is not None:
+            # the edited graph is loaded from memory; its external data (offsets into files beside the
+            # original) is read from the original's folder
+            source = graph
+            opts.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", str(Path(path).resolve().parent)
+            )
+        self.session = ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
         self.name = name
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -126,6 +160,25 @@ class OrtRunner(Runner):
         outs = dict(zip(self.output_names, self.session.run(None, feed)))
         present = [outs[name] for name in onnx_io.present_names(self.num_layers)]
         return outs["logits"].astype(np.float32, copy=False), present
+
+
+def wasm_arithmetic_graph(path: str | Path) -> Optional[bytes]:
+    """The ONNX graph ``path`` with every ``MatMulNBits`` at ``accuracy_level`` 0 (float32 compute), serialised,
+    or None when none has another level.
+
+    ONNX Runtime's CPU build honours ``accuracy_level`` 4 (activations quantised to int8 inside
+    ``MatMulNBits``); onnxruntime-web's WASM kernel computes in float32 whatever the attribute says
+    (measured in :func:`prodip.conformance.runtimes.ortweb.fp32_compute_copy`). Only the attribute changes:
+    the weights stay where they are (external data is not loaded), so the graph is small.
+    """
+    model = onnx.load(str(path), load_external_data=False)
+    changed = False
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attr in node.attribute:
+                if attr.name == "accuracy_level" and attr.i != 0:
+                    attr.i, changed = 0, True
+    return model.SerializeToString() if changed else None
 
 
 def _dims(value_info: Any) -> list:

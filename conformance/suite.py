@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from prodip.base.config import ConfigError
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.jsontypes import JSONObject
 from prodip.base.manifest import (
     CardQuality,
     ExportManifest,
@@ -47,7 +48,7 @@ from prodip.conformance.report import REPORT_FILE, ConformanceReport, write_repo
 from prodip.conformance.results import CandidateResult, Check, RunOutcome, all_passed, variant_results
 from prodip.conformance.runners import TorchRunner, onnx_axes_problems
 from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_ids
-from prodip.conformance.tolerances import compare_with_shipped, require_tables
+from prodip.conformance.tolerances import compare_with_shipped, require_tables, wasm_table
 from prodip.conformance.verdict import merge_verdict
 from prodip.export.hf import tokenizer_config_differences
 from prodip.train.checkpoint import is_hf_folder, load_model, require_checkpoint_tokenizer
@@ -63,8 +64,12 @@ HELDOUT_METRICS = ("bpc_delta_max",)
 @dataclass(frozen=True)
 class Candidate:
     """One implementation under test: ``name`` (report label and tolerance table), the manifest
-    ``variant`` it belongs to, its ``kind`` (prodip | transformers | onnx), file ``path``, and
-    the tolerance ``table`` (``safetensors_bfloat16`` etc. for a reduced-precision safetensors file)."""
+    ``variant`` it belongs to, its ``kind`` (prodip | transformers | onnx | gguf | pte), file ``path``, and
+    the tolerance ``table`` (``safetensors_bfloat16`` etc. for a reduced-precision safetensors file).
+
+    A variant's web-only graph (``int4-wasm``: the manifest's ``wasm_path``) is run by ONNX Runtime with the
+    ``session_config`` entries its manifest names and ``fp32_matmulnbits`` (float32 ``MatMulNBits``): the
+    arithmetic onnxruntime-web's WASM build does on that file (:class:`prodip.conformance.runners.OrtRunner`)."""
 
     name: str
     variant: str
@@ -72,21 +77,32 @@ class Candidate:
     path: str
     table: str = ""  # tolerance table; default ``name``
     window: int = 0  # tokens the artifact holds (a .pte's KV-cache window, manifest ``max_seq_len``); 0 = the model's
+    session_config: tuple[tuple[str, str], ...] = ()  # ONNX Runtime session config entries (key, value)
+    fp32_matmulnbits: bool = False
 
     @property
     def tolerance_table(self) -> str:
         return self.table or self.name
 
+    @property
+    def is_variant_file(self) -> bool:
+        """The candidate runs its variant's own file as the variant's runtimes load it (not a second program of
+        the same weights, nor the variant's web-only graph): the on-device runtimes, tasks and speed take these."""
+        return self.name == self.variant
+
 
 def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) -> list[Candidate]:
     """Candidates of an export: the safetensors variant twice (prodip's model, transformers),
-    and each ONNX, GGUF (llama.cpp) and ExecuTorch variant once.
+    each ONNX, GGUF (llama.cpp) and ExecuTorch variant once, and an ONNX variant's web-only graph (the
+    int4's ``wasm_path``: what the export's page loads on the WASM device) as ``<variant>-wasm`` after it.
 
     Args:
         manifest: the export manifest.
-        only: candidate or variant names to keep (empty/None = all).
+        only: candidate or variant names to keep (empty/None = all). A variant's name keeps its web graph, and a
+            web graph's name its variant (``int4-wasm`` alone would vouch for int4 without measuring its file).
     Raises:
-        ValueError: a variant of unknown format, or a name in ``only`` that matches nothing.
+        ValueError: a variant of unknown format, a web graph whose ``wasm.session_config`` is not a table of
+            strings, or a name in ``only`` that matches nothing.
     """
     out = []
     for vname, v in manifest.variants.items():
@@ -101,6 +117,8 @@ def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) 
         elif v.format in ("onnx", "gguf", "pte"):
             window = getattr(v, "max_seq_len", None) if v.format == "pte" else None
             out.append(Candidate(vname, vname, v.format, v.path, window=int(window or 0)))
+            if v.format == "onnx" and v.wasm_path:
+                out.append(_wasm_candidate(vname, v.wasm_path, v.wasm))
         else:
             raise InvalidInput(
                 f"manifest variant {vname!r} has format {v.format!r}; expected 'safetensors', 'onnx', 'gguf' or 'pte'"
@@ -112,8 +130,28 @@ def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) 
                 f"ConformanceConfig.variants: {sorted(unknown)} not in this export "
                 f"(has {sorted({c.name for c in out})})"
             )
-        out = [c for c in out if c.name in only or c.variant in only]
+        # a web graph is checked with its variant's own file: the verdict it is part of is the variant's
+        web = {c.variant for c in out if c.name in only and c.name == wasm_table(c.variant)}
+        out = [c for c in out if c.name in only or c.variant in only or c.variant in web]
     return out
+
+
+def _wasm_candidate(variant: str, path: str, params: Optional[JSONObject]) -> Candidate:
+    """The candidate of ``variant``'s web-only graph ``path``, with the session options its manifest entry's
+    ``wasm`` parameters name (``session_config``, e.g. ``session.disable_quant_qdq=1``: ONNX Runtime then
+    constant-folds the int4 weights to the 8-bit ``MatMulInteger`` layout at load, as the WASM build does).
+
+    Raises:
+        ValueError: ``session_config`` is not a table of string values (manifest field named).
+    """
+    config = (params or {}).get("session_config") or {}
+    entries = tuple(sorted((k, v) for k, v in config.items() if isinstance(v, str))) if isinstance(config, dict) else ()
+    if not isinstance(config, dict) or len(entries) != len(config):
+        raise InvalidInput(
+            f"manifest.json variants.{variant}.wasm.session_config = {config!r}: expected a table of "
+            "ONNX Runtime session config entries with string values (re-run `prodip export`)"
+        )
+    return Candidate(wasm_table(variant), variant, "onnx", path, session_config=entries, fp32_matmulnbits=True)
 
 
 def load_reference(cfg: ConformanceConfig, manifest: ExportManifest) -> tuple[Any, Any, dict[str, Any]]:
@@ -196,6 +234,8 @@ def make_runner(cand: Candidate, export_dir: Path, model_cfg: Any, threads: int,
         num_kv_heads=model_cfg.num_key_value_heads,
         head_dim=model_cfg.head_dim,
         threads=threads,
+        session_config=dict(cand.session_config),
+        fp32_matmulnbits=cand.fp32_matmulnbits,
     )
 
 
@@ -469,6 +509,9 @@ def check_candidate(
     t0, c0 = time.perf_counter(), time.process_time()
     metrics: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    if cand.session_config or cand.fp32_matmulnbits:  # how the file was run (a web graph: as its WASM build runs it)
+        metrics["session_config"] = dict(cand.session_config)
+        metrics["fp32_matmulnbits"] = cand.fp32_matmulnbits
     if cand.kind == "onnx":
         problems = onnx_axes_problems(
             export_dir / cand.path, num_kv_heads=model_cfg.num_key_value_heads, head_dim=model_cfg.head_dim
@@ -562,9 +605,9 @@ def _evaluate(
         prompts["chat"] = reference_ids(export_dir, {GREEDY_CONVERSATION: CONVERSATIONS[GREEDY_CONVERSATION]})[
             GREEDY_CONVERSATION
         ]
-    on_device = check_runtimes(
+    on_device = check_runtimes(  # on each variant's own file (onnxruntime-web runs the int4's web graph itself)
         export_dir,
-        candidates,
+        [c for c in candidates if c.is_variant_file],
         prompts,
         ref_model,
         model_cfg,
@@ -642,7 +685,7 @@ def _score_tasks(cfg, eval_report, export_dir, candidates, ref_model, model_cfg,
     settings = lm_tasks.task_plan(cfg, eval_report)
     if settings is None:
         return None
-    onnx = {c.variant: c.path for c in candidates if c.kind == "onnx" and c.name == c.variant}
+    onnx = {c.variant: c.path for c in candidates if c.kind == "onnx" and c.is_variant_file}
     return lm_tasks.evaluate_tasks(
         settings, export_dir, onnx, ref_model, model_cfg, train_tok, cfg.threads, eval_report=eval_report
     )

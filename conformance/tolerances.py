@@ -14,7 +14,8 @@ Required checks per table (the set the shipped ``conformance/tolerances.toml`` g
   greedy_identical, kv_cache_max_abs, padded_batch_max_abs, bpc_delta_max;
 * reduced precision (``[fp16]``, ``[int8]``, ``[int4]``, ``[safetensors_bfloat16]`` ...): top1,
   kl_mean, kv_cache_kl_mean, padded_batch_kl_mean, bpc_delta_max;
-* every ONNX table also dynamic_axes.
+* every ONNX table also dynamic_axes;
+* a variant's web-only graph (``[int4-wasm]``: the int4's ``wasm_path``, a candidate of its own) its variant's.
 
 Any other measured metric (kl_p999, rel_max_abs_logit, greedy_prefix_min, kv_cache_top1 ...) may be
 gated in addition. ``note = "..."`` is allowed in any table and is not gated.
@@ -76,6 +77,17 @@ ONNX_METRICS = {"dynamic_axes": "true"}
 DEVICE_METRICS = {"runtime_metadata_ok": "true", "runtime_tokenizer_mismatches": "count"}
 #: Device variants held to the exact bounds (same fp32 weights, another runtime).
 EXACT_DEVICE = ("pte-fp32",)
+#: A variant's web-only graph (its manifest entry's ``wasm_path``: the file the export's page loads on
+#: onnxruntime-web's WASM device instead of the variant's) is a candidate of its own, ``<variant>-wasm``, with a
+#: table of that name taking the variant's checks. Only int4 has one (``prodip.export.core``'s WASM q4 file).
+WASM_SUFFIX = "-wasm"
+WASM_VARIANTS = ("int4",)
+
+
+def wasm_table(variant: str) -> str:
+    """The candidate and tolerance-table name of ``variant``'s web-only graph (``int4`` -> ``int4-wasm``)."""
+    return variant + WASM_SUFFIX
+
 
 REQUIRED_GLOBAL = tuple(GLOBAL_METRICS)
 REQUIRED_EXACT = ("max_abs_logit", "greedy_identical", "kv_cache_max_abs", "padded_batch_max_abs", "bpc_delta_max")
@@ -101,6 +113,8 @@ def table_spec(table: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
     }
     if table in reduced_st:
         return REQUIRED_REDUCED, CANDIDATE_METRICS
+    if table in (wasm_table(v) for v in WASM_VARIANTS):  # a variant's web graph: the variant's checks
+        table = table.removesuffix(WASM_SUFFIX)
     if table in ONNX_VARIANTS:
         required = REQUIRED_EXACT if table == "fp32" else REQUIRED_REDUCED
         return required + tuple(ONNX_METRICS), {**CANDIDATE_METRICS, **ONNX_METRICS}
@@ -118,6 +132,7 @@ def known_tables() -> list[str]:
         "safetensors",
         "transformers",
         *ONNX_VARIANTS,
+        *(wasm_table(v) for v in WASM_VARIANTS),
         *GGUF_VARIANTS,
         *PTE_VARIANTS,
         *[f"{b}_{d}" for b in ("safetensors", "transformers") for d in SAFETENSORS_DTYPES if d != "float32"],

@@ -22,10 +22,11 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_good_export_passes_and_records_verdict(conformed_export):
     from prodip.base.manifest import file_sha256, load_manifest, verify_files
+    from prodip.conformance.results import RunOutcome
 
     export, report = conformed_export  # run_conformance of every variant, write_manifest=True
     assert report["passed"], json.dumps({k: v["checks"] for k, v in report["candidates"].items()}, default=str)
-    assert set(report["candidates"]) == {"safetensors", "transformers", "fp32", "fp16", "int8", "int4"}
+    assert set(report["candidates"]) == {"safetensors", "transformers", "fp32", "fp16", "int8", "int4", "int4-wasm"}
     fp32 = report["candidates"]["fp32"]["metrics"]
     assert fp32["max_abs_logit"] < 1e-4 and fp32["greedy_identical"] and fp32["top1"] == 1.0
     assert report["candidates"]["safetensors"]["metrics"]["max_abs_logit"] == 0.0  # same weights, same code
@@ -36,10 +37,15 @@ def test_good_export_passes_and_records_verdict(conformed_export):
     strict = json.loads((out / "report.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert strict["passed"] is True and "versions" in strict and strict["entry"] == "conformance.run_conformance"
     md = (out / "report.md").read_text()
-    assert md.startswith("# Conformance PASSED") and "| int4 | pass |" in md
+    assert md.startswith("# Conformance PASSED") and "| int4 | pass |" in md and "| int4-wasm | pass |" in md
     verdict = load_manifest(export).conformance
     assert verdict is not None and verdict.passed is True and verdict.report == "conformance/report.json"
     assert verdict.variants == {"safetensors": True, "fp32": True, "fp16": True, "int8": True, "int4": True}
+    # the WASM graph is part of int4's verdict, gated by its own table; the card's rows are the variants' own files
+    (int4,) = [v for v in RunOutcome.from_report(strict).variants if v.name == "int4"]
+    assert int4.tolerance_tables == ["int4", "int4-wasm"]
+    quality = load_manifest(export).card_quality
+    assert quality is not None and {r.variant for r in quality.rows} == {"safetensors", "fp32", "fp16", "int8", "int4"}
     assert verdict.report_sha256 == file_sha256(out / "report.json")
     verify_files(export)  # the report dir is not part of the hashed export
 

@@ -98,7 +98,8 @@ def test_shipped_and_test_tolerance_files_are_valid():
     for path in (DEFAULT_TOLERANCES, TINY_TOLERANCES):
         tol = load_tolerances(path)
         devices = {"gguf-f16", "gguf-q8_0", "gguf-q4_k_m", "pte-fp32", "pte-8da4w"}
-        assert {"global", "safetensors", "transformers", "fp32", "fp16", "int8", "int4", *devices} == set(tol)
+        onnx = {"fp32", "fp16", "int8", "int4", "int4-wasm"}
+        assert {"global", "safetensors", "transformers", *onnx, *devices} == set(tol)
 
 
 def test_loosening_a_bound_and_notes_are_allowed(tmp_path):
@@ -301,7 +302,8 @@ def test_compare_with_shipped_known_answers(tmp_path):
     }
     # the test model's file is looser in its quantised tables only
     tiny = compare_with_shipped(load_tolerances(TINY_TOLERANCES), TINY_TOLERANCES)["loosened"]
-    assert {b["table"] for b in tiny} == {"fp16", "int8", "int4", "gguf-f16", "gguf-q8_0", "gguf-q4_k_m", "pte-8da4w"}
+    quantised = {"fp16", "int8", "int4", "int4-wasm", "gguf-f16", "gguf-q8_0", "gguf-q4_k_m", "pte-8da4w"}
+    assert {b["table"] for b in tiny} == quantised
 
 
 # ---- breaker2 D4: a required check is never passed unmeasured ----------------------------------
