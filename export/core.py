@@ -557,7 +557,8 @@ def export_hf_folder(cfg: ExportConfig) -> Path:
 
     Raises:
         MissingInput: no ``tokenizer.json`` in the folder (its tokenizer travels into every artifact).
-        InvalidInput: see :func:`prodip.train.init.hf_model_config`.
+        InvalidInput: see :func:`prodip.train.init.hf_model_config` (a missing size key named) and
+            :func:`prodip.train.init.apply_init` (a tensor the config does not imply), each naming ``prodip export``.
     """
     from prodip.base.files import file_sha256  # noqa: PLC0415
     from prodip.train.init import apply_init, load_init  # noqa: PLC0415
@@ -572,7 +573,8 @@ def export_hf_folder(cfg: ExportConfig) -> Path:
     out_real = Path(cfg.out).resolve()
     if folder == out_real or out_real in folder.parents:
         raise InvalidInput(f"--out {cfg.out} contains the folder {cfg.checkpoint} being exported; choose another --out")
-    init = load_init(folder, tokenizer_sha256=None)
+    # errors name the command the user typed, not train's --init-from
+    init = load_init(folder, tokenizer_sha256=None, option="prodip export")
     model = LlamaForCausalLM(init.config)
     apply_init(model, init)
     model.eval()

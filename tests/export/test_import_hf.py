@@ -139,6 +139,61 @@ def test_refusals_name_the_key(standins, tmp_path):
         load_init(folder, tokenizer_sha256=None)
 
 
+def test_import_errors_name_the_command_and_a_missing_size_key(standins, tmp_path, capsys):
+    """``prodip export FOLDER`` reads the folder as ``--init-from`` does, but its errors name the command the
+    user typed: a config.json that disagrees with the weights names the tensor and both shapes; one without a
+    size key names the key (transformers would fill in a 7B Llama's size) before any tensor is compared."""
+    from prodip.cli import main
+
+    vocab = json.loads((standins["smollm2"] / "config.json").read_text())["vocab_size"]
+    wide = _edited(standins["smollm2"], tmp_path / "wide", hidden_size=512)
+    assert main(["export", str(wide), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"prodip export: error: prodip export {wide.resolve()} (Hugging Face Llama): model.embed_tokens.weight "
+        f"has shape ({vocab}, 64), config implies ({vocab}, 512)"
+    )
+    # train and eval name their own option; --init-from stays the default
+    for option in ("--init-from", "--baseline"):
+        kw = {} if option == "--init-from" else {"option": option}
+        with pytest.raises(InvalidInput, match=rf"^{option} {wide} \(Hugging Face Llama\): model\.embed_tokens"):
+            apply_init(
+                LlamaForCausalLM(load_init(wide, tokenizer_sha256=None, **kw).config),
+                load_init(wide, tokenizer_sha256=None, **kw),
+            )
+    narrow = _edited(standins["smollm2"], tmp_path / "narrow", hidden_size=None)
+    assert main(["export", str(narrow), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"prodip export: error: {narrow.resolve() / 'config.json'}: missing 'hidden_size' (")
+    assert "\n" not in err and "shape" not in err
+    both = _edited(standins["qwen25"], tmp_path / "both", vocab_size=None, num_hidden_layers=None)
+    with pytest.raises(InvalidInput, match=r"both/config\.json: missing 'vocab_size', 'num_hidden_layers' \("):
+        load_init(both, tokenizer_sha256=None, option="--baseline")
+    assert not (tmp_path / "out").exists()
+
+
+def test_keys_a_config_may_omit_mean_what_they_mean_to_transformers():
+    """A config.json without num_key_value_heads or rms_norm_eps (older Llama configs) is the model transformers
+    builds from it: no GQA and epsilon 1e-6, not ModelConfig's own defaults."""
+    from prodip.train.init import hf_model_config
+
+    data = {
+        "model_type": "llama",
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+    }
+    ours = hf_model_config(data, source="config.json")
+    theirs = transformers.LlamaConfig(**{k: v for k, v in data.items() if k != "model_type"})
+    assert (
+        (ours.num_key_value_heads, ours.rms_norm_eps) == (theirs.num_key_value_heads, theirs.rms_norm_eps) == (4, 1e-6)
+    )
+    given = hf_model_config({**data, "num_key_value_heads": 2, "rms_norm_eps": 1e-5}, source="config.json")
+    assert (given.num_key_value_heads, given.rms_norm_eps) == (2, 1e-5)
+
+
 def test_qwen2_gguf_with_rope_scaling_is_refused_by_name():
     """llama.cpp's qwen2 architecture reads no rope_freqs tensor: a qwen2 model with llama3 scaling has no GGUF."""
     from prodip.export.gguf import check_representable
