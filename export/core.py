@@ -44,6 +44,7 @@ from prodip.export import executorch as pte_export
 from prodip.export import genai, hf, quantize, web
 from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
+from prodip.export.limits import check_int4_block_size
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
 from prodip.export.records import earlier_export, onnx_variant_entry, size_table
 from prodip.tokenizer.bpe import TrainInfo, read_train_info
@@ -246,6 +247,19 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     return out
 
 
+def check_onnx_targets(config: Any, cfg: ExportConfig) -> None:
+    """Refuse ONNX variant options the model's sizes make void (nothing written yet; the option ranges
+    themselves were checked by :class:`ExportConfig`).
+
+    Raises:
+        InvalidInput: an int4 block size that blocks none of the MatMul weights
+            (:func:`prodip.export.limits.check_int4_block_size`).
+    """
+    if "int4" in cfg.variants:
+        qdq = cfg.int4_accuracy_level == quantize.QDQ_FUSED_ACCURACY_LEVEL  # the layout _build_onnx picks
+        check_int4_block_size(config, cfg.int4_block_size, qdq=qdq)
+
+
 def check_device_targets(config: Any, cfg: ExportConfig, tokenizer_dir: Optional[Path]) -> None:
     """Refuse GGUF/.pte variants the model or tokenizer cannot be represented in (nothing written yet).
 
@@ -353,7 +367,8 @@ def export_model(
     """
     out = Path(cfg.out)
     check_out_dir(out, cfg.force)
-    check_device_targets(model.config, cfg, tokenizer_dir)  # refused before anything is written
+    check_onnx_targets(model.config, cfg)  # refused before anything is written
+    check_device_targets(model.config, cfg, tokenizer_dir)
     if tokenizer_dir is not None:
         chat_contract(tokenizer_dir)  # a half chat tokenizer (template without markers) too
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -387,6 +387,30 @@ def test_a_pte_window_too_large_to_plan_is_refused_before_any_work(standins, tmp
     assert not out.exists()
 
 
+def test_an_int4_block_size_that_blocks_no_weight_is_refused_before_any_work(standins, tmp_path, capsys, monkeypatch):
+    """SmolLM2's stand-in (hidden 64, intermediate 128) with --int4-block-size 256 was accepted, exported fp32 and
+    int4, then failed at step 4/6 ("no int4 DequantizeLinear + MatMul to requantise"): refused up front naming the
+    option and the sizes. 128 divides intermediate_size, so down_proj is blocked: accepted (and exported)."""
+    from prodip.cli import main
+    from prodip.export import core
+
+    real = core.export_onnx
+    monkeypatch.setattr(core, "export_onnx", lambda *a, **k: pytest.fail("the export started"))
+    out = tmp_path / "int4"
+    args = ["export", str(standins["smollm2"]), "--out", str(out), "--variants", "fp32,int4"]
+    assert main([*args, "--int4-block-size", "256"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "prodip export: error: ExportConfig.int4_block_size = 256 (--int4-block-size): larger than every MatMul "
+        "input size of this model (hidden_size = 64, num_attention_heads * head_dim = 64, intermediate_size = 128): "
+        "each weight column would be one block, mostly padding; choose one of 16, 32, 64, 128"
+    )
+    assert not out.exists() and not list(tmp_path.glob(".int4.*"))
+    monkeypatch.setattr(core, "export_onnx", real)
+    assert main([*args, "--int4-block-size", "128", "--variants", "int4"]) == 0
+    quant = json.loads((out / "manifest.json").read_text())["variants"]["int4"]["quantization"]
+    assert quant["block_size"] == 128 and quant["matmuls_as_qdq"] == 2  # the two down_proj MatMuls (K = 128)
+
+
 @pytest.mark.slow
 def test_pte_plan_over_the_limit_is_refused_by_name(standins, tmp_path):
     """The up-front floor is a floor: a window it lets through whose lowered program still plans more than a
