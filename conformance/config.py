@@ -156,5 +156,12 @@ class ConformanceConfig:
         if self.heldout and self.shards_dir:
             raise InvalidInput("ConformanceConfig: give held-out text as shards_dir or as heldout files, not both")
         for lang, path in self.heldout.items():
+            if Path(path).is_dir():  # held-out figures are per language; a folder may hold several languages' files
+                names = sorted(f.name for f in Path(path).iterdir() if f.is_file())
+                held = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                raise InvalidInput(
+                    f"ConformanceConfig.heldout {lang}={path}: is a folder, and held-out figures are per language: "
+                    f"give {lang}'s UTF-8 text file, {lang}=FILE ({'it holds ' + held if names else 'it holds no file'})"
+                )
             if not Path(path).is_file():
                 raise MissingInput(f"ConformanceConfig.heldout {lang}={path}: no such file")

@@ -50,10 +50,16 @@ class ExportConfig:
         "protobuf's 2 GB limit; a contrib graph's variants end with their weights in <file>_data either way)",
     )
     int8_block_size: int = opt(
-        64, "int8: weights per scale in the untied embedding table (16, 32, 64, 128 or 256; MatMuls: one per channel)"
+        64,
+        "int8: weights per scale in the untied embedding table (16, 32, 64, 128 or 256; the largest of those "
+        "dividing hidden_size and at most this is used, recorded as embedding_block_size; MatMuls: one per channel)",
     )
     int8_quantize_embeddings: bool = opt(True, "int8: also quantise the token embedding (Gather) to int8")
-    int4_block_size: int = opt(32, "int4: weights per quantisation block along the input dim (16, 32, 64, 128 or 256)")
+    int4_block_size: int = opt(
+        32,
+        "int4: weights per quantisation block along the input dim (16, 32, 64, 128 or 256; it must divide "
+        "hidden_size, num_attention_heads * head_dim or intermediate_size, the MatMul input sizes)",
+    )
     int4_symmetric: bool = opt(
         True,
         "int4: symmetric blocks, no zero points (the model builder's choice: ~10% faster decode on CPU, "

@@ -44,6 +44,7 @@ from prodip.export import executorch as pte_export
 from prodip.export import genai, hf, quantize, web
 from prodip.export import gguf as gguf_export
 from prodip.export.config import VARIANTS, ExportConfig
+from prodip.export.limits import check_int4_block_size
 from prodip.export.onnx import check_io, export_onnx, resolve_graph
 from prodip.export.records import earlier_export, onnx_variant_entry, size_table
 from prodip.tokenizer.bpe import TrainInfo, read_train_info
@@ -246,6 +247,19 @@ def _build_onnx(model: Any, root: Path, cfg: ExportConfig, step) -> dict[str, di
     return out
 
 
+def check_onnx_targets(config: Any, cfg: ExportConfig) -> None:
+    """Refuse ONNX variant options the model's sizes make void (nothing written yet; the option ranges
+    themselves were checked by :class:`ExportConfig`).
+
+    Raises:
+        InvalidInput: an int4 block size that blocks none of the MatMul weights
+            (:func:`prodip.export.limits.check_int4_block_size`).
+    """
+    if "int4" in cfg.variants:
+        qdq = cfg.int4_accuracy_level == quantize.QDQ_FUSED_ACCURACY_LEVEL  # the layout _build_onnx picks
+        check_int4_block_size(config, cfg.int4_block_size, qdq=qdq)
+
+
 def check_device_targets(config: Any, cfg: ExportConfig, tokenizer_dir: Optional[Path]) -> None:
     """Refuse GGUF/.pte variants the model or tokenizer cannot be represented in (nothing written yet).
 
@@ -353,7 +367,8 @@ def export_model(
     """
     out = Path(cfg.out)
     check_out_dir(out, cfg.force)
-    check_device_targets(model.config, cfg, tokenizer_dir)  # refused before anything is written
+    check_onnx_targets(model.config, cfg)  # refused before anything is written
+    check_device_targets(model.config, cfg, tokenizer_dir)
     if tokenizer_dir is not None:
         chat_contract(tokenizer_dir)  # a half chat tokenizer (template without markers) too
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -557,7 +572,8 @@ def export_hf_folder(cfg: ExportConfig) -> Path:
 
     Raises:
         MissingInput: no ``tokenizer.json`` in the folder (its tokenizer travels into every artifact).
-        InvalidInput: see :func:`prodip.train.init.hf_model_config`.
+        InvalidInput: see :func:`prodip.train.init.hf_model_config` (a missing size key named) and
+            :func:`prodip.train.init.apply_init` (a tensor the config does not imply), each naming ``prodip export``.
     """
     from prodip.base.files import file_sha256  # noqa: PLC0415
     from prodip.train.init import apply_init, load_init  # noqa: PLC0415
@@ -572,7 +588,8 @@ def export_hf_folder(cfg: ExportConfig) -> Path:
     out_real = Path(cfg.out).resolve()
     if folder == out_real or out_real in folder.parents:
         raise InvalidInput(f"--out {cfg.out} contains the folder {cfg.checkpoint} being exported; choose another --out")
-    init = load_init(folder, tokenizer_sha256=None)
+    # errors name the command the user typed, not train's --init-from
+    init = load_init(folder, tokenizer_sha256=None, option="prodip export")
     model = LlamaForCausalLM(init.config)
     apply_init(model, init)
     model.eval()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,42 @@ class StaticCacheDecoder(nn.Module):
 #: conformance loads the program on the exporting machine. SmolLM2's 8192-token window at hidden 64 plans 7 GiB
 #: (refused: a run of conformance on it reached 23 GB resident), 1024 tokens ~0.1 GiB; Llama 3.2's 131072, 1.8 TB.
 PLANNED_MEMORY_LIMIT = 4 * 2**30
+#: float32 (1, H, T, S + T) tensors the lowered program holds at once in each attention: SDPA with a boolean mask
+#: decomposes (ExecuTorch 1.5, XNNPACK) into scores, a softmax and a ``where`` over fully masked rows whose two
+#: inputs and output are live together (the memory plan of a 1-layer model at S = 256 shows the three overlapping).
+ATTENTION_SCORE_TENSORS = 3
+
+
+def planned_memory_floor(config: Any, max_seq_len: int = 0) -> int:
+    """Bytes of working memory a ``.pte``'s memory plan holds at least, known from the config alone.
+
+    ExecuTorch sizes the plan for the longest prompt, T = S tokens, so one attention's
+    :data:`ATTENTION_SCORE_TENSORS` score tensors take ``3 * H * S * 2S * 4`` bytes. The plan of the lowered
+    program is larger (activations, the KV caches, packing): 1.17x this for the stand-ins of SmolLM2 (S = 8192:
+    7.0 GiB) and Llama 3.2 (S = 131072: 1792.3 GiB), up to 1.5x for S = 256; so a window this refuses is never
+    one the exported program's plan would allow, and :func:`export_pte` still checks the real plan.
+
+    Args:
+        config: the model config (``num_attention_heads`` H, ``max_position_embeddings``).
+        max_seq_len: S, the program's window (tokens); 0 = ``max_position_embeddings``.
+    """
+    S = max_seq_len or config.max_position_embeddings
+    return ATTENTION_SCORE_TENSORS * config.num_attention_heads * S * 2 * S * 4
+
+
+def _plan_too_large(variant: str, planned: int, config: Any, max_seq_len: int, *, floor: bool) -> InvalidInput:
+    """The one-line refusal of a plan over :data:`PLANNED_MEMORY_LIMIT` (``floor``: the config's estimate)."""
+    S = max_seq_len or config.max_position_embeddings
+    per_token2 = planned_memory_floor(config, 1)  # the floor is this many bytes times S^2
+    longest = math.isqrt(PLANNED_MEMORY_LIMIT // per_token2)
+    return InvalidInput(
+        f"{variant}: the program would plan {'at least ' if floor else ''}{planned / 2**30:.1f} GiB of working "
+        f"memory for a window of {S} tokens ({'pte_max_seq_len' if max_seq_len else 'max_position_embeddings'} = "
+        f"{S}; ExecuTorch sizes its buffers for a whole-window prompt, attention scores S x 2S per head), over the "
+        f"{PLANNED_MEMORY_LIMIT / 2**30:.0f} GiB a device runtime can allocate; export the .pte with a shorter "
+        f"window: --pte-max-seq-len N ([export] pte_max_seq_len), N at most {longest} for "
+        f"{config.num_attention_heads} attention heads"
+    )
 
 
 def runner_metadata(config: Any, *, bos_id: int, eos_ids: list[int], max_seq_len: int = 0) -> dict[str, Any]:
@@ -112,7 +149,8 @@ def check_representable(config: Any, variant: str, group_size: int, max_seq_len:
     """Refuse, before anything is written, a model the variant cannot hold.
 
     Raises:
-        InvalidInput: a ``max_seq_len`` (``pte_max_seq_len``) beyond ``max_position_embeddings``;
+        InvalidInput: a ``max_seq_len`` (``pte_max_seq_len``) beyond ``max_position_embeddings``; a window
+            whose memory plan is over :data:`PLANNED_MEMORY_LIMIT` by :func:`planned_memory_floor` already;
             pte-8da4w with a Linear input size (hidden_size, intermediate_size,
             heads * head_dim) that ``group_size`` does not divide (the Linear would stay float32).
     """
@@ -121,6 +159,9 @@ def check_representable(config: Any, variant: str, group_size: int, max_seq_len:
             f"{variant}: pte_max_seq_len = {max_seq_len} exceeds the model's max_position_embeddings = "
             f"{config.max_position_embeddings}; the window can only be shorter"
         )
+    floor = planned_memory_floor(config, max_seq_len)
+    if floor > PLANNED_MEMORY_LIMIT:
+        raise _plan_too_large(variant, floor, config, max_seq_len, floor=True)
     if variant != "pte-8da4w":
         return
     rows = {
@@ -216,14 +257,9 @@ def export_pte(
     et = edge.to_executorch()
     planned = max(sum(plan.non_const_buffer_sizes) for plan in et.executorch_program.execution_plan)
     if planned > PLANNED_MEMORY_LIMIT:
-        # the memory plan is sized for the longest prompt, a whole window: attention over S x 2S scores
-        raise InvalidInput(
-            f"{variant}: the program would plan {planned / 2**30:.1f} GiB of working memory for a window of "
-            f"{S} tokens ({'pte_max_seq_len' if max_seq_len else 'max_position_embeddings'} = {S}; ExecuTorch sizes "
-            f"its buffers for a whole-window prompt, attention scores S x 2S per head), over the "
-            f"{PLANNED_MEMORY_LIMIT / 2**30:.0f} GiB a device runtime can allocate; export the .pte with a shorter "
-            "window: --pte-max-seq-len N ([export] pte_max_seq_len)"
-        )
+        # the memory plan is sized for the longest prompt, a whole window: attention over S x 2S scores; the
+        # config's floor (check_representable) let this window through, the activations around it did not
+        raise _plan_too_large(variant, planned, model.config, max_seq_len, floor=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         et.write_to_file(f)
@@ -260,4 +296,11 @@ def _version(dist: str) -> str | None:
         return None
 
 
-__all__ = ["StaticCacheDecoder", "export_pte", "runner_metadata", "check_representable", "METADATA_KEYS"]
+__all__ = [
+    "StaticCacheDecoder",
+    "export_pte",
+    "runner_metadata",
+    "check_representable",
+    "planned_memory_floor",
+    "METADATA_KEYS",
+]

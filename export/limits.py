@@ -9,6 +9,10 @@ the library's own words. Sources:
   (``onnxruntime.capi._pybind_state.quantize_matmul_{4,8}bits``, MLAS ``MlasQuantizeBlockwise``),
   probed on a tiny matrix: in onnxruntime 1.32 it accepts 16, 32, 64, 128 and 256.
 * MatMulNBits ``accuracy_level``: 0..4 (ORT docs/ContribOperators.md).
+* An int4 block size against the model's MatMul input sizes K (:func:`check_int4_block_size`, run by
+  ``prodip export`` once the model config is known): MatMulNBits pads K up to whole blocks, and the qdq
+  layout's blocked ``DequantizeLinear`` (``prodip.export.graph.matmulnbits_to_qdq``) takes only a K that is a
+  multiple of the block size.
 * ONNX opset: at least 18 (torch.onnx's dynamo exporter and the LayerNorm/ReduceMean forms it
   writes) and at most ``onnx.defs.onnx_opset_version()`` (the newest opset the installed onnx
   knows; ONNX Runtime 1.32 runs up to that).
@@ -19,6 +23,7 @@ the library's own words. Sources:
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 import onnx
@@ -75,6 +80,49 @@ def check_nbits_options(bits: int, block_size: int, accuracy_level: int, *, name
         )
     if not 0 <= accuracy_level <= 4:
         raise InvalidInput(f"int{bits} accuracy_level must be in 0..4 (MatMulNBits), got {accuracy_level}")
+
+
+def matmul_input_sizes(config: Any) -> dict[str, int]:
+    """The input sizes K of the decoder's weight MatMuls, by the config field that sets each (HF LlamaConfig names):
+    q/k/v, gate/up and lm_head read ``hidden_size``, o_proj ``num_attention_heads * head_dim``, down_proj
+    ``intermediate_size``."""
+    return {
+        "hidden_size": config.hidden_size,
+        "num_attention_heads * head_dim": config.num_attention_heads * config.head_dim,
+        "intermediate_size": config.intermediate_size,
+    }
+
+
+def check_int4_block_size(config: Any, block_size: int, *, qdq: bool) -> None:
+    """Refuse an int4 block size that blocks none of the model's MatMul weights.
+
+    A block larger than every input size K makes each weight column one block, mostly padding (the file grows
+    beyond what the block size promises); and the qdq layout (``qdq``: the default, ``int4_accuracy_level`` 4)
+    writes a MatMul as blocked ``DequantizeLinear`` only when K is a multiple of the block size, so with none
+    the int4 file would hold no qdq weight at all (its WASM file, made from those, would fail after the export).
+
+    Raises:
+        InvalidInput: naming ``ExportConfig.int4_block_size``, the model's input sizes and the block sizes that fit.
+    """
+    sizes = matmul_input_sizes(config)
+    if any(k % block_size == 0 for k in sizes.values()):
+        return
+    larger = block_size > max(sizes.values())
+    if not larger and not qdq:  # MatMulNBits pads a partial last block: every K is still blocked
+        return
+    fits = [b for b in supported_block_sizes(4) if any(k % b == 0 for k in sizes.values())]
+    named = ", ".join(f"{name} = {k}" for name, k in sizes.items())
+    why = (
+        f"larger than every MatMul input size of this model ({named}): each weight column would be one block, "
+        "mostly padding"
+        if larger
+        else f"no MatMul input size of this model ({named}) is a multiple of it, and the int4 file's qdq layout "
+        "(DequantizeLinear blocked along K) needs one"
+    )
+    raise InvalidInput(
+        f"ExportConfig.int4_block_size = {block_size} (--int4-block-size): {why}; choose one of "
+        f"{', '.join(map(str, fits)) or 'none: no accepted block size divides them'}"
+    )
 
 
 def check_opset(opset: int) -> None:

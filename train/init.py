@@ -49,6 +49,21 @@ _OTHER_TYPES = {
 }
 #: model_type values prodip's model computes (Qwen2: the Llama decoder with q/k/v biases).
 _TYPES = ("llama", "qwen2")
+#: LlamaConfig / Qwen2Config keys that fix the model's tensor shapes and that ``save_pretrained`` always writes:
+#: a config.json without one is incomplete (transformers would fill in a 7B Llama's size, prodip's defaults
+#: another model's), so it is refused naming the key rather than compared tensor by tensor.
+REQUIRED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+)
+#: transformers' defaults for keys a config.json may omit where ModelConfig's default differs
+#: (LlamaConfig and Qwen2Config ``__init__``: ``num_key_value_heads = num_attention_heads`` when None,
+#: ``rms_norm_eps = 1e-6``), so an omitted key means what it means to transformers.
+_HF_DEFAULT_EPS = 1e-6
 _HF_INDEX = "model.safetensors.index.json"
 
 
@@ -60,6 +75,7 @@ class InitWeights:
     tensors: dict[str, torch.Tensor]
     source: str
     kind: str  # "prodip" or "hf"
+    option: str = "--init-from"  # how the user gave the source (``--baseline``, ``prodip export``): errors name it
 
 
 def load_init(path: str | Path, *, tokenizer_sha256: Optional[str], option: str = "--init-from") -> InitWeights:
@@ -69,21 +85,23 @@ def load_init(path: str | Path, *, tokenizer_sha256: Optional[str], option: str 
         path: prodip step/checkpoints/run dir, or a Hugging Face Llama folder.
         tokenizer_sha256: sha256 of the run's ``tokenizer.json`` (the shards' tokenizer); None: the
             folder's own tokenizer is the one (``prodip export HF_FOLDER``).
-        option: how the user gave ``path`` (``--init-from``, ``--baseline``, ...): errors name it.
+        option: how the user gave ``path`` (``--init-from``, ``--baseline``, ``prodip export``): every error
+            here and in :func:`apply_init` names it.
     Returns:
         :class:`InitWeights`.
     Raises:
         FileNotFoundError: nothing at ``path``, or no weights file.
         ValueError: a prodip checkpoint trained with another tokenizer, a damaged checkpoint
-            (manifest mismatch), a HF weights file truncated or tampered (its size against its header), an HF config we cannot represent (naming the key), missing tensors.
+            (manifest mismatch), a HF weights file truncated or tampered (its size against its header), an HF
+            config we cannot represent or missing a :data:`REQUIRED_KEYS` key (naming the key), missing tensors.
     """
     path = Path(path)
     if not path.exists():
         raise MissingInput(f"{option} {path}: does not exist (a prodip run/checkpoint dir or a HF Llama folder)")
     if is_prodip_checkpoint(path):
-        return _load_prodip(path, tokenizer_sha256)
+        return _load_prodip(path, tokenizer_sha256, option)
     if (path / "config.json").is_file():
-        return _load_hf(path, tokenizer_sha256)
+        return _load_hf(path, tokenizer_sha256, option)
     raise MissingInput(
         f"{option} {path}: neither a prodip checkpoint (step dir with manifest.json, or a run dir with "
         "checkpoints/latest) nor a Hugging Face folder with config.json"
@@ -98,16 +116,16 @@ def is_prodip_checkpoint(path: Path) -> bool:
     return True
 
 
-def _load_prodip(path: Path, tokenizer_sha256: Optional[str]) -> InitWeights:
+def _load_prodip(path: Path, tokenizer_sha256: Optional[str], option: str) -> InitWeights:
     model, config, info = checkpoint.load_model(path)
     if tokenizer_sha256 is not None and info["tokenizer_sha256"] != tokenizer_sha256:
         raise InvalidInput(
-            f"--init-from {info['checkpoint_dir']}: trained with tokenizer sha256 {info['tokenizer_sha256'][:12]}, "
+            f"{option} {info['checkpoint_dir']}: trained with tokenizer sha256 {info['tokenizer_sha256'][:12]}, "
             f"the run's shards use {tokenizer_sha256[:12]}; encode the new corpus with the checkpoint's tokenizer "
             f"({info['tokenizer_dir']}) via `prodip data prepare --tokenizer-dir {info['tokenizer_dir']}`"
         )
     tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return InitWeights(config, tensors, f"{info['checkpoint_dir']} (step {info['step']})", "prodip")
+    return InitWeights(config, tensors, f"{info['checkpoint_dir']} (step {info['step']})", "prodip", option)
 
 
 def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Specials] = None) -> ModelConfig:
@@ -121,9 +139,12 @@ def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Spe
     ``eos_token``; the other stop ids travel in ``generation_config.json``), pad (the eos when the
     model has none, as transformers' generate pads); else the config's, one id each.
 
+    Keys the config may omit take transformers' defaults (``num_key_value_heads`` = ``num_attention_heads``,
+    ``rms_norm_eps`` 1e-6), not :class:`ModelConfig`'s; the size keys (:data:`REQUIRED_KEYS`) must be there.
+
     Raises:
-        InvalidInput: another ``model_type``, an unsupported RoPE scaling, biases, another activation,
-            several eos ids without ``specials`` (each naming the key).
+        InvalidInput: another ``model_type``, a missing or null :data:`REQUIRED_KEYS` key, an unsupported RoPE
+            scaling, biases, another activation, several eos ids without ``specials`` (each naming the key).
     """
     kind = data.get("model_type")
     if kind in _OTHER_TYPES:
@@ -141,6 +162,12 @@ def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Spe
             )
         if sliding:
             raise InvalidInput(f"{source}: layer_types holds {sliding[0]!r}; prodip's model has full attention only")
+    missing = [key for key in REQUIRED_KEYS if data.get(key) is None]
+    if missing:
+        raise InvalidInput(
+            f"{source}: missing {', '.join(map(repr, missing))} (save_pretrained writes every size key of a "
+            f"{kind} config; prodip does not guess one)"
+        )
     for key, allowed in _REFUSED.items():
         if key in data and data[key] not in allowed and data[key] is not None:
             raise InvalidInput(
@@ -163,6 +190,8 @@ def hf_model_config(data: dict[str, Any], *, source: str, specials: Optional[Spe
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     kept = {k: v for k, v in data.items() if k in names and v is not None}
     kept["model_type"] = kind
+    kept.setdefault("num_key_value_heads", kept["num_attention_heads"])  # transformers' default: no GQA
+    kept.setdefault("rms_norm_eps", _HF_DEFAULT_EPS)
     if specials is not None:
         bos = specials.bos_id if specials.bos_id is not None else next(iter(_as_ids(data.get("bos_token_id"))), None)
         kept["bos_token_id"] = bos if bos is not None else specials.eos_id
@@ -178,7 +207,7 @@ def _as_ids(value: Any) -> list[int]:
     return [value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)]
 
 
-def _load_hf(path: Path, tokenizer_sha256: Optional[str]) -> InitWeights:
+def _load_hf(path: Path, tokenizer_sha256: Optional[str], option: str) -> InitWeights:
     cfg_path = path / "config.json"
     try:
         data = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -195,13 +224,14 @@ def _load_hf(path: Path, tokenizer_sha256: Optional[str]) -> InitWeights:
     tok = path / "tokenizer.json"
     if tokenizer_sha256 is not None and (not tok.is_file() or file_sha256(tok) != tokenizer_sha256):
         log.warning(
-            "--init-from %s: %s; the shards' token ids are taken to mean what this model learned "
+            "%s %s: %s; the shards' token ids are taken to mean what this model learned "
             "(same vocabulary size %d) but that cannot be checked",
+            option,
             path,
             "no tokenizer.json" if not tok.is_file() else "its tokenizer.json differs from the run's",
             config.vocab_size,
         )
-    return InitWeights(config, tensors, f"{path} (Hugging Face Llama)", "hf")
+    return InitWeights(config, tensors, f"{path} (Hugging Face Llama)", "hf", option)
 
 
 def _hf_weight_files(path: Path) -> list[Path]:
@@ -225,7 +255,8 @@ def apply_init(model: torch.nn.Module, init: InitWeights) -> None:
     """Copy ``init.tensors`` into ``model`` (built from ``init.config``), every tensor accounted for.
 
     Raises:
-        ValueError: a tensor missing, unexpected or of another shape, naming the source.
+        ValueError: a tensor missing, unexpected or of another shape, naming the option and the source
+            (``init.option``: how the user gave it).
     """
     inner = checkpoint.unwrap_model(model)
     expected = inner.state_dict()
@@ -237,7 +268,7 @@ def apply_init(model: torch.nn.Module, init: InitWeights) -> None:
     missing, extra = sorted(want - set(tensors)), sorted(set(tensors) - want)
     if missing or extra:
         raise InvalidInput(
-            f"--init-from {init.source}: "
+            f"{init.option} {init.source}: "
             + "; ".join(
                 p
                 for p in (
@@ -250,7 +281,7 @@ def apply_init(model: torch.nn.Module, init: InitWeights) -> None:
     for key, value in tensors.items():
         if tuple(value.shape) != tuple(expected[key].shape):
             raise InvalidInput(
-                f"--init-from {init.source}: {key} has shape {tuple(value.shape)}, config implies {tuple(expected[key].shape)}"
+                f"{init.option} {init.source}: {key} has shape {tuple(value.shape)}, config implies {tuple(expected[key].shape)}"
             )
     with torch.no_grad():
         for key, value in tensors.items():

@@ -102,3 +102,32 @@ def test_a_refused_run_keeps_the_previous_report(tiny_artifacts, tmp_path, capsy
     assert f"missing file(s) listed in manifest.json: {data_files[0]} of variant 'fp32'" in err, err
     assert "removing the previous" not in err
     assert hashlib.sha256((out / "report.json").read_bytes()).hexdigest() == sha and (out / "report.md").is_file()
+
+
+def test_a_heldout_folder_is_named_as_a_folder_in_one_line(tmp_path, capsys):
+    """``--heldout bn=data/heldout`` (a folder that exists) said "no such file"; held-out figures are per language
+    and that folder holds both languages' files, so it is refused saying it is a folder and naming what it holds,
+    before the export is read (exit 2)."""
+    from prodip.base.errors import InvalidInput, MissingInput
+    from prodip.conformance import ConformanceConfig
+
+    folder = tmp_path / "heldout"
+    folder.mkdir()
+    for name in ("udhr_eng.txt", "udhr_ben.txt"):
+        (folder / name).write_text("text\n", encoding="utf-8")
+    (folder / "sub").mkdir()  # not a file: not listed
+    argv = ["conformance", str(tmp_path / "export"), "--heldout", f"bn={folder},en={folder / 'udhr_eng.txt'}"]
+    assert prodip_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"ConformanceConfig.heldout bn={folder}: is a folder, and held-out figures are per language: give bn's "
+        "UTF-8 text file, bn=FILE (it holds udhr_ben.txt, udhr_eng.txt)"
+    )
+    assert "\n" not in err and "no such file" not in err
+    (folder / "sub").rmdir()
+    for f in folder.iterdir():
+        f.unlink()
+    with pytest.raises(InvalidInput, match=r"is a folder, .* \(it holds no file\)$"):
+        ConformanceConfig(export_dir="x", heldout={"en": str(folder)})
+    with pytest.raises(MissingInput, match=r"heldout en=\S*none\.txt: no such file$"):
+        ConformanceConfig(export_dir="x", heldout={"en": str(folder / "none.txt")})

@@ -318,3 +318,28 @@ def test_a_hf_folder_without_config_json_names_both_layouts(tmp_path, capsys):
         "(config.json + model.safetensors + tokenizer.json; missing here: config.json)"
     )
     assert not (tmp_path / "e").exists()
+
+
+def test_int4_block_size_against_the_matmul_input_sizes():
+    """A block size blocks a MatMul weight when it divides the input size K (the qdq layout's DequantizeLinear)
+    or, in the MatMulNBits layout, when it is at most K (a padded last block): refused when it blocks none."""
+    from prodip.base.errors import InvalidInput
+    from prodip.export.limits import check_int4_block_size, matmul_input_sizes
+    from prodip.train.config import ModelConfig
+
+    odd = ModelConfig(
+        vocab_size=64, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, intermediate_size=160
+    )
+    assert matmul_input_sizes(odd) == {
+        "hidden_size": 96,
+        "num_attention_heads * head_dim": 96,
+        "intermediate_size": 160,
+    }
+    for qdq in (True, False):
+        check_int4_block_size(odd, 32, qdq=qdq)  # 96 = 3 * 32
+    check_int4_block_size(odd, 64, qdq=False)  # MatMulNBits: 96 and 160 in two and three blocks, the last padded
+    with pytest.raises(InvalidInput, match=r"= 64 .*no MatMul input size of this model \(hidden_size = 96, .*"
+                       r"intermediate_size = 160\) is a multiple of it, .*qdq layout.*; choose one of 16, 32$"):  # fmt: skip
+        check_int4_block_size(odd, 64, qdq=True)
+    with pytest.raises(InvalidInput, match=r"= 256 .*larger than every MatMul input size.*choose one of 16, 32$"):
+        check_int4_block_size(odd, 256, qdq=False)

@@ -10,6 +10,7 @@ biases must survive each.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -137,6 +138,61 @@ def test_refusals_name_the_key(standins, tmp_path):
     folder = _edited(standins["smollm2"], tmp_path / "bias", attention_bias=True)
     with pytest.raises(InvalidInput, match="attention_bias = True"):
         load_init(folder, tokenizer_sha256=None)
+
+
+def test_import_errors_name_the_command_and_a_missing_size_key(standins, tmp_path, capsys):
+    """``prodip export FOLDER`` reads the folder as ``--init-from`` does, but its errors name the command the
+    user typed: a config.json that disagrees with the weights names the tensor and both shapes; one without a
+    size key names the key (transformers would fill in a 7B Llama's size) before any tensor is compared."""
+    from prodip.cli import main
+
+    vocab = json.loads((standins["smollm2"] / "config.json").read_text())["vocab_size"]
+    wide = _edited(standins["smollm2"], tmp_path / "wide", hidden_size=512)
+    assert main(["export", str(wide), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"prodip export: error: prodip export {wide.resolve()} (Hugging Face Llama): model.embed_tokens.weight "
+        f"has shape ({vocab}, 64), config implies ({vocab}, 512)"
+    )
+    # train and eval name their own option; --init-from stays the default
+    for option in ("--init-from", "--baseline"):
+        kw = {} if option == "--init-from" else {"option": option}
+        with pytest.raises(InvalidInput, match=rf"^{option} {wide} \(Hugging Face Llama\): model\.embed_tokens"):
+            apply_init(
+                LlamaForCausalLM(load_init(wide, tokenizer_sha256=None, **kw).config),
+                load_init(wide, tokenizer_sha256=None, **kw),
+            )
+    narrow = _edited(standins["smollm2"], tmp_path / "narrow", hidden_size=None)
+    assert main(["export", str(narrow), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"prodip export: error: {narrow.resolve() / 'config.json'}: missing 'hidden_size' (")
+    assert "\n" not in err and "shape" not in err
+    both = _edited(standins["qwen25"], tmp_path / "both", vocab_size=None, num_hidden_layers=None)
+    with pytest.raises(InvalidInput, match=r"both/config\.json: missing 'vocab_size', 'num_hidden_layers' \("):
+        load_init(both, tokenizer_sha256=None, option="--baseline")
+    assert not (tmp_path / "out").exists()
+
+
+def test_keys_a_config_may_omit_mean_what_they_mean_to_transformers():
+    """A config.json without num_key_value_heads or rms_norm_eps (older Llama configs) is the model transformers
+    builds from it: no GQA and epsilon 1e-6, not ModelConfig's own defaults."""
+    from prodip.train.init import hf_model_config
+
+    data = {
+        "model_type": "llama",
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+    }
+    ours = hf_model_config(data, source="config.json")
+    theirs = transformers.LlamaConfig(**{k: v for k, v in data.items() if k != "model_type"})
+    assert (
+        (ours.num_key_value_heads, ours.rms_norm_eps) == (theirs.num_key_value_heads, theirs.rms_norm_eps) == (4, 1e-6)
+    )
+    given = hf_model_config({**data, "num_key_value_heads": 2, "rms_norm_eps": 1e-5}, source="config.json")
+    assert (given.num_key_value_heads, given.rms_norm_eps) == (2, 1e-5)
 
 
 def test_qwen2_gguf_with_rope_scaling_is_refused_by_name():
@@ -289,37 +345,108 @@ def test_prodips_tokenizer_reader_names_an_imported_tokenizer_in_one_line(standi
         load_tokenizer(standins["llama32"])
 
 
+def test_a_pte_window_too_large_to_plan_is_refused_before_any_work(standins, tmp_path, capsys, monkeypatch):
+    """ExecuTorch plans memory for a whole-window prompt; at Llama 3.2's 131072 tokens the attention scores alone
+    (3 float32 tensors of H x S x 2S) are 1536 GiB, known from config.json: refused in one line before the ONNX
+    export or the lowering start (both of which took 38 s before the plan was looked at), nothing written."""
+    pytest.importorskip("executorch")
+    from prodip.cli import main
+    from prodip.export import core
+    from prodip.export.executorch import PLANNED_MEMORY_LIMIT, planned_memory_floor
+
+    config = _prodip(standins["llama32"]).config
+    H, S = config.num_attention_heads, config.max_position_embeddings
+    assert (H, S) == (4, 131072)
+    assert planned_memory_floor(config) == 3 * H * S * 2 * S * 4 == 1536 * 2**30
+    assert planned_memory_floor(config, 8192) == 6 * 2**30 and planned_memory_floor(config, 1024) == 3 * 2**25
+
+    def never(*args, **kwargs):
+        raise AssertionError("the export started before the plan size was checked")
+
+    monkeypatch.setattr(core, "export_onnx", never)
+    monkeypatch.setattr(core.pte_export, "export_pte", never)
+    # the longest window whose floor fits: 3 * 4 * 2 * 4 * N^2 <= 4 GiB
+    longest = max(n for n in range(6000, 7000) if 96 * n * n <= PLANNED_MEMORY_LIMIT)
+    assert longest == 6688
+    out = tmp_path / "pte"
+    assert main(["export", str(standins["llama32"]), "--out", str(out), "--variants", "fp32,pte-fp32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "prodip export: error: pte-fp32: the program would plan at least 1536.0 GiB of working memory for a window "
+        "of 131072 tokens (max_position_embeddings = 131072; ExecuTorch sizes its buffers for a whole-window "
+        "prompt, attention scores S x 2S per head), over the 4 GiB a device runtime can allocate; export the .pte "
+        f"with a shorter window: --pte-max-seq-len N ([export] pte_max_seq_len), N at most {longest} for 4 "
+        "attention heads"
+    )
+    assert not out.exists() and not list(tmp_path.glob(".pte.*"))
+    args = ["export", str(standins["smollm2"]), "--out", str(out), "--variants", "pte-8da4w"]
+    assert main([*args, "--pte-max-seq-len", str(longest + 1)]) == 2
+    assert "plan at least 4.0 GiB of working memory for a window of 6689 tokens (pte_max_seq_len" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()
+
+
+def test_an_int4_block_size_that_blocks_no_weight_is_refused_before_any_work(standins, tmp_path, capsys, monkeypatch):
+    """SmolLM2's stand-in (hidden 64, intermediate 128) with --int4-block-size 256 was accepted, exported fp32 and
+    int4, then failed at step 4/6 ("no int4 DequantizeLinear + MatMul to requantise"): refused up front naming the
+    option and the sizes. 128 divides intermediate_size, so down_proj is blocked: accepted (and exported)."""
+    from prodip.cli import main
+    from prodip.export import core
+
+    real = core.export_onnx
+    monkeypatch.setattr(core, "export_onnx", lambda *a, **k: pytest.fail("the export started"))
+    out = tmp_path / "int4"
+    args = ["export", str(standins["smollm2"]), "--out", str(out), "--variants", "fp32,int4"]
+    assert main([*args, "--int4-block-size", "256"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "prodip export: error: ExportConfig.int4_block_size = 256 (--int4-block-size): larger than every MatMul "
+        "input size of this model (hidden_size = 64, num_attention_heads * head_dim = 64, intermediate_size = 128): "
+        "each weight column would be one block, mostly padding; choose one of 16, 32, 64, 128"
+    )
+    assert not out.exists() and not list(tmp_path.glob(".int4.*"))
+    monkeypatch.setattr(core, "export_onnx", real)
+    assert main([*args, "--int4-block-size", "128", "--variants", "int4"]) == 0
+    quant = json.loads((out / "manifest.json").read_text())["variants"]["int4"]["quantization"]
+    assert quant["block_size"] == 128 and quant["matmuls_as_qdq"] == 2  # the two down_proj MatMuls (K = 128)
+
+
 @pytest.mark.slow
-def test_pte_of_a_131072_token_window_is_refused_by_name(standins, tmp_path):
-    """ExecuTorch plans memory for a whole-window prompt: 1.8 TB for Llama 3.2's 131072 tokens. The
-    export refuses it naming max_position_embeddings rather than writing a program no runtime loads."""
+def test_pte_plan_over_the_limit_is_refused_by_name(standins, tmp_path):
+    """The up-front floor is a floor: a window it lets through whose lowered program still plans more than a
+    device runtime can allocate is refused after the lowering, with ExecuTorch's own plan size (larger than the
+    floor), and a window under both is exported."""
     pytest.importorskip("executorch")
     from prodip.export.config import ExportConfig
     from prodip.export.core import export_checkpoint
+    from prodip.export.executorch import PLANNED_MEMORY_LIMIT, planned_memory_floor
 
-    cfg = ExportConfig(checkpoint=str(standins["llama32"]), out=str(tmp_path / "pte"), variants=["pte-fp32"])
-    with pytest.raises(
-        InvalidInput,
-        match=r"pte-fp32: the program would plan \d+\.\d GiB .*max_position_embeddings = 131072.*--pte-max-seq-len N",
-    ):
-        export_checkpoint(cfg)
-    assert not (tmp_path / "pte").exists()
     # a window longer than the model's is refused before anything is written
     long = ExportConfig(
         checkpoint=str(standins["smollm2"]), out=str(tmp_path / "long"), variants=["pte-fp32"], pte_max_seq_len=8193
     )
     with pytest.raises(InvalidInput, match="pte_max_seq_len = 8193 exceeds the model's max_position_embeddings = 8192"):
         export_checkpoint(long)
-    # SmolLM2's own 8192-token window plans 7 GiB, more than a phone lets an app hold (conformance of such a
-    # program on the exporting machine reached 23 GB resident): refused, and 1024 tokens is not
+    # SmolLM2's own 8192-token window: over the limit by the floor already (the lowered plan: 7 GiB)
     whole = ExportConfig(checkpoint=str(standins["smollm2"]), out=str(tmp_path / "whole"), variants=["pte-fp32"])
-    with pytest.raises(InvalidInput, match=r"plan 7\.\d GiB .*max_position_embeddings = 8192.*over the 4 GiB"):
+    with pytest.raises(InvalidInput, match=r"plan at least 6\.0 GiB .*max_position_embeddings = 8192.*over the 4 GiB"):
         export_checkpoint(whole)
+    # 6600 tokens: a floor of 3.9 GiB passes; the lowered program's plan (activations, caches) does not
+    config = _prodip(standins["smollm2"]).config
+    floor = planned_memory_floor(config, 6600)
+    assert floor < PLANNED_MEMORY_LIMIT
+    near = ExportConfig(
+        checkpoint=str(standins["smollm2"]), out=str(tmp_path / "near"), variants=["pte-fp32"], pte_max_seq_len=6600
+    )
+    with pytest.raises(InvalidInput, match=r"would plan (\d+\.\d) GiB .*pte_max_seq_len = 6600") as err:
+        export_checkpoint(near)
+    planned = float(re.search(r"would plan (\d+\.\d) GiB", str(err.value)).group(1)) * 2**30
+    assert PLANNED_MEMORY_LIMIT < planned and floor < planned < 1.6 * floor
     short = ExportConfig(
         checkpoint=str(standins["smollm2"]), out=str(tmp_path / "short"), variants=["pte-fp32"], pte_max_seq_len=1024
     )
     assert export_checkpoint(short) is not None and (tmp_path / "short" / "executorch" / "model.pte").is_file()
-    assert not (tmp_path / "long").exists()
+    assert not (tmp_path / "long").exists() and not (tmp_path / "near").exists()
     with pytest.raises(InvalidInput, match="pte_max_seq_len must be >= 0"):
         ExportConfig(pte_max_seq_len=-1)
 
