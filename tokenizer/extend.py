@@ -53,9 +53,17 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import check_safetensors_size, file_sha256
-from prodip.tokenizer.audit import gate_failures, load_heldout, measure_languages, parity_failures, parity_texts
+from prodip.base.records import check_replaceable_dir
+from prodip.tokenizer.audit import (
+    format_heldout_files,
+    gate_failures,
+    load_heldout,
+    measure_languages,
+    parity_failures,
+    parity_texts,
+)
 from prodip.tokenizer.config import AuditConfig, ExtendConfig
 from prodip.tokenizer.corpus import expand_inputs, iter_language
 from prodip.tokenizer.parity import format_parity, run_parity
@@ -408,15 +416,16 @@ def default_out(base: str) -> Path:
 def check_out(out: Path, base_dir: Path, overwrite: bool) -> None:
     """Refuse an ``--out`` the extension must not replace, before any work (nothing is touched).
 
-    The rules of ``prodip export --force`` (:func:`prodip.export.core.check_out_dir`): ``--out`` may be a
+    The rules of ``prodip export --force`` (:func:`prodip.export.core.check_out_dir`) and of every
+    replaced artifact folder (:func:`prodip.base.records.check_replaceable_dir`): ``--out`` may be a
     missing or empty folder; ``--overwrite`` replaces only what an earlier extension wrote (a folder with
-    ``extension.json``); a symbolic link or a file is refused. And neither ``--out`` nor its build folder
+    ``extension.json``, whose fertility.json no newer prodip wrote); a symbolic link or a file is refused. And neither ``--out`` nor its build folder
     ``OUT.tmp`` (deleted first) may be the base or a folder holding it, compared as resolved paths (a
     symbolic link to the base, ``--out ..``): replacing it would delete the base being extended.
 
     Raises:
         InvalidInput: ``--out`` or ``OUT.tmp`` is the base or contains it.
-        OutputExists: ``--out`` is a link, a file, a non-empty folder without ``overwrite``, or a non-empty
+        OutputExists: ``--out`` is a link, a file, an earlier extension without ``overwrite``, or a non-empty
             folder ``prodip tokenizer extend`` did not write (no extension.json).
     """
     base_real = base_dir.resolve()
@@ -428,22 +437,15 @@ def check_out(out: Path, base_dir: Path, overwrite: bool) -> None:
                 f"--out {out}: {what} {path} {where} {base_dir} being extended; replacing it would delete the "
                 "base. Choose another --out"
             )
-    if out.is_symlink():
-        raise OutputExists(
-            f"{out}: is a symbolic link; give --out as the real folder path (the extension replaces the folder, "
-            "not what a link points to)"
-        )
-    if out.is_file():
-        raise OutputExists(f"{out}: is a file; --out must name a folder")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise OutputExists(f"{out}: exists; pass --overwrite true to replace it, or another --out")
-    if not (out / RECORD_FILE).is_file():
-        raise OutputExists(
-            f"{out}: holds files `prodip tokenizer extend` did not write (no {RECORD_FILE}); --overwrite only "
-            "replaces an earlier extension. Move those files, or choose another --out"
-        )
+    check_replaceable_dir(
+        out,
+        what="tokenizer extension",
+        marker=RECORD_FILE,
+        records=(FertilityReport,),
+        replace=overwrite,
+        option="--overwrite true",
+        instead="choose another --out",
+    )
 
 
 def _names_a_sha(path: Path, digests: set[str]) -> bool:
@@ -514,6 +516,7 @@ def write_audit(
         "vocab_size": vocab_sizes[1],
         "created_utc": record["created_utc"],
         "config": dataclasses.asdict(audit_cfg),
+        "heldout_files": record["heldout_files"],
         "languages": figures[1],
         "gate": record["gate"],
         "baseline": {
@@ -556,8 +559,15 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
     tok_json = read_base(tok_path)
     base = Tokenizer.from_file(str(tok_path))
     skip = {a["id"] for a in tok_json.get("added_tokens", [])}
+    heldout_files: dict[str, list[str]] = {}
     heldout = (
-        load_heldout(cfg.heldout, max_chars=cfg.heldout_max_chars, errors=cfg.errors, text_field=cfg.text_field)
+        load_heldout(
+            cfg.heldout,
+            max_chars=cfg.heldout_max_chars,
+            errors=cfg.errors,
+            text_field=cfg.text_field,
+            read_files=heldout_files,
+        )
         if cfg.heldout
         else {}
     )
@@ -611,6 +621,7 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
             "model": model,
             "left_out": stale,
             "weights_sha256": {},
+            "heldout_files": heldout_files,
             "fertility": None,
             "gate": None,
             "parity": None,
@@ -696,6 +707,7 @@ def format_record(record: dict[str, Any]) -> str:
             f"{'tied' if m['tied'] else 'untied'} embeddings ({m['dtype']}), new rows = mean of their base pieces"
         )
     if record.get("fertility"):
+        lines.append(format_heldout_files(record.get("heldout_files") or {}))
         lines.append(
             f"{'lang':<5} {'chars/tok before':>16} {'after':>8} {'ceiling':>8} {'tokens before':>14} {'after':>8}"
         )

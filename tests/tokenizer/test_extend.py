@@ -444,7 +444,9 @@ def test_an_out_that_would_replace_the_base_is_refused_before_any_work(bases, co
     other = tmp_path / "other"
     other.mkdir()
     (other / "keep.txt").write_text("x", encoding="utf-8")
-    with pytest.raises(OutputExists, match="no extension.json.*--overwrite only replaces an earlier extension"):
+    with pytest.raises(
+        OutputExists, match=r"is not a tokenizer extension \(no extension.json\); --overwrite true never"
+    ):
         extend(dataclasses.replace(cfg, base=str(base), out=str(other), overwrite=True))
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "outlink").symlink_to(tmp_path / "elsewhere")
