@@ -323,7 +323,8 @@ def load_heldout(
         for f in lang_files:
             if os.path.realpath(f) in trained:
                 raise InvalidInput(f"heldout.{lang}: {f} was used to train this tokenizer; audit on text it never saw")
-        docs, size, read = [], 0, []
+        docs, size = [], 0
+        read: list[str] = []
         for f, _, doc in iter_language(lang_files, lang, errors=errors, doc_chars=2000, text_field=text_field):
             if not read or read[-1] != str(f):
                 read.append(str(f))
