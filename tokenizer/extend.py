@@ -55,6 +55,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import check_safetensors_size, file_sha256
+from prodip.base.jsontypes import JSONObject
 from prodip.base.records import check_replaceable_dir
 from prodip.tokenizer.audit import (
     format_heldout_files,
@@ -486,9 +487,9 @@ def write_audit(
     tmp: Path,
     cfg: ExtendConfig,
     base_dir: Path,
-    figures: tuple[dict[str, Any], dict[str, Any]],
+    figures: tuple[dict[str, dict], dict[str, dict]],
     vocab_sizes: tuple[int, int],
-    record: dict[str, Any],
+    record: JSONObject,
 ) -> None:
     """Write the extended tokenizer's ``fertility.json`` (:class:`FertilityReport`) into ``tmp``.
 
@@ -540,7 +541,8 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
     was; the returned record (``gate.passed`` false) says why, and the caller raises.
 
     Raises:
-        InvalidInput: no base, no inputs, a base that is not byte-level BPE, ``new_tokens`` < 1.
+        InvalidInput: no base, no inputs, a base that is not byte-level BPE, ``new_tokens`` < 1, a
+            ``min_chars_per_token`` language without ``heldout`` text.
         MissingInput: missing base files or inputs. OutputExists, InvalidInput: an ``--out`` that must
             not be replaced (:func:`check_out`), checked before any work.
     """
@@ -551,6 +553,12 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
         raise InvalidInput("[extend] inputs: no corpus to learn new tokens from (--inputs bn=data/bn)")
     if cfg.new_tokens < 1:
         raise InvalidInput(f"[extend] new_tokens: {cfg.new_tokens}, expected at least 1")
+    unmeasured = sorted(set(cfg.min_chars_per_token) - set(cfg.heldout))
+    if unmeasured:  # a minimum with no text to measure it on would pass unchecked
+        raise InvalidInput(
+            f"[extend] min_chars_per_token: {', '.join(unmeasured)} has a minimum but no held-out text to measure "
+            f"it on; add [extend] heldout (--heldout {unmeasured[0]}=FILE) or drop the minimum"
+        )
     started = time.time()
     tok_path = base_tokenizer_path(cfg.base)
     base_dir = tok_path.parent

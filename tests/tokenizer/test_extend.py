@@ -440,6 +440,10 @@ def test_an_out_that_would_replace_the_base_is_refused_before_any_work(bases, co
     with pytest.raises(InvalidInput, match=r"its build folder .*b\.tmp is the base folder"):
         extend(cfg)
     assert (tmp_base / "tokenizer.json").is_file()
+    # a gate minimum without held-out text to measure it on is refused, not passed unchecked
+    with pytest.raises(InvalidInput, match=r"min_chars_per_token: bn has a minimum but no held-out text"):
+        extend(dataclasses.replace(cfg, base=str(base), out=str(tmp_path / "g"), min_chars_per_token={"bn": 2.0}))
+    assert not (tmp_path / "g").exists()
     # as `prodip export --force`: --overwrite replaces an earlier extension only, never a link or other folder
     other = tmp_path / "other"
     other.mkdir()
