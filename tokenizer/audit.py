@@ -292,28 +292,60 @@ def load_heldout(
     errors: str,
     training_files: Sequence[str] = (),
     text_field: str = "text",
+    read_files: dict[str, list[str]] | None = None,
 ) -> dict[str, list[str]]:
     """Documents per language, at most ``max_chars`` characters each.
 
+    A held-out path may be a file or a folder: every file of a supported suffix under a folder is that
+    language's text (:func:`prodip.tokenizer.corpus.expand_inputs`), so a folder must hold one
+    language only; the files read are appended to ``read_files`` (per language, in reading order), which
+    the audit records and prints.
+
     Raises:
-        ValueError: a held-out file was among the tokenizer's training files, or no held-out text.
+        ValueError: a held-out file was among the tokenizer's training files, one file is given for two
+            languages (e.g. a folder of both languages' files for one of them), or no held-out text.
         FileNotFoundError: a missing held-out path.
     """
     files = expand_inputs(heldout, what="[audit] heldout (--heldout)")
     trained = {os.path.realpath(f) for f in training_files}
+    owner: dict[str, str] = {}
+    for lang, lang_files in files.items():
+        for f in lang_files:
+            first = owner.setdefault(os.path.realpath(f), lang)
+            if first != lang:
+                raise InvalidInput(
+                    f"heldout: {f} is held-out text of both {first} and {lang} "
+                    f"({first} = {', '.join(map(str, heldout[first]))}; {lang} = {', '.join(map(str, heldout[lang]))}); "
+                    "a folder given for a language is all that language's text: give each language its own files"
+                )
     docs_by_lang: dict[str, list[str]] = {}
     for lang, lang_files in files.items():
         for f in lang_files:
             if os.path.realpath(f) in trained:
                 raise InvalidInput(f"heldout.{lang}: {f} was used to train this tokenizer; audit on text it never saw")
         docs, size = [], 0
-        for _, _, doc in iter_language(lang_files, lang, errors=errors, doc_chars=2000, text_field=text_field):
+        read: list[str] = []
+        for f, _, doc in iter_language(lang_files, lang, errors=errors, doc_chars=2000, text_field=text_field):
+            if not read or read[-1] != str(f):
+                read.append(str(f))
             docs.append(doc[: max_chars - size])
             size += len(docs[-1])
             if size >= max_chars:
                 break
         docs_by_lang[lang] = docs
+        if read_files is not None:
+            read_files[lang] = read
     return docs_by_lang
+
+
+def format_heldout_files(files: dict[str, list[str]], limit: int = 4) -> str:
+    """One line naming the held-out files read per language, e.g. ``held-out files: bn 1 (a.txt); en 1 (b.txt)``
+    (at most ``limit`` named per language)."""
+    parts = []
+    for lang, names in files.items():
+        shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+        parts.append(f"{lang} {len(names)} ({shown})")
+    return "held-out files: " + "; ".join(parts)
 
 
 def naive_baseline(tokenizer_dir: Path, baseline_dir: str) -> Path:
@@ -414,6 +446,28 @@ def load_any_tokenizer(path: str | os.PathLike):
     return tok
 
 
+def report_file(report: str, tok_dir: Path) -> Path:
+    """Where the audit goes: ``--report`` (its folder made, as every stage makes its output's parents),
+    else ``TOKENIZER_DIR/fertility.json``. Checked before the audit's work.
+
+    Raises:
+        InvalidInput: ``--report`` is an existing folder, or its folder cannot be made (naming ``--report``
+            and the reason).
+    """
+    if not report:
+        return tok_dir / FERTILITY_NAME
+    path = Path(report)
+    if path.is_dir():
+        raise InvalidInput(f"--report {report}: is a folder; name the file to write, e.g. {path / FERTILITY_NAME}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidInput(
+            f"--report {report}: cannot make its folder {path.parent} ({err.strerror or err}); choose a writable path"
+        ) from None
+    return path
+
+
 def run_audit(cfg: AuditConfig) -> FertilityReport:
     """Audit ``cfg.tokenizer_dir``, write ``fertility.json`` into it and return the report.
 
@@ -428,15 +482,22 @@ def run_audit(cfg: AuditConfig) -> FertilityReport:
             training, invalid UTF-8 (strict). The gate failing is *not* an exception: see ``gate.passed``.
         FileExistsError: the dir's ``fertility.json`` was written by a newer prodip (its format_version
             named); checked before any work, and the file is left as it is.
+        InvalidInput: ``--report`` names a folder, or its folder cannot be made (:func:`report_file`).
     """
     tok_dir = tokenizer_folder(cfg.tokenizer_dir)
-    report_path = Path(cfg.report) if cfg.report else tok_dir / FERTILITY_NAME
+    report_path = report_file(cfg.report, tok_dir)
     refuse_newer(FertilityReport, report_path, action="prodip tokenizer audit", instead="audit a copy elsewhere")
     tok = load_any_tokenizer(tok_dir)
     info = read_train_info(tok_dir)
     training = info.training_files() if info is not None else []
+    read_files: dict[str, list[str]] = {}
     docs = load_heldout(
-        cfg.heldout, max_chars=cfg.max_chars, errors=cfg.errors, training_files=training, text_field=cfg.text_field
+        cfg.heldout,
+        max_chars=cfg.max_chars,
+        errors=cfg.errors,
+        training_files=training,
+        text_field=cfg.text_field,
+        read_files=read_files,
     )
     languages = measure_languages(tok, docs)
     sample = sample_report(info)
@@ -452,6 +513,7 @@ def run_audit(cfg: AuditConfig) -> FertilityReport:
         "vocab_size": tok.get_vocab_size(),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": dataclasses.asdict(cfg),
+        "heldout_files": read_files,
         "languages": languages,
         # what the tokenizer was trained on: per source its weight, characters available and drawn, licence
         "training_sources": info.sources_as_dicts() if info is not None else None,
@@ -500,6 +562,8 @@ def format_table(report: FertilityReport) -> str:
     if report.baseline is not None and label == "other":
         b = report.baseline
         lines.append(f"other: {b.tokenizer_dir} {(b.tokenizer_sha256 or '')[:12]} (vocab {b.vocab_size})")
+    if report.heldout_files:
+        lines.append(format_heldout_files(report.heldout_files))
     lines += [head, "-" * len(head)]
     nan = float("nan")
 

@@ -143,7 +143,7 @@ class AuditConfig:
     heldout: dict[str, list[str]] = opt(
         factory=dict,
         help=f"language -> held-out files/folders never used in training ({FORMATS_HELP}; .tsv: the column named "
-        "after the language)",
+        "after the language); every file under a folder counts as that language, and the audit names the files read",
     )
     min_chars_per_token: dict[str, float] = opt(
         factory=dict, help="gate: minimum characters/token per language, e.g. bn=4.0,en=3.8 (empty: no gate)"
@@ -209,7 +209,9 @@ class ExtendConfig:
     min_frequency: int = opt(2, "a merge must occur at least this many times in the corpus (occurrences)")
     max_chars: int = opt(20_000_000, "read at most this many characters of each language's inputs")
     heldout: dict[str, list[str]] = opt(
-        factory=dict, help="language -> held-out files/folders for the before/after fertility audit (never trained on)"
+        factory=dict,
+        help="language -> held-out files/folders for the before/after fertility audit (never trained on; every file "
+        "under a folder counts as that language)",
     )
     min_chars_per_token: dict[str, float] = opt(
         factory=dict, help="the fertility gate on the extended tokenizer (chars/token per language), as [audit]'s"

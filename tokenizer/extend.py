@@ -22,8 +22,15 @@ token). Extension learns new merges on the user's corpus *as the base tokenizes 
    safetensors, bf16 through ``ml_dtypes`` (round to nearest even), no torch.
 5. The held-out text is audited before and after (tokenizer/audit.py: chars/token per language) with
    the same gate as ``prodip tokenizer audit`` and the runtime parity check (tokenizer/parity.py), and
-   ``extension.json`` records what was added. The folder is written to ``OUT.tmp`` and renamed only
-   when the gate passes; a failed gate writes nothing.
+   ``extension.json`` records what was added. The extended tokenizer's audit is also written as
+   ``OUT/fertility.json`` (the base as its ``compare`` baseline), the record ``prodip train`` checks the
+   gate and tokenizer sha256 of. The folder is written to ``OUT.tmp`` and renamed only when the gate
+   passes; a failed gate writes nothing.
+6. Files of the base that describe its tokenizer or weights as they were are not copied stale: its
+   ``fertility.json`` (replaced by the extension's own audit, or left out without held-out text), its
+   slow-tokenizer ``vocab.json``/``merges.txt`` (rewritten from the extended vocabulary and merges), and
+   any file that names the sha256 of the base's tokenizer.json, config.json or a rewritten weights file
+   (an export's manifest.json, a conformance report); weights in other formats are left out too.
 
     prodip tokenizer extend BASE_HF_FOLDER --inputs bn=data/bn --new-tokens 4000 --out runs/extended \
         --heldout bn=data/heldout/udhr_ben.txt,en=data/heldout/udhr_eng.txt --min-chars-per-token bn=2.5
@@ -46,12 +53,23 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from prodip.base.errors import InvalidInput, MissingInput, OutputExists
+from prodip.base.errors import InvalidInput, MissingInput
 from prodip.base.files import check_safetensors_size, file_sha256
-from prodip.tokenizer.audit import gate_failures, load_heldout, measure_languages, parity_failures, parity_texts
-from prodip.tokenizer.config import ExtendConfig
+from prodip.base.jsontypes import JSONObject
+from prodip.base.records import check_replaceable_dir
+from prodip.tokenizer.audit import (
+    format_heldout_files,
+    gate_failures,
+    load_heldout,
+    measure_languages,
+    parity_failures,
+    parity_texts,
+)
+from prodip.tokenizer.config import AuditConfig, ExtendConfig
 from prodip.tokenizer.corpus import expand_inputs, iter_language
 from prodip.tokenizer.parity import format_parity, run_parity
+from prodip.tokenizer.records import FERTILITY_NAME, FertilityReport
+from prodip.tokenizer.records import FORMAT_VERSION as AUDIT_FORMAT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +79,20 @@ FORMAT_VERSION = 1
 #: (Supplementary Private Use Area-A: 65,534 code points, none of them whitespace).
 _PUA = 0xF0000
 _PUA_SIZE = 65534
-#: The files the extension rewrites; every other file of the base folder is copied unchanged.
-_REWRITTEN = ("tokenizer.json", "config.json", "model.safetensors", "model.safetensors.index.json", RECORD_FILE)
+#: The files the extension writes itself (or leaves out: fertility.json without held-out text; vocab.json and
+#: merges.txt only where the base has them); every other file of the base folder is copied unless stale.
+_REWRITTEN = (
+    "tokenizer.json",
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    RECORD_FILE,
+    FERTILITY_NAME,
+    "vocab.json",
+    "merges.txt",
+)
+#: Files larger than this are not searched for the base's sha256s (weights, not records).
+_RECORD_MAX_BYTES = 16 << 20
 #: Weights in other formats hold the base's vocabulary size: left out, not copied stale.
 _STALE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".onnx_data")
 
@@ -384,6 +414,125 @@ def default_out(base: str) -> Path:
     return folder.with_name(folder.name + "-extended")
 
 
+def check_out(out: Path, base_dir: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` the extension must not replace, before any work (nothing is touched).
+
+    The rules of ``prodip export --force`` (:func:`prodip.export.core.check_out_dir`) and of every
+    replaced artifact folder (:func:`prodip.base.records.check_replaceable_dir`): ``--out`` may be a
+    missing or empty folder; ``--overwrite`` replaces only what an earlier extension wrote (a folder with
+    ``extension.json``, whose fertility.json no newer prodip wrote); a symbolic link or a file is refused. And neither ``--out`` nor its build folder
+    ``OUT.tmp`` (deleted first) may be the base or a folder holding it, compared as resolved paths (a
+    symbolic link to the base, ``--out ..``): replacing it would delete the base being extended.
+
+    Raises:
+        InvalidInput: ``--out`` or ``OUT.tmp`` is the base or contains it.
+        OutputExists: ``--out`` is a link, a file, an earlier extension without ``overwrite``, or a non-empty
+            folder ``prodip tokenizer extend`` did not write (no extension.json).
+    """
+    base_real = base_dir.resolve()
+    for path, what in ((out, "--out"), (out.with_name(out.name + ".tmp"), "its build folder")):
+        real = path.resolve()
+        if real == base_real or real in base_real.parents:
+            where = "is the base folder" if real == base_real else "contains the base folder"
+            raise InvalidInput(
+                f"--out {out}: {what} {path} {where} {base_dir} being extended; replacing it would delete the "
+                "base. Choose another --out"
+            )
+    check_replaceable_dir(
+        out,
+        what="tokenizer extension",
+        marker=RECORD_FILE,
+        records=(FertilityReport,),
+        replace=overwrite,
+        option="--overwrite true",
+        instead="choose another --out",
+    )
+
+
+def _names_a_sha(path: Path, digests: set[str]) -> bool:
+    """Whether the (small) file ``path`` contains one of the hex ``digests`` (a record of the base's files)."""
+    if path.stat().st_size > _RECORD_MAX_BYTES:
+        return False
+    data = path.read_bytes()
+    return any(d.encode("ascii") in data for d in digests)
+
+
+def copy_base_files(base_dir: Path, tmp: Path, shards: list[str], base_digests: set[str]) -> list[str]:
+    """Copy the base's files the extension does not rewrite into ``tmp``, leaving out the stale ones.
+
+    Left out (each logged): :data:`_REWRITTEN` names, the weights shards (written by :func:`resize_model`),
+    weights in other formats (:data:`_STALE_WEIGHTS`: the base's vocabulary size), and any file of at most
+    :data:`_RECORD_MAX_BYTES` that names one of ``base_digests`` (sha256 of the base's tokenizer.json,
+    config.json and rewritten weights: a record of the base as it was, e.g. an export's manifest.json).
+
+    Returns:
+        the names left out as stale (not those rewritten).
+    """
+    stale = []
+    for f in sorted(base_dir.iterdir()):
+        if not f.is_file() or f.name in _REWRITTEN or f.name in shards:
+            continue
+        if f.name.endswith(_STALE_WEIGHTS):
+            log.warning("%s: not copied (weights of the base's vocabulary size; the safetensors are resized)", f)
+        elif _names_a_sha(f, base_digests):
+            log.warning("%s: not copied (it names the sha256 of a base file the extension rewrites)", f)
+        else:
+            shutil.copyfile(f, tmp / f.name)
+            continue
+        stale.append(f.name)
+    return stale
+
+
+def write_audit(
+    tmp: Path,
+    cfg: ExtendConfig,
+    base_dir: Path,
+    figures: tuple[dict[str, dict], dict[str, dict]],
+    vocab_sizes: tuple[int, int],
+    record: JSONObject,
+) -> None:
+    """Write the extended tokenizer's ``fertility.json`` (:class:`FertilityReport`) into ``tmp``.
+
+    The figures are the extension's own held-out audit: ``languages`` the extended tokenizer's, the
+    ``baseline`` (kind ``compare``) the base's, ``gate`` and ``parity`` those of ``record``; ``config`` is
+    the :class:`AuditConfig` of the ``prodip tokenizer audit`` that measures the same (on ``--out``, the
+    base as ``--compare-dir``). ``figures``: (base, extended) :func:`measure_languages` on the held-out
+    text; ``vocab_sizes``: (base, extended) ``get_vocab_size()``. This is the record :func:`prodip.tokenizer.audit.check_gate` reads when
+    ``prodip train`` takes the folder: its ``tokenizer_sha256`` is the extended tokenizer.json's.
+    """
+    audit_cfg = AuditConfig(
+        tokenizer_dir=str(cfg.out or default_out(cfg.base)),
+        compare_dir=str(base_dir),
+        heldout={k: list(v) for k, v in cfg.heldout.items()},
+        min_chars_per_token=dict(cfg.min_chars_per_token),
+        max_chars=cfg.heldout_max_chars,
+        parity=cfg.parity,
+        parity_max_chars=cfg.heldout_max_chars,
+        errors=cfg.errors,
+        text_field=cfg.text_field,
+    )
+    report = {
+        "format_version": AUDIT_FORMAT_VERSION,
+        "tokenizer_sha256": record["tokenizer_sha256"],
+        "vocab_size": vocab_sizes[1],
+        "created_utc": record["created_utc"],
+        "config": dataclasses.asdict(audit_cfg),
+        "heldout_files": record["heldout_files"],
+        "languages": figures[1],
+        "gate": record["gate"],
+        "baseline": {
+            "kind": "compare",
+            "tokenizer_dir": str(base_dir),
+            "vocab_size": vocab_sizes[0],
+            "tokenizer_sha256": record["base_tokenizer_sha256"],
+            "languages": figures[0],
+        },
+        "parity": record["parity"],
+    }
+    path = tmp / FERTILITY_NAME
+    FertilityReport.from_dict(report, path).write(path)
+
+
 def extend(cfg: ExtendConfig) -> dict[str, Any]:
     """Run the extension (module docstring) and return the record written to ``OUT/extension.json``.
 
@@ -392,8 +541,10 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
     was; the returned record (``gate.passed`` false) says why, and the caller raises.
 
     Raises:
-        InvalidInput: no base, no inputs, a base that is not byte-level BPE, ``new_tokens`` < 1.
-        MissingInput: missing base files or inputs. OutputExists: OUT exists without ``overwrite``.
+        InvalidInput: no base, no inputs, a base that is not byte-level BPE, ``new_tokens`` < 1, a
+            ``min_chars_per_token`` language without ``heldout`` text.
+        MissingInput: missing base files or inputs. OutputExists, InvalidInput: an ``--out`` that must
+            not be replaced (:func:`check_out`), checked before any work.
     """
 
     if not cfg.base:
@@ -402,17 +553,29 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
         raise InvalidInput("[extend] inputs: no corpus to learn new tokens from (--inputs bn=data/bn)")
     if cfg.new_tokens < 1:
         raise InvalidInput(f"[extend] new_tokens: {cfg.new_tokens}, expected at least 1")
+    unmeasured = sorted(set(cfg.min_chars_per_token) - set(cfg.heldout))
+    if unmeasured:  # a minimum with no text to measure it on would pass unchecked
+        raise InvalidInput(
+            f"[extend] min_chars_per_token: {', '.join(unmeasured)} has a minimum but no held-out text to measure "
+            f"it on; add [extend] heldout (--heldout {unmeasured[0]}=FILE) or drop the minimum"
+        )
     started = time.time()
     tok_path = base_tokenizer_path(cfg.base)
     base_dir = tok_path.parent
     out = Path(cfg.out) if cfg.out else default_out(cfg.base)
-    if out.exists() and not cfg.overwrite:
-        raise OutputExists(f"{out}: exists; pass --overwrite true to replace it, or another --out")
+    check_out(out, base_dir, cfg.overwrite)
     tok_json = read_base(tok_path)
     base = Tokenizer.from_file(str(tok_path))
     skip = {a["id"] for a in tok_json.get("added_tokens", [])}
+    heldout_files: dict[str, list[str]] = {}
     heldout = (
-        load_heldout(cfg.heldout, max_chars=cfg.heldout_max_chars, errors=cfg.errors, text_field=cfg.text_field)
+        load_heldout(
+            cfg.heldout,
+            max_chars=cfg.heldout_max_chars,
+            errors=cfg.errors,
+            text_field=cfg.text_field,
+            read_files=heldout_files,
+        )
         if cfg.heldout
         else {}
     )
@@ -441,18 +604,14 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
     try:
         (tmp / "tokenizer.json").write_text(json.dumps(ext_json, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
         ext = Tokenizer.from_file(str(tmp / "tokenizer.json"))  # the library reads it back, or this fails here
-        model = None
+        if any((base_dir / n).is_file() for n in ("vocab.json", "merges.txt")):
+            ext.model.save(str(tmp))  # the slow tokenizer's vocab.json + merges.txt, of the extended BPE
+        model, stale = None, []
+        base_digests = {file_sha256(tok_path)}
         if (base_dir / "config.json").is_file() and tok_path.name == "tokenizer.json" and Path(cfg.base).is_dir():
             model = resize_model(base_dir, tmp, added[0][1], [seq for _, _, seq in added])
-            for f in sorted(base_dir.iterdir()):
-                if not f.is_file() or f.name in _REWRITTEN or f.name in model["shards"]:
-                    continue
-                if f.name.endswith(_STALE_WEIGHTS):
-                    log.warning(
-                        "%s: not copied (weights of the base's vocabulary size; the safetensors are resized)", f
-                    )
-                    continue
-                shutil.copyfile(f, tmp / f.name)
+            base_digests |= {file_sha256(base_dir / n) for n in ("config.json", *model["files"])}
+            stale = copy_base_files(base_dir, tmp, model["shards"], base_digests)
         record: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -468,7 +627,9 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
             "trained_words": n_words,
             "init": "mean of the base rows of the pieces the base tokenizer splits each new token into",
             "model": model,
+            "left_out": stale,
             "weights_sha256": {},
+            "heldout_files": heldout_files,
             "fertility": None,
             "gate": None,
             "parity": None,
@@ -526,6 +687,8 @@ def extend(cfg: ExtendConfig) -> dict[str, Any]:
         if failures:  # a rejected extension is not left where `data prepare`/`train` would take it
             shutil.rmtree(tmp)
         else:
+            if heldout:
+                write_audit(tmp, cfg, base_dir, (before, after), (base.get_vocab_size(), ext.get_vocab_size()), record)
             (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
             if out.exists():
                 shutil.rmtree(out)
@@ -552,6 +715,7 @@ def format_record(record: dict[str, Any]) -> str:
             f"{'tied' if m['tied'] else 'untied'} embeddings ({m['dtype']}), new rows = mean of their base pieces"
         )
     if record.get("fertility"):
+        lines.append(format_heldout_files(record.get("heldout_files") or {}))
         lines.append(
             f"{'lang':<5} {'chars/tok before':>16} {'after':>8} {'ceiling':>8} {'tokens before':>14} {'after':>8}"
         )

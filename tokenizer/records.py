@@ -75,6 +75,8 @@ class FertilityReport(Record):
     vocab_size: StrictInt
     created_utc: str | None = None
     config: dict[str, Any] | None = None
+    #: per language, the held-out files read (a folder's files listed one by one)
+    heldout_files: dict[str, list[str]] = Field(default_factory=dict)
     languages: dict[str, LanguageFertility]
     #: ``train_info.json``'s ``sources`` (absent in audits made before sources were recorded)
     training_sources: list[dict[str, Any]] | None = None

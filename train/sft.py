@@ -1,11 +1,13 @@
 """``prodip sft``: supervised chat fine-tuning of a prodip checkpoint or a Hugging Face Llama folder.
 
 Order of a run: read the conversations (``prodip.train.chat``), hold out a hash-chosen share ->
-make the run's chat tokenizer (``OUT_DIR/tokenizer``: the source's, with the chat markers appended
-when it lacks them and ``chat_template`` set; :func:`prodip.tokenizer.bpe.add_chat_tokens`) -> load the
-weights of ``--init-from`` and give the new markers embedding and lm_head rows (:func:`extend_vocabulary`)
--> encode, and check the loss mask against the template's role spans (the guard; before step 1) ->
-held-out assistant-token loss of the starting weights -> the pretraining loop of
+make the run's chat tokenizer (the source's, with the chat markers appended when it lacks them and
+``chat_template`` set; :func:`prodip.tokenizer.bpe.add_chat_tokens`), staged beside ``OUT_DIR`` -> load
+the weights of ``--init-from`` and give the new markers embedding and lm_head rows (:func:`extend_vocabulary`)
+-> encode, refuse when no conversation is left to train (saying why), and check the loss mask against
+the template's role spans (the guard; before step 1) -> only then move the tokenizer to
+``OUT_DIR/tokenizer``: a refused run writes nothing to ``OUT_DIR`` -> held-out assistant-token loss of
+the starting weights (``sft_eval.json``, once the batches are built) -> the pretraining loop of
 ``prodip.train.trainer`` (gradient-flow arbiter and update probe, AdamW with a fresh schedule,
 checkpoints with the chat tokenizer copied in, resume, ``metrics.jsonl``, ``loss.png``, TensorBoard)
 on packed conversations -> held-out assistant-token loss after -> ``OUT_DIR/sft_eval.json``.
@@ -23,12 +25,15 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from prodip.base.chat import CHAT_TOKENS
+from prodip.base.chat import CHAT_TOKENS, chat_contract
 from prodip.base.config import dump_toml, write_text_atomic
 from prodip.base.errors import InvalidInput, MissingInput, OutputExists
 from prodip.base.files import file_sha256_cached
@@ -127,15 +132,41 @@ class _SFTRun(_Run):
         self.shards_meta_sha256 = None  # no shards: the conversations' hash is in sft_eval.json
         src_tok = source_tokenizer_dir(sft)
         src_sha = checkpoint.file_sha256(src_tok / "tokenizer.json")
+        if chat_contract(src_tok) is not None:  # its own template: refused naming the source's file, not a copy
+            chat.chat_format(src_tok)
         run_tok = Path(cfg.tokenizer_dir)
-        if self.info.is_main and not (cfg.resume and (run_tok / "tokenizer.json").is_file()):
-            added = add_chat_tokens(src_tok, run_tok)
+        staged = None if cfg.resume and (run_tok / "tokenizer.json").is_file() else staging_dir(run_tok)
+        if staged is not None and self.info.is_main:
+            shutil.rmtree(staged, ignore_errors=True)  # a crashed run's, never a user's: the name is private
+            added = add_chat_tokens(src_tok, staged)
             if added["added"]:
                 log.info("appended %s to the tokenizer (ids %s)", added["added"], added["ids"])
         distributed.barrier()  # the other ranks read the tokenizer rank 0 wrote
-        self.tok_sha = checkpoint.file_sha256(run_tok / "tokenizer.json")
-        old_tok, tok = load_with_specials(src_tok)[0], load_with_specials(run_tok)[0]
-        self.tokenizer, self.chat_format = tok, chat.chat_format(run_tok)
+        try:
+            self._load(src_tok, staged or run_tok, src_sha, conversations)
+        except BaseException:
+            if staged is not None and self.info.is_main:
+                shutil.rmtree(staged, ignore_errors=True)  # refused: nothing of this run is left behind
+            raise
+        if staged is not None:  # every input accepted: the chat tokenizer moves into the run dir
+            distributed.barrier()
+            if self.info.is_main:
+                commit_dir(staged, run_tok)
+            distributed.barrier()
+
+    def _load(
+        self,
+        src_tok: Path,
+        tok_dir: Path,
+        src_sha: str,
+        conversations: dict[str, list[tuple[str, list[dict[str, str]]]]],
+    ) -> None:
+        """Read the chat tokenizer (``tok_dir``, staged or the run's), the weights, and encode; every refusal of
+        the inputs happens here, before the run dir is written."""
+        sft, cfg = self.sft, self.cfg
+        self.tok_sha = checkpoint.file_sha256(tok_dir / "tokenizer.json")
+        old_tok, tok = load_with_specials(src_tok)[0], load_with_specials(tok_dir)[0]
+        self.tokenizer, self.chat_format = tok, chat.chat_format(tok_dir)
         source = init.load_init(sft.init_from, tokenizer_sha256=src_sha)
         new_ids = [i for t in CHAT_TOKENS if old_tok.token_to_id(t) is None and (i := tok.token_to_id(t)) is not None]
         vocab = max(source.config.vocab_size, tok.get_vocab_size())
@@ -184,6 +215,8 @@ class _SFTRun(_Run):
             counts["trained"],
             counts["tokens"],
         )
+        if not self.train_examples:  # after the guard: a mask that trains nothing is its fault, named there
+            raise InvalidInput(no_training_reason(every, len(cut_away), sft.seq_len, sft.val_fraction))
         if cut:
             log.warning("%d conversations longer than seq_len + 1 = %d tokens were cut to it", cut, sft.seq_len + 1)
         if cut_away:
@@ -200,9 +233,6 @@ class _SFTRun(_Run):
             log.warning("no held-out conversations for %s: raise val_fraction to measure them", ", ".join(missing))
 
     def _make_data(self):
-        if not self.cfg.resume and self.info.is_main:
-            self.before = self._assistant_eval()
-            self._write_eval({"before": self.before})
         batches = chat.ChatBatches(
             self.train_examples,
             self.cfg.batch_size,
@@ -214,6 +244,7 @@ class _SFTRun(_Run):
             langs=self.langs,
         )
         if self.replay_dir is None:
+            self._score_before()
             return batches
         pretrain = MixtureBatches(  # one global row at a time; every rank walks the same stream
             self.replay_dir,
@@ -229,7 +260,15 @@ class _SFTRun(_Run):
             self.replay_dir,
             ", ".join(pretrain.langs),
         )
+        self._score_before()
         return chat.ReplayBatches(batches, pretrain, self.sft.replay_share)
+
+    def _score_before(self) -> None:
+        """The starting weights' held-out score into sft_eval.json: after the data is accepted (the batches
+        and replay shards built), so a refused run writes no sft_eval.json."""
+        if not self.cfg.resume and self.info.is_main:
+            self.before = self._assistant_eval()
+            self._write_eval({"before": self.before})
 
     def replay_record(self) -> JSONObject | None:
         """What the run's records say of replay (None without it): share (of rows), shards, their meta.json
@@ -312,6 +351,46 @@ class _SFTRun(_Run):
                     a["bits_per_char"],
                 )
         return result
+
+
+def staging_dir(run_tok: Path) -> Path:
+    """Where the chat tokenizer is built before the inputs are accepted: a private sibling of the run dir
+    (``.RUN.tokenizer.tmp``), so a refused run leaves nothing in ``--out-dir`` and the accepted one is a
+    rename away. The same name on every rank (they read what rank 0 wrote)."""
+    run_dir = run_tok.parent
+    return run_dir.parent / f".{run_dir.name}.{run_tok.name}.tmp"
+
+
+def commit_dir(staged: Path, final: Path) -> None:
+    """Move the folder ``staged`` to ``final`` (its parent made), replacing an earlier one there."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        shutil.rmtree(final)  # an earlier stopped run's chat tokenizer (refuse_foreign_run_dir allowed it)
+    os.replace(staged, final)
+
+
+def no_training_reason(every: list[chat.Example], skipped: int, seq_len: int, val_fraction: float) -> str:
+    """Why no conversation is left to train on, with the figures: all cut away by ``seq_len`` (and the
+    ``--seq-len`` that keeps the first one), or held out by ``val_fraction``.
+
+    Args:
+        every: each conversation encoded whole; ``skipped``: how many :func:`chat.fit_length` cut before their
+            first trained token; the rest were held out.
+    """
+    n = len(every)
+    held = n - skipped
+    if skipped == n:
+        # trained[i]: token i is a target; a window of seq_len + 1 tokens keeps targets 1..seq_len
+        first = min(int(np.flatnonzero(ex.trained)[0]) for ex in every if ex.trained.any())
+        return (
+            f"sft: all {n} conversations are longer than --seq-len {seq_len} tokens before their first reply "
+            f"(nothing of them would be trained); the earliest first reply starts at token {first}, so "
+            f"--seq-len {first} keeps at least one"
+        )
+    why = f"{held} held out (val_fraction {val_fraction})"
+    if skipped:
+        why += f", {skipped} longer than --seq-len {seq_len} tokens before their first reply"
+    return f"sft: no training conversations: of {n}, {why}; lower val_fraction or give more conversations"
 
 
 def replay_shards_dir(cfg: SFTConfig) -> Path:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from prodip.base.files import file_sha256
 from prodip.cli import main as prodip_main
 from prodip.tokenizer.audit import AuditConfig, check_gate, format_table, measure, run_audit
 from prodip.tokenizer.bpe import load_tokenizer, train_tokenizer_from_texts
@@ -199,3 +200,43 @@ def test_missing_heldout_names_the_table(tok_dir):
 
     with pytest.raises(InvalidInput, match=r"^\[audit\] heldout \(--heldout\): no languages given"):
         run_audit(AuditConfig(tokenizer_dir=str(tok_dir), parity="off"))
+
+
+def test_report_folder_is_made_or_named_in_one_line(tok_dir, heldout, tmp_path, capsys):
+    """`--report` in a folder that does not exist yet is written there (as eval and export make their output's
+    folder); a --report that cannot be written is one line naming it, before the audit's work."""
+    report = tmp_path / "not" / "yet" / "r.json"
+    args = ["tokenizer", "audit", "--tokenizer-dir", str(tok_dir), "--heldout", f"bn={heldout['bn']}"]
+    assert prodip_main([*args, "--parity", "off", "--report", str(report)]) == 0
+    written = json.loads(report.read_text(encoding="utf-8"))
+    assert written["tokenizer_sha256"] == file_sha256(tok_dir / "tokenizer.json")
+    assert sorted(p.name for p in report.parent.iterdir()) == ["r.json"]  # no temporary file left
+    capsys.readouterr()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x", encoding="utf-8")
+    for bad, words in ((blocker / "sub" / "r.json", "cannot make its folder"), (tmp_path, "is a folder")):
+        assert prodip_main([*args, "--report", str(bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"prodip tokenizer: error: --report {bad}: {words}"), err
+
+
+def test_a_heldout_folder_is_one_languages_files_and_they_are_named(tok_dir, heldout, tmp_path, capsys):
+    folder = tmp_path / "held"
+    (folder / "sub").mkdir(parents=True)
+    bn_text = heldout["bn"].read_text(encoding="utf-8")
+    (folder / "a.txt").write_text(bn_text[:3000], encoding="utf-8")
+    (folder / "sub" / "b.txt").write_text(bn_text[3000:6000], encoding="utf-8")
+    cfg = AuditConfig(
+        tokenizer_dir=str(tok_dir), report=str(tmp_path / "f.json"), heldout={"bn": [str(folder)]}, parity="off"
+    )
+    report = run_audit(cfg)
+    assert report.heldout_files == {"bn": [str(folder / "a.txt"), str(folder / "sub" / "b.txt")]}
+    assert report.languages["bn"].chars == len(bn_text[:6000])
+    assert json.loads((tmp_path / "f.json").read_text())["heldout_files"] == report.heldout_files
+    assert f"held-out files: bn 2 ({folder / 'a.txt'}, {folder / 'sub' / 'b.txt'})" in format_table(report)
+    # a folder holding another language's file given for that language too: refused, both named
+    (folder / "udhr_eng.txt").write_text(heldout["en"].read_text(encoding="utf-8"), encoding="utf-8")
+    both = {"bn": [str(folder)], "en": [str(folder / "udhr_eng.txt")]}
+    with pytest.raises(ValueError, match=r"udhr_eng.txt is held-out text of both bn and en \(bn = .*held; en = "):
+        run_audit(AuditConfig(tokenizer_dir=str(tok_dir), report=str(tmp_path / "g.json"), heldout=both))
+    assert not (tmp_path / "g.json").exists()

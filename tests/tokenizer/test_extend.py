@@ -6,6 +6,7 @@ real ones are, trained on English only, so Bangla is about one token per UTF-8 b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import unicodedata
 from pathlib import Path
@@ -348,3 +349,115 @@ def test_a_byte_fallback_tokenizer_is_refused_in_one_line(bases, corpus, tmp_pat
     with pytest.raises(InvalidInput, match=r"tinyllama/tokenizer.json: .*byte_fallback True.*only a byte-level BPE"):
         extend(cfg)
     assert not (tmp_path / "x").exists()
+
+
+def _base_copy(bases, kind: str, dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for f in bases[kind].iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def test_the_bases_records_are_not_copied_stale(bases, corpus, heldout, tmp_path):
+    """A base audited in place (its fertility.json), with slow-tokenizer files and an export-style manifest:
+    the extended folder holds its own audit (what `prodip train` checks), vocab.json/merges.txt of the
+    extended BPE, and no record naming the base's tokenizer sha256."""
+    from transformers import GPT2Tokenizer
+
+    from prodip.base.files import file_sha256
+    from prodip.tokenizer.audit import check_gate, read_fertility
+
+    base = _base_copy(bases, "smollm2", tmp_path / "base")
+    hv = {k: [str(v)] for k, v in heldout.items()}
+    run_audit(AuditConfig(tokenizer_dir=str(base), heldout=hv, parity="off"))
+    base_sha = file_sha256(base / "tokenizer.json")
+    assert read_fertility(base).tokenizer_sha256 == base_sha
+    Tokenizer.from_file(str(base / "tokenizer.json")).model.save(str(base))  # vocab.json + merges.txt
+    manifest = {"files": {"tokenizer.json": {"sha256": base_sha}}}
+    (base / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    (base / "README.md").write_text("the base's card\n", encoding="utf-8")
+    ext = tmp_path / "ext"
+    cfg = ExtendConfig(
+        base=str(base),
+        out=str(ext),
+        inputs={"bn": [str(corpus["bn"])]},
+        new_tokens=120,
+        heldout=hv,
+        min_chars_per_token={"bn": 1.0},
+        parity="off",
+    )
+    record = extend(cfg)
+    assert record["left_out"] == ["manifest.json"] and (ext / "README.md").read_text() == "the base's card\n"
+    # the extended tokenizer's own audit, which the train stage's gate check accepts
+    report = check_gate(ext)
+    assert report is not None and report.tokenizer_sha256 == file_sha256(ext / "tokenizer.json") != base_sha
+    assert report.gate.passed and report.gate.min_chars_per_token == {"bn": 1.0}
+    assert report.vocab_size == 1024 + 120 and report.baseline is not None and report.baseline.vocab_size == 1024
+    for lang, f in record["fertility"].items():
+        assert report.languages[lang].chars_per_token == f["chars_per_token_after"]
+        assert report.baseline.languages[lang].chars_per_token == f["chars_per_token_before"]
+    assert report.languages["bn"].chars_per_token > 2 * report.baseline.languages["bn"].chars_per_token
+    # its config is the `prodip tokenizer audit` that measures the same figures
+    again = run_audit(AuditConfig(**{**(report.config or {}), "report": str(tmp_path / "again.json")}))
+    assert again.languages == report.languages and again.baseline == report.baseline
+    # vocab.json + merges.txt of the extended BPE: transformers reads them alone (no tokenizer.json) to the same ids
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (slow / name).write_bytes((ext / name).read_bytes())
+    text = heldout["bn"].read_text(encoding="utf-8")[:2000]
+    ids = Tokenizer.from_file(str(ext / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert GPT2Tokenizer.from_pretrained(str(slow)).encode(text, add_special_tokens=False) == ids
+    assert max(ids) >= 1024 and len(json.loads((ext / "vocab.json").read_text(encoding="utf-8"))) == 1024 + 120
+    # without held-out text there is no audit: the base's is left out, not copied
+    bare = dataclasses.replace(cfg, out=str(tmp_path / "bare"), heldout={}, min_chars_per_token={})
+    extend(bare)
+    assert not (tmp_path / "bare" / "fertility.json").exists() and check_gate(tmp_path / "bare") is None
+
+
+def test_an_out_that_would_replace_the_base_is_refused_before_any_work(bases, corpus, tmp_path, capsys):
+    base = _base_copy(bases, "smollm2", tmp_path / "runs" / "base")
+    (base / "notes.txt").write_text("mine\n", encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in base.iterdir()}
+    (tmp_path / "link").symlink_to(base)
+    args = ["tokenizer", "extend", str(base), "--inputs", f"bn={corpus['bn']}", "--new-tokens", "20", "--out"]
+    cases = {
+        str(base): "is the base folder",
+        str(base) + "/": "is the base folder",
+        str(tmp_path / "link"): "is the base folder",
+        str(base / ".." / "base"): "is the base folder",
+        str(tmp_path / "runs"): "contains the base folder",
+        str(tmp_path): "contains the base folder",
+    }
+    for out, words in cases.items():
+        assert prodip_main([*args, out, "--overwrite", "true"]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and "would delete the base" in err[0], (out, err)
+        assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+    # the build folder OUT.tmp is deleted first: a base named so is refused too
+    tmp_base = _base_copy(bases, "smollm2", tmp_path / "b.tmp")
+    cfg = ExtendConfig(base=str(tmp_base), out=str(tmp_path / "b"), inputs={"bn": [str(corpus["bn"])]})
+    with pytest.raises(InvalidInput, match=r"its build folder .*b\.tmp is the base folder"):
+        extend(cfg)
+    assert (tmp_base / "tokenizer.json").is_file()
+    # a gate minimum without held-out text to measure it on is refused, not passed unchecked
+    with pytest.raises(InvalidInput, match=r"min_chars_per_token: bn has a minimum but no held-out text"):
+        extend(dataclasses.replace(cfg, base=str(base), out=str(tmp_path / "g"), min_chars_per_token={"bn": 2.0}))
+    assert not (tmp_path / "g").exists()
+    # as `prodip export --force`: --overwrite replaces an earlier extension only, never a link or other folder
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(
+        OutputExists, match=r"is not a tokenizer extension \(no extension.json\); --overwrite true never"
+    ):
+        extend(dataclasses.replace(cfg, base=str(base), out=str(other), overwrite=True))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "outlink").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OutputExists, match="symbolic link"):
+        extend(dataclasses.replace(cfg, base=str(base), out=str(tmp_path / "outlink"), overwrite=True))
+    (tmp_path / "empty").mkdir()  # an empty folder is filled, an earlier extension replaced
+    first = extend(dataclasses.replace(cfg, base=str(base), out=str(tmp_path / "empty"), new_tokens=20))
+    again = extend(dataclasses.replace(cfg, base=str(base), out=str(tmp_path / "empty"), new_tokens=30, overwrite=True))
+    assert (first["added_tokens"], again["added_tokens"]) == (20, 30)
+    assert json.loads((tmp_path / "empty" / "extension.json").read_text())["added_tokens"] == 30

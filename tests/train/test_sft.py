@@ -638,3 +638,50 @@ def test_replay_needs_known_shards(tmp_path, chat_files, base_run):
         run_sft(_sft_cfg(base_run, chat_files, tmp_path / "o", replay_share=0.2, replay_shards_dir=str(tmp_path)))
     with pytest.raises(InvalidInput, match="replay_share"):
         _sft_cfg(base_run, chat_files, tmp_path / "o", replay_share=1.0)
+
+
+def test_a_refused_sft_leaves_nothing_and_names_the_base_file(tmp_path, standin_dirs, chat_files, capsys):
+    """TinyLlama's template is refused naming the base folder's tokenizer_config.json, not the run's copy,
+    and nothing is written: no --out-dir, no staged tokenizer beside it."""
+    from prodip.cli import main as prodip_main
+
+    inputs = f"bn={chat_files['bn']}"
+    out = tmp_path / "runs" / "sft"
+    args = ["sft", "--init-from", str(standin_dirs["tinyllama"]), "--inputs", inputs, "--out-dir", str(out)]
+    assert prodip_main([*args, "--steps", "1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"prodip sft: error: {standin_dirs['tinyllama'] / 'tokenizer_config.json'}: "), err
+    assert "neither <|im_start|>" in err
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_all_conversations_too_long_is_the_reason_given_and_nothing_is_written(tmp_path, standin_dirs, chat_files):
+    """--seq-len below every first reply: the error says so and which --seq-len keeps one (one token less is
+    refused, that one trains), and the refused run writes neither tokenizer/ nor sft_eval.json."""
+    from prodip.base.errors import InvalidInput
+
+    folder = standin_dirs["smollm2"]
+    inputs = {"en": chat_files["en"]}
+    out = tmp_path / "sft"
+    with pytest.raises(InvalidInput, match=r"first reply starts at token (\d+), so --seq-len \1 keeps") as err:
+        run_sft(_sft_cfg(folder, inputs, out, steps=1, seq_len=8, val_fraction=0.0, guards=False))
+    assert str(err.value).startswith("sft: all 60 conversations are longer than --seq-len 8 tokens before their")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+    first = int(re.search(r"starts at token (\d+)", str(err.value)).group(1))
+    assert 8 < first < 64
+    with pytest.raises(InvalidInput, match=f"all 60 conversations are longer than --seq-len {first - 1} "):
+        run_sft(_sft_cfg(folder, inputs, out, steps=1, seq_len=first - 1, val_fraction=0.0, guards=False))
+    assert not out.exists()
+    run_sft(_sft_cfg(folder, inputs, out, steps=1, seq_len=first, val_fraction=0.0, guards=False))
+    assert json.loads((out / "sft_eval.json").read_text())["train_conversations"] >= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]  # the staged tokenizer moved in
+    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    # conversations the hash holds out at val_fraction 0.5 only: the other reason, with its figures
+    lines = chat_files["en"].read_text().splitlines()
+    held = [line for line in lines if chat.is_heldout(json.loads(line)["messages"], 0.5)][:3]
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "en.jsonl").write_text("\n".join(held) + "\n")
+    (tmp_path / "held" / "sources.toml").write_text((chat_files["en"].parent / "sources.toml").read_text())
+    with pytest.raises(InvalidInput, match=r"no training conversations: of 3, 3 held out \(val_fraction 0.5\)"):
+        run_sft(_sft_cfg(folder, {"en": tmp_path / "held" / "en.jsonl"}, tmp_path / "h", steps=1, val_fraction=0.5))
+    assert not (tmp_path / "h").exists()
