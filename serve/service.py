@@ -218,8 +218,10 @@ class Service:
 
     # ---- text helpers -----------------------------------------------------------------------
     def normalize(self, text: str) -> str:
-        """``text`` in the tokenizer's normal form (its normaliser: NFC), the form every caller text
-        is compared with model text in (serve/README.md "Text normalisation")."""
+        """``text`` in the tokenizer's normal form (its normaliser: NFC for prodip's; none leaves it
+        as written), the form a prompt is tokenised in (serve/README.md "Text normalisation"). Stop
+        strings do not go through it: they are matched in NFC whatever the tokenizer
+        (:class:`~serve.text.StopMatcher`)."""
         norm = self.tokenizer.normalizer
         return norm.normalize_str(text) if norm is not None else text
 
@@ -471,7 +473,6 @@ class Service:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 16 or any(not s for s in stop):
             raise APIError(400, "stop must be at most 16 non-empty strings", param="stop")
-        stop = [self.normalize(s) for s in stop]  # matched against model text, which is NFC
         outside = [int(key) for key in (req.logit_bias or {}) if int(key) >= self.vocab_size]
         if outside:
             raise APIError(
