@@ -35,6 +35,7 @@ from prodip.serve.engine import ExportInfo, load_tokenizer, open_decoder
 from prodip.serve.memory import use_huge_pages
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.schemas import SamplingRequest, error_body
+from prodip.serve.text import composition_sets
 
 log = logging.getLogger(__name__)
 #: what a sequence emits: a generated token, or (once, first) the prompt's logprobs
@@ -169,6 +170,7 @@ class Service:
             )
             self.document_start, self.adds_bos = self._document_start()
             self._byte_level = _is_byte_level(self.tokenizer)
+            composition_sets()  # stop-string matching's Unicode tables, built once here (serve.text)
             self.ready.set()
             log.info("serving %s variant %s from %s", self.model_name, self.info.variant, self.info.onnx_path)
         except Exception as err:  # reported by /health; the process stays up to say why

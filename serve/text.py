@@ -89,14 +89,15 @@ def _clean_context(decode: Callable[[list[int]], str], ids: list[int]) -> tuple[
 
 
 @functools.cache
-def _composition_sets() -> tuple[frozenset[str], frozenset[str]]:
+def composition_sets() -> tuple[frozenset[str], frozenset[str]]:
     """(starters a later character can compose with, characters that compose with an earlier one).
 
     The pairs of the Unicode Character Database's canonical decompositions whose composite NFC
     keeps (primary composites: not a composition exclusion), read from :mod:`unicodedata`, plus
-    the Hangul jamo that compose algorithmically (UAX #15 section 1.3, Unicode 3.12 conjoining
+    the Hangul jamo that compose algorithmically (The Unicode Standard section 3.12, conjoining
     jamo: L + V -> LV, LV + T -> LVT). The second set is the characters with NFC_Quick_Check =
-    Maybe (UAX #15 section 9). Built once, ~0.07 s (canonical decompositions stop at U+2FA1D).
+    Maybe (UAX #15 section 9). Built once, ~0.07 s (canonical decompositions stop at U+2FA1D): the
+    server builds it as it loads, not on the engine thread at its first stop string.
     """
     forward = {chr(c) for c in range(0x1100, 0x1113)}  # Hangul L
     forward |= {chr(c) for c in range(0xAC00, 0xD7A4, 28)}  # Hangul LV syllables
@@ -117,7 +118,7 @@ def _starts_segment(char: str) -> bool:
     that composes with nothing before it. Then ``NFC(a + char + b) == NFC(a) + NFC(char + b)``
     for any ``a`` and ``b`` (ICU's ``hasBoundaryBefore``)."""
     first = unicodedata.normalize("NFD", char)[0]
-    return unicodedata.combining(first) == 0 and first not in _composition_sets()[1]
+    return unicodedata.combining(first) == 0 and first not in composition_sets()[1]
 
 
 def _settled(nfc: str, final: bool) -> int:
@@ -132,7 +133,7 @@ def _settled(nfc: str, final: bool) -> int:
     if last < 0:
         return 0
     char = nfc[last]
-    closed = char not in _composition_sets()[0] and unicodedata.combining(unicodedata.normalize("NFD", char)[-1]) == 0
+    closed = char not in composition_sets()[0] and unicodedata.combining(unicodedata.normalize("NFD", char)[-1]) == 0
     return last + closed
 
 
@@ -164,6 +165,7 @@ class StopMatcher:
         self.stops = [unicodedata.normalize("NFC", s) for s in stops if s]
         self._longest = max((len(s) for s in self.stops), default=0)
         self._held = ""
+        self._starts = [0]  # where the held text's segments start (0 and each _starts_segment character)
         self.stopped = False
 
     def feed(self, delta: str) -> str:
@@ -183,8 +185,9 @@ class StopMatcher:
         if not self.stops:
             self._held = ""
             return text
-        # Segments: NFC(text) is the join of their NFCs, whatever text follows (_starts_segment).
-        starts = [0] + [i for i in range(1, len(text)) if _starts_segment(text[i])]
+        # Segments: NFC(text) is the join of their NFCs, whatever text follows (_starts_segment). Those of
+        # the held text are kept: a long run held back (combining marks with no starter) is scanned once.
+        starts = self._starts + [i for i in range(max(1, len(self._held)), len(text)) if _starts_segment(text[i])]
         nfcs = [unicodedata.normalize("NFC", text[a:b]) for a, b in zip(starts, starts[1:] + [len(text)])]
         at = list(itertools.accumulate((len(s) for s in nfcs), initial=0))  # NFC offset of each segment
         nfc = "".join(nfcs)
@@ -207,6 +210,7 @@ class StopMatcher:
         else:  # the last segment start at or before it: text after a segment start can still change only there
             keep = starts[bisect.bisect_right(at, hold, hi=len(starts)) - 1]
         self._held = text[keep:]
+        self._starts = [i - keep for i in starts if i >= keep] or [0]
         return text[:keep]
 
 

@@ -6,7 +6,6 @@ chat, streamed or not, ``n`` > 1. The matcher's known answers are in test_units.
 from __future__ import annotations
 
 import json
-import unicodedata
 
 import pytest
 

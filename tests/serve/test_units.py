@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prodip.serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
-from prodip.serve.text import IncrementalDetokenizer, StopMatcher
+from prodip.serve.text import IncrementalDetokenizer, StopMatcher, composition_sets
 
 
 # ---- sampling ---------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_stop_matcher_canonical_known_answers(stop, pieces, want):
 
 
 def test_stop_matcher_waits_for_what_could_still_change_the_match():
-    """"ে" then "া" is ো: a stop "ে" must not stop at the first chunk, and the text is then returned as
+    """ে then া is ো: a stop "ে" must not stop at the first chunk, and the text is then returned as
     written. A stop "e" waits for the next character ("e" + U+0301 is "é"); "\n" stops at once."""
     m = StopMatcher(["\u09c7"])
     assert [m.feed("ক\u09c7"), m.feed("\u09bex")] == ["ক", "\u09c7\u09be"] and not m.stopped
@@ -168,6 +168,15 @@ def test_stop_matcher_waits_for_what_could_still_change_the_match():
     assert m.feed("ab\n") == "ab" and m.stopped  # at once: nothing composes with a newline
     m = StopMatcher(["e"])
     assert [m.feed("ae"), m.flush()] == ["a", ""] and m.stopped  # the end settles it
+
+
+def test_composition_sets_known_members():
+    """ে (U+09C7) composes with a later া (U+09BE) or ৗ (U+09D7) into ো/ৌ; U+09BC composes with
+    nothing (য়, ড়, ঢ় are composition exclusions); Hangul jamo compose by algorithm."""
+    forward, backward = composition_sets()
+    assert {"\u09c7", "e", "\u1100", "\uac00"} <= forward and {"\u09cb", "\u09af", "\n", "\uac01"}.isdisjoint(forward)
+    assert {"\u09be", "\u09d7", "\u0301", "\u1161", "\u11a8"} <= backward and {"\u09bc", "\u09c7"}.isdisjoint(backward)
+    assert unicodedata.normalize("NFC", "\uac00\u11a8") == "\uac01"  # LV + T, the pair the sets list by hand
 
 
 _FORMS = ["e", "\u0301", "\u00e9", "\u0323", "\u1ec7", "\u09c7", "\u09be", "\u09cb", "\u09af", "\u09bc"]
