@@ -150,10 +150,9 @@ class Sequence:
         tail = ""
         if reason in ("eos", "length"):
             tail = self.stopper.feed(self.detok.flush())
+            tail += self.stopper.flush()  # "" once stopped; else the held tail, cut at a stop string it completes
             if self.stopper.stopped:
                 reason = "stop"
-            else:
-                tail += self.stopper.flush()
         self.emit(
             TokenOut(
                 None,
@@ -205,7 +204,8 @@ class Sequence:
         needs and it evicts what the run needs (bench/results/serve_engine_2026-12-02.md); the same work for
         several tokens in a row runs warm and disturbs one run. The scheduler calls this every
         ``stream_interval_ms`` (:class:`BatchScheduler`). A sequence with stop strings does not :attr:`defers`:
-        it renders each token as it is chosen, so the token that completes a stop string is its last.
+        it renders each token as it is chosen, so it ends at the token that completes a stop string (or at
+        the next character's token when that one could still change the stop string's NFC, ``"e"`` then U+0301).
         """
         if not self._pending:
             return

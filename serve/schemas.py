@@ -148,7 +148,7 @@ class SamplingRequest(_Strict):
             max_new_tokens: tokens to generate (the default already applied).
             logprobs: top-n alternatives per token, or None for no logprobs.
             prompt_logprobs: also score the prompt (echo).
-            stop: the stop strings, checked and normalised by the service (they need the tokenizer).
+            stop: the stop strings, checked by the service; as sent (matched in NFC, serve.text.StopMatcher).
         """
         bias = tuple(sorted((int(key), float(value)) for key, value in (self.logit_bias or {}).items()))
         return SamplingParams(

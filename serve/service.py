@@ -35,6 +35,7 @@ from prodip.serve.engine import ExportInfo, load_tokenizer, open_decoder
 from prodip.serve.memory import use_huge_pages
 from prodip.serve.metrics import ServeMetrics
 from prodip.serve.schemas import SamplingRequest, error_body
+from prodip.serve.text import composition_sets
 
 log = logging.getLogger(__name__)
 #: what a sequence emits: a generated token, or (once, first) the prompt's logprobs
@@ -169,6 +170,7 @@ class Service:
             )
             self.document_start, self.adds_bos = self._document_start()
             self._byte_level = _is_byte_level(self.tokenizer)
+            composition_sets()  # stop-string matching's Unicode tables, built once here (serve.text)
             self.ready.set()
             log.info("serving %s variant %s from %s", self.model_name, self.info.variant, self.info.onnx_path)
         except Exception as err:  # reported by /health; the process stays up to say why
@@ -218,8 +220,10 @@ class Service:
 
     # ---- text helpers -----------------------------------------------------------------------
     def normalize(self, text: str) -> str:
-        """``text`` in the tokenizer's normal form (its normaliser: NFC), the form every caller text
-        is compared with model text in (serve/README.md "Text normalisation")."""
+        """``text`` in the tokenizer's normal form (its normaliser: NFC for prodip's; none leaves it
+        as written), the form a prompt is tokenised in (serve/README.md "Text normalisation"). Stop
+        strings do not go through it: they are matched in NFC whatever the tokenizer
+        (:class:`~serve.text.StopMatcher`)."""
         norm = self.tokenizer.normalizer
         return norm.normalize_str(text) if norm is not None else text
 
@@ -471,7 +475,6 @@ class Service:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 16 or any(not s for s in stop):
             raise APIError(400, "stop must be at most 16 non-empty strings", param="stop")
-        stop = [self.normalize(s) for s in stop]  # matched against model text, which is NFC
         outside = [int(key) for key in (req.logit_bias or {}) if int(key) >= self.vocab_size]
         if outside:
             raise APIError(

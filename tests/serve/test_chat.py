@@ -597,3 +597,19 @@ def test_vllm_chat_extras(chat_export, chat_client):
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
     r = chat_client.post("/tokenize", json={"messages": CHAT_PROMPT, "prompt": "x"})
     assert r.status_code == 400 and "exactly one of prompt" in r.text
+
+
+def test_stop_strings_in_either_form(chat_client):
+    """Case C2 on chat: ো as the stop string, in either form, cuts each of n replies before its first ো
+    whichever form the model wrote it in, streamed or not (tests/serve/test_stop_forms.py's check)."""
+    from tests.serve.test_stop_forms import check_both_forms, forcing_bias
+
+    bias = forcing_bias(chat_client.app.state.service.tokenizer)
+    base = {"messages": CHAT_PROMPT, "max_tokens": 24, "temperature": 1.0, "seed": 0, "n": 2, "logit_bias": bias}
+
+    def post(extra):
+        r = chat_client.post("/v1/chat/completions", json={**base, **extra})
+        assert r.status_code == 200, r.text
+        return r
+
+    check_both_forms(post, lambda c: c["message"]["content"], lambda c: c["delta"].get("content"))

@@ -208,7 +208,7 @@ def test_stop_string_tokens_are_not_in_logprobs(client):
 
 
 def test_echo_returns_the_prompt_as_the_model_saw_it(client):
-    """The tokenizer normalises to NFC; echo returns that text (serve/README.md's one rule), so the
+    """The tokenizer normalises to NFC; echo returns that text (serve/README.md, "Text normalisation"), so the
     pieces tile it whatever form was sent; offsets into it."""
     import unicodedata
 

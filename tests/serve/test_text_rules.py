@@ -22,8 +22,9 @@ def _complete(client, **body):
 
 
 def test_stop_strings_match_in_any_normalisation_form(client):
-    """Case C2: a stop string is normalised as the prompt is (the tokenizer's NFC), so the forms
-    U+09DF and U+09AF U+09BC (and U+09C7 U+09BE vs U+09CB) stop at the same place."""
+    """Case C2: a stop string is matched in NFC (serve.text.StopMatcher), so the forms U+09DF and
+    U+09AF U+09BC (and U+09C7 U+09BE vs U+09CB) stop at the same place; test_stop_forms.py does
+    the same with a tokenizer that has no normaliser."""
     full = _complete(client, prompt=BN, ignore_eos=True)["text"]
     # a stop string the model's text really contains, sent in both forms
     pairs = [(YA_NUKTA_NFC, YA_NUKTA_ONE), (O_NFC, O_TWO)]
@@ -41,8 +42,8 @@ def test_stop_strings_match_in_any_normalisation_form(client):
         assert a["text"] == b["text"] == full[: full.find(nfc)]
 
 
-def test_service_normalises_stops_like_prompts(client):
-    """The rule itself, on the two forms of case C2 (independent of what the tiny model writes)."""
+def test_service_normalises_prompts_to_nfc(client):
+    """Prompts: the tokenizer's NFC, on the two forms of case C2 (independent of what the tiny model writes)."""
     svc = client.app.state.service
     assert svc.normalize(YA_NUKTA_ONE) == YA_NUKTA_NFC
     assert svc.normalize(O_TWO) == O_NFC

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prodip.serve.sampling import log_softmax, make_rng, sample_token, top_logprobs
-from prodip.serve.text import IncrementalDetokenizer, StopMatcher
+from prodip.serve.text import IncrementalDetokenizer, StopMatcher, composition_sets
 
 
 # ---- sampling ---------------------------------------------------------------------------------
@@ -133,6 +134,85 @@ def test_stop_matcher_equals_reference(pieces, stops):
     hits = [full.find(s) for s in stops if s in full]
     assert out == (full[: min(hits)] if hits else full)
     assert m.stopped == bool(hits)
+
+
+# Known answers of canonical matching (serve/README.md "Text normalisation" rule 3): ো is U+09CB or
+# U+09C7 U+09BE; য় is U+09DF or U+09AF U+09BC (NFC: U+09DF is a composition exclusion).
+@pytest.mark.parametrize(
+    ("stop", "pieces", "want"),
+    [
+        ("\u09cb", ["ক\u09c7\u09bex"], "ক"),  # composed stop, decomposed text
+        ("\u09c7\u09be", ["ক\u09cbx"], "ক"),  # decomposed stop, composed text
+        ("\u09df", ["ab\u09af\u09bcc"], "ab"),
+        ("\u09af\u09bc", ["ab\u09dfc"], "ab"),
+        ("\u09cb", ["ক\u09c7", "\u09be", "x"], "ক"),  # the stop's two code points in two chunks
+        ("\u09df", ["e\u0301 \u09c7\u09be ", "\u09af", "\u09bc!"], "e\u0301 \u09c7\u09be "),  # kept as written
+        ("\u09bc", ["x\u09af\u09bc"], "x\u09af"),  # a stop starting with a mark cuts before the mark
+        ("\u09bc", ["x\u09df"], "x"),  # ... or before the one code point it lies inside
+    ],
+)
+def test_stop_matcher_canonical_known_answers(stop, pieces, want):
+    m = StopMatcher([stop])
+    assert "".join(m.feed(p) for p in pieces) + m.flush() == want and m.stopped
+
+
+def test_stop_matcher_waits_for_what_could_still_change_the_match():
+    """ে then া is ো: a stop "ে" must not stop at the first chunk, and the text is then returned as
+    written. A stop "e" waits for the next character ("e" + U+0301 is "é"); "\n" stops at once."""
+    m = StopMatcher(["\u09c7"])
+    assert [m.feed("ক\u09c7"), m.feed("\u09bex")] == ["ক", "\u09c7\u09be"] and not m.stopped
+    assert m.flush() == "x" and not m.stopped
+    m = StopMatcher(["e"])
+    assert [m.feed("ae"), m.feed("\u0301b"), m.feed("e"), m.feed(" ")] == ["a", "e\u0301", "b", ""] and m.stopped
+    m = StopMatcher(["\n"])
+    assert m.feed("ab\n") == "ab" and m.stopped  # at once: nothing composes with a newline
+    m = StopMatcher(["e"])
+    assert [m.feed("ae"), m.flush()] == ["a", ""] and m.stopped  # the end settles it
+
+
+def test_composition_sets_known_members():
+    """ে (U+09C7) composes with a later া (U+09BE) or ৗ (U+09D7) into ো/ৌ; U+09BC composes with
+    nothing (য়, ড়, ঢ় are composition exclusions); Hangul jamo compose by algorithm."""
+    forward, backward = composition_sets()
+    assert {"\u09c7", "e", "\u1100", "\uac00"} <= forward and {"\u09cb", "\u09af", "\n", "\uac01"}.isdisjoint(forward)
+    assert {"\u09be", "\u09d7", "\u0301", "\u1161", "\u11a8"} <= backward and {"\u09bc", "\u09c7"}.isdisjoint(backward)
+    assert unicodedata.normalize("NFC", "\uac00\u11a8") == "\uac01"  # LV + T, the pair the sets list by hand
+
+
+_FORMS = ["e", "\u0301", "\u00e9", "\u0323", "\u1ec7", "\u09c7", "\u09be", "\u09cb", "\u09af", "\u09bc"]
+_FORMS += ["\u09df", "\u0995", "\n", "a", "\u1100", "\u1161", "\u11a8", "\uac00", " "]
+
+
+def _canonical_reference(text: str, stop: str) -> tuple[str, bool]:
+    """The returned text by the rule's definition on the whole text: the first match of NFC(stop) in
+    NFC(text), mapped back to the longest prefix of ``text`` whose NFC NFC keeps apart from the
+    rest and ends at or before it."""
+    nfc = unicodedata.normalize("NFC", text)
+    hit = nfc.find(unicodedata.normalize("NFC", stop))
+    if hit < 0:
+        return text, False
+    keep = 0
+    for i in range(len(text) + 1):
+        left = unicodedata.normalize("NFC", text[:i])
+        if len(left) <= hit and left + unicodedata.normalize("NFC", text[i:]) == nfc:
+            keep = i
+    return text[:keep], True
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    chars=st.lists(st.sampled_from(_FORMS), max_size=10),
+    cuts=st.lists(st.integers(0, 10), max_size=6),
+    stop=st.lists(st.sampled_from(_FORMS), min_size=1, max_size=3),
+    form=st.sampled_from(["NFC", "NFD"]),
+)
+def test_stop_matcher_equals_canonical_reference(chars, cuts, stop, form):
+    """Any chunking of any text, either form of the stop string: the whole-text definition."""
+    text = "".join(chars)
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    m = StopMatcher([unicodedata.normalize(form, "".join(stop))])
+    out = "".join(m.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])) + m.flush()
+    assert (out, m.stopped) == _canonical_reference(text, "".join(stop))
 
 
 # ---- export checks ----------------------------------------------------------------------------
