@@ -192,7 +192,8 @@ def load_hf_reference(folder: Path) -> tuple[Any, Any, dict[str, Any]]:
     from prodip.train.init import apply_init, load_init  # noqa: PLC0415
     from prodip.train.model import LlamaForCausalLM  # noqa: PLC0415
 
-    init = load_init(folder, tokenizer_sha256=None)
+    # the folder is the export's manifest source_checkpoint: errors name that, not train's --init-from
+    init = load_init(folder, tokenizer_sha256=None, option="the export's source_checkpoint")
     model = LlamaForCausalLM(init.config)
     apply_init(model, init)
     weights = folder / "model.safetensors"
