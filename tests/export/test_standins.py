@@ -71,7 +71,13 @@ def test_quantised_agreement_needs_a_trained_standin(tmp_path):
 
     import numpy as np
 
-    from prodip.conformance.compare import kl_per_position, load_tolerances
+    from prodip.conformance.compare import (
+        bits_per_char,
+        heldout_shift,
+        kl_per_position,
+        load_tolerances,
+        nll_per_position,
+    )
     from prodip.conformance.config import DEFAULT_TOLERANCES
     from prodip.conformance.runners import OrtRunner
     from prodip.export.config import ExportConfig
@@ -83,7 +89,8 @@ def test_quantised_agreement_needs_a_trained_standin(tmp_path):
         unicodedata.normalize("NFC", open(f"data/heldout/udhr_{lang}.txt", encoding="utf-8").read())
         for lang in ("ben", "eng")
     ]
-    figures = {}
+    figures: dict = {}
+    shifts: dict = {}
     for steps in (0, 300):
         folder = build_standin("qwen25", tmp_path / f"qwen25-{steps}", max_position_embeddings=1024, train_steps=steps)
         out = export_checkpoint(
@@ -106,12 +113,19 @@ def test_quantised_agreement_needs_a_trained_standin(tmp_path):
         }
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         agree, p_top1, kl4 = [], [], []
-        for text in texts:
+        for lang, text in zip(("bn", "en"), texts):
             ids = np.asarray([tok.encode(text).ids[:512]], dtype=np.int64)
             with torch.no_grad():
                 ref = model.eval()(torch.from_numpy(ids))[0]
             pos = np.arange(ids.shape[1])[None]
             got = runners["int8"].forward(ids, np.ones_like(ids), pos)[0][0]
+            if steps and lang == "bn":
+                r, y = ref.numpy()[:-1], ids[0, 1:]
+                shifts[lang] = (
+                    heldout_shift(r, got[:-1], y),
+                    nll_per_position(r, y).sum(),
+                    len(tok.decode(y.tolist())),
+                )
             agree.append(float((got.argmax(-1) == ref.argmax(-1).numpy()).mean()))
             p_top1.append(float(torch.softmax(ref, -1).max(-1).values.median()))
             q4 = runners["int4"].forward(ids, np.ones_like(ids), pos)[0][0]
@@ -121,6 +135,14 @@ def test_quantised_agreement_needs_a_trained_standin(tmp_path):
     assert figures[0][0] < 0.95 <= figures[300][0], figures
     assert figures[0][1] < 0.05 < figures[300][1], figures
     assert figures[300][2] <= load_tolerances(DEFAULT_TOLERANCES)["int4"]["kl_mean"]["max"], figures
+    # the trained stand-in's int8 Bangla bits/char change (what misses the shipped 0.01, docs/adapt.md) is the
+    # model's, not the quantiser's: the KL part is far inside the bound; the rest is many standard deviations of
+    # what the model's own text would give, on a text it predicts far worse than its own entropy says
+    shift, ref_nll, chars = shifts["bn"]
+    bound = load_tolerances(DEFAULT_TOLERANCES)["int8"]["bpc_delta_max"]["max"]
+    assert bits_per_char(shift.kl, chars) < bound / 5, (shift, chars)
+    assert abs(shift.text) > 3 * shift.text_sd, shift
+    assert shift.ref_entropy < 0.6 * ref_nll, (shift, ref_nll)
 
 
 #: Texts where a SentencePiece-derived tokenizer's runtimes part if they rebuild its pipeline: leading and
