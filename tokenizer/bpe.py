@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from pydantic import Field, StrictInt
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, chat_contract
+from prodip.base.chat import CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, CHAT_TOKENS, chat_contract
 from prodip.base.cli import progress_bars
 from prodip.base.config import dump_toml, to_dict
 from prodip.base.errors import InvalidInput, MissingInput
@@ -71,6 +71,23 @@ RESERVED_TOKENS = SPECIAL_TOKENS + CHAT_TOKENS
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TRAIN_INFO_FILE = "train_info.json"
+#: The files of a tokenizer dir, all that :func:`add_chat_tokens` copies from its source (an HF model folder
+#: also holds the weights, no part of a tokenizer): :data:`FILES`, the template transformers 5's
+#: ``save_pretrained`` writes apart, a slow tokenizer's vocabulary (``vocab.json`` + ``merges.txt``,
+#: ``tokenizer.model``, ``added_tokens.json``), the configs :func:`prodip.base.specials.read_specials` reads
+#: the stop ids from (``generation_config.json``, else ``config.json``), and prodip's records of the tokenizer.
+TOKENIZER_DIR_FILES = (
+    *FILES,
+    CHAT_TEMPLATE_FILE,
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+    "config.json",
+    TRAIN_INFO_FILE,
+    FertilityReport.FILE,
+)
 
 
 class TrainSource(RecordPart):
@@ -817,7 +834,8 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
     then, so a tokenizer that has them keeps its bytes (and its sha256: shards encoded with it stay
     valid). ``tokenizer_config.json`` gets ``additional_special_tokens`` and ``"chat_template"`` =
     :data:`prodip.base.chat.CHAT_TEMPLATE` (the mark of a chat model that export carries into every
-    artifact); ``special_tokens_map.json`` lists the markers. Other files are copied as they are.
+    artifact); ``special_tokens_map.json`` lists the markers. The source's other tokenizer files
+    (:data:`TOKENIZER_DIR_FILES`) are copied as they are; nothing else (an HF folder's weights stay there).
     Written to a sibling temp dir and renamed into place (an existing tokenizer in ``out_dir`` is replaced;
     any other non-empty folder, or a tokenizer of a newer prodip, is refused: :func:`check_tokenizer_out_dir`).
 
@@ -849,9 +867,9 @@ def add_chat_tokens(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        for f in sorted(src.iterdir()):
-            if f.is_file():
-                shutil.copy2(f, tmp / f.name)
+        for name in TOKENIZER_DIR_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
         if missing:
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
             tok.save(str(tmp / "tokenizer.json"))

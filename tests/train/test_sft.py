@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from prodip.base.chat import CHAT_TEMPLATE, CHAT_TOKENS, render
 from prodip.base.errors import InvalidInput, MissingInput
+from prodip.base.specials import read_specials
 from prodip.cli import main as prodip_main
 from prodip.tokenizer.bpe import load_tokenizer
 from prodip.train import chat
@@ -541,6 +542,21 @@ def test_sft_from_a_base_models_folder_keeps_its_tokenizer_and_template(tmp_path
     report = json.loads((out / "sft_eval.json").read_text())
     for lang in ("bn", "en"):
         assert report["after"][lang]["nll_nats_per_token"] < report["before"][lang]["nll_nats_per_token"]
+    # the run's tokenizer (and each checkpoint's copy) holds the folder's tokenizer files, not its weights
+    assert (folder / "model.safetensors").is_file()
+    kept = sorted(p.name for p in folder.iterdir() if p.name != "model.safetensors")
+    assert sorted(p.name for p in (out / "tokenizer").iterdir()) == kept
+    assert sorted(p.name for p in info["tokenizer_dir"].iterdir()) == kept
+    assert dataclasses.replace(read_specials(info["tokenizer_dir"]), source="") == dataclasses.replace(
+        read_specials(folder), source=""
+    )  # stop ids from generation_config.json, as from the folder
+    # it exports as a chat model with the folder's tokenizer, template and stop ids
+    export = tmp_path / "export"
+    assert prodip_main(["export", "--checkpoint", str(out), "--out", str(export), "--variants", "safetensors"]) == 0
+    assert (export / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert chat_contract(export)["chat_template"] == chat_contract(folder)["chat_template"]
+    gen = json.loads((export / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == list(read_specials(folder).stop_ids) == [2, 0]  # <|im_end|>, <|endoftext|>
 
 
 def _examples(n: int, seed: int) -> list[chat.Example]:
@@ -655,6 +671,17 @@ def test_a_refused_sft_leaves_nothing_and_names_the_base_file(tmp_path, standin_
     assert list(tmp_path.rglob("*")) == []
 
 
+def test_sft_errors_name_the_stage_once(tmp_path, standin_dirs, chat_files, capsys):
+    """``prodip sft: error: MESSAGE`` as ``prodip train: error: ...``: the message does not name the stage again."""
+    out = tmp_path / "sft"
+    args = ["sft", "--init-from", str(standin_dirs["smollm2"]), "--inputs", f"en={chat_files['en']}"]
+    args += ["--out-dir", str(out), "--steps", "1", "--seq-len", "8", "--val-fraction", "0", "--device", "cpu"]
+    assert prodip_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("prodip sft: error: all 60 conversations are longer than --seq-len 8 tokens "), err
+    assert not out.exists()
+
+
 def test_all_conversations_too_long_is_the_reason_given_and_nothing_is_written(tmp_path, standin_dirs, chat_files):
     """--seq-len below every first reply: the error says so and which --seq-len keeps one (one token less is
     refused, that one trains), and the refused run writes neither tokenizer/ nor sft_eval.json."""
@@ -665,7 +692,7 @@ def test_all_conversations_too_long_is_the_reason_given_and_nothing_is_written(t
     out = tmp_path / "sft"
     with pytest.raises(InvalidInput, match=r"first reply starts at token (\d+), so --seq-len \1 keeps") as err:
         run_sft(_sft_cfg(folder, inputs, out, steps=1, seq_len=8, val_fraction=0.0, guards=False))
-    assert str(err.value).startswith("sft: all 60 conversations are longer than --seq-len 8 tokens before their")
+    assert str(err.value).startswith("all 60 conversations are longer than --seq-len 8 tokens before their")
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
     first = int(re.search(r"starts at token (\d+)", str(err.value)).group(1))
     assert 8 < first < 64
