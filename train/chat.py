@@ -68,6 +68,8 @@ from prodip.train.guards import GuardError
 from prodip.train.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
+#: How errors name the conversations: the config key and the option (the command line prefixes the command).
+INPUTS = "[sft] inputs (--inputs)"
 
 LN2 = math.log(2.0)
 
@@ -118,7 +120,7 @@ def read_conversations(
             :func:`prodip.tokenizer.corpus.iter_records` and :func:`parse_messages`; a JSONL line that is
             not UTF-8 (naming FILE:LINE).
     """
-    files = expand_inputs(inputs, what="sft inputs")
+    files = expand_inputs(inputs, what=INPUTS)
     out: dict[str, list[tuple[str, list[dict[str, str]]]]] = {}
     for lang, paths in files.items():
         out[lang] = [conv for p in paths for conv in _read_file(p, field)]
@@ -486,7 +488,7 @@ class ChatBatches:
         langs: Sequence[str] = (),
     ) -> None:
         if not examples:
-            raise InvalidInput("sft: no training conversations (all held out, or none given)")
+            raise InvalidInput("no training conversations (all held out, or none given)")
         self.examples, self.batch_size, self.seq_len, self.pad_id = list(examples), batch_size, seq_len, pad_id
         self.seed, self.rank, self.world_size, self.langs = seed, rank, world_size, list(langs)
         self.epoch, self.row = 0, 0
@@ -558,7 +560,7 @@ class ReplayBatches:
 
     def __init__(self, chat: ChatBatches, pretrain: Any, share: float) -> None:
         if not 0.0 < share < 1.0:
-            raise InvalidInput(f"sft replay_share must be in [0, 1), got {share}")
+            raise InvalidInput(f"replay_share must be in (0, 1), got {share}")
         if pretrain.seq_len != chat.seq_len or pretrain.batch_size != 1 or pretrain.world_size != 1:
             raise ValueError("ReplayBatches: pretrain must serve one global row of chat.seq_len at a time")
         self.chat, self.pretrain, self.share = chat, pretrain, share

@@ -116,13 +116,15 @@ class _SFTRun(_Run):
     def _prepare(self) -> None:
         sft, cfg = self.sft, self.cfg
         if not sft.inputs:
-            raise InvalidInput("sft inputs: no conversations given; expected e.g. bn=data/chat/bn.jsonl")
+            raise InvalidInput(f"{chat.INPUTS}: no conversations given; expected e.g. bn=data/chat/bn.jsonl")
         if not sft.init_from:
-            raise InvalidInput("sft init_from: fine-tuning starts from a checkpoint or HF Llama folder")
+            raise InvalidInput(
+                "[sft] init_from (--init-from): none given; fine-tuning starts from a checkpoint or HF Llama folder"
+            )
         if not cfg.resume and (self.ckpt_dir / checkpoint.LATEST_FILE).exists():
             raise OutputExists(f"{self.ckpt_dir} already holds checkpoints; pass --resume, or choose another --out-dir")
         matched = match_sources(  # the licence gate, before any conversation is read
-            expand_inputs(sft.inputs, what="sft inputs"), sft.sources, sft.include_unknown_license, what="sft.inputs"
+            expand_inputs(sft.inputs, what=chat.INPUTS), sft.sources, sft.include_unknown_license, what="sft.inputs"
         )
         conversations = chat.read_conversations(sft.inputs, sft.messages_field)
         self.sources = _base_sources(sft.init_from) + [
@@ -180,8 +182,8 @@ class _SFTRun(_Run):
         self.replay_tokenizer_sha = src_sha
         if cfg.seq_len > self.model_cfg.max_position_embeddings:
             raise InvalidInput(
-                f"sft seq_len {cfg.seq_len} exceeds max_position_embeddings {self.model_cfg.max_position_embeddings} "
-                f"of --init-from {source.source}"
+                f"[sft] seq_len (--seq-len) {cfg.seq_len} exceeds max_position_embeddings "
+                f"{self.model_cfg.max_position_embeddings} of --init-from {source.source}"
             )
         self._encode(conversations)
 
@@ -383,14 +385,14 @@ def no_training_reason(every: list[chat.Example], skipped: int, seq_len: int, va
         # trained[i]: token i is a target; a window of seq_len + 1 tokens keeps targets 1..seq_len
         first = min(int(np.flatnonzero(ex.trained)[0]) for ex in every if ex.trained.any())
         return (
-            f"sft: all {n} conversations are longer than --seq-len {seq_len} tokens before their first reply "
+            f"all {n} conversations are longer than --seq-len {seq_len} tokens before their first reply "
             f"(nothing of them would be trained); the earliest first reply starts at token {first}, so "
             f"--seq-len {first} keeps at least one"
         )
     why = f"{held} held out (val_fraction {val_fraction})"
     if skipped:
         why += f", {skipped} longer than --seq-len {seq_len} tokens before their first reply"
-    return f"sft: no training conversations: of {n}, {why}; lower val_fraction or give more conversations"
+    return f"no training conversations: of {n}, {why}; lower val_fraction or give more conversations"
 
 
 def replay_shards_dir(cfg: SFTConfig) -> Path:
@@ -407,18 +409,18 @@ def replay_shards_dir(cfg: SFTConfig) -> Path:
             ckpt = checkpoint.resolve_checkpoint(cfg.init_from)
         except (FileNotFoundError, ValueError):
             raise MissingInput(
-                f"sft replay_share {cfg.replay_share}: --init-from {cfg.init_from} is not a prodip run, so its "
-                "shards are unknown; pass --replay-shards-dir"
+                f"[sft] replay_share (--replay-share) {cfg.replay_share}: --init-from {cfg.init_from} is not a "
+                "prodip run, so its shards are unknown; pass --replay-shards-dir"
             ) from None
         recorded = (TrainerState.read(ckpt / checkpoint.TRAINER_STATE_FILE).train_config or {}).get("shards_dir")
         if not isinstance(recorded, str) or not recorded:
             raise MissingInput(
-                f"sft replay_share {cfg.replay_share}: {ckpt / checkpoint.TRAINER_STATE_FILE} records no "
-                "shards_dir; pass --replay-shards-dir"
+                f"[sft] replay_share (--replay-share) {cfg.replay_share}: "
+                f"{ckpt / checkpoint.TRAINER_STATE_FILE} records no shards_dir; pass --replay-shards-dir"
             )
         path = Path(recorded)
     if not (path / "meta.json").is_file():
-        raise MissingInput(f"sft replay shards {path}: no meta.json (made by `prodip data prepare`)")
+        raise MissingInput(f"{path}: no meta.json (the replayed token shards, made by `prodip data prepare`)")
     return path
 
 
@@ -467,7 +469,7 @@ def inputs_sha256(inputs: dict[str, list[str]]) -> str | None:
     """One sha256 over the conversation files (language, path, each file's sha256); None if one is missing."""
     h = hashlib.sha256()
     try:
-        for lang, paths in sorted(expand_inputs(inputs, what="sft inputs").items()):
+        for lang, paths in sorted(expand_inputs(inputs, what=chat.INPUTS).items()):
             for p in paths:
                 files = sorted(f for f in Path(p).rglob("*") if f.is_file()) if Path(p).is_dir() else [Path(p)]
                 for f in files:
