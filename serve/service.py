@@ -295,12 +295,16 @@ class Service:
         """
         typed: dict[int, str] = {}
         if raw is not None:
-            raw = self.normalize(raw)
+            # encoded as prompt_ids encodes it, from the text as sent: the tokenizer normalises it once and its
+            # offsets point into the text as sent (normalising first would apply a normaliser twice, and one
+            # that is not idempotent, Llama 2's Prepend("▁"), then gives other ids); prompt_ids may have put
+            # the document start before them (add_bos_token without a post-processor that adds it)
             enc = self.tokenizer.encode(raw)
-            if enc.ids == list(ids):
+            lead = len(ids) - len(enc.ids)
+            if lead >= 0 and list(ids[lead:]) == enc.ids:
                 typed = {
-                    i: raw[a:b]
-                    for i, (t, (a, b)) in enumerate(zip(ids, enc.offsets))
+                    lead + i: raw[a:b]
+                    for i, (t, (a, b)) in enumerate(zip(enc.ids, enc.offsets))
                     if t in self._special_ids and 0 <= a < b <= len(raw)
                 }
         walk = PieceWalk(self)

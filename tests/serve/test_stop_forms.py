@@ -101,3 +101,45 @@ def test_completions_stop_in_either_form_with_no_normaliser(bare_client):
         return r
 
     check_both_forms(post, lambda c: c["text"], lambda c: c["text"])
+
+
+@pytest.fixture(scope="module")
+def prepend_export(tiny_export, tmp_path_factory):
+    """The tiny export with a normaliser that is not idempotent (Llama 2's ``Prepend("▁")``: normalising twice
+    prepends twice), re-hashed, with a verdict."""
+    from tokenizers import Tokenizer, normalizers
+
+    from prodip import export
+    from prodip.base.files import file_sha256
+    from prodip.conformance.faults import copy_export, refresh_manifest
+
+    out = copy_export(tiny_export[0], tmp_path_factory.mktemp("prepend") / "export")
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Prepend("▁")])
+    tok.save(str(out / "tokenizer.json"))
+    refresh_manifest(out, tokenizer_sha256=file_sha256(out / "tokenizer.json"))
+    export.set_conformance(out, make_verdict(out, {"fp32": True, "int8": True}))
+    return out
+
+
+def test_echo_keeps_typed_special_tokens_with_a_normaliser_applied_once(prepend_export):
+    """Echo of a text prompt with special-token text typed in it: that token's piece is the text as typed, at its
+    place in the echoed text, and the echoed ids are the prompt's ids, with a normaliser that must run once."""
+    from fastapi.testclient import TestClient
+
+    from prodip.serve.app import create_app
+
+    with TestClient(create_app(prepend_export, "fp32", batch_wait_ms=2.0), base_url=LOCAL) as client:
+        wait_ready(client)
+        svc = client.app.state.service
+        prompt = "ab<|eos|>cd"
+        ids = svc.encode(prompt)
+        assert svc.encode(svc.normalize(prompt)) != ids  # normalising twice gives other ids
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        tokens, offsets, text = choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"], choice["text"]
+        assert len(tokens) == len(ids)
+        k = tokens.index("<|eos|>")
+        assert ids[k] == svc.tokenizer.token_to_id("<|eos|>")
+        assert text[offsets[k] : offsets[k] + len("<|eos|>")] == "<|eos|>"  # typed text, in the echoed text
