@@ -281,13 +281,31 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
+#: Files of a run's tokenizer dir a checkpoint's copy leaves out: model weights. An adapted base's run uses the
+#: extended Hugging Face folder (``prodip tokenizer extend``: tokenizer, resized weights, records) as its tokenizer
+#: dir, and every checkpoint would otherwise hold another copy of the base's weights.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".onnx_data", ".data", ".pte", ".ckpt")
+
+
+def _is_weights(name: str) -> bool:
+    """A weights file or a sharded-weights index (``model.safetensors.index.json``) by its name."""
+    return name.endswith(WEIGHT_SUFFIXES) or any(name.endswith(s + ".index.json") for s in WEIGHT_SUFFIXES)
+
+
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> str:
+    """Copy the run's tokenizer dir into a checkpoint (fsynced), its weights files left out (:data:`WEIGHT_SUFFIXES`).
+
+    Returns:
+        sha256 of the copied ``tokenizer.json``.
+    Raises:
+        MissingInput: no ``tokenizer.json`` in ``tokenizer_dir``.
+    """
     src = Path(tokenizer_dir)
     if not (src / "tokenizer.json").is_file():
         raise MissingInput(f"{src}/tokenizer.json: tokenizer dir not found (made by `prodip tokenizer train`)")
     dest.mkdir()
     for item in sorted(src.iterdir()):
-        if item.is_file():
+        if item.is_file() and not _is_weights(item.name):
             shutil.copyfile(item, dest / item.name)
             with open(dest / item.name, "rb+") as fh:
                 os.fsync(fh.fileno())

@@ -43,6 +43,10 @@ def test_continued_pretraining_of_a_base_with_its_own_tokenizer(tmp_path):
     assert prodip_main(["train", "--config", CONFIG, *flags, *small, *more, "--progress", "false"]) == 0
     _, mcfg, info = ck.load_model(run)
     assert mcfg.vocab_size == 1324 and info["tokenizer_sha256"] == tokenizer_sha256(ext)
+    # the checkpoint's tokenizer copy is the extended folder's files but its weights (not a copy of the base)
+    kept = {p.name for p in Path(info["tokenizer_dir"]).iterdir()}
+    assert "model.safetensors" in {p.name for p in ext.iterdir()} and "model.safetensors" not in kept
+    assert kept == {p.name for p in ext.iterdir()} - {"model.safetensors"}
 
     report = tmp_path / "eval.json"
     ev = ["eval", "--config", CONFIG, "--checkpoint", str(run), "--shards-dir", str(shards), "--baseline", str(ext)]
