@@ -132,12 +132,13 @@ def _bpc_delta_lines(heldout: dict[str, dict[str, float]], bound: float | None) 
     for lang, h in heldout.items():
         if bound is None or abs(h.get("bpc_delta", 0.0)) <= bound or "bpc_delta_kl" not in h:
             continue
-        sd = h["bpc_delta_text_sd"]
-        sds = f"{abs(h['bpc_delta_text']) / sd:.0f} sd" if sd > 0 else "sd 0"
+        sd, text = h["bpc_delta_text_sd"], h["bpc_delta_text"]
+        # how far the text part lies from 0 in its own spread on the reference's samples (2 digits: 0.47, 7.3, 23)
+        spread = f"{abs(text) / sd:.2g} sd of its spread" if sd > 0 else "its spread is 0"
         lines.append(
-            f"  - {lang}: Δbpc {h['bpc_delta']:+.4g} = {h['bpc_delta_kl']:+.3g} KL part (rounding, on text the "
-            f"reference predicts well) {h['bpc_delta_text']:+.3g} text part ({sds} of its spread on the reference's "
-            f"own text); the reference: {h['bpc_ref']:.3g} bits/char on this text vs its own entropy "
+            f"  - {lang}: Δbpc {h['bpc_delta']:+.4g} = KL part {h['bpc_delta_kl']:+.3g} (what the candidate's "
+            f"difference costs on text the reference itself would write) + text part {text:+.3g} ({spread} on "
+            f"such text); the reference: {h['bpc_ref']:.3g} bits/char on this text vs its own entropy "
             f"{h['entropy_bpc_ref']:.3g} (docs/conformance.md#held-out-bitschar)"
         )
     return lines

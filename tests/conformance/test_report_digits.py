@@ -48,10 +48,13 @@ def test_a_failing_bpc_delta_names_each_language_over_the_bound_with_its_two_par
     }
     lines = _failed_lines("int8", [check], {"heldout": heldout})
     assert len(lines) == 2 and lines[0].startswith("- **int8** `bpc_delta_max` = 0.0118")
-    assert lines[1].startswith("  - bn: Δbpc -0.0118 = +0.0005 KL part")
-    assert (
-        "-0.0123 text part (7 sd of its spread" in lines[1]
-        and "8.87 bits/char on this text vs its own entropy 3.64" in lines[1]
-    )
+    assert lines[1].startswith("  - bn: Δbpc -0.0118 = KL part +0.0005 (")
+    assert "+ text part -0.0123 (7 sd of its spread" in lines[1]
+    assert "8.87 bits/char on this text vs its own entropy 3.64" in lines[1]
+    # a text part well inside its spread says so with its digits (not "0 sd"), and a zero spread is named
+    small = {**heldout["bn"], "bpc_delta_text": -0.0008}
+    assert "(0.46 sd of its spread" in _failed_lines("int8", [check], {"heldout": {"bn": small}})[1]
+    flat = {**heldout["bn"], "bpc_delta_text_sd": 0.0}
+    assert "(its spread is 0 on such text)" in _failed_lines("int8", [check], {"heldout": {"bn": flat}})[1]
     # a report written before the split (no parts) keeps its one line
     assert _failed_lines("int8", [check], {"heldout": {"bn": {"bpc_delta": -0.0118}}}) == lines[:1]
