@@ -376,8 +376,11 @@ def _record(table: object, base: Path, where: str) -> SourceRecord:
 
 #: A field that only points at another record: each record is shown alone, in cards and provenance tables.
 _BACK_REFERENCE = re.compile(
-    r"(?i)(as|same as|see) (above|below|previous|the previous( one| record| source)?)|ditto|same|idem|ibid\.?"
+    r"(?i)((as|same as|see|like) (above|below|before|previous|the previous( one| record| source)?)"
+    r"|ditto|same|idem|ibid)[.!;]?"
 )
+#: The words that make a field refer to another record by its name ("same as majantali-site").
+_NAMED_REFERENCE = r"(?i)(same as|as for|as in|see|like) (record |source )?[`'\"]?{name}[`'\"]?[.!;]?"
 
 
 def read_records(path: str | os.PathLike[str]) -> list[SourceRecord]:
@@ -399,6 +402,20 @@ def read_records(path: str | os.PathLike[str]) -> list[SourceRecord]:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InvalidInput(f"{path}: source name {dup[0]!r} is given twice")
+    for rec in records:  # a field naming another record ("same as udhr-ben") points at nothing in a card too
+        fields = {"origin": rec.origin, "notes": rec.notes, "license_name": rec.license_name}
+        fields |= {k: str(rec.extra.get(k, "")) for k in ("content", "variety")}
+        for key, value in fields.items():
+            other = next(
+                (
+                    n
+                    for n in names
+                    if n != rec.name and re.fullmatch(_NAMED_REFERENCE.format(name=re.escape(n)), value.strip())
+                ),
+                None,
+            )
+            if other:
+                raise InvalidInput(f"{rec.where}: {key} = {value!r} refers to record {other!r}; write it out")
     return records
 
 
@@ -606,4 +623,6 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    from prodip.base.cli import tool_main
+
+    sys.exit(tool_main("base.sources", _main, sys.argv[1:]))

@@ -316,7 +316,7 @@ def test_records_that_disagree_on_a_files_licence_are_refused(tmp_path):
     assert rec.license == "cc-by-nc-4.0" and rec.card_fields()["license_terms"] == ["non-commercial"]
 
 
-@pytest.mark.parametrize("origin", ["as above", "Same as above", "ditto", "see previous", "same"])
+@pytest.mark.parametrize("origin", ["as above", "Same as above", "As Above.", "ditto", "see previous", "same"])
 def test_a_field_pointing_at_another_record_is_refused(tmp_path, origin):
     """Each record is shown alone (a card lists only its run's sources), so "as above" would point at nothing."""
     (tmp_path / "a.txt").write_text("x", encoding="utf-8")
@@ -326,3 +326,24 @@ def test_a_field_pointing_at_another_record_is_refused(tmp_path, origin):
     )
     with pytest.raises(InvalidInput, match=r"\[\[source\]\] .a.: origin = .* refers to another record; write it out"):
         read_records(tmp_path / "sources.toml")
+
+
+def test_a_field_naming_another_record_is_refused_and_a_plain_origin_is_not(tmp_path):
+    (tmp_path / "a.txt").write_text("x", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("y", encoding="utf-8")
+    head = (
+        '[[source]]\nname = "a-site"\nfiles = ["a.txt"]\nlanguage = "en"\nlicense = "CC0-1.0"\norigin = "example.org"\n'
+    )
+    for origin, refused in (("same as a-site", True), ("see `a-site`.", True), ("same as example.org", False)):
+        (tmp_path / "sources.toml").write_text(
+            head
+            + f'[[source]]\nname = "b"\nfiles = ["b.txt"]\nlanguage = "en"\nlicense = "CC0-1.0"\norigin = "{origin}"\n',
+            encoding="utf-8",
+        )
+        if refused:
+            with pytest.raises(
+                InvalidInput, match=r"\[\[source\]\] 'b': origin = .* refers to record 'a-site'; write it out"
+            ):
+                read_records(tmp_path / "sources.toml")
+        else:
+            assert [r.origin for r in read_records(tmp_path / "sources.toml")] == ["example.org", origin]
