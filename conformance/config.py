@@ -143,6 +143,7 @@ class ConformanceConfig:
         if unknown:
             raise InvalidInput(
                 f"ConformanceConfig.runtimes: unknown runtime(s) {unknown}; choose from {', '.join(known)}"
+                + ("; to check none, give an empty list (--runtimes '')" if "none" in unknown else "")
             )
         if self.speed_tokens < 2:
             raise InvalidInput(f"ConformanceConfig.speed_tokens must be >= 2, got {self.speed_tokens}")

@@ -98,8 +98,11 @@ def test_a_new_row_is_listed_everywhere_the_table_is_read(twin_rows):
     assert ConformanceConfig().runtimes[-2:] == [GOOD, BAD]  # the default --runtimes: every on-device row
     assert ConformanceConfig(runtimes=[GOOD]).runtimes == [GOOD]  # accepted by name
     assert planned_metrics("fp32", [GOOD]) == ["twin_greedy_identical", "runtime_prompts_reference_identical"]
-    with pytest.raises(ValueError, match="unknown runtime"):
+    with pytest.raises(ValueError, match="unknown runtime") as err:
         ConformanceConfig(runtimes=["no-such-runtime"])
+    assert "to check none" not in str(err.value)
+    with pytest.raises(ValueError, match=r"to check none, give an empty list \(--runtimes ''\)"):
+        ConformanceConfig(runtimes=["none"])
 
 
 @pytest.mark.slow  # one conformance run of two ONNX variants (~20 s on 2 cores)
