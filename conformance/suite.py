@@ -24,7 +24,6 @@ from tqdm import tqdm
 
 from prodip.base.config import ConfigError
 from prodip.base.errors import InvalidInput, MissingInput
-from prodip.base.jsontypes import JSONObject
 from prodip.base.manifest import (
     CardQuality,
     ExportManifest,
@@ -50,6 +49,7 @@ from prodip.conformance.runners import TorchRunner, onnx_axes_problems
 from prodip.conformance.runtimes import RUNTIME_PROMPTS, check_runtimes, stop_ids
 from prodip.conformance.tolerances import compare_with_shipped, require_tables, wasm_table
 from prodip.conformance.verdict import merge_verdict
+from prodip.conformance.wasm_graph import session_entries, wasm_entry_problems, web_config_differences
 from prodip.export.hf import tokenizer_config_differences
 from prodip.train.checkpoint import is_hf_folder, load_model, require_checkpoint_tokenizer
 from prodip.train.config import ModelConfig
@@ -101,8 +101,8 @@ def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) 
         only: candidate or variant names to keep (empty/None = all). A variant's name keeps its web graph, and a
             web graph's name its variant (``int4-wasm`` alone would vouch for int4 without measuring its file).
     Raises:
-        ValueError: a variant of unknown format, a web graph whose ``wasm.session_config`` is not a table of
-            strings, or a name in ``only`` that matches nothing.
+        ValueError: a variant of unknown format, a web graph entry that names another file or other session
+            options than the export's (:func:`_wasm_candidate`), or a name in ``only`` that matches nothing.
     """
     out = []
     for vname, v in manifest.variants.items():
@@ -118,7 +118,7 @@ def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) 
             window = getattr(v, "max_seq_len", None) if v.format == "pte" else None
             out.append(Candidate(vname, vname, v.format, v.path, window=int(window or 0)))
             if v.format == "onnx" and v.wasm_path:
-                out.append(_wasm_candidate(vname, v.wasm_path, v.wasm))
+                out.append(_wasm_candidate(manifest, vname))
         else:
             raise InvalidInput(
                 f"manifest variant {vname!r} has format {v.format!r}; expected 'safetensors', 'onnx', 'gguf' or 'pte'"
@@ -136,21 +136,25 @@ def plan_candidates(manifest: ExportManifest, only: Optional[list[str]] = None) 
     return out
 
 
-def _wasm_candidate(variant: str, path: str, params: Optional[JSONObject]) -> Candidate:
-    """The candidate of ``variant``'s web-only graph ``path``, with the session options its manifest entry's
-    ``wasm`` parameters name (``session_config``, e.g. ``session.disable_quant_qdq=1``: ONNX Runtime then
+def _wasm_candidate(manifest: ExportManifest, variant: str) -> Candidate:
+    """The candidate of ``variant``'s web-only graph (its manifest entry's ``wasm_path``), with the session options
+    its ``wasm`` parameters name (``session_config``, e.g. ``session.disable_quant_qdq=1``: ONNX Runtime then
     constant-folds the int4 weights to the 8-bit ``MatMulInteger`` layout at load, as the WASM build does).
 
     Raises:
-        ValueError: ``session_config`` is not a table of string values (manifest field named).
+        ValueError: the entry names another file than the export's web graph of the variant, or other session
+            options than the export writes (:func:`prodip.conformance.wasm_graph.wasm_entry_problems`: each
+            problem with its manifest field and value); measuring it would vouch for a file or arithmetic the
+            page does not use.
     """
-    config = (params or {}).get("session_config") or {}
-    entries = tuple(sorted((k, v) for k, v in config.items() if isinstance(v, str))) if isinstance(config, dict) else ()
-    if not isinstance(config, dict) or len(entries) != len(config):
+    problems = wasm_entry_problems(manifest, variant)
+    if problems:
         raise InvalidInput(
-            f"manifest.json variants.{variant}.wasm.session_config = {config!r}: expected a table of "
-            "ONNX Runtime session config entries with string values (re-run `prodip export`)"
+            "; ".join(problems) + ". Re-run `prodip export`, or check the other variants only with --variants "
+            "(nothing was measured or written)"
         )
+    path = manifest.variants[variant].wasm_path or ""
+    entries = session_entries(manifest.variants[variant].wasm)
     return Candidate(wasm_table(variant), variant, "onnx", path, session_config=entries, fp32_matmulnbits=True)
 
 
@@ -269,15 +273,21 @@ def global_metrics(
     train_tokenizer: Any,
     model_cfg: Any,
 ) -> dict[str, Any]:
-    """Export-wide facts: config.json vs the checkpoint's ModelConfig, file hashes, tokenizer
-    identity, and the exported vs training tokenizer's ids on the prompt texts."""
+    """Export-wide facts: config.json vs the checkpoint's ModelConfig (and its ``transformers.js_config``
+    web-graph entry vs the manifest's, :func:`prodip.conformance.wasm_graph.web_config_differences`), file hashes,
+    tokenizer identity, and the exported vs training tokenizer's ids on the prompt texts.
+
+    ``config_differences``: ``{field: [expected, found]}`` (expected: the checkpoint's, the manifest's)."""
 
     out: dict[str, Any] = {}
     try:
-        exported = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text(encoding="utf-8")))
+        raw = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
+        exported = ModelConfig.from_hf_dict(raw)
         diff = {k: [v, getattr(exported, k)] for k, v in model_cfg.to_dict().items() if getattr(exported, k) != v}
         # tokenizer_config.json states the context and special ids too (transformers.js truncates by it)
         diff.update(tokenizer_config_differences(export_dir, model_cfg))
+        # the web graph the page loads (file, session options) is the one the manifest's int4-wasm measures
+        diff.update(web_config_differences(manifest, raw))
         out["config_matches"] = not diff
         if diff:
             out["config_differences"] = diff  # field: [checkpoint, export]

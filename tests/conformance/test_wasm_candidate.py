@@ -8,12 +8,15 @@ model by its own ``[int4-wasm]`` table, and failed (alone) by a fault planted in
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
 from prodip.base.config import ConfigError
+from prodip.base.errors import InvalidInput
 from prodip.base.manifest import ExportManifest, load_manifest
 from prodip.conformance import evaluate, faults
 from prodip.conformance.compare import load_tolerances
@@ -30,11 +33,12 @@ def _manifest(wasm: object = None) -> ExportManifest:
     int4 = {"path": "onnx/model_q4.onnx", "format": "onnx", "dtype": "int4"}
     if wasm is not None:
         int4.update(wasm_path=WASM, wasm=wasm)
+    row = {"bytes": 1, "sha256": "0" * 64}
     return ExportManifest.from_dict(
         {
             "format_version": 1,
             "source_checkpoint": {},
-            "files": {},
+            "files": {p: row for p in ("onnx/model.onnx", "onnx/model_q4.onnx", WASM)},
             "variants": {"fp32": {"path": "onnx/model.onnx", "format": "onnx"}, "int4": int4},
         }
     )
@@ -60,7 +64,7 @@ def test_planned_after_int4_with_the_manifests_session_options():
     assert [c.name for c in plan_candidates(manifest, ["int4-wasm"])] == ["int4", "int4-wasm"]
     assert [c.name for c in plan_candidates(manifest, ["fp32"])] == ["fp32"]
     assert [c.name for c in plan_candidates(_manifest())] == ["fp32", "int4"]  # no wasm_path: no candidate
-    with pytest.raises(ValueError, match=r"variants\.int4\.wasm\.session_config"):
+    with pytest.raises(ValueError, match=r"variants\.int4\.wasm\.session_config = .*string values"):
         plan_candidates(_manifest({"session_config": {"session.disable_quant_qdq": 1}}))
 
 
@@ -157,3 +161,160 @@ def test_measured_against_the_training_model_and_a_fault_in_it_fails_it_alone(ti
     assert report["candidates"]["int4"]["passed"] and not report["candidates"]["int4-wasm"]["passed"]
     assert report["variants"] == {"int4": False} and not report["passed"]
     assert report["candidates"]["int4-wasm"]["metrics"]["kl_mean"] > 3 * m["kl_mean"]
+
+
+def _tampered(export: Path, dst: Path, manifest=None, config=None) -> Path:
+    """A copy of ``export`` with ``manifest(int4 entry)`` / ``config(prodip_wasm_q4 entry)`` applied in place to
+    the parsed file, every file re-hashed into the manifest (the tamper is not caught as a changed file)."""
+    bad = faults.copy_export(export, dst)
+    for name, edit, part in (
+        ("manifest.json", manifest, lambda d: d["variants"]["int4"]),
+        ("config.json", config, lambda d: d["transformers.js_config"]),
+    ):
+        if edit is not None:
+            data = json.loads((bad / name).read_text(encoding="utf-8"))
+            edit(part(data))
+            (bad / name).write_text(json.dumps(data, indent=2), encoding="utf-8")
+    faults.refresh_manifest(bad)
+    return bad
+
+
+def _wasm(**kw):
+    return lambda e: e["wasm"].update(kw)
+
+
+_OUTSIDE = "../{export}/" + WASM  # the same file of the untampered export, beside the copy
+MANIFEST_TAMPERS = {
+    "variant's own file": (
+        lambda e: e.update(wasm_path="onnx/model_q4.onnx"),
+        r"variants\.int4\.wasm_path = 'onnx/model_q4\.onnx' is variant 'int4''s own file",
+    ),
+    "outside the export": (None, r"variants\.int4\.wasm_path = '\.\./.*' leaves the export dir"),
+    "not listed": (
+        lambda e: (e.update(wasm_path="onnx/copy_q4.onnx"), e["wasm"].update(file="copy_q4.onnx")),
+        r"variants\.int4\.wasm_path = 'onnx/copy_q4\.onnx' is not in manifest\.json's files table",
+    ),
+    "wasm.file disagrees": (
+        _wasm(file="model_q4.onnx"),
+        r"variants\.int4\.wasm\.file = 'model_q4\.onnx' disagrees with .*wasm_path = 'onnx/model_wasm_q4\.onnx'",
+    ),
+    "no wasm": (lambda e: e.pop("wasm"), r"variants\.int4\.wasm is missing"),
+    "empty session config": (
+        _wasm(session_config={}),
+        r"variants\.int4\.wasm\.session_config\['session\.disable_quant_qdq'\] = None, expected '1'",
+    ),
+    "unknown session key": (
+        _wasm(session_config={"session.bogus_key": "1"}),
+        r"session_config\['session\.disable_quant_qdq'\] = None, expected '1' .*; manifest\.json variants\.int4\.wasm"
+        r"\.session_config has unknown key\(s\) \['session\.bogus_key'\]",
+    ),
+    "extra session key": (
+        _wasm(session_config={**SESSION, "session.bogus_key": "1"}),
+        r"variants\.int4\.wasm\.session_config has unknown key\(s\) \['session\.bogus_key'\]",
+    ),
+    "session value": (
+        _wasm(session_config={"session.disable_quant_qdq": "0"}),
+        r"session_config\['session\.disable_quant_qdq'\] = '0', expected '1'",
+    ),
+}
+
+
+@pytest.mark.parametrize("tamper", list(MANIFEST_TAMPERS))
+def test_a_manifest_entry_naming_another_file_or_arithmetic_is_refused_before_measuring(
+    tiny_artifacts, conf_cfg, tmp_path, tamper
+):
+    """The int4-wasm candidate measures the file and the session options the manifest names: one that is not
+    the export's web graph, or options other than the export writes (without session.disable_quant_qdq=1 the
+    graph does not run the WASM build's arithmetic), is refused (exit 2) before anything is measured."""
+    export = tiny_artifacts["export"]
+    edit, message = MANIFEST_TAMPERS[tamper]
+    if edit is None:  # a path climbing out of the copy to the untampered export's web graph (a real file)
+        edit = lambda e: e.update(wasm_path=_OUTSIDE.format(export=export.name))  # noqa: E731
+    bad = _tampered(export, tmp_path / "bad", manifest=edit)
+    if tamper == "not listed":  # the file exists, but the export did not write it
+        shutil.copyfile(bad / WASM, bad / "onnx/copy_q4.onnx")
+    if tamper == "outside the export":
+        shutil.copytree(export, tmp_path / export.name)
+    with pytest.raises(InvalidInput, match=message) as err:
+        evaluate(conf_cfg(bad, variants=["int4"]))
+    assert "nothing was measured or written" in str(err.value)
+    assert not (bad / "conformance").exists()
+    with pytest.raises(InvalidInput, match=message):  # the same refusal for every variant's check
+        plan_candidates(load_manifest(bad))
+
+
+def _global(export: Path, config_of: Path) -> dict:
+    """The export-wide metrics of ``export`` against the model config of ``config_of`` (untampered)."""
+    from tokenizers import Tokenizer
+
+    from prodip.conformance.suite import global_metrics
+    from prodip.train.config import ModelConfig
+
+    manifest = load_manifest(export)
+    cfg = ModelConfig.from_hf_dict(json.loads((config_of / "config.json").read_text(encoding="utf-8")))
+    tok = Tokenizer.from_file(str(export / "tokenizer.json"))
+    return global_metrics(export, manifest, {"tokenizer_sha256": manifest.tokenizer_sha256}, ["ab"], tok, cfg)
+
+
+KEY = "config.json transformers.js_config.prodip_wasm_q4"
+CONFIG_TAMPERS = {
+    "empty session config": (
+        lambda t: t["prodip_wasm_q4"].update(session_config={}),
+        {f"{KEY}.session_config": [SESSION, {}]},
+    ),
+    "another model file": (
+        lambda t: t["prodip_wasm_q4"].update(model_file_name="model"),
+        {f"{KEY}.model_file_name": ["model_wasm", "model"]},
+    ),
+    "other external data": (  # the tiny export's weights are inside its graphs: it shares none
+        lambda t: t["prodip_wasm_q4"].update(external_data=[{"path": "w.onnx_data", "data": "onnx/w.onnx_data"}]),
+        {f"{KEY}.external_data": [[], [{"path": "w.onnx_data", "data": "onnx/w.onnx_data"}]]},
+    ),
+    "unknown field": (lambda t: t["prodip_wasm_q4"].update(dtype="q8"), {f"{KEY}.dtype": [None, "q8"]}),
+}
+
+
+def test_config_json_web_entry_agrees_with_the_manifest(tiny_artifacts, tmp_path):
+    """config.json's prodip_wasm_q4 (what the export's page loads on the WASM device) is compared field by field
+    with the manifest's web graph in the export-wide config_matches check: [manifest's, config.json's]."""
+    export = tiny_artifacts["export"]
+    good = _global(export, export)
+    assert good["config_matches"] is True and "config_differences" not in good, good
+    tjs = json.loads((export / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]
+    entry = load_manifest(export).variants["int4"]
+    assert entry.wasm is not None and entry.wasm["shares_weights_with"] is None  # as tampered below
+    assert tjs["prodip_wasm_q4"]["session_config"] == SESSION
+
+    for i, (edit, want) in enumerate(CONFIG_TAMPERS.values()):
+        bad = _tampered(export, tmp_path / f"bad{i}", config=edit)
+        g = _global(bad, export)
+        assert g["config_matches"] is False and g["config_differences"] == want
+    gone = _tampered(export, tmp_path / "gone", config=lambda t: t.pop("prodip_wasm_q4"))
+    g = _global(gone, export)
+    assert list(g["config_differences"]) == [KEY] and g["config_differences"][KEY][1] is None
+    assert g["config_differences"][KEY][0]["model_file_name"] == "model_wasm"
+    # a web entry without a web graph in the manifest: the page would load a file nothing measured
+    unmeasured = _tampered(export, tmp_path / "unmeasured", manifest=lambda e: (e.pop("wasm"), e.pop("wasm_path")))
+    g = _global(unmeasured, export)
+    assert g["config_differences"] == {KEY: [None, tjs["prodip_wasm_q4"]]}
+
+
+def test_expected_web_entry_names_the_shared_weights_and_the_file_transformersjs_loads():
+    from prodip.conformance.wasm_graph import web_config_differences
+
+    shared = {"file": "model_wasm_q4.onnx", "shares_weights_with": "model_q4.onnx_data", "session_config": SESSION}
+    page = {
+        "model_file_name": "model_wasm",
+        "external_data": [{"path": "model_q4.onnx_data", "data": "onnx/model_q4.onnx_data"}],
+        "session_config": SESSION,
+    }
+    manifest = _manifest(shared)
+    assert web_config_differences(manifest, {"transformers.js_config": {"prodip_wasm_q4": page}}) == {}
+    assert web_config_differences(_manifest(), {"transformers.js_config": {}}) == {}  # neither has one
+    # a graph no model_file_name loads (transformers.js reads onnx/<model_file_name>_q4.onnx)
+    manifest.variants["int4"].wasm_path = "onnx/web.onnx"
+    (diff,) = web_config_differences(manifest, {"transformers.js_config": {"prodip_wasm_q4": page}}).items()
+    assert diff == (
+        "config.json transformers.js_config.prodip_wasm_q4.model_file_name",
+        ["(none: transformers.js loads onnx/<model_file_name>_q4.onnx, not onnx/web.onnx)", "model_wasm"],
+    )
