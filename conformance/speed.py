@@ -13,13 +13,21 @@ row added with a timing adapter is timed, written and rendered with no edit here
     {format_version: 1, export_files_sha256,
      machine: {cpu, cores, os, python},
      settings: {prompt_tokens, new_tokens, rounds, warmup_rounds, threads (0 = each runtime's default)},
-     rows: [{runtime, variant, decode_tokens_per_s, ttft_s, rounds, new_tokens, threads, version}],
-     failed: [{runtime, variant, error}], skipped: {runtime: reason}, runtime_seconds: {runtime: s}, seconds}
+     rows: [{runtime, variant, decode_tokens_per_s, ttft_s, rounds, new_tokens, threads, version, earlier?}],
+     failed: [{runtime, variant, error, earlier?}], skipped: {runtime: reason}, runtime_seconds: {runtime: s}, seconds,
+     not_timed: [{runtime, variant, reason}]}
 
 ``runtime`` is the row's name (``transformers.js-browser``: the page on WASM), the card shows its label. An on-device
 row not chosen by ``--runtimes`` (nor its ``timed_with`` row: the page is timed when ``onnxruntime-web``, the WASM
 build it loads, is chosen, as it is by default), a runtime not installed, or one with no variant of its format is in
 ``skipped`` with the reason; a variant that failed in a runtime is in ``failed``.
+
+A run on some variants or runtimes (``--variants int4,int8``, ``--runtimes onnxruntime-web``) is merged into the
+previous speed.json (:func:`merge_speed`), by the rule the manifest verdict (``merge_verdict``) and the quality card
+follow: a row or failure this run did not time again is kept, marked ``earlier``, when the previous record belongs
+to the same export files (equal ``export_files_sha256``), and, since the card states one machine and one set of
+settings for the whole table, was measured on the same machine with the same settings; a row timed again is
+replaced. A variant of a runtime that ran but has no figure then is in ``not_timed`` with the reason.
 
     python -c "from prodip.conformance.speed import SpeedReport; print(SpeedReport.read('runs/demo/export/conformance/speed.json').rows[0])"
 """
@@ -32,13 +40,14 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Optional
 
 from pydantic import Field, StrictInt
 
-from prodip.base.records import Record, RecordPart
+from prodip.base.errors import MissingInput
+from prodip.base.records import Record, RecordError, RecordPart
 from prodip.base.runtimes import Runtime, by_name, runtime_names
 from prodip.conformance.runtimes.adapters import adapter_for
 from prodip.conformance.runtimes.common import RuntimeAdapter, error_text
@@ -48,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 SPEED_FILE = "speed.json"
 SPEED_HEADING = "## Speed"
+#: the card's mark of a row kept from an earlier run (:func:`merge_speed`)
+EARLIER_MARK = "‡"
 
 #: A figure of a row: a positive finite number.
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -110,6 +121,8 @@ class SpeedRow(RecordPart):
     #: CPU threads the runtime used (0 = its own default)
     threads: StrictInt = Field(ge=0)
     version: str
+    #: true: kept from an earlier run on the same export files, machine and settings (this run did not time it)
+    earlier: bool = False
 
 
 class SpeedFailure(RecordPart):
@@ -118,6 +131,17 @@ class SpeedFailure(RecordPart):
     runtime: str
     variant: str
     error: str
+    #: true: kept from an earlier run on the same export files, machine and settings (as :attr:`SpeedRow.earlier`)
+    earlier: bool = False
+
+
+class NotTimed(RecordPart):
+    """A variant of a runtime that ran with no figure in the table: this run did not time it and no earlier run's
+    figure could be kept."""
+
+    runtime: str
+    variant: str
+    reason: str
 
 
 class SpeedReport(Record):
@@ -139,6 +163,12 @@ class SpeedReport(Record):
     runtime_seconds: dict[str, Positive] = Field(default_factory=dict)
     #: wall time of the whole measurement (seconds)
     seconds: Positive
+    #: variants of a runtime that ran, with no row or failure, and why (:func:`merge_speed`)
+    not_timed: list[NotTimed] = Field(default_factory=list)
+
+    def entries(self) -> list[SpeedRow | SpeedFailure]:
+        """Every (runtime, variant) the record has a figure or a failure of: ``rows``, then ``failed``."""
+        return [*self.rows, *self.failed]
 
 
 def describe_machine() -> Machine:
@@ -254,13 +284,96 @@ def measure_speed(
     )
 
 
+def read_previous(path: Path) -> Optional[SpeedReport]:
+    """The speed.json an earlier run left at ``path``, for :func:`merge_speed`: None when there is none or it cannot
+    be read (damaged, or of a format_version this prodip does not read; logged as a warning: its rows are not kept,
+    and the variants this run does not time are listed as not measured)."""
+    try:
+        return SpeedReport.read(path)
+    except MissingInput:
+        return None
+    except (RecordError, OSError) as err:
+        logger.warning("conformance: the earlier %s cannot be read; its rows are not kept: %s", path, err)
+        return None
+
+
+def _cannot_keep(previous: Optional[SpeedReport], run: SpeedReport) -> Optional[str]:
+    """Why ``previous``'s figures cannot stand in one table with ``run``'s (None: they can): the card states one
+    export, one machine and one set of settings for every row."""
+    if previous is None:
+        return "no earlier speed.json to keep its figure from"
+    if previous.export_files_sha256 != run.export_files_sha256:
+        return "the earlier speed.json timed other export files"
+    if previous.machine != run.machine:
+        return "the earlier speed.json was measured on another machine (CPU, cores, OS or Python)"
+    if previous.settings != run.settings:
+        return "the earlier speed.json was measured with other settings (prompt, new tokens, rounds or threads)"
+    return None
+
+
+def merge_speed(previous: Optional[SpeedReport], run: SpeedReport, variant_formats: Mapping[str, str]) -> SpeedReport:
+    """The speed.json after a run that timed ``run``'s rows: the earlier record's rows and failures this run did not
+    time again are kept (marked ``earlier``) when it belongs to the same export files, machine and settings, as
+    :func:`prodip.conformance.verdict.merge_verdict` keeps the verdicts of variants a subset run did not check;
+    a (runtime, variant) this run timed replaces the earlier one.
+
+    Args:
+        previous: the earlier speed.json (:func:`read_previous`), or None.
+        run: this run's record (:func:`measure_speed`): a (runtime, variant) it timed is in its ``rows`` or
+            ``failed``; a runtime it ran is in ``runtime_seconds``.
+        variant_formats: the export's variants, name -> format (``manifest.json``), in the manifest's order.
+    Returns:
+        ``run`` with the kept rows and failures added (in the runtime table's order, then the manifest's), and
+        ``not_timed``: each variant of a runtime this run ran that has neither, with the reason. ``machine``,
+        ``settings``, ``skipped``, ``runtime_seconds`` and ``seconds`` stay this run's.
+    """
+    order = {name: i for i, name in enumerate(runtime_names(timed=True))}
+    names = {name: i for i, name in enumerate(variant_formats)}
+
+    def key(r: SpeedRow | SpeedFailure) -> tuple[int, int, str, str]:
+        return order.get(r.runtime, len(order)), names.get(r.variant, len(names)), r.runtime, r.variant
+
+    timed_now = {(r.runtime, r.variant) for r in run.entries()}
+    why_not = _cannot_keep(previous, run)
+    rows, failed = list(run.rows), list(run.failed)
+    if previous is not None and why_not is None:
+        rows += [
+            r.model_copy(update={"earlier": True})
+            for r in previous.rows
+            if (r.runtime, r.variant) not in timed_now and r.variant in variant_formats
+        ]
+        failed += [
+            f.model_copy(update={"earlier": True})
+            for f in previous.failed
+            if (f.runtime, f.variant) not in timed_now and f.variant in variant_formats
+        ]
+    have = {(r.runtime, r.variant) for r in rows} | {(f.runtime, f.variant) for f in failed}
+    missing = why_not or "the earlier speed.json of these export files has no figure of it either"
+    not_timed = [
+        NotTimed(runtime=name, variant=variant, reason=f"not in this run's --variants; {missing}")
+        for name in sorted(run.runtime_seconds, key=lambda n: (order.get(n, len(order)), n))
+        if name in order
+        for variant, fmt in variant_formats.items()
+        if fmt in by_name(name).formats and (name, variant) not in have
+    ]
+    update: dict[str, object] = {"rows": sorted(rows, key=key), "failed": sorted(failed, key=key)}
+    if not_timed:  # left out when empty, as a full run's record always was
+        update["not_timed"] = not_timed
+    return run.model_copy(update=update)
+
+
 def _threads(n: int) -> str:
     return "default" if n == 0 else str(n)
 
 
+def _mark(earlier: bool) -> str:
+    return f" {EARLIER_MARK}" if earlier else ""
+
+
 def render_speed(report: SpeedReport) -> str:
     """The README's ``## Speed`` section (markdown): a row per runtime and variant, the fastest decode rate of
-    each runtime in bold, the machine, how it was measured, and what was not measured and why."""
+    each runtime in bold, the machine, how it was measured, and what was not measured and why. A row or failure
+    kept from an earlier run (:func:`merge_speed`) is marked ``‡`` and the mark explained under the table."""
     m, s = report.machine, report.settings
     lines = [
         SPEED_HEADING,
@@ -287,18 +400,37 @@ def render_speed(report: SpeedReport) -> str:
             rate = f"{r.decode_tokens_per_s:.1f}"
             rate = f"**{rate}**" if math.isclose(r.decode_tokens_per_s, best) else rate
             lines.append(
-                f"| {runtime_label(runtime)} | {r.variant} | {rate} | {r.ttft_s * 1e3:.1f} | {_threads(r.threads)} |"
+                f"| {runtime_label(runtime)} | {r.variant}{_mark(r.earlier)} | {rate} | {r.ttft_s * 1e3:.1f} | "
+                f"{_threads(r.threads)} |"
             )
     lines.append("")
+    if any(r.earlier for r in report.entries()):
+        lines += [
+            f"{EARLIER_MARK} Measured by an earlier `prodip conformance` run on these same export files, on this "
+            "machine with these settings: the latest run did not time that variant in that runtime.",
+            "",
+        ]
     versions = dict.fromkeys(f"{runtime_label(r.runtime)}: {r.version}" for r in report.rows if r.version)
     if versions:
         lines += ["Runtimes: " + "; ".join(versions) + ".", ""]
     if report.failed:
         lines += ["Could not be timed:", ""]
-        lines += [f"- {runtime_label(f.runtime)}, {f.variant}: {f.error.splitlines()[0][:200]}" for f in report.failed]
+        lines += [
+            f"- {runtime_label(f.runtime)}, {f.variant}{_mark(f.earlier)}: {f.error.splitlines()[0][:200]}"
+            for f in report.failed
+        ]
         lines.append("")
-    if report.skipped:
+    if report.skipped or report.not_timed:
         lines += ["Not measured here:", ""]
-        lines += [f"- {runtime_label(n)}: {why}" for n, why in report.skipped.items()]
+        kept = {r.runtime for r in report.entries() if r.earlier}
+        lines += [
+            f"- {runtime_label(n)}: {why}"
+            + (f" (its {EARLIER_MARK} figures are from an earlier run)" if n in kept else "")
+            for n, why in report.skipped.items()
+        ]
+        gaps: dict[tuple[str, str], list[str]] = {}
+        for g in report.not_timed:
+            gaps.setdefault((g.runtime, g.reason), []).append(g.variant)
+        lines += [f"- {runtime_label(n)}, {', '.join(variants)}: {why}" for (n, why), variants in gaps.items()]
         lines.append("")
     return "\n".join(lines)

@@ -729,15 +729,19 @@ def _remove_previous_report(out: Path) -> None:
             (out / name).unlink()
 
 
-def _measure_speed(cfg: ConformanceConfig, report: dict[str, Any]) -> speed.SpeedReport:
+def _measure_speed(
+    cfg: ConformanceConfig, report: dict[str, Any], previous: Optional[speed.SpeedReport]
+) -> speed.SpeedReport:
     """Time every checked variant in every runtime that runs it (``prodip.conformance.speed``), from the English
-    runtime prompt this report's runtimes decoded, cut to leave room for the new tokens in the checks' window."""
+    runtime prompt this report's runtimes decoded, cut to leave room for the new tokens in the checks' window, and
+    merge the figures into ``previous`` (the earlier speed.json: :func:`speed.merge_speed` keeps the rows this run
+    did not time when they are of the same export files, machine and settings)."""
     export_dir = Path(cfg.export_dir)
     manifest = load_manifest(export_dir)
     model_cfg = ModelConfig.from_hf_dict(json.loads((export_dir / "config.json").read_text(encoding="utf-8")))
     room = max(1, int(report["inputs"]["window"]) - cfg.speed_tokens)
     prompt = list(report["runtimes"]["prompts"]["en"])[:room]
-    return speed.measure_speed(
+    run = speed.measure_speed(
         export_dir,
         plan_candidates(manifest, cfg.variants),
         prompt,
@@ -749,6 +753,7 @@ def _measure_speed(cfg: ConformanceConfig, report: dict[str, Any]) -> speed.Spee
         rounds=cfg.speed_rounds,
         export_files_sha256=report["export_files_sha256"],
     )
+    return speed.merge_speed(previous, run, {name: v.format for name, v in manifest.variants.items()})
 
 
 def _write_quality_card(
@@ -825,11 +830,14 @@ def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     checked = preflight_run(cfg)
     if cfg.task_peers:
         lm_tasks.read_peers(cfg.task_peers)
+    # read before it is removed: a run on some variants or runtimes keeps the others' rows (speed.merge_speed)
+    previous_speed = speed.read_previous(out / speed.SPEED_FILE) if cfg.speed else None
     _remove_previous_report(out)
     report, outcome = evaluate_run(cfg, checked)
-    speed_report = _measure_speed(cfg, report) if cfg.speed else None
+    speed_report = _measure_speed(cfg, report, previous_speed) if cfg.speed else None
     report["speed"] = (
         {"file": speed.SPEED_FILE, "rows": len(speed_report.rows), "failed": len(speed_report.failed),
+         "kept": sum(r.earlier for r in speed_report.entries()),
          "skipped": speed_report.skipped, "seconds": speed_report.seconds}
         if speed_report is not None else {"off": "[conformance] speed = false"}
     )  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 from prodip.base.errors import InvalidInput
 from prodip.base.records import RecordError
 from prodip.conformance.runtimes.timing import Timing, round_figures
-from prodip.conformance.speed import SPEED_FILE, SpeedReport, render_speed
+from prodip.conformance.speed import SPEED_FILE, SpeedReport, merge_speed, read_previous, render_speed
 
 #: A hand-written speed.json: two runtimes, a failure, a skip.
 RECORD = {
@@ -206,3 +206,143 @@ def test_every_installed_runtime_times_every_variant_it_runs(every_format_export
     assert record.settings.prompt_tokens == len(prompt)
     record.write(export / SPEED_FILE)
     assert SpeedReport.read(export / SPEED_FILE) == record
+
+
+# ------------------------------------------------------------------------------------------ partial runs
+
+#: The export's variants as manifest.json lists them (name -> format), for the merge tests.
+FORMATS = {"safetensors": "safetensors", "fp32": "onnx", "fp16": "onnx", "int8": "onnx", "int4": "onnx"}
+
+
+def _row(runtime: str, variant: str, rate: float) -> dict:
+    return {"runtime": runtime, "variant": variant, "decode_tokens_per_s": rate, "ttft_s": 0.01, "rounds": 3,
+            "new_tokens": 32, "threads": 1, "version": f"{runtime} 1.0"}  # fmt: skip
+
+
+def _run(rows: list[dict], skipped: dict, sha: str = "ab" * 32, **kw) -> SpeedReport:
+    """A speed.json as measure_speed returns it: every runtime that ran in ``runtime_seconds``."""
+    ran = {r["runtime"]: 1.0 for r in rows} | {f["runtime"]: 1.0 for f in kw.get("failed", [])}
+    return SpeedReport.from_dict(
+        {**RECORD, "export_files_sha256": sha, "rows": rows, "skipped": skipped, "runtime_seconds": ran,
+         "failed": [], **kw}
+    )  # fmt: skip
+
+
+#: A full run: every ONNX variant in ONNX Runtime and transformers.js (Node, fp16 failed there), the rest skipped.
+FULL = _run(
+    [_row("onnxruntime", v, r) for v, r in [("fp32", 100.0), ("fp16", 90.0), ("int8", 200.0), ("int4", 300.0)]]
+    + [_row("transformers.js", v, r) for v, r in [("fp32", 50.0), ("int8", 80.0), ("int4", 120.0)]],
+    {"llama.cpp": "no gguf variant checked"},
+    failed=[{"runtime": "transformers.js", "variant": "fp16", "error": "dtype fp16: no such file"}],
+)
+#: `--variants int4,int8 --runtimes onnxruntime-web`: ONNX Runtime times int4/int8 again, transformers.js is not chosen.
+PARTIAL = _run(
+    [_row("onnxruntime", "int8", 210.0), _row("onnxruntime", "int4", 310.0)],
+    {"transformers.js": "not chosen: transformers.js is not in --runtimes", "llama.cpp": "no gguf variant checked"},
+)
+
+
+def _pairs(record: SpeedReport) -> dict[tuple[str, str], tuple[float, bool]]:
+    return {(r.runtime, r.variant): (r.decode_tokens_per_s, r.earlier) for r in record.rows}
+
+
+def test_partial_run_keeps_the_rows_it_did_not_time_from_the_same_export_files(tmp_path):
+    merged = merge_speed(FULL, PARTIAL, FORMATS)
+    assert _pairs(merged) == {
+        ("onnxruntime", "fp32"): (100.0, True),
+        ("onnxruntime", "fp16"): (90.0, True),
+        ("onnxruntime", "int8"): (210.0, False),  # timed again: this run's figure replaces the earlier one
+        ("onnxruntime", "int4"): (310.0, False),
+        ("transformers.js", "fp32"): (50.0, True),  # a runtime this run did not choose keeps its rows
+        ("transformers.js", "int8"): (80.0, True),
+        ("transformers.js", "int4"): (120.0, True),
+    }
+    assert [(r.runtime, r.variant) for r in merged.rows][:4] == [
+        ("onnxruntime", v) for v in ("fp32", "fp16", "int8", "int4")
+    ]
+    assert [(f.variant, f.earlier) for f in merged.failed] == [("fp16", True)]
+    assert merged.not_timed == [] and merged.skipped == PARTIAL.skipped
+    assert merged.runtime_seconds == {"onnxruntime": 1.0} and merged.export_files_sha256 == FULL.export_files_sha256
+    # the file round-trips with the marks; a full run's file gains no key
+    merged.write(tmp_path / SPEED_FILE)
+    assert SpeedReport.read(tmp_path / SPEED_FILE) == merged
+    assert "earlier" not in json.dumps(FULL.to_dict()) and "not_timed" not in FULL.to_dict()
+    text = render_speed(merged)
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert table[1:] == [
+        "| ONNX Runtime | int4 | **310.0** | 10.0 | 1 |",
+        "| ONNX Runtime | int8 | 210.0 | 10.0 | 1 |",
+        "| ONNX Runtime | fp32 ‡ | 100.0 | 10.0 | 1 |",
+        "| ONNX Runtime | fp16 ‡ | 90.0 | 10.0 | 1 |",
+        "| transformers.js (Node) | int4 ‡ | **120.0** | 10.0 | 1 |",
+        "| transformers.js (Node) | int8 ‡ | 80.0 | 10.0 | 1 |",
+        "| transformers.js (Node) | fp32 ‡ | 50.0 | 10.0 | 1 |",
+    ]
+    assert "‡ Measured by an earlier `prodip conformance` run on these same export files" in text
+    assert "- transformers.js (Node), fp16 ‡: dtype fp16: no such file" in text
+    assert "- transformers.js (Node): not chosen: transformers.js is not in --runtimes (its ‡ figures are from" in text
+    # the same partial run again on the merged file keeps the same rows (a merge of a merge)
+    assert _pairs(merge_speed(merged, PARTIAL, FORMATS)) == _pairs(merged)
+    # and a full run after it replaces every mark
+    assert not any(e for _, e in _pairs(merge_speed(merged, FULL, FORMATS)).values())
+
+
+@pytest.mark.parametrize(
+    "previous, reason",
+    [
+        (_run(FULL.to_dict()["rows"], FULL.skipped, sha="cd" * 32), "the earlier speed.json timed other export files"),
+        (
+            SpeedReport.from_dict({**FULL.to_dict(), "machine": {**RECORD["machine"], "cores": 4}}),
+            "the earlier speed.json was measured on another machine",
+        ),
+        (
+            SpeedReport.from_dict({**FULL.to_dict(), "settings": {**RECORD["settings"], "new_tokens": 64}}),
+            "the earlier speed.json was measured with other settings",
+        ),
+        (None, "no earlier speed.json to keep its figure from"),
+    ],
+)
+def test_partial_run_drops_rows_it_cannot_keep_and_says_why(previous, reason):
+    merged = merge_speed(previous, PARTIAL, FORMATS)
+    assert _pairs(merged) == {("onnxruntime", "int8"): (210.0, False), ("onnxruntime", "int4"): (310.0, False)}
+    assert merged.failed == []
+    # the runtime that ran names each variant it has no figure of; one not chosen is named by its skip reason
+    assert [(g.runtime, g.variant) for g in merged.not_timed] == [("onnxruntime", "fp32"), ("onnxruntime", "fp16")]
+    assert all(g.reason.startswith(f"not in this run's --variants; {reason}") for g in merged.not_timed)
+    text = render_speed(merged)
+    assert f"- ONNX Runtime, fp32, fp16: not in this run's --variants; {reason}" in text
+    assert "- transformers.js (Node): not chosen: transformers.js is not in --runtimes\n" in text
+    assert "‡" not in text
+
+
+def test_unreadable_previous_speed_json_is_not_kept(tmp_path, caplog):
+    assert read_previous(tmp_path / SPEED_FILE) is None  # none: nothing to keep, no warning
+    (tmp_path / SPEED_FILE).write_text("{not json", encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        assert read_previous(tmp_path / SPEED_FILE) is None
+    assert f"the earlier {tmp_path / SPEED_FILE} cannot be read" in caplog.text
+    FULL.write(tmp_path / SPEED_FILE)
+    assert read_previous(tmp_path / SPEED_FILE) == FULL
+
+
+def test_partial_conformance_run_keeps_the_card_rows_of_the_other_variants(conformed_export, conf_cfg, tmp_path):
+    """run_conformance on one variant of a conformed export: speed.json and the card keep the other ONNX variants'
+    rows from the full run (marked), the variant timed again gets this run's figure."""
+    from prodip.base.manifest import load_manifest
+    from prodip.conformance import run_conformance
+    from prodip.conformance.faults import copy_export
+
+    export = copy_export(conformed_export[0], tmp_path / "export")
+    full = SpeedReport.read(conformed_export[0] / "conformance" / SPEED_FILE)
+    (export / "conformance").mkdir(exist_ok=True)  # copy_export leaves the conformance folder out
+    full.write(export / "conformance" / SPEED_FILE)
+    onnx = sorted(n for n, v in load_manifest(export).variants.items() if v.format == "onnx")
+    assert len(onnx) >= 2 and sorted(r.variant for r in full.rows) == onnx
+    run_conformance(conf_cfg(export, variants=[onnx[0]], write_manifest=True, speed=True))
+    merged = SpeedReport.read(export / "conformance" / SPEED_FILE)
+    assert sorted(r.variant for r in merged.rows) == onnx and merged.not_timed == []
+    kept = {r.variant: r for r in merged.rows if r.earlier}
+    assert sorted(kept) == onnx[1:]
+    assert all(kept[r.variant] == r.model_copy(update={"earlier": True}) for r in full.rows if r.variant in kept)
+    readme = (export / "README.md").read_text(encoding="utf-8")
+    assert render_speed(merged) in readme and f"| ONNX Runtime | {onnx[1]} ‡ |" in readme
