@@ -113,18 +113,65 @@ def planned_memory_floor(config: Any, max_seq_len: int = 0) -> int:
     return ATTENTION_SCORE_TENSORS * config.num_attention_heads * S * 2 * S * 4
 
 
+#: How far the lowered program's plan can exceed :func:`planned_memory_floor`, the worst measured: the plan of the
+#: Llama 3.2 stand-in is 1.17x its floor at S = 131072 (1792.3 GiB) and 6688 (4.7 GiB), SmolLM2's 1.17x at 8192
+#: (7.0 GiB), and up to 1.5x at S = 256, where the activations and caches (linear in S) weigh more beside the
+#: S^2 scores; 1.6 (the bound tests/export/test_import_hf.py holds the real plan to) leaves a margin over 1.5.
+PLAN_OVER_FLOOR = 1.6
+#: Advised windows are multiples of this many tokens: a round number to type, and rounding down only shrinks the
+#: plan, so an advised window still fits (ExecuTorch does not require any multiple; its examples use 128..2048).
+WINDOW_STEP = 64
+
+
+def longest_window(config: Any, planned: int = 0, max_seq_len: int = 0) -> int:
+    """The longest window (tokens, a multiple of :data:`WINDOW_STEP`) whose plan fits :data:`PLANNED_MEMORY_LIMIT`.
+
+    Before the lowering (``planned`` = 0) only the config is known: the largest N with
+    ``planned_memory_floor(N) * PLAN_OVER_FLOOR`` within the limit. After it, the real plan P of the window
+    S = ``max_seq_len`` (0 = ``max_position_embeddings``) is known: its part over the floor ``k * S^2`` (the
+    attention scores) is taken as linear in S (activations, the KV caches), ``e = (P - k * S^2) / S`` bytes per
+    token, and N solves ``k * N^2 + e * N = limit``. Scaling P as S^2 alone (``S * sqrt(limit / P)``) would
+    shrink the linear part too much and advise a window whose plan is over the limit; a part that grows faster
+    than S makes this estimate larger than the real plan, so N errs short.
+
+    Args:
+        config: the model config (``num_attention_heads``, ``max_position_embeddings``).
+        planned: bytes the lowered program of window S plans (``non_const_buffer_sizes``); 0 = not lowered yet.
+        max_seq_len: S, the window ``planned`` was measured for; 0 = ``max_position_embeddings``.
+    Returns:
+        N >= 0, under S when ``planned`` is over the limit (the window just refused is never advised); below
+        :data:`WINDOW_STEP` not rounded, 0 when not even one token fits.
+    """
+    k = planned_memory_floor(config, 1)  # the floor is k * S^2 bytes
+    limit = PLANNED_MEMORY_LIMIT
+    if not planned:
+        n = math.isqrt(int(limit / (k * PLAN_OVER_FLOOR)))
+    else:
+        S = max_seq_len or config.max_position_embeddings
+        e = max(planned - k * S * S, 0) / S
+        n = int((math.sqrt(e * e + 4 * k * limit) - e) / (2 * k))  # the positive root of k N^2 + e N = limit
+        if planned > limit:
+            n = min(n, S - 1)  # float rounding must not hand back the window just refused
+    return n - n % WINDOW_STEP if n >= WINDOW_STEP else n
+
+
 def _plan_too_large(variant: str, planned: int, config: Any, max_seq_len: int, *, floor: bool) -> InvalidInput:
-    """The one-line refusal of a plan over :data:`PLANNED_MEMORY_LIMIT` (``floor``: the config's estimate)."""
+    """The one-line refusal of a plan over :data:`PLANNED_MEMORY_LIMIT` (``floor``: the config's estimate, else the
+    lowered program's plan), advising :func:`longest_window`."""
     S = max_seq_len or config.max_position_embeddings
-    per_token2 = planned_memory_floor(config, 1)  # the floor is this many bytes times S^2
-    longest = math.isqrt(PLANNED_MEMORY_LIMIT // per_token2)
+    longest = longest_window(config, 0 if floor else planned, S)
+    why = (
+        f"its plan measured up to {PLAN_OVER_FLOOR}x these scores"
+        if floor
+        else "the scores grow as S^2, the rest of this plan as S"
+    )
     return InvalidInput(
         f"{variant}: the program would plan {'at least ' if floor else ''}{planned / 2**30:.1f} GiB of working "
         f"memory for a window of {S} tokens ({'pte_max_seq_len' if max_seq_len else 'max_position_embeddings'} = "
         f"{S}; ExecuTorch sizes its buffers for a whole-window prompt, attention scores S x 2S per head), over the "
         f"{PLANNED_MEMORY_LIMIT / 2**30:.0f} GiB a device runtime can allocate; export the .pte with a shorter "
         f"window: --pte-max-seq-len N ([export] pte_max_seq_len), N at most {longest} for "
-        f"{config.num_attention_heads} attention heads"
+        f"{config.num_attention_heads} attention heads ({why})"
     )
 
 
@@ -301,6 +348,7 @@ __all__ = [
     "export_pte",
     "runner_metadata",
     "check_representable",
+    "longest_window",
     "planned_memory_floor",
     "METADATA_KEYS",
 ]
