@@ -378,7 +378,7 @@ def test_a_pte_window_too_large_to_plan_is_refused_before_any_work(standins, tmp
         "of 131072 tokens (max_position_embeddings = 131072; ExecuTorch sizes its buffers for a whole-window "
         "prompt, attention scores S x 2S per head), over the 4 GiB a device runtime can allocate; export the .pte "
         f"with a shorter window: --pte-max-seq-len N ([export] pte_max_seq_len), N at most {advised} for 4 "
-        "attention heads (its plan measured up to 1.6x these scores)"
+        "attention heads (allowing 1.6x these scores for the whole plan)"
     )
     assert not out.exists() and not list(tmp_path.glob(".pte.*"))
     args = ["export", str(standins["smollm2"]), "--out", str(out), "--variants", "pte-8da4w"]
@@ -391,7 +391,7 @@ def test_a_pte_window_too_large_to_plan_is_refused_before_any_work(standins, tmp
 
 def test_the_advised_pte_window_fits_the_plan_limit():
     """The refusals advise a window that fits when followed. Up front (config only): the floor 96 * N^2 bytes
-    (4 heads) times the worst measured plan-over-floor ratio 1.6 is within 4 GiB at the advice and over it 64
+    (4 heads) times the allowance for the rest of the plan, 1.6, is within 4 GiB at the advice and over it 64
     tokens later. After the lowering, from the real plan: the Llama 3.2 stand-in's at S = 6688, 4.68 GiB (the
     window the floor alone had advised), gives 6144, whose lowered plan measured 3.95 GiB; and a plan whose
     excess over the floor is linear in S is solved exactly, where scaling it as S^2 would overshoot."""
