@@ -114,12 +114,14 @@ def planned_memory_floor(config: Any, max_seq_len: int = 0) -> int:
 
 #: How far the lowered program's plan may exceed :func:`planned_memory_floor` (ExecuTorch 1.5, XNNPACK): measured on
 #: the hidden-64 stand-ins of Llama 3.2 and SmolLM2, fp32 and 8da4w alike, 1.26x at S = 256, 1.19x at 1024 and
-#: 1.17x from 6144 up (4.7 GiB at 6688, 1792.3 GiB at 131072): activations and KV caches, linear in S, beside the
-#: S^2 scores. A real model's are larger (Llama 3.2 1B's logits, S x 128256 float32, add ~0.36x at S = 1856), so
-#: the advice before the lowering allows 1.6x, and the check after it (:func:`export_pte`) still has the last word.
+#: 1.17x from 6144 up (4.7 GiB at 6688, 1792.3 GiB at 131072), and 1.06x for one layer of Llama 3.2 1B's widths
+#: (hidden 2048, 32 heads, vocabulary 128256) at S = 1856: activations and KV caches, linear in S, beside the S^2
+#: scores, weigh most in a short window. 1.6 leaves a margin over the worst; a model whose KV caches are larger
+#: still (many layers of full multi-head attention) can exceed it, and the check after the lowering
+#: (:func:`export_pte`) then advises from the real plan.
 PLAN_OVER_FLOOR = 1.6
 #: Advised windows are multiples of this many tokens: a round number to type, and rounding down only shrinks the
-#: plan, so an advised window still fits (ExecuTorch does not require any multiple; its examples use 128..2048).
+#: plan, so an advised window still fits (the program itself takes any window).
 WINDOW_STEP = 64
 
 
