@@ -101,9 +101,8 @@ def planned_memory_floor(config: Any, max_seq_len: int = 0) -> int:
 
     ExecuTorch sizes the plan for the longest prompt, T = S tokens, so one attention's
     :data:`ATTENTION_SCORE_TENSORS` score tensors take ``3 * H * S * 2S * 4`` bytes. The plan of the lowered
-    program is larger (activations, the KV caches, packing): 1.17x this for the stand-ins of SmolLM2 (S = 8192:
-    7.0 GiB) and Llama 3.2 (S = 131072: 1792.3 GiB), up to 1.5x for S = 256; so a window this refuses is never
-    one the exported program's plan would allow, and :func:`export_pte` still checks the real plan.
+    program is larger (activations, the KV caches, packing: :data:`PLAN_OVER_FLOOR`); so a window this refuses
+    is never one the exported program's plan would allow, and :func:`export_pte` still checks the real plan.
 
     Args:
         config: the model config (``num_attention_heads`` H, ``max_position_embeddings``).
@@ -113,18 +112,68 @@ def planned_memory_floor(config: Any, max_seq_len: int = 0) -> int:
     return ATTENTION_SCORE_TENSORS * config.num_attention_heads * S * 2 * S * 4
 
 
+#: How far the lowered program's plan may exceed :func:`planned_memory_floor` (ExecuTorch 1.5, XNNPACK): measured on
+#: the hidden-64 stand-ins of Llama 3.2 and SmolLM2, fp32 and 8da4w alike, 1.26x at S = 256, 1.19x at 1024 and
+#: 1.17x from 6144 up (4.7 GiB at 6688, 1792.3 GiB at 131072), and 1.06x for one layer of Llama 3.2 1B's widths
+#: (hidden 2048, 32 heads, vocabulary 128256) at S = 1856: activations and KV caches, linear in S, beside the S^2
+#: scores, weigh most in a short window. 1.6 leaves a margin over the worst; a model whose KV caches are larger
+#: still (many layers of full multi-head attention) can exceed it, and the check after the lowering
+#: (:func:`export_pte`) then advises from the real plan.
+PLAN_OVER_FLOOR = 1.6
+#: Advised windows are multiples of this many tokens: a round number to type, and rounding down only shrinks the
+#: plan, so an advised window still fits (the program itself takes any window).
+WINDOW_STEP = 64
+
+
+def longest_window(config: Any, planned: int = 0, max_seq_len: int = 0) -> int:
+    """The longest window (tokens, a multiple of :data:`WINDOW_STEP`) whose plan fits :data:`PLANNED_MEMORY_LIMIT`.
+
+    Before the lowering (``planned`` = 0) only the config is known: the largest N with
+    ``planned_memory_floor(N) * PLAN_OVER_FLOOR`` within the limit. After it, the real plan P of the window
+    S = ``max_seq_len`` (0 = ``max_position_embeddings``) is known: its part over the floor ``k * S^2`` (the
+    attention scores) is taken as linear in S (activations, the KV caches), ``e = (P - k * S^2) / S`` bytes per
+    token, and N solves ``k * N^2 + e * N = limit``. Scaling P as S^2 alone (``S * sqrt(limit / P)``) would
+    shrink the linear part too much and advise a window whose plan is over the limit; a part that grows faster
+    than S makes this estimate larger than the real plan, so N errs short.
+
+    Args:
+        config: the model config (``num_attention_heads``, ``max_position_embeddings``).
+        planned: bytes the lowered program of window S plans (``non_const_buffer_sizes``); 0 = not lowered yet.
+        max_seq_len: S, the window ``planned`` was measured for; 0 = ``max_position_embeddings``.
+    Returns:
+        N >= 0, under S when ``planned`` is over the limit (the window just refused is never advised); below
+        :data:`WINDOW_STEP` not rounded, 0 when not even one token fits.
+    """
+    k = planned_memory_floor(config, 1)  # the floor is k * S^2 bytes
+    limit = PLANNED_MEMORY_LIMIT
+    if not planned:
+        n = math.isqrt(int(limit / (k * PLAN_OVER_FLOOR)))
+    else:
+        S = max_seq_len or config.max_position_embeddings
+        e = max(planned - k * S * S, 0) / S
+        n = int((math.sqrt(e * e + 4 * k * limit) - e) / (2 * k))  # the positive root of k N^2 + e N = limit
+        if planned > limit:
+            n = min(n, S - 1)  # float rounding must not hand back the window just refused
+    return n - n % WINDOW_STEP if n >= WINDOW_STEP else n
+
+
 def _plan_too_large(variant: str, planned: int, config: Any, max_seq_len: int, *, floor: bool) -> InvalidInput:
-    """The one-line refusal of a plan over :data:`PLANNED_MEMORY_LIMIT` (``floor``: the config's estimate)."""
+    """The one-line refusal of a plan over :data:`PLANNED_MEMORY_LIMIT` (``floor``: the config's estimate, else the
+    lowered program's plan), advising :func:`longest_window`."""
     S = max_seq_len or config.max_position_embeddings
-    per_token2 = planned_memory_floor(config, 1)  # the floor is this many bytes times S^2
-    longest = math.isqrt(PLANNED_MEMORY_LIMIT // per_token2)
+    longest = longest_window(config, 0 if floor else planned, S)
+    why = (
+        f"allowing {PLAN_OVER_FLOOR}x these scores for the whole plan"
+        if floor
+        else "the scores grow as S^2, the rest of this plan as S"
+    )
     return InvalidInput(
         f"{variant}: the program would plan {'at least ' if floor else ''}{planned / 2**30:.1f} GiB of working "
         f"memory for a window of {S} tokens ({'pte_max_seq_len' if max_seq_len else 'max_position_embeddings'} = "
         f"{S}; ExecuTorch sizes its buffers for a whole-window prompt, attention scores S x 2S per head), over the "
         f"{PLANNED_MEMORY_LIMIT / 2**30:.0f} GiB a device runtime can allocate; export the .pte with a shorter "
         f"window: --pte-max-seq-len N ([export] pte_max_seq_len), N at most {longest} for "
-        f"{config.num_attention_heads} attention heads"
+        f"{config.num_attention_heads} attention heads ({why})"
     )
 
 
@@ -301,6 +350,7 @@ __all__ = [
     "export_pte",
     "runner_metadata",
     "check_representable",
+    "longest_window",
     "planned_memory_floor",
     "METADATA_KEYS",
 ]

@@ -365,9 +365,11 @@ def test_a_pte_window_too_large_to_plan_is_refused_before_any_work(standins, tmp
 
     monkeypatch.setattr(core, "export_onnx", never)
     monkeypatch.setattr(core.pte_export, "export_pte", never)
-    # the longest window whose floor fits: 3 * 4 * 2 * 4 * N^2 <= 4 GiB
+    # the longest window whose floor fits: 3 * 4 * 2 * 4 * N^2 <= 4 GiB; the advice leaves room for the plan's
+    # measured excess over the floor (1.6x), in steps of 64 tokens
     longest = max(n for n in range(6000, 7000) if 96 * n * n <= PLANNED_MEMORY_LIMIT)
-    assert longest == 6688
+    advised = max(n for n in range(0, longest, 64) if 96 * n * n * 1.6 <= PLANNED_MEMORY_LIMIT)
+    assert (longest, advised) == (6688, 5248)
     out = tmp_path / "pte"
     assert main(["export", str(standins["llama32"]), "--out", str(out), "--variants", "fp32,pte-fp32"]) == 2
     err = capsys.readouterr().err.strip()
@@ -375,8 +377,8 @@ def test_a_pte_window_too_large_to_plan_is_refused_before_any_work(standins, tmp
         "prodip export: error: pte-fp32: the program would plan at least 1536.0 GiB of working memory for a window "
         "of 131072 tokens (max_position_embeddings = 131072; ExecuTorch sizes its buffers for a whole-window "
         "prompt, attention scores S x 2S per head), over the 4 GiB a device runtime can allocate; export the .pte "
-        f"with a shorter window: --pte-max-seq-len N ([export] pte_max_seq_len), N at most {longest} for 4 "
-        "attention heads"
+        f"with a shorter window: --pte-max-seq-len N ([export] pte_max_seq_len), N at most {advised} for 4 "
+        "attention heads (allowing 1.6x these scores for the whole plan)"
     )
     assert not out.exists() and not list(tmp_path.glob(".pte.*"))
     args = ["export", str(standins["smollm2"]), "--out", str(out), "--variants", "pte-8da4w"]
@@ -385,6 +387,35 @@ def test_a_pte_window_too_large_to_plan_is_refused_before_any_work(standins, tmp
         capsys.readouterr().err
     )
     assert not out.exists()
+
+
+def test_the_advised_pte_window_fits_the_plan_limit():
+    """The refusals advise a window that fits when followed. Up front (config only): the floor 96 * N^2 bytes
+    (4 heads) times the allowance for the rest of the plan, 1.6, is within 4 GiB at the advice and over it 64
+    tokens later. After the lowering, from the real plan: the Llama 3.2 stand-in's at S = 6688, 4.68 GiB (the
+    window the floor alone had advised), gives 6144, whose lowered plan measured 3.95 GiB; and a plan whose
+    excess over the floor is linear in S is solved exactly, where scaling it as S^2 would overshoot."""
+    from types import SimpleNamespace
+
+    from prodip.export.executorch import PLANNED_MEMORY_LIMIT as limit
+    from prodip.export.executorch import longest_window
+
+    config = SimpleNamespace(num_attention_heads=4, max_position_embeddings=131072)
+    n = longest_window(config)
+    assert n == 5248 and n % 64 == 0
+    assert 96 * n**2 * 1.6 <= limit < 96 * (n + 64) ** 2 * 1.6
+    # measured with ExecuTorch 1.5 (XNNPACK, fp32): non_const_buffer_sizes of the stand-in's lowered program
+    plan_6688, plan_6144 = 5_024_293_184, 4_241_276_992
+    late = longest_window(config, plan_6688, 6688)
+    assert late == 6144 < 6688 and plan_6144 < limit
+    # a plan of 96 S^2 + 128 KiB * S bytes at S = 8192 (7 GiB): the linear part is kept in proportion
+    S, e = 8192, 2**17
+    late = longest_window(config, 96 * S * S + e * S, S)
+    assert late % 64 == 0 and 96 * late**2 + e * late <= limit < 96 * (late + 64) ** 2 + e * (late + 64)
+    naive = int(S * (limit / (96 * S * S + e * S)) ** 0.5) // 64 * 64
+    assert naive > late and 96 * naive**2 + e * naive > limit
+    # the window just refused is never advised, however close to the limit its plan is
+    assert longest_window(config, limit + 1, 4160) < 4160
 
 
 def test_an_int4_block_size_that_blocks_no_weight_is_refused_before_any_work(standins, tmp_path, capsys, monkeypatch):
@@ -415,7 +446,7 @@ def test_an_int4_block_size_that_blocks_no_weight_is_refused_before_any_work(sta
 def test_pte_plan_over_the_limit_is_refused_by_name(standins, tmp_path):
     """The up-front floor is a floor: a window it lets through whose lowered program still plans more than a
     device runtime can allocate is refused after the lowering, with ExecuTorch's own plan size (larger than the
-    floor), and a window under both is exported."""
+    floor), and the shorter window that refusal advises is exported."""
     pytest.importorskip("executorch")
     from prodip.export.config import ExportConfig
     from prodip.export.core import export_checkpoint
@@ -442,8 +473,11 @@ def test_pte_plan_over_the_limit_is_refused_by_name(standins, tmp_path):
         export_checkpoint(near)
     planned = float(re.search(r"would plan (\d+\.\d) GiB", str(err.value)).group(1)) * 2**30
     assert PLANNED_MEMORY_LIMIT < planned and floor < planned < 1.6 * floor
+    # the window the late refusal advises is shorter than the one refused, and followed, it exports
+    advised = int(re.search(r"N at most (\d+) ", str(err.value)).group(1))
+    assert 0 < advised < 6600 and advised % 64 == 0
     short = ExportConfig(
-        checkpoint=str(standins["smollm2"]), out=str(tmp_path / "short"), variants=["pte-fp32"], pte_max_seq_len=1024
+        checkpoint=str(standins["smollm2"]), out=str(tmp_path / "short"), variants=["pte-fp32"], pte_max_seq_len=advised
     )
     assert export_checkpoint(short) is not None and (tmp_path / "short" / "executorch" / "model.pte").is_file()
     assert not (tmp_path / "long").exists() and not (tmp_path / "near").exists()
