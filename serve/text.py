@@ -146,8 +146,8 @@ class StopMatcher:
     null``) does not bring them to one form. So stop strings and text are compared in NFC.
     Why NFC, not NFD: NFC is the form models are trained on and the server speaks (serve/README.md,
     "Text normalisation"), so on NFC text a match is exactly where a plain substring search finds it
-    (a stop "e" does not stop inside "é", nor "ে" inside "ো", as they would in NFD). vLLM, TGI and
-    llama.cpp's server search the raw text.
+    (a stop "e" does not stop inside "é", nor "ে" inside "ো", as they would in NFD). For comparison,
+    vLLM's stop checker searches the raw text.
 
     The returned text is the text as generated (never re-normalised), cut right before the
     characters the match starts in: a match that starts inside one code point (a stop "\\u09bc"
