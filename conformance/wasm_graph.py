@@ -19,14 +19,12 @@ from typing import Optional
 
 from prodip.base.jsontypes import JSONObject, JSONValue
 from prodip.base.manifest import ExportManifest
-from prodip.base.variants import VariantEntry
+from prodip.base.variants import VariantEntry, wasm_page_entry
 
 #: The variant whose web graph ``config.json`` ``transformers.js_config.prodip_wasm_q4`` names (transformers.js
 #: dtype ``q4``), and that entry's key.
 WEB_VARIANT = "int4"
 WEB_CONFIG_KEY = "prodip_wasm_q4"
-#: transformers.js loads dtype ``q4`` of ``model_file_name`` from ``onnx/<model_file_name>_q4.onnx``.
-_TJS_FOLDER, _TJS_SUFFIX = PurePosixPath("onnx"), "_q4.onnx"
 
 
 def required_session_config() -> dict[str, str]:
@@ -102,24 +100,11 @@ def _claimed_files(entry: VariantEntry) -> set[str]:
 
 
 def expected_web_config(entry: VariantEntry) -> Optional[JSONObject]:
-    """The ``transformers.js_config.prodip_wasm_q4`` entry that loads ``entry``'s web graph, or None without one.
-
-    ``model_file_name``: the ``<name>`` of ``onnx/<name>_q4.onnx`` (a text saying no name loads it otherwise);
-    ``external_data``: the variant file's weights the graph reads (``wasm.shares_weights_with``), as
-    onnxruntime-web's ``externalData`` ``{path, data}``; ``session_config``: the manifest's.
-    """
+    """The ``transformers.js_config.prodip_wasm_q4`` entry that loads ``entry``'s web graph
+    (:func:`prodip.base.variants.wasm_page_entry`, as the export writes it), or None without one."""
     if not entry.wasm_path:
         return None
-    pure, params = PurePosixPath(entry.wasm_path), entry.wasm or {}
-    if pure.parent == _TJS_FOLDER and pure.name.endswith(_TJS_SUFFIX):
-        name = pure.name.removesuffix(_TJS_SUFFIX)
-    else:
-        name = f"(none: transformers.js loads {_TJS_FOLDER}/<model_file_name>{_TJS_SUFFIX}, not {entry.wasm_path})"
-    shared = params.get("shares_weights_with")
-    data: list[JSONValue] = []
-    if isinstance(shared, str) and shared:
-        data.append({"path": shared, "data": str(PurePosixPath(entry.path).with_name(shared))})
-    return {"model_file_name": name, "external_data": data, "session_config": params.get("session_config")}
+    return wasm_page_entry(entry.path, entry.wasm_path, entry.wasm or {})
 
 
 def web_config_differences(manifest: ExportManifest, config: JSONObject) -> dict[str, list[JSONValue]]:

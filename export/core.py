@@ -38,6 +38,7 @@ from prodip.base.variants import (
     PTE_DIR,
     PTE_VARIANTS,
     onnx_files,
+    wasm_page_entry,
 )
 from prodip.export import card as model_card
 from prodip.export import executorch as pte_export
@@ -504,13 +505,7 @@ def _write_wasm_int4(root: Path, variants: dict[str, dict[str, Any]]) -> Optiona
     rel = str(Path(entry["path"]).with_name(f"{quantize.WASM_INT4_MODEL_FILE_NAME}_q4.onnx"))
     params = quantize.to_int4_wasm(src, root / rel)
     entry.update(wasm_path=rel, wasm=params)
-    shared = params["shares_weights_with"]
-    data = [{"path": shared, "data": str(Path(entry["path"]).with_name(shared))}] if shared else []
-    return {
-        "model_file_name": quantize.WASM_INT4_MODEL_FILE_NAME,
-        "external_data": data,
-        "session_config": params["session_config"],
-    }
+    return wasm_page_entry(entry["path"], rel, params)
 
 
 def export_checkpoint(cfg: ExportConfig) -> Path:

@@ -19,13 +19,14 @@ copy is written, under the ``q8`` name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, model_validator
 
-from prodip.base.jsontypes import JSONObject
+from prodip.base.jsontypes import JSONObject, JSONValue
 from prodip.base.records import RecordPart
 
 ONNX_DIR = "onnx"
@@ -284,3 +285,33 @@ class VariantEntry(RecordPart):
     def files(self) -> list[str]:
         """The variant's file and its external data, relative to the export dir."""
         return [self.path, *self.external_data]
+
+
+#: transformers.js loads dtype ``q4`` of ``model_file_name`` from ``onnx/<model_file_name>_q4.onnx``.
+_TJS_FOLDER, _TJS_Q4_SUFFIX = PurePosixPath("onnx"), "_q4.onnx"
+
+
+def wasm_page_entry(variant_path: str, wasm_path: str, params: Mapping[str, JSONValue]) -> JSONObject:
+    """``config.json`` ``transformers.js_config.prodip_wasm_q4``: how the export's page loads a variant's web graph.
+
+    The one definition: the export writes it and conformance checks ``config.json`` against it.
+
+    Args:
+        variant_path: the variant's file (``onnx/model_q4.onnx``); wasm_path: its web graph
+            (``onnx/model_wasm_q4.onnx``); params: the manifest's ``wasm`` table (``shares_weights_with``,
+            ``session_config``).
+    Returns:
+        ``model_file_name`` (the ``<name>`` of ``onnx/<name>_q4.onnx``, or a text saying that no name loads a graph
+        elsewhere), ``external_data`` (the variant file's weights the graph reads, as onnxruntime-web's
+        ``externalData`` ``{path, data}``) and ``session_config``.
+    """
+    pure = PurePosixPath(wasm_path)
+    if pure.parent == _TJS_FOLDER and pure.name.endswith(_TJS_Q4_SUFFIX):
+        name = pure.name.removesuffix(_TJS_Q4_SUFFIX)
+    else:
+        name = f"(none: transformers.js loads {_TJS_FOLDER}/<model_file_name>{_TJS_Q4_SUFFIX}, not {wasm_path})"
+    shared = params.get("shares_weights_with")
+    data: list[JSONValue] = []
+    if isinstance(shared, str) and shared:
+        data.append({"path": shared, "data": str(PurePosixPath(variant_path).with_name(shared))})
+    return {"model_file_name": name, "external_data": data, "session_config": params.get("session_config")}
