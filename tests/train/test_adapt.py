@@ -111,7 +111,9 @@ def test_prodip_run_adapts_the_base_end_to_end(tmp_path, capsys):
     doc["sft"].update(steps=40, batch_size=8, seq_len=256, warmup_steps=4, lr=1e-3, min_lr=1e-4)
     assert doc["export"]["variants"] == ["safetensors", "fp32", "int8", "gguf-f16"]  # the config's own
     doc["conformance"]["heldout"] = {k: str(ROOT / v) for k, v in doc["conformance"]["heldout"].items()}
-    doc["conformance"].update(runtimes=[], speed=False)  # the shipped tolerances
+    # the shipped tolerances; the 8192-token window checked on a 1024-token prefix (test_import_conformance.py
+    # checks a GGUF over a whole 8192-token window)
+    doc["conformance"].update(runtimes=[], speed=False, context_tokens=1024)
     config = tmp_path / "adapt.toml"
     config.write_text(tomli_w.dumps(doc), encoding="utf-8")
 
